@@ -1,0 +1,38 @@
+// commands.h — the CLI's subcommands. Each add_* registers one subcommand on
+// `app`; its callback runs the command and stores the process exit code in
+// `rc` (0 ok, 1 runtime failure, 2 bad arguments).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace flashoverlap::cli {
+
+// Options of `flashoverlap plan`, shared with the default main job, which
+// prints the same plan when no GPU is present.
+struct PlanOptions {
+  std::string op = "allreduce";  // allreduce | reducescatter | alltoall
+  int64_t m = 4096, n = 8192, k = 8192;
+  int world = 2;
+  std::string dtype = "bf16";    // bf16 | fp16
+  std::string tile = "auto";     // auto | 128x256 | 128x128
+  int sms = 132;
+  int reserve_sms = -1;          // -1: let the search pick
+  std::string curve;             // bandwidth curve JSON; empty: built-in H200 curve
+  std::string partition;         // "1,2,2": evaluate this partition instead of searching
+  std::string routing = "uniform";  // alltoall: uniform | skewed | empty:<rank>
+  bool json = false;
+};
+void add_plan_options(CLI::App* cmd, PlanOptions& opts);
+// Prints the plan (text or JSON); returns the exit code. Throws
+// flashoverlap::InvalidArgument for bad input.
+int print_plan(const PlanOptions& opts, std::ostream& out);
+
+void add_plan_command(CLI::App& app, int& rc);
+void add_launch_command(CLI::App& app, int& rc);
+void add_bench_gemm_command(CLI::App& app, int& rc);
+void add_bench_command(CLI::App& app, int& rc);
+void add_tune_command(CLI::App& app, int& rc);
+
+}  // namespace flashoverlap::cli
