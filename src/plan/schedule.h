@@ -71,6 +71,20 @@ struct Schedule {
     const int32_t step = in_band / width;
     return along_n ? TileCoord{line, step} : TileCoord{step, line};
   }
+
+  // Inverse of tile_of: the schedule index of tile (tm, tn).
+  FO_HD int32_t index_of_tile(TileCoord t) const {
+    const bool along_n = raster == Raster::AlongN;
+    const int32_t lines = along_n ? tiles_m() : tiles_n();
+    const int32_t length = along_n ? tiles_n() : tiles_m();
+    const int32_t line = along_n ? t.tm : t.tn;
+    const int32_t step = along_n ? t.tn : t.tm;
+    const int32_t band = line / swizzle;
+    const int32_t first_line = band * swizzle;
+    const int32_t rest = lines - first_line;
+    const int32_t width = rest < swizzle ? rest : swizzle;
+    return band * swizzle * length + step * width + (line - first_line);
+  }
 };
 
 }  // namespace flashoverlap::plan
