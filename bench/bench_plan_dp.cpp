@@ -1,0 +1,3 @@
+// TEMPORARY placeholder (replaced this session).
+#include <benchmark/benchmark.h>
+BENCHMARK_MAIN();
