@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# gpu_all.sh — one call on the GPU machine: build, test, benchmark; results
+# under $OUT (default ./gpu-out). Stages run in the order given:
+#   build        configure + build everything (Release, ninja) in build-gpu/
+#   test         ctest (CPU + GPU tests), log to $OUT/ctest.log
+#   gemm         bench-gemm over the GEMM shape set -> $OUT/gemm-h200.csv
+#   gemm-quick   bench-gemm on a few shapes, full grid only
+#   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv
+#   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
+#   cmd:<shell>  any command, run from the repo root
+# TARGETS="a b" limits the build to those targets; TESTS=regex limits ctest.
+# Example: scripts/gpu_all.sh build test gemm
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0          # never NVLink multicast on these machines
+export CUDA_MODULE_LOADING=EAGER   # belt and braces: we also preload kernels
+BUILD=build-gpu
+CLI=$BUILD/tools/flashoverlap
+status=0
+
+stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+for s in "$@"; do
+  case "$s" in
+    build)
+      stage build
+      gen=""; command -v ninja >/dev/null && gen="-G Ninja"
+      cmake -S . -B $BUILD $gen -DCMAKE_BUILD_TYPE=Release -DFO_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 &&
+        cmake --build $BUILD -j "$(nproc)" ${TARGETS:+--target $TARGETS} >>"$OUT/build.log" 2>&1 ||
+        { tail -50 "$OUT/build.log"; exit 1; }
+      grep -E "warning|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -20
+      ;;
+    test)
+      stage test
+      (cd $BUILD && ctest --output-on-failure -j 1 --timeout 600 ${TESTS:+-R "$TESTS"}) >"$OUT/ctest.log" 2>&1 || status=1
+      grep -E "tests passed|Failed|FAILED|\*\*\*|Skipped|Not Run" "$OUT/ctest.log" | head -40
+      ;;
+    gemm)
+      stage bench-gemm
+      $CLI bench-gemm --csv "$OUT/gemm-h200.csv" --meta "$OUT/gemm-h200.json" 2>&1 | tee "$OUT/gemm.log" || status=1
+      ;;
+    gemm-quick)
+      stage bench-gemm quick
+      $CLI bench-gemm --shapes 4096x8192x8192,8192x8192x8192,4096x4096x4096,3001x8192x8192 --reserve-sms 0 \
+        2>&1 | tee "$OUT/gemm-quick.log" || status=1
+      ;;
+    ar)
+      stage allreduce sweep
+      bash bench/sweep_allreduce.sh "$OUT" 2>&1 | tee "$OUT/allreduce.log" || status=1
+      ;;
+    sanitize)
+      stage compute-sanitizer
+      for tool in memcheck racecheck synccheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 $BUILD/tests/gpu/gpu_test_gemm \
+          --gtest_filter='Shapes/GemmVsCublas.*/6:GemmSignal.SlotRowsFollowTheTable' >"$OUT/sanitize-$tool.log" 2>&1
+        echo "$tool: exit $? ($(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitize-$tool.log") clean summaries)"
+        tail -3 "$OUT/sanitize-$tool.log"
+      done
+      ;;
+    cmd:*)
+      stage "${s#cmd:}"
+      bash -c "${s#cmd:}" || status=1
+      ;;
+    *) echo "unknown stage '$s'"; exit 2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,70 @@
+// gemm.h — host interface of the signalling Hopper GEMM (sm_90a).
+//
+//   C = A * B^T,  A: m x k row-major, B: n x k row-major (nn.Linear weight),
+//   bf16 or fp16 inputs, fp32 accumulation, output in the input type.
+//
+// The kernel is persistent: `sched.ctas` CTAs walk the tiles in the order of
+// plan::Schedule (tile index -> CTA, round), so SMs can be left to NCCL.
+// Where each finished tile goes is the store mode:
+//   Plain     row-major C (ldc elements per row)
+//   SlotTiles the AllReduce slot layout: tile idx -> rows [idx*bm, idx*bm+bm)
+//             of a [tiles*bm x bn] buffer (one TMA store per 64-column chunk)
+//   SlotRows  tile row r of tile idx -> slot row row_of[idx*bm + r] of a
+//             [rows x bn] buffer, -1 = not stored (ReduceScatter, All-to-All)
+// With `counters` set, each tile, once its data is complete in global memory,
+// adds kSignalsPerTile (one per consumer warpgroup, each after its own half)
+// to counters[group_of_wave[round]] with release semantics at GPU scope.
+// Counters are never reset: call n of a group of t tiles waits for
+// counter >= n * t * kSignalsPerTile (cyclic compare).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "plan/schedule.h"
+
+namespace flashoverlap::kernels {
+
+enum class DType : int32_t { BF16 = 0, FP16 = 1 };
+enum class Store : int32_t { Plain = 0, SlotTiles = 1, SlotRows = 2 };
+
+constexpr int kSignalsPerTile = 2;
+constexpr int kGemmThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+
+struct GemmParams {
+  DType dtype = DType::BF16;
+  const void* a = nullptr;  // m x k
+  const void* b = nullptr;  // n x k
+  int32_t m = 0, n = 0, k = 0;
+  plan::Schedule sched;     // m, n must match; bm x bn one of the supported tiles
+
+  Store store = Store::Plain;
+  void* c = nullptr;        // Plain: output, ldc elements per row (>= n)
+  int64_t ldc = 0;
+  void* slots = nullptr;    // SlotTiles / SlotRows: [slot_rows x bn]
+  int64_t slot_rows = 0;
+  const int32_t* row_of = nullptr;  // SlotRows: [tiles * bm]
+
+  uint32_t* counters = nullptr;        // non-null: signal each group
+  const int32_t* group_of_wave = nullptr;  // [waves] -> counter index
+  uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
+  uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
+};
+
+// Tile shapes the kernel is compiled for.
+bool tile_supported(int bm, int bn);
+
+// Throws flashoverlap::InvalidArgument naming the shape and the problem
+// (unsupported tile, k not a multiple of 8, misaligned pointer, ...).
+void check_gemm_params(const GemmParams& p);
+
+// Enqueues the GEMM on `stream`. Throws on invalid input or launch failure.
+void launch_gemm(const GemmParams& p, cudaStream_t stream);
+
+// Loads every kernel of this library into the current context now. CUDA's
+// lazy loading would otherwise load a module at its first launch, which
+// synchronises the context and deadlocks against a stream already waiting on
+// a flag that this kernel will set (DESIGN.md section 5).
+void preload_kernels();
+
+}  // namespace flashoverlap::kernels

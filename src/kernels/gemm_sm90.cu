@@ -1,0 +1,177 @@
+// gemm_sm90.cu — host side of the signalling GEMM: validation, TMA tensor
+// maps, kernel selection and launch.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "flashoverlap/error.h"
+#include "kernels/cuda_check.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_sm90.cuh"
+
+namespace flashoverlap::kernels {
+namespace {
+
+// Stages per tile configuration: as many as fit next to the epilogue buffer
+// in the 227 KB of shared memory a CTA may use.
+constexpr int kStages256 = 3;  // 3 x 48 KB + 64 KB
+constexpr int kStages128 = 5;  // 5 x 32 KB + 32 KB
+
+template <int BN, typename T>
+auto kernel_for() {
+  return &gemm_sm90_kernel<BN, BN == 256 ? kStages256 : kStages128, T>;
+}
+template <int BN>
+constexpr int smem_for() {
+  return GemmSmem<BN, BN == 256 ? kStages256 : kStages128>::kDynamicBytes;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    FO_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !f) throw Error("cuTensorMapEncodeTiled is not available from the driver");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 2D row-major tensor [rows x cols] of 2-byte elements, `ld` elements per
+// row, read or written in boxes of box_rows x 64 columns with 128-byte swizzle.
+CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows,
+                     CUtensorMapDataType dt, const char* what) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {ld * 2};
+  const cuuint32_t box[2] = {64, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  CUresult r = encode_fn()(&map, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::ostringstream os;
+    os << "cuTensorMapEncodeTiled failed (CUresult " << int(r) << ") for " << what << " [" << rows << " x " << cols
+       << ", ld " << ld << ", box " << box_rows << " x 64]";
+    throw Error(os.str());
+  }
+  return map;
+}
+
+std::string shape_str(const GemmParams& p) {
+  std::ostringstream os;
+  os << "GEMM m=" << p.m << " n=" << p.n << " k=" << p.k << " tile " << p.sched.bm << "x" << p.sched.bn << " ctas "
+     << p.sched.ctas;
+  return os.str();
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+}  // namespace
+
+bool tile_supported(int bm, int bn) { return bm == 128 && (bn == 256 || bn == 128); }
+
+void check_gemm_params(const GemmParams& p) {
+  auto fail = [&](const std::string& why) { throw InvalidArgument(shape_str(p) + ": " + why); };
+  if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");
+  if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
+  if (!tile_supported(p.sched.bm, p.sched.bn)) fail("unsupported tile shape (supported: 128x256, 128x128)");
+  if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
+  if (p.sched.ctas < 1) fail("ctas must be >= 1");
+  if (p.sched.swizzle < 1) fail("swizzle must be >= 1");
+  if (!p.a || !p.b) fail("A and B must be non-null");
+  if (!aligned16(p.a) || !aligned16(p.b)) fail("A and B must be 16-byte aligned");
+  switch (p.store) {
+    case Store::Plain:
+      if (!p.c) fail("C must be non-null");
+      if (p.ldc < p.n) fail("ldc must be >= n");
+      break;
+    case Store::SlotTiles:
+      if (!p.slots || !aligned16(p.slots)) fail("slot buffer must be non-null and 16-byte aligned");
+      if (p.slot_rows < int64_t(p.sched.tiles()) * p.sched.bm) fail("slot buffer has fewer than tiles*bm rows");
+      break;
+    case Store::SlotRows:
+      if (!p.slots || !aligned16(p.slots)) fail("slot buffer must be non-null and 16-byte aligned");
+      if (!p.row_of) fail("SlotRows needs the row_of table");
+      break;
+    default:
+      fail("unknown store mode");
+  }
+  if (p.counters && !p.group_of_wave) fail("signalling needs group_of_wave");
+  if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
+}
+
+void preload_gemm_kernels();
+
+void launch_gemm(const GemmParams& p, cudaStream_t stream) {
+  check_gemm_params(p);
+  {  // shared-memory limits are per device: set them once on each
+    static std::once_flag once[64];
+    int dev = 0;
+    FO_CUDA_CHECK(cudaGetDevice(&dev));
+    std::call_once(once[dev % 64], preload_gemm_kernels);
+  }
+  const CUtensorMapDataType dt =
+      p.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const int bn = p.sched.bn;
+  const CUtensorMap ma = make_map(p.a, p.m, p.k, p.k, 128, dt, "A");
+  const CUtensorMap mb = make_map(p.b, p.n, p.k, p.k, bn, dt, "B");
+
+  GemmKernelParams kp{};
+  kp.sched = p.sched;
+  kp.k_blocks = (p.k + 63) / 64;
+  kp.store = static_cast<int32_t>(p.store);
+  kp.counters = p.counters;
+  kp.group_of_wave = p.group_of_wave;
+  kp.monitor_ns = p.monitor_ns;
+  kp.monitor_sm = p.monitor_sm;
+  CUtensorMap mc{};
+  if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
+    kp.tma_store = true;
+    mc = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C");
+  } else if (p.store == Store::SlotTiles) {
+    kp.tma_store = true;
+    mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
+  } else {
+    kp.tma_store = false;
+    kp.out = p.store == Store::Plain ? p.c : p.slots;
+    kp.ld_out = p.store == Store::Plain ? p.ldc : bn;
+    kp.row_of = p.store == Store::SlotRows ? p.row_of : nullptr;
+  }
+
+  const dim3 grid(p.sched.ctas), block(kGemmThreads);
+  if (p.dtype == DType::BF16) {
+    if (bn == 256)
+      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, kp);
+    else
+      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, kp);
+  } else {
+    if (bn == 256)
+      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, kp);
+    else
+      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, kp);
+  }
+  FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
+}
+
+namespace {
+template <typename K>
+void prepare(K kernel, int smem) {
+  FO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaFuncAttributes attr{};
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // forces the module to load
+}
+}  // namespace
+
+void preload_gemm_kernels() {
+  prepare(kernel_for<256, __nv_bfloat16>(), smem_for<256>());
+  prepare(kernel_for<128, __nv_bfloat16>(), smem_for<128>());
+  prepare(kernel_for<256, __half>(), smem_for<256>());
+  prepare(kernel_for<128, __half>(), smem_for<128>());
+  encode_fn();
+}
+
+}  // namespace flashoverlap::kernels

@@ -1,0 +1,227 @@
+// gemm_sm90.cuh — the persistent, warp-specialised Hopper GEMM with tile
+// signals (device code; host side in gemm_sm90.cu).
+//
+// CTA = 384 threads: warpgroup 0 is the producer (one thread issues TMA loads
+// of 128x64 A and BNx64 B blocks into a STAGES-deep ring guarded by mbarriers),
+// warpgroups 1 and 2 are consumers, each computing 64 rows x BN of the 128 x BN
+// tile with wgmma m64nBNk16 and then storing its half through shared memory.
+// Registers are moved from the producer to the consumers with setmaxnreg.
+// Tiles are taken in plan::Schedule order: CTA c computes tiles c, c+G, ...
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/gemm.h"
+#include "kernels/ptx.cuh"
+#include "kernels/wgmma_ops.cuh"
+#include "plan/schedule.h"
+
+namespace flashoverlap::kernels {
+
+// Everything the kernel needs besides the tensor maps, passed by value.
+struct GemmKernelParams {
+  plan::Schedule sched;
+  int32_t k_blocks;
+  int32_t store;           // Store
+  bool tma_store;          // epilogue via TMA (Plain with aligned C, SlotTiles)
+  void* out;               // rows epilogue: C (Plain) or the slot buffer (SlotRows)
+  int64_t ld_out;          // elements per output row
+  const int32_t* row_of;   // SlotRows
+  uint32_t* counters;
+  const int32_t* group_of_wave;
+  uint64_t* monitor_ns;
+  uint32_t* monitor_sm;
+};
+
+template <int BN, int STAGES>
+struct GemmSmem {
+  static constexpr int kBM = 128, kBK = 64;
+  static constexpr int kABytes = kBM * kBK * 2;        // one stage of A
+  static constexpr int kBBytes = BN * kBK * 2;         // one stage of B
+  static constexpr int kHalfCBytes = 64 * BN * 2;      // one consumer's output half
+  static constexpr int kA = 0;
+  static constexpr int kB = kA + STAGES * kABytes;
+  static constexpr int kC = kB + STAGES * kBBytes;
+  static constexpr int kBars = kC + 2 * kHalfCBytes;
+  static constexpr int kBytes = kBars + 2 * STAGES * 8;
+  static constexpr int kDynamicBytes = kBytes + 1024;  // slack for 1024-byte alignment
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Byte offset of 16-byte unit `u` (0..7) of row `r` in a 64-row x 64-column
+// chunk stored with the TMA 128-byte swizzle.
+__device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
+
+template <int BN, int STAGES, typename T>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                     const __grid_constant__ CUtensorMap tm_c, const GemmKernelParams p) {
+  using L = GemmSmem<BN, STAGES>;
+  constexpr int BM = L::kBM, BK = L::kBK;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* empty = full + STAGES;
+
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
+      ptx::mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int tiles = p.sched.tiles();
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    ptx::setmaxnreg_dec<40>();
+    if (tid == 0) {
+      ptx::tma_prefetch_desc(&tm_a);
+      ptx::tma_prefetch_desc(&tm_b);
+      int it = 0;
+      for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+        const plan::TileCoord tc = p.sched.tile_of(idx);
+        for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+          const int s = it % STAGES;
+          const uint32_t phase = (it / STAGES) & 1;
+          ptx::mbar_wait(&empty[s], phase ^ 1);
+          ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
+          ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, tc.tm * BM);
+          ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  ptx::setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
+  const int warp = tid / 32, lane = tid % 32;
+  uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // [BN/64 chunks][64 rows][128 B]
+  const uint32_t my_c_addr = ptx::smem_addr(my_c);
+  if (p.tma_store && tid == 0) ptx::tma_prefetch_desc(&tm_c);
+
+  float acc[BN / 2];
+  int it = 0;
+  for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+    const plan::TileCoord tc = p.sched.tile_of(idx);
+
+    // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
+    // flight and release a stage once the batch that read it has retired.
+    int prev = -1;
+    for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+      const int s = it % STAGES;
+      ptx::mbar_wait(&full[s], (it / STAGES) & 1);
+      ptx::wgmma_fence();
+      const uint64_t da = ptx::smem_desc_sw128(smem + L::kA + s * L::kABytes + cw * 64 * 128);
+      const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)  // +32 bytes along K = +2 in the descriptor
+        ptx::Wgmma<BN, T>::mma(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+      ptx::wgmma_commit();
+      if (prev >= 0) {
+        ptx::wgmma_wait<1>();
+        if (tid == 0) ptx::mbar_arrive(&empty[prev]);
+      }
+      prev = s;
+    }
+    ptx::wgmma_wait<0>();
+    if (tid == 0) ptx::mbar_arrive(&empty[prev]);
+
+    // Epilogue. (1) The previous tile's TMA store must be done reading my_c.
+    if (p.tma_store && tid == 0) ptx::tma_store_wait_read();
+    ptx::named_barrier_sync(1 + cw, 128);
+
+    // (2) Accumulators -> shared memory in the output type, swizzled so that
+    // each warp's stores hit 32 distinct banks. wgmma's fragment: register
+    // 4j+{0,1} holds row warp*16+lane/4, columns 8j+2*(lane%4)+{0,1};
+    // 4j+{2,3} the same columns 8 rows further down.
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int chunk = j / 8, u = j % 8;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp * 16 + lane / 4 + 8 * h;
+        const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
+        const uint32_t v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+      }
+    }
+    const int32_t round = p.sched.round_of(idx);
+    uint32_t* counter = p.counters ? p.counters + p.group_of_wave[round] : nullptr;
+
+    if (p.tma_store) {
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_sync(1 + cw, 128);
+      if (tid == 0) {
+        // Plain: C rows of this half; SlotTiles: rows idx*BM + cw*64 of the slot buffer.
+        const bool plain = p.store == static_cast<int32_t>(Store::Plain);
+        const int32_t row = plain ? tc.tm * BM + cw * 64 : idx * BM + cw * 64;
+        const int32_t col = plain ? tc.tn * BN : 0;
+#pragma unroll
+        for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, my_c + c * 8192, col + c * 64, row);
+        ptx::tma_store_commit();
+        if (counter || p.monitor_ns) {
+          // Data complete in global memory, then ordered before the release.
+          ptx::tma_store_wait_all();
+          ptx::fence_proxy_async_global();
+          if (counter) ptx::red_release_gpu_add(counter, 1);
+        }
+      }
+    } else {
+      // Rows epilogue: 16-byte units, consecutive threads along a row.
+      ptx::named_barrier_sync(1 + cw, 128);
+      constexpr int kUnits = BN / 8;
+      for (int i = tid; i < 64 * kUnits; i += 128) {
+        const int r = i / kUnits, c8 = i % kUnits;
+        const uint4 v = *reinterpret_cast<const uint4*>(my_c + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
+        const int tr = cw * 64 + r;  // row inside the tile
+        if (p.row_of) {
+          const int32_t dst = p.row_of[static_cast<int64_t>(idx) * BM + tr];
+          if (dst >= 0) *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + int64_t(dst) * BN + c8 * 8) = v;
+        } else {
+          const int32_t grow = tc.tm * BM + tr, gcol = tc.tn * BN + c8 * 8;
+          if (grow < p.sched.m && gcol < p.sched.n) {
+            T* dst = static_cast<T*>(p.out) + int64_t(grow) * p.ld_out + gcol;
+            const T* src = reinterpret_cast<const T*>(&v);
+            const int valid = p.sched.n - gcol < 8 ? p.sched.n - gcol : 8;
+            for (int e = 0; e < valid; ++e) dst[e] = src[e];
+          }
+        }
+      }
+      if (counter || p.monitor_ns) {
+        // Every thread's stores, then one release for the half (cumulative
+        // over the barrier).
+        __threadfence();
+        ptx::named_barrier_sync(1 + cw, 128);
+        if (counter && tid == 0) ptx::red_release_gpu_add(counter, 1);
+      }
+    }
+    if (p.monitor_ns && tid == 0) {
+      p.monitor_ns[int64_t(idx) * 2 + cw] = ptx::globaltimer_ns();
+      if (cw == 0) p.monitor_sm[idx] = ptx::smid();
+    }
+  }
+  if (p.tma_store && tid == 0) ptx::tma_store_wait_all();
+}
+
+}  // namespace flashoverlap::kernels

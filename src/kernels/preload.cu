@@ -1,0 +1,16 @@
+// preload.cu — loads every kernel of the library into the current context.
+#include "kernels/flags.h"
+#include "kernels/gemm.h"
+#include "kernels/reorder.h"
+
+namespace flashoverlap::kernels {
+
+void preload_gemm_kernels();  // gemm_sm90.cu
+
+void preload_kernels() {
+  preload_gemm_kernels();
+  preload_flag_kernels();
+  preload_reorder_kernels();
+}
+
+}  // namespace flashoverlap::kernels

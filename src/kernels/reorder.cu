@@ -1,0 +1,200 @@
+// reorder.cu — post-communication reorder kernels (see reorder.h). All are
+// memory-bound: 16-byte accesses along rows where alignment allows, scalar
+// element accesses at ragged edges or misaligned outputs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda_check.h"
+#include "kernels/reorder.h"
+
+namespace flashoverlap::kernels {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v);
+template <>
+__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+// Eight consecutive elements of a row, moved as one 16-byte access when the
+// address is aligned and all eight are inside the row, else one by one.
+template <typename T>
+struct Vec8 {
+  T v[8];
+};
+template <typename T>
+__device__ __forceinline__ Vec8<T> load8(const T* p, int valid) {
+  Vec8<T> r;
+  if (valid >= 8 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    *reinterpret_cast<uint4*>(r.v) = *reinterpret_cast<const uint4*>(p);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r.v[e] = e < valid ? p[e] : from_f<T>(0.f);
+  }
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const Vec8<T>& r, int valid) {
+  if (valid >= 8 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(r.v);
+  } else {
+    for (int e = 0; e < valid && e < 8; ++e) p[e] = r.v[e];
+  }
+}
+
+// Address in the AllReduce slot buffer of C(i, col), col a multiple of 8.
+template <typename T>
+__device__ __forceinline__ const T* slot_ptr(const T* slots, const plan::Schedule& s, int32_t i, int32_t col) {
+  const plan::TileCoord tc{i / s.bm, col / s.bn};
+  const int64_t idx = s.index_of_tile(tc);
+  return slots + ((idx * s.bm + (i - tc.tm * s.bm)) * s.bn + (col - tc.tn * s.bn));
+}
+
+template <typename T>
+__global__ void reorder_tiles_kernel(const T* slots, plan::Schedule s, T* c, int64_t ldc) {
+  const int32_t units = (s.n + 7) / 8;
+  for (int32_t i = blockIdx.y; i < s.m; i += gridDim.y) {
+    for (int32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < units; u += gridDim.x * blockDim.x) {
+      const int32_t col = u * 8, valid = s.n - col;
+      store8(c + i * ldc + col, load8(slot_ptr(slots, s, i, col), 8), valid);
+    }
+  }
+}
+
+template <typename T>
+__device__ float block_sum(float v, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch reuse across rows
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < blockDim.x / 32; ++w) t += scratch[w];
+  return t;
+}
+
+template <typename T>
+__global__ void reorder_add_rmsnorm_kernel(const T* slots, plan::Schedule s, const T* residual, const T* weight,
+                                           float eps, T* out, T* residual_out) {
+  __shared__ float scratch[32];
+  const int32_t units = (s.n + 7) / 8;
+  for (int32_t i = blockIdx.x; i < s.m; i += gridDim.x) {
+    const int64_t row = int64_t(i) * s.n;
+    float ss = 0.f;
+    for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
+      const int32_t col = u * 8, valid = s.n - col;
+      const Vec8<T> x = load8(slot_ptr(slots, s, i, col), 8);
+      const Vec8<T> r = load8(residual + row + col, valid);
+      Vec8<T> h;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        h.v[e] = from_f<T>(to_f(x.v[e]) + to_f(r.v[e]));
+        const float hf = e < valid ? to_f(h.v[e]) : 0.f;
+        ss += hf * hf;
+      }
+      if (residual_out) store8(residual_out + row + col, h, valid);
+    }
+    const float inv = rsqrtf(block_sum<T>(ss, scratch) / float(s.n) + eps);
+    for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
+      const int32_t col = u * 8, valid = s.n - col;
+      const Vec8<T> x = load8(slot_ptr(slots, s, i, col), 8);
+      const Vec8<T> r = load8(residual + row + col, valid);
+      const Vec8<T> w = load8(weight + col, valid);
+      Vec8<T> y;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float h = to_f(from_f<T>(to_f(x.v[e]) + to_f(r.v[e])));
+        y.v[e] = from_f<T>(h * inv * to_f(w.v[e]));
+      }
+      store8(out + row + col, y, valid);
+    }
+  }
+}
+
+template <typename T>
+__global__ void scatter_slot_rows_kernel(const T* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
+                                         const int32_t* dst_col, T* out, int64_t ld_out, int32_t n_cols) {
+  const int32_t units = bn / 8;
+  const int64_t total = slot_rows * units;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t srow = t / units;
+    const int32_t c8 = int32_t(t - srow * units) * 8;
+    const int32_t r = dst_row[srow];
+    if (r < 0) continue;
+    const int32_t col = dst_col[srow] + c8;
+    if (col >= n_cols) continue;
+    store8(out + r * ld_out + col, load8(slots + srow * bn + c8, 8), n_cols - col);
+  }
+}
+
+int grid_rows(int64_t m) { return int(m < 65535 ? m : 65535); }
+
+}  // namespace
+
+void reorder_tiles_to_rows(DType dtype, const void* slots, const plan::Schedule& s, void* c, int64_t ldc,
+                           cudaStream_t stream) {
+  const int threads = 128;
+  const dim3 grid((((s.n + 7) / 8) + threads - 1) / threads, grid_rows(s.m));
+  if (dtype == DType::BF16)
+    reorder_tiles_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(slots), s,
+                                                       static_cast<__nv_bfloat16*>(c), ldc);
+  else
+    reorder_tiles_kernel<<<grid, threads, 0, stream>>>(static_cast<const __half*>(slots), s,
+                                                       static_cast<__half*>(c), ldc);
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
+void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& s, const void* residual,
+                         const void* weight, float eps, void* out, void* residual_out, cudaStream_t stream) {
+  const int threads = 256;
+  const int grid = grid_rows(s.m);
+  if (dtype == DType::BF16) {
+    using T = __nv_bfloat16;
+    reorder_add_rmsnorm_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const T*>(slots), s, static_cast<const T*>(residual), static_cast<const T*>(weight), eps,
+        static_cast<T*>(out), static_cast<T*>(residual_out));
+  } else {
+    using T = __half;
+    reorder_add_rmsnorm_kernel<<<grid, threads, 0, stream>>>(
+        static_cast<const T*>(slots), s, static_cast<const T*>(residual), static_cast<const T*>(weight), eps,
+        static_cast<T*>(out), static_cast<T*>(residual_out));
+  }
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
+                       const int32_t* dst_col, void* out, int64_t ld_out, int32_t n_cols, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t total = slot_rows * (bn / 8);
+  const int grid = int((total + threads - 1) / threads < 65535 * 16 ? (total + threads - 1) / threads : 65535 * 16);
+  if (total == 0) return;
+  if (dtype == DType::BF16)
+    scatter_slot_rows_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(slots), slot_rows, bn,
+                                                           dst_row, dst_col, static_cast<__nv_bfloat16*>(out),
+                                                           ld_out, n_cols);
+  else
+    scatter_slot_rows_kernel<<<grid, threads, 0, stream>>>(static_cast<const __half*>(slots), slot_rows, bn,
+                                                           dst_row, dst_col, static_cast<__half*>(out), ld_out,
+                                                           n_cols);
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
+void preload_reorder_kernels() {
+  cudaFuncAttributes a{};
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_tiles_kernel<__nv_bfloat16>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_tiles_kernel<__half>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_add_rmsnorm_kernel<__nv_bfloat16>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_add_rmsnorm_kernel<__half>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<__nv_bfloat16>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<__half>));
+}
+
+}  // namespace flashoverlap::kernels

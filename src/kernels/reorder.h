@@ -1,0 +1,36 @@
+// reorder.h — post-communication reorder kernels: slot buffers back to
+// row-major C, optionally fused with the element-wise step that follows the
+// collective in a transformer layer (residual add + RMSNorm).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/gemm.h"
+#include "plan/schedule.h"
+
+namespace flashoverlap::kernels {
+
+// AllReduce slot layout (tile idx at slot rows [idx*bm, idx*bm+bm), bn wide)
+// -> row-major C (m x n, ldc elements per row).
+void reorder_tiles_to_rows(DType dtype, const void* slots, const plan::Schedule& sched, void* c, int64_t ldc,
+                           cudaStream_t stream);
+
+// Same source, fused with the transformer's next step, per row i of C:
+//   h = x + residual;  residual_out = h (if non-null);
+//   out = h * rsqrt(mean(h^2) + eps) * weight
+// h is rounded to the output type before the norm, as an unfused
+// add-then-norm in that type would do. out/residual/residual_out are m x n
+// row-major (n elements per row); weight has n elements.
+void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& sched, const void* residual,
+                         const void* weight, float eps, void* out, void* residual_out, cudaStream_t stream);
+
+// Generic gather for the ReduceScatter / All-to-All layouts: slot row s
+// (bn wide) goes to output row dst_row[s], columns [dst_col[s], +bn) clipped
+// to n_cols; dst_row[s] < 0 skips it.
+void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
+                       const int32_t* dst_col, void* out, int64_t ld_out, int32_t n_cols, cudaStream_t stream);
+
+void preload_reorder_kernels();
+
+}  // namespace flashoverlap::kernels

@@ -1,0 +1,53 @@
+// rt_timing.h — device timing with CUDA events (DESIGN.md section 8):
+// warm-up first, then each run timed on its own, median reported.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "kernels/cuda_check.h"
+
+namespace flashoverlap::rt {
+
+struct TimingStats {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  std::vector<double> runs_ms;
+};
+
+inline TimingStats summarize(std::vector<double> runs) {
+  TimingStats s;
+  s.runs_ms = runs;
+  if (runs.empty()) return s;
+  std::sort(runs.begin(), runs.end());
+  const size_t n = runs.size();
+  s.median_ms = n % 2 ? runs[n / 2] : 0.5 * (runs[n / 2 - 1] + runs[n / 2]);
+  s.min_ms = runs.front();
+  s.max_ms = runs.back();
+  return s;
+}
+
+// Times `enqueue` (which enqueues work on `stream`) between two events.
+inline TimingStats time_on_stream(const std::function<void()>& enqueue, cudaStream_t stream, int warmup, int iters) {
+  cudaEvent_t start, stop;
+  FO_CUDA_CHECK(cudaEventCreate(&start));
+  FO_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i) enqueue();
+  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> runs;
+  for (int i = 0; i < iters; ++i) {
+    FO_CUDA_CHECK(cudaEventRecord(start, stream));
+    enqueue();
+    FO_CUDA_CHECK(cudaEventRecord(stop, stream));
+    FO_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    FO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    runs.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return summarize(std::move(runs));
+}
+
+}  // namespace flashoverlap::rt

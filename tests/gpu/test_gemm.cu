@@ -1,0 +1,326 @@
+// GPU tests of the signalling GEMM against cuBLAS (skipped without a Hopper GPU).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "kernels/ptx.cuh"
+#include "runtime/rt_buffer.h"
+#include "runtime/rt_cublas.h"
+
+using namespace flashoverlap;
+using kernels::DType;
+using rt::DeviceBuffer;
+
+namespace {
+
+#define REQUIRE_HOPPER()                                                         \
+  do {                                                                           \
+    if (rt::hopper_device_count() < 1) GTEST_SKIP() << "no Hopper (sm_90) GPU";  \
+  } while (0)
+
+uint64_t fresh_seed() { return std::random_device{}() * 0x100000001ull + std::random_device{}(); }
+
+plan::Schedule make_sched(int m, int n, int bm, int bn, int ctas, plan::Raster r = plan::Raster::AlongN,
+                          int swizzle = 8) {
+  plan::Schedule s;
+  s.m = m, s.n = n, s.bm = bm, s.bn = bn, s.ctas = ctas, s.raster = r, s.swizzle = swizzle;
+  return s;
+}
+
+struct Problem {
+  DType dtype;
+  int m, n, k;
+  DeviceBuffer a, b, ref;
+  Problem(DType dt, int m_, int n_, int k_, uint64_t seed)
+      : dtype(dt), m(m_), n(n_), k(k_), a(size_t(m_) * k_ * 2), b(size_t(n_) * k_ * 2), ref(size_t(m_) * n_ * 2) {
+    kernels::fill_random(dt, a.get(), int64_t(m) * k, seed, -1.f, 1.f, nullptr);
+    kernels::fill_random(dt, b.get(), int64_t(n) * k, seed + 1, -1.f, 1.f, nullptr);
+    rt::CublasGemm cublas;
+    cublas.run(dt, a.get(), b.get(), ref.get(), m, n, k, n, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+// bf16 keeps 8 bits of mantissa, fp16 11: the two results differ by output
+// rounding and summation order only.
+double tolerance(DType dt) { return dt == DType::BF16 ? 8e-3 : 2e-3; }
+
+using GemmCase = std::tuple<int, int, int>;  // m, n, k
+
+class GemmVsCublas : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
+  REQUIRE_HOPPER();
+  const auto [m, n, k] = GetParam();
+  for (DType dt : {DType::BF16, DType::FP16}) {
+    const uint64_t seed = fresh_seed();
+    Problem pr(dt, m, n, k, seed);
+    DeviceBuffer c(size_t(m) * n * 2);
+    for (int bn : {256, 128}) {
+      for (int ctas : {132, 77, 3}) {
+        SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                     " dtype=" + (dt == DType::BF16 ? "bf16" : "fp16") + " tile 128x" + std::to_string(bn) +
+                     " ctas=" + std::to_string(ctas) + " seed=" + std::to_string(seed));
+        kernels::poison(c.get(), int64_t(m) * n, nullptr);
+        kernels::GemmParams p;
+        p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k;
+        p.sched = make_sched(m, n, 128, bn, ctas, ctas == 77 ? plan::Raster::AlongM : plan::Raster::AlongN,
+                             ctas == 3 ? 1 : 8);
+        p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = n;
+        kernels::launch_gemm(p, nullptr);
+        FO_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto r = kernels::compare(dt, c.get(), n, pr.ref.get(), n, m, n, nullptr);
+        EXPECT_EQ(r.nan_count, 0);
+        EXPECT_LT(r.rel_error(), tolerance(dt));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmVsCublas,
+                         ::testing::Values(GemmCase{1, 72, 8}, GemmCase{127, 72, 5120}, GemmCase{3001, 72, 8},
+                                           GemmCase{1, 7168, 5120}, GemmCase{127, 7168, 8},
+                                           GemmCase{3001, 7168, 5120}, GemmCase{256, 512, 64},
+                                           GemmCase{1000, 1000, 1000}, GemmCase{4096, 4096, 4096},
+                                           GemmCase{200, 300, 136}));
+
+// Outputs whose rows are not 16-byte aligned take the row-store epilogue.
+TEST(Gemm, OddLeadingDimensionAndTinyN) {
+  REQUIRE_HOPPER();
+  for (auto [m, n, k, ldc] : std::vector<std::tuple<int, int, int, int>>{{129, 7, 64, 7}, {300, 200, 256, 203}, {5, 1, 8, 1}}) {
+    const uint64_t seed = fresh_seed();
+    Problem pr(DType::BF16, m, n, k, seed);
+    DeviceBuffer c(size_t(m) * ldc * 2);
+    kernels::poison(c.get(), int64_t(m) * ldc, nullptr);
+    kernels::GemmParams p;
+    p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k;
+    p.sched = make_sched(m, n, 128, 128, 132);
+    p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = ldc;
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto r = kernels::compare(DType::BF16, c.get(), ldc, pr.ref.get(), n, m, n, nullptr);
+    EXPECT_EQ(r.nan_count, 0) << "m=" << m << " n=" << n << " ldc=" << ldc << " seed=" << seed;
+    EXPECT_LT(r.rel_error(), tolerance(DType::BF16)) << "m=" << m << " n=" << n << " ldc=" << ldc;
+  }
+}
+
+TEST(Gemm, RejectsBadInput) {
+  REQUIRE_HOPPER();
+  DeviceBuffer buf(1 << 20);
+  kernels::GemmParams p;
+  p.a = buf.get(), p.b = buf.get(), p.c = buf.get(), p.m = 64, p.n = 64, p.k = 60, p.ldc = 64;
+  p.sched = make_sched(64, 64, 128, 128, 132);
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // k % 8
+  p.k = 64;
+  p.a = static_cast<char*>(buf.get()) + 2;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // misaligned A
+  p.a = buf.get();
+  p.sched.bn = 96;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // tile
+  p.sched.bn = 128;
+  p.ldc = 32;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // ldc < n
+}
+
+// ---------------------------------------------------------------------------
+// Signal mode: a checker kernel on another stream waits for each group's
+// counter and, as soon as it is released, compares every element of the
+// group's slots with the expected values. Any partial tile seen = failure.
+
+struct CheckerArgs {
+  const uint16_t* slots;
+  const uint16_t* expected;
+  const uint32_t* counters;
+  const int64_t* group_begin;  // element range of group g: [begin[g], begin[g+1])
+  uint32_t epoch;
+  const uint32_t* target_per_epoch;  // signals per group per call
+  unsigned long long* mismatches;    // per group
+  uint64_t* released_ns;             // per group: when the checker saw the release
+};
+
+__global__ void checker_kernel(CheckerArgs a) {
+  const int g = blockIdx.x;
+  if (threadIdx.x == 0) {
+    const uint32_t target = a.epoch * a.target_per_epoch[g];
+    while (static_cast<int32_t>(kernels::ptx::ld_acquire_gpu(a.counters + g) - target) < 0) __nanosleep(64);
+    a.released_ns[g] = kernels::ptx::globaltimer_ns();
+  }
+  __syncthreads();
+  unsigned long long bad = 0;
+  for (int64_t i = a.group_begin[g] + threadIdx.x; i < a.group_begin[g + 1]; i += blockDim.x)
+    bad += (a.slots[i] != a.expected[i]);
+  atomicAdd(a.mismatches + g, bad);
+}
+
+std::vector<int> random_partition(int waves, std::mt19937_64& rng) {
+  std::vector<int> parts;
+  int left = waves;
+  while (left > 0) {
+    const int s = 1 + int(rng() % uint64_t(std::min(left, 3)));
+    parts.push_back(s);
+    left -= s;
+  }
+  return parts;
+}
+
+TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (auto [m, n, k, bn] : std::vector<std::tuple<int, int, int, int>>{
+           {4096, 8192, 4096, 256}, {3001, 7168, 2048, 128}, {2048, 4096, 8192, 256}}) {
+    // Leave 16 SMs for the checker blocks (at most 16 groups): the GEMM never
+    // waits for them, and they never keep a GEMM CTA from being resident.
+    const int ctas = 132 - 16;
+    plan::Schedule s = make_sched(m, n, 128, bn, ctas);
+    const int tiles = s.tiles(), waves = s.waves();
+    Problem pr(DType::BF16, m, n, k, seed);
+    const int64_t slot_elems = int64_t(tiles) * 128 * bn;
+    DeviceBuffer slots(slot_elems * 2), expected(slot_elems * 2);
+
+    // Expected slot contents: the same kernel without signals.
+    kernels::GemmParams p;
+    p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k, p.sched = s;
+    p.store = kernels::Store::SlotTiles, p.slots = expected.get(), p.slot_rows = int64_t(tiles) * 128;
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+
+    std::vector<int> parts = random_partition(waves, rng);
+    while (parts.size() > 16) {  // merge the last two groups
+      parts[parts.size() - 2] += parts.back();
+      parts.pop_back();
+    }
+    const int groups = int(parts.size());
+    std::vector<int32_t> group_of_wave;
+    std::vector<int64_t> begin{0};
+    std::vector<uint32_t> target;
+    for (int g = 0, w0 = 0; g < groups; w0 += parts[g], ++g) {
+      for (int w = 0; w < parts[g]; ++w) group_of_wave.push_back(g);
+      const int t_end = std::min((w0 + parts[g]) * ctas, tiles);
+      const int t_begin = w0 * ctas;
+      begin.push_back(int64_t(t_end) * 128 * bn);
+      target.push_back(uint32_t(t_end - t_begin) * kernels::kSignalsPerTile);
+    }
+    DeviceBuffer d_gow(group_of_wave.size() * 4), d_begin(begin.size() * 8), d_target(target.size() * 4),
+        d_counters(groups * 4), d_mism(groups * 8), d_rel(groups * 8);
+    FO_CUDA_CHECK(cudaMemcpy(d_gow.get(), group_of_wave.data(), d_gow.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemcpy(d_begin.get(), begin.data(), d_begin.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemcpy(d_target.get(), target.data(), d_target.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemset(d_counters.get(), 0, d_counters.bytes()));
+
+    cudaStream_t compute, check;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&check, cudaStreamNonBlocking));
+    kernels::preload_kernels();
+    cudaFuncAttributes attr{};
+    FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, checker_kernel));
+
+    std::vector<uint64_t> last_tile_ns(tiles * 2);
+    DeviceBuffer mon_ns(size_t(tiles) * 2 * 8), mon_sm(size_t(tiles) * 4);
+    for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
+      SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " bn=" + std::to_string(bn) +
+                   " epoch=" + std::to_string(epoch) + " groups=" + std::to_string(groups) +
+                   " seed=" + std::to_string(seed));
+      kernels::poison(slots.get(), slot_elems, compute);
+      FO_CUDA_CHECK(cudaMemset(d_mism.get(), 0, d_mism.bytes()));
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      kernels::GemmParams q = p;
+      q.slots = slots.get();
+      q.counters = d_counters.as<uint32_t>();
+      q.group_of_wave = d_gow.as<int32_t>();
+      q.monitor_ns = mon_ns.as<uint64_t>();
+      q.monitor_sm = mon_sm.as<uint32_t>();
+      kernels::launch_gemm(q, compute);  // GEMM first in host order
+      CheckerArgs ca{slots.as<uint16_t>(), expected.as<uint16_t>(), d_counters.as<uint32_t>(), d_begin.as<int64_t>(),
+                     epoch, d_target.as<uint32_t>(), d_mism.as<unsigned long long>(), d_rel.as<uint64_t>()};
+      checker_kernel<<<groups, 256, 0, check>>>(ca);
+      FO_CUDA_CHECK(cudaGetLastError());
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<unsigned long long> mism(groups);
+      std::vector<uint64_t> rel(groups);
+      FO_CUDA_CHECK(cudaMemcpy(mism.data(), d_mism.get(), d_mism.bytes(), cudaMemcpyDeviceToHost));
+      FO_CUDA_CHECK(cudaMemcpy(rel.data(), d_rel.get(), d_rel.bytes(), cudaMemcpyDeviceToHost));
+      FO_CUDA_CHECK(cudaMemcpy(last_tile_ns.data(), mon_ns.get(), mon_ns.bytes(), cudaMemcpyDeviceToHost));
+      for (int g = 0; g < groups; ++g) EXPECT_EQ(mism[g], 0u) << "group " << g << " was released incomplete";
+      // The final slots equal the expected ones everywhere.
+      const auto r = kernels::compare(DType::BF16, slots.get(), bn, expected.get(), bn, int64_t(tiles) * 128, bn,
+                                      nullptr);
+      EXPECT_EQ(r.mismatches, 0);
+      // Overlap is real: with more than one group, the first group was
+      // released before the GEMM's last tile finished.
+      if (groups > 1) {
+        uint64_t last = 0;
+        for (uint64_t t : last_tile_ns) last = std::max(last, t);
+        EXPECT_LT(rel[0], last) << "first group released only after the whole GEMM";
+      }
+    }
+    std::vector<uint32_t> counters(groups);
+    FO_CUDA_CHECK(cudaMemcpy(counters.data(), d_counters.get(), d_counters.bytes(), cudaMemcpyDeviceToHost));
+    for (int g = 0; g < groups; ++g) EXPECT_EQ(counters[g], 3 * target[g]) << "epoch counters never reset";
+    cudaStreamDestroy(compute);
+    cudaStreamDestroy(check);
+  }
+}
+
+// SlotRows: a random permutation of tile rows (with some rows dropped) lands
+// each row exactly where the table says.
+TEST(GemmSignal, SlotRowsFollowTheTable) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int m = 1000, n = 640, k = 512, bn = 128;
+  plan::Schedule s = make_sched(m, n, 128, bn, 50);
+  const int tiles = s.tiles();
+  Problem pr(DType::BF16, m, n, k, seed);
+  std::vector<int32_t> row_of(size_t(tiles) * 128);
+  std::vector<int32_t> perm(row_of.size());
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (size_t i = 0; i < row_of.size(); ++i) row_of[i] = (rng() % 5 == 0) ? -1 : perm[i];
+  DeviceBuffer d_row_of(row_of.size() * 4), slots(row_of.size() * bn * 2), plain(size_t(m) * n * 2);
+  FO_CUDA_CHECK(cudaMemcpy(d_row_of.get(), row_of.data(), d_row_of.bytes(), cudaMemcpyHostToDevice));
+  kernels::poison(slots.get(), int64_t(row_of.size()) * bn, nullptr);
+  kernels::GemmParams p;
+  p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k, p.sched = s;
+  p.store = kernels::Store::Plain, p.c = plain.get(), p.ldc = n;
+  kernels::launch_gemm(p, nullptr);
+  p.store = kernels::Store::SlotRows, p.slots = slots.get(), p.row_of = d_row_of.as<int32_t>();
+  kernels::launch_gemm(p, nullptr);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> h_plain(size_t(m) * n), h_slots(row_of.size() * bn);
+  FO_CUDA_CHECK(cudaMemcpy(h_plain.data(), plain.get(), plain.bytes(), cudaMemcpyDeviceToHost));
+  FO_CUDA_CHECK(cudaMemcpy(h_slots.data(), slots.get(), slots.bytes(), cudaMemcpyDeviceToHost));
+  int64_t bad = 0, stored = 0, untouched_bad = 0;
+  for (int idx = 0; idx < tiles; ++idx) {
+    const plan::TileCoord tc = s.tile_of(idx);
+    for (int r = 0; r < 128; ++r) {
+      const int32_t dst = row_of[size_t(idx) * 128 + r];
+      if (dst < 0) continue;
+      ++stored;
+      const int row = tc.tm * 128 + r;
+      for (int c = 0; c < bn; ++c) {
+        const int col = tc.tn * bn + c;
+        const uint16_t got = h_slots[size_t(dst) * bn + c];
+        const uint16_t want = (row < m && col < n) ? h_plain[size_t(row) * n + col] : uint16_t(0);  // padding is zero
+        bad += got != want;
+      }
+    }
+  }
+  // Slot rows no table entry points to stay poisoned.
+  std::vector<char> hit(row_of.size(), 0);
+  for (int32_t d : row_of)
+    if (d >= 0) hit[d] = 1;
+  for (size_t d = 0; d < hit.size(); ++d)
+    if (!hit[d]) untouched_bad += h_slots[d * bn] != 0xFFFF;
+  EXPECT_GT(stored, 0);
+  EXPECT_EQ(bad, 0) << "seed=" << seed;
+  EXPECT_EQ(untouched_bad, 0) << "seed=" << seed;
+}
+
+}  // namespace
