@@ -1,0 +1,126 @@
+// bootstrap.h — how the processes of one job find each other, before NCCL exists.
+//
+// DistEnv reads the job layout from the environment (torchrun, `flashoverlap
+// launch`, or OpenMPI's mpirun). Rendezvous is a tiny TCP store with rank 0 as
+// the hub: it shares the 128-byte ncclUniqueId (broadcast), gathers per-rank
+// data such as MoE routing counts or timings (allgather), and synchronises
+// (barrier). Host-only: POSIX sockets, no CUDA, no NCCL.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace flashoverlap::rt {
+
+// torchrun's default, used when the rank variables are set but MASTER_PORT is not
+// (e.g. a plain `mpirun -n 2 flashoverlap ...` on one node).
+inline constexpr int kDefaultMasterPort = 29500;
+inline constexpr const char* kDefaultMasterAddr = "127.0.0.1";
+
+// Bound of every blocking rendezvous step: generous, because a step waits for
+// the slowest rank to reach it (e.g. rank 0 creating the NCCL unique id).
+inline constexpr std::chrono::milliseconds kDefaultBootstrapTimeout{std::chrono::seconds(300)};
+
+struct DistEnv {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;  // the GPU this process drives on its node
+  std::string master_addr = kDefaultMasterAddr;
+  int master_port = kDefaultMasterPort;
+
+  // The job layout, from (first match wins):
+  //  - RANK, WORLD_SIZE, LOCAL_RANK (torchrun, `flashoverlap launch`);
+  //  - OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK.
+  // Either way MASTER_ADDR / MASTER_PORT name the hub (rank 0's host and a
+  // port it may listen on), defaulting to 127.0.0.1:kDefaultMasterPort, which
+  // only works on one node. A missing local rank defaults to the rank (one node).
+  // An empty variable counts as unset. Returns nullopt when neither rank
+  // variable is set (a single process, no rendezvous). Throws InvalidArgument
+  // naming the variable for a non-integer, a rank outside [0, world), a rank
+  // without a world size (or the reverse), or a port outside 1..65535.
+  static std::optional<DistEnv> from_env();
+  // The same, with `getenv` as the variable lookup (for tests).
+  static std::optional<DistEnv> from_env(const std::function<const char*(const char*)>& getenv);
+};
+
+// A free TCP port on this host (bound to port 0, then released). Another
+// process may take it before it is used; callers accept that small race.
+int find_free_port();
+
+namespace detail {
+// Owns a file descriptor; closes it once.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+  int get() const { return fd_; }
+  int release() { int fd = fd_; fd_ = -1; return fd; }
+  void reset();
+ private:
+  int fd_ = -1;
+};
+}  // namespace detail
+
+// A process group's TCP rendezvous: rank 0 is the hub, every other rank keeps
+// one connection to it for the life of the object. All ranks must call the
+// same collectives in the same order (each carries a sequence number; a
+// mismatch fails). Every blocking step is bounded by `timeout` and fails with
+// rank, peer and what was awaited; a peer that exits fails the others (the hub
+// relays the reason). After a failure the object only throws.
+// Not thread-safe: one thread per Rendezvous.
+class Rendezvous {
+ public:
+  // Rank 0 listens on env.master_port (all interfaces, SO_REUSEADDR) and
+  // waits for world-1 peers; the others connect to master_addr:master_port,
+  // retrying until the timeout (the hub may start later). The handshake
+  // rejects a duplicate rank or a different world size, on both sides.
+  // world == 1 opens no socket.
+  explicit Rendezvous(const DistEnv& env,
+                      std::chrono::milliseconds timeout = kDefaultBootstrapTimeout);
+  Rendezvous(Rendezvous&&) = default;
+  Rendezvous& operator=(Rendezvous&&) = default;
+  ~Rendezvous();
+
+  int rank() const { return env_.rank; }
+  int world() const { return env_.world; }
+
+  // Rank 0's bytes, on every rank (other ranks' argument is ignored).
+  std::vector<uint8_t> broadcast(std::span<const uint8_t> from_root);
+  // Every rank's bytes (sizes may differ), indexed by rank.
+  std::vector<std::vector<uint8_t>> allgather(std::span<const uint8_t> mine);
+  // Returns once every rank has called it.
+  void barrier();
+
+ private:
+  enum class Op : uint32_t;
+  using Deadline = std::chrono::steady_clock::time_point;
+  void accept_peers(Deadline deadline);
+  void join_hub(Deadline deadline);
+  std::vector<std::vector<uint8_t>> gather(Op op, std::span<const uint8_t> mine);
+  void send(int peer, Op op, std::span<const uint8_t> payload, Deadline deadline);
+  std::vector<uint8_t> receive(int peer, Op op, Deadline deadline);
+  // Marks the group broken and throws Error(prefix + why). On the hub it first
+  // tells every peer (except `unsafe_peer`, whose stream may be mid-message).
+  [[noreturn]] void fail(const std::string& why, int unsafe_peer = -1);
+  std::string prefix() const;
+  std::string peer_name(int peer) const;
+
+  DistEnv env_;
+  std::chrono::milliseconds timeout_;
+  uint32_t seq_ = 0;             // collectives completed so far (same on every rank)
+  std::string failure_;          // set once broken
+  // Rank 0: peers_[r] is the connection to rank r (peers_[0] unused).
+  // Other ranks: peers_[0] is the connection to the hub.
+  std::vector<detail::UniqueFd> peers_;
+};
+
+}  // namespace flashoverlap::rt

@@ -1,0 +1,344 @@
+// The launcher: validation, the children's environment, failure propagation,
+// signals, --nproc relaunch, and the `flashoverlap launch` command.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "flashoverlap/error.h"
+#include "runtime/bootstrap.h"
+#include "runtime/launcher.h"
+
+extern char** environ;
+
+namespace flashoverlap::rt {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// ----------------------------------------------------------- child role
+// Launched with FO_TEST_CHILD_DIR set, this binary is one rank of a job, not
+// a test runner: it joins the rendezvous, checks the collectives, and writes
+// DIR/ok_<rank> holding its command-line arguments.
+
+std::string command_line_args() {
+  std::ifstream f("/proc/self/cmdline");
+  std::string all((std::istreambuf_iterator<char>(f)), {}), out;
+  std::istringstream parts(all);
+  std::string arg;
+  std::getline(parts, arg, '\0');  // skip argv[0]
+  while (std::getline(parts, arg, '\0')) out += arg + " ";
+  return out;
+}
+
+int rendezvous_child(const std::string& dir) {
+  try {
+    auto env = DistEnv::from_env();
+    if (!env) throw Error("no RANK in the environment");
+    Rendezvous rv(*env, 20s);
+    std::vector<uint8_t> id(128);
+    for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<uint8_t>(i * 7 + ::getpid());
+    auto shared = rv.broadcast(id);
+    auto mine = shared;
+    mine.push_back(static_cast<uint8_t>(env->rank));
+    auto all = rv.allgather(mine);
+    for (int r = 0; r < env->world; ++r) {
+      auto expect = shared;
+      expect.push_back(static_cast<uint8_t>(r));
+      if (all[r] != expect) throw Error("allgather mismatch at rank " + std::to_string(r));
+    }
+    rv.barrier();
+    std::ofstream(dir + "/ok_" + std::to_string(env->rank)) << command_line_args();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "child: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+[[maybe_unused]] const bool kIsChild = [] {
+  const char* dir = std::getenv("FO_TEST_CHILD_DIR");
+  if (dir == nullptr) return false;
+  std::cout.flush();
+  std::_Exit(rendezvous_child(dir));
+}();
+
+// ----------------------------------------------------------- helpers
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int n = 0;
+    path = fs::temp_directory_path() /
+           ("fo_launch_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+LaunchOptions sh(int nproc, const std::string& script, const std::string& arg = "") {
+  LaunchOptions o;
+  o.nproc = nproc;
+  o.command = {"sh", "-c", script, "sh", arg};
+  return o;
+}
+
+template <class F>
+double seconds_of(F&& f) {
+  auto start = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// ----------------------------------------------------------- launch()
+
+TEST(Launcher, RejectsBadOptions) {
+  LaunchOptions o = sh(0, "true");
+  EXPECT_THROW(launch(o), InvalidArgument);
+  o = sh(2, "true");
+  o.command.clear();
+  EXPECT_THROW(launch(o), InvalidArgument);
+  o = sh(2, "true");
+  o.master_port = 70000;
+  EXPECT_THROW(launch(o), InvalidArgument);
+}
+
+TEST(Launcher, RefusesMoreProcessesThanGpus) {
+  LaunchOptions o = sh(3, "true");
+  o.visible_gpus = 2;
+  try {
+    launch(o);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "3 processes requested but only 2 GPUs are visible; one process per GPU"),
+              std::string::npos)
+        << e.what();
+  }
+  o.allow_oversubscribe = true;
+  EXPECT_EQ(launch(o), 0);
+  o.allow_oversubscribe = false;
+  o.nproc = 2;
+  EXPECT_EQ(launch(o), 0);
+}
+
+TEST(Launcher, ChildrenGetRankEnvironment) {
+  TempDir dir;
+  // Stale values of our variables are replaced; everything else passes through.
+  ::setenv("RANK", "99", 1);
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  LaunchOptions o = sh(4,
+                       "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR "
+                       "$MASTER_PORT $NCCL_NVLS_ENABLE\" > \"$1/rank_$RANK\"",
+                       dir.path.string());
+  o.master_port = 23456;
+  int rc = launch(o);
+  ::unsetenv("RANK");
+  ::unsetenv("NCCL_NVLS_ENABLE");
+  ASSERT_EQ(rc, 0);
+  for (int r = 0; r < 4; ++r) {
+    std::string want = std::to_string(r) + " 4 " + std::to_string(r) + " 4 127.0.0.1 23456 0\n";
+    EXPECT_EQ(read_file(dir.file("rank_" + std::to_string(r))), want);
+  }
+}
+
+TEST(Launcher, PicksAFreePortSharedByAllRanks) {
+  TempDir dir;
+  ASSERT_EQ(launch(sh(3, "echo $MASTER_PORT > \"$1/port_$RANK\"", dir.path.string())), 0);
+  std::set<std::string> ports;
+  for (int r = 0; r < 3; ++r) ports.insert(read_file(dir.file("port_" + std::to_string(r))));
+  ASSERT_EQ(ports.size(), 1u);
+  EXPECT_GT(std::stoi(*ports.begin()), 0);
+}
+
+TEST(Launcher, FailureStopsTheOthersAndReturnsItsCode) {
+  double s = seconds_of([] {
+    EXPECT_EQ(launch(sh(3, "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30")), 3);
+  });
+  EXPECT_LT(s, 5.0);
+}
+
+TEST(Launcher, KillsWhatIgnoresSigterm) {
+  LaunchOptions o = sh(3, "trap '' TERM; if [ $RANK = 2 ]; then sleep 0.2; exit 4; fi; exec sleep 30");
+  o.kill_grace_s = 0.3;
+  double s = seconds_of([&] { EXPECT_EQ(launch(o), 4); });
+  EXPECT_LT(s, 5.0);
+}
+
+TEST(Launcher, SignalledChildGives128PlusSignal) {
+  EXPECT_EQ(launch(sh(2, "if [ $RANK = 0 ]; then kill -KILL $$; fi; exec sleep 30")), 128 + 9);
+}
+
+TEST(Launcher, CommandNotFoundIs127) {
+  LaunchOptions o;
+  o.nproc = 2;
+  o.command = {"fo-no-such-command-xyz"};
+  EXPECT_EQ(launch(o), 127);
+}
+
+TEST(Launcher, NotExecutableIs126) {
+  TempDir dir;
+  std::ofstream(dir.file("script")) << "#!/bin/sh\nexit 0\n";
+  LaunchOptions o;
+  o.nproc = 1;
+  o.command = {dir.file("script")};
+  EXPECT_EQ(launch(o), 126);
+}
+
+TEST(Launcher, TimeoutStopsEverything) {
+  LaunchOptions o = sh(2, "exec sleep 30");
+  o.timeout_s = 0.3;
+  double s = seconds_of([&] { EXPECT_EQ(launch(o), 124); });
+  EXPECT_LT(s, 5.0);
+}
+
+TEST(Launcher, RendezvousAcrossProcesses) {
+  TempDir dir;
+  ::setenv("FO_TEST_CHILD_DIR", dir.path.c_str(), 1);
+  LaunchOptions o;
+  o.nproc = 4;
+  o.command = {"/proc/self/exe"};
+  int rc = launch(o);
+  ::unsetenv("FO_TEST_CHILD_DIR");
+  EXPECT_EQ(rc, 0);
+  for (int r = 0; r < 4; ++r) EXPECT_TRUE(fs::exists(dir.file("ok_" + std::to_string(r)))) << r;
+}
+
+// ----------------------------------------------------------- --nproc
+
+std::optional<int> relaunch(std::vector<std::string> args, int gpus = -1) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return relaunch_with_nproc(static_cast<int>(args.size()), argv.data(), gpus);
+}
+
+TEST(Launcher, NprocRelaunchesThisProgramWithoutTheOption) {
+  TempDir two, three;
+  ::setenv("FO_TEST_CHILD_DIR", two.path.c_str(), 1);
+  auto rc2 = relaunch({"prog", "bench", "--nproc", "2", "--m=64"});
+  ::setenv("FO_TEST_CHILD_DIR", three.path.c_str(), 1);
+  auto rc3 = relaunch({"prog", "--nproc=3", "plan"});
+  ::unsetenv("FO_TEST_CHILD_DIR");
+  EXPECT_EQ(rc2, std::optional<int>(0));
+  EXPECT_EQ(rc3, std::optional<int>(0));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_file(two.file("ok_" + std::to_string(r))), "bench --m=64 ");
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(read_file(three.file("ok_" + std::to_string(r))), "plan ");
+}
+
+TEST(Launcher, NprocLeftAloneWhenNotApplicable) {
+  EXPECT_EQ(relaunch({"prog", "bench"}), std::nullopt);
+  EXPECT_EQ(relaunch({"prog", "launch", "--nproc", "2", "--", "true"}), std::nullopt);
+  EXPECT_EQ(relaunch({"prog", "x", "--", "--nproc", "2"}), std::nullopt);
+  ::setenv("RANK", "0", 1);  // already a launched child
+  auto rc = relaunch({"prog", "--nproc", "2"});
+  ::unsetenv("RANK");
+  EXPECT_EQ(rc, std::nullopt);
+}
+
+TEST(Launcher, NprocBadValues) {
+  EXPECT_THROW(relaunch({"prog", "--nproc"}), InvalidArgument);
+  EXPECT_THROW(relaunch({"prog", "--nproc", "two"}), InvalidArgument);
+  EXPECT_THROW(relaunch({"prog", "--nproc=0"}), InvalidArgument);
+  EXPECT_THROW(relaunch({"prog", "--nproc", "4"}, /*gpus=*/2), InvalidArgument);
+}
+
+// ----------------------------------------------------------- CLI
+
+struct CliRun {
+  int code;
+  std::string output;
+};
+
+// Runs `env_prefix flashoverlap args` through the shell, stderr included.
+CliRun cli(const std::string& args, const std::string& env_prefix = "") {
+  std::string cmd = env_prefix + " '" FO_CLI_PATH "' " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+TEST(LaunchCli, BadArgumentsExit2) {
+  for (const char* args : {"launch", "launch -n 2", "launch -n x -- true", "launch -n 0 -- true",
+                           "launch -n 2 --bogus -- true", "launch -n 2 --master-port 99999 -- true"}) {
+    auto r = cli(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("flashoverlap: error: "), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
+TEST(LaunchCli, RunsAndPropagatesExitCodes) {
+  EXPECT_EQ(cli("launch -n 2 --allow-oversubscribe -- sh -c 'exit 0'").code, 0);
+  auto r = cli("launch -n 2 --allow-oversubscribe -- sh -c 'exit $((RANK + 5))'");
+  EXPECT_TRUE(r.code == 5 || r.code == 6) << r.output;
+  EXPECT_NE(r.output.find("flashoverlap launch: rank "), std::string::npos) << r.output;
+}
+
+TEST(LaunchCli, RefusesMoreProcessesThanVisibleGpus) {
+  // No visible GPU whatever the machine has.
+  auto r = cli("launch -n 2 -- true", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("2 processes requested but only 0 GPUs are visible; one process per GPU"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(LaunchCli, ForwardsSigtermToChildren) {
+  TempDir dir;
+  std::vector<std::string> args = {FO_CLI_PATH, "launch", "-n", "2", "--allow-oversubscribe",
+                                   "--", "sh", "-c", "echo $$ > \"$1/pid_$RANK\"; exec sleep 30",
+                                   "sh", dir.path.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t launcher = 0;
+  ASSERT_EQ(::posix_spawn(&launcher, FO_CLI_PATH, nullptr, nullptr, argv.data(), environ), 0);
+
+  std::vector<pid_t> children;
+  for (auto until = Clock::now() + 10s; children.size() < 2 && Clock::now() < until;) {
+    std::this_thread::sleep_for(20ms);
+    children.clear();
+    for (int r = 0; r < 2; ++r) {
+      std::string pid = read_file(dir.file("pid_" + std::to_string(r)));
+      if (!pid.empty() && pid.back() == '\n') children.push_back(std::stoi(pid));
+    }
+  }
+  ASSERT_EQ(children.size(), 2u);
+  ::kill(launcher, SIGTERM);
+  int status = 0;
+  double s = seconds_of([&] { ::waitpid(launcher, &status, 0); });
+  EXPECT_LT(s, 5.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  for (pid_t c : children) EXPECT_NE(::kill(c, 0), 0) << "child " << c << " still runs";
+}
+
+}  // namespace
+}  // namespace flashoverlap::rt
