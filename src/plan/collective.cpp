@@ -1,0 +1,31 @@
+#include "plan/collective.h"
+
+#include "flashoverlap/error.h"
+
+namespace flashoverlap::plan {
+
+std::string_view to_string(Collective op) {
+  switch (op) {
+    case Collective::AllReduce: return "allreduce";
+    case Collective::ReduceScatter: return "reducescatter";
+    case Collective::AllToAll: return "alltoall";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(DType t) { return t == DType::FP16 ? "fp16" : "bf16"; }
+
+Collective parse_collective(std::string_view s) {
+  for (Collective op : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllToAll})
+    if (s == to_string(op)) return op;
+  throw InvalidArgument("unknown collective '" + std::string(s) +
+                        "' (expected allreduce, reducescatter or alltoall)");
+}
+
+DType parse_dtype(std::string_view s) {
+  if (s == "bf16") return DType::BF16;
+  if (s == "fp16") return DType::FP16;
+  throw InvalidArgument("unknown dtype '" + std::string(s) + "' (expected bf16 or fp16)");
+}
+
+}  // namespace flashoverlap::plan

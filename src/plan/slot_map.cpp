@@ -1,0 +1,65 @@
+#include "plan/slot_map.h"
+
+#include <string>
+
+#include "flashoverlap/error.h"
+
+namespace flashoverlap::plan {
+
+SlotMap slot_map_base(Collective op, const Schedule& s, int32_t world, int32_t rank) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " +
+                          std::to_string(world));
+  SlotMap map;
+  map.op = op;
+  map.world = world;
+  map.rank = rank;
+  map.bm = s.bm;
+  map.bn = s.bn;
+  map.tiles_n = s.tiles_n();
+  map.n = s.n;
+  map.row_of.assign(size_t(s.tiles()) * s.bm, -1);
+  return map;
+}
+
+void build_output_inverse(SlotMap& map) {
+  map.slot_of_out.assign(size_t(map.out_rows) * map.tiles_n, -1);
+  int64_t filled = 0;
+  for (size_t slot = 0; slot < map.target_of_slot.size(); ++slot) {
+    const SlotTarget t = map.target_of_slot[slot];
+    if (t.row < 0) continue;
+    if (t.row >= map.out_rows || t.col_block < 0 || t.col_block >= map.tiles_n)
+      throw Error("slot map: slot row " + std::to_string(slot) + " targets (" + std::to_string(t.row) +
+                  ", " + std::to_string(t.col_block) + ") outside the output");
+    int32_t& dst = map.slot_of_out[size_t(t.row) * map.tiles_n + t.col_block];
+    if (dst >= 0)
+      throw Error("slot map: slot rows " + std::to_string(dst) + " and " + std::to_string(slot) +
+                  " both target output row " + std::to_string(t.row));
+    dst = int32_t(slot);
+    ++filled;
+  }
+  if (filled != int64_t(map.slot_of_out.size()))
+    throw Error("slot map: " + std::to_string(int64_t(map.slot_of_out.size()) - filled) +
+                " output row segments have no source slot");
+}
+
+}  // namespace flashoverlap::plan
+
+namespace flashoverlap::plan {
+
+WaveCounts::WaveCounts(const Schedule& s, int32_t bins, const std::vector<int64_t>& per_tile_row)
+    : bins_(bins), waves_(s.waves()), prefix_(size_t(s.waves() + 1) * bins, 0) {
+  if (per_tile_row.size() != size_t(s.tiles_m()) * bins)
+    throw Error("WaveCounts: expected " + std::to_string(s.tiles_m()) + " x " + std::to_string(bins) +
+                " counts, got " + std::to_string(per_tile_row.size()));
+  // Accumulate each wave's tiles into row w+1, then prefix-sum over waves.
+  for (int32_t idx = 0; idx < s.tiles(); ++idx) {
+    const int32_t tm = s.tile_of(idx).tm;
+    int64_t* dst = &prefix_[size_t(s.round_of(idx) + 1) * bins];
+    for (int32_t b = 0; b < bins; ++b) dst[b] += per_tile_row[size_t(tm) * bins + b];
+  }
+  for (int32_t w = 1; w <= waves_; ++w)
+    for (int32_t b = 0; b < bins; ++b) prefix_[size_t(w) * bins + b] += prefix_[size_t(w - 1) * bins + b];
+}
+
+}  // namespace flashoverlap::plan

@@ -1,0 +1,81 @@
+// test_plan_util.h — shared helpers of the planner tests: a seed that is
+// printed on failure (set FO_TEST_SEED to replay one) and random schedules.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "plan/partition.h"
+#include "plan/schedule.h"
+#include "plan/tile_grid.h"
+
+namespace fo_test {
+
+inline uint64_t test_seed() {
+  if (const char* s = std::getenv("FO_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+}
+
+// Use at the top of a randomized test: every failure message carries the seed.
+#define FO_SEEDED_RNG(rng)                                                                 \
+  const uint64_t fo_seed_ = ::fo_test::test_seed();                                        \
+  SCOPED_TRACE(::testing::Message() << "seed " << fo_seed_ << " (replay: FO_TEST_SEED=" \
+                                    << fo_seed_ << ")");                                   \
+  std::mt19937_64 rng(fo_seed_)
+
+inline int64_t uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {  // [lo, hi]
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+inline flashoverlap::plan::TileShape random_tile(std::mt19937_64& rng) {
+  static const flashoverlap::plan::TileShape tiles[] = {{128, 256}, {128, 128}, {64, 64}, {16, 8},
+                                                        {24, 40},   {8, 16},    {1, 1},   {5, 3}};
+  return tiles[uniform(rng, 0, std::size(tiles) - 1)];
+}
+
+// A random schedule with at most ~max_elems elements of C: M and N ragged or
+// not, M = 1 sometimes, any raster/swizzle, CTAs from 1 to more than the tiles.
+inline flashoverlap::plan::Schedule random_schedule(std::mt19937_64& rng, flashoverlap::plan::TileShape t,
+                                                    int64_t max_elems) {
+  auto side = [&](int32_t b) -> int64_t {
+    switch (uniform(rng, 0, 4)) {
+      case 0: return 1;
+      case 1: return b * uniform(rng, 1, 4);                 // whole tiles
+      case 2: return uniform(rng, 1, b);                     // less than a tile
+      default: return b * uniform(rng, 0, 4) + uniform(rng, 1, b);  // ragged
+    }
+  };
+  int64_t m = side(t.bm), n = side(t.bn);
+  if (m * n > max_elems) n = std::max<int64_t>(1, max_elems / m);
+  const int64_t tiles = ((m + t.bm - 1) / t.bm) * ((n + t.bn - 1) / t.bn);
+  const int32_t ctas = int32_t(uniform(rng, 0, 3) == 0 ? uniform(rng, 1, tiles + 3)
+                                                       : std::max<int64_t>(1, tiles / uniform(rng, 1, 12)));
+  const auto raster = uniform(rng, 0, 1) ? flashoverlap::plan::Raster::AlongM : flashoverlap::plan::Raster::AlongN;
+  return flashoverlap::plan::make_schedule(m, n, t, ctas, raster, int32_t(uniform(rng, 1, 6)));
+}
+
+// A random composition of `waves`: each gap is a boundary with probability p,
+// p itself random (so single groups and the finest partition both occur).
+inline flashoverlap::plan::Partition random_partition(std::mt19937_64& rng, int32_t waves) {
+  const double p = std::uniform_real_distribution<double>(0, 1)(rng);
+  flashoverlap::plan::Partition part{1};
+  for (int32_t w = 1; w < waves; ++w) {
+    if (std::bernoulli_distribution(p)(rng)) part.push_back(1);
+    else ++part.back();
+  }
+  return part;
+}
+
+inline std::string describe(const flashoverlap::plan::Schedule& s) {
+  std::ostringstream o;
+  o << "M=" << s.m << " N=" << s.n << " tile " << s.bm << "x" << s.bn << " ctas=" << s.ctas
+    << " raster=" << int(s.raster) << " swizzle=" << s.swizzle << " tiles=" << s.tiles()
+    << " waves=" << s.waves();
+  return o.str();
+}
+
+}  // namespace fo_test
