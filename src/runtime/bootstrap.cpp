@@ -75,7 +75,7 @@ std::optional<DistEnv> DistEnv::from_env(const std::function<const char*(const c
     throw InvalidArgument(std::string(rank_s ? names->rank : names->world) + " is set but " +
                           (rank_s ? names->world : names->rank) + " is not");
   DistEnv env;
-  env.world = parse_int(names->world, *world_s, 1, 1 << 20, "must be >= 1");
+  env.world = parse_int(names->world, *world_s, 1, 1 << 20, "must be in 1..1048576");
   const std::string below_world = "must be in [0, " + std::string(names->world) + "=" +
                                   std::to_string(env.world) + ")";
   env.rank = parse_int(names->rank, *rank_s, 0, env.world - 1, below_world);
@@ -381,7 +381,9 @@ void Rendezvous::accept_peers(Deadline deadline) {
     set_nodelay(conn.get());
     Message hello;
     bool garbage = false;
-    // A connection that does not say hello properly is not one of ours: drop it.
+    // Our peers say hello as soon as they connect. A connection that does not
+    // say it properly is not one of ours (a port scanner, an old job): drop it.
+    // (One that says nothing holds us until the deadline; rare, and bounded.)
     if (read_message(conn.get(), deadline, hello, garbage).status != Io::kOk ||
         hello.op != uint32_t(Op::kHello) || hello.payload.size() != 8)
       continue;

@@ -1,10 +1,10 @@
 // launcher.cpp — fork/exec of the local processes and their supervision
 // (see launcher.h).
 //
-// Signals are turned into bytes on a pipe by handlers (the self-pipe trick),
-// so the supervision loop is a plain poll(): it wakes on a child's exit
-// (SIGCHLD), on SIGINT/SIGTERM to forward, or every 100 ms to check the
-// deadlines. Handlers, unlike a blocked-signal mask, are process-wide, so a
+// Signal handlers record SIGINT/SIGTERM and write a byte to a pipe (the
+// self-pipe trick), so the supervision loop is a plain poll(): it wakes on a
+// child's exit (SIGCHLD), on SIGINT/SIGTERM to forward, or every 100 ms to
+// check the deadlines. Handlers, unlike a blocked-signal mask, are process-wide, so a
 // signal taken by another thread (the CUDA driver starts some) still wakes us.
 #include "runtime/launcher.h"
 
@@ -58,12 +58,14 @@ std::string seconds_text(double s) {
 
 // --------------------------------------------------------------- signals
 
-std::atomic<int> g_wake_fd{-1};  // write end of the self-pipe while launch() runs
+std::atomic<int> g_wake_fd{-1};      // write end of the self-pipe while launch() runs
+std::atomic<int> g_stop_signal{0};   // the last SIGINT/SIGTERM not yet handled
 static_assert(std::atomic<int>::is_always_lock_free, "used from a signal handler");
 
 extern "C" void on_signal(int sig) {
   int saved = errno;
-  unsigned char b = static_cast<unsigned char>(sig);
+  if (sig != SIGCHLD) g_stop_signal.store(sig);
+  unsigned char b = 0;
   (void)!::write(g_wake_fd.load(), &b, 1);
   errno = saved;
 }
@@ -79,6 +81,7 @@ class SignalTrap {
     if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
       throw Error(std::string("launch: cannot create a pipe: ") + std::strerror(errno));
     read_fd_ = fds[0];
+    g_stop_signal.store(0);  // ignore one that came after the previous launch
     int expected = -1;
     if (!g_wake_fd.compare_exchange_strong(expected, fds[1])) {
       ::close(fds[0]);
@@ -104,17 +107,15 @@ class SignalTrap {
     for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &saved_[i], nullptr);
   }
 
-  // Waits up to `ms` for any signal; returns SIGINT or SIGTERM if one came, else 0.
-  int wait(int ms) {
+  // Waits up to `ms` for any of the signals.
+  void wait(int ms) {
     pollfd p{read_fd_, POLLIN, 0};
     ::poll(&p, 1, ms);
-    int forwarded = 0;
     unsigned char buf[64];
-    for (ssize_t n; (n = ::read(read_fd_, buf, sizeof buf)) > 0;)
-      for (ssize_t i = 0; i < n; ++i)
-        if (buf[i] == SIGINT || buf[i] == SIGTERM) forwarded = buf[i];
-    return forwarded;
+    while (::read(read_fd_, buf, sizeof buf) > 0) {}
   }
+  // SIGINT or SIGTERM if one came since the last call, else 0.
+  static int take_stop_signal() { return g_stop_signal.exchange(0); }
 
  private:
   int read_fd_ = -1;
@@ -226,14 +227,37 @@ int supervise(std::vector<Child>& children, const LaunchOptions& o, SignalTrap& 
   auto running = [&] { return std::ranges::count_if(children, &Child::running); };
   if (result != 0) signal_all(SIGTERM);
 
+  // A signal to us is forwarded; a second one, or one while already
+  // stopping, kills at once.
+  auto on_stop_signal = [&] {
+    int sig = SignalTrap::take_stop_signal();
+    if (sig == 0) return;
+    if (result == 0) {
+      say("received " + signal_text(sig) + "; forwarding it to " + std::to_string(running()) +
+          " process(es)");
+      result = 128 + sig;
+      signal_all(sig);
+    } else {
+      signal_all(SIGKILL);
+      killed = true;
+    }
+  };
+
   for (;;) {
+    trap.wait(100);
+    on_stop_signal();
     for (Child& c : children) {
       int status = 0;
       if (!c.running) continue;
       pid_t r = ::waitpid(c.pid, &status, WNOHANG);
       if (r == 0) continue;
       c.running = false;
-      if (r < 0 || exit_code(status) == 0 || result != 0) continue;
+      if (r < 0 || exit_code(status) == 0) continue;
+      // On Ctrl-C the terminal signals the children along with us; our
+      // handler has run by now (the signal was pending before they died), so
+      // this is not a failure to report.
+      on_stop_signal();
+      if (result != 0) continue;
       result = exit_code(status);
       say("rank " + std::to_string(c.rank) + " (pid " + std::to_string(c.pid) + ") " +
           exit_text(status) + "; stopping the other " + std::to_string(running()) +
@@ -242,17 +266,6 @@ int supervise(std::vector<Child>& children, const LaunchOptions& o, SignalTrap& 
     }
     if (running() == 0) return result;
 
-    if (int sig = trap.wait(100)) {
-      if (result == 0) {
-        say("received " + signal_text(sig) + "; forwarding it to " + std::to_string(running()) +
-            " process(es)");
-        result = 128 + sig;
-        signal_all(sig);
-      } else {
-        signal_all(SIGKILL);  // asked again while stopping: do not wait for the grace period
-        killed = true;
-      }
-    }
     const auto now = Clock::now();
     if (result == 0 && deadline && now >= *deadline) {
       say("timed out after " + seconds_text(o.timeout_s) + "; stopping " +
@@ -262,7 +275,7 @@ int supervise(std::vector<Child>& children, const LaunchOptions& o, SignalTrap& 
     }
     if (kill_at && !killed && now >= *kill_at) {
       say(std::to_string(running()) + " process(es) still running " +
-          seconds_text(o.kill_grace_s) + " after SIGTERM; sending SIGKILL");
+          seconds_text(o.kill_grace_s) + " after being told to stop; sending SIGKILL");
       signal_all(SIGKILL);
       killed = true;
     }

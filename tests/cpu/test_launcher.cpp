@@ -1,12 +1,13 @@
 // The launcher: validation, the children's environment, failure propagation,
 // signals, --nproc relaunch, and the `flashoverlap launch` command.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -310,34 +311,74 @@ TEST(LaunchCli, RefusesMoreProcessesThanVisibleGpus) {
       << r.output;
 }
 
-TEST(LaunchCli, ForwardsSigtermToChildren) {
+// `flashoverlap launch -n 2` of children that record their pid and sleep, in
+// a process group of its own (as a terminal's foreground job), stderr to a file.
+struct SleepingJob {
   TempDir dir;
-  std::vector<std::string> args = {FO_CLI_PATH, "launch", "-n", "2", "--allow-oversubscribe",
-                                   "--", "sh", "-c", "echo $$ > \"$1/pid_$RANK\"; exec sleep 30",
-                                   "sh", dir.path.string()};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   pid_t launcher = 0;
-  ASSERT_EQ(::posix_spawn(&launcher, FO_CLI_PATH, nullptr, nullptr, argv.data(), environ), 0);
-
   std::vector<pid_t> children;
-  for (auto until = Clock::now() + 10s; children.size() < 2 && Clock::now() < until;) {
-    std::this_thread::sleep_for(20ms);
-    children.clear();
-    for (int r = 0; r < 2; ++r) {
-      std::string pid = read_file(dir.file("pid_" + std::to_string(r)));
-      if (!pid.empty() && pid.back() == '\n') children.push_back(std::stoi(pid));
+
+  SleepingJob() {
+    std::vector<std::string> args = {FO_CLI_PATH, "launch", "-n", "2", "--allow-oversubscribe",
+                                     "--", "sh", "-c", "echo $$ > \"$1/pid_$RANK\"; exec sleep 30",
+                                     "sh", dir.path.string()};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    posix_spawn_file_actions_addopen(&files, 2, dir.file("stderr").c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int rc = ::posix_spawn(&launcher, FO_CLI_PATH, &files, &attr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&files);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) return;
+    for (auto until = Clock::now() + 10s; children.size() < 2 && Clock::now() < until;) {
+      std::this_thread::sleep_for(20ms);
+      children.clear();
+      for (int r = 0; r < 2; ++r) {
+        std::string pid = read_file(dir.file("pid_" + std::to_string(r)));
+        if (!pid.empty() && pid.back() == '\n') children.push_back(std::stoi(pid));
+      }
     }
   }
-  ASSERT_EQ(children.size(), 2u);
-  ::kill(launcher, SIGTERM);
-  int status = 0;
-  double s = seconds_of([&] { ::waitpid(launcher, &status, 0); });
-  EXPECT_LT(s, 5.0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
-  for (pid_t c : children) EXPECT_NE(::kill(c, 0), 0) << "child " << c << " still runs";
+  // Waits for the launcher; returns its exit code (-1 if it did not exit normally).
+  int wait() {
+    int status = 0;
+    ::waitpid(launcher, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  bool children_gone() const {
+    return std::ranges::none_of(children, [](pid_t c) { return ::kill(c, 0) == 0; });
+  }
+};
+
+TEST(LaunchCli, ForwardsSigtermToChildren) {
+  SleepingJob job;
+  ASSERT_EQ(job.children.size(), 2u);
+  ::kill(job.launcher, SIGTERM);
+  int code = -1;
+  EXPECT_LT(seconds_of([&] { code = job.wait(); }), 5.0);
+  EXPECT_EQ(code, 128 + SIGTERM);
+  EXPECT_TRUE(job.children_gone());
+  EXPECT_NE(read_file(job.dir.file("stderr")).find("received signal 15"), std::string::npos);
+}
+
+TEST(LaunchCli, CtrlCIsNotReportedAsAFailure) {
+  SleepingJob job;
+  ASSERT_EQ(job.children.size(), 2u);
+  ::kill(-job.launcher, SIGINT);  // the whole group, as a terminal does
+  int code = -1;
+  EXPECT_LT(seconds_of([&] { code = job.wait(); }), 5.0);
+  EXPECT_EQ(code, 128 + SIGINT);
+  EXPECT_TRUE(job.children_gone());
+  std::string err = read_file(job.dir.file("stderr"));
+  EXPECT_NE(err.find("received signal 2"), std::string::npos) << err;
+  EXPECT_EQ(err.find("rank "), std::string::npos) << err;
 }
 
 }  // namespace
