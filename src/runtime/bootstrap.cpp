@@ -192,6 +192,10 @@ struct Message {
   std::vector<uint8_t> payload;
 };
 
+std::span<const uint8_t> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
 std::vector<uint8_t> encode(uint32_t op, uint32_t seq, std::span<const uint8_t> payload) {
   std::vector<uint8_t> out;
   out.reserve(kHeaderBytes + payload.size());
@@ -270,7 +274,9 @@ int find_free_port() {
 
 // ---------------------------------------------------------------- Rendezvous
 
-enum class Rendezvous::Op : uint32_t { kHello = 1, kWelcome, kAbort, kBroadcast, kAllgather, kBarrier };
+enum class Rendezvous::Op : uint32_t {
+  kHello = 1, kWelcome, kAbort, kBroadcast, kAllgather, kBarrier
+};
 
 namespace {
 const char* op_name(uint32_t op) {
@@ -303,7 +309,8 @@ Rendezvous::Rendezvous(const DistEnv& env, std::chrono::milliseconds timeout)
 Rendezvous::~Rendezvous() = default;
 
 std::string Rendezvous::prefix() const {
-  return "rendezvous rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world) + ": ";
+  return "rendezvous rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world) +
+         ": ";
 }
 
 std::string Rendezvous::peer_name(int peer) const {
@@ -316,8 +323,7 @@ void Rendezvous::fail(const std::string& why, int unsafe_peer) {
   if (env_.rank == 0) {
     // Best effort, never blocking: peers waiting on us learn why instead of
     // seeing a bare disconnect.
-    auto msg = encode(static_cast<uint32_t>(Op::kAbort), seq_,
-                      std::span(reinterpret_cast<const uint8_t*>(failure_.data()), failure_.size()));
+    auto msg = encode(uint32_t(Op::kAbort), seq_, bytes_of(failure_));
     for (int r = 1; r < static_cast<int>(peers_.size()); ++r)
       if (r != unsafe_peer && peers_[r].get() >= 0)
         (void)!::send(peers_[r].get(), msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -328,16 +334,17 @@ void Rendezvous::fail(const std::string& why, int unsafe_peer) {
 
 void Rendezvous::send(int peer, Op op, std::span<const uint8_t> payload, Deadline deadline) {
   int fd = peers_[env_.rank == 0 ? peer : 0].get();
-  auto msg = encode(static_cast<uint32_t>(op), seq_, payload);
+  auto msg = encode(uint32_t(op), seq_, payload);
   if (auto r = send_all(fd, msg.data(), msg.size(), deadline); r.status != Io::kOk)
-    fail(step_text(uint32_t(op), seq_) + ": sending to " +
-             peer_name(peer) + ": " + io_problem(r, timeout_, false),
+    fail(step_text(uint32_t(op), seq_) + ": sending to " + peer_name(peer) + ": " +
+             io_problem(r, timeout_, false),
          peer);
 }
 
 std::vector<uint8_t> Rendezvous::receive(int peer, Op op, Deadline deadline) {
   int fd = peers_[env_.rank == 0 ? peer : 0].get();
-  const std::string step = step_text(uint32_t(op), seq_) + ": receiving from " + peer_name(peer) + ": ";
+  const std::string step =
+      step_text(uint32_t(op), seq_) + ": receiving from " + peer_name(peer) + ": ";
   Message m;
   bool garbage = false;
   if (auto r = read_message(fd, deadline, m, garbage); r.status != Io::kOk)
@@ -394,12 +401,14 @@ void Rendezvous::accept_peers(Deadline deadline) {
       reject = "rank " + std::to_string(rank) + " has world size " + std::to_string(world) +
                " but rank 0 has " + std::to_string(env_.world) +
                " (processes from different jobs on one port?)";
-    else if (rank <= 0 || rank >= env_.world || peers_[rank].get() >= 0)
+    else if (rank < 0 || rank >= env_.world)
+      reject = "rank " + std::to_string(rank) + " is out of range for world size " +
+               std::to_string(world);
+    else if (rank == 0 || peers_[rank].get() >= 0)
       reject = "duplicate rank " + std::to_string(rank) +
                ": two processes claim it (check RANK / OMPI_COMM_WORLD_RANK)";
     if (!reject.empty()) {
-      auto msg = encode(uint32_t(Op::kAbort), 0,
-                        std::span(reinterpret_cast<const uint8_t*>(reject.data()), reject.size()));
+      auto msg = encode(uint32_t(Op::kAbort), 0, bytes_of(reject));
       (void)send_all(conn.get(), msg.data(), msg.size(), deadline);
       fail("handshake: " + reject);
     }
@@ -425,7 +434,9 @@ void Rendezvous::join_hub(Deadline deadline) {
       ::freeaddrinfo(found);
       int err = rc2 == 0 ? 0 : errno;
       if (err == EINPROGRESS) {
-        auto r = wait_ready(fd.get(), POLLOUT, std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+        // Bounded per attempt: a SYN to a host not up yet may get no answer.
+        auto attempt_end = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+        auto r = wait_ready(fd.get(), POLLOUT, attempt_end);
         socklen_t len = sizeof err;
         if (r.status != Io::kOk) err = r.status == Io::kTimeout ? ETIMEDOUT : r.err;
         else ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);

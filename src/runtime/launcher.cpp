@@ -4,8 +4,9 @@
 // Signal handlers record SIGINT/SIGTERM and write a byte to a pipe (the
 // self-pipe trick), so the supervision loop is a plain poll(): it wakes on a
 // child's exit (SIGCHLD), on SIGINT/SIGTERM to forward, or every 100 ms to
-// check the deadlines. Handlers, unlike a blocked-signal mask, are process-wide, so a
-// signal taken by another thread (the CUDA driver starts some) still wakes us.
+// check the deadlines. Handlers, unlike a blocked-signal mask, are
+// process-wide, so a signal taken by another thread (the CUDA driver starts
+// some) still wakes us.
 #include "runtime/launcher.h"
 
 #include <fcntl.h>
@@ -81,13 +82,13 @@ class SignalTrap {
     if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
       throw Error(std::string("launch: cannot create a pipe: ") + std::strerror(errno));
     read_fd_ = fds[0];
-    g_stop_signal.store(0);  // ignore one that came after the previous launch
     int expected = -1;
     if (!g_wake_fd.compare_exchange_strong(expected, fds[1])) {
       ::close(fds[0]);
       ::close(fds[1]);
       throw Error("launch: already running in this process");
     }
+    g_stop_signal.store(0);  // one that came after the previous launch is not ours
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);

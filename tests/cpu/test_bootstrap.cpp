@@ -240,7 +240,9 @@ TEST(Rendezvous, DuplicateRankFailsEveryone) {
 
 TEST(Rendezvous, WorldSizeMismatchFailsBothSides) {
   const int port = find_free_port();
-  auto errors = on_threads(2, [&](int rank) { Rendezvous rv(env_for(rank, rank == 0 ? 2 : 3, port), 10s); });
+  auto errors = on_threads(2, [&](int rank) {
+    Rendezvous rv(env_for(rank, /*world=*/rank == 0 ? 2 : 3, port), 10s);
+  });
   for (int r = 0; r < 2; ++r)
     EXPECT_NE(errors[r].find("rank 1 has world size 3 but rank 0 has 2"), std::string::npos)
         << r << ": " << errors[r];

@@ -184,7 +184,8 @@ TEST(Launcher, FailureStopsTheOthersAndReturnsItsCode) {
 }
 
 TEST(Launcher, KillsWhatIgnoresSigterm) {
-  LaunchOptions o = sh(3, "trap '' TERM; if [ $RANK = 2 ]; then sleep 0.2; exit 4; fi; exec sleep 30");
+  LaunchOptions o =
+      sh(3, "trap '' TERM; if [ $RANK = 2 ]; then sleep 0.2; exit 4; fi; exec sleep 30");
   o.kill_grace_s = 0.3;
   double s = seconds_of([&] { EXPECT_EQ(launch(o), 4); });
   EXPECT_LT(s, 5.0);
@@ -247,8 +248,10 @@ TEST(Launcher, NprocRelaunchesThisProgramWithoutTheOption) {
   ::unsetenv("FO_TEST_CHILD_DIR");
   EXPECT_EQ(rc2, std::optional<int>(0));
   EXPECT_EQ(rc3, std::optional<int>(0));
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(read_file(two.file("ok_" + std::to_string(r))), "bench --m=64 ");
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(read_file(three.file("ok_" + std::to_string(r))), "plan ");
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(read_file(two.file("ok_" + std::to_string(r))), "bench --m=64 ");
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(read_file(three.file("ok_" + std::to_string(r))), "plan ");
 }
 
 TEST(Launcher, NprocLeftAloneWhenNotApplicable) {
@@ -287,11 +290,13 @@ CliRun cli(const std::string& args, const std::string& env_prefix = "") {
 }
 
 TEST(LaunchCli, BadArgumentsExit2) {
-  for (const char* args : {"launch", "launch -n 2", "launch -n x -- true", "launch -n 0 -- true",
-                           "launch -n 2 --bogus -- true", "launch -n 2 --master-port 99999 -- true"}) {
+  for (const char* args :
+       {"launch", "launch -n 2", "launch -n x -- true", "launch -n 0 -- true",
+        "launch -n 2 --bogus -- true", "launch -n 2 --master-port 99999 -- true"}) {
     auto r = cli(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
-    EXPECT_NE(r.output.find("flashoverlap: error: "), std::string::npos) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("flashoverlap: error: "), std::string::npos)
+        << args << "\n" << r.output;
   }
 }
 
