@@ -1,5 +1,424 @@
-// TEMPORARY placeholder while the real command is written (replaced this session).
+// flashoverlap bench — GEMM + collective, every variant in one run on all
+// ranks: correctness first, then timings (median per rank, max over ranks).
+//   sequential          cuBLAS GEMM, then one ncclAllReduce (what users run today)
+//   sequential-ourgemm  our GEMM, then one ncclAllReduce
+//   decomposition       M in 2/4/8 chunks of cuBLAS GEMMs, AllReduce per chunk on a 2nd stream (best)
+//   flashoverlap        the signalling GEMM overlapped with per-group AllReduces (planned here)
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "commands.h"
+#include "flashoverlap/error.h"
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "plan/planner.h"
+#include "runtime/bootstrap.h"
+#include "runtime/rt_baselines.h"
+#include "runtime/rt_buffer.h"
+#include "runtime/rt_checks.h"
+#include "runtime/rt_comm.h"
+#include "runtime/rt_cublas.h"
+#include "runtime/rt_overlap_allreduce.h"
+#include "runtime/rt_tuner.h"
+
 namespace flashoverlap::cli {
-void add_bench_command(CLI::App& app, int& rc) { (void)app; (void)rc; }
+namespace {
+
+struct Options {
+  std::string op = "allreduce";
+  int64_t m = 4096, n = 8192, k = 8192;
+  std::string shapes;  // overrides m, n, k: "MxNxK,MxNxK"
+  std::string dtype = "bf16";
+  std::string tile = "auto";
+  int reserve_sms = -1;
+  std::string partition;
+  std::string wait = "spin";
+  std::string decomp = "2,4,8";
+  bool rmsnorm = false, json = false;
+  int warmup = 5, iters = 20, nproc = 0;
+  std::string csv;
+};
+
+struct Row {
+  std::string variant;
+  double ms = 0;
+  std::string partition, config;
+};
+
+struct ShapeResult {
+  int64_t m, n, k;
+  double gemm_ms, comm_ms, seq_ms, ideal_ms;
+  std::vector<Row> rows;
+  std::string checks;
+  double predicted_ms = 0;
+};
+
+ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
+
+std::vector<std::array<int64_t, 3>> shapes_of(const Options& o) {
+  std::vector<std::array<int64_t, 3>> out;
+  if (o.shapes.empty()) {
+    out.push_back({o.m, o.n, o.k});
+  } else {
+    std::stringstream ss(o.shapes);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      std::array<int64_t, 3> s{};
+      char x1 = 0, x2 = 0;
+      std::stringstream is(item);
+      if (!(is >> s[0] >> x1 >> s[1] >> x2 >> s[2]) || x1 != 'x' || x2 != 'x')
+        throw InvalidArgument("bad shape '" + item + "' (expected MxNxK)");
+      out.push_back(s);
+    }
+  }
+  for (auto& s : out)
+    if (s[0] < 1 || s[1] < 1 || s[2] < 1 || s[2] % 8 != 0 || s[0] > INT32_MAX || s[1] > INT32_MAX)
+      throw InvalidArgument("bad shape " + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
+                            std::to_string(s[2]) + ": M, N >= 1 and K a positive multiple of 8");
+  return out;
 }
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) v.push_back(std::stoi(item));
+  return v;
+}
+
+// Everything that lives across shapes: the process group, communicators
+// (one per NCCL CTA budget), measured curves, cuBLAS.
+struct Context {
+  rt::DistEnv env;
+  std::unique_ptr<rt::Rendezvous> rv;
+  rt::Communicator base;  // NCCL's defaults: baselines, the overlap's last group
+  std::map<int, rt::Communicator> narrow;       // by max CTAs
+  std::map<int, plan::BandwidthCurve> curves;   // by max CTAs (0 = base)
+  rt::DeviceInfo info;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<rt::CublasGemm> cublas;
+  kernels::DType dtype = kernels::DType::BF16;
+
+  ncclComm_t comm_for(int ctas) {
+    if (ctas <= 0) return base.get();
+    auto it = narrow.find(ctas);
+    if (it == narrow.end()) it = narrow.emplace(ctas, base.split({ctas, ctas})).first;
+    return it->second.get();
+  }
+  const plan::BandwidthCurve& curve_for(int ctas) {
+    auto it = curves.find(ctas);
+    if (it == curves.end())
+      it = curves.emplace(ctas, rt::measure_allreduce_curve(*rv, comm_for(ctas), dtype, stream, 512.0 * (1 << 20),
+                                                            10, info.name))
+               .first;
+    return it->second;
+  }
+};
+
+// Plan the overlap for this shape on this machine: GEMM measured per
+// candidate grid, AllReduce curves measured per NCCL CTA budget, both the
+// max over ranks so that every rank derives the same plan.
+plan::Plan plan_allreduce(Context& cx, const Options& o, int64_t m, int64_t n, int64_t k, const void* a,
+                          const void* b, void* scratch, double seq_pred_ms) {
+  std::vector<plan::TileShape> tiles;
+  if (o.tile == "auto") tiles = {{128, 256}, {128, 128}};
+  else tiles = {plan::parse_tile(o.tile)};
+  std::vector<int> reserves;
+  if (o.reserve_sms >= 0) reserves = {o.reserve_sms};
+  else reserves = {8, 16, 24, 32};
+
+  std::vector<double> gemm_ms;  // per (tile, reserve), max over ranks
+  for (auto t : tiles)
+    for (int r : reserves) {
+      const plan::Schedule s = plan::make_schedule(m, n, t, cx.info.sms - r, plan::Raster::AlongN,
+                                                   plan::default_swizzle(cx.info.sms - r, t, int32_t((m + t.bm - 1) / t.bm)));
+      gemm_ms.push_back(rt::measure_gemm_ms(s, int(k), cx.dtype, a, b, scratch, cx.stream, 10));
+    }
+  gemm_ms = rt::max_over_ranks(*cx.rv, gemm_ms);
+
+  std::optional<plan::Plan> best;
+  size_t i = 0;
+  for (auto t : tiles)
+    for (int r : reserves) {
+      plan::PlanRequest req;
+      req.op = plan::Collective::AllReduce;
+      req.m = m, req.n = n, req.k = k, req.world = cx.rv->world();
+      req.dtype = o.dtype == "fp16" ? plan::DType::FP16 : plan::DType::BF16;
+      req.tile = t;
+      req.sms = cx.info.sms;
+      req.reserve_sms = r;
+      req.curve = cx.curve_for(r);
+      req.comm_saturating_ctas = r;  // the curve was measured with r CTAs: no further scaling
+      const plan::Schedule s = plan::make_schedule(m, n, t, cx.info.sms - r, plan::Raster::AlongN, 1);
+      req.measured_wave_ms.assign(s.waves(), gemm_ms[i++] / s.waves());
+      if (!o.partition.empty()) req.partition = plan::parse_partition(o.partition);
+      req.min_gain = 0;
+      try {
+        plan::Plan p = plan::make_plan(req);
+        if (!best || p.predicted.total_ms < best->predicted.total_ms) best = std::move(p);
+      } catch (const InvalidArgument&) {
+        if (o.partition.empty()) throw;  // a given partition fits only some grids
+      }
+    }
+  if (!best) throw InvalidArgument("partition " + o.partition + " fits none of the candidate grids");
+  // Never slower than sequential: keep the overlap only if predicted faster.
+  if (o.partition.empty() && best->predicted.total_ms >= seq_pred_ms * 0.99) {
+    best->sequential = true;
+    best->partition = {best->schedule.waves()};
+    best->groups = plan::make_groups(best->schedule, best->partition);
+  }
+  return *best;
+}
+
+ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K) {
+  const int m = int(M), n = int(N), k = int(K), rank = cx.rv->rank(), world = cx.rv->world();
+  const auto dt = cx.dtype;
+  const size_t c_bytes = size_t(M) * N * 2;
+  rt::DeviceBuffer a(size_t(M) * K * 2), b(size_t(N) * K * 2), out_seq(c_bytes), out_ours(c_bytes), out_fo(c_bytes),
+      out_dec(c_bytes), scratch(c_bytes);
+  const uint64_t seed = 0x5eed + uint64_t(rank) * 7919 + uint64_t(M) * 31 + uint64_t(N) * 17 + uint64_t(K);
+  kernels::fill_random(dt, a.get(), M * K, seed, -1.f, 1.f, cx.stream);
+  kernels::fill_random(dt, b.get(), N * K, seed ^ 0xabcdef, -1.f, 1.f, cx.stream);
+  FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  const ncclComm_t base = cx.base.get();
+
+  ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0};
+  // Components, measured on their own: the ideal is max(GEMM, AllReduce).
+  std::vector<double> comp = {
+      rt::time_collective([&] { cx.cublas->run(dt, a.get(), b.get(), out_seq.get(), m, n, k, n, cx.stream); },
+                          cx.stream, base, o.warmup, o.iters)
+          .median_ms,
+      rt::time_collective(
+          [&] {
+            FO_NCCL_CHECK_CTX(ncclAllReduce(out_seq.get(), out_seq.get(), size_t(M) * N, nccl_type(dt), ncclSum, base,
+                                            cx.stream),
+                              "AllReduce alone");
+          },
+          cx.stream, base, o.warmup, o.iters)
+          .median_ms};
+  comp = rt::max_over_ranks(*cx.rv, comp);
+  res.gemm_ms = comp[0], res.comm_ms = comp[1], res.ideal_ms = std::max(comp[0], comp[1]);
+
+  const plan::Plan plan = plan_allreduce(cx, o, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
+  res.predicted_ms = plan.predicted.total_ms;
+  rt::OverlapAllReduceOptions fo;
+  fo.sched = plan.schedule, fo.partition = plan.partition, fo.k = k, fo.dtype = dt, fo.rank = rank;
+  fo.comm = cx.comm_for(plan.reserve_sms);
+  fo.tail_comm = base;
+  fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
+  if (plan.sequential) {  // the fallback runs our GEMM on the full grid
+    fo.sched = plan::make_schedule(M, N, plan::TileShape{plan.schedule.bm, plan.schedule.bn}, cx.info.sms,
+                                   plan::Raster::AlongN, plan.schedule.swizzle);
+    fo.partition = {fo.sched.waves()};
+  }
+  rt::OverlapAllReduce op(fo);
+  plan::Schedule full = plan::make_schedule(M, N, {128, 256}, cx.info.sms, plan::Raster::AlongN,
+                                            plan::default_swizzle(cx.info.sms, {128, 256}, int32_t((M + 127) / 128)));
+  std::vector<std::unique_ptr<rt::DecompositionAllReduce>> decs;
+  for (int c : parse_list(o.decomp)) decs.push_back(std::make_unique<rt::DecompositionAllReduce>(c, base));
+
+  // ---- correctness first: poisoned outputs, fresh random inputs ----
+  auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
+  auto run_ours = [&] { rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream); };
+  auto run_fo = [&] { op.run(a.get(), b.get(), out_fo.get(), N, cx.stream); };
+  for (auto* p : {&out_seq, &out_ours, &out_fo, &out_dec}) kernels::poison(p->get(), M * N, cx.stream);
+  run_seq();
+  run_ours();
+  for (int rep = 0; rep < 3; ++rep) run_fo();  // several epochs
+  decs.front()->run(*cx.cublas, dt, a.get(), b.get(), out_dec.get(), m, n, k, cx.stream);
+  FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  op.check();
+  const auto vs_ours = kernels::compare(dt, out_fo.get(), N, out_ours.get(), N, M, N, cx.stream);
+  const auto vs_cublas = kernels::compare(dt, out_fo.get(), N, out_seq.get(), N, M, N, cx.stream);
+  const auto dec_vs = kernels::compare(dt, out_dec.get(), N, out_seq.get(), N, M, N, cx.stream);
+  const double tol = dt == kernels::DType::BF16 ? 1e-2 : 3e-3;
+  std::vector<double> bad = {double(vs_ours.mismatches), vs_cublas.rel_error(), double(vs_cublas.nan_count),
+                             dec_vs.rel_error()};
+  bad = rt::max_over_ranks(*cx.rv, bad);
+  std::ostringstream chk;
+  chk << (world == 2 ? (bad[0] == 0 ? "bitwise == sequential-ourgemm" : "NOT bitwise equal to sequential-ourgemm")
+                     : "rel err vs ours " + std::to_string(vs_ours.rel_error()))
+      << "; rel err vs cuBLAS+NCCL " << std::scientific << std::setprecision(2) << bad[1] << (bad[1] < tol ? " ok" : " FAIL")
+      << "; NaN " << bad[2];
+  res.checks = chk.str();
+  const bool ok = (world != 2 || bad[0] == 0) && bad[1] < tol && bad[2] == 0 && bad[3] < tol;
+  if (!ok) throw Error("correctness check failed for " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                       std::to_string(K) + ": " + res.checks);
+
+  // ---- timings ----
+  auto t = [&](const std::function<void()>& f) {
+    return rt::time_collective(f, cx.stream, base, o.warmup, o.iters).median_ms;
+  };
+  std::vector<double> ms = {t(run_seq), t(run_ours)};
+  for (auto& d : decs)
+    ms.push_back(t([&] { d->run(*cx.cublas, dt, a.get(), b.get(), out_dec.get(), m, n, k, cx.stream); }));
+  ms.push_back(t(run_fo));
+  FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  op.check();
+  ms = rt::max_over_ranks(*cx.rv, ms);
+  res.seq_ms = ms[0];
+  res.rows.push_back({"sequential", ms[0], "1", "cuBLAS + NCCL"});
+  res.rows.push_back({"sequential-ourgemm", ms[1], "1", "128x256, " + std::to_string(cx.info.sms) + " CTAs"});
+  size_t best_dec = 2;
+  for (size_t i = 2; i < 2 + decs.size(); ++i)
+    if (ms[i] < ms[best_dec]) best_dec = i;
+  res.rows.push_back({"decomposition", ms[best_dec], std::to_string(decs[best_dec - 2]->chunks()) + " chunks",
+                      "best of " + o.decomp + " chunks"});
+  std::ostringstream cfg;
+  cfg << plan.schedule.bm << "x" << plan.schedule.bn << ", " << op.schedule().ctas << " CTAs, NCCL "
+      << (plan.sequential ? "default" : std::to_string(plan.reserve_sms)) << " CTAs"
+      << (plan.sequential ? ", sequential fallback" : "") << ", wait " << o.wait;
+  res.rows.push_back({"flashoverlap", ms.back(), plan::to_string(op.partition()), cfg.str()});
+
+  if (o.rmsnorm) {  // GEMM -> AllReduce -> RMSNorm against the fused path
+    rt::DeviceBuffer residual(c_bytes), weight(size_t(N) * 2), y_ref(c_bytes), y_fo(c_bytes);
+    kernels::fill_random(dt, residual.get(), M * N, seed + 3, -1.f, 1.f, cx.stream);
+    kernels::fill_random(dt, weight.get(), N, 42, 0.5f, 1.5f, cx.stream);
+    const float eps = 1e-6f;
+    auto unfused = [&] {
+      run_seq();
+      rt::add_rmsnorm_rows(dt, out_seq.get(), m, n, residual.get(), weight.get(), eps, y_ref.get(), cx.stream);
+    };
+    rt::RmsNormArgs norm{residual.get(), weight.get(), eps, nullptr};
+    auto fused = [&] { op.run_rmsnorm(a.get(), b.get(), norm, y_fo.get(), cx.stream); };
+    kernels::poison(y_fo.get(), M * N, cx.stream);
+    run_ours();
+    rt::add_rmsnorm_rows(dt, out_ours.get(), m, n, residual.get(), weight.get(), eps, y_ref.get(), cx.stream);
+    fused();
+    const auto r = kernels::compare(dt, y_fo.get(), N, y_ref.get(), N, M, N, cx.stream);
+    std::vector<double> rb = rt::max_over_ranks(*cx.rv, {double(r.mismatches), r.rel_error()});
+    res.checks += std::string("; rmsnorm fused vs unfused: ") + (rb[0] == 0 ? "bitwise equal" : "differs") +
+                  " (rel " + std::to_string(rb[1]) + ")";
+    if (world == 2 && rb[0] != 0) throw Error("fused RMSNorm differs from GEMM -> AllReduce -> RMSNorm");
+    std::vector<double> rms = rt::max_over_ranks(*cx.rv, {t(unfused), t(fused)});
+    res.rows.push_back({"sequential+rmsnorm", rms[0], "1", "cuBLAS + NCCL + RMSNorm"});
+    res.rows.push_back({"flashoverlap+rmsnorm", rms[1], plan::to_string(op.partition()), cfg.str() + ", fused"});
+  }
+  return res;
+}
+
+int run(const Options& o) {
+  if (o.op != "allreduce")
+    throw InvalidArgument("bench --op " + o.op + ": only allreduce has an overlapped runtime so far "
+                          "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
+  if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
+  if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
+  const auto shapes = shapes_of(o);
+  const int gpus = rt::hopper_device_count();
+  if (gpus < 1) {
+    std::cerr << "bench: no Hopper (sm_90) GPU found on this machine; nothing to measure "
+                 "(`flashoverlap plan` shows the plan without a GPU).\n";
+    return 1;
+  }
+  Context cx;
+  cx.env = rt::DistEnv::from_env().value_or(rt::DistEnv{});
+  if (cx.env.local_rank >= gpus)
+    throw InvalidArgument("local rank " + std::to_string(cx.env.local_rank) + " but only " + std::to_string(gpus) +
+                          " GPUs are visible");
+  FO_CUDA_CHECK(cudaSetDevice(cx.env.local_rank));
+  cx.dtype = o.dtype == "fp16" ? kernels::DType::FP16 : kernels::DType::BF16;
+  cx.info = rt::device_info(cx.env.local_rank);
+  kernels::preload_kernels();
+  cx.rv = std::make_unique<rt::Rendezvous>(cx.env);
+  cx.base = rt::Communicator::create(*cx.rv);
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&cx.stream, cudaStreamNonBlocking));
+  cx.cublas = std::make_unique<rt::CublasGemm>();
+  const bool root = cx.rv->rank() == 0;
+
+  std::ofstream csv;
+  if (root && !o.csv.empty()) {
+    const bool fresh = !std::ifstream(o.csv).good();
+    csv.open(o.csv, std::ios::app);
+    if (!csv) throw Error("cannot write " + o.csv);
+    if (fresh)
+      csv << "M,N,K,dtype,world,variant,ms,speedup_vs_sequential,ideal_ms,gain_captured,partition,gemm_ms,comm_ms,"
+             "config\n";
+  }
+  nlohmann::json all = nlohmann::json::array();
+  if (root && !o.json)
+    std::cout << "# " << cx.info.summary() << ", world " << cx.rv->world() << ", " << o.dtype << "\n";
+  for (const auto& s : shapes) {
+    ShapeResult r = bench_allreduce(cx, o, s[0], s[1], s[2]);
+    if (!root) continue;
+    if (!o.json) {
+      std::cout << "\n" << r.m << "x" << r.n << "x" << r.k << "  GEMM " << std::fixed << std::setprecision(3) << r.gemm_ms
+                << " ms, AllReduce " << r.comm_ms << " ms, ideal max " << r.ideal_ms << " ms; predicted "
+                << r.predicted_ms << " ms\n  check: " << r.checks << "\n";
+      std::cout << "  " << std::left << std::setw(22) << "variant" << std::right << std::setw(9) << "ms"
+                << std::setw(9) << "speedup" << std::setw(8) << "gain" << "  partition / config\n";
+    }
+    for (const Row& row : r.rows) {
+      const double speedup = r.seq_ms / row.ms;
+      const double gain = (r.seq_ms - row.ms) / (r.seq_ms - r.ideal_ms);
+      if (!o.json)
+        std::cout << "  " << std::left << std::setw(22) << row.variant << std::right << std::fixed
+                  << std::setprecision(3) << std::setw(9) << row.ms << std::setw(8) << std::setprecision(3)
+                  << speedup << "x" << std::setw(7) << std::setprecision(0) << gain * 100 << "%  " << row.partition
+                  << "  (" << row.config << ")\n";
+      all.push_back({{"M", r.m}, {"N", r.n}, {"K", r.k}, {"dtype", o.dtype}, {"world", cx.rv->world()},
+                     {"variant", row.variant}, {"ms", row.ms}, {"speedup_vs_sequential", speedup},
+                     {"ideal_ms", r.ideal_ms}, {"gain_captured", gain}, {"partition", row.partition},
+                     {"gemm_ms", r.gemm_ms}, {"comm_ms", r.comm_ms}, {"config", row.config}, {"checks", r.checks}});
+      if (csv)
+        csv << r.m << "," << r.n << "," << r.k << "," << o.dtype << "," << cx.rv->world() << "," << row.variant << ","
+            << row.ms << "," << speedup << "," << r.ideal_ms << "," << gain << ",\"" << row.partition << "\","
+            << r.gemm_ms << "," << r.comm_ms << ",\"" << row.config << "\"\n";
+    }
+    if (csv) csv.flush();
+  }
+  if (root && o.json) {
+    const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::ostringstream date;
+    date << std::put_time(std::gmtime(&now), "%Y-%m-%dT%H:%M:%SZ");
+    std::cout << nlohmann::json{{"gpu", cx.info.name}, {"versions", cx.info.summary()}, {"world", cx.rv->world()},
+                                {"date", date.str()}, {"rows", all}}
+                     .dump(1)
+              << "\n";
+  }
+  cx.curves.clear();
+  cudaStreamDestroy(cx.stream);
+  return 0;
+}
+
+}  // namespace
+
+int run_default_bench() { return run(Options{}); }
+
+void add_bench_command(CLI::App& app, int& rc) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Overlapped GEMM + collective against the baselines, on all local GPUs (one process each)");
+  cmd->add_option("--op", o->op, "allreduce (reducescatter, alltoall: planner only so far)")->capture_default_str();
+  cmd->add_option("--m", o->m, "Rows of A and C")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--k", o->k, "Inner dimension (multiple of 8)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--shapes", o->shapes, "Several shapes MxNxK,MxNxK (overrides --m --n --k)");
+  cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
+  cmd->add_option("--tile", o->tile, "auto, 128x256 or 128x128")->capture_default_str();
+  cmd->add_option("--reserve-sms", o->reserve_sms, "SMs left to NCCL (-1: tuned)")->capture_default_str();
+  cmd->add_option("--partition", o->partition, "Wave groups, e.g. 2,3,3 (default: planned)");
+  cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
+  cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();
+  cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");
+  cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str();
+  cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--csv", o->csv, "Append rows to this CSV file");
+  cmd->add_flag("--json", o->json, "Print JSON instead of the table");
+  cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
+  cmd->callback([o, &rc] { rc = run(*o); });
+}
+
+}  // namespace flashoverlap::cli

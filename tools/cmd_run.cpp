@@ -1,5 +1,18 @@
-// TEMPORARY placeholder (replaced this session).
-#include <ostream>
+// The main job (`flashoverlap` without a subcommand): the default benchmark on
+// all local GPUs; on a machine without a GPU, the plan for the same shape.
+#include <iostream>
+
+#include "commands.h"
+#include "runtime/rt_buffer.h"
+
 namespace flashoverlap::cli {
-int run_default_job(std::ostream& out) { (void)out; return 0; }
+
+int run_default_job(std::ostream& out) {
+  if (rt::hopper_device_count() > 0) return run_default_bench();
+  out << "No Hopper (sm_90) GPU on this machine: nothing can run, so here is the plan FlashOverlap would\n"
+         "use for its default job (GEMM 4096x8192x8192 bf16 + AllReduce on 2 H200s), from the built-in\n"
+         "H200 model. On a GPU machine the same command runs it and the baselines.\n\n";
+  return print_plan(PlanOptions{}, out);
 }
+
+}  // namespace flashoverlap::cli

@@ -35,4 +35,9 @@ void add_bench_gemm_command(CLI::App& app, int& rc);
 void add_bench_command(CLI::App& app, int& rc);
 void add_tune_command(CLI::App& app, int& rc);
 
+// The main job: `bench` with its defaults (GEMM 4096x8192x8192 + AllReduce).
+int run_default_bench();
+// Without a GPU: says so and prints the default plan.
+int run_default_job(std::ostream& out);
+
 }  // namespace flashoverlap::cli

@@ -1,18 +1,48 @@
 // flashoverlap — command-line entry point. Subcommands live in cmd_*.cpp.
 // Without a subcommand it runs the main job (run_default_job in cmd_run.cpp).
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "flashoverlap/error.h"
+#include "runtime/launcher.h"
+#include "runtime/rt_buffer.h"
 
-namespace flashoverlap::cli {
-int run_default_job(std::ostream& out);
+namespace {
+
+// `flashoverlap` and `flashoverlap bench` default to one process per local
+// GPU: unless the job was launched already (RANK set) or --nproc is given,
+// run them again under the launcher with --nproc <GPUs>.
+std::vector<std::string> default_nproc_args(int argc, char** argv, int gpus) {
+  std::vector<std::string> args(argv, argv + argc);
+  if (gpus < 2 || std::getenv("RANK")) return {};
+  const bool main_job = argc == 1, bench = argc > 1 && std::strcmp(argv[1], "bench") == 0;
+  if (!main_job && !bench) return {};
+  for (const auto& a : args)
+    if (a == "--nproc" || a.rfind("--nproc=", 0) == 0 || a == "-h" || a == "--help") return {};
+  args.push_back("--nproc=" + std::to_string(gpus));
+  return args;
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace flashoverlap;
+  try {
+    const int gpus = rt::hopper_device_count();
+    std::vector<std::string> args = default_nproc_args(argc, argv, gpus);
+    std::vector<char*> argp;
+    for (auto& a : args) argp.push_back(a.data());
+    const bool injected = !argp.empty();
+    if (auto rc = rt::relaunch_with_nproc(injected ? int(argp.size()) : argc, injected ? argp.data() : argv, gpus))
+      return *rc;
+  } catch (const InvalidArgument& e) {
+    std::cerr << "flashoverlap: error: " << e.what() << "\n";
+    return 2;
+  }
   CLI::App app{
       "FlashOverlap: a Hopper GEMM overlapped with NCCL AllReduce / ReduceScatter / "
       "All-to-All through tile signals and reordering.\n"

@@ -2,9 +2,11 @@
 // signals (device code; host side in gemm_sm90.cu).
 //
 // CTA = 384 threads: warpgroup 0 is the producer (one thread issues TMA loads
-// of 128x64 A and BNx64 B blocks into a STAGES-deep ring guarded by mbarriers),
-// warpgroups 1 and 2 are consumers, each computing 64 rows x BN of the 128 x BN
-// tile with wgmma m64nBNk16 and then storing its half through shared memory.
+// of 128x64 A and BNx64 B blocks into a STAGES-deep ring guarded by mbarriers;
+// another, the storer, issues the TMA stores of finished tiles, waits for
+// their completion and signals), warpgroups 1 and 2 are consumers, each
+// computing 64 rows x BN of the 128 x BN tile with wgmma m64nBNk16 and
+// writing its half to shared memory for the storer.
 // Registers are moved from the producer to the consumers with setmaxnreg.
 // Tiles are taken in plan::Schedule order: CTA c computes tiles c, c+G, ...
 #pragma once
@@ -46,7 +48,7 @@ struct GemmSmem {
   static constexpr int kB = kA + STAGES * kABytes;
   static constexpr int kC = kB + STAGES * kBBytes;
   static constexpr int kBars = kC + 2 * kHalfCBytes;
-  static constexpr int kBytes = kBars + 2 * STAGES * 8;
+  static constexpr int kBytes = kBars + (2 * STAGES + 4) * 8;
   static constexpr int kDynamicBytes = kBytes + 1024;  // slack for 1024-byte alignment
 };
 
@@ -78,6 +80,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* empty = full + STAGES;
 
+  uint64_t* c_full = empty + STAGES;  // consumer half h written to shared memory
+  uint64_t* c_empty = c_full + 2;      // storer done reading half h
+
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
@@ -85,15 +90,19 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
       ptx::mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
     }
+    for (int h = 0; h < 2; ++h) {
+      ptx::mbar_init(&c_full[h], 1);
+      ptx::mbar_init(&c_empty[h], 1);
+    }
     ptx::fence_barrier_init();
   }
   __syncthreads();
 
   const int tiles = p.sched.tiles();
   if (wg == 0) {
-    // ---------------- producer ----------------
     ptx::setmaxnreg_dec<40>();
     if (tid == 0) {
+      // ---------------- producer: TMA loads into the ring ----------------
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
@@ -108,6 +117,42 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
         }
       }
+    } else if (tid == 32 && p.tma_store) {
+      // ---------------- storer: TMA stores, completion, signal ----------------
+      // Waiting for store completion here, not in a consumer, keeps the
+      // tensor cores busy while the tile's data drains to global memory.
+      ptx::tma_prefetch_desc(&tm_c);
+      const bool plain = p.store == static_cast<int32_t>(Store::Plain);
+      uint32_t t = 0;
+      for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
+        const plan::TileCoord tc = p.sched.tile_of(idx);
+        // Plain: rows of C; SlotTiles: rows idx*BM.. of the slot buffer.
+        const int32_t row = plain ? tc.tm * BM : idx * BM;
+        const int32_t col = plain ? tc.tn * BN : 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          ptx::mbar_wait(&c_full[h], t & 1);
+          const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
+#pragma unroll
+          for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, row + h * 64);
+          ptx::tma_store_commit();
+        }
+        ptx::tma_store_wait_read();
+        ptx::mbar_arrive(&c_empty[0]);
+        ptx::mbar_arrive(&c_empty[1]);
+        if (p.counters || p.monitor_ns) {
+          ptx::tma_store_wait_all();        // the tile is complete in global memory,
+          ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
+          if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_wave[p.sched.round_of(idx)], 2);
+          if (p.monitor_ns) {
+            const uint64_t now = ptx::globaltimer_ns();
+            p.monitor_ns[int64_t(idx) * 2] = now;
+            p.monitor_ns[int64_t(idx) * 2 + 1] = now;
+            p.monitor_sm[idx] = ptx::smid();
+          }
+        }
+      }
+      ptx::tma_store_wait_all();
     }
     return;
   }
@@ -118,11 +163,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // [BN/64 chunks][64 rows][128 B]
   const uint32_t my_c_addr = ptx::smem_addr(my_c);
-  if (p.tma_store && tid == 0) ptx::tma_prefetch_desc(&tm_c);
 
   float acc[BN / 2];
   int it = 0;
-  for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+  uint32_t t = 0;
+  for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
@@ -147,9 +192,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     ptx::wgmma_wait<0>();
     if (tid == 0) ptx::mbar_arrive(&empty[prev]);
 
-    // Epilogue. (1) The previous tile's TMA store must be done reading my_c.
-    if (p.tma_store && tid == 0) ptx::tma_store_wait_read();
-    ptx::named_barrier_sync(1 + cw, 128);
+    // Epilogue. (1) my_c must be free: the storer has read the previous tile
+    // (TMA path), or every thread of this warpgroup is done with it (rows path).
+    if (p.tma_store)
+      ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
+    else
+      ptx::named_barrier_sync(1 + cw, 128);
 
     // (2) Accumulators -> shared memory in the output type, swizzled so that
     // each warp's stores hit 32 distinct banks. wgmma's fragment: register
@@ -166,62 +214,49 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
       }
     }
-    const int32_t round = p.sched.round_of(idx);
-    uint32_t* counter = p.counters ? p.counters + p.group_of_wave[round] : nullptr;
 
     if (p.tma_store) {
+      // (3) Hand the half to the storer warp.
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(1 + cw, 128);
-      if (tid == 0) {
-        // Plain: C rows of this half; SlotTiles: rows idx*BM + cw*64 of the slot buffer.
-        const bool plain = p.store == static_cast<int32_t>(Store::Plain);
-        const int32_t row = plain ? tc.tm * BM + cw * 64 : idx * BM + cw * 64;
-        const int32_t col = plain ? tc.tn * BN : 0;
-#pragma unroll
-        for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, my_c + c * 8192, col + c * 64, row);
-        ptx::tma_store_commit();
-        if (counter || p.monitor_ns) {
-          // Data complete in global memory, then ordered before the release.
-          ptx::tma_store_wait_all();
-          ptx::fence_proxy_async_global();
-          if (counter) ptx::red_release_gpu_add(counter, 1);
+      if (tid == 0) ptx::mbar_arrive(&c_full[cw]);
+      continue;
+    }
+
+    // (3') Rows epilogue: 16-byte units, consecutive threads along a row.
+    ptx::named_barrier_sync(1 + cw, 128);
+    constexpr int kUnits = BN / 8;
+    for (int i = tid; i < 64 * kUnits; i += 128) {
+      const int r = i / kUnits, c8 = i % kUnits;
+      const uint4 v = *reinterpret_cast<const uint4*>(my_c + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
+      const int tr = cw * 64 + r;  // row inside the tile
+      if (p.row_of) {
+        const int32_t dst = p.row_of[static_cast<int64_t>(idx) * BM + tr];
+        if (dst >= 0) *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + int64_t(dst) * BN + c8 * 8) = v;
+      } else {
+        const int32_t grow = tc.tm * BM + tr, gcol = tc.tn * BN + c8 * 8;
+        if (grow < p.sched.m && gcol < p.sched.n) {
+          T* dst = static_cast<T*>(p.out) + int64_t(grow) * p.ld_out + gcol;
+          const T* src = reinterpret_cast<const T*>(&v);
+          const int valid = p.sched.n - gcol < 8 ? p.sched.n - gcol : 8;
+          for (int e = 0; e < valid; ++e) dst[e] = src[e];
         }
-      }
-    } else {
-      // Rows epilogue: 16-byte units, consecutive threads along a row.
-      ptx::named_barrier_sync(1 + cw, 128);
-      constexpr int kUnits = BN / 8;
-      for (int i = tid; i < 64 * kUnits; i += 128) {
-        const int r = i / kUnits, c8 = i % kUnits;
-        const uint4 v = *reinterpret_cast<const uint4*>(my_c + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
-        const int tr = cw * 64 + r;  // row inside the tile
-        if (p.row_of) {
-          const int32_t dst = p.row_of[static_cast<int64_t>(idx) * BM + tr];
-          if (dst >= 0) *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + int64_t(dst) * BN + c8 * 8) = v;
-        } else {
-          const int32_t grow = tc.tm * BM + tr, gcol = tc.tn * BN + c8 * 8;
-          if (grow < p.sched.m && gcol < p.sched.n) {
-            T* dst = static_cast<T*>(p.out) + int64_t(grow) * p.ld_out + gcol;
-            const T* src = reinterpret_cast<const T*>(&v);
-            const int valid = p.sched.n - gcol < 8 ? p.sched.n - gcol : 8;
-            for (int e = 0; e < valid; ++e) dst[e] = src[e];
-          }
-        }
-      }
-      if (counter || p.monitor_ns) {
-        // Every thread's stores, then one release for the half (cumulative
-        // over the barrier).
-        __threadfence();
-        ptx::named_barrier_sync(1 + cw, 128);
-        if (counter && tid == 0) ptx::red_release_gpu_add(counter, 1);
       }
     }
-    if (p.monitor_ns && tid == 0) {
-      p.monitor_ns[int64_t(idx) * 2 + cw] = ptx::globaltimer_ns();
-      if (cw == 0) p.monitor_sm[idx] = ptx::smid();
+    if (p.counters || p.monitor_ns) {
+      // Every thread's stores, then one release for the half (cumulative
+      // over the barrier).
+      __threadfence();
+      ptx::named_barrier_sync(1 + cw, 128);
+      if (tid == 0) {
+        if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_wave[p.sched.round_of(idx)], 1);
+        if (p.monitor_ns) {
+          p.monitor_ns[int64_t(idx) * 2 + cw] = ptx::globaltimer_ns();
+          if (cw == 0) p.monitor_sm[idx] = ptx::smid();
+        }
+      }
     }
   }
-  if (p.tma_store && tid == 0) ptx::tma_store_wait_all();
 }
 
 }  // namespace flashoverlap::kernels

@@ -88,7 +88,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmVsCublas,
                                            GemmCase{1, 7168, 5120}, GemmCase{127, 7168, 8},
                                            GemmCase{3001, 7168, 5120}, GemmCase{256, 512, 64},
                                            GemmCase{1000, 1000, 1000}, GemmCase{4096, 4096, 4096},
-                                           GemmCase{200, 300, 136}));
+                                           GemmCase{200, 300, 136}),
+                         [](const auto& info) {
+                           return "m" + std::to_string(std::get<0>(info.param)) + "_n" +
+                                  std::to_string(std::get<1>(info.param)) + "_k" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
 
 // Outputs whose rows are not 16-byte aligned take the row-store epilogue.
 TEST(Gemm, OddLeadingDimensionAndTinyN) {

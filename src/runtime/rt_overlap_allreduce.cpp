@@ -1,0 +1,160 @@
+// rt_overlap_allreduce.cpp — see rt_overlap_allreduce.h.
+#include "runtime/rt_overlap_allreduce.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <sstream>
+
+#include "flashoverlap/error.h"
+#include "kernels/reorder.h"
+#include "runtime/rt_checks.h"
+
+namespace flashoverlap::rt {
+namespace {
+
+ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
+
+PFN_cuStreamWaitValue32_v11070 stream_wait_fn() {
+  static PFN_cuStreamWaitValue32_v11070 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    FO_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 11070, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !f) throw Error("cuStreamWaitValue32 is not available from the driver");
+    return reinterpret_cast<PFN_cuStreamWaitValue32_v11070>(f);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts) {
+  const plan::Schedule& s = opts_.sched;
+  if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
+  if (!kernels::tile_supported(s.bm, s.bn))
+    throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
+  plan::validate_partition(opts_.partition, s.waves());
+  groups_ = plan::make_groups(s, opts_.partition);
+  for (const auto& g : groups_) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
+
+  kernels::preload_kernels();  // before any wait is enqueued (DESIGN.md section 5)
+  slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
+  counters_ = DeviceBuffer((groups_.size() + 1) * sizeof(uint32_t));  // +1: the fault-injection sink
+  FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
+  std::vector<int32_t> gow(s.waves());
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (int w = groups_[g].first_wave; w < groups_[g].end_wave; ++w)
+      gow[w] = int(g) == opts_.fault_drop_group ? int32_t(groups_.size()) : int32_t(g);
+  group_of_wave_ = DeviceBuffer(gow.size() * sizeof(int32_t));
+  FO_CUDA_CHECK(cudaMemcpy(group_of_wave_.get(), gow.data(), group_of_wave_.bytes(), cudaMemcpyHostToDevice));
+
+  FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
+  *wait_error_ = kernels::WaitError{};
+  int lo = 0, hi = 0;  // the communication stream gets the highest priority
+  FO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  FO_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&gemm_launched_, cudaEventDisableTiming));
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+  if (opts_.wait == WaitMode::StreamWaitOp) stream_wait_fn();
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+OverlapAllReduce::~OverlapAllReduce() {
+  if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+  if (gemm_launched_) cudaEventDestroy(gemm_launched_);
+  if (comm_done_) cudaEventDestroy(comm_done_);
+  if (comm_stream_) cudaStreamDestroy(comm_stream_);
+  if (wait_error_) cudaFreeHost(wait_error_);
+}
+
+void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  ++epoch_;
+  // The comm stream starts no earlier than the GEMM, so its waiters never sit
+  // on SMs while the caller's earlier work runs.
+  FO_CUDA_CHECK(cudaEventRecord(gemm_launched_, stream));
+  FO_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, gemm_launched_, 0));
+
+  kernels::GemmParams p;
+  p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
+  p.store = kernels::Store::SlotTiles, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
+  p.counters = counters_.as<uint32_t>(), p.group_of_wave = group_of_wave_.as<int32_t>();
+  kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
+
+  const int64_t tile_elems = int64_t(s.bm) * s.bn;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const uint32_t target = epoch_ * target_[g];  // wraps; the compare is cyclic
+    uint32_t* counter = counters_.as<uint32_t>() + g;
+    if (opts_.wait == WaitMode::SpinKernel) {
+      const uint64_t timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9);
+      kernels::launch_wait_counter(counter, target, timeout_ns, wait_error_, int32_t(g), comm_stream_);
+    } else {
+      CUresult r = stream_wait_fn()(reinterpret_cast<CUstream>(comm_stream_), reinterpret_cast<CUdeviceptr>(counter),
+                                    target, CU_STREAM_WAIT_VALUE_GEQ);
+      if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
+    }
+    void* data = static_cast<char*>(slots_.get()) + int64_t(groups_[g].first_tile) * tile_elems * 2;
+    const ncclComm_t comm = (g + 1 == groups_.size() && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
+    FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(groups_[g].tiles()) * tile_elems, nccl_type(opts_.dtype),
+                                    ncclSum, comm, comm_stream_),
+                      "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g));
+  }
+  FO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));
+  FO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
+}
+
+void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream) {
+  const ncclComm_t comm = opts_.tail_comm ? opts_.tail_comm : opts_.comm;
+  FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(count), nccl_type(opts_.dtype), ncclSum, comm, stream),
+                    "rank " + std::to_string(opts_.rank) + " sequential AllReduce");
+}
+
+void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
+  if (!sequential()) {
+    enqueue_overlapped(a, b, stream);
+    kernels::reorder_tiles_to_rows(opts_.dtype, slots_.get(), s, out, ld_out, stream);
+    return;
+  }
+  // Sequential fallback: our GEMM, then one AllReduce of the contiguous result.
+  const bool direct = ld_out == s.n;
+  void* c = direct ? out : slots_.get();
+  kernels::GemmParams p;
+  p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
+  p.store = kernels::Store::Plain, p.c = c, p.ldc = s.n;
+  kernels::launch_gemm(p, stream);
+  enqueue_sequential_allreduce(c, int64_t(s.m) * s.n, stream);
+  if (!direct)
+    FO_CUDA_CHECK(cudaMemcpy2DAsync(out, ld_out * 2, c, s.n * 2, s.n * 2, s.m, cudaMemcpyDeviceToDevice, stream));
+}
+
+void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
+                                   cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
+  if (!sequential()) {
+    enqueue_overlapped(a, b, stream);
+  } else {  // slots without signals, one AllReduce over them, the same fused reorder
+    kernels::GemmParams p;
+    p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
+    p.store = kernels::Store::SlotTiles, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
+    kernels::launch_gemm(p, stream);
+    enqueue_sequential_allreduce(slots_.get(), int64_t(s.tiles()) * s.bm * s.bn, stream);
+  }
+  kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), s, norm.residual, norm.weight, norm.eps, out,
+                               norm.residual_out, stream);
+}
+
+void OverlapAllReduce::check() const {
+  if (!wait_error_->failed) return;
+  const kernels::WaitError e = *wait_error_;
+  std::ostringstream os;
+  os << "rank " << opts_.rank << ": group " << e.group << " of the overlapped GEMM+AllReduce ("
+     << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ") did not complete within "
+     << opts_.wait_timeout_s << " s: counter " << e.value << ", expected " << e.expected
+     << " (the GEMM did not signal all of the group's tiles)";
+  throw Error(os.str());
+}
+
+}  // namespace flashoverlap::rt

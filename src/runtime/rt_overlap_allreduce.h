@@ -1,0 +1,88 @@
+// rt_overlap_allreduce.h — GEMM + AllReduce overlapped through tile signals
+// (DESIGN.md section 3). Built once for a plan (schedule + partition); each
+// call only enqueues work on the caller's stream:
+//
+//   caller stream: signalling GEMM -> tiles into slots, group counters += 2/tile
+//   comm stream:   for each group g: wait(counter[g] >= epoch * target[g]);
+//                  ncclAllReduce(slots of g) in place
+//   caller stream: wait(comm done); post-reorder (plain or + residual + RMSNorm)
+//
+// A plan with one group runs the sequential fallback: our GEMM straight into
+// the output, then one ncclAllReduce on the caller's stream.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/flags.h"
+#include "kernels/gemm.h"
+#include "plan/partition.h"
+#include "plan/schedule.h"
+#include "runtime/rt_buffer.h"
+
+namespace flashoverlap::rt {
+
+enum class WaitMode {
+  SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout
+  StreamWaitOp,   // cuStreamWaitValue32 (GEQ), executed by the GPU front end; unbounded
+};
+
+struct OverlapAllReduceOptions {
+  plan::Schedule sched;           // m = the largest M this op will see
+  plan::Partition partition;      // groups in waves of `sched`
+  int k = 0;
+  kernels::DType dtype = kernels::DType::BF16;
+  ncclComm_t comm = nullptr;      // for the groups that overlap the GEMM
+  ncclComm_t tail_comm = nullptr; // optional: the last group (after the GEMM), e.g. with more CTAs
+  int rank = 0;                   // for messages
+  WaitMode wait = WaitMode::SpinKernel;
+  double wait_timeout_s = 30.0;   // a group not complete by then fails the call
+  int fault_drop_group = -1;      // testing only: this group's signals go nowhere
+};
+
+struct RmsNormArgs {
+  const void* residual = nullptr;  // m x n
+  const void* weight = nullptr;    // n
+  float eps = 1e-6f;
+  void* residual_out = nullptr;    // optional: h = x + residual
+};
+
+class OverlapAllReduce {
+ public:
+  explicit OverlapAllReduce(const OverlapAllReduceOptions& opts);
+  ~OverlapAllReduce();
+  OverlapAllReduce(const OverlapAllReduce&) = delete;
+  OverlapAllReduce& operator=(const OverlapAllReduce&) = delete;
+
+  // out (m x n, ld_out) = AllReduce over ranks of A (m x k) * B (n x k)^T.
+  // m must equal the planned M (the schedule is fixed at construction).
+  void run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream);
+  // out = RMSNorm(AllReduce(A B^T) + residual) * weight, rows of n (ld = n).
+  void run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out, cudaStream_t stream);
+
+  // Throws Error naming rank, group, counter and expected value if a wait of
+  // an earlier call timed out. Call after synchronising the stream.
+  void check() const;
+
+  const plan::Schedule& schedule() const { return opts_.sched; }
+  const plan::Partition& partition() const { return opts_.partition; }
+  bool sequential() const { return groups_.size() <= 1; }
+  uint32_t epoch() const { return epoch_; }
+
+ private:
+  void enqueue_overlapped(const void* a, const void* b, cudaStream_t stream);
+  void enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream);
+
+  OverlapAllReduceOptions opts_;
+  std::vector<plan::Group> groups_;
+  std::vector<uint32_t> target_;  // signals per group per call
+  DeviceBuffer slots_, counters_, group_of_wave_;
+  kernels::WaitError* wait_error_ = nullptr;  // host-mapped
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t gemm_launched_ = nullptr, comm_done_ = nullptr;
+  uint32_t epoch_ = 0;
+};
+
+}  // namespace flashoverlap::rt

@@ -1,0 +1,203 @@
+// GPU tests of the overlapped GEMM + AllReduce on 2 GPUs (one thread per
+// GPU, one NCCL communicator per GPU from ncclCommInitAll). Skipped visibly
+// with fewer than 2 Hopper GPUs.
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "plan/partition.h"
+#include "runtime/rt_baselines.h"
+#include "runtime/rt_buffer.h"
+#include "runtime/rt_checks.h"
+#include "runtime/rt_cublas.h"
+#include "runtime/rt_overlap_allreduce.h"
+
+using namespace flashoverlap;
+using kernels::DType;
+using rt::DeviceBuffer;
+
+namespace {
+
+constexpr int kWorld = 2;
+
+#define REQUIRE_TWO_GPUS()                                                                    \
+  do {                                                                                        \
+    if (rt::hopper_device_count() < kWorld) GTEST_SKIP() << "needs 2 Hopper (sm_90) GPUs";   \
+  } while (0)
+
+uint64_t fresh_seed() { return std::random_device{}() * 0x100000001ull + std::random_device{}(); }
+
+// Runs body(rank, comm) on one thread per GPU; rethrows the first failure.
+void on_each_rank(const std::function<void(int, ncclComm_t)>& body) {
+  std::vector<ncclComm_t> comms(kWorld);
+  std::vector<int> devs = {0, 1};
+  FO_NCCL_CHECK_CTX(ncclCommInitAll(comms.data(), kWorld, devs.data()), "test comms");
+  std::vector<std::exception_ptr> errors(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        FO_CUDA_CHECK(cudaSetDevice(r));
+        body(r, comms[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto c : comms) ncclCommDestroy(c);
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+plan::Schedule sched_for(int m, int n, int bn, int ctas, int swizzle) {
+  plan::Schedule s;
+  s.m = m, s.n = n, s.bm = 128, s.bn = bn, s.ctas = ctas, s.raster = plan::Raster::AlongN, s.swizzle = swizzle;
+  return s;
+}
+
+plan::Partition random_partition(int waves, std::mt19937_64& rng) {
+  plan::Partition p;
+  for (int left = waves; left > 0;) {
+    const int s = 1 + int(rng() % uint64_t(std::min(left, 4)));
+    p.push_back(s);
+    left -= s;
+  }
+  return p;
+}
+
+struct Case {
+  int m, n, k, bn, ctas;
+  DType dt;
+};
+
+// Overlapped output == our GEMM + one ncclAllReduce, bit for bit (a + b
+// commutes), over several calls (epochs), for plain and RMSNorm outputs;
+// and within bf16/fp16 tolerance of cuBLAS + NCCL.
+void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const plan::Schedule s = sched_for(c.m, c.n, c.bn, c.ctas, 1 + int(rng() % 8));
+  const plan::Partition part = random_partition(s.waves(), rng);
+  const std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+                            " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) +
+                            " partition " + plan::to_string(part) + " seed=" + std::to_string(seed);
+  on_each_rank([&](int rank, ncclComm_t comm) {
+    const size_t cb = size_t(c.m) * c.n * 2;
+    DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), ref(cb), out(cb), cub(cb), residual(cb),
+        weight(size_t(c.n) * 2), y(cb), y_ref(cb);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    rt::OverlapAllReduceOptions o;
+    o.sched = s, o.partition = part, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank, o.wait = wait;
+    rt::OverlapAllReduce op(o);
+    rt::CublasGemm cublas;
+    plan::Schedule full = s;
+    full.ctas = 132;
+    for (int call = 0; call < 3; ++call) {  // fresh inputs each call
+      const uint64_t sd = seed + 1000 * call + 17 * rank;
+      kernels::fill_random(c.dt, a.get(), int64_t(c.m) * c.k, sd, -1.f, 1.f, st);
+      kernels::fill_random(c.dt, b.get(), int64_t(c.n) * c.k, sd + 1, -1.f, 1.f, st);
+      kernels::fill_random(c.dt, residual.get(), int64_t(c.m) * c.n, sd + 2, -1.f, 1.f, st);
+      kernels::fill_random(c.dt, weight.get(), c.n, sd + 3, 0.5f, 1.5f, st);
+      for (auto* p : {&ref, &out, &cub, &y, &y_ref}) kernels::poison(p->get(), int64_t(c.m) * c.n, st);
+      rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), ref.get(), full, c.k, comm, st);
+      rt::sequential_cublas_allreduce(cublas, c.dt, a.get(), b.get(), cub.get(), c.m, c.n, c.k, comm, st);
+      op.run(a.get(), b.get(), out.get(), c.n, st);
+      rt::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), st);
+      op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y.get(), st);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      op.check();
+      const auto bit = kernels::compare(c.dt, out.get(), c.n, ref.get(), c.n, c.m, c.n, st);
+      const auto tol = kernels::compare(c.dt, out.get(), c.n, cub.get(), c.n, c.m, c.n, st);
+      const auto norm = kernels::compare(c.dt, y.get(), c.n, y_ref.get(), c.n, c.m, c.n, st);
+      EXPECT_EQ(bit.mismatches, 0) << where << " rank " << rank << " call " << call;
+      EXPECT_EQ(bit.nan_count, 0) << where;
+      EXPECT_LT(tol.rel_error(), c.dt == DType::BF16 ? 1e-2 : 3e-3) << where;
+      EXPECT_EQ(norm.mismatches, 0) << where << " (RMSNorm path) rank " << rank << " call " << call;
+      EXPECT_EQ(norm.nan_count, 0) << where;
+    }
+    EXPECT_EQ(op.epoch(), op.sequential() ? 0u : 6u);
+    cudaStreamDestroy(st);
+  });
+}
+
+TEST(OverlapAllReduce, MatchesSequentialBitwiseAcrossShapesAndEpochs) {
+  REQUIRE_TWO_GPUS();
+  const uint64_t seed = fresh_seed();
+  const std::vector<Case> cases = {
+      {4096, 8192, 4096, 256, 116, DType::BF16}, {3001, 7168, 2048, 128, 120, DType::BF16},
+      {2048, 4096, 8192, 256, 124, DType::FP16}, {777, 4104, 512, 128, 100, DType::FP16},
+      {128, 256, 64, 256, 4, DType::BF16},       {1000, 1000, 1000, 128, 7, DType::BF16}};
+  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+}
+
+TEST(OverlapAllReduce, StreamWaitOpMatchesToo) {
+  REQUIRE_TWO_GPUS();
+  check_case({4096, 8192, 2048, 256, 116, DType::BF16}, rt::WaitMode::StreamWaitOp, fresh_seed());
+}
+
+TEST(OverlapAllReduce, SequentialFallbackMatches) {
+  REQUIRE_TWO_GPUS();
+  const uint64_t seed = fresh_seed();
+  on_each_rank([&](int rank, ncclComm_t comm) {
+    const int m = 1000, n = 2048, k = 1024;
+    const plan::Schedule s = sched_for(m, n, 256, 132, 4);
+    rt::OverlapAllReduceOptions o;
+    o.sched = s, o.partition = {s.waves()}, o.k = k, o.comm = comm, o.rank = rank;
+    rt::OverlapAllReduce op(o);
+    EXPECT_TRUE(op.sequential());
+    DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), ref(size_t(m) * n * 2), out(size_t(m) * (n + 8) * 2);
+    kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, seed + rank, -1.f, 1.f, nullptr);
+    kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, seed + 7 + rank, -1.f, 1.f, nullptr);
+    kernels::poison(out.get(), int64_t(m) * (n + 8), nullptr);
+    rt::sequential_ours_allreduce(DType::BF16, a.get(), b.get(), ref.get(), s, k, comm, nullptr);
+    op.run(a.get(), b.get(), out.get(), n + 8, nullptr);  // strided output
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto r = kernels::compare(DType::BF16, out.get(), n + 8, ref.get(), n, m, n, nullptr);
+    EXPECT_EQ(r.mismatches, 0) << "seed=" << seed;
+  });
+}
+
+// A group whose tiles never signal must fail with rank, group, counter and
+// expected value within the bound, not hang.
+TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
+  REQUIRE_TWO_GPUS();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> messages(kWorld);
+  on_each_rank([&](int rank, ncclComm_t comm) {
+    const int m = 2048, n = 4096, k = 512;
+    const plan::Schedule s = sched_for(m, n, 256, 116, 4);
+    rt::OverlapAllReduceOptions o;
+    o.sched = s, o.partition = {1, 1, s.waves() - 2}, o.k = k, o.comm = comm, o.rank = rank;
+    o.wait_timeout_s = 0.25;
+    o.fault_drop_group = 1;
+    rt::OverlapAllReduce op(o);
+    DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
+    kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
+    kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
+    op.run(a.get(), b.get(), out.get(), n, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    try {
+      op.check();
+    } catch (const Error& e) {
+      messages[rank] = e.what();
+    }
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_NE(messages[r].find("rank " + std::to_string(r)), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("counter 0, expected"), std::string::npos) << messages[r];
+  }
+  EXPECT_LT(secs, 30.0);
+}
+
+}  // namespace
