@@ -78,7 +78,7 @@ std::string to_string(const Partition& p) {
   return out;
 }
 
-Group group_of_waves(const Schedule& s, int32_t first_wave, int32_t end_wave) {
+Group group_spanning(const Schedule& s, int32_t first_wave, int32_t end_wave) {
   const int64_t T = s.tiles();
   return Group{first_wave, end_wave, int32_t(std::min<int64_t>(int64_t{first_wave} * s.ctas, T)),
                int32_t(std::min<int64_t>(int64_t{end_wave} * s.ctas, T))};
@@ -89,16 +89,16 @@ std::vector<Group> make_groups(const Schedule& s, const Partition& p) {
   std::vector<Group> groups;
   int32_t w = 0;
   for (int32_t size : p) {
-    groups.push_back(group_of_waves(s, w, w + size));
+    groups.push_back(group_spanning(s, w, w + size));
     w += size;
   }
   return groups;
 }
 
-std::vector<int32_t> group_of_tiles(const std::vector<Group>& groups) {
-  std::vector<int32_t> g(groups.empty() ? 0 : groups.back().end_tile);
+std::vector<int32_t> group_of_wave(const std::vector<Group>& groups) {
+  std::vector<int32_t> g(groups.empty() ? 0 : size_t(groups.back().end_wave));
   for (size_t i = 0; i < groups.size(); ++i)
-    std::fill(g.begin() + groups[i].first_tile, g.begin() + groups[i].end_tile, int32_t(i));
+    std::fill(g.begin() + groups[i].first_wave, g.begin() + groups[i].end_wave, int32_t(i));
   return g;
 }
 

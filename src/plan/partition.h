@@ -41,12 +41,13 @@ struct Group {
 };
 
 // Tiles covered by waves [first_wave, end_wave) of `s`.
-Group group_of_waves(const Schedule& s, int32_t first_wave, int32_t end_wave);
+Group group_spanning(const Schedule& s, int32_t first_wave, int32_t end_wave);
 
 // The groups of a validated partition of s.waves().
 std::vector<Group> make_groups(const Schedule& s, const Partition& p);
 
-// group index of each tile (size s.tiles()), for the kernel's signal counters.
-std::vector<int32_t> group_of_tiles(const std::vector<Group>& groups);
+// Group index of each wave (the kernel's signal counter of a tile is
+// group_of_wave[round_of(idx)]).
+std::vector<int32_t> group_of_wave(const std::vector<Group>& groups);
 
 }  // namespace flashoverlap::plan

@@ -22,6 +22,15 @@ SlotMap slot_map_base(Collective op, const Schedule& s, int32_t world, int32_t r
   return map;
 }
 
+ScatterTables scatter_tables(const SlotMap& map) {
+  ScatterTables t;
+  for (const SlotTarget& x : map.target_of_slot) {
+    t.dst_row.push_back(x.row);
+    t.dst_col.push_back(x.row < 0 ? 0 : x.col_block * map.bn);
+  }
+  return t;
+}
+
 void build_output_inverse(SlotMap& map) {
   map.slot_of_out.assign(size_t(map.out_rows) * map.tiles_n, -1);
   int64_t filled = 0;

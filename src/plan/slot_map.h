@@ -74,6 +74,13 @@ struct SlotMap {
 // Throws Error if the targets are not a bijection onto out_rows x tiles_n.
 void build_output_inverse(SlotMap& map);
 
+// The same inverse as the per-slot tables of kernels::scatter_slot_rows:
+// dst_row[s] (-1: skip) and dst_col[s] = first output column, per receive slot row.
+struct ScatterTables {
+  std::vector<int32_t> dst_row, dst_col;
+};
+ScatterTables scatter_tables(const SlotMap& map);
+
 // Reference post-reorder (what the fused element-wise kernel does, minus the
 // arithmetic): out (out_rows x N, row-major) gathered from the receive buffer.
 template <class T>

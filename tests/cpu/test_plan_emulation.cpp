@@ -20,7 +20,7 @@ using Buffer = std::vector<int64_t>;
 
 namespace {
 
-constexpr int kCases = 250;
+constexpr int kCases = 200;
 constexpr int64_t kMaxElemsPerRank = 60000;
 
 Buffer random_buffer(std::mt19937_64& rng, int64_t size) {
@@ -60,8 +60,12 @@ void check_structure(const fo::SlotMap& map, const fo::Schedule& s, const std::v
       EXPECT_EQ(s_at, call.send.end());
       EXPECT_EQ(r_at, call.recv.end());
     }
-    if (map.op == fo::Collective::ReduceScatter) EXPECT_EQ(call.send.count, map.world * call.recv.count);
-    if (map.op == fo::Collective::AllReduce) EXPECT_EQ(call.send, call.recv);
+    if (map.op == fo::Collective::ReduceScatter) {
+      EXPECT_EQ(call.send.count, map.world * call.recv.count);
+    }
+    if (map.op == fo::Collective::AllReduce) {
+      EXPECT_EQ(call.send, call.recv);
+    }
     // Every stored row of the group's tiles lies in the group's send span, once.
     for (int32_t idx = call.first_tile; idx < call.end_tile; ++idx)
       for (int32_t r = 0; r < s.bm; ++r) {
@@ -74,19 +78,22 @@ void check_structure(const fo::SlotMap& map, const fo::Schedule& s, const std::v
         ASSERT_LE(int64_t{slot + 1} * map.bn, call.send.end()) << "tile " << idx << " row " << r;
         ASSERT_FALSE(used[size_t(slot)]) << "slot row " << slot << " written twice";
         used[size_t(slot)] = 1;
-        if (map.op == fo::Collective::AllReduce) EXPECT_EQ(slot, idx * s.bm + r);  // the kernel's fast path
+        if (map.op == fo::Collective::AllReduce) {
+          EXPECT_EQ(slot, idx * s.bm + r);  // the kernel's fast path
+        }
       }
   }
   EXPECT_EQ(send_at, map.send_elements());
   EXPECT_EQ(recv_at, map.recv_elements());
-  EXPECT_EQ(map.padding_rows, int64_t(std::count(used.begin(), used.end(), 0)) *
-                                  (map.op == fo::Collective::ReduceScatter))
-      << "padding rows miscounted";
+  // Send slots nothing writes are exactly the padding (none but in the standard RS layout).
+  EXPECT_EQ(map.padding_rows, int64_t(std::count(used.begin(), used.end(), 0))) << "padding rows miscounted";
   // The two inverses agree.
   ASSERT_EQ(map.slot_of_out.size(), size_t(map.out_rows) * map.tiles_n);
   for (size_t slot = 0; slot < map.target_of_slot.size(); ++slot) {
     const fo::SlotTarget t = map.target_of_slot[slot];
-    if (t.row >= 0) EXPECT_EQ(map.slot_of_out[size_t(t.row) * map.tiles_n + t.col_block], int32_t(slot));
+    if (t.row >= 0) {
+      EXPECT_EQ(map.slot_of_out[size_t(t.row) * map.tiles_n + t.col_block], int32_t(slot));
+    }
   }
 }
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -44,13 +46,13 @@ inline flashoverlap::plan::Schedule random_schedule(std::mt19937_64& rng, flasho
   auto side = [&](int32_t b) -> int64_t {
     switch (uniform(rng, 0, 4)) {
       case 0: return 1;
-      case 1: return b * uniform(rng, 1, 4);                 // whole tiles
-      case 2: return uniform(rng, 1, b);                     // less than a tile
-      default: return b * uniform(rng, 0, 4) + uniform(rng, 1, b);  // ragged
+      case 1: return b * uniform(rng, 1, 40);                       // whole tiles
+      case 2: return uniform(rng, 1, b);                            // less than a tile
+      default: return b * uniform(rng, 0, 40) + uniform(rng, 1, b);  // ragged
     }
   };
   int64_t m = side(t.bm), n = side(t.bn);
-  if (m * n > max_elems) n = std::max<int64_t>(1, max_elems / m);
+  while (m * n > max_elems) (m > n ? m : n) = (m > n ? m : n) / 2 + 1;  // shrink the longer side
   const int64_t tiles = ((m + t.bm - 1) / t.bm) * ((n + t.bn - 1) / t.bn);
   const int32_t ctas = int32_t(uniform(rng, 0, 3) == 0 ? uniform(rng, 1, tiles + 3)
                                                        : std::max<int64_t>(1, tiles / uniform(rng, 1, 12)));
@@ -69,6 +71,22 @@ inline flashoverlap::plan::Partition random_partition(std::mt19937_64& rng, int3
   }
   return part;
 }
+
+// A fresh directory, removed with everything in it at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "fo_plan_test.XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return file(name);
+  }
+};
 
 inline std::string describe(const flashoverlap::plan::Schedule& s) {
   std::ostringstream o;

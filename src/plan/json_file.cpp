@@ -1,0 +1,59 @@
+#include "plan/json_file.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "flashoverlap/error.h"
+
+namespace flashoverlap::plan {
+
+nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument(what + " " + path + ": cannot open (" + std::strerror(errno) + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InvalidArgument(what + " " + path + ": not valid JSON (byte " + std::to_string(e.byte) + ")");
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::string name = ".";
+  name += target.filename().string();
+  name += ".XXXXXX";
+  std::string tmpl = (dir / name).string();
+  const int fd = ::mkstemp(tmpl.data());
+  if (fd < 0) throw Error("cannot create a temporary file next to " + path + ": " + std::strerror(errno));
+  ::fchmod(fd, 0644);  // mkstemp makes it 0600; the cache is shared by the ranks
+  const char* p = text.data();
+  size_t left = text.size();
+  bool ok = true;
+  while (left > 0 && ok) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) p += n, left -= size_t(n);
+  }
+  const int err = ok ? 0 : errno;
+  ok = ok && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || std::rename(tmpl.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(err ? err : errno);
+    std::remove(tmpl.c_str());
+    throw Error("cannot write " + path + ": " + why);
+  }
+}
+
+}  // namespace flashoverlap::plan

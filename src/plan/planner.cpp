@@ -1,0 +1,328 @@
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <sstream>
+
+#include "flashoverlap/error.h"
+#include "plan/search.h"
+#include "plan/slot_map_allreduce.h"
+#include "plan/slot_map_alltoall.h"
+
+namespace flashoverlap::plan {
+
+namespace {
+
+using BytesFn = std::function<double(int32_t, int32_t)>;
+
+std::string fmt(double v, int digits = 3) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(digits);
+  o << v;
+  return o.str();
+}
+
+void check_request(const PlanRequest& req) {
+  if (req.m < 1 || req.n < 1 || req.k < 1)
+    throw InvalidArgument("shape M=" + std::to_string(req.m) + " N=" + std::to_string(req.n) + " K=" +
+                          std::to_string(req.k) + ": every dimension must be >= 1");
+  if (req.world < 1) throw InvalidArgument("world size " + std::to_string(req.world) + " must be >= 1");
+  if (req.sms < 1) throw InvalidArgument("SM count " + std::to_string(req.sms) + " must be >= 1");
+  if (req.reserve_sms >= req.sms || req.reserve_sms < -1)
+    throw InvalidArgument("reserved SMs " + std::to_string(req.reserve_sms) + " must be in [0, " +
+                          std::to_string(req.sms - 1) + "] (SMs: " + std::to_string(req.sms) + ")");
+  if (!(req.gemm.slowdown >= 1.0) || !(req.gemm.peak_tflops > 0) || req.gemm.peak_sms < 1)
+    throw InvalidArgument("GEMM model needs slowdown >= 1, peak TFLOP/s > 0 and peak SMs >= 1");
+  if (!req.measured_wave_ms.empty() && (!req.tile || req.reserve_sms < 0))
+    throw InvalidArgument("measured wave times are for one configuration: set the tile and the reserved SMs");
+  for (double w : req.measured_wave_ms)
+    if (!(w > 0) || !std::isfinite(w)) throw InvalidArgument("measured wave times must be positive and finite");
+  if (req.op == Collective::AllToAll) {
+    if (!req.routing) throw InvalidArgument("an alltoall plan needs the routing of every rank");
+    validate_routing(*req.routing, req.world, req.m);
+  }
+}
+
+// Bytes of the send buffer of the call for waves [w0, w1) (group_bytes).
+BytesFn make_bytes_fn(const PlanRequest& req, const Schedule& s, RsLayout layout) {
+  const double row_bytes = double(s.bn) * element_bytes(req.dtype);
+  if (req.op == Collective::AllToAll) {
+    // The busiest link's rows, as the send buffer of a uniform all-to-all
+    // with that link load (which puts (W-1)/W of its buffer on the links).
+    auto counts = std::make_shared<WaveCounts>(alltoall_counts(s, *req.routing));
+    const int32_t W = req.world;
+    const double fan = W > 1 ? double(W) / (W - 1) : 0.0;
+    return [counts, W, fan, row_bytes](int32_t w0, int32_t w1) {
+      return double(alltoall_max_link_rows(*counts, W, w0, w1)) * row_bytes * fan;
+    };
+  }
+  if (req.op == Collective::ReduceScatter && layout == RsLayout::Standard) {
+    auto counts = std::make_shared<WaveCounts>(rs_standard_counts(s, req.world));
+    return [counts, row_bytes](int32_t w0, int32_t w1) {
+      return double(rs_standard_padded_rows(*counts, w0, w1)) * row_bytes;
+    };
+  }
+  const double tile_bytes = row_bytes * s.bm;
+  return [s, tile_bytes](int32_t w0, int32_t w1) { return group_spanning(s, w0, w1).tiles() * tile_bytes; };
+}
+
+double baseline_bytes(const PlanRequest& req) {
+  const double row_bytes = double(req.n) * element_bytes(req.dtype);
+  if (req.op != Collective::AllToAll) return row_bytes * double(req.m);
+  const int32_t W = req.world;
+  if (W == 1) return 0;
+  const std::vector<int64_t> pairs = routing_pair_rows(*req.routing);
+  int64_t most = 0;
+  for (int32_t x = 0; x < W; ++x) {
+    int64_t sent = 0, received = 0;
+    for (int32_t y = 0; y < W; ++y)
+      if (y != x) sent += pairs[size_t(x) * W + y], received += pairs[size_t(y) * W + x];
+    most = std::max({most, sent, received});
+  }
+  return double(most) * row_bytes * W / (W - 1);
+}
+
+struct Candidate {
+  Schedule schedule;
+  int32_t reserve = 0;
+  RsLayout layout = RsLayout::SubTile;
+  CostModel cost;
+  BytesFn bytes;
+  Partition partition;
+  Prediction prediction;
+};
+
+// Ragged costs (AllReduce, sub-tile ReduceScatter) depend only on the group's
+// length and on whether it holds the partial last wave: memoise on that, so a
+// DP over T waves evaluates the curve O(T) times instead of O(T^2).
+bool translation_invariant(Collective op, RsLayout layout) {
+  return op == Collective::AllReduce || (op == Collective::ReduceScatter && layout == RsLayout::SubTile);
+}
+
+CostModel make_cost(const PlanRequest& req, const CommModel& comm, const Schedule& s, int32_t reserve,
+                    RsLayout layout, const BytesFn& bytes) {
+  CostModel cost;
+  cost.wave_ms = req.measured_wave_ms.empty() ? req.gemm.waves_ms(s, req.k) : req.measured_wave_ms;
+  if (int32_t(cost.wave_ms.size()) != s.waves())
+    throw InvalidArgument("measured wave times: " + std::to_string(cost.wave_ms.size()) +
+                          " given, the schedule has " + std::to_string(s.waves()) + " waves");
+  if (reserve > 0) {
+    for (double& w : cost.wave_ms) w *= req.gemm.slowdown;
+  } else {  // NCCL gets SMs only when the persistent GEMM is done
+    cost.comm_not_before_ms = std::accumulate(cost.wave_ms.begin(), cost.wave_ms.end(), 0.0);
+  }
+  auto call = [&comm, bytes, reserve](int32_t w0, int32_t w1) { return comm.ms(bytes(w0, w1), reserve); };
+  if (!translation_invariant(req.op, layout)) {
+    cost.comm_ms = call;
+    return cost;
+  }
+  const int32_t T = s.waves();
+  auto memo = std::make_shared<std::vector<double>>(size_t(2 * T + 1), -1.0);
+  cost.comm_ms = [memo, call, T](int32_t w0, int32_t w1) {
+    double& v = (*memo)[size_t(w1 - w0 + (w1 == T ? T : 0))];
+    if (v < 0) v = call(w0, w1);
+    return v;
+  };
+  return cost;
+}
+
+// search_dp, on runs of `step` waves when T exceeds kMaxSearchWaves.
+Partition search(const CostModel& fine) {
+  const int32_t T = fine.waves(), step = (T + kMaxSearchWaves - 1) / kMaxSearchWaves;
+  if (step == 1) return search_dp(fine).partition;
+  CostModel coarse;
+  coarse.comm_not_before_ms = fine.comm_not_before_ms;
+  for (int32_t w = 0; w < T; w += step)
+    coarse.wave_ms.push_back(std::accumulate(fine.wave_ms.begin() + w, fine.wave_ms.begin() + std::min(w + step, T), 0.0));
+  coarse.comm_ms = [&fine, step, T](int32_t c0, int32_t c1) { return fine.comm_ms(c0 * step, std::min(c1 * step, T)); };
+  Partition p = search_dp(coarse).partition;
+  for (int32_t& size : p) size *= step;
+  p.back() -= int32_t(coarse.wave_ms.size()) * step - T;
+  return p;
+}
+
+Schedule schedule_for(const PlanRequest& req, TileShape tile, int32_t ctas, Raster raster, int32_t swizzle) {
+  const int32_t tiles_m = int32_t((req.m + tile.bm - 1) / tile.bm);
+  return make_schedule(req.m, req.n, tile, ctas, raster,
+                       swizzle > 0 ? swizzle : raster == Raster::AlongM ? 1 : default_swizzle(ctas, tile, tiles_m));
+}
+
+std::vector<std::pair<Raster, int32_t>> rasters_for(const PlanRequest& req, RsLayout layout) {
+  if (req.raster) return {{*req.raster, req.swizzle}};
+  std::vector<std::pair<Raster, int32_t>> r{{Raster::AlongN, 0}};
+  // Column-major walk: every tile column spans all ranks' rows (low padding).
+  if (req.op == Collective::ReduceScatter && layout == RsLayout::Standard) r.push_back({Raster::AlongM, 1});
+  return r;
+}
+
+std::vector<RsLayout> layouts_for(const PlanRequest& req, TileShape tile) {
+  if (req.op != Collective::ReduceScatter) return {RsLayout::SubTile};
+  std::vector<RsLayout> out;
+  for (RsLayout l : {RsLayout::Standard, RsLayout::SubTile}) {
+    if (req.rs_layout && *req.rs_layout != l) continue;
+    Schedule probe;
+    probe.m = int32_t(std::min<int64_t>(req.m, INT32_MAX));
+    probe.bm = tile.bm;
+    if (rs_layout_applies(probe, req.world, l)) out.push_back(l);
+  }
+  return out;
+}
+
+std::string layout_note(const Plan& p) {
+  const int32_t W = p.world;
+  if (p.rs_layout == RsLayout::Standard) {
+    std::string s = "reducescatter layout: standard (rank k gets rows [k*M/W, (k+1)*M/W))";
+    const double data = std::accumulate(p.group_bytes.begin(), p.group_bytes.end(), 0.0) - p.padding_bytes;
+    if (p.padding_bytes > 0) s += ", padding " + fmt(100.0 * p.padding_bytes / data, 1) + "% of the bytes";
+    return s;
+  }
+  return "reducescatter layout: sub-tile (rank k gets rows tm*" + std::to_string(p.schedule.bm) + " + k*" +
+         std::to_string(p.schedule.bm / W) + " + [0, " + std::to_string(p.schedule.bm / W) +
+         ") of every tile row; not the standard row blocks)";
+}
+
+}  // namespace
+
+Plan make_plan(const PlanRequest& req) {
+  check_request(req);
+  const BandwidthCurve curve = req.curve ? *req.curve : BandwidthCurve::builtin_h200(req.op);
+  if (curve.op() != req.op)
+    throw InvalidArgument("the bandwidth curve is for " + std::string(to_string(curve.op())) + ", the plan for " +
+                          std::string(to_string(req.op)));
+  const CommModel comm(curve, req.world, req.comm_saturating_ctas);
+  if (req.partition)  // entries only: which T it must sum to depends on the configuration
+    validate_partition(*req.partition, std::accumulate(req.partition->begin(), req.partition->end(), 0));
+  std::vector<TileShape> tiles = req.tile ? std::vector<TileShape>{*req.tile}
+                                          : std::vector<TileShape>(std::begin(kTileCandidates), std::end(kTileCandidates));
+  std::vector<int32_t> reserves;
+  if (req.reserve_sms >= 0) reserves.push_back(req.reserve_sms);
+  for (int32_t r : kReserveCandidates)
+    if (req.reserve_sms < 0 && r < req.sms) reserves.push_back(r);
+
+  // The sequential baseline: the fastest tile on every SM, then one call on C.
+  Plan plan;
+  TileShape base_tile = tiles.front();
+  plan.baseline_gemm_ms = INFINITY;
+  plan.baseline_comm_ms = comm.ms(baseline_bytes(req), 0);
+  for (TileShape t : tiles) {
+    const Schedule full = schedule_for(req, t, req.sms, Raster::AlongN, 0);
+    const double gemm = req.measured_wave_ms.empty()
+                            ? req.gemm.wave_ms(t, req.k) * full.waves()
+                            : std::accumulate(req.measured_wave_ms.begin(), req.measured_wave_ms.end(), 0.0) /
+                                  double(req.measured_wave_ms.size()) * full.waves();
+    if (gemm < plan.baseline_gemm_ms) plan.baseline_gemm_ms = gemm, base_tile = t;
+  }
+
+  // Overlap candidates; the best per ReduceScatter layout.
+  std::optional<Candidate> best[2];
+  std::string mismatch;
+  for (TileShape tile : tiles)
+    for (RsLayout layout : layouts_for(req, tile))
+      for (int32_t reserve : reserves)
+        for (auto [raster, swizzle] : rasters_for(req, layout)) {
+          Candidate c;
+          c.schedule = schedule_for(req, tile, req.sms - reserve, raster, swizzle);
+          c.reserve = reserve;
+          c.layout = layout;
+          if (req.partition) {
+            const int64_t sum = std::accumulate(req.partition->begin(), req.partition->end(), int64_t{0});
+            if (sum != c.schedule.waves()) {
+              mismatch += (mismatch.empty() ? "" : ", ") + std::to_string(c.schedule.waves()) + " (" + to_string(tile) +
+                          ", " + std::to_string(reserve) + " reserved)";
+              continue;
+            }
+          }
+          c.bytes = make_bytes_fn(req, c.schedule, layout);
+          c.cost = make_cost(req, comm, c.schedule, reserve, layout, c.bytes);
+          c.partition = req.partition ? *req.partition : search(c.cost);
+          c.prediction = predict(c.cost, c.partition);
+          auto& slot = best[int(layout)];
+          if (!slot || c.prediction.total_ms < slot->prediction.total_ms) slot = std::move(c);
+        }
+  if (req.partition && !best[0] && !best[1]) {
+    throw InvalidArgument("partition " + to_string(*req.partition) + " sums to " +
+                          std::to_string(std::accumulate(req.partition->begin(), req.partition->end(), 0)) +
+                          " waves but the configurations have T = " + mismatch);
+  }
+  if (!best[0] && !best[1]) {
+    if (req.rs_layout) require_rs_layout(schedule_for(req, tiles.front(), req.sms, Raster::AlongN, 0), req.world,
+                                         *req.rs_layout);
+    throw InvalidArgument("reducescatter needs M % world == 0 (standard layout) or tile rows % world == 0 "
+                          "(sub-tile layout): M=" + std::to_string(req.m) + ", world=" + std::to_string(req.world));
+  }
+  const bool standard = best[1] && (!best[0] || best[1]->prediction.total_ms <=
+                                                    best[0]->prediction.total_ms * (1 + kStandardLayoutTolerance));
+  const Candidate& chosen = *best[standard ? 1 : 0];
+
+  plan.op = req.op;
+  plan.dtype = req.dtype;
+  plan.world = req.world;
+  plan.k = req.k;
+  plan.sms = req.sms;
+  plan.notes.push_back(req.measured_wave_ms.empty()
+                           ? "GEMM model: " + fmt(req.gemm.peak_tflops, 0) + " TFLOP/s over " +
+                                 std::to_string(req.gemm.peak_sms) + " SMs (128x128 tiles at 0.92), x" +
+                                 fmt(req.gemm.slowdown, 2) + " while NCCL runs"
+                           : "GEMM model: measured wave times, x" + fmt(req.gemm.slowdown, 2) + " while NCCL runs");
+  plan.notes.push_back("comm model: " + comm.describe());
+  const double best_overlap = chosen.prediction.total_ms;
+  if (!req.partition && best_overlap > plan.baseline_ms() * (1 - req.min_gain)) {
+    plan.sequential = true;
+    plan.reserve_sms = 0;
+    plan.schedule = schedule_for(req, base_tile, req.sms, Raster::AlongN, 0);
+    plan.rs_layout = req.rs_layout.value_or(rs_layout_applies(plan.schedule, req.world, RsLayout::Standard)
+                                                ? RsLayout::Standard : RsLayout::SubTile);
+    plan.partition = {plan.schedule.waves()};
+    plan.groups = make_groups(plan.schedule, plan.partition);
+    plan.group_bytes = {baseline_bytes(req)};
+    plan.predicted.groups = {{0, plan.baseline_gemm_ms, plan.baseline_gemm_ms, plan.baseline_ms()}};
+    plan.predicted.total_ms = plan.baseline_ms();
+    plan.notes.push_back("sequential: the best overlap (" + fmt(best_overlap) + " ms) is not " +
+                         fmt(100 * req.min_gain, 0) + "% faster than GEMM then one call");
+  } else {
+    plan.reserve_sms = chosen.reserve;
+    plan.schedule = chosen.schedule;
+    plan.rs_layout = chosen.layout;
+    plan.partition = chosen.partition;
+    plan.groups = make_groups(plan.schedule, plan.partition);
+    for (const Group& g : plan.groups) plan.group_bytes.push_back(chosen.bytes(g.first_wave, g.end_wave));
+    plan.predicted = chosen.prediction;
+    if (req.op == Collective::ReduceScatter && plan.rs_layout == RsLayout::Standard) {
+      const WaveCounts counts = rs_standard_counts(plan.schedule, plan.world);
+      for (const Group& g : plan.groups) {
+        int64_t data = 0;
+        for (int32_t d = 0; d < plan.world; ++d) data += counts.sum(g.first_wave, g.end_wave, d);
+        plan.padding_bytes += double(rs_standard_padded_rows(counts, g.first_wave, g.end_wave) - data) *
+                              plan.schedule.bn * element_bytes(req.dtype);
+      }
+    }
+    if (plan.schedule.waves() > kMaxSearchWaves && !req.partition)
+      plan.notes.push_back("search over runs of " +
+                           std::to_string((plan.schedule.waves() + kMaxSearchWaves - 1) / kMaxSearchWaves) +
+                           " waves (T > " + std::to_string(kMaxSearchWaves) + ")");
+  }
+  if (req.op == Collective::ReduceScatter) {
+    plan.notes.push_back(layout_note(plan));
+    if (best[0] && best[1] && !plan.sequential && !standard)
+      plan.notes.push_back("standard layout rejected: predicted " + fmt(best[1]->prediction.total_ms) +
+                           " ms with its padding");
+  }
+  return plan;
+}
+
+SlotMap make_slot_map(const Plan& plan, int32_t rank, const Routing* routing) {
+  switch (plan.op) {
+    case Collective::AllReduce: return make_allreduce_map(plan.schedule, plan.groups, plan.world);
+    case Collective::ReduceScatter:
+      return make_reducescatter_map(plan.schedule, plan.groups, plan.world, rank, plan.rs_layout);
+    case Collective::AllToAll:
+      if (!routing) throw InvalidArgument("the alltoall slot map needs the routing the plan was made for");
+      return make_alltoall_map(plan.schedule, plan.groups, *routing, rank);
+  }
+  throw InvalidArgument("unknown collective");
+}
+
+}  // namespace flashoverlap::plan

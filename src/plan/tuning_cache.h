@@ -1,0 +1,63 @@
+// tuning_cache.h — plans remembered per machine and shape, in one JSON file:
+//   {"format": "flashoverlap.tuning_cache", "schema": 1,
+//    "entries": {"<key>": {"key": {...}, "plan": {<plan JSON>}}}}
+// keyed by GPU name, SM count, world size, collective, dtype, M, N, K.
+//
+// A damaged cache must never stop a run (it can always be rebuilt), so
+// reading does not throw: a file that is not a valid cache (not JSON, foreign,
+// another schema) reads as empty, a bad entry (unparsable plan, plan that
+// contradicts its key) is dropped, and each is reported in warnings() for the
+// caller to log. store() writes atomically (temporary file in the same
+// directory, then rename) after re-reading the file, so entries that other
+// processes stored meanwhile are kept; a damaged file is first moved aside to
+// "<path>.corrupt". Two processes storing at the same instant: the last
+// rename wins (store from one rank only).
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/planner.h"
+
+namespace flashoverlap::plan {
+
+struct CacheKey {
+  std::string gpu;
+  int32_t sms = 0, world = 0;
+  Collective op = Collective::AllReduce;
+  DType dtype = DType::BF16;
+  int64_t m = 0, n = 0, k = 0;
+
+  std::string str() const;  // "NVIDIA H200|132|2|allreduce|bf16|4096|8192|8192"
+  nlohmann::json to_json() const;
+  friend bool operator==(const CacheKey&, const CacheKey&) = default;
+};
+
+class TuningCache {
+ public:
+  static constexpr const char* kFormat = "flashoverlap.tuning_cache";
+  static constexpr int kSchema = 1;
+
+  explicit TuningCache(std::string path);  // reads the file when it exists
+
+  std::optional<Plan> lookup(const CacheKey& key) const;
+  // Throws InvalidArgument when the plan contradicts the key, Error when the
+  // file cannot be written.
+  void store(const CacheKey& key, const Plan& plan);
+
+  size_t size() const { return entries_.size(); }
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  // Parses the file into entries_; returns false (with a warning) if the file
+  // exists but is not a valid cache.
+  bool read();
+
+  std::string path_;
+  std::map<std::string, nlohmann::json> entries_;  // key string -> {"key", "plan"}
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace flashoverlap::plan

@@ -1,0 +1,90 @@
+// Wave partitions and groups.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <set>
+
+#include "flashoverlap/error.h"
+#include "plan/partition.h"
+#include "test_plan_util.h"
+
+namespace fo = flashoverlap::plan;
+using fo_test::uniform;
+
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const flashoverlap::InvalidArgument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST(PlanPartition, EnumeratesEveryCompositionOnce) {
+  for (int32_t T = 1; T <= 14; ++T) {
+    const auto all = fo::enumerate_partitions(T);
+    ASSERT_EQ(all.size(), size_t(1) << (T - 1)) << "T=" << T;
+    std::set<fo::Partition> unique(all.begin(), all.end());
+    EXPECT_EQ(unique.size(), all.size());
+    for (const auto& p : all) {
+      EXPECT_EQ(std::accumulate(p.begin(), p.end(), 0), T);
+      for (int32_t g : p) EXPECT_GE(g, 1);
+    }
+  }
+  size_t count = 0;
+  fo::for_each_partition(fo::kMaxEnumerableWaves, [&](const fo::Partition&) { ++count; });
+  EXPECT_EQ(count, size_t(1) << (fo::kMaxEnumerableWaves - 1));
+  EXPECT_THROW(fo::enumerate_partitions(0), flashoverlap::InvalidArgument);
+  EXPECT_NE(error_of([] { fo::enumerate_partitions(21); }).find("21 waves"), std::string::npos);
+}
+
+TEST(PlanPartition, ValidationSaysWhatIsWrong) {
+  EXPECT_NO_THROW(fo::validate_partition({1, 2, 2}, 5));
+  const std::string sum = error_of([] { fo::validate_partition({1, 2}, 5); });
+  EXPECT_NE(sum.find("sums to 3"), std::string::npos) << sum;
+  EXPECT_NE(sum.find("T = 5"), std::string::npos) << sum;
+  const std::string neg = error_of([] { fo::validate_partition({3, 0, 2}, 5); });
+  EXPECT_NE(neg.find("group 1"), std::string::npos) << neg;
+  EXPECT_NE(error_of([] { fo::validate_partition({}, 5); }).find("empty"), std::string::npos);
+  EXPECT_NE(error_of([] { fo::validate_partition({6, -1}, 5); }).find("group 1"), std::string::npos);
+}
+
+TEST(PlanPartition, ParsesCommaSeparatedSizes) {
+  EXPECT_EQ(fo::parse_partition("1,2,2"), (fo::Partition{1, 2, 2}));
+  EXPECT_EQ(fo::parse_partition("7"), (fo::Partition{7}));
+  EXPECT_EQ(fo::parse_partition("-1,2"), (fo::Partition{-1, 2}));  // syntax only; validation rejects it
+  EXPECT_EQ(fo::to_string(fo::Partition{3, 1}), "3,1");
+  for (const char* bad : {"", ",", "1,,2", "1,2,", ",1", "a", "1.5", " 1", "1 ,2", "99999999999"})
+    EXPECT_THROW(fo::parse_partition(bad), flashoverlap::InvalidArgument) << "'" << bad << "'";
+}
+
+TEST(PlanPartition, GroupsAreConsecutiveWaveRunsOfTiles) {
+  FO_SEEDED_RNG(rng);
+  for (int it = 0; it < 300; ++it) {
+    const fo::Schedule s = fo_test::random_schedule(rng, fo_test::random_tile(rng), 100000);
+    const fo::Partition p = fo_test::random_partition(rng, s.waves());
+    SCOPED_TRACE(fo_test::describe(s) + " partition " + fo::to_string(p));
+    const auto groups = fo::make_groups(s, p);
+    ASSERT_EQ(groups.size(), p.size());
+    int32_t wave = 0, tile = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      EXPECT_EQ(groups[g].first_wave, wave);
+      EXPECT_EQ(groups[g].end_wave, wave + p[g]);
+      EXPECT_EQ(groups[g].first_tile, tile);
+      EXPECT_EQ(groups[g].end_tile, std::min(groups[g].end_wave * s.ctas, s.tiles()));
+      EXPECT_GT(groups[g].tiles(), 0);
+      wave = groups[g].end_wave;
+      tile = groups[g].end_tile;
+    }
+    EXPECT_EQ(tile, s.tiles());
+    const auto of_wave = fo::group_of_wave(groups);
+    ASSERT_EQ(of_wave.size(), size_t(s.waves()));
+    for (int32_t idx = 0; idx < s.tiles(); ++idx) {
+      const fo::Group& g = groups[size_t(of_wave[size_t(s.round_of(idx))])];
+      EXPECT_TRUE(idx >= g.first_tile && idx < g.end_tile) << "tile " << idx;
+    }
+    EXPECT_THROW(fo::make_groups(s, {s.waves() + 1}), flashoverlap::InvalidArgument);
+  }
+}

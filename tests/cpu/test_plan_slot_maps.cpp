@@ -1,0 +1,136 @@
+// Exact layouts of the slot maps on small hand-checked cases, the counting
+// helpers against brute force, routings, and the errors. The end-to-end
+// correctness of every map is in test_plan_emulation.cpp.
+#include <gtest/gtest.h>
+
+#include "flashoverlap/error.h"
+#include "plan/slot_map_allreduce.h"
+#include "plan/slot_map_alltoall.h"
+#include "plan/slot_map_reducescatter.h"
+#include "test_plan_util.h"
+
+namespace fo = flashoverlap::plan;
+using fo_test::uniform;
+
+TEST(PlanSlotMaps, ReduceScatterSubTileLayoutIsPartsThenTilesThenRows) {
+  // 2 tile rows x 1 tile column of 4x2 tiles, world 2 (h = 2), one group of both tiles:
+  // send rows [part 0: tile 0 rows 0-1, tile 1 rows 0-1][part 1: tile 0 rows 2-3, tile 1 rows 2-3].
+  const fo::Schedule s = fo::make_schedule(8, 2, {4, 2}, 2, fo::Raster::AlongN, 1);
+  const auto groups = fo::make_groups(s, {1});
+  const fo::SlotMap map = fo::make_reducescatter_map(s, groups, 2, 1, fo::RsLayout::SubTile);
+  EXPECT_EQ(map.row_of, (std::vector<int32_t>{0, 1, 4, 5, 2, 3, 6, 7}));
+  EXPECT_EQ(map.groups[0].send, (fo::Span{0, 16}));
+  EXPECT_EQ(map.groups[0].recv, (fo::Span{0, 8}));
+  // Rank 1 holds rows 2, 3 (tile 0) and 6, 7 (tile 1), i.e. output rows 0..3.
+  EXPECT_EQ(fo::rs_rows_of_rank(s, 2, 1, fo::RsLayout::SubTile), (std::vector<int32_t>{2, 3, 6, 7}));
+  EXPECT_EQ(map.slot_of_out, (std::vector<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(PlanSlotMaps, ReduceScatterStandardPaddingDependsOnTileOrder) {
+  // M = 8: 4 tile rows of 2 (rank 0 owns tile rows 0-1, rank 1 rows 2-3), 2 tile
+  // columns, one group per wave.
+  //  - AlongN, swizzle 1, 2 CTAs: a wave is one tile row (both columns), all
+  //    one rank's: each group pads the other rank's part with 4 rows -> 16.
+  //  - AlongM, swizzle 1, 4 CTAs: a wave is one tile column, half of it each
+  //    rank's -> no padding.
+  struct Case {
+    fo::Raster raster;
+    int32_t ctas;
+    int64_t padding;
+  };
+  for (const Case c : {Case{fo::Raster::AlongN, 2, 16}, Case{fo::Raster::AlongM, 4, 0}}) {
+    const fo::Schedule s = fo::make_schedule(8, 4, {2, 2}, c.ctas, c.raster, 1);
+    SCOPED_TRACE(fo_test::describe(s));
+    const auto groups = fo::make_groups(s, std::vector<int32_t>(size_t(s.waves()), 1));
+    const fo::SlotMap map = fo::make_reducescatter_map(s, groups, 2, 0, fo::RsLayout::Standard);
+    EXPECT_EQ(map.padding_rows, c.padding);
+    EXPECT_EQ(map.send_rows - map.padding_rows, 8 * 2);  // 8 rows x 2 column blocks of data
+    const fo::WaveCounts counts = fo::rs_standard_counts(s, 2);
+    int64_t rows = 0;
+    for (const fo::Group& g : groups) rows += fo::rs_standard_padded_rows(counts, g.first_wave, g.end_wave);
+    EXPECT_EQ(rows, map.send_rows);
+  }
+}
+
+TEST(PlanSlotMaps, WaveCountsEqualBruteForceCounts) {
+  FO_SEEDED_RNG(rng);
+  for (int it = 0; it < 100; ++it) {
+    const int32_t W = int32_t(uniform(rng, 1, 6));
+    const fo::Schedule s = fo_test::random_schedule(rng, fo_test::random_tile(rng), 50000);
+    SCOPED_TRACE(fo_test::describe(s) + " world " + std::to_string(W));
+    const fo::Routing routing = fo::make_routing(uniform(rng, 0, 1) ? "uniform" : "skewed", W, s.m, rng());
+    const fo::WaveCounts pairs = fo::alltoall_counts(s, routing);
+    const int32_t w0 = int32_t(uniform(rng, 0, s.waves() - 1)), w1 = int32_t(uniform(rng, w0 + 1, s.waves()));
+    std::vector<int64_t> brute(size_t(W) * W, 0);
+    const fo::Group g = fo::group_spanning(s, w0, w1);
+    for (int32_t idx = g.first_tile; idx < g.end_tile; ++idx) {
+      const fo::TileCoord t = s.tile_of(idx);
+      for (int32_t r = 0; r < s.rows_of(t); ++r)
+        for (int32_t src = 0; src < W; ++src) ++brute[size_t(src) * W + routing.dest[src][t.tm * s.bm + r]];
+    }
+    int64_t busiest = 0;
+    for (int32_t x = 0; x < W; ++x) {
+      int64_t out = 0, in = 0;
+      for (int32_t y = 0; y < W; ++y) {
+        EXPECT_EQ(pairs.sum(w0, w1, x * W + y), brute[size_t(x) * W + y]);
+        if (y != x) out += brute[size_t(x) * W + y], in += brute[size_t(y) * W + x];
+      }
+      busiest = std::max({busiest, out, in});
+    }
+    EXPECT_EQ(fo::alltoall_max_link_rows(pairs, W, w0, w1), busiest);
+  }
+}
+
+TEST(PlanSlotMaps, ScatterTablesMatchTheTargets) {
+  const fo::Schedule s = fo::make_schedule(300, 70, {64, 64}, 3, fo::Raster::AlongM, 2);
+  const fo::SlotMap map = fo::make_allreduce_map(s, fo::make_groups(s, {s.waves()}), 2);
+  const fo::ScatterTables t = fo::scatter_tables(map);
+  ASSERT_EQ(t.dst_row.size(), size_t(map.recv_rows));
+  for (size_t i = 0; i < t.dst_row.size(); ++i) {
+    EXPECT_EQ(t.dst_row[i], map.target_of_slot[i].row);
+    if (t.dst_row[i] >= 0) {
+      EXPECT_EQ(t.dst_col[i], map.target_of_slot[i].col_block * 64);
+    }
+  }
+}
+
+TEST(PlanSlotMaps, ReduceScatterLayoutsSayWhatTheyNeed) {
+  const fo::Schedule s = fo::make_schedule(4000, 256, {128, 256}, 8, fo::Raster::AlongN, 1);
+  const auto groups = fo::make_groups(s, {s.waves()});
+  EXPECT_TRUE(fo::rs_layout_applies(s, 2, fo::RsLayout::SubTile));
+  EXPECT_FALSE(fo::rs_layout_applies(s, 3, fo::RsLayout::SubTile));
+  EXPECT_FALSE(fo::rs_layout_applies(s, 3, fo::RsLayout::Standard));
+  try {
+    fo::make_reducescatter_map(s, groups, 3, 0, fo::RsLayout::SubTile);
+    ADD_FAILURE() << "no error";
+  } catch (const flashoverlap::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("bm=128, world=3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fo::make_reducescatter_map(s, groups, 3, 0, fo::RsLayout::Standard), flashoverlap::InvalidArgument);
+  EXPECT_THROW(fo::make_reducescatter_map(s, groups, 2, 2, fo::RsLayout::SubTile), flashoverlap::InvalidArgument);
+  EXPECT_EQ(fo::parse_rs_layout("standard"), fo::RsLayout::Standard);
+  EXPECT_THROW(fo::parse_rs_layout("rows"), flashoverlap::InvalidArgument);
+}
+
+TEST(PlanSlotMaps, RoutingsAreValidatedAndShaped) {
+  FO_SEEDED_RNG(rng);
+  const int64_t M = 4000;
+  const fo::Routing empty = fo::make_routing("empty:2", 4, M, rng());
+  fo::validate_routing(empty, 4, M);
+  const auto pairs = fo::routing_pair_rows(empty);
+  for (int32_t src = 0; src < 4; ++src) {
+    EXPECT_EQ(pairs[size_t(src) * 4 + 2], 0) << "rank 2 must receive nothing";
+    for (int32_t d : {0, 1, 3}) EXPECT_GT(pairs[size_t(src) * 4 + d], M / 6);
+  }
+  const auto skew = fo::routing_pair_rows(fo::make_routing("skewed", 4, M, rng()));
+  EXPECT_GT(skew[0], M / 2);  // half plus a quarter of the rest
+  EXPECT_LT(skew[1], M / 4);
+  for (const char* bad : {"empty:4", "empty:-1", "empty:", "empty:x", "zipf", ""})
+    EXPECT_THROW(fo::make_routing(bad, 4, M), flashoverlap::InvalidArgument) << bad;
+  EXPECT_THROW(fo::make_routing("empty:0", 1, M), flashoverlap::InvalidArgument);
+  fo::Routing r = fo::make_routing("uniform", 3, 10);
+  r.dest[1][7] = 3;
+  EXPECT_THROW(fo::validate_routing(r, 3, 10), flashoverlap::InvalidArgument);
+  EXPECT_THROW(fo::validate_routing(fo::make_routing("uniform", 3, 10), 3, 11), flashoverlap::InvalidArgument);
+  EXPECT_THROW(fo::validate_routing(fo::make_routing("uniform", 3, 10), 2, 10), flashoverlap::InvalidArgument);
+}
