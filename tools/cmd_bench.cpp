@@ -46,7 +46,7 @@ struct Options {
   std::string partition;
   std::string wait = "spin";
   std::string decomp = "2,4,8";
-  bool rmsnorm = false, json = false;
+  bool rmsnorm = false, json = false, trace = false;
   int warmup = 5, iters = 20, nproc = 0;
   std::string csv;
 };
@@ -63,6 +63,7 @@ struct ShapeResult {
   std::vector<Row> rows;
   std::string checks;
   double predicted_ms = 0;
+  std::string trace;
 };
 
 ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
@@ -115,14 +116,14 @@ struct Context {
   ncclComm_t comm_for(int ctas) {
     if (ctas <= 0) return base.get();
     auto it = narrow.find(ctas);
-    if (it == narrow.end()) it = narrow.emplace(ctas, base.split({ctas, ctas})).first;
+    if (it == narrow.end()) it = narrow.emplace(ctas, base.split({ctas, ctas, 1})).first;
     return it->second.get();
   }
   const plan::BandwidthCurve& curve_for(int ctas) {
     auto it = curves.find(ctas);
     if (it == curves.end())
-      it = curves.emplace(ctas, rt::measure_allreduce_curve(*rv, comm_for(ctas), dtype, stream, 512.0 * (1 << 20),
-                                                            10, info.name))
+      it = curves.emplace(ctas, rt::measure_allreduce_curve(*rv, comm_for(ctas), dtype, stream, 256.0 * (1 << 20),
+                                                            5, info.name))
                .first;
     return it->second;
   }
@@ -136,13 +137,26 @@ plan::Plan plan_allreduce(Context& cx, const Options& o, int64_t m, int64_t n, i
   std::vector<plan::TileShape> tiles;
   if (o.tile == "auto") tiles = {{128, 256}, {128, 128}};
   else tiles = {plan::parse_tile(o.tile)};
-  std::vector<int> reserves;
-  if (o.reserve_sms >= 0) reserves = {o.reserve_sms};
-  else reserves = {8, 16, 24, 32};
+  // Reserves that leave no idle CTA in the last wave: for each wave count w,
+  // the smallest grid that covers the tiles in w waves (SMs - ceil(tiles/w)),
+  // keeping 2..40 SMs for NCCL.
+  auto reserves_for = [&](plan::TileShape t) {
+    std::vector<int> r;
+    if (o.reserve_sms >= 0) return std::vector<int>{o.reserve_sms};
+    const int64_t tiles = ((m + t.bm - 1) / t.bm) * ((n + t.bn - 1) / t.bn);
+    for (int64_t w = 1; w <= tiles; ++w) {
+      const int64_t res = cx.info.sms - (tiles + w - 1) / w;
+      if (res > 40) break;
+      if (res >= 2 && (r.empty() || r.back() != res)) r.push_back(int(res));
+    }
+    if (r.empty()) r = {8, 16};
+    if (r.size() > 4) r.resize(4);
+    return r;
+  };
 
   std::vector<double> gemm_ms;  // per (tile, reserve), max over ranks
   for (auto t : tiles)
-    for (int r : reserves) {
+    for (int r : reserves_for(t)) {
       const plan::Schedule s = plan::make_schedule(m, n, t, cx.info.sms - r, plan::Raster::AlongN,
                                                    plan::default_swizzle(cx.info.sms - r, t, int32_t((m + t.bm - 1) / t.bm)));
       gemm_ms.push_back(rt::measure_gemm_ms(s, int(k), cx.dtype, a, b, scratch, cx.stream, 10));
@@ -152,7 +166,7 @@ plan::Plan plan_allreduce(Context& cx, const Options& o, int64_t m, int64_t n, i
   std::optional<plan::Plan> best;
   size_t i = 0;
   for (auto t : tiles)
-    for (int r : reserves) {
+    for (int r : reserves_for(t)) {
       plan::PlanRequest req;
       req.op = plan::Collective::AllReduce;
       req.m = m, req.n = n, req.k = k, req.world = cx.rv->world();
@@ -195,7 +209,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   const ncclComm_t base = cx.base.get();
 
-  ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0};
+  ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0, {}};
   // Components, measured on their own: the ideal is max(GEMM, AllReduce).
   std::vector<double> comp = {
       rt::time_collective([&] { cx.cublas->run(dt, a.get(), b.get(), out_seq.get(), m, n, k, n, cx.stream); },
@@ -219,6 +233,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   fo.comm = cx.comm_for(plan.reserve_sms);
   fo.tail_comm = base;
   fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
+  fo.trace = o.trace;
   if (plan.sequential) {  // the fallback runs our GEMM on the full grid
     fo.sched = plan::make_schedule(M, N, plan::TileShape{plan.schedule.bm, plan.schedule.bn}, cx.info.sms,
                                    plan::Raster::AlongN, plan.schedule.swizzle);
@@ -269,6 +284,17 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   op.check();
   ms = rt::max_over_ranks(*cx.rv, ms);
+  if (o.trace && !plan.sequential) {  // the last timed call, this rank
+    const rt::Timeline tl = op.timeline();
+    std::ostringstream tr;
+    tr << std::fixed << std::setprecision(3) << "rank " << rank << " timeline (ms from GEMM launch): GEMM end "
+       << tl.gemm_end << " (alone on " << op.schedule().ctas << " CTAs: "
+       << rt::measure_gemm_ms(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 10) << ")";
+    for (size_t g = 0; g < tl.comm_end.size(); ++g)
+      tr << "\n    group " << g << " (" << op.partition()[g] << " waves): wait done " << tl.wait_end[g]
+         << ", AllReduce done " << tl.comm_end[g];
+    res.trace = tr.str();
+  }
   res.seq_ms = ms[0];
   res.rows.push_back({"sequential", ms[0], "1", "cuBLAS + NCCL"});
   res.rows.push_back({"sequential-ourgemm", ms[1], "1", "128x256, " + std::to_string(cx.info.sms) + " CTAs"});
@@ -357,6 +383,7 @@ int run(const Options& o) {
       std::cout << "\n" << r.m << "x" << r.n << "x" << r.k << "  GEMM " << std::fixed << std::setprecision(3) << r.gemm_ms
                 << " ms, AllReduce " << r.comm_ms << " ms, ideal max " << r.ideal_ms << " ms; predicted "
                 << r.predicted_ms << " ms\n  check: " << r.checks << "\n";
+      if (!r.trace.empty()) std::cout << "  " << r.trace << "\n";
       std::cout << "  " << std::left << std::setw(22) << "variant" << std::right << std::setw(9) << "ms"
                 << std::setw(9) << "speedup" << std::setw(8) << "gain" << "  partition / config\n";
     }
@@ -417,6 +444,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--csv", o->csv, "Append rows to this CSV file");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
+  cmd->add_flag("--trace", o->trace, "Print rank 0's timeline of the last overlapped call");
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

@@ -14,6 +14,7 @@ ncclConfig_t make_config(const CommOptions& o) {
   cfg.blocking = 1;
   if (o.min_ctas > 0) cfg.minCTAs = o.min_ctas;
   if (o.max_ctas > 0) cfg.maxCTAs = o.max_ctas;
+  if (o.cga_cluster_size > 0) cfg.cgaClusterSize = o.cga_cluster_size;
   return cfg;
 }
 

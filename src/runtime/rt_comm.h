@@ -15,6 +15,11 @@ namespace flashoverlap::rt {
 struct CommOptions {
   int min_ctas = 0;  // 0: NCCL's default
   int max_ctas = 0;  // 0: NCCL's default
+  // NCCL groups its CTAs in clusters of 4 on Hopper by default. A cluster
+  // needs that many free SMs in one GPC, which the few SMs a persistent GEMM
+  // leaves free (scattered over GPCs) never offer: the collective would wait
+  // for the GEMM to end. Communicators that overlap the GEMM use 1.
+  int cga_cluster_size = 0;  // 0: NCCL's default
 };
 
 class Communicator {

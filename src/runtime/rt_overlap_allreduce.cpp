@@ -56,11 +56,16 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&gemm_launched_, cudaEventDisableTiming));
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
   if (opts_.wait == WaitMode::StreamWaitOp) stream_wait_fn();
+  if (opts_.trace) {
+    trace_.resize(2 + 2 * groups_.size());
+    for (auto& e : trace_) FO_CUDA_CHECK(cudaEventCreate(&e));
+  }
   FO_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 OverlapAllReduce::~OverlapAllReduce() {
   if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+  for (auto e : trace_) cudaEventDestroy(e);
   if (gemm_launched_) cudaEventDestroy(gemm_launched_);
   if (comm_done_) cudaEventDestroy(comm_done_);
   if (comm_stream_) cudaStreamDestroy(comm_stream_);
@@ -79,7 +84,9 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, cudaStre
   p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
   p.store = kernels::Store::SlotTiles, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
   p.counters = counters_.as<uint32_t>(), p.group_of_wave = group_of_wave_.as<int32_t>();
+  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
+  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
 
   const int64_t tile_elems = int64_t(s.bm) * s.bn;
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -93,11 +100,13 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, cudaStre
                                     target, CU_STREAM_WAIT_VALUE_GEQ);
       if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
     }
+    if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream_));
     void* data = static_cast<char*>(slots_.get()) + int64_t(groups_[g].first_tile) * tile_elems * 2;
     const ncclComm_t comm = (g + 1 == groups_.size() && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
     FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(groups_[g].tiles()) * tile_elems, nccl_type(opts_.dtype),
                                     ncclSum, comm, comm_stream_),
                       "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g));
+    if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
   }
   FO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));
   FO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
@@ -144,6 +153,23 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
   }
   kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), s, norm.residual, norm.weight, norm.eps, out,
                                norm.residual_out, stream);
+}
+
+Timeline OverlapAllReduce::timeline() const {
+  Timeline t;
+  if (trace_.empty() || sequential()) return t;
+  auto at = [&](cudaEvent_t e) {
+    FO_CUDA_CHECK(cudaEventSynchronize(e));
+    float ms = 0;
+    FO_CUDA_CHECK(cudaEventElapsedTime(&ms, trace_[0], e));
+    return double(ms);
+  };
+  t.gemm_end = at(trace_[1]);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    t.wait_end.push_back(at(trace_[2 + 2 * g]));
+    t.comm_end.push_back(at(trace_[3 + 2 * g]));
+  }
+  return t;
 }
 
 void OverlapAllReduce::check() const {

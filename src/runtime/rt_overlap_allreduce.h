@@ -40,6 +40,14 @@ struct OverlapAllReduceOptions {
   WaitMode wait = WaitMode::SpinKernel;
   double wait_timeout_s = 30.0;   // a group not complete by then fails the call
   int fault_drop_group = -1;      // testing only: this group's signals go nowhere
+  bool trace = false;             // record events around the GEMM and each group (see timeline())
+};
+
+// Times of one call, in ms from the GEMM's launch on the caller's stream
+// (trace mode): when each group's wait ended and its AllReduce ended.
+struct Timeline {
+  double gemm_end = 0;
+  std::vector<double> wait_end, comm_end;
 };
 
 struct RmsNormArgs {
@@ -70,6 +78,8 @@ class OverlapAllReduce {
   const plan::Partition& partition() const { return opts_.partition; }
   bool sequential() const { return groups_.size() <= 1; }
   uint32_t epoch() const { return epoch_; }
+  // The last call's timeline (trace mode; synchronises with the events).
+  Timeline timeline() const;
 
  private:
   void enqueue_overlapped(const void* a, const void* b, cudaStream_t stream);
@@ -83,6 +93,8 @@ class OverlapAllReduce {
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t gemm_launched_ = nullptr, comm_done_ = nullptr;
   uint32_t epoch_ = 0;
+  // trace: [0] GEMM start, [1] GEMM end, then per group wait end, comm end
+  std::vector<cudaEvent_t> trace_;
 };
 
 }  // namespace flashoverlap::rt
