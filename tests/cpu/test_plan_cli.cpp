@@ -1,0 +1,122 @@
+// `flashoverlap plan` end to end: the built CLI for all three collectives, text
+// and JSON, and one-line errors with exit code 2 for bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "test_plan_util.h"
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+Result run(const std::string& args) {
+  fo_test::TempDir dir;
+  const std::string cmd = std::string(FO_CLI_PATH) + " plan " + args + " >" + dir.file("out") + " 2>" + dir.file("err");
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir.file("out")), slurp(dir.file("err"))};
+}
+
+size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+TEST(PlanCli, PrintsAPlanForEveryCollective) {
+  for (const char* op : {"allreduce", "reducescatter", "alltoall"}) {
+    SCOPED_TRACE(op);
+    const Result r = run(std::string("--op ") + op);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_TRUE(r.err.empty()) << r.err;
+    for (const char* part : {"tiles: 128x", "waves", "partition: ", "predicted: ", "vs sequential", "speedup"})
+      EXPECT_NE(r.out.find(part), std::string::npos) << part << " missing in:\n" << r.out;
+    EXPECT_LT(lines(r.out), 40u) << r.out;
+  }
+  const Result a2a = run("--op alltoall --world 4 --routing empty:1 --m 3000");
+  ASSERT_EQ(a2a.rc, 0) << a2a.err;
+  EXPECT_NE(a2a.out.find("rows to each peer"), std::string::npos) << a2a.out;
+}
+
+TEST(PlanCli, JsonOutputIsOneParsableObject) {
+  for (const char* op : {"allreduce", "reducescatter", "alltoall"}) {
+    SCOPED_TRACE(op);
+    const Result r = run(std::string("--json --world 4 --m 2048 --op ") + op);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(lines(r.out), 1u);
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["op"], op);
+    EXPECT_EQ(j["world"], 4);
+    const auto partition = j["partition"].get<std::vector<int>>();
+    EXPECT_EQ(std::accumulate(partition.begin(), partition.end(), 0), j["waves"].get<int>());
+    ASSERT_EQ(j["slots"]["groups"].size(), partition.size());
+    // The groups' send spans tile the send buffer.
+    int64_t at = 0;
+    for (const auto& g : j["slots"]["groups"]) {
+      EXPECT_EQ(g["send"][0].get<int64_t>(), at);
+      at += g["send"][1].get<int64_t>();
+    }
+    EXPECT_EQ(at, j["slots"]["send_elements"].get<int64_t>());
+    EXPECT_LE(j["predicted_ms"].get<double>(), j["baseline"]["total_ms"].get<double>());
+    if (std::string(op) == "alltoall") {
+      EXPECT_EQ(j["pair_rows"].size(), partition.size());
+    }
+  }
+  const Result fixed = run("--json --tile 128x256 --reserve-sms 16 --partition 3,3,3");
+  ASSERT_EQ(fixed.rc, 0) << fixed.err;
+  EXPECT_EQ(nlohmann::json::parse(fixed.out)["partition"], nlohmann::json({3, 3, 3}));
+}
+
+TEST(PlanCli, BadInputIsOneLineAndExitCode2) {
+  fo_test::TempDir dir;
+  const std::string malformed = dir.write("bad_curve.json", "{\"format\": \"flashoverlap.bandwidth_curve\", \"schema\": 1}");
+  const std::pair<std::string, std::string> cases[] = {
+      {"--m 0", "--m"},
+      {"--m -5", "--m"},
+      {"--op gather", "--op"},
+      {"--tile 64x64", "--tile"},
+      {"--tile 128x", "--tile"},
+      {"--world 0", "--world"},
+      {"--dtype fp32", "--dtype"},
+      {"--tile 128x256 --reserve-sms 16 --partition 1,2,2", "sums to 5"},
+      {"--partition 1,x", "bad partition"},
+      {"--partition 2,0,7", "group 1"},
+      {"--op reducescatter --m 4000 --world 3", "world == 0"},
+      {"--reserve-sms 132", "reserved SMs"},
+      {"--op alltoall --routing empty:7", "empty rank"},
+      {"--op alltoall --routing zipf", "unknown routing"},
+      {"--curve " + dir.file("missing.json"), "cannot open"},
+      {"--curve " + malformed, "missing \"collective\""},
+      {"--op alltoall --curve " + [&] {  // a valid curve of another collective
+         return dir.write("ar.json", R"({"format": "flashoverlap.bandwidth_curve", "schema": 1,
+            "collective": "allreduce", "world": 2, "samples": [[1024, 0.05], [1048576, 0.1]]})");
+       }(), "curve is for allreduce"},
+      {"--no-such-option", "no-such-option"},
+  };
+  for (const auto& [args, expect] : cases) {
+    SCOPED_TRACE(args);
+    const Result r = run(args);
+    EXPECT_EQ(r.rc, 2) << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+    EXPECT_EQ(r.err.rfind("flashoverlap: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+TEST(PlanCli, HasItsOwnHelp) {
+  const Result r = run("--help");
+  EXPECT_EQ(r.rc, 0);
+  for (const char* opt : {"--op", "--m", "--world", "--tile", "--reserve-sms", "--curve", "--partition", "--routing", "--json"})
+    EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
+}
