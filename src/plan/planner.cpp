@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "flashoverlap/error.h"
@@ -150,6 +151,20 @@ Schedule schedule_for(const PlanRequest& req, TileShape tile, int32_t ctas, Rast
                        swizzle > 0 ? swizzle : raster == Raster::AlongM ? 1 : default_swizzle(ctas, tile, tiles_m));
 }
 
+std::vector<int32_t> reserves_for(const PlanRequest& req, TileShape tile) {
+  if (req.reserve_sms >= 0) return {req.reserve_sms};
+  std::set<int32_t> r;
+  for (int32_t x : kReserveCandidates)
+    if (x < req.sms) r.insert(x);
+  const int64_t tiles = ((req.m + tile.bm - 1) / tile.bm) * ((req.n + tile.bn - 1) / tile.bn);
+  for (int64_t w = 1; w <= tiles; ++w) {
+    const int64_t x = req.sms - (tiles + w - 1) / w;  // fewest CTAs that take the tiles in w waves
+    if (x > kMaxReserve) break;                       // grows with w
+    if (x >= kMinReserve && x < req.sms) r.insert(int32_t(x));
+  }
+  return {r.begin(), r.end()};
+}
+
 std::vector<std::pair<Raster, int32_t>> rasters_for(const PlanRequest& req, RsLayout layout) {
   if (req.raster) return {{*req.raster, req.swizzle}};
   std::vector<std::pair<Raster, int32_t>> r{{Raster::AlongN, 0}};
@@ -197,10 +212,6 @@ Plan make_plan(const PlanRequest& req) {
     validate_partition(*req.partition, std::accumulate(req.partition->begin(), req.partition->end(), 0));
   std::vector<TileShape> tiles = req.tile ? std::vector<TileShape>{*req.tile}
                                           : std::vector<TileShape>(std::begin(kTileCandidates), std::end(kTileCandidates));
-  std::vector<int32_t> reserves;
-  if (req.reserve_sms >= 0) reserves.push_back(req.reserve_sms);
-  for (int32_t r : kReserveCandidates)
-    if (req.reserve_sms < 0 && r < req.sms) reserves.push_back(r);
 
   // The sequential baseline: the fastest tile on every SM, then one call on C.
   Plan plan;
@@ -221,7 +232,7 @@ Plan make_plan(const PlanRequest& req) {
   std::string mismatch;
   for (TileShape tile : tiles)
     for (RsLayout layout : layouts_for(req, tile))
-      for (int32_t reserve : reserves)
+      for (int32_t reserve : reserves_for(req, tile))
         for (auto [raster, swizzle] : rasters_for(req, layout)) {
           Candidate c;
           c.schedule = schedule_for(req, tile, req.sms - reserve, raster, swizzle);

@@ -28,7 +28,12 @@
 namespace flashoverlap::plan {
 
 inline constexpr TileShape kTileCandidates[] = {{128, 256}, {128, 128}};
-inline constexpr int32_t kReserveCandidates[] = {8, 16, 24, 32};  // 0 = the sequential fallback
+// SMs left to NCCL that the search tries (0 is the sequential fallback), plus,
+// for each wave count w, the largest reserve that still fits the tiles in w
+// waves (sms - ceil(tiles / w)) within [kMinReserve, kMaxReserve]: among
+// reserves with the same waves it gives NCCL the most SMs for the same GEMM.
+inline constexpr int32_t kReserveCandidates[] = {8, 16, 24, 32};
+inline constexpr int32_t kMinReserve = 2, kMaxReserve = 40;
 // Above this many waves the DP runs on runs of ceil(T/kMaxSearchWaves) waves.
 inline constexpr int32_t kMaxSearchWaves = 512;
 // ReduceScatter: standard layout unless predicted slower than sub-tile by more.
@@ -41,7 +46,7 @@ struct PlanRequest {
   DType dtype = DType::BF16;
   std::optional<TileShape> tile;        // unset: try kTileCandidates
   int32_t sms = 132;
-  int32_t reserve_sms = -1;             // SMs left to NCCL; -1: try kReserveCandidates
+  int32_t reserve_sms = -1;             // SMs left to NCCL; -1: search (see kReserveCandidates)
   std::optional<Raster> raster;         // unset: AlongN (and, for the standard
   int32_t swizzle = 0;                  //   ReduceScatter layout, AlongM/1); 0: default_swizzle
   std::optional<BandwidthCurve> curve;  // unset: BandwidthCurve::builtin_h200(op)
