@@ -1,6 +1,7 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -199,6 +200,98 @@ std::string layout_note(const Plan& p) {
          ") of every tile row; not the standard row blocks)";
 }
 
+struct Baseline {
+  TileShape tile;
+  double gemm_ms = INFINITY, comm_ms = 0;
+};
+
+// Sequential: the fastest tile on every SM, then one call on all of C.
+Baseline sequential_baseline(const PlanRequest& req, const CommModel& comm, const std::vector<TileShape>& tiles) {
+  Baseline b{tiles.front()};
+  b.comm_ms = comm.ms(baseline_bytes(req), 0);
+  for (TileShape t : tiles) {
+    const int32_t waves = schedule_for(req, t, req.sms, Raster::AlongN, 0).waves();
+    const double gemm = req.measured_wave_ms.empty()
+                            ? req.gemm.wave_ms(t, req.k) * waves
+                            : std::accumulate(req.measured_wave_ms.begin(), req.measured_wave_ms.end(), 0.0) /
+                                  double(req.measured_wave_ms.size()) * waves;
+    if (gemm < b.gemm_ms) b = {t, gemm, b.comm_ms};
+  }
+  return b;
+}
+
+// The best overlap candidate per ReduceScatter layout (index: RsLayout; the
+// other collectives use SubTile's). Throws when there is none.
+std::array<std::optional<Candidate>, 2> best_candidates(const PlanRequest& req, const CommModel& comm,
+                                                        const std::vector<TileShape>& tiles) {
+  std::array<std::optional<Candidate>, 2> best;
+  const int64_t given_waves =
+      req.partition ? std::accumulate(req.partition->begin(), req.partition->end(), int64_t{0}) : 0;
+  std::string mismatch;
+  for (TileShape tile : tiles)
+    for (RsLayout layout : layouts_for(req, tile))
+      for (int32_t reserve : reserves_for(req, tile))
+        for (auto [raster, swizzle] : rasters_for(req, layout)) {
+          Candidate c;
+          c.schedule = schedule_for(req, tile, req.sms - reserve, raster, swizzle);
+          c.reserve = reserve;
+          c.layout = layout;
+          if (req.partition && given_waves != c.schedule.waves()) {
+            if (!mismatch.empty()) mismatch += ", ";
+            mismatch += std::to_string(c.schedule.waves()) + " (" + to_string(tile) + ", " +
+                        std::to_string(reserve) + " reserved)";
+            continue;
+          }
+          c.bytes = make_bytes_fn(req, c.schedule, layout);
+          c.cost = make_cost(req, comm, c.schedule, reserve, layout, c.bytes);
+          c.partition = req.partition ? *req.partition : search(c.cost);
+          c.prediction = predict(c.cost, c.partition);
+          auto& slot = best[size_t(layout)];
+          if (!slot || c.prediction.total_ms < slot->prediction.total_ms) slot = std::move(c);
+        }
+  if (best[0] || best[1]) return best;
+  if (req.partition)
+    throw InvalidArgument("partition " + to_string(*req.partition) + " sums to " + std::to_string(given_waves) +
+                          " waves but the configurations have T = " + mismatch);
+  if (req.rs_layout)
+    require_rs_layout(schedule_for(req, tiles.front(), req.sms, Raster::AlongN, 0), req.world, *req.rs_layout);
+  throw InvalidArgument("reducescatter needs M % world == 0 (standard layout) or tile rows % world == 0 "
+                        "(sub-tile layout): M=" + std::to_string(req.m) + ", world=" + std::to_string(req.world));
+}
+
+void set_sequential(Plan& plan, const PlanRequest& req, const Baseline& base) {
+  plan.sequential = true;
+  plan.reserve_sms = 0;
+  plan.schedule = schedule_for(req, base.tile, req.sms, Raster::AlongN, 0);
+  plan.rs_layout = req.rs_layout.value_or(
+      rs_layout_applies(plan.schedule, req.world, RsLayout::Standard) ? RsLayout::Standard : RsLayout::SubTile);
+  plan.partition = {plan.schedule.waves()};
+  plan.groups = make_groups(plan.schedule, plan.partition);
+  plan.group_bytes = {baseline_bytes(req)};
+  plan.predicted.groups = {{0, base.gemm_ms, base.gemm_ms, base.gemm_ms + base.comm_ms}};
+  plan.predicted.total_ms = base.gemm_ms + base.comm_ms;
+}
+
+void set_overlap(Plan& plan, const PlanRequest& req, const Candidate& c) {
+  plan.reserve_sms = c.reserve;
+  plan.schedule = c.schedule;
+  plan.rs_layout = c.layout;
+  plan.partition = c.partition;
+  plan.groups = make_groups(plan.schedule, plan.partition);
+  for (const Group& g : plan.groups) plan.group_bytes.push_back(c.bytes(g.first_wave, g.end_wave));
+  plan.predicted = c.prediction;
+  if (req.op == Collective::ReduceScatter && plan.rs_layout == RsLayout::Standard) {
+    const WaveCounts counts = rs_standard_counts(plan.schedule, plan.world);
+    for (const Group& g : plan.groups)
+      plan.padding_bytes += double(rs_standard_padding_rows(counts, g.first_wave, g.end_wave)) * plan.schedule.bn *
+                            element_bytes(req.dtype);
+  }
+  if (plan.schedule.waves() > kMaxSearchWaves && !req.partition)
+    plan.notes.push_back("search over runs of " +
+                         std::to_string((plan.schedule.waves() + kMaxSearchWaves - 1) / kMaxSearchWaves) +
+                         " waves (T > " + std::to_string(kMaxSearchWaves) + ")");
+}
+
 }  // namespace
 
 Plan make_plan(const PlanRequest& req) {
@@ -210,110 +303,36 @@ Plan make_plan(const PlanRequest& req) {
   const CommModel comm(curve, req.world, req.comm_saturating_ctas);
   if (req.partition)  // entries only: which T it must sum to depends on the configuration
     validate_partition(*req.partition, std::accumulate(req.partition->begin(), req.partition->end(), 0));
-  std::vector<TileShape> tiles = req.tile ? std::vector<TileShape>{*req.tile}
-                                          : std::vector<TileShape>(std::begin(kTileCandidates), std::end(kTileCandidates));
+  const std::vector<TileShape> tiles =
+      req.tile ? std::vector<TileShape>{*req.tile}
+               : std::vector<TileShape>(std::begin(kTileCandidates), std::end(kTileCandidates));
 
-  // The sequential baseline: the fastest tile on every SM, then one call on C.
-  Plan plan;
-  TileShape base_tile = tiles.front();
-  plan.baseline_gemm_ms = INFINITY;
-  plan.baseline_comm_ms = comm.ms(baseline_bytes(req), 0);
-  for (TileShape t : tiles) {
-    const Schedule full = schedule_for(req, t, req.sms, Raster::AlongN, 0);
-    const double gemm = req.measured_wave_ms.empty()
-                            ? req.gemm.wave_ms(t, req.k) * full.waves()
-                            : std::accumulate(req.measured_wave_ms.begin(), req.measured_wave_ms.end(), 0.0) /
-                                  double(req.measured_wave_ms.size()) * full.waves();
-    if (gemm < plan.baseline_gemm_ms) plan.baseline_gemm_ms = gemm, base_tile = t;
-  }
-
-  // Overlap candidates; the best per ReduceScatter layout.
-  std::optional<Candidate> best[2];
-  std::string mismatch;
-  for (TileShape tile : tiles)
-    for (RsLayout layout : layouts_for(req, tile))
-      for (int32_t reserve : reserves_for(req, tile))
-        for (auto [raster, swizzle] : rasters_for(req, layout)) {
-          Candidate c;
-          c.schedule = schedule_for(req, tile, req.sms - reserve, raster, swizzle);
-          c.reserve = reserve;
-          c.layout = layout;
-          if (req.partition) {
-            const int64_t sum = std::accumulate(req.partition->begin(), req.partition->end(), int64_t{0});
-            if (sum != c.schedule.waves()) {
-              mismatch += (mismatch.empty() ? "" : ", ") + std::to_string(c.schedule.waves()) + " (" + to_string(tile) +
-                          ", " + std::to_string(reserve) + " reserved)";
-              continue;
-            }
-          }
-          c.bytes = make_bytes_fn(req, c.schedule, layout);
-          c.cost = make_cost(req, comm, c.schedule, reserve, layout, c.bytes);
-          c.partition = req.partition ? *req.partition : search(c.cost);
-          c.prediction = predict(c.cost, c.partition);
-          auto& slot = best[int(layout)];
-          if (!slot || c.prediction.total_ms < slot->prediction.total_ms) slot = std::move(c);
-        }
-  if (req.partition && !best[0] && !best[1]) {
-    throw InvalidArgument("partition " + to_string(*req.partition) + " sums to " +
-                          std::to_string(std::accumulate(req.partition->begin(), req.partition->end(), 0)) +
-                          " waves but the configurations have T = " + mismatch);
-  }
-  if (!best[0] && !best[1]) {
-    if (req.rs_layout) require_rs_layout(schedule_for(req, tiles.front(), req.sms, Raster::AlongN, 0), req.world,
-                                         *req.rs_layout);
-    throw InvalidArgument("reducescatter needs M % world == 0 (standard layout) or tile rows % world == 0 "
-                          "(sub-tile layout): M=" + std::to_string(req.m) + ", world=" + std::to_string(req.world));
-  }
+  const Baseline base = sequential_baseline(req, comm, tiles);
+  const auto best = best_candidates(req, comm, tiles);
   const bool standard = best[1] && (!best[0] || best[1]->prediction.total_ms <=
                                                     best[0]->prediction.total_ms * (1 + kStandardLayoutTolerance));
   const Candidate& chosen = *best[standard ? 1 : 0];
 
+  Plan plan;
   plan.op = req.op;
   plan.dtype = req.dtype;
   plan.world = req.world;
   plan.k = req.k;
   plan.sms = req.sms;
+  plan.baseline_gemm_ms = base.gemm_ms;
+  plan.baseline_comm_ms = base.comm_ms;
   plan.notes.push_back(req.measured_wave_ms.empty()
                            ? "GEMM model: " + fmt(req.gemm.peak_tflops, 0) + " TFLOP/s over " +
                                  std::to_string(req.gemm.peak_sms) + " SMs (128x128 tiles at 0.92), x" +
                                  fmt(req.gemm.slowdown, 2) + " while NCCL runs"
                            : "GEMM model: measured wave times, x" + fmt(req.gemm.slowdown, 2) + " while NCCL runs");
   plan.notes.push_back("comm model: " + comm.describe());
-  const double best_overlap = chosen.prediction.total_ms;
-  if (!req.partition && best_overlap > plan.baseline_ms() * (1 - req.min_gain)) {
-    plan.sequential = true;
-    plan.reserve_sms = 0;
-    plan.schedule = schedule_for(req, base_tile, req.sms, Raster::AlongN, 0);
-    plan.rs_layout = req.rs_layout.value_or(rs_layout_applies(plan.schedule, req.world, RsLayout::Standard)
-                                                ? RsLayout::Standard : RsLayout::SubTile);
-    plan.partition = {plan.schedule.waves()};
-    plan.groups = make_groups(plan.schedule, plan.partition);
-    plan.group_bytes = {baseline_bytes(req)};
-    plan.predicted.groups = {{0, plan.baseline_gemm_ms, plan.baseline_gemm_ms, plan.baseline_ms()}};
-    plan.predicted.total_ms = plan.baseline_ms();
-    plan.notes.push_back("sequential: the best overlap (" + fmt(best_overlap) + " ms) is not " +
+  if (!req.partition && chosen.prediction.total_ms > plan.baseline_ms() * (1 - req.min_gain)) {
+    set_sequential(plan, req, base);
+    plan.notes.push_back("sequential: the best overlap (" + fmt(chosen.prediction.total_ms) + " ms) is not " +
                          fmt(100 * req.min_gain, 0) + "% faster than GEMM then one call");
   } else {
-    plan.reserve_sms = chosen.reserve;
-    plan.schedule = chosen.schedule;
-    plan.rs_layout = chosen.layout;
-    plan.partition = chosen.partition;
-    plan.groups = make_groups(plan.schedule, plan.partition);
-    for (const Group& g : plan.groups) plan.group_bytes.push_back(chosen.bytes(g.first_wave, g.end_wave));
-    plan.predicted = chosen.prediction;
-    if (req.op == Collective::ReduceScatter && plan.rs_layout == RsLayout::Standard) {
-      const WaveCounts counts = rs_standard_counts(plan.schedule, plan.world);
-      for (const Group& g : plan.groups) {
-        int64_t data = 0;
-        for (int32_t d = 0; d < plan.world; ++d) data += counts.sum(g.first_wave, g.end_wave, d);
-        plan.padding_bytes += double(rs_standard_padded_rows(counts, g.first_wave, g.end_wave) - data) *
-                              plan.schedule.bn * element_bytes(req.dtype);
-      }
-    }
-    if (plan.schedule.waves() > kMaxSearchWaves && !req.partition)
-      plan.notes.push_back("search over runs of " +
-                           std::to_string((plan.schedule.waves() + kMaxSearchWaves - 1) / kMaxSearchWaves) +
-                           " waves (T > " + std::to_string(kMaxSearchWaves) + ")");
+    set_overlap(plan, req, chosen);
   }
   if (req.op == Collective::ReduceScatter) {
     plan.notes.push_back(layout_note(plan));

@@ -47,6 +47,12 @@ int64_t rs_standard_padded_rows(const WaveCounts& counts, int32_t w0, int32_t w1
   return most * counts.bins();
 }
 
+int64_t rs_standard_padding_rows(const WaveCounts& counts, int32_t w0, int32_t w1) {
+  int64_t padding = rs_standard_padded_rows(counts, w0, w1);
+  for (int32_t d = 0; d < counts.bins(); ++d) padding -= counts.sum(w0, w1, d);
+  return padding;
+}
+
 namespace {
 
 SlotMap subtile_map(const Schedule& s, const std::vector<Group>& groups, int32_t world, int32_t rank) {
@@ -94,9 +100,7 @@ SlotMap standard_map(const Schedule& s, const std::vector<Group>& groups, int32_
         [&](int32_t, int32_t, TileCoord t, int32_t r, int64_t slot) {
           map.target_of_slot[size_t(slot)] = SlotTarget{t.tm * s.bm + r - rank * R, t.tn};
         });
-    int64_t data = 0;
-    for (int32_t d = 0; d < world; ++d) data += counts.sum(g.first_wave, g.end_wave, d);
-    map.padding_rows += padded - data;
+    map.padding_rows += rs_standard_padding_rows(counts, g.first_wave, g.end_wave);
     map.groups.push_back(GroupCall{g.first_tile, g.end_tile, Span{send0 * s.bn, padded * s.bn},
                                    Span{recv0 * s.bn, part * s.bn}, {}, {}});
     map.send_rows += padded;

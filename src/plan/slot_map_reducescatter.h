@@ -54,8 +54,10 @@ void require_rs_layout(const Schedule& s, int32_t world, RsLayout l);
 // Rows per destination rank of each group under the standard layout:
 // counts.sum(w0, w1, d) = slot rows the tiles of waves [w0, w1) send to rank d.
 WaveCounts rs_standard_counts(const Schedule& s, int32_t world);
-// Send slot rows of a standard-layout group: world * max_d rows (with padding).
+// Send slot rows of a standard-layout group: world * max_d rows (with padding),
+// and how many of them are padding.
 int64_t rs_standard_padded_rows(const WaveCounts& counts, int32_t w0, int32_t w1);
+int64_t rs_standard_padding_rows(const WaveCounts& counts, int32_t w0, int32_t w1);
 
 SlotMap make_reducescatter_map(const Schedule& s, const std::vector<Group>& groups,
                                int32_t world, int32_t rank, RsLayout layout);
