@@ -1,5 +1,7 @@
 #include "plan/slot_map.h"
 
+#include <algorithm>
+#include <limits>
 #include <string>
 
 #include "flashoverlap/error.h"
@@ -31,7 +33,11 @@ ScatterTables scatter_tables(const SlotMap& map) {
   return t;
 }
 
-void build_output_inverse(SlotMap& map) {
+void finish_slot_map(SlotMap& map) {
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+  if (map.send_rows > kMaxRows || map.recv_rows > kMaxRows || map.out_rows > kMaxRows)
+    throw InvalidArgument("slot map: " + std::to_string(std::max(map.send_rows, map.recv_rows)) +
+                          " slot rows exceed int32 row indices (rank " + std::to_string(map.rank) + ")");
   map.slot_of_out.assign(size_t(map.out_rows) * map.tiles_n, -1);
   int64_t filled = 0;
   for (size_t slot = 0; slot < map.target_of_slot.size(); ++slot) {

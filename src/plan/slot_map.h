@@ -70,9 +70,11 @@ struct SlotMap {
   int64_t recv_elements() const { return recv_rows * bn; }
 };
 
-// Fills map.slot_of_out from map.target_of_slot (out_rows, tiles_n set).
-// Throws Error if the targets are not a bijection onto out_rows x tiles_n.
-void build_output_inverse(SlotMap& map);
+// The builders' last step: throws InvalidArgument when a buffer has more slot
+// rows than int32 row indices address (e.g. skewed All-to-All receivers), then
+// fills slot_of_out from target_of_slot; throws Error if the targets are not
+// a bijection onto out_rows x tiles_n.
+void finish_slot_map(SlotMap& map);
 
 // The same inverse as the per-slot tables of kernels::scatter_slot_rows:
 // dst_row[s] (-1: skip) and dst_col[s] = first output column, per receive slot row.

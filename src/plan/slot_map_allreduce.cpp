@@ -22,7 +22,7 @@ SlotMap make_allreduce_map(const Schedule& s, const std::vector<Group>& groups, 
     const Span span{g.first_tile * tile_elems, g.tiles() * tile_elems};
     map.groups.push_back(GroupCall{g.first_tile, g.end_tile, span, span, {}, {}});
   }
-  build_output_inverse(map);
+  finish_slot_map(map);
   return map;
 }
 

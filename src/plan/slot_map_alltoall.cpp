@@ -70,7 +70,7 @@ SlotMap make_alltoall_map(const Schedule& s, const std::vector<Group>& groups, c
     call.recv.count = map.recv_rows * s.bn - call.recv.offset;
     map.groups.push_back(std::move(call));
   }
-  build_output_inverse(map);
+  finish_slot_map(map);
   return map;
 }
 

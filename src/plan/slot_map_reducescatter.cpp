@@ -117,7 +117,7 @@ SlotMap make_reducescatter_map(const Schedule& s, const std::vector<Group>& grou
   require_rs_layout(s, world, layout);
   SlotMap map = layout == RsLayout::SubTile ? subtile_map(s, groups, world, rank)
                                             : standard_map(s, groups, world, rank);
-  build_output_inverse(map);
+  finish_slot_map(map);
   return map;
 }
 
