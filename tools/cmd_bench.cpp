@@ -45,6 +45,7 @@ struct Options {
   int reserve_sms = -1;
   std::string partition;
   std::string wait = "spin";
+  std::string layout = "auto";
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false;
   int warmup = 5, iters = 20, nproc = 0;
@@ -129,74 +130,6 @@ struct Context {
   }
 };
 
-// Plan the overlap for this shape on this machine: GEMM measured per
-// candidate grid, AllReduce curves measured per NCCL CTA budget, both the
-// max over ranks so that every rank derives the same plan.
-plan::Plan plan_allreduce(Context& cx, const Options& o, int64_t m, int64_t n, int64_t k, const void* a,
-                          const void* b, void* scratch, double seq_pred_ms) {
-  std::vector<plan::TileShape> tiles;
-  if (o.tile == "auto") tiles = {{128, 256}, {128, 128}};
-  else tiles = {plan::parse_tile(o.tile)};
-  // Reserves that leave no idle CTA in the last wave: for each wave count w,
-  // the smallest grid that covers the tiles in w waves (SMs - ceil(tiles/w)),
-  // keeping 2..40 SMs for NCCL.
-  auto reserves_for = [&](plan::TileShape t) {
-    std::vector<int> r;
-    if (o.reserve_sms >= 0) return std::vector<int>{o.reserve_sms};
-    const int64_t tiles = ((m + t.bm - 1) / t.bm) * ((n + t.bn - 1) / t.bn);
-    for (int64_t w = 1; w <= tiles; ++w) {
-      const int64_t res = cx.info.sms - (tiles + w - 1) / w;
-      if (res > 40) break;
-      if (res >= 2 && (r.empty() || r.back() != res)) r.push_back(int(res));
-    }
-    if (r.empty()) r = {8, 16};
-    if (r.size() > 4) r.resize(4);
-    return r;
-  };
-
-  std::vector<double> gemm_ms;  // per (tile, reserve), max over ranks
-  for (auto t : tiles)
-    for (int r : reserves_for(t)) {
-      const plan::Schedule s = plan::make_schedule(m, n, t, cx.info.sms - r, plan::Raster::AlongN,
-                                                   plan::default_swizzle(cx.info.sms - r, t, int32_t((m + t.bm - 1) / t.bm)));
-      gemm_ms.push_back(rt::measure_gemm_ms(s, int(k), cx.dtype, a, b, scratch, cx.stream, 10));
-    }
-  gemm_ms = rt::max_over_ranks(*cx.rv, gemm_ms);
-
-  std::optional<plan::Plan> best;
-  size_t i = 0;
-  for (auto t : tiles)
-    for (int r : reserves_for(t)) {
-      plan::PlanRequest req;
-      req.op = plan::Collective::AllReduce;
-      req.m = m, req.n = n, req.k = k, req.world = cx.rv->world();
-      req.dtype = o.dtype == "fp16" ? plan::DType::FP16 : plan::DType::BF16;
-      req.tile = t;
-      req.sms = cx.info.sms;
-      req.reserve_sms = r;
-      req.curve = cx.curve_for(r);
-      req.comm_saturating_ctas = r;  // the curve was measured with r CTAs: no further scaling
-      const plan::Schedule s = plan::make_schedule(m, n, t, cx.info.sms - r, plan::Raster::AlongN, 1);
-      req.measured_wave_ms.assign(s.waves(), gemm_ms[i++] / s.waves());
-      if (!o.partition.empty()) req.partition = plan::parse_partition(o.partition);
-      req.min_gain = 0;
-      try {
-        plan::Plan p = plan::make_plan(req);
-        if (!best || p.predicted.total_ms < best->predicted.total_ms) best = std::move(p);
-      } catch (const InvalidArgument&) {
-        if (o.partition.empty()) throw;  // a given partition fits only some grids
-      }
-    }
-  if (!best) throw InvalidArgument("partition " + o.partition + " fits none of the candidate grids");
-  // Never slower than sequential: keep the overlap only if predicted faster.
-  if (o.partition.empty() && best->predicted.total_ms >= seq_pred_ms * 0.99) {
-    best->sequential = true;
-    best->partition = {best->schedule.waves()};
-    best->groups = plan::make_groups(best->schedule, best->partition);
-  }
-  return *best;
-}
-
 ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K) {
   const int m = int(M), n = int(N), k = int(K), rank = cx.rv->rank(), world = cx.rv->world();
   const auto dt = cx.dtype;
@@ -226,19 +159,22 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   comp = rt::max_over_ranks(*cx.rv, comp);
   res.gemm_ms = comp[0], res.comm_ms = comp[1], res.ideal_ms = std::max(comp[0], comp[1]);
 
-  const plan::Plan plan = plan_allreduce(cx, o, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
-  res.predicted_ms = plan.predicted.total_ms;
+  rt::AllReduceTuning tuning;
+  tuning.rv = cx.rv.get(), tuning.sms = cx.info.sms, tuning.dtype = dt, tuning.stream = cx.stream;
+  tuning.curve_for = [&cx](int ctas) -> const plan::BandwidthCurve& { return cx.curve_for(ctas); };
+  if (o.tile != "auto") tuning.tiles = {plan::parse_tile(o.tile)};
+  tuning.reserve = o.reserve_sms;
+  if (o.layout == "rows") tuning.layouts = {rt::ArLayout::RowBands};
+  if (o.layout == "slots") tuning.layouts = {rt::ArLayout::Slots};
+  tuning.group_sizes = o.partition;
+  const rt::AllReducePlan plan = rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
+  res.predicted_ms = plan.predicted_ms;
   rt::OverlapAllReduceOptions fo;
-  fo.sched = plan.schedule, fo.partition = plan.partition, fo.k = k, fo.dtype = dt, fo.rank = rank;
-  fo.comm = cx.comm_for(plan.reserve_sms);
+  fo.sched = plan.sched, fo.groups = plan.groups, fo.layout = plan.layout, fo.k = k, fo.dtype = dt, fo.rank = rank;
+  fo.comm = cx.comm_for(plan.reserve);
   fo.tail_comm = base;
   fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
   fo.trace = o.trace;
-  if (plan.sequential) {  // the fallback runs our GEMM on the full grid
-    fo.sched = plan::make_schedule(M, N, plan::TileShape{plan.schedule.bm, plan.schedule.bn}, cx.info.sms,
-                                   plan::Raster::AlongN, plan.schedule.swizzle);
-    fo.partition = {fo.sched.waves()};
-  }
   rt::OverlapAllReduce op(fo);
   plan::Schedule full = plan::make_schedule(M, N, {128, 256}, cx.info.sms, plan::Raster::AlongN,
                                             plan::default_swizzle(cx.info.sms, {128, 256}, int32_t((M + 127) / 128)));
@@ -291,7 +227,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
        << tl.gemm_end << " (alone on " << op.schedule().ctas << " CTAs: "
        << rt::measure_gemm_ms(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 10) << ")";
     for (size_t g = 0; g < tl.comm_end.size(); ++g)
-      tr << "\n    group " << g << " (" << op.partition()[g] << " waves): wait done " << tl.wait_end[g]
+      tr << "\n    group " << g << " (tiles " << op.groups()[g].first_tile << "-" << op.groups()[g].end_tile
+         << "): wait done " << tl.wait_end[g]
          << ", AllReduce done " << tl.comm_end[g];
     res.trace = tr.str();
   }
@@ -304,10 +241,11 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   res.rows.push_back({"decomposition", ms[best_dec], std::to_string(decs[best_dec - 2]->chunks()) + " chunks",
                       "best of " + o.decomp + " chunks"});
   std::ostringstream cfg;
-  cfg << plan.schedule.bm << "x" << plan.schedule.bn << ", " << op.schedule().ctas << " CTAs, NCCL "
-      << (plan.sequential ? "default" : std::to_string(plan.reserve_sms)) << " CTAs"
-      << (plan.sequential ? ", sequential fallback" : "") << ", wait " << o.wait;
-  res.rows.push_back({"flashoverlap", ms.back(), plan::to_string(op.partition()), cfg.str()});
+  cfg << op.schedule().bm << "x" << op.schedule().bn << ", " << op.schedule().ctas << " CTAs, swizzle "
+      << op.schedule().swizzle << ", NCCL " << (plan.sequential ? "default" : std::to_string(plan.reserve)) << " CTAs"
+      << (plan.sequential ? ", sequential fallback" : op.layout() == rt::ArLayout::Slots ? ", slots" : ", row bands")
+      << ", wait " << o.wait;
+  res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
   if (o.rmsnorm) {  // GEMM -> AllReduce -> RMSNorm against the fused path
     rt::DeviceBuffer residual(c_bytes), weight(size_t(N) * 2), y_ref(c_bytes), y_fo(c_bytes);
@@ -331,7 +269,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     if (world == 2 && rb[0] != 0) throw Error("fused RMSNorm differs from GEMM -> AllReduce -> RMSNorm");
     std::vector<double> rms = rt::max_over_ranks(*cx.rv, {t(unfused), t(fused)});
     res.rows.push_back({"sequential+rmsnorm", rms[0], "1", "cuBLAS + NCCL + RMSNorm"});
-    res.rows.push_back({"flashoverlap+rmsnorm", rms[1], plan::to_string(op.partition()), cfg.str() + ", fused"});
+    res.rows.push_back({"flashoverlap+rmsnorm", rms[1], op.describe_groups(), cfg.str() + ", fused"});
   }
   return res;
 }
@@ -342,6 +280,8 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
+  if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots")
+    throw InvalidArgument("--layout must be auto, rows or slots");
   const auto shapes = shapes_of(o);
   const int gpus = rt::hopper_device_count();
   if (gpus < 1) {
@@ -436,7 +376,10 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--tile", o->tile, "auto, 128x256 or 128x128")->capture_default_str();
   cmd->add_option("--reserve-sms", o->reserve_sms, "SMs left to NCCL (-1: tuned)")->capture_default_str();
-  cmd->add_option("--partition", o->partition, "Wave groups, e.g. 2,3,3 (default: planned)");
+  cmd->add_option("--partition", o->partition,
+                  "Group sizes, e.g. 2,3,3: waves (slots layout) or row bands (rows layout); default: planned");
+  cmd->add_option("--layout", o->layout, "auto, rows (AllReduce in place on C's row bands) or slots (tile slots + "
+                                         "post-reorder)")->capture_default_str();
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();
   cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");

@@ -127,10 +127,10 @@ int run(const Options& o) {
           s.m = sh.m, s.n = sh.n, s.bm = 128, s.bn = bn, s.ctas = sms, s.raster = plan::Raster::AlongN, s.swizzle = 8;
           const int tiles_total = s.tiles(), waves = s.waves();
           rt::DeviceBuffer slots(size_t(tiles_total) * 128 * bn * 2), counters(size_t(waves) * 4),
-              gow(size_t(waves) * 4);
-          std::vector<int32_t> group_of_wave(waves);
-          for (int w = 0; w < waves; ++w) group_of_wave[w] = w;  // finest partition: most signals
-          FO_CUDA_CHECK(cudaMemcpy(gow.get(), group_of_wave.data(), gow.bytes(), cudaMemcpyHostToDevice));
+              got(size_t(tiles_total) * 4);
+          std::vector<int32_t> group_of_tile(tiles_total);
+          for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
+          FO_CUDA_CHECK(cudaMemcpy(got.get(), group_of_tile.data(), got.bytes(), cudaMemcpyHostToDevice));
           FO_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
           for (int mode = 0; mode < 2; ++mode) {
             if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal)) continue;
@@ -140,7 +140,7 @@ int run(const Options& o) {
               p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = sh.n;
             } else {
               p.store = kernels::Store::SlotTiles, p.slots = slots.get(), p.slot_rows = int64_t(tiles_total) * 128;
-              p.counters = counters.as<uint32_t>(), p.group_of_wave = gow.as<int32_t>();
+              p.counters = counters.as<uint32_t>(), p.group_of_tile = got.as<int32_t>();
             }
             double rel = -1;
             if (mode == 0) {  // correctness first: poisoned output vs cuBLAS

@@ -13,7 +13,7 @@
 //             [rows x bn] buffer, -1 = not stored (ReduceScatter, All-to-All)
 // With `counters` set, each tile, once its data is complete in global memory,
 // adds kSignalsPerTile (one per consumer warpgroup, each after its own half)
-// to counters[group_of_wave[round]] with release semantics at GPU scope.
+// to counters[group_of_tile[idx]] with release semantics at GPU scope.
 // Counters are never reset: call n of a group of t tiles waits for
 // counter >= n * t * kSignalsPerTile (cyclic compare).
 #pragma once
@@ -46,7 +46,7 @@ struct GemmParams {
   const int32_t* row_of = nullptr;  // SlotRows: [tiles * bm]
 
   uint32_t* counters = nullptr;        // non-null: signal each group
-  const int32_t* group_of_wave = nullptr;  // [waves] -> counter index
+  const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
 };

@@ -100,7 +100,7 @@ void check_gemm_params(const GemmParams& p) {
     default:
       fail("unknown store mode");
   }
-  if (p.counters && !p.group_of_wave) fail("signalling needs group_of_wave");
+  if (p.counters && !p.group_of_tile) fail("signalling needs group_of_tile");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
 }
 
@@ -125,7 +125,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.k_blocks = (p.k + 63) / 64;
   kp.store = static_cast<int32_t>(p.store);
   kp.counters = p.counters;
-  kp.group_of_wave = p.group_of_wave;
+  kp.group_of_tile = p.group_of_tile;
   kp.monitor_ns = p.monitor_ns;
   kp.monitor_sm = p.monitor_sm;
   CUtensorMap mc{};

@@ -33,7 +33,7 @@ struct GemmKernelParams {
   int64_t ld_out;          // elements per output row
   const int32_t* row_of;   // SlotRows
   uint32_t* counters;
-  const int32_t* group_of_wave;
+  const int32_t* group_of_tile;
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
 };
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (p.counters || p.monitor_ns) {
           ptx::tma_store_wait_all();        // the tile is complete in global memory,
           ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
-          if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_wave[p.sched.round_of(idx)], 2);
+          if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_tile[idx], 2);
           if (p.monitor_ns) {
             const uint64_t now = ptx::globaltimer_ns();
             p.monitor_ns[int64_t(idx) * 2] = now;
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       __threadfence();
       ptx::named_barrier_sync(1 + cw, 128);
       if (tid == 0) {
-        if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_wave[p.sched.round_of(idx)], 1);
+        if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_tile[idx], 1);
         if (p.monitor_ns) {
           p.monitor_ns[int64_t(idx) * 2 + cw] = ptx::globaltimer_ns();
           if (cw == 0) p.monitor_sm[idx] = ptx::smid();

@@ -28,25 +28,60 @@ PFN_cuStreamWaitValue32_v11070 stream_wait_fn() {
 
 }  // namespace
 
+int band_count(const plan::Schedule& s) { return (s.tiles_m() + s.swizzle - 1) / s.swizzle; }
+
+std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<int>& band_counts) {
+  if (s.raster != plan::Raster::AlongN) throw InvalidArgument("row-band groups need the AlongN raster");
+  const int bands = band_count(s), band_tiles = s.swizzle * s.tiles_n();
+  std::vector<plan::Group> out;
+  int b = 0;
+  for (int c : band_counts) {
+    if (c < 1) throw InvalidArgument("row-band groups: a group of " + std::to_string(c) + " bands");
+    plan::Group g;
+    g.first_tile = b * band_tiles;
+    b += c;
+    g.end_tile = std::min(b * band_tiles, s.tiles());
+    g.first_wave = s.round_of(g.first_tile);
+    g.end_wave = s.round_of(g.end_tile - 1) + 1;
+    out.push_back(g);
+  }
+  if (b != bands)
+    throw InvalidArgument("row-band groups cover " + std::to_string(b) + " bands, the schedule has " +
+                          std::to_string(bands));
+  return out;
+}
+
 OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts) {
   const plan::Schedule& s = opts_.sched;
   if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
   if (!kernels::tile_supported(s.bm, s.bn))
     throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
-  plan::validate_partition(opts_.partition, s.waves());
-  groups_ = plan::make_groups(s, opts_.partition);
-  for (const auto& g : groups_) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
+  auto& groups = opts_.groups;
+  if (groups.empty()) throw InvalidArgument("OverlapAllReduce: no groups");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const int expect = g == 0 ? 0 : groups[g - 1].end_tile;
+    if (groups[g].first_tile != expect || groups[g].end_tile <= groups[g].first_tile)
+      throw InvalidArgument("OverlapAllReduce: groups must be consecutive non-empty tile ranges (group " +
+                            std::to_string(g) + ")");
+    if (opts_.layout == ArLayout::RowBands && groups[g].first_tile % s.tiles_n() != 0)
+      throw InvalidArgument("OverlapAllReduce: row-band group " + std::to_string(g) + " does not start a tile row");
+  }
+  if (groups.back().end_tile != s.tiles()) throw InvalidArgument("OverlapAllReduce: groups do not cover all tiles");
+  if (opts_.layout == ArLayout::RowBands && (s.raster != plan::Raster::AlongN))
+    throw InvalidArgument("OverlapAllReduce: row-band groups need the AlongN raster");
+  for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
 
   kernels::preload_kernels();  // before any wait is enqueued (DESIGN.md section 5)
-  slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
-  counters_ = DeviceBuffer((groups_.size() + 1) * sizeof(uint32_t));  // +1: the fault-injection sink
+  // Slots: the tile buffer; RowBands: row-major scratch for strided outputs and RMSNorm.
+  slots_ = DeviceBuffer(opts_.layout == ArLayout::Slots ? size_t(s.tiles()) * s.bm * s.bn * 2 : size_t(s.m) * s.n * 2);
+  counters_ = DeviceBuffer((groups.size() + 1) * sizeof(uint32_t));  // +1: the fault-injection sink
   FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
-  std::vector<int32_t> gow(s.waves());
-  for (size_t g = 0; g < groups_.size(); ++g)
-    for (int w = groups_[g].first_wave; w < groups_[g].end_wave; ++w)
-      gow[w] = int(g) == opts_.fault_drop_group ? int32_t(groups_.size()) : int32_t(g);
-  group_of_wave_ = DeviceBuffer(gow.size() * sizeof(int32_t));
-  FO_CUDA_CHECK(cudaMemcpy(group_of_wave_.get(), gow.data(), group_of_wave_.bytes(), cudaMemcpyHostToDevice));
+  std::vector<int32_t> got(s.tiles());
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t)
+      got[t] = int(g) == opts_.fault_drop_group ? int32_t(groups.size()) : int32_t(g);
+  group_of_tile_ = DeviceBuffer(got.size() * sizeof(int32_t));
+  FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
 
   FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
   *wait_error_ = kernels::WaitError{};
@@ -57,10 +92,35 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
   if (opts_.wait == WaitMode::StreamWaitOp) stream_wait_fn();
   if (opts_.trace) {
-    trace_.resize(2 + 2 * groups_.size());
+    trace_.resize(2 + 2 * groups.size());
     for (auto& e : trace_) FO_CUDA_CHECK(cudaEventCreate(&e));
   }
   FO_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::pair<int64_t, int64_t> OverlapAllReduce::group_elements(size_t g) const {
+  const plan::Schedule& s = opts_.sched;
+  const plan::Group& gr = opts_.groups[g];
+  if (opts_.layout == ArLayout::Slots) {
+    const int64_t tile = int64_t(s.bm) * s.bn;
+    return {gr.first_tile * tile, int64_t(gr.tiles()) * tile};
+  }
+  const int64_t r0 = int64_t(gr.first_tile / s.tiles_n()) * s.bm;
+  const int64_t r1 = std::min<int64_t>(int64_t(gr.end_tile / s.tiles_n()) * s.bm, s.m);
+  return {r0 * s.n, (r1 - r0) * s.n};
+}
+
+std::string OverlapAllReduce::describe_groups() const {
+  const plan::Schedule& s = opts_.sched;
+  std::string out = opts_.layout == ArLayout::Slots ? "waves " : "bands ";
+  for (size_t g = 0; g < opts_.groups.size(); ++g) {
+    const auto& gr = opts_.groups[g];
+    const int size = opts_.layout == ArLayout::Slots
+                         ? gr.end_wave - gr.first_wave
+                         : (gr.end_tile - gr.first_tile + s.swizzle * s.tiles_n() - 1) / (s.swizzle * s.tiles_n());
+    out += (g ? "," : "") + std::to_string(size);
+  }
+  return out;
 }
 
 OverlapAllReduce::~OverlapAllReduce() {
@@ -72,7 +132,7 @@ OverlapAllReduce::~OverlapAllReduce() {
   if (wait_error_) cudaFreeHost(wait_error_);
 }
 
-void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, cudaStream_t stream) {
+void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   ++epoch_;
   // The comm stream starts no earlier than the GEMM, so its waiters never sit
@@ -82,14 +142,19 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, cudaStre
 
   kernels::GemmParams p;
   p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
-  p.store = kernels::Store::SlotTiles, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
-  p.counters = counters_.as<uint32_t>(), p.group_of_wave = group_of_wave_.as<int32_t>();
+  if (opts_.layout == ArLayout::Slots) {
+    p.store = kernels::Store::SlotTiles, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
+  } else {
+    p.store = kernels::Store::Plain, p.c = c, p.ldc = s.n;
+  }
+  p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
 
-  const int64_t tile_elems = int64_t(s.bm) * s.bn;
-  for (size_t g = 0; g < groups_.size(); ++g) {
+  char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_.get() : c);
+  const size_t groups = opts_.groups.size();
+  for (size_t g = 0; g < groups; ++g) {
     const uint32_t target = epoch_ * target_[g];  // wraps; the compare is cyclic
     uint32_t* counter = counters_.as<uint32_t>() + g;
     if (opts_.wait == WaitMode::SpinKernel) {
@@ -101,10 +166,10 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, cudaStre
       if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
     }
     if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream_));
-    void* data = static_cast<char*>(slots_.get()) + int64_t(groups_[g].first_tile) * tile_elems * 2;
-    const ncclComm_t comm = (g + 1 == groups_.size() && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
-    FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(groups_[g].tiles()) * tile_elems, nccl_type(opts_.dtype),
-                                    ncclSum, comm, comm_stream_),
+    const auto [offset, count] = group_elements(g);
+    void* data = base + offset * 2;
+    const ncclComm_t comm = (g + 1 == groups && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
+    FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(count), nccl_type(opts_.dtype), ncclSum, comm, comm_stream_),
                       "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g));
     if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
   }
@@ -121,19 +186,23 @@ void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, c
 void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
-  if (!sequential()) {
-    enqueue_overlapped(a, b, stream);
+  const bool direct = ld_out == s.n;
+  if (!sequential() && opts_.layout == ArLayout::Slots) {
+    enqueue_overlapped(a, b, nullptr, stream);
     kernels::reorder_tiles_to_rows(opts_.dtype, slots_.get(), s, out, ld_out, stream);
     return;
   }
-  // Sequential fallback: our GEMM, then one AllReduce of the contiguous result.
-  const bool direct = ld_out == s.n;
+  // Row-major C in place: the output itself when it is contiguous.
   void* c = direct ? out : slots_.get();
-  kernels::GemmParams p;
-  p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
-  p.store = kernels::Store::Plain, p.c = c, p.ldc = s.n;
-  kernels::launch_gemm(p, stream);
-  enqueue_sequential_allreduce(c, int64_t(s.m) * s.n, stream);
+  if (!sequential()) {
+    enqueue_overlapped(a, b, c, stream);
+  } else {  // our GEMM, then one AllReduce of the contiguous result
+    kernels::GemmParams p;
+    p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
+    p.store = kernels::Store::Plain, p.c = c, p.ldc = s.n;
+    kernels::launch_gemm(p, stream);
+    enqueue_sequential_allreduce(c, int64_t(s.m) * s.n, stream);
+  }
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, ld_out * 2, c, s.n * 2, s.n * 2, s.m, cudaMemcpyDeviceToDevice, stream));
 }
@@ -142,16 +211,25 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
                                    cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
+  if (opts_.layout == ArLayout::Slots && !sequential()) {
+    enqueue_overlapped(a, b, nullptr, stream);
+    kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), s, norm.residual, norm.weight, norm.eps, out,
+                                 norm.residual_out, stream);
+    return;
+  }
+  // Row-major C in the scratch buffer, then the element-wise step reads it.
   if (!sequential()) {
-    enqueue_overlapped(a, b, stream);
-  } else {  // slots without signals, one AllReduce over them, the same fused reorder
+    enqueue_overlapped(a, b, slots_.get(), stream);
+  } else {
     kernels::GemmParams p;
     p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
-    p.store = kernels::Store::SlotTiles, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
+    p.store = kernels::Store::Plain, p.c = slots_.get(), p.ldc = s.n;
     kernels::launch_gemm(p, stream);
-    enqueue_sequential_allreduce(slots_.get(), int64_t(s.tiles()) * s.bm * s.bn, stream);
+    enqueue_sequential_allreduce(slots_.get(), int64_t(s.m) * s.n, stream);
   }
-  kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), s, norm.residual, norm.weight, norm.eps, out,
+  plan::Schedule whole;  // row-major C as the slot layout of one tile: see add_rmsnorm_rows
+  whole.m = s.m, whole.n = s.n, whole.bm = s.m, whole.bn = s.n, whole.ctas = 1;
+  kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), whole, norm.residual, norm.weight, norm.eps, out,
                                norm.residual_out, stream);
 }
 
@@ -165,7 +243,7 @@ Timeline OverlapAllReduce::timeline() const {
     return double(ms);
   };
   t.gemm_end = at(trace_[1]);
-  for (size_t g = 0; g < groups_.size(); ++g) {
+  for (size_t g = 0; g < opts_.groups.size(); ++g) {
     t.wait_end.push_back(at(trace_[2 + 2 * g]));
     t.comm_end.push_back(at(trace_[3 + 2 * g]));
   }

@@ -7,6 +7,14 @@
 //                  ncclAllReduce(slots of g) in place
 //   caller stream: wait(comm done); post-reorder (plain or + residual + RMSNorm)
 //
+// Two layouts of the data the AllReduces run on:
+//   Slots     the paper's: tile idx at slot rows [idx*bm, idx*bm+bm) of a
+//             buffer of tiles, groups are runs of waves, a post-reorder
+//             (fused with RMSNorm when asked) restores row-major C;
+//   RowBands  groups are runs of whole row bands of the schedule (AlongN: a
+//             band is `swizzle` tile rows, consecutive tile indices), which
+//             are contiguous rows of row-major C: the GEMM writes C itself
+//             and the AllReduces run on it in place, no reorder at all.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -14,6 +22,8 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/flags.h"
@@ -24,14 +34,19 @@
 
 namespace flashoverlap::rt {
 
+enum class ArLayout { Slots, RowBands };
+
 enum class WaitMode {
   SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout
   StreamWaitOp,   // cuStreamWaitValue32 (GEQ), executed by the GPU front end; unbounded
 };
 
 struct OverlapAllReduceOptions {
-  plan::Schedule sched;           // m = the largest M this op will see
-  plan::Partition partition;      // groups in waves of `sched`
+  plan::Schedule sched;           // m = the M of every call
+  // Consecutive tile ranges covering [0, tiles): plan::make_groups(sched,
+  // partition) for Slots, band_groups() for RowBands. One group: sequential.
+  std::vector<plan::Group> groups;
+  ArLayout layout = ArLayout::Slots;
   int k = 0;
   kernels::DType dtype = kernels::DType::BF16;
   ncclComm_t comm = nullptr;      // for the groups that overlap the GEMM
@@ -49,6 +64,10 @@ struct Timeline {
   double gemm_end = 0;
   std::vector<double> wait_end, comm_end;
 };
+
+// Groups of whole row bands: band_counts[g] bands in group g (sum = bands).
+std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<int>& band_counts);
+int band_count(const plan::Schedule& s);  // ceil(tiles_m / swizzle)
 
 struct RmsNormArgs {
   const void* residual = nullptr;  // m x n
@@ -75,20 +94,25 @@ class OverlapAllReduce {
   void check() const;
 
   const plan::Schedule& schedule() const { return opts_.sched; }
-  const plan::Partition& partition() const { return opts_.partition; }
-  bool sequential() const { return groups_.size() <= 1; }
+  const std::vector<plan::Group>& groups() const { return opts_.groups; }
+  ArLayout layout() const { return opts_.layout; }
+  bool sequential() const { return opts_.groups.size() <= 1; }
+  // "waves 3,2,2" or "bands 2,1,1": the group sizes in the layout's unit.
+  std::string describe_groups() const;
   uint32_t epoch() const { return epoch_; }
   // The last call's timeline (trace mode; synchronises with the events).
   Timeline timeline() const;
 
  private:
-  void enqueue_overlapped(const void* a, const void* b, cudaStream_t stream);
+  // RowBands: the GEMM writes row-major `c` (n per row); Slots: c unused.
+  void enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream);
   void enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream);
+  // Elements of group g: offset into the buffer the AllReduce runs on, count.
+  std::pair<int64_t, int64_t> group_elements(size_t g) const;
 
   OverlapAllReduceOptions opts_;
-  std::vector<plan::Group> groups_;
   std::vector<uint32_t> target_;  // signals per group per call
-  DeviceBuffer slots_, counters_, group_of_wave_;
+  DeviceBuffer slots_, counters_, group_of_tile_;
   kernels::WaitError* wait_error_ = nullptr;  // host-mapped
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t gemm_launched_ = nullptr, comm_done_ = nullptr;

@@ -85,3 +85,144 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
 }
 
 }  // namespace flashoverlap::rt
+
+// ---------------------------------------------------------------------------
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <sstream>
+
+#include "kernels/reorder.h"
+#include "plan/planner.h"
+#include "plan/search.h"
+#include "plan/tile_grid.h"
+
+namespace flashoverlap::rt {
+namespace {
+
+std::vector<int> parse_sizes(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
+  return out;
+}
+
+struct Candidate {
+  AllReducePlan plan;
+  double gemm_ms = 0;
+};
+
+}  // namespace
+
+std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
+  std::vector<int> r;
+  for (int64_t w = (tiles + sms - 1) / sms; w <= tiles; ++w) {
+    const int64_t res = sms - (tiles + w - 1) / w;
+    if (res > 40) break;
+    if (res >= 2 && (r.empty() || r.back() != res)) r.push_back(int(res));
+    if (int(r.size()) == max_count) break;
+  }
+  if (r.empty()) r = {8, 16};
+  return r;
+}
+
+AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+                             void* scratch, double sequential_ms) {
+  // 1. Candidate schedules and their measured GEMM times (max over ranks).
+  std::vector<Candidate> cands;
+  for (plan::TileShape tile : t.tiles) {
+    const int64_t tiles = ((m + tile.bm - 1) / tile.bm) * ((n + tile.bn - 1) / tile.bn);
+    const int32_t tiles_m = int32_t((m + tile.bm - 1) / tile.bm);
+    const std::vector<int> reserves = t.reserve >= 0 ? std::vector<int>{t.reserve} : whole_wave_reserves(tiles, t.sms);
+    for (int r : reserves)
+      for (ArLayout layout : t.layouts) {
+        std::vector<int> swizzles;
+        if (layout == ArLayout::Slots) swizzles = {plan::default_swizzle(t.sms - r, tile, tiles_m)};
+        else
+          for (int s : t.band_swizzles)
+            if (s <= tiles_m) swizzles.push_back(s);
+        for (int sw : swizzles) {
+          Candidate c;
+          c.plan.layout = layout;
+          c.plan.reserve = r;
+          c.plan.sched = plan::make_schedule(m, n, tile, t.sms - r, plan::Raster::AlongN, sw);
+          c.gemm_ms = measure_gemm_ms(c.plan.sched, int(k), t.dtype, a, b, scratch, t.stream, 10);
+          cands.push_back(c);
+        }
+      }
+  }
+  std::vector<double> ms;
+  for (auto& c : cands) ms.push_back(c.gemm_ms);
+  ms = max_over_ranks(*t.rv, ms);
+  for (size_t i = 0; i < cands.size(); ++i) cands[i].gemm_ms = ms[i];
+
+  // The Slots layout pays a post-reorder pass over C (plain output).
+  double reorder_ms = 0;
+  if (std::find(t.layouts.begin(), t.layouts.end(), ArLayout::Slots) != t.layouts.end()) {
+    const plan::Schedule s = cands.front().plan.sched;
+    DeviceBuffer slots(size_t(s.tiles()) * s.bm * s.bn * 2);
+    reorder_ms = time_on_stream([&] { kernels::reorder_tiles_to_rows(t.dtype, slots.get(), s, scratch, n, t.stream); },
+                                t.stream, 2, 10)
+                     .median_ms;
+    reorder_ms = max_over_ranks(*t.rv, {reorder_ms})[0];
+  }
+
+  // 2. Predict each candidate with the best (or the given) groups.
+  std::optional<AllReducePlan> best;
+  for (Candidate& c : cands) {
+    const plan::Schedule& s = c.plan.sched;
+    const plan::BandwidthCurve& curve = t.curve_for(c.plan.reserve);
+    const double wave_ms = c.gemm_ms / s.waves() * t.slowdown;
+    plan::CostModel cost;
+    std::function<int64_t(int)> unit_end_tile;  // tiles done when unit i is done
+    if (c.plan.layout == ArLayout::Slots) {
+      unit_end_tile = [&s](int w) { return std::min<int64_t>(int64_t(w + 1) * s.ctas, s.tiles()); };
+      cost.wave_ms.assign(s.waves(), wave_ms);
+    } else {
+      const int bands = band_count(s);
+      const int64_t band_tiles = int64_t(s.swizzle) * s.tiles_n();
+      unit_end_tile = [&s, band_tiles](int b) { return std::min<int64_t>((b + 1) * band_tiles, s.tiles()); };
+      int prev_wave = 0;
+      for (int b = 0; b < bands; ++b) {  // band b is done with the wave of its last tile
+        const int wave = s.round_of(int32_t(unit_end_tile(b) - 1)) + 1;
+        cost.wave_ms.push_back((wave - prev_wave) * wave_ms);
+        prev_wave = wave;
+      }
+    }
+    const bool slots = c.plan.layout == ArLayout::Slots;
+    cost.comm_ms = [&, slots, unit_end_tile](int32_t u0, int32_t u1) {
+      const int64_t t0 = u0 == 0 ? 0 : unit_end_tile(u0 - 1), t1 = unit_end_tile(u1 - 1);
+      double bytes;
+      if (slots) {
+        bytes = double(t1 - t0) * s.bm * s.bn * 2;
+      } else {
+        const int64_t r0 = t0 / s.tiles_n() * s.bm, r1 = std::min<int64_t>(t1 / s.tiles_n() * s.bm, s.m);
+        bytes = double(r1 - r0) * s.n * 2;
+      }
+      return curve.latency_ms(bytes);
+    };
+    plan::Partition part;
+    if (!t.group_sizes.empty()) {
+      part = parse_sizes(t.group_sizes);
+      if (std::accumulate(part.begin(), part.end(), 0) != cost.waves()) continue;  // fits another candidate
+    } else {
+      part = plan::search_dp(cost).partition;
+    }
+    c.plan.predicted_ms = plan::predict(cost, part).total_ms + (slots ? reorder_ms : 0);
+    c.plan.groups = slots ? plan::make_groups(s, part) : band_groups(s, part);
+    if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
+  }
+  if (!best) throw InvalidArgument("group sizes " + t.group_sizes + " fit none of the candidate schedules");
+  if (t.group_sizes.empty() && best->predicted_ms >= sequential_ms * 0.99) {
+    best->sequential = true;
+    best->sched = plan::make_schedule(m, n, {best->sched.bm, best->sched.bn}, t.sms, plan::Raster::AlongN,
+                                      plan::default_swizzle(t.sms, {best->sched.bm, best->sched.bn},
+                                                            int32_t((m + best->sched.bm - 1) / best->sched.bm)));
+    best->groups = plan::make_groups(best->sched, {best->sched.waves()});
+    best->reserve = 0;
+  }
+  return *best;
+}
+
+}  // namespace flashoverlap::rt

@@ -36,3 +36,51 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
                        cudaStream_t stream, int iters);
 
 }  // namespace flashoverlap::rt
+
+#include <string>
+
+#include "plan/partition.h"
+#include "runtime/rt_overlap_allreduce.h"
+
+namespace flashoverlap::rt {
+
+// What the AllReduce planner may choose from, and how to measure.
+struct AllReduceTuning {
+  Rendezvous* rv = nullptr;
+  int sms = 132;
+  kernels::DType dtype = kernels::DType::BF16;
+  cudaStream_t stream = nullptr;
+  // The AllReduce curve measured on a communicator limited to `ctas` CTAs.
+  std::function<const plan::BandwidthCurve&(int ctas)> curve_for;
+  std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
+  int reserve = -1;  // SMs left to NCCL; -1: the whole-wave candidates
+  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots};
+  std::vector<int> band_swizzles = {4, 8};
+  std::string group_sizes;  // given: evaluate these (waves for Slots, bands for RowBands) instead of searching
+  double slowdown = 1.10;   // GEMM under concurrent NCCL
+};
+
+struct AllReducePlan {
+  ArLayout layout = ArLayout::RowBands;
+  plan::Schedule sched;
+  std::vector<plan::Group> groups;
+  int reserve = 0;
+  bool sequential = false;
+  double predicted_ms = 0;
+};
+
+// Reserves that leave no idle CTA in the last wave: for each wave count w the
+// smallest grid covering the tiles in w waves (SMs - ceil(tiles/w)), keeping
+// 2..40 SMs for NCCL; at most `max_count`, fewest reserved first.
+std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 4);
+
+// Measures the candidates (GEMM per grid, max over ranks; curves through
+// curve_for), predicts each with the paper's model, searches the groups with
+// the exact DP, and returns the fastest predicted plan, or the sequential
+// fallback when nothing is predicted at least 1% faster than
+// `sequential_ms`. Identical on every rank. a, b, scratch (m x n) are used
+// to time GEMMs.
+AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+                             void* scratch, double sequential_ms);
+
+}  // namespace flashoverlap::rt

@@ -202,19 +202,19 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
       parts.pop_back();
     }
     const int groups = int(parts.size());
-    std::vector<int32_t> group_of_wave;
+    std::vector<int32_t> group_of_tile(tiles);
     std::vector<int64_t> begin{0};
     std::vector<uint32_t> target;
     for (int g = 0, w0 = 0; g < groups; w0 += parts[g], ++g) {
-      for (int w = 0; w < parts[g]; ++w) group_of_wave.push_back(g);
       const int t_end = std::min((w0 + parts[g]) * ctas, tiles);
       const int t_begin = w0 * ctas;
+      for (int t = t_begin; t < t_end; ++t) group_of_tile[t] = g;
       begin.push_back(int64_t(t_end) * 128 * bn);
       target.push_back(uint32_t(t_end - t_begin) * kernels::kSignalsPerTile);
     }
-    DeviceBuffer d_gow(group_of_wave.size() * 4), d_begin(begin.size() * 8), d_target(target.size() * 4),
+    DeviceBuffer d_got(group_of_tile.size() * 4), d_begin(begin.size() * 8), d_target(target.size() * 4),
         d_counters(groups * 4), d_mism(groups * 8), d_rel(groups * 8);
-    FO_CUDA_CHECK(cudaMemcpy(d_gow.get(), group_of_wave.data(), d_gow.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemcpy(d_got.get(), group_of_tile.data(), d_got.bytes(), cudaMemcpyHostToDevice));
     FO_CUDA_CHECK(cudaMemcpy(d_begin.get(), begin.data(), d_begin.bytes(), cudaMemcpyHostToDevice));
     FO_CUDA_CHECK(cudaMemcpy(d_target.get(), target.data(), d_target.bytes(), cudaMemcpyHostToDevice));
     FO_CUDA_CHECK(cudaMemset(d_counters.get(), 0, d_counters.bytes()));
@@ -238,7 +238,7 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
       kernels::GemmParams q = p;
       q.slots = slots.get();
       q.counters = d_counters.as<uint32_t>();
-      q.group_of_wave = d_gow.as<int32_t>();
+      q.group_of_tile = d_got.as<int32_t>();
       q.monitor_ns = mon_ns.as<uint64_t>();
       q.monitor_sm = mon_sm.as<uint32_t>();
       kernels::launch_gemm(q, compute);  // GEMM first in host order

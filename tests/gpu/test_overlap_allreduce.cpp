@@ -77,7 +77,15 @@ plan::Partition random_partition(int waves, std::mt19937_64& rng) {
 struct Case {
   int m, n, k, bn, ctas;
   DType dt;
+  rt::ArLayout layout = rt::ArLayout::Slots;
 };
+
+// Random groups for the layout: runs of waves (Slots) or of row bands.
+std::vector<plan::Group> random_groups(const plan::Schedule& s, rt::ArLayout layout, std::mt19937_64& rng) {
+  if (layout == rt::ArLayout::Slots) return plan::make_groups(s, random_partition(s.waves(), rng));
+  std::vector<int> counts = random_partition(rt::band_count(s), rng);
+  return rt::band_groups(s, counts);
+}
 
 // Overlapped output == our GEMM + one ncclAllReduce, bit for bit (a + b
 // commutes), over several calls (epochs), for plain and RMSNorm outputs;
@@ -85,10 +93,11 @@ struct Case {
 void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const plan::Schedule s = sched_for(c.m, c.n, c.bn, c.ctas, 1 + int(rng() % 8));
-  const plan::Partition part = random_partition(s.waves(), rng);
-  const std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                            " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) +
-                            " partition " + plan::to_string(part) + " seed=" + std::to_string(seed);
+  const std::vector<plan::Group> groups = random_groups(s, c.layout, rng);
+  std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+                      " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " swizzle " +
+                      std::to_string(s.swizzle) + (c.layout == rt::ArLayout::Slots ? " slots" : " row bands") +
+                      " groups " + std::to_string(groups.size()) + " seed=" + std::to_string(seed);
   on_each_rank([&](int rank, ncclComm_t comm) {
     const size_t cb = size_t(c.m) * c.n * 2;
     DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), ref(cb), out(cb), cub(cb), residual(cb),
@@ -96,7 +105,8 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     cudaStream_t st;
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     rt::OverlapAllReduceOptions o;
-    o.sched = s, o.partition = part, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank, o.wait = wait;
+    o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
+    o.wait = wait;
     rt::OverlapAllReduce op(o);
     rt::CublasGemm cublas;
     plan::Schedule full = s;
@@ -139,6 +149,18 @@ TEST(OverlapAllReduce, MatchesSequentialBitwiseAcrossShapesAndEpochs) {
   for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
 }
 
+TEST(OverlapAllReduce, RowBandsMatchSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  const uint64_t seed = fresh_seed();
+  const std::vector<Case> cases = {
+      {4096, 8192, 4096, 256, 114, DType::BF16, rt::ArLayout::RowBands},
+      {3001, 7168, 2048, 128, 120, DType::BF16, rt::ArLayout::RowBands},
+      {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::RowBands},
+      {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::RowBands},
+      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::RowBands}};
+  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+}
+
 TEST(OverlapAllReduce, StreamWaitOpMatchesToo) {
   REQUIRE_TWO_GPUS();
   check_case({4096, 8192, 2048, 256, 116, DType::BF16}, rt::WaitMode::StreamWaitOp, fresh_seed());
@@ -151,7 +173,7 @@ TEST(OverlapAllReduce, SequentialFallbackMatches) {
     const int m = 1000, n = 2048, k = 1024;
     const plan::Schedule s = sched_for(m, n, 256, 132, 4);
     rt::OverlapAllReduceOptions o;
-    o.sched = s, o.partition = {s.waves()}, o.k = k, o.comm = comm, o.rank = rank;
+    o.sched = s, o.groups = plan::make_groups(s, {s.waves()}), o.k = k, o.comm = comm, o.rank = rank;
     rt::OverlapAllReduce op(o);
     EXPECT_TRUE(op.sequential());
     DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), ref(size_t(m) * n * 2), out(size_t(m) * (n + 8) * 2);
@@ -176,7 +198,7 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
     const int m = 2048, n = 4096, k = 512;
     const plan::Schedule s = sched_for(m, n, 256, 116, 4);
     rt::OverlapAllReduceOptions o;
-    o.sched = s, o.partition = {1, 1, s.waves() - 2}, o.k = k, o.comm = comm, o.rank = rank;
+    o.sched = s, o.groups = plan::make_groups(s, {1, 1, s.waves() - 2}), o.k = k, o.comm = comm, o.rank = rank;
     o.wait_timeout_s = 0.25;
     o.fault_drop_group = 1;
     rt::OverlapAllReduce op(o);
