@@ -221,7 +221,9 @@ Baseline sequential_baseline(const PlanRequest& req, const CommModel& comm, cons
 }
 
 // The best overlap candidate per ReduceScatter layout (index: RsLayout; the
-// other collectives use SubTile's). Throws when there is none.
+// other collectives use SubTile's); none when no reserve fits the SMs. Throws
+// for a partition that fits no configuration and for ReduceScatter shapes
+// that no layout can split.
 std::array<std::optional<Candidate>, 2> best_candidates(const PlanRequest& req, const CommModel& comm,
                                                         const std::vector<TileShape>& tiles) {
   std::array<std::optional<Candidate>, 2> best;
@@ -252,11 +254,16 @@ std::array<std::optional<Candidate>, 2> best_candidates(const PlanRequest& req, 
   if (best[0] || best[1]) return best;
   if (req.partition)
     throw InvalidArgument("partition " + to_string(*req.partition) + " sums to " + std::to_string(given_waves) +
-                          " waves but the configurations have T = " + mismatch);
-  if (req.rs_layout)
-    require_rs_layout(schedule_for(req, tiles.front(), req.sms, Raster::AlongN, 0), req.world, *req.rs_layout);
-  throw InvalidArgument("reducescatter needs M % world == 0 (standard layout) or tile rows % world == 0 "
-                        "(sub-tile layout): M=" + std::to_string(req.m) + ", world=" + std::to_string(req.world));
+                          " waves but " +
+                          (mismatch.empty() ? "no configuration leaves SMs to NCCL (" + std::to_string(req.sms) + " SMs)"
+                                            : "the configurations have T = " + mismatch));
+  if (req.op == Collective::ReduceScatter && layouts_for(req, tiles.front()).empty()) {
+    if (req.rs_layout)
+      require_rs_layout(schedule_for(req, tiles.front(), req.sms, Raster::AlongN, 0), req.world, *req.rs_layout);
+    throw InvalidArgument("reducescatter needs M % world == 0 (standard layout) or tile rows % world == 0 "
+                          "(sub-tile layout): M=" + std::to_string(req.m) + ", world=" + std::to_string(req.world));
+  }
+  return best;  // none: no SMs can be left to NCCL
 }
 
 void set_sequential(Plan& plan, const PlanRequest& req, const Baseline& base) {
@@ -311,7 +318,7 @@ Plan make_plan(const PlanRequest& req) {
   const auto best = best_candidates(req, comm, tiles);
   const bool standard = best[1] && (!best[0] || best[1]->prediction.total_ms <=
                                                     best[0]->prediction.total_ms * (1 + kStandardLayoutTolerance));
-  const Candidate& chosen = *best[standard ? 1 : 0];
+  const Candidate* chosen = best[standard ? 1 : 0] ? &*best[standard ? 1 : 0] : nullptr;
 
   Plan plan;
   plan.op = req.op;
@@ -327,12 +334,15 @@ Plan make_plan(const PlanRequest& req) {
                                  fmt(req.gemm.slowdown, 2) + " while NCCL runs"
                            : "GEMM model: measured wave times, x" + fmt(req.gemm.slowdown, 2) + " while NCCL runs");
   plan.notes.push_back("comm model: " + comm.describe());
-  if (!req.partition && chosen.prediction.total_ms > plan.baseline_ms() * (1 - req.min_gain)) {
+  if (!chosen) {
     set_sequential(plan, req, base);
-    plan.notes.push_back("sequential: the best overlap (" + fmt(chosen.prediction.total_ms) + " ms) is not " +
+    plan.notes.push_back("sequential: no SMs can be left to NCCL on " + std::to_string(req.sms) + " SMs");
+  } else if (!req.partition && chosen->prediction.total_ms > plan.baseline_ms() * (1 - req.min_gain)) {
+    set_sequential(plan, req, base);
+    plan.notes.push_back("sequential: the best overlap (" + fmt(chosen->prediction.total_ms) + " ms) is not " +
                          fmt(100 * req.min_gain, 0) + "% faster than GEMM then one call");
   } else {
-    set_overlap(plan, req, chosen);
+    set_overlap(plan, req, *chosen);
   }
   if (req.op == Collective::ReduceScatter) {
     plan.notes.push_back(layout_note(plan));

@@ -127,6 +127,12 @@ TEST(PlanPlanner, TinyShapesFallBackToSequential) {
   check_plan(p, r);
   EXPECT_TRUE(p.sequential);
   EXPECT_EQ(p.schedule.ctas, 132);
+  // No SM to spare for NCCL: sequential, whatever the shape.
+  fo::PlanRequest one_sm = request(fo::Collective::ReduceScatter, 4096, 8192, 8192, 2);
+  one_sm.sms = 1;
+  const fo::Plan q = fo::make_plan(one_sm);
+  check_plan(q, one_sm);
+  EXPECT_TRUE(q.sequential);
 }
 
 TEST(PlanPlanner, GivenPartitionIsEvaluatedNotSearched) {
