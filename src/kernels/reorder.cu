@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <mutex>
+
 #include "kernels/cuda_check.h"
 #include "kernels/reorder.h"
 
@@ -73,7 +75,7 @@ __device__ float block_sum(float v, float* scratch) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch reuse across rows
+  __syncthreads();  // scratch (and the cached row) reuse across rows
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   float t = 0.f;
@@ -81,39 +83,46 @@ __device__ float block_sum(float v, float* scratch) {
   return t;
 }
 
-template <typename T>
+// One CTA per row. kCached: the rounded h = x + residual of the row is kept
+// in shared memory between the two passes (one read of x and the residual);
+// otherwise it is recomputed from global memory (rows too long for smem).
+template <typename T, bool kCached>
 __global__ void reorder_add_rmsnorm_kernel(const T* slots, plan::Schedule s, const T* residual, const T* weight,
                                            float eps, T* out, T* residual_out) {
+  extern __shared__ __align__(16) uint8_t row_smem[];
+  T* hrow = reinterpret_cast<T*>(row_smem);
   __shared__ float scratch[32];
   const int32_t units = (s.n + 7) / 8;
   for (int32_t i = blockIdx.x; i < s.m; i += gridDim.x) {
     const int64_t row = int64_t(i) * s.n;
-    float ss = 0.f;
-    for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
-      const int32_t col = u * 8, valid = s.n - col;
+    auto h_of = [&](int32_t col, int valid) {
       const Vec8<T> x = load8(slot_ptr(slots, s, i, col), 8);
       const Vec8<T> r = load8(residual + row + col, valid);
       Vec8<T> h;
 #pragma unroll
+      for (int e = 0; e < 8; ++e) h.v[e] = from_f<T>(to_f(x.v[e]) + to_f(r.v[e]));
+      return h;
+    };
+    float ss = 0.f;
+    for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
+      const int32_t col = u * 8, valid = s.n - col;
+      const Vec8<T> h = h_of(col, valid);
+#pragma unroll
       for (int e = 0; e < 8; ++e) {
-        h.v[e] = from_f<T>(to_f(x.v[e]) + to_f(r.v[e]));
         const float hf = e < valid ? to_f(h.v[e]) : 0.f;
         ss += hf * hf;
       }
+      if (kCached) *reinterpret_cast<Vec8<T>*>(hrow + col) = h;
       if (residual_out) store8(residual_out + row + col, h, valid);
     }
-    const float inv = rsqrtf(block_sum<T>(ss, scratch) / float(s.n) + eps);
+    const float inv = rsqrtf(block_sum<T>(ss, scratch) / float(s.n) + eps);  // its barrier orders hrow too
     for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
       const int32_t col = u * 8, valid = s.n - col;
-      const Vec8<T> x = load8(slot_ptr(slots, s, i, col), 8);
-      const Vec8<T> r = load8(residual + row + col, valid);
+      const Vec8<T> h = kCached ? *reinterpret_cast<const Vec8<T>*>(hrow + col) : h_of(col, valid);
       const Vec8<T> w = load8(weight + col, valid);
       Vec8<T> y;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float h = to_f(from_f<T>(to_f(x.v[e]) + to_f(r.v[e])));
-        y.v[e] = from_f<T>(h * inv * to_f(w.v[e]));
-      }
+      for (int e = 0; e < 8; ++e) y.v[e] = from_f<T>(to_f(h.v[e]) * inv * to_f(w.v[e]));
       store8(out + row + col, y, valid);
     }
   }
@@ -152,22 +161,38 @@ void reorder_tiles_to_rows(DType dtype, const void* slots, const plan::Schedule&
   FO_CUDA_CHECK(cudaGetLastError());
 }
 
+// Rows up to this many bytes are cached in shared memory (set at preload).
+constexpr int kRowCacheBytes = 96 * 1024;
+
+template <typename T>
+void launch_add_rmsnorm(const void* slots, const plan::Schedule& s, const void* residual, const void* weight,
+                        float eps, void* out, void* residual_out, cudaStream_t stream) {
+  {  // the 96 KB shared-memory limit is set per device, once
+    static std::once_flag once[64];
+    int dev = 0;
+    FO_CUDA_CHECK(cudaGetDevice(&dev));
+    std::call_once(once[dev % 64], preload_reorder_kernels);
+  }
+  const int threads = 256, grid = grid_rows(s.m);
+  const size_t row_bytes = (size_t(s.n) + 7) / 8 * 8 * sizeof(T);
+  auto args = [&](auto kernel, size_t smem) {
+    kernel<<<grid, threads, smem, stream>>>(static_cast<const T*>(slots), s, static_cast<const T*>(residual),
+                                            static_cast<const T*>(weight), eps, static_cast<T*>(out),
+                                            static_cast<T*>(residual_out));
+  };
+  if (row_bytes <= size_t(kRowCacheBytes))
+    args(reorder_add_rmsnorm_kernel<T, true>, row_bytes);
+  else
+    args(reorder_add_rmsnorm_kernel<T, false>, 0);
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
 void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& s, const void* residual,
                          const void* weight, float eps, void* out, void* residual_out, cudaStream_t stream) {
-  const int threads = 256;
-  const int grid = grid_rows(s.m);
-  if (dtype == DType::BF16) {
-    using T = __nv_bfloat16;
-    reorder_add_rmsnorm_kernel<<<grid, threads, 0, stream>>>(
-        static_cast<const T*>(slots), s, static_cast<const T*>(residual), static_cast<const T*>(weight), eps,
-        static_cast<T*>(out), static_cast<T*>(residual_out));
-  } else {
-    using T = __half;
-    reorder_add_rmsnorm_kernel<<<grid, threads, 0, stream>>>(
-        static_cast<const T*>(slots), s, static_cast<const T*>(residual), static_cast<const T*>(weight), eps,
-        static_cast<T*>(out), static_cast<T*>(residual_out));
-  }
-  FO_CUDA_CHECK(cudaGetLastError());
+  if (dtype == DType::BF16)
+    launch_add_rmsnorm<__nv_bfloat16>(slots, s, residual, weight, eps, out, residual_out, stream);
+  else
+    launch_add_rmsnorm<__half>(slots, s, residual, weight, eps, out, residual_out, stream);
 }
 
 void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
@@ -191,8 +216,12 @@ void preload_reorder_kernels() {
   cudaFuncAttributes a{};
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_tiles_kernel<__nv_bfloat16>));
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_tiles_kernel<__half>));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_add_rmsnorm_kernel<__nv_bfloat16>));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_add_rmsnorm_kernel<__half>));
+  FO_CUDA_CHECK(cudaFuncSetAttribute(reorder_add_rmsnorm_kernel<__nv_bfloat16, true>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kRowCacheBytes));
+  FO_CUDA_CHECK(cudaFuncSetAttribute(reorder_add_rmsnorm_kernel<__half, true>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kRowCacheBytes));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_add_rmsnorm_kernel<__nv_bfloat16, false>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_add_rmsnorm_kernel<__half, false>));
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<__nv_bfloat16>));
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<__half>));
 }

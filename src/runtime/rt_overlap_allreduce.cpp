@@ -112,6 +112,7 @@ std::pair<int64_t, int64_t> OverlapAllReduce::group_elements(size_t g) const {
 
 std::string OverlapAllReduce::describe_groups() const {
   const plan::Schedule& s = opts_.sched;
+  if (sequential()) return "1 (sequential)";
   std::string out = opts_.layout == ArLayout::Slots ? "waves " : "bands ";
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     const auto& gr = opts_.groups[g];

@@ -116,14 +116,16 @@ struct Candidate {
 }  // namespace
 
 std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
-  std::vector<int> r;
+  std::vector<int> all;
   for (int64_t w = (tiles + sms - 1) / sms; w <= tiles; ++w) {
     const int64_t res = sms - (tiles + w - 1) / w;
     if (res > 40) break;
-    if (res >= 2 && (r.empty() || r.back() != res)) r.push_back(int(res));
-    if (int(r.size()) == max_count) break;
+    if (res >= 2 && (all.empty() || all.back() != res)) all.push_back(int(res));
   }
-  if (r.empty()) r = {8, 16};
+  if (all.empty()) return {8, 16};
+  if (int(all.size()) <= max_count) return all;
+  std::vector<int> r;  // spread over the range: communication-heavy shapes want more
+  for (int i = 0; i < max_count; ++i) r.push_back(all[size_t(i) * (all.size() - 1) / (max_count - 1)]);
   return r;
 }
 
@@ -215,12 +217,21 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
   }
   if (!best) throw InvalidArgument("group sizes " + t.group_sizes + " fit none of the candidate schedules");
   if (t.group_sizes.empty() && best->predicted_ms >= sequential_ms * 0.99) {
+    // Sequential fallback: our GEMM on every SM with its fastest tile.
+    std::vector<plan::Schedule> full;
+    std::vector<double> full_ms;
+    for (plan::TileShape tile : t.tiles) {
+      full.push_back(plan::make_schedule(m, n, tile, t.sms, plan::Raster::AlongN,
+                                         plan::default_swizzle(t.sms, tile, int32_t((m + tile.bm - 1) / tile.bm))));
+      full_ms.push_back(measure_gemm_ms(full.back(), int(k), t.dtype, a, b, scratch, t.stream, 10));
+    }
+    full_ms = max_over_ranks(*t.rv, full_ms);
+    const size_t i = size_t(std::min_element(full_ms.begin(), full_ms.end()) - full_ms.begin());
     best->sequential = true;
-    best->sched = plan::make_schedule(m, n, {best->sched.bm, best->sched.bn}, t.sms, plan::Raster::AlongN,
-                                      plan::default_swizzle(t.sms, {best->sched.bm, best->sched.bn},
-                                                            int32_t((m + best->sched.bm - 1) / best->sched.bm)));
+    best->sched = full[i];
     best->groups = plan::make_groups(best->sched, {best->sched.waves()});
     best->reserve = 0;
+    best->predicted_ms = sequential_ms;
   }
   return *best;
 }

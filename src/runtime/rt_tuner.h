@@ -71,8 +71,8 @@ struct AllReducePlan {
 
 // Reserves that leave no idle CTA in the last wave: for each wave count w the
 // smallest grid covering the tiles in w waves (SMs - ceil(tiles/w)), keeping
-// 2..40 SMs for NCCL; at most `max_count`, fewest reserved first.
-std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 4);
+// 2..40 SMs for NCCL; at most `max_count`, spread over that range, fewest first.
+std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
 // curve_for), predicts each with the paper's model, searches the groups with
