@@ -1,5 +1,80 @@
-// TEMPORARY placeholder while the real command is written (replaced this session).
+// flashoverlap tune — measures the AllReduce bandwidth curve on this machine
+// (all local GPUs, one process each) and saves it as JSON, the input of
+// `flashoverlap plan --curve FILE`. Optionally with NCCL limited to --ctas CTAs
+// (the budget the overlap leaves it).
+#include <cuda_runtime_api.h>
+
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
 #include "commands.h"
+#include "flashoverlap/error.h"
+#include "kernels/gemm.h"
+#include "runtime/bootstrap.h"
+#include "runtime/rt_buffer.h"
+#include "runtime/rt_comm.h"
+#include "runtime/rt_tuner.h"
+
 namespace flashoverlap::cli {
-void add_tune_command(CLI::App& app, int& rc) { (void)app; (void)rc; }
+namespace {
+
+struct Options {
+  std::string op = "allreduce";
+  std::string curve;
+  std::string dtype = "bf16";
+  int ctas = 0;
+  double max_mib = 256;
+  int iters = 10, nproc = 0;
+};
+
+int run(const Options& o) {
+  if (o.op != "allreduce") throw InvalidArgument("tune --op " + o.op + ": only allreduce curves are measured so far");
+  if (o.curve.empty()) throw InvalidArgument("tune needs --curve FILE (where to save the curve)");
+  if (o.max_mib < 1) throw InvalidArgument("--max-mib must be >= 1");
+  const int gpus = rt::hopper_device_count();
+  if (gpus < 1) {
+    std::cerr << "tune: no Hopper (sm_90) GPU found on this machine; nothing to measure.\n";
+    return 1;
+  }
+  const rt::DistEnv env = rt::DistEnv::from_env().value_or(rt::DistEnv{});
+  FO_CUDA_CHECK(cudaSetDevice(env.local_rank));
+  rt::Rendezvous rv(env);
+  rt::Communicator base = rt::Communicator::create(rv);
+  rt::Communicator limited;
+  if (o.ctas > 0) limited = base.split({o.ctas, o.ctas, 1});
+  cudaStream_t stream;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const rt::DeviceInfo info = rt::device_info(env.local_rank);
+  const auto dt = o.dtype == "fp16" ? kernels::DType::FP16 : kernels::DType::BF16;
+  const plan::BandwidthCurve curve = rt::measure_allreduce_curve(
+      rv, o.ctas > 0 ? limited.get() : base.get(), dt, stream, o.max_mib * (1 << 20), o.iters, info.name);
+  if (rv.rank() == 0) {
+    curve.save(o.curve);
+    std::cout << "AllReduce curve, " << rv.world() << " ranks, NCCL " << (o.ctas > 0 ? std::to_string(o.ctas) : "default")
+              << " CTAs (" << info.summary() << "):\n";
+    for (const auto& s : curve.samples())
+      std::cout << "  " << std::setw(12) << std::fixed << std::setprecision(0) << s.bytes << " B  " << std::setprecision(4)
+                << s.ms << " ms  " << std::setprecision(1) << s.bytes / s.ms / 1e6 << " GB/s\n";
+    std::cout << "saved to " << o.curve << "\n";
+  }
+  cudaStreamDestroy(stream);
+  return 0;
 }
+
+}  // namespace
+
+void add_tune_command(CLI::App& app, int& rc) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("tune", "Measure this machine's AllReduce bandwidth curve (all local GPUs)");
+  cmd->add_option("--op", o->op, "allreduce")->capture_default_str();
+  cmd->add_option("--curve", o->curve, "Save the curve to this JSON file (input of `plan --curve`)")->required();
+  cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
+  cmd->add_option("--ctas", o->ctas, "Limit NCCL to this many CTAs (0: NCCL's default)")->capture_default_str();
+  cmd->add_option("--max-mib", o->max_mib, "Largest message in MiB")->capture_default_str();
+  cmd->add_option("--iters", o->iters, "Timed runs per size (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
+  cmd->callback([o, &rc] { rc = run(*o); });
+}
+
+}  // namespace flashoverlap::cli

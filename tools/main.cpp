@@ -13,14 +13,15 @@
 
 namespace {
 
-// `flashoverlap` and `flashoverlap bench` default to one process per local
-// GPU: unless the job was launched already (RANK set) or --nproc is given,
+// `flashoverlap`, `flashoverlap bench` and `flashoverlap tune` default to one
+// process per local GPU: unless the job was launched already (RANK set) or --nproc is given,
 // run them again under the launcher with --nproc <GPUs>.
 std::vector<std::string> default_nproc_args(int argc, char** argv, int gpus) {
   std::vector<std::string> args(argv, argv + argc);
   if (gpus < 2 || std::getenv("RANK")) return {};
-  const bool main_job = argc == 1, bench = argc > 1 && std::strcmp(argv[1], "bench") == 0;
-  if (!main_job && !bench) return {};
+  const bool main_job = argc == 1;
+  const bool multi = argc > 1 && (std::strcmp(argv[1], "bench") == 0 || std::strcmp(argv[1], "tune") == 0);
+  if (!main_job && !multi) return {};
   for (const auto& a : args)
     if (a == "--nproc" || a.rfind("--nproc=", 0) == 0 || a == "-h" || a == "--help") return {};
   args.push_back("--nproc=" + std::to_string(gpus));
