@@ -5,7 +5,7 @@
 set -eu -o pipefail
 out=${1:?output directory}
 shift
-cli=${CLI:-build-gpu/tools/flashoverlap}
+cli=${CLI:-build/tools/flashoverlap}
 shapes="2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192"
 world=$(nvidia-smi -L | wc -l)
 csv="$out/allreduce-h200x${world}.csv"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # gpu_all.sh — one call on the GPU machine: build, test, benchmark; results
 # under $OUT (default ./gpu-out). Stages run in the order given:
-#   build        configure + build everything (Release, ninja) in build-gpu/
+#   build        scripts/build.sh: configure + build everything (Release) in build/
+#   main         the README's main job (build/tools/flashoverlap, all local GPUs)
 #   test         ctest (CPU + GPU tests), log to $OUT/ctest.log
 #   gemm         bench-gemm over the GEMM shape set -> $OUT/gemm-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
 #   cmd:<shell>  any command, run from the repo root
-# TARGETS="a b" limits the build to those targets; TESTS=regex limits ctest.
+# TESTS=regex limits ctest.
 # Example: scripts/gpu_all.sh build test gemm
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0          # never NVLink multicast on these machines
 export CUDA_MODULE_LOADING=EAGER   # belt and braces: we also preload kernels
-BUILD=build-gpu
+BUILD=build
 CLI=$BUILD/tools/flashoverlap
 status=0
 
@@ -26,11 +27,12 @@ for s in "$@"; do
   case "$s" in
     build)
       stage build
-      gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-      cmake -S . -B $BUILD $gen -DCMAKE_BUILD_TYPE=Release -DFO_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 &&
-        cmake --build $BUILD -j "$(nproc)" ${TARGETS:+--target $TARGETS} >>"$OUT/build.log" 2>&1 ||
-        { tail -50 "$OUT/build.log"; exit 1; }
+      scripts/build.sh -DFO_PTXAS_VERBOSE=ON >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
       grep -E "warning|spill" "$OUT/build.log" | grep -v "0 bytes spill" | head -20
+      ;;
+    main)
+      stage "the README's main job: build/tools/flashoverlap"
+      $CLI 2>&1 | tee "$OUT/main-job.log" || status=1
       ;;
     test)
       stage test
