@@ -8,6 +8,7 @@
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
+#   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest.
 # Example: scripts/gpu_all.sh build test gemm
@@ -42,6 +43,7 @@ for s in "$@"; do
     gemm)
       stage bench-gemm
       $CLI bench-gemm --csv "$OUT/gemm-h200.csv" --meta "$OUT/gemm-h200.json" 2>&1 | tee "$OUT/gemm.log" || status=1
+      python3 bench/plot_gemm.py "$OUT/gemm-h200.csv" "$OUT/gemm-h200.png" || echo "(plot skipped)"
       ;;
     gemm-quick)
       stage bench-gemm quick
@@ -60,6 +62,10 @@ for s in "$@"; do
         echo "$tool: exit $? ($(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitize-$tool.log") clean summaries)"
         tail -3 "$OUT/sanitize-$tool.log"
       done
+      ;;
+    pack)
+      stage "pack logs into $OUT/logs.tar.gz"
+      (cd "$OUT" && tar czf logs.tar.gz --remove-files *.log 2>/dev/null; ls)
       ;;
     cmd:*)
       stage "${s#cmd:}"
