@@ -5,6 +5,7 @@
 #include <chrono>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "kernels/gemm.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
+#include "plan/tile_grid.h"
 #include "runtime/rt_timing.h"
 
 namespace flashoverlap::cli {
@@ -119,19 +121,29 @@ int run(const Options& o) {
       for (int reserve : reserves) {
         const int sms = info.sms - reserve;
         cublas.set_sm_target(reserve ? sms : 0);
-        auto cub = rt::time_on_stream(
-            [&] { cublas.run(dt, a.get(), b.get(), ref.get(), sh.m, sh.n, sh.k, sh.n, stream); }, stream, o.warmup,
-            o.iters);
+        // Every configuration of this shape and grid, timed in turns with cuBLAS.
+        struct Config {
+          int bn;
+          int mode;  // 0 plain, 1 signal
+          kernels::GemmParams p;
+          double rel = -1;
+        };
+        std::vector<Config> configs;
+        std::vector<rt::DeviceBuffer> keep;  // slot buffers, counters, group tables
         for (int bn : tiles) {
-          plan::Schedule s;
-          s.m = sh.m, s.n = sh.n, s.bm = 128, s.bn = bn, s.ctas = sms, s.raster = plan::Raster::AlongN, s.swizzle = 8;
+          plan::Schedule s = plan::make_schedule(sh.m, sh.n, {128, bn}, sms, plan::Raster::AlongN,
+                                                 plan::default_swizzle(sms, {128, bn}, (sh.m + 127) / 128));
           const int tiles_total = s.tiles(), waves = s.waves();
-          rt::DeviceBuffer slots(size_t(tiles_total) * 128 * bn * 2), counters(size_t(waves) * 4),
-              got(size_t(tiles_total) * 4);
+          keep.emplace_back(size_t(tiles_total) * 128 * bn * 2);
+          void* slots = keep.back().get();
+          keep.emplace_back(size_t(waves) * 4);
+          uint32_t* counters = keep.back().as<uint32_t>();
+          FO_CUDA_CHECK(cudaMemset(counters, 0, size_t(waves) * 4));
+          keep.emplace_back(size_t(tiles_total) * 4);
+          int32_t* got = keep.back().as<int32_t>();
           std::vector<int32_t> group_of_tile(tiles_total);
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
-          FO_CUDA_CHECK(cudaMemcpy(got.get(), group_of_tile.data(), got.bytes(), cudaMemcpyHostToDevice));
-          FO_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+          FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
           for (int mode = 0; mode < 2; ++mode) {
             if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal)) continue;
             kernels::GemmParams p;
@@ -139,35 +151,45 @@ int run(const Options& o) {
             if (mode == 0) {
               p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = sh.n;
             } else {
-              p.store = kernels::Store::SlotTiles, p.slots = slots.get(), p.slot_rows = int64_t(tiles_total) * 128;
-              p.counters = counters.as<uint32_t>(), p.group_of_tile = got.as<int32_t>();
+              p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
+              p.counters = counters, p.group_of_tile = got;
             }
-            double rel = -1;
-            if (mode == 0) {  // correctness first: poisoned output vs cuBLAS
-              kernels::poison(c.get(), int64_t(sh.m) * sh.n, stream);
-              kernels::launch_gemm(p, stream);
-              const auto r = kernels::compare(dt, c.get(), sh.n, ref.get(), sh.n, sh.m, sh.n, stream);
-              rel = r.rel_error();
-              if (r.nan_count > 0 || rel > 1e-2)
-                std::cerr << "WARNING: " << sh.m << "x" << sh.n << "x" << sh.k << " tile 128x" << bn
-                          << ": result differs from cuBLAS (rel err " << rel << ", " << r.nan_count << " NaN)\n";
-            }
-            auto ours = rt::time_on_stream([&] { kernels::launch_gemm(p, stream); }, stream, o.warmup, o.iters);
-            const double ours_tf = flop / ours.median_ms / 1e9, cub_tf = flop / cub.median_ms / 1e9;
-            std::ostringstream shape;
-            shape << sh.m << "x" << sh.n << "x" << sh.k;
-            const char* mname = mode == 0 ? "plain" : "signal";
-            std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname << std::setw(9)
-                      << ("128x" + std::to_string(bn)) << std::setw(8) << reserve << std::setw(8) << mname
-                      << std::right << std::fixed << std::setprecision(3) << std::setw(10) << ours.median_ms
-                      << std::setw(10) << cub.median_ms << std::setprecision(1) << std::setw(9) << ours_tf
-                      << std::setw(9) << cub_tf << std::setprecision(3) << std::setw(8) << ours_tf / cub_tf << "\n"
-                      << std::flush;
-            if (csv)
-              csv << sh.m << "," << sh.n << "," << sh.k << "," << dname << ",128x" << bn << "," << reserve << ","
-                  << mname << "," << ours.median_ms << "," << cub.median_ms << "," << ours_tf << "," << cub_tf << ","
-                  << ours_tf / cub_tf << "," << rel << "\n";
+            configs.push_back({bn, mode, p, -1});
           }
+        }
+        // Correctness first: poisoned output vs cuBLAS.
+        cublas.run(dt, a.get(), b.get(), ref.get(), sh.m, sh.n, sh.k, sh.n, stream);
+        for (Config& cf : configs) {
+          if (cf.mode != 0) continue;
+          kernels::poison(c.get(), int64_t(sh.m) * sh.n, stream);
+          kernels::launch_gemm(cf.p, stream);
+          const auto r = kernels::compare(dt, c.get(), sh.n, ref.get(), sh.n, sh.m, sh.n, stream);
+          cf.rel = r.rel_error();
+          if (r.nan_count > 0 || cf.rel > 1e-2)
+            std::cerr << "WARNING: " << sh.m << "x" << sh.n << "x" << sh.k << " tile 128x" << cf.bn
+                      << ": result differs from cuBLAS (rel err " << cf.rel << ", " << r.nan_count << " NaN)\n";
+        }
+        std::vector<std::function<void()>> fns = {
+            [&] { cublas.run(dt, a.get(), b.get(), ref.get(), sh.m, sh.n, sh.k, sh.n, stream); }};
+        for (const Config& cf : configs) fns.push_back([&cf, stream] { kernels::launch_gemm(cf.p, stream); });
+        const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters);
+        const double cub_ms = stats[0].median_ms, cub_tf = flop / cub_ms / 1e9;
+        for (size_t i = 0; i < configs.size(); ++i) {
+          const Config& cf = configs[i];
+          const double ours_ms = stats[i + 1].median_ms, ours_tf = flop / ours_ms / 1e9;
+          std::ostringstream shape;
+          shape << sh.m << "x" << sh.n << "x" << sh.k;
+          const char* mname = cf.mode == 0 ? "plain" : "signal";
+          std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname << std::setw(9)
+                    << ("128x" + std::to_string(cf.bn)) << std::setw(8) << reserve << std::setw(8) << mname
+                    << std::right << std::fixed << std::setprecision(3) << std::setw(10) << ours_ms << std::setw(10)
+                    << cub_ms << std::setprecision(1) << std::setw(9) << ours_tf << std::setw(9) << cub_tf
+                    << std::setprecision(3) << std::setw(8) << ours_tf / cub_tf << "\n"
+                    << std::flush;
+          if (csv)
+            csv << sh.m << "," << sh.n << "," << sh.k << "," << dname << ",128x" << cf.bn << "," << reserve << ","
+                << mname << "," << ours_ms << "," << cub_ms << "," << ours_tf << "," << cub_tf << ","
+                << ours_tf / cub_tf << "," << cf.rel << "\n";
         }
       }
     }

@@ -91,6 +91,10 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&gemm_launched_, cudaEventDisableTiming));
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
   if (opts_.wait == WaitMode::StreamWaitOp) stream_wait_fn();
+  if (opts_.fallback_cublas) {
+    if (!sequential()) throw InvalidArgument("OverlapAllReduce: fallback_cublas needs the sequential plan (one group)");
+    cublas_ = std::make_unique<CublasGemm>();
+  }
   if (opts_.trace) {
     trace_.resize(2 + 2 * groups.size());
     for (auto& e : trace_) FO_CUDA_CHECK(cudaEventCreate(&e));
@@ -184,6 +188,18 @@ void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, c
                     "rank " + std::to_string(opts_.rank) + " sequential AllReduce");
 }
 
+void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, void* c, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  if (cublas_) {
+    cublas_->run(opts_.dtype, a, b, c, s.m, s.n, opts_.k, s.n, stream);
+    return;
+  }
+  kernels::GemmParams p;
+  p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
+  p.store = kernels::Store::Plain, p.c = c, p.ldc = s.n;
+  kernels::launch_gemm(p, stream);
+}
+
 void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
@@ -197,11 +213,8 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
   void* c = direct ? out : slots_.get();
   if (!sequential()) {
     enqueue_overlapped(a, b, c, stream);
-  } else {  // our GEMM, then one AllReduce of the contiguous result
-    kernels::GemmParams p;
-    p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
-    p.store = kernels::Store::Plain, p.c = c, p.ldc = s.n;
-    kernels::launch_gemm(p, stream);
+  } else {  // the GEMM, then one AllReduce of the contiguous result
+    enqueue_sequential_gemm(a, b, c, stream);
     enqueue_sequential_allreduce(c, int64_t(s.m) * s.n, stream);
   }
   if (!direct)
@@ -222,10 +235,7 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
   if (!sequential()) {
     enqueue_overlapped(a, b, slots_.get(), stream);
   } else {
-    kernels::GemmParams p;
-    p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
-    p.store = kernels::Store::Plain, p.c = slots_.get(), p.ldc = s.n;
-    kernels::launch_gemm(p, stream);
+    enqueue_sequential_gemm(a, b, slots_.get(), stream);
     enqueue_sequential_allreduce(slots_.get(), int64_t(s.m) * s.n, stream);
   }
   plan::Schedule whole;  // row-major C as the slot layout of one tile: see add_rmsnorm_rows

@@ -31,6 +31,9 @@
 #include "plan/partition.h"
 #include "plan/schedule.h"
 #include "runtime/rt_buffer.h"
+#include "runtime/rt_cublas.h"
+
+#include <memory>
 
 namespace flashoverlap::rt {
 
@@ -56,6 +59,9 @@ struct OverlapAllReduceOptions {
   double wait_timeout_s = 30.0;   // a group not complete by then fails the call
   int fault_drop_group = -1;      // testing only: this group's signals go nowhere
   bool trace = false;             // record events around the GEMM and each group (see timeline())
+  // Sequential fallback only: run cuBLAS instead of our GEMM (when the tuner
+  // measured it faster on this shape: never slower than what users run).
+  bool fallback_cublas = false;
 };
 
 // Times of one call, in ms from the GEMM's launch on the caller's stream
@@ -107,6 +113,8 @@ class OverlapAllReduce {
   // RowBands: the GEMM writes row-major `c` (n per row); Slots: c unused.
   void enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream);
   void enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream);
+  // Sequential fallback: row-major C = A B^T (n per row) on the caller's stream.
+  void enqueue_sequential_gemm(const void* a, const void* b, void* c, cudaStream_t stream);
   // Elements of group g: offset into the buffer the AllReduce runs on, count.
   std::pair<int64_t, int64_t> group_elements(size_t g) const;
 
@@ -119,6 +127,7 @@ class OverlapAllReduce {
   uint32_t epoch_ = 0;
   // trace: [0] GEMM start, [1] GEMM end, then per group wait end, comm end
   std::vector<cudaEvent_t> trace_;
+  std::unique_ptr<CublasGemm> cublas_;  // fallback_cublas
 };
 
 }  // namespace flashoverlap::rt

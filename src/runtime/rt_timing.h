@@ -50,4 +50,32 @@ inline TimingStats time_on_stream(const std::function<void()>& enqueue, cudaStre
   return summarize(std::move(runs));
 }
 
+// Times several alternatives in turns (run i of each, then run i+1 of each),
+// so that slow drifts of the GPU's clocks or temperature hit all of them alike.
+inline std::vector<TimingStats> time_interleaved(const std::vector<std::function<void()>>& fns, cudaStream_t stream,
+                                                 int warmup, int iters) {
+  cudaEvent_t start, stop;
+  FO_CUDA_CHECK(cudaEventCreate(&start));
+  FO_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& f : fns) f();
+  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<std::vector<double>> runs(fns.size());
+  for (int i = 0; i < iters; ++i)
+    for (size_t j = 0; j < fns.size(); ++j) {
+      FO_CUDA_CHECK(cudaEventRecord(start, stream));
+      fns[j]();
+      FO_CUDA_CHECK(cudaEventRecord(stop, stream));
+      FO_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      FO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      runs[j].push_back(ms);
+    }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::vector<TimingStats> out;
+  for (auto& r : runs) out.push_back(summarize(std::move(r)));
+  return out;
+}
+
 }  // namespace flashoverlap::rt

@@ -232,6 +232,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     best->groups = plan::make_groups(best->sched, {best->sched.waves()});
     best->reserve = 0;
     best->predicted_ms = sequential_ms;
+    best->fallback_cublas = t.cublas_gemm_ms > 0 && t.cublas_gemm_ms < full_ms[i];
   }
   return *best;
 }

@@ -57,7 +57,10 @@ struct AllReduceTuning {
   std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots};
   std::vector<int> band_swizzles = {4, 8};
   std::string group_sizes;  // given: evaluate these (waves for Slots, bands for RowBands) instead of searching
-  double slowdown = 1.10;   // GEMM under concurrent NCCL
+  // GEMM under concurrent NCCL: measured 1.03-1.04 with the row-band layout
+  // on 2x H200 (trace of 4096x8192x8192: GEMM end 0.814 ms vs 0.786 alone).
+  double slowdown = 1.05;
+  double cublas_gemm_ms = 0;  // > 0: the fallback may use cuBLAS when it is faster than ours
 };
 
 struct AllReducePlan {
@@ -66,6 +69,7 @@ struct AllReducePlan {
   std::vector<plan::Group> groups;
   int reserve = 0;
   bool sequential = false;
+  bool fallback_cublas = false;  // sequential, with cuBLAS's GEMM
   double predicted_ms = 0;
 };
 
