@@ -1,5 +1,6 @@
 // `flashoverlap plan`: the overlap plan for one shape, from the model alone
 // (no GPU). Also printed by the default job on machines without a GPU.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -72,16 +73,8 @@ nlohmann::json plan_json(const Planned& p, const PlanOptions& o) {
   j["slots"] = slots;
   if (p.routing) {
     j["routing"] = o.routing;
-    const fp::WaveCounts counts = fp::alltoall_counts(p.plan.schedule, *p.routing);
-    const int32_t W = p.plan.world;
-    for (const fp::Group& g : p.plan.groups) {
-      nlohmann::json rows = nlohmann::json::array();
-      for (int32_t src = 0; src < W; ++src) {
-        rows.push_back(nlohmann::json::array());
-        for (int32_t dst = 0; dst < W; ++dst) rows.back().push_back(counts.sum(g.first_wave, g.end_wave, src * W + dst));
-      }
-      j["pair_rows"].push_back(rows);  // [group][src][dst] slot rows
-    }
+    const fp::AllToAllLoad load(p.plan.schedule, *p.routing);
+    for (const fp::Group& g : p.plan.groups) j["busiest_link_rows"].push_back(load.max_link_rows(g.first_wave, g.end_wave));
   }
   return j;
 }
@@ -101,7 +94,7 @@ void print_text(const Planned& p, std::ostream& out) {
               mib(2.0 * p.map.recv_elements()));
   const bool a2a = plan.op == fp::Collective::AllToAll;
   out << strf("  %-5s %-9s %-13s %8s  %-13s  %-13s  %s\n", "group", "waves", "tiles", "MiB", "compute ms", "comm ms",
-              a2a ? "rank 0 rows to each peer" : "send elements [offset +count]");
+              a2a ? "rank 0 slot rows to each peer" : "send elements [offset +count]");
   constexpr size_t kShown = 16;
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     if (g == kShown) {
@@ -113,9 +106,15 @@ void print_text(const Planned& p, std::ostream& out) {
     const fp::GroupTiming& t = plan.predicted.groups[g];
     const fp::GroupCall& call = p.map.groups[g];
     std::string slots;
-    if (a2a) {
-      for (size_t d = 0; d < call.send_to.size(); ++d)
-        slots += (d ? "," : "") + std::to_string(call.send_to[d].count / s.bn);
+    if (a2a && call.send_to.size() <= 8) {
+      for (size_t d = 0; d < call.send_to.size(); ++d) {
+        if (d) slots += ',';
+        slots += std::to_string(call.send_to[d].count / s.bn);
+      }
+    } else if (a2a) {
+      const auto [lo, hi] = std::minmax_element(call.send_to.begin(), call.send_to.end(),
+                                                [](const fp::Span& a, const fp::Span& b) { return a.count < b.count; });
+      slots = strf("%lld..%lld", (long long)(lo->count / s.bn), (long long)(hi->count / s.bn));
     } else {
       slots = strf("[%lld +%lld]", (long long)call.send.offset, (long long)call.send.count);
     }
@@ -138,7 +137,7 @@ void add_plan_options(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--m", o.m, "rows of C (tokens)")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--n", o.n, "columns of C (output features)")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--k", o.k, "reduction dimension (input features)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--world", o.world, "ranks (GPUs)")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  cmd->add_option("--world", o.world, "ranks (GPUs)")->check(CLI::Range(1, int(fp::kMaxWorld)))->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "element type")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
   cmd->add_option("--tile", o.tile, "GEMM tile: auto | 128x256 | 128x128")
       ->check(CLI::IsMember({"auto", "128x256", "128x128"}))

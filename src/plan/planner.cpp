@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -31,7 +32,9 @@ void check_request(const PlanRequest& req) {
   if (req.m < 1 || req.n < 1 || req.k < 1)
     throw InvalidArgument("shape M=" + std::to_string(req.m) + " N=" + std::to_string(req.n) + " K=" +
                           std::to_string(req.k) + ": every dimension must be >= 1");
-  if (req.world < 1) throw InvalidArgument("world size " + std::to_string(req.world) + " must be >= 1");
+  if (req.world < 1 || req.world > kMaxWorld)
+    throw InvalidArgument("world size " + std::to_string(req.world) + " must be in [1, " + std::to_string(kMaxWorld) +
+                          "]");
   if (req.sms < 1) throw InvalidArgument("SM count " + std::to_string(req.sms) + " must be >= 1");
   if (req.reserve_sms >= req.sms || req.reserve_sms < -1)
     throw InvalidArgument("reserved SMs " + std::to_string(req.reserve_sms) + " must be in [0, " +
@@ -48,17 +51,22 @@ void check_request(const PlanRequest& req) {
   }
 }
 
+// All-to-All traffic per tile row, by tile height: shared by the candidates.
+using RowLoads = std::map<int32_t, std::vector<int64_t>>;
+
 // Bytes of the send buffer of the call for waves [w0, w1) (group_bytes).
-BytesFn make_bytes_fn(const PlanRequest& req, const Schedule& s, RsLayout layout) {
+BytesFn make_bytes_fn(const PlanRequest& req, const Schedule& s, RsLayout layout, RowLoads& row_loads) {
   const double row_bytes = double(s.bn) * element_bytes(req.dtype);
   if (req.op == Collective::AllToAll) {
     // The busiest link's rows, as the send buffer of a uniform all-to-all
     // with that link load (which puts (W-1)/W of its buffer on the links).
-    auto counts = std::make_shared<WaveCounts>(alltoall_counts(s, *req.routing));
+    auto it = row_loads.find(s.bm);
+    if (it == row_loads.end()) it = row_loads.emplace(s.bm, AllToAllLoad::per_tile_row(*req.routing, s.bm)).first;
+    auto load = std::make_shared<AllToAllLoad>(s, req.world, it->second);
     const int32_t W = req.world;
     const double fan = W > 1 ? double(W) / (W - 1) : 0.0;
-    return [counts, W, fan, row_bytes](int32_t w0, int32_t w1) {
-      return double(alltoall_max_link_rows(*counts, W, w0, w1)) * row_bytes * fan;
+    return [load, fan, row_bytes](int32_t w0, int32_t w1) {
+      return double(load->max_link_rows(w0, w1)) * row_bytes * fan;
     };
   }
   if (req.op == Collective::ReduceScatter && layout == RsLayout::Standard) {
@@ -76,14 +84,10 @@ double baseline_bytes(const PlanRequest& req) {
   if (req.op != Collective::AllToAll) return row_bytes * double(req.m);
   const int32_t W = req.world;
   if (W == 1) return 0;
-  const std::vector<int64_t> pairs = routing_pair_rows(*req.routing);
-  int64_t most = 0;
-  for (int32_t x = 0; x < W; ++x) {
-    int64_t sent = 0, received = 0;
-    for (int32_t y = 0; y < W; ++y)
-      if (y != x) sent += pairs[size_t(x) * W + y], received += pairs[size_t(y) * W + x];
-    most = std::max({most, sent, received});
-  }
+  // One "tile" column as wide as C: slot rows are then rows of C.
+  const Schedule whole = make_schedule(req.m, req.n, {128, int32_t(req.n)}, 1, Raster::AlongN, 1);
+  const int64_t most =
+      AllToAllLoad(whole, W, AllToAllLoad::per_tile_row(*req.routing, whole.bm)).max_link_rows(0, whole.waves());
   return double(most) * row_bytes * W / (W - 1);
 }
 
@@ -230,6 +234,7 @@ std::array<std::optional<Candidate>, 2> best_candidates(const PlanRequest& req, 
   const int64_t given_waves =
       req.partition ? std::accumulate(req.partition->begin(), req.partition->end(), int64_t{0}) : 0;
   std::string mismatch;
+  RowLoads row_loads;
   for (TileShape tile : tiles)
     for (RsLayout layout : layouts_for(req, tile))
       for (int32_t reserve : reserves_for(req, tile))
@@ -244,7 +249,7 @@ std::array<std::optional<Candidate>, 2> best_candidates(const PlanRequest& req, 
                         std::to_string(reserve) + " reserved)";
             continue;
           }
-          c.bytes = make_bytes_fn(req, c.schedule, layout);
+          c.bytes = make_bytes_fn(req, c.schedule, layout, row_loads);
           c.cost = make_cost(req, comm, c.schedule, reserve, layout, c.bytes);
           c.partition = req.partition ? *req.partition : search(c.cost);
           c.prediction = predict(c.cost, c.partition);

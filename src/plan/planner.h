@@ -36,6 +36,9 @@ inline constexpr int32_t kReserveCandidates[] = {8, 16, 24, 32};
 inline constexpr int32_t kMinReserve = 2, kMaxReserve = 40;
 // Above this many waves the DP runs on runs of ceil(T/kMaxSearchWaves) waves.
 inline constexpr int32_t kMaxSearchWaves = 512;
+// Largest world size planned for (a sanity bound: All-to-All maps read every
+// rank's routing, world x M entries).
+inline constexpr int32_t kMaxWorld = 1024;
 // ReduceScatter: standard layout unless predicted slower than sub-tile by more.
 inline constexpr double kStandardLayoutTolerance = 0.03;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "flashoverlap/error.h"
 
@@ -67,11 +68,20 @@ WaveCounts::WaveCounts(const Schedule& s, int32_t bins, const std::vector<int64_
   if (per_tile_row.size() != size_t(s.tiles_m()) * bins)
     throw Error("WaveCounts: expected " + std::to_string(s.tiles_m()) + " x " + std::to_string(bins) +
                 " counts, got " + std::to_string(per_tile_row.size()));
-  // Accumulate each wave's tiles into row w+1, then prefix-sum over waves.
-  for (int32_t idx = 0; idx < s.tiles(); ++idx) {
-    const int32_t tm = s.tile_of(idx).tm;
-    int64_t* dst = &prefix_[size_t(s.round_of(idx) + 1) * bins];
-    for (int32_t b = 0; b < bins; ++b) dst[b] += per_tile_row[size_t(tm) * bins + b];
+  // Each wave's tiles into row w+1 (through a histogram of the wave's tile
+  // rows: a wave spans few of them, and bins may be many), then prefix sums.
+  std::vector<int32_t> per_tm(size_t(s.tiles_m()), 0), touched;
+  for (int32_t w = 0; w < waves_; ++w) {
+    for (int32_t idx = w * s.ctas; idx < std::min(s.tiles(), (w + 1) * s.ctas); ++idx) {
+      const int32_t tm = s.tile_of(idx).tm;
+      if (per_tm[size_t(tm)]++ == 0) touched.push_back(tm);
+    }
+    int64_t* dst = &prefix_[size_t(w + 1) * bins];
+    for (int32_t tm : touched) {
+      const int64_t n = std::exchange(per_tm[size_t(tm)], 0);
+      for (int32_t b = 0; b < bins; ++b) dst[b] += n * per_tile_row[size_t(tm) * bins + b];
+    }
+    touched.clear();
   }
   for (int32_t w = 1; w <= waves_; ++w)
     for (int32_t b = 0; b < bins; ++b) prefix_[size_t(w) * bins + b] += prefix_[size_t(w - 1) * bins + b];

@@ -19,13 +19,31 @@
 
 namespace flashoverlap::plan {
 
-// bins = world*world: sum(w0, w1, src*world + dst) = slot rows that the tiles
-// of waves [w0, w1) on rank src send to rank dst.
-WaveCounts alltoall_counts(const Schedule& s, const Routing& routing);
+// What one rank moves per group: counts.sum(w0, w1, d) = slot rows the tiles
+// of waves [w0, w1) on `rank` send to rank d, and counts.sum(w0, w1, W + s) =
+// slot rows rank s sends to `rank` (bins: 2 * world).
+WaveCounts alltoall_rank_counts(const Schedule& s, const Routing& routing, int32_t rank);
 
-// The busiest rank's off-rank traffic in waves [w0, w1), in slot rows: the
-// largest, over ranks, of rows sent to other ranks and rows received from them.
-int64_t alltoall_max_link_rows(const WaveCounts& counts, int32_t world, int32_t w0, int32_t w1);
+// The off-rank traffic of every rank per group, for the planner's model, in
+// O(world) per group (not world^2).
+class AllToAllLoad {
+ public:
+  // The routing's traffic per tile row of `bm` rows: the part that does not
+  // depend on the schedule, to compute once per tile height (O(world * M)).
+  static std::vector<int64_t> per_tile_row(const Routing& routing, int32_t bm);
+
+  AllToAllLoad(const Schedule& s, const Routing& routing);
+  AllToAllLoad(const Schedule& s, int32_t world, const std::vector<int64_t>& per_tile_row);
+  // The busiest rank's off-rank traffic in waves [w0, w1), in slot rows: the
+  // largest, over ranks, of rows sent to other ranks and rows received from them.
+  int64_t max_link_rows(int32_t w0, int32_t w1) const;
+
+ private:
+  int32_t world_;
+  // Bins: [0, W) rows rank x keeps, [W, 2W) rows all ranks send to x, 2W rows
+  // of one rank's tiles (the same on every rank).
+  WaveCounts counts_;
+};
 
 SlotMap make_alltoall_map(const Schedule& s, const std::vector<Group>& groups,
                           const Routing& routing, int32_t rank);

@@ -46,6 +46,9 @@ TEST(PlanCli, PrintsAPlanForEveryCollective) {
   const Result a2a = run("--op alltoall --world 4 --routing empty:1 --m 3000");
   ASSERT_EQ(a2a.rc, 0) << a2a.err;
   EXPECT_NE(a2a.out.find("rows to each peer"), std::string::npos) << a2a.out;
+  const Result wide = run("--op alltoall --world 64 --m 4096 --routing skewed");
+  ASSERT_EQ(wide.rc, 0) << wide.err;
+  EXPECT_LT(lines(wide.out), 40u) << wide.out;
 }
 
 TEST(PlanCli, JsonOutputIsOneParsableObject) {
@@ -69,7 +72,8 @@ TEST(PlanCli, JsonOutputIsOneParsableObject) {
     EXPECT_EQ(at, j["slots"]["send_elements"].get<int64_t>());
     EXPECT_LE(j["predicted_ms"].get<double>(), j["baseline"]["total_ms"].get<double>());
     if (std::string(op) == "alltoall") {
-      EXPECT_EQ(j["pair_rows"].size(), partition.size());
+      EXPECT_EQ(j["busiest_link_rows"].size(), partition.size());
+      EXPECT_EQ(j["slots"]["groups"][0]["send_to"].size(), 4u);
     }
   }
   const Result fixed = run("--json --tile 128x256 --reserve-sms 16 --partition 3,3,3");
@@ -87,6 +91,7 @@ TEST(PlanCli, BadInputIsOneLineAndExitCode2) {
       {"--tile 64x64", "--tile"},
       {"--tile 128x", "--tile"},
       {"--world 0", "--world"},
+      {"--world 1025", "--world"},
       {"--dtype fp32", "--dtype"},
       {"--tile 128x256 --reserve-sms 16 --partition 1,2,2", "sums to 5"},
       {"--partition 1,x", "bad partition"},

@@ -52,16 +52,15 @@ TEST(PlanSlotMaps, ReduceScatterStandardPaddingDependsOnTileOrder) {
   }
 }
 
-TEST(PlanSlotMaps, WaveCountsEqualBruteForceCounts) {
+TEST(PlanSlotMaps, AllToAllCountsEqualBruteForceCounts) {
   FO_SEEDED_RNG(rng);
   for (int it = 0; it < 100; ++it) {
     const int32_t W = int32_t(uniform(rng, 1, 6));
     const fo::Schedule s = fo_test::random_schedule(rng, fo_test::random_tile(rng), 50000);
     SCOPED_TRACE(fo_test::describe(s) + " world " + std::to_string(W));
     const fo::Routing routing = fo::make_routing(uniform(rng, 0, 1) ? "uniform" : "skewed", W, s.m, rng());
-    const fo::WaveCounts pairs = fo::alltoall_counts(s, routing);
     const int32_t w0 = int32_t(uniform(rng, 0, s.waves() - 1)), w1 = int32_t(uniform(rng, w0 + 1, s.waves()));
-    std::vector<int64_t> brute(size_t(W) * W, 0);
+    std::vector<int64_t> brute(size_t(W) * W, 0);  // [src][dst] slot rows of waves [w0, w1)
     const fo::Group g = fo::group_spanning(s, w0, w1);
     for (int32_t idx = g.first_tile; idx < g.end_tile; ++idx) {
       const fo::TileCoord t = s.tile_of(idx);
@@ -70,14 +69,16 @@ TEST(PlanSlotMaps, WaveCountsEqualBruteForceCounts) {
     }
     int64_t busiest = 0;
     for (int32_t x = 0; x < W; ++x) {
+      const fo::WaveCounts mine = fo::alltoall_rank_counts(s, routing, x);
       int64_t out = 0, in = 0;
       for (int32_t y = 0; y < W; ++y) {
-        EXPECT_EQ(pairs.sum(w0, w1, x * W + y), brute[size_t(x) * W + y]);
+        EXPECT_EQ(mine.sum(w0, w1, y), brute[size_t(x) * W + y]);
+        EXPECT_EQ(mine.sum(w0, w1, W + y), brute[size_t(y) * W + x]);
         if (y != x) out += brute[size_t(x) * W + y], in += brute[size_t(y) * W + x];
       }
       busiest = std::max({busiest, out, in});
     }
-    EXPECT_EQ(fo::alltoall_max_link_rows(pairs, W, w0, w1), busiest);
+    EXPECT_EQ(fo::AllToAllLoad(s, routing).max_link_rows(w0, w1), busiest);
   }
 }
 
