@@ -158,16 +158,28 @@ Schedule schedule_for(const PlanRequest& req, TileShape tile, int32_t ctas, Rast
 
 std::vector<int32_t> reserves_for(const PlanRequest& req, TileShape tile) {
   if (req.reserve_sms >= 0) return {req.reserve_sms};
-  std::set<int32_t> r;
+  std::set<int32_t> all;
   for (int32_t x : kReserveCandidates)
-    if (x < req.sms) r.insert(x);
+    if (x < req.sms) all.insert(x);
   const int64_t tiles = ((req.m + tile.bm - 1) / tile.bm) * ((req.n + tile.bn - 1) / tile.bn);
   for (int64_t w = 1; w <= tiles; ++w) {
     const int64_t x = req.sms - (tiles + w - 1) / w;  // fewest CTAs that take the tiles in w waves
     if (x > kMaxReserve) break;                       // grows with w
-    if (x >= kMinReserve && x < req.sms) r.insert(int32_t(x));
+    if (x >= kMinReserve && x < req.sms) all.insert(int32_t(x));
   }
-  return {r.begin(), r.end()};
+  // Drop r when another leaves the GEMM no more waves and NCCL at least as
+  // many useful CTAs, better on one count or a smaller reserve (planner.h).
+  auto waves = [&](int32_t r) { return (tiles + (req.sms - r) - 1) / (req.sms - r); };
+  auto useful = [&](int32_t r) { return std::min(r, req.comm_saturating_ctas); };
+  std::vector<int32_t> kept;
+  for (int32_t r : all) {
+    bool dominated = false;
+    for (int32_t o : all)
+      dominated |= o != r && waves(o) <= waves(r) && useful(o) >= useful(r) &&
+                   (waves(o) < waves(r) || useful(o) > useful(r) || o < r);
+    if (!dominated) kept.push_back(r);
+  }
+  return kept;
 }
 
 std::vector<std::pair<Raster, int32_t>> rasters_for(const PlanRequest& req, RsLayout layout) {

@@ -32,6 +32,11 @@ inline constexpr TileShape kTileCandidates[] = {{128, 256}, {128, 128}};
 // for each wave count w, the largest reserve that still fits the tiles in w
 // waves (sms - ceil(tiles / w)) within [kMinReserve, kMaxReserve]: among
 // reserves with the same waves it gives NCCL the most SMs for the same GEMM.
+// A heuristic keeps the search small: a reserve that another beats on both
+// summary counts (no more GEMM waves, at least as many NCCL CTAs up to
+// saturating_ctas) is not searched. It is not a proof of dominance (group
+// tile sets differ with the CTA count), so the plan is optimal over the
+// remaining candidates only.
 inline constexpr int32_t kReserveCandidates[] = {8, 16, 24, 32};
 inline constexpr int32_t kMinReserve = 2, kMaxReserve = 40;
 // Above this many waves the DP runs on runs of ceil(T/kMaxSearchWaves) waves.
