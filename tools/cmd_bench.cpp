@@ -215,13 +215,14 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                        std::to_string(K) + ": " + res.checks);
 
   // ---- timings ----
-  auto t = [&](const std::function<void()>& f) {
-    return rt::time_collective(f, cx.stream, base, o.warmup, o.iters).median_ms;
-  };
-  std::vector<double> ms = {t(run_seq), t(run_ours)};
+  // All variants timed in turns, so that clock or temperature drifts hit all alike.
+  std::vector<std::function<void()>> variants = {run_seq, run_ours};
   for (auto& d : decs)
-    ms.push_back(t([&] { d->run(*cx.cublas, dt, a.get(), b.get(), out_dec.get(), m, n, k, cx.stream); }));
-  ms.push_back(t(run_fo));
+    variants.push_back([&, dp = d.get()] { dp->run(*cx.cublas, dt, a.get(), b.get(), out_dec.get(), m, n, k, cx.stream); });
+  variants.push_back(run_fo);
+  std::vector<double> ms;
+  for (const auto& st : rt::time_collective_interleaved(variants, cx.stream, base, o.warmup, o.iters))
+    ms.push_back(st.median_ms);
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   op.check();
   ms = rt::max_over_ranks(*cx.rv, ms);
@@ -274,7 +275,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     res.checks += std::string("; rmsnorm fused vs unfused: ") + (rb[0] == 0 ? "bitwise equal" : "differs") +
                   " (rel " + std::to_string(rb[1]) + ")";
     if (world == 2 && rb[0] != 0) throw Error("fused RMSNorm differs from GEMM -> AllReduce -> RMSNorm");
-    std::vector<double> rms = rt::max_over_ranks(*cx.rv, {t(unfused), t(fused)});
+    const auto st = rt::time_collective_interleaved({unfused, fused}, cx.stream, base, o.warmup, o.iters);
+    std::vector<double> rms = rt::max_over_ranks(*cx.rv, {st[0].median_ms, st[1].median_ms});
     res.rows.push_back({"sequential+rmsnorm", rms[0], "1", "cuBLAS + NCCL + RMSNorm"});
     res.rows.push_back({"flashoverlap+rmsnorm", rms[1], op.describe_groups(), cfg.str() + ", fused"});
   }

@@ -25,6 +25,11 @@ std::vector<double> max_over_ranks(Rendezvous& rv, const std::vector<double>& mi
 
 TimingStats time_collective(const std::function<void()>& enqueue, cudaStream_t stream, ncclComm_t sync_comm,
                             int warmup, int iters) {
+  return time_collective_interleaved({enqueue}, stream, sync_comm, warmup, iters).front();
+}
+
+std::vector<TimingStats> time_collective_interleaved(const std::vector<std::function<void()>>& fns,
+                                                     cudaStream_t stream, ncclComm_t sync_comm, int warmup, int iters) {
   static thread_local DeviceBuffer token(256);
   auto sync = [&] {
     FO_NCCL_CHECK_CTX(ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, sync_comm, stream),
@@ -33,25 +38,29 @@ TimingStats time_collective(const std::function<void()>& enqueue, cudaStream_t s
   cudaEvent_t start, stop;
   FO_CUDA_CHECK(cudaEventCreate(&start));
   FO_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < warmup; ++i) {
-    sync();
-    enqueue();
-  }
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& f : fns) {
+      sync();
+      f();
+    }
   FO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<double> runs;
-  for (int i = 0; i < iters; ++i) {
-    sync();
-    FO_CUDA_CHECK(cudaEventRecord(start, stream));
-    enqueue();
-    FO_CUDA_CHECK(cudaEventRecord(stop, stream));
-    FO_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    FO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    runs.push_back(ms);
-  }
+  std::vector<std::vector<double>> runs(fns.size());
+  for (int i = 0; i < iters; ++i)
+    for (size_t j = 0; j < fns.size(); ++j) {
+      sync();
+      FO_CUDA_CHECK(cudaEventRecord(start, stream));
+      fns[j]();
+      FO_CUDA_CHECK(cudaEventRecord(stop, stream));
+      FO_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      FO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      runs[j].push_back(ms);
+    }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return summarize(std::move(runs));
+  std::vector<TimingStats> out;
+  for (auto& r : runs) out.push_back(summarize(std::move(r)));
+  return out;
 }
 
 plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
@@ -175,6 +184,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
   for (Candidate& c : cands) {
     const plan::Schedule& s = c.plan.sched;
     const plan::BandwidthCurve& curve = t.curve_for(c.plan.reserve);
+    const plan::BandwidthCurve& tail_curve = t.curve_for(0);  // the last group: after the GEMM, NCCL's defaults
     const double wave_ms = c.gemm_ms / s.waves() * t.slowdown;
     plan::CostModel cost;
     std::function<int64_t(int)> unit_end_tile;  // tiles done when unit i is done
@@ -202,7 +212,8 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         const int64_t r0 = t0 / s.tiles_n() * s.bm, r1 = std::min<int64_t>(t1 / s.tiles_n() * s.bm, s.m);
         bytes = double(r1 - r0) * s.n * 2;
       }
-      return curve.latency_ms(bytes);
+      const bool tail = u1 == int32_t(cost.wave_ms.size());
+      return tail ? tail_curve.latency_ms(bytes) : curve.latency_ms(bytes) * t.comm_slowdown;
     };
     plan::Partition part;
     if (!t.group_sizes.empty()) {

@@ -25,6 +25,12 @@ std::vector<double> max_over_ranks(Rendezvous& rv, const std::vector<double>& mi
 TimingStats time_collective(const std::function<void()>& enqueue, cudaStream_t stream, ncclComm_t sync_comm,
                             int warmup, int iters);
 
+// Several alternatives timed in turns (run i of each, then run i+1 of each),
+// each run started right after the sync AllReduce: drifts of clocks or
+// temperature hit all alike. Per-rank stats, in the order given.
+std::vector<TimingStats> time_collective_interleaved(const std::vector<std::function<void()>>& fns,
+                                                     cudaStream_t stream, ncclComm_t sync_comm, int warmup, int iters);
+
 // AllReduce latency (max over ranks, median of `iters`) at log-spaced sizes
 // from 64 KiB to `max_bytes` (powers of two), on `comm`.
 plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt,
@@ -60,6 +66,9 @@ struct AllReduceTuning {
   // GEMM under concurrent NCCL: measured 1.03-1.04 with the row-band layout
   // on 2x H200 (trace of 4096x8192x8192: GEMM end 0.814 ms vs 0.786 alone).
   double slowdown = 1.05;
+  // NCCL calls beside the GEMM take longer than the curve measured alone:
+  // 1-band groups of 16384x8192x4096 took 0.075 ms against 0.06 predicted.
+  double comm_slowdown = 1.25;
   double cublas_gemm_ms = 0;  // > 0: the fallback may use cuBLAS when it is faster than ours
 };
 
