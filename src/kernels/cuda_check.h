@@ -17,6 +17,11 @@ namespace flashoverlap {
   throw Error(msg);
 }
 
+// A CUDA driver function, resolved through the runtime (binaries do not link
+// libcuda, so they start on machines without a driver). Throws if missing.
+template <typename Fn>
+Fn driver_entry_point(const char* name, int version);
+
 }  // namespace flashoverlap
 
 #define FO_CUDA_CHECK(call)                                                         \
@@ -30,3 +35,14 @@ namespace flashoverlap {
     cudaError_t fo_err_ = (call);                                                   \
     if (fo_err_ != cudaSuccess) ::flashoverlap::throw_cuda_error(fo_err_, #call, __FILE__, __LINE__, (ctx)); \
   } while (0)
+
+namespace flashoverlap {
+template <typename Fn>
+Fn driver_entry_point(const char* name, int version) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  FO_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess || !f) throw Error(std::string(name) + " is not available from the driver");
+  return reinterpret_cast<Fn>(f);
+}
+}  // namespace flashoverlap

@@ -16,13 +16,7 @@ namespace {
 ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
 
 PFN_cuStreamWaitValue32_v11070 stream_wait_fn() {
-  static PFN_cuStreamWaitValue32_v11070 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    FO_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 11070, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !f) throw Error("cuStreamWaitValue32 is not available from the driver");
-    return reinterpret_cast<PFN_cuStreamWaitValue32_v11070>(f);
-  }();
+  static const auto fn = driver_entry_point<PFN_cuStreamWaitValue32_v11070>("cuStreamWaitValue32", 11070);
   return fn;
 }
 

@@ -28,41 +28,26 @@ inline TimingStats summarize(std::vector<double> runs) {
   return s;
 }
 
-// Times `enqueue` (which enqueues work on `stream`) between two events.
-inline TimingStats time_on_stream(const std::function<void()>& enqueue, cudaStream_t stream, int warmup, int iters) {
-  cudaEvent_t start, stop;
-  FO_CUDA_CHECK(cudaEventCreate(&start));
-  FO_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < warmup; ++i) enqueue();
-  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<double> runs;
-  for (int i = 0; i < iters; ++i) {
-    FO_CUDA_CHECK(cudaEventRecord(start, stream));
-    enqueue();
-    FO_CUDA_CHECK(cudaEventRecord(stop, stream));
-    FO_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    FO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    runs.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return summarize(std::move(runs));
-}
-
 // Times several alternatives in turns (run i of each, then run i+1 of each),
-// so that slow drifts of the GPU's clocks or temperature hit all of them alike.
+// so that slow drifts of the GPU's clocks or temperature hit all of them
+// alike. `before_each` (optional) is enqueued before every run, outside the
+// timed region (e.g. a sync between ranks). Stats in the order given.
 inline std::vector<TimingStats> time_interleaved(const std::vector<std::function<void()>>& fns, cudaStream_t stream,
-                                                 int warmup, int iters) {
+                                                 int warmup, int iters,
+                                                 const std::function<void()>& before_each = {}) {
   cudaEvent_t start, stop;
   FO_CUDA_CHECK(cudaEventCreate(&start));
   FO_CUDA_CHECK(cudaEventCreate(&stop));
   for (int i = 0; i < warmup; ++i)
-    for (const auto& f : fns) f();
+    for (const auto& f : fns) {
+      if (before_each) before_each();
+      f();
+    }
   FO_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<std::vector<double>> runs(fns.size());
   for (int i = 0; i < iters; ++i)
     for (size_t j = 0; j < fns.size(); ++j) {
+      if (before_each) before_each();
       FO_CUDA_CHECK(cudaEventRecord(start, stream));
       fns[j]();
       FO_CUDA_CHECK(cudaEventRecord(stop, stream));
@@ -76,6 +61,11 @@ inline std::vector<TimingStats> time_interleaved(const std::vector<std::function
   std::vector<TimingStats> out;
   for (auto& r : runs) out.push_back(summarize(std::move(r)));
   return out;
+}
+
+// Times `enqueue` (which enqueues work on `stream`) between two events.
+inline TimingStats time_on_stream(const std::function<void()>& enqueue, cudaStream_t stream, int warmup, int iters) {
+  return time_interleaved({enqueue}, stream, warmup, iters).front();
 }
 
 }  // namespace flashoverlap::rt

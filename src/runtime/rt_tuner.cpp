@@ -35,32 +35,7 @@ std::vector<TimingStats> time_collective_interleaved(const std::vector<std::func
     FO_NCCL_CHECK_CTX(ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, sync_comm, stream),
                       "timing sync");
   };
-  cudaEvent_t start, stop;
-  FO_CUDA_CHECK(cudaEventCreate(&start));
-  FO_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < warmup; ++i)
-    for (const auto& f : fns) {
-      sync();
-      f();
-    }
-  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<std::vector<double>> runs(fns.size());
-  for (int i = 0; i < iters; ++i)
-    for (size_t j = 0; j < fns.size(); ++j) {
-      sync();
-      FO_CUDA_CHECK(cudaEventRecord(start, stream));
-      fns[j]();
-      FO_CUDA_CHECK(cudaEventRecord(stop, stream));
-      FO_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      FO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      runs[j].push_back(ms);
-    }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::vector<TimingStats> out;
-  for (auto& r : runs) out.push_back(summarize(std::move(r)));
-  return out;
+  return time_interleaved(fns, stream, warmup, iters, sync);
 }
 
 plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
