@@ -57,8 +57,9 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
     if (groups[g].first_tile != expect || groups[g].end_tile <= groups[g].first_tile)
       throw InvalidArgument("OverlapAllReduce: groups must be consecutive non-empty tile ranges (group " +
                             std::to_string(g) + ")");
-    if (opts_.layout == ArLayout::RowBands && groups[g].first_tile % s.tiles_n() != 0)
-      throw InvalidArgument("OverlapAllReduce: row-band group " + std::to_string(g) + " does not start a tile row");
+    // Inside a band tiles walk down its tile rows first: only whole bands are whole rows of C.
+    if (opts_.layout == ArLayout::RowBands && groups[g].first_tile % (s.swizzle * s.tiles_n()) != 0)
+      throw InvalidArgument("OverlapAllReduce: row-band group " + std::to_string(g) + " does not start a band");
   }
   if (groups.back().end_tile != s.tiles()) throw InvalidArgument("OverlapAllReduce: groups do not cover all tiles");
   if (opts_.layout == ArLayout::RowBands && (s.raster != plan::Raster::AlongN))

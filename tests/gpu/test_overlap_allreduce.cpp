@@ -223,3 +223,26 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
 }
 
 }  // namespace
+
+namespace {
+
+// Host-side validation, before any CUDA call: runs on any machine.
+TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
+  const plan::Schedule s = sched_for(4096, 8192, 256, 114, 4);  // bands of 4 tile rows x 32 tiles
+  rt::OverlapAllReduceOptions o;
+  o.sched = s, o.k = 512, o.comm = reinterpret_cast<ncclComm_t>(uintptr_t(1));  // never used: validation throws first
+  o.layout = rt::ArLayout::RowBands;
+  o.groups = {plan::Group{0, 1, 0, 32}, plan::Group{1, 9, 32, s.tiles()}};  // splits band 0
+  EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
+  o.groups = {plan::Group{0, 1, 0, 128}, plan::Group{1, 8, 130, s.tiles()}};  // gap
+  EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
+  o.groups = {plan::Group{0, 1, 0, 128}};  // does not cover all tiles
+  EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
+  o.groups = rt::band_groups(s, {1, 2, 5});
+  EXPECT_EQ(o.groups.back().end_tile, s.tiles());
+  EXPECT_THROW(rt::band_groups(s, {1, 2, 4}), InvalidArgument);  // 7 of 8 bands
+  o.comm = nullptr;
+  EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
+}
+
+}  // namespace
