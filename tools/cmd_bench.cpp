@@ -19,10 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "cli_parse.h"
 #include "commands.h"
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "kernels/reorder.h"
 #include "plan/planner.h"
 #include "runtime/bootstrap.h"
 #include "runtime/rt_baselines.h"
@@ -67,38 +69,13 @@ struct ShapeResult {
   std::string trace;
 };
 
-ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
-
 std::vector<std::array<int64_t, 3>> shapes_of(const Options& o) {
-  std::vector<std::array<int64_t, 3>> out;
-  if (o.shapes.empty()) {
-    out.push_back({o.m, o.n, o.k});
-  } else {
-    std::stringstream ss(o.shapes);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      std::array<int64_t, 3> s{};
-      char x1 = 0, x2 = 0;
-      std::stringstream is(item);
-      if (!(is >> s[0] >> x1 >> s[1] >> x2 >> s[2]) || x1 != 'x' || x2 != 'x')
-        throw InvalidArgument("bad shape '" + item + "' (expected MxNxK)");
-      out.push_back(s);
-    }
-  }
+  auto out = o.shapes.empty() ? std::vector<std::array<int64_t, 3>>{{o.m, o.n, o.k}} : parse_shapes(o.shapes);
   for (auto& s : out)
     if (s[0] < 1 || s[1] < 1 || s[2] < 1 || s[2] % 8 != 0 || s[0] > INT32_MAX || s[1] > INT32_MAX)
       throw InvalidArgument("bad shape " + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
                             std::to_string(s[2]) + ": M, N >= 1 and K a positive multiple of 8");
   return out;
-}
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) v.push_back(std::stoi(item));
-  return v;
 }
 
 // Everything that lives across shapes: the process group, communicators
@@ -150,7 +127,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
           .median_ms,
       rt::time_collective(
           [&] {
-            FO_NCCL_CHECK_CTX(ncclAllReduce(out_seq.get(), out_seq.get(), size_t(M) * N, nccl_type(dt), ncclSum, base,
+            FO_NCCL_CHECK_CTX(ncclAllReduce(out_seq.get(), out_seq.get(), size_t(M) * N, rt::nccl_type(dt), ncclSum, base,
                                             cx.stream),
                               "AllReduce alone");
           },
@@ -181,7 +158,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   plan::Schedule full = plan::make_schedule(M, N, {128, 256}, cx.info.sms, plan::Raster::AlongN,
                                             plan::default_swizzle(cx.info.sms, {128, 256}, int32_t((M + 127) / 128)));
   std::vector<std::unique_ptr<rt::DecompositionAllReduce>> decs;
-  for (int c : parse_list(o.decomp)) decs.push_back(std::make_unique<rt::DecompositionAllReduce>(c, base));
+  for (int c : parse_ints(o.decomp, "decomposition chunk")) decs.push_back(std::make_unique<rt::DecompositionAllReduce>(c, base));
 
   // ---- correctness first: poisoned outputs, fresh random inputs ----
   auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
@@ -261,14 +238,14 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     const float eps = 1e-6f;
     auto unfused = [&] {
       run_seq();
-      rt::add_rmsnorm_rows(dt, out_seq.get(), m, n, residual.get(), weight.get(), eps, y_ref.get(), cx.stream);
+      kernels::add_rmsnorm_rows(dt, out_seq.get(), m, n, residual.get(), weight.get(), eps, y_ref.get(), nullptr, cx.stream);
     };
     rt::RmsNormArgs norm{residual.get(), weight.get(), eps, nullptr};
     auto fused = [&] { op.run_rmsnorm(a.get(), b.get(), norm, y_fo.get(), cx.stream); };
     kernels::poison(y_fo.get(), M * N, cx.stream);
     if (plan.fallback_cublas) run_seq(); else run_ours();  // the same GEMM as the op's
-    rt::add_rmsnorm_rows(dt, plan.fallback_cublas ? out_seq.get() : out_ours.get(), m, n, residual.get(),
-                         weight.get(), eps, y_ref.get(), cx.stream);
+    kernels::add_rmsnorm_rows(dt, plan.fallback_cublas ? out_seq.get() : out_ours.get(), m, n, residual.get(),
+                              weight.get(), eps, y_ref.get(), nullptr, cx.stream);
     fused();
     const auto r = kernels::compare(dt, y_fo.get(), N, y_ref.get(), N, M, N, cx.stream);
     std::vector<double> rb = rt::max_over_ranks(*cx.rv, {double(r.mismatches), r.rel_error()});

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_parse.h"
 #include "commands.h"
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
@@ -24,44 +25,10 @@
 namespace flashoverlap::cli {
 namespace {
 
-struct Shape {
-  int m, n, k;
-};
-
 // The shape set of the GEMM issue (LLM projections, ragged M).
 const char* kDefaultShapes =
     "2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,"
     "1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192";
-
-std::vector<Shape> parse_shapes(const std::string& s) {
-  std::vector<Shape> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    Shape sh{};
-    char x1 = 0, x2 = 0;
-    std::stringstream is(item);
-    if (!(is >> sh.m >> x1 >> sh.n >> x2 >> sh.k) || x1 != 'x' || x2 != 'x' || sh.m < 1 || sh.n < 1 || sh.k < 1)
-      throw InvalidArgument("bad shape '" + item + "' (expected MxNxK, e.g. 4096x8192x8192)");
-    out.push_back(sh);
-  }
-  if (out.empty()) throw InvalidArgument("no shapes given");
-  return out;
-}
-
-std::vector<int> parse_ints(const std::string& s, const char* what) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      out.push_back(std::stoi(item));
-    } catch (...) {
-      throw InvalidArgument(std::string("bad ") + what + " list '" + s + "'");
-    }
-  }
-  return out;
-}
 
 struct Options {
   std::string shapes = kDefaultShapes;
@@ -110,7 +77,12 @@ int run(const Options& o) {
             << std::setw(10) << "cublas_ms" << std::setw(9) << "ours_TF" << std::setw(9) << "cublas_TF"
             << std::setw(8) << "ratio" << "\n";
 
-  for (const Shape& sh : shapes) {
+  for (const auto& dims : shapes) {
+    if (dims[0] > INT32_MAX || dims[1] > INT32_MAX || dims[2] > INT32_MAX)
+      throw InvalidArgument("shape too large for this benchmark");
+    const struct {
+      int m, n, k;
+    } sh{int(dims[0]), int(dims[1]), int(dims[2])};
     for (kernels::DType dt : dtypes) {
       const char* dname = dt == kernels::DType::BF16 ? "bf16" : "fp16";
       rt::DeviceBuffer a(size_t(sh.m) * sh.k * 2), b(size_t(sh.n) * sh.k * 2), c(size_t(sh.m) * sh.n * 2),

@@ -51,6 +51,15 @@ struct GemmParams {
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
 };
 
+// Plain row-major C (ldc elements per row) = A B^T on the grid of `sched`.
+inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const plan::Schedule& sched, int32_t k,
+                             void* c, int64_t ldc) {
+  GemmParams p;
+  p.dtype = dtype, p.a = a, p.b = b, p.m = sched.m, p.n = sched.n, p.k = k, p.sched = sched;
+  p.store = Store::Plain, p.c = c, p.ldc = ldc;
+  return p;
+}
+
 // Tile shapes the kernel is compiled for.
 bool tile_supported(int bm, int bn);
 

@@ -195,6 +195,13 @@ void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& s
     launch_add_rmsnorm<__half>(slots, s, residual, weight, eps, out, residual_out, stream);
 }
 
+void add_rmsnorm_rows(DType dtype, const void* x, int32_t m, int32_t n, const void* residual, const void* weight,
+                      float eps, void* out, void* residual_out, cudaStream_t stream) {
+  plan::Schedule whole;
+  whole.m = m, whole.n = n, whole.bm = m, whole.bn = n, whole.ctas = 1;
+  reorder_add_rmsnorm(dtype, x, whole, residual, weight, eps, out, residual_out, stream);
+}
+
 void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
                        const int32_t* dst_col, void* out, int64_t ld_out, int32_t n_cols, cudaStream_t stream) {
   const int threads = 256;

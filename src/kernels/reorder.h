@@ -25,6 +25,11 @@ void reorder_tiles_to_rows(DType dtype, const void* slots, const plan::Schedule&
 void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& sched, const void* residual,
                          const void* weight, float eps, void* out, void* residual_out, cudaStream_t stream);
 
+// The same element-wise step on row-major x (m x n): the fused kernel with
+// a schedule whose single tile is the whole matrix (slot row r = row r).
+void add_rmsnorm_rows(DType dtype, const void* x, int32_t m, int32_t n, const void* residual, const void* weight,
+                      float eps, void* out, void* residual_out, cudaStream_t stream);
+
 // Generic gather for the ReduceScatter / All-to-All layouts: slot row s
 // (bn wide) goes to output row dst_row[s], columns [dst_col[s], +bn) clipped
 // to n_cols; dst_row[s] < 0 skips it.

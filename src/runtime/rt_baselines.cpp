@@ -1,14 +1,9 @@
 // rt_baselines.cpp — see rt_baselines.h.
 #include "runtime/rt_baselines.h"
 
-#include "kernels/reorder.h"
 #include "runtime/rt_checks.h"
 
 namespace flashoverlap::rt {
-namespace {
-ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
-}  // namespace
-
 void sequential_cublas_allreduce(CublasGemm& cublas, kernels::DType dt, const void* a, const void* b, void* out,
                                  int m, int n, int k, ncclComm_t comm, cudaStream_t stream) {
   cublas.run(dt, a, b, out, m, n, k, n, stream);
@@ -17,21 +12,9 @@ void sequential_cublas_allreduce(CublasGemm& cublas, kernels::DType dt, const vo
 
 void sequential_ours_allreduce(kernels::DType dt, const void* a, const void* b, void* out, const plan::Schedule& sched,
                                int k, ncclComm_t comm, cudaStream_t stream) {
-  kernels::GemmParams p;
-  p.dtype = dt, p.a = a, p.b = b, p.m = sched.m, p.n = sched.n, p.k = k, p.sched = sched;
-  p.store = kernels::Store::Plain, p.c = out, p.ldc = sched.n;
-  kernels::launch_gemm(p, stream);
+  kernels::launch_gemm(kernels::plain_gemm(dt, a, b, sched, k, out, sched.n), stream);
   FO_NCCL_CHECK_CTX(ncclAllReduce(out, out, size_t(sched.m) * sched.n, nccl_type(dt), ncclSum, comm, stream),
                     "sequential (our GEMM)");
-}
-
-void add_rmsnorm_rows(kernels::DType dt, const void* x, int m, int n, const void* residual, const void* weight,
-                      float eps, void* out, cudaStream_t stream) {
-  // Row-major x is the slot layout of a schedule whose single tile is the
-  // whole matrix (slot row r = row r, n wide), so the fused kernel serves.
-  plan::Schedule whole;
-  whole.m = m, whole.n = n, whole.bm = m, whole.bn = n, whole.ctas = 1;
-  kernels::reorder_add_rmsnorm(dt, x, whole, residual, weight, eps, out, nullptr, stream);
 }
 
 DecompositionAllReduce::DecompositionAllReduce(int chunks, ncclComm_t comm) : chunks_(chunks), comm_(comm) {

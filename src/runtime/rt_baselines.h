@@ -21,11 +21,6 @@ void sequential_cublas_allreduce(CublasGemm& cublas, kernels::DType dt, const vo
 void sequential_ours_allreduce(kernels::DType dt, const void* a, const void* b, void* out, const plan::Schedule& sched,
                                int k, ncclComm_t comm, cudaStream_t stream);
 
-// Unfused RMSNorm step after the AllReduce: out = RMSNorm(x + residual) * w
-// on row-major x (m x n).
-void add_rmsnorm_rows(kernels::DType dt, const void* x, int m, int n, const void* residual, const void* weight,
-                      float eps, void* out, cudaStream_t stream);
-
 class DecompositionAllReduce {
  public:
   DecompositionAllReduce(int chunks, ncclComm_t comm);

@@ -8,6 +8,7 @@
 
 #include "flashoverlap/error.h"
 #include "kernels/cuda_check.h"
+#include "kernels/gemm.h"
 
 namespace flashoverlap {
 
@@ -24,6 +25,10 @@ namespace flashoverlap {
   if (!context.empty()) msg += " [" + context + "]";
   throw Error(msg);
 }
+
+namespace rt {
+inline ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
+}  // namespace rt
 
 }  // namespace flashoverlap
 

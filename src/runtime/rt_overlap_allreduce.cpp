@@ -13,8 +13,6 @@
 namespace flashoverlap::rt {
 namespace {
 
-ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
-
 PFN_cuStreamWaitValue32_v11070 stream_wait_fn() {
   static const auto fn = driver_entry_point<PFN_cuStreamWaitValue32_v11070>("cuStreamWaitValue32", 11070);
   return fn;
@@ -140,13 +138,9 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   FO_CUDA_CHECK(cudaEventRecord(gemm_launched_, stream));
   FO_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, gemm_launched_, 0));
 
-  kernels::GemmParams p;
-  p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
-  if (opts_.layout == ArLayout::Slots) {
-    p.store = kernels::Store::SlotTiles, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
-  } else {
-    p.store = kernels::Store::Plain, p.c = c, p.ldc = s.n;
-  }
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);  // RowBands: C itself
+  if (opts_.layout == ArLayout::Slots)
+    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
@@ -189,10 +183,7 @@ void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, voi
     cublas_->run(opts_.dtype, a, b, c, s.m, s.n, opts_.k, s.n, stream);
     return;
   }
-  kernels::GemmParams p;
-  p.dtype = opts_.dtype, p.a = a, p.b = b, p.m = s.m, p.n = s.n, p.k = opts_.k, p.sched = s;
-  p.store = kernels::Store::Plain, p.c = c, p.ldc = s.n;
-  kernels::launch_gemm(p, stream);
+  kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n), stream);
 }
 
 void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
@@ -233,10 +224,8 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
     enqueue_sequential_gemm(a, b, slots_.get(), stream);
     enqueue_sequential_allreduce(slots_.get(), int64_t(s.m) * s.n, stream);
   }
-  plan::Schedule whole;  // row-major C as the slot layout of one tile: see add_rmsnorm_rows
-  whole.m = s.m, whole.n = s.n, whole.bm = s.m, whole.bn = s.n, whole.ctas = 1;
-  kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), whole, norm.residual, norm.weight, norm.eps, out,
-                               norm.residual_out, stream);
+  kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm.residual, norm.weight, norm.eps, out,
+                            norm.residual_out, stream);
 }
 
 Timeline OverlapAllReduce::timeline() const {

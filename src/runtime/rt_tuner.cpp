@@ -1,8 +1,15 @@
 // rt_tuner.cpp — see rt_tuner.h.
 #include "runtime/rt_tuner.h"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <optional>
 
+#include "kernels/reorder.h"
+#include "plan/partition.h"
+#include "plan/search.h"
+#include "plan/tile_grid.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_checks.h"
 
@@ -42,7 +49,7 @@ plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, ke
                                              double max_bytes, int iters, const std::string& gpu) {
   DeviceBuffer buf{static_cast<size_t>(max_bytes)};
   FO_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes()));
-  const ncclDataType_t t = dt == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16;
+  const ncclDataType_t t = nccl_type(dt);
   std::vector<double> sizes, ms;
   for (double b = 65536; b <= max_bytes; b *= 2) {
     const auto st = time_collective(
@@ -62,35 +69,15 @@ plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, ke
 
 double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,
                        cudaStream_t stream, int iters) {
-  kernels::GemmParams p;
-  p.dtype = dt, p.a = a, p.b = b, p.m = sched.m, p.n = sched.n, p.k = k, p.sched = sched;
-  p.store = kernels::Store::Plain, p.c = c, p.ldc = sched.n;
+  const kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
   return time_on_stream([&] { kernels::launch_gemm(p, stream); }, stream, 2, iters).median_ms;
 }
 
 }  // namespace flashoverlap::rt
 
 // ---------------------------------------------------------------------------
-#include <algorithm>
-#include <numeric>
-#include <optional>
-#include <sstream>
-
-#include "kernels/reorder.h"
-#include "plan/planner.h"
-#include "plan/search.h"
-#include "plan/tile_grid.h"
-
 namespace flashoverlap::rt {
 namespace {
-
-std::vector<int> parse_sizes(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
 
 struct Candidate {
   AllReducePlan plan;
@@ -192,7 +179,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     };
     plan::Partition part;
     if (!t.group_sizes.empty()) {
-      part = parse_sizes(t.group_sizes);
+      part = plan::parse_partition(t.group_sizes);
       if (std::accumulate(part.begin(), part.end(), 0) != cost.waves()) continue;  // fits another candidate
     } else {
       part = plan::search_dp(cost).partition;

@@ -14,6 +14,7 @@
 
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "kernels/reorder.h"
 #include "plan/partition.h"
 #include "runtime/rt_baselines.h"
 #include "runtime/rt_buffer.h"
@@ -121,7 +122,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), ref.get(), full, c.k, comm, st);
       rt::sequential_cublas_allreduce(cublas, c.dt, a.get(), b.get(), cub.get(), c.m, c.n, c.k, comm, st);
       op.run(a.get(), b.get(), out.get(), c.n, st);
-      rt::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), st);
+      kernels::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), nullptr, st);
       op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y.get(), st);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
