@@ -14,6 +14,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -86,6 +87,8 @@ struct Context {
   rt::Communicator base;  // NCCL's defaults: baselines, the overlap's last group
   std::map<int, rt::Communicator> narrow;       // by max CTAs
   std::map<int, plan::BandwidthCurve> curves;   // by max CTAs (0 = base)
+  rt::Communicator ce;                          // zero-CTA policy: copy-engine AllGather (gathered layout)
+  std::optional<plan::BandwidthCurve> gather_curve;
   rt::DeviceInfo info;
   cudaStream_t stream = nullptr;
   std::unique_ptr<rt::CublasGemm> cublas;
@@ -96,6 +99,15 @@ struct Context {
     auto it = narrow.find(ctas);
     if (it == narrow.end()) it = narrow.emplace(ctas, base.split({ctas, ctas, 1})).first;
     return it->second.get();
+  }
+  ncclComm_t ce_comm() {
+    if (!ce) ce = base.split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
+    return ce.get();
+  }
+  const plan::BandwidthCurve& gather() {
+    if (!gather_curve)
+      gather_curve = rt::measure_gather_curve(*rv, ce_comm(), dtype, stream, 256.0 * (1 << 20), 5, info.name);
+    return *gather_curve;
   }
   const plan::BandwidthCurve& curve_for(int ctas) {
     auto it = curves.find(ctas);
@@ -143,6 +155,10 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.reserve = o.reserve_sms;
   if (o.layout == "rows") tuning.layouts = {rt::ArLayout::RowBands};
   if (o.layout == "slots") tuning.layouts = {rt::ArLayout::Slots};
+  if (o.layout == "gathered") tuning.layouts = {rt::ArLayout::Gathered};
+  if (o.layout == "auto" || o.layout == "gathered")
+    tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };
+  tuning.world = world;
   tuning.group_sizes = o.partition;
   tuning.cublas_gemm_ms = comp[0];
   const rt::AllReducePlan plan = rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
@@ -151,6 +167,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   fo.sched = plan.sched, fo.groups = plan.groups, fo.layout = plan.layout, fo.k = k, fo.dtype = dt, fo.rank = rank;
   fo.comm = cx.comm_for(plan.reserve);
   fo.tail_comm = base;
+  if (plan.layout == rt::ArLayout::Gathered) fo.gather_comm = cx.ce_comm();
   fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
   fo.trace = o.trace;
   fo.fallback_cublas = plan.fallback_cublas;
@@ -212,7 +229,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     for (size_t g = 0; g < tl.comm_end.size(); ++g)
       tr << "\n    group " << g << " (tiles " << op.groups()[g].first_tile << "-" << op.groups()[g].end_tile
          << "): wait done " << tl.wait_end[g]
-         << ", AllReduce done " << tl.comm_end[g];
+         << ", " << (op.layout() == rt::ArLayout::Gathered ? "AllGather" : "AllReduce") << " done " << tl.comm_end[g];
     res.trace = tr.str();
   }
   res.seq_ms = ms[0];
@@ -225,9 +242,12 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                       "best of " + o.decomp + " chunks"});
   std::ostringstream cfg;
   cfg << op.schedule().bm << "x" << op.schedule().bn << ", " << op.schedule().ctas << " CTAs, swizzle "
-      << op.schedule().swizzle << ", NCCL " << (plan.sequential ? "default" : std::to_string(plan.reserve)) << " CTAs"
+      << op.schedule().swizzle << ", NCCL "
+      << (plan.sequential ? "default CTAs"
+          : plan.layout == rt::ArLayout::Gathered ? "on the copy engines"
+                                                  : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
-          : op.layout() == rt::ArLayout::Slots ? ", slots" : ", row bands")
+          : std::string(", ") + rt::layout_name(op.layout()))
       << ", wait " << o.wait;
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
@@ -266,8 +286,8 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
-  if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots")
-    throw InvalidArgument("--layout must be auto, rows or slots");
+  if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered")
+    throw InvalidArgument("--layout must be auto, rows, slots or gathered");
   const auto shapes = shapes_of(o);
   const int gpus = rt::hopper_device_count();
   if (gpus < 1) {
@@ -342,6 +362,7 @@ int run(const Options& o) {
               << "\n";
   }
   cx.curves.clear();
+  cx.gather_curve.reset();
   cudaStreamDestroy(cx.stream);
   return 0;
 }
@@ -364,8 +385,10 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--reserve-sms", o->reserve_sms, "SMs left to NCCL (-1: tuned)")->capture_default_str();
   cmd->add_option("--partition", o->partition,
                   "Group sizes, e.g. 2,3,3: waves (slots layout) or row bands (rows layout); default: planned");
-  cmd->add_option("--layout", o->layout, "auto, rows (AllReduce in place on C's row bands) or slots (tile slots + "
-                                         "post-reorder)")->capture_default_str();
+  cmd->add_option("--layout", o->layout,
+                  "auto, rows (AllReduce in place on C's row bands), slots (tile slots + post-reorder) or gathered "
+                  "(copy-engine AllGather of row bands, summed in the element-wise step)")
+      ->capture_default_str();
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();
   cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");

@@ -82,6 +82,8 @@ void check_gemm_params(const GemmParams& p) {
     case Store::Plain:
       if (!p.c) fail("C must be non-null");
       if (p.ldc < p.n) fail("ldc must be >= n");
+      if (p.c_rows != 0 && p.c_rows < p.m) fail("c_rows must be 0 or >= m");
+      if (p.row_shift && !p.group_of_tile) fail("row_shift needs group_of_tile");
       break;
     case Store::SlotTiles:
       if (!p.slots || !aligned16(p.slots)) fail("slot buffer must be non-null and 16-byte aligned");
@@ -95,6 +97,7 @@ void check_gemm_params(const GemmParams& p) {
       fail("unknown store mode");
   }
   if (p.counters && !p.group_of_tile) fail("signalling needs group_of_tile");
+  if (p.row_shift && p.store != Store::Plain) fail("row_shift applies to the Plain store only");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
 }
 
@@ -125,7 +128,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
-    mc = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C");
+    mc = make_map(p.c, p.c_rows ? p.c_rows : p.m, p.n, p.ldc, 64, dt, "C");
   } else if (p.store == Store::SlotTiles) {
     kp.tma_store = true;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
@@ -135,6 +138,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.ld_out = p.store == Store::Plain ? p.ldc : bn;
     kp.row_of = p.store == Store::SlotRows ? p.row_of : nullptr;
   }
+  kp.row_shift = p.store == Store::Plain ? p.row_shift : nullptr;
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.dtype == DType::BF16) {

@@ -32,6 +32,7 @@ struct GemmKernelParams {
   void* out;               // rows epilogue: C (Plain) or the slot buffer (SlotRows)
   int64_t ld_out;          // elements per output row
   const int32_t* row_of;   // SlotRows
+  const int32_t* row_shift;  // Plain: per group, added to the tile's rows of C
   uint32_t* counters;
   const int32_t* group_of_tile;
   uint64_t* monitor_ns;
@@ -127,7 +128,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
         const plan::TileCoord tc = p.sched.tile_of(idx);
         // Plain: rows of C; SlotTiles: rows idx*BM.. of the slot buffer.
-        const int32_t row = plain ? tc.tm * BM : idx * BM;
+        const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
+        const int32_t row = plain ? tc.tm * BM + shift : idx * BM;
         const int32_t col = plain ? tc.tn * BN : 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -236,7 +238,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       } else {
         const int32_t grow = tc.tm * BM + tr, gcol = tc.tn * BN + c8 * 8;
         if (grow < p.sched.m && gcol < p.sched.n) {
-          T* dst = static_cast<T*>(p.out) + int64_t(grow) * p.ld_out + gcol;
+          const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
+          T* dst = static_cast<T*>(p.out) + int64_t(grow + shift) * p.ld_out + gcol;
           const T* src = reinterpret_cast<const T*>(&v);
           const int valid = p.sched.n - gcol < 8 ? p.sched.n - gcol : 8;
           for (int e = 0; e < valid; ++e) dst[e] = src[e];

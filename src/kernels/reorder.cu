@@ -59,13 +59,47 @@ __device__ __forceinline__ const T* slot_ptr(const T* slots, const plan::Schedul
   return slots + ((idx * s.bm + (i - tc.tm * s.bm)) * s.bn + (col - tc.tn * s.bn));
 }
 
+// Where the element-wise kernels read x(i, col..col+7) from. `valid` =
+// elements of the row left from col (>= 1).
 template <typename T>
-__global__ void reorder_tiles_kernel(const T* slots, plan::Schedule s, T* c, int64_t ldc) {
-  const int32_t units = (s.n + 7) / 8;
-  for (int32_t i = blockIdx.y; i < s.m; i += gridDim.y) {
+struct SlotSource {  // the AllReduce slot layout (tiles are bn wide: 8 always readable)
+  const T* slots;
+  plan::Schedule s;
+  __device__ Vec8<T> load(int32_t i, int32_t col, int) const { return load8(slot_ptr(slots, s, i, col), 8); }
+};
+template <typename T>
+struct RowSource {  // row-major
+  const T* x;
+  int64_t ld;
+  __device__ Vec8<T> load(int32_t i, int32_t col, int valid) const { return load8(x + i * ld + col, valid); }
+};
+template <typename T>
+struct GatherSource {  // sum of `world` row-major blocks, `block` elements apart, in rank order
+  const T* x;
+  int64_t ld, block;
+  int32_t world;
+  __device__ Vec8<T> load(int32_t i, int32_t col, int valid) const {
+    float acc[8] = {};
+    for (int32_t w = 0; w < world; ++w) {
+      const Vec8<T> v = load8(x + w * block + i * ld + col, valid);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] += to_f(v.v[e]);
+    }
+    Vec8<T> r;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r.v[e] = from_f<T>(acc[e]);  // one rounding, as NCCL's sum of 2
+    return r;
+  }
+};
+
+// Row-major c (m x n, ldc) = x.
+template <typename T, typename Src>
+__global__ void rows_kernel(Src src, int32_t m, int32_t n, T* c, int64_t ldc) {
+  const int32_t units = (n + 7) / 8;
+  for (int32_t i = blockIdx.y; i < m; i += gridDim.y) {
     for (int32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < units; u += gridDim.x * blockDim.x) {
-      const int32_t col = u * 8, valid = s.n - col;
-      store8(c + i * ldc + col, load8(slot_ptr(slots, s, i, col), 8), valid);
+      const int32_t col = u * 8, valid = n - col;
+      store8(c + i * ldc + col, src.load(i, col, valid), valid);
     }
   }
 }
@@ -86,17 +120,17 @@ __device__ float block_sum(float v, float* scratch) {
 // One CTA per row. kCached: the rounded h = x + residual of the row is kept
 // in shared memory between the two passes (one read of x and the residual);
 // otherwise it is recomputed from global memory (rows too long for smem).
-template <typename T, bool kCached>
-__global__ void reorder_add_rmsnorm_kernel(const T* slots, plan::Schedule s, const T* residual, const T* weight,
-                                           float eps, T* out, T* residual_out) {
+template <typename T, bool kCached, typename Src>
+__global__ void add_rmsnorm_kernel(Src src, int32_t m, int32_t n, const T* residual, const T* weight, float eps,
+                                   T* out, T* residual_out) {
   extern __shared__ __align__(16) uint8_t row_smem[];
   T* hrow = reinterpret_cast<T*>(row_smem);
   __shared__ float scratch[32];
-  const int32_t units = (s.n + 7) / 8;
-  for (int32_t i = blockIdx.x; i < s.m; i += gridDim.x) {
-    const int64_t row = int64_t(i) * s.n;
+  const int32_t units = (n + 7) / 8;
+  for (int32_t i = blockIdx.x; i < m; i += gridDim.x) {
+    const int64_t row = int64_t(i) * n;
     auto h_of = [&](int32_t col, int valid) {
-      const Vec8<T> x = load8(slot_ptr(slots, s, i, col), 8);
+      const Vec8<T> x = src.load(i, col, valid);
       const Vec8<T> r = load8(residual + row + col, valid);
       Vec8<T> h;
 #pragma unroll
@@ -105,7 +139,7 @@ __global__ void reorder_add_rmsnorm_kernel(const T* slots, plan::Schedule s, con
     };
     float ss = 0.f;
     for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
-      const int32_t col = u * 8, valid = s.n - col;
+      const int32_t col = u * 8, valid = n - col;
       const Vec8<T> h = h_of(col, valid);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
@@ -115,9 +149,9 @@ __global__ void reorder_add_rmsnorm_kernel(const T* slots, plan::Schedule s, con
       if (kCached) *reinterpret_cast<Vec8<T>*>(hrow + col) = h;
       if (residual_out) store8(residual_out + row + col, h, valid);
     }
-    const float inv = rsqrtf(block_sum<T>(ss, scratch) / float(s.n) + eps);  // its barrier orders hrow too
+    const float inv = rsqrtf(block_sum<T>(ss, scratch) / float(n) + eps);  // its barrier orders hrow too
     for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
-      const int32_t col = u * 8, valid = s.n - col;
+      const int32_t col = u * 8, valid = n - col;
       const Vec8<T> h = kCached ? *reinterpret_cast<const Vec8<T>*>(hrow + col) : h_of(col, valid);
       const Vec8<T> w = load8(weight + col, valid);
       Vec8<T> y;
@@ -146,60 +180,94 @@ __global__ void scatter_slot_rows_kernel(const T* slots, int64_t slot_rows, int3
 
 int grid_rows(int64_t m) { return int(m < 65535 ? m : 65535); }
 
-}  // namespace
-
-void reorder_tiles_to_rows(DType dtype, const void* slots, const plan::Schedule& s, void* c, int64_t ldc,
-                           cudaStream_t stream) {
-  const int threads = 128;
-  const dim3 grid((((s.n + 7) / 8) + threads - 1) / threads, grid_rows(s.m));
-  if (dtype == DType::BF16)
-    reorder_tiles_kernel<<<grid, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(slots), s,
-                                                       static_cast<__nv_bfloat16*>(c), ldc);
-  else
-    reorder_tiles_kernel<<<grid, threads, 0, stream>>>(static_cast<const __half*>(slots), s,
-                                                       static_cast<__half*>(c), ldc);
-  FO_CUDA_CHECK(cudaGetLastError());
-}
-
 // Rows up to this many bytes are cached in shared memory (set at preload).
 constexpr int kRowCacheBytes = 96 * 1024;
 
-template <typename T>
-void launch_add_rmsnorm(const void* slots, const plan::Schedule& s, const void* residual, const void* weight,
-                        float eps, void* out, void* residual_out, cudaStream_t stream) {
+template <typename T, typename Src>
+void launch_rows(const Src& src, int32_t m, int32_t n, void* c, int64_t ldc, cudaStream_t stream) {
+  if (m < 1) return;
+  const int threads = 128;
+  const dim3 grid((((n + 7) / 8) + threads - 1) / threads, grid_rows(m));
+  rows_kernel<T, Src><<<grid, threads, 0, stream>>>(src, m, n, static_cast<T*>(c), ldc);
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, typename Src>
+void launch_add_rmsnorm(const Src& src, int32_t m, int32_t n, const void* residual, const void* weight, float eps,
+                        void* out, void* residual_out, cudaStream_t stream) {
+  if (m < 1) return;
   {  // the 96 KB shared-memory limit is set per device, once
     static std::once_flag once[64];
     int dev = 0;
     FO_CUDA_CHECK(cudaGetDevice(&dev));
     std::call_once(once[dev % 64], preload_reorder_kernels);
   }
-  const int threads = 256, grid = grid_rows(s.m);
-  const size_t row_bytes = (size_t(s.n) + 7) / 8 * 8 * sizeof(T);
-  auto args = [&](auto kernel, size_t smem) {
-    kernel<<<grid, threads, smem, stream>>>(static_cast<const T*>(slots), s, static_cast<const T*>(residual),
-                                            static_cast<const T*>(weight), eps, static_cast<T*>(out),
-                                            static_cast<T*>(residual_out));
+  const int threads = 256, grid = grid_rows(m);
+  const size_t row_bytes = (size_t(n) + 7) / 8 * 8 * sizeof(T);
+  auto go = [&](auto kernel, size_t smem) {
+    kernel<<<grid, threads, smem, stream>>>(src, m, n, static_cast<const T*>(residual), static_cast<const T*>(weight),
+                                            eps, static_cast<T*>(out), static_cast<T*>(residual_out));
   };
   if (row_bytes <= size_t(kRowCacheBytes))
-    args(reorder_add_rmsnorm_kernel<T, true>, row_bytes);
+    go(add_rmsnorm_kernel<T, true, Src>, row_bytes);
   else
-    args(reorder_add_rmsnorm_kernel<T, false>, 0);
+    go(add_rmsnorm_kernel<T, false, Src>, 0);
   FO_CUDA_CHECK(cudaGetLastError());
+}
+
+// Calls f(T{}) with the element type of `dtype`.
+template <typename F>
+void with_type(DType dtype, F&& f) {
+  if (dtype == DType::BF16)
+    f(__nv_bfloat16{});
+  else
+    f(__half{});
+}
+
+}  // namespace
+
+void reorder_tiles_to_rows(DType dtype, const void* slots, const plan::Schedule& s, void* c, int64_t ldc,
+                           cudaStream_t stream) {
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    launch_rows<T>(SlotSource<T>{static_cast<const T*>(slots), s}, s.m, s.n, c, ldc, stream);
+  });
 }
 
 void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& s, const void* residual,
                          const void* weight, float eps, void* out, void* residual_out, cudaStream_t stream) {
-  if (dtype == DType::BF16)
-    launch_add_rmsnorm<__nv_bfloat16>(slots, s, residual, weight, eps, out, residual_out, stream);
-  else
-    launch_add_rmsnorm<__half>(slots, s, residual, weight, eps, out, residual_out, stream);
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    launch_add_rmsnorm<T>(SlotSource<T>{static_cast<const T*>(slots), s}, s.m, s.n, residual, weight, eps, out,
+                          residual_out, stream);
+  });
 }
 
 void add_rmsnorm_rows(DType dtype, const void* x, int32_t m, int32_t n, const void* residual, const void* weight,
                       float eps, void* out, void* residual_out, cudaStream_t stream) {
-  plan::Schedule whole;
-  whole.m = m, whole.n = n, whole.bm = m, whole.bn = n, whole.ctas = 1;
-  reorder_add_rmsnorm(dtype, x, whole, residual, weight, eps, out, residual_out, stream);
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    launch_add_rmsnorm<T>(RowSource<T>{static_cast<const T*>(x), n}, m, n, residual, weight, eps, out, residual_out,
+                          stream);
+  });
+}
+
+void sum_gathered_rows(DType dtype, const void* gathered, int32_t world, int64_t block_elems, int32_t m, int32_t n,
+                       void* out, int64_t ld_out, cudaStream_t stream) {
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    launch_rows<T>(GatherSource<T>{static_cast<const T*>(gathered), n, block_elems, world}, m, n, out, ld_out, stream);
+  });
+}
+
+void sum_gathered_add_rmsnorm(DType dtype, const void* gathered, int32_t world, int64_t block_elems, int32_t m,
+                              int32_t n, const void* residual, const void* weight, float eps, void* out,
+                              void* residual_out, cudaStream_t stream) {
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    launch_add_rmsnorm<T>(GatherSource<T>{static_cast<const T*>(gathered), n, block_elems, world}, m, n, residual,
+                          weight, eps, out, residual_out, stream);
+  });
 }
 
 void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
@@ -219,18 +287,28 @@ void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_
   FO_CUDA_CHECK(cudaGetLastError());
 }
 
-void preload_reorder_kernels() {
+namespace {
+template <typename T, typename Src>
+void preload_source() {
   cudaFuncAttributes a{};
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_tiles_kernel<__nv_bfloat16>));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_tiles_kernel<__half>));
-  FO_CUDA_CHECK(cudaFuncSetAttribute(reorder_add_rmsnorm_kernel<__nv_bfloat16, true>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kRowCacheBytes));
-  FO_CUDA_CHECK(cudaFuncSetAttribute(reorder_add_rmsnorm_kernel<__half, true>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kRowCacheBytes));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_add_rmsnorm_kernel<__nv_bfloat16, false>));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, reorder_add_rmsnorm_kernel<__half, false>));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<__nv_bfloat16>));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<__half>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, rows_kernel<T, Src>));
+  FO_CUDA_CHECK(cudaFuncSetAttribute(add_rmsnorm_kernel<T, true, Src>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kRowCacheBytes));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, add_rmsnorm_kernel<T, false, Src>));
+}
+template <typename T>
+void preload_type() {
+  preload_source<T, SlotSource<T>>();
+  preload_source<T, RowSource<T>>();
+  preload_source<T, GatherSource<T>>();
+  cudaFuncAttributes a{};
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<T>));
+}
+}  // namespace
+
+void preload_reorder_kernels() {
+  preload_type<__nv_bfloat16>();
+  preload_type<__half>();
 }
 
 }  // namespace flashoverlap::kernels

@@ -25,10 +25,19 @@ void reorder_tiles_to_rows(DType dtype, const void* slots, const plan::Schedule&
 void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& sched, const void* residual,
                          const void* weight, float eps, void* out, void* residual_out, cudaStream_t stream);
 
-// The same element-wise step on row-major x (m x n): the fused kernel with
-// a schedule whose single tile is the whole matrix (slot row r = row r).
+// The same element-wise step on row-major x (m x n, n per row).
 void add_rmsnorm_rows(DType dtype, const void* x, int32_t m, int32_t n, const void* residual, const void* weight,
                       float eps, void* out, void* residual_out, cudaStream_t stream);
+
+// The gathered layout (one block per rank, `block_elems` apart, each m x n
+// row-major): x = sum of the `world` blocks, in rank order in fp32, rounded
+// once (for 2 ranks bitwise what ncclAllReduce's sum gives). Then
+// out (ld_out per row) = x, or the residual + RMSNorm step above.
+void sum_gathered_rows(DType dtype, const void* gathered, int32_t world, int64_t block_elems, int32_t m, int32_t n,
+                       void* out, int64_t ld_out, cudaStream_t stream);
+void sum_gathered_add_rmsnorm(DType dtype, const void* gathered, int32_t world, int64_t block_elems, int32_t m,
+                              int32_t n, const void* residual, const void* weight, float eps, void* out,
+                              void* residual_out, cudaStream_t stream);
 
 // Generic gather for the ReduceScatter / All-to-All layouts: slot row s
 // (bn wide) goes to output row dst_row[s], columns [dst_col[s], +bn) clipped

@@ -9,6 +9,7 @@ std::string_view to_string(Collective op) {
     case Collective::AllReduce: return "allreduce";
     case Collective::ReduceScatter: return "reducescatter";
     case Collective::AllToAll: return "alltoall";
+    case Collective::AllGather: return "allgather";
   }
   return "unknown";
 }
@@ -16,10 +17,10 @@ std::string_view to_string(Collective op) {
 std::string_view to_string(DType t) { return t == DType::FP16 ? "fp16" : "bf16"; }
 
 Collective parse_collective(std::string_view s) {
-  for (Collective op : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllToAll})
+  for (Collective op : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllToAll, Collective::AllGather})
     if (s == to_string(op)) return op;
   throw InvalidArgument("unknown collective '" + std::string(s) +
-                        "' (expected allreduce, reducescatter or alltoall)");
+                        "' (expected allreduce, reducescatter, alltoall or allgather)");
 }
 
 DType parse_dtype(std::string_view s) {

@@ -6,13 +6,15 @@
 
 namespace flashoverlap::plan {
 
-enum class Collective : int32_t { AllReduce = 0, ReduceScatter = 1, AllToAll = 2 };
+// AllGather is not planned on its own: it is the copy-engine transport of the
+// gathered AllReduce layout, and its bandwidth curve is tagged with it.
+enum class Collective : int32_t { AllReduce = 0, ReduceScatter = 1, AllToAll = 2, AllGather = 3 };
 
 // Element types of C. Both are 2 bytes; the type matters for the cache key and
 // for the kernels, not for the slot maps (which count elements).
 enum class DType : int32_t { BF16 = 0, FP16 = 1 };
 
-// "allreduce" | "reducescatter" | "alltoall" (the CLI spelling).
+// "allreduce" | "reducescatter" | "alltoall" | "allgather" (the CLI spelling).
 std::string_view to_string(Collective op);
 std::string_view to_string(DType t);
 // Accepts the CLI spelling; throws InvalidArgument naming the accepted values.

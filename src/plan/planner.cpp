@@ -29,6 +29,8 @@ std::string fmt(double v, int digits = 3) {
 }
 
 void check_request(const PlanRequest& req) {
+  if (req.op == Collective::AllGather)
+    throw InvalidArgument("allgather is the transport of the gathered AllReduce layout, not a GEMM collective to plan");
   if (req.m < 1 || req.n < 1 || req.k < 1)
     throw InvalidArgument("shape M=" + std::to_string(req.m) + " N=" + std::to_string(req.n) + " K=" +
                           std::to_string(req.k) + ": every dimension must be >= 1");
@@ -378,8 +380,9 @@ SlotMap make_slot_map(const Plan& plan, int32_t rank, const Routing* routing) {
     case Collective::AllToAll:
       if (!routing) throw InvalidArgument("the alltoall slot map needs the routing the plan was made for");
       return make_alltoall_map(plan.schedule, plan.groups, *routing, rank);
+    case Collective::AllGather: break;  // a transport, never planned (check_request)
   }
-  throw InvalidArgument("unknown collective");
+  throw InvalidArgument("no slot map for " + std::string(to_string(plan.op)));
 }
 
 }  // namespace flashoverlap::plan

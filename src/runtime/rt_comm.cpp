@@ -15,6 +15,7 @@ ncclConfig_t make_config(const CommOptions& o) {
   if (o.min_ctas > 0) cfg.minCTAs = o.min_ctas;
   if (o.max_ctas > 0) cfg.maxCTAs = o.max_ctas;
   if (o.cga_cluster_size > 0) cfg.cgaClusterSize = o.cga_cluster_size;
+  if (o.cta_policy >= 0) cfg.CTAPolicy = o.cta_policy;
   return cfg;
 }
 

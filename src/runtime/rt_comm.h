@@ -20,6 +20,9 @@ struct CommOptions {
   // leaves free (scattered over GPCs) never offer: the collective would wait
   // for the GEMM to end. Communicators that overlap the GEMM use 1.
   int cga_cluster_size = 0;  // 0: NCCL's default
+  // NCCL_CTA_POLICY_ZERO: AllGather / AlltoAll on symmetric-window buffers
+  // run on the copy engines, no SMs at all (NCCL 2.28). -1: NCCL's default.
+  int cta_policy = -1;
 };
 
 class Communicator {

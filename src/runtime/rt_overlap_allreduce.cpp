@@ -20,6 +20,15 @@ PFN_cuStreamWaitValue32_v11070 stream_wait_fn() {
 
 }  // namespace
 
+const char* layout_name(ArLayout l) {
+  switch (l) {
+    case ArLayout::Slots: return "slots";
+    case ArLayout::RowBands: return "row bands";
+    case ArLayout::Gathered: return "gathered";
+  }
+  return "?";
+}
+
 int band_count(const plan::Schedule& s) { return (s.tiles_m() + s.swizzle - 1) / s.swizzle; }
 
 std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<int>& band_counts) {
@@ -43,6 +52,40 @@ std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<
   return out;
 }
 
+void OverlapAllReduce::setup_gathered() {
+  const plan::Schedule& s = opts_.sched;
+  const ncclComm_t comm = opts_.gather_comm;
+  if (!comm) throw InvalidArgument("OverlapAllReduce: the gathered layout needs gather_comm (NCCL_CTA_POLICY_ZERO)");
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "gather_comm");
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "gather_comm");
+  const int rank = gather_rank_;
+  int64_t total = 0;
+  for (const plan::Group& g : opts_.groups) {
+    GatherBlock b;
+    b.row0 = int64_t(g.first_tile / s.tiles_n()) * s.bm;
+    b.rows = std::min<int64_t>(int64_t(g.end_tile / s.tiles_n()) * s.bm, s.m) - b.row0;
+    b.pad_rows = (b.rows + s.bm - 1) / s.bm * s.bm;
+    b.block0 = total;
+    total += world_ * b.pad_rows;
+    gather_.push_back(b);
+  }
+  if (total > INT32_MAX)  // TMA row coordinates and shifts are 32-bit
+    throw InvalidArgument("OverlapAllReduce: gathered buffer has too many rows");
+  gathered_ = SymmetricBuffer(comm, size_t(total) * s.n * 2,
+                              "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
+  gathered_rows_ = total;
+  // Tile rows of C -> rows of this rank's block (the fault sink keeps its group's shift).
+  std::vector<int32_t> shift;
+  for (const GatherBlock& b : gather_) shift.push_back(int32_t(b.block0 + rank * b.pad_rows - b.row0));
+  shift.push_back(opts_.fault_drop_group >= 0 && size_t(opts_.fault_drop_group) < gather_.size()
+                      ? shift[size_t(opts_.fault_drop_group)]
+                      : 0);
+  row_shift_ = DeviceBuffer(shift.size() * sizeof(int32_t));
+  FO_CUDA_CHECK(cudaMemcpy(row_shift_.get(), shift.data(), row_shift_.bytes(), cudaMemcpyHostToDevice));
+  group_done_.resize(gather_.size());
+  for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
 OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts) {
   const plan::Schedule& s = opts_.sched;
   if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
@@ -56,17 +99,21 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
       throw InvalidArgument("OverlapAllReduce: groups must be consecutive non-empty tile ranges (group " +
                             std::to_string(g) + ")");
     // Inside a band tiles walk down its tile rows first: only whole bands are whole rows of C.
-    if (opts_.layout == ArLayout::RowBands && groups[g].first_tile % (s.swizzle * s.tiles_n()) != 0)
+    if (opts_.layout != ArLayout::Slots && groups[g].first_tile % (s.swizzle * s.tiles_n()) != 0)
       throw InvalidArgument("OverlapAllReduce: row-band group " + std::to_string(g) + " does not start a band");
   }
   if (groups.back().end_tile != s.tiles()) throw InvalidArgument("OverlapAllReduce: groups do not cover all tiles");
-  if (opts_.layout == ArLayout::RowBands && (s.raster != plan::Raster::AlongN))
+  if (opts_.layout != ArLayout::Slots && (s.raster != plan::Raster::AlongN))
     throw InvalidArgument("OverlapAllReduce: row-band groups need the AlongN raster");
   for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
 
   kernels::preload_kernels();  // before any wait is enqueued (DESIGN.md section 5)
-  // Slots: the tile buffer; RowBands: row-major scratch for strided outputs and RMSNorm.
-  slots_ = DeviceBuffer(opts_.layout == ArLayout::Slots ? size_t(s.tiles()) * s.bm * s.bn * 2 : size_t(s.m) * s.n * 2);
+  const bool gathered = opts_.layout == ArLayout::Gathered && !sequential();
+  // Slots: the tile buffer; otherwise row-major scratch for strided outputs and RMSNorm.
+  if (opts_.layout == ArLayout::Slots)
+    slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
+  else if (!gathered)
+    slots_ = DeviceBuffer(size_t(s.m) * s.n * 2);
   counters_ = DeviceBuffer((groups.size() + 1) * sizeof(uint32_t));  // +1: the fault-injection sink
   FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
   std::vector<int32_t> got(s.tiles());
@@ -75,6 +122,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
       got[t] = int(g) == opts_.fault_drop_group ? int32_t(groups.size()) : int32_t(g);
   group_of_tile_ = DeviceBuffer(got.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
+  if (gathered) setup_gathered();
 
   FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
   *wait_error_ = kernels::WaitError{};
@@ -124,6 +172,7 @@ std::string OverlapAllReduce::describe_groups() const {
 OverlapAllReduce::~OverlapAllReduce() {
   if (comm_stream_) cudaStreamSynchronize(comm_stream_);
   for (auto e : trace_) cudaEventDestroy(e);
+  for (auto e : group_done_) cudaEventDestroy(e);
   if (gemm_launched_) cudaEventDestroy(gemm_launched_);
   if (comm_done_) cudaEventDestroy(comm_done_);
   if (comm_stream_) cudaStreamDestroy(comm_stream_);
@@ -141,6 +190,8 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);  // RowBands: C itself
   if (opts_.layout == ArLayout::Slots)
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
+  if (opts_.layout == ArLayout::Gathered)
+    p.c = gathered_.get(), p.c_rows = gathered_rows_, p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
@@ -160,6 +211,17 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
       if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
     }
     if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream_));
+    if (opts_.layout == ArLayout::Gathered) {  // in place: this rank's block is the send buffer
+      const GatherBlock& gb = gather_[g];
+      char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * s.n * 2;
+      const size_t count = size_t(gb.pad_rows) * s.n;
+      FO_NCCL_CHECK_CTX(ncclAllGather(block0 + size_t(gather_rank_) * count * 2, block0, count, nccl_type(opts_.dtype),
+                                      opts_.gather_comm, comm_stream_),
+                        "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (gather)");
+      FO_CUDA_CHECK(cudaEventRecord(group_done_[g], comm_stream_));
+      if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
+      continue;
+    }
     const auto [offset, count] = group_elements(g);
     void* data = base + offset * 2;
     const ncclComm_t comm = (g + 1 == groups && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
@@ -167,8 +229,30 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
                       "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g));
     if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
   }
+  // Gathered: the caller's stream waits per group, in enqueue_gathered_post.
+  if (opts_.layout == ArLayout::Gathered) return;
   FO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));
   FO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
+}
+
+void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out, const RmsNormArgs* norm,
+                                             cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  const GatherBlock& gb = gather_[g];
+  FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[g], 0));
+  const char* src = static_cast<const char*>(gathered_.get()) + gb.block0 * s.n * 2;
+  const int64_t block = gb.pad_rows * s.n;
+  auto rows_at = [&](const void* base, int64_t ld) -> const char* {
+    return base ? static_cast<const char*>(base) + gb.row0 * ld * 2 : nullptr;
+  };
+  if (!norm) {
+    kernels::sum_gathered_rows(opts_.dtype, src, world_, block, int32_t(gb.rows), s.n,
+                               const_cast<char*>(rows_at(out, ld_out)), ld_out, stream);
+    return;
+  }
+  kernels::sum_gathered_add_rmsnorm(opts_.dtype, src, world_, block, int32_t(gb.rows), s.n, rows_at(norm->residual, s.n),
+                                    norm->weight, norm->eps, const_cast<char*>(rows_at(out, s.n)),
+                                    const_cast<char*>(rows_at(norm->residual_out, s.n)), stream);
 }
 
 void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream) {
@@ -190,6 +274,11 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
+  if (!sequential() && opts_.layout == ArLayout::Gathered) {
+    enqueue_overlapped(a, b, nullptr, stream);
+    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
+    return;
+  }
   if (!sequential() && opts_.layout == ArLayout::Slots) {
     enqueue_overlapped(a, b, nullptr, stream);
     kernels::reorder_tiles_to_rows(opts_.dtype, slots_.get(), s, out, ld_out, stream);
@@ -211,6 +300,11 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
                                    cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
+  if (opts_.layout == ArLayout::Gathered && !sequential()) {
+    enqueue_overlapped(a, b, nullptr, stream);
+    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, s.n, &norm, stream);
+    return;
+  }
   if (opts_.layout == ArLayout::Slots && !sequential()) {
     enqueue_overlapped(a, b, nullptr, stream);
     kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), s, norm.residual, norm.weight, norm.eps, out,

@@ -15,6 +15,14 @@
 //             band is `swizzle` tile rows, consecutive tile indices), which
 //             are contiguous rows of row-major C: the GEMM writes C itself
 //             and the AllReduces run on it in place, no reorder at all.
+//   Gathered  groups of whole row bands as for RowBands; rank r's partial of
+//             group g goes to its own block of a symmetric buffer laid out
+//             [group][rank][rows of g], an in-place ncclAllGather on a
+//             zero-CTA communicator moves the blocks with the copy engines
+//             (no SM taken from the GEMM, which runs on all of them), and
+//             the element-wise step sums the ranks' blocks in rank order
+//             (for 2 ranks exactly ncclAllReduce's sum), per group as soon
+//             as its gather is done, fused with residual + RMSNorm if asked.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -32,12 +40,14 @@
 #include "plan/schedule.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
+#include "runtime/rt_symmetric.h"
 
 #include <memory>
 
 namespace flashoverlap::rt {
 
-enum class ArLayout { Slots, RowBands };
+enum class ArLayout { Slots, RowBands, Gathered };
+const char* layout_name(ArLayout l);  // "slots", "row bands", "gathered"
 
 enum class WaitMode {
   SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout
@@ -54,6 +64,10 @@ struct OverlapAllReduceOptions {
   kernels::DType dtype = kernels::DType::BF16;
   ncclComm_t comm = nullptr;      // for the groups that overlap the GEMM
   ncclComm_t tail_comm = nullptr; // optional: the last group (after the GEMM), e.g. with more CTAs
+  // Gathered: a communicator created with NCCL_CTA_POLICY_ZERO (copy-engine
+  // AllGather); the op registers its buffer on it, so constructing and
+  // destroying the op are collective over it.
+  ncclComm_t gather_comm = nullptr;
   int rank = 0;                   // for messages
   WaitMode wait = WaitMode::SpinKernel;
   double wait_timeout_s = 30.0;   // a group not complete by then fails the call
@@ -117,6 +131,22 @@ class OverlapAllReduce {
   void enqueue_sequential_gemm(const void* a, const void* b, void* c, cudaStream_t stream);
   // Elements of group g: offset into the buffer the AllReduce runs on, count.
   std::pair<int64_t, int64_t> group_elements(size_t g) const;
+  // Gathered: the element-wise step of group g (rows of C), after its gather.
+  void enqueue_gathered_post(size_t g, void* out, int64_t ld_out, const RmsNormArgs* norm, cudaStream_t stream);
+
+  // Gathered layout: C rows [row0, row0+rows) of group g; every rank's block
+  // holds pad_rows (rows rounded up to whole tiles: TMA stores full tiles),
+  // rank w's block starts at row block0 + w * pad_rows of the buffer.
+  struct GatherBlock {
+    int64_t row0 = 0, rows = 0, pad_rows = 0, block0 = 0;
+  };
+  void setup_gathered();
+  std::vector<GatherBlock> gather_;
+  int64_t gathered_rows_ = 0;
+  int world_ = 1, gather_rank_ = 0;
+  SymmetricBuffer gathered_;
+  DeviceBuffer row_shift_;
+  std::vector<cudaEvent_t> group_done_;
 
   OverlapAllReduceOptions opts_;
   std::vector<uint32_t> target_;  // signals per group per call

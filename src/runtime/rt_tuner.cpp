@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <map>
 #include <optional>
+#include <tuple>
 
 #include "kernels/reorder.h"
 #include "plan/partition.h"
@@ -12,6 +14,7 @@
 #include "plan/tile_grid.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_checks.h"
+#include "runtime/rt_symmetric.h"
 
 namespace flashoverlap::rt {
 
@@ -67,6 +70,31 @@ plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, ke
   return plan::BandwidthCurve(plan::Collective::AllReduce, rv.world(), samples, gpu);
 }
 
+plan::BandwidthCurve measure_gather_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
+                                          double max_bytes, int iters, const std::string& gpu) {
+  const int world = rv.world(), rank = rv.rank();
+  SymmetricBuffer buf(comm, size_t(max_bytes) * world, "the AllGather curve");
+  FO_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes()));
+  const ncclDataType_t t = nccl_type(dt);
+  std::vector<double> sizes, ms;
+  for (double b = 65536; b <= max_bytes; b *= 2) {
+    const size_t count = size_t(b / 2);
+    char* base = static_cast<char*>(buf.get());
+    const auto st = time_collective(
+        [&] {
+          FO_NCCL_CHECK_CTX(ncclAllGather(base + size_t(rank) * count * 2, base, count, t, comm, stream),
+                            "AllGather curve sample");
+        },
+        stream, comm, 2, iters);
+    sizes.push_back(b);
+    ms.push_back(st.median_ms);
+  }
+  ms = max_over_ranks(rv, ms);
+  std::vector<plan::CurveSample> samples;
+  for (size_t i = 0; i < sizes.size(); ++i) samples.push_back({sizes[i], ms[i]});
+  return plan::BandwidthCurve(plan::Collective::AllGather, world, samples, gpu);
+}
+
 double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,
                        cudaStream_t stream, int iters) {
   const kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
@@ -103,13 +131,18 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
 AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
                              void* scratch, double sequential_ms) {
   // 1. Candidate schedules and their measured GEMM times (max over ranks).
+  // The gathered layout leaves no SM to NCCL (copy engines): full grid only.
   std::vector<Candidate> cands;
+  std::map<std::tuple<int, int, int, int>, double> gemm_ms_of;  // (bm, bn, ctas, swizzle)
   for (plan::TileShape tile : t.tiles) {
     const int64_t tiles = ((m + tile.bm - 1) / tile.bm) * ((n + tile.bn - 1) / tile.bn);
     const int32_t tiles_m = int32_t((m + tile.bm - 1) / tile.bm);
-    const std::vector<int> reserves = t.reserve >= 0 ? std::vector<int>{t.reserve} : whole_wave_reserves(tiles, t.sms);
-    for (int r : reserves)
-      for (ArLayout layout : t.layouts) {
+    for (ArLayout layout : t.layouts) {
+      if (layout == ArLayout::Gathered && !t.gather_curve) continue;
+      const std::vector<int> reserves = layout == ArLayout::Gathered ? std::vector<int>{0}
+                                        : t.reserve >= 0            ? std::vector<int>{t.reserve}
+                                                                    : whole_wave_reserves(tiles, t.sms);
+      for (int r : reserves) {
         std::vector<int> swizzles;
         if (layout == ArLayout::Slots) swizzles = {plan::default_swizzle(t.sms - r, tile, tiles_m)};
         else
@@ -120,10 +153,16 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
           c.plan.layout = layout;
           c.plan.reserve = r;
           c.plan.sched = plan::make_schedule(m, n, tile, t.sms - r, plan::Raster::AlongN, sw);
-          c.gemm_ms = measure_gemm_ms(c.plan.sched, int(k), t.dtype, a, b, scratch, t.stream, 10);
+          const auto key = std::make_tuple(tile.bm, tile.bn, t.sms - r, sw);
+          auto it = gemm_ms_of.find(key);
+          if (it == gemm_ms_of.end())
+            it = gemm_ms_of.emplace(key, measure_gemm_ms(c.plan.sched, int(k), t.dtype, a, b, scratch, t.stream, 10))
+                     .first;
+          c.gemm_ms = it->second;
           cands.push_back(c);
         }
       }
+    }
   }
   std::vector<double> ms;
   for (auto& c : cands) ms.push_back(c.gemm_ms);
@@ -141,13 +180,33 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     reorder_ms = max_over_ranks(*t.rv, {reorder_ms})[0];
   }
 
+  // The Gathered layout's element-wise step sums the ranks' blocks of all of C
+  // (the last group's share of it comes after the last transfer).
+  double gather_post_ms = 0;
+  const bool any_gathered = std::any_of(cands.begin(), cands.end(),
+                                        [](const Candidate& c) { return c.plan.layout == ArLayout::Gathered; });
+  if (any_gathered) {
+    DeviceBuffer blocks(size_t(t.world) * m * n * 2);
+    FO_CUDA_CHECK(cudaMemset(blocks.get(), 0, blocks.bytes()));
+    gather_post_ms = time_on_stream([&] {
+                       kernels::sum_gathered_rows(t.dtype, blocks.get(), t.world, m * n, int32_t(m), int32_t(n),
+                                                  scratch, n, t.stream);
+                     },
+                                    t.stream, 2, 10)
+                         .median_ms;
+    gather_post_ms = max_over_ranks(*t.rv, {gather_post_ms})[0];
+  }
+
   // 2. Predict each candidate with the best (or the given) groups.
   std::optional<AllReducePlan> best;
   for (Candidate& c : cands) {
     const plan::Schedule& s = c.plan.sched;
-    const plan::BandwidthCurve& curve = t.curve_for(c.plan.reserve);
-    const plan::BandwidthCurve& tail_curve = t.curve_for(0);  // the last group: after the GEMM, NCCL's defaults
-    const double wave_ms = c.gemm_ms / s.waves() * t.slowdown;
+    const bool gathered = c.plan.layout == ArLayout::Gathered;
+    const plan::BandwidthCurve& curve = gathered ? t.gather_curve() : t.curve_for(c.plan.reserve);
+    // The last group: after the GEMM, NCCL's defaults.
+    const plan::BandwidthCurve& tail_curve = gathered ? curve : t.curve_for(0);
+    const double wave_ms = c.gemm_ms / s.waves() * (gathered ? t.gather_gemm_slowdown : t.slowdown);
+    const double c_bytes = double(s.m) * s.n * 2;
     plan::CostModel cost;
     std::function<int64_t(int)> unit_end_tile;  // tiles done when unit i is done
     if (c.plan.layout == ArLayout::Slots) {
@@ -175,6 +234,9 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         bytes = double(r1 - r0) * s.n * 2;
       }
       const bool tail = u1 == int32_t(cost.wave_ms.size());
+      if (gathered)  // the last group's element-wise step waits for its transfer
+        return tail ? curve.latency_ms(bytes) + gather_post_ms * bytes / c_bytes
+                    : curve.latency_ms(bytes) * t.gather_slowdown;
       return tail ? tail_curve.latency_ms(bytes) : curve.latency_ms(bytes) * t.comm_slowdown;
     };
     plan::Partition part;
@@ -185,6 +247,10 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       part = plan::search_dp(cost).partition;
     }
     c.plan.predicted_ms = plan::predict(cost, part).total_ms + (slots ? reorder_ms : 0);
+    if (gathered) {  // the other groups' steps run after the GEMM, one after another
+      const double gemm_end = std::accumulate(cost.wave_ms.begin(), cost.wave_ms.end(), 0.0);
+      c.plan.predicted_ms = std::max(c.plan.predicted_ms, gemm_end + gather_post_ms);
+    }
     c.plan.groups = slots ? plan::make_groups(s, part) : band_groups(s, part);
     if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
   }

@@ -37,6 +37,12 @@ plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, ke
                                              cudaStream_t stream, double max_bytes, int iters,
                                              const std::string& gpu);
 
+// In-place ncclAllGather latency on `comm` (max over ranks) at log-spaced
+// per-rank sizes from 64 KiB to `max_bytes`, on a symmetric-window buffer:
+// with a zero-CTA communicator, what the gathered layout's transfers cost.
+plan::BandwidthCurve measure_gather_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
+                                          double max_bytes, int iters, const std::string& gpu);
+
 // Median time of our plain GEMM on `sched` (its grid), in ms.
 double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,
                        cudaStream_t stream, int iters);
@@ -60,8 +66,15 @@ struct AllReduceTuning {
   std::function<const plan::BandwidthCurve&(int ctas)> curve_for;
   std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
   int reserve = -1;  // SMs left to NCCL; -1: the whole-wave candidates
-  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots};
-  std::vector<int> band_swizzles = {4, 8};
+  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots, ArLayout::Gathered};
+  std::vector<int> band_swizzles = {2, 4, 8};
+  // The copy-engine AllGather curve (per-rank bytes); empty: no Gathered candidates.
+  std::function<const plan::BandwidthCurve&()> gather_curve;
+  int world = 2;  // ranks summed by the gathered layout's element-wise step
+  // AllGathers on the copy engines beside the GEMM, against the curve alone.
+  double gather_slowdown = 1.10;
+  // The GEMM beside copy-engine traffic (memory contention only).
+  double gather_gemm_slowdown = 1.02;
   std::string group_sizes;  // given: evaluate these (waves for Slots, bands for RowBands) instead of searching
   // GEMM under concurrent NCCL: measured 1.03-1.04 with the row-band layout
   // on 2x H200 (trace of 4096x8192x8192: GEMM end 0.814 ms vs 0.786 alone).

@@ -19,6 +19,7 @@
 #include "runtime/rt_baselines.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_checks.h"
+#include "runtime/rt_comm.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_overlap_allreduce.h"
 
@@ -97,7 +98,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   const std::vector<plan::Group> groups = random_groups(s, c.layout, rng);
   std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                       " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " swizzle " +
-                      std::to_string(s.swizzle) + (c.layout == rt::ArLayout::Slots ? " slots" : " row bands") +
+                      std::to_string(s.swizzle) + " " + rt::layout_name(c.layout) +
                       " groups " + std::to_string(groups.size()) + " seed=" + std::to_string(seed);
   on_each_rank([&](int rank, ncclComm_t comm) {
     const size_t cb = size_t(c.m) * c.n * 2;
@@ -108,6 +109,11 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     rt::OverlapAllReduceOptions o;
     o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
     o.wait = wait;
+    rt::Communicator ce;  // outlives the op, which registers its buffer on it
+    if (c.layout == rt::ArLayout::Gathered) {
+      ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
+      o.gather_comm = ce.get();
+    }
     rt::OverlapAllReduce op(o);
     rt::CublasGemm cublas;
     plan::Schedule full = s;
@@ -159,6 +165,20 @@ TEST(OverlapAllReduce, RowBandsMatchSequentialBitwise) {
       {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::RowBands},
       {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::RowBands},
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::RowBands}};
+  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+}
+
+// Copy-engine AllGather of each rank's block, summed in the element-wise step.
+TEST(OverlapAllReduce, GatheredMatchesSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  const uint64_t seed = fresh_seed();
+  const std::vector<Case> cases = {
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Gathered},
+      {3001, 7168, 2048, 128, 132, DType::BF16, rt::ArLayout::Gathered},
+      {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Gathered},
+      {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Gathered},
+      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Gathered},
+      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::Gathered}};  // odd n: the rows epilogue
   for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
 }
 
