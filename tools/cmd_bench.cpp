@@ -159,6 +159,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.layout == "auto" || o.layout == "gathered")
     tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };
   tuning.world = world;
+  tuning.gather_reserve = o.wait == "spin" ? 1 : 0;  // the spin waiter needs an SM beside the GEMM
   tuning.group_sizes = o.partition;
   tuning.cublas_gemm_ms = comp[0];
   const rt::AllReducePlan plan = rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "kernels/flags.h"
 #include "plan/schedule.h"
 
 namespace flashoverlap::kernels {
@@ -30,6 +31,29 @@ enum class Store : int32_t { Plain = 0, SlotTiles = 1, SlotRows = 2 };
 
 constexpr int kSignalsPerTile = 2;
 constexpr int kGemmThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+
+// The gathered AllReduce layout's sum, done inside the GEMM by the idle warps
+// of its producer warpgroup (DRAM bandwidth the tensor cores leave unused):
+// once group g's blocks have all arrived (ready[g] reaches the epoch, set by
+// the comm stream after its AllGather), C rows [row0, row0 + rows) of `out`
+// = sum over ranks w of gathered rows src_row + w * block_rows + (0..rows),
+// in rank order in fp32 with one rounding (as reorder.h's sum_gathered_rows).
+struct SumGroup {
+  int64_t src_row = 0, block_rows = 0;
+  int32_t row0 = 0, rows = 0;
+};
+struct FusedSum {
+  int32_t groups = 0;               // groups 0..groups-1 are summed in the kernel; 0: off
+  const SumGroup* table = nullptr;  // device, [groups]
+  const uint32_t* ready = nullptr;  // device, [groups]; cyclic compare with epoch
+  uint32_t epoch = 0;
+  int32_t world = 1;
+  const void* gathered = nullptr;   // n elements per row
+  void* out = nullptr;
+  int64_t ld_out = 0;
+  uint64_t timeout_ns = 0;          // a group not ready by then: err is set and the sum stops
+  WaitError* err = nullptr;
+};
 
 struct GemmParams {
   DType dtype = DType::BF16;
@@ -52,6 +76,7 @@ struct GemmParams {
 
   uint32_t* counters = nullptr;        // non-null: signal each group
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
+  FusedSum sum;                        // optional (gathered layout)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
 };

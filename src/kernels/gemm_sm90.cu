@@ -98,6 +98,12 @@ void check_gemm_params(const GemmParams& p) {
   }
   if (p.counters && !p.group_of_tile) fail("signalling needs group_of_tile");
   if (p.row_shift && p.store != Store::Plain) fail("row_shift applies to the Plain store only");
+  if (p.sum.groups < 0) fail("fused sum: negative group count");
+  if (p.sum.groups > 0 && (!p.sum.table || !p.sum.ready || !p.sum.gathered || !p.sum.out || !p.sum.err ||
+                           p.sum.world < 1 || p.sum.ld_out < p.n))
+    fail("fused sum needs its table, ready flags, gathered buffer, output (ld >= n), error slot and world >= 1");
+  if (p.sum.groups > 0 && int64_t(p.m) * ((p.n + 3) / 4) >= INT32_MAX)
+    fail("fused sum: more than 2^31 four-element units in C");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
 }
 
@@ -123,6 +129,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.store = static_cast<int32_t>(p.store);
   kp.counters = p.counters;
   kp.group_of_tile = p.group_of_tile;
+  kp.sum = p.sum;
   kp.monitor_ns = p.monitor_ns;
   kp.monitor_sm = p.monitor_sm;
   CUtensorMap mc{};

@@ -35,6 +35,7 @@ struct GemmKernelParams {
   const int32_t* row_shift;  // Plain: per group, added to the tile's rows of C
   uint32_t* counters;
   const int32_t* group_of_tile;
+  FusedSum sum;
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
 };
@@ -69,6 +70,75 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // Byte offset of 16-byte unit `u` (0..7) of row `r` in a 64-row x 64-column
 // chunk stored with the TMA 128-byte swizzle.
 __device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
+
+// Four elements of row-major data, 8-byte L2 loads (the copy engines wrote
+// them while this kernel ran: never from L1) where aligned, else one by one.
+// Four, not eight: this runs under the producer warpgroup's 40 registers.
+template <typename T>
+__device__ __forceinline__ void sum_add4(float (&acc)[4], const T* p, int valid) {
+  if (valid >= 4 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    const uint2 v = __ldcg(reinterpret_cast<const uint2*>(p));
+    const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += static_cast<float>(e[i]);
+  } else {
+    for (int i = 0; i < valid && i < 4; ++i) acc[i] += static_cast<float>(__ldcg(p + i));
+  }
+}
+
+// The FusedSum of gemm.h, by `helpers` threads numbered `helper` across the
+// grid. One lane per warp polls the ready flag (bounded, with backoff).
+template <typename T>
+__device__ void fused_sum_rows(const FusedSum& f, int32_t n, int32_t helper, int32_t helpers) {
+  const int lane = threadIdx.x % 32;
+  const int32_t units_per_row = (n + 3) / 4;
+  const T* src = static_cast<const T*>(f.gathered);
+  T* out = static_cast<T*>(f.out);
+  for (int32_t g = 0; g < f.groups; ++g) {
+    int ok = 1;
+    if (lane == 0) {
+      const uint64_t start = ptx::globaltimer_ns();
+      uint32_t backoff = 64;
+      while (true) {
+        const uint32_t v = ptx::ld_acquire_gpu(f.ready + g);
+        if (static_cast<int32_t>(v - f.epoch) >= 0) break;
+        if (ptx::globaltimer_ns() - start > f.timeout_ns) {
+          if (atomicCAS(&f.err->failed, 0u, 2u) == 0u) {
+            f.err->group = g, f.err->value = v, f.err->expected = f.epoch;
+            __threadfence_system();
+          }
+          ok = 0;
+          break;
+        }
+        __nanosleep(backoff);
+        if (backoff < 1024) backoff *= 2;
+      }
+    }
+    if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+    const SumGroup sg = f.table[g];
+    const T* gsrc = src + sg.src_row * n;
+    T* gout = out + sg.row0 * f.ld_out;
+    const int64_t stride = sg.block_rows * n;
+    const int32_t units = sg.rows * units_per_row;  // < 2^31: checked on the host
+    for (int32_t u = helper; u < units; u += helpers) {
+      const int32_t r = u / units_per_row;
+      const int32_t col = (u - r * units_per_row) * 4, valid = n - col;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      const T* p = gsrc + int64_t(r) * n + col;
+      for (int32_t w = 0; w < f.world; ++w, p += stride) sum_add4(acc, p, valid);
+      T* dst = gout + int64_t(r) * f.ld_out + col;
+      if (valid >= 4 && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
+        uint2 v;
+        T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) e[i] = T(acc[i]);
+        *reinterpret_cast<uint2*>(dst) = v;
+      } else {
+        for (int i = 0; i < valid && i < 4; ++i) dst[i] = T(acc[i]);
+      }
+    }
+  }
+}
 
 template <int BN, int STAGES, typename T>
 __global__ void __launch_bounds__(kGemmThreads, 1)
@@ -118,6 +188,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
         }
       }
+    } else if (tid >= 64 && p.sum.groups > 0) {
+      // ---------------- warps 2-3: the gathered layout's sum ----------------
+      fused_sum_rows<T>(p.sum, p.sched.n, int32_t(blockIdx.x) * 64 + (tid - 64), int32_t(gridDim.x) * 64);
     } else if (tid == 32 && p.tma_store) {
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the

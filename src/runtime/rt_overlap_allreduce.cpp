@@ -18,6 +18,11 @@ PFN_cuStreamWaitValue32_v11070 stream_wait_fn() {
   return fn;
 }
 
+PFN_cuStreamWriteValue32_v11070 stream_write_fn() {
+  static const auto fn = driver_entry_point<PFN_cuStreamWriteValue32_v11070>("cuStreamWriteValue32", 11070);
+  return fn;
+}
+
 }  // namespace
 
 const char* layout_name(ArLayout l) {
@@ -82,6 +87,15 @@ void OverlapAllReduce::setup_gathered() {
                       : 0);
   row_shift_ = DeviceBuffer(shift.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(row_shift_.get(), shift.data(), row_shift_.bytes(), cudaMemcpyHostToDevice));
+  // The GEMM's fused sum: where each group's rows come from and go to, and
+  // the flags the comm stream sets once a group's gather is complete.
+  std::vector<kernels::SumGroup> table;
+  for (const GatherBlock& b : gather_) table.push_back({b.block0, b.pad_rows, int32_t(b.row0), int32_t(b.rows)});
+  sum_table_ = DeviceBuffer(table.size() * sizeof(kernels::SumGroup));
+  FO_CUDA_CHECK(cudaMemcpy(sum_table_.get(), table.data(), sum_table_.bytes(), cudaMemcpyHostToDevice));
+  ready_ = DeviceBuffer(gather_.size() * sizeof(uint32_t));
+  FO_CUDA_CHECK(cudaMemset(ready_.get(), 0, ready_.bytes()));
+  stream_write_fn();
   group_done_.resize(gather_.size());
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -179,7 +193,8 @@ OverlapAllReduce::~OverlapAllReduce() {
   if (wait_error_) cudaFreeHost(wait_error_);
 }
 
-void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream) {
+void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream,
+                                          const FusedOut* fused) {
   const plan::Schedule& s = opts_.sched;
   ++epoch_;
   // The comm stream starts no earlier than the GEMM, so its waiters never sit
@@ -190,15 +205,22 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);  // RowBands: C itself
   if (opts_.layout == ArLayout::Slots)
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
-  if (opts_.layout == ArLayout::Gathered)
+  const size_t groups = opts_.groups.size();
+  if (opts_.layout == ArLayout::Gathered) {
     p.c = gathered_.get(), p.c_rows = gathered_rows_, p.row_shift = row_shift_.as<int32_t>();
+    if (fused) {
+      kernels::FusedSum& f = p.sum;
+      f.groups = int32_t(groups) - 1, f.table = sum_table_.as<kernels::SumGroup>(), f.ready = ready_.as<uint32_t>();
+      f.epoch = epoch_, f.world = world_, f.gathered = gathered_.get(), f.out = fused->out, f.ld_out = fused->ld_out;
+      f.timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9), f.err = wait_error_;
+    }
+  }
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
 
   char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_.get() : c);
-  const size_t groups = opts_.groups.size();
   for (size_t g = 0; g < groups; ++g) {
     const uint32_t target = epoch_ * target_[g];  // wraps; the compare is cyclic
     uint32_t* counter = counters_.as<uint32_t>() + g;
@@ -215,9 +237,21 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
       const GatherBlock& gb = gather_[g];
       char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * s.n * 2;
       const size_t count = size_t(gb.pad_rows) * s.n;
-      FO_NCCL_CHECK_CTX(ncclAllGather(block0 + size_t(gather_rank_) * count * 2, block0, count, nccl_type(opts_.dtype),
-                                      opts_.gather_comm, comm_stream_),
-                        "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (gather)");
+      char* mine = block0 + size_t(gather_rank_) * count * 2;
+      const std::string ctx = "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g);
+      if (fused && fused->tail_allreduce && g + 1 == groups) {  // NCCL on all SMs, the GEMM is done
+        char* dst = static_cast<char*>(fused->out) + gb.row0 * s.n * 2;
+        FO_NCCL_CHECK_CTX(ncclAllReduce(mine, dst, size_t(gb.rows) * s.n, nccl_type(opts_.dtype), ncclSum,
+                                        opts_.tail_comm, comm_stream_),
+                          ctx + " (last group)");
+      } else {
+        FO_NCCL_CHECK_CTX(ncclAllGather(mine, block0, count, nccl_type(opts_.dtype), opts_.gather_comm, comm_stream_),
+                          ctx + " (gather)");
+        // Release the group to the GEMM's fused sum (the write is fenced after the gather).
+        CUresult r = stream_write_fn()(reinterpret_cast<CUstream>(comm_stream_),
+                                       reinterpret_cast<CUdeviceptr>(ready_.as<uint32_t>() + g), epoch_, 0);
+        if (r != CUDA_SUCCESS) throw Error("cuStreamWriteValue32 failed (CUresult " + std::to_string(int(r)) + ")");
+      }
       FO_CUDA_CHECK(cudaEventRecord(group_done_[g], comm_stream_));
       if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
       continue;
@@ -275,8 +309,13 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
   if (!sequential() && opts_.layout == ArLayout::Gathered) {
-    enqueue_overlapped(a, b, nullptr, stream);
-    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
+    const FusedOut fused{out, ld_out, opts_.tail_comm && ld_out == s.n};
+    enqueue_overlapped(a, b, nullptr, stream, &fused);
+    const size_t last = gather_.size() - 1;
+    if (fused.tail_allreduce)
+      FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[last], 0));
+    else
+      enqueue_gathered_post(last, out, ld_out, nullptr, stream);
     return;
   }
   if (!sequential() && opts_.layout == ArLayout::Slots) {
@@ -343,6 +382,13 @@ void OverlapAllReduce::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
+  if (e.failed == 2) {
+    os << "rank " << opts_.rank << ": the AllGather of group " << e.group << " of the overlapped GEMM+AllReduce ("
+       << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ") did not complete within " << opts_.wait_timeout_s
+       << " s: ready flag " << e.value << ", expected " << e.expected
+       << " (a rank did not reach this group, or NCCL failed: see ncclCommGetAsyncError)";
+    throw Error(os.str());
+  }
   os << "rank " << opts_.rank << ": group " << e.group << " of the overlapped GEMM+AllReduce ("
      << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ") did not complete within "
      << opts_.wait_timeout_s << " s: counter " << e.value << ", expected " << e.expected

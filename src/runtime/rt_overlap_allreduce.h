@@ -125,7 +125,15 @@ class OverlapAllReduce {
 
  private:
   // RowBands: the GEMM writes row-major `c` (n per row); Slots: c unused.
-  void enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream);
+  // Gathered, plain output: groups but the last are summed into `out` inside
+  // the GEMM; the last is AllReduced by NCCL straight into out's rows when
+  // `tail_allreduce` (contiguous out and a tail communicator), else gathered.
+  struct FusedOut {
+    void* out = nullptr;
+    int64_t ld_out = 0;
+    bool tail_allreduce = false;
+  };
+  void enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream, const FusedOut* fused = nullptr);
   void enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream);
   // Sequential fallback: row-major C = A B^T (n per row) on the caller's stream.
   void enqueue_sequential_gemm(const void* a, const void* b, void* c, cudaStream_t stream);
@@ -145,7 +153,7 @@ class OverlapAllReduce {
   int64_t gathered_rows_ = 0;
   int world_ = 1, gather_rank_ = 0;
   SymmetricBuffer gathered_;
-  DeviceBuffer row_shift_;
+  DeviceBuffer row_shift_, sum_table_, ready_;
   std::vector<cudaEvent_t> group_done_;
 
   OverlapAllReduceOptions opts_;

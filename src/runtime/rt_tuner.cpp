@@ -131,7 +131,7 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
 AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
                              void* scratch, double sequential_ms) {
   // 1. Candidate schedules and their measured GEMM times (max over ranks).
-  // The gathered layout leaves no SM to NCCL (copy engines): full grid only.
+  // The gathered layout leaves no SM to NCCL (copy engines): one grid only.
   std::vector<Candidate> cands;
   std::map<std::tuple<int, int, int, int>, double> gemm_ms_of;  // (bm, bn, ctas, swizzle)
   for (plan::TileShape tile : t.tiles) {
@@ -139,7 +139,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const int32_t tiles_m = int32_t((m + tile.bm - 1) / tile.bm);
     for (ArLayout layout : t.layouts) {
       if (layout == ArLayout::Gathered && !t.gather_curve) continue;
-      const std::vector<int> reserves = layout == ArLayout::Gathered ? std::vector<int>{0}
+      const std::vector<int> reserves = layout == ArLayout::Gathered ? std::vector<int>{t.gather_reserve}
                                         : t.reserve >= 0            ? std::vector<int>{t.reserve}
                                                                     : whole_wave_reserves(tiles, t.sms);
       for (int r : reserves) {

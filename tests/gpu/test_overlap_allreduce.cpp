@@ -113,6 +113,8 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     if (c.layout == rt::ArLayout::Gathered) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
       o.gather_comm = ce.get();
+      // Even M: the last group is AllReduced by NCCL into the output; odd M: gathered and summed like the rest.
+      if (c.m % 2 == 0) o.tail_comm = comm;
     }
     rt::OverlapAllReduce op(o);
     rt::CublasGemm cublas;
