@@ -180,33 +180,16 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     reorder_ms = max_over_ranks(*t.rv, {reorder_ms})[0];
   }
 
-  // The Gathered layout's element-wise step sums the ranks' blocks of all of C
-  // (the last group's share of it comes after the last transfer).
-  double gather_post_ms = 0;
-  const bool any_gathered = std::any_of(cands.begin(), cands.end(),
-                                        [](const Candidate& c) { return c.plan.layout == ArLayout::Gathered; });
-  if (any_gathered) {
-    DeviceBuffer blocks(size_t(t.world) * m * n * 2);
-    FO_CUDA_CHECK(cudaMemset(blocks.get(), 0, blocks.bytes()));
-    gather_post_ms = time_on_stream([&] {
-                       kernels::sum_gathered_rows(t.dtype, blocks.get(), t.world, m * n, int32_t(m), int32_t(n),
-                                                  scratch, n, t.stream);
-                     },
-                                    t.stream, 2, 10)
-                         .median_ms;
-    gather_post_ms = max_over_ranks(*t.rv, {gather_post_ms})[0];
-  }
-
   // 2. Predict each candidate with the best (or the given) groups.
   std::optional<AllReducePlan> best;
   for (Candidate& c : cands) {
     const plan::Schedule& s = c.plan.sched;
     const bool gathered = c.plan.layout == ArLayout::Gathered;
     const plan::BandwidthCurve& curve = gathered ? t.gather_curve() : t.curve_for(c.plan.reserve);
-    // The last group: after the GEMM, NCCL's defaults.
-    const plan::BandwidthCurve& tail_curve = gathered ? curve : t.curve_for(0);
+    // The last group: after the GEMM, an AllReduce with NCCL's defaults (the
+    // gathered layout's other groups are summed inside the GEMM).
+    const plan::BandwidthCurve& tail_curve = t.curve_for(0);
     const double wave_ms = c.gemm_ms / s.waves() * (gathered ? t.gather_gemm_slowdown : t.slowdown);
-    const double c_bytes = double(s.m) * s.n * 2;
     plan::CostModel cost;
     std::function<int64_t(int)> unit_end_tile;  // tiles done when unit i is done
     if (c.plan.layout == ArLayout::Slots) {
@@ -234,9 +217,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         bytes = double(r1 - r0) * s.n * 2;
       }
       const bool tail = u1 == int32_t(cost.wave_ms.size());
-      if (gathered)  // the last group's element-wise step waits for its transfer
-        return tail ? curve.latency_ms(bytes) + gather_post_ms * bytes / c_bytes
-                    : curve.latency_ms(bytes) * t.gather_slowdown;
+      if (gathered && !tail) return curve.latency_ms(bytes) * t.gather_slowdown;
       return tail ? tail_curve.latency_ms(bytes) : curve.latency_ms(bytes) * t.comm_slowdown;
     };
     plan::Partition part;
@@ -247,10 +228,6 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       part = plan::search_dp(cost).partition;
     }
     c.plan.predicted_ms = plan::predict(cost, part).total_ms + (slots ? reorder_ms : 0);
-    if (gathered) {  // the other groups' steps run after the GEMM, one after another
-      const double gemm_end = std::accumulate(cost.wave_ms.begin(), cost.wave_ms.end(), 0.0);
-      c.plan.predicted_ms = std::max(c.plan.predicted_ms, gemm_end + gather_post_ms);
-    }
     c.plan.groups = slots ? plan::make_groups(s, part) : band_groups(s, part);
     if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
   }
