@@ -102,8 +102,10 @@ void check_gemm_params(const GemmParams& p) {
   if (p.sum.groups > 0 && (!p.sum.table || !p.sum.ready || !p.sum.gathered || !p.sum.out || !p.sum.err ||
                            p.sum.world < 1 || p.sum.ld_out < p.n))
     fail("fused sum needs its table, ready flags, gathered buffer, output (ld >= n), error slot and world >= 1");
-  if (p.sum.groups > 0 && int64_t(p.m) * ((p.n + 3) / 4) >= INT32_MAX)
-    fail("fused sum: more than 2^31 four-element units in C");
+  if (p.sum.groups > 0 && (p.n % 8 != 0 || p.sum.ld_out != p.n || !aligned16(p.sum.out) || !aligned16(p.sum.gathered)))
+    fail("fused sum needs n % 8 == 0 and a contiguous, 16-byte aligned output");
+  if (p.sum.groups > 0 && (p.sum.world > 8 || p.sum.world < 1)) fail("fused sum: world must be in [1, 8]");
+  if (p.sum.groups > 0 && int64_t(p.m) * p.n >= INT32_MAX) fail("fused sum: C has 2^31 elements or more");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
 }
 

@@ -50,8 +50,13 @@ struct GemmSmem {
   static constexpr int kB = kA + STAGES * kABytes;
   static constexpr int kC = kB + STAGES * kBBytes;
   static constexpr int kBars = kC + 2 * kHalfCBytes;
-  static constexpr int kBytes = kBars + (2 * STAGES + 4) * 8;
+  static constexpr int kBarCount = 2 * STAGES + 4 + 2;  // ring, C halves, the two sum warps
+  // Staging of the fused sum (gathered layout): 8 KB per sum warp.
+  static constexpr int kSumStageBytes = 8192;
+  static constexpr int kSum = (kBars + kBarCount * 8 + 127) / 128 * 128;
+  static constexpr int kBytes = kSum + 2 * kSumStageBytes;
   static constexpr int kDynamicBytes = kBytes + 1024;  // slack for 1024-byte alignment
+  static_assert(kDynamicBytes <= 227 * 1024, "shared memory over the sm_90 limit per block");
 };
 
 template <typename T>
@@ -71,29 +76,20 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // chunk stored with the TMA 128-byte swizzle.
 __device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
 
-// Four elements of row-major data, 8-byte L2 loads (the copy engines wrote
-// them while this kernel ran: never from L1) where aligned, else one by one.
-// Four, not eight: this runs under the producer warpgroup's 40 registers.
-template <typename T>
-__device__ __forceinline__ void sum_add4(float (&acc)[4], const T* p, int valid) {
-  if (valid >= 4 && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
-    const uint2 v = __ldcg(reinterpret_cast<const uint2*>(p));
-    const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += static_cast<float>(e[i]);
-  } else {
-    for (int i = 0; i < valid && i < 4; ++i) acc[i] += static_cast<float>(__ldcg(p + i));
-  }
-}
-
-// The FusedSum of gemm.h, by `helpers` threads numbered `helper` across the
-// grid. One lane per warp polls the ready flag (bounded, with backoff).
-template <typename T>
-__device__ void fused_sum_rows(const FusedSum& f, int32_t n, int32_t helper, int32_t helpers) {
+// The FusedSum of gemm.h by one warp (`warp` of `warps` across the grid):
+// chunks of a group's rows, every rank's part brought into `stage` by the
+// bulk-copy engine (no registers held while loads are in flight: this runs
+// under the producer warpgroup's 40 registers), summed by the lanes in rank
+// order, stored with 16-byte stores. Lane 0 polls the group's ready flag
+// (bounded, with backoff). Needs n % 8 == 0 and ld_out == n (host-checked).
+template <typename T, int kStageBytes>
+__device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint8_t* stage, uint64_t* bar, int32_t warp,
+                               int32_t warps) {
   const int lane = threadIdx.x % 32;
-  const int32_t units_per_row = (n + 3) / 4;
+  const int32_t chunk = kStageBytes / 2 / f.world / 8 * 8;  // elements per rank per chunk, a multiple of 8
   const T* src = static_cast<const T*>(f.gathered);
   T* out = static_cast<T*>(f.out);
+  uint32_t phase = 0;
   for (int32_t g = 0; g < f.groups; ++g) {
     int ok = 1;
     if (lane == 0) {
@@ -113,29 +109,42 @@ __device__ void fused_sum_rows(const FusedSum& f, int32_t n, int32_t helper, int
         __nanosleep(backoff);
         if (backoff < 1024) backoff *= 2;
       }
+      ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
     }
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;
     const SumGroup sg = f.table[g];
     const T* gsrc = src + sg.src_row * n;
-    T* gout = out + sg.row0 * f.ld_out;
-    const int64_t stride = sg.block_rows * n;
-    const int32_t units = sg.rows * units_per_row;  // < 2^31: checked on the host
-    for (int32_t u = helper; u < units; u += helpers) {
-      const int32_t r = u / units_per_row;
-      const int32_t col = (u - r * units_per_row) * 4, valid = n - col;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      const T* p = gsrc + int64_t(r) * n + col;
-      for (int32_t w = 0; w < f.world; ++w, p += stride) sum_add4(acc, p, valid);
-      T* dst = gout + int64_t(r) * f.ld_out + col;
-      if (valid >= 4 && (reinterpret_cast<uintptr_t>(dst) & 7) == 0) {
-        uint2 v;
-        T* e = reinterpret_cast<T*>(&v);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) e[i] = T(acc[i]);
-        *reinterpret_cast<uint2*>(dst) = v;
-      } else {
-        for (int i = 0; i < valid && i < 4; ++i) dst[i] = T(acc[i]);
+    T* gout = out + int64_t(sg.row0) * n;
+    const int32_t elems = sg.rows * n;  // < 2^31: host-checked
+    for (int32_t c0 = warp * chunk; c0 < elems; c0 += warps * chunk) {
+      const int32_t cnt = elems - c0 < chunk ? elems - c0 : chunk;
+      if (lane == 0) {
+        ptx::fence_proxy_async_smem();  // the lanes' reads of the last chunk before the copies overwrite it
+        ptx::mbar_arrive_expect_tx(bar, uint32_t(cnt) * 2 * f.world);
+        const T* from = gsrc + c0;
+        for (int32_t w = 0; w < f.world; ++w, from += sg.block_rows * n)
+          ptx::bulk_load(stage + w * chunk * 2, from, uint32_t(cnt) * 2, bar);
       }
+      ptx::mbar_wait(bar, phase);
+      phase ^= 1;
+      for (int32_t u = lane * 8; u < cnt; u += 32 * 8) {
+        uint4 r;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // two halves of 4: few live registers
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+          for (int32_t w = 0; w < f.world; ++w) {
+            const uint2 v = *reinterpret_cast<const uint2*>(stage + (w * chunk + u + 4 * h) * 2);
+            const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[i] += static_cast<float>(e[i]);
+          }
+          T* e = reinterpret_cast<T*>(&r) + 4 * h;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) e[i] = T(acc[i]);
+        }
+        *reinterpret_cast<uint4*>(gout + c0 + u) = r;
+      }
+      __syncwarp();
     }
   }
 }
@@ -164,6 +173,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_init(&c_full[h], 1);
       ptx::mbar_init(&c_empty[h], 1);
+      ptx::mbar_init(&c_empty[2 + h], 1);  // sum warp h's staging
     }
     ptx::fence_barrier_init();
   }
@@ -190,7 +200,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
     } else if (tid >= 64 && p.sum.groups > 0) {
       // ---------------- warps 2-3: the gathered layout's sum ----------------
-      fused_sum_rows<T>(p.sum, p.sched.n, int32_t(blockIdx.x) * 64 + (tid - 64), int32_t(gridDim.x) * 64);
+      const int w = tid / 32 - 2;
+      fused_sum_rows<T, L::kSumStageBytes>(p.sum, p.sched.n, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + w,
+                                           int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
     } else if (tid == 32 && p.tma_store) {
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the
