@@ -50,7 +50,7 @@ struct Options {
   std::string wait = "spin";
   std::string layout = "auto";
   std::string decomp = "2,4,8";
-  bool rmsnorm = false, json = false, trace = false;
+  bool rmsnorm = false, json = false, trace = false, select = true;
   int warmup = 5, iters = 20, nproc = 0;
   std::string csv;
 };
@@ -68,6 +68,7 @@ struct ShapeResult {
   std::string checks;
   double predicted_ms = 0;
   std::string trace;
+  std::string selection;  // the finalists measured by the tuner, the pick starred
 };
 
 std::vector<std::array<int64_t, 3>> shapes_of(const Options& o) {
@@ -162,16 +163,61 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.gather_reserve = o.wait == "spin" ? 1 : 0;  // the spin waiter needs an SM beside the GEMM
   tuning.group_sizes = o.partition;
   tuning.cublas_gemm_ms = comp[0];
-  const rt::AllReducePlan plan = rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
+  std::vector<rt::AllReducePlan> ranked;
+  if (o.partition.empty() && o.select) tuning.ranked = &ranked;
+  rt::AllReducePlan plan = rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
   res.predicted_ms = plan.predicted_ms;
-  rt::OverlapAllReduceOptions fo;
-  fo.sched = plan.sched, fo.groups = plan.groups, fo.layout = plan.layout, fo.k = k, fo.dtype = dt, fo.rank = rank;
-  fo.comm = cx.comm_for(plan.reserve);
-  fo.tail_comm = base;
-  if (plan.layout == rt::ArLayout::Gathered) fo.gather_comm = cx.ce_comm();
-  fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
-  fo.trace = o.trace;
-  fo.fallback_cublas = plan.fallback_cublas;
+  auto options_for = [&](const rt::AllReducePlan& pl) {
+    rt::OverlapAllReduceOptions fo;
+    fo.sched = pl.sched, fo.groups = pl.groups, fo.layout = pl.layout, fo.k = k, fo.dtype = dt, fo.rank = rank;
+    fo.comm = cx.comm_for(pl.reserve);
+    fo.tail_comm = base;
+    if (pl.layout == rt::ArLayout::Gathered && !pl.sequential) fo.gather_comm = cx.ce_comm();
+    fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
+    fo.trace = o.trace;
+    fo.fallback_cublas = pl.fallback_cublas;
+    fo.fuse_sum = pl.fuse_sum;
+    return fo;
+  };
+  if (!ranked.empty()) {
+    // The model ranks; a short measurement picks among the best predicted
+    // plan of each layout (the gathered one with and without the in-GEMM
+    // sum) and the sequential fallback. Separate runs from the timings below.
+    std::vector<rt::AllReducePlan> finalists;
+    for (rt::ArLayout l : {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered})
+      for (const auto& pl : ranked)
+        if (!pl.sequential && pl.layout == l) {
+          finalists.push_back(pl);
+          if (l == rt::ArLayout::Gathered) {
+            finalists.push_back(pl);
+            finalists.back().fuse_sum = false;
+          }
+          break;
+        }
+    for (const auto& pl : ranked)
+      if (pl.sequential) finalists.push_back(pl);
+    std::vector<std::unique_ptr<rt::OverlapAllReduce>> ops;
+    std::vector<std::function<void()>> fns;
+    for (const auto& pl : finalists) {
+      ops.push_back(std::make_unique<rt::OverlapAllReduce>(options_for(pl)));
+      fns.push_back([&, op = ops.back().get()] { op->run(a.get(), b.get(), out_fo.get(), N, cx.stream); });
+    }
+    std::vector<double> t;
+    for (const auto& st : rt::time_collective_interleaved(fns, cx.stream, base, 2, 6)) t.push_back(st.median_ms);
+    FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+    for (auto& op : ops) op->check();
+    t = rt::max_over_ranks(*cx.rv, t);
+    const size_t pick = size_t(std::min_element(t.begin(), t.end()) - t.begin());
+    std::ostringstream sel;
+    sel << std::fixed << std::setprecision(3);
+    for (size_t i = 0; i < finalists.size(); ++i)
+      sel << (i ? "; " : "") << (i == pick ? "* " : "") << rt::describe(finalists[i]) << ": " << t[i]
+          << " ms (predicted " << finalists[i].predicted_ms << ")";
+    res.selection = sel.str();
+    plan = finalists[pick];
+    res.predicted_ms = plan.predicted_ms;
+  }
+  const rt::OverlapAllReduceOptions fo = options_for(plan);
   rt::OverlapAllReduce op(fo);
   plan::Schedule full = plan::make_schedule(M, N, {128, 256}, cx.info.sms, plan::Raster::AlongN,
                                             plan::default_swizzle(cx.info.sms, {128, 256}, int32_t((M + 127) / 128)));
@@ -248,7 +294,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
           : plan.layout == rt::ArLayout::Gathered ? "on the copy engines"
                                                   : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
-          : std::string(", ") + rt::layout_name(op.layout()))
+          : std::string(", ") + rt::layout_name(op.layout()) +
+                (op.layout() != rt::ArLayout::Gathered ? "" : op.fuses_sum() ? " (sum in the GEMM)" : " (sum after)"))
       << ", wait " << o.wait;
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
@@ -330,6 +377,7 @@ int run(const Options& o) {
       std::cout << "\n" << r.m << "x" << r.n << "x" << r.k << "  GEMM " << std::fixed << std::setprecision(3) << r.gemm_ms
                 << " ms, AllReduce " << r.comm_ms << " ms, ideal max " << r.ideal_ms << " ms; predicted "
                 << r.predicted_ms << " ms\n  check: " << r.checks << "\n";
+      if (!r.selection.empty()) std::cout << "  tuner's finalists: " << r.selection << "\n";
       if (!r.trace.empty()) std::cout << "  " << r.trace << "\n";
       std::cout << "  " << std::left << std::setw(22) << "variant" << std::right << std::setw(9) << "ms"
                 << std::setw(9) << "speedup" << std::setw(8) << "gain" << "  partition / config\n";
@@ -398,6 +446,8 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--csv", o->csv, "Append rows to this CSV file");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
   cmd->add_flag("--trace", o->trace, "Print rank 0's timeline of the last overlapped call");
+  cmd->add_flag("!--no-select", o->select,
+                "Take the model's best plan as is, without measuring the best of each layout against each other");
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

@@ -96,6 +96,11 @@ void OverlapAllReduce::setup_gathered() {
   ready_ = DeviceBuffer(gather_.size() * sizeof(uint32_t));
   FO_CUDA_CHECK(cudaMemset(ready_.get(), 0, ready_.bytes()));
   stream_write_fn();
+  int dev = 0, sms = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&dev));
+  FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  fuse_ok_ = opts_.fuse_sum && s.n % 8 == 0 && int64_t(s.m) * s.n < INT32_MAX &&
+             (opts_.wait == WaitMode::StreamWaitOp || s.ctas < sms);
   group_done_.resize(gather_.size());
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -309,7 +314,12 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
   if (!sequential() && opts_.layout == ArLayout::Gathered) {
-    const FusedOut fused{out, ld_out, opts_.tail_comm && ld_out == s.n};
+    if (!fuse_ok_ || !direct || (reinterpret_cast<uintptr_t>(out) & 15) != 0) {
+      enqueue_overlapped(a, b, nullptr, stream);
+      for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
+      return;
+    }
+    const FusedOut fused{out, ld_out, opts_.tail_comm != nullptr};
     enqueue_overlapped(a, b, nullptr, stream, &fused);
     const size_t last = gather_.size() - 1;
     if (fused.tail_allreduce)

@@ -76,6 +76,11 @@ struct OverlapAllReduceOptions {
   // Sequential fallback only: run cuBLAS instead of our GEMM (when the tuner
   // measured it faster on this shape: never slower than what users run).
   bool fallback_cublas = false;
+  // Gathered: sum the groups inside the GEMM (its idle producer warps) rather
+  // than in kernels after it. Taken when the output allows it (contiguous,
+  // n % 8 == 0) and the wait cannot deadlock: the spin waiter needs an SM the
+  // GEMM leaves free, since the GEMM now waits for the gathers.
+  bool fuse_sum = true;
 };
 
 // Times of one call, in ms from the GEMM's launch on the caller's stream
@@ -120,6 +125,7 @@ class OverlapAllReduce {
   // "waves 3,2,2" or "bands 2,1,1": the group sizes in the layout's unit.
   std::string describe_groups() const;
   uint32_t epoch() const { return epoch_; }
+  bool fuses_sum() const { return fuse_ok_; }  // gathered: sums inside the GEMM (plain contiguous output)
   // The last call's timeline (trace mode; synchronises with the events).
   Timeline timeline() const;
 
@@ -152,6 +158,7 @@ class OverlapAllReduce {
   std::vector<GatherBlock> gather_;
   int64_t gathered_rows_ = 0;
   int world_ = 1, gather_rank_ = 0;
+  bool fuse_ok_ = false;  // fuse_sum, and the waits can run beside the GEMM
   SymmetricBuffer gathered_;
   DeviceBuffer row_shift_, sum_table_, ready_;
   std::vector<cudaEvent_t> group_done_;

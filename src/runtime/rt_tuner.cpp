@@ -114,6 +114,16 @@ struct Candidate {
 
 }  // namespace
 
+std::string describe(const AllReducePlan& p) {
+  std::string out = std::to_string(p.sched.bm) + "x" + std::to_string(p.sched.bn) + ", " +
+                    std::to_string(p.sched.ctas) + " CTAs, swizzle " + std::to_string(p.sched.swizzle) + ", ";
+  if (p.sequential) return out + (p.fallback_cublas ? "sequential (cuBLAS)" : "sequential (ours)");
+  out += layout_name(p.layout);
+  if (p.layout == ArLayout::Gathered) out += p.fuse_sum ? " (sum in the GEMM)" : " (sum after)";
+  else out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
+  return out + ", " + std::to_string(p.groups.size()) + " groups";
+}
+
 std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
   std::vector<int> all;
   for (int64_t w = (tiles + sms - 1) / sms; w <= tiles; ++w) {
@@ -230,9 +240,13 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     c.plan.predicted_ms = plan::predict(cost, part).total_ms + (slots ? reorder_ms : 0);
     c.plan.groups = slots ? plan::make_groups(s, part) : band_groups(s, part);
     if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
+    if (t.ranked) t.ranked->push_back(c.plan);
   }
+  if (t.ranked)
+    std::stable_sort(t.ranked->begin(), t.ranked->end(),
+                     [](const AllReducePlan& x, const AllReducePlan& y) { return x.predicted_ms < y.predicted_ms; });
   if (!best) throw InvalidArgument("group sizes " + t.group_sizes + " fit none of the candidate schedules");
-  if (t.group_sizes.empty() && best->predicted_ms >= sequential_ms * 0.99) {
+  if (t.group_sizes.empty() && (t.ranked || best->predicted_ms >= sequential_ms * 0.99)) {
     // Sequential fallback: our GEMM on every SM with its fastest tile.
     std::vector<plan::Schedule> full;
     std::vector<double> full_ms;
@@ -243,12 +257,16 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     }
     full_ms = max_over_ranks(*t.rv, full_ms);
     const size_t i = size_t(std::min_element(full_ms.begin(), full_ms.end()) - full_ms.begin());
-    best->sequential = true;
-    best->sched = full[i];
-    best->groups = plan::make_groups(best->sched, {best->sched.waves()});
-    best->reserve = 0;
-    best->predicted_ms = sequential_ms;
-    best->fallback_cublas = t.cublas_gemm_ms > 0 && t.cublas_gemm_ms < full_ms[i];
+    AllReducePlan seq = *best;
+    seq.sequential = true;
+    seq.layout = ArLayout::RowBands;
+    seq.sched = full[i];
+    seq.groups = plan::make_groups(seq.sched, {seq.sched.waves()});
+    seq.reserve = 0;
+    seq.predicted_ms = sequential_ms;
+    seq.fallback_cublas = t.cublas_gemm_ms > 0 && t.cublas_gemm_ms < full_ms[i];
+    if (t.ranked) t.ranked->push_back(seq);
+    if (best->predicted_ms >= sequential_ms * 0.99) best = seq;
   }
   return *best;
 }

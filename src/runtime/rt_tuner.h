@@ -86,6 +86,9 @@ struct AllReduceTuning {
   // 1-band groups of 16384x8192x4096 took 0.075 ms against 0.06 predicted.
   double comm_slowdown = 1.25;
   double cublas_gemm_ms = 0;  // > 0: the fallback may use cuBLAS when it is faster than ours
+  // Optional: every candidate evaluated, fastest predicted first, and the
+  // sequential fallback plan last (for a final choice by measurement).
+  std::vector<struct AllReducePlan>* ranked = nullptr;
 };
 
 struct AllReducePlan {
@@ -95,8 +98,12 @@ struct AllReducePlan {
   int reserve = 0;
   bool sequential = false;
   bool fallback_cublas = false;  // sequential, with cuBLAS's GEMM
+  bool fuse_sum = true;          // gathered: sum inside the GEMM
   double predicted_ms = 0;
 };
+
+// The plan as the op's options (comms and the rest are the caller's).
+std::string describe(const AllReducePlan& p);
 
 // Reserves that leave no idle CTA in the last wave: for each wave count w the
 // smallest grid covering the tiles in w waves (SMs - ceil(tiles/w)), keeping
