@@ -50,7 +50,7 @@ struct GemmSmem {
   static constexpr int kB = kA + STAGES * kABytes;
   static constexpr int kC = kB + STAGES * kBBytes;
   static constexpr int kBars = kC + 2 * kHalfCBytes;
-  static constexpr int kBarCount = 2 * STAGES + 4 + 2;  // ring, C halves, the two sum warps
+  static constexpr int kBarCount = 2 * STAGES + 4 + 4;  // ring, C halves, 2 buffers of each sum warp
   // Staging of the fused sum (gathered layout): 8 KB per sum warp.
   static constexpr int kSumStageBytes = 8192;
   static constexpr int kSum = (kBars + kBarCount * 8 + 127) / 128 * 128;
@@ -77,19 +77,21 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 __device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
 
 // The FusedSum of gemm.h by one warp (`warp` of `warps` across the grid):
-// chunks of a group's rows, every rank's part brought into `stage` by the
-// bulk-copy engine (no registers held while loads are in flight: this runs
-// under the producer warpgroup's 40 registers), summed by the lanes in rank
-// order, stored with 16-byte stores. Lane 0 polls the group's ready flag
+// chunks of a group's rows, every rank's part brought into shared memory by
+// the bulk-copy engine (no registers held while loads are in flight: this
+// runs under the producer warpgroup's 40 registers), double-buffered (the
+// next chunk loads while this one is summed), summed by the lanes in rank
+// order and stored with 16-byte stores. Lane 0 polls the group's ready flag
 // (bounded, with backoff). Needs n % 8 == 0 and ld_out == n (host-checked).
 template <typename T, int kStageBytes>
-__device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint8_t* stage, uint64_t* bar, int32_t warp,
-                               int32_t warps) {
+__device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint8_t* stage, uint64_t* bars,
+                                               int32_t warp, int32_t warps) {
   const int lane = threadIdx.x % 32;
-  const int32_t chunk = kStageBytes / 2 / f.world / 8 * 8;  // elements per rank per chunk, a multiple of 8
+  constexpr int kBufBytes = kStageBytes / 2;
+  const int32_t chunk = kBufBytes / 2 / f.world / 8 * 8;  // elements per rank per chunk, a multiple of 8
   const T* src = static_cast<const T*>(f.gathered);
   T* out = static_cast<T*>(f.out);
-  uint32_t phase = 0;
+  uint32_t phases = 0;  // bit b: parity of buffer b's next completion
   for (int32_t g = 0; g < f.groups; ++g) {
     int ok = 1;
     if (lane == 0) {
@@ -116,24 +118,30 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint
     const T* gsrc = src + sg.src_row * n;
     T* gout = out + int64_t(sg.row0) * n;
     const int32_t elems = sg.rows * n;  // < 2^31: host-checked
-    for (int32_t c0 = warp * chunk; c0 < elems; c0 += warps * chunk) {
+    auto issue = [&](int32_t c0, int b) {
+      if (lane != 0) return;
       const int32_t cnt = elems - c0 < chunk ? elems - c0 : chunk;
-      if (lane == 0) {
-        ptx::fence_proxy_async_smem();  // the lanes' reads of the last chunk before the copies overwrite it
-        ptx::mbar_arrive_expect_tx(bar, uint32_t(cnt) * 2 * f.world);
-        const T* from = gsrc + c0;
-        for (int32_t w = 0; w < f.world; ++w, from += sg.block_rows * n)
-          ptx::bulk_load(stage + w * chunk * 2, from, uint32_t(cnt) * 2, bar);
-      }
-      ptx::mbar_wait(bar, phase);
-      phase ^= 1;
+      ptx::fence_proxy_async_smem();  // the lanes' reads of this buffer before the copies overwrite it
+      ptx::mbar_arrive_expect_tx(bars + b, uint32_t(cnt) * 2 * f.world);
+      const T* from = gsrc + c0;
+      for (int32_t w = 0; w < f.world; ++w, from += sg.block_rows * n)
+        ptx::bulk_load(stage + b * kBufBytes + w * chunk * 2, from, uint32_t(cnt) * 2, bars + b);
+    };
+    int b = 0;
+    if (warp * chunk < elems) issue(warp * chunk, b);
+    for (int32_t c0 = warp * chunk; c0 < elems; c0 += warps * chunk, b ^= 1) {
+      if (c0 + warps * chunk < elems) issue(c0 + warps * chunk, b ^ 1);
+      ptx::mbar_wait(bars + b, (phases >> b) & 1);
+      phases ^= 1u << b;
+      const int32_t cnt = elems - c0 < chunk ? elems - c0 : chunk;
+      const uint8_t* buf = stage + b * kBufBytes;
       for (int32_t u = lane * 8; u < cnt; u += 32 * 8) {
         uint4 r;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // two halves of 4: few live registers
           float acc[4] = {0.f, 0.f, 0.f, 0.f};
           for (int32_t w = 0; w < f.world; ++w) {
-            const uint2 v = *reinterpret_cast<const uint2*>(stage + (w * chunk + u + 4 * h) * 2);
+            const uint2 v = *reinterpret_cast<const uint2*>(buf + (w * chunk + u + 4 * h) * 2);
             const T* e = reinterpret_cast<const T*>(&v);
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[i] += static_cast<float>(e[i]);
@@ -173,7 +181,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_init(&c_full[h], 1);
       ptx::mbar_init(&c_empty[h], 1);
-      ptx::mbar_init(&c_empty[2 + h], 1);  // sum warp h's staging
+      ptx::mbar_init(&c_empty[2 + h], 1);  // the sum warps' staging buffers
+      ptx::mbar_init(&c_empty[4 + h], 1);
     }
     ptx::fence_barrier_init();
   }
@@ -201,7 +210,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     } else if (tid >= 64 && p.sum.groups > 0) {
       // ---------------- warps 2-3: the gathered layout's sum ----------------
       const int w = tid / 32 - 2;
-      fused_sum_rows<T, L::kSumStageBytes>(p.sum, p.sched.n, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + w,
+      fused_sum_rows<T, L::kSumStageBytes>(p.sum, p.sched.n, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
                                            int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
     } else if (tid == 32 && p.tma_store) {
       // ---------------- storer: TMA stores, completion, signal ----------------
