@@ -158,7 +158,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.layout == "rows") tuning.layouts = {rt::ArLayout::RowBands};
   if (o.layout == "slots") tuning.layouts = {rt::ArLayout::Slots};
   if (o.layout == "gathered") tuning.layouts = {rt::ArLayout::Gathered};
-  if (o.layout == "auto" || o.layout == "gathered")
+  if (o.layout == "gathered-tiles") tuning.layouts = {rt::ArLayout::GatheredTiles};
+  if (o.layout == "auto" || o.layout == "gathered" || o.layout == "gathered-tiles")
     tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };
   tuning.world = world;
   tuning.gather_reserve = o.wait == "spin" ? 1 : 0;  // the spin waiter needs an SM beside the GEMM
@@ -173,7 +174,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.sched = pl.sched, fo.groups = pl.groups, fo.layout = pl.layout, fo.k = k, fo.dtype = dt, fo.rank = rank;
     fo.comm = cx.comm_for(pl.reserve);
     fo.tail_comm = base;
-    if (pl.layout == rt::ArLayout::Gathered && !pl.sequential) fo.gather_comm = cx.ce_comm();
+    if (rt::is_gathered(pl.layout) && !pl.sequential) fo.gather_comm = cx.ce_comm();
     fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
     fo.trace = o.trace;
     fo.fallback_cublas = pl.fallback_cublas;
@@ -185,7 +186,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     // plan of each layout (the gathered one with and without the in-GEMM
     // sum) and the sequential fallback. Separate runs from the timings below.
     std::vector<rt::AllReducePlan> finalists;
-    for (rt::ArLayout l : {rt::ArLayout::RowBands, rt::ArLayout::Slots})
+    for (rt::ArLayout l : {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::GatheredTiles})
       for (const auto& pl : ranked)
         if (!pl.sequential && pl.layout == l) {
           finalists.push_back(pl);
@@ -284,7 +285,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     for (size_t g = 0; g < tl.comm_end.size(); ++g)
       tr << "\n    group " << g << " (tiles " << op.groups()[g].first_tile << "-" << op.groups()[g].end_tile
          << "): wait done " << tl.wait_end[g]
-         << ", " << (op.layout() == rt::ArLayout::Gathered ? "AllGather" : "AllReduce") << " done " << tl.comm_end[g];
+         << ", " << (rt::is_gathered(op.layout()) ? "AllGather" : "AllReduce") << " done " << tl.comm_end[g];
     res.trace = tr.str();
   }
   res.seq_ms = ms[0];
@@ -299,7 +300,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   cfg << op.schedule().bm << "x" << op.schedule().bn << ", " << op.schedule().ctas << " CTAs, swizzle "
       << op.schedule().swizzle << ", NCCL "
       << (plan.sequential ? "default CTAs"
-          : plan.layout == rt::ArLayout::Gathered ? "on the copy engines"
+          : rt::is_gathered(plan.layout) ? "on the copy engines"
                                                   : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) +
@@ -342,8 +343,9 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
-  if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered")
-    throw InvalidArgument("--layout must be auto, rows, slots or gathered");
+  if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
+      o.layout != "gathered-tiles")
+    throw InvalidArgument("--layout must be auto, rows, slots, gathered or gathered-tiles");
   const auto shapes = shapes_of(o);
   const int gpus = rt::hopper_device_count();
   if (gpus < 1) {
@@ -444,7 +446,8 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "Group sizes, e.g. 2,3,3: waves (slots layout) or row bands (rows layout); default: planned");
   cmd->add_option("--layout", o->layout,
                   "auto, rows (AllReduce in place on C's row bands), slots (tile slots + post-reorder) or gathered "
-                  "(copy-engine AllGather of row bands, summed in the element-wise step)")
+                  "(copy-engine AllGather of row bands, summed in the element-wise step) or gathered-tiles (the same "
+                  "on tile slots)")
       ->capture_default_str();
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();

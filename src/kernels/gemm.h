@@ -65,9 +65,10 @@ struct GemmParams {
   Store store = Store::Plain;
   void* c = nullptr;        // Plain: output, ldc elements per row (>= n)
   int64_t ldc = 0;
-  // Plain only, optional: tile rows of group g go `row_shift[g]` rows further
-  // down C (each rank's partial of a group in its own block of a gathered
-  // buffer); c_rows = rows of C's allocation (0: m), which bounds TMA stores.
+  // Plain and SlotTiles, optional: tile rows of group g go `row_shift[g]`
+  // rows further down C or the slot buffer (each rank's partial of a group in
+  // its own block of a gathered buffer); c_rows = rows of C's allocation
+  // (0: m), which bounds TMA stores.
   const int32_t* row_shift = nullptr;  // indexed like counters (needs group_of_tile)
   int64_t c_rows = 0;
   void* slots = nullptr;    // SlotTiles / SlotRows: [slot_rows x bn]

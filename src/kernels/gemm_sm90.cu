@@ -97,7 +97,8 @@ void check_gemm_params(const GemmParams& p) {
       fail("unknown store mode");
   }
   if (p.counters && !p.group_of_tile) fail("signalling needs group_of_tile");
-  if (p.row_shift && p.store != Store::Plain) fail("row_shift applies to the Plain store only");
+  if (p.row_shift && p.store == Store::SlotRows) fail("row_shift applies to the Plain and SlotTiles stores");
+  if (p.row_shift && !p.group_of_tile) fail("row_shift needs group_of_tile");
   if (p.sum.groups < 0) fail("fused sum: negative group count");
   if (p.sum.groups > 0 && (!p.sum.table || !p.sum.ready || !p.sum.gathered || !p.sum.out || !p.sum.err ||
                            p.sum.world < 1 || p.sum.ld_out < p.n))
@@ -147,7 +148,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.ld_out = p.store == Store::Plain ? p.ldc : bn;
     kp.row_of = p.store == Store::SlotRows ? p.row_of : nullptr;
   }
-  kp.row_shift = p.store == Store::Plain ? p.row_shift : nullptr;
+  kp.row_shift = p.store != Store::SlotRows ? p.row_shift : nullptr;
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.dtype == DType::BF16) {

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "kernels/cuda_check.h"
@@ -162,6 +163,25 @@ __global__ void add_rmsnorm_kernel(Src src, int32_t m, int32_t n, const T* resid
   }
 }
 
+// Tiles first..first+tiles of the gathered tile layout: rank w's copy of tile
+// first+t at elements w*block + t*bm*bn (bn wide rows) -> their place in C.
+template <typename T>
+__global__ void sum_gathered_tiles_kernel(const T* g, int32_t world, int64_t block, plan::Schedule s, int32_t first,
+                                          int32_t tiles, T* out, int64_t ld) {
+  const int32_t row_units = s.bn / 8, tile_units = s.bm * row_units;
+  const int64_t total = int64_t(tiles) * tile_units;
+  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < total; u += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t t = int32_t(u / tile_units), rem = int32_t(u - int64_t(t) * tile_units);
+    const int32_t r = rem / row_units, c = (rem - r * row_units) * 8;
+    const plan::TileCoord tc = s.tile_of(first + t);
+    const int32_t row = tc.tm * s.bm + r, col = tc.tn * s.bn + c;
+    if (row >= s.m || col >= s.n) continue;
+    const T* p = g + (int64_t(t) * s.bm + r) * s.bn + c;
+    const GatherSource<T> src{p, 0, block, world};
+    store8(out + row * ld + col, src.load(0, 0, 8), s.n - col);
+  }
+}
+
 template <typename T>
 __global__ void scatter_slot_rows_kernel(const T* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
                                          const int32_t* dst_col, T* out, int64_t ld_out, int32_t n_cols) {
@@ -270,6 +290,21 @@ void sum_gathered_add_rmsnorm(DType dtype, const void* gathered, int32_t world, 
   });
 }
 
+void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_t block_elems,
+                        const plan::Schedule& s, int32_t first_tile, int32_t tiles, void* out, int64_t ld_out,
+                        cudaStream_t stream) {
+  const int64_t total = int64_t(tiles) * s.bm * (s.bn / 8);
+  if (total == 0) return;
+  const int threads = 256;
+  const int grid = int(std::min<int64_t>((total + threads - 1) / threads, 132 * 16));
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    sum_gathered_tiles_kernel<T><<<grid, threads, 0, stream>>>(static_cast<const T*>(gathered), world, block_elems, s,
+                                                               first_tile, tiles, static_cast<T*>(out), ld_out);
+  });
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
 void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
                        const int32_t* dst_col, void* out, int64_t ld_out, int32_t n_cols, cudaStream_t stream) {
   const int threads = 256;
@@ -303,6 +338,7 @@ void preload_type() {
   preload_source<T, GatherSource<T>>();
   cudaFuncAttributes a{};
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<T>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, sum_gathered_tiles_kernel<T>));
 }
 }  // namespace
 

@@ -39,6 +39,13 @@ void sum_gathered_add_rmsnorm(DType dtype, const void* gathered, int32_t world, 
                               int32_t n, const void* residual, const void* weight, float eps, void* out,
                               void* residual_out, cudaStream_t stream);
 
+// The gathered tile layout: tiles first_tile.. of the schedule, rank w's copy
+// of the t-th at elements w * block_elems + t * bm * bn (rows bn wide), summed
+// as above and written to their place in row-major C (ld_out per row).
+void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_t block_elems,
+                        const plan::Schedule& sched, int32_t first_tile, int32_t tiles, void* out, int64_t ld_out,
+                        cudaStream_t stream);
+
 // Generic gather for the ReduceScatter / All-to-All layouts: slot row s
 // (bn wide) goes to output row dst_row[s], columns [dst_col[s], +bn) clipped
 // to n_cols; dst_row[s] < 0 skips it.

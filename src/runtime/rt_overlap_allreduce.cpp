@@ -30,6 +30,7 @@ const char* layout_name(ArLayout l) {
     case ArLayout::Slots: return "slots";
     case ArLayout::RowBands: return "row bands";
     case ArLayout::Gathered: return "gathered";
+    case ArLayout::GatheredTiles: return "gathered tiles";
   }
   return "?";
 }
@@ -64,24 +65,31 @@ void OverlapAllReduce::setup_gathered() {
   FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "gather_comm");
   FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "gather_comm");
   const int rank = gather_rank_;
+  const bool tiles = opts_.layout == ArLayout::GatheredTiles;
+  gather_width_ = tiles ? s.bn : s.n;
   int64_t total = 0;
   for (const plan::Group& g : opts_.groups) {
     GatherBlock b;
-    b.row0 = int64_t(g.first_tile / s.tiles_n()) * s.bm;
-    b.rows = std::min<int64_t>(int64_t(g.end_tile / s.tiles_n()) * s.bm, s.m) - b.row0;
-    b.pad_rows = (b.rows + s.bm - 1) / s.bm * s.bm;
+    if (tiles) {
+      b.row0 = g.first_tile, b.rows = g.tiles(), b.pad_rows = int64_t(g.tiles()) * s.bm;
+    } else {
+      b.row0 = int64_t(g.first_tile / s.tiles_n()) * s.bm;
+      b.rows = std::min<int64_t>(int64_t(g.end_tile / s.tiles_n()) * s.bm, s.m) - b.row0;
+      b.pad_rows = (b.rows + s.bm - 1) / s.bm * s.bm;
+    }
     b.block0 = total;
     total += world_ * b.pad_rows;
     gather_.push_back(b);
   }
   if (total > INT32_MAX)  // TMA row coordinates and shifts are 32-bit
     throw InvalidArgument("OverlapAllReduce: gathered buffer has too many rows");
-  gathered_ = SymmetricBuffer(comm, size_t(total) * s.n * 2,
+  gathered_ = SymmetricBuffer(comm, size_t(total) * gather_width_ * 2,
                               "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
   gathered_rows_ = total;
   // Tile rows of C -> rows of this rank's block (the fault sink keeps its group's shift).
   std::vector<int32_t> shift;
-  for (const GatherBlock& b : gather_) shift.push_back(int32_t(b.block0 + rank * b.pad_rows - b.row0));
+  for (const GatherBlock& b : gather_)  // tiles: tile idx goes to slot row idx * bm + shift
+    shift.push_back(int32_t(b.block0 + rank * b.pad_rows - (tiles ? b.row0 * s.bm : b.row0)));
   shift.push_back(opts_.fault_drop_group >= 0 && size_t(opts_.fault_drop_group) < gather_.size()
                       ? shift[size_t(opts_.fault_drop_group)]
                       : 0);
@@ -99,7 +107,7 @@ void OverlapAllReduce::setup_gathered() {
   int dev = 0, sms = 0;
   FO_CUDA_CHECK(cudaGetDevice(&dev));
   FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  fuse_ok_ = opts_.fuse_sum && s.n % 8 == 0 && int64_t(s.m) * s.n < INT32_MAX &&
+  fuse_ok_ = opts_.fuse_sum && !tiles && s.n % 8 == 0 && int64_t(s.m) * s.n < INT32_MAX &&
              (opts_.wait == WaitMode::StreamWaitOp || s.ctas < sms);
   group_done_.resize(gather_.size());
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -118,16 +126,17 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
       throw InvalidArgument("OverlapAllReduce: groups must be consecutive non-empty tile ranges (group " +
                             std::to_string(g) + ")");
     // Inside a band tiles walk down its tile rows first: only whole bands are whole rows of C.
-    if (opts_.layout != ArLayout::Slots && groups[g].first_tile % (s.swizzle * s.tiles_n()) != 0)
+    if (is_banded(opts_.layout) && groups[g].first_tile % (s.swizzle * s.tiles_n()) != 0)
       throw InvalidArgument("OverlapAllReduce: row-band group " + std::to_string(g) + " does not start a band");
   }
   if (groups.back().end_tile != s.tiles()) throw InvalidArgument("OverlapAllReduce: groups do not cover all tiles");
-  if (opts_.layout != ArLayout::Slots && (s.raster != plan::Raster::AlongN))
+  if (is_banded(opts_.layout) && (s.raster != plan::Raster::AlongN))
     throw InvalidArgument("OverlapAllReduce: row-band groups need the AlongN raster");
   for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
 
   kernels::preload_kernels();  // before any wait is enqueued (DESIGN.md section 5)
   const bool gathered = opts_.layout == ArLayout::Gathered && !sequential();
+
   // Slots: the tile buffer; otherwise row-major scratch for strided outputs and RMSNorm.
   if (opts_.layout == ArLayout::Slots)
     slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
@@ -141,7 +150,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
       got[t] = int(g) == opts_.fault_drop_group ? int32_t(groups.size()) : int32_t(g);
   group_of_tile_ = DeviceBuffer(got.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
-  if (gathered) setup_gathered();
+  if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
 
   FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
   *wait_error_ = kernels::WaitError{};
@@ -177,10 +186,11 @@ std::pair<int64_t, int64_t> OverlapAllReduce::group_elements(size_t g) const {
 std::string OverlapAllReduce::describe_groups() const {
   const plan::Schedule& s = opts_.sched;
   if (sequential()) return "1 (sequential)";
-  std::string out = opts_.layout == ArLayout::Slots ? "waves " : "bands ";
+  const bool waves = !is_banded(opts_.layout);
+  std::string out = waves ? "waves " : "bands ";
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     const auto& gr = opts_.groups[g];
-    const int size = opts_.layout == ArLayout::Slots
+    const int size = waves
                          ? gr.end_wave - gr.first_wave
                          : (gr.end_tile - gr.first_tile + s.swizzle * s.tiles_n() - 1) / (s.swizzle * s.tiles_n());
     out += (g ? "," : "") + std::to_string(size);
@@ -220,6 +230,9 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
       f.timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9), f.err = wait_error_;
     }
   }
+  if (opts_.layout == ArLayout::GatheredTiles)
+    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
+    p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
@@ -238,10 +251,10 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
       if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
     }
     if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream_));
-    if (opts_.layout == ArLayout::Gathered) {  // in place: this rank's block is the send buffer
+    if (is_gathered(opts_.layout)) {  // in place: this rank's block is the send buffer
       const GatherBlock& gb = gather_[g];
-      char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * s.n * 2;
-      const size_t count = size_t(gb.pad_rows) * s.n;
+      char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * gather_width_ * 2;
+      const size_t count = size_t(gb.pad_rows) * gather_width_;
       char* mine = block0 + size_t(gather_rank_) * count * 2;
       const std::string ctx = "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g);
       if (fused && fused->tail_allreduce && g + 1 == groups) {  // NCCL on all SMs, the GEMM is done
@@ -269,7 +282,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
   }
   // Gathered: the caller's stream waits per group, in enqueue_gathered_post.
-  if (opts_.layout == ArLayout::Gathered) return;
+  if (is_gathered(opts_.layout)) return;
   FO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));
   FO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
 }
@@ -279,8 +292,13 @@ void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out
   const plan::Schedule& s = opts_.sched;
   const GatherBlock& gb = gather_[g];
   FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[g], 0));
-  const char* src = static_cast<const char*>(gathered_.get()) + gb.block0 * s.n * 2;
-  const int64_t block = gb.pad_rows * s.n;
+  const char* src = static_cast<const char*>(gathered_.get()) + gb.block0 * gather_width_ * 2;
+  const int64_t block = gb.pad_rows * gather_width_;
+  if (opts_.layout == ArLayout::GatheredTiles) {  // plain rows only: run_rmsnorm norms the whole result after
+    kernels::sum_gathered_tiles(opts_.dtype, src, world_, block, s, int32_t(gb.row0), int32_t(gb.rows), out, ld_out,
+                                stream);
+    return;
+  }
   auto rows_at = [&](const void* base, int64_t ld) -> const char* {
     return base ? static_cast<const char*>(base) + gb.row0 * ld * 2 : nullptr;
   };
@@ -313,7 +331,7 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
-  if (!sequential() && opts_.layout == ArLayout::Gathered) {
+  if (!sequential() && is_gathered(opts_.layout)) {
     if (!fuse_ok_ || !direct || (reinterpret_cast<uintptr_t>(out) & 15) != 0) {
       enqueue_overlapped(a, b, nullptr, stream);
       for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
@@ -352,6 +370,13 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
   if (opts_.layout == ArLayout::Gathered && !sequential()) {
     enqueue_overlapped(a, b, nullptr, stream);
     for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, s.n, &norm, stream);
+    return;
+  }
+  if (opts_.layout == ArLayout::GatheredTiles && !sequential()) {  // rows are whole only at the end
+    enqueue_overlapped(a, b, nullptr, stream);
+    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, slots_.get(), s.n, nullptr, stream);
+    kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm.residual, norm.weight, norm.eps, out,
+                              norm.residual_out, stream);
     return;
   }
   if (opts_.layout == ArLayout::Slots && !sequential()) {

@@ -23,6 +23,9 @@
 //             the element-wise step sums the ranks' blocks in rank order
 //             (for 2 ranks exactly ncclAllReduce's sum), per group as soon
 //             as its gather is done, fused with residual + RMSNorm if asked.
+//   GatheredTiles  the same transport on the tile slots of Slots (groups
+//             are any runs of tiles, so the raster keeps the GEMM's best tile
+//             order); the sum writes each tile to its place in C.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -46,8 +49,10 @@
 
 namespace flashoverlap::rt {
 
-enum class ArLayout { Slots, RowBands, Gathered };
-const char* layout_name(ArLayout l);  // "slots", "row bands", "gathered"
+enum class ArLayout { Slots, RowBands, Gathered, GatheredTiles };
+const char* layout_name(ArLayout l);  // "slots", "row bands", "gathered", "gathered tiles"
+inline bool is_gathered(ArLayout l) { return l == ArLayout::Gathered || l == ArLayout::GatheredTiles; }
+inline bool is_banded(ArLayout l) { return l == ArLayout::RowBands || l == ArLayout::Gathered; }
 
 enum class WaitMode {
   SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout
@@ -151,9 +156,12 @@ class OverlapAllReduce {
   // Gathered layout: C rows [row0, row0+rows) of group g; every rank's block
   // holds pad_rows (rows rounded up to whole tiles: TMA stores full tiles),
   // rank w's block starts at row block0 + w * pad_rows of the buffer.
+  // GatheredTiles: row0 / rows = the group's first tile / tile count, rows of
+  // the buffer are bn wide (gather_width_) and pad_rows = tiles * bm.
   struct GatherBlock {
     int64_t row0 = 0, rows = 0, pad_rows = 0, block0 = 0;
   };
+  int64_t gather_width_ = 0;
   void setup_gathered();
   std::vector<GatherBlock> gather_;
   int64_t gathered_rows_ = 0;

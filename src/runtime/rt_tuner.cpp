@@ -120,6 +120,7 @@ std::string describe(const AllReducePlan& p) {
   if (p.sequential) return out + (p.fallback_cublas ? "sequential (cuBLAS)" : "sequential (ours)");
   out += layout_name(p.layout);
   if (p.layout == ArLayout::Gathered) out += p.fuse_sum ? " (sum in the GEMM)" : " (sum after)";
+  else if (p.layout == ArLayout::GatheredTiles) out += " (sum after)";
   else out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
   return out + ", " + std::to_string(p.groups.size()) + " groups";
 }
@@ -148,13 +149,13 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const int64_t tiles = ((m + tile.bm - 1) / tile.bm) * ((n + tile.bn - 1) / tile.bn);
     const int32_t tiles_m = int32_t((m + tile.bm - 1) / tile.bm);
     for (ArLayout layout : t.layouts) {
-      if (layout == ArLayout::Gathered && !t.gather_curve) continue;
-      const std::vector<int> reserves = layout == ArLayout::Gathered ? std::vector<int>{t.gather_reserve}
+      if (is_gathered(layout) && !t.gather_curve) continue;
+      const std::vector<int> reserves = is_gathered(layout) ? std::vector<int>{t.gather_reserve}
                                         : t.reserve >= 0            ? std::vector<int>{t.reserve}
                                                                     : whole_wave_reserves(tiles, t.sms);
       for (int r : reserves) {
         std::vector<int> swizzles;
-        if (layout == ArLayout::Slots) swizzles = {plan::default_swizzle(t.sms - r, tile, tiles_m)};
+        if (!is_banded(layout)) swizzles = {plan::default_swizzle(t.sms - r, tile, tiles_m)};
         else
           for (int s : t.band_swizzles)
             if (s <= tiles_m) swizzles.push_back(s);
@@ -194,7 +195,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
   std::optional<AllReducePlan> best;
   for (Candidate& c : cands) {
     const plan::Schedule& s = c.plan.sched;
-    const bool gathered = c.plan.layout == ArLayout::Gathered;
+    const bool gathered = is_gathered(c.plan.layout);
     const plan::BandwidthCurve& curve = gathered ? t.gather_curve() : t.curve_for(c.plan.reserve);
     // The last group: after the GEMM, an AllReduce with NCCL's defaults (the
     // gathered layout's other groups are summed inside the GEMM).
@@ -202,7 +203,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const double wave_ms = c.gemm_ms / s.waves() * (gathered ? t.gather_gemm_slowdown : t.slowdown);
     plan::CostModel cost;
     std::function<int64_t(int)> unit_end_tile;  // tiles done when unit i is done
-    if (c.plan.layout == ArLayout::Slots) {
+    if (!is_banded(c.plan.layout)) {
       unit_end_tile = [&s](int w) { return std::min<int64_t>(int64_t(w + 1) * s.ctas, s.tiles()); };
       cost.wave_ms.assign(s.waves(), wave_ms);
     } else {
@@ -216,7 +217,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         prev_wave = wave;
       }
     }
-    const bool slots = c.plan.layout == ArLayout::Slots;
+    const bool slots = !is_banded(c.plan.layout);  // units are waves of tiles
     cost.comm_ms = [&, slots, unit_end_tile](int32_t u0, int32_t u1) {
       const int64_t t0 = u0 == 0 ? 0 : unit_end_tile(u0 - 1), t1 = unit_end_tile(u1 - 1);
       double bytes;
@@ -228,6 +229,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       }
       const bool tail = u1 == int32_t(cost.wave_ms.size());
       if (gathered && !tail) return curve.latency_ms(bytes) * t.gather_slowdown;
+      if (c.plan.layout == ArLayout::GatheredTiles) return curve.latency_ms(bytes);  // the last one gathered too
       return tail ? tail_curve.latency_ms(bytes) : curve.latency_ms(bytes) * t.comm_slowdown;
     };
     plan::Partition part;
@@ -237,7 +239,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     } else {
       part = plan::search_dp(cost).partition;
     }
-    c.plan.predicted_ms = plan::predict(cost, part).total_ms + (slots ? reorder_ms : 0);
+    c.plan.predicted_ms = plan::predict(cost, part).total_ms + (c.plan.layout == ArLayout::Slots ? reorder_ms : 0);
     c.plan.groups = slots ? plan::make_groups(s, part) : band_groups(s, part);
     if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
     if (t.ranked) t.ranked->push_back(c.plan);

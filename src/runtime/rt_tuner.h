@@ -66,7 +66,7 @@ struct AllReduceTuning {
   std::function<const plan::BandwidthCurve&(int ctas)> curve_for;
   std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
   int reserve = -1;  // SMs left to NCCL; -1: the whole-wave candidates
-  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots, ArLayout::Gathered};
+  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots, ArLayout::Gathered, ArLayout::GatheredTiles};
   std::vector<int> band_swizzles = {2, 4, 8};
   // The copy-engine AllGather curve (per-rank bytes); empty: no Gathered candidates.
   std::function<const plan::BandwidthCurve&()> gather_curve;

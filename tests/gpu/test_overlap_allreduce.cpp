@@ -84,7 +84,7 @@ struct Case {
 
 // Random groups for the layout: runs of waves (Slots) or of row bands.
 std::vector<plan::Group> random_groups(const plan::Schedule& s, rt::ArLayout layout, std::mt19937_64& rng) {
-  if (layout == rt::ArLayout::Slots) return plan::make_groups(s, random_partition(s.waves(), rng));
+  if (!rt::is_banded(layout)) return plan::make_groups(s, random_partition(s.waves(), rng));
   std::vector<int> counts = random_partition(rt::band_count(s), rng);
   return rt::band_groups(s, counts);
 }
@@ -110,7 +110,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
     o.wait = wait;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
-    if (c.layout == rt::ArLayout::Gathered) {
+    if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
       o.gather_comm = ce.get();
       // Even M: the last group is AllReduced by NCCL into the output; odd M: gathered and summed like the rest.
@@ -181,6 +181,18 @@ TEST(OverlapAllReduce, GatheredMatchesSequentialBitwise) {
       {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Gathered},
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Gathered},
       {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::Gathered}};  // odd n: the rows epilogue
+  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+}
+
+// The same transport on tile slots: groups of waves, any raster.
+TEST(OverlapAllReduce, GatheredTilesMatchSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  const uint64_t seed = fresh_seed();
+  const std::vector<Case> cases = {
+      {4096, 8192, 4096, 256, 131, DType::BF16, rt::ArLayout::GatheredTiles},
+      {3001, 7168, 2048, 128, 120, DType::BF16, rt::ArLayout::GatheredTiles},
+      {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::GatheredTiles},
+      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::GatheredTiles}};
   for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
 }
 
