@@ -223,7 +223,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   const size_t groups = opts_.groups.size();
   if (opts_.layout == ArLayout::Gathered) {
     p.c = gathered_.get(), p.c_rows = gathered_rows_, p.row_shift = row_shift_.as<int32_t>();
-    if (fused) {
+    if (fused && fused->sum_in_gemm) {
       kernels::FusedSum& f = p.sum;
       f.groups = int32_t(groups) - 1, f.table = sum_table_.as<kernels::SumGroup>(), f.ready = ready_.as<uint32_t>();
       f.epoch = epoch_, f.world = world_, f.gathered = gathered_.get(), f.out = fused->out, f.ld_out = fused->ld_out;
@@ -332,15 +332,15 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
   if (!sequential() && is_gathered(opts_.layout)) {
-    if (!fuse_ok_ || !direct || (reinterpret_cast<uintptr_t>(out) & 15) != 0) {
-      enqueue_overlapped(a, b, nullptr, stream);
-      for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
-      return;
-    }
-    const FusedOut fused{out, ld_out, opts_.tail_comm != nullptr};
-    enqueue_overlapped(a, b, nullptr, stream, &fused);
+    // The last group straight into the output rows by NCCL (row layout, contiguous output).
+    const bool tail_ar = opts_.tail_comm && opts_.layout == ArLayout::Gathered && direct;
+    const bool in_gemm = fuse_ok_ && direct && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+    const FusedOut fused{out, ld_out, tail_ar, in_gemm};
+    enqueue_overlapped(a, b, nullptr, stream, tail_ar || in_gemm ? &fused : nullptr);
     const size_t last = gather_.size() - 1;
-    if (fused.tail_allreduce)
+    if (!in_gemm)
+      for (size_t g = 0; g < last; ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
+    if (tail_ar)
       FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[last], 0));
     else
       enqueue_gathered_post(last, out, ld_out, nullptr, stream);

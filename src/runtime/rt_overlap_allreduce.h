@@ -143,6 +143,7 @@ class OverlapAllReduce {
     void* out = nullptr;
     int64_t ld_out = 0;
     bool tail_allreduce = false;
+    bool sum_in_gemm = true;  // else the caller sums groups but the last after the GEMM
   };
   void enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream, const FusedOut* fused = nullptr);
   void enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream);
