@@ -183,8 +183,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   };
   if (!ranked.empty()) {
     // The model ranks; a short measurement picks among the best predicted
-    // plan of each layout (the gathered one with and without the in-GEMM
-    // sum) and the sequential fallback. Separate runs from the timings below.
+    // plan of each layout (gathered rows: per band size, with the sum in and
+    // after the GEMM) and the sequential fallback. Separate runs from the
+    // timings below.
     std::vector<rt::AllReducePlan> finalists;
     for (rt::ArLayout l : {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::GatheredTiles})
       for (const auto& pl : ranked)

@@ -1,30 +1,14 @@
 // flags.cu — bounded spin-wait on an epoch counter (see flags.h).
 #include "kernels/cuda_check.h"
 #include "kernels/flags.h"
-#include "kernels/ptx.cuh"
+#include "kernels/wait.cuh"
 
 namespace flashoverlap::kernels {
 namespace {
 
 __global__ void wait_counter_kernel(const uint32_t* counter, uint32_t target, uint64_t timeout_ns, WaitError* err,
                                     int32_t group) {
-  const uint64_t start = ptx::globaltimer_ns();
-  uint32_t backoff = 32;
-  while (true) {
-    const uint32_t v = ptx::ld_acquire_gpu(counter);
-    if (static_cast<int32_t>(v - target) >= 0) return;
-    if (ptx::globaltimer_ns() - start > timeout_ns) {
-      if (atomicCAS(&err->failed, 0u, 1u) == 0u) {
-        err->group = group;
-        err->value = v;
-        err->expected = target;
-        __threadfence_system();
-      }
-      return;
-    }
-    __nanosleep(backoff);
-    if (backoff < 256) backoff *= 2;  // bounded: a late wake-up delays the group
-  }
+  bounded_wait<32, 256>(counter, target, timeout_ns, err, group, 1u);
 }
 
 }  // namespace

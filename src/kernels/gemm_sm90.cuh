@@ -18,6 +18,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/ptx.cuh"
+#include "kernels/wait.cuh"
 #include "kernels/wgmma_ops.cuh"
 #include "plan/schedule.h"
 
@@ -32,7 +33,7 @@ struct GemmKernelParams {
   void* out;               // rows epilogue: C (Plain) or the slot buffer (SlotRows)
   int64_t ld_out;          // elements per output row
   const int32_t* row_of;   // SlotRows
-  const int32_t* row_shift;  // Plain: per group, added to the tile's rows of C
+  const int32_t* row_shift;  // Plain / SlotTiles: per group, added to the tile's rows
   uint32_t* counters;
   const int32_t* group_of_tile;
   FusedSum sum;
@@ -95,22 +96,7 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint
   for (int32_t g = 0; g < f.groups; ++g) {
     int ok = 1;
     if (lane == 0) {
-      const uint64_t start = ptx::globaltimer_ns();
-      uint32_t backoff = 64;
-      while (true) {
-        const uint32_t v = ptx::ld_acquire_gpu(f.ready + g);
-        if (static_cast<int32_t>(v - f.epoch) >= 0) break;
-        if (ptx::globaltimer_ns() - start > f.timeout_ns) {
-          if (atomicCAS(&f.err->failed, 0u, 2u) == 0u) {
-            f.err->group = g, f.err->value = v, f.err->expected = f.epoch;
-            __threadfence_system();
-          }
-          ok = 0;
-          break;
-        }
-        __nanosleep(backoff);
-        if (backoff < 1024) backoff *= 2;
-      }
+      ok = bounded_wait<64, 1024>(f.ready + g, f.epoch, f.timeout_ns, f.err, g, 2u);  // failed = 2: a gather
       ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
     }
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;
@@ -322,6 +308,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // (3') Rows epilogue: 16-byte units, consecutive threads along a row.
     ptx::named_barrier_sync(1 + cw, 128);
     constexpr int kUnits = BN / 8;
+    const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;  // once per tile
     for (int i = tid; i < 64 * kUnits; i += 128) {
       const int r = i / kUnits, c8 = i % kUnits;
       const uint4 v = *reinterpret_cast<const uint4*>(my_c + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
@@ -332,7 +319,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       } else {
         const int32_t grow = tc.tm * BM + tr, gcol = tc.tn * BN + c8 * 8;
         if (grow < p.sched.m && gcol < p.sched.n) {
-          const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
           T* dst = static_cast<T*>(p.out) + int64_t(grow + shift) * p.ld_out + gcol;
           const T* src = reinterpret_cast<const T*>(&v);
           const int valid = p.sched.n - gcol < 8 ? p.sched.n - gcol : 8;

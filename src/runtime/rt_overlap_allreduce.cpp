@@ -135,12 +135,11 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
 
   kernels::preload_kernels();  // before any wait is enqueued (DESIGN.md section 5)
-  const bool gathered = opts_.layout == ArLayout::Gathered && !sequential();
-
-  // Slots: the tile buffer; otherwise row-major scratch for strided outputs and RMSNorm.
+  // Slots: the tile buffer; otherwise row-major scratch for strided outputs and
+  // RMSNorm, which the gathered row layout never needs (it sums into the output).
   if (opts_.layout == ArLayout::Slots)
     slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
-  else if (!gathered)
+  else if (opts_.layout != ArLayout::Gathered || sequential())
     slots_ = DeviceBuffer(size_t(s.m) * s.n * 2);
   counters_ = DeviceBuffer((groups.size() + 1) * sizeof(uint32_t));  // +1: the fault-injection sink
   FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
@@ -256,15 +255,15 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
       char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * gather_width_ * 2;
       const size_t count = size_t(gb.pad_rows) * gather_width_;
       char* mine = block0 + size_t(gather_rank_) * count * 2;
-      const std::string ctx = "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g);
+      // (the context strings are built only if a call fails)
       if (fused && fused->tail_allreduce && g + 1 == groups) {  // NCCL on all SMs, the GEMM is done
         char* dst = static_cast<char*>(fused->out) + gb.row0 * s.n * 2;
         FO_NCCL_CHECK_CTX(ncclAllReduce(mine, dst, size_t(gb.rows) * s.n, nccl_type(opts_.dtype), ncclSum,
                                         opts_.tail_comm, comm_stream_),
-                          ctx + " (last group)");
+                          "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (last group)");
       } else {
         FO_NCCL_CHECK_CTX(ncclAllGather(mine, block0, count, nccl_type(opts_.dtype), opts_.gather_comm, comm_stream_),
-                          ctx + " (gather)");
+                          "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (gather)");
         // Release the group to the GEMM's fused sum (the write is fenced after the gather).
         CUresult r = stream_write_fn()(reinterpret_cast<CUstream>(comm_stream_),
                                        reinterpret_cast<CUdeviceptr>(ready_.as<uint32_t>() + g), epoch_, 0);

@@ -48,51 +48,45 @@ std::vector<TimingStats> time_collective_interleaved(const std::vector<std::func
   return time_interleaved(fns, stream, warmup, iters, sync);
 }
 
+namespace {
+
+// Latency of `call(count)` (max over ranks, median of `iters`) at log-spaced
+// sizes from 64 KiB to `max_bytes` per rank (count = bytes / 2 elements).
+plan::BandwidthCurve sample_curve(Rendezvous& rv, plan::Collective op, ncclComm_t comm, cudaStream_t stream,
+                                  double max_bytes, int iters, const std::string& gpu,
+                                  const std::function<void(size_t count)>& call) {
+  std::vector<double> sizes, ms;
+  for (double b = 65536; b <= max_bytes; b *= 2) {
+    sizes.push_back(b);
+    ms.push_back(time_collective([&] { call(size_t(b / 2)); }, stream, comm, 2, iters).median_ms);
+  }
+  ms = max_over_ranks(rv, ms);
+  std::vector<plan::CurveSample> samples;
+  for (size_t i = 0; i < sizes.size(); ++i) samples.push_back({sizes[i], ms[i]});
+  return plan::BandwidthCurve(op, rv.world(), samples, gpu);
+}
+
+}  // namespace
+
 plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
                                              double max_bytes, int iters, const std::string& gpu) {
   DeviceBuffer buf{static_cast<size_t>(max_bytes)};
   FO_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes()));
-  const ncclDataType_t t = nccl_type(dt);
-  std::vector<double> sizes, ms;
-  for (double b = 65536; b <= max_bytes; b *= 2) {
-    const auto st = time_collective(
-        [&] {
-          FO_NCCL_CHECK_CTX(ncclAllReduce(buf.get(), buf.get(), size_t(b / 2), t, ncclSum, comm, stream),
-                            "curve sample");
-        },
-        stream, comm, 2, iters);
-    sizes.push_back(b);
-    ms.push_back(st.median_ms);
-  }
-  ms = max_over_ranks(rv, ms);
-  std::vector<plan::CurveSample> samples;
-  for (size_t i = 0; i < sizes.size(); ++i) samples.push_back({sizes[i], ms[i]});
-  return plan::BandwidthCurve(plan::Collective::AllReduce, rv.world(), samples, gpu);
+  return sample_curve(rv, plan::Collective::AllReduce, comm, stream, max_bytes, iters, gpu, [&](size_t count) {
+    FO_NCCL_CHECK_CTX(ncclAllReduce(buf.get(), buf.get(), count, nccl_type(dt), ncclSum, comm, stream),
+                      "curve sample");
+  });
 }
 
 plan::BandwidthCurve measure_gather_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
                                           double max_bytes, int iters, const std::string& gpu) {
-  const int world = rv.world(), rank = rv.rank();
-  SymmetricBuffer buf(comm, size_t(max_bytes) * world, "the AllGather curve");
+  SymmetricBuffer buf(comm, size_t(max_bytes) * rv.world(), "the AllGather curve");
   FO_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes()));
-  const ncclDataType_t t = nccl_type(dt);
-  std::vector<double> sizes, ms;
-  for (double b = 65536; b <= max_bytes; b *= 2) {
-    const size_t count = size_t(b / 2);
-    char* base = static_cast<char*>(buf.get());
-    const auto st = time_collective(
-        [&] {
-          FO_NCCL_CHECK_CTX(ncclAllGather(base + size_t(rank) * count * 2, base, count, t, comm, stream),
-                            "AllGather curve sample");
-        },
-        stream, comm, 2, iters);
-    sizes.push_back(b);
-    ms.push_back(st.median_ms);
-  }
-  ms = max_over_ranks(rv, ms);
-  std::vector<plan::CurveSample> samples;
-  for (size_t i = 0; i < sizes.size(); ++i) samples.push_back({sizes[i], ms[i]});
-  return plan::BandwidthCurve(plan::Collective::AllGather, world, samples, gpu);
+  char* base = static_cast<char*>(buf.get());
+  return sample_curve(rv, plan::Collective::AllGather, comm, stream, max_bytes, iters, gpu, [&](size_t count) {
+    FO_NCCL_CHECK_CTX(ncclAllGather(base + size_t(rv.rank()) * count * 2, base, count, nccl_type(dt), comm, stream),
+                      "AllGather curve sample");
+  });
 }
 
 double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,

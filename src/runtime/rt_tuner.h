@@ -56,6 +56,8 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
 
 namespace flashoverlap::rt {
 
+struct AllReducePlan;
+
 // What the AllReduce planner may choose from, and how to measure.
 struct AllReduceTuning {
   Rendezvous* rv = nullptr;
@@ -88,7 +90,7 @@ struct AllReduceTuning {
   double cublas_gemm_ms = 0;  // > 0: the fallback may use cuBLAS when it is faster than ours
   // Optional: every candidate evaluated, fastest predicted first, and the
   // sequential fallback plan last (for a final choice by measurement).
-  std::vector<struct AllReducePlan>* ranked = nullptr;
+  std::vector<AllReducePlan>* ranked = nullptr;
 };
 
 struct AllReducePlan {

@@ -1,0 +1,36 @@
+// wait.cuh — the bounded poll behind every device-side wait (DESIGN.md
+// section 5: no hang without a message).
+#pragma once
+#include <cstdint>
+
+#include "kernels/flags.h"
+#include "kernels/ptx.cuh"
+
+namespace flashoverlap::kernels {
+
+// Polls `flag` (acquire, GPU scope) until (int32_t)(*flag - target) >= 0,
+// which survives epoch wrap-around; returns true then. After `timeout_ns` of
+// GPU time the first waiter to give up records `code`, group, last value and
+// target in `err` and every one returns false. The sleep between polls
+// doubles from kFirstNs up to kMaxNs (a late wake-up delays the waiter).
+template <uint32_t kFirstNs, uint32_t kMaxNs>
+__device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t target, uint64_t timeout_ns,
+                                             WaitError* err, int32_t group, uint32_t code) {
+  const uint64_t start = ptx::globaltimer_ns();
+  uint32_t backoff = kFirstNs;
+  while (true) {
+    const uint32_t v = ptx::ld_acquire_gpu(flag);
+    if (static_cast<int32_t>(v - target) >= 0) return true;
+    if (ptx::globaltimer_ns() - start > timeout_ns) {
+      if (atomicCAS(&err->failed, 0u, code) == 0u) {
+        err->group = group, err->value = v, err->expected = target;
+        __threadfence_system();
+      }
+      return false;
+    }
+    __nanosleep(backoff);
+    if (backoff < kMaxNs) backoff *= 2;
+  }
+}
+
+}  // namespace flashoverlap::kernels
