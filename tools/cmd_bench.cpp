@@ -35,6 +35,7 @@
 #include "runtime/rt_comm.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_overlap_allreduce.h"
+#include "runtime/rt_peer.h"
 #include "runtime/rt_tuner.h"
 
 namespace flashoverlap::cli {
@@ -159,6 +160,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.layout == "slots") tuning.layouts = {rt::ArLayout::Slots};
   if (o.layout == "gathered") tuning.layouts = {rt::ArLayout::Gathered};
   if (o.layout == "gathered-tiles") tuning.layouts = {rt::ArLayout::GatheredTiles};
+  if (o.layout == "pushed") tuning.layouts = {rt::ArLayout::Pushed};
+  tuning.push_reachable = world > 1 && rt::all_ranks_reachable(base);
   if (o.layout == "auto" || o.layout == "gathered" || o.layout == "gathered-tiles")
     tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };
   tuning.world = world;
@@ -193,17 +196,20 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
           finalists.push_back(pl);
           break;
         }
-    // Gathered: the model leaves out where the sum runs and what the band
-    // size costs the GEMM's cache reuse; its best per swizzle, sum in and after.
-    std::vector<int> swizzles_seen;
-    for (const auto& pl : ranked)
-      if (!pl.sequential && pl.layout == rt::ArLayout::Gathered &&
-          std::find(swizzles_seen.begin(), swizzles_seen.end(), pl.sched.swizzle) == swizzles_seen.end()) {
-        swizzles_seen.push_back(pl.sched.swizzle);
-        finalists.push_back(pl);
-        finalists.push_back(pl);
-        finalists.back().fuse_sum = false;
-      }
+    // Gathered and pushed: the model leaves out where the sum runs and what
+    // the band size costs the GEMM's cache reuse; the best per swizzle, sum
+    // in and after the GEMM.
+    for (rt::ArLayout l : {rt::ArLayout::Gathered, rt::ArLayout::Pushed}) {
+      std::vector<int> swizzles_seen;
+      for (const auto& pl : ranked)
+        if (!pl.sequential && pl.layout == l &&
+            std::find(swizzles_seen.begin(), swizzles_seen.end(), pl.sched.swizzle) == swizzles_seen.end()) {
+          swizzles_seen.push_back(pl.sched.swizzle);
+          finalists.push_back(pl);
+          finalists.push_back(pl);
+          finalists.back().fuse_sum = false;
+        }
+    }
     for (const auto& pl : ranked)
       if (pl.sequential) finalists.push_back(pl);
     std::vector<std::unique_ptr<rt::OverlapAllReduce>> ops;
@@ -301,11 +307,14 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   cfg << op.schedule().bm << "x" << op.schedule().bn << ", " << op.schedule().ctas << " CTAs, swizzle "
       << op.schedule().swizzle << ", NCCL "
       << (plan.sequential ? "default CTAs"
-          : rt::is_gathered(plan.layout) ? "on the copy engines"
-                                                  : std::to_string(plan.reserve) + " CTAs")
+          : rt::is_gathered(plan.layout)            ? "on the copy engines"
+          : plan.layout == rt::ArLayout::Pushed     ? "window (tiles stored over NVLink by the GEMM)"
+                                                    : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) +
-                (op.layout() != rt::ArLayout::Gathered ? "" : op.fuses_sum() ? " (sum in the GEMM)" : " (sum after)"))
+                (op.layout() != rt::ArLayout::Gathered && op.layout() != rt::ArLayout::Pushed ? ""
+                 : op.fuses_sum()                                                          ? " (sum in the GEMM)"
+                                                                                           : " (sum after)"))
       << ", wait " << o.wait;
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
@@ -345,8 +354,8 @@ int run(const Options& o) {
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
-      o.layout != "gathered-tiles")
-    throw InvalidArgument("--layout must be auto, rows, slots, gathered or gathered-tiles");
+      o.layout != "gathered-tiles" && o.layout != "pushed")
+    throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles or pushed");
   const auto shapes = shapes_of(o);
   const int gpus = rt::hopper_device_count();
   if (gpus < 1) {
@@ -448,7 +457,8 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--layout", o->layout,
                   "auto, rows (AllReduce in place on C's row bands), slots (tile slots + post-reorder) or gathered "
                   "(copy-engine AllGather of row bands, summed in the element-wise step) or gathered-tiles (the same "
-                  "on tile slots)")
+                  "on tile slots) or pushed (the GEMM stores each tile into every peer's copy over NVLink, no "
+                  "NCCL call; needs all ranks in one NVLink domain)")
       ->capture_default_str();
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();

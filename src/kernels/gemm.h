@@ -32,15 +32,17 @@ enum class Store : int32_t { Plain = 0, SlotTiles = 1, SlotRows = 2 };
 constexpr int kSignalsPerTile = 2;
 constexpr int kGemmThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 
-// The gathered AllReduce layout's sum, done inside the GEMM by the idle warps
+// The gathered AllReduce layouts' sum, done inside the GEMM by the idle warps
 // of its producer warpgroup (DRAM bandwidth the tensor cores leave unused):
-// once group g's blocks have all arrived (ready[g] reaches the epoch, set by
-// the comm stream after its AllGather), C rows [row0, row0 + rows) of `out`
-// = sum over ranks w of gathered rows src_row + w * block_rows + (0..rows),
-// in rank order in fp32 with one rounding (as reorder.h's sum_gathered_rows).
+// once group g's blocks have all arrived (ready[g] reaches epoch * per_epoch:
+// set to the epoch by the comm stream after its AllGather, or counted up by
+// every rank's pushed tiles), C rows [row0, row0 + rows) of `out` = sum over
+// ranks w of gathered rows src_row + w * block_rows + (0..rows), in rank
+// order in fp32 with one rounding (as reorder.h's sum_gathered_rows).
 struct SumGroup {
   int64_t src_row = 0, block_rows = 0;
   int32_t row0 = 0, rows = 0;
+  uint32_t per_epoch = 1;  // how far ready[g] moves per call
 };
 struct FusedSum {
   int32_t groups = 0;               // groups 0..groups-1 are summed in the kernel; 0: off
@@ -53,6 +55,20 @@ struct FusedSum {
   int64_t ld_out = 0;
   uint64_t timeout_ns = 0;          // a group not ready by then: err is set and the sum stops
   WaitError* err = nullptr;
+};
+
+// The pushed AllReduce layout: besides its own store, every tile is copied
+// into each peer GPU's copy of the output buffer (same rows and columns: the
+// peers' buffers are one symmetric window, mapped over NVLink) by the
+// storer's warp with plain 16-byte stores (TMA stores to a peer hold the SM's
+// TMA unit for the length of the NVLink transfer and starve the GEMM's
+// loads), and once the tile is complete everywhere, 1 is added with release
+// at system scope to its group's arrival counter on this GPU and every peer.
+struct Push {
+  int32_t peers = 0;                          // 0: off
+  void* const* peer_c = nullptr;              // device: [peers] the peers' copies of C (same ldc)
+  uint32_t* arrivals = nullptr;               // this GPU's arrival counters, indexed like counters
+  uint32_t* const* peer_arrivals = nullptr;   // device: [peers] the peers' arrival counters
 };
 
 struct GemmParams {
@@ -77,7 +93,8 @@ struct GemmParams {
 
   uint32_t* counters = nullptr;        // non-null: signal each group
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
-  FusedSum sum;                        // optional (gathered layout)
+  FusedSum sum;                        // optional (gathered layouts)
+  Push push;                           // optional (pushed layout; Plain store via TMA, with counters)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
 };

@@ -107,6 +107,11 @@ void check_gemm_params(const GemmParams& p) {
     fail("fused sum needs n % 8 == 0 and a contiguous, 16-byte aligned output");
   if (p.sum.groups > 0 && (p.sum.world > 8 || p.sum.world < 1)) fail("fused sum: world must be in [1, 8]");
   if (p.sum.groups > 0 && int64_t(p.m) * p.n >= INT32_MAX) fail("fused sum: C has 2^31 elements or more");
+  if (p.push.peers < 0 || p.push.peers > 7) fail("push: peers must be in [0, 7]");
+  if (p.push.peers > 0 && (p.store != Store::Plain || !aligned16(p.c) || p.ldc % 8 != 0 || !p.counters ||
+                           p.n % 8 != 0 || !p.push.peer_c || !p.push.arrivals || !p.push.peer_arrivals))
+    fail("push needs the TMA store of Plain C (16-byte aligned, ldc % 8 == 0), n % 8 == 0, signals, the peers' "
+         "buffers and arrival counters");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
 }
 
@@ -133,11 +138,13 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.counters = p.counters;
   kp.group_of_tile = p.group_of_tile;
   kp.sum = p.sum;
+  kp.push = p.push;
   kp.monitor_ns = p.monitor_ns;
   kp.monitor_sm = p.monitor_sm;
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
+    kp.ld_out = p.ldc;
     mc = make_map(p.c, p.c_rows ? p.c_rows : p.m, p.n, p.ldc, 64, dt, "C");
   } else if (p.store == Store::SlotTiles) {
     kp.tma_store = true;

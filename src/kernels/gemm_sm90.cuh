@@ -31,12 +31,13 @@ struct GemmKernelParams {
   int32_t store;           // Store
   bool tma_store;          // epilogue via TMA (Plain with aligned C, SlotTiles)
   void* out;               // rows epilogue: C (Plain) or the slot buffer (SlotRows)
-  int64_t ld_out;          // elements per output row
+  int64_t ld_out;          // elements per output row (Plain: also the peers' buffers when pushing)
   const int32_t* row_of;   // SlotRows
   const int32_t* row_shift;  // Plain / SlotTiles: per group, added to the tile's rows
   uint32_t* counters;
   const int32_t* group_of_tile;
   FusedSum sum;
+  Push push;
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
 };
@@ -94,13 +95,13 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint
   T* out = static_cast<T*>(f.out);
   uint32_t phases = 0;  // bit b: parity of buffer b's next completion
   for (int32_t g = 0; g < f.groups; ++g) {
+    const SumGroup sg = f.table[g];
     int ok = 1;
-    if (lane == 0) {
-      ok = bounded_wait<64, 1024>(f.ready + g, f.epoch, f.timeout_ns, f.err, g, 2u);  // failed = 2: a gather
+    if (lane == 0) {  // failed = 2: a group's blocks did not all arrive
+      ok = bounded_wait<64, 1024>(f.ready + g, f.epoch * sg.per_epoch, f.timeout_ns, f.err, g, 2u);
       ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
     }
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;
-    const SumGroup sg = f.table[g];
     const T* gsrc = src + sg.src_row * n;
     T* gout = out + int64_t(sg.row0) * n;
     const int32_t elems = sg.rows * n;  // < 2^31: host-checked
@@ -139,6 +140,27 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint
         *reinterpret_cast<uint4*>(gout + c0 + u) = r;
       }
       __syncwarp();
+    }
+  }
+}
+
+// One 64 x BN half of a finished tile (in shared memory, TMA's 128-byte
+// swizzle) copied by one warp to rows [row, row+64), columns [col, col+BN) of
+// every peer's buffer (ld elements per row), 16 bytes per lane per row step
+// (a whole 512-byte row of 256 columns per warp instruction); columns from n
+// on are not stored.
+template <typename T, int BN>
+__device__ __forceinline__ void push_half(const uint8_t* half, const Push& push, int64_t ld, int32_t row, int32_t col,
+                                          int32_t n, int lane) {
+  constexpr int kUnits = BN / 8;  // 16-byte units per row
+  for (int j = 0; j < push.peers; ++j) {
+    T* dst = static_cast<T*>(push.peer_c[j]) + int64_t(row) * ld + col;
+#pragma unroll 2
+    for (int i = lane; i < 64 * kUnits; i += 32) {
+      const int r = i / kUnits, c8 = i % kUnits;
+      if (col + c8 * 8 >= n) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(half + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
+      *reinterpret_cast<uint4*>(dst + int64_t(r) * ld + c8 * 8) = v;
     }
   }
 }
@@ -198,11 +220,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int w = tid / 32 - 2;
       fused_sum_rows<T, L::kSumStageBytes>(p.sum, p.sched.n, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
                                            int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
-    } else if (tid == 32 && p.tma_store) {
+    } else if (tid >= 32 && tid < 64 && p.tma_store && (tid == 32 || p.push.peers > 0)) {
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the
       // tensor cores busy while the tile's data drains to global memory.
-      ptx::tma_prefetch_desc(&tm_c);
+      // Lane 0 issues the TMA stores; with peers, the whole warp also copies
+      // each half to the peers' buffers (see gemm.h: Push).
+      const bool leader = tid == 32;
+      const bool push = p.push.peers > 0;
+      if (leader) ptx::tma_prefetch_desc(&tm_c);
       const bool plain = p.store == static_cast<int32_t>(Store::Plain);
       uint32_t t = 0;
       for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
@@ -215,26 +241,43 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         for (int h = 0; h < 2; ++h) {
           ptx::mbar_wait(&c_full[h], t & 1);
           const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
+          if (leader) {
 #pragma unroll
-          for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, row + h * 64);
-          ptx::tma_store_commit();
+            for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, row + h * 64);
+            ptx::tma_store_commit();
+          }
+          if (push) push_half<T, BN>(half, p.push, p.ld_out, row + h * 64, col, p.sched.n, tid - 32);
         }
-        ptx::tma_store_wait_read();
-        ptx::mbar_arrive(&c_empty[0]);
-        ptx::mbar_arrive(&c_empty[1]);
+        if (push) __syncwarp();  // every lane's reads of both halves are done
+        if (leader) {
+          ptx::tma_store_wait_read();
+          ptx::mbar_arrive(&c_empty[0]);
+          ptx::mbar_arrive(&c_empty[1]);
+        }
         if (p.counters || p.monitor_ns) {
-          ptx::tma_store_wait_all();        // the tile is complete in global memory,
-          ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
-          if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_tile[idx], 2);
-          if (p.monitor_ns) {
-            const uint64_t now = ptx::globaltimer_ns();
-            p.monitor_ns[int64_t(idx) * 2] = now;
-            p.monitor_ns[int64_t(idx) * 2 + 1] = now;
-            p.monitor_sm[idx] = ptx::smid();
+          if (push) {  // each lane's peer stores are visible system-wide before the release below
+            __threadfence_system();
+            __syncwarp();
+          }
+          if (leader) {
+            ptx::tma_store_wait_all();        // the tile is complete in global memory,
+            ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
+            const int32_t grp = p.group_of_tile[idx];
+            if (p.counters) ptx::red_release_gpu_add(p.counters + grp, 2);
+            if (push) {  // every copy of the tile is complete: count it where each is summed
+              ptx::red_release_sys_add(p.push.arrivals + grp, 1);
+              for (int j = 0; j < p.push.peers; ++j) ptx::red_release_sys_add(p.push.peer_arrivals[j] + grp, 1);
+            }
+            if (p.monitor_ns) {
+              const uint64_t now = ptx::globaltimer_ns();
+              p.monitor_ns[int64_t(idx) * 2] = now;
+              p.monitor_ns[int64_t(idx) * 2 + 1] = now;
+              p.monitor_sm[idx] = ptx::smid();
+            }
           }
         }
       }
-      ptx::tma_store_wait_all();
+      if (leader) ptx::tma_store_wait_all();
     }
     return;
   }

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/reorder.h"
+#include "kernels/wait.cuh"
 
 namespace flashoverlap::kernels {
 namespace {
@@ -198,6 +199,29 @@ __global__ void scatter_slot_rows_kernel(const T* slots, int64_t slot_rows, int3
   }
 }
 
+// FusedSum's work after the GEMM, on the whole GPU: for each group in
+// order, one thread per block waits (bounded) for its ready flag, then the
+// grid sums its rows (any n, any ld_out).
+template <typename T>
+__global__ void sum_groups_kernel(const FusedSum f, int32_t n, int32_t first_group) {
+  __shared__ int ok;
+  const int32_t units_per_row = (n + 7) / 8;
+  for (int32_t g = first_group; g < f.groups; ++g) {
+    const SumGroup sg = f.table[g];
+    if (threadIdx.x == 0) ok = bounded_wait<64, 1024>(f.ready + g, f.epoch * sg.per_epoch, f.timeout_ns, f.err, g, 2u);
+    __syncthreads();
+    if (!ok) return;
+    const GatherSource<T> src{static_cast<const T*>(f.gathered) + sg.src_row * n, n, sg.block_rows * n, f.world};
+    T* out = static_cast<T*>(f.out) + int64_t(sg.row0) * f.ld_out;
+    const int64_t units = int64_t(sg.rows) * units_per_row;
+    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += int64_t(gridDim.x) * blockDim.x) {
+      const int32_t i = int32_t(u / units_per_row), col = int32_t(u % units_per_row) * 8, valid = n - col;
+      store8(out + i * f.ld_out + col, src.load(i, col, valid), valid);
+    }
+    __syncthreads();  // `ok` is rewritten for the next group
+  }
+}
+
 int grid_rows(int64_t m) { return int(m < 65535 ? m : 65535); }
 
 // Rows up to this many bytes are cached in shared memory (set at preload).
@@ -305,6 +329,20 @@ void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_
   FO_CUDA_CHECK(cudaGetLastError());
 }
 
+void sum_groups(DType dtype, const FusedSum& f, int32_t n, int32_t first_group, cudaStream_t stream) {
+  if (first_group >= f.groups) return;
+  if (!f.table || !f.ready || !f.gathered || !f.out || !f.err || f.world < 1 || f.ld_out < n)
+    throw InvalidArgument("sum_groups: needs its table, ready flags, gathered buffer, output (ld >= n), error slot");
+  int dev = 0, sms = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&dev));
+  FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    sum_groups_kernel<T><<<sms * 4, 256, 0, stream>>>(f, n, first_group);
+  });
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
 void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
                        const int32_t* dst_col, void* out, int64_t ld_out, int32_t n_cols, cudaStream_t stream) {
   const int threads = 256;
@@ -339,6 +377,7 @@ void preload_type() {
   cudaFuncAttributes a{};
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<T>));
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, sum_gathered_tiles_kernel<T>));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, sum_groups_kernel<T>));
 }
 }  // namespace
 

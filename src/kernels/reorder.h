@@ -46,6 +46,12 @@ void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_
                         const plan::Schedule& sched, int32_t first_tile, int32_t tiles, void* out, int64_t ld_out,
                         cudaStream_t stream);
 
+// The GEMM's FusedSum (gemm.h), groups first_group.. of it, done after the
+// GEMM by the whole GPU in one launch: group by group, each waited for (bounded; a timeout is recorded in
+// f.err with code 2, as inside the GEMM, and the kernel stops), out rows = sum of the ranks'
+// blocks as above. Any n and ld_out.
+void sum_groups(DType dtype, const FusedSum& f, int32_t n, int32_t first_group, cudaStream_t stream);
+
 // Generic gather for the ReduceScatter / All-to-All layouts: slot row s
 // (bn wide) goes to output row dst_row[s], columns [dst_col[s], +bn) clipped
 // to n_cols; dst_row[s] < 0 skips it.

@@ -8,7 +8,8 @@
 
 namespace flashoverlap::kernels {
 
-// Polls `flag` (acquire, GPU scope) until (int32_t)(*flag - target) >= 0,
+// Polls `flag` (acquire at system scope: flags may be released by another
+// GPU writing into this one's memory) until (int32_t)(*flag - target) >= 0,
 // which survives epoch wrap-around; returns true then. After `timeout_ns` of
 // GPU time the first waiter to give up records `code`, group, last value and
 // target in `err` and every one returns false. The sleep between polls
@@ -19,7 +20,7 @@ __device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t targ
   const uint64_t start = ptx::globaltimer_ns();
   uint32_t backoff = kFirstNs;
   while (true) {
-    const uint32_t v = ptx::ld_acquire_gpu(flag);
+    const uint32_t v = ptx::ld_acquire_sys(flag);
     if (static_cast<int32_t>(v - target) >= 0) return true;
     if (ptx::globaltimer_ns() - start > timeout_ns) {
       if (atomicCAS(&err->failed, 0u, code) == 0u) {

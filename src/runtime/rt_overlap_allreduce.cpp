@@ -9,6 +9,7 @@
 #include "flashoverlap/error.h"
 #include "kernels/reorder.h"
 #include "runtime/rt_checks.h"
+#include "runtime/rt_peer.h"
 
 namespace flashoverlap::rt {
 namespace {
@@ -31,6 +32,7 @@ const char* layout_name(ArLayout l) {
     case ArLayout::RowBands: return "row bands";
     case ArLayout::Gathered: return "gathered";
     case ArLayout::GatheredTiles: return "gathered tiles";
+    case ArLayout::Pushed: return "pushed";
   }
   return "?";
 }
@@ -58,12 +60,8 @@ std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<
   return out;
 }
 
-void OverlapAllReduce::setup_gathered() {
+void OverlapAllReduce::setup_blocks(int64_t parities) {
   const plan::Schedule& s = opts_.sched;
-  const ncclComm_t comm = opts_.gather_comm;
-  if (!comm) throw InvalidArgument("OverlapAllReduce: the gathered layout needs gather_comm (NCCL_CTA_POLICY_ZERO)");
-  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "gather_comm");
-  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "gather_comm");
   const int rank = gather_rank_;
   const bool tiles = opts_.layout == ArLayout::GatheredTiles;
   gather_width_ = tiles ? s.bn : s.n;
@@ -81,36 +79,98 @@ void OverlapAllReduce::setup_gathered() {
     total += world_ * b.pad_rows;
     gather_.push_back(b);
   }
-  if (total > INT32_MAX)  // TMA row coordinates and shifts are 32-bit
-    throw InvalidArgument("OverlapAllReduce: gathered buffer has too many rows");
-  gathered_ = SymmetricBuffer(comm, size_t(total) * gather_width_ * 2,
-                              "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
+  if (total * parities > INT32_MAX)  // TMA row coordinates and shifts are 32-bit
+    throw InvalidArgument("OverlapAllReduce: the " + std::string(layout_name(opts_.layout)) +
+                          " layout's buffer has too many rows");
   gathered_rows_ = total;
-  // Tile rows of C -> rows of this rank's block (the fault sink keeps its group's shift).
+  // Tile rows of C -> rows of this rank's block, per half of the buffer (the
+  // fault sink keeps its group's shift).
+  const size_t groups = gather_.size();
+  const bool drop = opts_.fault_drop_group >= 0 && size_t(opts_.fault_drop_group) < groups;
   std::vector<int32_t> shift;
-  for (const GatherBlock& b : gather_)  // tiles: tile idx goes to slot row idx * bm + shift
-    shift.push_back(int32_t(b.block0 + rank * b.pad_rows - (tiles ? b.row0 * s.bm : b.row0)));
-  shift.push_back(opts_.fault_drop_group >= 0 && size_t(opts_.fault_drop_group) < gather_.size()
-                      ? shift[size_t(opts_.fault_drop_group)]
-                      : 0);
+  for (int64_t par = 0; par < parities; ++par) {
+    for (const GatherBlock& b : gather_)  // tiles: tile idx goes to slot row idx * bm + shift
+      shift.push_back(int32_t(par * total + b.block0 + rank * b.pad_rows - (tiles ? b.row0 * s.bm : b.row0)));
+    shift.push_back(drop ? shift[size_t(par) * (groups + 1) + size_t(opts_.fault_drop_group)] : 0);
+  }
   row_shift_ = DeviceBuffer(shift.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(row_shift_.get(), shift.data(), row_shift_.bytes(), cudaMemcpyHostToDevice));
   // The GEMM's fused sum: where each group's rows come from and go to, and
-  // the flags the comm stream sets once a group's gather is complete.
+  // how far its ready flag moves per call.
   std::vector<kernels::SumGroup> table;
-  for (const GatherBlock& b : gather_) table.push_back({b.block0, b.pad_rows, int32_t(b.row0), int32_t(b.rows)});
+  for (size_t g = 0; g < groups; ++g) {
+    const GatherBlock& b = gather_[g];
+    table.push_back({b.block0, b.pad_rows, int32_t(b.row0), int32_t(b.rows), per_epoch_.empty() ? 1u : per_epoch_[g]});
+  }
   sum_table_ = DeviceBuffer(table.size() * sizeof(kernels::SumGroup));
   FO_CUDA_CHECK(cudaMemcpy(sum_table_.get(), table.data(), sum_table_.bytes(), cudaMemcpyHostToDevice));
+}
+
+void OverlapAllReduce::setup_gathered() {
+  const plan::Schedule& s = opts_.sched;
+  const ncclComm_t comm = opts_.gather_comm;
+  if (!comm) throw InvalidArgument("OverlapAllReduce: the gathered layout needs gather_comm (NCCL_CTA_POLICY_ZERO)");
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "gather_comm");
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "gather_comm");
+  setup_blocks(1);
+  gathered_ = SymmetricBuffer(comm, size_t(gathered_rows_) * gather_width_ * 2,
+                              "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
+  // The flags the comm stream sets once a group's gather is complete.
   ready_ = DeviceBuffer(gather_.size() * sizeof(uint32_t));
   FO_CUDA_CHECK(cudaMemset(ready_.get(), 0, ready_.bytes()));
   stream_write_fn();
   int dev = 0, sms = 0;
   FO_CUDA_CHECK(cudaGetDevice(&dev));
   FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  fuse_ok_ = opts_.fuse_sum && !tiles && s.n % 8 == 0 && int64_t(s.m) * s.n < INT32_MAX &&
+  fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 && int64_t(s.m) * s.n < INT32_MAX &&
              (opts_.wait == WaitMode::StreamWaitOp || s.ctas < sms);
   group_done_.resize(gather_.size());
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+void OverlapAllReduce::setup_pushed() {
+  const plan::Schedule& s = opts_.sched;
+  const ncclComm_t comm = opts_.comm;
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "comm");
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "comm");
+  const std::string what = "the pushed layout of " + std::to_string(s.m) + "x" + std::to_string(s.n);
+  if (world_ < 2) throw InvalidArgument("OverlapAllReduce: " + what + " needs at least 2 ranks");
+  if (s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
+  for (const plan::Group& g : opts_.groups) per_epoch_.push_back(uint32_t(g.tiles()) * uint32_t(world_));
+  setup_blocks(2);
+  const size_t groups = gather_.size();
+  const size_t data_bytes = size_t(2 * gathered_rows_) * s.n * 2;
+  const size_t counters_at = (data_bytes + 255) / 256 * 256;
+  gathered_ = SymmetricBuffer(comm, counters_at + (groups + 1) * sizeof(uint32_t), what);  // +1: the fault sink
+  arrivals_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + counters_at);
+  FO_CUDA_CHECK(cudaMemset(arrivals_, 0, (groups + 1) * sizeof(uint32_t)));
+  const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
+  std::vector<void*> peer_bases;
+  std::vector<uint32_t*> peer_arrivals;
+  for (int r = 0; r < world_; ++r)
+    if (r != gather_rank_) {
+      peer_bases.push_back(at[size_t(r)]);
+      peer_arrivals.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + counters_at));
+    }
+  push_peers_ = DeviceBuffer(peer_bases.size() * sizeof(void*));
+  FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_bases.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
+  peer_arrivals_ = DeviceBuffer(peer_arrivals.size() * sizeof(uint32_t*));
+  FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
+  fuse_ok_ = opts_.fuse_sum && int64_t(s.m) * s.n < INT32_MAX;
+  // Every rank's counters are zero before any rank's first call counts into them.
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t st = nullptr;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  DeviceBuffer token(sizeof(float));
+  const ncclResult_t r = ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, comm, st);
+  const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
+  cudaStreamDestroy(st);
+  FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(opts_.rank) + ": barrier after setting up " + what);
+  FO_CUDA_CHECK(e);
+}
+
+const char* OverlapAllReduce::pushed_half() const {
+  return static_cast<const char*>(gathered_.get()) + size_t(epoch_ & 1) * gathered_rows_ * gather_width_ * 2;
 }
 
 OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts) {
@@ -139,7 +199,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   // RMSNorm, which the gathered row layout never needs (it sums into the output).
   if (opts_.layout == ArLayout::Slots)
     slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
-  else if (opts_.layout != ArLayout::Gathered || sequential())
+  else if ((opts_.layout != ArLayout::Gathered && opts_.layout != ArLayout::Pushed) || sequential())
     slots_ = DeviceBuffer(size_t(s.m) * s.n * 2);
   counters_ = DeviceBuffer((groups.size() + 1) * sizeof(uint32_t));  // +1: the fault-injection sink
   FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
@@ -150,6 +210,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   group_of_tile_ = DeviceBuffer(got.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
+  if (opts_.layout == ArLayout::Pushed && !sequential()) setup_pushed();
 
   FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
   *wait_error_ = kernels::WaitError{};
@@ -290,8 +351,13 @@ void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out
                                              cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   const GatherBlock& gb = gather_[g];
-  FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[g], 0));
-  const char* src = static_cast<const char*>(gathered_.get()) + gb.block0 * gather_width_ * 2;
+  const bool pushed = opts_.layout == ArLayout::Pushed;
+  if (pushed)  // every rank's tiles of g are here (the GEMM before it on this stream pushed ours)
+    kernels::launch_wait_counter(arrivals_ + g, epoch_ * per_epoch_[g], uint64_t(opts_.wait_timeout_s * 1e9),
+                                 wait_error_, int32_t(g), stream);
+  else
+    FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[g], 0));
+  const char* src = (pushed ? pushed_half() : static_cast<const char*>(gathered_.get())) + gb.block0 * gather_width_ * 2;
   const int64_t block = gb.pad_rows * gather_width_;
   if (opts_.layout == ArLayout::GatheredTiles) {  // plain rows only: run_rmsnorm norms the whole result after
     kernels::sum_gathered_tiles(opts_.dtype, src, world_, block, s, int32_t(gb.row0), int32_t(gb.rows), out, ld_out,
@@ -309,6 +375,36 @@ void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out
   kernels::sum_gathered_add_rmsnorm(opts_.dtype, src, world_, block, int32_t(gb.rows), s.n, rows_at(norm->residual, s.n),
                                     norm->weight, norm->eps, const_cast<char*>(rows_at(out, s.n)),
                                     const_cast<char*>(rows_at(norm->residual_out, s.n)), stream);
+}
+
+void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
+                                      cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  ++epoch_;
+  const size_t groups = gather_.size();
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, gathered_.get(), s.n);
+  p.c_rows = 2 * gathered_rows_;
+  p.row_shift = row_shift_.as<int32_t>() + size_t(epoch_ & 1) * (groups + 1);
+  p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
+  p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
+  p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
+  kernels::FusedSum f;  // every group, as soon as all ranks' tiles of it are here
+  f.groups = int32_t(groups), f.table = sum_table_.as<kernels::SumGroup>(), f.ready = arrivals_;
+  f.epoch = epoch_, f.world = world_, f.gathered = pushed_half(), f.out = out, f.ld_out = ld_out;
+  f.timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9), f.err = wait_error_;
+  const bool in_gemm = !norm && fuse_ok_ && ld_out == s.n && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  // Inside the GEMM: all groups but the last, whose tiles are the last to
+  // arrive; its sum is faster on the whole GPU after the GEMM than on the two
+  // warps per SM the GEMM has for it.
+  if (in_gemm) p.sum = f, p.sum.groups = int32_t(groups) - 1;
+  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  kernels::launch_gemm(p, stream);
+  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  if (!norm) {  // one launch on the whole GPU
+    kernels::sum_groups(opts_.dtype, f, s.n, in_gemm ? int32_t(groups) - 1 : 0, stream);
+    return;
+  }
+  for (size_t g = 0; g < groups; ++g) enqueue_gathered_post(g, out, ld_out, norm, stream);
 }
 
 void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream) {
@@ -330,6 +426,10 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
+  if (!sequential() && opts_.layout == ArLayout::Pushed) {
+    enqueue_pushed(a, b, out, ld_out, nullptr, stream);
+    return;
+  }
   if (!sequential() && is_gathered(opts_.layout)) {
     // The last group straight into the output rows by NCCL (row layout, contiguous output).
     const bool tail_ar = opts_.tail_comm && opts_.layout == ArLayout::Gathered && direct;
@@ -337,6 +437,9 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
     const FusedOut fused{out, ld_out, tail_ar, in_gemm};
     enqueue_overlapped(a, b, nullptr, stream, tail_ar || in_gemm ? &fused : nullptr);
     const size_t last = gather_.size() - 1;
+    // (Not one sum_groups launch spinning on the ready flags, as for Pushed:
+    // tried, its blocks spinning on every SM kept the comm stream's gathers
+    // from completing, and they timed out. Stream event waits take no SM.)
     if (!in_gemm)
       for (size_t g = 0; g < last; ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
     if (tail_ar)
@@ -366,6 +469,10 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
                                    cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
+  if (opts_.layout == ArLayout::Pushed && !sequential()) {
+    enqueue_pushed(a, b, out, s.n, &norm, stream);
+    return;
+  }
   if (opts_.layout == ArLayout::Gathered && !sequential()) {
     enqueue_overlapped(a, b, nullptr, stream);
     for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, s.n, &norm, stream);
@@ -405,6 +512,7 @@ Timeline OverlapAllReduce::timeline() const {
     return double(ms);
   };
   t.gemm_end = at(trace_[1]);
+  if (opts_.layout == ArLayout::Pushed) return t;  // no communication calls: the GEMM does it
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     t.wait_end.push_back(at(trace_[2 + 2 * g]));
     t.comm_end.push_back(at(trace_[3 + 2 * g]));
@@ -416,6 +524,13 @@ void OverlapAllReduce::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
+  if (opts_.layout == ArLayout::Pushed) {
+    os << "rank " << opts_.rank << ": the tiles of group " << e.group << " of the overlapped GEMM+AllReduce ("
+       << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", pushed layout) did not all arrive within "
+       << opts_.wait_timeout_s << " s: arrival counter " << e.value << ", expected " << e.expected
+       << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
+    throw Error(os.str());
+  }
   if (e.failed == 2) {
     os << "rank " << opts_.rank << ": the AllGather of group " << e.group << " of the overlapped GEMM+AllReduce ("
        << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ") did not complete within " << opts_.wait_timeout_s

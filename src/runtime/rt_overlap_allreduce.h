@@ -26,6 +26,19 @@
 //   GatheredTiles  the same transport on the tile slots of Slots (groups
 //             are any runs of tiles, so the raster keeps the GEMM's best tile
 //             order); the sum writes each tile to its place in C.
+//   Pushed    the blocks of Gathered, but no collective call at all: the
+//             GEMM's epilogue stores each tile into its own block on this GPU
+//             and, over NVLink, on every peer (the buffer is a
+//             symmetric NCCL window, the peers' copies mapped by NCCL), then
+//             counts it in the group's arrival counter on each GPU (release
+//             at system scope). The sum (in the GEMM's idle producer warps,
+//             or after it) starts on a group once all ranks' tiles of it have
+//             arrived. The last tiles are exchanged as they finish, so what
+//             is left after the GEMM is one tile's transfer and the last sum.
+//             Needs every rank reachable by loads and stores (one NVLink
+//             domain); blocks alternate between two halves of the buffer by
+//             call parity, so a fast rank's next call never overwrites a
+//             block a slow rank is still summing.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -49,10 +62,12 @@
 
 namespace flashoverlap::rt {
 
-enum class ArLayout { Slots, RowBands, Gathered, GatheredTiles };
-const char* layout_name(ArLayout l);  // "slots", "row bands", "gathered", "gathered tiles"
+enum class ArLayout { Slots, RowBands, Gathered, GatheredTiles, Pushed };
+const char* layout_name(ArLayout l);  // "slots", "row bands", "gathered", "gathered tiles", "pushed"
 inline bool is_gathered(ArLayout l) { return l == ArLayout::Gathered || l == ArLayout::GatheredTiles; }
-inline bool is_banded(ArLayout l) { return l == ArLayout::RowBands || l == ArLayout::Gathered; }
+inline bool is_banded(ArLayout l) {
+  return l == ArLayout::RowBands || l == ArLayout::Gathered || l == ArLayout::Pushed;
+}
 
 enum class WaitMode {
   SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout
@@ -69,6 +84,8 @@ struct OverlapAllReduceOptions {
   kernels::DType dtype = kernels::DType::BF16;
   ncclComm_t comm = nullptr;      // for the groups that overlap the GEMM
   ncclComm_t tail_comm = nullptr; // optional: the last group (after the GEMM), e.g. with more CTAs
+  // Pushed: the buffer is registered on `comm` (construction and destruction
+  // are collective over it); no NCCL call is made per call.
   // Gathered: a communicator created with NCCL_CTA_POLICY_ZERO (copy-engine
   // AllGather); the op registers its buffer on it, so constructing and
   // destroying the op are collective over it.
@@ -81,7 +98,7 @@ struct OverlapAllReduceOptions {
   // Sequential fallback only: run cuBLAS instead of our GEMM (when the tuner
   // measured it faster on this shape: never slower than what users run).
   bool fallback_cublas = false;
-  // Gathered: sum the groups inside the GEMM (its idle producer warps) rather
+  // Gathered and Pushed: sum the groups inside the GEMM (its idle producer warps) rather
   // than in kernels after it. Taken when the output allows it (contiguous,
   // n % 8 == 0) and the wait cannot deadlock: the spin waiter needs an SM the
   // GEMM leaves free, since the GEMM now waits for the gathers.
@@ -152,7 +169,13 @@ class OverlapAllReduce {
   // Elements of group g: offset into the buffer the AllReduce runs on, count.
   std::pair<int64_t, int64_t> group_elements(size_t g) const;
   // Gathered: the element-wise step of group g (rows of C), after its gather.
+  // (Pushed: after a bounded wait for the group's arrivals; src = this call's half.)
   void enqueue_gathered_post(size_t g, void* out, int64_t ld_out, const RmsNormArgs* norm, cudaStream_t stream);
+  // Pushed: the GEMM with its pushes (and the sum inside it when `fused`),
+  // then the sum of the groups it did not sum (plain or + RMSNorm).
+  void enqueue_pushed(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
+                      cudaStream_t stream);
+  const char* pushed_half() const;  // this call's half of the pushed buffer
 
   // Gathered layout: C rows [row0, row0+rows) of group g; every rank's block
   // holds pad_rows (rows rounded up to whole tiles: TMA stores full tiles),
@@ -163,13 +186,19 @@ class OverlapAllReduce {
     int64_t row0 = 0, rows = 0, pad_rows = 0, block0 = 0;
   };
   int64_t gather_width_ = 0;
+  void setup_blocks(int64_t parities);  // gather_, gathered_rows_ (rows of one half), row_shift_, sum_table_
   void setup_gathered();
+  void setup_pushed();
   std::vector<GatherBlock> gather_;
   int64_t gathered_rows_ = 0;
   int world_ = 1, gather_rank_ = 0;
   bool fuse_ok_ = false;  // fuse_sum, and the waits can run beside the GEMM
   SymmetricBuffer gathered_;
   DeviceBuffer row_shift_, sum_table_, ready_;
+  // Pushed: the peers' buffers and arrival counters, this GPU's (in the window).
+  DeviceBuffer push_peers_, peer_arrivals_;
+  uint32_t* arrivals_ = nullptr;
+  std::vector<uint32_t> per_epoch_;  // arrivals per group per call
   std::vector<cudaEvent_t> group_done_;
 
   OverlapAllReduceOptions opts_;

@@ -23,6 +23,7 @@ class SymmetricBuffer {
   SymmetricBuffer& operator=(const SymmetricBuffer&) = delete;
 
   void* get() const { return ptr_; }
+  ncclWindow_t window() const { return win_; }
   size_t bytes() const { return bytes_; }
 
  private:

@@ -113,7 +113,8 @@ std::string describe(const AllReducePlan& p) {
                     std::to_string(p.sched.ctas) + " CTAs, swizzle " + std::to_string(p.sched.swizzle) + ", ";
   if (p.sequential) return out + (p.fallback_cublas ? "sequential (cuBLAS)" : "sequential (ours)");
   out += layout_name(p.layout);
-  if (p.layout == ArLayout::Gathered) out += p.fuse_sum ? " (sum in the GEMM)" : " (sum after)";
+  if (p.layout == ArLayout::Gathered || p.layout == ArLayout::Pushed)
+    out += p.fuse_sum ? " (sum in the GEMM)" : " (sum after)";
   else if (p.layout == ArLayout::GatheredTiles) out += " (sum after)";
   else out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
   return out + ", " + std::to_string(p.groups.size()) + " groups";
@@ -144,7 +145,9 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const int32_t tiles_m = int32_t((m + tile.bm - 1) / tile.bm);
     for (ArLayout layout : t.layouts) {
       if (is_gathered(layout) && !t.gather_curve) continue;
-      const std::vector<int> reserves = is_gathered(layout) ? std::vector<int>{t.gather_reserve}
+      if (layout == ArLayout::Pushed && (!t.push_reachable || t.world < 2 || n % 8 != 0)) continue;
+      const std::vector<int> reserves = layout == ArLayout::Pushed ? std::vector<int>{0}  // no waiter, no NCCL
+                                        : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}
                                         : t.reserve >= 0            ? std::vector<int>{t.reserve}
                                                                     : whole_wave_reserves(tiles, t.sms);
       for (int r : reserves) {
@@ -189,6 +192,23 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
   std::optional<AllReducePlan> best;
   for (Candidate& c : cands) {
     const plan::Schedule& s = c.plan.sched;
+    if (c.plan.layout == ArLayout::Pushed) {  // one group per band: no per-call cost, the sum starts earliest
+      const int bands = band_count(s);
+      plan::Partition part(size_t(bands), 1);
+      if (!t.group_sizes.empty()) {
+        part = plan::parse_partition(t.group_sizes);
+        if (std::accumulate(part.begin(), part.end(), 0) != bands) continue;
+      }
+      c.plan.groups = band_groups(s, part);
+      const plan::Group& last = c.plan.groups.back();
+      const double last_rows = double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
+      const double push_ms = double(s.m) * s.n * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
+      c.plan.predicted_ms = std::max(c.gemm_ms * t.push_gemm_slowdown, push_ms) +
+                            last_rows * s.n * 2 * (t.world + 1) / (t.sum_gb_s * 1e6);
+      if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
+      if (t.ranked) t.ranked->push_back(c.plan);
+      continue;
+    }
     const bool gathered = is_gathered(c.plan.layout);
     const plan::BandwidthCurve& curve = gathered ? t.gather_curve() : t.curve_for(c.plan.reserve);
     // The last group: after the GEMM, an AllReduce with NCCL's defaults (the

@@ -68,7 +68,15 @@ struct AllReduceTuning {
   std::function<const plan::BandwidthCurve&(int ctas)> curve_for;
   std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
   int reserve = -1;  // SMs left to NCCL; -1: the whole-wave candidates
-  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots, ArLayout::Gathered, ArLayout::GatheredTiles};
+  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots, ArLayout::Gathered, ArLayout::GatheredTiles,
+                                   ArLayout::Pushed};
+  // Pushed: only when every rank is load/store reachable (rt::all_ranks_reachable).
+  // Its prediction: max(GEMM on all SMs x push_gemm_slowdown, the (W-1) C
+  // bytes each rank pushes at push_gb_s) + the last group's sum at sum_gb_s.
+  bool push_reachable = false;
+  double push_gemm_slowdown = 1.03;
+  double push_gb_s = 300;
+  double sum_gb_s = 1500;
   std::vector<int> band_swizzles = {2, 4, 8};
   // The copy-engine AllGather curve (per-rank bytes); empty: no Gathered candidates.
   std::function<const plan::BandwidthCurve&()> gather_curve;
@@ -100,7 +108,7 @@ struct AllReducePlan {
   int reserve = 0;
   bool sequential = false;
   bool fallback_cublas = false;  // sequential, with cuBLAS's GEMM
-  bool fuse_sum = true;          // gathered: sum inside the GEMM
+  bool fuse_sum = true;          // gathered, pushed: sum inside the GEMM
   double predicted_ms = 0;
 };
 

@@ -153,7 +153,7 @@ __global__ void checker_kernel(CheckerArgs a) {
   const int g = blockIdx.x;
   if (threadIdx.x == 0) {
     const uint32_t target = a.epoch * a.target_per_epoch[g];
-    while (static_cast<int32_t>(kernels::ptx::ld_acquire_gpu(a.counters + g) - target) < 0) __nanosleep(64);
+    while (static_cast<int32_t>(kernels::ptx::ld_acquire_sys(a.counters + g) - target) < 0) __nanosleep(64);
     a.released_ns[g] = kernels::ptx::globaltimer_ns();
   }
   __syncthreads();

@@ -80,6 +80,7 @@ struct Case {
   int m, n, k, bn, ctas;
   DType dt;
   rt::ArLayout layout = rt::ArLayout::Slots;
+  bool fuse_sum = true;  // gathered, pushed: sum inside the GEMM where the op can
 };
 
 // Random groups for the layout: runs of waves (Slots) or of row bands.
@@ -109,6 +110,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     rt::OverlapAllReduceOptions o;
     o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
     o.wait = wait;
+    o.fuse_sum = c.fuse_sum;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
     if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
@@ -196,6 +198,22 @@ TEST(OverlapAllReduce, GatheredTilesMatchSequentialBitwise) {
   for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
 }
 
+// Tiles stored into the peer's buffer by the GEMM itself, summed inside the
+// GEMM (run) or after it (run_rmsnorm, and fuse_sum off); calls alternate
+// between the two halves of the buffer.
+TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  const uint64_t seed = fresh_seed();
+  const std::vector<Case> cases = {
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed},
+      {3001, 7168, 2048, 128, 132, DType::BF16, rt::ArLayout::Pushed},
+      {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed},
+      {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Pushed, false},
+      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed},
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, false}};
+  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+}
+
 TEST(OverlapAllReduce, StreamWaitOpMatchesToo) {
   REQUIRE_TWO_GPUS();
   check_case({4096, 8192, 2048, 256, 116, DType::BF16}, rt::WaitMode::StreamWaitOp, fresh_seed());
@@ -255,6 +273,45 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
     EXPECT_NE(messages[r].find("counter 0, expected"), std::string::npos) << messages[r];
   }
   EXPECT_LT(secs, 30.0);
+}
+
+// Pushed: a group whose tiles never arrive fails inside the GEMM's sum (and
+// in the waits before the sums after it) with the arrival counter, not a hang.
+TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
+  REQUIRE_TWO_GPUS();
+  for (const bool fuse : {true, false}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> messages(kWorld);
+    on_each_rank([&](int rank, ncclComm_t comm) {
+      const int m = 2048, n = 4096, k = 512;
+      const plan::Schedule s = sched_for(m, n, 256, 132, 4);
+      rt::OverlapAllReduceOptions o;
+      o.sched = s, o.groups = rt::band_groups(s, {1, 1, 2}), o.k = k, o.comm = comm, o.rank = rank;
+      o.layout = rt::ArLayout::Pushed;
+      o.fuse_sum = fuse;
+      o.wait_timeout_s = 0.25;
+      o.fault_drop_group = 1;
+      rt::OverlapAllReduce op(o);
+      EXPECT_EQ(op.fuses_sum(), fuse);
+      DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
+      kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
+      kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
+      op.run(a.get(), b.get(), out.get(), n, nullptr);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      try {
+        op.check();
+      } catch (const Error& e) {
+        messages[rank] = e.what();
+      }
+    });
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_NE(messages[r].find("rank " + std::to_string(r)), std::string::npos) << messages[r];
+      EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
+      EXPECT_NE(messages[r].find("arrival counter"), std::string::npos) << messages[r];
+    }
+    EXPECT_LT(secs, 30.0) << "fuse " << fuse;
+  }
 }
 
 }  // namespace

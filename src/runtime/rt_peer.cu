@@ -1,0 +1,52 @@
+// rt_peer.cu — see rt_peer.h.
+#include "runtime/rt_peer.h"
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "flashoverlap/error.h"
+#include "runtime/rt_buffer.h"
+#include "runtime/rt_checks.h"
+
+#if __has_include(<nccl_device.h>)
+#include <nccl_device.h>
+#define FO_HAVE_NCCL_DEVICE 1
+#endif
+
+namespace flashoverlap::rt {
+
+#ifdef FO_HAVE_NCCL_DEVICE
+namespace {
+// The window handle is NCCL's device-side description of the mapping.
+__global__ void peer_pointers_kernel(ncclWindow_t win, int world, void** out) {
+  for (int r = threadIdx.x; r < world; r += blockDim.x) out[r] = ncclGetPeerPointer(win, 0, r);
+}
+}  // namespace
+
+bool all_ranks_reachable(ncclComm_t comm) {
+  int world = 0;
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), "all_ranks_reachable");
+  return ncclTeamLsa(comm).nRanks == world;
+}
+
+std::vector<void*> window_peer_pointers(ncclComm_t comm, ncclWindow_t win, int world) {
+  const ncclTeam_t lsa = ncclTeamLsa(comm);
+  if (lsa.nRanks != world)
+    throw InvalidArgument("the pushed layout needs every rank's memory mapped on this GPU (NVLink): " +
+                          std::to_string(lsa.nRanks) + " of " + std::to_string(world) + " ranks are");
+  DeviceBuffer ptrs(size_t(world) * sizeof(void*));
+  peer_pointers_kernel<<<1, 32>>>(win, world, ptrs.as<void*>());
+  FO_CUDA_CHECK(cudaGetLastError());
+  std::vector<void*> out(static_cast<size_t>(world));
+  FO_CUDA_CHECK(cudaMemcpy(out.data(), ptrs.get(), ptrs.bytes(), cudaMemcpyDeviceToHost));
+  return out;
+}
+#else
+bool all_ranks_reachable(ncclComm_t) { return false; }
+std::vector<void*> window_peer_pointers(ncclComm_t, ncclWindow_t, int) {
+  throw InvalidArgument("the pushed layout needs NCCL's device API (nccl_device.h, NCCL >= 2.28)");
+}
+#endif
+
+}  // namespace flashoverlap::rt
