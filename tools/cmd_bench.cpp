@@ -161,6 +161,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.layout == "gathered") tuning.layouts = {rt::ArLayout::Gathered};
   if (o.layout == "gathered-tiles") tuning.layouts = {rt::ArLayout::GatheredTiles};
   if (o.layout == "pushed") tuning.layouts = {rt::ArLayout::Pushed};
+  if (o.layout == "pushed-tiles") tuning.layouts = {rt::ArLayout::PushedTiles};
   tuning.push_reachable = world > 1 && rt::all_ranks_reachable(base);
   if (o.layout == "auto" || o.layout == "gathered" || o.layout == "gathered-tiles")
     tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };
@@ -199,7 +200,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     // Gathered and pushed: the model leaves out where the sum runs and what
     // the band size costs the GEMM's cache reuse; the best per swizzle, sum
     // in and after the GEMM.
-    for (rt::ArLayout l : {rt::ArLayout::Gathered, rt::ArLayout::Pushed}) {
+    for (rt::ArLayout l : {rt::ArLayout::Gathered, rt::ArLayout::Pushed, rt::ArLayout::PushedTiles}) {
       std::vector<int> swizzles_seen;
       for (const auto& pl : ranked)
         if (!pl.sequential && pl.layout == l &&
@@ -308,11 +309,11 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << op.schedule().swizzle << ", NCCL "
       << (plan.sequential ? "default CTAs"
           : rt::is_gathered(plan.layout)            ? "on the copy engines"
-          : plan.layout == rt::ArLayout::Pushed     ? "window (tiles stored over NVLink by the GEMM)"
+          : rt::is_pushed(plan.layout)              ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) +
-                (op.layout() != rt::ArLayout::Gathered && op.layout() != rt::ArLayout::Pushed ? ""
+                (op.layout() != rt::ArLayout::Gathered && !rt::is_pushed(op.layout()) ? ""
                  : op.fuses_sum()                                                          ? " (sum in the GEMM)"
                                                                                            : " (sum after)"))
       << ", wait " << o.wait;
@@ -354,8 +355,8 @@ int run(const Options& o) {
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
-      o.layout != "gathered-tiles" && o.layout != "pushed")
-    throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles or pushed");
+      o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
+    throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
   const auto shapes = shapes_of(o);
   const int gpus = rt::hopper_device_count();
   if (gpus < 1) {
@@ -458,7 +459,7 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "auto, rows (AllReduce in place on C's row bands), slots (tile slots + post-reorder) or gathered "
                   "(copy-engine AllGather of row bands, summed in the element-wise step) or gathered-tiles (the same "
                   "on tile slots) or pushed (the GEMM stores each tile into every peer's copy over NVLink, no "
-                  "NCCL call; needs all ranks in one NVLink domain)")
+                  "NCCL call; needs all ranks in one NVLink domain) or pushed-tiles (the same on tile slots)")
       ->capture_default_str();
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();

@@ -50,7 +50,8 @@ struct FusedSum {
   const uint32_t* ready = nullptr;  // device, [groups]; cyclic compare with epoch
   uint32_t epoch = 0;
   int32_t world = 1;
-  const void* gathered = nullptr;   // n elements per row
+  const void* gathered = nullptr;   // n elements per row (tiles: bn)
+  bool tiles = false;               // blocks hold tile slots (SumGroup: row0 = first tile, rows = tiles)
   void* out = nullptr;
   int64_t ld_out = 0;
   uint64_t timeout_ns = 0;          // a group not ready by then: err is set and the sum stops

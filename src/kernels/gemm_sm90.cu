@@ -103,14 +103,18 @@ void check_gemm_params(const GemmParams& p) {
   if (p.sum.groups > 0 && (!p.sum.table || !p.sum.ready || !p.sum.gathered || !p.sum.out || !p.sum.err ||
                            p.sum.world < 1 || p.sum.ld_out < p.n))
     fail("fused sum needs its table, ready flags, gathered buffer, output (ld >= n), error slot and world >= 1");
-  if (p.sum.groups > 0 && (p.n % 8 != 0 || p.sum.ld_out != p.n || !aligned16(p.sum.out) || !aligned16(p.sum.gathered)))
-    fail("fused sum needs n % 8 == 0 and a contiguous, 16-byte aligned output");
+  if (p.sum.groups > 0 && (p.n % 8 != 0 || (p.sum.tiles ? p.sum.ld_out % 8 != 0 : p.sum.ld_out != p.n) ||
+                           !aligned16(p.sum.out) || !aligned16(p.sum.gathered)))
+    fail("fused sum needs n % 8 == 0 and a 16-byte aligned output, contiguous (rows) or with ld % 8 == 0 (tiles)");
+  if (p.sum.groups > 0 && p.sum.tiles && p.store != Store::SlotTiles) fail("fused sum of tiles needs slot tiles");
   if (p.sum.groups > 0 && (p.sum.world > 8 || p.sum.world < 1)) fail("fused sum: world must be in [1, 8]");
-  if (p.sum.groups > 0 && int64_t(p.m) * p.n >= INT32_MAX) fail("fused sum: C has 2^31 elements or more");
+  if (p.sum.groups > 0 && int64_t(p.sched.tiles()) * p.sched.bm * p.sched.bn >= INT32_MAX)
+    fail("fused sum: C has 2^31 elements or more");
   if (p.push.peers < 0 || p.push.peers > 7) fail("push: peers must be in [0, 7]");
-  if (p.push.peers > 0 && (p.store != Store::Plain || !aligned16(p.c) || p.ldc % 8 != 0 || !p.counters ||
-                           p.n % 8 != 0 || !p.push.peer_c || !p.push.arrivals || !p.push.peer_arrivals))
-    fail("push needs the TMA store of Plain C (16-byte aligned, ldc % 8 == 0), n % 8 == 0, signals, the peers' "
+  const bool push_store = p.store == Store::SlotTiles ||
+                          (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && p.n % 8 == 0);
+  if (p.push.peers > 0 && (!push_store || !p.counters || !p.push.peer_c || !p.push.arrivals || !p.push.peer_arrivals))
+    fail("push needs slot tiles or Plain C by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0), signals, the peers' "
          "buffers and arrival counters");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
 }
@@ -148,6 +152,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     mc = make_map(p.c, p.c_rows ? p.c_rows : p.m, p.n, p.ldc, 64, dt, "C");
   } else if (p.store == Store::SlotTiles) {
     kp.tma_store = true;
+    kp.ld_out = bn;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
   } else {
     kp.tma_store = false;

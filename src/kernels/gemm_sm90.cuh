@@ -31,7 +31,7 @@ struct GemmKernelParams {
   int32_t store;           // Store
   bool tma_store;          // epilogue via TMA (Plain with aligned C, SlotTiles)
   void* out;               // rows epilogue: C (Plain) or the slot buffer (SlotRows)
-  int64_t ld_out;          // elements per output row (Plain: also the peers' buffers when pushing)
+  int64_t ld_out;          // elements per output row (also of the peers' buffers when pushing)
   const int32_t* row_of;   // SlotRows
   const int32_t* row_shift;  // Plain / SlotTiles: per group, added to the tile's rows
   uint32_t* counters;
@@ -84,13 +84,18 @@ __device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 
 // runs under the producer warpgroup's 40 registers), double-buffered (the
 // next chunk loads while this one is summed), summed by the lanes in rank
 // order and stored with 16-byte stores. Lane 0 polls the group's ready flag
-// (bounded, with backoff). Needs n % 8 == 0 and ld_out == n (host-checked).
-template <typename T, int kStageBytes>
-__device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint8_t* stage, uint64_t* bars,
-                                               int32_t warp, int32_t warps) {
+// (bounded, with backoff). Needs n % 8 == 0 and, for rows, ld_out == n;
+// for tiles, 16-byte aligned output rows (host-checked).
+template <typename T, int kStageBytes, int BN>
+__device__ __forceinline__ void fused_sum_rows(const FusedSum f, const plan::Schedule& s, uint8_t* stage,
+                                               uint64_t* bars, int32_t warp, int32_t warps) {
+  const int32_t n = f.tiles ? s.bn : s.n;  // elements per row of a block
   const int lane = threadIdx.x % 32;
   constexpr int kBufBytes = kStageBytes / 2;
-  const int32_t chunk = kBufBytes / 2 / f.world / 8 * 8;  // elements per rank per chunk, a multiple of 8
+  // Elements per rank per chunk: a power of two (>= 8), so that a chunk of
+  // tile slots never straddles two tiles (bm x BN elements each).
+  int32_t chunk = 8;
+  while (chunk * 2 * 2 * f.world <= kBufBytes) chunk *= 2;
   const T* src = static_cast<const T*>(f.gathered);
   T* out = static_cast<T*>(f.out);
   uint32_t phases = 0;  // bit b: parity of buffer b's next completion
@@ -104,7 +109,7 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;
     const T* gsrc = src + sg.src_row * n;
     T* gout = out + int64_t(sg.row0) * n;
-    const int32_t elems = sg.rows * n;  // < 2^31: host-checked
+    const int32_t elems = sg.rows * (f.tiles ? s.bm * s.bn : n);  // < 2^31: host-checked
     auto issue = [&](int32_t c0, int b) {
       if (lane != 0) return;
       const int32_t cnt = elems - c0 < chunk ? elems - c0 : chunk;
@@ -122,6 +127,16 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint
       phases ^= 1u << b;
       const int32_t cnt = elems - c0 < chunk ? elems - c0 : chunk;
       const uint8_t* buf = stage + b * kBufBytes;
+      T* dst0 = gout + c0;  // rows: contiguous; tiles: the chunk's first element's place in C
+      int32_t rows_left = 0, cols_left = 0;
+      if (f.tiles) {  // one tile per chunk: its place once, then shifts (BN is a power of two)
+        constexpr int32_t kTileElems = 128 * BN;
+        const int32_t t = c0 / kTileElems, w0 = c0 - t * kTileElems;
+        const plan::TileCoord tc = s.tile_of(sg.row0 + t);
+        const int32_t r0 = w0 / BN;  // chunks start at whole rows (chunk >= BN or divides it)
+        dst0 = out + int64_t(tc.tm * 128 + r0) * f.ld_out + tc.tn * BN + (w0 - r0 * BN);
+        rows_left = s.m - (tc.tm * 128 + r0), cols_left = s.n - tc.tn * BN;
+      }
       for (int32_t u = lane * 8; u < cnt; u += 32 * 8) {
         uint4 r;
 #pragma unroll
@@ -137,7 +152,13 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, int32_t n, uint
 #pragma unroll
           for (int i = 0; i < 4; ++i) e[i] = T(acc[i]);
         }
-        *reinterpret_cast<uint4*>(gout + c0 + u) = r;
+        if (!f.tiles) {
+          *reinterpret_cast<uint4*>(dst0 + u) = r;
+        } else {
+          const int32_t dr = u / BN, dc = u % BN;  // from the chunk's first element (column 0 of a row if chunk >= BN)
+          if (dr < rows_left && dc + (c0 % BN) < cols_left)
+            *reinterpret_cast<uint4*>(dst0 + int64_t(dr) * f.ld_out + dc) = r;
+        }
       }
       __syncwarp();
     }
@@ -218,7 +239,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     } else if (tid >= 64 && p.sum.groups > 0) {
       // ---------------- warps 2-3: the gathered layout's sum ----------------
       const int w = tid / 32 - 2;
-      fused_sum_rows<T, L::kSumStageBytes>(p.sum, p.sched.n, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
+      fused_sum_rows<T, L::kSumStageBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
                                            int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
     } else if (tid >= 32 && tid < 64 && p.tma_store && (tid == 32 || p.push.peers > 0)) {
       // ---------------- storer: TMA stores, completion, signal ----------------
@@ -246,7 +267,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, row + h * 64);
             ptx::tma_store_commit();
           }
-          if (push) push_half<T, BN>(half, p.push, p.ld_out, row + h * 64, col, p.sched.n, tid - 32);
+          if (push) push_half<T, BN>(half, p.push, p.ld_out, row + h * 64, col, plain ? p.sched.n : BN, tid - 32);
         }
         if (push) __syncwarp();  // every lane's reads of both halves are done
         if (leader) {

@@ -201,22 +201,40 @@ __global__ void scatter_slot_rows_kernel(const T* slots, int64_t slot_rows, int3
 
 // FusedSum's work after the GEMM, on the whole GPU: for each group in
 // order, one thread per block waits (bounded) for its ready flag, then the
-// grid sums its rows (any n, any ld_out).
+// grid sums its rows or tiles (any n, any ld_out).
 template <typename T>
-__global__ void sum_groups_kernel(const FusedSum f, int32_t n, int32_t first_group) {
+__global__ void sum_groups_kernel(const FusedSum f, const plan::Schedule s, int32_t first_group) {
   __shared__ int ok;
-  const int32_t units_per_row = (n + 7) / 8;
+  const int32_t width = f.tiles ? s.bn : s.n;  // elements per row of a block
+  const int32_t units_per_row = (width + 7) / 8;
   for (int32_t g = first_group; g < f.groups; ++g) {
     const SumGroup sg = f.table[g];
     if (threadIdx.x == 0) ok = bounded_wait<64, 1024>(f.ready + g, f.epoch * sg.per_epoch, f.timeout_ns, f.err, g, 2u);
     __syncthreads();
     if (!ok) return;
-    const GatherSource<T> src{static_cast<const T*>(f.gathered) + sg.src_row * n, n, sg.block_rows * n, f.world};
-    T* out = static_cast<T*>(f.out) + int64_t(sg.row0) * f.ld_out;
-    const int64_t units = int64_t(sg.rows) * units_per_row;
-    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += int64_t(gridDim.x) * blockDim.x) {
-      const int32_t i = int32_t(u / units_per_row), col = int32_t(u % units_per_row) * 8, valid = n - col;
-      store8(out + i * f.ld_out + col, src.load(i, col, valid), valid);
+    const GatherSource<T> src{static_cast<const T*>(f.gathered) + sg.src_row * width, width, sg.block_rows * width,
+                              f.world};
+    T* out = static_cast<T*>(f.out);
+    if (!f.tiles) {
+      const int64_t units = int64_t(sg.rows) * units_per_row;
+      for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
+           u += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t i = int32_t(u / units_per_row), col = int32_t(u % units_per_row) * 8, valid = width - col;
+        store8(out + (sg.row0 + i) * f.ld_out + col, src.load(i, col, valid), valid);
+      }
+    } else {  // a block per quarter tile: the tile's place in C once, not per element
+      constexpr int kParts = 4;
+      const int32_t part_rows = s.bm / kParts;
+      for (int32_t item = blockIdx.x; item < sg.rows * kParts; item += gridDim.x) {
+        const int32_t t = item / kParts, r0 = (item % kParts) * part_rows;
+        const plan::TileCoord tc = s.tile_of(sg.row0 + t);
+        const int32_t row_c = tc.tm * s.bm + r0, col_c = tc.tn * s.bn;
+        for (int32_t v = threadIdx.x; v < part_rows * units_per_row; v += blockDim.x) {
+          const int32_t r = v / units_per_row, col = (v % units_per_row) * 8;
+          if (row_c + r >= s.m || col_c + col >= s.n) continue;  // padding of a partial tile
+          store8(out + (row_c + r) * f.ld_out + col_c + col, src.load(t * s.bm + r0 + r, col, 8), s.n - col_c - col);
+        }
+      }
     }
     __syncthreads();  // `ok` is rewritten for the next group
   }
@@ -329,16 +347,17 @@ void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_
   FO_CUDA_CHECK(cudaGetLastError());
 }
 
-void sum_groups(DType dtype, const FusedSum& f, int32_t n, int32_t first_group, cudaStream_t stream) {
+void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, int32_t first_group,
+                cudaStream_t stream) {
   if (first_group >= f.groups) return;
-  if (!f.table || !f.ready || !f.gathered || !f.out || !f.err || f.world < 1 || f.ld_out < n)
+  if (!f.table || !f.ready || !f.gathered || !f.out || !f.err || f.world < 1 || f.ld_out < sched.n)
     throw InvalidArgument("sum_groups: needs its table, ready flags, gathered buffer, output (ld >= n), error slot");
   int dev = 0, sms = 0;
   FO_CUDA_CHECK(cudaGetDevice(&dev));
   FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   with_type(dtype, [&](auto t) {
     using T = decltype(t);
-    sum_groups_kernel<T><<<sms * 4, 256, 0, stream>>>(f, n, first_group);
+    sum_groups_kernel<T><<<sms * 4, 256, 0, stream>>>(f, sched, first_group);
   });
   FO_CUDA_CHECK(cudaGetLastError());
 }

@@ -33,6 +33,7 @@ const char* layout_name(ArLayout l) {
     case ArLayout::Gathered: return "gathered";
     case ArLayout::GatheredTiles: return "gathered tiles";
     case ArLayout::Pushed: return "pushed";
+    case ArLayout::PushedTiles: return "pushed tiles";
   }
   return "?";
 }
@@ -63,7 +64,7 @@ std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<
 void OverlapAllReduce::setup_blocks(int64_t parities) {
   const plan::Schedule& s = opts_.sched;
   const int rank = gather_rank_;
-  const bool tiles = opts_.layout == ArLayout::GatheredTiles;
+  const bool tiles = opts_.layout == ArLayout::GatheredTiles || opts_.layout == ArLayout::PushedTiles;
   gather_width_ = tiles ? s.bn : s.n;
   int64_t total = 0;
   for (const plan::Group& g : opts_.groups) {
@@ -135,11 +136,12 @@ void OverlapAllReduce::setup_pushed() {
   FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "comm");
   const std::string what = "the pushed layout of " + std::to_string(s.m) + "x" + std::to_string(s.n);
   if (world_ < 2) throw InvalidArgument("OverlapAllReduce: " + what + " needs at least 2 ranks");
-  if (s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
+  const bool tiles = opts_.layout == ArLayout::PushedTiles;
+  if (!tiles && s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
   for (const plan::Group& g : opts_.groups) per_epoch_.push_back(uint32_t(g.tiles()) * uint32_t(world_));
   setup_blocks(2);
   const size_t groups = gather_.size();
-  const size_t data_bytes = size_t(2 * gathered_rows_) * s.n * 2;
+  const size_t data_bytes = size_t(2 * gathered_rows_) * gather_width_ * 2;
   const size_t counters_at = (data_bytes + 255) / 256 * 256;
   gathered_ = SymmetricBuffer(comm, counters_at + (groups + 1) * sizeof(uint32_t), what);  // +1: the fault sink
   arrivals_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + counters_at);
@@ -156,7 +158,7 @@ void OverlapAllReduce::setup_pushed() {
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_bases.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
   peer_arrivals_ = DeviceBuffer(peer_arrivals.size() * sizeof(uint32_t*));
   FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
-  fuse_ok_ = opts_.fuse_sum && int64_t(s.m) * s.n < INT32_MAX;
+  fuse_ok_ = opts_.fuse_sum && int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
   // Every rank's counters are zero before any rank's first call counts into them.
   FO_CUDA_CHECK(cudaDeviceSynchronize());
   cudaStream_t st = nullptr;
@@ -210,7 +212,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   group_of_tile_ = DeviceBuffer(got.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
-  if (opts_.layout == ArLayout::Pushed && !sequential()) setup_pushed();
+  if (is_pushed(opts_.layout) && !sequential()) setup_pushed();
 
   FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
   *wait_error_ = kernels::WaitError{};
@@ -351,7 +353,7 @@ void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out
                                              cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   const GatherBlock& gb = gather_[g];
-  const bool pushed = opts_.layout == ArLayout::Pushed;
+  const bool pushed = is_pushed(opts_.layout);
   if (pushed)  // every rank's tiles of g are here (the GEMM before it on this stream pushed ours)
     kernels::launch_wait_counter(arrivals_ + g, epoch_ * per_epoch_[g], uint64_t(opts_.wait_timeout_s * 1e9),
                                  wait_error_, int32_t(g), stream);
@@ -382,17 +384,25 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   const plan::Schedule& s = opts_.sched;
   ++epoch_;
   const size_t groups = gather_.size();
+  const bool tiles = opts_.layout == ArLayout::PushedTiles;
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, gathered_.get(), s.n);
-  p.c_rows = 2 * gathered_rows_;
+  if (tiles)
+    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = 2 * gathered_rows_;
+  else
+    p.c_rows = 2 * gathered_rows_;
   p.row_shift = row_shift_.as<int32_t>() + size_t(epoch_ & 1) * (groups + 1);
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
   p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
+  // Tiles + RMSNorm: rows are whole only at the end; sum into the scratch, norm after.
+  void* sum_out = tiles && norm ? slots_.get() : out;
+  const int64_t sum_ld = tiles && norm ? s.n : ld_out;
   kernels::FusedSum f;  // every group, as soon as all ranks' tiles of it are here
   f.groups = int32_t(groups), f.table = sum_table_.as<kernels::SumGroup>(), f.ready = arrivals_;
-  f.epoch = epoch_, f.world = world_, f.gathered = pushed_half(), f.out = out, f.ld_out = ld_out;
+  f.epoch = epoch_, f.world = world_, f.gathered = pushed_half(), f.tiles = tiles, f.out = sum_out, f.ld_out = sum_ld;
   f.timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9), f.err = wait_error_;
-  const bool in_gemm = !norm && fuse_ok_ && ld_out == s.n && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  const bool aligned = (reinterpret_cast<uintptr_t>(sum_out) & 15) == 0;
+  const bool in_gemm = fuse_ok_ && aligned && (tiles ? sum_ld % 8 == 0 : !norm && sum_ld == s.n);
   // Inside the GEMM: all groups but the last, whose tiles are the last to
   // arrive; its sum is faster on the whole GPU after the GEMM than on the two
   // warps per SM the GEMM has for it.
@@ -400,8 +410,12 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
-  if (!norm) {  // one launch on the whole GPU
-    kernels::sum_groups(opts_.dtype, f, s.n, in_gemm ? int32_t(groups) - 1 : 0, stream);
+  if (!norm || tiles)  // one launch on the whole GPU
+    kernels::sum_groups(opts_.dtype, f, s, in_gemm ? int32_t(groups) - 1 : 0, stream);
+  if (!norm) return;
+  if (tiles) {
+    kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm->residual, norm->weight, norm->eps, out,
+                              norm->residual_out, stream);
     return;
   }
   for (size_t g = 0; g < groups; ++g) enqueue_gathered_post(g, out, ld_out, norm, stream);
@@ -426,7 +440,7 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
-  if (!sequential() && opts_.layout == ArLayout::Pushed) {
+  if (!sequential() && is_pushed(opts_.layout)) {
     enqueue_pushed(a, b, out, ld_out, nullptr, stream);
     return;
   }
@@ -469,7 +483,7 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
                                    cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
-  if (opts_.layout == ArLayout::Pushed && !sequential()) {
+  if (is_pushed(opts_.layout) && !sequential()) {
     enqueue_pushed(a, b, out, s.n, &norm, stream);
     return;
   }
@@ -512,7 +526,7 @@ Timeline OverlapAllReduce::timeline() const {
     return double(ms);
   };
   t.gemm_end = at(trace_[1]);
-  if (opts_.layout == ArLayout::Pushed) return t;  // no communication calls: the GEMM does it
+  if (is_pushed(opts_.layout)) return t;  // no communication calls: the GEMM does it
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     t.wait_end.push_back(at(trace_[2 + 2 * g]));
     t.comm_end.push_back(at(trace_[3 + 2 * g]));
@@ -524,9 +538,10 @@ void OverlapAllReduce::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
-  if (opts_.layout == ArLayout::Pushed) {
+  if (is_pushed(opts_.layout)) {
     os << "rank " << opts_.rank << ": the tiles of group " << e.group << " of the overlapped GEMM+AllReduce ("
-       << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", pushed layout) did not all arrive within "
+       << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)
+       << " layout) did not all arrive within "
        << opts_.wait_timeout_s << " s: arrival counter " << e.value << ", expected " << e.expected
        << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
     throw Error(os.str());

@@ -39,6 +39,8 @@
 //             domain); blocks alternate between two halves of the buffer by
 //             call parity, so a fast rank's next call never overwrites a
 //             block a slow rank is still summing.
+//   PushedTiles  the same on the tile slots of GatheredTiles: groups are
+//             runs of waves, the raster keeps the GEMM's best tile order.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -62,9 +64,11 @@
 
 namespace flashoverlap::rt {
 
-enum class ArLayout { Slots, RowBands, Gathered, GatheredTiles, Pushed };
-const char* layout_name(ArLayout l);  // "slots", "row bands", "gathered", "gathered tiles", "pushed"
+enum class ArLayout { Slots, RowBands, Gathered, GatheredTiles, Pushed, PushedTiles };
+// "slots", "row bands", "gathered", "gathered tiles", "pushed", "pushed tiles"
+const char* layout_name(ArLayout l);
 inline bool is_gathered(ArLayout l) { return l == ArLayout::Gathered || l == ArLayout::GatheredTiles; }
+inline bool is_pushed(ArLayout l) { return l == ArLayout::Pushed || l == ArLayout::PushedTiles; }
 inline bool is_banded(ArLayout l) {
   return l == ArLayout::RowBands || l == ArLayout::Gathered || l == ArLayout::Pushed;
 }

@@ -113,7 +113,7 @@ std::string describe(const AllReducePlan& p) {
                     std::to_string(p.sched.ctas) + " CTAs, swizzle " + std::to_string(p.sched.swizzle) + ", ";
   if (p.sequential) return out + (p.fallback_cublas ? "sequential (cuBLAS)" : "sequential (ours)");
   out += layout_name(p.layout);
-  if (p.layout == ArLayout::Gathered || p.layout == ArLayout::Pushed)
+  if (p.layout == ArLayout::Gathered || is_pushed(p.layout))
     out += p.fuse_sum ? " (sum in the GEMM)" : " (sum after)";
   else if (p.layout == ArLayout::GatheredTiles) out += " (sum after)";
   else out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
@@ -145,8 +145,9 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const int32_t tiles_m = int32_t((m + tile.bm - 1) / tile.bm);
     for (ArLayout layout : t.layouts) {
       if (is_gathered(layout) && !t.gather_curve) continue;
-      if (layout == ArLayout::Pushed && (!t.push_reachable || t.world < 2 || n % 8 != 0)) continue;
-      const std::vector<int> reserves = layout == ArLayout::Pushed ? std::vector<int>{0}  // no waiter, no NCCL
+      if (is_pushed(layout) && (!t.push_reachable || t.world < 2 || (layout == ArLayout::Pushed && n % 8 != 0)))
+        continue;
+      const std::vector<int> reserves = is_pushed(layout) ? std::vector<int>{0}  // no waiter, no NCCL
                                         : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}
                                         : t.reserve >= 0            ? std::vector<int>{t.reserve}
                                                                     : whole_wave_reserves(tiles, t.sms);
@@ -192,16 +193,18 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
   std::optional<AllReducePlan> best;
   for (Candidate& c : cands) {
     const plan::Schedule& s = c.plan.sched;
-    if (c.plan.layout == ArLayout::Pushed) {  // one group per band: no per-call cost, the sum starts earliest
-      const int bands = band_count(s);
-      plan::Partition part(size_t(bands), 1);
+    if (is_pushed(c.plan.layout)) {  // one group per band or wave: no per-call cost, the sum starts earliest
+      const bool tiles = c.plan.layout == ArLayout::PushedTiles;
+      const int units = tiles ? s.waves() : band_count(s);
+      plan::Partition part(size_t(units), 1);
       if (!t.group_sizes.empty()) {
         part = plan::parse_partition(t.group_sizes);
-        if (std::accumulate(part.begin(), part.end(), 0) != bands) continue;
+        if (std::accumulate(part.begin(), part.end(), 0) != units) continue;
       }
-      c.plan.groups = band_groups(s, part);
+      c.plan.groups = tiles ? plan::make_groups(s, part) : band_groups(s, part);
       const plan::Group& last = c.plan.groups.back();
-      const double last_rows = double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
+      const double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
+                                     : double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
       const double push_ms = double(s.m) * s.n * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
       c.plan.predicted_ms = std::max(c.gemm_ms * t.push_gemm_slowdown, push_ms) +
                             last_rows * s.n * 2 * (t.world + 1) / (t.sum_gb_s * 1e6);

@@ -68,9 +68,9 @@ struct AllReduceTuning {
   std::function<const plan::BandwidthCurve&(int ctas)> curve_for;
   std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
   int reserve = -1;  // SMs left to NCCL; -1: the whole-wave candidates
-  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots, ArLayout::Gathered, ArLayout::GatheredTiles,
-                                   ArLayout::Pushed};
-  // Pushed: only when every rank is load/store reachable (rt::all_ranks_reachable).
+  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots,  ArLayout::Gathered,
+                                   ArLayout::GatheredTiles, ArLayout::Pushed, ArLayout::PushedTiles};
+  // Pushed layouts: only when every rank is load/store reachable (rt::all_ranks_reachable).
   // Its prediction: max(GEMM on all SMs x push_gemm_slowdown, the (W-1) C
   // bytes each rank pushes at push_gb_s) + the last group's sum at sum_gb_s.
   bool push_reachable = false;

@@ -198,9 +198,9 @@ TEST(OverlapAllReduce, GatheredTilesMatchSequentialBitwise) {
   for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
 }
 
-// Tiles stored into the peer's buffer by the GEMM itself, summed inside the
-// GEMM (run) or after it (run_rmsnorm, and fuse_sum off); calls alternate
-// between the two halves of the buffer.
+// Tiles stored into the peer's buffer by the GEMM itself (row bands or tile
+// slots), summed inside the GEMM (run) or after it (run_rmsnorm, fuse_sum
+// off, odd n); calls alternate between the two halves of the buffer.
 TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
@@ -210,7 +210,11 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
       {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed},
       {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Pushed, false},
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed},
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, false}};
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, false},
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles},
+      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::PushedTiles},
+      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false},
+      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles}};  // odd n: the sum after, scalar edges
   for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
 }
 
