@@ -169,10 +169,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.gather_reserve = o.wait == "spin" ? 1 : 0;  // the spin waiter needs an SM beside the GEMM
   tuning.group_sizes = o.partition;
   tuning.cublas_gemm_ms = comp[0];
-  std::vector<rt::AllReducePlan> ranked;
-  if (o.partition.empty() && o.select) tuning.ranked = &ranked;
-  rt::AllReducePlan plan = rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
-  res.predicted_ms = plan.predicted_ms;
   auto options_for = [&](const rt::AllReducePlan& pl) {
     rt::OverlapAllReduceOptions fo;
     fo.sched = pl.sched, fo.groups = pl.groups, fo.layout = pl.layout, fo.k = k, fo.dtype = dt, fo.rank = rank;
@@ -185,55 +181,12 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.fuse_sum = pl.fuse_sum;
     return fo;
   };
-  if (!ranked.empty()) {
-    // The model ranks; a short measurement picks among the best predicted
-    // plan of each layout (gathered rows: per band size, with the sum in and
-    // after the GEMM) and the sequential fallback. Separate runs from the
-    // timings below.
-    std::vector<rt::AllReducePlan> finalists;
-    for (rt::ArLayout l : {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::GatheredTiles})
-      for (const auto& pl : ranked)
-        if (!pl.sequential && pl.layout == l) {
-          finalists.push_back(pl);
-          break;
-        }
-    // Gathered and pushed: the model leaves out where the sum runs and what
-    // the band size costs the GEMM's cache reuse; the best per swizzle, sum
-    // in and after the GEMM.
-    for (rt::ArLayout l : {rt::ArLayout::Gathered, rt::ArLayout::Pushed, rt::ArLayout::PushedTiles}) {
-      std::vector<int> swizzles_seen;
-      for (const auto& pl : ranked)
-        if (!pl.sequential && pl.layout == l &&
-            std::find(swizzles_seen.begin(), swizzles_seen.end(), pl.sched.swizzle) == swizzles_seen.end()) {
-          swizzles_seen.push_back(pl.sched.swizzle);
-          finalists.push_back(pl);
-          finalists.push_back(pl);
-          finalists.back().fuse_sum = false;
-        }
-    }
-    for (const auto& pl : ranked)
-      if (pl.sequential) finalists.push_back(pl);
-    std::vector<std::unique_ptr<rt::OverlapAllReduce>> ops;
-    std::vector<std::function<void()>> fns;
-    for (const auto& pl : finalists) {
-      ops.push_back(std::make_unique<rt::OverlapAllReduce>(options_for(pl)));
-      fns.push_back([&, op = ops.back().get()] { op->run(a.get(), b.get(), out_fo.get(), N, cx.stream); });
-    }
-    std::vector<double> t;
-    for (const auto& st : rt::time_collective_interleaved(fns, cx.stream, base, 2, 6)) t.push_back(st.median_ms);
-    FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
-    for (auto& op : ops) op->check();
-    t = rt::max_over_ranks(*cx.rv, t);
-    const size_t pick = size_t(std::min_element(t.begin(), t.end()) - t.begin());
-    std::ostringstream sel;
-    sel << std::fixed << std::setprecision(3);
-    for (size_t i = 0; i < finalists.size(); ++i)
-      sel << (i ? "; " : "") << (i == pick ? "* " : "") << rt::describe(finalists[i]) << ": " << t[i]
-          << " ms (predicted " << finalists[i].predicted_ms << ")";
-    res.selection = sel.str();
-    plan = finalists[pick];
-    res.predicted_ms = plan.predicted_ms;
-  }
+  // The model ranks; a short measurement (separate runs from the timings
+  // below) picks among the finalists, unless --no-select.
+  if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
+  const rt::AllReducePlan plan =
+      rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
+  res.predicted_ms = plan.predicted_ms;
   const rt::OverlapAllReduceOptions fo = options_for(plan);
   rt::OverlapAllReduce op(fo);
   plan::Schedule full = plan::make_schedule(M, N, {128, 256}, cx.info.sms, plan::Raster::AlongN,

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iomanip>
+#include <memory>
+#include <sstream>
 #include <numeric>
 #include <map>
 #include <optional>
@@ -134,8 +137,73 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
   return r;
 }
 
+std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked) {
+  std::vector<AllReducePlan> out;
+  for (ArLayout l : {ArLayout::RowBands, ArLayout::Slots, ArLayout::GatheredTiles})
+    for (const auto& pl : ranked)
+      if (!pl.sequential && pl.layout == l) {
+        out.push_back(pl);
+        break;
+      }
+  for (ArLayout l : {ArLayout::Gathered, ArLayout::Pushed, ArLayout::PushedTiles}) {
+    std::vector<int> swizzles_seen;
+    for (const auto& pl : ranked)
+      if (!pl.sequential && pl.layout == l &&
+          std::find(swizzles_seen.begin(), swizzles_seen.end(), pl.sched.swizzle) == swizzles_seen.end()) {
+        swizzles_seen.push_back(pl.sched.swizzle);
+        out.push_back(pl);
+        out.back().fuse_sum = true;
+        out.push_back(pl);
+        out.back().fuse_sum = false;
+      }
+  }
+  for (const auto& pl : ranked)
+    if (pl.sequential) out.push_back(pl);
+  return out;
+}
+
+namespace {
+
+// The fastest of `finalists`, measured (see AllReduceTuning::options_for).
+AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllReducePlan>& finalists, int64_t n,
+                                const void* a, const void* b, void* out) {
+  if (!t.sync_comm) throw InvalidArgument("tune_allreduce: choosing by measurement needs sync_comm");
+  std::vector<std::unique_ptr<OverlapAllReduce>> ops;
+  std::vector<std::function<void()>> fns;
+  for (const auto& pl : finalists) {
+    ops.push_back(std::make_unique<OverlapAllReduce>(t.options_for(pl)));
+    fns.push_back([&, op = ops.back().get()] { op->run(a, b, out, n, t.stream); });
+  }
+  std::vector<double> ms;
+  for (const auto& st : time_collective_interleaved(fns, t.stream, t.sync_comm, 2, t.select_iters))
+    ms.push_back(st.median_ms);
+  FO_CUDA_CHECK(cudaStreamSynchronize(t.stream));
+  for (auto& op : ops) op->check();
+  ms = max_over_ranks(*t.rv, ms);
+  const size_t pick = size_t(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  if (t.selection) {
+    std::ostringstream sel;
+    sel << std::fixed << std::setprecision(3);
+    for (size_t i = 0; i < finalists.size(); ++i)
+      sel << (i ? "; " : "") << (i == pick ? "* " : "") << describe(finalists[i]) << ": " << ms[i]
+          << " ms (predicted " << finalists[i].predicted_ms << ")";
+    *t.selection = sel.str();
+  }
+  return finalists[pick];
+}
+
+}  // namespace
+
 AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
                              void* scratch, double sequential_ms) {
+  if (t.options_for && t.group_sizes.empty()) {  // rank by the model, then measure the finalists
+    std::vector<AllReducePlan> local;
+    AllReduceTuning rank_only = t;
+    rank_only.options_for = nullptr;
+    if (!rank_only.ranked) rank_only.ranked = &local;
+    tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
+    return measure_finalists(t, finalists_of(*rank_only.ranked), n, a, b, scratch);
+  }
   // 1. Candidate schedules and their measured GEMM times (max over ranks).
   // The gathered layout leaves no SM to NCCL (copy engines): one grid only.
   std::vector<Candidate> cands;

@@ -97,8 +97,18 @@ struct AllReduceTuning {
   double comm_slowdown = 1.25;
   double cublas_gemm_ms = 0;  // > 0: the fallback may use cuBLAS when it is faster than ours
   // Optional: every candidate evaluated, fastest predicted first, and the
-  // sequential fallback plan last (for a final choice by measurement).
+  // sequential fallback plan last.
   std::vector<AllReducePlan>* ranked = nullptr;
+  // Optional, the final choice by measurement: the op's options for a plan
+  // (communicators are the caller's). When set (and group_sizes is empty),
+  // tune_allreduce builds an op for each of finalists_of(ranked), times them
+  // in turns on a and b (max over ranks, runs started together through a
+  // one-element AllReduce on sync_comm) and returns the fastest; `selection`
+  // (optional) receives the finalists with their times, the pick starred.
+  std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
+  ncclComm_t sync_comm = nullptr;
+  int select_iters = 6;
+  std::string* selection = nullptr;
 };
 
 struct AllReducePlan {
@@ -120,12 +130,20 @@ std::string describe(const AllReducePlan& p);
 // 2..40 SMs for NCCL; at most `max_count`, spread over that range, fewest first.
 std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 
+// The plans worth measuring among `ranked` (fastest predicted first): the
+// best predicted of each layout; for the gathered and pushed layouts the best
+// per band size, each with the sum in and after the GEMM (the model leaves
+// out where the sum runs and what the band size costs the GEMM's cache
+// reuse); and the sequential fallback.
+std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
+
 // Measures the candidates (GEMM per grid, max over ranks; curves through
 // curve_for), predicts each with the paper's model, searches the groups with
 // the exact DP, and returns the fastest predicted plan, or the sequential
 // fallback when nothing is predicted at least 1% faster than
-// `sequential_ms`. Identical on every rank. a, b, scratch (m x n) are used
-// to time GEMMs.
+// `sequential_ms` (or, with options_for, the fastest finalist measured).
+// Identical on every rank. a, b, scratch (m x n) are used to time GEMMs and
+// the finalists.
 AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
                              void* scratch, double sequential_ms);
 
