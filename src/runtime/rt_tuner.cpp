@@ -175,7 +175,7 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
     fns.push_back([&, op = ops.back().get()] { op->run(a, b, out, n, t.stream); });
   }
   std::vector<double> ms;
-  for (const auto& st : time_collective_interleaved(fns, t.stream, t.sync_comm, 2, t.select_iters))
+  for (const auto& st : time_collective_interleaved(fns, t.stream, t.sync_comm, 3, t.select_iters))
     ms.push_back(st.median_ms);
   FO_CUDA_CHECK(cudaStreamSynchronize(t.stream));
   for (auto& op : ops) op->check();

@@ -107,7 +107,7 @@ struct AllReduceTuning {
   // (optional) receives the finalists with their times, the pick starred.
   std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
   ncclComm_t sync_comm = nullptr;
-  int select_iters = 6;
+  int select_iters = 12;
   std::string* selection = nullptr;
 };
 
