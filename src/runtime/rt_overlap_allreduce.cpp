@@ -9,7 +9,6 @@
 #include "flashoverlap/error.h"
 #include "kernels/reorder.h"
 #include "runtime/rt_checks.h"
-#include "runtime/rt_peer.h"
 
 namespace flashoverlap::rt {
 namespace {
@@ -127,52 +126,6 @@ void OverlapAllReduce::setup_gathered() {
              (opts_.wait == WaitMode::StreamWaitOp || s.ctas < sms);
   group_done_.resize(gather_.size());
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-}
-
-void OverlapAllReduce::setup_pushed() {
-  const plan::Schedule& s = opts_.sched;
-  const ncclComm_t comm = opts_.comm;
-  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "comm");
-  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "comm");
-  const std::string what = "the pushed layout of " + std::to_string(s.m) + "x" + std::to_string(s.n);
-  if (world_ < 2) throw InvalidArgument("OverlapAllReduce: " + what + " needs at least 2 ranks");
-  const bool tiles = opts_.layout == ArLayout::PushedTiles;
-  if (!tiles && s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
-  for (const plan::Group& g : opts_.groups) per_epoch_.push_back(uint32_t(g.tiles()) * uint32_t(world_));
-  setup_blocks(2);
-  const size_t groups = gather_.size();
-  const size_t data_bytes = size_t(2 * gathered_rows_) * gather_width_ * 2;
-  const size_t counters_at = (data_bytes + 255) / 256 * 256;
-  gathered_ = SymmetricBuffer(comm, counters_at + (groups + 1) * sizeof(uint32_t), what);  // +1: the fault sink
-  arrivals_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + counters_at);
-  FO_CUDA_CHECK(cudaMemset(arrivals_, 0, (groups + 1) * sizeof(uint32_t)));
-  const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
-  std::vector<void*> peer_bases;
-  std::vector<uint32_t*> peer_arrivals;
-  for (int r = 0; r < world_; ++r)
-    if (r != gather_rank_) {
-      peer_bases.push_back(at[size_t(r)]);
-      peer_arrivals.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + counters_at));
-    }
-  push_peers_ = DeviceBuffer(peer_bases.size() * sizeof(void*));
-  FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_bases.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
-  peer_arrivals_ = DeviceBuffer(peer_arrivals.size() * sizeof(uint32_t*));
-  FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
-  fuse_ok_ = opts_.fuse_sum && int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
-  // Every rank's counters are zero before any rank's first call counts into them.
-  FO_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaStream_t st = nullptr;
-  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  DeviceBuffer token(sizeof(float));
-  const ncclResult_t r = ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, comm, st);
-  const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
-  cudaStreamDestroy(st);
-  FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(opts_.rank) + ": barrier after setting up " + what);
-  FO_CUDA_CHECK(e);
-}
-
-const char* OverlapAllReduce::pushed_half() const {
-  return static_cast<const char*>(gathered_.get()) + size_t(epoch_ & 1) * gathered_rows_ * gather_width_ * 2;
 }
 
 OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts) {
@@ -377,48 +330,6 @@ void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out
   kernels::sum_gathered_add_rmsnorm(opts_.dtype, src, world_, block, int32_t(gb.rows), s.n, rows_at(norm->residual, s.n),
                                     norm->weight, norm->eps, const_cast<char*>(rows_at(out, s.n)),
                                     const_cast<char*>(rows_at(norm->residual_out, s.n)), stream);
-}
-
-void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
-                                      cudaStream_t stream) {
-  const plan::Schedule& s = opts_.sched;
-  ++epoch_;
-  const size_t groups = gather_.size();
-  const bool tiles = opts_.layout == ArLayout::PushedTiles;
-  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, gathered_.get(), s.n);
-  if (tiles)
-    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = 2 * gathered_rows_;
-  else
-    p.c_rows = 2 * gathered_rows_;
-  p.row_shift = row_shift_.as<int32_t>() + size_t(epoch_ & 1) * (groups + 1);
-  p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
-  p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
-  p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
-  // Tiles + RMSNorm: rows are whole only at the end; sum into the scratch, norm after.
-  void* sum_out = tiles && norm ? slots_.get() : out;
-  const int64_t sum_ld = tiles && norm ? s.n : ld_out;
-  kernels::FusedSum f;  // every group, as soon as all ranks' tiles of it are here
-  f.groups = int32_t(groups), f.table = sum_table_.as<kernels::SumGroup>(), f.ready = arrivals_;
-  f.epoch = epoch_, f.world = world_, f.gathered = pushed_half(), f.tiles = tiles, f.out = sum_out, f.ld_out = sum_ld;
-  f.timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9), f.err = wait_error_;
-  const bool aligned = (reinterpret_cast<uintptr_t>(sum_out) & 15) == 0;
-  const bool in_gemm = fuse_ok_ && aligned && (tiles ? sum_ld % 8 == 0 : !norm && sum_ld == s.n);
-  // Inside the GEMM: all groups but the last, whose tiles are the last to
-  // arrive; its sum is faster on the whole GPU after the GEMM than on the two
-  // warps per SM the GEMM has for it.
-  if (in_gemm) p.sum = f, p.sum.groups = int32_t(groups) - 1;
-  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-  kernels::launch_gemm(p, stream);
-  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
-  if (!norm || tiles)  // one launch on the whole GPU
-    kernels::sum_groups(opts_.dtype, f, s, in_gemm ? int32_t(groups) - 1 : 0, stream);
-  if (!norm) return;
-  if (tiles) {
-    kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm->residual, norm->weight, norm->eps, out,
-                              norm->residual_out, stream);
-    return;
-  }
-  for (size_t g = 0; g < groups; ++g) enqueue_gathered_post(g, out, ld_out, norm, stream);
 }
 
 void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream) {

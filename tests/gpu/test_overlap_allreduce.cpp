@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -22,6 +23,7 @@
 #include "runtime/rt_comm.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_overlap_allreduce.h"
+#include "runtime/rt_tuner.h"
 
 using namespace flashoverlap;
 using kernels::DType;
@@ -339,6 +341,64 @@ TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
   EXPECT_THROW(rt::band_groups(s, {1, 2, 4}), InvalidArgument);  // 7 of 8 bands
   o.comm = nullptr;
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
+}
+
+// Host logic of the final choice: which ranked plans are measured.
+TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerBandSizeAndTheFallback) {
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<rt::AllReducePlan> ranked;
+  const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
+                                             rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed,
+                                             rt::ArLayout::PushedTiles};
+  for (int i = 0; i < 60; ++i) {  // random layouts, swizzles and predictions
+    rt::AllReducePlan p;
+    p.layout = layouts[rng() % layouts.size()];
+    p.sched = sched_for(4096, 8192, 256, 132, 1 << (rng() % 4));
+    p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
+    p.fuse_sum = rng() % 2 == 0;
+    ranked.push_back(p);
+  }
+  std::sort(ranked.begin(), ranked.end(), [](auto& x, auto& y) { return x.predicted_ms < y.predicted_ms; });
+  rt::AllReducePlan seq = ranked.back();
+  seq.sequential = true;
+  ranked.push_back(seq);
+  const std::vector<rt::AllReducePlan> f = rt::finalists_of(ranked);
+  ASSERT_FALSE(f.empty());
+  EXPECT_TRUE(f.back().sequential);
+  EXPECT_EQ(std::count_if(f.begin(), f.end(), [](auto& p) { return p.sequential; }), 1);
+  for (rt::ArLayout l : layouts) {
+    const bool per_swizzle = l == rt::ArLayout::Gathered || rt::is_pushed(l);
+    std::vector<int> swizzles;  // of the ranked plans of l, in rank order, first time seen
+    double best = 1e9;
+    for (const auto& p : ranked)
+      if (!p.sequential && p.layout == l) {
+        best = std::min(best, p.predicted_ms);
+        if (std::find(swizzles.begin(), swizzles.end(), p.sched.swizzle) == swizzles.end())
+          swizzles.push_back(p.sched.swizzle);
+      }
+    std::vector<rt::AllReducePlan> of_l;
+    for (const auto& p : f)
+      if (!p.sequential && p.layout == l) of_l.push_back(p);
+    if (swizzles.empty()) {
+      EXPECT_TRUE(of_l.empty());
+      continue;
+    }
+    if (!per_swizzle) {  // the single best predicted
+      ASSERT_EQ(of_l.size(), 1u) << rt::layout_name(l);
+      EXPECT_EQ(of_l[0].predicted_ms, best);
+      continue;
+    }
+    ASSERT_EQ(of_l.size(), 2 * swizzles.size()) << rt::layout_name(l);
+    for (size_t i = 0; i < swizzles.size(); ++i) {  // best of each band size, sum in and after the GEMM
+      EXPECT_EQ(of_l[2 * i].sched.swizzle, swizzles[i]);
+      EXPECT_TRUE(of_l[2 * i].fuse_sum);
+      EXPECT_FALSE(of_l[2 * i + 1].fuse_sum);
+      double best_sw = 1e9;
+      for (const auto& p : ranked)
+        if (!p.sequential && p.layout == l && p.sched.swizzle == swizzles[i]) best_sw = std::min(best_sw, p.predicted_ms);
+      EXPECT_EQ(of_l[2 * i].predicted_ms, best_sw);
+    }
+  }
 }
 
 }  // namespace
