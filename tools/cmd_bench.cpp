@@ -23,6 +23,7 @@
 
 #include "cli_parse.h"
 #include "commands.h"
+#include "plan/curve_files.h"
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
@@ -55,6 +56,7 @@ struct Options {
   bool rmsnorm = false, json = false, trace = false, select = true;
   int warmup = 5, iters = 20, nproc = 0;
   std::string csv;
+  std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
 };
 
 struct Row {
@@ -107,16 +109,32 @@ struct Context {
     if (!ce) ce = base.split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
     return ce.get();
   }
+  std::string curves_dir, dtype_name;  // curve files (curve_files.h); empty: measured in this run only
+
+  bool all_ranks(bool mine) { return rt::max_over_ranks(*rv, {mine ? 0.0 : 1.0})[0] == 0.0; }
   const plan::BandwidthCurve& gather() {
     if (!gather_curve)
-      gather_curve = rt::measure_gather_curve(*rv, ce_comm(), dtype, stream, 256.0 * (1 << 20), 5, info.name);
+      gather_curve = plan::cached_curve(
+          curves_dir.empty() ? "" : plan::allgather_curve_file(curves_dir, rv->world(), dtype_name), plan::Collective::AllGather,
+          info.name, rv->world(), rv->rank() == 0, [this](bool m) { return all_ranks(m); },
+          [&] { return rt::measure_gather_curve(*rv, ce_comm(), dtype, stream, 256.0 * (1 << 20), 5, info.name); },
+          std::cerr);
     return *gather_curve;
   }
   const plan::BandwidthCurve& curve_for(int ctas) {
     auto it = curves.find(ctas);
     if (it == curves.end())
-      it = curves.emplace(ctas, rt::measure_allreduce_curve(*rv, comm_for(ctas), dtype, stream, 256.0 * (1 << 20),
-                                                            5, info.name))
+      it = curves
+               .emplace(ctas,
+                        plan::cached_curve(
+                            curves_dir.empty() ? "" : plan::allreduce_curve_file(curves_dir, ctas, rv->world(), dtype_name),
+                            plan::Collective::AllReduce, info.name, rv->world(), rv->rank() == 0,
+                            [this](bool m) { return all_ranks(m); },
+                            [&] {
+                              return rt::measure_allreduce_curve(*rv, comm_for(ctas), dtype, stream,
+                                                                 256.0 * (1 << 20), 5, info.name);
+                            },
+                            std::cerr))
                .first;
     return it->second;
   }
@@ -324,6 +342,8 @@ int run(const Options& o) {
                           " GPUs are visible");
   FO_CUDA_CHECK(cudaSetDevice(cx.env.local_rank));
   cx.dtype = o.dtype == "fp16" ? kernels::DType::FP16 : kernels::DType::BF16;
+  cx.dtype_name = o.dtype;
+  cx.curves_dir = o.curves;
   cx.info = rt::device_info(cx.env.local_rank);
   kernels::preload_kernels();
   cx.rv = std::make_unique<rt::Rendezvous>(cx.env);
@@ -420,6 +440,11 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str();
   cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--csv", o->csv, "Append rows to this CSV file");
+  cmd->add_option("--curves", o->curves,
+                  "Directory of measured bandwidth curves (written by `tune --curves DIR`): curves found there for "
+                  "this GPU and world size are used, missing ones are measured and saved there; default: "
+                  "$FLASHOVERLAP_CURVES, else measured in each run")
+      ->envname("FLASHOVERLAP_CURVES");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
   cmd->add_flag("--trace", o->trace, "Print rank 0's timeline of the last overlapped call");
   cmd->add_flag("!--no-select", o->select,

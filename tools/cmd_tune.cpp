@@ -1,14 +1,18 @@
-// flashoverlap tune — measures the AllReduce bandwidth curve on this machine
-// (all local GPUs, one process each) and saves it as JSON, the input of
-// `flashoverlap plan --curve FILE`. Optionally with NCCL limited to --ctas CTAs
-// (the budget the overlap leaves it).
+// flashoverlap tune — measures a bandwidth curve on this machine (all local
+// GPUs, one process each) and saves it as JSON: the AllReduce curve
+// (optionally with NCCL limited to --ctas CTAs, the budget the overlap leaves
+// it; input of `plan --curve FILE`) or the copy-engine AllGather curve of the
+// gathered layouts. With --curves DIR it goes where `bench --curves DIR`
+// looks for it (curve_files.h).
 #include <cuda_runtime_api.h>
 
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
 
 #include "commands.h"
+#include "plan/curve_files.h"
 #include "flashoverlap/error.h"
 #include "kernels/gemm.h"
 #include "runtime/bootstrap.h"
@@ -21,7 +25,7 @@ namespace {
 
 struct Options {
   std::string op = "allreduce";
-  std::string curve;
+  std::string curve, curves;
   std::string dtype = "bf16";
   int ctas = 0;
   double max_mib = 256;
@@ -29,9 +33,13 @@ struct Options {
 };
 
 int run(const Options& o) {
-  if (o.op != "allreduce") throw InvalidArgument("tune --op " + o.op + ": only allreduce curves are measured so far");
-  if (o.curve.empty()) throw InvalidArgument("tune needs --curve FILE (where to save the curve)");
+  if (o.op != "allreduce" && o.op != "allgather")
+    throw InvalidArgument("tune --op " + o.op + ": allreduce or allgather (copy engines) curves are measured so far");
+  if (o.curve.empty() == o.curves.empty())
+    throw InvalidArgument("tune needs one of --curve FILE or --curves DIR (where to save the curve)");
   if (o.max_mib < 1) throw InvalidArgument("--max-mib must be >= 1");
+  if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
+  if (o.op == "allgather" && o.ctas > 0) throw InvalidArgument("--ctas: the AllGather curve runs on the copy engines");
   const int gpus = rt::hopper_device_count();
   if (gpus < 1) {
     std::cerr << "tune: no Hopper (sm_90) GPU found on this machine; nothing to measure.\n";
@@ -42,21 +50,31 @@ int run(const Options& o) {
   rt::Rendezvous rv(env);
   rt::Communicator base = rt::Communicator::create(rv);
   rt::Communicator limited;
-  if (o.ctas > 0) limited = base.split({o.ctas, o.ctas, 1});
+  if (o.op == "allgather") limited = base.split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
+  else if (o.ctas > 0) limited = base.split({o.ctas, o.ctas, 1});
   cudaStream_t stream;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const rt::DeviceInfo info = rt::device_info(env.local_rank);
   const auto dt = o.dtype == "fp16" ? kernels::DType::FP16 : kernels::DType::BF16;
-  const plan::BandwidthCurve curve = rt::measure_allreduce_curve(
-      rv, o.ctas > 0 ? limited.get() : base.get(), dt, stream, o.max_mib * (1 << 20), o.iters, info.name);
+  const ncclComm_t comm = limited ? limited.get() : base.get();
+  const double max_bytes = o.max_mib * (1 << 20);
+  const plan::BandwidthCurve curve =
+      o.op == "allgather" ? rt::measure_gather_curve(rv, comm, dt, stream, max_bytes, o.iters, info.name)
+                          : rt::measure_allreduce_curve(rv, comm, dt, stream, max_bytes, o.iters, info.name);
   if (rv.rank() == 0) {
-    curve.save(o.curve);
-    std::cout << "AllReduce curve, " << rv.world() << " ranks, NCCL " << (o.ctas > 0 ? std::to_string(o.ctas) : "default")
-              << " CTAs (" << info.summary() << "):\n";
+    const std::string path = !o.curve.empty()       ? o.curve
+                             : o.op == "allgather" ? plan::allgather_curve_file(o.curves, rv.world(), o.dtype)
+                                                   : plan::allreduce_curve_file(o.curves, o.ctas, rv.world(), o.dtype);
+    if (!o.curves.empty()) std::filesystem::create_directories(o.curves);
+    curve.save(path);
+    std::cout << (o.op == "allgather" ? "AllGather (copy engines, bytes per rank)" : "AllReduce") << " curve, "
+              << rv.world() << " ranks"
+              << (o.op == "allgather" ? "" : ", NCCL " + (o.ctas > 0 ? std::to_string(o.ctas) : "default") + " CTAs")
+              << " (" << info.summary() << "):\n";
     for (const auto& s : curve.samples())
       std::cout << "  " << std::setw(12) << std::fixed << std::setprecision(0) << s.bytes << " B  " << std::setprecision(4)
                 << s.ms << " ms  " << std::setprecision(1) << s.bytes / s.ms / 1e6 << " GB/s\n";
-    std::cout << "saved to " << o.curve << "\n";
+    std::cout << "saved to " << path << "\n";
   }
   cudaStreamDestroy(stream);
   return 0;
@@ -66,9 +84,13 @@ int run(const Options& o) {
 
 void add_tune_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("tune", "Measure this machine's AllReduce bandwidth curve (all local GPUs)");
-  cmd->add_option("--op", o->op, "allreduce")->capture_default_str();
-  cmd->add_option("--curve", o->curve, "Save the curve to this JSON file (input of `plan --curve`)")->required();
+  CLI::App* cmd = app.add_subcommand(
+      "tune", "Measure this machine's bandwidth curves (all local GPUs): what the tuner predicts overlap with");
+  cmd->add_option("--op", o->op, "allreduce (NCCL on SMs) or allgather (copy engines, the gathered layouts)")
+      ->capture_default_str();
+  cmd->add_option("--curve", o->curve, "Save the curve to this JSON file (input of `plan --curve`)");
+  cmd->add_option("--curves", o->curves,
+                  "Save it under its standard name in this directory, where `bench --curves DIR` finds it");
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--ctas", o->ctas, "Limit NCCL to this many CTAs (0: NCCL's default)")->capture_default_str();
   cmd->add_option("--max-mib", o->max_mib, "Largest message in MiB")->capture_default_str();

@@ -1,0 +1,34 @@
+// curve_files.h — measured bandwidth curves kept between runs, one JSON file
+// per curve in a directory (`tune --curves DIR` writes them, `bench --curves
+// DIR` reads them and measures only what is missing):
+//   DIR/allreduce-ctas<N|default>-w<world>-<dtype>.json  (NCCL on SMs)
+//   DIR/allgather-ce-w<world>-<dtype>.json               (copy engines)
+#pragma once
+#include <functional>
+#include <iosfwd>
+#include <optional>
+#include <string>
+
+#include "plan/latency_model.h"
+
+namespace flashoverlap::plan {
+
+// ctas <= 0: NCCL's default CTAs.
+std::string allreduce_curve_file(const std::string& dir, int ctas, int world, const std::string& dtype);
+std::string allgather_curve_file(const std::string& dir, int world, const std::string& dtype);
+
+// The curve in `path` when the file exists and holds a curve of `op`
+// measured on a `gpu` with `world` ranks; otherwise nullopt, with the reason
+// on `log` if the file exists but does not fit (or cannot be read).
+std::optional<BandwidthCurve> load_fitting_curve(const std::string& path, Collective op,
+                                                       const std::string& gpu, int world, std::ostream& log);
+
+// The curve from `path` if it fits on every rank (all_ranks(mine) tells
+// whether every rank's answer was true: the measurement is collective, so
+// all ranks must take the same branch), else measure(), saved to `path` when
+// `save` (rank 0's job). An empty path always measures and saves nothing.
+BandwidthCurve cached_curve(const std::string& path, Collective op, const std::string& gpu, int world,
+                                  bool save, const std::function<bool(bool)>& all_ranks,
+                                  const std::function<BandwidthCurve()>& measure, std::ostream& log);
+
+}  // namespace flashoverlap::plan
