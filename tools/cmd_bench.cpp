@@ -112,11 +112,19 @@ struct Context {
   std::string curves_dir, dtype_name;  // curve files (curve_files.h); empty: measured in this run only
 
   bool all_ranks(bool mine) { return rt::max_over_ranks(*rv, {mine ? 0.0 : 1.0})[0] == 0.0; }
+  plan::RankAgreement agreement() {
+    return {[this](bool m) { return all_ranks(m); },
+            [this](const std::string& text) {
+              const auto bytes =
+                  rv->broadcast(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+              return std::string(bytes.begin(), bytes.end());
+            }};
+  }
   const plan::BandwidthCurve& gather() {
     if (!gather_curve)
       gather_curve = plan::cached_curve(
           curves_dir.empty() ? "" : plan::allgather_curve_file(curves_dir, rv->world(), dtype_name), plan::Collective::AllGather,
-          info.name, rv->world(), rv->rank() == 0, [this](bool m) { return all_ranks(m); },
+          info.name, rv->world(), rv->rank() == 0, agreement(),
           [&] { return rt::measure_gather_curve(*rv, ce_comm(), dtype, stream, 256.0 * (1 << 20), 5, info.name); },
           std::cerr);
     return *gather_curve;
@@ -128,8 +136,7 @@ struct Context {
                .emplace(ctas,
                         plan::cached_curve(
                             curves_dir.empty() ? "" : plan::allreduce_curve_file(curves_dir, ctas, rv->world(), dtype_name),
-                            plan::Collective::AllReduce, info.name, rv->world(), rv->rank() == 0,
-                            [this](bool m) { return all_ranks(m); },
+                            plan::Collective::AllReduce, info.name, rv->world(), rv->rank() == 0, agreement(),
                             [&] {
                               return rt::measure_allreduce_curve(*rv, comm_for(ctas), dtype, stream,
                                                                  256.0 * (1 << 20), 5, info.name);
@@ -180,7 +187,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.layout == "gathered-tiles") tuning.layouts = {rt::ArLayout::GatheredTiles};
   if (o.layout == "pushed") tuning.layouts = {rt::ArLayout::Pushed};
   if (o.layout == "pushed-tiles") tuning.layouts = {rt::ArLayout::PushedTiles};
-  tuning.push_reachable = world > 1 && rt::all_ranks_reachable(base);
+  tuning.push_reachable = world > 1 && cx.all_ranks(rt::all_ranks_reachable(base));  // the same answer everywhere
   if (o.layout == "auto" || o.layout == "gathered" || o.layout == "gathered-tiles")
     tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };
   tuning.world = world;

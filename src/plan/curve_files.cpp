@@ -18,9 +18,10 @@ std::string allgather_curve_file(const std::string& dir, int world, const std::s
   return dir + "/allgather-ce-w" + std::to_string(world) + "-" + dtype + ".json";
 }
 
-std::optional<BandwidthCurve> load_fitting_curve(const std::string& path, Collective op,
-                                                       const std::string& gpu, int world, std::ostream& log) {
-  if (path.empty() || !std::filesystem::exists(path)) return std::nullopt;
+std::optional<BandwidthCurve> load_fitting_curve(const std::string& path, Collective op, const std::string& gpu,
+                                                 int world, std::ostream& log) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::exists(path, ec)) return std::nullopt;
   try {
     BandwidthCurve c = BandwidthCurve::load(path);
     std::string why;
@@ -35,15 +36,21 @@ std::optional<BandwidthCurve> load_fitting_curve(const std::string& path, Collec
   return std::nullopt;
 }
 
-BandwidthCurve cached_curve(const std::string& path, Collective op, const std::string& gpu, int world,
-                                  bool save, const std::function<bool(bool)>& all_ranks,
-                                  const std::function<BandwidthCurve()>& measure, std::ostream& log) {
-  std::optional<BandwidthCurve> mine = load_fitting_curve(path, op, gpu, world, log);
-  if (all_ranks(mine.has_value())) return *mine;
+BandwidthCurve cached_curve(const std::string& path, Collective op, const std::string& gpu, int world, bool save,
+                            const RankAgreement& ranks, const std::function<BandwidthCurve()>& measure,
+                            std::ostream& log) {
+  const std::optional<BandwidthCurve> mine = load_fitting_curve(path, op, gpu, world, log);
+  if (ranks.all_ranks(mine.has_value()))
+    return BandwidthCurve::from_json(nlohmann::json::parse(ranks.from_rank0(mine->to_json().dump())),
+                                     "rank 0's " + path);
   BandwidthCurve c = measure();
   if (save && !path.empty()) {
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    c.save(path);
+    try {
+      std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+      c.save(path);
+    } catch (const std::exception& e) {
+      log << "curve not saved to " << path << ": " << e.what() << "\n";
+    }
   }
   return c;
 }

@@ -23,12 +23,20 @@ std::string allgather_curve_file(const std::string& dir, int world, const std::s
 std::optional<BandwidthCurve> load_fitting_curve(const std::string& path, Collective op,
                                                        const std::string& gpu, int world, std::ostream& log);
 
-// The curve from `path` if it fits on every rank (all_ranks(mine) tells
-// whether every rank's answer was true: the measurement is collective, so
-// all ranks must take the same branch), else measure(), saved to `path` when
-// `save` (rank 0's job). An empty path always measures and saves nothing.
-BandwidthCurve cached_curve(const std::string& path, Collective op, const std::string& gpu, int world,
-                                  bool save, const std::function<bool(bool)>& all_ranks,
-                                  const std::function<BandwidthCurve()>& measure, std::ostream& log);
+// How ranks agree: all_ranks(mine) is true when every rank's answer is
+// true; from_rank0(text) returns rank 0's text on every rank.
+struct RankAgreement {
+  std::function<bool(bool)> all_ranks;
+  std::function<std::string(const std::string&)> from_rank0;
+};
+
+// Rank 0's curve from `path` when the file fits on every rank (the
+// measurement is collective, so all ranks must take the same branch, and they
+// must plan with the same curve even if their files differ), else measure(),
+// saved to `path` when `save` (rank 0's job; a failed save is reported on
+// `log`, not thrown). An empty path always measures and saves nothing.
+BandwidthCurve cached_curve(const std::string& path, Collective op, const std::string& gpu, int world, bool save,
+                            const RankAgreement& ranks, const std::function<BandwidthCurve()>& measure,
+                            std::ostream& log);
 
 }  // namespace flashoverlap::plan

@@ -122,7 +122,8 @@ void OverlapAllReduce::setup_gathered() {
   int dev = 0, sms = 0;
   FO_CUDA_CHECK(cudaGetDevice(&dev));
   FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 && int64_t(s.m) * s.n < INT32_MAX &&
+  fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 &&
+             int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX &&
              (opts_.wait == WaitMode::StreamWaitOp || s.ctas < sms);
   group_done_.resize(gather_.size());
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -174,6 +175,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   FO_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&gemm_launched_, cudaEventDisableTiming));
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&call_done_, cudaEventDisableTiming));
   if (opts_.wait == WaitMode::StreamWaitOp) stream_wait_fn();
   if (opts_.fallback_cublas) {
     if (!sequential()) throw InvalidArgument("OverlapAllReduce: fallback_cublas needs the sequential plan (one group)");
@@ -214,11 +216,13 @@ std::string OverlapAllReduce::describe_groups() const {
 }
 
 OverlapAllReduce::~OverlapAllReduce() {
+  if (called_) cudaEventSynchronize(call_done_);
   if (comm_stream_) cudaStreamSynchronize(comm_stream_);
   for (auto e : trace_) cudaEventDestroy(e);
   for (auto e : group_done_) cudaEventDestroy(e);
   if (gemm_launched_) cudaEventDestroy(gemm_launched_);
   if (comm_done_) cudaEventDestroy(comm_done_);
+  if (call_done_) cudaEventDestroy(call_done_);
   if (comm_stream_) cudaStreamDestroy(comm_stream_);
   if (wait_error_) cudaFreeHost(wait_error_);
 }
@@ -348,6 +352,19 @@ void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, voi
 }
 
 void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
+  enqueue_run(a, b, out, ld_out, stream);
+  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
+  called_ = true;
+}
+
+void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
+                                   cudaStream_t stream) {
+  enqueue_run_rmsnorm(a, b, norm, out, stream);
+  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
+  called_ = true;
+}
+
+void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
@@ -390,8 +407,8 @@ void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_o
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, ld_out * 2, c, s.n * 2, s.n * 2, s.m, cudaMemcpyDeviceToDevice, stream));
 }
 
-void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
-                                   cudaStream_t stream) {
+void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
+                                           cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
   if (is_pushed(opts_.layout) && !sequential()) {

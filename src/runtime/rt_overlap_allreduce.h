@@ -139,6 +139,8 @@ class OverlapAllReduce {
   void run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream);
   // out = RMSNorm(AllReduce(A B^T) + residual) * weight, rows of n (ld = n).
   void run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out, cudaStream_t stream);
+  // (The destructor waits for the last call's work on the caller's stream:
+  // the pushed layouts' peers may still be storing into this op's buffer.)
 
   // Throws Error naming rank, group, counter and expected value if a wait of
   // an earlier call timed out. Call after synchronising the stream.
@@ -166,6 +168,8 @@ class OverlapAllReduce {
     bool tail_allreduce = false;
     bool sum_in_gemm = true;  // else the caller sums groups but the last after the GEMM
   };
+  void enqueue_run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream);
+  void enqueue_run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out, cudaStream_t stream);
   void enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream, const FusedOut* fused = nullptr);
   void enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream);
   // Sequential fallback: row-major C = A B^T (n per row) on the caller's stream.
@@ -211,6 +215,8 @@ class OverlapAllReduce {
   kernels::WaitError* wait_error_ = nullptr;  // host-mapped
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t gemm_launched_ = nullptr, comm_done_ = nullptr;
+  cudaEvent_t call_done_ = nullptr;  // end of the last call on the caller's stream
+  bool called_ = false;
   uint32_t epoch_ = 0;
   // trace: [0] GEMM start, [1] GEMM end, then per group wait end, comm end
   std::vector<cudaEvent_t> trace_;

@@ -19,7 +19,9 @@ void OverlapAllReduce::setup_pushed() {
   FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "comm");
   FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "comm");
   const std::string what = "the pushed layout of " + std::to_string(s.m) + "x" + std::to_string(s.n);
-  if (world_ < 2) throw InvalidArgument("OverlapAllReduce: " + what + " needs at least 2 ranks");
+  if (world_ < 2 || world_ > 8)
+    throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 to 8 ranks (the GEMM copies to at most 7 peers), not " +
+                          std::to_string(world_));
   const bool tiles = opts_.layout == ArLayout::PushedTiles;
   if (!tiles && s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
   for (const plan::Group& g : opts_.groups) per_epoch_.push_back(uint32_t(g.tiles()) * uint32_t(world_));
@@ -33,6 +35,9 @@ void OverlapAllReduce::setup_pushed() {
   const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
   std::vector<void*> peer_bases;
   std::vector<uint32_t*> peer_arrivals;
+  for (int r = 0; r < world_; ++r)
+    if (!at[size_t(r)]) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " +
+                                    std::to_string(r) + "'s copy of " + what);
   for (int r = 0; r < world_; ++r)
     if (r != gather_rank_) {
       peer_bases.push_back(at[size_t(r)]);

@@ -27,7 +27,20 @@ __global__ void peer_pointers_kernel(ncclWindow_t win, int world, void** out) {
 bool all_ranks_reachable(ncclComm_t comm) {
   int world = 0;
   FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), "all_ranks_reachable");
-  return ncclTeamLsa(comm).nRanks == world;
+  if (ncclTeamLsa(comm).nRanks != world) return false;
+  // NCCL's load/store team also admits PCIe P2P peers, where system-scope
+  // atomics on peer memory are not native: with other GPUs visible, ask for
+  // native atomics with each of them (conservative: any visible GPU counts).
+  int dev = 0, devices = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&dev));
+  FO_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  for (int d = 0; d < devices; ++d) {
+    if (d == dev) continue;
+    int atomics = 0;
+    FO_CUDA_CHECK(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, dev, d));
+    if (!atomics) return false;
+  }
+  return true;
 }
 
 std::vector<void*> window_peer_pointers(ncclComm_t comm, ncclWindow_t win, int world) {

@@ -15,8 +15,12 @@ namespace flashoverlap::rt {
 // NCCL has no device API.
 std::vector<void*> window_peer_pointers(ncclComm_t comm, ncclWindow_t win, int world);
 
-// Whether every rank of `comm` is load/store accessible from this GPU (what
-// the pushed layout needs); false without NCCL's device API.
+// Whether every rank of `comm` is load/store accessible from this GPU with
+// native atomics (what the pushed layout needs): NCCL's load/store team is
+// the whole communicator and, where other GPUs are visible to this process,
+// each of them supports native P2P atomics with this one (NVLink). With a
+// single visible GPU per process only NCCL's answer is available. False
+// without NCCL's device API. Per rank: combine the ranks' answers.
 bool all_ranks_reachable(ncclComm_t comm);
 
 }  // namespace flashoverlap::rt

@@ -178,8 +178,17 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
   for (const auto& st : time_collective_interleaved(fns, t.stream, t.sync_comm, 3, t.select_iters))
     ms.push_back(st.median_ms);
   FO_CUDA_CHECK(cudaStreamSynchronize(t.stream));
-  for (auto& op : ops) op->check();
+  std::string failure;  // every rank throws if any failed (none may be left waiting in max_over_ranks)
+  for (auto& op : ops) try {
+      op->check();
+    } catch (const Error& e) {
+      if (failure.empty()) failure = e.what();
+    }
+  ms.push_back(failure.empty() ? 0.0 : 1.0);
   ms = max_over_ranks(*t.rv, ms);
+  if (ms.back() != 0.0)
+    throw Error("choosing the plan by measurement failed: " + (failure.empty() ? "on another rank" : failure));
+  ms.pop_back();
   const size_t pick = size_t(std::min_element(ms.begin(), ms.end()) - ms.begin());
   if (t.selection) {
     std::ostringstream sel;
@@ -213,7 +222,8 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const int32_t tiles_m = int32_t((m + tile.bm - 1) / tile.bm);
     for (ArLayout layout : t.layouts) {
       if (is_gathered(layout) && !t.gather_curve) continue;
-      if (is_pushed(layout) && (!t.push_reachable || t.world < 2 || (layout == ArLayout::Pushed && n % 8 != 0)))
+      if (is_pushed(layout) &&
+          (!t.push_reachable || t.world < 2 || t.world > 8 || (layout == ArLayout::Pushed && n % 8 != 0)))
         continue;
       const std::vector<int> reserves = is_pushed(layout) ? std::vector<int>{0}  // no waiter, no NCCL
                                         : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}
@@ -270,6 +280,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         if (std::accumulate(part.begin(), part.end(), 0) != units) continue;
       }
       c.plan.groups = tiles ? plan::make_groups(s, part) : band_groups(s, part);
+      if (c.plan.groups.size() < 2) continue;  // one group would run the sequential fallback
       const plan::Group& last = c.plan.groups.back();
       const double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
                                      : double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
@@ -332,7 +343,12 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
   if (t.ranked)
     std::stable_sort(t.ranked->begin(), t.ranked->end(),
                      [](const AllReducePlan& x, const AllReducePlan& y) { return x.predicted_ms < y.predicted_ms; });
-  if (!best) throw InvalidArgument("group sizes " + t.group_sizes + " fit none of the candidate schedules");
+  if (!best && !t.group_sizes.empty())
+    throw InvalidArgument("group sizes " + t.group_sizes + " fit none of the candidate schedules");
+  if (!best)
+    throw InvalidArgument("no candidate plan for the layouts asked (the gathered layouts need the AllGather curve; "
+                          "the pushed ones 2-8 ranks that reach each other's memory over NVLink, and row bands "
+                          "of at least 2 groups)");
   if (t.group_sizes.empty() && (t.ranked || best->predicted_ms >= sequential_ms * 0.99)) {
     // Sequential fallback: our GEMM on every SM with its fastest tile.
     std::vector<plan::Schedule> full;

@@ -75,7 +75,7 @@ TEST(PlanCurveFiles, MeasuresUnlessEveryRankHasTheFileAndSavesWhenAsked) {
     return measured;
   };
   std::ostringstream log;
-  auto everyone = [](bool mine) { return mine; };
+  const fo::RankAgreement everyone{[](bool mine) { return mine; }, [](const std::string& t) { return t; }};
   // Missing: measured, and saved by the rank that saves.
   expect_same(fo::cached_curve(path, fo::Collective::AllGather, "NVIDIA H200", 2, false, everyone, measure, log),
               measured);
@@ -89,10 +89,23 @@ TEST(PlanCurveFiles, MeasuresUnlessEveryRankHasTheFileAndSavesWhenAsked) {
               measured);
   EXPECT_EQ(measures, 2);
   // Present here but missing on another rank: all ranks measure together.
-  auto another_lacks_it = [](bool) { return false; };
+  const fo::RankAgreement another_lacks_it{[](bool) { return false; }, [](const std::string& t) { return t; }};
   fo::cached_curve(path, fo::Collective::AllGather, "NVIDIA H200", 2, false, another_lacks_it, measure, log);
   EXPECT_EQ(measures, 3);
+  // Every rank has a fitting file: every rank plans with rank 0's curve.
+  const fo::BandwidthCurve rank0 = random_curve(fo::Collective::AllGather, 2, "NVIDIA H200", rng);
+  const fo::RankAgreement rank0_differs{[](bool mine) { return mine; },
+                                        [&](const std::string&) { return rank0.to_json().dump(); }};
+  expect_same(fo::cached_curve(path, fo::Collective::AllGather, "NVIDIA H200", 2, false, rank0_differs, measure, log),
+              rank0);
+  EXPECT_EQ(measures, 3);
+  // A directory that cannot be written: measured, reported, not thrown.
+  const std::string blocked = dir.write("a_file", "x") + "/c.json";
+  std::ostringstream log2;
+  fo::cached_curve(blocked, fo::Collective::AllGather, "NVIDIA H200", 2, true, everyone, measure, log2);
+  EXPECT_EQ(measures, 4);
+  EXPECT_NE(log2.str().find("not saved"), std::string::npos) << log2.str();
   // No directory given: always measured, nothing written.
   fo::cached_curve("", fo::Collective::AllGather, "NVIDIA H200", 2, true, everyone, measure, log);
-  EXPECT_EQ(measures, 4);
+  EXPECT_EQ(measures, 5);
 }
