@@ -281,6 +281,58 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
   EXPECT_LT(secs, 30.0);
 }
 
+// Back-to-back calls with no host sync between them, one rank held back
+// before every other call by extra work on its stream: each call's output
+// must still be exactly our GEMM + one ncclAllReduce of that call's inputs
+// (the two halves of the pushed buffer keep a fast rank's next call from
+// overwriting blocks a slow rank is still summing).
+TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
+  REQUIRE_TWO_GPUS();
+  const uint64_t seed = fresh_seed();
+  for (const rt::ArLayout layout : {rt::ArLayout::Pushed, rt::ArLayout::PushedTiles}) {
+    on_each_rank([&](int rank, ncclComm_t comm) {
+      const int m = 2048, n = 4096, k = 1024, calls = 8;
+      std::mt19937_64 rng(seed);  // the same schedule on both ranks
+      const plan::Schedule s = sched_for(m, n, 256, 132, 1 << int(rng() % 3));
+      const bool tiles = layout == rt::ArLayout::PushedTiles;
+      rt::OverlapAllReduceOptions o;
+      o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank;
+      o.groups = tiles ? plan::make_groups(s, plan::Partition(size_t(s.waves()), 1))
+                       : rt::band_groups(s, std::vector<int>(size_t(rt::band_count(s)), 1));
+      ASSERT_GE(o.groups.size(), 2u);
+      rt::OverlapAllReduce op(o);
+      ASSERT_FALSE(op.sequential());
+      cudaStream_t st;
+      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      const int64_t busy_elems = int64_t(256) << 20;  // 512 MiB: ~0.2 ms of writes
+      DeviceBuffer b(size_t(n) * k * 2), ref(size_t(m) * n * 2), busy(size_t(busy_elems) * 2);
+      std::vector<DeviceBuffer> as, outs;
+      kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, seed + 1 + rank, -1.f, 1.f, st);
+      for (int c = 0; c < calls; ++c) {
+        as.emplace_back(size_t(m) * k * 2);
+        outs.emplace_back(size_t(m) * n * 2);
+        kernels::fill_random(DType::BF16, as.back().get(), int64_t(m) * k, seed + 100 * c + 7 * rank, -1.f, 1.f, st);
+        kernels::poison(outs.back().get(), int64_t(m) * n, st);
+      }
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      for (int c = 0; c < calls; ++c) {
+        if (rank == 1 && c % 2 == 0) kernels::fill_random(DType::BF16, busy.get(), busy_elems, c, -1.f, 1.f, st);
+        op.run(as[c].get(), b.get(), outs[c].get(), n, st);
+      }
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      op.check();
+      for (int c = 0; c < calls; ++c) {
+        kernels::poison(ref.get(), int64_t(m) * n, st);
+        rt::sequential_ours_allreduce(DType::BF16, as[c].get(), b.get(), ref.get(), s, k, comm, st);
+        const auto r = kernels::compare(DType::BF16, outs[c].get(), n, ref.get(), n, m, n, st);
+        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " rank " << rank << " call " << c << " seed " << seed;
+        EXPECT_EQ(r.nan_count, 0);
+      }
+      cudaStreamDestroy(st);
+    });
+  }
+}
+
 // Pushed: a group whose tiles never arrive fails inside the GEMM's sum (and
 // in the waits before the sums after it) with the arrival counter, not a hang.
 TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
