@@ -65,6 +65,9 @@ struct FusedSum {
 // TMA unit for the length of the NVLink transfer and starve the GEMM's
 // loads), and once the tile is complete everywhere, 1 is added with release
 // at system scope to its group's arrival counter on this GPU and every peer.
+// The copies are not clipped to the buffer's rows (TMA stores are, at
+// c_rows): every tile's rows, after row_shift, must lie inside the peers'
+// buffers (OverlapAllReduce pads each block to whole tiles).
 struct Push {
   int32_t peers = 0;                          // 0: off
   void* const* peer_c = nullptr;              // device: [peers] the peers' copies of C (same ldc)
