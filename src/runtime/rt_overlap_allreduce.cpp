@@ -242,12 +242,8 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   const size_t groups = opts_.groups.size();
   if (opts_.layout == ArLayout::Gathered) {
     p.c = gathered_.get(), p.c_rows = gathered_rows_, p.row_shift = row_shift_.as<int32_t>();
-    if (fused && fused->sum_in_gemm) {
-      kernels::FusedSum& f = p.sum;
-      f.groups = int32_t(groups) - 1, f.table = sum_table_.as<kernels::SumGroup>(), f.ready = ready_.as<uint32_t>();
-      f.epoch = epoch_, f.world = world_, f.gathered = gathered_.get(), f.out = fused->out, f.ld_out = fused->ld_out;
-      f.timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9), f.err = wait_error_;
-    }
+    if (fused && fused->sum_in_gemm)
+      p.sum = fused_sum(int32_t(groups) - 1, ready_.as<uint32_t>(), gathered_.get(), fused->out, fused->ld_out);
   }
   if (opts_.layout == ArLayout::GatheredTiles)
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
@@ -262,8 +258,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     const uint32_t target = epoch_ * target_[g];  // wraps; the compare is cyclic
     uint32_t* counter = counters_.as<uint32_t>() + g;
     if (opts_.wait == WaitMode::SpinKernel) {
-      const uint64_t timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9);
-      kernels::launch_wait_counter(counter, target, timeout_ns, wait_error_, int32_t(g), comm_stream_);
+      kernels::launch_wait_counter(counter, target, timeout_ns(), wait_error_, int32_t(g), comm_stream_);
     } else {
       CUresult r = stream_wait_fn()(reinterpret_cast<CUstream>(comm_stream_), reinterpret_cast<CUdeviceptr>(counter),
                                     target, CU_STREAM_WAIT_VALUE_GEQ);
@@ -306,14 +301,21 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   FO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
 }
 
+kernels::FusedSum OverlapAllReduce::fused_sum(int32_t groups, const uint32_t* ready, const void* gathered, void* out,
+                                              int64_t ld_out) const {
+  kernels::FusedSum f;
+  f.groups = groups, f.table = sum_table_.as<kernels::SumGroup>(), f.ready = ready, f.epoch = epoch_, f.world = world_;
+  f.gathered = gathered, f.out = out, f.ld_out = ld_out, f.timeout_ns = timeout_ns(), f.err = wait_error_;
+  return f;
+}
+
 void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out, const RmsNormArgs* norm,
                                              cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   const GatherBlock& gb = gather_[g];
   const bool pushed = is_pushed(opts_.layout);
   if (pushed)  // every rank's tiles of g are here (the GEMM before it on this stream pushed ours)
-    kernels::launch_wait_counter(arrivals_ + g, epoch_ * per_epoch_[g], uint64_t(opts_.wait_timeout_s * 1e9),
-                                 wait_error_, int32_t(g), stream);
+    kernels::launch_wait_counter(arrivals_ + g, epoch_ * per_epoch_[g], timeout_ns(), wait_error_, int32_t(g), stream);
   else
     FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[g], 0));
   const char* src = (pushed ? pushed_half() : static_cast<const char*>(gathered_.get())) + gb.block0 * gather_width_ * 2;

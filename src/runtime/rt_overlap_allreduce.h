@@ -184,6 +184,11 @@ class OverlapAllReduce {
   void enqueue_pushed(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
                       cudaStream_t stream);
   const char* pushed_half() const;  // this call's half of the pushed buffer
+  // The sum of groups 0..groups-1 of this call (epoch), summed from
+  // `gathered` into `out` once ready[g] says they arrived.
+  kernels::FusedSum fused_sum(int32_t groups, const uint32_t* ready, const void* gathered, void* out,
+                              int64_t ld_out) const;
+  uint64_t timeout_ns() const { return uint64_t(opts_.wait_timeout_s * 1e9); }
 
   // Gathered layout: C rows [row0, row0+rows) of group g; every rank's block
   // holds pad_rows (rows rounded up to whole tiles: TMA stores full tiles),

@@ -82,10 +82,9 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   // Tiles + RMSNorm: rows are whole only at the end; sum into the scratch, norm after.
   void* sum_out = tiles && norm ? slots_.get() : out;
   const int64_t sum_ld = tiles && norm ? s.n : ld_out;
-  kernels::FusedSum f;  // every group, as soon as all ranks' tiles of it are here
-  f.groups = int32_t(groups), f.table = sum_table_.as<kernels::SumGroup>(), f.ready = arrivals_;
-  f.epoch = epoch_, f.world = world_, f.gathered = pushed_half(), f.tiles = tiles, f.out = sum_out, f.ld_out = sum_ld;
-  f.timeout_ns = uint64_t(opts_.wait_timeout_s * 1e9), f.err = wait_error_;
+  // Every group, as soon as all ranks' tiles of it are here.
+  kernels::FusedSum f = fused_sum(int32_t(groups), arrivals_, pushed_half(), sum_out, sum_ld);
+  f.tiles = tiles;
   const bool aligned = (reinterpret_cast<uintptr_t>(sum_out) & 15) == 0;
   const bool in_gemm = fuse_ok_ && aligned && (tiles ? sum_ld % 8 == 0 : !norm && sum_ld == s.n);
   // Inside the GEMM: all groups but the last, whose tiles are the last to
