@@ -152,52 +152,50 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   });
 }
 
+// check_case for each case, with fresh seeds.
+void check_cases(const std::vector<Case>& cases) {
+  const uint64_t seed = fresh_seed();
+  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+}
+
 TEST(OverlapAllReduce, MatchesSequentialBitwiseAcrossShapesAndEpochs) {
   REQUIRE_TWO_GPUS();
-  const uint64_t seed = fresh_seed();
-  const std::vector<Case> cases = {
+  check_cases({
       {4096, 8192, 4096, 256, 116, DType::BF16}, {3001, 7168, 2048, 128, 120, DType::BF16},
       {2048, 4096, 8192, 256, 124, DType::FP16}, {777, 4104, 512, 128, 100, DType::FP16},
-      {128, 256, 64, 256, 4, DType::BF16},       {1000, 1000, 1000, 128, 7, DType::BF16}};
-  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+      {128, 256, 64, 256, 4, DType::BF16},       {1000, 1000, 1000, 128, 7, DType::BF16}});
 }
 
 TEST(OverlapAllReduce, RowBandsMatchSequentialBitwise) {
   REQUIRE_TWO_GPUS();
-  const uint64_t seed = fresh_seed();
-  const std::vector<Case> cases = {
+  check_cases({
       {4096, 8192, 4096, 256, 114, DType::BF16, rt::ArLayout::RowBands},
       {3001, 7168, 2048, 128, 120, DType::BF16, rt::ArLayout::RowBands},
       {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::RowBands},
       {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::RowBands},
-      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::RowBands}};
-  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::RowBands}});
 }
 
 // Copy-engine AllGather of each rank's block, summed in the element-wise step.
 TEST(OverlapAllReduce, GatheredMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
-  const uint64_t seed = fresh_seed();
-  const std::vector<Case> cases = {
+  check_cases({
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Gathered},
       {3001, 7168, 2048, 128, 132, DType::BF16, rt::ArLayout::Gathered},
       {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Gathered},
       {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Gathered},
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Gathered},
-      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::Gathered}};  // odd n: the rows epilogue
-  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::Gathered}});  // odd n: the rows epilogue
 }
 
 // The same transport on tile slots: groups of waves, any raster.
 TEST(OverlapAllReduce, GatheredTilesMatchSequentialBitwise) {
   REQUIRE_TWO_GPUS();
-  const uint64_t seed = fresh_seed();
-  const std::vector<Case> cases = {
+  check_cases({
       {4096, 8192, 4096, 256, 131, DType::BF16, rt::ArLayout::GatheredTiles},
       {3001, 7168, 2048, 128, 120, DType::BF16, rt::ArLayout::GatheredTiles},
       {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::GatheredTiles},
-      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::GatheredTiles}};
-  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::GatheredTiles}});
 }
 
 // Tiles stored into the peer's buffer by the GEMM itself (row bands or tile
@@ -205,8 +203,7 @@ TEST(OverlapAllReduce, GatheredTilesMatchSequentialBitwise) {
 // off, odd n); calls alternate between the two halves of the buffer.
 TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
-  const uint64_t seed = fresh_seed();
-  const std::vector<Case> cases = {
+  check_cases({
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed},
       {3001, 7168, 2048, 128, 132, DType::BF16, rt::ArLayout::Pushed},
       {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed},
@@ -216,8 +213,7 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles},
       {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::PushedTiles},
       {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false},
-      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles}};  // odd n: the sum after, scalar edges
-  for (size_t i = 0; i < cases.size(); ++i) check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles}});  // odd n: the sum after, scalar edges
 }
 
 TEST(OverlapAllReduce, StreamWaitOpMatchesToo) {
