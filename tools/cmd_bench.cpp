@@ -290,10 +290,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
           : rt::is_pushed(plan.layout)              ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
-          : std::string(", ") + rt::layout_name(op.layout()) +
-                (op.layout() != rt::ArLayout::Gathered && !rt::is_pushed(op.layout()) ? ""
-                 : op.fuses_sum()                                                          ? " (sum in the GEMM)"
-                                                                                           : " (sum after)"))
+          : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum()))
       << ", wait " << o.wait;
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 

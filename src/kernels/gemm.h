@@ -56,6 +56,20 @@ struct FusedSum {
   int64_t ld_out = 0;
   uint64_t timeout_ns = 0;          // a group not ready by then: err is set and the sum stops
   WaitError* err = nullptr;
+  // Who sums, and how chunks are shared out. Without claims, the producer's
+  // two idle warps of every CTA take fixed chunks. With claims (one counter
+  // per group, zero at launch), each warp takes the next chunk of a group
+  // with an atomic add, so that warps can join late: with consumers, every
+  // consumer warp joins once its CTA's last tile is stored (then nothing
+  // is left for a kernel after the GEMM), and without producers only they sum.
+  uint32_t* claims = nullptr;       // device, [groups]
+  bool producers = true;
+  bool consumers = false;           // needs claims
+  // Zeroed by block 0 at launch (the next call's claims: a call's GEMM has
+  // finished before the next call's starts, so each call zeroes the other
+  // half of a two-call ring).
+  uint32_t* claims_reset = nullptr;
+  int32_t claims_reset_count = 0;
 };
 
 // The pushed AllReduce layout: besides its own store, every tile is copied

@@ -108,6 +108,9 @@ void check_gemm_params(const GemmParams& p) {
     fail("fused sum needs n % 8 == 0 and a 16-byte aligned output, contiguous (rows) or with ld % 8 == 0 (tiles)");
   if (p.sum.groups > 0 && p.sum.tiles && p.store != Store::SlotTiles) fail("fused sum of tiles needs slot tiles");
   if (p.sum.groups > 0 && (p.sum.world > 8 || p.sum.world < 1)) fail("fused sum: world must be in [1, 8]");
+  if (p.sum.groups > 0 && !p.sum.claims && !p.sum.producers) fail("fused sum: nobody sums (no producers, no claims)");
+  if (p.sum.claims_reset_count < 0 || (p.sum.claims_reset_count > 0 && !p.sum.claims_reset))
+    fail("fused sum: claims_reset_count without claims_reset");
   if (p.sum.groups > 0 && int64_t(p.sched.tiles()) * p.sched.bm * p.sched.bn >= INT32_MAX)
     fail("fused sum: C has 2^31 elements or more");
   if (p.push.peers < 0 || p.push.peers > 7) fail("push: peers must be in [0, 7]");
@@ -116,6 +119,8 @@ void check_gemm_params(const GemmParams& p) {
   if (p.push.peers > 0 && (!push_store || !p.counters || !p.push.peer_c || !p.push.arrivals || !p.push.peer_arrivals))
     fail("push needs slot tiles or Plain C by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0), signals, the peers' "
          "buffers and arrival counters");
+  if (p.sum.groups > 0 && p.sum.consumers && (!p.sum.claims || !push_store))
+    fail("fused sum by the consumer warps needs claim counters and the TMA store (slot tiles or aligned Plain C)");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
 }
 

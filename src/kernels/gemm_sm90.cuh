@@ -52,9 +52,14 @@ struct GemmSmem {
   static constexpr int kB = kA + STAGES * kABytes;
   static constexpr int kC = kB + STAGES * kBBytes;
   static constexpr int kBars = kC + 2 * kHalfCBytes;
-  static constexpr int kBarCount = 2 * STAGES + 4 + 4;  // ring, C halves, 2 buffers of each sum warp
+  // ring, C halves, 2 buffers of each producer sum warp, 2 of each consumer warp
+  static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16;
   // Staging of the fused sum (gathered layout): 8 KB per sum warp.
   static constexpr int kSumStageBytes = 8192;
+  // What each summing warp stages (producer or consumer; the same for all, as
+  // claimed chunks must be the same size): a consumer warp uses a quarter of
+  // its half of C.
+  static constexpr int kSumWarpBytes = kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4 : kSumStageBytes;
   static constexpr int kSum = (kBars + kBarCount * 8 + 127) / 128 * 128;
   static constexpr int kBytes = kSum + 2 * kSumStageBytes;
   static constexpr int kDynamicBytes = kBytes + 1024;  // slack for 1024-byte alignment
@@ -119,10 +124,22 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, const plan::Sch
       for (int32_t w = 0; w < f.world; ++w, from += sg.block_rows * n)
         ptx::bulk_load(stage + b * kBufBytes + w * chunk * 2, from, uint32_t(cnt) * 2, bars + b);
     };
+    // The chunk after `prev` (-1: the first): fixed, or claimed.
+    const int32_t chunks = (elems + chunk - 1) / chunk;
+    auto next = [&](int32_t prev) -> int32_t {
+      if (!f.claims) return prev < 0 ? warp : prev + warps;
+      uint32_t c = 0;
+      if (lane == 0) c = atomicAdd(f.claims + g, 1u);
+      c = __shfl_sync(0xffffffffu, c, 0);
+      return c < uint32_t(chunks) ? int32_t(c) : chunks;
+    };
     int b = 0;
-    if (warp * chunk < elems) issue(warp * chunk, b);
-    for (int32_t c0 = warp * chunk; c0 < elems; c0 += warps * chunk, b ^= 1) {
-      if (c0 + warps * chunk < elems) issue(c0 + warps * chunk, b ^ 1);
+    int32_t cur = next(-1);
+    if (cur < chunks) issue(cur * chunk, b);
+    for (; cur < chunks; b ^= 1) {
+      const int32_t c0 = cur * chunk;
+      cur = next(cur);
+      if (cur < chunks) issue(cur * chunk, b ^ 1);
       ptx::mbar_wait(bars + b, (phases >> b) & 1);
       phases ^= 1u << b;
       const int32_t cnt = elems - c0 < chunk ? elems - c0 : chunk;
@@ -213,8 +230,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::mbar_init(&c_empty[2 + h], 1);  // the sum warps' staging buffers
       ptx::mbar_init(&c_empty[4 + h], 1);
     }
+    for (int i = 0; i < 16; ++i) ptx::mbar_init(&c_empty[6 + i], 1);  // the consumer warps' (joining the sum)
     ptx::fence_barrier_init();
   }
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < p.sum.claims_reset_count; i += blockDim.x) p.sum.claims_reset[i] = 0;
   __syncthreads();
 
   const int tiles = p.sched.tiles();
@@ -236,10 +256,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
         }
       }
-    } else if (tid >= 64 && p.sum.groups > 0) {
+    } else if (tid >= 64 && p.sum.groups > 0 && p.sum.producers) {
       // ---------------- warps 2-3: the gathered layout's sum ----------------
       const int w = tid / 32 - 2;
-      fused_sum_rows<T, L::kSumStageBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
+      fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
                                            int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
     } else if (tid >= 32 && tid < 64 && p.tma_store && (tid == 32 || p.push.peers > 0)) {
       // ---------------- storer: TMA stores, completion, signal ----------------
@@ -403,6 +423,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     }
+  }
+
+  // The consumer warps join the sum once the storer has read this
+  // warpgroup's last half tile: my_c becomes 4 staging buffers, one per warp.
+  if (p.sum.groups > 0 && p.sum.consumers) {
+    ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
+    fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
+                                             c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
   }
 }
 

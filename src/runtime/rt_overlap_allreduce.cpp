@@ -37,6 +37,12 @@ const char* layout_name(ArLayout l) {
   return "?";
 }
 
+const char* sum_place(ArLayout l, bool fuse_sum) {
+  if (is_pushed(l)) return fuse_sum ? " (sum in the GEMM)" : " (sum at the GEMM's end)";
+  if (l == ArLayout::Gathered) return fuse_sum ? " (sum in the GEMM)" : " (sum after)";
+  return l == ArLayout::GatheredTiles ? " (sum after)" : "";
+}
+
 int band_count(const plan::Schedule& s) { return (s.tiles_m() + s.swizzle - 1) / s.swizzle; }
 
 std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<int>& band_counts) {

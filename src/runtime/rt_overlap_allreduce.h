@@ -67,6 +67,9 @@ namespace flashoverlap::rt {
 enum class ArLayout { Slots, RowBands, Gathered, GatheredTiles, Pushed, PushedTiles };
 // "slots", "row bands", "gathered", "gathered tiles", "pushed", "pushed tiles"
 const char* layout_name(ArLayout l);
+// Where the ranks' blocks are summed, for messages: " (sum in the GEMM)", ...;
+// "" for the layouts NCCL sums.
+const char* sum_place(ArLayout l, bool fuse_sum);
 inline bool is_gathered(ArLayout l) { return l == ArLayout::Gathered || l == ArLayout::GatheredTiles; }
 inline bool is_pushed(ArLayout l) { return l == ArLayout::Pushed || l == ArLayout::PushedTiles; }
 inline bool is_banded(ArLayout l) {
@@ -153,7 +156,9 @@ class OverlapAllReduce {
   // "waves 3,2,2" or "bands 2,1,1": the group sizes in the layout's unit.
   std::string describe_groups() const;
   uint32_t epoch() const { return epoch_; }
-  bool fuses_sum() const { return fuse_ok_; }  // gathered: sums inside the GEMM (plain contiguous output)
+  // Gathered: sums inside the GEMM (plain contiguous output). Pushed: the
+  // producer warps sum during the GEMM (else the consumer warps only, after their tiles).
+  bool fuses_sum() const { return fuse_ok_; }
   // The last call's timeline (trace mode; synchronises with the events).
   Timeline timeline() const;
 
@@ -210,6 +215,8 @@ class OverlapAllReduce {
   DeviceBuffer row_shift_, sum_table_, ready_;
   // Pushed: the peers' buffers and arrival counters, this GPU's (in the window).
   DeviceBuffer push_peers_, peer_arrivals_;
+  DeviceBuffer claims_;      // pushed: [2 calls][groups] chunk claims of the in-GEMM sum
+  bool kernel_sum_ok_ = false;  // pushed: the GEMM can sum every group (contiguous plain output)
   uint32_t* arrivals_ = nullptr;
   std::vector<uint32_t> per_epoch_;  // arrivals per group per call
   std::vector<cudaEvent_t> group_done_;

@@ -47,7 +47,10 @@ void OverlapAllReduce::setup_pushed() {
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_bases.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
   peer_arrivals_ = DeviceBuffer(peer_arrivals.size() * sizeof(uint32_t*));
   FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
-  fuse_ok_ = opts_.fuse_sum && int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
+  kernel_sum_ok_ = int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
+  fuse_ok_ = opts_.fuse_sum && kernel_sum_ok_;
+  claims_ = DeviceBuffer(2 * groups * sizeof(uint32_t));
+  FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
   // Every rank's counters are zero before any rank's first call counts into them.
   FO_CUDA_CHECK(cudaDeviceSynchronize());
   cudaStream_t st = nullptr;
@@ -86,16 +89,23 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   kernels::FusedSum f = fused_sum(int32_t(groups), arrivals_, pushed_half(), sum_out, sum_ld);
   f.tiles = tiles;
   const bool aligned = (reinterpret_cast<uintptr_t>(sum_out) & 15) == 0;
-  const bool in_gemm = fuse_ok_ && aligned && (tiles ? sum_ld % 8 == 0 : !norm && sum_ld == s.n);
-  // Inside the GEMM: all groups but the last, whose tiles are the last to
-  // arrive; its sum is faster on the whole GPU after the GEMM than on the two
-  // warps per SM the GEMM has for it.
-  if (in_gemm) p.sum = f, p.sum.groups = int32_t(groups) - 1;
+  const bool in_gemm = kernel_sum_ok_ && aligned && (tiles ? sum_ld % 8 == 0 : !norm && sum_ld == s.n);
+  // Inside the GEMM, every group: chunks are claimed by the producer's idle
+  // warps during the GEMM (fuse_sum) and by every consumer warp once its
+  // CTA's tiles are done, so the last group's sum starts as its tiles land
+  // and needs no launch after the GEMM.
+  uint32_t* claims = claims_.as<uint32_t>();
+  if (in_gemm) {
+    p.sum = f;
+    p.sum.claims = claims + size_t(epoch_ & 1) * groups;
+    p.sum.producers = fuse_ok_, p.sum.consumers = true;
+  }
+  p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
-  if (!norm || tiles)  // one launch on the whole GPU
-    kernels::sum_groups(opts_.dtype, f, s, in_gemm ? int32_t(groups) - 1 : 0, stream);
+  if (!in_gemm && (!norm || tiles))  // one launch on the whole GPU
+    kernels::sum_groups(opts_.dtype, f, s, 0, stream);
   if (!norm) return;
   if (tiles) {
     kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm->residual, norm->weight, norm->eps, out,

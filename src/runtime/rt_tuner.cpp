@@ -116,10 +116,10 @@ std::string describe(const AllReducePlan& p) {
                     std::to_string(p.sched.ctas) + " CTAs, swizzle " + std::to_string(p.sched.swizzle) + ", ";
   if (p.sequential) return out + (p.fallback_cublas ? "sequential (cuBLAS)" : "sequential (ours)");
   out += layout_name(p.layout);
-  if (p.layout == ArLayout::Gathered || is_pushed(p.layout))
-    out += p.fuse_sum ? " (sum in the GEMM)" : " (sum after)";
-  else if (p.layout == ArLayout::GatheredTiles) out += " (sum after)";
-  else out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
+  if (is_gathered(p.layout) || is_pushed(p.layout))
+    out += sum_place(p.layout, p.fuse_sum);
+  else
+    out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
   return out + ", " + std::to_string(p.groups.size()) + " groups";
 }
 

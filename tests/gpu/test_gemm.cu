@@ -131,6 +131,21 @@ TEST(Gemm, RejectsBadInput) {
   p.sched.bn = 128;
   p.ldc = 32;
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // ldc < n
+  p.ldc = 64;
+  // A fused sum that nobody runs, or consumer warps without claim counters.
+  DeviceBuffer table(sizeof(kernels::SumGroup));
+  kernels::FusedSum f;
+  f.groups = 1, f.table = table.as<kernels::SumGroup>(), f.ready = static_cast<const uint32_t*>(buf.get());
+  f.gathered = buf.get(), f.out = buf.get(), f.ld_out = 64, f.err = static_cast<kernels::WaitError*>(buf.get());
+  f.world = 2;
+  f.producers = false;
+  p.sum = f;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // nobody sums
+  p.sum.consumers = true;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // consumers without claims
+  p.sum = kernels::FusedSum{};
+  p.sum.claims_reset_count = 2;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // a count without the counters
 }
 
 // ---------------------------------------------------------------------------
