@@ -1,6 +1,7 @@
 // GPU tests of the signalling GEMM against cuBLAS (skipped without a Hopper GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -286,6 +287,89 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
     cudaStreamDestroy(compute);
     cudaStreamDestroy(check);
   }
+}
+
+// The fused sum with claimed chunks on one GPU (world 1: the "sum" of a
+// group is its tiles copied from the slot buffer to their places in C):
+// random tile groups, summed by the producer warps during the GEMM and/or the
+// consumer warps after their tiles. C must equal our plain GEMM bitwise on
+// every call, and each call zeroes the claims of the next. (Runs under
+// compute-sanitizer: no second GPU or NCCL window needed.)
+TEST(GemmFusedSum, ClaimedChunksRestoreC) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  kernels::WaitError* err = nullptr;
+  FO_CUDA_CHECK(cudaMallocHost(&err, sizeof(kernels::WaitError)));
+  for (auto [m, n, k, bn, ctas, producers] : std::vector<std::tuple<int, int, int, int, int, bool>>{
+           {3001, 4096, 512, 256, 132, true}, {1000, 1024, 256, 128, 60, false}, {2048, 2048, 1024, 256, 132, false},
+           {777, 640, 128, 128, 132, true}}) {
+    const int swizzles[] = {1, 2, 4, 8, 16};
+    const plan::Schedule s = make_sched(m, n, 128, bn, ctas, plan::Raster::AlongN, swizzles[rng() % 5]);
+    const int tiles = s.tiles();
+    const DType dt = rng() % 2 ? DType::BF16 : DType::FP16;
+    Problem pr(dt, m, n, k, seed);
+    DeviceBuffer ours(size_t(m) * n * 2), c(size_t(m) * n * 2), slots(size_t(tiles) * 128 * bn * 2);
+    kernels::GemmParams p;
+    p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k, p.sched = s;
+    p.store = kernels::Store::Plain, p.c = ours.get(), p.ldc = n;
+    kernels::launch_gemm(p, nullptr);
+
+    // Up to 8 groups of consecutive tiles, cut at random.
+    const int groups = 1 + int(rng() % std::min(8, tiles));
+    std::vector<int> cuts{0, tiles};
+    while (int(cuts.size()) < groups + 1) {  // groups <= tiles: cuts in [1, tiles) exist
+      const int c0 = 1 + int(rng() % (tiles - 1));
+      if (std::find(cuts.begin(), cuts.end(), c0) == cuts.end()) cuts.push_back(c0);
+    }
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<int32_t> group_of_tile(tiles);
+    std::vector<kernels::SumGroup> table;
+    for (size_t g = 0; g + 1 < cuts.size(); ++g) {
+      const int t0 = cuts[g], t1 = cuts[g + 1];
+      for (int t = t0; t < t1; ++t) group_of_tile[t] = int32_t(g);
+      table.push_back({int64_t(t0) * 128, int64_t(t1 - t0) * 128, t0, t1 - t0,
+                       uint32_t(t1 - t0) * kernels::kSignalsPerTile});
+    }
+    const int G = int(table.size());
+    DeviceBuffer d_got(size_t(tiles) * 4), d_table(table.size() * sizeof(kernels::SumGroup)), counters(size_t(G) * 4),
+        claims(size_t(2 * G) * 4);
+    FO_CUDA_CHECK(cudaMemcpy(d_got.get(), group_of_tile.data(), d_got.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemcpy(d_table.get(), table.data(), d_table.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+    FO_CUDA_CHECK(cudaMemset(claims.get(), 0xff, claims.bytes()));  // garbage: the first call's half is zeroed below
+    FO_CUDA_CHECK(cudaMemset(claims.as<uint32_t>() + G, 0, size_t(G) * 4));
+    for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
+      SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " bn=" + std::to_string(bn) +
+                   " ctas=" + std::to_string(ctas) + " swizzle=" + std::to_string(s.swizzle) +
+                   " groups=" + std::to_string(G) + " producers=" + std::to_string(producers) +
+                   " epoch=" + std::to_string(epoch) + " seed=" + std::to_string(seed));
+      *err = kernels::WaitError{};
+      kernels::poison(c.get(), int64_t(m) * n, nullptr);
+      kernels::poison(slots.get(), int64_t(tiles) * 128 * bn, nullptr);
+      kernels::GemmParams q = p;
+      q.store = kernels::Store::SlotTiles, q.c = nullptr, q.slots = slots.get(), q.slot_rows = int64_t(tiles) * 128;
+      q.counters = counters.as<uint32_t>(), q.group_of_tile = d_got.as<int32_t>();
+      kernels::FusedSum& f = q.sum;
+      f.groups = G, f.table = d_table.as<kernels::SumGroup>(), f.ready = counters.as<uint32_t>(), f.epoch = epoch;
+      f.world = 1, f.gathered = slots.get(), f.tiles = true, f.out = c.get(), f.ld_out = n;
+      f.timeout_ns = 10'000'000'000ull, f.err = err;
+      f.claims = claims.as<uint32_t>() + size_t(epoch & 1) * G, f.producers = producers, f.consumers = true;
+      f.claims_reset = claims.as<uint32_t>() + size_t((epoch + 1) & 1) * G, f.claims_reset_count = G;
+      kernels::launch_gemm(q, nullptr);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(err->failed, 0u) << "group " << err->group << " counter " << err->value << " of " << err->expected;
+      const auto r = kernels::compare(dt, c.get(), n, ours.get(), n, m, n, nullptr);
+      EXPECT_EQ(r.mismatches, 0);
+      std::vector<uint32_t> cl(size_t(2 * G));
+      FO_CUDA_CHECK(cudaMemcpy(cl.data(), claims.get(), claims.bytes(), cudaMemcpyDeviceToHost));
+      for (int g = 0; g < G; ++g) {
+        EXPECT_EQ(cl[size_t((epoch + 1) & 1) * G + g], 0u) << "the next call's claim of group " << g << " not zeroed";
+        EXPECT_GT(cl[size_t(epoch & 1) * G + g], 0u) << "group " << g << " was never claimed";
+      }
+    }
+  }
+  cudaFreeHost(err);
 }
 
 // SlotRows: a random permutation of tile rows (with some rows dropped) lands
