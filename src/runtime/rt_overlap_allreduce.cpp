@@ -43,68 +43,19 @@ const char* sum_place(ArLayout l, bool fuse_sum) {
   return l == ArLayout::GatheredTiles ? " (sum after)" : "";
 }
 
-int band_count(const plan::Schedule& s) { return (s.tiles_m() + s.swizzle - 1) / s.swizzle; }
-
-std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<int>& band_counts) {
-  if (s.raster != plan::Raster::AlongN) throw InvalidArgument("row-band groups need the AlongN raster");
-  const int bands = band_count(s), band_tiles = s.swizzle * s.tiles_n();
-  std::vector<plan::Group> out;
-  int b = 0;
-  for (int c : band_counts) {
-    if (c < 1) throw InvalidArgument("row-band groups: a group of " + std::to_string(c) + " bands");
-    plan::Group g;
-    g.first_tile = b * band_tiles;
-    b += c;
-    g.end_tile = std::min(b * band_tiles, s.tiles());
-    g.first_wave = s.round_of(g.first_tile);
-    g.end_wave = s.round_of(g.end_tile - 1) + 1;
-    out.push_back(g);
-  }
-  if (b != bands)
-    throw InvalidArgument("row-band groups cover " + std::to_string(b) + " bands, the schedule has " +
-                          std::to_string(bands));
-  return out;
-}
 
 void OverlapAllReduce::setup_blocks(int64_t parities) {
   const plan::Schedule& s = opts_.sched;
-  const int rank = gather_rank_;
   const bool tiles = opts_.layout == ArLayout::GatheredTiles || opts_.layout == ArLayout::PushedTiles;
-  gather_width_ = tiles ? s.bn : s.n;
-  int64_t total = 0;
-  for (const plan::Group& g : opts_.groups) {
-    GatherBlock b;
-    if (tiles) {
-      b.row0 = g.first_tile, b.rows = g.tiles(), b.pad_rows = int64_t(g.tiles()) * s.bm;
-    } else {
-      b.row0 = int64_t(g.first_tile / s.tiles_n()) * s.bm;
-      b.rows = std::min<int64_t>(int64_t(g.end_tile / s.tiles_n()) * s.bm, s.m) - b.row0;
-      b.pad_rows = (b.rows + s.bm - 1) / s.bm * s.bm;
-    }
-    b.block0 = total;
-    total += world_ * b.pad_rows;
-    gather_.push_back(b);
-  }
-  if (total * parities > INT32_MAX)  // TMA row coordinates and shifts are 32-bit
-    throw InvalidArgument("OverlapAllReduce: the " + std::string(layout_name(opts_.layout)) +
-                          " layout's buffer has too many rows");
-  gathered_rows_ = total;
-  // Tile rows of C -> rows of this rank's block, per half of the buffer (the
-  // fault sink keeps its group's shift).
-  const size_t groups = gather_.size();
-  const bool drop = opts_.fault_drop_group >= 0 && size_t(opts_.fault_drop_group) < groups;
-  std::vector<int32_t> shift;
-  for (int64_t par = 0; par < parities; ++par) {
-    for (const GatherBlock& b : gather_)  // tiles: tile idx goes to slot row idx * bm + shift
-      shift.push_back(int32_t(par * total + b.block0 + rank * b.pad_rows - (tiles ? b.row0 * s.bm : b.row0)));
-    shift.push_back(drop ? shift[size_t(par) * (groups + 1) + size_t(opts_.fault_drop_group)] : 0);
-  }
-  row_shift_ = DeviceBuffer(shift.size() * sizeof(int32_t));
-  FO_CUDA_CHECK(cudaMemcpy(row_shift_.get(), shift.data(), row_shift_.bytes(), cudaMemcpyHostToDevice));
+  const plan::BlockLayout L =
+      plan::block_layout(s, opts_.groups, tiles, world_, gather_rank_, int(parities), opts_.fault_drop_group);
+  gather_width_ = L.width, gather_ = L.groups, gathered_rows_ = L.rows;
+  row_shift_ = DeviceBuffer(L.row_shift.size() * sizeof(int32_t));
+  FO_CUDA_CHECK(cudaMemcpy(row_shift_.get(), L.row_shift.data(), row_shift_.bytes(), cudaMemcpyHostToDevice));
   // The GEMM's fused sum: where each group's rows come from and go to, and
   // how far its ready flag moves per call.
   std::vector<kernels::SumGroup> table;
-  for (size_t g = 0; g < groups; ++g) {
+  for (size_t g = 0; g < gather_.size(); ++g) {
     const GatherBlock& b = gather_[g];
     table.push_back({b.block0, b.pad_rows, int32_t(b.row0), int32_t(b.rows), per_epoch_.empty() ? 1u : per_epoch_[g]});
   }

@@ -54,9 +54,11 @@
 
 #include "kernels/flags.h"
 #include "kernels/gemm.h"
+#include "plan/block_layout.h"
 #include "plan/partition.h"
 #include "plan/schedule.h"
 #include "runtime/rt_buffer.h"
+#include "plan/block_layout.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_symmetric.h"
 
@@ -84,7 +86,7 @@ enum class WaitMode {
 struct OverlapAllReduceOptions {
   plan::Schedule sched;           // m = the M of every call
   // Consecutive tile ranges covering [0, tiles): plan::make_groups(sched,
-  // partition) for Slots, band_groups() for RowBands. One group: sequential.
+  // partition) for Slots, plan::band_groups() for RowBands. One group: sequential.
   std::vector<plan::Group> groups;
   ArLayout layout = ArLayout::Slots;
   int k = 0;
@@ -119,9 +121,6 @@ struct Timeline {
   std::vector<double> wait_end, comm_end;
 };
 
-// Groups of whole row bands: band_counts[g] bands in group g (sum = bands).
-std::vector<plan::Group> band_groups(const plan::Schedule& s, const std::vector<int>& band_counts);
-int band_count(const plan::Schedule& s);  // ceil(tiles_m / swizzle)
 
 struct RmsNormArgs {
   const void* residual = nullptr;  // m x n
@@ -195,14 +194,8 @@ class OverlapAllReduce {
                               int64_t ld_out) const;
   uint64_t timeout_ns() const { return uint64_t(opts_.wait_timeout_s * 1e9); }
 
-  // Gathered layout: C rows [row0, row0+rows) of group g; every rank's block
-  // holds pad_rows (rows rounded up to whole tiles: TMA stores full tiles),
-  // rank w's block starts at row block0 + w * pad_rows of the buffer.
-  // GatheredTiles: row0 / rows = the group's first tile / tile count, rows of
-  // the buffer are bn wide (gather_width_) and pad_rows = tiles * bm.
-  struct GatherBlock {
-    int64_t row0 = 0, rows = 0, pad_rows = 0, block0 = 0;
-  };
+  // Gathered and pushed layouts: each group's blocks (plan/block_layout.h).
+  using GatherBlock = plan::RankBlocks;
   int64_t gather_width_ = 0;
   void setup_blocks(int64_t parities);  // gather_, gathered_rows_ (rows of one half), row_shift_, sum_table_
   void setup_gathered();

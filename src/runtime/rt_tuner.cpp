@@ -273,13 +273,13 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const plan::Schedule& s = c.plan.sched;
     if (is_pushed(c.plan.layout)) {  // one group per band or wave: no per-call cost, the sum starts earliest
       const bool tiles = c.plan.layout == ArLayout::PushedTiles;
-      const int units = tiles ? s.waves() : band_count(s);
+      const int units = tiles ? s.waves() : plan::band_count(s);
       plan::Partition part(size_t(units), 1);
       if (!t.group_sizes.empty()) {
         part = plan::parse_partition(t.group_sizes);
         if (std::accumulate(part.begin(), part.end(), 0) != units) continue;
       }
-      c.plan.groups = tiles ? plan::make_groups(s, part) : band_groups(s, part);
+      c.plan.groups = tiles ? plan::make_groups(s, part) : plan::band_groups(s, part);
       if (c.plan.groups.size() < 2) continue;  // one group would run the sequential fallback
       const plan::Group& last = c.plan.groups.back();
       const double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
@@ -303,7 +303,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       unit_end_tile = [&s](int w) { return std::min<int64_t>(int64_t(w + 1) * s.ctas, s.tiles()); };
       cost.wave_ms.assign(s.waves(), wave_ms);
     } else {
-      const int bands = band_count(s);
+      const int bands = plan::band_count(s);
       const int64_t band_tiles = int64_t(s.swizzle) * s.tiles_n();
       unit_end_tile = [&s, band_tiles](int b) { return std::min<int64_t>((b + 1) * band_tiles, s.tiles()); };
       int prev_wave = 0;
@@ -336,7 +336,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       part = plan::search_dp(cost).partition;
     }
     c.plan.predicted_ms = plan::predict(cost, part).total_ms + (c.plan.layout == ArLayout::Slots ? reorder_ms : 0);
-    c.plan.groups = slots ? plan::make_groups(s, part) : band_groups(s, part);
+    c.plan.groups = slots ? plan::make_groups(s, part) : plan::band_groups(s, part);
     if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
     if (t.ranked) t.ranked->push_back(c.plan);
   }

@@ -88,8 +88,8 @@ struct Case {
 // Random groups for the layout: runs of waves (Slots) or of row bands.
 std::vector<plan::Group> random_groups(const plan::Schedule& s, rt::ArLayout layout, std::mt19937_64& rng) {
   if (!rt::is_banded(layout)) return plan::make_groups(s, random_partition(s.waves(), rng));
-  std::vector<int> counts = random_partition(rt::band_count(s), rng);
-  return rt::band_groups(s, counts);
+  std::vector<int> counts = random_partition(plan::band_count(s), rng);
+  return plan::band_groups(s, counts);
 }
 
 // Overlapped output == our GEMM + one ncclAllReduce, bit for bit (a + b
@@ -294,7 +294,7 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank;
       o.groups = tiles ? plan::make_groups(s, plan::Partition(size_t(s.waves()), 1))
-                       : rt::band_groups(s, std::vector<int>(size_t(rt::band_count(s)), 1));
+                       : plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
       ASSERT_GE(o.groups.size(), 2u);
       rt::OverlapAllReduce op(o);
       ASSERT_FALSE(op.sequential());
@@ -340,7 +340,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       const int m = 2048, n = 4096, k = 512;
       const plan::Schedule s = sched_for(m, n, 256, 132, 4);
       rt::OverlapAllReduceOptions o;
-      o.sched = s, o.groups = rt::band_groups(s, {1, 1, 2}), o.k = k, o.comm = comm, o.rank = rank;
+      o.sched = s, o.groups = plan::band_groups(s, {1, 1, 2}), o.k = k, o.comm = comm, o.rank = rank;
       o.layout = rt::ArLayout::Pushed;
       o.fuse_sum = fuse;
       o.wait_timeout_s = 0.25;
@@ -384,9 +384,9 @@ TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
   o.groups = {plan::Group{0, 1, 0, 128}};  // does not cover all tiles
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
-  o.groups = rt::band_groups(s, {1, 2, 5});
+  o.groups = plan::band_groups(s, {1, 2, 5});
   EXPECT_EQ(o.groups.back().end_tile, s.tiles());
-  EXPECT_THROW(rt::band_groups(s, {1, 2, 4}), InvalidArgument);  // 7 of 8 bands
+  EXPECT_THROW(plan::band_groups(s, {1, 2, 4}), InvalidArgument);  // 7 of 8 bands
   o.comm = nullptr;
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
 }
