@@ -87,6 +87,7 @@ struct Push {
   void* const* peer_c = nullptr;              // device: [peers] the peers' copies of C (same ldc)
   uint32_t* arrivals = nullptr;               // this GPU's arrival counters, indexed like counters
   uint32_t* const* peer_arrivals = nullptr;   // device: [peers] the peers' arrival counters
+  int32_t signal_every = 1;                   // 1 or 2: tiles per system fence and signal
 };
 
 struct GemmParams {

@@ -114,6 +114,7 @@ void check_gemm_params(const GemmParams& p) {
   if (p.sum.groups > 0 && int64_t(p.sched.tiles()) * p.sched.bm * p.sched.bn >= INT32_MAX)
     fail("fused sum: C has 2^31 elements or more");
   if (p.push.peers < 0 || p.push.peers > 7) fail("push: peers must be in [0, 7]");
+  if (p.push.signal_every < 1 || p.push.signal_every > 2) fail("push: signal_every must be 1 or 2");
   const bool push_store = p.store == Store::SlotTiles ||
                           (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && p.n % 8 == 0);
   if (p.push.peers > 0 && (!push_store || !p.counters || !p.push.peer_c || !p.push.arrivals || !p.push.peer_arrivals))

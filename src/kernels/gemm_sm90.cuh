@@ -271,6 +271,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const bool push = p.push.peers > 0;
       if (leader) ptx::tma_prefetch_desc(&tm_c);
       const bool plain = p.store == static_cast<int32_t>(Store::Plain);
+      int32_t pending[2], npending = 0;  // pushed tiles stored but not yet signalled
       uint32_t t = 0;
       for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
         const plan::TileCoord tc = p.sched.tile_of(idx);
@@ -296,26 +297,35 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           ptx::mbar_arrive(&c_empty[1]);
         }
         if (p.counters || p.monitor_ns) {
-          if (push) {  // each lane's peer stores are visible system-wide before the release below
-            __threadfence_system();
+          // With push, the fence below waits an NVLink round trip with no
+          // copy in flight; signal_every = 2 pays it once per two tiles
+          // (a tile's signal waits at most one more tile; the last is never held).
+          if (push) {
+            pending[npending++] = idx;
+            if (npending < p.push.signal_every && idx + int32_t(gridDim.x) < tiles) continue;
+            __threadfence_system();  // each lane's peer stores are visible system-wide before the releases below
             __syncwarp();
           }
           if (leader) {
-            ptx::tma_store_wait_all();        // the tile is complete in global memory,
+            ptx::tma_store_wait_all();        // the tiles are complete in global memory,
             ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
-            const int32_t grp = p.group_of_tile[idx];
-            if (p.counters) ptx::red_release_gpu_add(p.counters + grp, 2);
-            if (push) {  // every copy of the tile is complete: count it where each is summed
-              ptx::red_release_sys_add(p.push.arrivals + grp, 1);
-              for (int j = 0; j < p.push.peers; ++j) ptx::red_release_sys_add(p.push.peer_arrivals[j] + grp, 1);
-            }
-            if (p.monitor_ns) {
-              const uint64_t now = ptx::globaltimer_ns();
-              p.monitor_ns[int64_t(idx) * 2] = now;
-              p.monitor_ns[int64_t(idx) * 2 + 1] = now;
-              p.monitor_sm[idx] = ptx::smid();
+            for (int q = 0; q < (push ? npending : 1); ++q) {
+              const int32_t ti = push ? pending[q] : idx;
+              const int32_t grp = p.group_of_tile[ti];
+              if (p.counters) ptx::red_release_gpu_add(p.counters + grp, 2);
+              if (push) {  // every copy of the tile is complete: count it where each is summed
+                ptx::red_release_sys_add(p.push.arrivals + grp, 1);
+                for (int j = 0; j < p.push.peers; ++j) ptx::red_release_sys_add(p.push.peer_arrivals[j] + grp, 1);
+              }
+              if (p.monitor_ns) {
+                const uint64_t now = ptx::globaltimer_ns();
+                p.monitor_ns[int64_t(ti) * 2] = now;
+                p.monitor_ns[int64_t(ti) * 2 + 1] = now;
+                p.monitor_sm[ti] = ptx::smid();
+              }
             }
           }
+          npending = 0;
         }
       }
       if (leader) ptx::tma_store_wait_all();

@@ -49,6 +49,9 @@ void OverlapAllReduce::setup_pushed() {
   FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
   kernel_sum_ok_ = int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
   fuse_ok_ = opts_.fuse_sum && kernel_sum_ok_;
+  if (opts_.push_signal_every < 1 || opts_.push_signal_every > 2)
+    throw InvalidArgument("OverlapAllReduce: push_signal_every must be 1 or 2, not " +
+                          std::to_string(opts_.push_signal_every));
   claims_ = DeviceBuffer(2 * groups * sizeof(uint32_t));
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
   // Every rank's counters are zero before any rank's first call counts into them.
@@ -82,6 +85,7 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
   p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
+  p.push.signal_every = opts_.push_signal_every;
   // Tiles + RMSNorm: rows are whole only at the end; sum into the scratch, norm after.
   void* sum_out = tiles && norm ? slots_.get() : out;
   const int64_t sum_ld = tiles && norm ? s.n : ld_out;

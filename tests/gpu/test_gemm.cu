@@ -151,6 +151,9 @@ TEST(Gemm, RejectsBadInput) {
   p.sum = kernels::FusedSum{};
   p.sum.claims_reset_count = 2;
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // a count without the counters
+  p.sum = kernels::FusedSum{};
+  p.push.signal_every = 3;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // tiles per push signal: 1 or 2
 }
 
 // ---------------------------------------------------------------------------
