@@ -54,7 +54,7 @@ struct GemmSmem {
   static constexpr int kBars = kC + 2 * kHalfCBytes;
   // ring, C halves, 2 buffers of each producer sum warp, 2 of each consumer warp
   static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16;
-  // Staging of the fused sum (gathered layout): 8 KB per sum warp.
+  // Staging of the fused sum (gathered and pushed layouts): 8 KB per producer sum warp.
   static constexpr int kSumStageBytes = 8192;
   // What each summing warp stages (producer or consumer; the same for all, as
   // claimed chunks must be the same size): a consumer warp uses a quarter of
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     } else if (tid >= 64 && p.sum.groups > 0 && p.sum.producers) {
-      // ---------------- warps 2-3: the gathered layout's sum ----------------
+      // ---------------- warps 2-3: the fused sum during the GEMM ----------------
       const int w = tid / 32 - 2;
       fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
                                            int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);

@@ -203,11 +203,11 @@ __global__ void scatter_slot_rows_kernel(const T* slots, int64_t slot_rows, int3
 // order, one thread per block waits (bounded) for its ready flag, then the
 // grid sums its rows or tiles (any n, any ld_out).
 template <typename T>
-__global__ void sum_groups_kernel(const FusedSum f, const plan::Schedule s, int32_t first_group) {
+__global__ void sum_groups_kernel(const FusedSum f, const plan::Schedule s) {
   __shared__ int ok;
   const int32_t width = f.tiles ? s.bn : s.n;  // elements per row of a block
   const int32_t units_per_row = (width + 7) / 8;
-  for (int32_t g = first_group; g < f.groups; ++g) {
+  for (int32_t g = 0; g < f.groups; ++g) {
     const SumGroup sg = f.table[g];
     if (threadIdx.x == 0) ok = bounded_wait<64, 1024>(f.ready + g, f.epoch * sg.per_epoch, f.timeout_ns, f.err, g, 2u);
     __syncthreads();
@@ -347,9 +347,8 @@ void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_
   FO_CUDA_CHECK(cudaGetLastError());
 }
 
-void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, int32_t first_group,
-                cudaStream_t stream) {
-  if (first_group >= f.groups) return;
+void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, cudaStream_t stream) {
+  if (f.groups < 1) return;
   if (!f.table || !f.ready || !f.gathered || !f.out || !f.err || f.world < 1 || f.ld_out < sched.n)
     throw InvalidArgument("sum_groups: needs its table, ready flags, gathered buffer, output (ld >= n), error slot");
   int dev = 0, sms = 0;
@@ -357,7 +356,7 @@ void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, int
   FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   with_type(dtype, [&](auto t) {
     using T = decltype(t);
-    sum_groups_kernel<T><<<sms * 4, 256, 0, stream>>>(f, sched, first_group);
+    sum_groups_kernel<T><<<sms * 4, 256, 0, stream>>>(f, sched);
   });
   FO_CUDA_CHECK(cudaGetLastError());
 }

@@ -46,13 +46,12 @@ void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_
                         const plan::Schedule& sched, int32_t first_tile, int32_t tiles, void* out, int64_t ld_out,
                         cudaStream_t stream);
 
-// The GEMM's FusedSum (gemm.h), groups first_group.. of it, done after the
+// The GEMM's FusedSum (gemm.h), all its groups, done after the
 // GEMM by the whole GPU in one launch: group by group, each waited for
 // (bounded; a timeout is recorded in f.err with code 2, as inside the GEMM,
 // and the kernel stops), then its rows (or tiles, f.tiles) of out = sum of
 // the ranks' blocks as above. Any n and ld_out.
-void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, int32_t first_group,
-                cudaStream_t stream);
+void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, cudaStream_t stream);
 
 // Generic gather for the ReduceScatter / All-to-All layouts: slot row s
 // (bn wide) goes to output row dst_row[s], columns [dst_col[s], +bn) clipped

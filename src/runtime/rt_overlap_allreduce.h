@@ -58,7 +58,6 @@
 #include "plan/partition.h"
 #include "plan/schedule.h"
 #include "runtime/rt_buffer.h"
-#include "plan/block_layout.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_symmetric.h"
 
@@ -125,7 +124,6 @@ struct Timeline {
   double gemm_end = 0;
   std::vector<double> wait_end, comm_end;
 };
-
 
 struct RmsNormArgs {
   const void* residual = nullptr;  // m x n

@@ -24,6 +24,9 @@ void OverlapAllReduce::setup_pushed() {
                           std::to_string(world_));
   const bool tiles = opts_.layout == ArLayout::PushedTiles;
   if (!tiles && s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
+  if (opts_.push_signal_every < 1 || opts_.push_signal_every > 2)
+    throw InvalidArgument("OverlapAllReduce: push_signal_every must be 1 or 2, not " +
+                          std::to_string(opts_.push_signal_every));
   for (const plan::Group& g : opts_.groups) per_epoch_.push_back(uint32_t(g.tiles()) * uint32_t(world_));
   setup_blocks(2);
   const size_t groups = gather_.size();
@@ -49,9 +52,6 @@ void OverlapAllReduce::setup_pushed() {
   FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
   kernel_sum_ok_ = int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
   fuse_ok_ = opts_.fuse_sum && kernel_sum_ok_;
-  if (opts_.push_signal_every < 1 || opts_.push_signal_every > 2)
-    throw InvalidArgument("OverlapAllReduce: push_signal_every must be 1 or 2, not " +
-                          std::to_string(opts_.push_signal_every));
   claims_ = DeviceBuffer(2 * groups * sizeof(uint32_t));
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
   // Every rank's counters are zero before any rank's first call counts into them.
@@ -109,7 +109,7 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   kernels::launch_gemm(p, stream);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
   if (!in_gemm && (!norm || tiles))  // one launch on the whole GPU
-    kernels::sum_groups(opts_.dtype, f, s, 0, stream);
+    kernels::sum_groups(opts_.dtype, f, s, stream);
   if (!norm) return;
   if (tiles) {
     kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm->residual, norm->weight, norm->eps, out,

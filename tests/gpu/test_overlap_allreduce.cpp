@@ -199,8 +199,9 @@ TEST(OverlapAllReduce, GatheredTilesMatchSequentialBitwise) {
 }
 
 // Tiles stored into the peer's buffer by the GEMM itself (row bands or tile
-// slots), summed inside the GEMM (run) or after it (run_rmsnorm, fuse_sum
-// off, odd n); calls alternate between the two halves of the buffer.
+// slots), summed inside the GEMM kernel (run: by the producer and consumer
+// warps, or with fuse_sum off by the consumers only) or after it (row bands
+// with run_rmsnorm, odd n); calls alternate between the two halves of the buffer.
 TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
   check_cases({
