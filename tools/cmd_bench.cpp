@@ -55,7 +55,6 @@ struct Options {
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false, select = true;
   int warmup = 5, iters = 20, nproc = 0;
-  std::string push_by = "gemm";
   std::string csv;
   std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
 };
@@ -205,7 +204,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.trace = o.trace;
     fo.fallback_cublas = pl.fallback_cublas;
     fo.fuse_sum = pl.fuse_sum;
-    fo.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines : rt::PushBy::Gemm;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
@@ -289,9 +287,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << op.schedule().swizzle << ", NCCL "
       << (plan.sequential ? "default CTAs"
           : rt::is_gathered(plan.layout)            ? "on the copy engines"
-          : rt::is_pushed(plan.layout) && o.push_by == "copy-engines"
-              ? "window (blocks copied to the peers by the copy engines)"
-          : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
+          : rt::is_pushed(plan.layout)              ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum()))
@@ -333,8 +329,6 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
-  if (o.push_by != "gemm" && o.push_by != "copy-engines")
-    throw InvalidArgument("--push-by must be gemm or copy-engines");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -459,10 +453,6 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_flag("--trace", o->trace, "Print rank 0's timeline of the last overlapped call");
   cmd->add_flag("!--no-select", o->select,
                 "Take the model's best plan as is, without measuring the best of each layout against each other");
-  cmd->add_option("--push-by", o->push_by,
-                  "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies) or copy-engines (per "
-                  "group, copies of this rank's block once its tiles are stored)")
-      ->capture_default_str();
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }
