@@ -25,7 +25,8 @@ void reorder_tiles_to_rows(DType dtype, const void* slots, const plan::Schedule&
 void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& sched, const void* residual,
                          const void* weight, float eps, void* out, void* residual_out, cudaStream_t stream);
 
-// The same element-wise step on row-major x (m x n, n per row).
+// The same element-wise step on row-major x (m x n, n per row). x may be
+// out (in place): a row is read whole before any of it is written.
 void add_rmsnorm_rows(DType dtype, const void* x, int32_t m, int32_t n, const void* residual, const void* weight,
                       float eps, void* out, void* residual_out, cudaStream_t stream);
 

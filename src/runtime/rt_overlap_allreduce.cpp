@@ -112,7 +112,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   // RMSNorm, which the gathered row layout never needs (it sums into the output).
   if (opts_.layout == ArLayout::Slots)
     slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
-  else if ((opts_.layout != ArLayout::Gathered && opts_.layout != ArLayout::Pushed) || sequential())
+  else if ((opts_.layout != ArLayout::Gathered && !is_pushed(opts_.layout)) || sequential())
     slots_ = DeviceBuffer(size_t(s.m) * s.n * 2);
   counters_ = DeviceBuffer((groups.size() + 1) * sizeof(uint32_t));  // +1: the fault-injection sink
   FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));

@@ -86,14 +86,15 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
   p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
   p.push.signal_every = opts_.push_signal_every;
-  // Tiles + RMSNorm: rows are whole only at the end; sum into the scratch, norm after.
-  void* sum_out = tiles && norm ? slots_.get() : out;
-  const int64_t sum_ld = tiles && norm ? s.n : ld_out;
+  // With RMSNorm: the sum into the output rows (contiguous), then one
+  // residual + RMSNorm pass over them in place after the GEMM (rows are whole
+  // only at the end for tiles; for row bands, most groups are summed during
+  // the GEMM and only the norm's 3 bytes per byte of C are left after it).
   // Every group, as soon as all ranks' tiles of it are here.
-  kernels::FusedSum f = fused_sum(int32_t(groups), arrivals_, pushed_half(), sum_out, sum_ld);
+  kernels::FusedSum f = fused_sum(int32_t(groups), arrivals_, pushed_half(), out, ld_out);
   f.tiles = tiles;
-  const bool aligned = (reinterpret_cast<uintptr_t>(sum_out) & 15) == 0;
-  const bool in_gemm = kernel_sum_ok_ && aligned && (tiles ? sum_ld % 8 == 0 : !norm && sum_ld == s.n);
+  const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  const bool in_gemm = kernel_sum_ok_ && aligned && (tiles ? ld_out % 8 == 0 : ld_out == s.n);
   // Inside the GEMM, every group: chunks are claimed by the producer's idle
   // warps during the GEMM (fuse_sum) and by every consumer warp once its
   // CTA's tiles are done, so the last group's sum starts as its tiles land
@@ -108,15 +109,14 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
-  if (!in_gemm && (!norm || tiles))  // one launch on the whole GPU
-    kernels::sum_groups(opts_.dtype, f, s, stream);
-  if (!norm) return;
-  if (tiles) {
-    kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm->residual, norm->weight, norm->eps, out,
-                              norm->residual_out, stream);
+  if (!in_gemm && norm && !tiles) {  // row bands the GEMM cannot sum: sum + norm per group, fused
+    for (size_t g = 0; g < groups; ++g) enqueue_gathered_post(g, out, ld_out, norm, stream);
     return;
   }
-  for (size_t g = 0; g < groups; ++g) enqueue_gathered_post(g, out, ld_out, norm, stream);
+  if (!in_gemm) kernels::sum_groups(opts_.dtype, f, s, stream);  // one launch on the whole GPU
+  if (norm)
+    kernels::add_rmsnorm_rows(opts_.dtype, out, s.m, s.n, norm->residual, norm->weight, norm->eps, out,
+                              norm->residual_out, stream);
 }
 
 }  // namespace flashoverlap::rt
