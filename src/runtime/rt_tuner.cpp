@@ -146,16 +146,17 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
         break;
       }
   for (ArLayout l : {ArLayout::Gathered, ArLayout::Pushed, ArLayout::PushedTiles}) {
-    std::vector<int> swizzles_seen;
-    for (const auto& pl : ranked)
-      if (!pl.sequential && pl.layout == l &&
-          std::find(swizzles_seen.begin(), swizzles_seen.end(), pl.sched.swizzle) == swizzles_seen.end()) {
-        swizzles_seen.push_back(pl.sched.swizzle);
+    std::vector<std::pair<int, int>> seen;  // (bn, swizzle); gathered: bn 0, any tile
+    for (const auto& pl : ranked) {
+      const std::pair<int, int> key{is_pushed(l) ? pl.sched.bn : 0, pl.sched.swizzle};
+      if (!pl.sequential && pl.layout == l && std::find(seen.begin(), seen.end(), key) == seen.end()) {
+        seen.push_back(key);
         out.push_back(pl);
         out.back().fuse_sum = true;
         out.push_back(pl);
         out.back().fuse_sum = false;
       }
+    }
   }
   for (const auto& pl : ranked)
     if (pl.sequential) out.push_back(pl);
@@ -285,7 +286,8 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       const double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
                                      : double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
       const double push_ms = double(s.m) * s.n * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
-      c.plan.predicted_ms = std::max(c.gemm_ms * t.push_gemm_slowdown, push_ms) +
+      const double last_wave = double(std::min<int64_t>(s.tiles(), s.ctas)) * s.bm * s.bn * 2 * (t.world - 1);
+      c.plan.predicted_ms = std::max(c.gemm_ms * t.push_gemm_slowdown, push_ms) + last_wave / (t.push_gb_s * 1e6) +
                             last_rows * s.n * 2 * (t.world + 1) / (t.sum_gb_s * 1e6);
       if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
       if (t.ranked) t.ranked->push_back(c.plan);

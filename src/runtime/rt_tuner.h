@@ -72,7 +72,10 @@ struct AllReduceTuning {
                                    ArLayout::GatheredTiles, ArLayout::Pushed, ArLayout::PushedTiles};
   // Pushed layouts: only when every rank is load/store reachable (rt::all_ranks_reachable).
   // Its prediction: max(GEMM on all SMs x push_gemm_slowdown, the (W-1) C
-  // bytes each rank pushes at push_gb_s) + the last group's sum at sum_gb_s.
+  // bytes each rank pushes at push_gb_s) + the copies of the last wave's
+  // tiles, which can only start when they are computed (half as many bytes
+  // with 128x128 tiles as with 128x256), at push_gb_s + the last group's sum
+  // at sum_gb_s.
   bool push_reachable = false;
   double push_gemm_slowdown = 1.03;
   double push_gb_s = 300;
@@ -131,10 +134,11 @@ std::string describe(const AllReducePlan& p);
 std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 
 // The plans worth measuring among `ranked` (fastest predicted first): the
-// best predicted of each layout; for the gathered and pushed layouts the best
-// per band size, each with the sum in and after the GEMM (the model leaves
-// out where the sum runs and what the band size costs the GEMM's cache
-// reuse); and the sequential fallback.
+// best predicted of each layout; for the gathered layout the best per band
+// size and for the pushed ones per tile shape and band size, each with the
+// sum in and after the GEMM (the model leaves out where the sum runs, what
+// the band size costs the GEMM's cache reuse and how much the pushes slow
+// the GEMM); and the sequential fallback.
 std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through

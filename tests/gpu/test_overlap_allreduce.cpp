@@ -393,7 +393,7 @@ TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
 }
 
 // Host logic of the final choice: which ranked plans are measured.
-TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerBandSizeAndTheFallback) {
+TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback) {
   std::mt19937_64 rng(fresh_seed());
   std::vector<rt::AllReducePlan> ranked;
   const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
@@ -402,7 +402,7 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerBandSizeAndTheFallback) {
   for (int i = 0; i < 60; ++i) {  // random layouts, swizzles and predictions
     rt::AllReducePlan p;
     p.layout = layouts[rng() % layouts.size()];
-    p.sched = sched_for(4096, 8192, 256, 132, 1 << (rng() % 4));
+    p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 132, 1 << (rng() % 4));
     p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
     p.fuse_sum = rng() % 2 == 0;
     ranked.push_back(p);
@@ -417,18 +417,20 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerBandSizeAndTheFallback) {
   EXPECT_EQ(std::count_if(f.begin(), f.end(), [](auto& p) { return p.sequential; }), 1);
   for (rt::ArLayout l : layouts) {
     const bool per_swizzle = l == rt::ArLayout::Gathered || rt::is_pushed(l);
-    std::vector<int> swizzles;  // of the ranked plans of l, in rank order, first time seen
+    // (bn, swizzle) of the ranked plans of l, in rank order, first time seen;
+    // the tile shape counts for the pushed layouts only.
+    auto key_of = [&](const rt::AllReducePlan& p) { return std::make_pair(rt::is_pushed(l) ? p.sched.bn : 0, p.sched.swizzle); };
+    std::vector<std::pair<int, int>> keys;
     double best = 1e9;
     for (const auto& p : ranked)
       if (!p.sequential && p.layout == l) {
         best = std::min(best, p.predicted_ms);
-        if (std::find(swizzles.begin(), swizzles.end(), p.sched.swizzle) == swizzles.end())
-          swizzles.push_back(p.sched.swizzle);
+        if (std::find(keys.begin(), keys.end(), key_of(p)) == keys.end()) keys.push_back(key_of(p));
       }
     std::vector<rt::AllReducePlan> of_l;
     for (const auto& p : f)
       if (!p.sequential && p.layout == l) of_l.push_back(p);
-    if (swizzles.empty()) {
+    if (keys.empty()) {
       EXPECT_TRUE(of_l.empty());
       continue;
     }
@@ -437,15 +439,16 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerBandSizeAndTheFallback) {
       EXPECT_EQ(of_l[0].predicted_ms, best);
       continue;
     }
-    ASSERT_EQ(of_l.size(), 2 * swizzles.size()) << rt::layout_name(l);
-    for (size_t i = 0; i < swizzles.size(); ++i) {  // best of each band size, sum in and after the GEMM
-      EXPECT_EQ(of_l[2 * i].sched.swizzle, swizzles[i]);
+    ASSERT_EQ(of_l.size(), 2 * keys.size()) << rt::layout_name(l);
+    for (size_t i = 0; i < keys.size(); ++i) {  // best of each (tile and) band size, sum in and after the GEMM
+      EXPECT_EQ(key_of(of_l[2 * i]), keys[i]);
+      EXPECT_EQ(key_of(of_l[2 * i + 1]), keys[i]);
       EXPECT_TRUE(of_l[2 * i].fuse_sum);
       EXPECT_FALSE(of_l[2 * i + 1].fuse_sum);
-      double best_sw = 1e9;
+      double best_key = 1e9;
       for (const auto& p : ranked)
-        if (!p.sequential && p.layout == l && p.sched.swizzle == swizzles[i]) best_sw = std::min(best_sw, p.predicted_ms);
-      EXPECT_EQ(of_l[2 * i].predicted_ms, best_sw);
+        if (!p.sequential && p.layout == l && key_of(p) == keys[i]) best_key = std::min(best_key, p.predicted_ms);
+      EXPECT_EQ(of_l[2 * i].predicted_ms, best_key);
     }
   }
 }
