@@ -8,6 +8,7 @@
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
+#   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest.
@@ -53,6 +54,11 @@ for s in "$@"; do
     ar)
       stage allreduce sweep
       bash bench/sweep_allreduce.sh "$OUT" 2>&1 | tee "$OUT/allreduce.log" || status=1
+      ;;
+    power)
+      stage "power and clocks per variant (NVML)"
+      $CLI bench --shapes 4096x8192x8192,8192x4096x2048,1024x8192x8192 --power 1 2>&1 | tee "$OUT/power.log" |
+        grep -E "^[0-9]+x|power|W,|flashoverlap  |sequential  " || status=1
       ;;
     sanitize)
       stage compute-sanitizer

@@ -38,6 +38,7 @@
 #include "runtime/rt_overlap_allreduce.h"
 #include "runtime/rt_peer.h"
 #include "runtime/rt_tuner.h"
+#include "runtime/power_meter.h"
 
 namespace flashoverlap::cli {
 namespace {
@@ -54,6 +55,7 @@ struct Options {
   std::string layout = "auto";
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false, select = true;
+  double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
   std::string csv;
   std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
@@ -72,6 +74,7 @@ struct ShapeResult {
   std::string checks;
   double predicted_ms = 0;
   std::string trace;
+  std::string power;  // the --power table
   std::string selection;  // the finalists measured by the tuner, the pick starred
 };
 
@@ -95,6 +98,8 @@ struct Context {
   rt::Communicator ce;                          // zero-CTA policy: copy-engine AllGather (gathered layout)
   std::optional<plan::BandwidthCurve> gather_curve;
   rt::DeviceInfo info;
+  std::unique_ptr<rt::PowerMeter> meter;  // --power: this rank's GPU (null: no NVML)
+  bool power_everywhere = false;          // every rank has a meter
   cudaStream_t stream = nullptr;
   std::unique_ptr<rt::CublasGemm> cublas;
   kernels::DType dtype = kernels::DType::BF16;
@@ -147,6 +152,46 @@ struct Context {
   }
 };
 
+struct PowerVariant {
+  const char* name;
+  std::function<void()> call;
+  double ms;  // its median (max over ranks): every rank runs the same number of calls
+};
+
+// Each variant run again for --power seconds (after a fifth of that to warm
+// up), NVML sampled between batches of ~50 ms: mean power from the energy
+// counter, SM clock, the share of samples with a power-cap clock reason.
+// Power, energy and capped share are the max over ranks, clocks the min.
+std::string power_table(Context& cx, const Options& o, const std::vector<PowerVariant>& variants) {
+  if (!cx.power_everywhere) return "power: no NVML power meter on every rank (see --power)";
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(0) << "power (NVML; " << o.power_s << " s per variant; limit "
+     << cx.meter->limit_w() << " W; W, J and capped: max over ranks; MHz: min over ranks):";
+  for (const PowerVariant& v : variants) {
+    const double ms = std::max(v.ms, 1e-3);
+    const int calls = std::max(10, int(o.power_s * 1e3 / ms)), batch = std::max(1, int(50.0 / ms));
+    auto run = [&](int count, std::vector<rt::PowerSample>* samples) {
+      for (int done = 0; done < count;) {
+        const int b = std::min(batch, count - done);
+        for (int i = 0; i < b; ++i) v.call();
+        FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+        done += b;
+        if (samples) samples->push_back(cx.meter->sample());
+      }
+    };
+    run(calls / 5 + 1, nullptr);
+    std::vector<rt::PowerSample> samples{cx.meter->sample()};
+    run(calls, &samples);
+    const rt::PowerSummary p = rt::summarize(samples);
+    const std::vector<double> r = rt::max_over_ranks(
+        *cx.rv, {p.mean_w, p.joules * 1e3 / calls, p.capped_share, -p.sm_mhz_mean, -double(p.sm_mhz_min)});
+    os << "\n    " << std::left << std::setw(22) << v.name << std::right << std::setw(5) << r[0] << " W, "
+       << std::setprecision(1) << std::setw(7) << r[1] << " mJ per call, SM " << std::setprecision(0) << -r[3]
+       << " MHz (min " << -r[4] << "), power-capped in " << r[2] * 100 << "% of " << p.samples << " samples";
+  }
+  return os.str();
+}
+
 ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K) {
   const int m = int(M), n = int(N), k = int(K), rank = cx.rv->rank(), world = cx.rv->world();
   const auto dt = cx.dtype;
@@ -159,7 +204,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   const ncclComm_t base = cx.base.get();
 
-  ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0, {}, {}};
+  ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0, {}, {}, {}};
   // Components, measured on their own: the ideal is max(GEMM, AllReduce).
   std::vector<double> comp = {
       rt::time_collective([&] { cx.cublas->run(dt, a.get(), b.get(), out_seq.get(), m, n, k, n, cx.stream); },
@@ -294,6 +339,11 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << ", wait " << o.wait;
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
+  if (o.power_s > 0) res.power = power_table(cx, o, {{"GEMM alone (cuBLAS)", [&] { cx.cublas->run(dt, a.get(), b.get(), out_seq.get(), m, n, k, n, cx.stream); }, comp[0]},
+                                                   {"AllReduce alone", [&] { FO_NCCL_CHECK_CTX(ncclAllReduce(out_seq.get(), out_seq.get(), size_t(M) * N, rt::nccl_type(dt), ncclSum, base, cx.stream), "AllReduce alone"); }, comp[1]},
+                                                   {"sequential", run_seq, ms[0]},
+                                                   {"flashoverlap", run_fo, ms.back()}});
+
   if (o.rmsnorm) {  // GEMM -> AllReduce -> RMSNorm against the fused path
     rt::DeviceBuffer residual(c_bytes), weight(size_t(N) * 2), y_ref(c_bytes), y_fo(c_bytes);
     kernels::fill_random(dt, residual.get(), M * N, seed + 3, -1.f, 1.f, cx.stream);
@@ -351,6 +401,14 @@ int run(const Options& o) {
   cx.info = rt::device_info(cx.env.local_rank);
   kernels::preload_kernels();
   cx.rv = std::make_unique<rt::Rendezvous>(cx.env);
+  if (o.power_s > 0) {
+    char bus[32] = {};
+    FO_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), cx.env.local_rank));
+    std::string why;
+    cx.meter = rt::PowerMeter::open(bus, &why);
+    if (!cx.meter) std::cerr << "bench --power: rank " << cx.rv->rank() << ": " << why << "\n";
+    cx.power_everywhere = cx.all_ranks(cx.meter != nullptr);
+  }
   cx.base = rt::Communicator::create(*cx.rv);
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&cx.stream, cudaStreamNonBlocking));
   cx.cublas = std::make_unique<rt::CublasGemm>();
@@ -377,6 +435,7 @@ int run(const Options& o) {
                 << r.predicted_ms << " ms\n  check: " << r.checks << "\n";
       if (!r.selection.empty()) std::cout << "  tuner's finalists: " << r.selection << "\n";
       if (!r.trace.empty()) std::cout << "  " << r.trace << "\n";
+      if (!r.power.empty()) std::cout << "  " << r.power << "\n";
       std::cout << "  " << std::left << std::setw(22) << "variant" << std::right << std::setw(9) << "ms"
                 << std::setw(9) << "speedup" << std::setw(8) << "gain" << "  partition / config\n";
     }
@@ -392,6 +451,7 @@ int run(const Options& o) {
                      {"variant", row.variant}, {"ms", row.ms}, {"speedup_vs_sequential", speedup},
                      {"ideal_ms", r.ideal_ms}, {"gain_captured", gain}, {"partition", row.partition},
                      {"gemm_ms", r.gemm_ms}, {"comm_ms", r.comm_ms}, {"config", row.config}, {"checks", r.checks}});
+      if (!r.power.empty()) all.back()["power"] = r.power;
       if (csv)
         csv << r.m << "," << r.n << "," << r.k << "," << o.dtype << "," << cx.rv->world() << "," << row.variant << ","
             << row.ms << "," << speedup << "," << r.ideal_ms << "," << gain << ",\"" << row.partition << "\","
@@ -453,6 +513,10 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_flag("--trace", o->trace, "Print rank 0's timeline of the last overlapped call");
   cmd->add_flag("!--no-select", o->select,
                 "Take the model's best plan as is, without measuring the best of each layout against each other");
+  cmd->add_option("--power", o->power_s,
+                  "Seconds: after the timings, run the cuBLAS GEMM, the AllReduce, sequential and flashoverlap "
+                  "this long each and report power, energy per call, SM clock and power capping (NVML)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }
