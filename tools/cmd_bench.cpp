@@ -170,21 +170,39 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
   for (const PowerVariant& v : variants) {
     const double ms = std::max(v.ms, 1e-3);
     const int calls = std::max(10, int(o.power_s * 1e3 / ms)), batch = std::max(1, int(50.0 / ms));
-    auto run = [&](int count, std::vector<rt::PowerSample>* samples) {
+    // A failed NVML read stops this rank's sampling, not its calls (the
+    // other ranks' collectives need them); the ranks agree on it below.
+    bool failed = false;
+    std::vector<rt::PowerSample> samples;
+    auto take = [&] {
+      if (failed) return;
+      try {
+        samples.push_back(cx.meter->sample());
+      } catch (const Error& e) {
+        failed = true;
+        std::cerr << "bench --power: rank " << cx.rv->rank() << ": " << e.what() << "\n";
+      }
+    };
+    auto run = [&](int count, bool sample) {
       for (int done = 0; done < count;) {
         const int b = std::min(batch, count - done);
         for (int i = 0; i < b; ++i) v.call();
         FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
         done += b;
-        if (samples) samples->push_back(cx.meter->sample());
+        if (sample) take();
       }
     };
-    run(calls / 5 + 1, nullptr);
-    std::vector<rt::PowerSample> samples{cx.meter->sample()};
-    run(calls, &samples);
+    run(calls / 5 + 1, false);
+    take();
+    run(calls, true);
     const rt::PowerSummary p = rt::summarize(samples);
-    const std::vector<double> r = rt::max_over_ranks(
-        *cx.rv, {p.mean_w, p.joules * 1e3 / calls, p.capped_share, -p.sm_mhz_mean, -double(p.sm_mhz_min)});
+    const std::vector<double> r =
+        rt::max_over_ranks(*cx.rv, {p.mean_w, p.joules * 1e3 / calls, p.capped_share, -p.sm_mhz_mean,
+                                    -double(p.sm_mhz_min), failed ? 1.0 : 0.0});
+    if (r[5] > 0) {
+      os << "\n    " << v.name << ": NVML sampling failed on a rank (see its message)";
+      continue;
+    }
     os << "\n    " << std::left << std::setw(22) << v.name << std::right << std::setw(5) << r[0] << " W, "
        << std::setprecision(1) << std::setw(7) << r[1] << " mJ per call, SM " << std::setprecision(0) << -r[3]
        << " MHz (min " << -r[4] << "), power-capped in " << r[2] * 100 << "% of " << p.samples << " samples";
@@ -403,9 +421,8 @@ int run(const Options& o) {
   cx.rv = std::make_unique<rt::Rendezvous>(cx.env);
   if (o.power_s > 0) {
     char bus[32] = {};
-    FO_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), cx.env.local_rank));
-    std::string why;
-    cx.meter = rt::PowerMeter::open(bus, &why);
+    std::string why = "cudaDeviceGetPCIBusId failed";
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), cx.env.local_rank) == cudaSuccess) cx.meter = rt::PowerMeter::open(bus, &why);
     if (!cx.meter) std::cerr << "bench --power: rank " << cx.rv->rank() << ": " << why << "\n";
     cx.power_everywhere = cx.all_ranks(cx.meter != nullptr);
   }

@@ -109,7 +109,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
 
   kernels::preload_kernels();  // before any wait is enqueued (DESIGN.md section 5)
   // Slots: the tile buffer; otherwise row-major scratch for strided outputs and
-  // RMSNorm, which the gathered row layout never needs (it sums into the output).
+  // RMSNorm, which the gathered row and pushed layouts never need (they sum into the output).
   if (opts_.layout == ArLayout::Slots)
     slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
   else if ((opts_.layout != ArLayout::Gathered && !is_pushed(opts_.layout)) || sequential())
@@ -370,6 +370,15 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
                                            cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
+  const size_t bytes = size_t(s.m) * s.n * 2;
+  auto overlap = [bytes](const void* x, const void* y) {
+    const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
+    return x && y && p < q + bytes && q < p + bytes;
+  };
+  if (overlap(norm.residual, out) || overlap(norm.residual_out, out) || overlap(norm.residual_out, norm.residual))
+    throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + ", " + std::to_string(s.m) + "x" +
+                          std::to_string(s.n) +
+                          "): residual, residual_out and the output must not overlap (pass separate buffers)");
   if (is_pushed(opts_.layout) && !sequential()) {
     enqueue_pushed(a, b, out, s.n, &norm, stream);
     return;

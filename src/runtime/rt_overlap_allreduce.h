@@ -125,6 +125,10 @@ struct Timeline {
   std::vector<double> wait_end, comm_end;
 };
 
+// The residual and residual_out must not overlap the output, nor each
+// other (the pushed layouts sum into the output before the norm reads the
+// residual, and long rows read the residual twice): run_rmsnorm throws
+// InvalidArgument if they do.
 struct RmsNormArgs {
   const void* residual = nullptr;  // m x n
   const void* weight = nullptr;    // n

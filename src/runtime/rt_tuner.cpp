@@ -286,8 +286,11 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       const double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
                                      : double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
       const double push_ms = double(s.m) * s.n * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
-      const double last_wave = double(std::min<int64_t>(s.tiles(), s.ctas)) * s.bm * s.bn * 2 * (t.world - 1);
-      c.plan.predicted_ms = std::max(c.gemm_ms * t.push_gemm_slowdown, push_ms) + last_wave / (t.push_gb_s * 1e6) +
+      // The last wave's tiles are copied after they are computed: after the
+      // GEMM when it is the bound; inside push_ms when the copies are.
+      const int64_t last_tiles = s.tiles() - int64_t(s.waves() - 1) * s.ctas;
+      const double last_ms = double(last_tiles) * s.bm * s.bn * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
+      c.plan.predicted_ms = std::max(c.gemm_ms * t.push_gemm_slowdown + last_ms, push_ms) +
                             last_rows * s.n * 2 * (t.world + 1) / (t.sum_gb_s * 1e6);
       if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
       if (t.ranked) t.ranked->push_back(c.plan);

@@ -71,11 +71,10 @@ struct AllReduceTuning {
   std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots,  ArLayout::Gathered,
                                    ArLayout::GatheredTiles, ArLayout::Pushed, ArLayout::PushedTiles};
   // Pushed layouts: only when every rank is load/store reachable (rt::all_ranks_reachable).
-  // Its prediction: max(GEMM on all SMs x push_gemm_slowdown, the (W-1) C
-  // bytes each rank pushes at push_gb_s) + the copies of the last wave's
-  // tiles, which can only start when they are computed (half as many bytes
-  // with 128x128 tiles as with 128x256), at push_gb_s + the last group's sum
-  // at sum_gb_s.
+  // Its prediction: max(GEMM on all SMs x push_gemm_slowdown + the copies
+  // of the last wave's tiles, which start only when they are computed (with
+  // 128x128 tiles about half the bytes of 128x256), the (W-1) C bytes each
+  // rank pushes, both at push_gb_s) + the last group's sum at sum_gb_s.
   bool push_reachable = false;
   double push_gemm_slowdown = 1.03;
   double push_gb_s = 300;

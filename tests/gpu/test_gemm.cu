@@ -380,16 +380,16 @@ TEST(GemmFusedSum, ClaimedChunksRestoreC) {
   cudaFreeHost(err);
 }
 
-// SlotRows: a random permutation of tile rows (with some rows dropped) lands
-// each row exactly where the table says.
 // The pushed layouts norm their summed output in place: the same bits as
-// out of place, for rows kept in shared memory and for rows too long for it.
+// out of place, for rows kept in shared memory and for rows too long for it,
+// odd rows (element-wise edges) and more rows than CTAs.
 TEST(RmsNorm, InPlaceMatchesOutOfPlace) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
+  // 49160 x 2 bytes > the 96 KB row cache; 70000 rows > the 65535 CTAs.
+  const std::vector<std::pair<int, int>> shapes = {{37, 4104}, {37, 49160}, {53, 1001}, {70000, 40}};
   for (const DType dt : {DType::BF16, DType::FP16})
-    for (const int n : {4104, 49160}) {  // 49160 x 2 bytes > the 96 KB row cache
-      const int m = 37;
+    for (const auto& [m, n] : shapes) {
       const size_t bytes = size_t(m) * n * 2;
       DeviceBuffer x(bytes), residual(bytes), weight(size_t(n) * 2), y(bytes), h(bytes), h_in(bytes);
       kernels::fill_random(dt, x.get(), int64_t(m) * n, seed, -2.f, 2.f, nullptr);
@@ -399,12 +399,14 @@ TEST(RmsNorm, InPlaceMatchesOutOfPlace) {
       kernels::add_rmsnorm_rows(dt, x.get(), m, n, residual.get(), weight.get(), 1e-6f, x.get(), h_in.get(), nullptr);
       const auto ry = kernels::compare(dt, x.get(), n, y.get(), n, m, n, nullptr);
       const auto rh = kernels::compare(dt, h_in.get(), n, h.get(), n, m, n, nullptr);
-      EXPECT_EQ(ry.mismatches, 0) << "n " << n << " seed " << seed;
-      EXPECT_EQ(rh.mismatches, 0) << "n " << n << " seed " << seed;
+      EXPECT_EQ(ry.mismatches, 0) << m << "x" << n << " seed " << seed;
+      EXPECT_EQ(rh.mismatches, 0) << m << "x" << n << " seed " << seed;
       EXPECT_EQ(ry.nan_count, 0);
     }
 }
 
+// SlotRows: a random permutation of tile rows (with some rows dropped) lands
+// each row exactly where the table says.
 TEST(GemmSignal, SlotRowsFollowTheTable) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();

@@ -83,6 +83,7 @@ struct Case {
   DType dt;
   rt::ArLayout layout = rt::ArLayout::Slots;
   bool fuse_sum = true;  // gathered, pushed: sum inside the GEMM where the op can
+  bool misaligned_norm_out = false;  // run_rmsnorm's output 2 bytes off 16-byte alignment
 };
 
 // Random groups for the layout: runs of waves (Slots) or of row bands.
@@ -106,7 +107,9 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   on_each_rank([&](int rank, ncclComm_t comm) {
     const size_t cb = size_t(c.m) * c.n * 2;
     DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), ref(cb), out(cb), cub(cb), residual(cb),
-        weight(size_t(c.n) * 2), y(cb), y_ref(cb);
+        weight(size_t(c.n) * 2), y_buf(cb + 16), y_ref(cb);
+    // run_rmsnorm's output; 2 bytes in: the pushed rows layout cannot sum it inside the GEMM
+    void* const y = static_cast<char*>(y_buf.get()) + (c.misaligned_norm_out ? 2 : 0);
     cudaStream_t st;
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     rt::OverlapAllReduceOptions o;
@@ -130,17 +133,18 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       kernels::fill_random(c.dt, b.get(), int64_t(c.n) * c.k, sd + 1, -1.f, 1.f, st);
       kernels::fill_random(c.dt, residual.get(), int64_t(c.m) * c.n, sd + 2, -1.f, 1.f, st);
       kernels::fill_random(c.dt, weight.get(), c.n, sd + 3, 0.5f, 1.5f, st);
-      for (auto* p : {&ref, &out, &cub, &y, &y_ref}) kernels::poison(p->get(), int64_t(c.m) * c.n, st);
+      for (auto* p : {&ref, &out, &cub, &y_ref}) kernels::poison(p->get(), int64_t(c.m) * c.n, st);
+      kernels::poison(y, int64_t(c.m) * c.n, st);
       rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), ref.get(), full, c.k, comm, st);
       rt::sequential_cublas_allreduce(cublas, c.dt, a.get(), b.get(), cub.get(), c.m, c.n, c.k, comm, st);
       op.run(a.get(), b.get(), out.get(), c.n, st);
       kernels::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), nullptr, st);
-      op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y.get(), st);
+      op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y, st);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
       const auto bit = kernels::compare(c.dt, out.get(), c.n, ref.get(), c.n, c.m, c.n, st);
       const auto tol = kernels::compare(c.dt, out.get(), c.n, cub.get(), c.n, c.m, c.n, st);
-      const auto norm = kernels::compare(c.dt, y.get(), c.n, y_ref.get(), c.n, c.m, c.n, st);
+      const auto norm = kernels::compare(c.dt, y, c.n, y_ref.get(), c.n, c.m, c.n, st);
       EXPECT_EQ(bit.mismatches, 0) << where << " rank " << rank << " call " << call;
       EXPECT_EQ(bit.nan_count, 0) << where;
       EXPECT_LT(tol.rel_error(), c.dt == DType::BF16 ? 1e-2 : 3e-3) << where;
@@ -211,6 +215,7 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
       {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Pushed, false},
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed},
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, false},
+      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true},  // norm: per-group sum + norm
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles},
       {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::PushedTiles},
       {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false},
@@ -328,6 +333,40 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
       cudaStreamDestroy(st);
     });
   }
+}
+
+// run_rmsnorm refuses a residual (or residual_out) that overlaps the output
+// or each other, before enqueuing anything; separate buffers run.
+TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
+  REQUIRE_TWO_GPUS();
+  on_each_rank([&](int rank, ncclComm_t comm) {
+    const int m = 1024, n = 2048, k = 256;
+    const plan::Schedule s = sched_for(m, n, 256, 132, 2);
+    rt::OverlapAllReduceOptions o;
+    o.sched = s, o.groups = plan::band_groups(s, {2, 2}), o.k = k, o.comm = comm, o.rank = rank;
+    o.layout = rt::ArLayout::Pushed;
+    rt::OverlapAllReduce op(o);
+    const size_t cb = size_t(m) * n * 2;
+    DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(cb), residual(cb), h(cb), weight(size_t(n) * 2);
+    kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
+    kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
+    kernels::fill_random(DType::BF16, residual.get(), int64_t(m) * n, 3, -1.f, 1.f, nullptr);
+    kernels::fill_random(DType::BF16, weight.get(), n, 4, 0.5f, 1.5f, nullptr);
+    char* mid = static_cast<char*>(out.get()) + cb / 2;  // overlaps the second half of out
+    EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {out.get(), weight.get(), 1e-6f, nullptr}, out.get(), nullptr),
+                 InvalidArgument);
+    EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {mid, weight.get(), 1e-6f, nullptr}, out.get(), nullptr),
+                 InvalidArgument);
+    EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, mid}, out.get(), nullptr),
+                 InvalidArgument);
+    EXPECT_THROW(
+        op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, residual.get()}, out.get(), nullptr),
+        InvalidArgument);
+    EXPECT_EQ(op.epoch(), 0u);  // nothing was enqueued
+    op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, h.get()}, out.get(), nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    op.check();
+  });
 }
 
 // Pushed: a group whose tiles never arrive fails inside the GEMM's sum (and
