@@ -57,6 +57,8 @@ struct Options {
   bool rmsnorm = false, json = false, trace = false, select = true;
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
+  std::string push_by = "gemm";
+  int copy_streams = 2;
   std::string csv;
   std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
 };
@@ -267,6 +269,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.trace = o.trace;
     fo.fallback_cublas = pl.fallback_cublas;
     fo.fuse_sum = pl.fuse_sum;
+    fo.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines : rt::PushBy::Gemm;
+    fo.copy_streams = o.copy_streams;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
@@ -350,7 +354,10 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << op.schedule().swizzle << ", NCCL "
       << (plan.sequential ? "default CTAs"
           : rt::is_gathered(plan.layout)            ? "on the copy engines"
-          : rt::is_pushed(plan.layout)              ? "window (tiles stored over NVLink by the GEMM)"
+          : rt::is_pushed(plan.layout) && o.push_by == "copy-engines"
+              ? "window (blocks copied to the peers by the copy engines, " + std::to_string(o.copy_streams) +
+                    " streams)"
+          : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum()))
@@ -397,6 +404,8 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
+  if (o.push_by != "gemm" && o.push_by != "copy-engines")
+    throw InvalidArgument("--push-by must be gemm or copy-engines");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -534,6 +543,14 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "Seconds: after the timings, run the cuBLAS GEMM, the AllReduce, sequential and flashoverlap "
                   "this long each and report power, energy per call, SM clock and power capping (NVML)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--push-by", o->push_by,
+                  "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies) or copy-engines (per "
+                  "group, copies of this rank's block once its tiles are stored)")
+      ->capture_default_str();
+  cmd->add_option("--copy-streams", o->copy_streams,
+                  "--push-by copy-engines: streams the groups' copies take in turn (1-8)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

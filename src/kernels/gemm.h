@@ -70,6 +70,12 @@ struct FusedSum {
   // half of a two-call ring).
   uint32_t* claims_reset = nullptr;
   int32_t claims_reset_count = 0;
+  // Optional, [groups][world]: besides ready[g], a group waits until every
+  // other rank w's entry peer_ready[g * world + w] reaches epoch (cyclic),
+  // written by rank w once its copy of the group has landed here (the
+  // pushed layouts moved by the copy engines). Entry `rank` is not read.
+  const uint32_t* peer_ready = nullptr;
+  int32_t rank = 0;
 };
 
 // The pushed AllReduce layout: besides its own store, every tile is copied

@@ -109,6 +109,8 @@ void check_gemm_params(const GemmParams& p) {
   if (p.sum.groups > 0 && p.sum.tiles && p.store != Store::SlotTiles) fail("fused sum of tiles needs slot tiles");
   if (p.sum.groups > 0 && (p.sum.world > 8 || p.sum.world < 1)) fail("fused sum: world must be in [1, 8]");
   if (p.sum.groups > 0 && !p.sum.claims && !p.sum.producers) fail("fused sum: nobody sums (no producers, no claims)");
+  if (p.sum.groups > 0 && p.sum.peer_ready && (p.sum.rank < 0 || p.sum.rank >= p.sum.world))
+    fail("fused sum: rank outside [0, world) with peer_ready flags");
   if (p.sum.claims_reset_count < 0 || (p.sum.claims_reset_count > 0 && !p.sum.claims_reset))
     fail("fused sum: claims_reset_count without claims_reset");
   if (p.sum.groups > 0 && int64_t(p.sched.tiles()) * p.sched.bm * p.sched.bn >= INT32_MAX)

@@ -108,7 +108,8 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, const plan::Sch
     const SumGroup sg = f.table[g];
     int ok = 1;
     if (lane == 0) {  // failed = 2: a group's blocks did not all arrive
-      ok = bounded_wait<64, 1024>(f.ready + g, f.epoch * sg.per_epoch, f.timeout_ns, f.err, g, 2u);
+      ok = wait_group_ready<64, 1024>(f.ready, f.peer_ready, f.world, f.rank, g, f.epoch * sg.per_epoch, f.epoch,
+                                      f.timeout_ns, f.err);
       ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
     }
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;

@@ -209,7 +209,9 @@ __global__ void sum_groups_kernel(const FusedSum f, const plan::Schedule s) {
   const int32_t units_per_row = (width + 7) / 8;
   for (int32_t g = 0; g < f.groups; ++g) {
     const SumGroup sg = f.table[g];
-    if (threadIdx.x == 0) ok = bounded_wait<64, 1024>(f.ready + g, f.epoch * sg.per_epoch, f.timeout_ns, f.err, g, 2u);
+    if (threadIdx.x == 0)
+      ok = wait_group_ready<64, 1024>(f.ready, f.peer_ready, f.world, f.rank, g, f.epoch * sg.per_epoch, f.epoch,
+                                      f.timeout_ns, f.err);
     __syncthreads();
     if (!ok) return;
     const GatherSource<T> src{static_cast<const T*>(f.gathered) + sg.src_row * width, width, sg.block_rows * width,

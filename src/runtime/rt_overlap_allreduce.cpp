@@ -9,21 +9,9 @@
 #include "flashoverlap/error.h"
 #include "kernels/reorder.h"
 #include "runtime/rt_checks.h"
+#include "runtime/rt_stream_ops.h"
 
 namespace flashoverlap::rt {
-namespace {
-
-PFN_cuStreamWaitValue32_v11070 stream_wait_fn() {
-  static const auto fn = driver_entry_point<PFN_cuStreamWaitValue32_v11070>("cuStreamWaitValue32", 11070);
-  return fn;
-}
-
-PFN_cuStreamWriteValue32_v11070 stream_write_fn() {
-  static const auto fn = driver_entry_point<PFN_cuStreamWriteValue32_v11070>("cuStreamWriteValue32", 11070);
-  return fn;
-}
-
-}  // namespace
 
 const char* layout_name(ArLayout l) {
   switch (l) {
@@ -48,7 +36,7 @@ void OverlapAllReduce::setup_blocks(int64_t parities) {
   const plan::Schedule& s = opts_.sched;
   const bool tiles = opts_.layout == ArLayout::GatheredTiles || opts_.layout == ArLayout::PushedTiles;
   const plan::BlockLayout L =
-      plan::block_layout(s, opts_.groups, tiles, world_, gather_rank_, int(parities), opts_.fault_drop_group);
+      plan::block_layout(s, opts_.groups, tiles, world_, gather_rank_, int(parities), gemm_drop_group());
   gather_width_ = L.width, gather_ = L.groups, gathered_rows_ = L.rows;
   row_shift_ = DeviceBuffer(L.row_shift.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(row_shift_.get(), L.row_shift.data(), row_shift_.bytes(), cudaMemcpyHostToDevice));
@@ -119,7 +107,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   std::vector<int32_t> got(s.tiles());
   for (size_t g = 0; g < groups.size(); ++g)
     for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t)
-      got[t] = int(g) == opts_.fault_drop_group ? int32_t(groups.size()) : int32_t(g);
+      got[t] = int(g) == gemm_drop_group() ? int32_t(groups.size()) : int32_t(g);
   group_of_tile_ = DeviceBuffer(got.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
@@ -175,6 +163,10 @@ std::string OverlapAllReduce::describe_groups() const {
 OverlapAllReduce::~OverlapAllReduce() {
   if (called_) cudaEventSynchronize(call_done_);
   if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+  for (cudaStream_t cs : copy_streams_) {  // the copies into the peers' windows end before the windows go
+    cudaStreamSynchronize(cs);
+    cudaStreamDestroy(cs);
+  }
   for (auto e : trace_) cudaEventDestroy(e);
   for (auto e : group_done_) cudaEventDestroy(e);
   if (gemm_launched_) cudaEventDestroy(gemm_launched_);
@@ -271,8 +263,8 @@ void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out
   const plan::Schedule& s = opts_.sched;
   const GatherBlock& gb = gather_[g];
   const bool pushed = is_pushed(opts_.layout);
-  if (pushed)  // every rank's tiles of g are here (the GEMM before it on this stream pushed ours)
-    kernels::launch_wait_counter(arrivals_ + g, epoch_ * per_epoch_[g], timeout_ns(), wait_error_, int32_t(g), stream);
+  if (pushed)  // every rank's tiles of g are here
+    wait_pushed_group(g, stream);
   else
     FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[g], 0));
   const char* src = (pushed ? pushed_half() : static_cast<const char*>(gathered_.get())) + gb.block0 * gather_width_ * 2;
@@ -422,7 +414,7 @@ Timeline OverlapAllReduce::timeline() const {
     return double(ms);
   };
   t.gemm_end = at(trace_[1]);
-  if (is_pushed(opts_.layout)) return t;  // no communication calls: the GEMM does it
+  if (is_pushed(opts_.layout) && !copy_engines()) return t;  // no communication calls: the GEMM does it
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     t.wait_end.push_back(at(trace_[2 + 2 * g]));
     t.comm_end.push_back(at(trace_[3 + 2 * g]));
@@ -439,6 +431,7 @@ void OverlapAllReduce::check() const {
        << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)
        << " layout) did not all arrive within "
        << opts_.wait_timeout_s << " s: arrival counter " << e.value << ", expected " << e.expected
+       << (copy_engines() ? " (this GEMM's tile signals, or a peer's flag for its copy of the group)" : "")
        << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
     throw Error(os.str());
   }

@@ -41,6 +41,10 @@
 //             block a slow rank is still summing.
 //   PushedTiles  the same on the tile slots of GatheredTiles: groups are
 //             runs of waves, the raster keeps the GEMM's best tile order.
+//   Both pushed layouts can instead move the blocks with the copy engines
+//   (PushBy::CopyEngines): the GEMM stores only here, and per group a copy
+//   stream waits for its tiles, copies this rank's block into each peer's
+//   copy and writes the peer's flag, which the sum waits for too.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -77,6 +81,12 @@ inline bool is_banded(ArLayout l) {
   return l == ArLayout::RowBands || l == ArLayout::Gathered || l == ArLayout::Pushed;
 }
 
+// Pushed layouts: what moves this rank's tiles into the peers' copies.
+enum class PushBy {
+  Gemm,         // the GEMM's storer warp, NVLink stores as each tile finishes
+  CopyEngines,  // per group, cudaMemcpyAsync of this rank's block once its tiles are stored
+};
+
 enum class WaitMode {
   SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout
   StreamWaitOp,   // cuStreamWaitValue32 (GEQ), executed by the GPU front end; unbounded
@@ -101,7 +111,7 @@ struct OverlapAllReduceOptions {
   int rank = 0;                   // for messages
   WaitMode wait = WaitMode::SpinKernel;
   double wait_timeout_s = 30.0;   // a group not complete by then fails the call
-  int fault_drop_group = -1;      // testing only: this group's signals go nowhere
+  int fault_drop_group = -1;      // testing only: this group's signals go nowhere (copy engines: its flags)
   bool trace = false;             // record events around the GEMM and each group (see timeline())
   // Sequential fallback only: run cuBLAS instead of our GEMM (when the tuner
   // measured it faster on this shape: never slower than what users run).
@@ -116,6 +126,15 @@ struct OverlapAllReduceOptions {
   // flight; 2 halves those gaps (8192x4096x2048 on 2xH200: 0.339 vs 0.352 ms,
   // neutral on GEMM-bound shapes) and holds a tile's signal at most one tile.
   int push_signal_every = 2;
+  // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
+  // only; per group the comm stream waits for its tiles with a stream memory
+  // op, copies this rank's block to each peer and writes the peer's flag for
+  // it; the sum waits for its own tiles and every peer's flag). The copy
+  // engines take no SM time from the GEMM.
+  PushBy push_by = PushBy::Gemm;
+  // Copy engines: streams the groups' copies take in turn (1-8; one stream
+  // runs them one after another, measured at ~280 GB/s beside the GEMM).
+  int copy_streams = 2;
 };
 
 // Times of one call, in ms from the GEMM's launch on the caller's stream
@@ -218,6 +237,19 @@ class OverlapAllReduce {
   DeviceBuffer claims_;      // pushed: [2 calls][groups] chunk claims of the in-GEMM sum
   bool kernel_sum_ok_ = false;  // pushed: the GEMM can sum every group (contiguous plain output)
   uint32_t* arrivals_ = nullptr;
+  // Pushed by the copy engines: [groups][world] flags in the window (peers
+  // write theirs once their copy of a group landed here); the peers' bases
+  // and flags, by peer.
+  uint32_t* peer_flags_ = nullptr;
+  std::vector<char*> peer_base_;
+  std::vector<uint32_t*> peer_flag_at_;
+  std::vector<cudaStream_t> copy_streams_;
+  void enqueue_copies();  // the comm stream's copies of this call
+  void wait_pushed_group(size_t g, cudaStream_t stream);  // before a sum after the GEMM
+  bool copy_engines() const { return is_pushed(opts_.layout) && opts_.push_by == PushBy::CopyEngines; }
+  // fault_drop_group as the GEMM sees it: its signals (and stores) go to a
+  // sink. With the copy engines the group's flag writes are dropped instead.
+  int gemm_drop_group() const { return copy_engines() ? -1 : opts_.fault_drop_group; }
   std::vector<uint32_t> per_epoch_;  // arrivals per group per call
   std::vector<cudaEvent_t> group_done_;
 

@@ -10,6 +10,7 @@
 #include "runtime/rt_checks.h"
 #include "runtime/rt_overlap_allreduce.h"
 #include "runtime/rt_peer.h"
+#include "runtime/rt_stream_ops.h"
 
 namespace flashoverlap::rt {
 
@@ -27,14 +28,22 @@ void OverlapAllReduce::setup_pushed() {
   if (opts_.push_signal_every < 1 || opts_.push_signal_every > 2)
     throw InvalidArgument("OverlapAllReduce: push_signal_every must be 1 or 2, not " +
                           std::to_string(opts_.push_signal_every));
-  for (const plan::Group& g : opts_.groups) per_epoch_.push_back(uint32_t(g.tiles()) * uint32_t(world_));
+  // What a group's sum waits for: every rank's tiles counted in this GPU's
+  // arrival counter (the GEMM's stores), or this GEMM's own signals (copy
+  // engines; the peers' blocks have their flags).
+  const bool ce = copy_engines();
+  for (size_t g = 0; g < opts_.groups.size(); ++g)
+    per_epoch_.push_back(ce ? target_[g] : uint32_t(opts_.groups[g].tiles()) * uint32_t(world_));
   setup_blocks(2);
   const size_t groups = gather_.size();
   const size_t data_bytes = size_t(2 * gathered_rows_) * gather_width_ * 2;
   const size_t counters_at = (data_bytes + 255) / 256 * 256;
-  gathered_ = SymmetricBuffer(comm, counters_at + (groups + 1) * sizeof(uint32_t), what);  // +1: the fault sink
+  const size_t flags_at = counters_at + (groups + 1) * sizeof(uint32_t);  // +1: the fault sink
+  const size_t flag_bytes = ce ? groups * size_t(world_) * sizeof(uint32_t) : 0;
+  gathered_ = SymmetricBuffer(comm, flags_at + flag_bytes, what);
   arrivals_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + counters_at);
-  FO_CUDA_CHECK(cudaMemset(arrivals_, 0, (groups + 1) * sizeof(uint32_t)));
+  FO_CUDA_CHECK(cudaMemset(arrivals_, 0, flags_at + flag_bytes - counters_at));
+  if (ce) peer_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
   const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
   std::vector<void*> peer_bases;
   std::vector<uint32_t*> peer_arrivals;
@@ -45,7 +54,23 @@ void OverlapAllReduce::setup_pushed() {
     if (r != gather_rank_) {
       peer_bases.push_back(at[size_t(r)]);
       peer_arrivals.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + counters_at));
+      peer_base_.push_back(static_cast<char*>(at[size_t(r)]));
+      peer_flag_at_.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + flags_at));
     }
+  if (ce) {  // load the stream memory-op entry points now, not inside a call
+    stream_wait_fn();
+    stream_write_fn();
+    if (opts_.copy_streams < 1 || opts_.copy_streams > 8)
+      throw InvalidArgument("OverlapAllReduce: copy_streams must be in [1, 8], not " +
+                            std::to_string(opts_.copy_streams));
+    int lo = 0, hi = 0;
+    FO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    for (int i = 0; i < opts_.copy_streams; ++i) {
+      cudaStream_t cs = nullptr;
+      FO_CUDA_CHECK(cudaStreamCreateWithPriority(&cs, cudaStreamNonBlocking, hi));
+      copy_streams_.push_back(cs);
+    }
+  }
   push_peers_ = DeviceBuffer(peer_bases.size() * sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_bases.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
   peer_arrivals_ = DeviceBuffer(peer_arrivals.size() * sizeof(uint32_t*));
@@ -83,16 +108,23 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.c_rows = 2 * gathered_rows_;
   p.row_shift = row_shift_.as<int32_t>() + size_t(epoch_ & 1) * (groups + 1);
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
-  p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
-  p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
-  p.push.signal_every = opts_.push_signal_every;
+  const bool ce = copy_engines();
+  if (!ce) {
+    p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
+    p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
+    p.push.signal_every = opts_.push_signal_every;
+  } else {  // the copy streams' waits start no earlier than this call's GEMM
+    FO_CUDA_CHECK(cudaEventRecord(gemm_launched_, stream));
+    for (cudaStream_t cs : copy_streams_) FO_CUDA_CHECK(cudaStreamWaitEvent(cs, gemm_launched_, 0));
+  }
   // With RMSNorm: the sum into the output rows (contiguous), then one
   // residual + RMSNorm pass over them in place after the GEMM (rows are whole
   // only at the end for tiles; for row bands, most groups are summed during
   // the GEMM and only the norm's 3 bytes per byte of C are left after it).
   // Every group, as soon as all ranks' tiles of it are here.
-  kernels::FusedSum f = fused_sum(int32_t(groups), arrivals_, pushed_half(), out, ld_out);
+  kernels::FusedSum f = fused_sum(int32_t(groups), ce ? counters_.as<uint32_t>() : arrivals_, pushed_half(), out, ld_out);
   f.tiles = tiles;
+  if (ce) f.peer_ready = peer_flags_, f.rank = gather_rank_;
   const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
   const bool in_gemm = kernel_sum_ok_ && aligned && (tiles ? ld_out % 8 == 0 : ld_out == s.n);
   // Inside the GEMM, every group: chunks are claimed by the producer's idle
@@ -109,6 +141,7 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  if (ce) enqueue_copies();
   if (!in_gemm && norm && !tiles) {  // row bands the GEMM cannot sum: sum + norm per group, fused
     for (size_t g = 0; g < groups; ++g) enqueue_gathered_post(g, out, ld_out, norm, stream);
     return;
@@ -117,6 +150,63 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   if (norm)
     kernels::add_rmsnorm_rows(opts_.dtype, out, s.m, s.n, norm->residual, norm->weight, norm->eps, out,
                               norm->residual_out, stream);
+  // (Copy engines: the caller's stream does not wait for the copy streams.
+  // Their copies read only this op's buffer, the half this call used, which
+  // the call after next reuses: by then the peers have summed this call,
+  // so these copies, in stream order before the next call's, are done.
+  // Their waits are stream memory ops, not bounded, but they wait only for
+  // this GEMM's own tile signals, which its storer always sends; a peer that
+  // never copies is caught by the sums' bounded waits.)
+}
+
+void OverlapAllReduce::enqueue_copies() {
+  const size_t groups = gather_.size();
+  const size_t half = size_t(epoch_ & 1) * gathered_rows_ * gather_width_ * 2;
+  for (size_t g = 0; g < groups; ++g) {
+    const GatherBlock& gb = gather_[g];
+    // Groups take the copy streams in turn, so that one group's copy need
+    // not wait for the one before it to finish.
+    const cudaStream_t cs = copy_streams_[g % copy_streams_.size()];
+    // This GEMM's tiles of g are stored (its signals, released at GPU scope).
+    CUresult r = stream_wait_fn()(reinterpret_cast<CUstream>(cs),
+                                  reinterpret_cast<CUdeviceptr>(counters_.as<uint32_t>() + g), epoch_ * target_[g],
+                                  CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS)
+      throw Error("rank " + std::to_string(opts_.rank) + ": cuStreamWaitValue32 failed (CUresult " +
+                  std::to_string(int(r)) + ")");
+    if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], cs));
+    const size_t offset = half + size_t(gb.block0 + int64_t(gather_rank_) * gb.pad_rows) * gather_width_ * 2;
+    const size_t bytes = size_t(gb.pad_rows) * gather_width_ * 2;
+    const char* mine = static_cast<const char*>(gathered_.get()) + offset;
+    for (char* peer : peer_base_)
+      FO_CUDA_CHECK_CTX(cudaMemcpyAsync(peer + offset, mine, bytes, cudaMemcpyDeviceToDevice, cs),
+                        "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " copy to a peer");
+    // After the copies (the write is fenced behind them): this block is
+    // there. (Testing: a dropped group's flags are never written, as if a
+    // peer's copy never arrived; the peers' sums time out with the message.)
+    if (int(g) == opts_.fault_drop_group) continue;
+    for (uint32_t* flags : peer_flag_at_) {
+      r = stream_write_fn()(reinterpret_cast<CUstream>(cs),
+                            reinterpret_cast<CUdeviceptr>(flags + g * size_t(world_) + size_t(gather_rank_)), epoch_, 0);
+      if (r != CUDA_SUCCESS)
+        throw Error("rank " + std::to_string(opts_.rank) + ": cuStreamWriteValue32 to a peer failed (CUresult " +
+                    std::to_string(int(r)) + ")");
+    }
+    if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], cs));
+  }
+}
+
+void OverlapAllReduce::wait_pushed_group(size_t g, cudaStream_t stream) {
+  if (!copy_engines()) {  // every rank's tiles of g are counted here
+    kernels::launch_wait_counter(arrivals_ + g, epoch_ * per_epoch_[g], timeout_ns(), wait_error_, int32_t(g), stream);
+    return;
+  }
+  kernels::launch_wait_counter(counters_.as<uint32_t>() + g, epoch_ * target_[g], timeout_ns(), wait_error_,
+                               int32_t(g), stream);
+  for (int w = 0; w < world_; ++w)
+    if (w != gather_rank_)
+      kernels::launch_wait_counter(peer_flags_ + g * size_t(world_) + size_t(w), epoch_, timeout_ns(), wait_error_,
+                                   int32_t(g), stream);
 }
 
 }  // namespace flashoverlap::rt

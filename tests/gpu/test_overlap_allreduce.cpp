@@ -84,6 +84,8 @@ struct Case {
   rt::ArLayout layout = rt::ArLayout::Slots;
   bool fuse_sum = true;  // gathered, pushed: sum inside the GEMM where the op can
   bool misaligned_norm_out = false;  // run_rmsnorm's output 2 bytes off 16-byte alignment
+  rt::PushBy push_by = rt::PushBy::Gemm;
+  int copy_streams = 2;  // push_by copy engines
 };
 
 // Random groups for the layout: runs of waves (Slots) or of row bands.
@@ -116,6 +118,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
     o.wait = wait;
     o.fuse_sum = c.fuse_sum;
+    o.push_by = c.push_by, o.copy_streams = c.copy_streams;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
     if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
@@ -220,6 +223,21 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
       {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::PushedTiles},
       {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false},
       {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles}});  // odd n: the sum after, scalar edges
+}
+
+// The same layouts with the blocks moved by the copy engines (one copy and
+// one flag write per group and peer, the groups taking 1-4 copy streams in turn).
+TEST(OverlapAllReduce, PushedByCopyEnginesMatchesSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  constexpr auto CE = rt::PushBy::CopyEngines;
+  check_cases({
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, CE},
+      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, CE, 1},
+      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, CE, 3},
+      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, CE},  // norm: per-group path
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles, true, false, CE, 4},
+      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false, false, CE},
+      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles, true, false, CE}});
 }
 
 TEST(OverlapAllReduce, StreamWaitOpMatchesToo) {
@@ -373,6 +391,7 @@ TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
 // in the waits before the sums after it) with the arrival counter, not a hang.
 TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
+  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
   for (const bool fuse : {true, false}) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> messages(kWorld);
@@ -383,6 +402,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       o.sched = s, o.groups = plan::band_groups(s, {1, 1, 2}), o.k = k, o.comm = comm, o.rank = rank;
       o.layout = rt::ArLayout::Pushed;
       o.fuse_sum = fuse;
+      o.push_by = by;
       o.wait_timeout_s = 0.25;
       o.fault_drop_group = 1;
       rt::OverlapAllReduce op(o);
@@ -404,7 +424,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
       EXPECT_NE(messages[r].find("arrival counter"), std::string::npos) << messages[r];
     }
-    EXPECT_LT(secs, 30.0) << "fuse " << fuse;
+    EXPECT_LT(secs, 30.0) << "fuse " << fuse << " copy engines " << (by == rt::PushBy::CopyEngines);
   }
 }
 
