@@ -167,6 +167,7 @@ OverlapAllReduce::~OverlapAllReduce() {
     cudaStreamSynchronize(cs);
     cudaStreamDestroy(cs);
   }
+  for (auto e : copies_done_) cudaEventDestroy(e);
   for (auto e : trace_) cudaEventDestroy(e);
   for (auto e : group_done_) cudaEventDestroy(e);
   if (gemm_launched_) cudaEventDestroy(gemm_launched_);

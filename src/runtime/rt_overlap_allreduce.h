@@ -244,6 +244,7 @@ class OverlapAllReduce {
   std::vector<char*> peer_base_;
   std::vector<uint32_t*> peer_flag_at_;
   std::vector<cudaStream_t> copy_streams_;
+  std::vector<cudaEvent_t> copies_done_;  // [call parity][copy stream]: the end of that call's copies
   void enqueue_copies();  // the comm stream's copies of this call
   void wait_pushed_group(size_t g, cudaStream_t stream);  // before a sum after the GEMM
   bool copy_engines() const { return is_pushed(opts_.layout) && opts_.push_by == PushBy::CopyEngines; }

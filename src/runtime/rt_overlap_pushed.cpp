@@ -70,6 +70,8 @@ void OverlapAllReduce::setup_pushed() {
       FO_CUDA_CHECK(cudaStreamCreateWithPriority(&cs, cudaStreamNonBlocking, hi));
       copy_streams_.push_back(cs);
     }
+    copies_done_.resize(2 * copy_streams_.size());  // [call parity][stream]
+    for (auto& e : copies_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   push_peers_ = DeviceBuffer(peer_bases.size() * sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_bases.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
@@ -113,7 +115,12 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
     p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
     p.push.signal_every = opts_.push_signal_every;
-  } else {  // the copy streams' waits start no earlier than this call's GEMM
+  } else {
+    // This GEMM overwrites this rank's blocks of the half that the call
+    // before last copied from: those copies first (long done, in practice).
+    const size_t k = copy_streams_.size();
+    for (size_t i = 0; i < k; ++i) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, copies_done_[(epoch_ & 1) * k + i], 0));
+    // The copy streams' waits start no earlier than this call's GEMM.
     FO_CUDA_CHECK(cudaEventRecord(gemm_launched_, stream));
     for (cudaStream_t cs : copy_streams_) FO_CUDA_CHECK(cudaStreamWaitEvent(cs, gemm_launched_, 0));
   }
@@ -150,10 +157,11 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   if (norm)
     kernels::add_rmsnorm_rows(opts_.dtype, out, s.m, s.n, norm->residual, norm->weight, norm->eps, out,
                               norm->residual_out, stream);
-  // (Copy engines: the caller's stream does not wait for the copy streams.
-  // Their copies read only this op's buffer, the half this call used, which
-  // the call after next reuses: by then the peers have summed this call,
-  // so these copies, in stream order before the next call's, are done.
+  // (Copy engines: the caller's stream does not wait for the copy streams
+  // now. Their copies read only this op's buffer, the half this call used,
+  // which the call after next reuses: that call's GEMM waits for them first.
+  // Into a peer's half they write only once the peer has summed the call
+  // that used it: the peer's flags for the call between are needed here.
   // Their waits are stream memory ops, not bounded, but they wait only for
   // this GEMM's own tile signals, which its storer always sends; a peer that
   // never copies is caught by the sums' bounded waits.)
@@ -194,6 +202,8 @@ void OverlapAllReduce::enqueue_copies() {
     }
     if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], cs));
   }
+  const size_t k = copy_streams_.size();
+  for (size_t i = 0; i < k; ++i) FO_CUDA_CHECK(cudaEventRecord(copies_done_[(epoch_ & 1) * k + i], copy_streams_[i]));
 }
 
 void OverlapAllReduce::wait_pushed_group(size_t g, cudaStream_t stream) {
