@@ -338,7 +338,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     for (size_t g = 0; g < tl.comm_end.size(); ++g)
       tr << "\n    group " << g << " (tiles " << op.groups()[g].first_tile << "-" << op.groups()[g].end_tile
          << "): wait done " << tl.wait_end[g]
-         << ", " << (rt::is_gathered(op.layout()) ? "AllGather" : "AllReduce") << " done " << tl.comm_end[g];
+         << ", " << (rt::is_gathered(op.layout()) ? "AllGather" : rt::is_pushed(op.layout()) ? "copies" : "AllReduce")
+         << " done " << tl.comm_end[g];
     res.trace = tr.str();
   }
   res.seq_ms = ms[0];

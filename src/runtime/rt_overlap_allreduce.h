@@ -127,7 +127,7 @@ struct OverlapAllReduceOptions {
   // neutral on GEMM-bound shapes) and holds a tile's signal at most one tile.
   int push_signal_every = 2;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
-  // only; per group the comm stream waits for its tiles with a stream memory
+  // only; per group a copy stream waits for its tiles with a stream memory
   // op, copies this rank's block to each peer and writes the peer's flag for
   // it; the sum waits for its own tiles and every peer's flag). The copy
   // engines take no SM time from the GEMM.
@@ -245,7 +245,7 @@ class OverlapAllReduce {
   std::vector<uint32_t*> peer_flag_at_;
   std::vector<cudaStream_t> copy_streams_;
   std::vector<cudaEvent_t> copies_done_;  // [call parity][copy stream]: the end of that call's copies
-  void enqueue_copies();  // the comm stream's copies of this call
+  void enqueue_copies();  // the copy streams' work of this call
   void wait_pushed_group(size_t g, cudaStream_t stream);  // before a sum after the GEMM
   bool copy_engines() const { return is_pushed(opts_.layout) && opts_.push_by == PushBy::CopyEngines; }
   // fault_drop_group as the GEMM sees it: its signals (and stores) go to a

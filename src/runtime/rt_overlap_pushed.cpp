@@ -28,6 +28,8 @@ void OverlapAllReduce::setup_pushed() {
   if (opts_.push_signal_every < 1 || opts_.push_signal_every > 2)
     throw InvalidArgument("OverlapAllReduce: push_signal_every must be 1 or 2, not " +
                           std::to_string(opts_.push_signal_every));
+  if (copy_engines() && (opts_.copy_streams < 1 || opts_.copy_streams > 8))
+    throw InvalidArgument("OverlapAllReduce: copy_streams must be in [1, 8], not " + std::to_string(opts_.copy_streams));
   // What a group's sum waits for: every rank's tiles counted in this GPU's
   // arrival counter (the GEMM's stores), or this GEMM's own signals (copy
   // engines; the peers' blocks have their flags).
@@ -60,18 +62,6 @@ void OverlapAllReduce::setup_pushed() {
   if (ce) {  // load the stream memory-op entry points now, not inside a call
     stream_wait_fn();
     stream_write_fn();
-    if (opts_.copy_streams < 1 || opts_.copy_streams > 8)
-      throw InvalidArgument("OverlapAllReduce: copy_streams must be in [1, 8], not " +
-                            std::to_string(opts_.copy_streams));
-    int lo = 0, hi = 0;
-    FO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    for (int i = 0; i < opts_.copy_streams; ++i) {
-      cudaStream_t cs = nullptr;
-      FO_CUDA_CHECK(cudaStreamCreateWithPriority(&cs, cudaStreamNonBlocking, hi));
-      copy_streams_.push_back(cs);
-    }
-    copies_done_.resize(2 * copy_streams_.size());  // [call parity][stream]
-    for (auto& e : copies_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   push_peers_ = DeviceBuffer(peer_bases.size() * sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_bases.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
@@ -91,6 +81,17 @@ void OverlapAllReduce::setup_pushed() {
   cudaStreamDestroy(st);
   FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(opts_.rank) + ": barrier after setting up " + what);
   FO_CUDA_CHECK(e);
+  if (ce) {  // last: nothing below throws before the destructor owns them
+    int lo = 0, hi = 0;
+    FO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    for (int i = 0; i < opts_.copy_streams; ++i) {
+      cudaStream_t cs = nullptr;
+      FO_CUDA_CHECK(cudaStreamCreateWithPriority(&cs, cudaStreamNonBlocking, hi));
+      copy_streams_.push_back(cs);
+    }
+    copies_done_.resize(2 * copy_streams_.size());  // [call parity][stream]
+    for (auto& ev : copies_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  }
 }
 
 const char* OverlapAllReduce::pushed_half() const {
@@ -184,18 +185,21 @@ void OverlapAllReduce::enqueue_copies() {
                   std::to_string(int(r)) + ")");
     if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], cs));
     const size_t offset = half + size_t(gb.block0 + int64_t(gather_rank_) * gb.pad_rows) * gather_width_ * 2;
-    const size_t bytes = size_t(gb.pad_rows) * gather_width_ * 2;
+    // Row bands: the group's rows of C (not the padding to whole tiles);
+    // tile slots: every slot of the block.
+    const bool tiles = opts_.layout == ArLayout::PushedTiles;
+    const size_t bytes = size_t(tiles ? gb.pad_rows : gb.rows) * gather_width_ * 2;
     const char* mine = static_cast<const char*>(gathered_.get()) + offset;
-    for (char* peer : peer_base_)
-      FO_CUDA_CHECK_CTX(cudaMemcpyAsync(peer + offset, mine, bytes, cudaMemcpyDeviceToDevice, cs),
+    for (size_t j = 0; j < peer_base_.size(); ++j) {
+      FO_CUDA_CHECK_CTX(cudaMemcpyAsync(peer_base_[j] + offset, mine, bytes, cudaMemcpyDeviceToDevice, cs),
                         "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " copy to a peer");
-    // After the copies (the write is fenced behind them): this block is
-    // there. (Testing: a dropped group's flags are never written, as if a
-    // peer's copy never arrived; the peers' sums time out with the message.)
-    if (int(g) == opts_.fault_drop_group) continue;
-    for (uint32_t* flags : peer_flag_at_) {
+      // After the copy (the write is fenced behind it): this block is there.
+      // (Testing: a dropped group's flags are never written, as if the copy
+      // never arrived; the peers' sums time out with the message.)
+      if (int(g) == opts_.fault_drop_group) continue;
       r = stream_write_fn()(reinterpret_cast<CUstream>(cs),
-                            reinterpret_cast<CUdeviceptr>(flags + g * size_t(world_) + size_t(gather_rank_)), epoch_, 0);
+                            reinterpret_cast<CUdeviceptr>(peer_flag_at_[j] + g * size_t(world_) + size_t(gather_rank_)),
+                            epoch_, 0);
       if (r != CUDA_SUCCESS)
         throw Error("rank " + std::to_string(opts_.rank) + ": cuStreamWriteValue32 to a peer failed (CUresult " +
                     std::to_string(int(r)) + ")");

@@ -83,7 +83,7 @@ struct Case {
   DType dt;
   rt::ArLayout layout = rt::ArLayout::Slots;
   bool fuse_sum = true;  // gathered, pushed: sum inside the GEMM where the op can
-  bool misaligned_norm_out = false;  // run_rmsnorm's output 2 bytes off 16-byte alignment
+  bool misaligned_out = false;  // both outputs 2 bytes off 16-byte alignment: the sums run after the GEMM
   rt::PushBy push_by = rt::PushBy::Gemm;
   int copy_streams = 2;  // push_by copy engines
 };
@@ -108,10 +108,12 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
                       " groups " + std::to_string(groups.size()) + " seed=" + std::to_string(seed);
   on_each_rank([&](int rank, ncclComm_t comm) {
     const size_t cb = size_t(c.m) * c.n * 2;
-    DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), ref(cb), out(cb), cub(cb), residual(cb),
+    DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), ref(cb), cub(cb), residual(cb),
         weight(size_t(c.n) * 2), y_buf(cb + 16), y_ref(cb);
-    // run_rmsnorm's output; 2 bytes in: the pushed rows layout cannot sum it inside the GEMM
-    void* const y = static_cast<char*>(y_buf.get()) + (c.misaligned_norm_out ? 2 : 0);
+    // The outputs; 2 bytes in (misaligned_out), the GEMM cannot sum into them: sum_groups / per-group sums after it
+    void* const y = static_cast<char*>(y_buf.get()) + (c.misaligned_out ? 2 : 0);
+    DeviceBuffer out_buf(cb + 16);
+    void* const outp = static_cast<char*>(out_buf.get()) + (c.misaligned_out ? 2 : 0);
     cudaStream_t st;
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     rt::OverlapAllReduceOptions o;
@@ -136,17 +138,18 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       kernels::fill_random(c.dt, b.get(), int64_t(c.n) * c.k, sd + 1, -1.f, 1.f, st);
       kernels::fill_random(c.dt, residual.get(), int64_t(c.m) * c.n, sd + 2, -1.f, 1.f, st);
       kernels::fill_random(c.dt, weight.get(), c.n, sd + 3, 0.5f, 1.5f, st);
-      for (auto* p : {&ref, &out, &cub, &y_ref}) kernels::poison(p->get(), int64_t(c.m) * c.n, st);
+      for (auto* p : {&ref, &cub, &y_ref}) kernels::poison(p->get(), int64_t(c.m) * c.n, st);
       kernels::poison(y, int64_t(c.m) * c.n, st);
+      kernels::poison(outp, int64_t(c.m) * c.n, st);
       rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), ref.get(), full, c.k, comm, st);
       rt::sequential_cublas_allreduce(cublas, c.dt, a.get(), b.get(), cub.get(), c.m, c.n, c.k, comm, st);
-      op.run(a.get(), b.get(), out.get(), c.n, st);
+      op.run(a.get(), b.get(), outp, c.n, st);
       kernels::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), nullptr, st);
       op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y, st);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
-      const auto bit = kernels::compare(c.dt, out.get(), c.n, ref.get(), c.n, c.m, c.n, st);
-      const auto tol = kernels::compare(c.dt, out.get(), c.n, cub.get(), c.n, c.m, c.n, st);
+      const auto bit = kernels::compare(c.dt, outp, c.n, ref.get(), c.n, c.m, c.n, st);
+      const auto tol = kernels::compare(c.dt, outp, c.n, cub.get(), c.n, c.m, c.n, st);
       const auto norm = kernels::compare(c.dt, y, c.n, y_ref.get(), c.n, c.m, c.n, st);
       EXPECT_EQ(bit.mismatches, 0) << where << " rank " << rank << " call " << call;
       EXPECT_EQ(bit.nan_count, 0) << where;
@@ -218,7 +221,7 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
       {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Pushed, false},
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed},
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, false},
-      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true},  // norm: per-group sum + norm
+      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true},  // misaligned: sums after the GEMM
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles},
       {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::PushedTiles},
       {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false},
@@ -234,7 +237,7 @@ TEST(OverlapAllReduce, PushedByCopyEnginesMatchesSequentialBitwise) {
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, CE},
       {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, CE, 1},
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, CE, 3},
-      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, CE},  // norm: per-group path
+      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, CE},  // misaligned: sums after
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles, true, false, CE, 4},
       {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false, false, CE},
       {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles, true, false, CE}});
