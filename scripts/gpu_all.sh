@@ -9,6 +9,7 @@
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
 #   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
+#   push-ab      pushed layouts, the GEMM's stores vs the copy engines on 1, 2, 4 copy streams (--trace)
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest.
@@ -59,6 +60,15 @@ for s in "$@"; do
       stage "power and clocks per variant (NVML)"
       $CLI bench --shapes 4096x8192x8192,8192x4096x2048,1024x8192x8192 --power 1 2>&1 | tee "$OUT/power.log" |
         grep -E "^[0-9]+x|power|W,|flashoverlap  |sequential  " || status=1
+      ;;
+    push-ab)
+      stage "pushed: GEMM stores vs copy engines"
+      for by in gemm ce1 ce2 ce4 gemm ce2; do
+        case $by in gemm) args="--push-by gemm" ;; ce*) args="--push-by copy-engines --copy-streams ${by#ce}" ;; esac
+        echo "##### $args"
+        $CLI bench --shapes 8192x4096x2048,4096x7168x5120,2048x8192x8192,4096x8192x8192 --layout pushed --trace $args \
+          2>&1 | tee -a "$OUT/push-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM end|rror" | cut -c1-160 || status=1
+      done
       ;;
     sanitize)
       stage compute-sanitizer
