@@ -66,7 +66,7 @@ for s in "$@"; do
       for by in gemm ce1 ce2 ce4 gemm ce2; do
         case $by in gemm) args="--push-by gemm" ;; ce*) args="--push-by copy-engines --copy-streams ${by#ce}" ;; esac
         echo "##### $args"
-        $CLI bench --shapes 8192x4096x2048,4096x7168x5120,2048x8192x8192,4096x8192x8192 --layout pushed --trace $args \
+        $CLI bench --shapes 8192x4096x2048,4096x7168x5120,2048x8192x8192,4096x8192x8192 --layout pushed --trace --curves /tmp/fo-curves $args \
           2>&1 | tee -a "$OUT/push-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM end|rror" | cut -c1-160 || status=1
       done
       ;;
