@@ -28,12 +28,12 @@ void OverlapAllReduce::setup_pushed() {
   if (opts_.push_signal_every < 1 || opts_.push_signal_every > 2)
     throw InvalidArgument("OverlapAllReduce: push_signal_every must be 1 or 2, not " +
                           std::to_string(opts_.push_signal_every));
-  if (copy_engines() && (opts_.copy_streams < 1 || opts_.copy_streams > 8))
+  const bool ce = copy_engines();
+  if (ce && (opts_.copy_streams < 1 || opts_.copy_streams > 8))
     throw InvalidArgument("OverlapAllReduce: copy_streams must be in [1, 8], not " + std::to_string(opts_.copy_streams));
   // What a group's sum waits for: every rank's tiles counted in this GPU's
   // arrival counter (the GEMM's stores), or this GEMM's own signals (copy
   // engines; the peers' blocks have their flags).
-  const bool ce = copy_engines();
   for (size_t g = 0; g < opts_.groups.size(); ++g)
     per_epoch_.push_back(ce ? target_[g] : uint32_t(opts_.groups[g].tiles()) * uint32_t(world_));
   setup_blocks(2);
@@ -47,14 +47,12 @@ void OverlapAllReduce::setup_pushed() {
   FO_CUDA_CHECK(cudaMemset(arrivals_, 0, flags_at + flag_bytes - counters_at));
   if (ce) peer_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
   const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
-  std::vector<void*> peer_bases;
   std::vector<uint32_t*> peer_arrivals;
   for (int r = 0; r < world_; ++r)
     if (!at[size_t(r)]) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " +
                                     std::to_string(r) + "'s copy of " + what);
   for (int r = 0; r < world_; ++r)
     if (r != gather_rank_) {
-      peer_bases.push_back(at[size_t(r)]);
       peer_arrivals.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + counters_at));
       peer_base_.push_back(static_cast<char*>(at[size_t(r)]));
       peer_flag_at_.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + flags_at));
@@ -63,8 +61,8 @@ void OverlapAllReduce::setup_pushed() {
     stream_wait_fn();
     stream_write_fn();
   }
-  push_peers_ = DeviceBuffer(peer_bases.size() * sizeof(void*));
-  FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_bases.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
+  push_peers_ = DeviceBuffer(peer_base_.size() * sizeof(void*));  // the kernel's void* [peers]
+  FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_base_.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
   peer_arrivals_ = DeviceBuffer(peer_arrivals.size() * sizeof(uint32_t*));
   FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
   kernel_sum_ok_ = int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
@@ -170,7 +168,8 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
 
 void OverlapAllReduce::enqueue_copies() {
   const size_t groups = gather_.size();
-  const size_t half = size_t(epoch_ & 1) * gathered_rows_ * gather_width_ * 2;
+  const size_t half = size_t(pushed_half() - static_cast<const char*>(gathered_.get()));  // this call's
+  const bool tiles = opts_.layout == ArLayout::PushedTiles;
   for (size_t g = 0; g < groups; ++g) {
     const GatherBlock& gb = gather_[g];
     // Groups take the copy streams in turn, so that one group's copy need
@@ -187,7 +186,6 @@ void OverlapAllReduce::enqueue_copies() {
     const size_t offset = half + size_t(gb.block0 + int64_t(gather_rank_) * gb.pad_rows) * gather_width_ * 2;
     // Row bands: the group's rows of C (not the padding to whole tiles);
     // tile slots: every slot of the block.
-    const bool tiles = opts_.layout == ArLayout::PushedTiles;
     const size_t bytes = size_t(tiles ? gb.pad_rows : gb.rows) * gather_width_ * 2;
     const char* mine = static_cast<const char*>(gathered_.get()) + offset;
     for (size_t j = 0; j < peer_base_.size(); ++j) {
@@ -215,8 +213,7 @@ void OverlapAllReduce::wait_pushed_group(size_t g, cudaStream_t stream) {
     kernels::launch_wait_counter(arrivals_ + g, epoch_ * per_epoch_[g], timeout_ns(), wait_error_, int32_t(g), stream);
     return;
   }
-  kernels::launch_wait_counter(counters_.as<uint32_t>() + g, epoch_ * target_[g], timeout_ns(), wait_error_,
-                               int32_t(g), stream);
+  // (This GEMM's own tiles of g: it ran before on this stream.)
   for (int w = 0; w < world_; ++w)
     if (w != gather_rank_)
       kernels::launch_wait_counter(peer_flags_ + g * size_t(world_) + size_t(w), epoch_, timeout_ns(), wait_error_,
