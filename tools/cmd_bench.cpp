@@ -226,18 +226,14 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
 
   ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0, {}, {}, {}};
   // Components, measured on their own: the ideal is max(GEMM, AllReduce).
-  std::vector<double> comp = {
-      rt::time_collective([&] { cx.cublas->run(dt, a.get(), b.get(), out_seq.get(), m, n, k, n, cx.stream); },
-                          cx.stream, base, o.warmup, o.iters)
-          .median_ms,
-      rt::time_collective(
-          [&] {
-            FO_NCCL_CHECK_CTX(ncclAllReduce(out_seq.get(), out_seq.get(), size_t(M) * N, rt::nccl_type(dt), ncclSum, base,
-                                            cx.stream),
-                              "AllReduce alone");
-          },
-          cx.stream, base, o.warmup, o.iters)
-          .median_ms};
+  auto run_gemm_alone = [&] { cx.cublas->run(dt, a.get(), b.get(), out_seq.get(), m, n, k, n, cx.stream); };
+  auto run_ar_alone = [&] {
+    FO_NCCL_CHECK_CTX(
+        ncclAllReduce(out_seq.get(), out_seq.get(), size_t(M) * N, rt::nccl_type(dt), ncclSum, base, cx.stream),
+        "AllReduce alone");
+  };
+  std::vector<double> comp = {rt::time_collective(run_gemm_alone, cx.stream, base, o.warmup, o.iters).median_ms,
+                              rt::time_collective(run_ar_alone, cx.stream, base, o.warmup, o.iters).median_ms};
   comp = rt::max_over_ranks(*cx.rv, comp);
   res.gemm_ms = comp[0], res.comm_ms = comp[1], res.ideal_ms = std::max(comp[0], comp[1]);
 
@@ -365,10 +361,12 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << ", wait " << o.wait;
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
-  if (o.power_s > 0) res.power = power_table(cx, o, {{"GEMM alone (cuBLAS)", [&] { cx.cublas->run(dt, a.get(), b.get(), out_seq.get(), m, n, k, n, cx.stream); }, comp[0]},
-                                                   {"AllReduce alone", [&] { FO_NCCL_CHECK_CTX(ncclAllReduce(out_seq.get(), out_seq.get(), size_t(M) * N, rt::nccl_type(dt), ncclSum, base, cx.stream), "AllReduce alone"); }, comp[1]},
-                                                   {"sequential", run_seq, ms[0]},
-                                                   {"flashoverlap", run_fo, ms.back()}});
+  if (o.power_s > 0)
+    res.power = power_table(cx, o,
+                            {{"GEMM alone (cuBLAS)", run_gemm_alone, comp[0]},
+                             {"AllReduce alone", run_ar_alone, comp[1]},
+                             {"sequential", run_seq, ms[0]},
+                             {"flashoverlap", run_fo, ms.back()}});
 
   if (o.rmsnorm) {  // GEMM -> AllReduce -> RMSNorm against the fused path
     rt::DeviceBuffer residual(c_bytes), weight(size_t(N) * 2), y_ref(c_bytes), y_fo(c_bytes);
