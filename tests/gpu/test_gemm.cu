@@ -101,6 +101,72 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmVsCublas,
                                   std::to_string(std::get<2>(info.param));
                          });
 
+// CTA pairs (clusters of 2 with multicast loads) compute what single CTAs
+// do, bit for bit, on every raster and band width (pairs sharing B, sharing
+// A, sharing nothing, the partner without a tile in the last round) and both
+// epilogues (TMA stores and the rows store of an odd ldc).
+TEST(GemmCluster, PairsMatchSingleCtasBitwise) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(fresh_seed());
+  struct Grid {
+    int ctas;
+    plan::Raster raster;
+    int swizzle;
+  };
+  const std::vector<Grid> grids{{132, plan::Raster::AlongN, 8}, {130, plan::Raster::AlongN, 3},
+                                {76, plan::Raster::AlongM, 1},  {2, plan::Raster::AlongN, 1},
+                                {132, plan::Raster::AlongM, 2}, {4, plan::Raster::AlongN, 2}};
+  for (int round = 0; round < 2; ++round) {
+    const DType dt = round == 0 ? DType::BF16 : DType::FP16;
+    const int m = 1 + int(rng() % 3000), n = 8 * (1 + int(rng() % 900)), k = 8 * (1 + int(rng() % 400));
+    const uint64_t seed = fresh_seed();
+    Problem pr(dt, m, n, k, seed, false);
+    for (int bn : {256, 128}) {
+      for (const Grid& g : grids) {
+        for (int64_t ldc : {int64_t(n), int64_t(n) + 1}) {
+          SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " tile 128x" +
+                       std::to_string(bn) + " ctas=" + std::to_string(g.ctas) + " swizzle=" + std::to_string(g.swizzle) +
+                       " ldc=" + std::to_string(ldc) + " seed=" + std::to_string(seed));
+          DeviceBuffer single(size_t(m) * ldc * 2), paired(size_t(m) * ldc * 2);
+          kernels::GemmParams p;
+          p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k;
+          p.sched = make_sched(m, n, 128, bn, g.ctas, g.raster, g.swizzle);
+          p.store = kernels::Store::Plain, p.ldc = ldc;
+          kernels::poison(single.get(), int64_t(m) * ldc, nullptr);
+          kernels::poison(paired.get(), int64_t(m) * ldc, nullptr);
+          p.c = single.get(), p.cluster = 1;
+          kernels::launch_gemm(p, nullptr);
+          p.c = paired.get(), p.cluster = 2;
+          ASSERT_EQ(kernels::gemm_cluster_size(p), 2);
+          kernels::launch_gemm(p, nullptr);
+          FO_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto r = kernels::compare(dt, paired.get(), ldc, single.get(), ldc, m, n, nullptr);
+          EXPECT_EQ(r.nan_count, 0);
+          EXPECT_EQ(r.mismatches, 0);
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmCluster, OnlyWhereTheGridAllows) {
+  REQUIRE_HOPPER();
+  Problem pr(DType::BF16, 256, 512, 64, fresh_seed(), false);
+  DeviceBuffer c(size_t(256) * 512 * 2);
+  kernels::GemmParams p;
+  p.a = pr.a.get(), p.b = pr.b.get(), p.m = 256, p.n = 512, p.k = 64, p.c = c.get(), p.ldc = 512;
+  p.sched = make_sched(256, 512, 128, 256, 132);
+  EXPECT_EQ(kernels::gemm_cluster_size(p), 2);  // auto: an even grid of the whole GPU
+  p.sched.ctas = 77;
+  EXPECT_EQ(kernels::gemm_cluster_size(p), 1);  // odd grid: single CTAs
+  p.cluster = 2;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);
+  p.sched.ctas = 4096;  // more pairs than the GPU holds at once
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);
+  p.cluster = 3;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);
+}
+
 // Outputs whose rows are not 16-byte aligned take the row-store epilogue.
 TEST(Gemm, OddLeadingDimensionAndTinyN) {
   REQUIRE_HOPPER();
