@@ -10,9 +10,6 @@
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
 #   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
 #   push-ab      pushed layouts, the GEMM's stores vs the copy engines on 1, 2, 4 copy streams (--trace)
-#   cluster-ab   GEMM CTA pairs (multicast) vs single CTAs: their GPU tests first (stops the run
-#                on failure), bench-gemm --clusters 1,2, then bench on four shapes with
-#                FLASHOVERLAP_GEMM_CLUSTER=1 and without, twice in turn
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest.
@@ -80,20 +77,6 @@ for s in "$@"; do
           --gtest_filter='Shapes/GemmVsCublas.*/6:GemmSignal.SlotRowsFollowTheTable:GemmFusedSum.*' >"$OUT/sanitize-$tool.log" 2>&1
         echo "$tool: exit $? ($(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitize-$tool.log") clean summaries)"
         tail -3 "$OUT/sanitize-$tool.log"
-      done
-      ;;
-    cluster-ab)
-      stage "GEMM: CTA pairs vs single CTAs"
-      timeout 300 $BUILD/tests/gpu/gpu_test_gemm --gtest_filter='GemmCluster*:GemmVsCublas*' >"$OUT/cluster-test.log" 2>&1 ||
-        { tail -30 "$OUT/cluster-test.log"; echo "cluster tests failed or hung: stopping"; exit 1; }
-      tail -3 "$OUT/cluster-test.log"
-      $CLI bench-gemm --reserve-sms 0 --modes plain --clusters 1,2 --csv "$OUT/gemm-cluster-ab.csv" 2>&1 |
-        tee "$OUT/cluster-ab.log" || status=1
-      for env in 1 0 1 0; do
-        echo "##### FLASHOVERLAP_GEMM_CLUSTER=$env"
-        FLASHOVERLAP_GEMM_CLUSTER=$env $CLI bench --shapes 4096x8192x8192,2048x8192x8192,8192x4096x2048,4096x4096x4096 \
-          --curves /tmp/fo-curves --trace 2>&1 | tee -a "$OUT/cluster-ab.log" |
-          grep -E "^[0-9]+x|flashoverlap  |sequential  |GEMM end|rror" | cut -c1-150 || status=1
       done
       ;;
     pack)

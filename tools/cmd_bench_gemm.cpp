@@ -36,7 +36,6 @@ struct Options {
   std::string tiles = "256,128";
   std::string reserve = "0,8,16,32";
   std::string modes = "plain,signal";
-  std::string clusters = "0";
   int warmup = 5, iters = 20, device = 0;
   std::string csv, meta;
 };
@@ -45,9 +44,6 @@ int run(const Options& o) {
   const auto shapes = parse_shapes(o.shapes);
   const auto tiles = parse_ints(o.tiles, "tile width");
   const auto reserves = parse_ints(o.reserve, "reserve");
-  const auto clusters = parse_ints(o.clusters, "cluster");
-  for (int c : clusters)
-    if (c < 0 || c > 2) throw InvalidArgument("--clusters: each value must be 0 (where possible), 1 or 2");
   for (int t : tiles)
     if (!kernels::tile_supported(128, t)) throw InvalidArgument("unsupported tile 128x" + std::to_string(t));
   std::vector<kernels::DType> dtypes;
@@ -74,10 +70,10 @@ int run(const Options& o) {
   if (!o.csv.empty()) {
     csv.open(o.csv);
     if (!csv) throw Error("cannot write " + o.csv);
-    csv << "M,N,K,dtype,tile,reserve_sms,mode,cluster,ours_ms,cublas_ms,ours_tflops,cublas_tflops,ratio_vs_cublas,rel_err\n";
+    csv << "M,N,K,dtype,tile,reserve_sms,mode,ours_ms,cublas_ms,ours_tflops,cublas_tflops,ratio_vs_cublas,rel_err\n";
   }
   std::cout << std::left << std::setw(18) << "shape" << std::setw(6) << "dtype" << std::setw(9) << "tile"
-            << std::setw(8) << "reserve" << std::setw(8) << "mode" << std::setw(4) << "cl" << std::right << std::setw(10) << "ours_ms"
+            << std::setw(8) << "reserve" << std::setw(8) << "mode" << std::right << std::setw(10) << "ours_ms"
             << std::setw(10) << "cublas_ms" << std::setw(9) << "ours_TF" << std::setw(9) << "cublas_TF"
             << std::setw(8) << "ratio" << "\n";
 
@@ -101,7 +97,6 @@ int run(const Options& o) {
         struct Config {
           int bn;
           int mode;  // 0 plain, 1 signal
-          int cluster;  // as launched: 1 or 2
           kernels::GemmParams p;
           double rel = -1;
         };
@@ -131,11 +126,7 @@ int run(const Options& o) {
               p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
               p.counters = counters, p.group_of_tile = got;
             }
-            for (int cl : clusters) {
-              p.cluster = cl;
-              if (cl == 2 && s.ctas % 2 != 0) continue;  // pairs need an even grid
-              configs.push_back({bn, mode, kernels::gemm_cluster_size(p), p, -1});
-            }
+            configs.push_back({bn, mode, p, -1});
           }
         }
         // Correctness first: poisoned output vs cuBLAS.
@@ -163,13 +154,13 @@ int run(const Options& o) {
           const char* mname = cf.mode == 0 ? "plain" : "signal";
           std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname << std::setw(9)
                     << ("128x" + std::to_string(cf.bn)) << std::setw(8) << reserve << std::setw(8) << mname
-                    << std::setw(4) << cf.cluster << std::right << std::fixed << std::setprecision(3) << std::setw(10) << ours_ms << std::setw(10)
+                    << std::right << std::fixed << std::setprecision(3) << std::setw(10) << ours_ms << std::setw(10)
                     << cub_ms << std::setprecision(1) << std::setw(9) << ours_tf << std::setw(9) << cub_tf
                     << std::setprecision(3) << std::setw(8) << ours_tf / cub_tf << "\n"
                     << std::flush;
           if (csv)
             csv << sh.m << "," << sh.n << "," << sh.k << "," << dname << ",128x" << cf.bn << "," << reserve << ","
-                << mname << "," << cf.cluster << "," << ours_ms << "," << cub_ms << "," << ours_tf << "," << cub_tf << ","
+                << mname << "," << ours_ms << "," << cub_ms << "," << ours_tf << "," << cub_tf << ","
                 << ours_tf / cub_tf << "," << cf.rel << "\n";
         }
       }
@@ -200,9 +191,6 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
   cmd->add_option("--reserve-sms", opts->reserve, "SMs left free (GEMM grid = SMs - reserve), list")
       ->capture_default_str();
   cmd->add_option("--modes", opts->modes, "plain, signal or both (plain,signal)")->capture_default_str();
-  cmd->add_option("--clusters", opts->clusters,
-                  "CTA pairs with multicast loads, list: 0 (where the grid allows), 1 (off), 2 (on; even grids)")
-      ->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "Warm-up runs")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--iters", opts->iters, "Timed runs (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--device", opts->device, "CUDA device")->capture_default_str();

@@ -122,11 +122,6 @@ struct GemmParams {
   Push push;                           // optional (pushed layout; Plain store via TMA, with counters)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
-  // CTA pairs sharing operand loads by TMA multicast (gemm_sm90.cuh):
-  // 0 = where possible (an even grid whose clusters of 2 all fit on the GPU
-  // at once; FLASHOVERLAP_GEMM_CLUSTER=1 in the environment turns it off),
-  // 1 = off, 2 = on (throws if the grid does not allow it).
-  int32_t cluster = 0;
 };
 
 // Plain row-major C (ldc elements per row) = A B^T on the grid of `sched`.
@@ -147,8 +142,6 @@ void check_gemm_params(const GemmParams& p);
 
 // Enqueues the GEMM on `stream`. Throws on invalid input or launch failure.
 void launch_gemm(const GemmParams& p, cudaStream_t stream);
-// The cluster size launch_gemm uses for p (1 or 2) on the current device.
-int gemm_cluster_size(const GemmParams& p);
 
 // Loads every kernel of this library into the current context now. CUDA's
 // lazy loading would otherwise load a module at its first launch, which

@@ -3,7 +3,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -64,79 +63,6 @@ std::string shape_str(const GemmParams& p) {
 }
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
-template <typename K>
-cudaLaunchConfig_t launch_config(K, dim3 grid, int smem, int cluster, cudaStream_t stream, cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kGemmThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = cluster, attr->val.clusterDim.y = 1, attr->val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-// Clusters of 2 of this kernel that the device holds at once (per device and
-// kernel, asked once): a persistent grid must fit whole, as its CTAs wait on
-// each other's tiles.
-template <typename K>
-int max_pairs(K kernel, int smem) {
-  static std::mutex mu;
-  static int cached[64] = {};
-  int dev = 0;
-  FO_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  int& n = cached[dev % 64];
-  if (n == 0) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = launch_config(kernel, dim3(2), smem, 2, nullptr, &attr);
-    int clusters = 0;
-    FO_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-    n = clusters > 0 ? clusters : -1;
-  }
-  return n > 0 ? n : 0;
-}
-
-// 0 where FLASHOVERLAP_GEMM_CLUSTER is unset.
-int env_cluster() {
-  static const int v = [] {
-    const char* e = std::getenv("FLASHOVERLAP_GEMM_CLUSTER");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
-}
-
-template <int BN, typename T>
-int cluster_for(const GemmParams& p) {
-  const int want = p.cluster != 0 ? p.cluster : env_cluster() == 1 ? 1 : 0;
-  if (want == 1) return 1;
-  const bool fits = p.sched.ctas % 2 == 0 && p.sched.ctas / 2 <= max_pairs(kernel_for<BN, T>(), smem_for<BN>());
-  if (want == 2 && !fits) {
-    std::ostringstream os;
-    os << shape_str(p) << ": cluster 2 needs an even grid whose pairs all fit on the GPU at once (" << 2 * max_pairs(kernel_for<BN, T>(), smem_for<BN>())
-       << " CTAs here)";
-    throw InvalidArgument(os.str());
-  }
-  return fits ? 2 : 1;
-}
-
-template <int BN, typename T>
-void launch(const GemmParams& p, const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& mc,
-            GemmKernelParams kp, cudaStream_t stream) {
-  kp.cluster = cluster_for<BN, T>(p);
-  static const int diag = [] {
-    const char* e = std::getenv("FLASHOVERLAP_GEMM_CLUSTER_DIAG");
-    return e ? std::atoi(e) : 0;
-  }();
-  kp.diag = diag;
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg =
-      launch_config(kernel_for<BN, T>(), dim3(p.sched.ctas), smem_for<BN>(), kp.cluster, stream, &attr);
-  FO_CUDA_CHECK_CTX(cudaLaunchKernelEx(&cfg, kernel_for<BN, T>(), ma, mb, mc, kp), shape_str(p));
-}
 
 }  // namespace
 
@@ -199,24 +125,18 @@ void check_gemm_params(const GemmParams& p) {
   if (p.sum.groups > 0 && p.sum.consumers && (!p.sum.claims || !push_store))
     fail("fused sum by the consumer warps needs claim counters and the TMA store (slot tiles or aligned Plain C)");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
-  if (p.cluster < 0 || p.cluster > 2) fail("cluster must be 0 (where possible), 1 or 2");
 }
 
 void preload_gemm_kernels();
 
-namespace {
-// Shared-memory limits are per device: set them once on each.
-void load_once() {
-  static std::once_flag once[64];
-  int dev = 0;
-  FO_CUDA_CHECK(cudaGetDevice(&dev));
-  std::call_once(once[dev % 64], preload_gemm_kernels);
-}
-}  // namespace
-
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   check_gemm_params(p);
-  load_once();
+  {  // shared-memory limits are per device: set them once on each
+    static std::once_flag once[64];
+    int dev = 0;
+    FO_CUDA_CHECK(cudaGetDevice(&dev));
+    std::call_once(once[dev % 64], preload_gemm_kernels);
+  }
   const CUtensorMapDataType dt =
       p.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const int bn = p.sched.bn;
@@ -250,25 +170,19 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
   kp.row_shift = p.store != Store::SlotRows ? p.row_shift : nullptr;
 
+  const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.dtype == DType::BF16) {
     if (bn == 256)
-      launch<256, __nv_bfloat16>(p, ma, mb, mc, kp, stream);
+      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, kp);
     else
-      launch<128, __nv_bfloat16>(p, ma, mb, mc, kp, stream);
+      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, kp);
   } else {
     if (bn == 256)
-      launch<256, __half>(p, ma, mb, mc, kp, stream);
+      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, kp);
     else
-      launch<128, __half>(p, ma, mb, mc, kp, stream);
+      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, kp);
   }
-}
-
-int gemm_cluster_size(const GemmParams& p) {
-  check_gemm_params(p);
-  load_once();
-  const bool bf16 = p.dtype == DType::BF16;
-  if (p.sched.bn == 256) return bf16 ? cluster_for<256, __nv_bfloat16>(p) : cluster_for<256, __half>(p);
-  return bf16 ? cluster_for<128, __nv_bfloat16>(p) : cluster_for<128, __half>(p);
+  FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }
 
 namespace {

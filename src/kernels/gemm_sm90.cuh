@@ -9,15 +9,6 @@
 // writing its half to shared memory for the storer.
 // Registers are moved from the producer to the consumers with setmaxnreg.
 // Tiles are taken in plan::Schedule order: CTA c computes tiles c, c+G, ...
-//
-// With cluster = 2 (an even grid launched as clusters of 2 CTAs), CTAs 2j and
-// 2j+1 compute tiles idx and idx^1 in every round. Where those tiles share a
-// tile column (or row), each stage of B (or A) is loaded once from L2 and
-// multicast to both CTAs, the two taking turns by stage: a third less L2
-// traffic per tile for 128x256 tiles sharing B. While both CTAs have tiles,
-// a stage is free once all four consumer warpgroups of the pair have read it
-// (each releases it in both CTAs), whether or not that round shares: a CTA's
-// next multicast may write into its partner's copy of the stage.
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -49,19 +40,7 @@ struct GemmKernelParams {
   Push push;
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
-  int32_t cluster;  // 1, or 2: launched as clusters of 2 CTAs (even grid), see above
-  int32_t diag;     // DIAGNOSTIC: 1 pairs without multicast, 2 cluster launch only
 };
-
-// Which operand the pair's tiles of this round share: 0 none (or the partner
-// has no tile), 1 A (same tile row), 2 B (same tile column). The same answer
-// in both CTAs of the pair.
-__device__ __forceinline__ int pair_share(const plan::Schedule& s, int32_t idx, plan::TileCoord tc, int32_t tiles) {
-  const int32_t other = idx ^ 1;  // the partner's tile this round (the grid is even)
-  if (other >= tiles) return 0;
-  const plan::TileCoord oc = s.tile_of(other);
-  return oc.tn == tc.tn ? 2 : oc.tm == tc.tm ? 1 : 0;
-}
 
 template <int BN, int STAGES>
 struct GemmSmem {
@@ -244,7 +223,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
-      ptx::mbar_init(&empty[s], p.diag == 2 ? 2 : 2 * p.cluster);  // each consumer warpgroup of the pair (see above)
+      ptx::mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
     }
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_init(&c_full[h], 1);
@@ -257,16 +236,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   }
   if (blockIdx.x == 0)
     for (int i = threadIdx.x; i < p.sum.claims_reset_count; i += blockDim.x) p.sum.claims_reset[i] = 0;
-  // The partner's multicasts and arrivals need this CTA's barriers initialised.
-  if (p.cluster > 1)
-    ptx::cluster_sync();
-  else
-    __syncthreads();
-  // Neither CTA of a pair leaves while the other may still write its shared
-  // memory or barriers (every thread of both passes here once, at its end).
-  auto leave = [&] {
-    if (p.cluster > 1) ptx::cluster_sync();
-  };
+  __syncthreads();
 
   const int tiles = p.sched.tiles();
   if (wg == 0) {
@@ -275,27 +245,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // ---------------- producer: TMA loads into the ring ----------------
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
-      const uint32_t crank = p.cluster > 1 ? ptx::cluster_ctarank() : 0;
       int it = 0;
       for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
         const plan::TileCoord tc = p.sched.tile_of(idx);
-        const int share = p.cluster > 1 && p.diag == 0 ? pair_share(p.sched, idx, tc, tiles) : 0;
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
           ptx::mbar_wait(&empty[s], phase ^ 1);
-          ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);  // own loads + the partner's multicast
-          const bool mine = uint32_t(it & 1) == crank;                       // whose turn to multicast
-          uint8_t* a_dst = smem + L::kA + s * L::kABytes;
-          uint8_t* b_dst = smem + L::kB + s * L::kBBytes;
-          if (share != 1)
-            ptx::tma_load_2d(a_dst, &tm_a, &full[s], kb * BK, tc.tm * BM);
-          else if (mine)
-            ptx::tma_load_2d_multicast(a_dst, &tm_a, &full[s], kb * BK, tc.tm * BM, 0x3);
-          if (share != 2)
-            ptx::tma_load_2d(b_dst, &tm_b, &full[s], kb * BK, tc.tn * BN);
-          else if (mine)
-            ptx::tma_load_2d_multicast(b_dst, &tm_b, &full[s], kb * BK, tc.tn * BN, 0x3);
+          ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
+          ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, tc.tm * BM);
+          ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
         }
       }
     } else if (tid >= 64 && p.sum.groups > 0 && p.sum.producers) {
@@ -372,7 +331,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
       if (leader) ptx::tma_store_wait_all();
     }
-    leave();
     return;
   }
 
@@ -383,26 +341,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // [BN/64 chunks][64 rows][128 B]
   const uint32_t my_c_addr = ptx::smem_addr(my_c);
 
-  // A stage read: released here, and in the partner while both have tiles.
-  const uint32_t partner = p.cluster > 1 ? ptx::cluster_ctarank() ^ 1 : 0;
-  auto release = [&](int stage, bool paired) {
-    if (tid != 0) return;
-    if (p.cluster == 1 || p.diag == 2) {
-      ptx::mbar_arrive(&empty[stage]);
-    } else if (paired) {
-      ptx::mbar_arrive(&empty[stage]);
-      ptx::mbar_arrive_cluster(&empty[stage], partner);
-    } else {
-      ptx::mbar_arrive_count(&empty[stage], 2);
-    }
-  };
-
   float acc[BN / 2];
   int it = 0;
   uint32_t t = 0;
   for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    const bool paired = p.cluster > 1 && (idx ^ 1) < tiles;
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.
@@ -419,12 +362,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::wgmma_commit();
       if (prev >= 0) {
         ptx::wgmma_wait<1>();
-        release(prev, paired);
+        if (tid == 0) ptx::mbar_arrive(&empty[prev]);
       }
       prev = s;
     }
     ptx::wgmma_wait<0>();
-    release(prev, paired);
+    if (tid == 0) ptx::mbar_arrive(&empty[prev]);
 
     // Epilogue. (1) my_c must be free: the storer has read the previous tile
     // (TMA path), or every thread of this warpgroup is done with it (rows path).
@@ -500,7 +443,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
                                              c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
   }
-  leave();
 }
 
 }  // namespace flashoverlap::kernels
