@@ -57,7 +57,7 @@ struct Options {
   bool rmsnorm = false, json = false, trace = false, select = true;
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
-  std::string push_by = "gemm";
+  std::string push_by = "auto";
   int copy_streams = 2;
   std::string csv;
   std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
@@ -168,7 +168,7 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
   if (!cx.power_everywhere) return "power: no NVML power meter on every rank (see --power)";
   std::ostringstream os;
   os << std::fixed << std::setprecision(0) << "power (NVML; " << o.power_s << " s per variant; limit "
-     << cx.meter->limit_w() << " W; W, J and capped: max over ranks; MHz: min over ranks):";
+     << cx.meter->limit_w() << " W; ms per call back to back, W, J and capped: max over ranks; MHz: min over ranks):";
   for (const PowerVariant& v : variants) {
     const double ms = std::max(v.ms, 1e-3);
     const int calls = std::max(10, int(o.power_s * 1e3 / ms)), batch = std::max(1, int(50.0 / ms));
@@ -200,13 +200,14 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
     const rt::PowerSummary p = rt::summarize(samples);
     const std::vector<double> r =
         rt::max_over_ranks(*cx.rv, {p.mean_w, p.joules * 1e3 / calls, p.capped_share, -p.sm_mhz_mean,
-                                    -double(p.sm_mhz_min), failed ? 1.0 : 0.0});
+                                    -double(p.sm_mhz_min), failed ? 1.0 : 0.0, p.seconds * 1e3 / calls});
     if (r[5] > 0) {
       os << "\n    " << v.name << ": NVML sampling failed on a rank (see its message)";
       continue;
     }
-    os << "\n    " << std::left << std::setw(22) << v.name << std::right << std::setw(5) << r[0] << " W, "
-       << std::setprecision(1) << std::setw(7) << r[1] << " mJ per call, SM " << std::setprecision(0) << -r[3]
+    os << "\n    " << std::left << std::setw(22) << v.name << std::right << std::setprecision(3) << std::setw(6)
+       << r[6] << " ms per call, " << std::setprecision(0) << std::setw(4) << r[0] << " W, " << std::setprecision(1)
+       << std::setw(6) << r[1] << " mJ per call, SM " << std::setprecision(0) << -r[3]
        << " MHz (min " << -r[4] << "), power-capped in " << r[2] * 100 << "% of " << p.samples << " samples";
   }
   return os.str();
@@ -265,13 +266,16 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.trace = o.trace;
     fo.fallback_cublas = pl.fallback_cublas;
     fo.fuse_sum = pl.fuse_sum;
-    fo.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines : rt::PushBy::Gemm;
+    fo.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
+                 : o.push_by == "gemm"           ? rt::PushBy::Gemm
+                                                 : pl.push_by;
     fo.copy_streams = o.copy_streams;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
   // below) picks among the finalists, unless --no-select.
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
+  tuning.copy_engine_finalists = o.push_by == "auto";
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
   res.predicted_ms = plan.predicted_ms;
@@ -286,6 +290,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
   auto run_ours = [&] { rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream); };
   auto run_fo = [&] { op.run(a.get(), b.get(), out_fo.get(), N, cx.stream); };
+  auto run_ours_alone = [&] {  // --power: our GEMM without the AllReduce
+    kernels::launch_gemm(kernels::plain_gemm(dt, a.get(), b.get(), full, k, out_ours.get(), N), cx.stream);
+  };
   for (auto* p : {&out_seq, &out_ours, &out_fo, &out_dec}) kernels::poison(p->get(), M * N, cx.stream);
   run_seq();
   run_ours();
@@ -351,7 +358,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << op.schedule().swizzle << ", NCCL "
       << (plan.sequential ? "default CTAs"
           : rt::is_gathered(plan.layout)            ? "on the copy engines"
-          : rt::is_pushed(plan.layout) && o.push_by == "copy-engines"
+          : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::CopyEngines
               ? "window (blocks copied to the peers by the copy engines, " + std::to_string(o.copy_streams) +
                     " streams)"
           : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
@@ -364,6 +371,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.power_s > 0)
     res.power = power_table(cx, o,
                             {{"GEMM alone (cuBLAS)", run_gemm_alone, comp[0]},
+                             {"GEMM alone (ours)", run_ours_alone, ms[1] - comp[1]},
                              {"AllReduce alone", run_ar_alone, comp[1]},
                              {"sequential", run_seq, ms[0]},
                              {"flashoverlap", run_fo, ms.back()}});
@@ -403,8 +411,8 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
-  if (o.push_by != "gemm" && o.push_by != "copy-engines")
-    throw InvalidArgument("--push-by must be gemm or copy-engines");
+  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines")
+    throw InvalidArgument("--push-by must be auto, gemm or copy-engines");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -543,8 +551,8 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "this long each and report power, energy per call, SM clock and power capping (NVML)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--push-by", o->push_by,
-                  "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies) or copy-engines (per "
-                  "group, copies of this rank's block once its tiles are stored)")
+                  "Pushed layouts: auto (the tuner measures both), gemm (the GEMM stores each tile into the peers' "
+                  "copies) or copy-engines (per group, copies of this rank's block once its tiles are stored)")
       ->capture_default_str();
   cmd->add_option("--copy-streams", o->copy_streams,
                   "--push-by copy-engines: streams the groups' copies take in turn (1-8)")

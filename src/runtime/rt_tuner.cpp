@@ -116,6 +116,7 @@ std::string describe(const AllReducePlan& p) {
                     std::to_string(p.sched.ctas) + " CTAs, swizzle " + std::to_string(p.sched.swizzle) + ", ";
   if (p.sequential) return out + (p.fallback_cublas ? "sequential (cuBLAS)" : "sequential (ours)");
   out += layout_name(p.layout);
+  if (is_pushed(p.layout) && p.push_by == PushBy::CopyEngines) out += " by the copy engines";
   if (is_gathered(p.layout) || is_pushed(p.layout))
     out += sum_place(p.layout, p.fuse_sum);
   else
@@ -137,7 +138,7 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
   return r;
 }
 
-std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked) {
+std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked, bool copy_engines) {
   std::vector<AllReducePlan> out;
   for (ArLayout l : {ArLayout::RowBands, ArLayout::Slots, ArLayout::GatheredTiles})
     for (const auto& pl : ranked)
@@ -155,6 +156,14 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
         out.back().fuse_sum = true;
         out.push_back(pl);
         out.back().fuse_sum = false;
+      }
+    }
+    if (copy_engines && is_pushed(l) && !seen.empty()) {  // the layout's best, moved by the copy engines
+      const size_t best = out.size() - 2 * seen.size();
+      for (bool fuse : {true, false}) {
+        out.push_back(out[best]);
+        out.back().fuse_sum = fuse;
+        out.back().push_by = PushBy::CopyEngines;
       }
     }
   }
@@ -212,7 +221,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     rank_only.options_for = nullptr;
     if (!rank_only.ranked) rank_only.ranked = &local;
     tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
-    return measure_finalists(t, finalists_of(*rank_only.ranked), n, a, b, scratch);
+    return measure_finalists(t, finalists_of(*rank_only.ranked, t.copy_engine_finalists), n, a, b, scratch);
   }
   // 1. Candidate schedules and their measured GEMM times (max over ranks).
   // The gathered layout leaves no SM to NCCL (copy engines): one grid only.

@@ -108,6 +108,7 @@ struct AllReduceTuning {
   // one-element AllReduce on sync_comm) and returns the fastest; `selection`
   // (optional) receives the finalists with their times, the pick starred.
   std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
+  bool copy_engine_finalists = true;  // finalists_of(ranked, copy_engines)
   ncclComm_t sync_comm = nullptr;
   int select_iters = 12;
   std::string* selection = nullptr;
@@ -121,6 +122,7 @@ struct AllReducePlan {
   bool sequential = false;
   bool fallback_cublas = false;  // sequential, with cuBLAS's GEMM
   bool fuse_sum = true;          // gathered, pushed: sum inside the GEMM
+  PushBy push_by = PushBy::Gemm;  // pushed: who moves the tiles to the peers
   double predicted_ms = 0;
 };
 
@@ -137,8 +139,11 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 // size and for the pushed ones per tile shape and band size, each with the
 // sum in and after the GEMM (the model leaves out where the sum runs, what
 // the band size costs the GEMM's cache reuse and how much the pushes slow
-// the GEMM); and the sequential fallback.
-std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
+// the GEMM); with copy_engines, also the best of each pushed layout moved
+// by the copy engines (sum in and after the GEMM: the model does not tell
+// the two transports apart, and which is faster varies with the shape and
+// the run: bench/results/NOTES.md); and the sequential fallback.
+std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked, bool copy_engines = false);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
 // curve_for), predicts each with the paper's model, searches the groups with
