@@ -58,8 +58,8 @@ for s in "$@"; do
       ;;
     power)
       stage "power and clocks per variant (NVML)"
-      $CLI bench --shapes 4096x8192x8192,8192x4096x2048,1024x8192x8192 --power 1 --curves /tmp/fo-curves 2>&1 | tee "$OUT/power.log" |
-        grep -E "^[0-9]+x|power|W,|flashoverlap  |sequential  " || status=1
+      $CLI bench --shapes 4096x8192x8192,8192x4096x2048,2048x8192x8192,1024x8192x8192 --power 1 --curves /tmp/fo-curves 2>&1 | tee "$OUT/power.log" |
+        grep -E "^[0-9]+x|power|W,|flashoverlap  |sequential  |rror" || status=1
       ;;
     push-ab)
       stage "pushed: GEMM stores vs copy engines"

@@ -18,6 +18,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -370,7 +371,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
 
   if (o.power_s > 0)
     res.power = power_table(cx, o,
-                            {{"GEMM alone (cuBLAS)", run_gemm_alone, comp[0]},
+                            {{"idle (no GPU work)", [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, 1.0},
+                             {"GEMM alone (cuBLAS)", run_gemm_alone, comp[0]},
                              {"GEMM alone (ours)", run_ours_alone, ms[1] - comp[1]},
                              {"AllReduce alone", run_ar_alone, comp[1]},
                              {"sequential", run_seq, ms[0]},
@@ -547,8 +549,9 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_flag("!--no-select", o->select,
                 "Take the model's best plan as is, without measuring the best of each layout against each other");
   cmd->add_option("--power", o->power_s,
-                  "Seconds: after the timings, run the cuBLAS GEMM, the AllReduce, sequential and flashoverlap "
-                  "this long each and report power, energy per call, SM clock and power capping (NVML)")
+                  "Seconds: after the timings, stay idle, then run the cuBLAS GEMM, our GEMM, the AllReduce, "
+                  "sequential and flashoverlap back to back this long each, and report ms per call, power, energy "
+                  "per call, SM clock and power capping (NVML)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--push-by", o->push_by,
                   "Pushed layouts: auto (the tuner measures both), gemm (the GEMM stores each tile into the peers' "
