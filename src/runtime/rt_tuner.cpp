@@ -138,7 +138,7 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
   return r;
 }
 
-std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked, bool copy_engines) {
+std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked) {
   std::vector<AllReducePlan> out;
   for (ArLayout l : {ArLayout::RowBands, ArLayout::Slots, ArLayout::GatheredTiles})
     for (const auto& pl : ranked)
@@ -158,17 +158,21 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
         out.back().fuse_sum = false;
       }
     }
-    if (copy_engines && is_pushed(l) && !seen.empty()) {  // the layout's best, moved by the copy engines
-      const size_t best = out.size() - 2 * seen.size();
-      for (bool fuse : {true, false}) {
-        out.push_back(out[best]);
-        out.back().fuse_sum = fuse;
-        out.back().push_by = PushBy::CopyEngines;
-      }
-    }
   }
   for (const auto& pl : ranked)
     if (pl.sequential) out.push_back(pl);
+  return out;
+}
+
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best) {
+  std::vector<AllReducePlan> out{best};
+  if (best.sequential || !is_pushed(best.layout)) return out;
+  for (bool fuse : {true, false}) {
+    AllReducePlan p = best;
+    p.push_by = best.push_by == PushBy::Gemm ? PushBy::CopyEngines : PushBy::Gemm;
+    p.fuse_sum = fuse;
+    out.push_back(p);
+  }
   return out;
 }
 
@@ -221,7 +225,13 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     rank_only.options_for = nullptr;
     if (!rank_only.ranked) rank_only.ranked = &local;
     tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
-    return measure_finalists(t, finalists_of(*rank_only.ranked, t.copy_engine_finalists), n, a, b, scratch);
+    const AllReducePlan best = measure_finalists(t, finalists_of(*rank_only.ranked), n, a, b, scratch);
+    const std::vector<AllReducePlan> second = transport_finalists(best);
+    if (!t.copy_engine_finalists || second.size() == 1) return best;
+    const std::string first = t.selection ? *t.selection : "";
+    const AllReducePlan pick = measure_finalists(t, second, n, a, b, scratch);
+    if (t.selection) *t.selection = first + "; then the transports: " + *t.selection;
+    return pick;
   }
   // 1. Candidate schedules and their measured GEMM times (max over ranks).
   // The gathered layout leaves no SM to NCCL (copy engines): one grid only.

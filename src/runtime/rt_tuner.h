@@ -108,7 +108,7 @@ struct AllReduceTuning {
   // one-element AllReduce on sync_comm) and returns the fastest; `selection`
   // (optional) receives the finalists with their times, the pick starred.
   std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
-  bool copy_engine_finalists = true;  // finalists_of(ranked, copy_engines)
+  bool copy_engine_finalists = true;  // a second round: transport_finalists(the best)
   ncclComm_t sync_comm = nullptr;
   int select_iters = 12;
   std::string* selection = nullptr;
@@ -139,11 +139,14 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 // size and for the pushed ones per tile shape and band size, each with the
 // sum in and after the GEMM (the model leaves out where the sum runs, what
 // the band size costs the GEMM's cache reuse and how much the pushes slow
-// the GEMM); with copy_engines, also the best of each pushed layout moved
-// by the copy engines (sum in and after the GEMM: the model does not tell
-// the two transports apart, and which is faster varies with the shape and
-// the run: bench/results/NOTES.md); and the sequential fallback.
-std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked, bool copy_engines = false);
+// the GEMM); and the sequential fallback.
+std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
+
+// The second round of the choice when the measured best is pushed: that plan
+// as it is, and moved by the copy engines with the sum in and after the GEMM
+// (the model does not tell the two transports apart; which is faster depends
+// on the shape: bench/results/NOTES.md). Otherwise just `best`.
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
 // curve_for), predicts each with the paper's model, searches the groups with

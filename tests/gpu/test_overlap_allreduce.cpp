@@ -473,57 +473,78 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback
   rt::AllReducePlan seq = ranked.back();
   seq.sequential = true;
   ranked.push_back(seq);
-  for (bool ce : {false, true}) {
-    SCOPED_TRACE(ce ? "with the copy engines" : "GEMM pushes only");
-    const std::vector<rt::AllReducePlan> f = rt::finalists_of(ranked, ce);
-    ASSERT_FALSE(f.empty());
-    EXPECT_TRUE(f.back().sequential);
-    EXPECT_EQ(std::count_if(f.begin(), f.end(), [](auto& p) { return p.sequential; }), 1);
-    for (rt::ArLayout l : layouts) {
-      const bool per_swizzle = l == rt::ArLayout::Gathered || rt::is_pushed(l);
-      // (bn, swizzle) of the ranked plans of l, in rank order, first time seen;
-      // the tile shape counts for the pushed layouts only.
-      auto key_of = [&](const rt::AllReducePlan& p) { return std::make_pair(rt::is_pushed(l) ? p.sched.bn : 0, p.sched.swizzle); };
-      std::vector<std::pair<int, int>> keys;
-      double best = 1e9;
+  const std::vector<rt::AllReducePlan> f = rt::finalists_of(ranked);
+  ASSERT_FALSE(f.empty());
+  EXPECT_TRUE(f.back().sequential);
+  EXPECT_EQ(std::count_if(f.begin(), f.end(), [](auto& p) { return p.sequential; }), 1);
+  for (rt::ArLayout l : layouts) {
+    const bool per_swizzle = l == rt::ArLayout::Gathered || rt::is_pushed(l);
+    // (bn, swizzle) of the ranked plans of l, in rank order, first time seen;
+    // the tile shape counts for the pushed layouts only.
+    auto key_of = [&](const rt::AllReducePlan& p) { return std::make_pair(rt::is_pushed(l) ? p.sched.bn : 0, p.sched.swizzle); };
+    std::vector<std::pair<int, int>> keys;
+    double best = 1e9;
+    for (const auto& p : ranked)
+      if (!p.sequential && p.layout == l) {
+        best = std::min(best, p.predicted_ms);
+        if (std::find(keys.begin(), keys.end(), key_of(p)) == keys.end()) keys.push_back(key_of(p));
+      }
+    std::vector<rt::AllReducePlan> of_l;
+    for (const auto& p : f)
+      if (!p.sequential && p.layout == l) of_l.push_back(p);
+    if (keys.empty()) {
+      EXPECT_TRUE(of_l.empty());
+      continue;
+    }
+    if (!per_swizzle) {  // the single best predicted
+      ASSERT_EQ(of_l.size(), 1u) << rt::layout_name(l);
+      EXPECT_EQ(of_l[0].predicted_ms, best);
+      continue;
+    }
+    ASSERT_EQ(of_l.size(), 2 * keys.size()) << rt::layout_name(l);
+    for (size_t i = 0; i < keys.size(); ++i) {  // best of each (tile and) band size, sum in and after the GEMM
+      EXPECT_EQ(key_of(of_l[2 * i]), keys[i]);
+      EXPECT_EQ(key_of(of_l[2 * i + 1]), keys[i]);
+      EXPECT_TRUE(of_l[2 * i].fuse_sum);
+      EXPECT_FALSE(of_l[2 * i + 1].fuse_sum);
+      double best_key = 1e9;
       for (const auto& p : ranked)
-        if (!p.sequential && p.layout == l) {
-          best = std::min(best, p.predicted_ms);
-          if (std::find(keys.begin(), keys.end(), key_of(p)) == keys.end()) keys.push_back(key_of(p));
-        }
-      std::vector<rt::AllReducePlan> of_l;
-      for (const auto& p : f)
-        if (!p.sequential && p.layout == l) of_l.push_back(p);
-      if (keys.empty()) {
-        EXPECT_TRUE(of_l.empty());
-        continue;
-      }
-      if (!per_swizzle) {  // the single best predicted
-        ASSERT_EQ(of_l.size(), 1u) << rt::layout_name(l);
-        EXPECT_EQ(of_l[0].predicted_ms, best);
-        continue;
-      }
-      const size_t by_ce = ce && rt::is_pushed(l) ? 2 : 0;  // the best again, moved by the copy engines
-      ASSERT_EQ(of_l.size(), 2 * keys.size() + by_ce) << rt::layout_name(l);
-      for (size_t i = 0; i < by_ce; ++i) {
-        const rt::AllReducePlan& p = of_l[2 * keys.size() + i];
-        EXPECT_EQ(p.push_by, rt::PushBy::CopyEngines);
-        EXPECT_EQ(p.fuse_sum, i == 0);
-        EXPECT_EQ(key_of(p), keys[0]);
-        EXPECT_EQ(p.predicted_ms, best);
-      }
-      for (size_t i = 0; i < keys.size(); ++i) {
-        EXPECT_EQ(of_l[2 * i].push_by, rt::PushBy::Gemm);
-        EXPECT_EQ(of_l[2 * i + 1].push_by, rt::PushBy::Gemm);  // best of each (tile and) band size, sum in and after the GEMM
-        EXPECT_EQ(key_of(of_l[2 * i]), keys[i]);
-        EXPECT_EQ(key_of(of_l[2 * i + 1]), keys[i]);
-        EXPECT_TRUE(of_l[2 * i].fuse_sum);
-        EXPECT_FALSE(of_l[2 * i + 1].fuse_sum);
-        double best_key = 1e9;
-        for (const auto& p : ranked)
-          if (!p.sequential && p.layout == l && key_of(p) == keys[i]) best_key = std::min(best_key, p.predicted_ms);
-        EXPECT_EQ(of_l[2 * i].predicted_ms, best_key);
-      }
+        if (!p.sequential && p.layout == l && key_of(p) == keys[i]) best_key = std::min(best_key, p.predicted_ms);
+      EXPECT_EQ(of_l[2 * i].predicted_ms, best_key);
+    }
+  }
+}
+
+// The second round of the choice: a pushed pick against the other transport.
+TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportBothSums) {
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
+                                             rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed,
+                                             rt::ArLayout::PushedTiles};
+  for (int i = 0; i < 40; ++i) {
+    rt::AllReducePlan p;
+    p.layout = layouts[rng() % layouts.size()];
+    p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 132, 1 << (rng() % 4));
+    p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
+    p.fuse_sum = rng() % 2 == 0;
+    p.push_by = rng() % 2 ? rt::PushBy::Gemm : rt::PushBy::CopyEngines;
+    p.sequential = rng() % 5 == 0;
+    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p);
+    ASSERT_FALSE(f.empty());
+    EXPECT_EQ(rt::describe(f[0]), rt::describe(p));  // the pick itself, first
+    EXPECT_EQ(f[0].push_by, p.push_by);
+    if (p.sequential || !rt::is_pushed(p.layout)) {
+      EXPECT_EQ(f.size(), 1u);
+      continue;
+    }
+    ASSERT_EQ(f.size(), 3u);
+    for (size_t j = 1; j < 3; ++j) {
+      EXPECT_NE(f[j].push_by, p.push_by);
+      EXPECT_EQ(f[j].fuse_sum, j == 1);
+      EXPECT_EQ(f[j].layout, p.layout);
+      EXPECT_EQ(f[j].sched.bn, p.sched.bn);
+      EXPECT_EQ(f[j].sched.swizzle, p.sched.swizzle);
+      EXPECT_EQ(f[j].predicted_ms, p.predicted_ms);
     }
   }
 }
