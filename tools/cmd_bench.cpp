@@ -159,11 +159,13 @@ struct PowerVariant {
   const char* name;
   std::function<void()> call;
   double ms;  // its median (max over ranks): every rank runs the same number of calls
+  bool idle = false;  // no GPU work: settle first, report power and clocks only
 };
 
 // Each variant run again for --power seconds (after a fifth of that to warm
 // up), NVML sampled between batches of ~50 ms: mean power from the energy
 // counter, SM clock, the share of samples with a power-cap clock reason.
+// The idle row (1 ms host sleeps) waits 2 s first, for the power to settle.
 // Power, energy and capped share are the max over ranks, clocks the min.
 std::string power_table(Context& cx, const Options& o, const std::vector<PowerVariant>& variants) {
   if (!cx.power_everywhere) return "power: no NVML power meter on every rank (see --power)";
@@ -195,6 +197,7 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
         if (sample) take();
       }
     };
+    if (v.idle) std::this_thread::sleep_for(std::chrono::seconds(2));  // power settles after the timings
     run(calls / 5 + 1, false);
     take();
     run(calls, true);
@@ -206,9 +209,13 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
       os << "\n    " << v.name << ": NVML sampling failed on a rank (see its message)";
       continue;
     }
-    os << "\n    " << std::left << std::setw(22) << v.name << std::right << std::setprecision(3) << std::setw(6)
-       << r[6] << " ms per call, " << std::setprecision(0) << std::setw(4) << r[0] << " W, " << std::setprecision(1)
-       << std::setw(6) << r[1] << " mJ per call, SM " << std::setprecision(0) << -r[3]
+    os << "\n    " << std::left << std::setw(22) << v.name << std::right;
+    if (v.idle)
+      os << std::setprecision(0) << std::setw(37) << r[0] << " W, SM ";
+    else
+      os << std::setprecision(3) << std::setw(6) << r[6] << " ms per call, " << std::setprecision(0) << std::setw(4)
+         << r[0] << " W, " << std::setprecision(1) << std::setw(6) << r[1] << " mJ per call, SM ";
+    os << std::setprecision(0) << -r[3]
        << " MHz (min " << -r[4] << "), power-capped in " << r[2] * 100 << "% of " << p.samples << " samples";
   }
   return os.str();
@@ -277,6 +284,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   // below) picks among the finalists, unless --no-select.
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
   tuning.copy_engine_finalists = o.push_by == "auto";
+  tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines : rt::PushBy::Gemm;
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
   res.predicted_ms = plan.predicted_ms;
@@ -369,14 +377,18 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << ", wait " << o.wait;
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
-  if (o.power_s > 0)
+  if (o.power_s > 0) {
+    // Our GEMM alone, timed here (max over ranks): sets its call count.
+    const double ours_ms = rt::max_over_ranks(
+        *cx.rv, {rt::measure_gemm_ms(full, k, dt, a.get(), b.get(), out_ours.get(), cx.stream, 10)})[0];
     res.power = power_table(cx, o,
-                            {{"idle (no GPU work)", [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, 1.0},
+                            {{"idle (no GPU work)", [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, 1.0, true},
                              {"GEMM alone (cuBLAS)", run_gemm_alone, comp[0]},
-                             {"GEMM alone (ours)", run_ours_alone, ms[1] - comp[1]},
+                             {"GEMM alone (ours)", run_ours_alone, ours_ms},
                              {"AllReduce alone", run_ar_alone, comp[1]},
                              {"sequential", run_seq, ms[0]},
                              {"flashoverlap", run_fo, ms.back()}});
+  }
 
   if (o.rmsnorm) {  // GEMM -> AllReduce -> RMSNorm against the fused path
     rt::DeviceBuffer residual(c_bytes), weight(size_t(N) * 2), y_ref(c_bytes), y_fo(c_bytes);
@@ -554,11 +566,12 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "per call, SM clock and power capping (NVML)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--push-by", o->push_by,
-                  "Pushed layouts: auto (the tuner measures both), gemm (the GEMM stores each tile into the peers' "
-                  "copies) or copy-engines (per group, copies of this rank's block once its tiles are stored)")
+                  "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
+                  "copies of this rank's block once its tiles are stored) or auto (gemm, and when the measured "
+                  "choice picks a pushed plan, that plan is measured again against the copy engines)")
       ->capture_default_str();
   cmd->add_option("--copy-streams", o->copy_streams,
-                  "--push-by copy-engines: streams the groups' copies take in turn (1-8)")
+                  "Copy-engine pushes: streams the groups' copies take in turn (1-8)")
       ->capture_default_str()
       ->check(CLI::Range(1, 8));
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");

@@ -258,6 +258,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         for (int sw : swizzles) {
           Candidate c;
           c.plan.layout = layout;
+          c.plan.push_by = t.push_by;
           c.plan.reserve = r;
           c.plan.sched = plan::make_schedule(m, n, tile, t.sms - r, plan::Raster::AlongN, sw);
           const auto key = std::make_tuple(tile.bm, tile.bn, t.sms - r, sw);

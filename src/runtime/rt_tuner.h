@@ -105,10 +105,13 @@ struct AllReduceTuning {
   // (communicators are the caller's). When set (and group_sizes is empty),
   // tune_allreduce builds an op for each of finalists_of(ranked), times them
   // in turns on a and b (max over ranks, runs started together through a
-  // one-element AllReduce on sync_comm) and returns the fastest; `selection`
-  // (optional) receives the finalists with their times, the pick starred.
+  // one-element AllReduce on sync_comm) and, with copy_engine_finalists,
+  // when the fastest is pushed, those of transport_finalists(the fastest);
+  // it returns the fastest; `selection` (optional) receives the finalists
+  // with their times, the pick starred.
   std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
-  bool copy_engine_finalists = true;  // a second round: transport_finalists(the best)
+  bool copy_engine_finalists = true;
+  PushBy push_by = PushBy::Gemm;  // the transport of every pushed plan generated (before the second round)
   ncclComm_t sync_comm = nullptr;
   int select_iters = 12;
   std::string* selection = nullptr;
@@ -143,7 +146,7 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
 
 // The second round of the choice when the measured best is pushed: that plan
-// as it is, and moved by the copy engines with the sum in and after the GEMM
+// as it is, and moved by the other transport with the sum in and after the GEMM
 // (the model does not tell the two transports apart; which is faster depends
 // on the shape: bench/results/NOTES.md). Otherwise just `best`.
 std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best);
