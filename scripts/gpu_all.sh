@@ -11,7 +11,7 @@
 #   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
 #   push-ab      pushed layouts, the GEMM's stores vs the copy engines on 1, 2, 4 copy streams (--trace)
 #   power-parts  where the overlapped call's energy goes: --power on K=64 shapes (GEMM ~free: the
-#                transfer + sum alone) for both transports and for NCCL's AllReduce on row bands
+#                transfer + sum alone), pushed (both transports and sum placements) and NCCL on row bands
 #                (--no-select: the model's plan, which a measurement could replace by the sequential one)
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
@@ -66,7 +66,7 @@ for s in "$@"; do
       ;;
     power-parts)
       stage "power: transfer + sum without a GEMM (K=64)"
-      for args in "--layout pushed --push-by gemm" "--layout pushed --push-by copy-engines" "--layout rows"; do
+      for args in "--layout pushed" "--layout rows"; do  # pushed: --power adds both transports, both sums
         echo "##### $args"
         $CLI bench --shapes 4096x8192x64,8192x4096x64,16384x8192x64 --power 1 --no-select --curves /tmp/fo-curves $args 2>&1 |
           tee -a "$OUT/power-parts.log" | grep -E "^[0-9]+x|W,|flashoverlap  |sequential  |rror" || status=1

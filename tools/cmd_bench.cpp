@@ -156,7 +156,7 @@ struct Context {
 };
 
 struct PowerVariant {
-  const char* name;
+  std::string name;
   std::function<void()> call;
   double ms;  // its median (max over ranks): every rank runs the same number of calls
   bool idle = false;  // no GPU work: settle first, report power and clocks only
@@ -209,7 +209,7 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
       os << "\n    " << v.name << ": NVML sampling failed on a rank (see its message)";
       continue;
     }
-    os << "\n    " << std::left << std::setw(22) << v.name << std::right;
+    os << "\n    " << std::left << std::setw(38) << v.name << std::right;
     if (v.idle)
       os << std::setprecision(0) << std::setw(37) << r[0] << " W, SM ";
     else
@@ -381,13 +381,49 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     // Our GEMM alone, timed here (max over ranks): sets its call count.
     const double ours_ms = rt::max_over_ranks(
         *cx.rv, {rt::measure_gemm_ms(full, k, dt, a.get(), b.get(), out_ours.get(), cx.stream, 10)})[0];
-    res.power = power_table(cx, o,
-                            {{"idle (no GPU work)", [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, 1.0, true},
-                             {"GEMM alone (cuBLAS)", run_gemm_alone, comp[0]},
-                             {"GEMM alone (ours)", run_ours_alone, ours_ms},
-                             {"AllReduce alone", run_ar_alone, comp[1]},
-                             {"sequential", run_seq, ms[0]},
-                             {"flashoverlap", run_fo, ms.back()}});
+    std::vector<PowerVariant> variants = {
+        {"idle (no GPU work)", [] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, 1.0, true},
+        {"GEMM alone (cuBLAS)", run_gemm_alone, comp[0]},
+        {"GEMM alone (ours)", run_ours_alone, ours_ms},
+        {"AllReduce alone", run_ar_alone, comp[1]},
+        {"sequential", run_seq, ms[0]},
+        {"flashoverlap", run_fo, ms.back()}};
+    // A pushed pick (transport chosen by the tuner): the same plan with the
+    // other transport and sum placements too, checked bitwise first, so that
+    // their energies compare in one run.
+    std::vector<std::unique_ptr<rt::OverlapAllReduce>> alts;
+    if (o.push_by == "auto" && !plan.sequential && rt::is_pushed(plan.layout)) {
+      run_ours();  // the reference again (the GEMM-alone timing above wrote over it)
+      for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
+        for (bool fuse : {true, false}) {
+          if (by == fo.push_by && fuse == op.fuses_sum()) continue;
+          rt::AllReducePlan alt = plan;
+          alt.push_by = by, alt.fuse_sum = fuse;
+          alts.push_back(std::make_unique<rt::OverlapAllReduce>(options_for(alt)));
+          rt::OverlapAllReduce* p = alts.back().get();
+          kernels::poison(out_fo.get(), M * N, cx.stream);
+          for (int rep = 0; rep < 2; ++rep) p->run(a.get(), b.get(), out_fo.get(), N, cx.stream);
+          FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+          std::string why;  // every rank learns of a failure on any (none may be left in a collective)
+          try {
+            p->check();
+          } catch (const Error& e) {
+            why = e.what();
+          }
+          const auto cmp = kernels::compare(dt, out_fo.get(), N, out_ours.get(), N, M, N, cx.stream);
+          const std::vector<double> bad =
+              rt::max_over_ranks(*cx.rv, {why.empty() ? 0.0 : 1.0, double(cmp.mismatches + cmp.nan_count)});
+          if (bad[0] > 0)
+            throw Error("bench --power: " + rt::describe(alt) + ": " + (why.empty() ? "failed on another rank" : why));
+          if (world == 2 && bad[1] > 0)
+            throw Error("bench --power: " + rt::describe(alt) + " is not bitwise equal to sequential-ourgemm");
+          variants.push_back({std::string("flashoverlap, ") +
+                                  (by == rt::PushBy::CopyEngines ? "copy engines" : "GEMM stores") +
+                                  (fuse ? ", sum in" : ", sum at end"),
+                              [&, p] { p->run(a.get(), b.get(), out_fo.get(), N, cx.stream); }, ms.back()});
+        }
+    }
+    res.power = power_table(cx, o, variants);
   }
 
   if (o.rmsnorm) {  // GEMM -> AllReduce -> RMSNorm against the fused path
@@ -562,8 +598,9 @@ void add_bench_command(CLI::App& app, int& rc) {
                 "Take the model's best plan as is, without measuring the best of each layout against each other");
   cmd->add_option("--power", o->power_s,
                   "Seconds: after the timings, stay idle, then run the cuBLAS GEMM, our GEMM, the AllReduce, "
-                  "sequential and flashoverlap back to back this long each, and report ms per call, power, energy "
-                  "per call, SM clock and power capping (NVML)")
+                  "sequential and flashoverlap (a pushed pick also with the other transport and sum placements, "
+                  "with --push-by auto) back to back this long each, and report ms per call, power, energy per "
+                  "call, SM clock and power capping (NVML)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--push-by", o->push_by,
                   "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
