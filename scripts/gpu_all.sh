@@ -62,14 +62,14 @@ for s in "$@"; do
     power)
       stage "power and clocks per variant (NVML)"
       $CLI bench --shapes 4096x8192x8192,8192x4096x2048,2048x8192x8192,1024x8192x8192 --power 1 --curves /tmp/fo-curves 2>&1 | tee "$OUT/power.log" |
-        grep -E "^[0-9]+x|power|W,|flashoverlap  |sequential  |rror" || status=1
+        grep -E "^[0-9]+x|power|W,|ideal gain|flashoverlap  |sequential  |rror" || status=1
       ;;
     power-parts)
       stage "power: transfer + sum without a GEMM (K=64)"
       for args in "--layout pushed" "--layout rows"; do  # pushed: --power adds both transports, both sums
         echo "##### $args"
         $CLI bench --shapes 4096x8192x64,8192x4096x64,16384x8192x64 --power 1 --no-select --curves /tmp/fo-curves $args 2>&1 |
-          tee -a "$OUT/power-parts.log" | grep -E "^[0-9]+x|W,|flashoverlap  |sequential  |rror" || status=1
+          tee -a "$OUT/power-parts.log" | grep -E "^[0-9]+x|W,|ideal gain|flashoverlap  |sequential  |rror" || status=1
       done
       ;;
     push-ab)

@@ -167,12 +167,17 @@ struct PowerVariant {
 // counter, SM clock, the share of samples with a power-cap clock reason.
 // The idle row (1 ms host sleeps) waits 2 s first, for the power to settle.
 // Power, energy and capped share are the max over ranks, clocks the min.
-std::string power_table(Context& cx, const Options& o, const std::vector<PowerVariant>& variants) {
+// `measured` (optional) receives each variant's ms, mJ and W per call
+// (all zero where sampling failed).
+std::string power_table(Context& cx, const Options& o, const std::vector<PowerVariant>& variants,
+                        std::vector<rt::CallEnergy>* measured = nullptr) {
+  if (measured) measured->assign(variants.size(), rt::CallEnergy{});
   if (!cx.power_everywhere) return "power: no NVML power meter on every rank (see --power)";
   std::ostringstream os;
   os << std::fixed << std::setprecision(0) << "power (NVML; " << o.power_s << " s per variant; limit "
      << cx.meter->limit_w() << " W; ms per call back to back, W, J and capped: max over ranks; MHz: min over ranks):";
-  for (const PowerVariant& v : variants) {
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    const PowerVariant& v = variants[vi];
     const double ms = std::max(v.ms, 1e-3);
     const int calls = std::max(10, int(o.power_s * 1e3 / ms)), batch = std::max(1, int(50.0 / ms));
     // A failed NVML read stops this rank's sampling, not its calls (the
@@ -209,6 +214,7 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
       os << "\n    " << v.name << ": NVML sampling failed on a rank (see its message)";
       continue;
     }
+    if (measured) (*measured)[vi] = {r[6], r[1], r[0]};
     os << "\n    " << std::left << std::setw(38) << v.name << std::right;
     if (v.idle)
       os << std::setprecision(0) << std::setw(37) << r[0] << " W, SM ";
@@ -423,7 +429,25 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                               [&, p] { p->run(a.get(), b.get(), out_fo.get(), N, cx.stream); }, ms.back()});
         }
     }
-    res.power = power_table(cx, o, variants);
+    std::vector<rt::CallEnergy> e;
+    res.power = power_table(cx, o, variants, &e);
+    // Indices: 0 idle, 2 our GEMM, 3 AllReduce, 4 sequential, 5 on: flashoverlap.
+    if (e[0].w > 0 && e[2].ms > 0 && e[3].ms > 0 && e[4].ms > 0) {
+      std::ostringstream eb;
+      eb << std::fixed;
+      for (size_t i = 5; i < variants.size(); ++i) {
+        if (e[i].ms <= 0) continue;
+        const rt::EnergyBound bd = rt::energy_bound(e[0].w, e[2], e[3], e[4].ms, e[i]);
+        if (i == 5)
+          eb << "\n  energy bound back to back (our GEMM + the AllReduce above idle, at the GEMM's power): "
+             << std::setprecision(3) << bd.bound_ms << " ms, " << std::setprecision(0) << bd.bound_gain * 100
+             << "% of the ideal gain";
+        eb << "\n    " << std::left << std::setw(38) << variants[i].name << std::right << std::setprecision(0)
+           << std::setw(4) << bd.gain * 100 << "% of the ideal gain, " << std::setprecision(1) << bd.excess_mj
+           << " mJ per call above the bound's energy";
+      }
+      res.power += eb.str();
+    }
   }
 
   if (o.rmsnorm) {  // GEMM -> AllReduce -> RMSNorm against the fused path

@@ -33,6 +33,21 @@ PowerSummary summarize(const std::vector<PowerSample>& s) {
   return out;
 }
 
+EnergyBound energy_bound(double idle_w, const CallEnergy& gemm, const CallEnergy& comm, double sequential_ms,
+                         const CallEnergy& overlapped) {
+  EnergyBound b;
+  b.ideal_ms = std::max(gemm.ms, comm.ms);
+  b.least_mj = gemm.mj + std::max(0.0, comm.mj - idle_w * comm.ms);  // W x ms = mJ
+  b.bound_ms = std::max(b.ideal_ms, gemm.w > 0 ? b.least_mj / gemm.w : 0.0);
+  const double ideal_gain = sequential_ms - b.ideal_ms;
+  if (ideal_gain > 0) {
+    b.bound_gain = (sequential_ms - b.bound_ms) / ideal_gain;
+    b.gain = (sequential_ms - overlapped.ms) / ideal_gain;
+  }
+  b.excess_mj = overlapped.mj - b.least_mj;
+  return b;
+}
+
 namespace {
 using Status = int;
 using Device = void*;

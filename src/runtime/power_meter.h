@@ -34,6 +34,28 @@ struct PowerSummary {
 // the capped share over every sample.
 PowerSummary summarize(const std::vector<PowerSample>& s);
 
+// One variant called back to back: ms and mJ per call, mean power.
+struct CallEnergy {
+  double ms = 0, mj = 0, w = 0;
+};
+
+// What the power limit allows an overlapped GEMM + collective called back to
+// back, when the GEMM alone already runs at the limit (bench/results/NOTES.md):
+// it cannot take less than max(GEMM, collective), nor less than its least
+// energy, the GEMM's plus the collective's above idle, at the GEMM's power.
+// Gains are shares of the ideal one, sequential - max(GEMM, collective)
+// (0 where that is not positive).
+struct EnergyBound {
+  double ideal_ms = 0;    // max(GEMM, collective)
+  double least_mj = 0;    // GEMM + collective above idle (never below the GEMM's)
+  double bound_ms = 0;    // max(ideal, least energy / the GEMM's power)
+  double bound_gain = 0;  // (sequential - bound) / (sequential - ideal)
+  double gain = 0;        // the same for the overlapped call
+  double excess_mj = 0;   // its energy per call above least_mj
+};
+EnergyBound energy_bound(double idle_w, const CallEnergy& gemm, const CallEnergy& comm, double sequential_ms,
+                         const CallEnergy& overlapped);
+
 class PowerMeter {
  public:
   // Null, with the reason in *why_not, when NVML or the GPU is not there.

@@ -49,3 +49,50 @@ TEST(PowerMeter, NoSuchGpuGivesNoMeterAndAReason) {
   EXPECT_EQ(rt::PowerMeter::open("0000:ff:1f.7-not-a-gpu", &why), nullptr);
   EXPECT_FALSE(why.empty());
 }
+
+// The energy bound of bench --power: one shape measured on 2xH200
+// (bench/results/NOTES.md, 4096x8192x8192), then its properties on random input.
+TEST(PowerMeter, EnergyBoundOfAMeasuredShape) {
+  const rt::EnergyBound b = rt::energy_bound(119, {0.883, 607.4, 697}, {0.278, 77.4, 278}, 1.092, {1.021, 748.8, 733});
+  EXPECT_NEAR(b.ideal_ms, 0.883, 1e-12);
+  EXPECT_NEAR(b.least_mj, 607.4 + 77.4 - 119 * 0.278, 1e-9);  // 651.7 mJ
+  EXPECT_NEAR(b.bound_ms, 0.935, 5e-4);
+  EXPECT_NEAR(b.bound_gain, 0.75, 5e-3);
+  EXPECT_NEAR(b.gain, 0.34, 5e-3);
+  EXPECT_NEAR(b.excess_mj, 97.1, 0.05);
+}
+
+TEST(PowerMeter, EnergyBoundProperties) {
+  std::mt19937_64 rng(std::random_device{}());
+  auto uni = [&](double lo, double hi) { return lo + (hi - lo) * double(rng() % 1000001) / 1e6; };
+  for (int trial = 0; trial < 1000; ++trial) {
+    const double idle = uni(50, 200);
+    const rt::CallEnergy gemm{uni(0.05, 2), 0, uni(300, 800)};
+    const rt::CallEnergy comm{uni(0.01, 1), 0, uni(100, 400)};
+    rt::CallEnergy g = gemm, c = comm;
+    g.mj = g.ms * g.w, c.mj = c.ms * c.w;
+    const double seq = g.ms + c.ms + uni(-0.1, 0.1);
+    const rt::CallEnergy fo{uni(0.01, 3), uni(10, 2000), uni(300, 800)};
+    const rt::EnergyBound b = rt::energy_bound(idle, g, c, seq, fo);
+    const double above_idle = std::max(0.0, c.mj - idle * c.ms);
+    EXPECT_DOUBLE_EQ(b.ideal_ms, std::max(g.ms, c.ms));
+    EXPECT_NEAR(b.least_mj, g.mj + above_idle, 1e-9);
+    EXPECT_GE(b.bound_ms, b.ideal_ms);
+    EXPECT_GE(b.bound_ms, b.least_mj / g.w - 1e-12);
+    EXPECT_NEAR(b.excess_mj, fo.mj - b.least_mj, 1e-9);
+    if (seq > b.ideal_ms) {
+      EXPECT_LE(b.bound_gain, 1.0 + 1e-12);  // never more than the ideal
+      EXPECT_NEAR(b.gain, (seq - fo.ms) / (seq - b.ideal_ms), 1e-9);
+      const rt::EnergyBound at = rt::energy_bound(idle, g, c, seq, {b.bound_ms, b.least_mj, g.w});
+      EXPECT_NEAR(at.gain, at.bound_gain, 1e-9);  // a call at the bound captures the bound's share
+      EXPECT_NEAR(at.excess_mj, 0, 1e-9);
+    } else {
+      EXPECT_EQ(b.bound_gain, 0);
+      EXPECT_EQ(b.gain, 0);
+    }
+  }
+  // A collective drawing less than idle adds no energy: the bound is the GEMM's own.
+  const rt::EnergyBound low = rt::energy_bound(150, {1.0, 700, 700}, {0.5, 50, 100}, 1.5, {1.2, 800, 700});
+  EXPECT_NEAR(low.least_mj, 700, 1e-12);
+  EXPECT_NEAR(low.bound_ms, 1.0, 1e-12);
+}
