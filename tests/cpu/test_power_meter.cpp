@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 
 #include "runtime/power_meter.h"
 
@@ -63,7 +64,9 @@ TEST(PowerMeter, EnergyBoundOfAMeasuredShape) {
 }
 
 TEST(PowerMeter, EnergyBoundProperties) {
-  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   auto uni = [&](double lo, double hi) { return lo + (hi - lo) * double(rng() % 1000001) / 1e6; };
   for (int trial = 0; trial < 1000; ++trial) {
     const double idle = uni(50, 200);
