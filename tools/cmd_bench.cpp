@@ -215,7 +215,7 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
       continue;
     }
     if (measured) (*measured)[vi] = {r[6], r[1], r[0]};
-    os << "\n    " << std::left << std::setw(38) << v.name << std::right;
+    os << "\n    " << std::left << std::setw(40) << v.name << std::right;
     if (v.idle)
       os << std::setprecision(0) << std::setw(37) << r[0] << " W, SM ";
     else
@@ -451,7 +451,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       for (size_t i = 5; i < variants.size(); ++i) {
         if (e[i].ms <= 0) continue;
         const rt::EnergyBound bd = rt::energy_bound(e[0].w, e[2], e[3], e[4].ms, e[i]);
-        eb << "\n    " << std::left << std::setw(38) << variants[i].name << std::right << std::setprecision(0)
+        eb << "\n    " << std::left << std::setw(40) << variants[i].name << std::right << std::setprecision(0)
            << std::setw(4) << bd.gain * 100 << "% of the ideal gain, " << std::setprecision(1) << bd.excess_mj
            << " mJ per call above the bound's energy";
       }
