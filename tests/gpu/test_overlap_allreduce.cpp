@@ -270,20 +270,23 @@ TEST(OverlapAllReduce, SequentialFallbackMatches) {
   });
 }
 
-// A group whose tiles never signal must fail with rank, group, counter and
-// expected value within the bound, not hang.
-TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
-  REQUIRE_TWO_GPUS();
+// Runs one call of the op that options_for(rank, comm) describes, on every
+// rank, 2048x4096x512 with a group made to never complete
+// (fault_drop_group = 1, 0.25 s bound), and returns what check() threw on
+// each rank and the seconds it all took. check_fuse: the op must sum where
+// the options ask it to (layouts with a sum).
+std::pair<std::vector<std::string>, double> stuck_group_messages(
+    const std::function<rt::OverlapAllReduceOptions(int, ncclComm_t)>& options_for, bool check_fuse) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> messages(kWorld);
   on_each_rank([&](int rank, ncclComm_t comm) {
     const int m = 2048, n = 4096, k = 512;
-    const plan::Schedule s = sched_for(m, n, 256, 116, 4);
-    rt::OverlapAllReduceOptions o;
-    o.sched = s, o.groups = plan::make_groups(s, {1, 1, s.waves() - 2}), o.k = k, o.comm = comm, o.rank = rank;
+    rt::OverlapAllReduceOptions o = options_for(rank, comm);
+    o.k = k, o.comm = comm, o.rank = rank;
     o.wait_timeout_s = 0.25;
     o.fault_drop_group = 1;
     rt::OverlapAllReduce op(o);
+    if (check_fuse) EXPECT_EQ(op.fuses_sum(), o.fuse_sum);
     DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
     kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
     kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
@@ -295,7 +298,19 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
       messages[rank] = e.what();
     }
   });
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {messages, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+// A group whose tiles never signal must fail with rank, group, counter and
+// expected value within the bound, not hang.
+TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
+  REQUIRE_TWO_GPUS();
+  const auto [messages, secs] = stuck_group_messages([](int, ncclComm_t) {
+    const plan::Schedule s = sched_for(2048, 4096, 256, 116, 4);
+    rt::OverlapAllReduceOptions o;
+    o.sched = s, o.groups = plan::make_groups(s, {1, 1, s.waves() - 2});
+    return o;
+  }, false);
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_NE(messages[r].find("rank " + std::to_string(r)), std::string::npos) << messages[r];
     EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
@@ -396,32 +411,15 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
   for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
   for (const bool fuse : {true, false}) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::string> messages(kWorld);
-    on_each_rank([&](int rank, ncclComm_t comm) {
-      const int m = 2048, n = 4096, k = 512;
-      const plan::Schedule s = sched_for(m, n, 256, 132, 4);
+    const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
+      const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);
       rt::OverlapAllReduceOptions o;
-      o.sched = s, o.groups = plan::band_groups(s, {1, 1, 2}), o.k = k, o.comm = comm, o.rank = rank;
+      o.sched = s, o.groups = plan::band_groups(s, {1, 1, 2});
       o.layout = rt::ArLayout::Pushed;
       o.fuse_sum = fuse;
       o.push_by = by;
-      o.wait_timeout_s = 0.25;
-      o.fault_drop_group = 1;
-      rt::OverlapAllReduce op(o);
-      EXPECT_EQ(op.fuses_sum(), fuse);
-      DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
-      kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
-      kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
-      op.run(a.get(), b.get(), out.get(), n, nullptr);
-      FO_CUDA_CHECK(cudaDeviceSynchronize());
-      try {
-        op.check();
-      } catch (const Error& e) {
-        messages[rank] = e.what();
-      }
-    });
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return o;
+    }, true);
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_NE(messages[r].find("rank " + std::to_string(r)), std::string::npos) << messages[r];
       EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
