@@ -280,16 +280,14 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.trace = o.trace;
     fo.fallback_cublas = pl.fallback_cublas;
     fo.fuse_sum = pl.fuse_sum;
-    fo.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
-                 : o.push_by == "gemm"           ? rt::PushBy::Gemm
-                                                 : pl.push_by;
+    fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
     fo.copy_streams = o.copy_streams;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
   // below) picks among the finalists, unless --no-select.
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
-  tuning.copy_engine_finalists = o.push_by == "auto";
+  tuning.transport_round = o.push_by == "auto";
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines : rt::PushBy::Gemm;
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);

@@ -227,7 +227,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
     const AllReducePlan best = measure_finalists(t, finalists_of(*rank_only.ranked), n, a, b, scratch);
     const std::vector<AllReducePlan> second = transport_finalists(best);
-    if (!t.copy_engine_finalists || second.size() == 1) return best;
+    if (!t.transport_round || second.size() == 1) return best;
     const std::string first = t.selection ? *t.selection : "";
     const AllReducePlan pick = measure_finalists(t, second, n, a, b, scratch);
     if (t.selection) *t.selection = first + "; then the transports: " + *t.selection;

@@ -105,12 +105,12 @@ struct AllReduceTuning {
   // (communicators are the caller's). When set (and group_sizes is empty),
   // tune_allreduce builds an op for each of finalists_of(ranked), times them
   // in turns on a and b (max over ranks, runs started together through a
-  // one-element AllReduce on sync_comm) and, with copy_engine_finalists,
+  // one-element AllReduce on sync_comm) and, with transport_round,
   // when the fastest is pushed, those of transport_finalists(the fastest);
   // it returns the fastest; `selection` (optional) receives the finalists
   // with their times, the pick starred.
   std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
-  bool copy_engine_finalists = true;
+  bool transport_round = true;
   PushBy push_by = PushBy::Gemm;  // the transport of every pushed plan generated (before the second round)
   ncclComm_t sync_comm = nullptr;
   int select_iters = 12;
