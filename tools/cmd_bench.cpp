@@ -351,6 +351,17 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     tr << std::fixed << std::setprecision(3) << "rank " << rank << " timeline (ms from GEMM launch): GEMM end "
        << tl.gemm_end << " (alone on " << op.schedule().ctas << " CTAs: "
        << rt::measure_gemm_ms(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 10) << ")";
+    // More cycles per tile beside the transfers is interference; a lower clock, power.
+    auto clocks = [](const rt::TileClocks& c) {
+      std::ostringstream s;
+      s << std::fixed << std::setprecision(0) << c.mhz << " MHz (quarters";
+      for (double q : c.mhz_by_quarter) s << " " << q;
+      s << "), " << std::setprecision(1) << c.kcycles_median << " kcycles per tile (p90 " << c.kcycles_p90 << "), "
+        << c.us_median << " us";
+      return s.str();
+    };
+    tr << "\n    GEMM tiles overlapped: " << clocks(tl.clocks) << "\n    GEMM tiles alone:      "
+       << clocks(rt::measure_gemm_clocks(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 3));
     for (size_t g = 0; g < tl.comm_end.size(); ++g)
       tr << "\n    group " << g << " (tiles " << op.groups()[g].first_tile << "-" << op.groups()[g].end_tile
          << "): wait done " << tl.wait_end[g]

@@ -122,6 +122,11 @@ struct GemmParams {
   Push push;                           // optional (pushed layout; Plain store via TMA, with counters)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
+  // Non-null: [tiles * 2] = {globaltimer ns, SM cycle count} when the tile's
+  // first operand stage is requested (the producer runs a few stages ahead of
+  // the MMAs, always by the same amount): consecutive tiles of one CTA give
+  // its SM clock and cycles per tile (rt::summarize_tile_clocks).
+  uint64_t* monitor_mma = nullptr;
 };
 
 // Plain row-major C (ldc elements per row) = A B^T on the grid of `sched`.

@@ -153,6 +153,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.push = p.push;
   kp.monitor_ns = p.monitor_ns;
   kp.monitor_sm = p.monitor_sm;
+  kp.monitor_mma = p.monitor_mma;
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;

@@ -40,6 +40,7 @@ struct GemmKernelParams {
   Push push;
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
+  uint64_t* monitor_mma;
 };
 
 template <int BN, int STAGES>
@@ -252,6 +253,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
           ptx::mbar_wait(&empty[s], phase ^ 1);
+          if (kb == 0 && p.monitor_mma) {  // (here, not in the consumers: no registers taken from the MMAs)
+            p.monitor_mma[int64_t(idx) * 2] = ptx::globaltimer_ns();
+            p.monitor_mma[int64_t(idx) * 2 + 1] = ptx::clock_cycles();
+          }
           ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
           ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, tc.tm * BM);
           ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);

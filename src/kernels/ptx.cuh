@@ -143,6 +143,13 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
+// The SM's cycle counter (runs at the SM clock, so cycles over globaltimer
+// nanoseconds between two reads on one SM is the clock in between).
+__device__ __forceinline__ uint64_t clock_cycles() {
+  uint64_t c;
+  asm volatile("mov.u64 %0, %clock64;" : "=l"(c));
+  return c;
+}
 __device__ __forceinline__ uint32_t smid() {
   uint32_t s;
   asm volatile("mov.u32 %0, %smid;" : "=r"(s));

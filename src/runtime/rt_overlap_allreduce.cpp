@@ -129,6 +129,8 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   if (opts_.trace) {
     trace_.resize(2 + 2 * groups.size());
     for (auto& e : trace_) FO_CUDA_CHECK(cudaEventCreate(&e));
+    tile_monitor_ = DeviceBuffer(size_t(opts_.sched.tiles()) * 2 * sizeof(uint64_t));
+    FO_CUDA_CHECK(cudaMemset(tile_monitor_.get(), 0, tile_monitor_.bytes()));
   }
   FO_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -199,6 +201,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
     p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
+  if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
@@ -415,6 +418,9 @@ Timeline OverlapAllReduce::timeline() const {
     return double(ms);
   };
   t.gemm_end = at(trace_[1]);
+  std::vector<uint64_t> mon(size_t(opts_.sched.tiles()) * 2);
+  FO_CUDA_CHECK(cudaMemcpy(mon.data(), tile_monitor_.get(), mon.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  t.clocks = summarize_tile_clocks(mon, opts_.sched.tiles(), opts_.sched.ctas);
   if (is_pushed(opts_.layout) && !copy_engines()) return t;  // no communication calls: the GEMM does it
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     t.wait_end.push_back(at(trace_[2 + 2 * g]));

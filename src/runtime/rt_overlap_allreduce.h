@@ -64,6 +64,7 @@
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_symmetric.h"
+#include "runtime/tile_clocks.h"
 
 #include <memory>
 
@@ -142,6 +143,7 @@ struct OverlapAllReduceOptions {
 struct Timeline {
   double gemm_end = 0;
   std::vector<double> wait_end, comm_end;
+  TileClocks clocks;  // the GEMM's SM clock and cycles per tile (its tile monitor)
 };
 
 // The residual and residual_out must not overlap the output, nor each
@@ -265,6 +267,7 @@ class OverlapAllReduce {
   uint32_t epoch_ = 0;
   // trace: [0] GEMM start, [1] GEMM end, then per group wait end, comm end
   std::vector<cudaEvent_t> trace_;
+  DeviceBuffer tile_monitor_;  // trace: GemmParams::monitor_mma
   std::unique_ptr<CublasGemm> cublas_;  // fallback_cublas
 };
 

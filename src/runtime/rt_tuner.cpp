@@ -98,6 +98,20 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
   return time_on_stream([&] { kernels::launch_gemm(p, stream); }, stream, 2, iters).median_ms;
 }
 
+TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
+                               void* c, cudaStream_t stream, int warmup) {
+  kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
+  for (int i = 0; i < warmup; ++i) kernels::launch_gemm(p, stream);
+  DeviceBuffer mon(size_t(sched.tiles()) * 2 * sizeof(uint64_t));
+  FO_CUDA_CHECK(cudaMemsetAsync(mon.get(), 0, mon.bytes(), stream));
+  p.monitor_mma = mon.as<uint64_t>();
+  kernels::launch_gemm(p, stream);
+  std::vector<uint64_t> h(size_t(sched.tiles()) * 2);
+  FO_CUDA_CHECK(cudaMemcpyAsync(h.data(), mon.get(), mon.bytes(), cudaMemcpyDeviceToHost, stream));
+  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return summarize_tile_clocks(h, sched.tiles(), sched.ctas);
+}
+
 }  // namespace flashoverlap::rt
 
 // ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include "plan/schedule.h"
 #include "runtime/bootstrap.h"
 #include "runtime/rt_timing.h"
+#include "runtime/tile_clocks.h"
 
 namespace flashoverlap::rt {
 
@@ -46,6 +47,11 @@ plan::BandwidthCurve measure_gather_curve(Rendezvous& rv, ncclComm_t comm, kerne
 // Median time of our plain GEMM on `sched` (its grid), in ms.
 double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,
                        cudaStream_t stream, int iters);
+
+// Our plain GEMM on `sched` once more after `warmup` calls, with its tile
+// monitor: its SM clock and cycles per tile (the reference for a trace).
+TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
+                               void* c, cudaStream_t stream, int warmup);
 
 }  // namespace flashoverlap::rt
 

@@ -1,0 +1,52 @@
+#include "runtime/tile_clocks.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace flashoverlap::rt {
+namespace {
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  const size_t i = std::min(v.size() - 1, size_t(q * double(v.size())));
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(i), v.end());
+  return v[i];
+}
+}  // namespace
+
+TileClocks summarize_tile_clocks(const std::vector<uint64_t>& mma, int64_t tiles, int ctas) {
+  if (tiles < 0 || ctas <= 0 || mma.size() < size_t(tiles) * 2)
+    throw std::invalid_argument("summarize_tile_clocks: " + std::to_string(mma.size()) + " values for " +
+                                std::to_string(tiles) + " tiles, " + std::to_string(ctas) + " CTAs");
+  struct Interval {
+    uint64_t end_ns, ns, cycles;
+  };
+  std::vector<Interval> iv;
+  for (int64_t idx = ctas; idx < tiles; ++idx) {
+    const uint64_t t0 = mma[size_t(idx - ctas) * 2], c0 = mma[size_t(idx - ctas) * 2 + 1];
+    const uint64_t t1 = mma[size_t(idx) * 2], c1 = mma[size_t(idx) * 2 + 1];
+    if (t0 != 0 && t1 > t0 && c1 > c0) iv.push_back({t1, t1 - t0, c1 - c0});
+  }
+  TileClocks r;
+  r.intervals = int(iv.size());
+  if (iv.empty()) return r;
+  double ns = 0, cyc = 0;
+  std::vector<double> kc, us;
+  uint64_t lo = iv[0].end_ns, hi = lo;
+  for (const auto& i : iv) {
+    ns += double(i.ns), cyc += double(i.cycles);
+    kc.push_back(double(i.cycles) * 1e-3), us.push_back(double(i.ns) * 1e-3);
+    lo = std::min(lo, i.end_ns), hi = std::max(hi, i.end_ns);
+  }
+  r.mhz = cyc / ns * 1e3;
+  r.kcycles_median = quantile(kc, 0.5), r.kcycles_p90 = quantile(kc, 0.9), r.us_median = quantile(us, 0.5);
+  double qns[4] = {}, qcyc[4] = {};
+  for (const auto& i : iv) {
+    const int q = hi > lo ? std::min(3, int(4 * double(i.end_ns - lo) / double(hi - lo + 1))) : 0;
+    qns[q] += double(i.ns), qcyc[q] += double(i.cycles);
+  }
+  for (int q = 0; q < 4; ++q) r.mhz_by_quarter.push_back(qns[q] > 0 ? qcyc[q] / qns[q] * 1e3 : 0);
+  return r;
+}
+
+}  // namespace flashoverlap::rt

@@ -1,0 +1,28 @@
+// tile_clocks.h — what the GEMM's tile monitor (kernels::GemmParams::
+// monitor_mma) says about the SM clock and the work per tile. Host only.
+//
+// Why: beside NVLink transfers the GEMM runs ~10% longer. Time per tile
+// alone cannot tell a lower clock (power) from more cycles per tile
+// (interference: memory, L2, issue slots); the SM's cycle counter can.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace flashoverlap::rt {
+
+struct TileClocks {
+  int intervals = 0;             // consecutive tile pairs of one CTA measured
+  double mhz = 0;                // their cycles over their nanoseconds
+  double kcycles_median = 0;     // SM cycles from one tile's end to the next's, thousands
+  double kcycles_p90 = 0;
+  double us_median = 0;          // the same in microseconds
+  std::vector<double> mhz_by_quarter;  // the clock in each quarter of the span (by interval end)
+};
+
+// mma: [tiles * 2] = {globaltimer ns, cycles} per tile; a persistent CTA c
+// of `ctas` computes tiles c, c + ctas, c + 2 ctas, ... in that order.
+// Tiles never recorded (time 0: zero the buffer first) and intervals whose
+// time or cycle count does not advance are skipped.
+TileClocks summarize_tile_clocks(const std::vector<uint64_t>& mma, int64_t tiles, int ctas);
+
+}  // namespace flashoverlap::rt

@@ -1,0 +1,71 @@
+// The GEMM tile monitor's summary: on random persistent-CTA timelines with a
+// known clock per phase, the clock, cycles per tile and per-quarter clocks
+// come back; bad sizes are refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "runtime/tile_clocks.h"
+
+using namespace flashoverlap;
+
+TEST(TileClocks, RecoversTheClockAndCyclesPerTile) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int ctas = 1 + int(rng() % 16);
+    const int64_t tiles = ctas * (8 + int64_t(rng() % 8)) + int64_t(rng() % ctas);
+    // Every tile costs exactly `cyc` cycles; the clock is mhz[0] during the
+    // first half of the run (by time) and mhz[1] after, one switch per CTA at
+    // a tile boundary, so the cycles-over-time answer is exact.
+    const uint64_t cyc = 50000 + rng() % 100000;
+    const double mhz[2] = {1200.0 + double(rng() % 800), 1200.0 + double(rng() % 800)};
+    std::vector<uint64_t> mma(size_t(tiles) * 2);
+    double total_ns = 0, total_cyc = 0;
+    for (int c = 0; c < ctas; ++c) {
+      const int64_t mine = (tiles - c + ctas - 1) / ctas;
+      uint64_t t = 1000000 + rng() % 1000, clk = rng() % (uint64_t(1) << 40);
+      for (int64_t j = 0; j < mine; ++j) {
+        const int64_t idx = c + j * ctas;
+        if (j > 0) {
+          const uint64_t ns = uint64_t(double(cyc) / mhz[j * 2 >= mine] * 1e3);  // exact enough: 1 ns of ~1e5
+          t += ns, clk += cyc, total_ns += double(ns), total_cyc += double(cyc);
+        }
+        mma[size_t(idx) * 2] = t, mma[size_t(idx) * 2 + 1] = clk;
+      }
+    }
+    const rt::TileClocks r = rt::summarize_tile_clocks(mma, tiles, ctas);
+    EXPECT_EQ(r.intervals, tiles - ctas);
+    EXPECT_NEAR(r.mhz, total_cyc / total_ns * 1e3, 1e-9 * r.mhz);
+    EXPECT_NEAR(r.kcycles_median, double(cyc) * 1e-3, 1e-9);
+    EXPECT_NEAR(r.kcycles_p90, double(cyc) * 1e-3, 1e-9);
+    ASSERT_EQ(r.mhz_by_quarter.size(), 4u);
+    EXPECT_LE(std::min(mhz[0], mhz[1]) - 1, r.mhz);
+    EXPECT_GE(std::max(mhz[0], mhz[1]) + 1, r.mhz);
+    // The first quarter holds only early intervals, the last only late ones
+    // when every CTA runs long enough for its halves to separate in time.
+    if (tiles >= ctas * 8) {
+      EXPECT_NEAR(r.mhz_by_quarter.front(), mhz[0], 0.01 * mhz[0]);
+      EXPECT_NEAR(r.mhz_by_quarter.back(), mhz[1], 0.01 * mhz[1]);
+    }
+  }
+}
+
+TEST(TileClocks, SkipsUnrecordedTilesAndBackwardIntervals) {
+  // Two CTAs, three tiles each; CTA 1's middle tile was never written (zeros).
+  std::vector<uint64_t> mma = {1000, 5000, 2000, 9000, 3000, 7000, 0, 0, 5000, 11000, 6000, 15000};
+  const rt::TileClocks r = rt::summarize_tile_clocks(mma, 6, 2);
+  // CTA 0 (tiles 0, 2, 4): 2000 ns and 2000 cycles, then 2000 ns and 4000.
+  // CTA 1: 1 -> 3 ends at an unrecorded tile, 3 -> 5 starts at one.
+  EXPECT_EQ(r.intervals, 2);
+  EXPECT_NEAR(r.mhz, 6000.0 / 4000.0 * 1e3, 1e-9);
+  EXPECT_NEAR(r.kcycles_p90, 4.0, 1e-12);
+}
+
+TEST(TileClocks, RefusesTooFewValues) {
+  EXPECT_THROW(rt::summarize_tile_clocks(std::vector<uint64_t>(5), 3, 1), std::invalid_argument);
+  EXPECT_THROW(rt::summarize_tile_clocks(std::vector<uint64_t>(6), 3, 0), std::invalid_argument);
+  EXPECT_EQ(rt::summarize_tile_clocks({}, 0, 4).intervals, 0);
+}
