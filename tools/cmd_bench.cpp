@@ -59,7 +59,6 @@ struct Options {
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
   std::string push_by = "auto";
-  std::string sum_by = "tile";
   int copy_streams = 2;
   std::string csv;
   std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
@@ -282,7 +281,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.fallback_cublas = pl.fallback_cublas;
     fo.fuse_sum = pl.fuse_sum;
     fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
-    fo.sum_by_tile = o.sum_by == "tile";
     fo.copy_streams = o.copy_streams;
     return fo;
   };
@@ -390,8 +388,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
           : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
-          : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum()) +
-                (op.sums_by_tile() ? ", tile by tile" : ""))
+          : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum()))
       << ", wait " << o.wait;
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
@@ -508,7 +505,6 @@ int run(const Options& o) {
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
   if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines")
     throw InvalidArgument("--push-by must be auto, gemm or copy-engines");
-  if (o.sum_by != "tile" && o.sum_by != "band") throw InvalidArgument("--sum-by must be tile or band");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -652,10 +648,6 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
                   "copies of this rank's block once its tiles are stored) or auto (gemm, and when the measured "
                   "choice picks a pushed plan, that plan is measured again against the copy engines)")
-      ->capture_default_str();
-  cmd->add_option("--sum-by", o->sum_by,
-                  "Pushed row bands by the GEMM's stores: the in-GEMM sum tile by tile as each tile arrives (tile) "
-                  "or band by band once a whole band arrived (band)")
       ->capture_default_str();
   cmd->add_option("--copy-streams", o->copy_streams,
                   "Copy-engine pushes: streams the groups' copies take in turn (1-8)")

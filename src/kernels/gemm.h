@@ -76,14 +76,6 @@ struct FusedSum {
   // pushed layouts moved by the copy engines). Entry `rank` is not read.
   const uint32_t* peer_ready = nullptr;
   int32_t rank = 0;
-  // Pushed row layout, optional: [tiles] arrival counters, one per tile
-  // (target epoch * world). Then the sum goes tile by tile in schedule order
-  // (chunks of a few rows of one tile, shared out by claims[0]), each chunk
-  // waiting for its own tile: what is left after the GEMM's last tile is its
-  // last wave, not its last group. Needs a row layout whose groups are row
-  // bands in order (table[g].row0 increasing), n % 8 == 0, 16-byte aligned
-  // out rows (ld_out % 8 == 0) and claims.
-  const uint32_t* tile_ready = nullptr;
 };
 
 // The pushed AllReduce layout: besides its own store, every tile is copied
@@ -102,12 +94,6 @@ struct Push {
   uint32_t* arrivals = nullptr;               // this GPU's arrival counters, indexed like counters
   uint32_t* const* peer_arrivals = nullptr;   // device: [peers] the peers' arrival counters
   int32_t signal_every = 1;                   // 1 or 2: tiles per system fence and signal
-  // Optional: per-tile arrival counters [tiles + 1] here and at each peer,
-  // counted like `arrivals` (FusedSum::tile_ready); the tiles of group
-  // `sink_group` count into entry `tiles` instead (fault injection; -1: none).
-  uint32_t* tile_arrivals = nullptr;
-  uint32_t* const* peer_tile_arrivals = nullptr;  // device: [peers]
-  int32_t sink_group = -1;
 };
 
 struct GemmParams {

@@ -124,13 +124,6 @@ void check_gemm_params(const GemmParams& p) {
          "buffers and arrival counters");
   if (p.sum.groups > 0 && p.sum.consumers && (!p.sum.claims || !push_store))
     fail("fused sum by the consumer warps needs claim counters and the TMA store (slot tiles or aligned Plain C)");
-  if (p.sum.groups > 0 && p.sum.tile_ready &&
-      (!p.sum.claims || p.sum.tiles || p.sum.peer_ready || p.n % 8 != 0 || p.sum.ld_out % 8 != 0 ||
-       !aligned16(p.sum.out)))
-    fail("the tile-by-tile fused sum needs claim counters, row bands (no tile slots, no peer flags), n % 8 == 0 and "
-         "16-byte aligned output rows");
-  if (p.push.tile_arrivals && (p.push.peers > 0) != (p.push.peer_tile_arrivals != nullptr))
-    fail("per-tile arrival counters need the peers' counters too");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
 }
 

@@ -184,82 +184,6 @@ __device__ __forceinline__ void fused_sum_rows(const FusedSum f, const plan::Sch
   }
 }
 
-// The FusedSum of the pushed row layout tile by tile (f.tile_ready): chunks
-// of `rows` rows of one tile, tiles in schedule order (the order they
-// finish), claimed with f.claims[0]; each chunk waits for its own tile's
-// arrivals only, so what is left after the GEMM's last tile is its last
-// wave, not its last group. Every rank's rows of the chunk are brought into
-// shared memory by the bulk-copy engine, summed in rank order and stored to
-// `out` (ld_out elements per row, 16-byte aligned). One buffer, no
-// prefetch: few registers (this runs under the producer warpgroup's 40),
-// and the many warps summing at the GEMM's end keep enough bytes in flight.
-template <typename T, int kStageBytes, int BN>
-__device__ __forceinline__ void fused_sum_tile_rows(const FusedSum f, const plan::Schedule& s, uint8_t* stage,
-                                                    uint64_t* bar) {
-  const int lane = threadIdx.x % 32;
-  int32_t rows = 1;  // per chunk: a power of two, every rank's rows in the buffer
-  while (rows < 128 && rows * 2 * BN * 2 * f.world <= kStageBytes) rows *= 2;
-  const int32_t per_tile = 128 / rows, chunks = s.tiles() * per_tile;
-  int32_t ready_tile = -1, g = 0;  // the last tile seen complete, and its group (lane 0)
-  uint32_t phase = 0;
-  while (true) {
-    uint32_t c = 0;
-    if (lane == 0) c = atomicAdd(f.claims, 1u);
-    c = __shfl_sync(0xffffffffu, c, 0);
-    if (c >= uint32_t(chunks)) return;
-    const int32_t t = int32_t(c) / per_tile;
-    const plan::TileCoord tc = s.tile_of(t);
-    const int32_t row = tc.tm * 128 + (int32_t(c) - t * per_tile) * rows, col = tc.tn * BN;
-    const int32_t nrows = min(s.m - row, rows), ncols = min(s.n - col, BN);
-    if (nrows <= 0) continue;  // below the last row of C
-    int ok = 1;
-    if (lane == 0) {
-      if (t != ready_tile) {
-        while (g + 1 < f.groups && tc.tm * 128 >= f.table[g + 1].row0) ++g;  // bands in row order, tiles too
-        while (g > 0 && tc.tm * 128 < f.table[g].row0) --g;
-        ok = bounded_wait<64, 1024>(f.tile_ready + t, f.epoch * uint32_t(f.world), f.timeout_ns, f.err, g, 2u);
-        ptx::fence_proxy_async_global();  // the bulk copies below read what the counter released
-        ready_tile = t;
-      }
-      if (ok) {
-        const SumGroup sg = f.table[g];
-        const uint32_t row_bytes = uint32_t(ncols) * 2;
-        ptx::fence_proxy_async_smem();  // the lanes' reads of the buffer before the copies overwrite it
-        ptx::mbar_arrive_expect_tx(bar, row_bytes * uint32_t(nrows * f.world));
-        const T* from = static_cast<const T*>(f.gathered) + (sg.src_row + (row - sg.row0)) * int64_t(s.n) + col;
-        for (int32_t k = 0; k < f.world; ++k, from += sg.block_rows * int64_t(s.n))
-          for (int32_t r = 0; r < nrows; ++r)
-            ptx::bulk_load(stage + (k * rows + r) * BN * 2, from + r * int64_t(s.n), row_bytes, bar);
-      }
-    }
-    if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // recorded in f.err; the call fails
-    ptx::mbar_wait(bar, phase);
-    phase ^= 1;
-    constexpr int kUnits = BN / 8;  // 16-byte units per row
-    T* out = static_cast<T*>(f.out) + int64_t(row) * f.ld_out + col;
-    for (int32_t u = lane; u < nrows * kUnits; u += 32) {
-      const int32_t r = u / kUnits, c8 = u % kUnits;
-      if (c8 * 8 >= ncols) continue;
-      uint4 v;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // two halves of 4: few live registers
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int32_t k = 0; k < f.world; ++k) {
-          const uint2 x = *reinterpret_cast<const uint2*>(stage + ((k * rows + r) * BN + c8 * 8 + 4 * h) * 2);
-          const T* e = reinterpret_cast<const T*>(&x);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[i] += static_cast<float>(e[i]);
-        }
-        T* e = reinterpret_cast<T*>(&v) + 4 * h;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) e[i] = T(acc[i]);
-      }
-      *reinterpret_cast<uint4*>(out + int64_t(r) * f.ld_out + c8 * 8) = v;
-    }
-    __syncwarp();
-  }
-}
-
 // One 64 x BN half of a finished tile (in shared memory, TMA's 128-byte
 // swizzle) copied by one warp to rows [row, row+64), columns [col, col+BN) of
 // every peer's buffer (ld elements per row), 16 bytes per lane per row step
@@ -341,13 +265,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     } else if (tid >= 64 && p.sum.groups > 0 && p.sum.producers) {
       // ---------------- warps 2-3: the fused sum during the GEMM ----------------
       const int w = tid / 32 - 2;
-      if (p.sum.tile_ready)
-        fused_sum_tile_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes,
-                                                     c_empty + 2 + 2 * w);
-      else
-        fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes,
-                                                c_empty + 2 + 2 * w, int32_t(blockIdx.x) * 2 + w,
-                                                int32_t(gridDim.x) * 2);
+      fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
+                                           int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
     } else if (tid >= 32 && tid < 64 && p.tma_store && (tid == 32 || p.push.peers > 0)) {
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the
@@ -403,11 +322,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
               if (push) {  // every copy of the tile is complete: count it where each is summed
                 ptx::red_release_sys_add(p.push.arrivals + grp, 1);
                 for (int j = 0; j < p.push.peers; ++j) ptx::red_release_sys_add(p.push.peer_arrivals[j] + grp, 1);
-                if (p.push.tile_arrivals) {
-                  const int32_t tc = grp == p.push.sink_group ? tiles : ti;
-                  ptx::red_release_sys_add(p.push.tile_arrivals + tc, 1);
-                  for (int j = 0; j < p.push.peers; ++j) ptx::red_release_sys_add(p.push.peer_tile_arrivals[j] + tc, 1);
-                }
               }
               if (p.monitor_ns) {
                 const uint64_t now = ptx::globaltimer_ns();
@@ -531,12 +445,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // warpgroup's last half tile: my_c becomes 4 staging buffers, one per warp.
   if (p.sum.groups > 0 && p.sum.consumers) {
     ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-    if (p.sum.tile_ready)
-      fused_sum_tile_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
-                                                   c_empty + 6 + (cw * 4 + warp) * 2);
-    else
-      fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
-                                               c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
+    fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
+                                             c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
   }
 }
 

@@ -136,11 +136,6 @@ struct OverlapAllReduceOptions {
   // Copy engines: streams the groups' copies take in turn (1-8; one stream
   // runs them one after another, measured at ~280 GB/s beside the GEMM).
   int copy_streams = 2;
-  // Pushed row bands by the GEMM's stores: the sum inside the GEMM goes tile
-  // by tile as each tile arrives from every rank (per-tile counters), so the
-  // sum left after the GEMM is its last wave's, not its last band's. Off:
-  // band by band once the whole band arrived.
-  bool sum_by_tile = true;
 };
 
 // Times of one call, in ms from the GEMM's launch on the caller's stream
@@ -191,8 +186,6 @@ class OverlapAllReduce {
   // Gathered: sums inside the GEMM (plain contiguous output). Pushed: the
   // producer warps sum during the GEMM (else the consumer warps only, after their tiles).
   bool fuses_sum() const { return fuse_ok_; }
-  // Pushed row bands by the GEMM's stores, sum_by_tile: per-tile arrival counters.
-  bool sums_by_tile() const { return tile_arrivals_ != nullptr; }
   // The last call's timeline (trace mode; synchronises with the events).
   Timeline timeline() const;
 
@@ -243,10 +236,6 @@ class OverlapAllReduce {
   DeviceBuffer row_shift_, sum_table_, ready_;
   // Pushed: the peers' buffers and arrival counters, this GPU's (in the window).
   DeviceBuffer push_peers_, peer_arrivals_;
-  // Pushed, sum_by_tile: per-tile arrival counters [tiles + 1] in the window
-  // (this GPU's; the peers' by peer), or null.
-  uint32_t* tile_arrivals_ = nullptr;
-  DeviceBuffer peer_tile_arrivals_;
   DeviceBuffer claims_;      // pushed: [2 calls][groups] chunk claims of the in-GEMM sum
   bool kernel_sum_ok_ = false;  // pushed: the GEMM can sum every group (contiguous plain output)
   uint32_t* arrivals_ = nullptr;

@@ -42,27 +42,18 @@ void OverlapAllReduce::setup_pushed() {
   const size_t counters_at = (data_bytes + 255) / 256 * 256;
   const size_t flags_at = counters_at + (groups + 1) * sizeof(uint32_t);  // +1: the fault sink
   const size_t flag_bytes = ce ? groups * size_t(world_) * sizeof(uint32_t) : 0;
-  // Per-tile counters: row bands by the GEMM's stores, bands in row order
-  // (the in-GEMM sum finds a tile's band by its row).
-  bool bands_in_order = true;
-  for (size_t g = 1; g < gather_.size(); ++g) bands_in_order = bands_in_order && gather_[g].row0 > gather_[g - 1].row0;
-  const bool by_tile = opts_.sum_by_tile && !ce && !tiles && bands_in_order;
-  const size_t tiles_at = flags_at + flag_bytes;
-  const size_t tile_bytes = by_tile ? size_t(s.tiles() + 1) * sizeof(uint32_t) : 0;
-  gathered_ = SymmetricBuffer(comm, tiles_at + tile_bytes, what);
+  gathered_ = SymmetricBuffer(comm, flags_at + flag_bytes, what);
   arrivals_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + counters_at);
-  FO_CUDA_CHECK(cudaMemset(arrivals_, 0, tiles_at + tile_bytes - counters_at));
+  FO_CUDA_CHECK(cudaMemset(arrivals_, 0, flags_at + flag_bytes - counters_at));
   if (ce) peer_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
-  if (by_tile) tile_arrivals_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + tiles_at);
   const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
-  std::vector<uint32_t*> peer_arrivals, peer_tile_arrivals;
+  std::vector<uint32_t*> peer_arrivals;
   for (int r = 0; r < world_; ++r)
     if (!at[size_t(r)]) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " +
                                     std::to_string(r) + "'s copy of " + what);
   for (int r = 0; r < world_; ++r)
     if (r != gather_rank_) {
       peer_arrivals.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + counters_at));
-      peer_tile_arrivals.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + tiles_at));
       peer_base_.push_back(static_cast<char*>(at[size_t(r)]));
       peer_flag_at_.push_back(reinterpret_cast<uint32_t*>(static_cast<char*>(at[size_t(r)]) + flags_at));
     }
@@ -74,11 +65,6 @@ void OverlapAllReduce::setup_pushed() {
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_base_.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
   peer_arrivals_ = DeviceBuffer(peer_arrivals.size() * sizeof(uint32_t*));
   FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
-  if (by_tile) {
-    peer_tile_arrivals_ = DeviceBuffer(peer_tile_arrivals.size() * sizeof(uint32_t*));
-    FO_CUDA_CHECK(cudaMemcpy(peer_tile_arrivals_.get(), peer_tile_arrivals.data(), peer_tile_arrivals_.bytes(),
-                             cudaMemcpyHostToDevice));
-  }
   kernel_sum_ok_ = int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
   fuse_ok_ = opts_.fuse_sum && kernel_sum_ok_;
   claims_ = DeviceBuffer(2 * groups * sizeof(uint32_t));
@@ -128,10 +114,6 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.push.peers = world_ - 1, p.push.peer_c = push_peers_.as<void*>(), p.push.arrivals = arrivals_;
     p.push.peer_arrivals = peer_arrivals_.as<uint32_t*>();
     p.push.signal_every = opts_.push_signal_every;
-    if (tile_arrivals_) {
-      p.push.tile_arrivals = tile_arrivals_, p.push.peer_tile_arrivals = peer_tile_arrivals_.as<uint32_t*>();
-      p.push.sink_group = gemm_drop_group() >= 0 ? int32_t(groups) : -1;
-    }
   } else {
     // This GEMM overwrites this rank's blocks of the half that the call
     // before last copied from: those copies first (long done, in practice).
@@ -160,7 +142,6 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.sum = f;
     p.sum.claims = claims + size_t(epoch_ & 1) * groups;
     p.sum.producers = fuse_ok_, p.sum.consumers = true;
-    p.sum.tile_ready = tile_arrivals_;  // (null: band by band)
   }
   p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
   if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>();

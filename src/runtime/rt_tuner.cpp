@@ -317,16 +317,12 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       c.plan.groups = tiles ? plan::make_groups(s, part) : plan::band_groups(s, part);
       if (c.plan.groups.size() < 2) continue;  // one group would run the sequential fallback
       const plan::Group& last = c.plan.groups.back();
+      const double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
+                                     : double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
+      const double push_ms = double(s.m) * s.n * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
       // The last wave's tiles are copied after they are computed: after the
       // GEMM when it is the bound; inside push_ms when the copies are.
       const int64_t last_tiles = s.tiles() - int64_t(s.waves() - 1) * s.ctas;
-      // What is summed after that: the last group, or (row bands by the
-      // GEMM's stores, summed tile by tile) the last wave.
-      double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
-                               : double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
-      if (!tiles && c.plan.push_by == PushBy::Gemm)
-        last_rows = std::min(last_rows, double(last_tiles) * s.bm * s.bn / s.n);
-      const double push_ms = double(s.m) * s.n * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
       const double last_ms = double(last_tiles) * s.bm * s.bn * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
       c.plan.predicted_ms = std::max(c.gemm_ms * t.push_gemm_slowdown + last_ms, push_ms) +
                             last_rows * s.n * 2 * (t.world + 1) / (t.sum_gb_s * 1e6);

@@ -86,7 +86,6 @@ struct Case {
   bool misaligned_out = false;  // both outputs 2 bytes off 16-byte alignment: the sums run after the GEMM
   rt::PushBy push_by = rt::PushBy::Gemm;
   int copy_streams = 2;  // push_by copy engines
-  bool sum_by_tile = true;  // pushed row bands by the GEMM: the in-GEMM sum tile by tile (else band by band)
 };
 
 // Random groups for the layout: runs of waves (Slots) or of row bands.
@@ -106,8 +105,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                       " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " swizzle " +
                       std::to_string(s.swizzle) + " " + rt::layout_name(c.layout) +
-                      " groups " + std::to_string(groups.size()) + (c.sum_by_tile ? "" : " band sums") +
-                      " seed=" + std::to_string(seed);
+                      " groups " + std::to_string(groups.size()) + " seed=" + std::to_string(seed);
   on_each_rank([&](int rank, ncclComm_t comm) {
     const size_t cb = size_t(c.m) * c.n * 2;
     DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), ref(cb), cub(cb), residual(cb),
@@ -123,7 +121,6 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.wait = wait;
     o.fuse_sum = c.fuse_sum;
     o.push_by = c.push_by, o.copy_streams = c.copy_streams;
-    o.sum_by_tile = c.sum_by_tile;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
     if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
@@ -225,9 +222,6 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed},
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, false},
       {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true},  // misaligned: sums after the GEMM
-      // The in-GEMM sum band by band (sum_by_tile off), with and without the producers.
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, rt::PushBy::Gemm, 2, false},
-      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, rt::PushBy::Gemm, 2, false},
       {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles},
       {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::PushedTiles},
       {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false},
@@ -416,9 +410,7 @@ TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
 TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
   for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
-  for (const bool fuse : {true, false})
-  for (const bool by_tile : {true, false}) {
-    if (by == rt::PushBy::CopyEngines && !by_tile) continue;  // (no per-tile counters with the copy engines)
+  for (const bool fuse : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
       const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);
       rt::OverlapAllReduceOptions o;
@@ -426,7 +418,6 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       o.layout = rt::ArLayout::Pushed;
       o.fuse_sum = fuse;
       o.push_by = by;
-      o.sum_by_tile = by_tile;
       return o;
     }, true);
     for (int r = 0; r < kWorld; ++r) {
@@ -434,8 +425,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
       EXPECT_NE(messages[r].find("arrival counter"), std::string::npos) << messages[r];
     }
-    EXPECT_LT(secs, 30.0) << "fuse " << fuse << " copy engines " << (by == rt::PushBy::CopyEngines) << " by tile "
-                          << by_tile;
+    EXPECT_LT(secs, 30.0) << "fuse " << fuse << " copy engines " << (by == rt::PushBy::CopyEngines);
   }
 }
 
