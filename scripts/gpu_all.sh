@@ -13,6 +13,8 @@
 #   power-parts  where the overlapped call's energy goes: --power on K=64 shapes (GEMM ~free: the
 #                transfer + sum alone), pushed (both transports and sum placements) and NCCL on row bands
 #                (--no-select: the model's plan, which a measurement could replace by the sequential one)
+#   owners-ab    pushed row bands, the model's plan: each tile summed by its owner (--push-by owners) vs the
+#                GEMM's stores and a sum (--push-by gemm), ABAB, with --trace (GEMM end, tile clocks)
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest.
@@ -79,6 +81,15 @@ for s in "$@"; do
         echo "##### $args"
         $CLI bench --shapes 8192x4096x2048,4096x7168x5120,2048x8192x8192,4096x8192x8192 --layout pushed --trace --curves /tmp/fo-curves $args \
           2>&1 | tee -a "$OUT/push-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM end|rror" | cut -c1-160 || status=1
+      done
+      ;;
+    owners-ab)
+      stage "pushed: owners vs GEMM stores + sum"
+      for by in owners gemm owners gemm; do
+        echo "##### --push-by $by"
+        $CLI bench --shapes 4096x8192x8192,2048x8192x8192,1024x8192x8192,4096x7168x5120,3001x8192x8192,4096x4096x4096 \
+          --layout pushed --push-by $by --no-select --trace --curves /tmp/fo-curves 2>&1 |
+          tee -a "$OUT/owners-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM end|GEMM tiles|rror" | cut -c1-200 || status=1
       done
       ;;
     sanitize)

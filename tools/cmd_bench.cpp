@@ -288,7 +288,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   // below) picks among the finalists, unless --no-select.
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
   tuning.transport_round = o.push_by == "auto";
-  tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines : rt::PushBy::Gemm;
+  tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
+                   : o.push_by == "owners"     ? rt::PushBy::Owners
+                                               : rt::PushBy::Gemm;
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
   res.predicted_ms = plan.predicted_ms;
@@ -385,6 +387,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
           : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::CopyEngines
               ? "window (blocks copied to the peers by the copy engines, " + std::to_string(o.copy_streams) +
                     " streams)"
+          : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::Owners
+              ? std::string("window (each tile summed by its owner rank, stored over NVLink by the GEMM)")
           : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
@@ -503,8 +507,8 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
-  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines")
-    throw InvalidArgument("--push-by must be auto, gemm or copy-engines");
+  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners")
+    throw InvalidArgument("--push-by must be auto, gemm, copy-engines or owners");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -646,8 +650,10 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--push-by", o->push_by,
                   "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
-                  "copies of this rank's block once its tiles are stored) or auto (gemm, and when the measured "
-                  "choice picks a pushed plan, that plan is measured again against the copy engines)")
+                  "copies of this rank's block once its tiles are stored), owners (2 ranks, row bands: each tile "
+                  "summed by one rank in its epilogue, the final tile stored into the other's copy) or auto (gemm, "
+                  "and when the measured choice picks a pushed plan, that plan is measured again with the other "
+                  "transports)")
       ->capture_default_str();
   cmd->add_option("--copy-streams", o->copy_streams,
                   "Copy-engine pushes: streams the groups' copies take in turn (1-8)")

@@ -96,6 +96,36 @@ struct Push {
   int32_t signal_every = 1;                   // 1 or 2: tiles per system fence and signal
 };
 
+// The pushed AllReduce with owners, 2 ranks: each tile is summed by one
+// rank, its owner (rank 1 owns tiles [0, split), rank 0 [split, tiles)).
+// Each rank walks its tiles it does not own first (rank 1 starts at tile
+// `split`, rank 0 at tile 0): those partials are stored only into the
+// owner's window (Push, to the peer, ld n) and counted in its flags. Then
+// its own: before such a tile's epilogue the storer warp waits (bounded)
+// for the peer's partial, long since arrived, and loads it by TMA into the
+// tile's staging buffer; the consumers add their rounded accumulators to it
+// in fp32 and round once (what a 2-rank NCCL sum gives); the storer stores
+// the final tile into C (Plain, TMA) and into the peer's window, and counts
+// it there. Meanwhile the producer's idle warps (and every consumer warp
+// after its CTA's last tile) copy the peer's final tiles from this GPU's
+// window into C as they arrive. Two calls in flight use the two halves of
+// the window (row0); the flags count one arrival per tile and call.
+struct Owner {
+  int32_t rank = -1;                // -1: off; else 0 or 1
+  int32_t split = 0;
+  const void* window = nullptr;     // this GPU's window, [window_rows x n], n elements per row
+  int64_t window_rows = 0;
+  int32_t row0 = 0;                 // this call's half: window rows [row0, row0 + tiles_m * 128)
+  uint32_t* flags = nullptr;        // this GPU's [tiles] arrival counters
+  uint32_t* peer_flags = nullptr;   // the peer's, mapped
+  uint32_t epoch = 0;               // this call: every flag reaches epoch (cyclic compare)
+  int32_t drop_group = -1;          // testing: this group's tiles are never counted (their waits time out)
+  uint32_t* claims = nullptr;       // [1], zero at launch: the copy's chunks
+  bool producers = true;            // the producer's idle warps copy during the GEMM
+  uint64_t timeout_ns = 0;
+  WaitError* err = nullptr;
+};
+
 struct GemmParams {
   DType dtype = DType::BF16;
   const void* a = nullptr;  // m x k
@@ -120,6 +150,7 @@ struct GemmParams {
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
   FusedSum sum;                        // optional (gathered layouts)
   Push push;                           // optional (pushed layout; Plain store via TMA, with counters)
+  Owner owner;                         // optional (with push to 1 peer, Plain C by TMA, counters for group_of_tile)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
   // Non-null: [tiles * 2] = {globaltimer ns, SM cycle count} when the tile's

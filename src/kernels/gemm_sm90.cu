@@ -119,12 +119,27 @@ void check_gemm_params(const GemmParams& p) {
   if (p.push.signal_every < 1 || p.push.signal_every > 2) fail("push: signal_every must be 1 or 2");
   const bool push_store = p.store == Store::SlotTiles ||
                           (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && p.n % 8 == 0);
-  if (p.push.peers > 0 && (!push_store || !p.counters || !p.push.peer_c || !p.push.arrivals || !p.push.peer_arrivals))
+  if (p.push.peers > 0 && p.owner.rank < 0 &&
+      (!push_store || !p.counters || !p.push.peer_c || !p.push.arrivals || !p.push.peer_arrivals))
     fail("push needs slot tiles or Plain C by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0), signals, the peers' "
          "buffers and arrival counters");
   if (p.sum.groups > 0 && p.sum.consumers && (!p.sum.claims || !push_store))
     fail("fused sum by the consumer warps needs claim counters and the TMA store (slot tiles or aligned Plain C)");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
+  const Owner& o = p.owner;
+  if (o.rank >= 0) {
+    if (o.rank > 1) fail("owner layout: rank must be 0 or 1 (2 ranks)");
+    if (p.store != Store::Plain || !push_store)
+      fail("owner layout: needs Plain C stored by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0)");
+    if (p.push.peers != 1 || !p.push.peer_c) fail("owner layout: needs the peer's window (push to 1 peer)");
+    if (!o.window || !aligned16(o.window) || !o.flags || !o.peer_flags || !o.claims || !o.err || !p.group_of_tile)
+      fail("owner layout: needs its 16-byte aligned window, both ranks' flags, claims, an error slot and "
+           "group_of_tile");
+    if (o.split < 0 || o.split > p.sched.tiles()) fail("owner layout: split outside [0, tiles]");
+    if (o.row0 < 0 || o.row0 + int64_t(p.sched.tiles_m()) * p.sched.bm > o.window_rows)
+      fail("owner layout: this call's rows lie outside the window");
+    if (p.sum.groups > 0 || p.row_shift) fail("owner layout: no fused sum or row shift besides");
+  }
 }
 
 void preload_gemm_kernels();
@@ -154,6 +169,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.monitor_ns = p.monitor_ns;
   kp.monitor_sm = p.monitor_sm;
   kp.monitor_mma = p.monitor_mma;
+  kp.owner = p.owner;
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
@@ -170,18 +186,26 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.row_of = p.store == Store::SlotRows ? p.row_of : nullptr;
   }
   kp.row_shift = p.store != Store::SlotRows ? p.row_shift : nullptr;
+  // The owner layout: the peers' partials are loaded from this GPU's window
+  // into the staging buffer (the same box and swizzle as C's stores), and
+  // its copy of the peer's tiles writes C directly.
+  CUtensorMap mw = mc;
+  if (p.owner.rank >= 0) {
+    mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");
+    kp.out = p.c;
+  }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.dtype == DType::BF16) {
     if (bn == 256)
-      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, kp);
+      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
     else
-      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, kp);
+      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, kp);
   } else {
     if (bn == 256)
-      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, kp);
+      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
     else
-      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, kp);
+      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, kp);
   }
   FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }

@@ -41,6 +41,7 @@ struct GemmKernelParams {
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
   uint64_t* monitor_mma;
+  Owner owner;
 };
 
 template <int BN, int STAGES>
@@ -54,7 +55,8 @@ struct GemmSmem {
   static constexpr int kC = kB + STAGES * kBBytes;
   static constexpr int kBars = kC + 2 * kHalfCBytes;
   // ring, C halves, 2 buffers of each producer sum warp, 2 of each consumer warp
-  static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16;
+  // (+2: the owner layout's peer partial loaded into each C half)
+  static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2;
   // Staging of the fused sum (gathered and pushed layouts): 8 KB per producer sum warp.
   static constexpr int kSumStageBytes = 8192;
   // What each summing warp stages (producer or consumer; the same for all, as
@@ -205,10 +207,148 @@ __device__ __forceinline__ void push_half(const uint8_t* half, const Push& push,
   }
 }
 
+// The owner layout (gemm.h: Owner): rank r's i-th tile slot holds tile
+// (i + rot) mod tiles, so that each rank walks the tiles it does not own first.
+struct OwnerOrder {
+  int32_t rot = 0, split = 0, rank = -1, tiles = 0;
+  __device__ __forceinline__ OwnerOrder(const Owner& o, int32_t tiles_)
+      : rot(o.rank == 1 ? o.split : 0), split(o.split), rank(o.rank), tiles(tiles_) {}
+  __device__ __forceinline__ int32_t tile_at(int32_t i) const { return i + rot >= tiles ? i + rot - tiles : i + rot; }
+  __device__ __forceinline__ bool owned(int32_t idx) const { return rank >= 0 && (rank == 0) == (idx >= split); }
+};
+
+// bf16(x) + peer, each of 2 lanes, in fp32, rounded once: a 2-rank sum of
+// the rounded partials, as NCCL's (a + b commutes).
+template <typename T>
+__device__ __forceinline__ uint32_t add_pack2(float lo, float hi, uint32_t peer) {
+  const T* e = reinterpret_cast<const T*>(&peer);
+  return pack2<T>(static_cast<float>(T(lo)) + static_cast<float>(e[0]),
+                  static_cast<float>(T(hi)) + static_cast<float>(e[1]));
+}
+
+// The owner layout's storer warp: per tile, every lane copies both halves to
+// the peer's window (a partial, or the final tile), lane 0 stores a final
+// tile into C by TMA and counts the tile in the peer's flags; before handing
+// the staging halves back, lane 0 loads the peer's partial of the CTA's next
+// tile into them if this rank owns it (bounded wait for its flag first).
+template <typename T, int BN, int kHalfCBytes>
+__device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CUtensorMap* tm_c, const CUtensorMap* tm_w,
+                                             uint8_t* c_smem, uint64_t* c_full, uint64_t* c_empty, uint64_t* p_ready,
+                                             int32_t tiles, int lane) {
+  const Owner& o = p.owner;
+  const OwnerOrder order(o, tiles);
+  const bool leader = lane == 0;
+  auto prefetch = [&](int32_t idx) {
+    const plan::TileCoord tc = p.sched.tile_of(idx);
+    const bool ok = bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
+    ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
+    for (int h = 0; h < 2; ++h) {
+      if (!ok) {  // recorded in err (the call fails); the consumers go on with what is there
+        ptx::mbar_arrive(&p_ready[h]);
+        continue;
+      }
+      ptx::mbar_arrive_expect_tx(&p_ready[h], kHalfCBytes);
+      for (int c = 0; c < BN / 64; ++c)
+        ptx::tma_load_2d(c_smem + h * kHalfCBytes + c * 8192, tm_w, &p_ready[h], tc.tn * BN + c * 64,
+                         o.row0 + tc.tm * 128 + h * 64);
+    }
+  };
+  if (leader) {
+    ptx::tma_prefetch_desc(tm_c);
+    ptx::tma_prefetch_desc(tm_w);
+    if (int32_t(blockIdx.x) < tiles && order.owned(order.tile_at(blockIdx.x))) prefetch(order.tile_at(blockIdx.x));
+  }
+  uint32_t t = 0;
+  for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
+    const int32_t idx = order.tile_at(i);
+    const plan::TileCoord tc = p.sched.tile_of(idx);
+    const bool own = order.owned(idx);
+    const int32_t row = tc.tm * 128, col = tc.tn * BN;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ptx::mbar_wait(&c_full[h], t & 1);
+      const uint8_t* half = c_smem + h * kHalfCBytes;
+      if (own && leader) {
+#pragma unroll
+        for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(tm_c, half + c * 8192, col + c * 64, row + h * 64);
+        ptx::tma_store_commit();
+      }
+      push_half<T, BN>(half, p.push, p.sched.n, o.row0 + row + h * 64, col, p.sched.n, lane);
+    }
+    __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
+    __syncwarp();
+    if (leader) {
+      if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+      if (own) ptx::tma_store_wait_read();  // the staging halves are read
+      const int32_t next = i + int32_t(gridDim.x) < tiles ? order.tile_at(i + int32_t(gridDim.x)) : -1;
+      if (next >= 0 && order.owned(next)) prefetch(next);
+      ptx::mbar_arrive(&c_empty[0]);
+      ptx::mbar_arrive(&c_empty[1]);
+    }
+  }
+  if (leader) ptx::tma_store_wait_all();
+}
+
+// The owner layout's copy of the peer's final tiles from this GPU's window
+// into C (p.out, p.ld_out): chunks of `rows` rows of one tile, the peer's
+// tiles in the order it computes them, claimed with o.claims, each chunk
+// waiting (bounded) for its tile; rows brought into `stage` by the bulk-copy
+// engine, then stored with 16-byte stores.
+template <typename T, int kStageBytes, int BN>
+__device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8_t* stage, uint64_t* bar) {
+  const Owner& o = p.owner;
+  const plan::Schedule& s = p.sched;
+  const int lane = threadIdx.x % 32;
+  constexpr int32_t kRows = kStageBytes / (BN * 2) < 128 ? kStageBytes / (BN * 2) : 128;
+  constexpr int32_t kPerTile = 128 / kRows;
+  const int32_t first = o.rank == 0 ? 0 : o.split;  // the peer's tiles
+  const int32_t chunks = (o.rank == 0 ? o.split : s.tiles() - o.split) * kPerTile;
+  int32_t ready = -1;  // lane 0: the last tile seen arrived
+  uint32_t phase = 0;
+  while (true) {
+    uint32_t c = 0;
+    if (lane == 0) c = atomicAdd(o.claims, 1u);
+    c = __shfl_sync(0xffffffffu, c, 0);
+    if (c >= uint32_t(chunks)) return;
+    const int32_t t = first + int32_t(c) / kPerTile;
+    const plan::TileCoord tc = s.tile_of(t);
+    const int32_t row = tc.tm * 128 + (int32_t(c) % kPerTile) * kRows, col = tc.tn * BN;
+    const int32_t nrows = min(s.m - row, kRows), ncols = min(s.n - col, BN);
+    if (nrows <= 0) continue;  // below C's last row
+    int ok = 1;
+    if (lane == 0) {
+      if (t != ready) {
+        ok = bounded_wait<64, 1024>(o.flags + t, o.epoch, o.timeout_ns, o.err, p.group_of_tile[t], 2u);
+        ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
+        ready = t;
+      }
+      if (ok) {
+        ptx::fence_proxy_async_smem();  // the lanes' reads of the buffer before the copies overwrite it
+        ptx::mbar_arrive_expect_tx(bar, uint32_t(ncols) * 2 * uint32_t(nrows));
+        const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
+        for (int32_t r = 0; r < nrows; ++r) ptx::bulk_load(stage + r * BN * 2, from + r * int64_t(s.n), ncols * 2, bar);
+      }
+    }
+    if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // recorded in err; the call fails
+    ptx::mbar_wait(bar, phase);
+    phase ^= 1;
+    T* out = static_cast<T*>(p.out) + int64_t(row) * p.ld_out + col;
+    constexpr int kUnits = BN / 8;
+    for (int32_t u = lane; u < nrows * kUnits; u += 32) {
+      const int32_t r = u / kUnits, c8 = u % kUnits;
+      if (c8 * 8 < ncols)
+        *reinterpret_cast<uint4*>(out + int64_t(r) * p.ld_out + c8 * 8) =
+            *reinterpret_cast<const uint4*>(stage + (r * BN + c8 * 8) * 2);
+    }
+    __syncwarp();
+  }
+}
+
 template <int BN, int STAGES, typename T>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
-                     const __grid_constant__ CUtensorMap tm_c, const GemmKernelParams p) {
+                     const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
+                     const GemmKernelParams p) {
   using L = GemmSmem<BN, STAGES>;
   constexpr int BM = L::kBM, BK = L::kBK;
   extern __shared__ uint8_t smem_raw[];
@@ -218,6 +358,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   uint64_t* c_full = empty + STAGES;  // consumer half h written to shared memory
   uint64_t* c_empty = c_full + 2;      // storer done reading half h
+  uint64_t* p_ready = c_empty + 22;    // owner layout: the peer's partial is in half h
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -233,6 +374,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::mbar_init(&c_empty[4 + h], 1);
     }
     for (int i = 0; i < 16; ++i) ptx::mbar_init(&c_empty[6 + i], 1);  // the consumer warps' (joining the sum)
+    for (int h = 0; h < 2; ++h) ptx::mbar_init(&p_ready[h], 1);
     ptx::fence_barrier_init();
   }
   if (blockIdx.x == 0)
@@ -247,21 +389,29 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
-      for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
-        const plan::TileCoord tc = p.sched.tile_of(idx);
+      const OwnerOrder order(p.owner, tiles);
+      for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+        const plan::TileCoord tc = p.sched.tile_of(order.tile_at(i));
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
           ptx::mbar_wait(&empty[s], phase ^ 1);
           if (kb == 0 && p.monitor_mma) {  // (here, not in the consumers: no registers taken from the MMAs)
-            p.monitor_mma[int64_t(idx) * 2] = ptx::globaltimer_ns();
-            p.monitor_mma[int64_t(idx) * 2 + 1] = ptx::clock_cycles();
+            p.monitor_mma[int64_t(i) * 2] = ptx::globaltimer_ns();  // by slot: CTA c's are c, c + ctas, ...
+            p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
           }
           ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
           ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, tc.tm * BM);
           ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
         }
       }
+    } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
+      // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
+      const int w = tid / 32 - 2;
+      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w);
+    } else if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
+      // ---------------- storer of the owner layout ----------------
+      owner_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles, tid - 32);
     } else if (tid >= 64 && p.sum.groups > 0 && p.sum.producers) {
       // ---------------- warps 2-3: the fused sum during the GEMM ----------------
       const int w = tid / 32 - 2;
@@ -348,8 +498,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   float acc[BN / 2];
   int it = 0;
-  uint32_t t = 0;
-  for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
+  uint32_t t = 0, owned_tiles = 0;
+  const OwnerOrder order(p.owner, tiles);
+  for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
+    const int idx = order.tile_at(i);
     const plan::TileCoord tc = p.sched.tile_of(idx);
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
@@ -384,16 +536,36 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // (2) Accumulators -> shared memory in the output type, swizzled so that
     // each warp's stores hit 32 distinct banks. wgmma's fragment: register
     // 4j+{0,1} holds row warp*16+lane/4, columns 8j+2*(lane%4)+{0,1};
-    // 4j+{2,3} the same columns 8 rows further down.
+    // 4j+{2,3} the same columns 8 rows further down. A tile this rank owns
+    // (owner layout): the peer's partial is there already, in the same
+    // layout (TMA, same swizzle); the sum replaces it.
+    if (order.owned(idx)) {
+      ptx::mbar_wait(&p_ready[cw], owned_tiles & 1);
+      ++owned_tiles;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int chunk = j / 8, u = j % 8;
+      for (int j = 0; j < BN / 8; ++j) {
+        const int chunk = j / 8, u = j % 8;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + lane / 4 + 8 * h;
-        const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
-        const uint32_t v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp * 16 + lane / 4 + 8 * h;
+          const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
+          uint32_t peer;
+          asm volatile("ld.shared.u32 %0, [%1];" : "=r"(peer) : "r"(addr) : "memory");
+          const uint32_t v = add_pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], peer);
+          asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int chunk = j / 8, u = j % 8;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp * 16 + lane / 4 + 8 * h;
+          const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
+          const uint32_t v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+        }
       }
     }
 
@@ -441,8 +613,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
   }
 
-  // The consumer warps join the sum once the storer has read this
-  // warpgroup's last half tile: my_c becomes 4 staging buffers, one per warp.
+  // The consumer warps join the sum (the owner layout's copy) once the
+  // storer has read this warpgroup's last half tile: my_c becomes 4 staging
+  // buffers, one per warp.
+  if (p.owner.rank >= 0) {
+    ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
+    copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
+  }
   if (p.sum.groups > 0 && p.sum.consumers) {
     ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
     fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,

@@ -111,7 +111,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   group_of_tile_ = DeviceBuffer(got.size() * sizeof(int32_t));
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
-  if (is_pushed(opts_.layout) && !sequential()) setup_pushed();
+  if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
 
   FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
   *wait_error_ = kernels::WaitError{};
@@ -324,7 +324,7 @@ void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int6
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
   if (!sequential() && is_pushed(opts_.layout)) {
-    enqueue_pushed(a, b, out, ld_out, nullptr, stream);
+    owners() ? enqueue_owned(a, b, out, ld_out, nullptr, stream) : enqueue_pushed(a, b, out, ld_out, nullptr, stream);
     return;
   }
   if (!sequential() && is_gathered(opts_.layout)) {
@@ -376,7 +376,7 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
                           std::to_string(s.n) +
                           "): residual, residual_out and the output must not overlap (pass separate buffers)");
   if (is_pushed(opts_.layout) && !sequential()) {
-    enqueue_pushed(a, b, out, s.n, &norm, stream);
+    owners() ? enqueue_owned(a, b, out, s.n, &norm, stream) : enqueue_pushed(a, b, out, s.n, &norm, stream);
     return;
   }
   if (opts_.layout == ArLayout::Gathered && !sequential()) {

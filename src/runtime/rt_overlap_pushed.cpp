@@ -69,16 +69,7 @@ void OverlapAllReduce::setup_pushed() {
   fuse_ok_ = opts_.fuse_sum && kernel_sum_ok_;
   claims_ = DeviceBuffer(2 * groups * sizeof(uint32_t));
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
-  // Every rank's counters are zero before any rank's first call counts into them.
-  FO_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaStream_t st = nullptr;
-  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  DeviceBuffer token(sizeof(float));
-  const ncclResult_t r = ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, comm, st);
-  const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
-  cudaStreamDestroy(st);
-  FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(opts_.rank) + ": barrier after setting up " + what);
-  FO_CUDA_CHECK(e);
+  setup_barrier(comm, opts_.rank, what);  // every rank's counters are zero before any rank's first call
   if (ce) {  // last: nothing below throws before the destructor owns them
     int lo = 0, hi = 0;
     FO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));

@@ -62,4 +62,16 @@ std::vector<void*> window_peer_pointers(ncclComm_t, ncclWindow_t, int) {
 }
 #endif
 
+void setup_barrier(ncclComm_t comm, int rank, const std::string& what) {
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t st = nullptr;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  DeviceBuffer token(sizeof(float));
+  const ncclResult_t r = ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, comm, st);
+  const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
+  cudaStreamDestroy(st);
+  FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(rank) + ": barrier after setting up " + what);
+  FO_CUDA_CHECK(e);
+}
+
 }  // namespace flashoverlap::rt

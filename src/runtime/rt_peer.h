@@ -5,6 +5,7 @@
 #pragma once
 #include <nccl.h>
 
+#include <string>
 #include <vector>
 
 namespace flashoverlap::rt {
@@ -22,5 +23,11 @@ std::vector<void*> window_peer_pointers(ncclComm_t comm, ncclWindow_t win, int w
 // single visible GPU per process only NCCL's answer is available. False
 // without NCCL's device API. Per rank: combine the ranks' answers.
 bool all_ranks_reachable(ncclComm_t comm);
+
+// After setting up counters in a window that peers write into: this GPU's
+// work is done (device sync), then every rank of `comm` meets in a
+// one-element AllReduce, so no rank's first call counts into a peer's
+// counters before the peer has zeroed them. Throws naming `rank` and `what`.
+void setup_barrier(ncclComm_t comm, int rank, const std::string& what);
 
 }  // namespace flashoverlap::rt

@@ -131,6 +131,7 @@ std::string describe(const AllReducePlan& p) {
   if (p.sequential) return out + (p.fallback_cublas ? "sequential (cuBLAS)" : "sequential (ours)");
   out += layout_name(p.layout);
   if (is_pushed(p.layout) && p.push_by == PushBy::CopyEngines) out += " by the copy engines";
+  if (is_pushed(p.layout) && p.push_by == PushBy::Owners) out += " with owners";
   if (is_gathered(p.layout) || is_pushed(p.layout))
     out += sum_place(p.layout, p.fuse_sum);
   else
@@ -178,15 +179,20 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
   return out;
 }
 
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best) {
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, bool owners) {
   std::vector<AllReducePlan> out{best};
   if (best.sequential || !is_pushed(best.layout)) return out;
-  for (bool fuse : {true, false}) {
-    AllReducePlan p = best;
-    p.push_by = best.push_by == PushBy::Gemm ? PushBy::CopyEngines : PushBy::Gemm;
-    p.fuse_sum = fuse;
-    out.push_back(p);
-  }
+  std::vector<PushBy> others;
+  for (PushBy by : {PushBy::Gemm, PushBy::CopyEngines, PushBy::Owners})
+    if (by != best.push_by && (by != PushBy::Owners || (owners && best.layout == ArLayout::Pushed)))
+      others.push_back(by);
+  for (PushBy by : others)
+    for (bool fuse : {true, false}) {
+      AllReducePlan p = best;
+      p.push_by = by;
+      p.fuse_sum = fuse;
+      out.push_back(p);
+    }
   return out;
 }
 
@@ -240,7 +246,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     if (!rank_only.ranked) rank_only.ranked = &local;
     tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
     const AllReducePlan best = measure_finalists(t, finalists_of(*rank_only.ranked), n, a, b, scratch);
-    const std::vector<AllReducePlan> second = transport_finalists(best);
+    const std::vector<AllReducePlan> second = transport_finalists(best, t.world == 2 && n % 8 == 0);
     if (!t.transport_round || second.size() == 1) return best;
     const std::string first = t.selection ? *t.selection : "";
     const AllReducePlan pick = measure_finalists(t, second, n, a, b, scratch);
@@ -259,6 +265,8 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       if (is_pushed(layout) &&
           (!t.push_reachable || t.world < 2 || t.world > 8 || (layout == ArLayout::Pushed && n % 8 != 0)))
         continue;
+      if (is_pushed(layout) && t.push_by == PushBy::Owners && (layout != ArLayout::Pushed || t.world != 2))
+        continue;  // owners: row bands on 2 ranks only
       const std::vector<int> reserves = is_pushed(layout) ? std::vector<int>{0}  // no waiter, no NCCL
                                         : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}
                                         : t.reserve >= 0            ? std::vector<int>{t.reserve}

@@ -228,6 +228,23 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
       {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles}});  // odd n: the sum after, scalar edges
 }
 
+// Row bands on 2 ranks with owners: each tile summed in its owner's epilogue
+// (the peer's partial loaded into the staging buffer), the final stored into
+// the output and the peer's window, copied into the peer's output during its
+// GEMM (fuse_sum: by the producer's warps too) or, for a misaligned output,
+// through the op's scratch.
+TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  constexpr auto OW = rt::PushBy::Owners;
+  check_cases({
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OW},
+      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, OW},
+      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, OW},
+      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, OW},
+      {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed, true, false, OW},
+      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, OW}});  // misaligned output
+}
+
 // The same layouts with the blocks moved by the copy engines (one copy and
 // one flag write per group and peer, the groups taking 1-4 copy streams in turn).
 TEST(OverlapAllReduce, PushedByCopyEnginesMatchesSequentialBitwise) {
@@ -327,14 +344,16 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
 TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
-  for (const rt::ArLayout layout : {rt::ArLayout::Pushed, rt::ArLayout::PushedTiles}) {
+  for (const auto [layout, by] : {std::pair{rt::ArLayout::Pushed, rt::PushBy::Gemm},
+                                   std::pair{rt::ArLayout::PushedTiles, rt::PushBy::Gemm},
+                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners}}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 2048, n = 4096, k = 1024, calls = 8;
       std::mt19937_64 rng(seed);  // the same schedule on both ranks
       const plan::Schedule s = sched_for(m, n, 256, 132, 1 << int(rng() % 3));
       const bool tiles = layout == rt::ArLayout::PushedTiles;
       rt::OverlapAllReduceOptions o;
-      o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank;
+      o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank, o.push_by = by;
       o.groups = tiles ? plan::make_groups(s, plan::Partition(size_t(s.waves()), 1))
                        : plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
       ASSERT_GE(o.groups.size(), 2u);
@@ -363,7 +382,8 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
         kernels::poison(ref.get(), int64_t(m) * n, st);
         rt::sequential_ours_allreduce(DType::BF16, as[c].get(), b.get(), ref.get(), s, k, comm, st);
         const auto r = kernels::compare(DType::BF16, outs[c].get(), n, ref.get(), n, m, n, st);
-        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " rank " << rank << " call " << c << " seed " << seed;
+        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << (by == rt::PushBy::Owners ? " with owners" : "")
+                                   << " rank " << rank << " call " << c << " seed " << seed;
         EXPECT_EQ(r.nan_count, 0);
       }
       cudaStreamDestroy(st);
@@ -409,7 +429,7 @@ TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
 // in the waits before the sums after it) with the arrival counter, not a hang.
 TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
-  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
+  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners})
   for (const bool fuse : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
       const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);
@@ -425,7 +445,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
       EXPECT_NE(messages[r].find("arrival counter"), std::string::npos) << messages[r];
     }
-    EXPECT_LT(secs, 30.0) << "fuse " << fuse << " copy engines " << (by == rt::PushBy::CopyEngines);
+    EXPECT_LT(secs, 30.0) << "fuse " << fuse << " transport " << int(by);
   }
 }
 
@@ -514,20 +534,22 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback
 }
 
 // The second round of the choice: a pushed pick against the other transport.
-TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportBothSums) {
+TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) {
   std::mt19937_64 rng(fresh_seed());
   const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
                                              rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed,
                                              rt::ArLayout::PushedTiles};
-  for (int i = 0; i < 40; ++i) {
+  const std::vector<rt::PushBy> transports = {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners};
+  for (int i = 0; i < 60; ++i) {
     rt::AllReducePlan p;
     p.layout = layouts[rng() % layouts.size()];
     p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 132, 1 << (rng() % 4));
     p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
     p.fuse_sum = rng() % 2 == 0;
-    p.push_by = rng() % 2 ? rt::PushBy::Gemm : rt::PushBy::CopyEngines;
+    p.push_by = transports[rng() % (p.layout == rt::ArLayout::Pushed ? 3 : 2)];
     p.sequential = rng() % 5 == 0;
-    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p);
+    const bool owners = rng() % 2 == 0;
+    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners);
     ASSERT_FALSE(f.empty());
     EXPECT_EQ(rt::describe(f[0]), rt::describe(p));  // the pick itself, first
     EXPECT_EQ(f[0].push_by, p.push_by);
@@ -535,10 +557,15 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportBothSums) {
       EXPECT_EQ(f.size(), 1u);
       continue;
     }
-    ASSERT_EQ(f.size(), 3u);
-    for (size_t j = 1; j < 3; ++j) {
-      EXPECT_NE(f[j].push_by, p.push_by);
-      EXPECT_EQ(f[j].fuse_sum, j == 1);
+    // Every other transport (owners: with `owners`, row bands only), each with both sums.
+    std::vector<rt::PushBy> want;
+    for (rt::PushBy by : transports)
+      if (by != p.push_by && (by != rt::PushBy::Owners || (owners && p.layout == rt::ArLayout::Pushed)))
+        want.push_back(by);
+    ASSERT_EQ(f.size(), 1 + 2 * want.size());
+    for (size_t j = 1; j < f.size(); ++j) {
+      EXPECT_EQ(f[j].push_by, want[(j - 1) / 2]);
+      EXPECT_EQ(f[j].fuse_sum, j % 2 == 1);
       EXPECT_EQ(f[j].layout, p.layout);
       EXPECT_EQ(f[j].sched.bn, p.sched.bn);
       EXPECT_EQ(f[j].sched.swizzle, p.sched.swizzle);

@@ -1,0 +1,84 @@
+// rt_overlap_owned.cpp — the pushed row-band layout with owners
+// (PushBy::Owners, 2 ranks; see rt_overlap_allreduce.h and kernels::Owner):
+// setup of the symmetric window and the per-tile flags; one call = the GEMM,
+// which sums, stores and exchanges every tile itself (then RMSNorm).
+#include <string>
+#include <vector>
+
+#include "flashoverlap/error.h"
+#include "kernels/reorder.h"
+#include "runtime/rt_checks.h"
+#include "runtime/rt_overlap_allreduce.h"
+#include "runtime/rt_peer.h"
+
+namespace flashoverlap::rt {
+
+void OverlapAllReduce::setup_owned() {
+  const plan::Schedule& s = opts_.sched;
+  const ncclComm_t comm = opts_.comm;
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "comm");
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "comm");
+  const std::string what = "the pushed layout with owners of " + std::to_string(s.m) + "x" + std::to_string(s.n);
+  if (world_ != 2) throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 ranks, not " + std::to_string(world_));
+  if (opts_.layout != ArLayout::Pushed)
+    throw InvalidArgument("OverlapAllReduce: owners reduce row bands (the pushed layout), not " +
+                          std::string(layout_name(opts_.layout)));
+  if (s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
+  // Two halves (call parity) of tiles_m * bm rows, whole tiles: the peer's
+  // stores are not clipped to m. Then the flags, one per tile.
+  const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
+  const size_t flags_at = (size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
+  gathered_ = SymmetricBuffer(comm, flags_at + size_t(s.tiles()) * sizeof(uint32_t), what);
+  gathered_rows_ = half_rows, gather_width_ = s.n;
+  owner_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
+  FO_CUDA_CHECK(cudaMemset(owner_flags_, 0, size_t(s.tiles()) * sizeof(uint32_t)));
+  const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
+  char* peer = static_cast<char*>(at[size_t(1 - gather_rank_)]);
+  if (!peer) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for the peer's copy of " + what);
+  peer_base_ = {peer};
+  owner_peer_flags_ = reinterpret_cast<uint32_t*>(peer + flags_at);
+  push_peers_ = DeviceBuffer(sizeof(void*));
+  FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), &peer, sizeof(void*), cudaMemcpyHostToDevice));
+  owner_split_ = s.tiles() / 2;
+  fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy during the GEMM)
+  claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
+  FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
+  setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
+}
+
+void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
+                                     cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  ++epoch_;
+  // The GEMM stores C by TMA: 16-byte aligned rows. Other outputs get a
+  // copy from this op's scratch.
+  const bool direct = (reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out % 8 == 0;
+  if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+  void* c = direct ? out : owned_scratch_.get();
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct ? ld_out : s.n);
+  p.group_of_tile = group_of_tile_.as<int32_t>();
+  p.push.peers = 1, p.push.peer_c = push_peers_.as<void*>();
+  kernels::Owner& o = p.owner;
+  o.rank = gather_rank_, o.split = owner_split_;
+  o.window = gathered_.get(), o.window_rows = 2 * gathered_rows_, o.row0 = int32_t((epoch_ & 1) * gathered_rows_);
+  o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch_;
+  o.drop_group = opts_.fault_drop_group;
+  uint32_t* claims = claims_.as<uint32_t>();
+  o.claims = claims + (epoch_ & 1);
+  o.producers = fuse_ok_;
+  o.timeout_ns = timeout_ns(), o.err = wait_error_;
+  // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
+  p.sum.claims_reset = claims + ((epoch_ + 1) & 1), p.sum.claims_reset_count = 1;
+  if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>();
+  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  kernels::launch_gemm(p, stream);
+  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  if (!direct)
+    FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),
+                                    cudaMemcpyDeviceToDevice, stream));
+  if (norm)
+    kernels::add_rmsnorm_rows(opts_.dtype, out, s.m, s.n, norm->residual, norm->weight, norm->eps, out,
+                              norm->residual_out, stream);
+}
+
+}  // namespace flashoverlap::rt
