@@ -208,14 +208,16 @@ __device__ __forceinline__ void push_half(const uint8_t* half, const Push& push,
 }
 
 // The owner layout (gemm.h: Owner): rank r's i-th tile slot holds tile
-// (i + rot) mod tiles, so that each rank walks the tiles it does not own first.
-struct OwnerOrder {
-  int32_t rot = 0, split = 0, rank = -1, tiles = 0;
-  __device__ __forceinline__ OwnerOrder(const Owner& o, int32_t tiles_)
-      : rot(o.rank == 1 ? o.split : 0), split(o.split), rank(o.rank), tiles(tiles_) {}
-  __device__ __forceinline__ int32_t tile_at(int32_t i) const { return i + rot >= tiles ? i + rot - tiles : i + rot; }
-  __device__ __forceinline__ bool owned(int32_t idx) const { return rank >= 0 && (rank == 0) == (idx >= split); }
-};
+// (i + rot) mod tiles, rot = split on rank 1, so that each rank walks the
+// tiles it does not own first. (Read from the kernel's parameters each time:
+// no registers held beside the accumulators.)
+__device__ __forceinline__ int32_t owner_tile_at(const Owner& o, int32_t i, int32_t tiles) {
+  const int32_t j = o.rank == 1 ? i + o.split : i;
+  return j >= tiles ? j - tiles : j;
+}
+__device__ __forceinline__ bool owner_owns(const Owner& o, int32_t idx) {
+  return o.rank >= 0 && (o.rank == 0) == (idx >= o.split);
+}
 
 // bf16(x) + peer, each of 2 lanes, in fp32, rounded once: a 2-rank sum of
 // the rounded partials, as NCCL's (a + b commutes).
@@ -236,7 +238,6 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
                                              uint8_t* c_smem, uint64_t* c_full, uint64_t* c_empty, uint64_t* p_ready,
                                              int32_t tiles, int lane) {
   const Owner& o = p.owner;
-  const OwnerOrder order(o, tiles);
   const bool leader = lane == 0;
   auto prefetch = [&](int32_t idx) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
@@ -256,13 +257,14 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
   if (leader) {
     ptx::tma_prefetch_desc(tm_c);
     ptx::tma_prefetch_desc(tm_w);
-    if (int32_t(blockIdx.x) < tiles && order.owned(order.tile_at(blockIdx.x))) prefetch(order.tile_at(blockIdx.x));
+    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles)))
+      prefetch(owner_tile_at(o, blockIdx.x, tiles));
   }
   uint32_t t = 0;
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
-    const int32_t idx = order.tile_at(i);
+    const int32_t idx = owner_tile_at(o, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    const bool own = order.owned(idx);
+    const bool own = owner_owns(o, idx);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -280,8 +282,8 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
     if (leader) {
       if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
       if (own) ptx::tma_store_wait_read();  // the staging halves are read
-      const int32_t next = i + int32_t(gridDim.x) < tiles ? order.tile_at(i + int32_t(gridDim.x)) : -1;
-      if (next >= 0 && order.owned(next)) prefetch(next);
+      const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
+      if (next >= 0 && owner_owns(o, next)) prefetch(next);
       ptx::mbar_arrive(&c_empty[0]);
       ptx::mbar_arrive(&c_empty[1]);
     }
@@ -389,9 +391,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
-      const OwnerOrder order(p.owner, tiles);
       for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
-        const plan::TileCoord tc = p.sched.tile_of(order.tile_at(i));
+        const plan::TileCoord tc = p.sched.tile_of(owner_tile_at(p.owner, i, tiles));
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
@@ -499,9 +500,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   float acc[BN / 2];
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
-  const OwnerOrder order(p.owner, tiles);
   for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
-    const int idx = order.tile_at(i);
+    const int idx = owner_tile_at(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
@@ -539,7 +539,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // 4j+{2,3} the same columns 8 rows further down. A tile this rank owns
     // (owner layout): the peer's partial is there already, in the same
     // layout (TMA, same swizzle); the sum replaces it.
-    if (order.owned(idx)) {
+    if (owner_owns(p.owner, idx)) {
       ptx::mbar_wait(&p_ready[cw], owned_tiles & 1);
       ++owned_tiles;
 #pragma unroll
