@@ -179,20 +179,19 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
   return out;
 }
 
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, bool owners) {
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const AllReducePlan* owners) {
   std::vector<AllReducePlan> out{best};
   if (best.sequential || !is_pushed(best.layout)) return out;
-  std::vector<PushBy> others;
-  for (PushBy by : {PushBy::Gemm, PushBy::CopyEngines, PushBy::Owners})
-    if (by != best.push_by && (by != PushBy::Owners || (owners && best.layout == ArLayout::Pushed)))
-      others.push_back(by);
-  for (PushBy by : others)
+  auto both_sums = [&out](AllReducePlan p, PushBy by) {
+    p.push_by = by;
     for (bool fuse : {true, false}) {
-      AllReducePlan p = best;
-      p.push_by = by;
       p.fuse_sum = fuse;
       out.push_back(p);
     }
+  };
+  for (PushBy by : {PushBy::Gemm, PushBy::CopyEngines})
+    if (by != best.push_by) both_sums(best, by);
+  if (owners && best.push_by != PushBy::Owners) both_sums(*owners, PushBy::Owners);
   return out;
 }
 
@@ -245,8 +244,17 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     rank_only.options_for = nullptr;
     if (!rank_only.ranked) rank_only.ranked = &local;
     tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
-    const AllReducePlan best = measure_finalists(t, finalists_of(*rank_only.ranked), n, a, b, scratch);
-    const std::vector<AllReducePlan> second = transport_finalists(best, t.world == 2 && n % 8 == 0);
+    const AllReducePlan best = measure_finalists(t, finalists_of(*rank_only.ranked), n, a, b, scratch);  // (ranks alike)
+    // Owners (2 ranks, row bands): on the pick itself when it is row bands,
+    // else on the model's best row-band plan.
+    const std::vector<AllReducePlan> first_round = finalists_of(*rank_only.ranked);
+    const AllReducePlan* owners = nullptr;
+    if (t.world == 2 && n % 8 == 0 && t.push_reachable) {
+      if (best.layout == ArLayout::Pushed) owners = &best;
+      for (const auto& pl : first_round)
+        if (!owners && !pl.sequential && pl.layout == ArLayout::Pushed) owners = &pl;
+    }
+    const std::vector<AllReducePlan> second = transport_finalists(best, owners);
     if (!t.transport_round || second.size() == 1) return best;
     const std::string first = t.selection ? *t.selection : "";
     const AllReducePlan pick = measure_finalists(t, second, n, a, b, scratch);

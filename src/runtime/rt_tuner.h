@@ -152,11 +152,13 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
 
 // The second round of the choice when the measured best is pushed: that plan
-// as it is, and moved by each other transport with the sum (owners: the
-// copy) in and after the GEMM (the model does not tell the transports apart;
-// which is faster depends on the shape: bench/results/NOTES.md). Owners only
-// with `owners` (2 ranks, n % 8 == 0) and for row bands. Otherwise just `best`.
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, bool owners);
+// as it is, and moved by each other transport with the sum in and after the
+// GEMM (the model does not tell the transports apart; which is faster
+// depends on the shape: bench/results/NOTES.md); then, unless the pick has
+// owners already, `owners` (a row-band plan: the pick, or the best row-band
+// finalist; null: none) with owners, the copy in and after the GEMM.
+// Otherwise just `best`.
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const AllReducePlan* owners);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
 // curve_for), predicts each with the paper's model, searches the groups with

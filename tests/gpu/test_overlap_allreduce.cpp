@@ -548,7 +548,11 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
     p.fuse_sum = rng() % 2 == 0;
     p.push_by = transports[rng() % (p.layout == rt::ArLayout::Pushed ? 3 : 2)];
     p.sequential = rng() % 5 == 0;
-    const bool owners = rng() % 2 == 0;
+    // The row-band plan for owners: none, the pick, or another one.
+    rt::AllReducePlan rows = p;
+    rows.layout = rt::ArLayout::Pushed, rows.sched.swizzle = 1 << (rng() % 4), rows.predicted_ms += 1;
+    const int which = int(rng() % 3);
+    const rt::AllReducePlan* owners = which == 0 ? nullptr : which == 1 && p.layout == rt::ArLayout::Pushed ? &p : &rows;
     const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners);
     ASSERT_FALSE(f.empty());
     EXPECT_EQ(rt::describe(f[0]), rt::describe(p));  // the pick itself, first
@@ -557,19 +561,21 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
       EXPECT_EQ(f.size(), 1u);
       continue;
     }
-    // Every other transport (owners: with `owners`, row bands only), each with both sums.
-    std::vector<rt::PushBy> want;
-    for (rt::PushBy by : transports)
-      if (by != p.push_by && (by != rt::PushBy::Owners || (owners && p.layout == rt::ArLayout::Pushed)))
-        want.push_back(by);
+    // The pick with each other transport but owners, both sums; then the
+    // owners' plan with owners, both copy placements (unless the pick has them).
+    std::vector<std::pair<rt::PushBy, const rt::AllReducePlan*>> want;
+    for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
+      if (by != p.push_by) want.push_back({by, &p});
+    if (owners && p.push_by != rt::PushBy::Owners) want.push_back({rt::PushBy::Owners, owners});
     ASSERT_EQ(f.size(), 1 + 2 * want.size());
     for (size_t j = 1; j < f.size(); ++j) {
-      EXPECT_EQ(f[j].push_by, want[(j - 1) / 2]);
+      const auto& [by, base] = want[(j - 1) / 2];
+      EXPECT_EQ(f[j].push_by, by);
       EXPECT_EQ(f[j].fuse_sum, j % 2 == 1);
-      EXPECT_EQ(f[j].layout, p.layout);
-      EXPECT_EQ(f[j].sched.bn, p.sched.bn);
-      EXPECT_EQ(f[j].sched.swizzle, p.sched.swizzle);
-      EXPECT_EQ(f[j].predicted_ms, p.predicted_ms);
+      EXPECT_EQ(f[j].layout, base->layout);
+      EXPECT_EQ(f[j].sched.bn, base->sched.bn);
+      EXPECT_EQ(f[j].sched.swizzle, base->sched.swizzle);
+      EXPECT_EQ(f[j].predicted_ms, base->predicted_ms);
     }
   }
 }
