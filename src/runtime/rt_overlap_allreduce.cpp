@@ -31,6 +31,12 @@ const char* sum_place(ArLayout l, bool fuse_sum) {
   return l == ArLayout::GatheredTiles ? " (sum after)" : "";
 }
 
+const char* sum_place(ArLayout l, bool fuse_sum, PushBy by) {
+  if (is_pushed(l) && by == PushBy::Owners)
+    return fuse_sum ? " (summed in the epilogues; copies in the GEMM)"
+                    : " (summed in the epilogues; copies at the GEMM's end)";
+  return sum_place(l, fuse_sum);
+}
 
 void OverlapAllReduce::setup_blocks(int64_t parities) {
   const plan::Schedule& s = opts_.sched;

@@ -95,6 +95,9 @@ enum class PushBy {
   CopyEngines,  // per group, cudaMemcpyAsync of this rank's block once its tiles are stored
   Owners,       // the GEMM's stores, each tile summed by its owner rank (2 ranks, row bands)
 };
+// sum_place for a plan moved by `by`: with owners, " (summed in the
+// epilogues; copies in the GEMM)" or "...; copies at the GEMM's end)".
+const char* sum_place(ArLayout l, bool fuse_sum, PushBy by);
 
 enum class WaitMode {
   SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout

@@ -133,7 +133,7 @@ std::string describe(const AllReducePlan& p) {
   if (is_pushed(p.layout) && p.push_by == PushBy::CopyEngines) out += " by the copy engines";
   if (is_pushed(p.layout) && p.push_by == PushBy::Owners) out += " with owners";
   if (is_gathered(p.layout) || is_pushed(p.layout))
-    out += sum_place(p.layout, p.fuse_sum);
+    out += sum_place(p.layout, p.fuse_sum, p.push_by);
   else
     out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
   return out + ", " + std::to_string(p.groups.size()) + " groups";
