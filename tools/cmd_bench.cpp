@@ -414,7 +414,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     if (o.push_by == "auto" && !plan.sequential && rt::is_pushed(plan.layout)) {
       run_ours();  // the reference again (the GEMM-alone timing above wrote over it)
       std::vector<std::pair<rt::PushBy, bool>> seen{{fo.push_by, op.fuses_sum()}};  // (transport, sums in the GEMM)
-      for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
+      std::vector<rt::PushBy> transports{rt::PushBy::Gemm, rt::PushBy::CopyEngines};
+      if (world == 2 && plan.layout == rt::ArLayout::Pushed && N % 8 == 0) transports.push_back(rt::PushBy::Owners);
+      for (rt::PushBy by : transports)
         for (bool fuse : {true, false}) {
           if (std::find(seen.begin(), seen.end(), std::make_pair(by, fuse)) != seen.end()) continue;
           rt::AllReducePlan alt = plan;
@@ -446,8 +448,11 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
             throw Error("bench --power: " + rt::describe(alt) + (world == 2 ? " is not bitwise equal to" : " differs from") +
                         " sequential-ourgemm");
           variants.push_back({std::string("flashoverlap, ") +
-                                  (by == rt::PushBy::CopyEngines ? "copy engines" : "GEMM stores") +
-                                  (got.second ? ", sum in" : ", sum at end"),
+                                  (by == rt::PushBy::CopyEngines ? "copy engines"
+                                   : by == rt::PushBy::Owners    ? "owners"
+                                                                 : "GEMM stores") +
+                                  (by == rt::PushBy::Owners ? (got.second ? ", copy in" : ", copy at end")
+                                                            : (got.second ? ", sum in" : ", sum at end")),
                               [&, p] { p->run(a.get(), b.get(), out_fo.get(), N, cx.stream); }, ms.back()});
         }
     }
@@ -644,7 +649,7 @@ void add_bench_command(CLI::App& app, int& rc) {
                 "Take the model's best plan as is, without measuring the best of each layout against each other");
   cmd->add_option("--power", o->power_s,
                   "Seconds: after the timings, stay idle, then run the cuBLAS GEMM, our GEMM, the AllReduce, "
-                  "sequential and flashoverlap (a pushed pick also with the other transport and sum placements, "
+                  "sequential and flashoverlap (a pushed pick also with the other transports and sum placements, "
                   "with --push-by auto) back to back this long each, and report ms per call, power, energy per "
                   "call, SM clock and power capping (NVML)")
       ->check(CLI::NonNegativeNumber);

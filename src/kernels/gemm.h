@@ -150,7 +150,7 @@ struct GemmParams {
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
   FusedSum sum;                        // optional (gathered layouts)
   Push push;                           // optional (pushed layout; Plain store via TMA, with counters)
-  Owner owner;                         // optional (with push to 1 peer, Plain C by TMA, counters for group_of_tile)
+  Owner owner;                         // optional (with push to 1 peer, Plain C by TMA, group_of_tile; no counters)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
   // Non-null: [tiles * 2] = {globaltimer ns, SM cycle count} when the tile's

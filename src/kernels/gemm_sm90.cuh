@@ -239,12 +239,18 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
                                              int32_t tiles, int lane) {
   const Owner& o = p.owner;
   const bool leader = lane == 0;
+  // Once a wait has timed out (recorded in err: the call fails), later owned
+  // tiles do not wait again: the consumers go on with what is in the buffer,
+  // so a missing peer costs one timeout, not one per owned tile.
+  bool failed = false;  // (lane 0)
   auto prefetch = [&](int32_t idx) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    const bool ok = bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
+    failed = failed ||
+             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
     ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
+    ptx::fence_proxy_async_smem();    // the lanes' reads of the buffer (push_half) before the loads overwrite it
     for (int h = 0; h < 2; ++h) {
-      if (!ok) {  // recorded in err (the call fails); the consumers go on with what is there
+      if (failed) {
         ptx::mbar_arrive(&p_ready[h]);
         continue;
       }

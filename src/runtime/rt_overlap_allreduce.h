@@ -248,7 +248,7 @@ class OverlapAllReduce {
                      cudaStream_t stream);
   bool owners() const { return is_pushed(opts_.layout) && opts_.push_by == PushBy::Owners; }
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
-  uint32_t* owner_flags_ = nullptr;        // [tiles + 1] in the window
+  uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's
   DeviceBuffer owned_scratch_;             // C for outputs TMA cannot store to (then copied)
   std::vector<GatherBlock> gather_;

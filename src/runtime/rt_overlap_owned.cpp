@@ -24,6 +24,14 @@ void OverlapAllReduce::setup_owned() {
     throw InvalidArgument("OverlapAllReduce: owners reduce row bands (the pushed layout), not " +
                           std::string(layout_name(opts_.layout)));
   if (s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
+  // Every CTA resident at once: a CTA's storer and copy warps wait for tiles
+  // that other CTAs (here and on the peer) compute.
+  int dev = 0, sms = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&dev));
+  FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (s.ctas > sms)
+    throw InvalidArgument("OverlapAllReduce: " + what + " needs at most one CTA per SM (" + std::to_string(s.ctas) +
+                          " CTAs, " + std::to_string(sms) + " SMs)");
   // Two halves (call parity) of tiles_m * bm rows, whole tiles: the peer's
   // stores are not clipped to m. Then the flags, one per tile.
   const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
@@ -49,29 +57,32 @@ void OverlapAllReduce::setup_owned() {
 void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
                                      cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
-  ++epoch_;
   // The GEMM stores C by TMA: 16-byte aligned rows. Other outputs get a
-  // copy from this op's scratch.
+  // copy from this op's scratch (allocated at the first such call).
   const bool direct = (reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out % 8 == 0;
   if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+  // This call's epoch, kept only once the GEMM is launched: a call that
+  // throws before (allocation, parameter checks) leaves the flags' count as it was.
+  const uint32_t epoch = epoch_ + 1;
   void* c = direct ? out : owned_scratch_.get();
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct ? ld_out : s.n);
   p.group_of_tile = group_of_tile_.as<int32_t>();
   p.push.peers = 1, p.push.peer_c = push_peers_.as<void*>();
   kernels::Owner& o = p.owner;
   o.rank = gather_rank_, o.split = owner_split_;
-  o.window = gathered_.get(), o.window_rows = 2 * gathered_rows_, o.row0 = int32_t((epoch_ & 1) * gathered_rows_);
-  o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch_;
+  o.window = gathered_.get(), o.window_rows = 2 * gathered_rows_, o.row0 = int32_t((epoch & 1) * gathered_rows_);
+  o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;
   uint32_t* claims = claims_.as<uint32_t>();
-  o.claims = claims + (epoch_ & 1);
+  o.claims = claims + (epoch & 1);
   o.producers = fuse_ok_;
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
-  p.sum.claims_reset = claims + ((epoch_ + 1) & 1), p.sum.claims_reset_count = 1;
+  p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
   if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);
+  epoch_ = epoch;
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),

@@ -244,10 +244,10 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     rank_only.options_for = nullptr;
     if (!rank_only.ranked) rank_only.ranked = &local;
     tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
-    const AllReducePlan best = measure_finalists(t, finalists_of(*rank_only.ranked), n, a, b, scratch);  // (ranks alike)
+    const std::vector<AllReducePlan> first_round = finalists_of(*rank_only.ranked);
+    const AllReducePlan best = measure_finalists(t, first_round, n, a, b, scratch);  // (the same on every rank)
     // Owners (2 ranks, row bands): on the pick itself when it is row bands,
     // else on the model's best row-band plan.
-    const std::vector<AllReducePlan> first_round = finalists_of(*rank_only.ranked);
     const AllReducePlan* owners = nullptr;
     if (t.world == 2 && n % 8 == 0 && t.push_reachable) {
       if (best.layout == ArLayout::Pushed) owners = &best;

@@ -88,11 +88,13 @@ struct Case {
   int copy_streams = 2;  // push_by copy engines
 };
 
-// Random groups for the layout: runs of waves (Slots) or of row bands.
+// Random groups for the layout: runs of waves (Slots) or of row bands; at
+// least two where there are two units (one group runs the sequential fallback).
 std::vector<plan::Group> random_groups(const plan::Schedule& s, rt::ArLayout layout, std::mt19937_64& rng) {
-  if (!rt::is_banded(layout)) return plan::make_groups(s, random_partition(s.waves(), rng));
-  std::vector<int> counts = random_partition(plan::band_count(s), rng);
-  return plan::band_groups(s, counts);
+  const int units = rt::is_banded(layout) ? plan::band_count(s) : s.waves();
+  plan::Partition p = random_partition(units, rng);
+  if (p.size() == 1 && units >= 2) p = {1, units - 1};
+  return rt::is_banded(layout) ? plan::band_groups(s, p) : plan::make_groups(s, p);
 }
 
 // Overlapped output == our GEMM + one ncclAllReduce, bit for bit (a + b
@@ -100,7 +102,11 @@ std::vector<plan::Group> random_groups(const plan::Schedule& s, rt::ArLayout lay
 // and within bf16/fp16 tolerance of cuBLAS + NCCL.
 void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  const plan::Schedule s = sched_for(c.m, c.n, c.bn, c.ctas, 1 + int(rng() % 8));
+  // Row bands: a swizzle that leaves at least two bands where the tile rows allow.
+  const int tiles_m = (c.m + 127) / 128;
+  const int swizzle = 1 + int(rng() % 8);
+  const plan::Schedule s =
+      sched_for(c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
   const std::vector<plan::Group> groups = random_groups(s, c.layout, rng);
   std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                       " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " swizzle " +
@@ -129,6 +135,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       if (c.m % 2 == 0) o.tail_comm = comm;
     }
     rt::OverlapAllReduce op(o);
+    if (c.push_by == rt::PushBy::Owners) ASSERT_FALSE(op.sequential()) << where;  // owners, not the fallback
     rt::CublasGemm cublas;
     plan::Schedule full = s;
     full.ctas = 132;
@@ -242,7 +249,8 @@ TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
       {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, OW},
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, OW},
       {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed, true, false, OW},
-      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, OW}});  // misaligned output
+      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, OW},  // misaligned output
+      {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OW}});  // 128 tiles on 132 CTAs
 }
 
 // The same layouts with the blocks moved by the copy engines (one copy and
