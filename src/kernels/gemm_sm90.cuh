@@ -228,6 +228,35 @@ __device__ __forceinline__ uint32_t add_pack2(float lo, float hi, uint32_t peer)
                   static_cast<float>(T(hi)) + static_cast<float>(e[1]));
 }
 
+// Epilogue step (2) of a consumer warpgroup: its accumulators into its
+// half of the staging buffer in the output type, swizzled so that each
+// warp's stores hit 32 distinct banks. wgmma's fragment: register 4j+{0,1}
+// holds row warp*16+lane/4, columns 8j+2*(lane%4)+{0,1}; 4j+{2,3} the same
+// columns 8 rows further down. kAddPeer (owner layout): the peer's partial
+// is there already, in the same layout (TMA, same swizzle); the sum replaces it.
+template <typename T, int BN, bool kAddPeer>
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[BN / 2], uint32_t my_c_addr, int warp,
+                                                   int lane) {
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int chunk = j / 8, u = j % 8;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + lane / 4 + 8 * h;
+      const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
+      uint32_t v;
+      if constexpr (kAddPeer) {
+        uint32_t peer;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(peer) : "r"(addr) : "memory");
+        v = add_pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], peer);
+      } else {
+        v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+    }
+  }
+}
+
 // The owner layout's storer warp: per tile, every lane copies both halves to
 // the peer's window (a partial, or the final tile), lane 0 stores a final
 // tile into C by TMA and counts the tile in the peer's flags; before handing
@@ -539,40 +568,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     else
       ptx::named_barrier_sync(1 + cw, 128);
 
-    // (2) Accumulators -> shared memory in the output type, swizzled so that
-    // each warp's stores hit 32 distinct banks. wgmma's fragment: register
-    // 4j+{0,1} holds row warp*16+lane/4, columns 8j+2*(lane%4)+{0,1};
-    // 4j+{2,3} the same columns 8 rows further down. A tile this rank owns
-    // (owner layout): the peer's partial is there already, in the same
-    // layout (TMA, same swizzle); the sum replaces it.
+    // (2) Accumulators -> shared memory (stage_accumulators); a tile this
+    // rank owns (owner layout) once the peer's partial is loaded there.
     if (owner_owns(p.owner, idx)) {
       ptx::mbar_wait(&p_ready[cw], owned_tiles & 1);
       ++owned_tiles;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int chunk = j / 8, u = j % 8;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = warp * 16 + lane / 4 + 8 * h;
-          const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
-          uint32_t peer;
-          asm volatile("ld.shared.u32 %0, [%1];" : "=r"(peer) : "r"(addr) : "memory");
-          const uint32_t v = add_pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], peer);
-          asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-        }
-      }
+      stage_accumulators<T, BN, true>(acc, my_c_addr, warp, lane);
     } else {
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int chunk = j / 8, u = j % 8;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = warp * 16 + lane / 4 + 8 * h;
-          const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
-          const uint32_t v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-          asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-        }
-      }
+      stage_accumulators<T, BN, false>(acc, my_c_addr, warp, lane);
     }
 
     if (p.tma_store) {

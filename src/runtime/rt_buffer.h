@@ -58,4 +58,6 @@ struct DeviceInfo {
   std::string summary() const;  // "NVIDIA H200, 132 SMs, driver 13.0, CUDA 13.0, cuBLAS 130100, NCCL 22803"
 };
 DeviceInfo device_info(int device);
+// SMs of the current device (a persistent grid's bound).
+int current_device_sms();
 }  // namespace flashoverlap::rt

@@ -42,6 +42,13 @@ DeviceInfo device_info(int device) {
   return i;
 }
 
+int current_device_sms() {
+  int dev = 0, sms = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&dev));
+  FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 std::string DeviceInfo::summary() const {
   std::ostringstream os;
   os << name << ", " << sms << " SMs, driver " << driver / 1000 << "." << (driver % 1000) / 10 << ", CUDA runtime "

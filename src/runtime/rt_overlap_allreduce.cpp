@@ -57,12 +57,16 @@ void OverlapAllReduce::setup_blocks(int64_t parities) {
   FO_CUDA_CHECK(cudaMemcpy(sum_table_.get(), table.data(), sum_table_.bytes(), cudaMemcpyHostToDevice));
 }
 
+void OverlapAllReduce::bind_world(ncclComm_t comm, const char* which) {
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), which);
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), which);
+}
+
 void OverlapAllReduce::setup_gathered() {
   const plan::Schedule& s = opts_.sched;
   const ncclComm_t comm = opts_.gather_comm;
   if (!comm) throw InvalidArgument("OverlapAllReduce: the gathered layout needs gather_comm (NCCL_CTA_POLICY_ZERO)");
-  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "gather_comm");
-  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "gather_comm");
+  bind_world(comm, "gather_comm");
   setup_blocks(1);
   gathered_ = SymmetricBuffer(comm, size_t(gathered_rows_) * gather_width_ * 2,
                               "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
@@ -70,12 +74,9 @@ void OverlapAllReduce::setup_gathered() {
   ready_ = DeviceBuffer(gather_.size() * sizeof(uint32_t));
   FO_CUDA_CHECK(cudaMemset(ready_.get(), 0, ready_.bytes()));
   stream_write_fn();
-  int dev = 0, sms = 0;
-  FO_CUDA_CHECK(cudaGetDevice(&dev));
-  FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 &&
              int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX &&
-             (opts_.wait == WaitMode::StreamWaitOp || s.ctas < sms);
+             (opts_.wait == WaitMode::StreamWaitOp || s.ctas < current_device_sms());
   group_done_.resize(gather_.size());
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }

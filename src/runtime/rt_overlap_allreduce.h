@@ -239,6 +239,8 @@ class OverlapAllReduce {
   using GatherBlock = plan::RankBlocks;
   int64_t gather_width_ = 0;
   void setup_blocks(int64_t parities);  // gather_, gathered_rows_ (rows of one half), row_shift_, sum_table_
+  // world_ and gather_rank_ from the communicator the layout registers its buffer on.
+  void bind_world(ncclComm_t comm, const char* which);
   void setup_gathered();
   void setup_pushed();
   // PushBy::Owners (rt_overlap_owned.cpp): the window [2 halves][tiles_m * bm

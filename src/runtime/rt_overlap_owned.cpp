@@ -16,8 +16,7 @@ namespace flashoverlap::rt {
 void OverlapAllReduce::setup_owned() {
   const plan::Schedule& s = opts_.sched;
   const ncclComm_t comm = opts_.comm;
-  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "comm");
-  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "comm");
+  bind_world(comm, "comm");
   const std::string what = "the pushed layout with owners of " + std::to_string(s.m) + "x" + std::to_string(s.n);
   if (world_ != 2) throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 ranks, not " + std::to_string(world_));
   if (opts_.layout != ArLayout::Pushed)
@@ -26,9 +25,7 @@ void OverlapAllReduce::setup_owned() {
   if (s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
   // Every CTA resident at once: a CTA's storer and copy warps wait for tiles
   // that other CTAs (here and on the peer) compute.
-  int dev = 0, sms = 0;
-  FO_CUDA_CHECK(cudaGetDevice(&dev));
-  FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = current_device_sms();
   if (s.ctas > sms)
     throw InvalidArgument("OverlapAllReduce: " + what + " needs at most one CTA per SM (" + std::to_string(s.ctas) +
                           " CTAs, " + std::to_string(sms) + " SMs)");

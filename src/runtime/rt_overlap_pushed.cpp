@@ -17,8 +17,7 @@ namespace flashoverlap::rt {
 void OverlapAllReduce::setup_pushed() {
   const plan::Schedule& s = opts_.sched;
   const ncclComm_t comm = opts_.comm;
-  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "comm");
-  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), "comm");
+  bind_world(comm, "comm");
   const std::string what = "the pushed layout of " + std::to_string(s.m) + "x" + std::to_string(s.n);
   if (world_ < 2 || world_ > 8)
     throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 to 8 ranks (the GEMM copies to at most 7 peers), not " +
