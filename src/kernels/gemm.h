@@ -158,6 +158,11 @@ struct GemmParams {
   // the MMAs, always by the same amount): consecutive tiles of one CTA give
   // its SM clock and cycles per tile (rt::summarize_tile_clocks).
   uint64_t* monitor_mma = nullptr;
+  // Non-null, zeroed: [ctas * 4] globaltimer ns per CTA at the end of its
+  // phases: {0: its last tile staged (the storer has both halves), 1: that
+  // tile's stores and pushes done, 2: its share of the owner layout's copy
+  // done, 3: its start}. Where the GEMM's end goes (rt::summarize_phases).
+  uint64_t* monitor_phases = nullptr;
 };
 
 // Plain row-major C (ldc elements per row) = A B^T on the grid of `sched`.

@@ -172,6 +172,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.monitor_ns = p.monitor_ns;
   kp.monitor_sm = p.monitor_sm;
   kp.monitor_mma = p.monitor_mma;
+  kp.monitor_phases = p.monitor_phases;
   kp.owner = p.owner;
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {

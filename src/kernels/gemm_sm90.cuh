@@ -41,8 +41,15 @@ struct GemmKernelParams {
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
   uint64_t* monitor_mma;
+  uint64_t* monitor_phases;  // GemmParams::monitor_phases
   Owner owner;
 };
+
+// Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.
+__device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
+  if (phases) atomicMax(reinterpret_cast<unsigned long long*>(phases + int64_t(blockIdx.x) * 4 + ph),
+                        static_cast<unsigned long long>(ptx::globaltimer_ns()));
+}
 
 template <int BN, int STAGES>
 struct GemmSmem {
@@ -301,9 +308,11 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
     const plan::TileCoord tc = p.sched.tile_of(idx);
     const bool own = owner_owns(o, idx);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
+    const bool last = i + int32_t(gridDim.x) >= tiles;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_wait(&c_full[h], t & 1);
+      if (h == 1 && last && leader) record_phase(p.monitor_phases, 0);
       const uint8_t* half = c_smem + h * kHalfCBytes;
       if (own && leader) {
 #pragma unroll
@@ -316,6 +325,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
     __syncwarp();
     if (leader) {
       if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+      if (last) record_phase(p.monitor_phases, 1);
       if (own) ptx::tma_store_wait_read();  // the staging halves are read
       const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
       if (next >= 0 && owner_owns(o, next)) prefetch(next);
@@ -346,7 +356,10 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
     uint32_t c = 0;
     if (lane == 0) c = atomicAdd(o.claims, 1u);
     c = __shfl_sync(0xffffffffu, c, 0);
-    if (c >= uint32_t(chunks)) return;
+    if (c >= uint32_t(chunks)) {
+      if (lane == 0) record_phase(p.monitor_phases, 2);
+      return;
+    }
     const int32_t t = first + int32_t(c) / kPerTile;
     const plan::TileCoord tc = s.tile_of(t);
     const int32_t row = tc.tm * 128 + (int32_t(c) % kPerTile) * kRows, col = tc.tn * BN;
@@ -419,6 +432,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   __syncthreads();
 
   const int tiles = p.sched.tiles();
+  if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
   if (wg == 0) {
     ptx::setmaxnreg_dec<40>();
     if (tid == 0) {
@@ -474,6 +488,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           ptx::mbar_wait(&c_full[h], t & 1);
+          if (h == 1 && leader && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);
           const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
           if (leader) {
 #pragma unroll
@@ -520,7 +535,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           npending = 0;
         }
       }
-      if (leader) ptx::tma_store_wait_all();
+      if (leader) {
+        ptx::tma_store_wait_all();
+        record_phase(p.monitor_phases, 1);
+      }
     }
     return;
   }

@@ -157,6 +157,7 @@ struct Timeline {
   double gemm_end = 0;
   std::vector<double> wait_end, comm_end;
   TileClocks clocks;  // the GEMM's SM clock and cycles per tile (its tile monitor)
+  GemmPhases phases;  // when its CTAs' last tiles were staged, stored and pushed, copies done
 };
 
 // The residual and residual_out must not overlap the output, nor each
@@ -293,7 +294,8 @@ class OverlapAllReduce {
   uint32_t epoch_ = 0;
   // trace: [0] GEMM start, [1] GEMM end, then per group wait end, comm end
   std::vector<cudaEvent_t> trace_;
-  DeviceBuffer tile_monitor_;  // trace: GemmParams::monitor_mma
+  DeviceBuffer tile_monitor_;   // trace: GemmParams::monitor_mma
+  DeviceBuffer phase_monitor_;  // trace: GemmParams::monitor_phases
   std::unique_ptr<CublasGemm> cublas_;  // fallback_cublas
 };
 

@@ -134,7 +134,7 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.sum.producers = fuse_ok_, p.sum.consumers = true;
   }
   p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
-  if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>();
+  if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>(), p.monitor_phases = phase_monitor_.as<uint64_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));

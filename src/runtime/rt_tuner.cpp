@@ -99,16 +99,20 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
 }
 
 TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
-                               void* c, cudaStream_t stream, int warmup) {
+                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases) {
   kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
   for (int i = 0; i < warmup; ++i) kernels::launch_gemm(p, stream);
-  DeviceBuffer mon(size_t(sched.tiles()) * 2 * sizeof(uint64_t));
+  DeviceBuffer mon(size_t(sched.tiles()) * 2 * sizeof(uint64_t)), ph(size_t(sched.ctas) * 4 * sizeof(uint64_t));
   FO_CUDA_CHECK(cudaMemsetAsync(mon.get(), 0, mon.bytes(), stream));
+  FO_CUDA_CHECK(cudaMemsetAsync(ph.get(), 0, ph.bytes(), stream));
   p.monitor_mma = mon.as<uint64_t>();
+  if (phases) p.monitor_phases = ph.as<uint64_t>();
   kernels::launch_gemm(p, stream);
-  std::vector<uint64_t> h(size_t(sched.tiles()) * 2);
+  std::vector<uint64_t> h(size_t(sched.tiles()) * 2), hp(size_t(sched.ctas) * 4);
   FO_CUDA_CHECK(cudaMemcpyAsync(h.data(), mon.get(), mon.bytes(), cudaMemcpyDeviceToHost, stream));
+  FO_CUDA_CHECK(cudaMemcpyAsync(hp.data(), ph.get(), ph.bytes(), cudaMemcpyDeviceToHost, stream));
   FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (phases) *phases = summarize_phases(hp, sched.ctas);
   return summarize_tile_clocks(h, sched.tiles(), sched.ctas);
 }
 

@@ -49,9 +49,10 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
                        cudaStream_t stream, int iters);
 
 // Our plain GEMM on `sched` once more after `warmup` calls, with its tile
-// monitor: its SM clock and cycles per tile (the reference for a trace).
+// monitor: its SM clock and cycles per tile (the reference for a trace);
+// with `phases`, also when its CTAs' last tiles were staged and stored.
 TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
-                               void* c, cudaStream_t stream, int warmup);
+                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases = nullptr);
 
 }  // namespace flashoverlap::rt
 

@@ -49,4 +49,30 @@ TileClocks summarize_tile_clocks(const std::vector<uint64_t>& mma, int64_t tiles
   return r;
 }
 
+GemmPhases summarize_phases(const std::vector<uint64_t>& ph, int ctas) {
+  if (ctas <= 0 || ph.size() < size_t(ctas) * 4)
+    throw std::invalid_argument("summarize_phases: " + std::to_string(ph.size()) + " values for " +
+                                std::to_string(ctas) + " CTAs");
+  uint64_t start = 0;
+  for (int c = 0; c < ctas; ++c)
+    if (ph[size_t(c) * 4 + 3] && ph[size_t(c) * 4] && (!start || ph[size_t(c) * 4 + 3] < start))
+      start = ph[size_t(c) * 4 + 3];
+  GemmPhases r;
+  if (!start) return r;
+  auto us = [&](uint64_t t) { return t > start ? double(t - start) * 1e-3 : 0.0; };
+  std::vector<double> staged;
+  for (int c = 0; c < ctas; ++c) {
+    const uint64_t* q = ph.data() + size_t(c) * 4;
+    if (!q[3] || !q[0]) continue;
+    ++r.ctas;
+    staged.push_back(us(q[0]));
+    r.staged_max_us = std::max(r.staged_max_us, us(q[0]));
+    r.stored_max_us = std::max(r.stored_max_us, us(q[1]));
+    r.copied_max_us = std::max(r.copied_max_us, us(q[2]));
+  }
+  r.staged_median_us = quantile(staged, 0.5);
+  r.end_us = std::max({r.staged_max_us, r.stored_max_us, r.copied_max_us});
+  return r;
+}
+
 }  // namespace flashoverlap::rt

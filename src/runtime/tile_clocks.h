@@ -25,4 +25,20 @@ struct TileClocks {
 // time or cycle count does not advance are skipped.
 TileClocks summarize_tile_clocks(const std::vector<uint64_t>& mma, int64_t tiles, int ctas);
 
+// Where the GEMM's end goes (kernels::GemmParams::monitor_phases), in µs
+// from the first CTA's start: when the CTAs' last tiles were staged (the
+// MMAs done), their stores and pushes done, their copies done (owner
+// layout; 0 if none), and the last CTA's end (the latest of all).
+struct GemmPhases {
+  int ctas = 0;  // CTAs that recorded a last tile
+  double staged_median_us = 0, staged_max_us = 0;
+  double stored_max_us = 0;
+  double copied_max_us = 0;
+  double end_us = 0;
+};
+
+// phases: [ctas * 4] = {staged, stored, copied, start} ns per CTA (0: not
+// recorded). CTAs without a start or a staged last tile are skipped.
+GemmPhases summarize_phases(const std::vector<uint64_t>& phases, int ctas);
+
 }  // namespace flashoverlap::rt

@@ -69,3 +69,46 @@ TEST(TileClocks, RefusesTooFewValues) {
   EXPECT_THROW(rt::summarize_tile_clocks(std::vector<uint64_t>(6), 3, 0), std::invalid_argument);
   EXPECT_EQ(rt::summarize_tile_clocks({}, 0, 4).intervals, 0);
 }
+
+// The phases' summary: times from the earliest start, maxima and the median
+// over the CTAs that recorded a last tile, on random per-CTA timelines.
+TEST(TileClocks, PhasesFromTheFirstStart) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int ctas = 1 + int(rng() % 200);
+    std::vector<uint64_t> ph(size_t(ctas) * 4);
+    const uint64_t t0 = (uint64_t(1) << 40) + rng() % 1000000;
+    std::vector<double> staged;
+    double stored = 0, copied = 0;
+    uint64_t start = ~uint64_t(0);
+    int idle = 0;
+    for (int c = 0; c < ctas; ++c) {
+      uint64_t* q = ph.data() + size_t(c) * 4;
+      q[3] = t0 + rng() % 5000;  // starts within 5 µs
+      if (c > 0 && rng() % 8 == 0) {  // no tiles: nothing staged, not counted
+        ++idle;
+        continue;
+      }
+      start = std::min(start, q[3]);
+      q[0] = q[3] + 100000 + rng() % 50000;
+      q[1] = q[0] + rng() % 30000;
+      q[2] = rng() % 2 ? q[1] + rng() % 30000 : 0;
+      staged.push_back(double(q[0]));
+      stored = std::max(stored, double(q[1]));
+      copied = std::max(copied, double(q[2]));
+    }
+    const rt::GemmPhases r = rt::summarize_phases(ph, ctas);
+    EXPECT_EQ(r.ctas, ctas - idle);
+    std::sort(staged.begin(), staged.end());
+    const double s0 = double(start);
+    EXPECT_NEAR(r.staged_max_us, (staged.back() - s0) * 1e-3, 1e-9);
+    EXPECT_NEAR(r.staged_median_us, (staged[staged.size() / 2] - s0) * 1e-3, 1e-9);
+    EXPECT_NEAR(r.stored_max_us, (stored - s0) * 1e-3, 1e-9);
+    EXPECT_NEAR(r.copied_max_us, copied > 0 ? (copied - s0) * 1e-3 : 0.0, 1e-9);
+    EXPECT_NEAR(r.end_us, std::max({r.staged_max_us, r.stored_max_us, r.copied_max_us}), 1e-12);
+  }
+  EXPECT_THROW(rt::summarize_phases(std::vector<uint64_t>(7), 2), std::invalid_argument);
+  EXPECT_EQ(rt::summarize_phases(std::vector<uint64_t>(8), 2).ctas, 0);
+}
