@@ -292,7 +292,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.transport_round = o.push_by == "auto";
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
                    : o.push_by == "owners"     ? rt::PushBy::Owners
-                   : o.push_by == "owners-ce"  ? rt::PushBy::OwnersCopyEngines
                                                : rt::PushBy::Gemm;
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
@@ -411,9 +410,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                     " streams)"
           : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::Owners
               ? std::string("window (each tile summed by its owner rank, stored over NVLink by the GEMM)")
-          : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::OwnersCopyEngines
-              ? "window (each tile summed by its owner rank, groups copied to the peer by the copy engines, " +
-                    std::to_string(o.copy_streams) + " streams)"
           : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
@@ -440,10 +436,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       run_ours();  // the reference again (the GEMM-alone timing above wrote over it)
       std::vector<std::pair<rt::PushBy, bool>> seen{{fo.push_by, op.fuses_sum()}};  // (transport, sums in the GEMM)
       std::vector<rt::PushBy> transports{rt::PushBy::Gemm, rt::PushBy::CopyEngines};
-      if (world == 2 && plan.layout == rt::ArLayout::Pushed && N % 8 == 0) {
-        transports.push_back(rt::PushBy::Owners);
-        transports.push_back(rt::PushBy::OwnersCopyEngines);
-      }
+      if (world == 2 && plan.layout == rt::ArLayout::Pushed && N % 8 == 0) transports.push_back(rt::PushBy::Owners);
       for (rt::PushBy by : transports)
         for (bool fuse : {true, false}) {
           if (std::find(seen.begin(), seen.end(), std::make_pair(by, fuse)) != seen.end()) continue;
@@ -476,11 +469,10 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
             throw Error("bench --power: " + rt::describe(alt) + (world == 2 ? " is not bitwise equal to" : " differs from") +
                         " sequential-ourgemm");
           variants.push_back({std::string("flashoverlap, ") +
-                                  (by == rt::PushBy::CopyEngines         ? "copy engines"
-                                   : by == rt::PushBy::Owners            ? "owners"
-                                   : by == rt::PushBy::OwnersCopyEngines ? "owners by the copy engines"
-                                                                         : "GEMM stores") +
-                                  (rt::is_owners(by) ? (got.second ? ", copy in" : ", copy at end")
+                                  (by == rt::PushBy::CopyEngines ? "copy engines"
+                                   : by == rt::PushBy::Owners    ? "owners"
+                                                                 : "GEMM stores") +
+                                  (by == rt::PushBy::Owners ? (got.second ? ", copy in" : ", copy at end")
                                                             : (got.second ? ", sum in" : ", sum at end")),
                               [&, p] { p->run(a.get(), b.get(), out_fo.get(), N, cx.stream); }, ms.back()});
         }
@@ -541,9 +533,8 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
-  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners" &&
-      o.push_by != "owners-ce")
-    throw InvalidArgument("--push-by must be auto, gemm, copy-engines, owners or owners-ce");
+  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners")
+    throw InvalidArgument("--push-by must be auto, gemm, copy-engines or owners");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -689,8 +680,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--push-by", o->push_by,
                   "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
                   "copies of this rank's block once its tiles are stored), owners (2 ranks, row bands: each tile "
-                  "summed by one rank in its epilogue, the final tile stored into the other's copy), owners-ce (owners, "
-                  "the groups moved by the copy engines instead of the GEMM's NVLink stores) or auto (gemm, "
+                  "summed by one rank in its epilogue, the final tile stored into the other's copy) or auto (gemm, "
                   "and when the measured choice picks a pushed plan, that plan is measured again with the other "
                   "transports)")
       ->capture_default_str();

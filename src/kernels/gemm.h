@@ -110,14 +110,6 @@ struct Push {
 // after its CTA's last tile) copy the peer's final tiles from this GPU's
 // window into C as they arrive. Two calls in flight use the two halves of
 // the window (row0); the flags count one arrival per tile and call.
-// With `units` (rt: PushBy::OwnersCopyEngines) the GEMM sends no partial
-// over NVLink: a partial goes into this GPU's window (the same rows) and,
-// once stored, is counted in units[group_of_tile[idx]] (release, GPU scope)
-// for the copy streams, which move whole groups and then set the peer's
-// part_flags[group] to the call's epoch. (SM stores over NVLink cost the
-// sending SM's MMAs 1-4% more cycles per tile; the copy engines take no SM
-// time, but move a group only once all of it is stored: the finals, whose
-// transfer ends the call, are still stored by the GEMM tile by tile.)
 struct Owner {
   int32_t rank = -1;                // -1: off; else 0 or 1
   int32_t split = 0;
@@ -126,8 +118,6 @@ struct Owner {
   int32_t row0 = 0;                 // this call's half: window rows [row0, row0 + tiles_m * 128)
   uint32_t* flags = nullptr;        // this GPU's [tiles] arrival counters
   uint32_t* peer_flags = nullptr;   // the peer's, mapped
-  uint32_t* units = nullptr;        // non-null: the copy engines move the partials ([groups] counters)
-  uint32_t* part_flags = nullptr;   // with units: this GPU's [groups] flags, the peer's partials arrived
   uint32_t epoch = 0;               // this call: every flag reaches epoch (cyclic compare)
   int32_t drop_group = -1;          // testing: this group's tiles are never counted (their waits time out)
   uint32_t* claims = nullptr;       // [1], zero at launch: the copy's chunks

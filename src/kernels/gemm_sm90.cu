@@ -132,10 +132,9 @@ void check_gemm_params(const GemmParams& p) {
     if (p.store != Store::Plain || !push_store)
       fail("owner layout: needs Plain C stored by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0)");
     if (p.push.peers != 1 || !p.push.peer_c) fail("owner layout: needs the peer's window (push to 1 peer)");
-    if (!o.window || !aligned16(o.window) || !o.flags || !o.peer_flags || !o.claims || !o.err || !p.group_of_tile ||
-        (o.units && !o.part_flags))
-      fail("owner layout: needs its 16-byte aligned window, both ranks' flags (with units: the partials' flags too), "
-           "claims, an error slot and group_of_tile");
+    if (!o.window || !aligned16(o.window) || !o.flags || !o.peer_flags || !o.claims || !o.err || !p.group_of_tile)
+      fail("owner layout: needs its 16-byte aligned window, both ranks' flags, claims, an error slot and "
+           "group_of_tile");
     if (o.split < 0 || o.split > p.sched.tiles()) fail("owner layout: split outside [0, tiles]");
     if (o.row0 < 0 || o.row0 + int64_t(p.sched.tiles_m()) * p.sched.bm > o.window_rows)
       fail("owner layout: this call's rows lie outside the window");

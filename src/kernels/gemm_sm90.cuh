@@ -275,15 +275,14 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
                                              int32_t tiles, int lane) {
   const Owner& o = p.owner;
   const bool leader = lane == 0;
-  const bool ce = o.units != nullptr;  // copy engines: partials stored here only, counted per group
   // Once a wait has timed out (recorded in err: the call fails), later owned
   // tiles do not wait again: the consumers go on with what is in the buffer,
   // so a missing peer costs one timeout, not one per owned tile.
   bool failed = false;  // (lane 0)
   auto prefetch = [&](int32_t idx) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    failed = failed || !bounded_wait<64, 1024>(ce ? o.part_flags + p.group_of_tile[idx] : o.flags + idx, o.epoch,
-                                               o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
+    failed = failed ||
+             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
     ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
     ptx::fence_proxy_async_smem();    // the lanes' reads of the buffer (push_half) before the loads overwrite it
     for (int h = 0; h < 2; ++h) {
@@ -315,25 +314,17 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
       ptx::mbar_wait(&c_full[h], t & 1);
       if (h == 1 && last && leader) record_phase(p.monitor_phases, 0);
       const uint8_t* half = c_smem + h * kHalfCBytes;
-      if (leader && (own || ce)) {  // a final into C; with the copy engines a partial into this GPU's window
-        const CUtensorMap* tm = own ? tm_c : tm_w;
-        const int32_t r = (own ? row : o.row0 + row) + h * 64;
+      if (own && leader) {
 #pragma unroll
-        for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(tm, half + c * 8192, col + c * 64, r);
+        for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(tm_c, half + c * 8192, col + c * 64, row + h * 64);
         ptx::tma_store_commit();
       }
-      if (own || !ce) push_half<T, BN>(half, p.push, p.sched.n, o.row0 + row + h * 64, col, p.sched.n, lane);
+      push_half<T, BN>(half, p.push, p.sched.n, o.row0 + row + h * 64, col, p.sched.n, lane);
     }
-    if (own || !ce) __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count
+    __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
     __syncwarp();
     if (leader) {
-      if (ce && !own) {
-        ptx::tma_store_wait_all();        // the tile is in global memory,
-        ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
-        ptx::red_release_gpu_add(o.units + p.group_of_tile[idx], 1);
-      } else if (p.group_of_tile[idx] != o.drop_group) {
-        ptx::red_release_sys_add(o.peer_flags + idx, 1);
-      }
+      if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
       if (last) record_phase(p.monitor_phases, 1);
       if (own) ptx::tma_store_wait_read();  // the staging halves are read
       const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;

@@ -35,9 +35,6 @@ const char* sum_place(ArLayout l, bool fuse_sum, PushBy by) {
   if (is_pushed(l) && by == PushBy::Owners)
     return fuse_sum ? " (summed in the epilogues; copies in the GEMM)"
                     : " (summed in the epilogues; copies at the GEMM's end)";
-  if (is_pushed(l) && by == PushBy::OwnersCopyEngines)
-    return fuse_sum ? " (summed in the epilogues, moved by the copy engines; copies in the GEMM)"
-                    : " (summed in the epilogues, moved by the copy engines; copies at the GEMM's end)";
   return sum_place(l, fuse_sum);
 }
 
@@ -437,8 +434,7 @@ Timeline OverlapAllReduce::timeline() const {
   std::vector<uint64_t> ph(size_t(opts_.sched.ctas) * 4);
   FO_CUDA_CHECK(cudaMemcpy(ph.data(), phase_monitor_.get(), ph.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   t.phases = summarize_phases(ph, opts_.sched.ctas);
-  // No communication calls (the GEMM does it), or the copies of only some groups (owners).
-  if (is_pushed(opts_.layout) && !copy_engines()) return t;
+  if (is_pushed(opts_.layout) && !copy_engines()) return t;  // no communication calls: the GEMM does it
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     t.wait_end.push_back(at(trace_[2 + 2 * g]));
     t.comm_end.push_back(at(trace_[3 + 2 * g]));
@@ -455,8 +451,7 @@ void OverlapAllReduce::check() const {
        << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)
        << " layout) did not all arrive within "
        << opts_.wait_timeout_s << " s: arrival counter " << e.value << ", expected " << e.expected
-       << (copy_engines() || owner_ce() ? " (this GEMM's tile signals, or a peer's flag for its copy of the group)"
-                                        : "")
+       << (copy_engines() ? " (this GEMM's tile signals, or a peer's flag for its copy of the group)" : "")
        << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
     throw Error(os.str());
   }

@@ -52,11 +52,6 @@
 //   stores the final tile into the output and the peer's window, from which
 //   the peer copies it during its GEMM. No sum pass: 3 bytes of HBM traffic
 //   per byte of C instead of 5, nothing but one wave's copy after the GEMM.
-//   PushBy::OwnersCopyEngines: the same reduce, but the GEMM sends no
-//   partial over NVLink (its SMs' NVLink stores slow their own MMAs): they
-//   go into this GPU's window, and per group a copy stream waits for the
-//   group's tiles, copies its rows into the peer's window and writes the
-//   peer's flag. The finals, whose transfer ends the call, go tile by tile.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -99,9 +94,7 @@ enum class PushBy {
   Gemm,         // the GEMM's storer warp, NVLink stores as each tile finishes
   CopyEngines,  // per group, cudaMemcpyAsync of this rank's block once its tiles are stored
   Owners,       // the GEMM's stores, each tile summed by its owner rank (2 ranks, row bands)
-  OwnersCopyEngines,  // owners, the groups moved by the copy engines (the GEMM stores here only)
 };
-inline bool is_owners(PushBy b) { return b == PushBy::Owners || b == PushBy::OwnersCopyEngines; }
 // sum_place for a plan moved by `by`: with owners, " (summed in the
 // epilogues; copies in the GEMM)" or "...; copies at the GEMM's end)".
 const char* sum_place(ArLayout l, bool fuse_sum, PushBy by);
@@ -151,7 +144,7 @@ struct OverlapAllReduceOptions {
   // it; the sum waits for its own tiles and every peer's flag). The copy
   // engines take no SM time from the GEMM.
   PushBy push_by = PushBy::Gemm;
-  // Owners (either transport): fuse_sum = the producer's idle warps copy the peer's final tiles
+  // Owners: fuse_sum = the producer's idle warps copy the peer's final tiles
   // during the GEMM (else only the consumer warps, once their tiles are done).
   // Copy engines: streams the groups' copies take in turn (1-8; one stream
   // runs them one after another, measured at ~280 GB/s beside the GEMM).
@@ -256,14 +249,9 @@ class OverlapAllReduce {
   void setup_owned();
   void enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
                      cudaStream_t stream);
-  bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
-  bool owner_ce() const { return is_pushed(opts_.layout) && opts_.push_by == PushBy::OwnersCopyEngines; }
-  // Owners by the copy engines: each group's rows [first, second) of C (whole
-  // tile rows), and the copy streams' work of this call (the partials).
-  std::vector<std::pair<int64_t, int64_t>> owner_rows_;
-  void enqueue_owner_copies(uint32_t epoch);
+  bool owners() const { return is_pushed(opts_.layout) && opts_.push_by == PushBy::Owners; }
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
-  uint32_t* owner_flags_ = nullptr;        // [tiles + groups] in the window (copy engines: the groups')
+  uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's
   DeviceBuffer owned_scratch_;             // C for outputs TMA cannot store to (then copied)
   std::vector<GatherBlock> gather_;

@@ -136,7 +136,6 @@ std::string describe(const AllReducePlan& p) {
   out += layout_name(p.layout);
   if (is_pushed(p.layout) && p.push_by == PushBy::CopyEngines) out += " by the copy engines";
   if (is_pushed(p.layout) && p.push_by == PushBy::Owners) out += " with owners";
-  if (is_pushed(p.layout) && p.push_by == PushBy::OwnersCopyEngines) out += " with owners by the copy engines";
   if (is_gathered(p.layout) || is_pushed(p.layout))
     out += sum_place(p.layout, p.fuse_sum, p.push_by);
   else
@@ -196,8 +195,7 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
   };
   for (PushBy by : {PushBy::Gemm, PushBy::CopyEngines})
     if (by != best.push_by) both_sums(best, by);
-  for (PushBy by : {PushBy::Owners, PushBy::OwnersCopyEngines})
-    if (owners && best.push_by != by) both_sums(*owners, by);
+  if (owners && best.push_by != PushBy::Owners) both_sums(*owners, PushBy::Owners);
   return out;
 }
 
@@ -279,7 +277,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       if (is_pushed(layout) &&
           (!t.push_reachable || t.world < 2 || t.world > 8 || (layout == ArLayout::Pushed && n % 8 != 0)))
         continue;
-      if (is_pushed(layout) && is_owners(t.push_by) && (layout != ArLayout::Pushed || t.world != 2))
+      if (is_pushed(layout) && t.push_by == PushBy::Owners && (layout != ArLayout::Pushed || t.world != 2))
         continue;  // owners: row bands on 2 ranks only
       const std::vector<int> reserves = is_pushed(layout) ? std::vector<int>{0}  // no waiter, no NCCL
                                         : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}

@@ -135,7 +135,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       if (c.m % 2 == 0) o.tail_comm = comm;
     }
     rt::OverlapAllReduce op(o);
-    if (rt::is_owners(c.push_by)) ASSERT_FALSE(op.sequential()) << where;  // owners, not the fallback
+    if (c.push_by == rt::PushBy::Owners) ASSERT_FALSE(op.sequential()) << where;  // owners, not the fallback
     rt::CublasGemm cublas;
     plan::Schedule full = s;
     full.ctas = 132;
@@ -253,21 +253,6 @@ TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
       {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OW}});  // 128 tiles on 132 CTAs
 }
 
-// Owners with the groups moved by the copy engines (partials from this GPU's
-// window, finals from the output, one copy and one flag write per group; the
-// split at the group start nearest the middle), on 1-3 copy streams.
-TEST(OverlapAllReduce, PushedWithOwnersByCopyEnginesMatchesSequentialBitwise) {
-  REQUIRE_TWO_GPUS();
-  constexpr auto OC = rt::PushBy::OwnersCopyEngines;
-  check_cases({
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OC},
-      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, OC, 1},
-      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, OC, 3},
-      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, OC},
-      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, OC},  // misaligned output
-      {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, false, false, OC}});  // 128 tiles on 132 CTAs
-}
-
 // The same layouts with the blocks moved by the copy engines (one copy and
 // one flag write per group and peer, the groups taking 1-4 copy streams in turn).
 TEST(OverlapAllReduce, PushedByCopyEnginesMatchesSequentialBitwise) {
@@ -369,8 +354,7 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
   const uint64_t seed = fresh_seed();
   for (const auto [layout, by] : {std::pair{rt::ArLayout::Pushed, rt::PushBy::Gemm},
                                    std::pair{rt::ArLayout::PushedTiles, rt::PushBy::Gemm},
-                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners},
-                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::OwnersCopyEngines}}) {
+                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners}}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 2048, n = 4096, k = 1024, calls = 8;
       std::mt19937_64 rng(seed);  // the same schedule on both ranks
@@ -406,7 +390,7 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
         kernels::poison(ref.get(), int64_t(m) * n, st);
         rt::sequential_ours_allreduce(DType::BF16, as[c].get(), b.get(), ref.get(), s, k, comm, st);
         const auto r = kernels::compare(DType::BF16, outs[c].get(), n, ref.get(), n, m, n, st);
-        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " transport " << int(by)
+        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << (by == rt::PushBy::Owners ? " with owners" : "")
                                    << " rank " << rank << " call " << c << " seed " << seed;
         EXPECT_EQ(r.nan_count, 0);
       }
@@ -453,8 +437,7 @@ TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
 // in the waits before the sums after it) with the arrival counter, not a hang.
 TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
-  for (const auto by :
-       {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners, rt::PushBy::OwnersCopyEngines})
+  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners})
   for (const bool fuse : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
       const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);
@@ -564,15 +547,14 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
   const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
                                              rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed,
                                              rt::ArLayout::PushedTiles};
-  const std::vector<rt::PushBy> transports = {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners,
-                                              rt::PushBy::OwnersCopyEngines};
+  const std::vector<rt::PushBy> transports = {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners};
   for (int i = 0; i < 60; ++i) {
     rt::AllReducePlan p;
     p.layout = layouts[rng() % layouts.size()];
     p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 132, 1 << (rng() % 4));
     p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
     p.fuse_sum = rng() % 2 == 0;
-    p.push_by = transports[rng() % (p.layout == rt::ArLayout::Pushed ? 4 : 2)];
+    p.push_by = transports[rng() % (p.layout == rt::ArLayout::Pushed ? 3 : 2)];
     p.sequential = rng() % 5 == 0;
     // The row-band plan for owners: none, the pick, or another one.
     rt::AllReducePlan rows = p;
@@ -588,12 +570,11 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
       continue;
     }
     // The pick with each other transport but owners, both sums; then the
-    // owners' plan with each owners transport, both copy placements (but the pick's).
+    // owners' plan with owners, both copy placements (unless the pick has them).
     std::vector<std::pair<rt::PushBy, const rt::AllReducePlan*>> want;
     for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
       if (by != p.push_by) want.push_back({by, &p});
-    for (rt::PushBy by : {rt::PushBy::Owners, rt::PushBy::OwnersCopyEngines})
-      if (owners && p.push_by != by) want.push_back({by, owners});
+    if (owners && p.push_by != rt::PushBy::Owners) want.push_back({rt::PushBy::Owners, owners});
     ASSERT_EQ(f.size(), 1 + 2 * want.size());
     for (size_t j = 1; j < f.size(); ++j) {
       const auto& [by, base] = want[(j - 1) / 2];
