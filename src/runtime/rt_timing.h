@@ -30,23 +30,28 @@ inline TimingStats summarize(std::vector<double> runs) {
 
 // Times several alternatives in turns (run i of each, then run i+1 of each),
 // so that slow drifts of the GPU's clocks or temperature hit all of them
-// alike. `before_each` (optional) is enqueued before every run, outside the
-// timed region (e.g. a sync between ranks). Stats in the order given.
+// alike; round i starts at alternative i mod n, so that each follows each
+// other equally often (the GPUs are power-capped: a run right after a
+// heavier one starts at a lower clock). `before_each` (optional) is enqueued
+// before every run, outside the timed region (e.g. a sync between ranks).
+// Stats in the order given.
 inline std::vector<TimingStats> time_interleaved(const std::vector<std::function<void()>>& fns, cudaStream_t stream,
                                                  int warmup, int iters,
                                                  const std::function<void()>& before_each = {}) {
   cudaEvent_t start, stop;
   FO_CUDA_CHECK(cudaEventCreate(&start));
   FO_CUDA_CHECK(cudaEventCreate(&stop));
+  const size_t n = fns.size();
   for (int i = 0; i < warmup; ++i)
-    for (const auto& f : fns) {
+    for (size_t jj = 0; jj < n; ++jj) {
       if (before_each) before_each();
-      f();
+      fns[(size_t(i) + jj) % n]();
     }
   FO_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<std::vector<double>> runs(fns.size());
   for (int i = 0; i < iters; ++i)
-    for (size_t j = 0; j < fns.size(); ++j) {
+    for (size_t jj = 0; jj < n; ++jj) {
+      const size_t j = (size_t(i) + jj) % n;
       if (before_each) before_each();
       FO_CUDA_CHECK(cudaEventRecord(start, stream));
       fns[j]();

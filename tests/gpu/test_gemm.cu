@@ -125,6 +125,8 @@ TEST(Gemm, OddLeadingDimensionAndTinyN) {
 // The tile monitor records every tile without changing C, and its summary
 // reads a plausible SM clock, with cycles per tile no fewer than the tensor
 // cores' peak allows (dense bf16: 4096 flops per SM per cycle on Hopper).
+// The phase monitor (same launch) has every CTA start, stage its last tile
+// after its last tile was requested, and store it after staging it.
 TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
@@ -138,9 +140,10 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
     const plan::Schedule s = make_sched(m, n, 128, bn, 132);
     kernels::GemmParams p = kernels::plain_gemm(DType::BF16, pr.a.get(), pr.b.get(), s, k, c0.get(), n);
     kernels::launch_gemm(p, nullptr);
-    DeviceBuffer mon(size_t(s.tiles()) * 16);
+    DeviceBuffer mon(size_t(s.tiles()) * 16), ph(size_t(s.ctas) * 32);
     FO_CUDA_CHECK(cudaMemset(mon.get(), 0, mon.bytes()));
-    p.c = c1.get(), p.monitor_mma = mon.as<uint64_t>();
+    FO_CUDA_CHECK(cudaMemset(ph.get(), 0, ph.bytes()));
+    p.c = c1.get(), p.monitor_mma = mon.as<uint64_t>(), p.monitor_phases = ph.as<uint64_t>();
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(kernels::compare(DType::BF16, c1.get(), n, c0.get(), n, m, n, nullptr).mismatches, 0);
@@ -154,6 +157,22 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
     const double least_kcycles = 2.0 * 128 * bn * k / 4096 / 1e3;
     EXPECT_GE(r.kcycles_median, 0.95 * least_kcycles);
     EXPECT_LE(r.kcycles_median, 20 * least_kcycles);
+    std::vector<uint64_t> q(size_t(s.ctas) * 4);
+    FO_CUDA_CHECK(cudaMemcpy(q.data(), ph.get(), ph.bytes(), cudaMemcpyDeviceToHost));
+    for (int c = 0; c < s.ctas; ++c) {
+      const uint64_t* x = q.data() + size_t(c) * 4;
+      const int64_t last = c + int64_t((s.tiles() - 1 - c) / s.ctas) * s.ctas;  // its last tile (slot)
+      ASSERT_NE(x[3], 0u) << "CTA " << c << " start not recorded";
+      if (c >= s.tiles()) continue;
+      EXPECT_GT(x[0], h[size_t(last) * 2]) << "CTA " << c << " staged its last tile before requesting it";
+      EXPECT_GE(x[1], x[0]) << "CTA " << c;
+      EXPECT_LT(x[3], h[size_t(c) * 2] + 1) << "CTA " << c << " requested its first tile before its start";
+      EXPECT_EQ(x[2], 0u) << "CTA " << c << ": no copies in a plain GEMM";
+    }
+    const rt::GemmPhases g = rt::summarize_phases(q, s.ctas);
+    EXPECT_EQ(g.ctas, std::min<int64_t>(s.ctas, s.tiles()));
+    EXPECT_LE(g.staged_median_us, g.staged_max_us);
+    EXPECT_GE(g.end_us, g.stored_max_us);
   }
 }
 
