@@ -199,7 +199,38 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
   return out;
 }
 
+std::vector<size_t> runoff_candidates(const std::vector<double>& ms, double within, size_t most) {
+  std::vector<size_t> idx(ms.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return ms[x] < ms[y]; });
+  std::vector<size_t> out;
+  for (size_t i : idx)
+    if (out.size() < most && ms[i] <= ms[idx.front()] * (1 + within)) out.push_back(i);
+  return out;
+}
+
 namespace {
+
+// Median ms of each fns (timed in turns, iters runs), max over ranks; throws
+// on every rank if an op's wait failed on any.
+std::vector<double> time_ops(const AllReduceTuning& t, const std::vector<std::function<void()>>& fns,
+                             const std::vector<OverlapAllReduce*>& ops, int iters) {
+  std::vector<double> ms;
+  for (const auto& st : time_collective_interleaved(fns, t.stream, t.sync_comm, 3, iters)) ms.push_back(st.median_ms);
+  FO_CUDA_CHECK(cudaStreamSynchronize(t.stream));
+  std::string failure;  // every rank throws if any failed (none may be left waiting in max_over_ranks)
+  for (auto* op : ops) try {
+      op->check();
+    } catch (const Error& e) {
+      if (failure.empty()) failure = e.what();
+    }
+  ms.push_back(failure.empty() ? 0.0 : 1.0);
+  ms = max_over_ranks(*t.rv, ms);
+  if (ms.back() != 0.0)
+    throw Error("choosing the plan by measurement failed: " + (failure.empty() ? "on another rank" : failure));
+  ms.pop_back();
+  return ms;
+}
 
 // The fastest of `finalists`, measured (see AllReduceTuning::options_for).
 AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllReducePlan>& finalists, int64_t n,
@@ -211,28 +242,30 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
     ops.push_back(std::make_unique<OverlapAllReduce>(t.options_for(pl)));
     fns.push_back([&, op = ops.back().get()] { op->run(a, b, out, n, t.stream); });
   }
-  std::vector<double> ms;
-  for (const auto& st : time_collective_interleaved(fns, t.stream, t.sync_comm, 3, t.select_iters))
-    ms.push_back(st.median_ms);
-  FO_CUDA_CHECK(cudaStreamSynchronize(t.stream));
-  std::string failure;  // every rank throws if any failed (none may be left waiting in max_over_ranks)
-  for (auto& op : ops) try {
-      op->check();
-    } catch (const Error& e) {
-      if (failure.empty()) failure = e.what();
-    }
-  ms.push_back(failure.empty() ? 0.0 : 1.0);
-  ms = max_over_ranks(*t.rv, ms);
-  if (ms.back() != 0.0)
-    throw Error("choosing the plan by measurement failed: " + (failure.empty() ? "on another rank" : failure));
-  ms.pop_back();
-  const size_t pick = size_t(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  std::vector<OverlapAllReduce*> all;
+  for (auto& op : ops) all.push_back(op.get());
+  const std::vector<double> ms = time_ops(t, fns, all, t.select_iters);
+  size_t pick = size_t(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  // Close ones again, longer (the same on every rank: ms is the max over ranks).
+  const std::vector<size_t> close = runoff_candidates(ms, t.runoff_within, 3);
+  std::vector<double> again;
+  if (close.size() >= 2 && t.runoff_iters > 0) {
+    std::vector<std::function<void()>> f2;
+    std::vector<OverlapAllReduce*> o2;
+    for (size_t i : close) f2.push_back(fns[i]), o2.push_back(all[i]);
+    again = time_ops(t, f2, o2, t.runoff_iters);
+    pick = close[size_t(std::min_element(again.begin(), again.end()) - again.begin())];
+  }
   if (t.selection) {
     std::ostringstream sel;
     sel << std::fixed << std::setprecision(3);
     for (size_t i = 0; i < finalists.size(); ++i)
       sel << (i ? "; " : "") << (i == pick ? "* " : "") << describe(finalists[i]) << ": " << ms[i]
           << " ms (predicted " << finalists[i].predicted_ms << ")";
+    if (!again.empty()) {
+      sel << "; runoff (" << t.runoff_iters << " runs):";
+      for (size_t j = 0; j < close.size(); ++j) sel << (j ? "," : "") << " #" << close[j] + 1 << " " << again[j] << " ms";
+    }
     *t.selection = sel.str();
   }
   return finalists[pick];

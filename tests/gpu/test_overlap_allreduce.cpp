@@ -541,6 +541,35 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback
   }
 }
 
+// The runoff: the values within the tolerance of the smallest, smallest
+// first, capped; on random lists against a direct count.
+TEST(AllReduceTuner, RunoffTakesTheCloseOnesFastestFirst) {
+  std::mt19937_64 rng(fresh_seed());
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + rng() % 30, most = 1 + rng() % 4;
+    const double within = double(rng() % 10) / 100;
+    std::vector<double> ms(n);
+    for (auto& v : ms) v = 0.2 + double(rng() % 100) / 1000;  // ties happen
+    const std::vector<size_t> got = rt::runoff_candidates(ms, within, most);
+    const double best = *std::min_element(ms.begin(), ms.end());
+    size_t close = 0;
+    for (double v : ms) close += v <= best * (1 + within);
+    ASSERT_EQ(got.size(), std::min(close, most));
+    EXPECT_EQ(ms[got[0]], best);
+    for (size_t j = 0; j < got.size(); ++j) {
+      EXPECT_LE(ms[got[j]], best * (1 + within));
+      if (j) EXPECT_TRUE(ms[got[j - 1]] < ms[got[j]] || (ms[got[j - 1]] == ms[got[j]] && got[j - 1] < got[j]));
+    }
+    // Nothing left out is faster than something taken.
+    for (size_t i = 0; i < n; ++i)
+      if (std::find(got.begin(), got.end(), i) == got.end()) EXPECT_GE(ms[i], ms[got.back()]);
+  }
+  EXPECT_TRUE(rt::runoff_candidates({}, 0.04, 3).empty());
+  EXPECT_EQ(rt::runoff_candidates({0.5, 0.3, 0.31, 0.32, 0.9}, 0.1, 3), (std::vector<size_t>{1, 2, 3}));
+  EXPECT_EQ(rt::runoff_candidates({0.5, 0.3, 0.31, 0.32, 0.9}, 0.04, 3), (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(rt::runoff_candidates({0.5, 0.3, 0.35}, 0.04, 3), (std::vector<size_t>{1}));
+}
+
 // The second round of the choice: a pushed pick against the other transport.
 TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) {
   std::mt19937_64 rng(fresh_seed());
