@@ -292,6 +292,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.transport_round = o.push_by == "auto";
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
                    : o.push_by == "owners"     ? rt::PushBy::Owners
+                   : o.push_by == "owners-pull" ? rt::PushBy::OwnersPull
                                                : rt::PushBy::Gemm;
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
@@ -410,6 +411,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                     " streams)"
           : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::Owners
               ? std::string("window (each tile summed by its owner rank, stored over NVLink by the GEMM)")
+          : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::OwnersPull
+              ? std::string("window (each tile summed by its owner rank, read over NVLink by the other)")
           : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
@@ -533,8 +536,9 @@ int run(const Options& o) {
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
-  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners")
-    throw InvalidArgument("--push-by must be auto, gemm, copy-engines or owners");
+  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners" &&
+      o.push_by != "owners-pull")
+    throw InvalidArgument("--push-by must be auto, gemm, copy-engines, owners or owners-pull");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -680,7 +684,8 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--push-by", o->push_by,
                   "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
                   "copies of this rank's block once its tiles are stored), owners (2 ranks, row bands: each tile "
-                  "summed by one rank in its epilogue, the final tile stored into the other's copy) or auto (gemm, "
+                  "summed by one rank in its epilogue, the final tile stored into the other's copy), owners-pull "
+                  "(experimental: owners, each rank's tiles stored locally and read over NVLink by the other) or auto (gemm, "
                   "and when the measured choice picks a pushed plan, that plan is measured again with the other "
                   "transports)")
       ->capture_default_str();

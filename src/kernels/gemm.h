@@ -110,10 +110,14 @@ struct Push {
 // after its CTA's last tile) copy the peer's final tiles from this GPU's
 // window into C as they arrive. Two calls in flight use the two halves of
 // the window (row0); the flags count one arrival per tile and call.
+// Pulled instead (rt: PushBy::OwnersPull): `window` is the peer's window and
+// Push::peer_c this GPU's, so each rank stores its partials and finals
+// locally and the other reads them over NVLink (the TMA load of the
+// partial, the bulk loads of the copy); the flags are unchanged.
 struct Owner {
   int32_t rank = -1;                // -1: off; else 0 or 1
   int32_t split = 0;
-  const void* window = nullptr;     // this GPU's window, [window_rows x n], n elements per row
+  const void* window = nullptr;     // the window read from, [window_rows x n], n elements per row
   int64_t window_rows = 0;
   int32_t row0 = 0;                 // this call's half: window rows [row0, row0 + tiles_m * 128)
   uint32_t* flags = nullptr;        // this GPU's [tiles] arrival counters

@@ -35,6 +35,9 @@ const char* sum_place(ArLayout l, bool fuse_sum, PushBy by) {
   if (is_pushed(l) && by == PushBy::Owners)
     return fuse_sum ? " (summed in the epilogues; copies in the GEMM)"
                     : " (summed in the epilogues; copies at the GEMM's end)";
+  if (is_pushed(l) && by == PushBy::OwnersPull)
+    return fuse_sum ? " (summed in the epilogues, read over NVLink; copies in the GEMM)"
+                    : " (summed in the epilogues, read over NVLink; copies at the GEMM's end)";
   return sum_place(l, fuse_sum);
 }
 

@@ -52,6 +52,11 @@
 //   stores the final tile into the output and the peer's window, from which
 //   the peer copies it during its GEMM. No sum pass: 3 bytes of HBM traffic
 //   per byte of C instead of 5, nothing but one wave's copy after the GEMM.
+//   PushBy::OwnersPull: the same with the transfers turned around: a rank
+//   stores its partials and finals into its own window and the other reads
+//   them over NVLink (TMA and bulk loads). An SM's stores over NVLink slow
+//   its own MMAs by 1-4% (bench/results/NOTES.md); whether its loads do is
+//   what this variant measures.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -94,7 +99,9 @@ enum class PushBy {
   Gemm,         // the GEMM's storer warp, NVLink stores as each tile finishes
   CopyEngines,  // per group, cudaMemcpyAsync of this rank's block once its tiles are stored
   Owners,       // the GEMM's stores, each tile summed by its owner rank (2 ranks, row bands)
+  OwnersPull,   // owners, each rank's tiles stored locally and read by the other over NVLink (experimental)
 };
+inline bool is_owners(PushBy b) { return b == PushBy::Owners || b == PushBy::OwnersPull; }
 // sum_place for a plan moved by `by`: with owners, " (summed in the
 // epilogues; copies in the GEMM)" or "...; copies at the GEMM's end)".
 const char* sum_place(ArLayout l, bool fuse_sum, PushBy by);
@@ -249,7 +256,8 @@ class OverlapAllReduce {
   void setup_owned();
   void enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
                      cudaStream_t stream);
-  bool owners() const { return is_pushed(opts_.layout) && opts_.push_by == PushBy::Owners; }
+  bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
+  DeviceBuffer push_self_;                 // owners pulled: [1] this GPU's window (where its tiles go)
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
   uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's

@@ -44,6 +44,9 @@ void OverlapAllReduce::setup_owned() {
   owner_peer_flags_ = reinterpret_cast<uint32_t*>(peer + flags_at);
   push_peers_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), &peer, sizeof(void*), cudaMemcpyHostToDevice));
+  void* self = gathered_.get();
+  push_self_ = DeviceBuffer(sizeof(void*));
+  FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
   fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy during the GEMM)
   claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
@@ -64,10 +67,14 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   void* c = direct ? out : owned_scratch_.get();
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct ? ld_out : s.n);
   p.group_of_tile = group_of_tile_.as<int32_t>();
-  p.push.peers = 1, p.push.peer_c = push_peers_.as<void*>();
+  // Pushed: this rank's tiles go to the peer's window, the peer's are read
+  // here. Pulled: the other way round (kernels::Owner).
+  const bool pull = opts_.push_by == PushBy::OwnersPull;
+  p.push.peers = 1, p.push.peer_c = (pull ? push_self_ : push_peers_).as<void*>();
   kernels::Owner& o = p.owner;
   o.rank = gather_rank_, o.split = owner_split_;
-  o.window = gathered_.get(), o.window_rows = 2 * gathered_rows_, o.row0 = int32_t((epoch & 1) * gathered_rows_);
+  o.window = pull ? static_cast<void*>(peer_base_[0]) : gathered_.get(), o.window_rows = 2 * gathered_rows_;
+  o.row0 = int32_t((epoch & 1) * gathered_rows_);
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;
   uint32_t* claims = claims_.as<uint32_t>();

@@ -136,6 +136,7 @@ std::string describe(const AllReducePlan& p) {
   out += layout_name(p.layout);
   if (is_pushed(p.layout) && p.push_by == PushBy::CopyEngines) out += " by the copy engines";
   if (is_pushed(p.layout) && p.push_by == PushBy::Owners) out += " with owners";
+  if (is_pushed(p.layout) && p.push_by == PushBy::OwnersPull) out += " with owners, pulled";
   if (is_gathered(p.layout) || is_pushed(p.layout))
     out += sum_place(p.layout, p.fuse_sum, p.push_by);
   else
@@ -310,7 +311,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       if (is_pushed(layout) &&
           (!t.push_reachable || t.world < 2 || t.world > 8 || (layout == ArLayout::Pushed && n % 8 != 0)))
         continue;
-      if (is_pushed(layout) && t.push_by == PushBy::Owners && (layout != ArLayout::Pushed || t.world != 2))
+      if (is_pushed(layout) && is_owners(t.push_by) && (layout != ArLayout::Pushed || t.world != 2))
         continue;  // owners: row bands on 2 ranks only
       const std::vector<int> reserves = is_pushed(layout) ? std::vector<int>{0}  // no waiter, no NCCL
                                         : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}

@@ -135,7 +135,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       if (c.m % 2 == 0) o.tail_comm = comm;
     }
     rt::OverlapAllReduce op(o);
-    if (c.push_by == rt::PushBy::Owners) ASSERT_FALSE(op.sequential()) << where;  // owners, not the fallback
+    if (rt::is_owners(c.push_by)) ASSERT_FALSE(op.sequential()) << where;  // owners, not the fallback
     rt::CublasGemm cublas;
     plan::Schedule full = s;
     full.ctas = 132;
@@ -253,6 +253,21 @@ TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
       {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OW}});  // 128 tiles on 132 CTAs
 }
 
+// Owners pulled: each rank stores its partials and finals into its own
+// window, the other reads them over NVLink (the partial by TMA, the finals
+// by the copy's bulk loads).
+TEST(OverlapAllReduce, PushedWithOwnersPulledMatchesSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  constexpr auto OP = rt::PushBy::OwnersPull;
+  check_cases({
+      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OP},
+      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, OP},
+      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, OP},
+      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, OP},
+      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, OP},  // misaligned output
+      {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, false, false, OP}});  // 128 tiles on 132 CTAs
+}
+
 // The same layouts with the blocks moved by the copy engines (one copy and
 // one flag write per group and peer, the groups taking 1-4 copy streams in turn).
 TEST(OverlapAllReduce, PushedByCopyEnginesMatchesSequentialBitwise) {
@@ -354,7 +369,8 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
   const uint64_t seed = fresh_seed();
   for (const auto [layout, by] : {std::pair{rt::ArLayout::Pushed, rt::PushBy::Gemm},
                                    std::pair{rt::ArLayout::PushedTiles, rt::PushBy::Gemm},
-                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners}}) {
+                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners},
+                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::OwnersPull}}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 2048, n = 4096, k = 1024, calls = 8;
       std::mt19937_64 rng(seed);  // the same schedule on both ranks
@@ -390,7 +406,7 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
         kernels::poison(ref.get(), int64_t(m) * n, st);
         rt::sequential_ours_allreduce(DType::BF16, as[c].get(), b.get(), ref.get(), s, k, comm, st);
         const auto r = kernels::compare(DType::BF16, outs[c].get(), n, ref.get(), n, m, n, st);
-        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << (by == rt::PushBy::Owners ? " with owners" : "")
+        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " transport " << int(by)
                                    << " rank " << rank << " call " << c << " seed " << seed;
         EXPECT_EQ(r.nan_count, 0);
       }
@@ -437,7 +453,7 @@ TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
 // in the waits before the sums after it) with the arrival counter, not a hang.
 TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
-  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners})
+  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners, rt::PushBy::OwnersPull})
   for (const bool fuse : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
       const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);
