@@ -379,6 +379,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     tr << "\n    GEMM tiles overlapped: " << clocks(tl.clocks) << "\n    GEMM tiles alone:      " << clocks(alone_clocks);
     // Where the end goes: the last tiles' MMAs (staged), then their stores and pushes, then the copies.
     auto phases = [](const rt::GemmPhases& g) {
+      if (g.ctas == 0) return std::string("n/a (no storer warp: C not stored by TMA)");
       std::ostringstream s;
       s << std::fixed << std::setprecision(1) << "last tiles staged " << g.staged_median_us << " (median) "
         << g.staged_max_us << " (max), stored+pushed " << g.stored_max_us << ", copied " << g.copied_max_us

@@ -190,9 +190,10 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.row_of = p.store == Store::SlotRows ? p.row_of : nullptr;
   }
   kp.row_shift = p.store != Store::SlotRows ? p.row_shift : nullptr;
-  // The owner layout: the peers' partials are loaded from this GPU's window
-  // into the staging buffer (the same box and swizzle as C's stores), and
-  // its copy of the peer's tiles writes C directly.
+  // The owner layout: the peer's partials are loaded from the window read
+  // from (Owner::window: this GPU's, or the peer's when pulled) into the
+  // staging buffer (the same box and swizzle as C's stores), and its copy of
+  // the peer's tiles writes C directly.
   CUtensorMap mw = mc;
   if (p.owner.rank >= 0) {
     mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");

@@ -265,8 +265,9 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[BN / 2], u
 }
 
 // The owner layout's storer warp: per tile, every lane copies both halves to
-// the peer's window (a partial, or the final tile), lane 0 stores a final
-// tile into C by TMA and counts the tile in the peer's flags; before handing
+// Push::peer_c (the peer's window; this GPU's when pulled: a partial, or the
+// final tile), lane 0 stores a final tile into C by TMA and counts the tile
+// in the peer's flags; before handing
 // the staging halves back, lane 0 loads the peer's partial of the CTA's next
 // tile into them if this rank owns it (bounded wait for its flag first).
 template <typename T, int BN, int kHalfCBytes>
@@ -325,7 +326,6 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
     __syncwarp();
     if (leader) {
       if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
-      if (last) record_phase(p.monitor_phases, 1);
       if (own) ptx::tma_store_wait_read();  // the staging halves are read
       const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
       if (next >= 0 && owner_owns(o, next)) prefetch(next);
@@ -333,11 +333,14 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
       ptx::mbar_arrive(&c_empty[1]);
     }
   }
-  if (leader) ptx::tma_store_wait_all();
+  if (leader) {
+    ptx::tma_store_wait_all();
+    if (int32_t(blockIdx.x) < tiles) record_phase(p.monitor_phases, 1);  // its last tile stored and pushed
+  }
 }
 
-// The owner layout's copy of the peer's final tiles from this GPU's window
-// into C (p.out, p.ld_out): chunks of `rows` rows of one tile, the peer's
+// The owner layout's copy of the peer's final tiles from the window read from
+// (Owner::window: this GPU's, or the peer's when pulled) into C (p.out, p.ld_out): chunks of `rows` rows of one tile, the peer's
 // tiles in the order it computes them, claimed with o.claims, each chunk
 // waiting (bounded) for its tile; rows brought into `stage` by the bulk-copy
 // engine, then stored with 16-byte stores.

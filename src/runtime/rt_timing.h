@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.h"
+#include "runtime/turn_order.h"
 
 namespace flashoverlap::rt {
 
@@ -30,8 +31,8 @@ inline TimingStats summarize(std::vector<double> runs) {
 
 // Times several alternatives in turns (run i of each, then run i+1 of each),
 // so that slow drifts of the GPU's clocks or temperature hit all of them
-// alike; round i starts at alternative i mod n, so that each follows each
-// other equally often (the GPUs are power-capped: a run right after a
+// alike; each round in the order turn_order(n, round), so that each follows
+// each other equally often (the GPUs are power-capped: a run right after a
 // heavier one starts at a lower clock). `before_each` (optional) is enqueued
 // before every run, outside the timed region (e.g. a sync between ranks).
 // Stats in the order given.
@@ -43,15 +44,14 @@ inline std::vector<TimingStats> time_interleaved(const std::vector<std::function
   FO_CUDA_CHECK(cudaEventCreate(&stop));
   const size_t n = fns.size();
   for (int i = 0; i < warmup; ++i)
-    for (size_t jj = 0; jj < n; ++jj) {
+    for (size_t j : turn_order(n, size_t(i))) {
       if (before_each) before_each();
-      fns[(size_t(i) + jj) % n]();
+      fns[j]();
     }
   FO_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<std::vector<double>> runs(fns.size());
   for (int i = 0; i < iters; ++i)
-    for (size_t jj = 0; jj < n; ++jj) {
-      const size_t j = (size_t(i) + jj) % n;
+    for (size_t j : turn_order(n, size_t(i))) {
       if (before_each) before_each();
       FO_CUDA_CHECK(cudaEventRecord(start, stream));
       fns[j]();

@@ -63,12 +63,13 @@ GemmPhases summarize_phases(const std::vector<uint64_t>& ph, int ctas) {
   std::vector<double> staged;
   for (int c = 0; c < ctas; ++c) {
     const uint64_t* q = ph.data() + size_t(c) * 4;
-    if (!q[3] || !q[0]) continue;
+    if (!q[3]) continue;
+    r.copied_max_us = std::max(r.copied_max_us, us(q[2]));  // a CTA without tiles may copy
+    if (!q[0]) continue;
     ++r.ctas;
     staged.push_back(us(q[0]));
     r.staged_max_us = std::max(r.staged_max_us, us(q[0]));
     r.stored_max_us = std::max(r.stored_max_us, us(q[1]));
-    r.copied_max_us = std::max(r.copied_max_us, us(q[2]));
   }
   r.staged_median_us = quantile(staged, 0.5);
   r.end_us = std::max({r.staged_max_us, r.stored_max_us, r.copied_max_us});

@@ -38,7 +38,9 @@ struct GemmPhases {
 };
 
 // phases: [ctas * 4] = {staged, stored, copied, start} ns per CTA (0: not
-// recorded). CTAs without a start or a staged last tile are skipped.
+// recorded). CTAs without a start are skipped, and those without a staged
+// last tile (no tiles) count for the copies only; the times start at the
+// earliest start of a CTA with tiles.
 GemmPhases summarize_phases(const std::vector<uint64_t>& phases, int ctas);
 
 }  // namespace flashoverlap::rt
