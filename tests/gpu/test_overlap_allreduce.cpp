@@ -235,6 +235,19 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
       {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles}});  // odd n: the sum after, scalar edges
 }
 
+// The owner cases, for both transports: both dtypes, ragged M and N, 7 CTAs,
+// a misaligned output (through the op's scratch), T < CTAs.
+std::vector<Case> owner_cases(rt::PushBy by) {
+  return {{4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},
+          {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by},
+          {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, by},
+          {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, by},
+          {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed, true, false, by},
+          {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, by},  // misaligned output
+          {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},   // 128 tiles on 132 CTAs
+          {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, false, false, by}};
+}
+
 // Row bands on 2 ranks with owners: each tile summed in its owner's epilogue
 // (the peer's partial loaded into the staging buffer), the final stored into
 // the output and the peer's window, copied into the peer's output during its
@@ -242,15 +255,7 @@ TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
 // through the op's scratch.
 TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
-  constexpr auto OW = rt::PushBy::Owners;
-  check_cases({
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OW},
-      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, OW},
-      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, OW},
-      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, OW},
-      {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed, true, false, OW},
-      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, OW},  // misaligned output
-      {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OW}});  // 128 tiles on 132 CTAs
+  check_cases(owner_cases(rt::PushBy::Owners));
 }
 
 // Owners pulled: each rank stores its partials and finals into its own
@@ -258,14 +263,7 @@ TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
 // by the copy's bulk loads).
 TEST(OverlapAllReduce, PushedWithOwnersPulledMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
-  constexpr auto OP = rt::PushBy::OwnersPull;
-  check_cases({
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, OP},
-      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, OP},
-      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, OP},
-      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, OP},
-      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, OP},  // misaligned output
-      {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, false, false, OP}});  // 128 tiles on 132 CTAs
+  check_cases(owner_cases(rt::PushBy::OwnersPull));
 }
 
 // The same layouts with the blocks moved by the copy engines (one copy and
