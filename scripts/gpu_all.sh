@@ -17,8 +17,6 @@
 #                GEMM's stores and a sum (--push-by gemm), ABAB, with --trace (GEMM end, tile clocks)
 #   pull-ab      pushed row bands with owners, the model's plan: pushed (--push-by owners) vs pulled
 #                (--push-by owners-pull), ABAB, with --trace (tile clocks, the CTAs' phases)
-#   movers-ab    owners, the model's plan: the storers push every tile (--movers 0) vs 4 mover CTAs
-#                push all but the last wave (--movers 4, 128 computing CTAs), ABAB, with --trace
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest.
@@ -103,15 +101,6 @@ for s in "$@"; do
         $CLI bench --shapes 2048x8192x8192,4096x7168x5120,1024x8192x8192,4096x8192x8192,3001x8192x8192 \
           --layout pushed --push-by $by --no-select --trace --curves /tmp/fo-curves 2>&1 |
           tee -a "$OUT/pull-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|rror" | cut -c1-160 || status=1
-      done
-      ;;
-    movers-ab)
-      stage "owners: the storers push every tile vs mover CTAs push all but the last wave"
-      for mv in 0 4 0 4; do
-        echo "##### --movers $mv" | tee -a "$OUT/movers-ab.log"
-        $CLI bench --shapes 2048x8192x8192,1024x8192x8192,4096x8192x8192,4096x7168x5120,3001x8192x8192,8192x4096x2048 \
-          --layout pushed --push-by owners --movers $mv --no-select --trace --curves /tmp/fo-curves 2>&1 |
-          tee -a "$OUT/movers-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|rror" | cut -c1-160 || status=1
       done
       ;;
     sanitize)

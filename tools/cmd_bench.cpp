@@ -60,7 +60,6 @@ struct Options {
   int warmup = 5, iters = 20, nproc = 0;
   std::string push_by = "auto";
   int copy_streams = 2;
-  int movers = 0;  // owners (pushed): mover CTAs beside the computing ones (experimental)
   std::string csv;
   std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
 };
@@ -285,10 +284,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.fuse_sum = pl.fuse_sum;
     fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
     fo.copy_streams = o.copy_streams;
-    if (fo.push_by == rt::PushBy::Owners && o.movers > 0 && !pl.sequential) {
-      fo.owner_movers = o.movers;  // the computing CTAs make room for them
-      fo.sched.ctas = std::min(fo.sched.ctas, cx.info.sms - o.movers);
-    }
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
@@ -416,9 +411,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
               ? "window (blocks copied to the peers by the copy engines, " + std::to_string(o.copy_streams) +
                     " streams)"
           : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::Owners
-              ? std::string("window (each tile summed by its owner rank, stored over NVLink by the GEMM") +
-                    (fo.owner_movers > 0 ? ", all but the last wave by " + std::to_string(fo.owner_movers) + " mover CTAs)"
-                                         : std::string(")"))
+              ? std::string("window (each tile summed by its owner rank, stored over NVLink by the GEMM)")
           : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::OwnersPull
               ? std::string("window (each tile summed by its owner rank, read over NVLink by the other)")
           : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
@@ -696,12 +689,6 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "(experimental: owners, each rank's tiles stored locally and read over NVLink by the other) or auto (gemm, "
                   "and when the measured choice picks a pushed plan, that plan is measured again with the other "
                   "transports)")
-      ->capture_default_str();
-  cmd->add_option("--movers", o->movers,
-                  "Experimental, --push-by owners: this many extra CTAs copy the stored tiles to the peer (all but "
-                  "the last wave), so that the computing SMs store nothing over NVLink; the computing CTAs shrink to "
-                  "SMs - movers")
-      ->check(CLI::Range(0, 16))
       ->capture_default_str();
   cmd->add_option("--copy-streams", o->copy_streams,
                   "Copy-engine pushes: streams the groups' copies take in turn (1-8)")

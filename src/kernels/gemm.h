@@ -114,13 +114,6 @@ struct Push {
 // Push::peer_c this GPU's, so each rank stores its partials and finals
 // locally and the other reads them over NVLink (the TMA load of the
 // partial, the bulk loads of the copy); the flags are unchanged.
-// With movers (pushed only), `movers` CTAs beyond sched.ctas compute nothing:
-// a storer stores every tile but its CTA's last into C by TMA (partials
-// too: their rows are overwritten by the peer's final later) and counts it
-// in `staged`; the movers' warps copy those tiles from C into the peer's
-// window (bulk loads, bulk stores over NVLink) and count them in its flags,
-// then join the copy. An SM's own NVLink stores slow its MMAs; the last wave
-// is still pushed by its storers, whose SMs have no MMAs left.
 struct Owner {
   int32_t rank = -1;                // -1: off; else 0 or 1
   int32_t split = 0;
@@ -132,9 +125,6 @@ struct Owner {
   uint32_t epoch = 0;               // this call: every flag reaches epoch (cyclic compare)
   int32_t drop_group = -1;          // testing: this group's tiles are never counted (their waits time out)
   uint32_t* claims = nullptr;       // [1], zero at launch: the copy's chunks
-  int32_t movers = 0;               // mover CTAs launched after sched.ctas (0: off)
-  uint32_t* staged = nullptr;       // movers: this GPU's [tiles] counters, a tile stored into C
-  uint32_t* move_claims = nullptr;  // movers: [1], zero at launch: the tiles to move
   bool producers = true;            // the producer's idle warps copy during the GEMM
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;

@@ -139,9 +139,6 @@ void check_gemm_params(const GemmParams& p) {
     if (o.row0 < 0 || o.row0 + int64_t(p.sched.tiles_m()) * p.sched.bm > o.window_rows)
       fail("owner layout: this call's rows lie outside the window");
     if (p.sum.groups > 0 || p.row_shift) fail("owner layout: no fused sum or row shift besides");
-    if (o.movers < 0 || o.movers > 16) fail("owner layout: movers must be in [0, 16]");
-    if (o.movers > 0 && (!o.staged || !o.move_claims))
-      fail("owner layout: movers need the staged counters and their claim counter");
     if (p.counters || p.monitor_ns || p.push.arrivals || p.push.peer_arrivals)
       fail("owner layout: its tiles are counted in the owner flags only (no counters, arrival counters or "
            "monitor_ns)");
@@ -203,8 +200,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.out = p.c;
   }
 
-  // Mover CTAs (Owner::movers) come after the computing ones.
-  const dim3 grid(p.sched.ctas + (p.owner.rank >= 0 ? p.owner.movers : 0)), block(kGemmThreads);
+  const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.dtype == DType::BF16) {
     if (bn == 256)
       kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);

@@ -45,11 +45,9 @@ struct GemmKernelParams {
   Owner owner;
 };
 
-// Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now
-// (computing CTAs only: the monitor has sched.ctas entries).
-__device__ __forceinline__ void record_phase(const GemmKernelParams& p, int ph) {
-  if (p.monitor_phases && int32_t(blockIdx.x) < p.sched.ctas)
-    atomicMax(reinterpret_cast<unsigned long long*>(p.monitor_phases + int64_t(blockIdx.x) * 4 + ph),
+// Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.
+__device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
+  if (phases) atomicMax(reinterpret_cast<unsigned long long*>(phases + int64_t(blockIdx.x) * 4 + ph),
                         static_cast<unsigned long long>(ptx::globaltimer_ns()));
 }
 
@@ -65,11 +63,7 @@ struct GemmSmem {
   static constexpr int kBars = kC + 2 * kHalfCBytes;
   // ring, C halves, 2 buffers of each producer sum warp, 2 of each consumer warp
   // (+2: the owner layout's peer partial loaded into each C half)
-  static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2 + 4;
-  // A mover CTA (Owner::movers) uses the ring and C as 12 warps x 2 chunk
-  // buffers, and barriers 0..35 (2 per warp to move, 1 to copy).
-  static constexpr int kMoveChunkBytes = 8192;
-  static_assert(kBarCount >= 36 && kC + 2 * kHalfCBytes >= 12 * 2 * kMoveChunkBytes, "mover CTA layout");
+  static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2;
   // Staging of the fused sum (gathered and pushed layouts): 8 KB per producer sum warp.
   static constexpr int kSumStageBytes = 8192;
   // What each summing warp stages (producer or consumer; the same for all, as
@@ -310,96 +304,38 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
       prefetch(owner_tile_at(o, blockIdx.x, tiles));
   }
   uint32_t t = 0;
-  for (int32_t i = blockIdx.x; i < tiles; i += p.sched.ctas, ++t) {
+  for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
     const int32_t idx = owner_tile_at(o, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
     const bool own = owner_owns(o, idx);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
-    const bool last = i + p.sched.ctas >= tiles;
-    const bool moved = o.movers > 0 && !last;  // a mover copies it to the peer from C
+    const bool last = i + int32_t(gridDim.x) >= tiles;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_wait(&c_full[h], t & 1);
-      if (h == 1 && last && leader) record_phase(p, 0);
+      if (h == 1 && last && leader) record_phase(p.monitor_phases, 0);
       const uint8_t* half = c_smem + h * kHalfCBytes;
-      if ((own || moved) && leader) {
+      if (own && leader) {
 #pragma unroll
         for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(tm_c, half + c * 8192, col + c * 64, row + h * 64);
         ptx::tma_store_commit();
       }
-      if (!moved) push_half<T, BN>(half, p.push, p.sched.n, o.row0 + row + h * 64, col, p.sched.n, lane);
+      push_half<T, BN>(half, p.push, p.sched.n, o.row0 + row + h * 64, col, p.sched.n, lane);
     }
-    if (!moved) {
-      __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
-      __syncwarp();
-    }
+    __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
+    __syncwarp();
     if (leader) {
-      if (!moved && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
-      if (own || moved) ptx::tma_store_wait_read();  // the staging halves are read
-      const int32_t next = i + p.sched.ctas < tiles ? owner_tile_at(o, i + p.sched.ctas, tiles) : -1;
+      if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+      if (own) ptx::tma_store_wait_read();  // the staging halves are read
+      const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
       if (next >= 0 && owner_owns(o, next)) prefetch(next);
       ptx::mbar_arrive(&c_empty[0]);
       ptx::mbar_arrive(&c_empty[1]);
-      if (moved) {  // the tile is in C: hand it to the movers
-        ptx::tma_store_wait_all();
-        ptx::fence_proxy_async_global();  // the TMA writes before the generic-proxy release
-        ptx::red_release_gpu_add(o.staged + idx, 1);
-      }
     }
   }
   if (leader) {
     ptx::tma_store_wait_all();
-    if (int32_t(blockIdx.x) < tiles) record_phase(p, 1);  // its last tile stored and pushed
-  }
-}
-
-// A mover CTA's warp (Owner::movers): claims the tiles of slots [0, tiles -
-// ctas) in slot order (the last wave is pushed by its storers), waits until
-// the tile is stored in C, copies it to the peer's window in chunks of
-// kChunk bytes (bulk loads into one of two buffers, bulk stores over NVLink:
-// a chunk's load overlaps the previous chunk's store), then counts it in
-// the peer's flags. Lane 0 issues everything. Returns false after a timeout.
-template <typename T, int BN, int kChunk>
-__device__ __forceinline__ bool move_tiles(const GemmKernelParams& p, uint8_t* stage, uint64_t* bar, int lane) {
-  const Owner& o = p.owner;
-  const plan::Schedule& s = p.sched;
-  constexpr int32_t kRows = kChunk / (BN * 2);
-  const int32_t tiles = s.tiles(), slots = tiles - s.ctas;
-  uint32_t q = 0;  // (lane 0) chunks issued: buffer q & 1, its barrier's phase (q >> 1) & 1
-  while (true) {
-    uint32_t c = 0;
-    if (lane == 0) c = atomicAdd(o.move_claims, 1u);
-    c = __shfl_sync(0xffffffffu, c, 0);
-    if (int32_t(c) >= slots) return true;
-    int ok = 1;
-    if (lane == 0) {
-      const int32_t t = owner_tile_at(o, int32_t(c), tiles);
-      const plan::TileCoord tc = s.tile_of(t);
-      const int32_t row = tc.tm * 128, col = tc.tn * BN;
-      const int32_t nrows = min(s.m - row, 128), ncols = min(s.n - col, BN);
-      ok = bounded_wait<64, 1024>(o.staged + t, o.epoch, o.timeout_ns, o.err, p.group_of_tile[t], 2u);
-      if (ok) {
-        ptx::fence_proxy_async_global();  // the bulk loads below read what the flag released
-        const T* from = static_cast<const T*>(p.out) + int64_t(row) * p.ld_out + col;
-        T* to = static_cast<T*>(p.push.peer_c[0]) + (int64_t(o.row0) + row) * s.n + col;
-        for (int32_t r0 = 0; r0 < nrows; r0 += kRows, ++q) {
-          const int32_t rows = min(kRows, nrows - r0);
-          uint8_t* buf = stage + (q & 1) * kChunk;
-          ptx::tma_store_wait_read_but<1>();  // the store of chunk q - 2 has read this buffer
-          ptx::mbar_arrive_expect_tx(&bar[q & 1], uint32_t(rows * ncols * 2));
-          for (int32_t r = 0; r < rows; ++r)
-            ptx::bulk_load(buf + r * BN * 2, from + int64_t(r0 + r) * p.ld_out, ncols * 2, &bar[q & 1]);
-          ptx::mbar_wait(&bar[q & 1], (q >> 1) & 1);
-          for (int32_t r = 0; r < rows; ++r) ptx::bulk_store(to + int64_t(r0 + r) * s.n, buf + r * BN * 2, ncols * 2);
-          ptx::tma_store_commit();
-        }
-        ptx::tma_store_wait_all();        // the tile is written in the peer's window,
-        ptx::fence_proxy_async_global();  // ordered before the release below
-        __threadfence_system();
-        if (p.group_of_tile[t] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + t, 1);
-      }
-    }
-    if (!__shfl_sync(0xffffffffu, ok, 0)) return false;  // recorded in err; the call fails
+    if (int32_t(blockIdx.x) < tiles) record_phase(p.monitor_phases, 1);  // its last tile stored and pushed
   }
 }
 
@@ -424,7 +360,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
     if (lane == 0) c = atomicAdd(o.claims, 1u);
     c = __shfl_sync(0xffffffffu, c, 0);
     if (c >= uint32_t(chunks)) {
-      if (lane == 0) record_phase(p, 2);
+      if (lane == 0) record_phase(p.monitor_phases, 2);
       return;
     }
     const int32_t t = first + int32_t(c) / kPerTile;
@@ -479,11 +415,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
-  const bool mover = int32_t(blockIdx.x) >= p.sched.ctas;  // Owner::movers: no MMAs here
-  if (threadIdx.x == 0 && mover) {
-    for (int i = 0; i < 36; ++i) ptx::mbar_init(&full[i], 1);
-    ptx::fence_barrier_init();
-  } else if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
       ptx::mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
@@ -503,14 +435,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   __syncthreads();
 
   const int tiles = p.sched.tiles();
-  if (mover) {
-    const int warp = threadIdx.x / 32;
-    uint8_t* stage = smem + warp * 2 * L::kMoveChunkBytes;
-    if (move_tiles<T, BN, L::kMoveChunkBytes>(p, stage, full + 2 * warp, threadIdx.x % 32))
-      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, stage, full + 24 + warp);
-    return;
-  }
-  if (threadIdx.x == 0) record_phase(p, 3);
+  if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
   if (wg == 0) {
     ptx::setmaxnreg_dec<40>();
     if (tid == 0) {
@@ -518,7 +443,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
-      for (int i = blockIdx.x; i < tiles; i += p.sched.ctas) {
+      for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
         const plan::TileCoord tc = p.sched.tile_of(owner_tile_at(p.owner, i, tiles));
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
@@ -544,7 +469,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // ---------------- warps 2-3: the fused sum during the GEMM ----------------
       const int w = tid / 32 - 2;
       fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
-                                           int32_t(blockIdx.x) * 2 + w, p.sched.ctas * 2);
+                                           int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
     } else if (tid >= 32 && tid < 64 && p.tma_store && (tid == 32 || p.push.peers > 0)) {
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the
@@ -557,7 +482,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const bool plain = p.store == static_cast<int32_t>(Store::Plain);
       int32_t pending[2], npending = 0;  // pushed tiles stored but not yet signalled
       uint32_t t = 0;
-      for (int idx = blockIdx.x; idx < tiles; idx += p.sched.ctas, ++t) {
+      for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
         const plan::TileCoord tc = p.sched.tile_of(idx);
         // Plain: rows of C; SlotTiles: rows idx*BM.. of the slot buffer.
         const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
@@ -566,7 +491,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           ptx::mbar_wait(&c_full[h], t & 1);
-          if (h == 1 && leader && idx + p.sched.ctas >= tiles) record_phase(p, 0);
+          if (h == 1 && leader && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);
           const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
           if (leader) {
 #pragma unroll
@@ -587,7 +512,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           // (a tile's signal waits at most one more tile; the last is never held).
           if (push) {
             pending[npending++] = idx;
-            if (npending < p.push.signal_every && idx + p.sched.ctas < tiles) continue;
+            if (npending < p.push.signal_every && idx + int32_t(gridDim.x) < tiles) continue;
             __threadfence_system();  // each lane's peer stores are visible system-wide before the releases below
             __syncwarp();
           }
@@ -615,7 +540,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
       if (leader) {
         ptx::tma_store_wait_all();
-        record_phase(p, 1);
+        record_phase(p.monitor_phases, 1);
       }
     }
     return;
@@ -631,7 +556,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   float acc[BN / 2];
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
-  for (int i = blockIdx.x; i < tiles; i += p.sched.ctas, ++t) {
+  for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
     const int idx = owner_tile_at(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
 

@@ -69,13 +69,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
-// Contiguous bulk copy shared -> global (a peer's memory too), in the
-// bulk_group of the TMA stores: commit, then wait like them.
-__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
-               "r"(bytes)
-               : "memory");
-}
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // All committed stores complete: their writes to global memory are performed.
 __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
@@ -83,11 +76,6 @@ __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bu
 // says nothing about the global writes.
 __device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
-// All but the last N committed groups have finished reading shared memory.
-template <int N>
-__device__ __forceinline__ void tma_store_wait_read_but() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
 // Generic-proxy shared-memory writes become visible to the async proxy.
 __device__ __forceinline__ void fence_proxy_async_smem() {

@@ -89,10 +89,6 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
   if (!kernels::tile_supported(s.bm, s.bn))
     throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
-  if (opts_.owner_movers != 0 &&
-      (opts_.owner_movers < 0 || opts_.owner_movers > 16 || !owners() || opts_.push_by != PushBy::Owners))
-    throw InvalidArgument("OverlapAllReduce: " + std::to_string(opts_.owner_movers) +
-                          " mover CTAs: movers (0..16) serve the pushed layout with owners only");
   auto& groups = opts_.groups;
   if (groups.empty()) throw InvalidArgument("OverlapAllReduce: no groups");
   for (size_t g = 0; g < groups.size(); ++g) {

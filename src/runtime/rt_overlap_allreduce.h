@@ -55,10 +55,8 @@
 //   PushBy::OwnersPull: the same with the transfers turned around: a rank
 //   stores its partials and finals into its own window and the other reads
 //   them over NVLink (TMA and bulk loads). An SM's stores over NVLink slow
-//   its own MMAs by 1-4% (bench/results/NOTES.md); its loads do too, and
-//   pulling measured as fast or slower. owner_movers > 0 moves the pushes
-//   off the computing SMs instead: that many extra CTAs copy each stored
-//   tile (all but the last wave) to the peer (kernels::Owner::movers).
+//   its own MMAs by 1-4% (bench/results/NOTES.md); whether its loads do is
+//   what this variant measures.
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -158,9 +156,6 @@ struct OverlapAllReduceOptions {
   // Copy engines: streams the groups' copies take in turn (1-8; one stream
   // runs them one after another, measured at ~280 GB/s beside the GEMM).
   int copy_streams = 2;
-  // Owners (pushed): mover CTAs launched beside the sched.ctas computing ones
-  // (sched.ctas + owner_movers <= SMs; 0: the storers push every tile).
-  int owner_movers = 0;
 };
 
 // Times of one call, in ms from the GEMM's launch on the caller's stream
@@ -266,7 +261,6 @@ class OverlapAllReduce {
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
   uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's
-  DeviceBuffer owner_staged_;              // movers: [tiles] a tile stored into C
   DeviceBuffer owned_scratch_;             // C for outputs TMA cannot store to (then copied)
   std::vector<GatherBlock> gather_;
   int64_t gathered_rows_ = 0;

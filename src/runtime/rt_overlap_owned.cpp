@@ -26,10 +26,9 @@ void OverlapAllReduce::setup_owned() {
   // Every CTA resident at once: a CTA's storer and copy warps wait for tiles
   // that other CTAs (here and on the peer) compute.
   const int sms = current_device_sms();
-  const int movers = opts_.owner_movers;  // (its range checked in the constructor)
-  if (s.ctas + movers > sms)
+  if (s.ctas > sms)
     throw InvalidArgument("OverlapAllReduce: " + what + " needs at most one CTA per SM (" + std::to_string(s.ctas) +
-                          " CTAs + " + std::to_string(movers) + " movers, " + std::to_string(sms) + " SMs)");
+                          " CTAs, " + std::to_string(sms) + " SMs)");
   // Two halves (call parity) of tiles_m * bm rows, whole tiles: the peer's
   // stores are not clipped to m. Then the flags, one per tile.
   const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
@@ -50,12 +49,8 @@ void OverlapAllReduce::setup_owned() {
   FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
   fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy during the GEMM)
-  claims_ = DeviceBuffer(4 * sizeof(uint32_t));  // [call parity][the copy, the movers]
+  claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
-  if (movers > 0) {
-    owner_staged_ = DeviceBuffer(size_t(s.tiles()) * sizeof(uint32_t));
-    FO_CUDA_CHECK(cudaMemset(owner_staged_.get(), 0, owner_staged_.bytes()));
-  }
   setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
 }
 
@@ -83,13 +78,11 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;
   uint32_t* claims = claims_.as<uint32_t>();
-  o.claims = claims + (epoch & 1) * 2;
-  if (opts_.owner_movers > 0)
-    o.movers = opts_.owner_movers, o.staged = owner_staged_.as<uint32_t>(), o.move_claims = o.claims + 1;
+  o.claims = claims + (epoch & 1);
   o.producers = fuse_ok_;
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
-  p.sum.claims_reset = claims + ((epoch + 1) & 1) * 2, p.sum.claims_reset_count = 2;
+  p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
   if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>(), p.monitor_phases = phase_monitor_.as<uint64_t>();
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);

@@ -11,8 +11,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "kernels/check.h"
@@ -88,7 +86,6 @@ struct Case {
   bool misaligned_out = false;  // both outputs 2 bytes off 16-byte alignment: the sums run after the GEMM
   rt::PushBy push_by = rt::PushBy::Gemm;
   int copy_streams = 2;  // push_by copy engines
-  int movers = 0;        // push_by owners: mover CTAs beside the ctas computing ones
 };
 
 // Random groups for the layout: runs of waves (Slots) or of row bands; at
@@ -112,8 +109,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       sched_for(c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
   const std::vector<plan::Group> groups = random_groups(s, c.layout, rng);
   std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                      " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) +
-                      " movers=" + std::to_string(c.movers) + " swizzle " +
+                      " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " swizzle " +
                       std::to_string(s.swizzle) + " " + rt::layout_name(c.layout) +
                       " groups " + std::to_string(groups.size()) + " seed=" + std::to_string(seed);
   on_each_rank([&](int rank, ncclComm_t comm) {
@@ -130,7 +126,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
     o.wait = wait;
     o.fuse_sum = c.fuse_sum;
-    o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.owner_movers = c.movers;
+    o.push_by = c.push_by, o.copy_streams = c.copy_streams;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
     if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
@@ -262,22 +258,6 @@ TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
   check_cases(owner_cases(rt::PushBy::Owners));
 }
 
-// Owners with mover CTAs: every tile but the last wave stored into the
-// output by TMA (partials too) and copied to the peer by the movers' warps.
-// Many rounds, few, none moved (tiles <= CTAs), 16 movers on 100 CTAs, 2 on
-// 7, both dtypes, ragged M and N, a misaligned output, both copy placements.
-TEST(OverlapAllReduce, PushedWithOwnersAndMoversMatchesSequentialBitwise) {
-  REQUIRE_TWO_GPUS();
-  const auto by = rt::PushBy::Owners;
-  check_cases({{4096, 8192, 4096, 256, 128, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, 4},
-               {3001, 7168, 2048, 128, 128, DType::FP16, rt::ArLayout::Pushed, false, false, by, 2, 4},
-               {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, 16},
-               {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, 2},
-               {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed, true, false, by, 2, 8},
-               {2048, 4096, 1024, 256, 128, DType::BF16, rt::ArLayout::Pushed, true, true, by, 2, 4},
-               {1024, 2048, 256, 128, 128, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, 4}});
-}
-
 // Owners pulled: each rank stores its partials and finals into its own
 // window, the other reads them over NVLink (the partial by TMA, the finals
 // by the copy's bulk loads).
@@ -385,19 +365,17 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
 TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
-  for (const auto [layout, by, movers] : {std::tuple{rt::ArLayout::Pushed, rt::PushBy::Gemm, 0},
-                                           std::tuple{rt::ArLayout::PushedTiles, rt::PushBy::Gemm, 0},
-                                           std::tuple{rt::ArLayout::Pushed, rt::PushBy::Owners, 0},
-                                           std::tuple{rt::ArLayout::Pushed, rt::PushBy::Owners, 4},
-                                           std::tuple{rt::ArLayout::Pushed, rt::PushBy::OwnersPull, 0}}) {
+  for (const auto [layout, by] : {std::pair{rt::ArLayout::Pushed, rt::PushBy::Gemm},
+                                   std::pair{rt::ArLayout::PushedTiles, rt::PushBy::Gemm},
+                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners},
+                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::OwnersPull}}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 2048, n = 4096, k = 1024, calls = 8;
       std::mt19937_64 rng(seed);  // the same schedule on both ranks
-      const plan::Schedule s = sched_for(m, n, 256, 132 - movers, 1 << int(rng() % 3));
+      const plan::Schedule s = sched_for(m, n, 256, 132, 1 << int(rng() % 3));
       const bool tiles = layout == rt::ArLayout::PushedTiles;
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank, o.push_by = by;
-      o.owner_movers = movers;
       o.groups = tiles ? plan::make_groups(s, plan::Partition(size_t(s.waves()), 1))
                        : plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
       ASSERT_GE(o.groups.size(), 2u);
@@ -426,7 +404,7 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
         kernels::poison(ref.get(), int64_t(m) * n, st);
         rt::sequential_ours_allreduce(DType::BF16, as[c].get(), b.get(), ref.get(), s, k, comm, st);
         const auto r = kernels::compare(DType::BF16, outs[c].get(), n, ref.get(), n, m, n, st);
-        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " transport " << int(by) << " movers " << movers
+        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " transport " << int(by)
                                    << " rank " << rank << " call " << c << " seed " << seed;
         EXPECT_EQ(r.nan_count, 0);
       }
@@ -530,14 +508,11 @@ TEST(AllReduceTuner, MeasuredChoiceIsTheSameOnEveryRankAndRuns) {
 // in the waits before the sums after it) with the arrival counter, not a hang.
 TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
-  for (const auto [by, movers] : {std::pair{rt::PushBy::Gemm, 0}, std::pair{rt::PushBy::CopyEngines, 0},
-                                   std::pair{rt::PushBy::Owners, 0}, std::pair{rt::PushBy::Owners, 4},
-                                   std::pair{rt::PushBy::OwnersPull, 0}})
+  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners, rt::PushBy::OwnersPull})
   for (const bool fuse : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
-      const plan::Schedule s = sched_for(2048, 4096, 256, 132 - movers, 4);
+      const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);
       rt::OverlapAllReduceOptions o;
-      o.owner_movers = movers;
       o.sched = s, o.groups = plan::band_groups(s, {1, 1, 2});
       o.layout = rt::ArLayout::Pushed;
       o.fuse_sum = fuse;
@@ -549,7 +524,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
       EXPECT_NE(messages[r].find("arrival counter"), std::string::npos) << messages[r];
     }
-    EXPECT_LT(secs, 30.0) << "fuse " << fuse << " transport " << int(by) << " movers " << movers;
+    EXPECT_LT(secs, 30.0) << "fuse " << fuse << " transport " << int(by);
   }
 }
 
@@ -574,27 +549,6 @@ TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
   EXPECT_THROW(plan::band_groups(s, {1, 2, 4}), InvalidArgument);  // 7 of 8 bands
   o.comm = nullptr;
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
-}
-
-// Mover CTAs serve pushed owners only, 0..16 of them.
-TEST(OverlapAllReduceOptions, RejectsMoversOutsidePushedOwners) {
-  const plan::Schedule s = sched_for(4096, 8192, 256, 128, 4);
-  rt::OverlapAllReduceOptions o;
-  o.sched = s, o.k = 512, o.comm = reinterpret_cast<ncclComm_t>(uintptr_t(1));  // never used: validation throws first
-  o.groups = plan::band_groups(s, {4, 4});
-  o.owner_movers = 4;
-  for (const auto [layout, by] : {std::pair{rt::ArLayout::RowBands, rt::PushBy::Gemm},
-                                  std::pair{rt::ArLayout::Pushed, rt::PushBy::Gemm},
-                                  std::pair{rt::ArLayout::Pushed, rt::PushBy::CopyEngines},
-                                  std::pair{rt::ArLayout::Pushed, rt::PushBy::OwnersPull}}) {
-    o.layout = layout, o.push_by = by;
-    EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << rt::layout_name(layout) << " " << int(by);
-  }
-  o.layout = rt::ArLayout::Pushed, o.push_by = rt::PushBy::Owners;
-  for (const int bad : {-1, 17}) {
-    o.owner_movers = bad;
-    EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << bad;
-  }
 }
 
 // Host logic of the final choice: which ranked plans are measured.
