@@ -184,7 +184,25 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
   return out;
 }
 
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const AllReducePlan* owners) {
+std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
+                                              const std::vector<double>& ms, const AllReducePlan& best) {
+  std::vector<const AllReducePlan*> out;
+  if (best.layout == ArLayout::Pushed && !best.sequential) out.push_back(&best);
+  for (int bn : {best.sched.bn, best.sched.bn == 256 ? 128 : 256}) {
+    if (!out.empty() && out.front()->sched.bn == bn) continue;
+    const AllReducePlan* fastest = nullptr;
+    double fastest_ms = 0;
+    for (size_t i = 0; i < finalists.size() && i < ms.size(); ++i) {
+      const AllReducePlan& pl = finalists[i];
+      if (pl.sequential || pl.layout != ArLayout::Pushed || pl.sched.bn != bn) continue;
+      if (!fastest || ms[i] < fastest_ms) fastest = &pl, fastest_ms = ms[i];
+    }
+    if (fastest) out.push_back(fastest);
+  }
+  return out;
+}
+
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners) {
   std::vector<AllReducePlan> out{best};
   if (best.sequential || !is_pushed(best.layout)) return out;
   auto both_sums = [&out](AllReducePlan p, PushBy by) {
@@ -196,7 +214,8 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
   };
   for (PushBy by : {PushBy::Gemm, PushBy::CopyEngines})
     if (by != best.push_by) both_sums(best, by);
-  if (owners && best.push_by != PushBy::Owners) both_sums(*owners, PushBy::Owners);
+  if (best.push_by != PushBy::Owners)
+    for (const AllReducePlan* o : owners) both_sums(*o, PushBy::Owners);
   return out;
 }
 
@@ -235,7 +254,7 @@ std::vector<double> time_ops(const AllReduceTuning& t, const std::vector<std::fu
 
 // The fastest of `finalists`, measured (see AllReduceTuning::options_for).
 AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllReducePlan>& finalists, int64_t n,
-                                const void* a, const void* b, void* out) {
+                                const void* a, const void* b, void* out, std::vector<double>* ms_out = nullptr) {
   if (!t.sync_comm) throw InvalidArgument("tune_allreduce: choosing by measurement needs sync_comm");
   std::vector<std::unique_ptr<OverlapAllReduce>> ops;
   std::vector<std::function<void()>> fns;
@@ -246,6 +265,7 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
   std::vector<OverlapAllReduce*> all;
   for (auto& op : ops) all.push_back(op.get());
   const std::vector<double> ms = time_ops(t, fns, all, t.select_iters);
+  if (ms_out) *ms_out = ms;
   size_t pick = size_t(std::min_element(ms.begin(), ms.end()) - ms.begin());
   // Close ones again, longer (the same on every rank: ms is the max over ranks).
   const std::vector<size_t> close = runoff_candidates(ms, t.runoff_within, 3);
@@ -283,15 +303,11 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     if (!rank_only.ranked) rank_only.ranked = &local;
     tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
     const std::vector<AllReducePlan> first_round = finalists_of(*rank_only.ranked);
-    const AllReducePlan best = measure_finalists(t, first_round, n, a, b, scratch);  // (the same on every rank)
-    // Owners (2 ranks, row bands): on the pick itself when it is row bands,
-    // else on the model's best row-band plan.
-    const AllReducePlan* owners = nullptr;
-    if (t.world == 2 && n % 8 == 0 && t.push_reachable) {
-      if (best.layout == ArLayout::Pushed) owners = &best;
-      for (const auto& pl : first_round)
-        if (!owners && !pl.sequential && pl.layout == ArLayout::Pushed) owners = &pl;
-    }
+    std::vector<double> first_ms;
+    const AllReducePlan best = measure_finalists(t, first_round, n, a, b, scratch, &first_ms);  // (the same on every rank)
+    // Owners (2 ranks, row bands) on owner_bases: one plan per tile shape.
+    std::vector<const AllReducePlan*> owners;
+    if (t.world == 2 && n % 8 == 0 && t.push_reachable) owners = owner_bases(first_round, first_ms, best);
     const std::vector<AllReducePlan> second = transport_finalists(best, owners);
     if (!t.transport_round || second.size() == 1) return best;
     const std::string first = t.selection ? *t.selection : "";

@@ -162,14 +162,21 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 // the GEMM); and the sequential fallback.
 std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
 
+// The row-band plans the second round tries with owners: the pick itself
+// when it is row bands (pushed), then for each tile shape not yet listed
+// (the pick's first) the row-band finalist measured fastest (ms[i] is
+// finalists[i]'s time). Owners move the last wave's final tiles after the
+// MMAs end, so a smaller tile can win where the larger one computes faster.
+std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
+                                              const std::vector<double>& ms, const AllReducePlan& best);
+
 // The second round of the choice when the measured best is pushed: that plan
 // as it is, and moved by each other transport with the sum in and after the
 // GEMM (the model does not tell the transports apart; which is faster
 // depends on the shape: bench/results/NOTES.md); then, unless the pick has
-// owners already, `owners` (a row-band plan: the pick, or the best row-band
-// finalist; null: none) with owners, the copy in and after the GEMM.
-// Otherwise just `best`.
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const AllReducePlan* owners);
+// owners already, each of `owners` (owner_bases) with owners, the copy in
+// and after the GEMM. Otherwise just `best`.
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
 // curve_for), predicts each with the paper's model, searches the groups with

@@ -656,11 +656,15 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
     p.fuse_sum = rng() % 2 == 0;
     p.push_by = transports[rng() % (p.layout == rt::ArLayout::Pushed ? 3 : 2)];
     p.sequential = rng() % 5 == 0;
-    // The row-band plan for owners: none, the pick, or another one.
-    rt::AllReducePlan rows = p;
+    // The row-band plans for owners: none, one (the pick, or another), or two.
+    rt::AllReducePlan rows = p, rows2 = p;
     rows.layout = rt::ArLayout::Pushed, rows.sched.swizzle = 1 << (rng() % 4), rows.predicted_ms += 1;
-    const int which = int(rng() % 3);
-    const rt::AllReducePlan* owners = which == 0 ? nullptr : which == 1 && p.layout == rt::ArLayout::Pushed ? &p : &rows;
+    rows2.layout = rt::ArLayout::Pushed, rows2.sched.bn = 384 - p.sched.bn, rows2.predicted_ms += 2;
+    const int which = int(rng() % 4);
+    std::vector<const rt::AllReducePlan*> owners;
+    if (which == 1) owners = {p.layout == rt::ArLayout::Pushed ? &p : &rows};
+    if (which == 2) owners = {&rows};
+    if (which == 3) owners = {&rows, &rows2};
     const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners);
     ASSERT_FALSE(f.empty());
     EXPECT_EQ(rt::describe(f[0]), rt::describe(p));  // the pick itself, first
@@ -674,7 +678,8 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
     std::vector<std::pair<rt::PushBy, const rt::AllReducePlan*>> want;
     for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
       if (by != p.push_by) want.push_back({by, &p});
-    if (owners && p.push_by != rt::PushBy::Owners) want.push_back({rt::PushBy::Owners, owners});
+    if (p.push_by != rt::PushBy::Owners)
+      for (const rt::AllReducePlan* o : owners) want.push_back({rt::PushBy::Owners, o});
     ASSERT_EQ(f.size(), 1 + 2 * want.size());
     for (size_t j = 1; j < f.size(); ++j) {
       const auto& [by, base] = want[(j - 1) / 2];
@@ -685,6 +690,46 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
       EXPECT_EQ(f[j].sched.swizzle, base->sched.swizzle);
       EXPECT_EQ(f[j].predicted_ms, base->predicted_ms);
     }
+  }
+}
+
+// Which row-band plans the second round tries with owners: the pick when it
+// is row bands, then per tile shape the row-band finalist measured fastest.
+TEST(AllReduceTuner, OwnerBasesAreThePickThenTheFastestRowBandsOfEachTile) {
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Gathered, rt::ArLayout::Pushed,
+                                             rt::ArLayout::PushedTiles};
+  for (int i = 0; i < 200; ++i) {
+    std::vector<rt::AllReducePlan> fin(1 + rng() % 10);
+    std::vector<double> ms;
+    for (auto& p : fin) {
+      p.layout = layouts[rng() % layouts.size()];
+      p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 132, 1 << (rng() % 4));
+      p.sequential = rng() % 6 == 0;
+      ms.push_back(0.3 + double(rng() % 1000) / 1000);
+    }
+    const size_t best_i = rng() % fin.size();
+    const rt::AllReducePlan& best = fin[best_i];
+    const std::vector<const rt::AllReducePlan*> got = rt::owner_bases(fin, ms, best);
+    // Expected, by brute force: the fastest row-band plan of each tile width.
+    auto fastest = [&](int bn) -> const rt::AllReducePlan* {
+      const rt::AllReducePlan* f = nullptr;
+      for (size_t j = 0; j < fin.size(); ++j)
+        if (!fin[j].sequential && fin[j].layout == rt::ArLayout::Pushed && fin[j].sched.bn == bn &&
+            (!f || ms[j] < ms[size_t(f - fin.data())]))
+          f = &fin[j];
+      return f;
+    };
+    std::vector<const rt::AllReducePlan*> want;
+    const bool pick_rows = best.layout == rt::ArLayout::Pushed && !best.sequential;
+    if (pick_rows) want.push_back(&best);
+    for (int bn : {best.sched.bn, 384 - best.sched.bn})
+      if (!(pick_rows && bn == best.sched.bn))
+        if (const rt::AllReducePlan* f = fastest(bn)) want.push_back(f);
+    EXPECT_EQ(got, want) << "case " << i;
+    ASSERT_LE(got.size(), 2u);
+    if (got.size() == 2) EXPECT_NE(got[0]->sched.bn, got[1]->sched.bn);
+    for (const auto* g : got) EXPECT_EQ(g->layout, rt::ArLayout::Pushed);
   }
 }
 
