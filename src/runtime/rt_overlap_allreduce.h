@@ -54,9 +54,9 @@
 //   per byte of C instead of 5, nothing but one wave's copy after the GEMM.
 //   PushBy::OwnersPull: the same with the transfers turned around: a rank
 //   stores its partials and finals into its own window and the other reads
-//   them over NVLink (TMA and bulk loads). An SM's stores over NVLink slow
-//   its own MMAs by 1-4% (bench/results/NOTES.md); whether its loads do is
-//   what this variant measures.
+//   them over NVLink (TMA and bulk loads). Experimental: beside the
+//   transfers the MMAs take 1-4% more cycles per tile whichever SMs issue
+//   them, and pulling measured as fast or up to 5% slower (bench/results/NOTES.md).
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
