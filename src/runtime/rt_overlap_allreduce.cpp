@@ -139,11 +139,8 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   if (opts_.trace) {
     trace_.resize(2 + 2 * groups.size());
     for (auto& e : trace_) FO_CUDA_CHECK(cudaEventCreate(&e));
-    tile_monitor_ = DeviceBuffer(size_t(opts_.sched.tiles()) * 2 * sizeof(uint64_t));
-    FO_CUDA_CHECK(cudaMemset(tile_monitor_.get(), 0, tile_monitor_.bytes()));
     // Never zeroed again: the kernel keeps the latest time of each phase (atomicMax).
-    phase_monitor_ = DeviceBuffer(size_t(opts_.sched.ctas) * 4 * sizeof(uint64_t));
-    FO_CUDA_CHECK(cudaMemset(phase_monitor_.get(), 0, phase_monitor_.bytes()));
+    monitor_ = GemmMonitor(opts_.sched);
   }
   FO_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -214,7 +211,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
     p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
-  if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>(), p.monitor_phases = phase_monitor_.as<uint64_t>();
+  if (opts_.trace) monitor_.attach(p);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
@@ -431,12 +428,8 @@ Timeline OverlapAllReduce::timeline() const {
     return double(ms);
   };
   t.gemm_end = at(trace_[1]);
-  std::vector<uint64_t> mon(size_t(opts_.sched.tiles()) * 2);
-  FO_CUDA_CHECK(cudaMemcpy(mon.data(), tile_monitor_.get(), mon.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-  t.clocks = summarize_tile_clocks(mon, opts_.sched.tiles(), opts_.sched.ctas);
-  std::vector<uint64_t> ph(size_t(opts_.sched.ctas) * 4);
-  FO_CUDA_CHECK(cudaMemcpy(ph.data(), phase_monitor_.get(), ph.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-  t.phases = summarize_phases(ph, opts_.sched.ctas);
+  const GemmMonitor::Reading r = monitor_.read();
+  t.clocks = r.clocks, t.phases = r.phases;
   if (is_pushed(opts_.layout) && !copy_engines()) return t;  // no communication calls: the GEMM does it
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     t.wait_end.push_back(at(trace_[2 + 2 * g]));

@@ -75,6 +75,7 @@
 #include "plan/schedule.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
+#include "runtime/rt_gemm_monitor.h"
 #include "runtime/rt_symmetric.h"
 #include "runtime/tile_clocks.h"
 
@@ -302,8 +303,7 @@ class OverlapAllReduce {
   uint32_t epoch_ = 0;
   // trace: [0] GEMM start, [1] GEMM end, then per group wait end, comm end
   std::vector<cudaEvent_t> trace_;
-  DeviceBuffer tile_monitor_;   // trace: GemmParams::monitor_mma
-  DeviceBuffer phase_monitor_;  // trace: GemmParams::monitor_phases
+  GemmMonitor monitor_;  // trace: the GEMM's tile and phase monitors
   std::unique_ptr<CublasGemm> cublas_;  // fallback_cublas
 };
 

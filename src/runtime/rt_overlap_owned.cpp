@@ -83,7 +83,7 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
-  if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>(), p.monitor_phases = phase_monitor_.as<uint64_t>();
+  if (opts_.trace) monitor_.attach(p);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);
   epoch_ = epoch;

@@ -89,7 +89,15 @@ const char* OverlapAllReduce::pushed_half() const {
 void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
                                       cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
-  ++epoch_;
+  // This call's epoch (pushed_half() and the copies read it), taken back if
+  // anything throws before the GEMM is launched: the flags' count stays as it was.
+  struct EpochGuard {
+    uint32_t& epoch;
+    bool keep = false;
+    ~EpochGuard() {
+      if (!keep) --epoch;
+    }
+  } guard{++epoch_};
   const size_t groups = gather_.size();
   const bool tiles = opts_.layout == ArLayout::PushedTiles;
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, gathered_.get(), s.n);
@@ -134,9 +142,10 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.sum.producers = fuse_ok_, p.sum.consumers = true;
   }
   p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
-  if (opts_.trace) p.monitor_mma = tile_monitor_.as<uint64_t>(), p.monitor_phases = phase_monitor_.as<uint64_t>();
+  if (opts_.trace) monitor_.attach(p);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   kernels::launch_gemm(p, stream);
+  guard.keep = true;
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
   if (ce) enqueue_copies();
   if (!in_gemm && norm && !tiles) {  // row bands the GEMM cannot sum: sum + norm per group, fused

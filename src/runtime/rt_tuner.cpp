@@ -17,6 +17,7 @@
 #include "plan/tile_grid.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_checks.h"
+#include "runtime/rt_gemm_monitor.h"
 #include "runtime/rt_symmetric.h"
 
 namespace flashoverlap::rt {
@@ -102,18 +103,12 @@ TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DTyp
                                void* c, cudaStream_t stream, int warmup, GemmPhases* phases) {
   kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
   for (int i = 0; i < warmup; ++i) kernels::launch_gemm(p, stream);
-  DeviceBuffer mon(size_t(sched.tiles()) * 2 * sizeof(uint64_t)), ph(size_t(sched.ctas) * 4 * sizeof(uint64_t));
-  FO_CUDA_CHECK(cudaMemsetAsync(mon.get(), 0, mon.bytes(), stream));
-  FO_CUDA_CHECK(cudaMemsetAsync(ph.get(), 0, ph.bytes(), stream));
-  p.monitor_mma = mon.as<uint64_t>();
-  if (phases) p.monitor_phases = ph.as<uint64_t>();
+  const GemmMonitor monitor(sched, stream);
+  monitor.attach(p, phases != nullptr);
   kernels::launch_gemm(p, stream);
-  std::vector<uint64_t> h(size_t(sched.tiles()) * 2), hp(size_t(sched.ctas) * 4);
-  FO_CUDA_CHECK(cudaMemcpyAsync(h.data(), mon.get(), mon.bytes(), cudaMemcpyDeviceToHost, stream));
-  FO_CUDA_CHECK(cudaMemcpyAsync(hp.data(), ph.get(), ph.bytes(), cudaMemcpyDeviceToHost, stream));
-  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (phases) *phases = summarize_phases(hp, sched.ctas);
-  return summarize_tile_clocks(h, sched.tiles(), sched.ctas);
+  const GemmMonitor::Reading r = monitor.read(stream);
+  if (phases) *phases = r.phases;
+  return r.clocks;
 }
 
 }  // namespace flashoverlap::rt

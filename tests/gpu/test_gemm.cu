@@ -14,6 +14,7 @@
 #include "kernels/reorder.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
+#include "runtime/rt_gemm_monitor.h"
 #include "runtime/tile_clocks.h"
 
 using namespace flashoverlap;
@@ -184,6 +185,49 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
     EXPECT_GT(g.staged_median_us, 0.0);
     EXPECT_LE(g.end_us, launch_ms * 1e3 + 2.0) << "phases outside the launch's events";  // (timer granularity)
   }
+}
+
+// The runtime's wrapper of both monitors (what OverlapAllReduce's trace and
+// bench's GEMM-alone clocks use): one launch read back, summarized as the
+// raw buffers are above; a monitor of another schedule is refused.
+TEST(GemmMonitor, RuntimeMonitorSummarizesOneLaunch) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int m = 1024 + 128 * int(rng() % 16), n = 2048 + 256 * int(rng() % 8), k = 512 + 64 * int(rng() % 8);
+  const int ctas = 100 + int(rng() % 33);
+  SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " ctas=" +
+               std::to_string(ctas) + " seed=" + std::to_string(seed));
+  Problem pr(DType::BF16, m, n, k, seed, false);
+  DeviceBuffer c(size_t(m) * n * 2);
+  const plan::Schedule s = make_sched(m, n, 128, 256, ctas);
+  for (const bool phases : {true, false}) {
+    kernels::GemmParams p = kernels::plain_gemm(DType::BF16, pr.a.get(), pr.b.get(), s, k, c.get(), n);
+    const rt::GemmMonitor mon(s);
+    mon.attach(p, phases);
+    EXPECT_NE(p.monitor_mma, nullptr);
+    EXPECT_EQ(p.monitor_phases != nullptr, phases);
+    kernels::launch_gemm(p, nullptr);
+    const rt::GemmMonitor::Reading r = mon.read();
+    EXPECT_EQ(r.clocks.intervals, s.tiles() - s.ctas);
+    EXPECT_GT(r.clocks.mhz, 200);
+    EXPECT_EQ(r.phases.ctas, phases ? std::min<int64_t>(s.ctas, s.tiles()) : 0);
+    if (phases) EXPECT_GE(r.phases.stored_max_us, r.phases.staged_max_us);
+    plan::Schedule other = s;
+    other.ctas = s.ctas - 1;
+    kernels::GemmParams q = kernels::plain_gemm(DType::BF16, pr.a.get(), pr.b.get(), other, k, c.get(), n);
+    EXPECT_THROW(mon.attach(q), InvalidArgument);
+  }
+}
+
+// A monitor without buffers (default-constructed) refuses before any CUDA call.
+TEST(GemmMonitor, WithoutBuffersRefusesAttachAndRead) {
+  const rt::GemmMonitor mon;
+  EXPECT_FALSE(mon.allocated());
+  kernels::GemmParams p;
+  EXPECT_THROW(mon.attach(p), InvalidArgument);
+  EXPECT_THROW(mon.read(), InvalidArgument);
+  EXPECT_EQ(p.monitor_mma, nullptr);
 }
 
 TEST(Gemm, RejectsBadInput) {
