@@ -192,7 +192,7 @@ OverlapAllReduce::~OverlapAllReduce() {
 void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream,
                                           const FusedOut* fused) {
   const plan::Schedule& s = opts_.sched;
-  ++epoch_;
+  EpochBump bump(epoch_);
   // The comm stream starts no earlier than the GEMM, so its waiters never sit
   // on SMs while the caller's earlier work runs.
   FO_CUDA_CHECK(cudaEventRecord(gemm_launched_, stream));
@@ -213,6 +213,8 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   if (opts_.trace) monitor_.attach(p);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  kernels::check_gemm_params(p);
+  bump.keep = true;
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
 

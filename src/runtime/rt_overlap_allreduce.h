@@ -301,6 +301,19 @@ class OverlapAllReduce {
   cudaEvent_t call_done_ = nullptr;  // end of the last call on the caller's stream
   bool called_ = false;
   uint32_t epoch_ = 0;
+  // ++epoch for one call, taken back when it goes out of scope unless kept:
+  // a call refused before its GEMM is queued (bad pointers, ...) leaves the
+  // flags' count, which both ranks' next calls compare against, as it was.
+  struct EpochBump {
+    uint32_t& epoch;
+    bool keep = false;
+    explicit EpochBump(uint32_t& e) : epoch(++e) {}
+    ~EpochBump() {
+      if (!keep) --epoch;
+    }
+    EpochBump(const EpochBump&) = delete;
+    EpochBump& operator=(const EpochBump&) = delete;
+  };
   // trace: [0] GEMM start, [1] GEMM end, then per group wait end, comm end
   std::vector<cudaEvent_t> trace_;
   GemmMonitor monitor_;  // trace: the GEMM's tile and phase monitors

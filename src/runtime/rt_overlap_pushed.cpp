@@ -89,15 +89,7 @@ const char* OverlapAllReduce::pushed_half() const {
 void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
                                       cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
-  // This call's epoch (pushed_half() and the copies read it), taken back if
-  // anything throws before the GEMM is launched: the flags' count stays as it was.
-  struct EpochGuard {
-    uint32_t& epoch;
-    bool keep = false;
-    ~EpochGuard() {
-      if (!keep) --epoch;
-    }
-  } guard{++epoch_};
+  EpochBump bump(epoch_);  // this call's (pushed_half() and the copies read it)
   const size_t groups = gather_.size();
   const bool tiles = opts_.layout == ArLayout::PushedTiles;
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, gathered_.get(), s.n);
@@ -144,8 +136,9 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
   if (opts_.trace) monitor_.attach(p);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  kernels::check_gemm_params(p);
+  bump.keep = true;  // (a launch that fails after this may have queued the GEMM)
   kernels::launch_gemm(p, stream);
-  guard.keep = true;
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
   if (ce) enqueue_copies();
   if (!in_gemm && norm && !tiles) {  // row bands the GEMM cannot sum: sum + norm per group, fused

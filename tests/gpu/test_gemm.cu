@@ -194,7 +194,8 @@ TEST(GemmMonitor, RuntimeMonitorSummarizesOneLaunch) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  const int m = 1024 + 128 * int(rng() % 16), n = 2048 + 256 * int(rng() % 8), k = 512 + 64 * int(rng() % 8);
+  // At least 256 tiles: more than CTAs, so every CTA has consecutive tiles to time.
+  const int m = 2048 + 128 * int(rng() % 16), n = 4096 + 256 * int(rng() % 8), k = 512 + 64 * int(rng() % 8);
   const int ctas = 100 + int(rng() % 33);
   SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " ctas=" +
                std::to_string(ctas) + " seed=" + std::to_string(seed));

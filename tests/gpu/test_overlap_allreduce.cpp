@@ -413,18 +413,22 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
   }
 }
 
-// A call refused by the GEMM's checks (a misaligned A) enqueues nothing and
+// A call refused by the GEMM's checks (a misaligned A) enqueues no GEMM and
 // leaves the epoch as it was, so the next call's flags and buffer half are
 // the ones both ranks expect: it still matches our GEMM + one ncclAllReduce.
-TEST(OverlapAllReduce, PushedCallThatThrowsKeepsTheEpoch) {
+// (Row bands: NCCL per group on the SMs the GEMM leaves.)
+TEST(OverlapAllReduce, CallThatThrowsKeepsTheEpoch) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
-  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners}) {
+  for (const auto [layout, by, ctas] : {std::tuple{rt::ArLayout::Pushed, rt::PushBy::Gemm, 132},
+                                        std::tuple{rt::ArLayout::Pushed, rt::PushBy::CopyEngines, 132},
+                                        std::tuple{rt::ArLayout::Pushed, rt::PushBy::Owners, 132},
+                                        std::tuple{rt::ArLayout::RowBands, rt::PushBy::Gemm, 120}}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 1024, n = 2048, k = 512;
-      const plan::Schedule s = sched_for(m, n, 256, 132, 2);
+      const plan::Schedule s = sched_for(m, n, 256, ctas, 2);
       rt::OverlapAllReduceOptions o;
-      o.sched = s, o.layout = rt::ArLayout::Pushed, o.k = k, o.comm = comm, o.rank = rank, o.push_by = by;
+      o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank, o.push_by = by;
       o.groups = plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
       rt::OverlapAllReduce op(o);
       ASSERT_FALSE(op.sequential());
@@ -435,15 +439,17 @@ TEST(OverlapAllReduce, PushedCallThatThrowsKeepsTheEpoch) {
       kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, seed + 1 + 7 * rank, -1.f, 1.f, st);
       kernels::poison(out.get(), int64_t(m) * n, st);
       const void* bad_a = static_cast<const char*>(a.get()) + 2;
-      EXPECT_THROW(op.run(bad_a, b.get(), out.get(), n, st), InvalidArgument) << "transport " << int(by);
-      EXPECT_EQ(op.epoch(), 0u) << "transport " << int(by);
+      EXPECT_THROW(op.run(bad_a, b.get(), out.get(), n, st), InvalidArgument)
+          << rt::layout_name(layout) << " transport " << int(by);
+      EXPECT_EQ(op.epoch(), 0u) << rt::layout_name(layout) << " transport " << int(by);
       op.run(a.get(), b.get(), out.get(), n, st);
       EXPECT_EQ(op.epoch(), 1u);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
       rt::sequential_ours_allreduce(DType::BF16, a.get(), b.get(), ref.get(), s, k, comm, st);
       const auto r = kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st);
-      EXPECT_EQ(r.mismatches, 0) << "transport " << int(by) << " rank " << rank << " seed " << seed;
+      EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " transport " << int(by) << " rank " << rank
+                                 << " seed " << seed;
       cudaStreamDestroy(st);
     });
   }
