@@ -167,6 +167,7 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
 // (the pick's first) the row-band finalist measured fastest (ms[i] is
 // finalists[i]'s time). Owners move the last wave's final tiles after the
 // MMAs end, so a smaller tile can win where the larger one computes faster.
+// The pointers point into `finalists` and at `best`: keep both alive.
 std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
                                               const std::vector<double>& ms, const AllReducePlan& best);
 
