@@ -61,9 +61,8 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   // copy from this op's scratch (allocated at the first such call).
   const bool direct = (reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out % 8 == 0;
   if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
-  // This call's epoch, kept only once the GEMM is launched: a call that
-  // throws before (allocation, parameter checks) leaves the flags' count as it was.
-  const uint32_t epoch = epoch_ + 1;
+  EpochBump bump(epoch_);
+  const uint32_t epoch = epoch_;  // this call's
   void* c = direct ? out : owned_scratch_.get();
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct ? ld_out : s.n);
   p.group_of_tile = group_of_tile_.as<int32_t>();
@@ -85,8 +84,9 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
   if (opts_.trace) monitor_.attach(p);
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  kernels::check_gemm_params(p);
+  bump.keep = true;
   kernels::launch_gemm(p, stream);
-  epoch_ = epoch;
   if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),
