@@ -107,7 +107,7 @@ for s in "$@"; do
     pair-ab)
       stage "paired CTAs (clusters of 2 sharing loads) vs unpaired: the GEMM alone, then the overlapped AllReduce"
       $CLI bench-gemm --shapes 1024x8192x8192,2048x8192x8192,3001x8192x8192,4096x8192x8192,8192x4096x2048,4096x7168x5120 \
-        --reserve-sms 0 --modes plain --pair both --iters 30 2>&1 | tee "$OUT/pair-ab-gemm.log" || status=1
+        --reserve-sms 0,66 --modes plain --pair both --iters 30 2>&1 | tee "$OUT/pair-ab-gemm.log" || status=1
       for pair in 0 1 0 1; do
         echo "##### FO_GEMM_PAIR=$pair" | tee -a "$OUT/pair-ab.log"
         FO_GEMM_PAIR=$pair $CLI bench --shapes ${PAIR_SHAPES:-1024x8192x8192,2048x8192x8192,3001x8192x8192} \

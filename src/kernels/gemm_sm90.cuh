@@ -468,10 +468,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
-          if (p.pair)
-            ptx::mbar_wait_cluster(&empty[s], phase ^ 1);  // both CTAs' consumers are done with stage s
-          else
-            ptx::mbar_wait(&empty[s], phase ^ 1);
+          ptx::mbar_wait(&empty[s], phase ^ 1);  // (paired: both CTAs' consumers are done with stage s)
           if (kb == 0 && p.monitor_mma && real) {  // (here, not in the consumers: no registers taken from the MMAs)
             p.monitor_mma[int64_t(i) * 2] = ptx::globaltimer_ns();  // by slot: CTA c's are c, c + ctas, ...
             p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
@@ -615,7 +612,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         ptx::mbar_wait(&full[s], (it / STAGES) & 1);
         if (tid == 0) release(s);
       }
-      continue;
+      break;  // always the last round; t (the staging buffer's phase) must not count it
     }
     const int idx = owner_tile_at(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);

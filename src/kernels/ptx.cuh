@@ -52,27 +52,19 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
-// Arrive on the barrier at the same shared-memory offset in CTA `cta` of the cluster.
+// Arrive on the barrier at the same shared-memory offset in CTA `cta` of the
+// cluster. (Release at CTA scope, as for a local arrive: what it orders is
+// this CTA's wgmma reads, complete once wgmma.wait_group returns, before the
+// other CTA's TMA overwrites the stage; a cluster-scope release costs a
+// fence per stage that stalls the consumer warpgroup.)
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "mbarrier.arrive.release.cta.shared::cluster.b64 _, [remote];\n"
       "}\n" ::"r"(smem_addr(bar)),
       "r"(cta)
-      : "memory");
-}
-// mbar_wait, acquiring at cluster scope (arrivals from the other CTA).
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
       : "memory");
 }
 
