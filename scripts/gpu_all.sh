@@ -17,7 +17,6 @@
 #                GEMM's stores and a sum (--push-by gemm), ABAB, with --trace (GEMM end, tile clocks)
 #   pull-ab      pushed row bands with owners, the model's plan: pushed (--push-by owners) vs pulled
 #                (--push-by owners-pull), ABAB, with --trace (tile clocks, the CTAs' phases)
-#   pair-ab      paired CTAs vs unpaired (FO_GEMM_PAIR=0): bench-gemm --pair both, then bench (AllReduce) ABAB
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -102,17 +101,6 @@ for s in "$@"; do
         $CLI bench --shapes 2048x8192x8192,4096x7168x5120,1024x8192x8192,4096x8192x8192,3001x8192x8192 \
           --layout pushed --push-by $by --no-select --trace --curves /tmp/fo-curves 2>&1 |
           tee -a "$OUT/pull-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|rror" | cut -c1-160 || status=1
-      done
-      ;;
-    pair-ab)
-      stage "paired CTAs (clusters of 2 sharing loads) vs unpaired: the GEMM alone, then the overlapped AllReduce"
-      $CLI bench-gemm --shapes 1024x8192x8192,2048x8192x8192,3001x8192x8192,4096x8192x8192,8192x4096x2048,4096x7168x5120 \
-        --reserve-sms 0,66 --modes plain --pair both --iters 30 2>&1 | tee "$OUT/pair-ab-gemm.log" || status=1
-      for pair in 0 1 0 1; do
-        echo "##### FO_GEMM_PAIR=$pair" | tee -a "$OUT/pair-ab.log"
-        FO_GEMM_PAIR=$pair $CLI bench --shapes ${PAIR_SHAPES:-1024x8192x8192,2048x8192x8192,3001x8192x8192} \
-          --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/pair-ab.log" |
-          grep -E "^[0-9]+x|flashoverlap  |sequential  |ideal|rror" | cut -c1-200 || status=1
       done
       ;;
     sanitize)
