@@ -17,6 +17,7 @@
 #                GEMM's stores and a sum (--push-by gemm), ABAB, with --trace (GEMM end, tile clocks)
 #   pull-ab      pushed row bands with owners, the model's plan: pushed (--push-by owners) vs pulled
 #                (--push-by owners-pull), ABAB, with --trace (tile clocks, the CTAs' phases)
+#   inplace-ab   owners: result copied into the output vs left in the op's window (--in-place), ABAB; --with-rmsnorm
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -102,6 +103,17 @@ for s in "$@"; do
           --layout pushed --push-by $by --no-select --trace --curves /tmp/fo-curves 2>&1 |
           tee -a "$OUT/pull-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|rror" | cut -c1-160 || status=1
       done
+      ;;
+    inplace-ab)
+      stage "owners: the result copied into the output vs left in place (run_in_place), ABAB; then --with-rmsnorm (in place)"
+      for ip in "" "--in-place" "" "--in-place"; do
+        echo "##### ${ip:-(copied into the output)}" | tee -a "$OUT/inplace-ab.log"
+        $CLI bench --shapes ${INPLACE_SHAPES:-1024x8192x8192,2048x8192x8192,3001x8192x8192,4096x7168x5120} \
+          --curves /tmp/fo-curves $ip 2>&1 | tee -a "$OUT/inplace-ab.log" |
+          grep -E "^[0-9]+x|flashoverlap  |sequential  |rror" | cut -c1-200 || status=1
+      done
+      $CLI bench --shapes 4096x8192x8192,8192x4096x2048 --with-rmsnorm --curves /tmp/fo-curves 2>&1 |
+        tee "$OUT/rmsnorm.log" | grep -E "^[0-9]+x|flashoverlap|RMSNorm|rmsnorm|fused|rror" | cut -c1-200 || status=1
       ;;
     sanitize)
       stage compute-sanitizer

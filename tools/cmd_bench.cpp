@@ -55,7 +55,7 @@ struct Options {
   std::string wait = "spin";
   std::string layout = "auto";
   std::string decomp = "2,4,8";
-  bool rmsnorm = false, json = false, trace = false, select = true;
+  bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
   std::string push_by = "auto";
@@ -307,7 +307,13 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   // ---- correctness first: poisoned outputs, fresh random inputs ----
   auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
   auto run_ours = [&] { rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream); };
-  auto run_fo = [&] { op.run(a.get(), b.get(), out_fo.get(), N, cx.stream); };
+  const void* fo_result = out_fo.get();  // --in-place: where the op left the last call's result
+  auto run_fo = [&] {
+    if (o.in_place)
+      fo_result = op.run_in_place(a.get(), b.get(), cx.stream);
+    else
+      op.run(a.get(), b.get(), out_fo.get(), N, cx.stream);
+  };
   auto run_ours_alone = [&] {  // --power: our GEMM without the AllReduce
     kernels::launch_gemm(kernels::plain_gemm(dt, a.get(), b.get(), full, k, out_ours.get(), N), cx.stream);
   };
@@ -319,9 +325,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   op.check();
   // Bitwise reference: the same GEMM followed by one AllReduce.
-  const auto vs_ours = kernels::compare(dt, out_fo.get(), N, plan.fallback_cublas ? out_seq.get() : out_ours.get(), N,
+  const auto vs_ours = kernels::compare(dt, fo_result, N, plan.fallback_cublas ? out_seq.get() : out_ours.get(), N,
                                         M, N, cx.stream);
-  const auto vs_cublas = kernels::compare(dt, out_fo.get(), N, out_seq.get(), N, M, N, cx.stream);
+  const auto vs_cublas = kernels::compare(dt, fo_result, N, out_seq.get(), N, M, N, cx.stream);
   const auto dec_vs = kernels::compare(dt, out_dec.get(), N, out_seq.get(), N, M, N, cx.stream);
   const double tol = dt == kernels::DType::BF16 ? 1e-2 : 3e-3;
   std::vector<double> bad = {double(vs_ours.mismatches), vs_cublas.rel_error(), double(vs_cublas.nan_count),
@@ -418,7 +424,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
-      << ", wait " << o.wait;
+      << ", wait " << o.wait << (o.in_place ? ", result in place (run_in_place)" : "");
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
   if (o.power_s > 0) {
@@ -664,6 +670,9 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();
   cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");
+  cmd->add_flag("--in-place", o->in_place,
+                "flashoverlap leaves its result in the op's memory (run_in_place: with owners, no copy of the peer's "
+                "tiles) instead of the output buffer");
   cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str();
   cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--csv", o->csv, "Append rows to this CSV file");

@@ -114,6 +114,10 @@ struct Push {
 // Push::peer_c this GPU's, so each rank stores its partials and finals
 // locally and the other reads them over NVLink (the TMA load of the
 // partial, the bulk loads of the copy); the flags are unchanged.
+// In place (pushed only): C is this call's half of this GPU's window, so the
+// peer's final tiles land where they belong and nothing is copied; the
+// copy warps only wait until every one of them has arrived (the kernel's
+// end then means C is complete).
 struct Owner {
   int32_t rank = -1;                // -1: off; else 0 or 1
   int32_t split = 0;
@@ -126,6 +130,7 @@ struct Owner {
   int32_t drop_group = -1;          // testing: this group's tiles are never counted (their waits time out)
   uint32_t* claims = nullptr;       // [1], zero at launch: the copy's chunks
   bool producers = true;            // the producer's idle warps copy during the GEMM
+  bool in_place = false;            // C is the window at row0 (pushed): wait for the peer's finals, no copy
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
 };

@@ -138,6 +138,8 @@ void check_gemm_params(const GemmParams& p) {
     if (o.split < 0 || o.split > p.sched.tiles()) fail("owner layout: split outside [0, tiles]");
     if (o.row0 < 0 || o.row0 + int64_t(p.sched.tiles_m()) * p.sched.bm > o.window_rows)
       fail("owner layout: this call's rows lie outside the window");
+    if (o.in_place && (p.c != static_cast<const char*>(o.window) + o.row0 * int64_t(p.n) * 2 || p.ldc != p.n))
+      fail("owner layout in place: C must be the window at row0, n elements per row");
     if (p.sum.groups > 0 || p.row_shift) fail("owner layout: no fused sum or row shift besides");
     if (p.counters || p.monitor_ns || p.push.arrivals || p.push.peer_arrivals)
       fail("owner layout: its tiles are counted in the owner flags only (no counters, arrival counters or "

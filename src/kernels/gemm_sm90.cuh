@@ -350,7 +350,8 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   const plan::Schedule& s = p.sched;
   const int lane = threadIdx.x % 32;
   constexpr int32_t kRows = kStageBytes / (BN * 2) < 128 ? kStageBytes / (BN * 2) : 128;
-  constexpr int32_t kPerTile = 128 / kRows;
+  // In place: one "chunk" per tile, which is only waited for.
+  const int32_t kPerTile = o.in_place ? 1 : 128 / kRows;
   const int32_t first = o.rank == 0 ? 0 : o.split;  // the peer's tiles
   const int32_t chunks = (o.rank == 0 ? o.split : s.tiles() - o.split) * kPerTile;
   int32_t ready = -1;  // lane 0: the last tile seen arrived
@@ -375,7 +376,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
         ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
         ready = t;
       }
-      if (ok) {
+      if (ok && !o.in_place) {
         ptx::fence_proxy_async_smem();  // the lanes' reads of the buffer before the copies overwrite it
         ptx::mbar_arrive_expect_tx(bar, uint32_t(ncols) * 2 * uint32_t(nrows));
         const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
@@ -383,6 +384,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
       }
     }
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // recorded in err; the call fails
+    if (o.in_place) continue;  // the final tile is in C already
     ptx::mbar_wait(bar, phase);
     phase ^= 1;
     T* out = static_cast<T*>(p.out) + int64_t(row) * p.ld_out + col;

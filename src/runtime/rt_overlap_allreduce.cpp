@@ -331,12 +331,30 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
   called_ = true;
 }
 
+const void* OverlapAllReduce::run_in_place(const void* a, const void* b, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  const void* c = nullptr;
+  if (!sequential() && owners() && opts_.push_by == PushBy::Owners) {
+    c = enqueue_owned(a, b, nullptr, s.n, nullptr, stream);
+  } else {
+    if (!in_place_out_.get()) in_place_out_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+    enqueue_run(a, b, in_place_out_.get(), s.n, stream);
+    c = in_place_out_.get();
+  }
+  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
+  called_ = true;
+  return c;
+}
+
 void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   const bool direct = ld_out == s.n;
   if (!sequential() && is_pushed(opts_.layout)) {
-    owners() ? enqueue_owned(a, b, out, ld_out, nullptr, stream) : enqueue_pushed(a, b, out, ld_out, nullptr, stream);
+    if (owners())
+      enqueue_owned(a, b, out, ld_out, nullptr, stream);
+    else
+      enqueue_pushed(a, b, out, ld_out, nullptr, stream);
     return;
   }
   if (!sequential() && is_gathered(opts_.layout)) {
@@ -388,7 +406,10 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
                           std::to_string(s.n) +
                           "): residual, residual_out and the output must not overlap (pass separate buffers)");
   if (is_pushed(opts_.layout) && !sequential()) {
-    owners() ? enqueue_owned(a, b, out, s.n, &norm, stream) : enqueue_pushed(a, b, out, s.n, &norm, stream);
+    if (owners())
+      enqueue_owned(a, b, out, s.n, &norm, stream);
+    else
+      enqueue_pushed(a, b, out, s.n, &norm, stream);
     return;
   }
   if (opts_.layout == ArLayout::Gathered && !sequential()) {

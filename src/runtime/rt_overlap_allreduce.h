@@ -191,6 +191,12 @@ class OverlapAllReduce {
   void run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream);
   // out = RMSNorm(AllReduce(A B^T) + residual) * weight, rows of n (ld = n).
   void run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out, cudaStream_t stream);
+  // As run, the result (m x n, ld = n) in this op's memory: no copy into
+  // the caller's buffer. With owners (pushed) it is C in this op's window,
+  // where the peer's final tiles land (nothing copied at all); other plans
+  // run into a buffer of the op. Valid for work enqueued on `stream` before
+  // this op's next call (which the peer may then overwrite).
+  const void* run_in_place(const void* a, const void* b, cudaStream_t stream);
   // (The destructor waits for the last call's work on the caller's stream:
   // the pushed layouts' peers may still be storing into this op's buffer.)
 
@@ -255,7 +261,9 @@ class OverlapAllReduce {
   // PushBy::Owners (rt_overlap_owned.cpp): the window [2 halves][tiles_m * bm
   // rows][n] + per-tile flags; one call = the GEMM (then RMSNorm).
   void setup_owned();
-  void enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
+  // out == nullptr, or norm with the pushed owners: C in place in the window
+  // (kernels::Owner::in_place); returns where C is.
+  const void* enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
                      cudaStream_t stream);
   bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
   DeviceBuffer push_self_;                 // owners pulled: [1] this GPU's window (where its tiles go)
@@ -263,6 +271,7 @@ class OverlapAllReduce {
   uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's
   DeviceBuffer owned_scratch_;             // C for outputs TMA cannot store to (then copied)
+  DeviceBuffer in_place_out_;              // run_in_place's result where C cannot stay in the window
   std::vector<GatherBlock> gather_;
   int64_t gathered_rows_ = 0;
   int world_ = 1, gather_rank_ = 0;

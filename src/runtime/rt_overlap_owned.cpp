@@ -54,26 +54,34 @@ void OverlapAllReduce::setup_owned() {
   setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
 }
 
-void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
-                                     cudaStream_t stream) {
+const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out,
+                                           const RmsNormArgs* norm, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
-  // The GEMM stores C by TMA: 16-byte aligned rows. Other outputs get a
-  // copy from this op's scratch (allocated at the first such call).
-  const bool direct = (reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out % 8 == 0;
-  if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
-  EpochBump bump(epoch_);
-  const uint32_t epoch = epoch_;  // this call's
-  void* c = direct ? out : owned_scratch_.get();
-  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct ? ld_out : s.n);
-  p.group_of_tile = group_of_tile_.as<int32_t>();
   // Pushed: this rank's tiles go to the peer's window, the peer's are read
   // here. Pulled: the other way round (kernels::Owner).
   const bool pull = opts_.push_by == PushBy::OwnersPull;
+  // In place (pushed; no output, or the norm reads C): C is this call's half
+  // of the window, where the peer's finals land. Else the GEMM stores C by
+  // TMA: 16-byte aligned rows; other outputs get a copy from this op's
+  // scratch (allocated at the first such call).
+  if (!out && pull) throw Error("OverlapAllReduce: owners pulled have no C in place (internal)");
+  const bool in_place = !pull && (norm || !out);
+  const bool direct = in_place || ((reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out % 8 == 0);
+  if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+  EpochBump bump(epoch_);
+  const uint32_t epoch = epoch_;  // this call's
+  const int64_t row0 = (epoch & 1) * gathered_rows_;
+  void* c = in_place ? static_cast<void*>(static_cast<char*>(gathered_.get()) + row0 * s.n * 2)
+                     : direct ? out : owned_scratch_.get();
+  kernels::GemmParams p =
+      kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct && !in_place ? ld_out : s.n);
+  p.group_of_tile = group_of_tile_.as<int32_t>();
   p.push.peers = 1, p.push.peer_c = (pull ? push_self_ : push_peers_).as<void*>();
   kernels::Owner& o = p.owner;
   o.rank = gather_rank_, o.split = owner_split_;
   o.window = pull ? static_cast<void*>(peer_base_[0]) : gathered_.get(), o.window_rows = 2 * gathered_rows_;
-  o.row0 = int32_t((epoch & 1) * gathered_rows_);
+  o.row0 = int32_t(row0);
+  o.in_place = in_place;
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;
   uint32_t* claims = claims_.as<uint32_t>();
@@ -91,9 +99,10 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),
                                     cudaMemcpyDeviceToDevice, stream));
-  if (norm)
-    kernels::add_rmsnorm_rows(opts_.dtype, out, s.m, s.n, norm->residual, norm->weight, norm->eps, out,
-                              norm->residual_out, stream);
+  if (norm)  // (in place: from the window into out)
+    kernels::add_rmsnorm_rows(opts_.dtype, in_place ? c : out, s.m, s.n, norm->residual, norm->weight, norm->eps,
+                              out, norm->residual_out, stream);
+  return c;
 }
 
 }  // namespace flashoverlap::rt

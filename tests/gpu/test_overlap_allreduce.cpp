@@ -153,8 +153,14 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       op.run(a.get(), b.get(), outp, c.n, st);
       kernels::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), nullptr, st);
       op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y, st);
+      // The result left in the op's memory (owners pushed: C in the window,
+      // the peer's finals landed in place), read before the next call.
+      const void* in_place = op.run_in_place(a.get(), b.get(), st);
+      const auto kept = kernels::compare(c.dt, in_place, c.n, ref.get(), c.n, c.m, c.n, st);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
+      EXPECT_EQ(kept.mismatches, 0) << where << " (run_in_place) rank " << rank << " call " << call;
+      EXPECT_EQ(kept.nan_count, 0) << where;
       const auto bit = kernels::compare(c.dt, outp, c.n, ref.get(), c.n, c.m, c.n, st);
       const auto tol = kernels::compare(c.dt, outp, c.n, cub.get(), c.n, c.m, c.n, st);
       const auto norm = kernels::compare(c.dt, y, c.n, y_ref.get(), c.n, c.m, c.n, st);
@@ -164,7 +170,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       EXPECT_EQ(norm.mismatches, 0) << where << " (RMSNorm path) rank " << rank << " call " << call;
       EXPECT_EQ(norm.nan_count, 0) << where;
     }
-    EXPECT_EQ(op.epoch(), op.sequential() ? 0u : 6u);
+    EXPECT_EQ(op.epoch(), op.sequential() ? 0u : 9u);
     cudaStreamDestroy(st);
   });
 }
