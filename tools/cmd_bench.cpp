@@ -532,7 +532,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     const auto st = rt::time_collective_interleaved({unfused, fused}, cx.stream, base, o.warmup, o.iters);
     std::vector<double> rms = rt::max_over_ranks(*cx.rv, {st[0].median_ms, st[1].median_ms});
     res.rows.push_back({"sequential+rmsnorm", rms[0], "1", "cuBLAS + NCCL + RMSNorm"});
-    res.rows.push_back({"flashoverlap+rmsnorm", rms[1], op.describe_groups(), cfg.str() + ", fused"});
+    const bool in_place = rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::Owners && !plan.sequential;
+    res.rows.push_back({"flashoverlap+rmsnorm", rms[1], op.describe_groups(),
+                        cfg.str() + (in_place ? ", fused (C in place in the window: no copies)" : ", fused")});
   }
   return res;
 }
