@@ -308,19 +308,26 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
   auto run_ours = [&] { rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream); };
   const void* fo_result = out_fo.get();  // --in-place: where the op left the last call's result
-  auto run_fo = [&] {
+  auto run_fo_on = [&](const void* a_in) {
     if (o.in_place)
-      fo_result = op.run_in_place(a.get(), b.get(), cx.stream);
+      fo_result = op.run_in_place(a_in, b.get(), cx.stream);
     else
-      op.run(a.get(), b.get(), out_fo.get(), N, cx.stream);
+      op.run(a_in, b.get(), out_fo.get(), N, cx.stream);
   };
+  auto run_fo = [&] { run_fo_on(a.get()); };
   auto run_ours_alone = [&] {  // --power: our GEMM without the AllReduce
     kernels::launch_gemm(kernels::plain_gemm(dt, a.get(), b.get(), full, k, out_ours.get(), N), cx.stream);
   };
   for (auto* p : {&out_seq, &out_ours, &out_fo, &out_dec}) kernels::poison(p->get(), M * N, cx.stream);
   run_seq();
   run_ours();
-  for (int rep = 0; rep < 3; ++rep) run_fo();  // several epochs
+  {  // several epochs; in place, the first two on other inputs, so that the
+     // half of the window the checked call uses held another result
+    rt::DeviceBuffer a_other(o.in_place ? size_t(M) * K * 2 : 0);
+    if (o.in_place) kernels::fill_random(dt, a_other.get(), M * K, seed ^ 0x1234567, -1.f, 1.f, cx.stream);
+    for (int rep = 0; rep < 3; ++rep) run_fo_on(o.in_place && rep < 2 ? a_other.get() : a.get());
+    FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  }
   decs.front()->run(*cx.cublas, dt, a.get(), b.get(), out_dec.get(), m, n, k, cx.stream);
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   op.check();
@@ -424,7 +431,10 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
-      << ", wait " << o.wait << (o.in_place ? ", result in place (run_in_place)" : "");
+      << ", wait " << o.wait
+      << (!o.in_place               ? ""
+          : op.result_in_window() ? ", result in place (run_in_place: C in the window)"
+                                  : ", result in the op's buffer (run_in_place)");
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
   if (o.power_s > 0) {
@@ -532,9 +542,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     const auto st = rt::time_collective_interleaved({unfused, fused}, cx.stream, base, o.warmup, o.iters);
     std::vector<double> rms = rt::max_over_ranks(*cx.rv, {st[0].median_ms, st[1].median_ms});
     res.rows.push_back({"sequential+rmsnorm", rms[0], "1", "cuBLAS + NCCL + RMSNorm"});
-    const bool in_place = rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::Owners && !plan.sequential;
     res.rows.push_back({"flashoverlap+rmsnorm", rms[1], op.describe_groups(),
-                        cfg.str() + (in_place ? ", fused (C in place in the window: no copies)" : ", fused")});
+                        cfg.str() + (op.result_in_window() ? ", fused (C in place in the window: no copies)" : ", fused")});
   }
   return res;
 }

@@ -130,7 +130,7 @@ struct Owner {
   int32_t drop_group = -1;          // testing: this group's tiles are never counted (their waits time out)
   uint32_t* claims = nullptr;       // [1], zero at launch: the copy's chunks
   bool producers = true;            // the producer's idle warps copy during the GEMM
-  bool in_place = false;            // C is the window at row0 (pushed): wait for the peer's finals, no copy
+  bool in_place = false;            // C is the window at row0 (pushed only: this GPU's window): wait for the peer's finals, no copy
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
 };

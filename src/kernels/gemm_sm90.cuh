@@ -343,7 +343,8 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
 // (Owner::window: this GPU's, or the peer's when pulled) into C (p.out, p.ld_out): chunks of `rows` rows of one tile, the peer's
 // tiles in the order it computes them, claimed with o.claims, each chunk
 // waiting (bounded) for its tile; rows brought into `stage` by the bulk-copy
-// engine, then stored with 16-byte stores.
+// engine, then stored with 16-byte stores. In place (C is the window): one
+// chunk per tile, only waited for.
 template <typename T, int kStageBytes, int BN>
 __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8_t* stage, uint64_t* bar) {
   const Owner& o = p.owner;
@@ -351,9 +352,9 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   const int lane = threadIdx.x % 32;
   constexpr int32_t kRows = kStageBytes / (BN * 2) < 128 ? kStageBytes / (BN * 2) : 128;
   // In place: one "chunk" per tile, which is only waited for.
-  const int32_t kPerTile = o.in_place ? 1 : 128 / kRows;
+  const int32_t per_tile = o.in_place ? 1 : 128 / kRows;
   const int32_t first = o.rank == 0 ? 0 : o.split;  // the peer's tiles
-  const int32_t chunks = (o.rank == 0 ? o.split : s.tiles() - o.split) * kPerTile;
+  const int32_t chunks = (o.rank == 0 ? o.split : s.tiles() - o.split) * per_tile;
   int32_t ready = -1;  // lane 0: the last tile seen arrived
   uint32_t phase = 0;
   while (true) {
@@ -364,9 +365,9 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
       if (lane == 0) record_phase(p.monitor_phases, 2);
       return;
     }
-    const int32_t t = first + int32_t(c) / kPerTile;
+    const int32_t t = first + int32_t(c) / per_tile;
     const plan::TileCoord tc = s.tile_of(t);
-    const int32_t row = tc.tm * 128 + (int32_t(c) % kPerTile) * kRows, col = tc.tn * BN;
+    const int32_t row = tc.tm * 128 + (int32_t(c) % per_tile) * kRows, col = tc.tn * BN;
     const int32_t nrows = min(s.m - row, kRows), ncols = min(s.n - col, BN);
     if (nrows <= 0) continue;  // below C's last row
     int ok = 1;

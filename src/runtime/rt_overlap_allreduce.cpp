@@ -331,11 +331,15 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
   called_ = true;
 }
 
+bool OverlapAllReduce::result_in_window() const {
+  return !sequential() && owners() && opts_.push_by == PushBy::Owners;
+}
+
 const void* OverlapAllReduce::run_in_place(const void* a, const void* b, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   const void* c = nullptr;
-  if (!sequential() && owners() && opts_.push_by == PushBy::Owners) {
-    c = enqueue_owned(a, b, nullptr, s.n, nullptr, stream);
+  if (result_in_window()) {
+    c = enqueue_owned(a, b, nullptr, s.n, nullptr, true, stream);
   } else {
     if (!in_place_out_.get()) in_place_out_ = DeviceBuffer(size_t(s.m) * s.n * 2);
     enqueue_run(a, b, in_place_out_.get(), s.n, stream);
@@ -349,10 +353,11 @@ const void* OverlapAllReduce::run_in_place(const void* a, const void* b, cudaStr
 void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
+  if (!out) throw InvalidArgument("OverlapAllReduce::run (rank " + std::to_string(opts_.rank) + "): null output");
   const bool direct = ld_out == s.n;
   if (!sequential() && is_pushed(opts_.layout)) {
     if (owners())
-      enqueue_owned(a, b, out, ld_out, nullptr, stream);
+      enqueue_owned(a, b, out, ld_out, nullptr, false, stream);
     else
       enqueue_pushed(a, b, out, ld_out, nullptr, stream);
     return;
@@ -396,6 +401,7 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
                                            cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
+  if (!out) throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + "): null output");
   const size_t bytes = size_t(s.m) * s.n * 2;
   auto overlap = [bytes](const void* x, const void* y) {
     const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
@@ -407,7 +413,7 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
                           "): residual, residual_out and the output must not overlap (pass separate buffers)");
   if (is_pushed(opts_.layout) && !sequential()) {
     if (owners())
-      enqueue_owned(a, b, out, s.n, &norm, stream);
+      enqueue_owned(a, b, out, s.n, &norm, false, stream);
     else
       enqueue_pushed(a, b, out, s.n, &norm, stream);
     return;

@@ -52,6 +52,8 @@
 //   stores the final tile into the output and the peer's window, from which
 //   the peer copies it during its GEMM. No sum pass: 3 bytes of HBM traffic
 //   per byte of C instead of 5, nothing but one wave's copy after the GEMM.
+//   In place (run_rmsnorm, run_in_place): C is the window itself, where the
+//   peer's finals land, and nothing is copied.
 //   PushBy::OwnersPull: the same with the transfers turned around: a rank
 //   stores its partials and finals into its own window and the other reads
 //   them over NVLink (TMA and bulk loads). Experimental: beside the
@@ -192,11 +194,16 @@ class OverlapAllReduce {
   // out = RMSNorm(AllReduce(A B^T) + residual) * weight, rows of n (ld = n).
   void run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out, cudaStream_t stream);
   // As run, the result (m x n, ld = n) in this op's memory: no copy into
-  // the caller's buffer. With owners (pushed) it is C in this op's window,
-  // where the peer's final tiles land (nothing copied at all); other plans
-  // run into a buffer of the op. Valid for work enqueued on `stream` before
-  // this op's next call (which the peer may then overwrite).
+  // the caller's buffer. With owners (pushed; result_in_window()) it is C
+  // in this op's window, where the peer's final tiles land (nothing copied
+  // at all); other plans run into a buffer of the op. Valid for work
+  // enqueued on `stream` before this op's next call, with every call of
+  // the op ordered on that stream, and while the op lives: two calls later
+  // the peer writes that half of the window again (a peer whose waits timed
+  // out, which it reports, may do so early).
   const void* run_in_place(const void* a, const void* b, cudaStream_t stream);
+  // Whether run_in_place and run_rmsnorm keep C in the window (owners, pushed).
+  bool result_in_window() const;
   // (The destructor waits for the last call's work on the caller's stream:
   // the pushed layouts' peers may still be storing into this op's buffer.)
 
@@ -261,10 +268,10 @@ class OverlapAllReduce {
   // PushBy::Owners (rt_overlap_owned.cpp): the window [2 halves][tiles_m * bm
   // rows][n] + per-tile flags; one call = the GEMM (then RMSNorm).
   void setup_owned();
-  // out == nullptr, or norm with the pushed owners: C in place in the window
-  // (kernels::Owner::in_place); returns where C is.
+  // in_place (run_in_place: out unused), or norm, with the pushed owners: C
+  // in the window (kernels::Owner::in_place). Returns where C is.
   const void* enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
-                     cudaStream_t stream);
+                            bool in_place, cudaStream_t stream);
   bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
   DeviceBuffer push_self_;                 // owners pulled: [1] this GPU's window (where its tiles go)
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest

@@ -55,17 +55,17 @@ void OverlapAllReduce::setup_owned() {
 }
 
 const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out,
-                                           const RmsNormArgs* norm, cudaStream_t stream) {
+                                           const RmsNormArgs* norm, bool in_place_asked, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   // Pushed: this rank's tiles go to the peer's window, the peer's are read
   // here. Pulled: the other way round (kernels::Owner).
   const bool pull = opts_.push_by == PushBy::OwnersPull;
-  // In place (pushed; no output, or the norm reads C): C is this call's half
+  // In place (pushed; asked for, or the norm reads C): C is this call's half
   // of the window, where the peer's finals land. Else the GEMM stores C by
   // TMA: 16-byte aligned rows; other outputs get a copy from this op's
   // scratch (allocated at the first such call).
-  if (!out && pull) throw Error("OverlapAllReduce: owners pulled have no C in place (internal)");
-  const bool in_place = !pull && (norm || !out);
+  if (in_place_asked && !result_in_window()) throw Error("OverlapAllReduce: no C in place on this plan (internal)");
+  const bool in_place = result_in_window() && (in_place_asked || norm);
   const bool direct = in_place || ((reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out % 8 == 0);
   if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
   EpochBump bump(epoch_);

@@ -150,13 +150,15 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       kernels::poison(outp, int64_t(c.m) * c.n, st);
       rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), ref.get(), full, c.k, comm, st);
       rt::sequential_cublas_allreduce(cublas, c.dt, a.get(), b.get(), cub.get(), c.m, c.n, c.k, comm, st);
+      // The result left in the op's memory (owners pushed: C in the window,
+      // the peer's finals landed in place), read before the next call. First
+      // in the call's round: the half of the window it uses last held the
+      // previous round's result, from other inputs.
+      const void* in_place = op.run_in_place(a.get(), b.get(), st);
+      const auto kept = kernels::compare(c.dt, in_place, c.n, ref.get(), c.n, c.m, c.n, st);
       op.run(a.get(), b.get(), outp, c.n, st);
       kernels::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), nullptr, st);
       op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y, st);
-      // The result left in the op's memory (owners pushed: C in the window,
-      // the peer's finals landed in place), read before the next call.
-      const void* in_place = op.run_in_place(a.get(), b.get(), st);
-      const auto kept = kernels::compare(c.dt, in_place, c.n, ref.get(), c.n, c.m, c.n, st);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
       EXPECT_EQ(kept.mismatches, 0) << where << " (run_in_place) rank " << rank << " call " << call;
@@ -462,37 +464,45 @@ TEST(OverlapAllReduce, CallThatThrowsKeepsTheEpoch) {
 }
 
 // run_rmsnorm refuses a residual (or residual_out) that overlaps the output
-// or each other, before enqueuing anything; separate buffers run.
+// or each other, and run / run_rmsnorm a null output, before enqueuing
+// anything (with owners too, where C can stay in the window); separate
+// buffers run.
 TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
   REQUIRE_TWO_GPUS();
-  on_each_rank([&](int rank, ncclComm_t comm) {
-    const int m = 1024, n = 2048, k = 256;
-    const plan::Schedule s = sched_for(m, n, 256, 132, 2);
-    rt::OverlapAllReduceOptions o;
-    o.sched = s, o.groups = plan::band_groups(s, {2, 2}), o.k = k, o.comm = comm, o.rank = rank;
-    o.layout = rt::ArLayout::Pushed;
-    rt::OverlapAllReduce op(o);
-    const size_t cb = size_t(m) * n * 2;
-    DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(cb), residual(cb), h(cb), weight(size_t(n) * 2);
-    kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
-    kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
-    kernels::fill_random(DType::BF16, residual.get(), int64_t(m) * n, 3, -1.f, 1.f, nullptr);
-    kernels::fill_random(DType::BF16, weight.get(), n, 4, 0.5f, 1.5f, nullptr);
-    char* mid = static_cast<char*>(out.get()) + cb / 2;  // overlaps the second half of out
-    EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {out.get(), weight.get(), 1e-6f, nullptr}, out.get(), nullptr),
-                 InvalidArgument);
-    EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {mid, weight.get(), 1e-6f, nullptr}, out.get(), nullptr),
-                 InvalidArgument);
-    EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, mid}, out.get(), nullptr),
-                 InvalidArgument);
-    EXPECT_THROW(
-        op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, residual.get()}, out.get(), nullptr),
-        InvalidArgument);
-    EXPECT_EQ(op.epoch(), 0u);  // nothing was enqueued
-    op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, h.get()}, out.get(), nullptr);
-    FO_CUDA_CHECK(cudaDeviceSynchronize());
-    op.check();
-  });
+  for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::Owners}) {
+    on_each_rank([&](int rank, ncclComm_t comm) {
+      const int m = 1024, n = 2048, k = 256;
+      const plan::Schedule s = sched_for(m, n, 256, 132, 2);
+      rt::OverlapAllReduceOptions o;
+      o.sched = s, o.groups = plan::band_groups(s, {2, 2}), o.k = k, o.comm = comm, o.rank = rank;
+      o.layout = rt::ArLayout::Pushed, o.push_by = by;
+      rt::OverlapAllReduce op(o);
+      EXPECT_EQ(op.result_in_window(), by == rt::PushBy::Owners);
+      const size_t cb = size_t(m) * n * 2;
+      DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(cb), residual(cb), h(cb), weight(size_t(n) * 2);
+      kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
+      kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
+      kernels::fill_random(DType::BF16, residual.get(), int64_t(m) * n, 3, -1.f, 1.f, nullptr);
+      kernels::fill_random(DType::BF16, weight.get(), n, 4, 0.5f, 1.5f, nullptr);
+      char* mid = static_cast<char*>(out.get()) + cb / 2;  // overlaps the second half of out
+      EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {out.get(), weight.get(), 1e-6f, nullptr}, out.get(), nullptr),
+                   InvalidArgument);
+      EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {mid, weight.get(), 1e-6f, nullptr}, out.get(), nullptr),
+                   InvalidArgument);
+      EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, mid}, out.get(), nullptr),
+                   InvalidArgument);
+      EXPECT_THROW(
+          op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, residual.get()}, out.get(), nullptr),
+          InvalidArgument);
+      EXPECT_THROW(op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, nullptr}, nullptr, nullptr),
+                   InvalidArgument);
+      EXPECT_THROW(op.run(a.get(), b.get(), nullptr, n, nullptr), InvalidArgument);
+      EXPECT_EQ(op.epoch(), 0u);  // nothing was enqueued
+      op.run_rmsnorm(a.get(), b.get(), {residual.get(), weight.get(), 1e-6f, h.get()}, out.get(), nullptr);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      op.check();
+    });
+  }
 }
 
 // The measured choice, end to end on 2 GPUs with a synthetic AllReduce
