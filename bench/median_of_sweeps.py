@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Median of several AllReduce sweeps (CSVs written by `flashoverlap bench --csv`).
+
+Usage: median_of_sweeps.py OUT.csv RUN1.csv RUN2.csv ...   |   median_of_sweeps.py --self-test
+
+Every numeric column of a row (shape, variant) becomes the median over the
+runs of that column; so speedup and gain captured are the medians of each
+run's own in-turns readings (each run compares its variants with components
+timed in the same turns), not ratios of medians. Text columns (partition,
+config) come from the run whose `ms` is the median one. Two columns are
+added: runs_ms and runs_gain, each run's value in run order, ';'-separated.
+The GPUs are power-capped and a shape's gain moves by several points from one
+run to the next; the median of three runs is the reading the results report.
+"""
+import csv
+import statistics
+import sys
+
+KEY = ["M", "N", "K", "dtype", "world", "variant"]
+NUMERIC = ["ms", "speedup_vs_sequential", "ideal_ms", "gain_captured", "gemm_ms", "comm_ms", "gemm_before_ms",
+           "comm_before_ms"]
+
+
+def median_low_index(values):
+    """Index of the median value (the lower middle one for an even count)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    return order[(len(values) - 1) // 2]
+
+
+def aggregate(runs):
+    """runs: list of lists of dict rows. Returns the merged rows, in the first run's order."""
+    if not runs:
+        raise ValueError("no runs given")
+    keyed = []
+    for i, rows in enumerate(runs):
+        d = {}
+        for r in rows:
+            k = tuple(r[c] for c in KEY)
+            if k in d:
+                raise ValueError(f"run {i + 1}: row {k} twice")
+            d[k] = r
+        keyed.append(d)
+    out = []
+    for r0 in runs[0]:
+        k = tuple(r0[c] for c in KEY)
+        rows = []
+        for i, d in enumerate(keyed):
+            if k not in d:
+                raise ValueError(f"run {i + 1} lacks {'/'.join(k)}")
+            rows.append(d[k])
+        ms = [float(r["ms"]) for r in rows]
+        row = dict(rows[median_low_index(ms)])
+        for c in NUMERIC:
+            if c in r0 and all(r.get(c, "") != "" for r in rows):
+                row[c] = f"{statistics.median(float(r[c]) for r in rows):.6g}"
+        row["runs_ms"] = ";".join(f"{v:.6g}" for v in ms)
+        row["runs_gain"] = ";".join(f"{float(r['gain_captured']):.4f}" for r in rows)
+        out.append(row)
+    return out
+
+
+def self_test():
+    def row(variant, ms, gain, part):
+        return {"M": "1", "N": "2", "K": "3", "dtype": "bf16", "world": "2", "variant": variant, "ms": str(ms),
+                "speedup_vs_sequential": str(1.0 / ms), "ideal_ms": "0.5", "gain_captured": str(gain),
+                "partition": part, "gemm_ms": "0.5", "comm_ms": "0.2", "config": part}
+    runs = [[row("sequential", 1.0, 0, "a"), row("flashoverlap", 0.70, 0.60, "p1")],
+            [row("sequential", 1.2, 0, "b"), row("flashoverlap", 0.60, 0.90, "p2")],
+            [row("sequential", 1.1, 0, "c"), row("flashoverlap", 0.65, 0.70, "p3")]]
+    out = aggregate(runs)
+    assert [r["variant"] for r in out] == ["sequential", "flashoverlap"], out
+    fo = out[1]
+    assert fo["ms"] == "0.65" and fo["gain_captured"] == "0.7", fo
+    assert fo["partition"] == "p3", fo  # the run with the median ms
+    assert fo["runs_ms"] == "0.7;0.6;0.65" and fo["runs_gain"] == "0.6000;0.9000;0.7000", fo
+    assert abs(float(fo["speedup_vs_sequential"]) - 1 / 0.65) < 1e-4, fo
+    assert out[0]["partition"] == "c"
+    # even count: the lower middle run's text, the mean of the middle two for numbers
+    even = aggregate(runs[:2])
+    assert even[1]["partition"] == "p2" and even[1]["ms"] == "0.65", even
+    for bad in ([], [runs[0], runs[1][:1]], [runs[0] + runs[0][:1]]):
+        try:
+            aggregate(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+    print("median_of_sweeps self-test passed")
+
+
+def main(argv):
+    if argv[1:] == ["--self-test"]:
+        self_test()
+        return 0
+    if len(argv) < 3:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    runs = [list(csv.DictReader(open(p))) for p in argv[2:]]
+    out = aggregate(runs)
+    fields = list(out[0].keys())
+    with open(argv[1], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
