@@ -56,6 +56,7 @@ struct Options {
   std::string layout = "auto";
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
+  bool gate = false;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
   std::string push_by = "auto";
@@ -79,6 +80,7 @@ struct ShapeResult {
   std::string trace;
   std::string power;  // the --power table
   std::string selection;  // the finalists measured by the tuner, the pick starred
+  std::string host_us;    // the host's enqueue per call, each variant (this rank, median)
   double gemm_before_ms = 0, comm_before_ms = 0;  // the components timed on their own, before the tuner
 };
 
@@ -240,7 +242,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   const ncclComm_t base = cx.base.get();
 
-  ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0, {}, {}, {}};
+  ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0, {}, {}, {}, {}};
   // Components, measured on their own for the tuner; the ideal, max(GEMM,
   // AllReduce), comes from the same components timed again in turns with the variants below.
   auto run_gemm_alone = [&] { cx.cublas->run(dt, a.get(), b.get(), out_seq.get(), m, n, k, n, cx.stream); };
@@ -249,8 +251,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
         ncclAllReduce(out_seq.get(), out_seq.get(), size_t(M) * N, rt::nccl_type(dt), ncclSum, base, cx.stream),
         "AllReduce alone");
   };
-  std::vector<double> comp = {rt::time_collective(run_gemm_alone, cx.stream, base, o.warmup, o.iters).median_ms,
-                              rt::time_collective(run_ar_alone, cx.stream, base, o.warmup, o.iters).median_ms};
+  std::vector<double> comp = {rt::time_collective(run_gemm_alone, cx.stream, base, o.warmup, o.iters, o.gate).median_ms,
+                              rt::time_collective(run_ar_alone, cx.stream, base, o.warmup, o.iters, o.gate).median_ms};
   comp = rt::max_over_ranks(*cx.rv, comp);
   res.gemm_before_ms = comp[0], res.comm_before_ms = comp[1];
 
@@ -289,6 +291,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   // The model ranks; a short measurement (separate runs from the timings
   // below) picks among the finalists, unless --no-select.
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
+  tuning.host_gate = o.gate;
   tuning.transport_round = o.push_by == "auto";
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
                    : o.push_by == "owners"     ? rt::PushBy::Owners
@@ -363,8 +366,23 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   variants.push_back(run_gemm_alone);
   variants.push_back(run_ar_alone);
   std::vector<double> ms;
-  for (const auto& st : rt::time_collective_interleaved(variants, cx.stream, base, o.warmup, o.iters))
-    ms.push_back(st.median_ms);
+  std::vector<double> host_us;
+  for (const auto& st : rt::time_collective_interleaved(variants, cx.stream, base, o.warmup, o.iters, o.gate))
+    ms.push_back(st.median_ms), host_us.push_back(st.host_median_us);
+  {
+    const char* names[] = {"sequential", "sequential-ourgemm"};
+    std::ostringstream h;
+    h << std::fixed << std::setprecision(1) << "host enqueue per call (rank " << rank << ", median us): ";
+    for (size_t i = 0; i < host_us.size(); ++i)
+      h << (i ? ", " : "")
+        << (i < 2                       ? names[i]
+            : i < 2 + decs.size()       ? "decomposition " + std::to_string(decs[i - 2]->chunks())
+            : i == 2 + decs.size()      ? "flashoverlap"
+            : i == 3 + decs.size()      ? "GEMM alone"
+                                        : "AllReduce alone")
+        << " " << host_us[i];
+    res.host_us = h.str() + (o.gate ? " (not timed: --gate)" : "");
+  }
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   op.check();
   ms = rt::max_over_ranks(*cx.rv, ms);
@@ -539,7 +557,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     res.checks += std::string("; rmsnorm fused vs unfused: ") + (rb[0] == 0 ? "bitwise equal" : "differs") +
                   " (rel " + std::to_string(rb[1]) + ")";
     if (world == 2 && rb[0] != 0) throw Error("fused RMSNorm differs from GEMM -> AllReduce -> RMSNorm");
-    const auto st = rt::time_collective_interleaved({unfused, fused}, cx.stream, base, o.warmup, o.iters);
+    const auto st = rt::time_collective_interleaved({unfused, fused}, cx.stream, base, o.warmup, o.iters, o.gate);
     std::vector<double> rms = rt::max_over_ranks(*cx.rv, {st[0].median_ms, st[1].median_ms});
     res.rows.push_back({"sequential+rmsnorm", rms[0], "1", "cuBLAS + NCCL + RMSNorm"});
     res.rows.push_back({"flashoverlap+rmsnorm", rms[1], op.describe_groups(),
@@ -612,6 +630,7 @@ int run(const Options& o) {
                 << " ms (in turns with the variants; on their own before: " << r.gemm_before_ms << ", "
                 << r.comm_before_ms << "); predicted " << r.predicted_ms << " ms\n  check: " << r.checks << "\n";
       if (!r.selection.empty()) std::cout << "  tuner's finalists: " << r.selection << "\n";
+      if (!r.host_us.empty()) std::cout << "  " << r.host_us << "\n";
       if (!r.trace.empty()) std::cout << "  " << r.trace << "\n";
       if (!r.power.empty()) std::cout << "  " << r.power << "\n";
       std::cout << "  " << std::left << std::setw(22) << "variant" << std::right << std::setw(9) << "ms"
@@ -694,6 +713,9 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->envname("FLASHOVERLAP_CURVES");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
   cmd->add_flag("--trace", o->trace, "Print rank 0's timeline of the last overlapped call");
+  cmd->add_flag("--gate", o->gate,
+                "Hold the stream before each timed run until the host has queued it, so that no variant's host "
+                "enqueue (launches, tensor maps, NCCL's enqueue) is timed");
   cmd->add_flag("!--no-select", o->select,
                 "Take the model's best plan as is, without measuring the best of each layout against each other");
   cmd->add_option("--power", o->power_s,

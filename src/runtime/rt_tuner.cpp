@@ -38,18 +38,21 @@ std::vector<double> max_over_ranks(Rendezvous& rv, const std::vector<double>& mi
 }
 
 TimingStats time_collective(const std::function<void()>& enqueue, cudaStream_t stream, ncclComm_t sync_comm,
-                            int warmup, int iters) {
-  return time_collective_interleaved({enqueue}, stream, sync_comm, warmup, iters).front();
+                            int warmup, int iters, bool gate) {
+  return time_collective_interleaved({enqueue}, stream, sync_comm, warmup, iters, gate).front();
 }
 
 std::vector<TimingStats> time_collective_interleaved(const std::vector<std::function<void()>>& fns,
-                                                     cudaStream_t stream, ncclComm_t sync_comm, int warmup, int iters) {
+                                                     cudaStream_t stream, ncclComm_t sync_comm, int warmup, int iters,
+                                                     bool gate) {
   static thread_local DeviceBuffer token(256);
+  static thread_local std::unique_ptr<HostGate> host_gate;
+  if (gate && !host_gate) host_gate = std::make_unique<HostGate>();
   auto sync = [&] {
     FO_NCCL_CHECK_CTX(ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, sync_comm, stream),
                       "timing sync");
   };
-  return time_interleaved(fns, stream, warmup, iters, sync);
+  return time_interleaved(fns, stream, warmup, iters, sync, gate ? host_gate.get() : nullptr);
 }
 
 namespace {
@@ -231,7 +234,8 @@ namespace {
 std::vector<double> time_ops(const AllReduceTuning& t, const std::vector<std::function<void()>>& fns,
                              const std::vector<OverlapAllReduce*>& ops, int iters) {
   std::vector<double> ms;
-  for (const auto& st : time_collective_interleaved(fns, t.stream, t.sync_comm, 3, iters)) ms.push_back(st.median_ms);
+  for (const auto& st : time_collective_interleaved(fns, t.stream, t.sync_comm, 3, iters, t.host_gate))
+    ms.push_back(st.median_ms);
   FO_CUDA_CHECK(cudaStreamSynchronize(t.stream));
   std::string failure;  // every rank throws if any failed (none may be left waiting in max_over_ranks)
   for (auto* op : ops) try {

@@ -1,0 +1,87 @@
+// GPU tests of rt::HostGate, the timing harness's hold on a stream until the
+// host has queued a run (skipped without a Hopper GPU).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "flashoverlap/error.h"
+#include "kernels/cuda_check.h"
+#include "runtime/rt_buffer.h"
+#include "runtime/rt_host_gate.h"
+#include "runtime/rt_timing.h"
+
+using namespace flashoverlap;
+
+namespace {
+
+#define REQUIRE_HOPPER()                                                         \
+  do {                                                                           \
+    if (rt::hopper_device_count() < 1) GTEST_SKIP() << "no Hopper (sm_90) GPU";  \
+  } while (0)
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { FO_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+// Work queued after hold() does not run before release(), and runs after it.
+TEST(HostGate, HoldsUntilReleased) {
+  REQUIRE_HOPPER();
+  Stream st;
+  rt::HostGate gate;
+  cudaEvent_t after;
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  for (int round = 0; round < 3; ++round) {  // tickets move on
+    gate.hold(st.s);
+    FO_CUDA_CHECK(cudaEventRecord(after, st.s));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady) << "round " << round;
+    gate.release();
+    FO_CUDA_CHECK(cudaEventSynchronize(after));
+    EXPECT_NO_THROW(gate.check());
+  }
+  cudaEventDestroy(after);
+}
+
+// A hold nobody releases ends after its timeout, the stream moves on, and
+// check() says so instead of the process hanging.
+TEST(HostGate, UnreleasedHoldTimesOutWithAMessage) {
+  REQUIRE_HOPPER();
+  Stream st;
+  rt::HostGate gate;
+  gate.hold(st.s, 50'000'000);  // 50 ms
+  const auto t0 = std::chrono::steady_clock::now();
+  FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(40));
+  try {
+    gate.check();
+    FAIL() << "check() did not report the timed-out hold";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+  }
+}
+
+// With the gate, time_interleaved does not time the host's enqueue: a run
+// whose host side sleeps 2 ms before a tiny launch times far below 2 ms,
+// and the host time it reports still shows the sleep.
+TEST(HostGate, TimedRunsExcludeTheHostsEnqueue) {
+  REQUIRE_HOPPER();
+  Stream st;
+  rt::HostGate gate;
+  void* buf = nullptr;
+  FO_CUDA_CHECK(cudaMalloc(&buf, 256));
+  auto slow_host = [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    FO_CUDA_CHECK(cudaMemsetAsync(buf, 0, 256, st.s));
+  };
+  const auto without = rt::time_interleaved({slow_host}, st.s, 1, 5).front();
+  const auto with = rt::time_interleaved({slow_host}, st.s, 1, 5, {}, &gate).front();
+  cudaFree(buf);
+  EXPECT_GT(without.median_ms, 1.5);
+  EXPECT_LT(with.median_ms, 0.5);
+  EXPECT_GT(with.host_median_us, 1500);
+}
+
+}  // namespace
