@@ -29,6 +29,11 @@ void HostGate::hold(cudaStream_t stream, uint64_t timeout_ns) {
   kernels::launch_wait_counter(flag_, ticket_, timeout_ns, err_, -1, stream);
 }
 
+HostGate& thread_gate() {
+  static thread_local HostGate gate;
+  return gate;
+}
+
 void HostGate::release() { __atomic_store_n(flag_, ticket_, __ATOMIC_SEQ_CST); }
 
 void HostGate::check() const {

@@ -39,4 +39,7 @@ class HostGate {
   uint32_t ticket_ = 0;
 };
 
+// This thread's gate (created at the first call; the timing helpers share it).
+HostGate& thread_gate();
+
 }  // namespace flashoverlap::rt

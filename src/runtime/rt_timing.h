@@ -82,9 +82,11 @@ inline std::vector<TimingStats> time_interleaved(const std::vector<std::function
   return out;
 }
 
-// Times `enqueue` (which enqueues work on `stream`) between two events.
-inline TimingStats time_on_stream(const std::function<void()>& enqueue, cudaStream_t stream, int warmup, int iters) {
-  return time_interleaved({enqueue}, stream, warmup, iters).front();
+// Times `enqueue` (which enqueues work on `stream`) between two events;
+// with `gate` (default), each run queued whole first (rt_host_gate.h).
+inline TimingStats time_on_stream(const std::function<void()>& enqueue, cudaStream_t stream, int warmup, int iters,
+                                  bool gate = true) {
+  return time_interleaved({enqueue}, stream, warmup, iters, {}, gate ? &thread_gate() : nullptr).front();
 }
 
 }  // namespace flashoverlap::rt

@@ -46,13 +46,11 @@ std::vector<TimingStats> time_collective_interleaved(const std::vector<std::func
                                                      cudaStream_t stream, ncclComm_t sync_comm, int warmup, int iters,
                                                      bool gate) {
   static thread_local DeviceBuffer token(256);
-  static thread_local std::unique_ptr<HostGate> host_gate;
-  if (gate && !host_gate) host_gate = std::make_unique<HostGate>();
   auto sync = [&] {
     FO_NCCL_CHECK_CTX(ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, sync_comm, stream),
                       "timing sync");
   };
-  return time_interleaved(fns, stream, warmup, iters, sync, gate ? host_gate.get() : nullptr);
+  return time_interleaved(fns, stream, warmup, iters, sync, gate ? &thread_gate() : nullptr);
 }
 
 namespace {

@@ -23,16 +23,17 @@ std::vector<double> max_over_ranks(Rendezvous& rv, const std::vector<double>& mi
 // Times `enqueue` on `stream` like rt::time_on_stream, but starts every run
 // right after a one-element AllReduce on `sync_comm`, so that all ranks enter
 // the timed region together (skew would otherwise be charged to the first).
-// With `gate`, each run is queued whole before the GPU starts it (rt_host_gate.h).
+// With `gate` (default), each run is queued whole before the GPU starts it
+// (rt_host_gate.h): device time only, not the host's enqueue.
 TimingStats time_collective(const std::function<void()>& enqueue, cudaStream_t stream, ncclComm_t sync_comm,
-                            int warmup, int iters, bool gate = false);
+                            int warmup, int iters, bool gate = true);
 
 // Several alternatives timed in turns (run i of each, then run i+1 of each),
 // each run started right after the sync AllReduce: drifts of clocks or
 // temperature hit all alike. Per-rank stats, in the order given.
 std::vector<TimingStats> time_collective_interleaved(const std::vector<std::function<void()>>& fns,
                                                      cudaStream_t stream, ncclComm_t sync_comm, int warmup, int iters,
-                                                     bool gate = false);
+                                                     bool gate = true);
 
 // AllReduce latency (max over ranks, median of `iters`) at log-spaced sizes
 // from 64 KiB to `max_bytes` (powers of two), on `comm`.
@@ -122,7 +123,7 @@ struct AllReduceTuning {
   bool transport_round = true;
   PushBy push_by = PushBy::Gemm;  // the transport of every pushed plan generated (before the second round)
   ncclComm_t sync_comm = nullptr;
-  bool host_gate = false;  // time each run queued whole (rt_host_gate.h)
+  bool host_gate = true;  // time each run queued whole (rt_host_gate.h)
   int select_iters = 12;
   // Finalists within runoff_within of the fastest (at most 3) are timed
   // again in turns, runoff_iters runs each, and the fastest of that run is
