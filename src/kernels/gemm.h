@@ -141,10 +141,6 @@ struct GemmParams {
   const void* b = nullptr;  // n x k
   int32_t m = 0, n = 0, k = 0;
   plan::Schedule sched;     // m, n must match; bm x bn one of the supported tiles
-  // K per pipeline stage: 64, or 32 with 128x256 tiles (64-byte rows: the
-  // stages are half the size, so 6 fit instead of 3 and each load is issued
-  // further ahead of its MMAs).
-  int32_t bk = 64;
 
   Store store = Store::Plain;
   void* c = nullptr;        // Plain: output, ldc elements per row (>= n)

@@ -15,21 +15,18 @@
 namespace flashoverlap::kernels {
 namespace {
 
-// Stages per tile configuration and K per stage: as many as fit next to the
-// epilogue buffer in the 227 KB of shared memory a CTA may use.
-template <int BN, int BK>
-constexpr int stages_for() {
-  return BN == 256 ? (BK == 64 ? 3 : 6)  // 3 x 48 KB or 6 x 24 KB, + 64 KB
-                   : 5;                  // 5 x 32 KB + 32 KB
-}
+// Stages per tile configuration: as many as fit next to the epilogue buffer
+// in the 227 KB of shared memory a CTA may use.
+constexpr int kStages256 = 3;  // 3 x 48 KB + 64 KB
+constexpr int kStages128 = 5;  // 5 x 32 KB + 32 KB
 
-template <int BN, int BK, typename T>
+template <int BN, typename T>
 auto kernel_for() {
-  return &gemm_sm90_kernel<BN, stages_for<BN, BK>(), BK, T>;
+  return &gemm_sm90_kernel<BN, BN == 256 ? kStages256 : kStages128, T>;
 }
-template <int BN, int BK>
+template <int BN>
 constexpr int smem_for() {
-  return GemmSmem<BN, stages_for<BN, BK>(), BK>::kDynamicBytes;
+  return GemmSmem<BN, BN == 256 ? kStages256 : kStages128>::kDynamicBytes;
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -38,18 +35,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 // A 2D row-major tensor [rows x cols] of 2-byte elements, `ld` elements per
-// row, read or written in boxes of box_rows x box_cols columns (64: 128-byte
-// rows, 128-byte swizzle; 32: 64-byte rows and swizzle).
+// row, read or written in boxes of box_rows x 64 columns with 128-byte swizzle.
 CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows,
-                     CUtensorMapDataType dt, const char* what, uint32_t box_cols = 64) {
+                     CUtensorMapDataType dt, const char* what) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {ld * 2};
-  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t box[2] = {64, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUresult r = encode_fn()(&map, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                           CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::ostringstream os;
@@ -62,8 +57,8 @@ CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld
 
 std::string shape_str(const GemmParams& p) {
   std::ostringstream os;
-  os << "GEMM m=" << p.m << " n=" << p.n << " k=" << p.k << " tile " << p.sched.bm << "x" << p.sched.bn << " bk "
-     << p.bk << " ctas " << p.sched.ctas;
+  os << "GEMM m=" << p.m << " n=" << p.n << " k=" << p.k << " tile " << p.sched.bm << "x" << p.sched.bn << " ctas "
+     << p.sched.ctas;
   return os.str();
 }
 
@@ -78,7 +73,6 @@ void check_gemm_params(const GemmParams& p) {
   if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   if (!tile_supported(p.sched.bm, p.sched.bn)) fail("unsupported tile shape (supported: 128x256, 128x128)");
-  if (p.bk != 64 && !(p.bk == 32 && p.sched.bn == 256)) fail("K per stage (bk) must be 64, or 32 with 128x256 tiles");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
   if (p.sched.swizzle < 1) fail("swizzle must be >= 1");
@@ -166,12 +160,12 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const CUtensorMapDataType dt =
       p.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const int bn = p.sched.bn;
-  const CUtensorMap ma = make_map(p.a, p.m, p.k, p.k, 128, dt, "A", uint32_t(p.bk));
-  const CUtensorMap mb = make_map(p.b, p.n, p.k, p.k, bn, dt, "B", uint32_t(p.bk));
+  const CUtensorMap ma = make_map(p.a, p.m, p.k, p.k, 128, dt, "A");
+  const CUtensorMap mb = make_map(p.b, p.n, p.k, p.k, bn, dt, "B");
 
   GemmKernelParams kp{};
   kp.sched = p.sched;
-  kp.k_blocks = (p.k + p.bk - 1) / p.bk;
+  kp.k_blocks = (p.k + 63) / 64;
   kp.store = static_cast<int32_t>(p.store);
   kp.counters = p.counters;
   kp.group_of_tile = p.group_of_tile;
@@ -209,21 +203,16 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
-  const bool bk32 = p.bk == 32;
   if (p.dtype == DType::BF16) {
-    if (bn == 256 && bk32)
-      kernel_for<256, 32, __nv_bfloat16>()<<<grid, block, smem_for<256, 32>(), stream>>>(ma, mb, mc, mw, kp);
-    else if (bn == 256)
-      kernel_for<256, 64, __nv_bfloat16>()<<<grid, block, smem_for<256, 64>(), stream>>>(ma, mb, mc, mw, kp);
+    if (bn == 256)
+      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
     else
-      kernel_for<128, 64, __nv_bfloat16>()<<<grid, block, smem_for<128, 64>(), stream>>>(ma, mb, mc, mw, kp);
+      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, kp);
   } else {
-    if (bn == 256 && bk32)
-      kernel_for<256, 32, __half>()<<<grid, block, smem_for<256, 32>(), stream>>>(ma, mb, mc, mw, kp);
-    else if (bn == 256)
-      kernel_for<256, 64, __half>()<<<grid, block, smem_for<256, 64>(), stream>>>(ma, mb, mc, mw, kp);
+    if (bn == 256)
+      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
     else
-      kernel_for<128, 64, __half>()<<<grid, block, smem_for<128, 64>(), stream>>>(ma, mb, mc, mw, kp);
+      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, kp);
   }
   FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }
@@ -238,12 +227,10 @@ void prepare(K kernel, int smem) {
 }  // namespace
 
 void preload_gemm_kernels() {
-  prepare(kernel_for<256, 64, __nv_bfloat16>(), smem_for<256, 64>());
-  prepare(kernel_for<256, 32, __nv_bfloat16>(), smem_for<256, 32>());
-  prepare(kernel_for<128, 64, __nv_bfloat16>(), smem_for<128, 64>());
-  prepare(kernel_for<256, 64, __half>(), smem_for<256, 64>());
-  prepare(kernel_for<256, 32, __half>(), smem_for<256, 32>());
-  prepare(kernel_for<128, 64, __half>(), smem_for<128, 64>());
+  prepare(kernel_for<256, __nv_bfloat16>(), smem_for<256>());
+  prepare(kernel_for<128, __nv_bfloat16>(), smem_for<128>());
+  prepare(kernel_for<256, __half>(), smem_for<256>());
+  prepare(kernel_for<128, __half>(), smem_for<128>());
   encode_fn();
 }
 

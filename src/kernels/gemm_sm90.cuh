@@ -51,12 +51,9 @@ __device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
                         static_cast<unsigned long long>(ptx::globaltimer_ns()));
 }
 
-// BK: K per stage, 64 (rows of 128 bytes, 128-byte swizzle) or 32 (64-byte
-// rows and swizzle: stages half the size, so twice as many fit).
-template <int BN, int STAGES, int BK = 64>
+template <int BN, int STAGES>
 struct GemmSmem {
-  static_assert(BK == 64 || BK == 32, "K per stage: 64 or 32");
-  static constexpr int kBM = 128, kBK = BK;
+  static constexpr int kBM = 128, kBK = 64;
   static constexpr int kABytes = kBM * kBK * 2;        // one stage of A
   static constexpr int kBBytes = BN * kBK * 2;         // one stage of B
   static constexpr int kHalfCBytes = 64 * BN * 2;      // one consumer's output half
@@ -403,12 +400,12 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   }
 }
 
-template <int BN, int STAGES, int BK_, typename T>
+template <int BN, int STAGES, typename T>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
                      const GemmKernelParams p) {
-  using L = GemmSmem<BN, STAGES, BK_>;
+  using L = GemmSmem<BN, STAGES>;
   constexpr int BM = L::kBM, BK = L::kBK;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -573,10 +570,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int s = it % STAGES;
       ptx::mbar_wait(&full[s], (it / STAGES) & 1);
       ptx::wgmma_fence();
-      const uint8_t* a_rows = smem + L::kA + s * L::kABytes + cw * 64 * (BK * 2);  // this warpgroup's 64 rows
-      const uint64_t da = BK == 64 ? ptx::smem_desc_sw128(a_rows) : ptx::smem_desc_sw64(a_rows);
-      const uint64_t db = BK == 64 ? ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes)
-                                   : ptx::smem_desc_sw64(smem + L::kB + s * L::kBBytes);
+      const uint64_t da = ptx::smem_desc_sw128(smem + L::kA + s * L::kABytes + cw * 64 * 128);
+      const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)  // +32 bytes along K = +2 in the descriptor
         ptx::Wgmma<BN, T>::mma(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);

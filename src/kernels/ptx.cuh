@@ -107,17 +107,6 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(const void* p) {
   return d;
 }
 
-// The same for a K-major operand in rows of 64 bytes (32 bf16/fp16 along K)
-// with TMA's 64-byte swizzle: 8-row groups 512 bytes apart.
-__device__ __forceinline__ uint64_t smem_desc_sw64(const void* p) {
-  const uint64_t addr = smem_addr(p);
-  uint64_t d = (addr & 0x3FFFF) >> 4;   // start address
-  d |= uint64_t(1) << 16;               // leading byte offset (unused)
-  d |= uint64_t(512 >> 4) << 32;        // stride byte offset
-  d |= uint64_t(2) << 62;               // 64-byte swizzle
-  return d;
-}
-
 // ---- registers ------------------------------------------------------------
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -69,17 +69,15 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
   for (DType dt : {DType::BF16, DType::FP16}) {
     const uint64_t seed = fresh_seed();
     Problem pr(dt, m, n, k, seed);
-    DeviceBuffer c(size_t(m) * n * 2), c64(size_t(m) * n * 2);
-    // 128x256 with 64 and 32 K per stage (the same k16 steps in the same
-    // order: bitwise the same C), 128x128 with 64.
-    for (auto [bn, bk] : {std::pair{256, 64}, std::pair{256, 32}, std::pair{128, 64}}) {
+    DeviceBuffer c(size_t(m) * n * 2);
+    for (int bn : {256, 128}) {
       for (int ctas : {132, 77, 3}) {
         SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                      " dtype=" + (dt == DType::BF16 ? "bf16" : "fp16") + " tile 128x" + std::to_string(bn) +
-                     " bk " + std::to_string(bk) + " ctas=" + std::to_string(ctas) + " seed=" + std::to_string(seed));
+                     " ctas=" + std::to_string(ctas) + " seed=" + std::to_string(seed));
         kernels::poison(c.get(), int64_t(m) * n, nullptr);
         kernels::GemmParams p;
-        p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k, p.bk = bk;
+        p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k;
         p.sched = make_sched(m, n, 128, bn, ctas, ctas == 77 ? plan::Raster::AlongM : plan::Raster::AlongN,
                              ctas == 3 ? 1 : 8);
         p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = n;
@@ -88,11 +86,6 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
         const auto r = kernels::compare(dt, c.get(), n, pr.ref.get(), n, m, n, nullptr);
         EXPECT_EQ(r.nan_count, 0);
         EXPECT_LT(r.rel_error(), tolerance(dt));
-        if (bn == 256 && bk == 64 && ctas == 132)
-          FO_CUDA_CHECK(cudaMemcpy(c64.get(), c.get(), size_t(m) * n * 2, cudaMemcpyDeviceToDevice));
-        if (bn == 256 && bk == 32)
-          EXPECT_EQ(kernels::compare(dt, c.get(), n, c64.get(), n, m, n, nullptr).mismatches, 0)
-              << "32 K per stage differs from 64";
       }
     }
   }
@@ -251,13 +244,6 @@ TEST(Gemm, RejectsBadInput) {
   p.a = buf.get();
   p.sched.bn = 96;
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // tile
-  p.sched.bn = 128;
-  p.bk = 32;
-  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // 32 K per stage needs 128x256 tiles
-  p.bk = 48;
-  p.sched.bn = 256;
-  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // K per stage 64 or 32
-  p.bk = 64;
   p.sched.bn = 128;
   p.ldc = 32;
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // ldc < n
