@@ -36,7 +36,6 @@ struct Options {
   std::string tiles = "256,128";
   std::string reserve = "0,8,16,32";
   std::string modes = "plain,signal";
-  std::string pair = "auto";
   int warmup = 5, iters = 20, device = 0;
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   std::string csv, meta;
@@ -54,12 +53,6 @@ int run(const Options& o) {
   if (dtypes.empty()) throw InvalidArgument("--dtype must be bf16, fp16 or both");
   const bool do_plain = o.modes.find("plain") != std::string::npos;
   const bool do_signal = o.modes.find("signal") != std::string::npos;
-  std::vector<kernels::Pairing> pairings;
-  if (o.pair == "auto") pairings = {kernels::Pairing::Auto};
-  else if (o.pair == "off") pairings = {kernels::Pairing::Off};
-  else if (o.pair == "on") pairings = {kernels::Pairing::On};
-  else if (o.pair == "both") pairings = {kernels::Pairing::Off, kernels::Pairing::On};
-  else throw InvalidArgument("--pair must be auto, off, on or both");
 
   if (rt::hopper_device_count() < 1) {
     std::cerr << "bench-gemm: no Hopper (sm_90) GPU found; nothing to measure.\n";
@@ -105,7 +98,6 @@ int run(const Options& o) {
         struct Config {
           int bn;
           int mode;  // 0 plain, 1 signal
-          bool paired;
           kernels::GemmParams p;
           double rel = -1;
         };
@@ -125,11 +117,9 @@ int run(const Options& o) {
           std::vector<int32_t> group_of_tile(tiles_total);
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
           FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
-          for (int mode = 0; mode < 2; ++mode)
-            for (kernels::Pairing pairing : pairings) {
+          for (int mode = 0; mode < 2; ++mode) {
             if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal)) continue;
             kernels::GemmParams p;
-            p.pair = pairing;
             p.dtype = dt, p.a = a.get(), p.b = b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
             if (mode == 0) {
               p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = sh.n;
@@ -137,14 +127,8 @@ int run(const Options& o) {
               p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
               p.counters = counters, p.group_of_tile = got;
             }
-            bool paired = false;
-            try {
-              paired = kernels::gemm_paired(p);
-            } catch (const InvalidArgument&) {
-              continue;  // On, and the grid does not allow it: only the unpaired row
-            }
-            configs.push_back({bn, mode, paired, p, -1});
-            }
+            configs.push_back({bn, mode, p, -1});
+          }
         }
         // Correctness first: poisoned output vs cuBLAS.
         cublas.run(dt, a.get(), b.get(), ref.get(), sh.m, sh.n, sh.k, sh.n, stream);
@@ -156,7 +140,6 @@ int run(const Options& o) {
           cf.rel = r.rel_error();
           if (r.nan_count > 0 || cf.rel > 1e-2)
             std::cerr << "WARNING: " << sh.m << "x" << sh.n << "x" << sh.k << " tile 128x" << cf.bn
-                      << (cf.paired ? " paired" : "")
                       << ": result differs from cuBLAS (rel err " << cf.rel << ", " << r.nan_count << " NaN)\n";
         }
         std::vector<std::function<void()>> fns = {
@@ -170,7 +153,7 @@ int run(const Options& o) {
           const double ours_ms = stats[i + 1].median_ms, ours_tf = flop / ours_ms / 1e9;
           std::ostringstream shape;
           shape << sh.m << "x" << sh.n << "x" << sh.k;
-          const std::string mname = std::string(cf.mode == 0 ? "plain" : "signal") + (cf.paired ? "+pair" : "");
+          const char* mname = cf.mode == 0 ? "plain" : "signal";
           std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname << std::setw(9)
                     << ("128x" + std::to_string(cf.bn)) << std::setw(8) << reserve << std::setw(8) << mname
                     << std::right << std::fixed << std::setprecision(3) << std::setw(10) << ours_ms << std::setw(10)
@@ -213,11 +196,6 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
   cmd->add_option("--reserve-sms", opts->reserve, "SMs left free (GEMM grid = SMs - reserve), list")
       ->capture_default_str();
   cmd->add_option("--modes", opts->modes, "plain, signal or both (plain,signal)")->capture_default_str();
-  cmd->add_option("--pair", opts->pair,
-                  "CTAs in clusters of 2 sharing operand loads: auto (where the grid allows; FO_GEMM_PAIR=0 turns it "
-                  "off), off, on, or both (each configuration unpaired and paired, timed in turns; '+pair' in the "
-                  "mode column)")
-      ->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "Warm-up runs")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--iters", opts->iters, "Timed runs (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--device", opts->device, "CUDA device")->capture_default_str();

@@ -28,7 +28,6 @@ namespace flashoverlap::kernels {
 
 enum class DType : int32_t { BF16 = 0, FP16 = 1 };
 enum class Store : int32_t { Plain = 0, SlotTiles = 1, SlotRows = 2 };
-enum class Pairing : int32_t { Auto = 0, Off = 1, On = 2 };
 
 constexpr int kSignalsPerTile = 2;
 constexpr int kGemmThreads = 384;  // producer warpgroup + 2 consumer warpgroups
@@ -173,12 +172,6 @@ struct GemmParams {
   // tile's stores and pushes done, 2: its share of the owner layout's copy
   // done, 3: its start}. Where the GEMM's end goes (rt::summarize_phases).
   uint64_t* monitor_phases = nullptr;
-  // CTAs in clusters of 2 sharing operand loads (GemmKernelParams::pair).
-  // Auto: paired where the grid allows it (an even CTA count whose clusters
-  // all fit on the GPU at once), unless the environment variable
-  // FO_GEMM_PAIR=0 turns Auto off for the whole process (A/B runs). On:
-  // throws where the grid does not allow it.
-  Pairing pair = Pairing::Auto;
 };
 
 // Plain row-major C (ldc elements per row) = A B^T on the grid of `sched`.
@@ -199,9 +192,6 @@ void check_gemm_params(const GemmParams& p);
 
 // Enqueues the GEMM on `stream`. Throws on invalid input or launch failure.
 void launch_gemm(const GemmParams& p, cudaStream_t stream);
-
-// Whether launch_gemm runs `p` with paired CTAs on the current device.
-bool gemm_paired(const GemmParams& p);
 
 // Loads every kernel of this library into the current context now. CUDA's
 // lazy loading would otherwise load a module at its first launch, which

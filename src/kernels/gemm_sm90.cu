@@ -3,7 +3,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -14,9 +13,6 @@
 #include "kernels/gemm_sm90.cuh"
 
 namespace flashoverlap::kernels {
-
-void preload_gemm_kernels();
-
 namespace {
 
 // Stages per tile configuration: as many as fit next to the epilogue buffer
@@ -68,63 +64,7 @@ std::string shape_str(const GemmParams& p) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
-void load_once() {  // shared-memory limits are per device: set them once on each
-  static std::once_flag once[64];
-  int dev = 0;
-  FO_CUDA_CHECK(cudaGetDevice(&dev));
-  std::call_once(once[dev % 64], preload_gemm_kernels);
-}
-
-template <int BN, typename T>
-int max_pairs_of() {  // clusters of 2 of this kernel that fit on the current device at once
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2), cfg.blockDim = dim3(kGemmThreads), cfg.dynamicSmemBytes = smem_for<BN>();
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr, cfg.numAttrs = 1;
-  int n = 0;
-  FO_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel_for<BN, T>(), &cfg));
-  return n;
-}
-
-// Per device, per tile width (both dtypes use the same resources; bf16's is asked).
-int max_pairs(int bn) {
-  load_once();  // (the shared-memory size is set first: the answer depends on it)
-  static std::mutex mu;
-  static int cache[64][2];
-  static bool known[64][2];
-  int dev = 0;
-  FO_CUDA_CHECK(cudaGetDevice(&dev));
-  const int w = bn == 256 ? 0 : 1;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!known[dev % 64][w]) {
-    cache[dev % 64][w] = bn == 256 ? max_pairs_of<256, __nv_bfloat16>() : max_pairs_of<128, __nv_bfloat16>();
-    known[dev % 64][w] = true;
-  }
-  return cache[dev % 64][w];
-}
-
-// FO_GEMM_PAIR: -1 unset, else 0 or 1 (read once; 0 turns Auto off).
-int pair_env() {
-  static const int v = [] {
-    const char* e = std::getenv("FO_GEMM_PAIR");
-    if (!e || !*e) return -1;
-    return std::string(e) == "0" ? 0 : 1;
-  }();
-  return v;
-}
-
 }  // namespace
-
-bool gemm_paired(const GemmParams& p) {
-  if (p.pair == Pairing::Off || (p.pair == Pairing::Auto && pair_env() == 0)) return false;
-  const bool fits = p.sched.ctas % 2 == 0 && p.sched.ctas / 2 <= max_pairs(p.sched.bn);
-  if (!fits && p.pair == Pairing::On)
-    throw InvalidArgument(shape_str(p) + ": paired CTAs need an even CTA count of at most " +
-                          std::to_string(2 * max_pairs(p.sched.bn)) + " on this GPU (clusters of 2 all resident)");
-  return fits;
-}
 
 bool tile_supported(int bm, int bn) { return bm == 128 && (bn == 256 || bn == 128); }
 
@@ -207,16 +147,21 @@ void check_gemm_params(const GemmParams& p) {
   }
 }
 
+void preload_gemm_kernels();
+
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   check_gemm_params(p);
-  load_once();
+  {  // shared-memory limits are per device: set them once on each
+    static std::once_flag once[64];
+    int dev = 0;
+    FO_CUDA_CHECK(cudaGetDevice(&dev));
+    std::call_once(once[dev % 64], preload_gemm_kernels);
+  }
   const CUtensorMapDataType dt =
       p.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const int bn = p.sched.bn;
-  const bool pair = gemm_paired(p);
-  // Paired, the loads are half blocks (see the kernel's producer).
-  const CUtensorMap ma = make_map(p.a, p.m, p.k, p.k, pair ? 64 : 128, dt, "A");
-  const CUtensorMap mb = make_map(p.b, p.n, p.k, p.k, pair ? bn / 2 : bn, dt, "B");
+  const CUtensorMap ma = make_map(p.a, p.m, p.k, p.k, 128, dt, "A");
+  const CUtensorMap mb = make_map(p.b, p.n, p.k, p.k, bn, dt, "B");
 
   GemmKernelParams kp{};
   kp.sched = p.sched;
@@ -231,7 +176,6 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.monitor_mma = p.monitor_mma;
   kp.monitor_phases = p.monitor_phases;
   kp.owner = p.owner;
-  kp.pair = pair ? 1 : 0;
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
@@ -258,21 +202,19 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.out = p.c;
   }
 
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(p.sched.ctas), cfg.blockDim = dim3(kGemmThreads), cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = pair ? 2 : 1, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr, cfg.numAttrs = pair ? 1 : 0;  // unpaired: a plain launch
-  cudaError_t e;
-  cfg.dynamicSmemBytes = bn == 256 ? smem_for<256>() : smem_for<128>();
-  if (p.dtype == DType::BF16)
-    e = bn == 256 ? cudaLaunchKernelEx(&cfg, kernel_for<256, __nv_bfloat16>(), ma, mb, mc, mw, kp)
-                  : cudaLaunchKernelEx(&cfg, kernel_for<128, __nv_bfloat16>(), ma, mb, mc, mw, kp);
-  else
-    e = bn == 256 ? cudaLaunchKernelEx(&cfg, kernel_for<256, __half>(), ma, mb, mc, mw, kp)
-                  : cudaLaunchKernelEx(&cfg, kernel_for<128, __half>(), ma, mb, mc, mw, kp);
-  FO_CUDA_CHECK_CTX(e, shape_str(p) + (pair ? " (paired CTAs)" : ""));
+  const dim3 grid(p.sched.ctas), block(kGemmThreads);
+  if (p.dtype == DType::BF16) {
+    if (bn == 256)
+      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
+    else
+      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, kp);
+  } else {
+    if (bn == 256)
+      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
+    else
+      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, kp);
+  }
+  FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }
 
 namespace {

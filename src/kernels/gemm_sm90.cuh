@@ -43,11 +43,6 @@ struct GemmKernelParams {
   uint64_t* monitor_mma;
   uint64_t* monitor_phases;  // GemmParams::monitor_phases
   Owner owner;
-  // 1: launched as clusters of 2 CTAs (c, c^1), which walk tiles i and i^1
-  // in lockstep and, where the two tiles share a tile column (or row), load
-  // the shared B (or A) block once for both, half each, multicast: the L2
-  // reads per tile drop by a third (128x256) or a quarter (128x128).
-  int32_t pair;
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.
@@ -426,7 +421,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
-      ptx::mbar_init(&empty[s], p.pair ? 4 : 2);  // one arrive per consumer warpgroup (of both CTAs if paired)
+      ptx::mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
     }
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_init(&c_full[h], 1);
@@ -440,10 +435,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   }
   if (blockIdx.x == 0)
     for (int i = threadIdx.x; i < p.sum.claims_reset_count; i += blockDim.x) p.sum.claims_reset[i] = 0;
-  if (p.pair)
-    ptx::cluster_sync();  // both CTAs' barriers are initialised before either multicasts into the other
-  else
-    __syncthreads();
+  __syncthreads();
 
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
@@ -454,53 +446,19 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
-      const uint32_t crank = p.pair ? ptx::cluster_ctarank() : 0;
-      for (int i = blockIdx.x; i < tiles || (p.pair && (i ^ 1) < tiles); i += gridDim.x) {
-        // Paired: a round where only the other CTA has a tile still loads
-        // this CTA's half of that tile's B (a ghost tile: nothing computed).
-        const bool real = i < tiles;
-        const plan::TileCoord tc = p.sched.tile_of(owner_tile_at(p.owner, real ? i : i ^ 1, tiles));
-        int share = 0;  // paired: 1 = B shared (same tile column), 2 = A shared (same tile row), 0 = none
-        if (p.pair) {
-          share = 1;
-          if (real && (i ^ 1) < tiles) {
-            const plan::TileCoord mc = p.sched.tile_of(owner_tile_at(p.owner, i ^ 1, tiles));
-            share = mc.tn == tc.tn ? 1 : mc.tm == tc.tm ? 2 : 0;
-          }
-        }
+      for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+        const plan::TileCoord tc = p.sched.tile_of(owner_tile_at(p.owner, i, tiles));
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
-          ptx::mbar_wait(&empty[s], phase ^ 1);  // (paired: both CTAs' consumers are done with stage s)
-          if (kb == 0 && p.monitor_mma && real) {  // (here, not in the consumers: no registers taken from the MMAs)
+          ptx::mbar_wait(&empty[s], phase ^ 1);
+          if (kb == 0 && p.monitor_mma) {  // (here, not in the consumers: no registers taken from the MMAs)
             p.monitor_mma[int64_t(i) * 2] = ptx::globaltimer_ns();  // by slot: CTA c's are c, c + ctas, ...
             p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
           }
-          // Either way stage s receives all of A's and B's bytes: from this
-          // CTA's loads, or half of the shared one from the other CTA's.
           ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
-          uint8_t* a_dst = smem + L::kA + s * L::kABytes;
-          uint8_t* b_dst = smem + L::kB + s * L::kBBytes;
-          if (!p.pair) {
-            ptx::tma_load_2d(a_dst, &tm_a, &full[s], kb * BK, tc.tm * BM);
-            ptx::tma_load_2d(b_dst, &tm_b, &full[s], kb * BK, tc.tn * BN);
-            continue;
-          }
-          // Paired: the maps' boxes are half blocks (64 rows of A, BN/2 of B).
-          if (share == 2) {
-            ptx::tma_load_2d_multicast(a_dst + crank * (L::kABytes / 2), &tm_a, &full[s], kb * BK,
-                                       tc.tm * BM + int32_t(crank) * (BM / 2), 0x3);
-          } else {
-            ptx::tma_load_2d(a_dst, &tm_a, &full[s], kb * BK, tc.tm * BM);
-            ptx::tma_load_2d(a_dst + L::kABytes / 2, &tm_a, &full[s], kb * BK, tc.tm * BM + BM / 2);
-          }
-          if (share == 1) {
-            ptx::tma_load_2d_multicast(b_dst + crank * (L::kBBytes / 2), &tm_b, &full[s], kb * BK,
-                                       tc.tn * BN + int32_t(crank) * (BN / 2), 0x3);
-          } else {
-            ptx::tma_load_2d(b_dst, &tm_b, &full[s], kb * BK, tc.tn * BN);
-            ptx::tma_load_2d(b_dst + L::kBBytes / 2, &tm_b, &full[s], kb * BK, tc.tn * BN + BN / 2);
-          }
+          ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, tc.tm * BM);
+          ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
         }
       }
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
@@ -601,22 +559,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   float acc[BN / 2];
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
-  const uint32_t mate = p.pair ? ptx::cluster_ctarank() ^ 1u : 0u;
-  // Stage s is released to this CTA's producer and, paired, to the other
-  // CTA's (which multicasts into it).
-  auto release = [&](int s) {
-    ptx::mbar_arrive(&empty[s]);
-    if (p.pair) ptx::mbar_arrive_cluster(&empty[s], mate);
-  };
-  for (int i = blockIdx.x; i < tiles || (p.pair && (i ^ 1) < tiles); i += gridDim.x, ++t) {
-    if (i >= tiles) {  // paired ghost round (see the producer): take and release the stages, compute nothing
-      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
-        const int s = it % STAGES;
-        ptx::mbar_wait(&full[s], (it / STAGES) & 1);
-        if (tid == 0) release(s);
-      }
-      break;  // always the last round; t (the staging buffer's phase) must not count it
-    }
+  for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
     const int idx = owner_tile_at(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
 
@@ -635,12 +578,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::wgmma_commit();
       if (prev >= 0) {
         ptx::wgmma_wait<1>();
-        if (tid == 0) release(prev);
+        if (tid == 0) ptx::mbar_arrive(&empty[prev]);
       }
       prev = s;
     }
     ptx::wgmma_wait<0>();
-    if (tid == 0) release(prev);
+    if (tid == 0) ptx::mbar_arrive(&empty[prev]);
 
     // Epilogue. (1) my_c must be free: the storer has read the previous tile
     // (TMA path), or every thread of this warpgroup is done with it (rows path).
@@ -715,10 +658,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
                                              c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
   }
-  // Paired: the other CTA's consumers may still arrive on this CTA's empty
-  // barriers; its shared memory must outlive them (the wait counts only
-  // threads that have not exited: the producer warpgroup's finish alone).
-  if (p.pair) ptx::cluster_sync();
 }
 
 }  // namespace flashoverlap::kernels

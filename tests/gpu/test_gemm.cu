@@ -123,58 +123,6 @@ TEST(Gemm, OddLeadingDimensionAndTinyN) {
   }
 }
 
-// Paired CTAs (clusters of 2 sharing operand loads) compute the same
-// tiles in the same order of K blocks as unpaired ones: C is bitwise equal,
-// whichever operand a pair shares (B: same tile column; A: a band one tile
-// wide; none: a pair straddling bands), with a ghost round (odd tile count)
-// and ragged edges; the owner-layout rotation is covered by the 2-GPU tests.
-TEST(GemmPaired, BitwiseEqualToUnpaired) {
-  REQUIRE_HOPPER();
-  const uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  for (int trial = 0; trial < 6; ++trial) {
-    const int m = 1 + int(rng() % 3000), n = 8 * (1 + int(rng() % 900)), k = 8 * (1 + int(rng() % 400));
-    const DType dt = trial % 2 ? DType::FP16 : DType::BF16;
-    Problem pr(dt, m, n, k, seed + trial, false);
-    DeviceBuffer c0(size_t(m) * n * 2), c1(size_t(m) * n * 2);
-    for (int bn : {256, 128}) {
-      const int ctas = std::vector<int>{132, 130, 4, 2}[rng() % 4];
-      const auto raster = rng() % 2 ? plan::Raster::AlongM : plan::Raster::AlongN;
-      const int swizzle = std::vector<int>{1, 2, 3, 8}[rng() % 4];
-      const plan::Schedule s = make_sched(m, n, 128, bn, ctas, raster, swizzle);
-      SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " bn=" +
-                   std::to_string(bn) + " ctas=" + std::to_string(ctas) + " swizzle=" + std::to_string(swizzle) +
-                   " tiles=" + std::to_string(s.tiles()) + " seed=" + std::to_string(seed));
-      kernels::GemmParams p = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, k, c0.get(), n);
-      p.pair = kernels::Pairing::Off;
-      kernels::poison(c0.get(), int64_t(m) * n, nullptr);
-      kernels::launch_gemm(p, nullptr);
-      p.c = c1.get(), p.pair = kernels::Pairing::On;
-      ASSERT_TRUE(kernels::gemm_paired(p));
-      kernels::poison(c1.get(), int64_t(m) * n, nullptr);
-      kernels::launch_gemm(p, nullptr);
-      FO_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto r = kernels::compare(dt, c1.get(), n, c0.get(), n, m, n, nullptr);
-      EXPECT_EQ(r.nan_count, 0);
-      EXPECT_EQ(r.mismatches, 0);
-    }
-  }
-}
-
-TEST(GemmPaired, OddGridRefusedOrUnpaired) {
-  REQUIRE_HOPPER();
-  DeviceBuffer buf(1 << 20);
-  kernels::GemmParams p =
-      kernels::plain_gemm(DType::BF16, buf.get(), buf.get(), make_sched(64, 64, 128, 128, 131), 64, buf.get(), 64);
-  p.pair = kernels::Pairing::On;
-  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);
-  p.pair = kernels::Pairing::Auto;
-  EXPECT_FALSE(kernels::gemm_paired(p));
-  p.sched.ctas = 100000;  // more clusters than fit at once
-  p.pair = kernels::Pairing::On;
-  EXPECT_THROW(kernels::gemm_paired(p), InvalidArgument);
-}
-
 // The tile monitor records every tile without changing C, and its summary
 // reads a plausible SM clock, with cycles per tile no fewer than the tensor
 // cores' peak allows (dense bf16: 4096 flops per SM per cycle on Hopper).
