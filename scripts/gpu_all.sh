@@ -6,7 +6,8 @@
 #   test         ctest (CPU + GPU tests), log to $OUT/ctest.log
 #   gemm         bench-gemm over the GEMM shape set -> $OUT/gemm-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
-#   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv
+#   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv (REPEAT=N: the median
+#                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more bench arguments
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
 #   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
 #   push-ab      pushed layouts, the GEMM's stores vs the copy engines on 1, 2, 4 copy streams (--trace)
@@ -64,7 +65,7 @@ for s in "$@"; do
       ;;
     ar)
       stage allreduce sweep
-      bash bench/sweep_allreduce.sh "$OUT" 2>&1 | tee "$OUT/allreduce.log" || status=1
+      bash bench/sweep_allreduce.sh "$OUT" --curves /tmp/fo-curves ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/allreduce.log" || status=1
       ;;
     power)
       stage "power and clocks per variant (NVML)"
@@ -139,7 +140,7 @@ for s in "$@"; do
       ;;
     pack)
       stage "pack logs into $OUT/logs.tar.gz"
-      (cd "$OUT" && tar czf logs.tar.gz --remove-files *.log 2>/dev/null; ls)
+      (cd "$OUT" && tar czf logs.tar.gz --remove-files *.log $(ls *-run[0-9]*.csv 2>/dev/null) 2>/dev/null; ls)
       ;;
     cmd:*)
       stage "${s#cmd:}"
