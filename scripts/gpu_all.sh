@@ -19,8 +19,8 @@
 #   pull-ab      pushed row bands with owners, the model's plan: pushed (--push-by owners) vs pulled
 #                (--push-by owners-pull), ABAB, with --trace (tile clocks, the CTAs' phases)
 #   inplace-ab   owners: result copied into the output vs left in the op's window (--in-place), ABAB; --with-rmsnorm
-#   gate-ab      the sweep's shapes without and with --gate (each timed run queued whole before the GPU
-#                starts it), ABAB, CSVs $OUT/gate-ab-{nogate,gate}-{1,2}.csv
+#   gate-ab      the sweep's shapes with --no-gate (the host's enqueue timed too) and without (each timed
+#                run queued whole before the GPU starts it: the default), ABAB, CSVs $OUT/gate-ab-{nogate,gate}-{1,2}.csv
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -124,7 +124,7 @@ for s in "$@"; do
         for g in nogate gate; do
           echo "##### $g $r" | tee -a "$OUT/gate-ab.log"
           $CLI bench --shapes ${GATE_SHAPES:-2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192} \
-            --curves /tmp/fo-curves $([ $g = gate ] && echo --gate) --csv "$OUT/gate-ab-$g-$r.csv" 2>&1 |
+            --curves /tmp/fo-curves $([ $g = nogate ] && echo --no-gate) --csv "$OUT/gate-ab-$g-$r.csv" 2>&1 |
             tee -a "$OUT/gate-ab.log" | grep -E "^[0-9]+x|host enqueue|flashoverlap  |sequential  |rror" | cut -c1-220 || status=1
         done
       done

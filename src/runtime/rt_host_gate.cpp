@@ -29,17 +29,17 @@ void HostGate::hold(cudaStream_t stream, uint64_t timeout_ns) {
   kernels::launch_wait_counter(flag_, ticket_, timeout_ns, err_, -1, stream);
 }
 
-HostGate& thread_gate() {
-  static thread_local HostGate gate;
-  return gate;
-}
-
 void HostGate::release() { __atomic_store_n(flag_, ticket_, __ATOMIC_SEQ_CST); }
 
 void HostGate::check() const {
   if (__atomic_load_n(&err_->failed, __ATOMIC_SEQ_CST))
     throw Error("HostGate: a held stream timed out waiting for the host (ticket " + std::to_string(err_->expected) +
                 ", flag " + std::to_string(err_->value) + ")");
+}
+
+HostGate& thread_gate() {
+  static thread_local HostGate gate;
+  return gate;
 }
 
 }  // namespace flashoverlap::rt
