@@ -51,12 +51,15 @@ __device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
                         static_cast<unsigned long long>(ptx::globaltimer_ns()));
 }
 
-template <int BN, int STAGES>
+// kPieces: the plain store with 4 stages (gemm.h: GemmParams::four_stages):
+// each consumer stages its output half in two pieces of 128 columns, one
+// after the other, in 16 KB instead of 32 KB; no buffers for the sums.
+template <int BN, int STAGES, bool kPieces = false>
 struct GemmSmem {
   static constexpr int kBM = 128, kBK = 64;
   static constexpr int kABytes = kBM * kBK * 2;        // one stage of A
   static constexpr int kBBytes = BN * kBK * 2;         // one stage of B
-  static constexpr int kHalfCBytes = 64 * BN * 2;      // one consumer's output half
+  static constexpr int kHalfCBytes = 64 * (kPieces ? 128 : BN) * 2;  // one consumer's output half (a piece)
   static constexpr int kA = 0;
   static constexpr int kB = kA + STAGES * kABytes;
   static constexpr int kC = kB + STAGES * kBBytes;
@@ -65,7 +68,7 @@ struct GemmSmem {
   // (+2: the owner layout's peer partial loaded into each C half)
   static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2;
   // Staging of the fused sum (gathered and pushed layouts): 8 KB per producer sum warp.
-  static constexpr int kSumStageBytes = 8192;
+  static constexpr int kSumStageBytes = kPieces ? 0 : 8192;
   // What each summing warp stages (producer or consumer; the same for all, as
   // claimed chunks must be the same size): a consumer warp uses a quarter of
   // its half of C.
@@ -264,6 +267,50 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[BN / 2], u
   }
 }
 
+// kPieces (the plain store, 128x256 tiles): columns [128q, 128q + 128) of a
+// consumer warpgroup's rows, piece q, into its 16 KB staging buffer.
+template <typename T, int Q>
+__device__ __forceinline__ void stage_piece(const float (&acc)[128], uint32_t my_c_addr, int warp, int lane) {
+#pragma unroll
+  for (int jj = 0; jj < 16; ++jj) {
+    const int j = Q * 16 + jj, chunk = jj / 8, u = jj % 8;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + lane / 4 + 8 * h;
+      const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
+      const uint32_t v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+    }
+  }
+}
+
+// kPieces: the storer (one thread) takes the pieces in the order the
+// consumers write them (piece 0 of both halves, then piece 1), stores each by
+// TMA and hands the buffer back once the TMA has read it. Each buffer
+// completes twice per tile, so piece q's wait is on parity q.
+template <int BN, int kPieceBytes>
+__device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c, uint8_t* c_smem,
+                                             uint64_t* c_full, uint64_t* c_empty, int32_t tiles) {
+  ptx::tma_prefetch_desc(tm_c);
+  for (int32_t idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+    const plan::TileCoord tc = p.sched.tile_of(idx);
+    const int32_t row = tc.tm * 128, col = tc.tn * BN;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ptx::mbar_wait(&c_full[h], uint32_t(q));
+        const uint8_t* piece = c_smem + h * kPieceBytes;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
+        ptx::tma_store_commit();
+        ptx::tma_store_wait_read();
+        ptx::mbar_arrive(&c_empty[h]);
+      }
+  }
+  ptx::tma_store_wait_all();
+}
+
 // The owner layout's storer warp: per tile, every lane copies both halves to
 // Push::peer_c (the peer's window; this GPU's when pulled: a partial, or the
 // final tile), lane 0 stores a final tile into C by TMA and counts the tile
@@ -400,12 +447,13 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   }
 }
 
-template <int BN, int STAGES, typename T>
+template <int BN, int STAGES, typename T, bool kPieces = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
                      const GemmKernelParams p) {
-  using L = GemmSmem<BN, STAGES>;
+  using L = GemmSmem<BN, STAGES, kPieces>;
+  static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
   constexpr int BM = L::kBM, BK = L::kBK;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -461,6 +509,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
         }
       }
+    } else if constexpr (kPieces) {
+      if (tid == 32) piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
       const int w = tid / 32 - 2;
@@ -585,6 +635,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     ptx::wgmma_wait<0>();
     if (tid == 0) ptx::mbar_arrive(&empty[prev]);
 
+    if constexpr (kPieces) {  // the plain store in two pieces (see piece_storer)
+      ptx::mbar_wait(&c_empty[cw], 1u);
+      stage_piece<T, 0>(acc, my_c_addr, warp, lane);
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_sync(1 + cw, 128);
+      if (tid == 0) ptx::mbar_arrive(&c_full[cw]);
+      ptx::mbar_wait(&c_empty[cw], 0u);
+      stage_piece<T, 1>(acc, my_c_addr, warp, lane);
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_sync(1 + cw, 128);
+      if (tid == 0) ptx::mbar_arrive(&c_full[cw]);
+      continue;
+    }
+
     // Epilogue. (1) my_c must be free: the storer has read the previous tile
     // (TMA path), or every thread of this warpgroup is done with it (rows path).
     if (p.tma_store)
@@ -649,14 +713,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // The consumer warps join the sum (the owner layout's copy) once the
   // storer has read this warpgroup's last half tile: my_c becomes 4 staging
   // buffers, one per warp.
-  if (p.owner.rank >= 0) {
-    ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-    copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
-  }
-  if (p.sum.groups > 0 && p.sum.consumers) {
-    ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-    fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
-                                             c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
+  if constexpr (!kPieces) {
+    if (p.owner.rank >= 0) {
+      ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
+      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
+    }
+    if (p.sum.groups > 0 && p.sum.consumers) {
+      ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
+      fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
+                                               c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
+    }
   }
 }
 
