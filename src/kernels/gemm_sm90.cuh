@@ -72,7 +72,8 @@ struct GemmSmem {
   // What each summing warp stages (producer or consumer; the same for all, as
   // claimed chunks must be the same size): a consumer warp uses a quarter of
   // its half of C.
-  static constexpr int kSumWarpBytes = kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4 : kSumStageBytes;
+  static constexpr int kSumWarpBytes =
+      kPieces ? kHalfCBytes / 4 : (kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4 : kSumStageBytes);
   static constexpr int kSum = (kBars + kBarCount * 8 + 127) / 128 * 128;
   static constexpr int kBytes = kSum + 2 * kSumStageBytes;
   static constexpr int kDynamicBytes = kBytes + 1024;  // slack for 1024-byte alignment
@@ -267,9 +268,10 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[BN / 2], u
   }
 }
 
-// kPieces (the plain store, 128x256 tiles): columns [128q, 128q + 128) of a
-// consumer warpgroup's rows, piece q, into its 16 KB staging buffer.
-template <typename T, int Q>
+// kPieces (128x256 tiles): columns [128q, 128q + 128) of a consumer
+// warpgroup's rows, piece q, into its 16 KB staging buffer; kAddPeer (owner
+// layout): the peer's partial of the piece is there already, the sum replaces it.
+template <typename T, int Q, bool kAddPeer = false>
 __device__ __forceinline__ void stage_piece(const float (&acc)[128], uint32_t my_c_addr, int warp, int lane) {
 #pragma unroll
   for (int jj = 0; jj < 16; ++jj) {
@@ -278,9 +280,41 @@ __device__ __forceinline__ void stage_piece(const float (&acc)[128], uint32_t my
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + lane / 4 + 8 * h;
       const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
-      const uint32_t v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      uint32_t v;
+      if constexpr (kAddPeer) {
+        uint32_t peer;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(peer) : "r"(addr) : "memory");
+        v = add_pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], peer);
+      } else {
+        v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
       asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
     }
+  }
+}
+
+// A consumer warpgroup's epilogue with kPieces: piece 0, then piece 1, each
+// once the storer has freed the buffer (parity: two completions per tile)
+// and, for a tile this rank owns, once the peer's partial of the piece is in it.
+template <typename T>
+__device__ __forceinline__ void write_pieces(const float (&acc)[128], uint32_t my_c_addr, uint64_t* c_full_cw,
+                                             uint64_t* c_empty_cw, uint64_t* p_ready_cw, bool own,
+                                             uint32_t& owned_pieces, int tid, int warp, int lane, int cw) {
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    ptx::mbar_wait(c_empty_cw, uint32_t(q ^ 1));
+    if (own) {
+      ptx::mbar_wait(p_ready_cw, owned_pieces & 1);
+      ++owned_pieces;
+      if (q == 0) stage_piece<T, 0, true>(acc, my_c_addr, warp, lane);
+      else stage_piece<T, 1, true>(acc, my_c_addr, warp, lane);
+    } else {
+      if (q == 0) stage_piece<T, 0>(acc, my_c_addr, warp, lane);
+      else stage_piece<T, 1>(acc, my_c_addr, warp, lane);
+    }
+    ptx::fence_proxy_async_smem();
+    ptx::named_barrier_sync(1 + cw, 128);
+    if (tid == 0) ptx::mbar_arrive(c_full_cw);
   }
 }
 
@@ -309,6 +343,101 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
       }
   }
   ptx::tma_store_wait_all();
+}
+
+// The owner layout with kPieces (4 stages): lane 0 stores each piece by TMA
+// into C, the final of a tile this rank owns, the partial of one it does
+// not (there, in the tile's own rows, the peer's final lands or is copied
+// later, only after this partial has been pushed and counted), and frees the
+// buffer once the TMA has read it, after loading into it the peer's partial
+// of the piece that comes next if this rank owns that tile (bounded wait for
+// the tile's flag first). Once all four pieces are written, the whole warp
+// pushes the tile from C, where it sits in L2, to Push::peer_c with 16-byte
+// loads and stores, and lane 0 counts it in the peer's flags. So the shared
+// buffer is held ~0.5 µs per piece, not for the NVLink transfer.
+template <typename T, int BN, int kPieceBytes>
+__device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,
+                                                   const CUtensorMap* tm_w, uint8_t* c_smem, uint64_t* c_full,
+                                                   uint64_t* c_empty, uint64_t* p_ready, int32_t tiles, int lane) {
+  const Owner& o = p.owner;
+  const plan::Schedule& s = p.sched;
+  const bool leader = lane == 0;
+  bool failed = false;  // (lane 0) a wait timed out: later owned pieces do not wait again
+  auto wait_flag = [&](int32_t idx) {
+    failed = failed ||
+             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
+    ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
+  };
+  auto load_partial = [&](int32_t idx, int q, int h) {  // piece q of tile idx, half h, into buffer h
+    if (failed) {
+      ptx::mbar_arrive(&p_ready[h]);
+      return;
+    }
+    const plan::TileCoord tc = s.tile_of(idx);
+    ptx::mbar_arrive_expect_tx(&p_ready[h], kPieceBytes);
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      ptx::tma_load_2d(c_smem + h * kPieceBytes + c * 8192, tm_w, &p_ready[h], tc.tn * BN + q * 128 + c * 64,
+                       o.row0 + tc.tm * 128 + h * 64);
+  };
+  if (leader) {
+    ptx::tma_prefetch_desc(tm_c);
+    ptx::tma_prefetch_desc(tm_w);
+    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles))) {
+      const int32_t first = owner_tile_at(o, blockIdx.x, tiles);
+      wait_flag(first);
+      load_partial(first, 0, 0);
+      load_partial(first, 0, 1);
+    }
+  }
+  const T* c_out = static_cast<const T*>(p.out);
+  for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    const int32_t idx = owner_tile_at(o, i, tiles);
+    const plan::TileCoord tc = s.tile_of(idx);
+    const bool own = owner_owns(o, idx);
+    const int32_t row = tc.tm * 128, col = tc.tn * BN;
+    const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
+    const bool next_own = next >= 0 && owner_owns(o, next);
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ptx::mbar_wait(&c_full[h], uint32_t(q));
+        if (!leader) continue;
+        const uint8_t* piece = c_smem + h * kPieceBytes;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
+        ptx::tma_store_commit();
+        ptx::tma_store_wait_read();
+        // The buffer's next piece: this tile's piece 1, or the next tile's piece 0.
+        if (q == 0 && own) load_partial(idx, 1, h);
+        if (q == 1 && next_own) {
+          if (h == 0) wait_flag(next);
+          load_partial(next, 0, h);
+        }
+        ptx::mbar_arrive(&c_empty[h]);
+      }
+    // The tile is in C: push it to the peer from there.
+    if (leader) {
+      ptx::tma_store_wait_all();        // its writes are done,
+      ptx::fence_proxy_async_global();  // and ordered before the generic loads below
+    }
+    __syncwarp();
+    const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
+    T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
+    const T* src = c_out + int64_t(row) * p.ld_out + col;
+    constexpr int kUnits = BN / 8;
+#pragma unroll 4
+    for (int u = lane; u < nrows * kUnits; u += 32) {
+      const int r = u / kUnits, c8 = u % kUnits;
+      if (c8 < units)
+        *reinterpret_cast<uint4*>(dst + int64_t(r) * s.n + c8 * 8) =
+            *reinterpret_cast<const uint4*>(src + int64_t(r) * p.ld_out + c8 * 8);
+    }
+    __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
+    __syncwarp();
+    if (leader && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+  }
 }
 
 // The owner layout's storer warp: per tile, every lane copies both halves to
@@ -510,7 +639,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     } else if constexpr (kPieces) {
-      if (tid == 32) piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
+      if (tid >= 32 && tid < 64 && p.owner.rank >= 0)
+        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles,
+                                                  tid - 32);
+      else if (tid == 32)
+        piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
       const int w = tid / 32 - 2;
@@ -635,19 +768,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     ptx::wgmma_wait<0>();
     if (tid == 0) ptx::mbar_arrive(&empty[prev]);
 
-    if constexpr (kPieces) {  // the plain store in two pieces (see piece_storer)
-      ptx::mbar_wait(&c_empty[cw], 1u);
-      stage_piece<T, 0>(acc, my_c_addr, warp, lane);
-      ptx::fence_proxy_async_smem();
-      ptx::named_barrier_sync(1 + cw, 128);
-      if (tid == 0) ptx::mbar_arrive(&c_full[cw]);
-      ptx::mbar_wait(&c_empty[cw], 0u);
-      stage_piece<T, 1>(acc, my_c_addr, warp, lane);
-      ptx::fence_proxy_async_smem();
-      ptx::named_barrier_sync(1 + cw, 128);
-      if (tid == 0) ptx::mbar_arrive(&c_full[cw]);
-      continue;
-    }
+    if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
+      write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns(p.owner, idx),
+                      owned_tiles, tid, warp, lane, cw);
+    } else {  // (the rest of the loop body is compiled without kPieces only)
 
     // Epilogue. (1) my_c must be free: the storer has read the previous tile
     // (TMA path), or every thread of this warpgroup is done with it (rows path).
@@ -708,12 +832,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     }
+    }  // (not kPieces)
   }
 
   // The consumer warps join the sum (the owner layout's copy) once the
   // storer has read this warpgroup's last half tile: my_c becomes 4 staging
   // buffers, one per warp.
-  if constexpr (!kPieces) {
+  if constexpr (kPieces) {
+    // The owner layout's copy: once the storer has read this warpgroup's
+    // last piece (an even number of completions), a quarter of the buffer per warp.
+    if (p.owner.rank >= 0) {
+      ptx::mbar_wait(&c_empty[cw], 1u);
+      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
+    }
+  } else {
     if (p.owner.rank >= 0) {
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
       copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);

@@ -148,6 +148,11 @@ struct OverlapAllReduceOptions {
   // flight; 2 halves those gaps (8192x4096x2048 on 2xH200: 0.339 vs 0.352 ms,
   // neutral on GEMM-bound shapes) and holds a tile's signal at most one tile.
   int push_signal_every = 2;
+  // Owners with 128x256 tiles: the GEMM with 4 pipeline stages, its output
+  // staged in pieces and pushed from this GPU's memory
+  // (kernels::GemmParams::four_stages; then the producer's warps copy
+  // nothing during the GEMM). false: 3 stages (A/B).
+  bool four_stages = true;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
   // only; per group a copy stream waits for its tiles with a stream memory
   // op, copies this rank's block to each peer and writes the peer's flag for

@@ -76,6 +76,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   kernels::GemmParams p =
       kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct && !in_place ? ld_out : s.n);
   p.group_of_tile = group_of_tile_.as<int32_t>();
+  p.four_stages = opts_.four_stages;
   p.push.peers = 1, p.push.peer_c = (pull ? push_self_ : push_peers_).as<void*>();
   kernels::Owner& o = p.owner;
   o.rank = gather_rank_, o.split = owner_split_;
