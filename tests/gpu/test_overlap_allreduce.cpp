@@ -86,6 +86,7 @@ struct Case {
   bool misaligned_out = false;  // both outputs 2 bytes off 16-byte alignment: the sums run after the GEMM
   rt::PushBy push_by = rt::PushBy::Gemm;
   int copy_streams = 2;  // push_by copy engines
+  bool four_stages = true;  // owners with 128x256 tiles: 4 stages, the output in pieces (false: 3)
 };
 
 // Random groups for the layout: runs of waves (Slots) or of row bands; at
@@ -111,6 +112,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                       " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " swizzle " +
                       std::to_string(s.swizzle) + " " + rt::layout_name(c.layout) +
+                      (c.four_stages ? "" : " 3 stages") +
                       " groups " + std::to_string(groups.size()) + " seed=" + std::to_string(seed);
   on_each_rank([&](int rank, ncclComm_t comm) {
     const size_t cb = size_t(c.m) * c.n * 2;
@@ -126,7 +128,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
     o.wait = wait;
     o.fuse_sum = c.fuse_sum;
-    o.push_by = c.push_by, o.copy_streams = c.copy_streams;
+    o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
     if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
@@ -253,7 +255,11 @@ std::vector<Case> owner_cases(rt::PushBy by) {
           {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed, true, false, by},
           {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, by},  // misaligned output
           {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},   // 128 tiles on 132 CTAs
-          {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, false, false, by}};
+          {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, false, false, by},
+          // 128x256 with 3 stages (the output pushed from shared memory) beside the 4-stage cases above
+          {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, false},
+          {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by, 2, false},
+          {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by}};  // ragged, 4 stages
 }
 
 // Row bands on 2 ranks with owners: each tile summed in its owner's epilogue
