@@ -409,13 +409,18 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
         ptx::tma_store_commit();
         ptx::tma_store_wait_read();
-        // The buffer's next piece: this tile's piece 1, or the next tile's piece 0.
+        // The buffer's next piece: this tile's piece 1, or the next tile's
+        // piece 0. From a tile this rank does not own to one it owns, the
+        // wait for the peer's partial comes after this tile's push: the
+        // peer's CTA computing that tile may be waiting for this partial
+        // (tiles = 2 x CTAs: every CTA of both ranks at once).
         if (q == 0 && own) load_partial(idx, 1, h);
-        if (q == 1 && next_own) {
+        const bool defer = q == 1 && next_own && !own;
+        if (q == 1 && next_own && !defer) {
           if (h == 0) wait_flag(next);
           load_partial(next, 0, h);
         }
-        ptx::mbar_arrive(&c_empty[h]);
+        if (!defer) ptx::mbar_arrive(&c_empty[h]);
       }
     // The tile is in C: push it to the peer from there.
     if (leader) {
@@ -423,20 +428,37 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       ptx::fence_proxy_async_global();  // and ordered before the generic loads below
     }
     __syncwarp();
+    ptx::fence_proxy_async_global();
     const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
     T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
     const T* src = c_out + int64_t(row) * p.ld_out + col;
-    constexpr int kUnits = BN / 8;
-#pragma unroll 4
-    for (int u = lane; u < nrows * kUnits; u += 32) {
-      const int r = u / kUnits, c8 = u % kUnits;
-      if (c8 < units)
-        *reinterpret_cast<uint4*>(dst + int64_t(r) * s.n + c8 * 8) =
-            *reinterpret_cast<const uint4*>(src + int64_t(r) * p.ld_out + c8 * 8);
+    constexpr int kUnits = BN / 8, kInFlight = 4;  // loads issued before their stores (dst and src may alias)
+    const int total = nrows * kUnits;
+    for (int base = lane; base < total; base += 32 * kInFlight) {
+      uint4 v[kInFlight];
+#pragma unroll
+      for (int x = 0; x < kInFlight; ++x) {
+        const int u = base + 32 * x;
+        if (u < total && u % kUnits < units)
+          v[x] = __ldcg(reinterpret_cast<const uint4*>(src + int64_t(u / kUnits) * p.ld_out + (u % kUnits) * 8));
+      }
+#pragma unroll
+      for (int x = 0; x < kInFlight; ++x) {
+        const int u = base + 32 * x;
+        if (u < total && u % kUnits < units)
+          *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * s.n + (u % kUnits) * 8) = v[x];
+      }
     }
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
     __syncwarp();
     if (leader && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+    if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
+      wait_flag(next);
+      load_partial(next, 0, 0);
+      load_partial(next, 0, 1);
+      ptx::mbar_arrive(&c_empty[0]);
+      ptx::mbar_arrive(&c_empty[1]);
+    }
   }
 }
 

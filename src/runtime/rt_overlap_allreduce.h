@@ -226,6 +226,8 @@ class OverlapAllReduce {
   // Gathered: sums inside the GEMM (plain contiguous output). Pushed: the
   // producer warps sum during the GEMM (else the consumer warps only, after their tiles).
   bool fuses_sum() const { return fuse_ok_; }
+  // Owners: the GEMM runs 4 pipeline stages (OverlapAllReduceOptions::four_stages).
+  bool four_stages() const { return four_stages_; }
   // The last call's timeline (trace mode; synchronises with the events).
   Timeline timeline() const;
 
@@ -288,6 +290,7 @@ class OverlapAllReduce {
   int64_t gathered_rows_ = 0;
   int world_ = 1, gather_rank_ = 0;
   bool fuse_ok_ = false;  // fuse_sum, and the waits can run beside the GEMM
+  bool four_stages_ = false;
   SymmetricBuffer gathered_;
   DeviceBuffer row_shift_, sum_table_, ready_;
   // Pushed: the peers' buffers and arrival counters, this GPU's (in the window).
