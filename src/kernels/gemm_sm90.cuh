@@ -432,7 +432,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
     T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
     const T* src = c_out + int64_t(row) * p.ld_out + col;
-    constexpr int kUnits = BN / 8, kInFlight = 4;  // loads issued before their stores (dst and src may alias)
+    constexpr int kUnits = BN / 8, kInFlight = 4;  // loads before their stores (dst and src may alias)
     const int total = nrows * kUnits;
     for (int base = lane; base < total; base += 32 * kInFlight) {
       uint4 v[kInFlight];
