@@ -639,7 +639,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
   if (wg == 0) {
-    ptx::setmaxnreg_dec<40>();
+    // kPieces: 80 registers for the producer warpgroup (the owner's push
+    // keeps 4 loads in flight; at 40, 56 and 64 ptxas spilled 236/624, 92/236
+    // and 24/60 bytes), 208 for each consumer (no spills either):
+    // 128 x 80 + 256 x 208 = 63488 of the launch's 384 x 168 = 64512.
+    if constexpr (kPieces) ptx::setmaxnreg_dec<80>();
+    else ptx::setmaxnreg_dec<40>();
     if (tid == 0) {
       // ---------------- producer: TMA loads into the ring ----------------
       ptx::tma_prefetch_desc(&tm_a);
@@ -755,7 +760,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   }
 
   // ---------------- consumers ----------------
-  ptx::setmaxnreg_inc<232>();
+  if constexpr (kPieces) ptx::setmaxnreg_inc<208>();
+  else ptx::setmaxnreg_inc<232>();
   const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // [BN/64 chunks][64 rows][128 B]
