@@ -58,6 +58,7 @@ struct Options {
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
+  double wait_timeout_s = 30;  // a bounded wait of the overlapped op fails the call after this long
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
   std::string push_by = "auto";
@@ -288,6 +289,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
     fo.copy_streams = o.copy_streams;
     fo.four_stages = o.four_stages;
+    fo.wait_timeout_s = o.wait_timeout_s;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
@@ -702,6 +704,10 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_flag("--in-place", o->in_place,
                 "flashoverlap leaves its result in the op's memory (run_in_place: with owners, no copy of the peer's "
                 "tiles) instead of the output buffer");
+  cmd->add_option("--wait-timeout", o->wait_timeout_s,
+                  "Seconds before a wait of the overlapped op for a group or tile fails the run with a message")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str();
   cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--csv", o->csv, "Append rows to this CSV file");

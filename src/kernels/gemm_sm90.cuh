@@ -365,7 +365,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   bool failed = false;  // (lane 0) a wait timed out: later owned pieces do not wait again
   auto wait_flag = [&](int32_t idx) {
     failed = failed ||
-             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
+             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 3u, idx);
     ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
   };
   auto load_partial = [&](int32_t idx, int q, int h) {  // piece q of tile idx, half h, into buffer h
@@ -402,7 +402,14 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     for (int q = 0; q < 2; ++q)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        // Every lane waits, then the warp converges before lane 0 frees the
+        // buffer: a lane running behind could otherwise miss this completion
+        // (a parity wait tells only even from odd), wait for a later one that
+        // needs lane 0, stopped at the push's __syncwarp, and hang (seen on
+        // 2xH200). Lane 0 waiting alone, the others parked at a __syncwarp,
+        // was correct but made the call 7-35% slower (measured; why, not known).
         ptx::mbar_wait(&c_full[h], uint32_t(q));
+        __syncwarp();
         if (!leader) continue;
         const uint8_t* piece = c_smem + h * kPieceBytes;
 #pragma unroll
@@ -481,7 +488,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
   auto prefetch = [&](int32_t idx) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
     failed = failed ||
-             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
+             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 3u, idx);
     ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
     ptx::fence_proxy_async_smem();    // the lanes' reads of the buffer (push_half) before the loads overwrite it
     for (int h = 0; h < 2; ++h) {
@@ -571,7 +578,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
     int ok = 1;
     if (lane == 0) {
       if (t != ready) {
-        ok = bounded_wait<64, 1024>(o.flags + t, o.epoch, o.timeout_ns, o.err, p.group_of_tile[t], 2u);
+        ok = bounded_wait<64, 1024>(o.flags + t, o.epoch, o.timeout_ns, o.err, p.group_of_tile[t], 4u, t);
         ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
         ready = t;
       }
