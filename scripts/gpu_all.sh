@@ -21,6 +21,8 @@
 #   inplace-ab   owners: result copied into the output vs left in the op's window (--in-place), ABAB; --with-rmsnorm
 #   gate-ab      the sweep's shapes with --no-gate (the host's enqueue timed too) and without (each timed
 #                run queued whole before the GPU starts it: the default), ABAB, CSVs $OUT/gate-ab-{nogate,gate}-{1,2}.csv
+#   four-ab      4 pipeline stages against 3: bench-gemm --four-stages both (plain 128x256), then bench on the
+#                shapes near the bar with and without --three-stages (owners), ABAB -> four-ab.log
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -126,6 +128,19 @@ for s in "$@"; do
           $CLI bench --shapes ${GATE_SHAPES:-2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192} \
             --curves /tmp/fo-curves $([ $g = nogate ] && echo --no-gate) --csv "$OUT/gate-ab-$g-$r.csv" 2>&1 |
             tee -a "$OUT/gate-ab.log" | grep -E "^[0-9]+x|host enqueue|flashoverlap  |sequential  |rror" | cut -c1-220 || status=1
+        done
+      done
+      ;;
+    four-ab)
+      stage "4 stages against 3"
+      $CLI bench-gemm --tiles 256 --reserve-sms 0 --modes plain --four-stages both 2>&1 | tee -a "$OUT/four-ab.log" |
+        grep -v "^#" || status=1
+      for r in 1 2; do
+        for f in "" "--three-stages"; do
+          echo "##### ${f:-four stages} $r" | tee -a "$OUT/four-ab.log"
+          $CLI bench --shapes ${FOUR_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
+            --curves /tmp/fo-curves $f 2>&1 | tee -a "$OUT/four-ab.log" |
+            grep -E "^[0-9]+x|flashoverlap  |sequential  |rror" | cut -c1-200 || status=1
         done
       done
       ;;

@@ -57,6 +57,8 @@ struct Options {
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
+  bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
+  double wait_timeout_s = 30;  // a bounded wait of the overlapped op fails the call after this long
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
   std::string push_by = "auto";
@@ -286,6 +288,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.fuse_sum = pl.fuse_sum;
     fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
     fo.copy_streams = o.copy_streams;
+    fo.four_stages = o.four_stages;
+    fo.wait_timeout_s = o.wait_timeout_s;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
@@ -700,6 +704,10 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_flag("--in-place", o->in_place,
                 "flashoverlap leaves its result in the op's memory (run_in_place: with owners, no copy of the peer's "
                 "tiles) instead of the output buffer");
+  cmd->add_option("--wait-timeout", o->wait_timeout_s,
+                  "Seconds before a wait of the overlapped op for a group or tile fails the run with a message")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str();
   cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--csv", o->csv, "Append rows to this CSV file");
@@ -710,6 +718,9 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->envname("FLASHOVERLAP_CURVES");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
   cmd->add_flag("--trace", o->trace, "Print rank 0's timeline of the last overlapped call");
+  cmd->add_flag("!--three-stages", o->four_stages,
+                "Owners with 128x256 tiles: the GEMM with 3 pipeline stages and its output pushed from shared "
+                "memory (the default is 4 stages, the output staged in pieces and pushed from this GPU's memory)");
   cmd->add_flag("!--no-gate", o->gate,
                 "Time the host's enqueue too: by default the stream is held before each timed run until the host "
                 "has queued it, so that only device time is timed (not launches, tensor maps, NCCL's enqueue)");

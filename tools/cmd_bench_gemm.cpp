@@ -36,6 +36,7 @@ struct Options {
   std::string tiles = "256,128";
   std::string reserve = "0,8,16,32";
   std::string modes = "plain,signal";
+  std::string four = "on";  // 4 stages for the plain 128x256 store: on, off, both
   int warmup = 5, iters = 20, device = 0;
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   std::string csv, meta;
@@ -45,6 +46,11 @@ int run(const Options& o) {
   const auto shapes = parse_shapes(o.shapes);
   const auto tiles = parse_ints(o.tiles, "tile width");
   const auto reserves = parse_ints(o.reserve, "reserve");
+  std::vector<bool> fours;
+  if (o.four == "on") fours = {true};
+  else if (o.four == "off") fours = {false};
+  else if (o.four == "both") fours = {false, true};
+  else throw InvalidArgument("--four-stages must be on, off or both");
   for (int t : tiles)
     if (!kernels::tile_supported(128, t)) throw InvalidArgument("unsupported tile 128x" + std::to_string(t));
   std::vector<kernels::DType> dtypes;
@@ -73,7 +79,7 @@ int run(const Options& o) {
     if (!csv) throw Error("cannot write " + o.csv);
     csv << "M,N,K,dtype,tile,reserve_sms,mode,ours_ms,cublas_ms,ours_tflops,cublas_tflops,ratio_vs_cublas,rel_err\n";
   }
-  std::cout << std::left << std::setw(18) << "shape" << std::setw(6) << "dtype" << std::setw(9) << "tile"
+  std::cout << std::left << std::setw(18) << "shape" << std::setw(6) << "dtype" << std::setw(14) << "tile"
             << std::setw(8) << "reserve" << std::setw(8) << "mode" << std::right << std::setw(10) << "ours_ms"
             << std::setw(10) << "cublas_ms" << std::setw(9) << "ours_TF" << std::setw(9) << "cublas_TF"
             << std::setw(8) << "ratio" << "\n";
@@ -97,6 +103,7 @@ int run(const Options& o) {
         // Every configuration of this shape and grid, timed in turns with cuBLAS.
         struct Config {
           int bn;
+          bool four;  // ran with 4 stages
           int mode;  // 0 plain, 1 signal
           kernels::GemmParams p;
           double rel = -1;
@@ -117,17 +124,21 @@ int run(const Options& o) {
           std::vector<int32_t> group_of_tile(tiles_total);
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
           FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
+          for (bool four : fours)
           for (int mode = 0; mode < 2; ++mode) {
             if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal)) continue;
             kernels::GemmParams p;
             p.dtype = dt, p.a = a.get(), p.b = b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
+            p.four_stages = four;
             if (mode == 0) {
               p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = sh.n;
             } else {
               p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
               p.counters = counters, p.group_of_tile = got;
             }
-            configs.push_back({bn, mode, p, -1});
+            const bool ran_four = kernels::gemm_four_stages(p);
+            if (four && !ran_four && fours.size() > 1) continue;  // "both": the 3-stage row is there already
+            configs.push_back({bn, ran_four, mode, p, -1});
           }
         }
         // Correctness first: poisoned output vs cuBLAS.
@@ -154,14 +165,15 @@ int run(const Options& o) {
           std::ostringstream shape;
           shape << sh.m << "x" << sh.n << "x" << sh.k;
           const char* mname = cf.mode == 0 ? "plain" : "signal";
-          std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname << std::setw(9)
-                    << ("128x" + std::to_string(cf.bn)) << std::setw(8) << reserve << std::setw(8) << mname
+          const std::string tname = "128x" + std::to_string(cf.bn) + (cf.four ? "/4st" : "");
+          std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname
+                    << std::setw(14) << tname << std::setw(8) << reserve << std::setw(8) << mname
                     << std::right << std::fixed << std::setprecision(3) << std::setw(10) << ours_ms << std::setw(10)
                     << cub_ms << std::setprecision(1) << std::setw(9) << ours_tf << std::setw(9) << cub_tf
                     << std::setprecision(3) << std::setw(8) << ours_tf / cub_tf << "\n"
                     << std::flush;
           if (csv)
-            csv << sh.m << "," << sh.n << "," << sh.k << "," << dname << ",128x" << cf.bn << "," << reserve << ","
+            csv << sh.m << "," << sh.n << "," << sh.k << "," << dname << "," << tname << "," << reserve << ","
                 << mname << "," << ours_ms << "," << cub_ms << "," << ours_tf << "," << cub_tf << ","
                 << ours_tf / cub_tf << "," << cf.rel << "\n";
         }
@@ -196,6 +208,10 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
   cmd->add_option("--reserve-sms", opts->reserve, "SMs left free (GEMM grid = SMs - reserve), list")
       ->capture_default_str();
   cmd->add_option("--modes", opts->modes, "plain, signal or both (plain,signal)")->capture_default_str();
+  cmd->add_option("--four-stages", opts->four,
+                  "The plain 128x256 store with 4 stages (its output staged in two pieces): on, off or both "
+                  "(each timed in turns; '/4st' in the tile column)")
+      ->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "Warm-up runs")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--iters", opts->iters, "Timed runs (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--device", opts->device, "CUDA device")->capture_default_str();

@@ -13,6 +13,7 @@ struct WaitError {
   int32_t group;
   uint32_t value;     // counter value seen last
   uint32_t expected;  // the target it waited for
+  int32_t tile = -1;  // the owner layout: the tile whose flag it was (-1: a group's counter)
 };
 
 // Enqueues a one-thread kernel on `stream` that spins until

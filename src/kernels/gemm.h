@@ -172,6 +172,11 @@ struct GemmParams {
   // tile's stores and pushes done, 2: its share of the owner layout's copy
   // done, 3: its start}. Where the GEMM's end goes (rt::summarize_phases).
   uint64_t* monitor_phases = nullptr;
+  // 128x256 tiles, Plain C stored by TMA and nothing else (no counters,
+  // monitors, push, owner, sum or row shift): 4 pipeline stages instead of 3,
+  // each consumer staging its output half in two pieces in half the shared
+  // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
+  bool four_stages = true;
 };
 
 // Plain row-major C (ldc elements per row) = A B^T on the grid of `sched`.
@@ -192,6 +197,9 @@ void check_gemm_params(const GemmParams& p);
 
 // Enqueues the GEMM on `stream`. Throws on invalid input or launch failure.
 void launch_gemm(const GemmParams& p, cudaStream_t stream);
+
+// Whether launch_gemm runs `p` with 4 stages (GemmParams::four_stages).
+bool gemm_four_stages(const GemmParams& p);
 
 // Loads every kernel of this library into the current context now. CUDA's
 // lazy loading would otherwise load a module at its first launch, which

@@ -28,6 +28,13 @@ template <int BN>
 constexpr int smem_for() {
   return GemmSmem<BN, BN == 256 ? kStages256 : kStages128>::kDynamicBytes;
 }
+// The plain store with 4 stages (GemmParams::four_stages): 4 x 48 KB + 2 x 16 KB.
+template <typename T>
+auto pieces_kernel() {
+  return &gemm_sm90_kernel<256, 4, T, true>;
+}
+constexpr int kPiecesSmem = GemmSmem<256, 4, true>::kDynamicBytes;
+static_assert(kPiecesSmem <= 227 * 1024, "four stages do not fit");
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static const auto fn = driver_entry_point<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
@@ -149,6 +156,17 @@ void check_gemm_params(const GemmParams& p) {
 
 void preload_gemm_kernels();
 
+bool gemm_four_stages(const GemmParams& p) {
+  // The plain store, or the owner layout (push to its one peer); its
+  // producer warps copy nothing during the GEMM (no room): the consumer
+  // warps copy after their tiles.
+  const bool plain = p.push.peers == 0 && p.owner.rank < 0;
+  const bool owner = p.owner.rank >= 0 && p.push.peers == 1;
+  return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&
+         !p.counters && !p.monitor_ns && !p.monitor_phases && (plain || owner) && p.sum.groups == 0 &&
+         !p.row_shift;  // (owner: check_gemm_params requires n % 8 == 0 already)
+}
+
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   check_gemm_params(p);
   {  // shared-memory limits are per device: set them once on each
@@ -203,6 +221,14 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
+  if (gemm_four_stages(p)) {
+    if (p.dtype == DType::BF16)
+      pieces_kernel<__nv_bfloat16>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, kp);
+    else
+      pieces_kernel<__half>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, kp);
+    FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
+    return;
+  }
   if (p.dtype == DType::BF16) {
     if (bn == 256)
       kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
@@ -231,6 +257,8 @@ void preload_gemm_kernels() {
   prepare(kernel_for<128, __nv_bfloat16>(), smem_for<128>());
   prepare(kernel_for<256, __half>(), smem_for<256>());
   prepare(kernel_for<128, __half>(), smem_for<128>());
+  prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
+  prepare(pieces_kernel<__half>(), kPiecesSmem);
   encode_fn();
 }
 

@@ -51,12 +51,15 @@ __device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
                         static_cast<unsigned long long>(ptx::globaltimer_ns()));
 }
 
-template <int BN, int STAGES>
+// kPieces: the plain store with 4 stages (gemm.h: GemmParams::four_stages):
+// each consumer stages its output half in two pieces of 128 columns, one
+// after the other, in 16 KB instead of 32 KB; no buffers for the sums.
+template <int BN, int STAGES, bool kPieces = false>
 struct GemmSmem {
   static constexpr int kBM = 128, kBK = 64;
   static constexpr int kABytes = kBM * kBK * 2;        // one stage of A
   static constexpr int kBBytes = BN * kBK * 2;         // one stage of B
-  static constexpr int kHalfCBytes = 64 * BN * 2;      // one consumer's output half
+  static constexpr int kHalfCBytes = 64 * (kPieces ? 128 : BN) * 2;  // one consumer's output half (a piece)
   static constexpr int kA = 0;
   static constexpr int kB = kA + STAGES * kABytes;
   static constexpr int kC = kB + STAGES * kBBytes;
@@ -65,11 +68,12 @@ struct GemmSmem {
   // (+2: the owner layout's peer partial loaded into each C half)
   static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2;
   // Staging of the fused sum (gathered and pushed layouts): 8 KB per producer sum warp.
-  static constexpr int kSumStageBytes = 8192;
+  static constexpr int kSumStageBytes = kPieces ? 0 : 8192;
   // What each summing warp stages (producer or consumer; the same for all, as
   // claimed chunks must be the same size): a consumer warp uses a quarter of
   // its half of C.
-  static constexpr int kSumWarpBytes = kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4 : kSumStageBytes;
+  static constexpr int kSumWarpBytes =
+      kPieces ? kHalfCBytes / 4 : (kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4 : kSumStageBytes);
   static constexpr int kSum = (kBars + kBarCount * 8 + 127) / 128 * 128;
   static constexpr int kBytes = kSum + 2 * kSumStageBytes;
   static constexpr int kDynamicBytes = kBytes + 1024;  // slack for 1024-byte alignment
@@ -264,6 +268,207 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[BN / 2], u
   }
 }
 
+// kPieces (128x256 tiles): columns [128q, 128q + 128) of a consumer
+// warpgroup's rows, piece q, into its 16 KB staging buffer; kAddPeer (owner
+// layout): the peer's partial of the piece is there already, the sum replaces it.
+template <typename T, int Q, bool kAddPeer = false>
+__device__ __forceinline__ void stage_piece(const float (&acc)[128], uint32_t my_c_addr, int warp, int lane) {
+#pragma unroll
+  for (int jj = 0; jj < 16; ++jj) {
+    const int j = Q * 16 + jj, chunk = jj / 8, u = jj % 8;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + lane / 4 + 8 * h;
+      const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
+      uint32_t v;
+      if constexpr (kAddPeer) {
+        uint32_t peer;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(peer) : "r"(addr) : "memory");
+        v = add_pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], peer);
+      } else {
+        v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+    }
+  }
+}
+
+// A consumer warpgroup's epilogue with kPieces: piece 0, then piece 1, each
+// once the storer has freed the buffer (parity: two completions per tile)
+// and, for a tile this rank owns, once the peer's partial of the piece is in it.
+template <typename T>
+__device__ __forceinline__ void write_pieces(const float (&acc)[128], uint32_t my_c_addr, uint64_t* c_full_cw,
+                                             uint64_t* c_empty_cw, uint64_t* p_ready_cw, bool own,
+                                             uint32_t& owned_pieces, int tid, int warp, int lane, int cw) {
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    ptx::mbar_wait(c_empty_cw, uint32_t(q ^ 1));
+    if (own) {
+      ptx::mbar_wait(p_ready_cw, owned_pieces & 1);
+      ++owned_pieces;
+      if (q == 0) stage_piece<T, 0, true>(acc, my_c_addr, warp, lane);
+      else stage_piece<T, 1, true>(acc, my_c_addr, warp, lane);
+    } else {
+      if (q == 0) stage_piece<T, 0>(acc, my_c_addr, warp, lane);
+      else stage_piece<T, 1>(acc, my_c_addr, warp, lane);
+    }
+    ptx::fence_proxy_async_smem();
+    ptx::named_barrier_sync(1 + cw, 128);
+    if (tid == 0) ptx::mbar_arrive(c_full_cw);
+  }
+}
+
+// kPieces: the storer (one thread) takes the pieces in the order the
+// consumers write them (piece 0 of both halves, then piece 1), stores each by
+// TMA and hands the buffer back once the TMA has read it. Each buffer
+// completes twice per tile, so piece q's wait is on parity q.
+template <int BN, int kPieceBytes>
+__device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c, uint8_t* c_smem,
+                                             uint64_t* c_full, uint64_t* c_empty, int32_t tiles) {
+  ptx::tma_prefetch_desc(tm_c);
+  for (int32_t idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+    const plan::TileCoord tc = p.sched.tile_of(idx);
+    const int32_t row = tc.tm * 128, col = tc.tn * BN;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ptx::mbar_wait(&c_full[h], uint32_t(q));
+        const uint8_t* piece = c_smem + h * kPieceBytes;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
+        ptx::tma_store_commit();
+        ptx::tma_store_wait_read();
+        ptx::mbar_arrive(&c_empty[h]);
+      }
+  }
+  ptx::tma_store_wait_all();
+}
+
+// The owner layout with kPieces (4 stages): lane 0 stores each piece by TMA
+// into C, the final of a tile this rank owns, the partial of one it does
+// not (there, in the tile's own rows, the peer's final lands or is copied
+// later, only after this partial has been pushed and counted), and frees the
+// buffer once the TMA has read it, after loading into it the peer's partial
+// of the piece that comes next if this rank owns that tile (bounded wait for
+// the tile's flag first). Once all four pieces are written, the whole warp
+// pushes the tile from C, where it sits in L2, to Push::peer_c with 16-byte
+// loads and stores, and lane 0 counts it in the peer's flags. So the shared
+// buffer is held ~0.5 µs per piece, not for the NVLink transfer.
+template <typename T, int BN, int kPieceBytes>
+__device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,
+                                                   const CUtensorMap* tm_w, uint8_t* c_smem, uint64_t* c_full,
+                                                   uint64_t* c_empty, uint64_t* p_ready, int32_t tiles, int lane) {
+  const Owner& o = p.owner;
+  const plan::Schedule& s = p.sched;
+  const bool leader = lane == 0;
+  bool failed = false;  // (lane 0) a wait timed out: later owned pieces do not wait again
+  auto wait_flag = [&](int32_t idx) {
+    failed = failed ||
+             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 3u, idx);
+    ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
+  };
+  auto load_partial = [&](int32_t idx, int q, int h) {  // piece q of tile idx, half h, into buffer h
+    if (failed) {
+      ptx::mbar_arrive(&p_ready[h]);
+      return;
+    }
+    const plan::TileCoord tc = s.tile_of(idx);
+    ptx::mbar_arrive_expect_tx(&p_ready[h], kPieceBytes);
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      ptx::tma_load_2d(c_smem + h * kPieceBytes + c * 8192, tm_w, &p_ready[h], tc.tn * BN + q * 128 + c * 64,
+                       o.row0 + tc.tm * 128 + h * 64);
+  };
+  if (leader) {
+    ptx::tma_prefetch_desc(tm_c);
+    ptx::tma_prefetch_desc(tm_w);
+    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles))) {
+      const int32_t first = owner_tile_at(o, blockIdx.x, tiles);
+      wait_flag(first);
+      load_partial(first, 0, 0);
+      load_partial(first, 0, 1);
+    }
+  }
+  const T* c_out = static_cast<const T*>(p.out);
+  for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    const int32_t idx = owner_tile_at(o, i, tiles);
+    const plan::TileCoord tc = s.tile_of(idx);
+    const bool own = owner_owns(o, idx);
+    const int32_t row = tc.tm * 128, col = tc.tn * BN;
+    const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
+    const bool next_own = next >= 0 && owner_owns(o, next);
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // Every lane waits, then the warp converges before lane 0 frees the
+        // buffer: a lane running behind could otherwise miss this completion
+        // (a parity wait tells only even from odd), wait for a later one that
+        // needs lane 0, stopped at the push's __syncwarp, and hang (seen on
+        // 2xH200). Lane 0 waiting alone, the others parked at a __syncwarp,
+        // was correct but made the call 7-35% slower (measured; why, not known).
+        ptx::mbar_wait(&c_full[h], uint32_t(q));
+        __syncwarp();
+        if (!leader) continue;
+        const uint8_t* piece = c_smem + h * kPieceBytes;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
+        ptx::tma_store_commit();
+        ptx::tma_store_wait_read();
+        // The buffer's next piece: this tile's piece 1, or the next tile's
+        // piece 0. From a tile this rank does not own to one it owns, the
+        // wait for the peer's partial comes after this tile's push: the
+        // peer's CTA computing that tile may be waiting for this partial
+        // (tiles = 2 x CTAs: every CTA of both ranks at once).
+        if (q == 0 && own) load_partial(idx, 1, h);
+        const bool defer = q == 1 && next_own && !own;
+        if (q == 1 && next_own && !defer) {
+          if (h == 0) wait_flag(next);
+          load_partial(next, 0, h);
+        }
+        if (!defer) ptx::mbar_arrive(&c_empty[h]);
+      }
+    // The tile is in C: push it to the peer from there.
+    if (leader) {
+      ptx::tma_store_wait_all();        // its writes are done,
+      ptx::fence_proxy_async_global();  // and ordered before the generic loads below
+    }
+    __syncwarp();
+    ptx::fence_proxy_async_global();
+    const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
+    T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
+    const T* src = c_out + int64_t(row) * p.ld_out + col;
+    constexpr int kUnits = BN / 8, kInFlight = 4;  // loads before their stores (dst and src may alias)
+    const int total = nrows * kUnits;
+    for (int base = lane; base < total; base += 32 * kInFlight) {
+      uint4 v[kInFlight];
+#pragma unroll
+      for (int x = 0; x < kInFlight; ++x) {
+        const int u = base + 32 * x;
+        if (u < total && u % kUnits < units)
+          v[x] = __ldcg(reinterpret_cast<const uint4*>(src + int64_t(u / kUnits) * p.ld_out + (u % kUnits) * 8));
+      }
+#pragma unroll
+      for (int x = 0; x < kInFlight; ++x) {
+        const int u = base + 32 * x;
+        if (u < total && u % kUnits < units)
+          *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * s.n + (u % kUnits) * 8) = v[x];
+      }
+    }
+    __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
+    __syncwarp();
+    if (leader && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+    if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
+      wait_flag(next);
+      load_partial(next, 0, 0);
+      load_partial(next, 0, 1);
+      ptx::mbar_arrive(&c_empty[0]);
+      ptx::mbar_arrive(&c_empty[1]);
+    }
+  }
+}
+
 // The owner layout's storer warp: per tile, every lane copies both halves to
 // Push::peer_c (the peer's window; this GPU's when pulled: a partial, or the
 // final tile), lane 0 stores a final tile into C by TMA and counts the tile
@@ -283,7 +488,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
   auto prefetch = [&](int32_t idx) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
     failed = failed ||
-             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 2u);
+             !bounded_wait<64, 1024>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 3u, idx);
     ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
     ptx::fence_proxy_async_smem();    // the lanes' reads of the buffer (push_half) before the loads overwrite it
     for (int h = 0; h < 2; ++h) {
@@ -373,7 +578,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
     int ok = 1;
     if (lane == 0) {
       if (t != ready) {
-        ok = bounded_wait<64, 1024>(o.flags + t, o.epoch, o.timeout_ns, o.err, p.group_of_tile[t], 2u);
+        ok = bounded_wait<64, 1024>(o.flags + t, o.epoch, o.timeout_ns, o.err, p.group_of_tile[t], 4u, t);
         ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
         ready = t;
       }
@@ -400,12 +605,13 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   }
 }
 
-template <int BN, int STAGES, typename T>
+template <int BN, int STAGES, typename T, bool kPieces = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
                      const GemmKernelParams p) {
-  using L = GemmSmem<BN, STAGES>;
+  using L = GemmSmem<BN, STAGES, kPieces>;
+  static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
   constexpr int BM = L::kBM, BK = L::kBK;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -440,7 +646,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
   if (wg == 0) {
-    ptx::setmaxnreg_dec<40>();
+    // kPieces: 80 registers for the producer warpgroup (the owner's push
+    // keeps 4 loads in flight; at 40, 56 and 64 ptxas spilled 236/624, 92/236
+    // and 24/60 bytes), 208 for each consumer (no spills either):
+    // 128 x 80 + 256 x 208 = 63488 of the launch's 384 x 168 = 64512.
+    if constexpr (kPieces) ptx::setmaxnreg_dec<80>();
+    else ptx::setmaxnreg_dec<40>();
     if (tid == 0) {
       // ---------------- producer: TMA loads into the ring ----------------
       ptx::tma_prefetch_desc(&tm_a);
@@ -461,6 +672,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
         }
       }
+    } else if constexpr (kPieces) {
+      if (tid >= 32 && tid < 64 && p.owner.rank >= 0)
+        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles,
+                                                  tid - 32);
+      else if (tid == 32)
+        piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
       const int w = tid / 32 - 2;
@@ -550,7 +767,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   }
 
   // ---------------- consumers ----------------
-  ptx::setmaxnreg_inc<232>();
+  if constexpr (kPieces) ptx::setmaxnreg_inc<208>();
+  else ptx::setmaxnreg_inc<232>();
   const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // [BN/64 chunks][64 rows][128 B]
@@ -584,6 +802,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     ptx::wgmma_wait<0>();
     if (tid == 0) ptx::mbar_arrive(&empty[prev]);
+
+    if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
+      write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns(p.owner, idx),
+                      owned_tiles, tid, warp, lane, cw);
+    } else {  // (the rest of the loop body is compiled without kPieces only)
 
     // Epilogue. (1) my_c must be free: the storer has read the previous tile
     // (TMA path), or every thread of this warpgroup is done with it (rows path).
@@ -644,19 +867,29 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     }
+    }  // (not kPieces)
   }
 
   // The consumer warps join the sum (the owner layout's copy) once the
   // storer has read this warpgroup's last half tile: my_c becomes 4 staging
   // buffers, one per warp.
-  if (p.owner.rank >= 0) {
-    ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-    copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
-  }
-  if (p.sum.groups > 0 && p.sum.consumers) {
-    ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-    fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
-                                             c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
+  if constexpr (kPieces) {
+    // The owner layout's copy: once the storer has read this warpgroup's
+    // last piece (an even number of completions), a quarter of the buffer per warp.
+    if (p.owner.rank >= 0) {
+      ptx::mbar_wait(&c_empty[cw], 1u);
+      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
+    }
+  } else {
+    if (p.owner.rank >= 0) {
+      ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
+      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
+    }
+    if (p.sum.groups > 0 && p.sum.consumers) {
+      ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
+      fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
+                                               c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
+    }
   }
 }
 

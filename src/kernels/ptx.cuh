@@ -6,6 +6,7 @@
 #pragma once
 #include <cuda.h>
 #include <cstdint>
+#include <cstdio>
 
 namespace flashoverlap::kernels::ptx {
 
@@ -30,7 +31,33 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 // Waits until the phase with the given parity has completed.
+#ifdef FO_DEBUG_HANG
+// Debug builds (-DFO_DEBUG_HANG=ON): a wait on an mbarrier that has not
+// completed after 10 s of GPU time names itself and traps, instead of hanging.
+static __device__ __noinline__ void mbar_hang_report(uint64_t* bar, uint32_t parity) {
+  printf("mbarrier wait stuck 10 s: block %d thread %d, shared 0x%x parity %u\n", int(blockIdx.x), int(threadIdx.x),
+         unsigned(__cvta_generic_to_shared(bar)), parity);
+  __trap();
+}
+#endif
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#ifdef FO_DEBUG_HANG
+  uint64_t start = 0;
+  for (uint32_t spins = 0;; ++spins) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(parity)
+        : "memory");
+    if (done) return;
+    uint64_t now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (spins == 0) start = now;
+    else if (now - start > 10000000000ull) mbar_hang_report(bar, parity);
+  }
+#endif
   asm volatile(
       "{\n"
       ".reg .pred p;\n"

@@ -12,11 +12,11 @@ namespace flashoverlap::kernels {
 // GPU writing into this one's memory) until (int32_t)(*flag - target) >= 0,
 // which survives epoch wrap-around; returns true then. After `timeout_ns` of
 // GPU time the first waiter to give up records `code`, group, last value and
-// target in `err` and every one returns false. The sleep between polls
+// target (and `tile`, where the flag is a tile's) in `err` and every one returns false. The sleep between polls
 // doubles from kFirstNs up to kMaxNs (a late wake-up delays the waiter).
 template <uint32_t kFirstNs, uint32_t kMaxNs>
 __device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t target, uint64_t timeout_ns,
-                                             WaitError* err, int32_t group, uint32_t code) {
+                                             WaitError* err, int32_t group, uint32_t code, int32_t tile = -1) {
   const uint64_t start = ptx::globaltimer_ns();
   uint32_t backoff = kFirstNs;
   while (true) {
@@ -24,7 +24,7 @@ __device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t targ
     if (static_cast<int32_t>(v - target) >= 0) return true;
     if (ptx::globaltimer_ns() - start > timeout_ns) {
       if (atomicCAS(&err->failed, 0u, code) == 0u) {
-        err->group = group, err->value = v, err->expected = target;
+        err->group = group, err->value = v, err->expected = target, err->tile = tile;
         __threadfence_system();
       }
       return false;

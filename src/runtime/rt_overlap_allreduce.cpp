@@ -475,7 +475,12 @@ void OverlapAllReduce::check() const {
     os << "rank " << opts_.rank << ": the tiles of group " << e.group << " of the overlapped GEMM+AllReduce ("
        << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)
        << " layout) did not all arrive within "
-       << opts_.wait_timeout_s << " s: arrival counter " << e.value << ", expected " << e.expected
+       << opts_.wait_timeout_s << " s: arrival counter " << e.value << ", expected " << e.expected;
+    if (e.tile >= 0)  // the owner layout: which tile, and what of it
+      os << " (tile " << e.tile << ": "
+         << (e.failed == 3 ? "the peer's partial of a tile this rank owns" : "the peer's final of a tile it owns")
+         << ")";
+    os
        << (copy_engines() ? " (this GEMM's tile signals, or a peer's flag for its copy of the group)" : "")
        << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
     throw Error(os.str());

@@ -148,6 +148,11 @@ struct OverlapAllReduceOptions {
   // flight; 2 halves those gaps (8192x4096x2048 on 2xH200: 0.339 vs 0.352 ms,
   // neutral on GEMM-bound shapes) and holds a tile's signal at most one tile.
   int push_signal_every = 2;
+  // Owners with 128x256 tiles: the GEMM with 4 pipeline stages, its output
+  // staged in pieces and pushed from this GPU's memory
+  // (kernels::GemmParams::four_stages; then the producer's warps copy
+  // nothing during the GEMM). false: 3 stages (A/B).
+  bool four_stages = true;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
   // only; per group a copy stream waits for its tiles with a stream memory
   // op, copies this rank's block to each peer and writes the peer's flag for
@@ -221,6 +226,8 @@ class OverlapAllReduce {
   // Gathered: sums inside the GEMM (plain contiguous output). Pushed: the
   // producer warps sum during the GEMM (else the consumer warps only, after their tiles).
   bool fuses_sum() const { return fuse_ok_; }
+  // Owners: the GEMM runs 4 pipeline stages (OverlapAllReduceOptions::four_stages).
+  bool four_stages() const { return four_stages_; }
   // The last call's timeline (trace mode; synchronises with the events).
   Timeline timeline() const;
 
@@ -283,6 +290,7 @@ class OverlapAllReduce {
   int64_t gathered_rows_ = 0;
   int world_ = 1, gather_rank_ = 0;
   bool fuse_ok_ = false;  // fuse_sum, and the waits can run beside the GEMM
+  bool four_stages_ = false;
   SymmetricBuffer gathered_;
   DeviceBuffer row_shift_, sum_table_, ready_;
   // Pushed: the peers' buffers and arrival counters, this GPU's (in the window).

@@ -48,7 +48,10 @@ void OverlapAllReduce::setup_owned() {
   push_self_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
-  fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy during the GEMM)
+  // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles, not traced
+  // (the phase monitor runs 3); then the producer's warps have no room to copy.
+  four_stages_ = opts_.four_stages && s.bn == 256 && !opts_.trace;
+  fuse_ok_ = opts_.fuse_sum && !four_stages_;  // (here: the producer's warps copy during the GEMM)
   claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
   setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
@@ -76,6 +79,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   kernels::GemmParams p =
       kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct && !in_place ? ld_out : s.n);
   p.group_of_tile = group_of_tile_.as<int32_t>();
+  p.four_stages = four_stages_;
   p.push.peers = 1, p.push.peer_c = (pull ? push_self_ : push_peers_).as<void*>();
   kernels::Owner& o = p.owner;
   o.rank = gather_rank_, o.split = owner_split_;

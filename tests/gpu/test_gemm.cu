@@ -69,23 +69,32 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
   for (DType dt : {DType::BF16, DType::FP16}) {
     const uint64_t seed = fresh_seed();
     Problem pr(dt, m, n, k, seed);
-    DeviceBuffer c(size_t(m) * n * 2);
-    for (int bn : {256, 128}) {
+    DeviceBuffer c(size_t(m) * n * 2), c3(size_t(m) * n * 2);
+    // 128x256 with 3 stages and (the plain store's default) 4, whose output
+    // goes out in two pieces: the same k16 steps in the same order, so
+    // bitwise the same C; 128x128 with 5.
+    for (auto [bn, four] : {std::pair{256, false}, std::pair{256, true}, std::pair{128, true}}) {
       for (int ctas : {132, 77, 3}) {
         SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                      " dtype=" + (dt == DType::BF16 ? "bf16" : "fp16") + " tile 128x" + std::to_string(bn) +
-                     " ctas=" + std::to_string(ctas) + " seed=" + std::to_string(seed));
+                     (four ? "" : " 3 stages") + " ctas=" + std::to_string(ctas) + " seed=" + std::to_string(seed));
         kernels::poison(c.get(), int64_t(m) * n, nullptr);
         kernels::GemmParams p;
-        p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k;
+        p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k, p.four_stages = four;
         p.sched = make_sched(m, n, 128, bn, ctas, ctas == 77 ? plan::Raster::AlongM : plan::Raster::AlongN,
                              ctas == 3 ? 1 : 8);
         p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = n;
+        EXPECT_EQ(kernels::gemm_four_stages(p), bn == 256 && four && n % 8 == 0);
         kernels::launch_gemm(p, nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
         const auto r = kernels::compare(dt, c.get(), n, pr.ref.get(), n, m, n, nullptr);
         EXPECT_EQ(r.nan_count, 0);
         EXPECT_LT(r.rel_error(), tolerance(dt));
+        if (bn == 256 && !four && ctas == 132)
+          FO_CUDA_CHECK(cudaMemcpy(c3.get(), c.get(), size_t(m) * n * 2, cudaMemcpyDeviceToDevice));
+        if (bn == 256 && four)
+          EXPECT_EQ(kernels::compare(dt, c.get(), n, c3.get(), n, m, n, nullptr).mismatches, 0)
+              << "4 stages differ from 3";
       }
     }
   }
