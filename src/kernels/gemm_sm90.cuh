@@ -245,12 +245,14 @@ __device__ __forceinline__ uint32_t add_pack2(float lo, float hi, uint32_t peer)
 // holds row warp*16+lane/4, columns 8j+2*(lane%4)+{0,1}; 4j+{2,3} the same
 // columns 8 rows further down. kAddPeer (owner layout): the peer's partial
 // is there already, in the same layout (TMA, same swizzle); the sum replaces it.
-template <typename T, int BN, bool kAddPeer>
-__device__ __forceinline__ void stage_accumulators(const float (&acc)[BN / 2], uint32_t my_c_addr, int warp,
-                                                   int lane) {
+// stage_columns does it for columns [8 kJ0, 8 (kJ0 + kJn)) (register groups
+// j = kJ0.., chunk (j - kJ0) / 8 of 64 columns), stage_accumulators for all,
+// stage_piece for a piece of 128 (kPieces).
+template <typename T, int kJ0, int kJn, bool kAddPeer, int N>
+__device__ __forceinline__ void stage_columns(const float (&acc)[N], uint32_t my_c_addr, int warp, int lane) {
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int chunk = j / 8, u = j % 8;
+  for (int j = kJ0; j < kJ0 + kJn; ++j) {
+    const int chunk = (j - kJ0) / 8, u = j % 8;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + lane / 4 + 8 * h;
@@ -268,29 +270,18 @@ __device__ __forceinline__ void stage_accumulators(const float (&acc)[BN / 2], u
   }
 }
 
+template <typename T, int BN, bool kAddPeer>
+__device__ __forceinline__ void stage_accumulators(const float (&acc)[BN / 2], uint32_t my_c_addr, int warp,
+                                                   int lane) {
+  stage_columns<T, 0, BN / 8, kAddPeer>(acc, my_c_addr, warp, lane);
+}
+
 // kPieces (128x256 tiles): columns [128q, 128q + 128) of a consumer
 // warpgroup's rows, piece q, into its 16 KB staging buffer; kAddPeer (owner
 // layout): the peer's partial of the piece is there already, the sum replaces it.
 template <typename T, int Q, bool kAddPeer = false>
 __device__ __forceinline__ void stage_piece(const float (&acc)[128], uint32_t my_c_addr, int warp, int lane) {
-#pragma unroll
-  for (int jj = 0; jj < 16; ++jj) {
-    const int j = Q * 16 + jj, chunk = jj / 8, u = jj % 8;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + lane / 4 + 8 * h;
-      const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
-      uint32_t v;
-      if constexpr (kAddPeer) {
-        uint32_t peer;
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(peer) : "r"(addr) : "memory");
-        v = add_pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], peer);
-      } else {
-        v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-      asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-    }
-  }
+  stage_columns<T, Q * 16, 16, kAddPeer>(acc, my_c_addr, warp, lane);
 }
 
 // A consumer warpgroup's epilogue with kPieces: piece 0, then piece 1, each
