@@ -297,6 +297,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
   tuning.host_gate = o.gate;
   tuning.transport_round = o.push_by == "auto";
+  tuning.owners_four_stages = o.four_stages;
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
                    : o.push_by == "owners"     ? rt::PushBy::Owners
                    : o.push_by == "owners-pull" ? rt::PushBy::OwnersPull

@@ -755,7 +755,8 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
     if (which == 1) owners = {p.layout == rt::ArLayout::Pushed ? &p : &rows};
     if (which == 2) owners = {&rows};
     if (which == 3) owners = {&rows, &rows2};
-    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners);
+    const bool four = rng() % 2 == 0;  // owners with 128x256 tiles on 4 stages: one copy placement
+    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners, four);
     ASSERT_FALSE(f.empty());
     EXPECT_EQ(rt::describe(f[0]), rt::describe(p));  // the pick itself, first
     EXPECT_EQ(f[0].push_by, p.push_by);
@@ -764,17 +765,26 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
       continue;
     }
     // The pick with each other transport but owners, both sums; then the
-    // owners' plan with owners, both copy placements (unless the pick has them).
-    std::vector<std::pair<rt::PushBy, const rt::AllReducePlan*>> want;
+    // owners' plan with owners, both copy placements (unless the pick has
+    // them; with `four`, 128x256 owners only with the copy after the tiles).
+    struct Want {
+      rt::PushBy by;
+      const rt::AllReducePlan* base;
+      bool fuse;
+    };
+    std::vector<Want> want;
     for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
-      if (by != p.push_by) want.push_back({by, &p});
+      if (by != p.push_by) want.push_back({by, &p, true}), want.push_back({by, &p, false});
     if (p.push_by != rt::PushBy::Owners)
-      for (const rt::AllReducePlan* o : owners) want.push_back({rt::PushBy::Owners, o});
-    ASSERT_EQ(f.size(), 1 + 2 * want.size());
+      for (const rt::AllReducePlan* o : owners) {
+        if (!(four && o->sched.bn == 256)) want.push_back({rt::PushBy::Owners, o, true});
+        want.push_back({rt::PushBy::Owners, o, false});
+      }
+    ASSERT_EQ(f.size(), 1 + want.size());
     for (size_t j = 1; j < f.size(); ++j) {
-      const auto& [by, base] = want[(j - 1) / 2];
+      const auto& [by, base, fuse] = want[j - 1];
       EXPECT_EQ(f[j].push_by, by);
-      EXPECT_EQ(f[j].fuse_sum, j % 2 == 1);
+      EXPECT_EQ(f[j].fuse_sum, fuse);
       EXPECT_EQ(f[j].layout, base->layout);
       EXPECT_EQ(f[j].sched.bn, base->sched.bn);
       EXPECT_EQ(f[j].sched.swizzle, base->sched.swizzle);
