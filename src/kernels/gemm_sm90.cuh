@@ -876,6 +876,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
       copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
     }
+    // (Never both in one launch: check_gemm_params refuses a fused sum with
+    // owners. Both count the same barriers' phases from 0; one after the
+    // other they would need their own barriers.)
     if (p.sum.groups > 0 && p.sum.consumers) {
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
       fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
