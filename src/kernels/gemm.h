@@ -172,8 +172,9 @@ struct GemmParams {
   // tile's stores and pushes done, 2: its share of the owner layout's copy
   // done, 3: its start}. Where the GEMM's end goes (rt::summarize_phases).
   uint64_t* monitor_phases = nullptr;
-  // 128x256 tiles, Plain C stored by TMA and nothing else (no counters,
-  // monitors, push, owner, sum or row shift): 4 pipeline stages instead of 3,
+  // 128x256 tiles, Plain C stored by TMA, alone or with the owner layout
+  // (no counters, tile or phase monitors, other pushes, sum or row shift;
+  // gemm_four_stages says whether a launch qualifies): 4 pipeline stages instead of 3,
   // each consumer staging its output half in two pieces in half the shared
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
   bool four_stages = true;

@@ -30,34 +30,37 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-// Waits until the phase with the given parity has completed.
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
 #ifdef FO_DEBUG_HANG
 // Debug builds (-DFO_DEBUG_HANG=ON): a wait on an mbarrier that has not
 // completed after 10 s of GPU time names itself and traps, instead of hanging.
 static __device__ __noinline__ void mbar_hang_report(uint64_t* bar, uint32_t parity) {
   printf("mbarrier wait stuck 10 s: block %d thread %d, shared 0x%x parity %u\n", int(blockIdx.x), int(threadIdx.x),
-         unsigned(__cvta_generic_to_shared(bar)), parity);
+         smem_addr(bar), parity);
   __trap();
 }
 #endif
 
+// Waits until the phase with the given parity has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #ifdef FO_DEBUG_HANG
-  uint64_t start = 0;
-  for (uint32_t spins = 0;; ++spins) {
+  const uint64_t start = globaltimer_ns();
+  while (true) {
     uint32_t done;
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(parity)
+        : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
     if (done) return;
-    uint64_t now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (spins == 0) start = now;
-    else if (now - start > 10000000000ull) mbar_hang_report(bar, parity);
+    if (globaltimer_ns() - start > 10'000'000'000ull) mbar_hang_report(bar, parity);
   }
-#endif
+#else
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -67,6 +70,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+#endif
 }
 
 // ---- TMA ------------------------------------------------------------------
@@ -164,11 +168,6 @@ __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
-}
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
 }
 // The SM's cycle counter (runs at the SM clock, so cycles over globaltimer
 // nanoseconds between two reads on one SM is the clock in between).

@@ -95,6 +95,13 @@ struct Case {
   bool four_stages = true;  // owners with 128x256 tiles: 4 stages, the output in pieces (false: 3)
 };
 
+// What the case is (FO_TEST_CASES matches against it), before the random
+// swizzle, groups and seed.
+std::string case_name(const Case& c) {
+  return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " tile 128x" +
+         std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas);
+}
+
 // Random groups for the layout: runs of waves (Slots) or of row bands; at
 // least two where there are two units (one group runs the sequential fallback).
 std::vector<plan::Group> random_groups(const plan::Schedule& s, rt::ArLayout layout, std::mt19937_64& rng) {
@@ -115,11 +122,9 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   const plan::Schedule s =
       sched_for(c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
   const std::vector<plan::Group> groups = random_groups(s, c.layout, rng);
-  std::string where = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                      " tile 128x" + std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " swizzle " +
-                      std::to_string(s.swizzle) + " " + rt::layout_name(c.layout) +
-                      (c.four_stages ? "" : " 3 stages") +
-                      " groups " + std::to_string(groups.size()) + " seed=" + std::to_string(seed);
+  const std::string where = case_name(c) + " swizzle " + std::to_string(s.swizzle) + " " +
+                            rt::layout_name(c.layout) + " groups " + std::to_string(groups.size()) +
+                            " seed=" + std::to_string(seed);
   std::fprintf(stderr, "case: %s\n", where.c_str());  // (unbuffered: names the case a hang is in)
   on_each_rank([&](int rank, ncclComm_t comm) {
     const size_t cb = size_t(c.m) * c.n * 2;
@@ -195,18 +200,14 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
 }
 
 // check_case for each case, with fresh seeds.
-// FO_TEST_CASES=text runs only the cases whose description (the `where`
-// of check_case, e.g. "n=4104") contains it.
+// FO_TEST_CASES=text runs only the cases whose case_name (e.g. "n=4104")
+// contains it.
 void check_cases(const std::vector<Case>& cases) {
   const uint64_t seed = fresh_seed();
   const char* only = std::getenv("FO_TEST_CASES");
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    const std::string brief = "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
-                              " tile 128x" + std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages");
-    if (only && brief.find(only) == std::string::npos) continue;
-    check_case(c, rt::WaitMode::SpinKernel, seed + i);
-  }
+  for (size_t i = 0; i < cases.size(); ++i)
+    if (!only || case_name(cases[i]).find(only) != std::string::npos)
+      check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
 }
 
 TEST(OverlapAllReduce, MatchesSequentialBitwiseAcrossShapesAndEpochs) {
