@@ -408,7 +408,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     };
     rt::GemmPhases alone;
     const rt::TileClocks alone_clocks =
-        rt::measure_gemm_clocks(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 3, &alone);
+        rt::measure_gemm_clocks(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 3, &alone,
+                                op.four_stages());
     tr << "\n    GEMM tiles overlapped: " << clocks(tl.clocks) << "\n    GEMM tiles alone:      " << clocks(alone_clocks);
     // Where the end goes: the last tiles' MMAs (staged), then their stores and pushes, then the copies.
     auto phases = [](const rt::GemmPhases& g) {

@@ -163,7 +163,7 @@ bool gemm_four_stages(const GemmParams& p) {
   const bool plain = p.push.peers == 0 && p.owner.rank < 0;
   const bool owner = p.owner.rank >= 0 && p.push.peers == 1;
   return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&
-         !p.counters && !p.monitor_ns && !p.monitor_phases && (plain || owner) && p.sum.groups == 0 &&
+         !p.counters && !p.monitor_ns && (plain || owner) && p.sum.groups == 0 &&
          !p.row_shift;  // (owner: check_gemm_params requires n % 8 == 0 already)
 }
 

@@ -325,6 +325,7 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         ptx::mbar_wait(&c_full[h], uint32_t(q));
+        if (q == 1 && h == 1 && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);  // (trace)
         const uint8_t* piece = c_smem + h * kPieceBytes;
 #pragma unroll
         for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
@@ -334,6 +335,7 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
       }
   }
   ptx::tma_store_wait_all();
+  if (int32_t(blockIdx.x) < tiles) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored
 }
 
 // The owner layout with kPieces (4 stages): lane 0 stores each piece by TMA
@@ -402,6 +404,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         ptx::mbar_wait(&c_full[h], uint32_t(q));
         __syncwarp();
         if (!leader) continue;
+        if (q == 1 && h == 1 && next < 0) record_phase(p.monitor_phases, 0);  // (trace) the last tile staged
         const uint8_t* piece = c_smem + h * kPieceBytes;
 #pragma unroll
         for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
@@ -457,6 +460,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       ptx::mbar_arrive(&c_empty[0]);
       ptx::mbar_arrive(&c_empty[1]);
     }
+    if (leader && next < 0) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored and pushed
   }
 }
 

@@ -48,9 +48,9 @@ void OverlapAllReduce::setup_owned() {
   push_self_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
-  // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles, not traced
-  // (the phase monitor runs 3); then the producer's warps have no room to copy.
-  four_stages_ = opts_.four_stages && s.bn == 256 && !opts_.trace;
+  // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too);
+  // then the producer's warps have no room to copy.
+  four_stages_ = opts_.four_stages && s.bn == 256;
   fuse_ok_ = opts_.fuse_sum && !four_stages_;  // (here: the producer's warps copy during the GEMM)
   claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));

@@ -104,9 +104,9 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
 }
 
 TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
-                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases) {
+                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases, bool four_stages) {
   kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
-  p.four_stages = false;  // the reference of a trace, whose overlapped GEMM runs 3 stages (phases)
+  p.four_stages = four_stages;  // the reference of a trace: the overlapped GEMM's pipeline
   for (int i = 0; i < warmup; ++i) kernels::launch_gemm(p, stream);
   const GemmMonitor monitor(sched, stream);
   monitor.attach(p, phases != nullptr);

@@ -54,8 +54,11 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
 // Our plain GEMM on `sched` once more after `warmup` calls, with its tile
 // monitor: its SM clock and cycles per tile (the reference for a trace);
 // with `phases`, also when its CTAs' last tiles were staged and stored.
+// four_stages: 128x256 tiles with 4 pipeline stages, as the owner layout
+// runs them (else 3, as the layouts with signals do).
 TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
-                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases = nullptr);
+                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases = nullptr,
+                               bool four_stages = false);
 
 }  // namespace flashoverlap::rt
 

@@ -93,6 +93,7 @@ struct Case {
   rt::PushBy push_by = rt::PushBy::Gemm;
   int copy_streams = 2;  // push_by copy engines
   bool four_stages = true;  // owners with 128x256 tiles: 4 stages, the output in pieces (false: 3)
+  bool trace = false;        // the op's trace on (phase and tile monitors); checked after the calls
 };
 
 // What the case is (FO_TEST_CASES matches against it), before the random
@@ -122,8 +123,8 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   const plan::Schedule s =
       sched_for(c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
   const std::vector<plan::Group> groups = random_groups(s, c.layout, rng);
-  const std::string where = case_name(c) + " swizzle " + std::to_string(s.swizzle) + " " +
-                            rt::layout_name(c.layout) + " groups " + std::to_string(groups.size()) +
+  const std::string where = case_name(c) + (c.trace ? " traced" : "") + " swizzle " + std::to_string(s.swizzle) +
+                            " " + rt::layout_name(c.layout) + " groups " + std::to_string(groups.size()) +
                             " seed=" + std::to_string(seed);
   std::fprintf(stderr, "case: %s\n", where.c_str());  // (unbuffered: names the case a hang is in)
   on_each_rank([&](int rank, ncclComm_t comm) {
@@ -142,6 +143,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.wait_timeout_s = 5;  // a missing flag fails the case in seconds (a call takes milliseconds)
     o.fuse_sum = c.fuse_sum;
     o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
+    o.trace = c.trace;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
     if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
@@ -195,6 +197,15 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       EXPECT_EQ(norm.nan_count, 0) << where;
     }
     EXPECT_EQ(op.epoch(), op.sequential() ? 0u : 9u);
+    if (c.trace && rt::is_owners(c.push_by)) {  // the last call's phases: every CTA with a tile staged, stored, copied
+      EXPECT_EQ(op.four_stages(), c.four_stages && c.bn == 256) << where;
+      const rt::Timeline tl = op.timeline();
+      EXPECT_EQ(tl.phases.ctas, std::min(c.ctas, s.tiles())) << where;
+      EXPECT_GT(tl.phases.staged_median_us, 0.0) << where;
+      EXPECT_GE(tl.phases.stored_max_us, tl.phases.staged_max_us) << where;
+      EXPECT_GT(tl.phases.copied_max_us, 0.0) << where;
+      EXPECT_GT(tl.clocks.mhz, 200) << where;
+    }
     cudaStreamDestroy(st);
   });
 }
@@ -286,7 +297,10 @@ std::vector<Case> owner_cases(rt::PushBy by) {
           {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by, 2, false},
           {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by},  // ragged, 4 stages
           // tiles = 2 x CTAs: each CTA's two tiles are computed by the peer in the other order
-          {1408, 6144, 512, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by}};
+          {1408, 6144, 512, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},
+          // traced (the phase monitor), on 4 and on 3 stages
+          {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, true, true},
+          {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, false, true}};
 }
 
 // Row bands on 2 ranks with owners: each tile summed in its owner's epilogue
