@@ -350,7 +350,8 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
 // buffer is held ~0.5 µs per piece, not for the NVLink transfer.
 template <typename T, int BN, int kPieceBytes>
 __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,
-                                                   const CUtensorMap* tm_w, uint8_t* c_smem, uint64_t* c_full,
+                                                   const CUtensorMap* tm_w, const CUtensorMap* tm_p,
+                                                   uint8_t* c_smem, uint64_t* c_full,
                                                    uint64_t* c_empty, uint64_t* p_ready, int32_t tiles, int lane) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
@@ -376,6 +377,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   if (leader) {
     ptx::tma_prefetch_desc(tm_c);
     ptx::tma_prefetch_desc(tm_w);
+    if (o.push_tma > 0) ptx::tma_prefetch_desc(tm_p);
     if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles))) {
       const int32_t first = owner_tile_at(o, blockIdx.x, tiles);
       wait_flag(first);
@@ -391,6 +393,9 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
     const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
     const bool next_own = next >= 0 && owner_owns(o, next);
+    // Owner::push_tma: this tile goes to the peer by TMA from the pieces (a
+    // partial then needs no copy in C: the peer's final lands there).
+    const bool tma_push = o.push_tma == 2 || (o.push_tma == 1 && next < 0);
 #pragma unroll
     for (int q = 0; q < 2; ++q)
 #pragma unroll
@@ -406,8 +411,13 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         if (!leader) continue;
         if (q == 1 && h == 1 && next < 0) record_phase(p.monitor_phases, 0);  // (trace) the last tile staged
         const uint8_t* piece = c_smem + h * kPieceBytes;
+        if (own || !tma_push)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
+          for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
+        if (tma_push)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            ptx::tma_store_2d(tm_p, piece + c * 8192, col + q * 128 + c * 64, o.row0 + row + h * 64);
         ptx::tma_store_commit();
         ptx::tma_store_wait_read();
         // The buffer's next piece: this tile's piece 1, or the next tile's
@@ -423,31 +433,33 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         }
         if (!defer) ptx::mbar_arrive(&c_empty[h]);
       }
-    // The tile is in C: push it to the peer from there.
+    // The tile is in C: push it to the peer from there (unless TMA did).
     if (leader) {
-      ptx::tma_store_wait_all();        // its writes are done,
-      ptx::fence_proxy_async_global();  // and ordered before the generic loads below
+      ptx::tma_store_wait_all();        // its writes are done (the peer's too),
+      ptx::fence_proxy_async_global();  // and ordered before the generic loads below (or the count)
     }
     __syncwarp();
     ptx::fence_proxy_async_global();
-    const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
-    T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
-    const T* src = c_out + int64_t(row) * p.ld_out + col;
-    constexpr int kUnits = BN / 8, kInFlight = 4;  // loads before their stores (dst and src may alias)
-    const int total = nrows * kUnits;
-    for (int base = lane; base < total; base += 32 * kInFlight) {
-      uint4 v[kInFlight];
+    if (!tma_push) {
+      const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
+      T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
+      const T* src = c_out + int64_t(row) * p.ld_out + col;
+      constexpr int kUnits = BN / 8, kInFlight = 4;  // loads before their stores (dst and src may alias)
+      const int total = nrows * kUnits;
+      for (int base = lane; base < total; base += 32 * kInFlight) {
+        uint4 v[kInFlight];
 #pragma unroll
-      for (int x = 0; x < kInFlight; ++x) {
-        const int u = base + 32 * x;
-        if (u < total && u % kUnits < units)
-          v[x] = __ldcg(reinterpret_cast<const uint4*>(src + int64_t(u / kUnits) * p.ld_out + (u % kUnits) * 8));
-      }
+        for (int x = 0; x < kInFlight; ++x) {
+          const int u = base + 32 * x;
+          if (u < total && u % kUnits < units)
+            v[x] = __ldcg(reinterpret_cast<const uint4*>(src + int64_t(u / kUnits) * p.ld_out + (u % kUnits) * 8));
+        }
 #pragma unroll
-      for (int x = 0; x < kInFlight; ++x) {
-        const int u = base + 32 * x;
-        if (u < total && u % kUnits < units)
-          *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * s.n + (u % kUnits) * 8) = v[x];
+        for (int x = 0; x < kInFlight; ++x) {
+          const int u = base + 32 * x;
+          if (u < total && u % kUnits < units)
+            *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * s.n + (u % kUnits) * 8) = v[x];
+        }
       }
     }
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
@@ -604,7 +616,7 @@ template <int BN, int STAGES, typename T, bool kPieces = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
-                     const GemmKernelParams p) {
+                     const __grid_constant__ CUtensorMap tm_p, const GemmKernelParams p) {
   using L = GemmSmem<BN, STAGES, kPieces>;
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
   constexpr int BM = L::kBM, BK = L::kBK;
@@ -669,8 +681,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
     } else if constexpr (kPieces) {
       if (tid >= 32 && tid < 64 && p.owner.rank >= 0)
-        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles,
-                                                  tid - 32);
+        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, &tm_p, smem + L::kC, c_full, c_empty, p_ready,
+                                                  tiles, tid - 32);
       else if (tid == 32)
         piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {

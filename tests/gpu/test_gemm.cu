@@ -275,6 +275,9 @@ TEST(Gemm, RejectsBadInput) {
   p.sum = kernels::FusedSum{};
   p.push.signal_every = 3;
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // tiles per push signal: 1 or 2
+  p.push.signal_every = 1;
+  p.owner.push_tma = 1;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // TMA pushes without the owner layout
 }
 
 // ---------------------------------------------------------------------------

@@ -94,13 +94,17 @@ struct Case {
   int copy_streams = 2;  // push_by copy engines
   bool four_stages = true;  // owners with 128x256 tiles: 4 stages, the output in pieces (false: 3)
   bool trace = false;        // the op's trace on (phase and tile monitors); checked after the calls
+  // owners pushed, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
+  int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
 };
 
 // What the case is (FO_TEST_CASES matches against it), before the random
 // swizzle, groups and seed.
 std::string case_name(const Case& c) {
   return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " tile 128x" +
-         std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas);
+         std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas) +
+         (c.push_tma == rt::OverlapAllReduceOptions{}.push_tma ? ""
+          : " push_tma=" + std::to_string(c.push_tma));
 }
 
 // Random groups for the layout: runs of waves (Slots) or of row bands; at
@@ -144,6 +148,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.fuse_sum = c.fuse_sum;
     o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
     o.trace = c.trace;
+    o.push_tma = c.push_tma;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
     if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
@@ -311,6 +316,22 @@ std::vector<Case> owner_cases(rt::PushBy by) {
 TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
   check_cases(owner_cases(rt::PushBy::Owners));
+}
+
+// Owners pushed with 4 stages and the push modes besides the default (each
+// CTA's last tile by TMA from the staging): every tile from C by the storer
+// warp, every tile by TMA. The 128x256 owner cases above (ragged, fp16, 124
+// CTAs, misaligned, tiles = 2 x CTAs, traced).
+TEST(OverlapAllReduce, PushedWithOwnersOtherPushModesMatchSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  std::vector<Case> cases;
+  for (int mode : {0, 2})
+    for (Case c : owner_cases(rt::PushBy::Owners))
+      if (c.bn == 256 && c.four_stages) {
+        c.push_tma = mode;
+        cases.push_back(c);
+      }
+  check_cases(cases);
 }
 
 // Owners pulled: each rank stores its partials and finals into its own
