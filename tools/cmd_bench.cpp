@@ -58,7 +58,8 @@ struct Options {
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
-  std::string push_tma = "last";  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
+  std::string push_tma = "last";
+  bool fuse = true;  // the sum (or the owners' copy) inside the GEMM where the plan says so  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
   double wait_timeout_s = 30;  // a bounded wait of the overlapped op fails the call after this long
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
@@ -286,7 +287,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
     fo.trace = o.trace;
     fo.fallback_cublas = pl.fallback_cublas;
-    fo.fuse_sum = pl.fuse_sum;
+    fo.fuse_sum = pl.fuse_sum && o.fuse;
     fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
     fo.copy_streams = o.copy_streams;
     fo.four_stages = o.four_stages;
@@ -299,7 +300,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
   tuning.host_gate = o.gate;
   tuning.transport_round = o.push_by == "auto";
-  tuning.owners_four_stages = o.four_stages;
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
                    : o.push_by == "owners"     ? rt::PushBy::Owners
                    : o.push_by == "owners-pull" ? rt::PushBy::OwnersPull
@@ -730,6 +730,9 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "of from this GPU's memory by the storer warp: none, last (each CTA's last tile: its operand loads are done), all")
       ->check(CLI::IsMember({"none", "last", "all"}))
       ->capture_default_str();
+  cmd->add_flag("!--no-fuse", o->fuse,
+                "Every sum (gathered, pushed layouts) or copy of the peer's finals (owners) after the GEMM's tiles, "
+                "not in the GEMM by its producer warps as the plan may say (A/B)");
   cmd->add_flag("!--no-gate", o->gate,
                 "Time the host's enqueue too: by default the stream is held before each timed run until the host "
                 "has queued it, so that only device time is timed (not launches, tensor maps, NCCL's enqueue)");

@@ -162,9 +162,8 @@ void check_gemm_params(const GemmParams& p) {
 void preload_gemm_kernels();
 
 bool gemm_four_stages(const GemmParams& p) {
-  // The plain store, or the owner layout (push to its one peer); its
-  // producer warps copy nothing during the GEMM (no room): the consumer
-  // warps copy after their tiles.
+  // The plain store, or the owner layout (push to its one peer; the
+  // peer's finals are copied through registers, no shared memory to spare).
   const bool plain = p.push.peers == 0 && p.owner.rank < 0;
   const bool owner = p.owner.rank >= 0 && p.push.peers == 1;
   return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&

@@ -555,14 +555,19 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
 // (Owner::window: this GPU's, or the peer's when pulled) into C (p.out, p.ld_out): chunks of `rows` rows of one tile, the peer's
 // tiles in the order it computes them, claimed with o.claims, each chunk
 // waiting (bounded) for its tile; rows brought into `stage` by the bulk-copy
-// engine, then stored with 16-byte stores. In place (C is the window): one
-// chunk per tile, only waited for.
-template <typename T, int kStageBytes, int BN>
+// engine, then stored with 16-byte stores. kDirect (4 stages: no shared
+// memory to spare): each lane loads its 16-byte units of the chunk into
+// registers, all in flight at once, then stores them; stage and bar unused.
+// In place (C is the window): one chunk per tile, only waited for.
+template <typename T, int kStageBytes, int BN, bool kDirect = false>
 __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8_t* stage, uint64_t* bar) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
   const int lane = threadIdx.x % 32;
   constexpr int32_t kRows = kStageBytes / (BN * 2) < 128 ? kStageBytes / (BN * 2) : 128;
+  constexpr int kUnits = BN / 8;                   // 16-byte units per row
+  constexpr int kPerLane = kRows * kUnits / 32;    // kDirect: units per lane and chunk
+  static_assert(!kDirect || (kRows * kUnits) % 32 == 0, "a chunk is whole 16-byte units per lane");
   // In place: one "chunk" per tile, which is only waited for.
   const int32_t per_tile = o.in_place ? 1 : 128 / kRows;
   const int32_t first = o.rank == 0 ? 0 : o.split;  // the peer's tiles
@@ -586,22 +591,37 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
     if (lane == 0) {
       if (t != ready) {
         ok = bounded_wait<64, 1024>(o.flags + t, o.epoch, o.timeout_ns, o.err, p.group_of_tile[t], 4u, t);
-        ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
+        if constexpr (!kDirect) ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
         ready = t;
       }
-      if (ok && !o.in_place) {
+      if (ok && !o.in_place && !kDirect) {
         ptx::fence_proxy_async_smem();  // the lanes' reads of the buffer before the copies overwrite it
         ptx::mbar_arrive_expect_tx(bar, uint32_t(ncols) * 2 * uint32_t(nrows));
         const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
         for (int32_t r = 0; r < nrows; ++r) ptx::bulk_load(stage + r * BN * 2, from + r * int64_t(s.n), ncols * 2, bar);
       }
     }
+    // (the warp's convergence orders lane 0's acquire before every lane's loads)
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // recorded in err; the call fails
     if (o.in_place) continue;  // the final tile is in C already
+    T* out = static_cast<T*>(p.out) + int64_t(row) * p.ld_out + col;
+    if constexpr (kDirect) {
+      const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
+      uint4 v[kPerLane];
+#pragma unroll
+      for (int x = 0; x < kPerLane; ++x) {
+        const int u = lane + 32 * x, r = u / kUnits, c8 = u % kUnits;
+        if (r < nrows && c8 * 8 < ncols) v[x] = __ldcg(reinterpret_cast<const uint4*>(from + int64_t(r) * s.n + c8 * 8));
+      }
+#pragma unroll
+      for (int x = 0; x < kPerLane; ++x) {
+        const int u = lane + 32 * x, r = u / kUnits, c8 = u % kUnits;
+        if (r < nrows && c8 * 8 < ncols) *reinterpret_cast<uint4*>(out + int64_t(r) * p.ld_out + c8 * 8) = v[x];
+      }
+      continue;
+    }
     ptx::mbar_wait(bar, phase);
     phase ^= 1;
-    T* out = static_cast<T*>(p.out) + int64_t(row) * p.ld_out + col;
-    constexpr int kUnits = BN / 8;
     for (int32_t u = lane; u < nrows * kUnits; u += 32) {
       const int32_t r = u / kUnits, c8 = u % kUnits;
       if (c8 * 8 < ncols)
@@ -685,6 +705,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                                                   tiles, tid - 32);
       else if (tid == 32)
         piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
+      else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers)  // warps 2-3: the owner layout's copy
+        copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
       const int w = tid / 32 - 2;
@@ -881,12 +903,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // storer has read this warpgroup's last half tile: my_c becomes 4 staging
   // buffers, one per warp.
   if constexpr (kPieces) {
-    // The owner layout's copy: once the storer has read this warpgroup's
-    // last piece (an even number of completions), a quarter of the buffer per warp.
-    if (p.owner.rank >= 0) {
-      ptx::mbar_wait(&c_empty[cw], 1u);
-      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
-    }
+    // The owner layout's copy, through registers (no shared memory).
+    if (p.owner.rank >= 0) copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
   } else {
     if (p.owner.rank >= 0) {
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);

@@ -150,8 +150,8 @@ struct OverlapAllReduceOptions {
   int push_signal_every = 2;
   // Owners with 128x256 tiles: the GEMM with 4 pipeline stages, its output
   // staged in pieces and pushed from this GPU's memory
-  // (kernels::GemmParams::four_stages; then the producer's warps copy
-  // nothing during the GEMM). false: 3 stages (A/B).
+  // (kernels::GemmParams::four_stages; the peer's finals copied through
+  // registers). false: 3 stages (A/B).
   bool four_stages = true;
   // Owners pushed with 4 stages: which tiles go to the peer by TMA straight
   // from the GEMM's staging (kernels::Owner::push_tma): 0 none (every tile

@@ -48,12 +48,11 @@ void OverlapAllReduce::setup_owned() {
   push_self_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
-  // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too);
-  // then the producer's warps have no room to copy.
+  // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
   four_stages_ = opts_.four_stages && s.bn == 256;
   if (opts_.push_tma < 0 || opts_.push_tma > 2)
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
-  fuse_ok_ = opts_.fuse_sum && !four_stages_;  // (here: the producer's warps copy during the GEMM)
+  fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy the peer's finals during the GEMM)
   claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
   setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call

@@ -400,7 +400,7 @@ std::pair<std::vector<std::string>, double> stuck_group_messages(
     o.wait_timeout_s = 0.25;
     o.fault_drop_group = 1;
     rt::OverlapAllReduce op(o);
-    if (check_fuse) EXPECT_EQ(op.fuses_sum(), o.fuse_sum && !op.four_stages());
+    if (check_fuse) EXPECT_EQ(op.fuses_sum(), o.fuse_sum);
     DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
     kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
     kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
@@ -791,8 +791,7 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
     if (which == 1) owners = {p.layout == rt::ArLayout::Pushed ? &p : &rows};
     if (which == 2) owners = {&rows};
     if (which == 3) owners = {&rows, &rows2};
-    const bool four = rng() % 2 == 0;  // owners with 128x256 tiles on 4 stages: one copy placement
-    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners, four);
+    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners);
     ASSERT_FALSE(f.empty());
     EXPECT_EQ(rt::describe(f[0]), rt::describe(p));  // the pick itself, first
     EXPECT_EQ(f[0].push_by, p.push_by);
@@ -801,26 +800,17 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
       continue;
     }
     // The pick with each other transport but owners, both sums; then the
-    // owners' plan with owners, both copy placements (unless the pick has
-    // them; with `four`, 128x256 owners only with the copy after the tiles).
-    struct Want {
-      rt::PushBy by;
-      const rt::AllReducePlan* base;
-      bool fuse;
-    };
-    std::vector<Want> want;
+    // owners' plan with owners, both copy placements (unless the pick has them).
+    std::vector<std::pair<rt::PushBy, const rt::AllReducePlan*>> want;
     for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
-      if (by != p.push_by) want.push_back({by, &p, true}), want.push_back({by, &p, false});
+      if (by != p.push_by) want.push_back({by, &p});
     if (p.push_by != rt::PushBy::Owners)
-      for (const rt::AllReducePlan* o : owners) {
-        if (!(four && o->sched.bn == 256)) want.push_back({rt::PushBy::Owners, o, true});
-        want.push_back({rt::PushBy::Owners, o, false});
-      }
-    ASSERT_EQ(f.size(), 1 + want.size());
+      for (const rt::AllReducePlan* o : owners) want.push_back({rt::PushBy::Owners, o});
+    ASSERT_EQ(f.size(), 1 + 2 * want.size());
     for (size_t j = 1; j < f.size(); ++j) {
-      const auto& [by, base, fuse] = want[j - 1];
+      const auto& [by, base] = want[(j - 1) / 2];
       EXPECT_EQ(f[j].push_by, by);
-      EXPECT_EQ(f[j].fuse_sum, fuse);
+      EXPECT_EQ(f[j].fuse_sum, j % 2 == 1);
       EXPECT_EQ(f[j].layout, base->layout);
       EXPECT_EQ(f[j].sched.bn, base->sched.bn);
       EXPECT_EQ(f[j].sched.swizzle, base->sched.swizzle);
