@@ -23,6 +23,10 @@
 #                run queued whole before the GPU starts it: the default), ABAB, CSVs $OUT/gate-ab-{nogate,gate}-{1,2}.csv
 #   four-ab      4 pipeline stages against 3: bench-gemm --four-stages both (plain 128x256), then bench on the
 #                shapes near the bar with and without --three-stages (owners), ABAB -> four-ab.log
+#   tma-ab       owners with 4 stages, the model's plan: tiles pushed from C by the storer warp vs by TMA from
+#                the staging (--push-tma; TMA_MODES, default "none last"), twice, with --trace -> tma-ab.log
+#   copy-ab      owners with 4 stages, 128x256, the model's plan: the peer's finals copied during the GEMM by the
+#                producer's warps vs after the tiles (--no-fuse), twice, with --trace -> copy-ab.log
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -141,6 +145,28 @@ for s in "$@"; do
           $CLI bench --shapes ${FOUR_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
             --curves /tmp/fo-curves $f 2>&1 | tee -a "$OUT/four-ab.log" |
             grep -E "^[0-9]+x|flashoverlap  |sequential  |rror" | cut -c1-200 || status=1
+        done
+      done
+      ;;
+    tma-ab)
+      stage "owners, 4 stages: tiles pushed from C by the storer warp vs by TMA from the staging (last tile, all)"
+      for r in 1 2; do
+        for m in ${TMA_MODES:-none last}; do
+          echo "##### --push-tma $m $r" | tee -a "$OUT/tma-ab.log"
+          $CLI bench --shapes ${TMA_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
+            --layout pushed --push-by owners --tile 128x256 --no-select --trace --push-tma $m --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/tma-ab.log" |
+            grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|staged|rror" | cut -c1-200 || status=1
+        done
+      done
+      ;;
+    copy-ab)
+      stage "owners, 4 stages: the peer's finals copied by the producer's warps during the GEMM vs after the tiles"
+      for r in 1 2; do
+        for f in "" "--no-fuse"; do
+          echo "##### ${f:-copy during the GEMM} $r" | tee -a "$OUT/copy-ab.log"
+          $CLI bench --shapes ${TMA_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
+            --layout pushed --push-by owners --tile 128x256 --no-select --trace $f --curves /tmp/fo-curves 2>&1 |
+            tee -a "$OUT/copy-ab.log" | grep -E "^[0-9]+x|flashoverlap  |CTA phases|rror" | cut -c1-200 || status=1
         done
       done
       ;;

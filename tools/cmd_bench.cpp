@@ -58,6 +58,8 @@ struct Options {
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
+  std::string push_tma = "last";
+  bool fuse = true;  // the sum (or the owners' copy) inside the GEMM where the plan says so  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
   double wait_timeout_s = 30;  // a bounded wait of the overlapped op fails the call after this long
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
@@ -285,10 +287,11 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
     fo.trace = o.trace;
     fo.fallback_cublas = pl.fallback_cublas;
-    fo.fuse_sum = pl.fuse_sum;
+    fo.fuse_sum = pl.fuse_sum && o.fuse;
     fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
     fo.copy_streams = o.copy_streams;
     fo.four_stages = o.four_stages;
+    fo.push_tma = o.push_tma == "last" ? 1 : o.push_tma == "all" ? 2 : 0;
     fo.wait_timeout_s = o.wait_timeout_s;
     return fo;
   };
@@ -297,7 +300,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
   tuning.host_gate = o.gate;
   tuning.transport_round = o.push_by == "auto";
-  tuning.owners_four_stages = o.four_stages;
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
                    : o.push_by == "owners"     ? rt::PushBy::Owners
                    : o.push_by == "owners-pull" ? rt::PushBy::OwnersPull
@@ -408,7 +410,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     };
     rt::GemmPhases alone;
     const rt::TileClocks alone_clocks =
-        rt::measure_gemm_clocks(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 3, &alone);
+        rt::measure_gemm_clocks(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 3, &alone,
+                                op.four_stages());
     tr << "\n    GEMM tiles overlapped: " << clocks(tl.clocks) << "\n    GEMM tiles alone:      " << clocks(alone_clocks);
     // Where the end goes: the last tiles' MMAs (staged), then their stores and pushes, then the copies.
     auto phases = [](const rt::GemmPhases& g) {
@@ -722,6 +725,14 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_flag("!--three-stages", o->four_stages,
                 "Owners with 128x256 tiles: the GEMM with 3 pipeline stages and its output pushed from shared "
                 "memory (the default is 4 stages, the output staged in pieces and pushed from this GPU's memory)");
+  cmd->add_option("--push-tma", o->push_tma,
+                  "Owners with 4 stages: the tiles sent to the peer by TMA straight from the GEMM's staging instead "
+                  "of from this GPU's memory by the storer warp: none, last (each CTA's last tile: its operand loads are done), all")
+      ->check(CLI::IsMember({"none", "last", "all"}))
+      ->capture_default_str();
+  cmd->add_flag("!--no-fuse", o->fuse,
+                "Every sum (gathered, pushed layouts) or copy of the peer's finals (owners) after the GEMM's tiles, "
+                "not in the GEMM by its producer warps as the plan may say (A/B)");
   cmd->add_flag("!--no-gate", o->gate,
                 "Time the host's enqueue too: by default the stream is held before each timed run until the host "
                 "has queued it, so that only device time is timed (not launches, tensor maps, NCCL's enqueue)");

@@ -131,6 +131,14 @@ struct Owner {
   uint32_t* claims = nullptr;       // [1], zero at launch: the copy's chunks
   bool producers = true;            // the producer's idle warps copy during the GEMM
   bool in_place = false;            // C is the window at row0 (pushed only: this GPU's window): wait for the peer's finals, no copy
+  // 4 stages, pushed only: a tile goes to the peer's window (push_window, the
+  // address Push::peer_c[0] holds, rows like `window`) by TMA stores straight
+  // from the staging pieces, instead of from C by the storer warp's loads and
+  // stores. 0: never; 1: each CTA's last tile (its operand loads are done, so
+  // the TMA unit held for the NVLink transfer starves nothing; the last
+  // wave's push decides the GEMM's end); 2: every tile (measurement).
+  int32_t push_tma = 0;
+  const void* push_window = nullptr;
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
 };
@@ -173,8 +181,9 @@ struct GemmParams {
   // done, 3: its start}. Where the GEMM's end goes (rt::summarize_phases).
   uint64_t* monitor_phases = nullptr;
   // 128x256 tiles, Plain C stored by TMA, alone or with the owner layout
-  // (no counters, tile or phase monitors, other pushes, sum or row shift;
-  // gemm_four_stages says whether a launch qualifies): 4 pipeline stages instead of 3,
+  // (no counters, tile-end monitor, other pushes, sum or row shift; the MMA
+  // and phase monitors may be on; gemm_four_stages says whether a launch
+  // qualifies): 4 pipeline stages instead of 3,
   // each consumer staging its output half in two pieces in half the shared
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
   bool four_stages = true;

@@ -151,19 +151,23 @@ void check_gemm_params(const GemmParams& p) {
     if (p.counters || p.monitor_ns || p.push.arrivals || p.push.peer_arrivals)
       fail("owner layout: its tiles are counted in the owner flags only (no counters, arrival counters or "
            "monitor_ns)");
+    if (o.push_tma < 0 || o.push_tma > 2) fail("owner layout: push_tma must be 0, 1 or 2");
+    if (o.push_tma > 0 && (!o.push_window || !aligned16(o.push_window) || !gemm_four_stages(p)))
+      fail("owner layout: TMA pushes need the peer's 16-byte aligned window and the 4-stage pipeline");
+  } else if (p.owner.push_tma != 0) {
+    fail("push_tma is for the owner layout");
   }
 }
 
 void preload_gemm_kernels();
 
 bool gemm_four_stages(const GemmParams& p) {
-  // The plain store, or the owner layout (push to its one peer); its
-  // producer warps copy nothing during the GEMM (no room): the consumer
-  // warps copy after their tiles.
+  // The plain store, or the owner layout (push to its one peer; the
+  // peer's finals are copied through registers, no shared memory to spare).
   const bool plain = p.push.peers == 0 && p.owner.rank < 0;
   const bool owner = p.owner.rank >= 0 && p.push.peers == 1;
   return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&
-         !p.counters && !p.monitor_ns && !p.monitor_phases && (plain || owner) && p.sum.groups == 0 &&
+         !p.counters && !p.monitor_ns && (plain || owner) && p.sum.groups == 0 &&
          !p.row_shift;  // (owner: check_gemm_params requires n % 8 == 0 already)
 }
 
@@ -214,31 +218,33 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   // from (Owner::window: this GPU's, or the peer's when pulled) into the
   // staging buffer (the same box and swizzle as C's stores), and its copy of
   // the peer's tiles writes C directly.
-  CUtensorMap mw = mc;
+  CUtensorMap mw = mc, mp = mc;
   if (p.owner.rank >= 0) {
     mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");
     kp.out = p.c;
+    if (p.owner.push_tma > 0)  // the peer's window, written by TMA (Owner::push_tma)
+      mp = make_map(p.owner.push_window, p.owner.window_rows, p.n, p.n, 64, dt, "the peer's owner window");
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (gemm_four_stages(p)) {
     if (p.dtype == DType::BF16)
-      pieces_kernel<__nv_bfloat16>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, kp);
+      pieces_kernel<__nv_bfloat16>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, kp);
     else
-      pieces_kernel<__half>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, kp);
+      pieces_kernel<__half>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
   if (p.dtype == DType::BF16) {
     if (bn == 256)
-      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
+      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, kp);
     else
-      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, kp);
+      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, kp);
   } else {
     if (bn == 256)
-      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, kp);
+      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, kp);
     else
-      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, kp);
+      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, kp);
   }
   FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }

@@ -325,6 +325,7 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         ptx::mbar_wait(&c_full[h], uint32_t(q));
+        if (q == 1 && h == 1 && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);  // (trace)
         const uint8_t* piece = c_smem + h * kPieceBytes;
 #pragma unroll
         for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
@@ -334,6 +335,7 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
       }
   }
   ptx::tma_store_wait_all();
+  if (int32_t(blockIdx.x) < tiles) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored
 }
 
 // The owner layout with kPieces (4 stages): lane 0 stores each piece by TMA
@@ -348,7 +350,8 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
 // buffer is held ~0.5 µs per piece, not for the NVLink transfer.
 template <typename T, int BN, int kPieceBytes>
 __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,
-                                                   const CUtensorMap* tm_w, uint8_t* c_smem, uint64_t* c_full,
+                                                   const CUtensorMap* tm_w, const CUtensorMap* tm_p,
+                                                   uint8_t* c_smem, uint64_t* c_full,
                                                    uint64_t* c_empty, uint64_t* p_ready, int32_t tiles, int lane) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
@@ -374,6 +377,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   if (leader) {
     ptx::tma_prefetch_desc(tm_c);
     ptx::tma_prefetch_desc(tm_w);
+    if (o.push_tma > 0) ptx::tma_prefetch_desc(tm_p);
     if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles))) {
       const int32_t first = owner_tile_at(o, blockIdx.x, tiles);
       wait_flag(first);
@@ -389,6 +393,9 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
     const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
     const bool next_own = next >= 0 && owner_owns(o, next);
+    // Owner::push_tma: this tile goes to the peer by TMA from the pieces (a
+    // partial then needs no copy in C: the peer's final lands there).
+    const bool tma_push = o.push_tma == 2 || (o.push_tma == 1 && next < 0);
 #pragma unroll
     for (int q = 0; q < 2; ++q)
 #pragma unroll
@@ -402,9 +409,15 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         ptx::mbar_wait(&c_full[h], uint32_t(q));
         __syncwarp();
         if (!leader) continue;
+        if (q == 1 && h == 1 && next < 0) record_phase(p.monitor_phases, 0);  // (trace) the last tile staged
         const uint8_t* piece = c_smem + h * kPieceBytes;
+        if (own || !tma_push)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
+          for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
+        if (tma_push)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            ptx::tma_store_2d(tm_p, piece + c * 8192, col + q * 128 + c * 64, o.row0 + row + h * 64);
         ptx::tma_store_commit();
         ptx::tma_store_wait_read();
         // The buffer's next piece: this tile's piece 1, or the next tile's
@@ -420,31 +433,33 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         }
         if (!defer) ptx::mbar_arrive(&c_empty[h]);
       }
-    // The tile is in C: push it to the peer from there.
+    // The tile is in C: push it to the peer from there (unless TMA did).
     if (leader) {
-      ptx::tma_store_wait_all();        // its writes are done,
-      ptx::fence_proxy_async_global();  // and ordered before the generic loads below
+      ptx::tma_store_wait_all();        // its writes are done (the peer's too),
+      ptx::fence_proxy_async_global();  // and ordered before the generic loads below (or the count)
     }
     __syncwarp();
     ptx::fence_proxy_async_global();
-    const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
-    T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
-    const T* src = c_out + int64_t(row) * p.ld_out + col;
-    constexpr int kUnits = BN / 8, kInFlight = 4;  // loads before their stores (dst and src may alias)
-    const int total = nrows * kUnits;
-    for (int base = lane; base < total; base += 32 * kInFlight) {
-      uint4 v[kInFlight];
+    if (!tma_push) {
+      const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
+      T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
+      const T* src = c_out + int64_t(row) * p.ld_out + col;
+      constexpr int kUnits = BN / 8, kInFlight = 4;  // loads before their stores (dst and src may alias)
+      const int total = nrows * kUnits;
+      for (int base = lane; base < total; base += 32 * kInFlight) {
+        uint4 v[kInFlight];
 #pragma unroll
-      for (int x = 0; x < kInFlight; ++x) {
-        const int u = base + 32 * x;
-        if (u < total && u % kUnits < units)
-          v[x] = __ldcg(reinterpret_cast<const uint4*>(src + int64_t(u / kUnits) * p.ld_out + (u % kUnits) * 8));
-      }
+        for (int x = 0; x < kInFlight; ++x) {
+          const int u = base + 32 * x;
+          if (u < total && u % kUnits < units)
+            v[x] = __ldcg(reinterpret_cast<const uint4*>(src + int64_t(u / kUnits) * p.ld_out + (u % kUnits) * 8));
+        }
 #pragma unroll
-      for (int x = 0; x < kInFlight; ++x) {
-        const int u = base + 32 * x;
-        if (u < total && u % kUnits < units)
-          *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * s.n + (u % kUnits) * 8) = v[x];
+        for (int x = 0; x < kInFlight; ++x) {
+          const int u = base + 32 * x;
+          if (u < total && u % kUnits < units)
+            *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * s.n + (u % kUnits) * 8) = v[x];
+        }
       }
     }
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
@@ -457,6 +472,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       ptx::mbar_arrive(&c_empty[0]);
       ptx::mbar_arrive(&c_empty[1]);
     }
+    if (leader && next < 0) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored and pushed
   }
 }
 
@@ -539,14 +555,19 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
 // (Owner::window: this GPU's, or the peer's when pulled) into C (p.out, p.ld_out): chunks of `rows` rows of one tile, the peer's
 // tiles in the order it computes them, claimed with o.claims, each chunk
 // waiting (bounded) for its tile; rows brought into `stage` by the bulk-copy
-// engine, then stored with 16-byte stores. In place (C is the window): one
-// chunk per tile, only waited for.
-template <typename T, int kStageBytes, int BN>
+// engine, then stored with 16-byte stores. kDirect (4 stages: no shared
+// memory to spare): each lane loads its 16-byte units of the chunk into
+// registers, all in flight at once, then stores them; stage and bar unused.
+// In place (C is the window): one chunk per tile, only waited for.
+template <typename T, int kStageBytes, int BN, bool kDirect = false>
 __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8_t* stage, uint64_t* bar) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
   const int lane = threadIdx.x % 32;
   constexpr int32_t kRows = kStageBytes / (BN * 2) < 128 ? kStageBytes / (BN * 2) : 128;
+  constexpr int kUnits = BN / 8;                   // 16-byte units per row
+  constexpr int kPerLane = kRows * kUnits / 32;    // kDirect: units per lane and chunk
+  static_assert(!kDirect || (kRows * kUnits) % 32 == 0, "a chunk is whole 16-byte units per lane");
   // In place: one "chunk" per tile, which is only waited for.
   const int32_t per_tile = o.in_place ? 1 : 128 / kRows;
   const int32_t first = o.rank == 0 ? 0 : o.split;  // the peer's tiles
@@ -570,22 +591,37 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
     if (lane == 0) {
       if (t != ready) {
         ok = bounded_wait<64, 1024>(o.flags + t, o.epoch, o.timeout_ns, o.err, p.group_of_tile[t], 4u, t);
-        ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
+        if constexpr (!kDirect) ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
         ready = t;
       }
-      if (ok && !o.in_place) {
+      if (ok && !o.in_place && !kDirect) {
         ptx::fence_proxy_async_smem();  // the lanes' reads of the buffer before the copies overwrite it
         ptx::mbar_arrive_expect_tx(bar, uint32_t(ncols) * 2 * uint32_t(nrows));
         const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
         for (int32_t r = 0; r < nrows; ++r) ptx::bulk_load(stage + r * BN * 2, from + r * int64_t(s.n), ncols * 2, bar);
       }
     }
+    // (the warp's convergence orders lane 0's acquire before every lane's loads)
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // recorded in err; the call fails
     if (o.in_place) continue;  // the final tile is in C already
+    T* out = static_cast<T*>(p.out) + int64_t(row) * p.ld_out + col;
+    if constexpr (kDirect) {
+      const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
+      uint4 v[kPerLane];
+#pragma unroll
+      for (int x = 0; x < kPerLane; ++x) {
+        const int u = lane + 32 * x, r = u / kUnits, c8 = u % kUnits;
+        if (r < nrows && c8 * 8 < ncols) v[x] = __ldcg(reinterpret_cast<const uint4*>(from + int64_t(r) * s.n + c8 * 8));
+      }
+#pragma unroll
+      for (int x = 0; x < kPerLane; ++x) {
+        const int u = lane + 32 * x, r = u / kUnits, c8 = u % kUnits;
+        if (r < nrows && c8 * 8 < ncols) *reinterpret_cast<uint4*>(out + int64_t(r) * p.ld_out + c8 * 8) = v[x];
+      }
+      continue;
+    }
     ptx::mbar_wait(bar, phase);
     phase ^= 1;
-    T* out = static_cast<T*>(p.out) + int64_t(row) * p.ld_out + col;
-    constexpr int kUnits = BN / 8;
     for (int32_t u = lane; u < nrows * kUnits; u += 32) {
       const int32_t r = u / kUnits, c8 = u % kUnits;
       if (c8 * 8 < ncols)
@@ -600,7 +636,7 @@ template <int BN, int STAGES, typename T, bool kPieces = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
-                     const GemmKernelParams p) {
+                     const __grid_constant__ CUtensorMap tm_p, const GemmKernelParams p) {
   using L = GemmSmem<BN, STAGES, kPieces>;
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
   constexpr int BM = L::kBM, BK = L::kBK;
@@ -665,10 +701,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
     } else if constexpr (kPieces) {
       if (tid >= 32 && tid < 64 && p.owner.rank >= 0)
-        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles,
-                                                  tid - 32);
+        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, &tm_p, smem + L::kC, c_full, c_empty, p_ready,
+                                                  tiles, tid - 32);
       else if (tid == 32)
         piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
+      else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers)  // warps 2-3: the owner layout's copy
+        copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
       const int w = tid / 32 - 2;
@@ -865,12 +903,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // storer has read this warpgroup's last half tile: my_c becomes 4 staging
   // buffers, one per warp.
   if constexpr (kPieces) {
-    // The owner layout's copy: once the storer has read this warpgroup's
-    // last piece (an even number of completions), a quarter of the buffer per warp.
-    if (p.owner.rank >= 0) {
-      ptx::mbar_wait(&c_empty[cw], 1u);
-      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
-    }
+    // The owner layout's copy, through registers (no shared memory).
+    if (p.owner.rank >= 0) copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
   } else {
     if (p.owner.rank >= 0) {
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);

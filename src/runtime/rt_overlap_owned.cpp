@@ -48,10 +48,11 @@ void OverlapAllReduce::setup_owned() {
   push_self_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
-  // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles, not traced
-  // (the phase monitor runs 3); then the producer's warps have no room to copy.
-  four_stages_ = opts_.four_stages && s.bn == 256 && !opts_.trace;
-  fuse_ok_ = opts_.fuse_sum && !four_stages_;  // (here: the producer's warps copy during the GEMM)
+  // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
+  four_stages_ = opts_.four_stages && s.bn == 256;
+  if (opts_.push_tma < 0 || opts_.push_tma > 2)
+    throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
+  fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy the peer's finals during the GEMM)
   claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
   setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
@@ -86,6 +87,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.window = pull ? static_cast<void*>(peer_base_[0]) : gathered_.get(), o.window_rows = 2 * gathered_rows_;
   o.row0 = int32_t(row0);
   o.in_place = in_place;
+  if (!pull && four_stages_) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;
   uint32_t* claims = claims_.as<uint32_t>();

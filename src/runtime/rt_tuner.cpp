@@ -104,9 +104,9 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
 }
 
 TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
-                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases) {
+                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases, bool four_stages) {
   kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
-  p.four_stages = false;  // the reference of a trace, whose overlapped GEMM runs 3 stages (phases)
+  p.four_stages = four_stages;  // the reference of a trace: the overlapped GEMM's pipeline
   for (int i = 0; i < warmup; ++i) kernels::launch_gemm(p, stream);
   const GemmMonitor monitor(sched, stream);
   monitor.attach(p, phases != nullptr);
@@ -202,15 +202,12 @@ std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& 
   return out;
 }
 
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners,
-                                               bool owners_four_stages) {
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners) {
   std::vector<AllReducePlan> out{best};
   if (best.sequential || !is_pushed(best.layout)) return out;
-  auto both_sums = [&](AllReducePlan p, PushBy by) {
+  auto both_sums = [&out](AllReducePlan p, PushBy by) {
     p.push_by = by;
-    const bool one = by == PushBy::Owners && owners_four_stages && p.sched.bn == 256;  // (the copy after the tiles)
     for (bool fuse : {true, false}) {
-      if (one && fuse) continue;
       p.fuse_sum = fuse;
       out.push_back(p);
     }
@@ -312,7 +309,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     // Owners (2 ranks, row bands) on owner_bases: one plan per tile shape.
     std::vector<const AllReducePlan*> owners;
     if (t.world == 2 && n % 8 == 0 && t.push_reachable) owners = owner_bases(first_round, first_ms, best);
-    const std::vector<AllReducePlan> second = transport_finalists(best, owners, t.owners_four_stages);
+    const std::vector<AllReducePlan> second = transport_finalists(best, owners);
     if (!t.transport_round || second.size() == 1) return best;
     const std::string first = t.selection ? *t.selection : "";
     const AllReducePlan pick = measure_finalists(t, second, n, a, b, scratch);

@@ -54,8 +54,11 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
 // Our plain GEMM on `sched` once more after `warmup` calls, with its tile
 // monitor: its SM clock and cycles per tile (the reference for a trace);
 // with `phases`, also when its CTAs' last tiles were staged and stored.
+// four_stages: 128x256 tiles with 4 pipeline stages, as the owner layout
+// runs them (else 3, as the layouts with signals do).
 TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
-                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases = nullptr);
+                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases = nullptr,
+                               bool four_stages = false);
 
 }  // namespace flashoverlap::rt
 
@@ -121,9 +124,6 @@ struct AllReduceTuning {
   // with their times, the pick starred.
   std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
   bool transport_round = true;
-  // Owners with 128x256 tiles run 4 stages (as options_for sets them): then
-  // their copy placement has one candidate, not two (transport_finalists).
-  bool owners_four_stages = true;
   PushBy push_by = PushBy::Gemm;  // the transport of every pushed plan generated (before the second round)
   ncclComm_t sync_comm = nullptr;
   bool host_gate = true;  // time each run queued whole (rt_host_gate.h)
@@ -183,11 +183,8 @@ std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& 
 // GEMM (the model does not tell the transports apart; which is faster
 // depends on the shape: bench/results/NOTES.md); then, unless the pick has
 // owners already, each of `owners` (owner_bases) with owners, the copy in
-// and after the GEMM. Otherwise just `best`. owners_four_stages: owners with
-// 128x256 tiles run 4 pipeline stages (OverlapAllReduceOptions::four_stages),
-// whose copy runs after the tiles whatever fuse_sum says: one plan for them.
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners,
-                                               bool owners_four_stages = false);
+// and after the GEMM. Otherwise just `best`.
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
 // curve_for), predicts each with the paper's model, searches the groups with

@@ -154,6 +154,7 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
     FO_CUDA_CHECK(cudaMemset(mon.get(), 0, mon.bytes()));
     FO_CUDA_CHECK(cudaMemset(ph.get(), 0, ph.bytes()));
     p.c = c1.get(), p.monitor_mma = mon.as<uint64_t>(), p.monitor_phases = ph.as<uint64_t>();
+    EXPECT_EQ(kernels::gemm_four_stages(p), bn == 256);  // the 4-stage pieces path records its phases too
     cudaEvent_t e0, e1;
     FO_CUDA_CHECK(cudaEventCreate(&e0));
     FO_CUDA_CHECK(cudaEventCreate(&e1));
@@ -274,6 +275,9 @@ TEST(Gemm, RejectsBadInput) {
   p.sum = kernels::FusedSum{};
   p.push.signal_every = 3;
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // tiles per push signal: 1 or 2
+  p.push.signal_every = 1;
+  p.owner.push_tma = 1;
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // TMA pushes without the owner layout
 }
 
 // ---------------------------------------------------------------------------

@@ -93,13 +93,18 @@ struct Case {
   rt::PushBy push_by = rt::PushBy::Gemm;
   int copy_streams = 2;  // push_by copy engines
   bool four_stages = true;  // owners with 128x256 tiles: 4 stages, the output in pieces (false: 3)
+  bool trace = false;        // the op's trace on (phase and tile monitors); checked after the calls
+  // owners pushed, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
+  int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
 };
 
 // What the case is (FO_TEST_CASES matches against it), before the random
 // swizzle, groups and seed.
 std::string case_name(const Case& c) {
   return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " tile 128x" +
-         std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas);
+         std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas) +
+         (c.push_tma == rt::OverlapAllReduceOptions{}.push_tma ? ""
+          : " push_tma=" + std::to_string(c.push_tma));
 }
 
 // Random groups for the layout: runs of waves (Slots) or of row bands; at
@@ -122,8 +127,8 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   const plan::Schedule s =
       sched_for(c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
   const std::vector<plan::Group> groups = random_groups(s, c.layout, rng);
-  const std::string where = case_name(c) + " swizzle " + std::to_string(s.swizzle) + " " +
-                            rt::layout_name(c.layout) + " groups " + std::to_string(groups.size()) +
+  const std::string where = case_name(c) + (c.trace ? " traced" : "") + " swizzle " + std::to_string(s.swizzle) +
+                            " " + rt::layout_name(c.layout) + " groups " + std::to_string(groups.size()) +
                             " seed=" + std::to_string(seed);
   std::fprintf(stderr, "case: %s\n", where.c_str());  // (unbuffered: names the case a hang is in)
   on_each_rank([&](int rank, ncclComm_t comm) {
@@ -142,6 +147,8 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.wait_timeout_s = 5;  // a missing flag fails the case in seconds (a call takes milliseconds)
     o.fuse_sum = c.fuse_sum;
     o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
+    o.trace = c.trace;
+    o.push_tma = c.push_tma;
     rt::Communicator ce;  // outlives the op, which registers its buffer on it
     if (rt::is_gathered(c.layout)) {
       ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
@@ -195,6 +202,15 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       EXPECT_EQ(norm.nan_count, 0) << where;
     }
     EXPECT_EQ(op.epoch(), op.sequential() ? 0u : 9u);
+    if (c.trace && rt::is_owners(c.push_by)) {  // the last call's phases: every CTA with a tile staged, stored, copied
+      EXPECT_EQ(op.four_stages(), c.four_stages && c.bn == 256) << where;
+      const rt::Timeline tl = op.timeline();
+      EXPECT_EQ(tl.phases.ctas, std::min(c.ctas, s.tiles())) << where;
+      EXPECT_GT(tl.phases.staged_median_us, 0.0) << where;
+      EXPECT_GE(tl.phases.stored_max_us, tl.phases.staged_max_us) << where;
+      EXPECT_GT(tl.phases.copied_max_us, 0.0) << where;
+      EXPECT_GT(tl.clocks.mhz, 200) << where;
+    }
     cudaStreamDestroy(st);
   });
 }
@@ -286,7 +302,10 @@ std::vector<Case> owner_cases(rt::PushBy by) {
           {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by, 2, false},
           {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by},  // ragged, 4 stages
           // tiles = 2 x CTAs: each CTA's two tiles are computed by the peer in the other order
-          {1408, 6144, 512, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by}};
+          {1408, 6144, 512, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},
+          // traced (the phase monitor), on 4 and on 3 stages
+          {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, true, true},
+          {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, false, true}};
 }
 
 // Row bands on 2 ranks with owners: each tile summed in its owner's epilogue
@@ -297,6 +316,22 @@ std::vector<Case> owner_cases(rt::PushBy by) {
 TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
   check_cases(owner_cases(rt::PushBy::Owners));
+}
+
+// Owners pushed with 4 stages and the push modes besides the default (each
+// CTA's last tile by TMA from the staging): every tile from C by the storer
+// warp, every tile by TMA. The 128x256 owner cases above (ragged, fp16, 124
+// CTAs, misaligned, tiles = 2 x CTAs, traced).
+TEST(OverlapAllReduce, PushedWithOwnersOtherPushModesMatchSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  std::vector<Case> cases;
+  for (int mode : {0, 2})
+    for (Case c : owner_cases(rt::PushBy::Owners))
+      if (c.bn == 256 && c.four_stages) {
+        c.push_tma = mode;
+        cases.push_back(c);
+      }
+  check_cases(cases);
 }
 
 // Owners pulled: each rank stores its partials and finals into its own
@@ -365,7 +400,7 @@ std::pair<std::vector<std::string>, double> stuck_group_messages(
     o.wait_timeout_s = 0.25;
     o.fault_drop_group = 1;
     rt::OverlapAllReduce op(o);
-    if (check_fuse) EXPECT_EQ(op.fuses_sum(), o.fuse_sum && !op.four_stages());
+    if (check_fuse) EXPECT_EQ(op.fuses_sum(), o.fuse_sum);
     DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
     kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
     kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
@@ -756,8 +791,7 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
     if (which == 1) owners = {p.layout == rt::ArLayout::Pushed ? &p : &rows};
     if (which == 2) owners = {&rows};
     if (which == 3) owners = {&rows, &rows2};
-    const bool four = rng() % 2 == 0;  // owners with 128x256 tiles on 4 stages: one copy placement
-    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners, four);
+    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners);
     ASSERT_FALSE(f.empty());
     EXPECT_EQ(rt::describe(f[0]), rt::describe(p));  // the pick itself, first
     EXPECT_EQ(f[0].push_by, p.push_by);
@@ -766,26 +800,17 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
       continue;
     }
     // The pick with each other transport but owners, both sums; then the
-    // owners' plan with owners, both copy placements (unless the pick has
-    // them; with `four`, 128x256 owners only with the copy after the tiles).
-    struct Want {
-      rt::PushBy by;
-      const rt::AllReducePlan* base;
-      bool fuse;
-    };
-    std::vector<Want> want;
+    // owners' plan with owners, both copy placements (unless the pick has them).
+    std::vector<std::pair<rt::PushBy, const rt::AllReducePlan*>> want;
     for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
-      if (by != p.push_by) want.push_back({by, &p, true}), want.push_back({by, &p, false});
+      if (by != p.push_by) want.push_back({by, &p});
     if (p.push_by != rt::PushBy::Owners)
-      for (const rt::AllReducePlan* o : owners) {
-        if (!(four && o->sched.bn == 256)) want.push_back({rt::PushBy::Owners, o, true});
-        want.push_back({rt::PushBy::Owners, o, false});
-      }
-    ASSERT_EQ(f.size(), 1 + want.size());
+      for (const rt::AllReducePlan* o : owners) want.push_back({rt::PushBy::Owners, o});
+    ASSERT_EQ(f.size(), 1 + 2 * want.size());
     for (size_t j = 1; j < f.size(); ++j) {
-      const auto& [by, base, fuse] = want[j - 1];
+      const auto& [by, base] = want[(j - 1) / 2];
       EXPECT_EQ(f[j].push_by, by);
-      EXPECT_EQ(f[j].fuse_sum, fuse);
+      EXPECT_EQ(f[j].fuse_sum, j % 2 == 1);
       EXPECT_EQ(f[j].layout, base->layout);
       EXPECT_EQ(f[j].sched.bn, base->sched.bn);
       EXPECT_EQ(f[j].sched.swizzle, base->sched.swizzle);
