@@ -132,7 +132,8 @@ struct Owner {
   bool producers = true;            // the producer's idle warps copy during the GEMM
   bool in_place = false;            // C is the window at row0 (pushed only: this GPU's window): wait for the peer's finals, no copy
   // 4 stages, pushed only: a tile goes to the peer's window (push_window, the
-  // address Push::peer_c[0] holds, rows like `window`) by TMA stores straight
+  // address Push::peer_c[0] holds, rows like `window`; rows from row0 + m on
+  // are not written) by TMA stores straight
   // from the staging pieces, instead of from C by the storer warp's loads and
   // stores. 0: never; 1: each CTA's last tile (its operand loads are done, so
   // the TMA unit held for the NVLink transfer starves nothing; the last

@@ -222,8 +222,10 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   if (p.owner.rank >= 0) {
     mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");
     kp.out = p.c;
-    if (p.owner.push_tma > 0)  // the peer's window, written by TMA (Owner::push_tma)
-      mp = make_map(p.owner.push_window, p.owner.window_rows, p.n, p.n, 64, dt, "the peer's owner window");
+    if (p.owner.push_tma > 0)  // this call's rows of the peer's window, written by TMA (Owner::push_tma):
+      // m rows, so that a ragged last tile row sends its rows of C only
+      mp = make_map(static_cast<const char*>(p.owner.push_window) + int64_t(p.owner.row0) * p.n * 2, p.m, p.n, p.n,
+                    64, dt, "the peer's owner window");
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);

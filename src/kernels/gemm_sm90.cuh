@@ -417,7 +417,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         if (tma_push)
 #pragma unroll
           for (int c = 0; c < 2; ++c)
-            ptx::tma_store_2d(tm_p, piece + c * 8192, col + q * 128 + c * 64, o.row0 + row + h * 64);
+            ptx::tma_store_2d(tm_p, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);  // (from row0: rows < m)
         ptx::tma_store_commit();
         ptx::tma_store_wait_read();
         // The buffer's next piece: this tile's piece 1, or the next tile's
