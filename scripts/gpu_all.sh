@@ -23,10 +23,10 @@
 #                run queued whole before the GPU starts it: the default), ABAB, CSVs $OUT/gate-ab-{nogate,gate}-{1,2}.csv
 #   four-ab      4 pipeline stages against 3: bench-gemm --four-stages both (plain 128x256), then bench on the
 #                shapes near the bar with and without --three-stages (owners), ABAB -> four-ab.log
-#   tma-ab       owners with 4 stages, the model's plan: tiles pushed from C by the storer warp vs by TMA from
-#                the staging (--push-tma; TMA_MODES, default "none last"), twice, with --trace -> tma-ab.log
-#   copy-ab      owners with 4 stages, 128x256, the model's plan: the peer's finals copied during the GEMM by the
-#                producer's warps vs after the tiles (--no-fuse), twice, with --trace -> copy-ab.log
+#   tma-ab       owners with 4 stages, 128x256, the model's plan: tiles pushed from C by the storer warp vs by TMA
+#                from the staging (--push-tma; TMA_MODES, default "none last"), twice, --trace -> tma-ab.log
+#   copy-ab      the same, the peer's finals copied during the GEMM by the producer's warps vs after the tiles
+#                (--no-fuse) -> copy-ab.log (both: OWNER_SHAPES overrides the shapes)
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -42,6 +42,23 @@ CLI=$BUILD/tools/flashoverlap
 status=0
 
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+# ABAB on the shapes near the bar, the model's plan forced to owners with
+# 128x256 tiles, --trace: owner_ab LOG VARIANT... (each variant its extra
+# bench arguments, "" for none), twice in turns, into $OUT/LOG.
+owner_ab() {
+  local log=$1 r v
+  shift
+  for r in 1 2; do
+    for v in "$@"; do
+      echo "##### ${v:-(default)} $r" | tee -a "$OUT/$log"
+      # shellcheck disable=SC2086  # $v: several arguments
+      $CLI bench --shapes ${OWNER_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
+        --layout pushed --push-by owners --tile 128x256 --no-select --trace $v --curves /tmp/fo-curves 2>&1 |
+        tee -a "$OUT/$log" | grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|rror" | cut -c1-200 || status=1
+    done
+  done
+}
 
 for s in "$@"; do
   case "$s" in
@@ -150,25 +167,13 @@ for s in "$@"; do
       ;;
     tma-ab)
       stage "owners, 4 stages: tiles pushed from C by the storer warp vs by TMA from the staging (last tile, all)"
-      for r in 1 2; do
-        for m in ${TMA_MODES:-none last}; do
-          echo "##### --push-tma $m $r" | tee -a "$OUT/tma-ab.log"
-          $CLI bench --shapes ${TMA_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
-            --layout pushed --push-by owners --tile 128x256 --no-select --trace --push-tma $m --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/tma-ab.log" |
-            grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|staged|rror" | cut -c1-200 || status=1
-        done
-      done
+      modes=()
+      for m in ${TMA_MODES:-none last}; do modes+=("--push-tma $m"); done
+      owner_ab tma-ab.log "${modes[@]}"
       ;;
     copy-ab)
       stage "owners, 4 stages: the peer's finals copied by the producer's warps during the GEMM vs after the tiles"
-      for r in 1 2; do
-        for f in "" "--no-fuse"; do
-          echo "##### ${f:-copy during the GEMM} $r" | tee -a "$OUT/copy-ab.log"
-          $CLI bench --shapes ${TMA_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
-            --layout pushed --push-by owners --tile 128x256 --no-select --trace $f --curves /tmp/fo-curves 2>&1 |
-            tee -a "$OUT/copy-ab.log" | grep -E "^[0-9]+x|flashoverlap  |CTA phases|rror" | cut -c1-200 || status=1
-        done
-      done
+      owner_ab copy-ab.log "" "--no-fuse"
       ;;
     sanitize)
       stage compute-sanitizer
