@@ -601,11 +601,11 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
         for (int32_t r = 0; r < nrows; ++r) ptx::bulk_load(stage + r * BN * 2, from + r * int64_t(s.n), ncols * 2, bar);
       }
     }
-    // (the warp's convergence orders lane 0's acquire before every lane's loads)
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // recorded in err; the call fails
     if (o.in_place) continue;  // the final tile is in C already
     T* out = static_cast<T*>(p.out) + int64_t(row) * p.ld_out + col;
     if constexpr (kDirect) {
+      __syncwarp();  // orders lane 0's acquire of the flag before every lane's loads
       const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
       uint4 v[kPerLane];
 #pragma unroll
