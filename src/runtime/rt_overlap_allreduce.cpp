@@ -87,6 +87,8 @@ void OverlapAllReduce::setup_gathered() {
 OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts) {
   const plan::Schedule& s = opts_.sched;
   if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
+  if (opts_.push_tma < 0 || opts_.push_tma > 2)
+    throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
   if (!kernels::tile_supported(s.bm, s.bn))
     throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
   auto& groups = opts_.groups;

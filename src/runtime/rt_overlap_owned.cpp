@@ -50,8 +50,6 @@ void OverlapAllReduce::setup_owned() {
   owner_split_ = s.tiles() / 2;
   // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
   four_stages_ = opts_.four_stages && s.bn == 256;
-  if (opts_.push_tma < 0 || opts_.push_tma > 2)
-    throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
   fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy the peer's finals during the GEMM)
   claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));

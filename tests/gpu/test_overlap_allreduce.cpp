@@ -673,6 +673,11 @@ TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
   o.groups = plan::band_groups(s, {1, 2, 5});
   EXPECT_EQ(o.groups.back().end_tile, s.tiles());
   EXPECT_THROW(plan::band_groups(s, {1, 2, 4}), InvalidArgument);  // 7 of 8 bands
+  o.push_tma = 3;  // none, last or all
+  EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
+  o.push_tma = -1;
+  EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
+  o.push_tma = 1;
   o.comm = nullptr;
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
 }
