@@ -11,7 +11,13 @@ shift
 cli=${CLI:-build/tools/flashoverlap}
 here=$(dirname "$0")
 shapes="2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192"
-world=$(nvidia-smi -L | wc -l)
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # never NVLink multicast on these machines
+# The GPUs bench runs on: CUDA_VISIBLE_DEVICES's, else every GPU (no MIG lines).
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  world=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+else
+  world=$(nvidia-smi --query-gpu=index --format=csv,noheader | grep -c .)
+fi
 csv="$out/allreduce-h200x${world}.csv"
 repeat=${REPEAT:-1}
 rm -f "$csv"

@@ -365,8 +365,11 @@ void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int6
     return;
   }
   if (!sequential() && is_gathered(opts_.layout)) {
-    // The last group straight into the output rows by NCCL (row layout, contiguous output).
-    const bool tail_ar = opts_.tail_comm && opts_.layout == ArLayout::Gathered && direct;
+    // The last group straight into the output rows by NCCL (row layout,
+    // contiguous output; 2 ranks, where NCCL's sum is the rank-order sum the
+    // other groups and run_rmsnorm get: with more, its ring order and
+    // rounding at each step would differ from theirs).
+    const bool tail_ar = opts_.tail_comm && opts_.layout == ArLayout::Gathered && direct && world_ == 2;
     const bool in_gemm = fuse_ok_ && direct && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
     const FusedOut fused{out, ld_out, tail_ar, in_gemm};
     enqueue_overlapped(a, b, nullptr, stream, tail_ar || in_gemm ? &fused : nullptr);
