@@ -26,6 +26,7 @@
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_overlap_allreduce.h"
 #include "runtime/rt_tuner.h"
+#include "rank_harness.h"
 
 using namespace flashoverlap;
 using kernels::DType;
@@ -40,49 +41,13 @@ constexpr int kWorld = 2;
     if (rt::hopper_device_count() < kWorld) GTEST_SKIP() << "needs 2 Hopper (sm_90) GPUs";   \
   } while (0)
 
-uint64_t fresh_seed() { return std::random_device{}() * 0x100000001ull + std::random_device{}(); }
+using test::fresh_seed;
+using test::random_groups;
+using test::sched_for;
 
-// Runs body(rank, comm) on one thread per GPU; rethrows the first failure.
-void on_each_rank(const std::function<void(int, ncclComm_t)>& body) {
-  std::vector<ncclComm_t> comms(kWorld);
-  std::vector<int> devs = {0, 1};
-  FO_NCCL_CHECK_CTX(ncclCommInitAll(comms.data(), kWorld, devs.data()), "test comms");
-  std::vector<std::exception_ptr> errors(kWorld);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        FO_CUDA_CHECK(cudaSetDevice(r));
-        body(r, comms[r]);
-      } catch (const std::exception& e) {
-        // Said at once: the other rank may now block in an NCCL call for ever.
-        std::fprintf(stderr, "rank %d failed: %s\n", r, e.what());
-        errors[r] = std::current_exception();
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto c : comms) ncclCommDestroy(c);
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
-plan::Schedule sched_for(int m, int n, int bn, int ctas, int swizzle) {
-  plan::Schedule s;
-  s.m = m, s.n = n, s.bm = 128, s.bn = bn, s.ctas = ctas, s.raster = plan::Raster::AlongN, s.swizzle = swizzle;
-  return s;
-}
-
-plan::Partition random_partition(int waves, std::mt19937_64& rng) {
-  plan::Partition p;
-  for (int left = waves; left > 0;) {
-    const int s = 1 + int(rng() % uint64_t(std::min(left, 4)));
-    p.push_back(s);
-    left -= s;
-  }
-  return p;
-}
+// Every case here runs on GPUs 0 and 1 (test_overlap_allreduce_world runs
+// on all of them).
+void on_each_rank(const std::function<void(int, ncclComm_t)>& body) { test::on_each_rank(kWorld, body); }
 
 struct Case {
   int m, n, k, bn, ctas;
@@ -105,15 +70,6 @@ std::string case_name(const Case& c) {
          std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas) +
          (c.push_tma == rt::OverlapAllReduceOptions{}.push_tma ? ""
           : " push_tma=" + std::to_string(c.push_tma));
-}
-
-// Random groups for the layout: runs of waves (Slots) or of row bands; at
-// least two where there are two units (one group runs the sequential fallback).
-std::vector<plan::Group> random_groups(const plan::Schedule& s, rt::ArLayout layout, std::mt19937_64& rng) {
-  const int units = rt::is_banded(layout) ? plan::band_count(s) : s.waves();
-  plan::Partition p = random_partition(units, rng);
-  if (p.size() == 1 && units >= 2) p = {1, units - 1};
-  return rt::is_banded(layout) ? plan::band_groups(s, p) : plan::make_groups(s, p);
 }
 
 // Overlapped output == our GEMM + one ncclAllReduce, bit for bit (a + b
@@ -149,13 +105,10 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
     o.trace = c.trace;
     o.push_tma = c.push_tma;
-    rt::Communicator ce;  // outlives the op, which registers its buffer on it
-    if (rt::is_gathered(c.layout)) {
-      ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
-      o.gather_comm = ce.get();
-      // Even M: the last group is AllReduced by NCCL into the output; odd M: gathered and summed like the rest.
-      if (c.m % 2 == 0) o.tail_comm = comm;
-    }
+    const rt::Communicator ce = test::gather_comm_for(o, comm);
+    // Gathered, even M: the last group is AllReduced by NCCL into the output;
+    // odd M: gathered and summed like the rest.
+    if (rt::is_gathered(c.layout) && c.m % 2 == 0) o.tail_comm = comm;
     rt::OverlapAllReduce op(o);
     if (rt::is_owners(c.push_by)) ASSERT_FALSE(op.sequential()) << where;  // owners, not the fallback
     rt::CublasGemm cublas;

@@ -1,0 +1,153 @@
+// GPU tests of the overlapped GEMM + AllReduce on every local Hopper GPU,
+// where there are more than 2 (world 3-8; the 2-GPU cases, owners among
+// them, are in test_overlap_allreduce). Skipped visibly with fewer than 3.
+//
+// At world > 2 NCCL's ring sums in its own order, rounding at each step, so
+// the layouts are checked against what each is built to give: the gathered
+// and pushed layouts sum every rank's partial in rank order in fp32 and
+// round once (bitwise against that reference, built here from our GEMM, an
+// ncclAllGather and sum_gathered_rows); the NCCL layouts (row bands, slots)
+// within bf16/fp16 tolerance of the same GEMM + one ncclAllReduce.
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "kernels/reorder.h"
+#include "rank_harness.h"
+#include "runtime/rt_baselines.h"
+#include "runtime/rt_buffer.h"
+#include "runtime/rt_checks.h"
+#include "runtime/rt_comm.h"
+#include "runtime/rt_cublas.h"
+#include "runtime/rt_overlap_allreduce.h"
+
+using namespace flashoverlap;
+using kernels::DType;
+using rt::DeviceBuffer;
+
+namespace {
+
+// All local Hopper GPUs, at most 8 (the layouts' limit); 0 below 3.
+int world_over_two() {
+  const int w = std::min(rt::hopper_device_count(), 8);
+  return w >= 3 ? w : 0;
+}
+
+#define REQUIRE_WORLD_OVER_TWO()                                                                           \
+  do {                                                                                                     \
+    if (world_over_two() == 0)                                                                             \
+      GTEST_SKIP() << "needs 3 to 8 Hopper (sm_90) GPUs (the 2-GPU cases are in test_overlap_allreduce)"; \
+  } while (0)
+
+struct WorldCase {
+  int m, n, k, bn, ctas;
+  DType dt;
+  rt::ArLayout layout;
+  rt::PushBy push_by = rt::PushBy::Gemm;
+  bool fuse_sum = true;
+};
+
+bool rank_order_sum(rt::ArLayout l) { return rt::is_gathered(l) || rt::is_pushed(l); }
+
+std::string describe(const WorldCase& c, int world) {
+  return std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k) + " tile 128x" +
+         std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " " + rt::layout_name(c.layout) +
+         (c.push_by == rt::PushBy::CopyEngines ? " by the copy engines" : "") + (c.fuse_sum ? "" : " sum after") +
+         " world " + std::to_string(world);
+}
+
+// Three calls with fresh inputs (epochs), run and run_rmsnorm, on every rank.
+void check_world_case(const WorldCase& c, uint64_t seed) {
+  const int world = world_over_two();
+  std::mt19937_64 rng(seed);
+  const int tiles_m = (c.m + 127) / 128;
+  const int swizzle = 1 + int(rng() % 8);
+  const plan::Schedule s = test::sched_for(
+      c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
+  const std::vector<plan::Group> groups = test::random_groups(s, c.layout, rng);
+  const std::string where = describe(c, world) + " swizzle " + std::to_string(s.swizzle) + " groups " +
+                            std::to_string(groups.size()) + " seed=" + std::to_string(seed);
+  std::fprintf(stderr, "case: %s\n", where.c_str());
+  test::on_each_rank(world, [&](int rank, ncclComm_t comm) {
+    const int64_t elems = int64_t(c.m) * c.n;
+    const size_t cb = size_t(elems) * 2;
+    DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), part(cb), gathered(cb * size_t(world)),
+        ref(cb), nccl_ref(cb), out(cb), residual(cb), weight(size_t(c.n) * 2), y(cb), y_ref(cb);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    rt::OverlapAllReduceOptions o;
+    o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
+    o.wait_timeout_s = 5, o.fuse_sum = c.fuse_sum, o.push_by = c.push_by;
+    o.tail_comm = comm;  // (used on 2 ranks only: here the last group is gathered like the rest)
+    const rt::Communicator ce = test::gather_comm_for(o, comm);
+    rt::OverlapAllReduce op(o);
+    plan::Schedule full = s;
+    full.ctas = 132;
+    for (int call = 0; call < 3; ++call) {
+      const uint64_t sd = seed + 1000 * call + 17 * rank;
+      kernels::fill_random(c.dt, a.get(), int64_t(c.m) * c.k, sd, -1.f, 1.f, st);
+      kernels::fill_random(c.dt, b.get(), int64_t(c.n) * c.k, sd + 1, -1.f, 1.f, st);
+      kernels::fill_random(c.dt, residual.get(), elems, seed + 1000 * call + 2, -1.f, 1.f, st);  // the same on every rank
+      kernels::fill_random(c.dt, weight.get(), c.n, seed + 1000 * call + 3, 0.5f, 1.5f, st);
+      for (auto* p : {&ref, &nccl_ref, &out, &y, &y_ref}) kernels::poison(p->get(), elems, st);
+      // The rank-order reference: our GEMM, every rank's partial gathered, summed in rank order.
+      kernels::launch_gemm(kernels::plain_gemm(c.dt, a.get(), b.get(), full, c.k, part.get(), c.n), st);
+      FO_NCCL_CHECK_CTX(ncclAllGather(part.get(), gathered.get(), size_t(elems),
+                                      c.dt == DType::BF16 ? ncclBfloat16 : ncclFloat16, comm, st),
+                        "reference gather");
+      kernels::sum_gathered_rows(c.dt, gathered.get(), world, elems, c.m, c.n, ref.get(), c.n, st);
+      rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), nccl_ref.get(), full, c.k, comm, st);
+      op.run(a.get(), b.get(), out.get(), c.n, st);
+      kernels::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), nullptr,
+                                st);
+      op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y.get(), st);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      try {  // a timed-out wait is a failure, not a throw: this rank goes on making the same NCCL calls
+        op.check();
+      } catch (const Error& e) {
+        ADD_FAILURE() << where << " rank " << rank << " call " << call << ": " << e.what();
+      }
+      const double tol = c.dt == DType::BF16 ? 1e-2 : 3e-3;
+      const auto vs_nccl = kernels::compare(c.dt, out.get(), c.n, nccl_ref.get(), c.n, c.m, c.n, st);
+      EXPECT_LT(vs_nccl.rel_error(), tol) << where << " rank " << rank << " call " << call;
+      EXPECT_EQ(vs_nccl.nan_count, 0) << where;
+      if (rank_order_sum(c.layout) && !op.sequential()) {
+        const auto bit = kernels::compare(c.dt, out.get(), c.n, ref.get(), c.n, c.m, c.n, st);
+        const auto norm = kernels::compare(c.dt, y.get(), c.n, y_ref.get(), c.n, c.m, c.n, st);
+        EXPECT_EQ(bit.mismatches, 0) << where << " (rank-order sum) rank " << rank << " call " << call;
+        EXPECT_EQ(norm.mismatches, 0) << where << " (RMSNorm of the rank-order sum) rank " << rank << " call " << call;
+      } else {
+        const auto norm = kernels::compare(c.dt, y.get(), c.n, y_ref.get(), c.n, c.m, c.n, st);
+        EXPECT_LT(norm.rel_error(), tol) << where << " (RMSNorm) rank " << rank << " call " << call;
+      }
+    }
+    cudaStreamDestroy(st);
+  });
+}
+
+// Every layout that runs on more than 2 ranks (owners are 2-rank only), on
+// 128x256 and ragged 128x128 shapes; the pushed layouts also by the copy
+// engines and with the sum after the GEMM.
+TEST(OverlapAllReduceWorld, EachLayoutMatchesItsReferenceOnEveryGpu) {
+  REQUIRE_WORLD_OVER_TWO();
+  using L = rt::ArLayout;
+  std::vector<WorldCase> cases;
+  for (L l : {L::RowBands, L::Slots, L::Gathered, L::GatheredTiles, L::Pushed, L::PushedTiles}) {
+    cases.push_back({2048, 4096, 1024, 256, 124, DType::BF16, l});
+    cases.push_back({777, 4104, 512, 128, 100, DType::FP16, l});
+  }
+  for (L l : {L::Pushed, L::PushedTiles}) {
+    cases.push_back({2048, 4096, 1024, 256, 124, DType::BF16, l, rt::PushBy::CopyEngines});
+    cases.push_back({2048, 4096, 1024, 256, 124, DType::BF16, l, rt::PushBy::Gemm, false});
+  }
+  for (const WorldCase& c : cases) check_world_case(c, test::fresh_seed());
+}
+
+}  // namespace
