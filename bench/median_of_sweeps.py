@@ -9,6 +9,9 @@ run's own in-turns readings (each run compares its variants with components
 timed in the same turns), not ratios of medians. Text columns (partition,
 config) come from the run whose `ms` is the median one. Two columns are
 added: runs_ms and runs_gain, each run's value in run order, ';'-separated.
+A row that some runs lack (a shape that failed there: sweep_allreduce.sh
+goes on without it) is the median of the runs that have it, '-' in the
+runs columns for the others.
 The GPUs are power-capped and a shape's gain moves by several points from one
 run to the next; the median of three runs is the reading the results report.
 """
@@ -28,10 +31,10 @@ def median_low_index(values):
 
 
 def aggregate(runs):
-    """runs: list of lists of dict rows. Returns the merged rows, in the first run's order."""
+    """runs: list of lists of dict rows. Returns the merged rows, in the order first seen."""
     if not runs:
         raise ValueError("no runs given")
-    keyed = []
+    keyed, order = [], []
     for i, rows in enumerate(runs):
         d = {}
         for r in rows:
@@ -39,22 +42,22 @@ def aggregate(runs):
             if k in d:
                 raise ValueError(f"run {i + 1}: row {k} twice")
             d[k] = r
+            if k not in order and all(k not in e for e in keyed):
+                order.append(k)
         keyed.append(d)
+    if not order:
+        raise ValueError("no rows in any run")
     out = []
-    for r0 in runs[0]:
-        k = tuple(r0[c] for c in KEY)
-        rows = []
-        for i, d in enumerate(keyed):
-            if k not in d:
-                raise ValueError(f"run {i + 1} lacks {'/'.join(k)}")
-            rows.append(d[k])
+    for k in order:
+        present = [d[k] if k in d else None for d in keyed]
+        rows = [r for r in present if r is not None]
         ms = [float(r["ms"]) for r in rows]
         row = dict(rows[median_low_index(ms)])
         for c in NUMERIC:
-            if c in r0 and all(r.get(c, "") != "" for r in rows):
+            if c in rows[0] and all(r.get(c, "") != "" for r in rows):
                 row[c] = f"{statistics.median(float(r[c]) for r in rows):.6g}"
-        row["runs_ms"] = ";".join(f"{v:.6g}" for v in ms)
-        row["runs_gain"] = ";".join(f"{float(r['gain_captured']):.4f}" for r in rows)
+        row["runs_ms"] = ";".join("-" if r is None else f"{float(r['ms']):.6g}" for r in present)
+        row["runs_gain"] = ";".join("-" if r is None else f"{float(r['gain_captured']):.4f}" for r in present)
         out.append(row)
     return out
 
@@ -78,7 +81,14 @@ def self_test():
     # even count: the lower middle run's text, the mean of the middle two for numbers
     even = aggregate(runs[:2])
     assert even[1]["partition"] == "p2" and even[1]["ms"] == "0.65", even
-    for bad in ([], [runs[0], runs[1][:1]], [runs[0] + runs[0][:1]]):
+    # a row one run lacks (its shape failed there): the others' median, '-' in its place
+    gap = aggregate([runs[0], runs[1][:1], runs[2]])
+    assert gap[1]["runs_ms"] == "0.7;-;0.65" and gap[1]["ms"] == "0.675", gap
+    assert gap[1]["runs_gain"] == "0.6000;-;0.7000" and gap[1]["partition"] == "p3", gap  # the lower middle ms
+    # a row only a later run has comes after the others
+    late = aggregate([runs[0][:1], runs[1]])
+    assert [r["variant"] for r in late] == ["sequential", "flashoverlap"] and late[1]["runs_ms"] == "-;0.6", late
+    for bad in ([], [[], []], [runs[0] + runs[0][:1]]):
         try:
             aggregate(bad)
         except ValueError:

@@ -20,18 +20,53 @@ else
 fi
 csv="$out/allreduce-h200x${world}.csv"
 repeat=${REPEAT:-1}
+failed=()
+
+# One sweep into CSV $1 (rows appended shape by shape). If bench fails, the
+# first shape it left out of the CSV is recorded as failed and the rest run
+# again, so that one failing shape does not cost the others; three failures
+# in a row without a new shape end the sweep.
+sweep_into() {
+  local file=$1 left=${SHAPES:-$shapes} stuck=0 s first
+  shift
+  while [ -n "$left" ]; do
+    if "$cli" bench --op allreduce --shapes "$left" --csv "$file" "$@"; then return 0; fi
+    local done_shapes rest=() progressed=0
+    done_shapes=$(awk -F, 'NR > 1 { print $1 "x" $2 "x" $3 }' "$file" 2>/dev/null | sort -u)
+    first=""
+    for s in ${left//,/ }; do
+      if grep -qx "$s" <<<"$done_shapes"; then progressed=1; continue; fi
+      if [ -z "$first" ]; then first=$s; else rest+=("$s"); fi
+    done
+    [ -z "$first" ] && return 0  # every shape's rows are there
+    stuck=$((progressed ? 0 : stuck + 1))
+    if [ "$stuck" -ge 3 ]; then
+      echo "##### bench failed 3 times without finishing a shape: giving up on ${left}" >&2
+      failed+=("${left//,/ }")
+      return 1
+    fi
+    echo "##### $first failed (bench's output above says why); going on without it" >&2
+    failed+=("$first")
+    left=$(IFS=,; echo "${rest[*]}")
+  done
+}
+
 rm -f "$csv"
 if [ "$repeat" -le 1 ]; then
-  "$cli" bench --op allreduce --shapes "${SHAPES:-$shapes}" --csv "$csv" "$@"
+  sweep_into "$csv" "$@" || true
 else
   runs=()
   for i in $(seq 1 "$repeat"); do
     echo "##### sweep run $i of $repeat ($(date -u +%H:%M:%S))"
     run="$out/allreduce-h200x${world}-run$i.csv"
     rm -f "$run"
-    "$cli" bench --op allreduce --shapes "${SHAPES:-$shapes}" --csv "$run" "$@"
-    runs+=("$run")
+    sweep_into "$run" "$@" || true
+    [ -s "$run" ] && runs+=("$run")
   done
-  python3 "$here/median_of_sweeps.py" "$csv" "${runs[@]}"
+  [ ${#runs[@]} -gt 0 ] && python3 "$here/median_of_sweeps.py" "$csv" "${runs[@]}"
 fi
-python3 "$here/plot_allreduce.py" "$csv" "$out/allreduce-h200x${world}.png" || echo "(plot skipped)"
+[ -s "$csv" ] && { python3 "$here/plot_allreduce.py" "$csv" "$out/allreduce-h200x${world}.png" || echo "(plot skipped)"; }
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "##### failed (left out of the CSV): ${failed[*]}" >&2
+  exit 1
+fi
