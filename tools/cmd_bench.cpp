@@ -56,6 +56,7 @@ struct Options {
   std::string layout = "auto";
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
+  bool registered = false;  // flashoverlap into a registered output (run_registered)
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
   std::string push_tma = "last";
@@ -318,9 +319,12 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
   auto run_ours = [&] { rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream); };
   const void* fo_result = out_fo.get();  // --in-place: where the op left the last call's result
+  const int fo_slot = o.registered ? op.register_output(out_fo.get(), N) : -1;  // (collective)
   auto run_fo_on = [&](const void* a_in) {
     if (o.in_place)
       fo_result = op.run_in_place(a_in, b.get(), cx.stream);
+    else if (o.registered)
+      op.run_registered(a_in, b.get(), fo_slot, cx.stream);
     else
       op.run(a_in, b.get(), out_fo.get(), N, cx.stream);
   };
@@ -459,7 +463,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
       << ", wait " << o.wait
-      << (!o.in_place               ? ""
+      << (o.registered ? (op.finals_into_outputs() ? ", registered output (the peer's finals stored straight into it)"
+                                                   : ", registered output (run: this plan copies)")
+          : !o.in_place           ? ""
           : op.result_in_window() ? ", result in place (run_in_place: C in the window)"
                                   : ", result in the op's buffer (run_in_place)");
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
@@ -709,9 +715,13 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();
   cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");
+  cmd->add_flag("--registered-output", o->registered,
+                "flashoverlap runs into an output registered with the op (run_registered: with owners the peer "
+                "stores its finals straight into it, no copy)");
   cmd->add_flag("--in-place", o->in_place,
                 "flashoverlap leaves its result in the op's memory (run_in_place: with owners, no copy of the peer's "
-                "tiles) instead of the output buffer");
+                "tiles) instead of the output buffer")
+      ->excludes("--registered-output");
   cmd->add_option("--wait-timeout", o->wait_timeout_s,
                   "Seconds before a wait of the overlapped op for a group or tile fails the run with a message")
       ->capture_default_str()

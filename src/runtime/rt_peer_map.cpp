@@ -1,0 +1,168 @@
+// rt_peer_map.cpp — see rt_peer_map.h.
+#include "runtime/rt_peer_map.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "flashoverlap/error.h"
+#include "kernels/cuda_check.h"
+#include "runtime/rt_buffer.h"
+#include "runtime/rt_checks.h"
+
+namespace flashoverlap::rt {
+namespace {
+
+// What each rank says of its buffer.
+struct Entry {
+  int64_t pid = 0;
+  int32_t device = 0;
+  int32_t exported = 0;  // the IPC handle is valid
+  uint64_t raw = 0;      // the address in its own process
+  uint64_t offset = 0;   // from the base of its allocation
+  int64_t ld = 0;
+  cudaIpcMemHandle_t handle{};
+};
+
+// Every rank's entry, by rank (an ncclAllGather of the bytes).
+std::vector<Entry> all_entries(ncclComm_t comm, int rank, const Entry& mine) {
+  int world = 0;
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), "rank " + std::to_string(rank) + ": mapping an output");
+  DeviceBuffer buf(sizeof(Entry) * size_t(world));
+  cudaStream_t st = nullptr;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  FO_CUDA_CHECK(cudaMemcpy(static_cast<char*>(buf.get()) + sizeof(Entry) * size_t(rank), &mine, sizeof(Entry),
+                           cudaMemcpyHostToDevice));
+  const ncclResult_t r = ncclAllGather(static_cast<char*>(buf.get()) + sizeof(Entry) * size_t(rank), buf.get(),
+                                       sizeof(Entry), ncclUint8, comm, st);
+  const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
+  cudaStreamDestroy(st);
+  FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(rank) + ": exchanging output addresses");
+  FO_CUDA_CHECK(e);
+  std::vector<Entry> all(static_cast<size_t>(world));
+  FO_CUDA_CHECK(cudaMemcpy(all.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost));
+  return all;
+}
+
+// IPC mappings, shared: CUDA opens a handle once per process, and buffers
+// of one allocation (a caching allocator's block) share its handle.
+struct Opened {
+  void* base = nullptr;
+  int refs = 0;
+};
+std::mutex& opened_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, Opened>& opened_handles() {
+  static std::map<std::string, Opened> m;
+  return m;
+}
+std::string key_of(const cudaIpcMemHandle_t& h) { return std::string(h.reserved, sizeof(h.reserved)); }
+
+void* open_handle(const cudaIpcMemHandle_t& h) {
+  std::lock_guard<std::mutex> lock(opened_mutex());
+  Opened& o = opened_handles()[key_of(h)];
+  if (o.refs == 0) {
+    const cudaError_t e = cudaIpcOpenMemHandle(&o.base, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+      opened_handles().erase(key_of(h));
+      FO_CUDA_CHECK(e);
+    }
+  }
+  ++o.refs;
+  return o.base;
+}
+
+void close_handle(void* base) noexcept {
+  std::lock_guard<std::mutex> lock(opened_mutex());
+  for (auto it = opened_handles().begin(); it != opened_handles().end(); ++it)
+    if (it->second.base == base) {
+      if (--it->second.refs == 0) {
+        cudaIpcCloseMemHandle(base);
+        opened_handles().erase(it);
+      }
+      return;
+    }
+}
+
+}  // namespace
+
+PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld) : mine_(mine), ld_(ld) {
+  Entry me;
+  me.pid = int64_t(getpid());
+  FO_CUDA_CHECK(cudaGetDevice(&me.device));
+  me.raw = reinterpret_cast<uint64_t>(mine);
+  me.ld = ld;
+  // The base of the allocation: IPC exports whole allocations.
+  static const auto range = driver_entry_point<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange", 3020);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (range(&base, &size, reinterpret_cast<CUdeviceptr>(mine)) == CUDA_SUCCESS &&
+      cudaIpcGetMemHandle(&me.handle, reinterpret_cast<void*>(base)) == cudaSuccess) {
+    me.exported = 1;
+    me.offset = me.raw - uint64_t(base);
+  } else {
+    (void)cudaGetLastError();  // (only a problem if another process needs it: below)
+  }
+  const std::vector<Entry> all = all_entries(comm, rank, me);
+  // Every rank decides from the same entries, so all throw or none does.
+  bool processes = false;
+  for (const Entry& e : all) processes = processes || e.pid != all[0].pid;
+  for (size_t r = 0; processes && r < all.size(); ++r)
+    if (!all[r].exported)
+      throw InvalidArgument("rank " + std::to_string(rank) + ": rank " + std::to_string(r) +
+                            "'s output is not device memory CUDA IPC can share with the other processes (allocate "
+                            "it with cudaMalloc)");
+  at_.assign(all.size(), nullptr);
+  lds_.assign(all.size(), 0);
+  try {
+    for (size_t r = 0; r < all.size(); ++r) {
+      const Entry& e = all[r];
+      lds_[r] = e.ld;
+      if (int(r) == rank) {
+        at_[r] = mine;
+      } else if (e.pid == me.pid) {  // a thread of this process: the same address, once peer access is on
+        const cudaError_t pe = cudaDeviceEnablePeerAccess(e.device, 0);
+        if (pe == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+        else FO_CUDA_CHECK(pe);
+        at_[r] = reinterpret_cast<void*>(e.raw);
+      } else {
+        void* p = open_handle(e.handle);
+        opened_.push_back(p);
+        at_[r] = static_cast<char*>(p) + e.offset;
+      }
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void PeerMappedBuffer::release() noexcept {
+  for (void* p : opened_) close_handle(p);
+  opened_.clear();
+}
+
+PeerMappedBuffer::~PeerMappedBuffer() { release(); }
+
+PeerMappedBuffer::PeerMappedBuffer(PeerMappedBuffer&& o) noexcept
+    : mine_(o.mine_), ld_(o.ld_), at_(std::move(o.at_)), lds_(std::move(o.lds_)), opened_(std::move(o.opened_)) {
+  o.opened_.clear();
+}
+
+PeerMappedBuffer& PeerMappedBuffer::operator=(PeerMappedBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    mine_ = o.mine_, ld_ = o.ld_, at_ = std::move(o.at_), lds_ = std::move(o.lds_), opened_ = std::move(o.opened_);
+    o.opened_.clear();
+  }
+  return *this;
+}
+
+}  // namespace flashoverlap::rt
