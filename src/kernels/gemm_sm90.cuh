@@ -415,7 +415,10 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         if (own || !tma_push)
 #pragma unroll
           for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
-        if (tma_push)  // a final into the peer's C (Owner::finals_in_c), else into its window from row0 (rows < m)
+        // A final into the peer's C (Owner::finals_in_c), else into its window
+        // from row0 (rows < m). After a timed-out wait (failed) an owned
+        // "final" is not one: it is not stored into the peer's C at all.
+        if (tma_push && !(own && o.finals_in_c && failed))
 #pragma unroll
           for (int c = 0; c < 2; ++c)
             ptx::tma_store_2d(own && o.finals_in_c ? tm_q : tm_p, piece + c * 8192, col + q * 128 + c * 64,
@@ -442,7 +445,12 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     }
     __syncwarp();
     ptx::fence_proxy_async_global();
-    if (!tma_push) {
+    // After a timed-out wait, a tile this rank owns is neither stored into the
+    // peer's C nor counted there (Owner::finals_in_c): the peer's caller
+    // buffer is only written by calls that have reached it, and the peer's
+    // own bounded wait reports the failure.
+    const bool withhold = own && o.finals_in_c && __shfl_sync(0xffffffffu, failed, 0);
+    if (!tma_push && !withhold) {
       const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
       // A final into the peer's C (Owner::finals_in_c), else into its window.
       const bool to_c = own && o.finals_in_c;
@@ -470,7 +478,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     }
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
     __syncwarp();
-    if (leader && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+    if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
     if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
       wait_flag(next);
       load_partial(next, 0, 0);

@@ -63,14 +63,22 @@ bool OverlapAllReduce::finals_into_outputs() const {
 int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
   const plan::Schedule& s = opts_.sched;
   const std::string who = "OverlapAllReduce::register_output (rank " + std::to_string(opts_.rank) + ")";
-  if (!out || (reinterpret_cast<uintptr_t>(out) & 15) != 0 || ld_out < s.n || ld_out % 8 != 0)
-    throw InvalidArgument(who + ": the output must be 16-byte aligned with ld_out >= n (" + std::to_string(s.n) +
-                          ") and ld_out % 8 == 0, not ld_out " + std::to_string(ld_out));
-  // Only the plans that store into it map it on the peer (the same on every rank).
-  if (finals_into_outputs())
-    outputs_.emplace_back(opts_.comm, gather_rank_, out, ld_out);
-  else
+  const bool ok = out && (reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out >= s.n && ld_out % 8 == 0;
+  const std::string why = who + ": the output must be 16-byte aligned with ld_out >= n (" + std::to_string(s.n) +
+                          ") and ld_out % 8 == 0, not ld_out " + std::to_string(ld_out);
+  // Only the plans that store into it map it on the peer (the same on every
+  // rank); there a bad output makes every rank throw, none is left waiting.
+  if (finals_into_outputs()) {
+    try {
+      outputs_.emplace_back(opts_.comm, gather_rank_, out, ld_out, ok);
+    } catch (const Error&) {
+      if (!ok) throw InvalidArgument(why);
+      throw;
+    }
+  } else {
+    if (!ok) throw InvalidArgument(why);
     outputs_.emplace_back();
+  }
   registered_.push_back({out, ld_out});
   return int(registered_.size()) - 1;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <string>
 
 #include "flashoverlap/error.h"
@@ -20,7 +21,9 @@ namespace {
 
 // What each rank says of its buffer.
 struct Entry {
+  int32_t ok = 1;        // this rank's buffer passed its checks (PeerMappedBuffer's `ok`)
   int64_t pid = 0;
+  uint64_t nonce = 0;    // with pid: this process (pids repeat across PID namespaces)
   int32_t device = 0;
   int32_t exported = 0;  // the IPC handle is valid
   uint64_t raw = 0;      // the address in its own process
@@ -36,8 +39,9 @@ std::vector<Entry> all_entries(ncclComm_t comm, int rank, const Entry& mine) {
   DeviceBuffer buf(sizeof(Entry) * size_t(world));
   cudaStream_t st = nullptr;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  FO_CUDA_CHECK(cudaMemcpy(static_cast<char*>(buf.get()) + sizeof(Entry) * size_t(rank), &mine, sizeof(Entry),
-                           cudaMemcpyHostToDevice));
+  // (on the gather's stream: a pageable copy may return before it lands)
+  FO_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(buf.get()) + sizeof(Entry) * size_t(rank), &mine, sizeof(Entry),
+                                cudaMemcpyHostToDevice, st));
   const ncclResult_t r = ncclAllGather(static_cast<char*>(buf.get()) + sizeof(Entry) * size_t(rank), buf.get(),
                                        sizeof(Entry), ncclUint8, comm, st);
   const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
@@ -91,11 +95,36 @@ void close_handle(void* base) noexcept {
     }
 }
 
+uint64_t process_nonce() {
+  static const uint64_t n = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  return n;
+}
+
+// Whether every rank of `comm` says ok (a one-element min AllReduce).
+bool all_ok(ncclComm_t comm, int rank, bool ok) {
+  DeviceBuffer flag(sizeof(int32_t));
+  cudaStream_t st = nullptr;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int32_t mine = ok ? 1 : 0;
+  int32_t all = 0;
+  FO_CUDA_CHECK(cudaMemcpyAsync(flag.get(), &mine, sizeof(mine), cudaMemcpyHostToDevice, st));
+  const ncclResult_t r = ncclAllReduce(flag.get(), flag.get(), 1, ncclInt32, ncclMin, comm, st);
+  if (r == ncclSuccess) FO_CUDA_CHECK(cudaMemcpyAsync(&all, flag.get(), sizeof(all), cudaMemcpyDeviceToHost, st));
+  const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
+  cudaStreamDestroy(st);
+  FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(rank) + ": agreeing on an output mapping");
+  FO_CUDA_CHECK(e);
+  return all == 1;
+}
+
 }  // namespace
 
-PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld) : mine_(mine), ld_(ld) {
+PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld, bool ok)
+    : mine_(mine), ld_(ld) {
   Entry me;
+  me.ok = ok ? 1 : 0;
   me.pid = int64_t(getpid());
+  me.nonce = process_nonce();
   FO_CUDA_CHECK(cudaGetDevice(&me.device));
   me.raw = reinterpret_cast<uint64_t>(mine);
   me.ld = ld;
@@ -112,8 +141,13 @@ PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_
   }
   const std::vector<Entry> all = all_entries(comm, rank, me);
   // Every rank decides from the same entries, so all throw or none does.
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].ok)
+      throw InvalidArgument("rank " + std::to_string(rank) + ": rank " + std::to_string(r) +
+                            " could not register its output (its own error says why)");
+  auto same_process = [&](const Entry& e) { return e.pid == me.pid && e.nonce == me.nonce; };
   bool processes = false;
-  for (const Entry& e : all) processes = processes || e.pid != all[0].pid;
+  for (const Entry& e : all) processes = processes || e.pid != all[0].pid || e.nonce != all[0].nonce;
   for (size_t r = 0; processes && r < all.size(); ++r)
     if (!all[r].exported)
       throw InvalidArgument("rank " + std::to_string(rank) + ": rank " + std::to_string(r) +
@@ -121,13 +155,14 @@ PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_
                             "it with cudaMalloc)");
   at_.assign(all.size(), nullptr);
   lds_.assign(all.size(), 0);
+  std::string failure;  // mapping a peer's buffer failed here: every rank throws (all_ok below)
   try {
     for (size_t r = 0; r < all.size(); ++r) {
       const Entry& e = all[r];
       lds_[r] = e.ld;
       if (int(r) == rank) {
         at_[r] = mine;
-      } else if (e.pid == me.pid) {  // a thread of this process: the same address, once peer access is on
+      } else if (same_process(e)) {  // a thread of this process: the same address, once peer access is on
         const cudaError_t pe = cudaDeviceEnablePeerAccess(e.device, 0);
         if (pe == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
         else FO_CUDA_CHECK(pe);
@@ -138,9 +173,13 @@ PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_
         at_[r] = static_cast<char*>(p) + e.offset;
       }
     }
-  } catch (...) {
+  } catch (const std::exception& ex) {
+    failure = ex.what();
+  }
+  if (!all_ok(comm, rank, failure.empty())) {
     release();
-    throw;
+    throw Error(failure.empty() ? "rank " + std::to_string(rank) + ": another rank could not map this rank's output"
+                                : failure);
   }
 }
 

@@ -19,7 +19,9 @@ class PeerMappedBuffer {
   // `comm`. Throws InvalidArgument naming the rank if a buffer is not device
   // memory that CUDA IPC can export (cudaMalloc; not VMM or stream-ordered
   // pools) where the ranks are processes of their own.
-  PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld);
+  // ok = false: this rank's buffer failed its caller's checks; every rank
+  // then throws (so that none is left waiting in the exchange).
+  PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld, bool ok = true);
   ~PeerMappedBuffer();
   PeerMappedBuffer(PeerMappedBuffer&& o) noexcept;
   PeerMappedBuffer& operator=(PeerMappedBuffer&& o) noexcept;

@@ -292,7 +292,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
                               " tile 128x" + std::to_string(sh.bn) + " seed=" + std::to_string(seed);
     std::fprintf(stderr, "case: registered outputs %s\n", where.c_str());
     on_each_rank([&](int rank, ncclComm_t comm) {
-      const int64_t ld1 = sh.n + 8;  // the second output strided
+      const int64_t ld1 = sh.n + 8 * (rank + 1);  // the second output strided, differently on each rank
       DeviceBuffer a(size_t(sh.m) * sh.k * 2), b(size_t(sh.n) * sh.k * 2), ref(size_t(sh.m) * sh.n * 2),
           out0(size_t(sh.m) * sh.n * 2), out1(size_t(sh.m) * ld1 * 2);
       cudaStream_t st;
@@ -328,6 +328,36 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
         const auto bit = kernels::compare(sh.dt, out, ld, ref.get(), sh.n, sh.m, sh.n, st);
         EXPECT_EQ(bit.mismatches, 0) << where << " rank " << rank << " call " << call << " slot " << slot;
         EXPECT_EQ(bit.nan_count, 0) << where;
+      }
+      // Back to back into one buffer, no sync between the calls, rank 1
+      // enqueueing late: each call's result is snapshot on the stream right
+      // after it (the peer's finals of the next call must not land before).
+      constexpr int kCalls = 3;
+      std::vector<DeviceBuffer> refs, snaps, as;
+      for (int call = 0; call < kCalls; ++call) {
+        as.emplace_back(size_t(sh.m) * sh.k * 2);
+        refs.emplace_back(size_t(sh.m) * sh.n * 2);
+        snaps.emplace_back(size_t(sh.m) * sh.n * 2);
+        kernels::fill_random(sh.dt, as.back().get(), int64_t(sh.m) * sh.k, seed + 77 * (call + 1) + rank, -1.f, 1.f, st);
+        rt::sequential_ours_allreduce(sh.dt, as.back().get(), b.get(), refs.back().get(), full, sh.k, comm, st);
+      }
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int call = 0; call < kCalls; ++call) {
+        op.run_registered(as[size_t(call)].get(), b.get(), slot0, st);
+        FO_CUDA_CHECK(cudaMemcpyAsync(snaps[size_t(call)].get(), out0.get(), size_t(sh.m) * sh.n * 2,
+                                      cudaMemcpyDeviceToDevice, st));
+      }
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      try {
+        op.check();
+      } catch (const Error& e) {
+        ADD_FAILURE() << where << " back to back: " << e.what();
+      }
+      for (int call = 0; call < kCalls; ++call) {
+        const auto bit = kernels::compare(sh.dt, snaps[size_t(call)].get(), sh.n, refs[size_t(call)].get(), sh.n,
+                                          sh.m, sh.n, st);
+        EXPECT_EQ(bit.mismatches, 0) << where << " back to back, rank " << rank << " call " << call;
       }
       cudaStreamDestroy(st);
     });
