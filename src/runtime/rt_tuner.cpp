@@ -297,6 +297,10 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
 
 AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
                              void* scratch, double sequential_ms) {
+  // (world decides the layouts' sums and whether owners, 2-rank only, are tried)
+  if (t.rv && t.rv->world() != t.world)
+    throw InvalidArgument("tune_allreduce: AllReduceTuning::world is " + std::to_string(t.world) + ", the ranks are " +
+                          std::to_string(t.rv->world()));
   if (t.options_for && t.group_sizes.empty()) {  // rank by the model, then measure the finalists
     std::vector<AllReducePlan> local;
     AllReduceTuning rank_only = t;
