@@ -275,21 +275,25 @@ TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
 // peer stores its finals straight into this rank's output, which then needs
 // no copy; bitwise our GEMM + one ncclAllReduce, in two registered buffers
 // used in turns and again (the same buffer in consecutive calls), one of
-// them strided; on other plans (128x128 tiles: 3 stages) run_registered is run.
+// them strided; every push mode (each CTA's last tile by TMA, none, all);
+// on other plans (128x128 tiles: 3 stages) run_registered is run.
 TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
   REQUIRE_TWO_GPUS();
   struct Shape {
     int m, n, k, bn;
     DType dt;
+    int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
   };
   for (const Shape& sh : {Shape{2048, 4096, 1024, 256, DType::BF16}, Shape{3001, 4104, 1024, 256, DType::FP16},
-                          Shape{1408, 6144, 512, 256, DType::BF16}, Shape{777, 4104, 512, 128, DType::BF16}}) {
+                          Shape{1408, 6144, 512, 256, DType::BF16}, Shape{777, 4104, 512, 128, DType::BF16},
+                          Shape{2048, 4096, 1024, 256, DType::BF16, 0}, Shape{3001, 4104, 1024, 256, DType::FP16, 2}}) {
     const uint64_t seed = fresh_seed();
     std::mt19937_64 rng(seed);
     const plan::Schedule s = sched_for(sh.m, sh.n, sh.bn, 132, 1 + int(rng() % 4));
     const std::vector<plan::Group> groups = random_groups(s, rt::ArLayout::Pushed, rng);
     const std::string where = std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k) +
-                              " tile 128x" + std::to_string(sh.bn) + " seed=" + std::to_string(seed);
+                              " tile 128x" + std::to_string(sh.bn) + " push_tma=" + std::to_string(sh.push_tma) +
+                              " seed=" + std::to_string(seed);
     std::fprintf(stderr, "case: registered outputs %s\n", where.c_str());
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int64_t ld1 = sh.n + 8 * (rank + 1);  // the second output strided, differently on each rank
@@ -299,7 +303,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
       FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.groups = groups, o.layout = rt::ArLayout::Pushed, o.k = sh.k, o.dtype = sh.dt, o.comm = comm;
-      o.rank = rank, o.push_by = rt::PushBy::Owners, o.wait_timeout_s = 5;
+      o.rank = rank, o.push_by = rt::PushBy::Owners, o.wait_timeout_s = 5, o.push_tma = sh.push_tma;
       rt::OverlapAllReduce op(o);
       EXPECT_EQ(op.finals_into_outputs(), sh.bn == 256) << where;
       EXPECT_THROW(op.register_output(static_cast<char*>(out0.get()) + 2, sh.n), InvalidArgument);  // misaligned
