@@ -59,8 +59,8 @@ struct Options {
   bool registered = false;  // flashoverlap into a registered output (run_registered)
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
-  std::string push_tma = "last";
-  bool fuse = true;  // the sum (or the owners' copy) inside the GEMM where the plan says so  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
+  std::string push_tma = "last";  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
+  bool fuse = true;  // the sum (or the owners' copy) inside the GEMM where the plan says so
   double wait_timeout_s = 30;  // a bounded wait of the overlapped op fails the call after this long
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;

@@ -124,21 +124,22 @@ int run(const Options& o) {
           std::vector<int32_t> group_of_tile(tiles_total);
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
           FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
-          for (bool four : fours)
-          for (int mode = 0; mode < 2; ++mode) {
-            if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal)) continue;
-            kernels::GemmParams p;
-            p.dtype = dt, p.a = a.get(), p.b = b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
-            p.four_stages = four;
-            if (mode == 0) {
-              p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = sh.n;
-            } else {
-              p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
-              p.counters = counters, p.group_of_tile = got;
+          for (bool four : fours) {
+            for (int mode = 0; mode < 2; ++mode) {
+              if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal)) continue;
+              kernels::GemmParams p;
+              p.dtype = dt, p.a = a.get(), p.b = b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
+              p.four_stages = four;
+              if (mode == 0) {
+                p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = sh.n;
+              } else {
+                p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
+                p.counters = counters, p.group_of_tile = got;
+              }
+              const bool ran_four = kernels::gemm_four_stages(p);
+              if (four && !ran_four && fours.size() > 1) continue;  // "both": the 3-stage row is there already
+              configs.push_back({bn, ran_four, mode, p, -1});
             }
-            const bool ran_four = kernels::gemm_four_stages(p);
-            if (four && !ran_four && fours.size() > 1) continue;  // "both": the 3-stage row is there already
-            configs.push_back({bn, ran_four, mode, p, -1});
           }
         }
         // Correctness first: poisoned output vs cuBLAS.

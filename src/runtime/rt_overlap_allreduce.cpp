@@ -485,8 +485,7 @@ void OverlapAllReduce::check() const {
       os << " (tile " << e.tile << ": "
          << (e.failed == 3 ? "the peer's partial of a tile this rank owns" : "the peer's final of a tile it owns")
          << ")";
-    os
-       << (copy_engines() ? " (this GEMM's tile signals, or a peer's flag for its copy of the group)" : "")
+    os << (copy_engines() ? " (this GEMM's tile signals, or a peer's flag for its copy of the group)" : "")
        << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
     throw Error(os.str());
   }
