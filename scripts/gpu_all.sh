@@ -26,7 +26,10 @@
 #   tma-ab       owners with 4 stages, 128x256, the model's plan: tiles pushed from C by the storer warp vs by TMA
 #                from the staging (--push-tma; TMA_MODES, default "none last"), twice, --trace -> tma-ab.log
 #   copy-ab      the same, the peer's finals copied during the GEMM by the producer's warps vs after the tiles
-#                (--no-fuse) -> copy-ab.log (both: OWNER_SHAPES overrides the shapes)
+#                (--no-fuse) -> copy-ab.log
+#   registered-ab the tuner's pick, run vs run_registered (--registered-output: with owners the peer's finals
+#                stored straight into the output), ABAB -> registered-ab.log
+#                (four-ab, tma-ab, copy-ab, registered-ab: AB_SHAPES overrides their five shapes)
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -43,21 +46,27 @@ status=0
 
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
-# ABAB on the shapes near the bar, the model's plan forced to owners with
-# 128x256 tiles, --trace: owner_ab LOG VARIANT... (each variant its extra
-# bench arguments, "" for none), twice in turns, into $OUT/LOG.
-owner_ab() {
-  local log=$1 r v
-  shift
+# ABAB: bench on the shapes near the bar (AB_SHAPES overrides them) with the
+# arguments COMMON and each variant's (a string each, "" for none), twice in
+# turns, into $OUT/LOG: ab_runs LOG COMMON VARIANT...
+ab_runs() {
+  local log=$1 common=$2 r v
+  shift 2
   for r in 1 2; do
     for v in "$@"; do
       echo "##### ${v:-(default)} $r" | tee -a "$OUT/$log"
-      # shellcheck disable=SC2086  # $v: several arguments
-      $CLI bench --shapes ${OWNER_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
-        --layout pushed --push-by owners --tile 128x256 --no-select --trace $v --curves /tmp/fo-curves 2>&1 |
-        tee -a "$OUT/$log" | grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|rror" | cut -c1-200 || status=1
+      # shellcheck disable=SC2086  # $common, $v: several arguments
+      $CLI bench --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
+        $common $v --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/$log" |
+        grep -E "^[0-9]+x|check|flashoverlap  |sequential  |GEMM tiles overl|CTA phases|rror" | cut -c1-200 || status=1
     done
   done
+}
+# The same with the model's plan forced to owners with 128x256 tiles, --trace.
+owner_ab() {
+  local log=$1
+  shift
+  ab_runs "$log" "--layout pushed --push-by owners --tile 128x256 --no-select --trace" "$@"
 }
 
 for s in "$@"; do
@@ -141,6 +150,10 @@ for s in "$@"; do
       $CLI bench --shapes 4096x8192x8192,8192x4096x2048 --with-rmsnorm --curves /tmp/fo-curves 2>&1 |
         tee "$OUT/rmsnorm.log" | grep -E "^[0-9]+x|flashoverlap|RMSNorm|rmsnorm|fused|rror" | cut -c1-200 || status=1
       ;;
+    registered-ab)
+      stage "the tuner's pick: run (the peer's finals copied into the output) vs run_registered, ABAB"
+      ab_runs registered-ab.log "" "" "--registered-output"
+      ;;
     gate-ab)
       stage "timing without and with the host gate, ABAB"
       for r in 1 2; do
@@ -156,14 +169,7 @@ for s in "$@"; do
       stage "4 stages against 3"
       $CLI bench-gemm --tiles 256 --reserve-sms 0 --modes plain --four-stages both 2>&1 | tee -a "$OUT/four-ab.log" |
         grep -v "^#" || status=1
-      for r in 1 2; do
-        for f in "" "--three-stages"; do
-          echo "##### ${f:-four stages} $r" | tee -a "$OUT/four-ab.log"
-          $CLI bench --shapes ${FOUR_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
-            --curves /tmp/fo-curves $f 2>&1 | tee -a "$OUT/four-ab.log" |
-            grep -E "^[0-9]+x|flashoverlap  |sequential  |rror" | cut -c1-200 || status=1
-        done
-      done
+      ab_runs four-ab.log "" "" "--three-stages"
       ;;
     tma-ab)
       stage "owners, 4 stages: tiles pushed from C by the storer warp vs by TMA from the staging (last tile, all)"

@@ -56,6 +56,7 @@ struct Options {
   std::string layout = "auto";
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
+  bool registered = false;  // flashoverlap into a registered output (run_registered)
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
   std::string push_tma = "last";  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
@@ -245,6 +246,30 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   kernels::fill_random(dt, b.get(), N * K, seed ^ 0xabcdef, -1.f, 1.f, cx.stream);
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   const ncclComm_t base = cx.base.get();
+  // --registered-output: the baselines' outputs registered with NCCL too
+  // (ncclCommRegister), as flashoverlap's is with the op: the same setup for
+  // both sides. Deregistered when the shape is done.
+  struct NcclRegistration {
+    ncclComm_t comm = nullptr;
+    void* handle = nullptr;
+    ~NcclRegistration() {
+      if (handle) ncclCommDeregister(comm, handle);
+    }
+  };
+  std::vector<NcclRegistration> nccl_regs(o.registered ? 2 : 0);
+  std::string nccl_reg_note;
+  if (o.registered) {
+    std::string why;
+    void* bufs[2] = {out_seq.get(), out_ours.get()};
+    for (int i = 0; i < 2; ++i) {
+      nccl_regs[size_t(i)].comm = base;
+      const ncclResult_t r = ncclCommRegister(base, bufs[i], c_bytes, &nccl_regs[size_t(i)].handle);
+      if (r != ncclSuccess) why = ncclGetErrorString(r), nccl_regs[size_t(i)].handle = nullptr;
+    }
+    const bool all = rt::max_over_ranks(*cx.rv, {why.empty() ? 0.0 : 1.0})[0] == 0;
+    nccl_reg_note = all ? "baselines' outputs registered with NCCL (ncclCommRegister)"
+                        : "baselines' outputs NOT registered with NCCL on every rank" + (why.empty() ? "" : ": " + why);
+  }
 
   ShapeResult res{M, N, K, 0, 0, 0, 0, {}, {}, 0, {}, {}, {}, {}};
   // Components, measured on their own for the tuner; the ideal, max(GEMM,
@@ -318,9 +343,12 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
   auto run_ours = [&] { rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream); };
   const void* fo_result = out_fo.get();  // --in-place: where the op left the last call's result
+  const int fo_slot = o.registered ? op.register_output(out_fo.get(), N) : -1;  // (collective)
   auto run_fo_on = [&](const void* a_in) {
     if (o.in_place)
       fo_result = op.run_in_place(a_in, b.get(), cx.stream);
+    else if (o.registered)
+      op.run_registered(a_in, b.get(), fo_slot, cx.stream);
     else
       op.run(a_in, b.get(), out_fo.get(), N, cx.stream);
   };
@@ -459,7 +487,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
       << ", wait " << o.wait
-      << (!o.in_place               ? ""
+      << (o.registered ? (op.finals_into_outputs() ? ", registered output (the peer's finals stored straight into it); "
+                                                   : ", registered output (run: this plan copies); ") + nccl_reg_note
+          : !o.in_place           ? ""
           : op.result_in_window() ? ", result in place (run_in_place: C in the window)"
                                   : ", result in the op's buffer (run_in_place)");
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
@@ -709,9 +739,14 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();
   cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");
+  cmd->add_flag("--registered-output", o->registered,
+                "flashoverlap runs into an output registered with the op (run_registered: with owners the peer "
+                "stores its finals straight into it, no copy); the baselines' outputs are registered with NCCL "
+                "(ncclCommRegister) in turn");
   cmd->add_flag("--in-place", o->in_place,
                 "flashoverlap leaves its result in the op's memory (run_in_place: with owners, no copy of the peer's "
-                "tiles) instead of the output buffer");
+                "tiles) instead of the output buffer")
+      ->excludes("--registered-output");
   cmd->add_option("--wait-timeout", o->wait_timeout_s,
                   "Seconds before a wait of the overlapped op for a group or tile fails the run with a message")
       ->capture_default_str()

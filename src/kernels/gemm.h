@@ -140,6 +140,17 @@ struct Owner {
   // wave's push decides the GEMM's end); 2: every tile (measurement).
   int32_t push_tma = 0;
   const void* push_window = nullptr;
+  // 4 stages, pushed only: the final tiles this rank owns go straight into
+  // the peer's C (peer_out: its address here, peer_ld elements per row), not
+  // into its window, and the peer's finals land in this rank's C the same
+  // way (finals_in_c), so the copy only waits for them. Each rank's C then
+  // needs no copy; a final of call n + 1 reaches the peer's C only after
+  // the peer's own call n + 1 has pushed its partial of that tile, so
+  // nothing lands there before the peer's kernel of that call has started.
+  // The partials still go to the windows.
+  void* peer_out = nullptr;
+  int64_t peer_ld = 0;
+  bool finals_in_c = false;
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
 };

@@ -154,8 +154,14 @@ void check_gemm_params(const GemmParams& p) {
     if (o.push_tma < 0 || o.push_tma > 2) fail("owner layout: push_tma must be 0, 1 or 2");
     if (o.push_tma > 0 && (!o.push_window || !aligned16(o.push_window) || !gemm_four_stages(p)))
       fail("owner layout: TMA pushes need the peer's 16-byte aligned window and the 4-stage pipeline");
-  } else if (p.owner.push_tma != 0) {
-    fail("push_tma is for the owner layout");
+    if ((o.peer_out != nullptr) != o.finals_in_c)
+      fail("owner layout: finals into the peer's C (peer_out) go with the peer's finals into this C (finals_in_c)");
+    if (o.finals_in_c && (o.in_place || !aligned16(o.peer_out) || o.peer_ld < p.n || o.peer_ld % 8 != 0 ||
+                          !gemm_four_stages(p)))
+      fail("owner layout: finals into the peers' C need the 4-stage pipeline, not in place, and a 16-byte aligned "
+           "peer C with ld >= n, ld % 8 == 0");
+  } else if (p.owner.push_tma != 0 || p.owner.finals_in_c) {
+    fail("push_tma and finals_in_c are for the owner layout");
   }
 }
 
@@ -218,7 +224,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   // from (Owner::window: this GPU's, or the peer's when pulled) into the
   // staging buffer (the same box and swizzle as C's stores), and its copy of
   // the peer's tiles writes C directly.
-  CUtensorMap mw = mc, mp = mc;
+  CUtensorMap mw = mc, mp = mc, mq = mc;
   if (p.owner.rank >= 0) {
     mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");
     kp.out = p.c;
@@ -226,27 +232,29 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
       // m rows, so that a ragged last tile row sends its rows of C only
       mp = make_map(static_cast<const char*>(p.owner.push_window) + int64_t(p.owner.row0) * p.n * 2, p.m, p.n, p.n,
                     64, dt, "the peer's owner window");
+    if (p.owner.push_tma > 0 && p.owner.finals_in_c)  // the peer's C, where the finals go (Owner::peer_out)
+      mq = make_map(p.owner.peer_out, p.m, p.n, p.owner.peer_ld, 64, dt, "the peer's C");
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (gemm_four_stages(p)) {
     if (p.dtype == DType::BF16)
-      pieces_kernel<__nv_bfloat16>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, kp);
+      pieces_kernel<__nv_bfloat16>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
     else
-      pieces_kernel<__half>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, kp);
+      pieces_kernel<__half>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
   if (p.dtype == DType::BF16) {
     if (bn == 256)
-      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, kp);
+      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
     else
-      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, kp);
+      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
   } else {
     if (bn == 256)
-      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, kp);
+      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
     else
-      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, kp);
+      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
   }
   FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }

@@ -351,7 +351,7 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
 template <typename T, int BN, int kPieceBytes>
 __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,
                                                    const CUtensorMap* tm_w, const CUtensorMap* tm_p,
-                                                   uint8_t* c_smem, uint64_t* c_full,
+                                                   const CUtensorMap* tm_q, uint8_t* c_smem, uint64_t* c_full,
                                                    uint64_t* c_empty, uint64_t* p_ready, int32_t tiles, int lane) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
@@ -378,6 +378,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     ptx::tma_prefetch_desc(tm_c);
     ptx::tma_prefetch_desc(tm_w);
     if (o.push_tma > 0) ptx::tma_prefetch_desc(tm_p);
+    if (o.push_tma > 0 && o.finals_in_c) ptx::tma_prefetch_desc(tm_q);
     if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles))) {
       const int32_t first = owner_tile_at(o, blockIdx.x, tiles);
       wait_flag(first);
@@ -414,10 +415,14 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         if (own || !tma_push)
 #pragma unroll
           for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
-        if (tma_push)
+        // A final into the peer's C (Owner::finals_in_c), else into its window
+        // from row0 (rows < m). After a timed-out wait (failed) an owned
+        // "final" is not one: it is not stored into the peer's C at all.
+        if (tma_push && !(own && o.finals_in_c && failed))
 #pragma unroll
           for (int c = 0; c < 2; ++c)
-            ptx::tma_store_2d(tm_p, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);  // (from row0: rows < m)
+            ptx::tma_store_2d(own && o.finals_in_c ? tm_q : tm_p, piece + c * 8192, col + q * 128 + c * 64,
+                              row + h * 64);
         ptx::tma_store_commit();
         ptx::tma_store_wait_read();
         // The buffer's next piece: this tile's piece 1, or the next tile's
@@ -440,9 +445,18 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     }
     __syncwarp();
     ptx::fence_proxy_async_global();
-    if (!tma_push) {
+    // After a timed-out wait, a tile this rank owns is neither stored into the
+    // peer's C nor counted there (Owner::finals_in_c): the peer's caller
+    // buffer is only written by calls that have reached it, and the peer's
+    // own bounded wait reports the failure.
+    const bool withhold = own && o.finals_in_c && __shfl_sync(0xffffffffu, failed, 0);
+    if (!tma_push && !withhold) {
       const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
-      T* dst = static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
+      // A final into the peer's C (Owner::finals_in_c), else into its window.
+      const bool to_c = own && o.finals_in_c;
+      const int64_t dst_ld = to_c ? o.peer_ld : s.n;
+      T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
+                    : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
       const T* src = c_out + int64_t(row) * p.ld_out + col;
       constexpr int kUnits = BN / 8, kInFlight = 4;  // loads before their stores (dst and src may alias)
       const int total = nrows * kUnits;
@@ -458,13 +472,13 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         for (int x = 0; x < kInFlight; ++x) {
           const int u = base + 32 * x;
           if (u < total && u % kUnits < units)
-            *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * s.n + (u % kUnits) * 8) = v[x];
+            *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * dst_ld + (u % kUnits) * 8) = v[x];
         }
       }
     }
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
     __syncwarp();
-    if (leader && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+    if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
     if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
       wait_flag(next);
       load_partial(next, 0, 0);
@@ -568,8 +582,10 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   constexpr int kUnits = BN / 8;                   // 16-byte units per row
   constexpr int kPerLane = kRows * kUnits / 32;    // kDirect: units per lane and chunk
   static_assert(!kDirect || (kRows * kUnits) % 32 == 0, "a chunk is whole 16-byte units per lane");
-  // In place: one "chunk" per tile, which is only waited for.
-  const int32_t per_tile = o.in_place ? 1 : 128 / kRows;
+  // In place, or the peer's finals pushed into C (finals_in_c): one "chunk"
+  // per tile, which is only waited for.
+  const bool wait_only = o.in_place || o.finals_in_c;
+  const int32_t per_tile = wait_only ? 1 : 128 / kRows;
   const int32_t first = o.rank == 0 ? 0 : o.split;  // the peer's tiles
   const int32_t chunks = (o.rank == 0 ? o.split : s.tiles() - o.split) * per_tile;
   int32_t ready = -1;  // lane 0: the last tile seen arrived
@@ -594,7 +610,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
         if constexpr (!kDirect) ptx::fence_proxy_async_global();  // the bulk copies below read what the flag released
         ready = t;
       }
-      if (ok && !o.in_place && !kDirect) {
+      if (ok && !wait_only && !kDirect) {
         ptx::fence_proxy_async_smem();  // the lanes' reads of the buffer before the copies overwrite it
         ptx::mbar_arrive_expect_tx(bar, uint32_t(ncols) * 2 * uint32_t(nrows));
         const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
@@ -602,7 +618,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
       }
     }
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // recorded in err; the call fails
-    if (o.in_place) continue;  // the final tile is in C already
+    if (wait_only) continue;  // the final tile is in C already
     T* out = static_cast<T*>(p.out) + int64_t(row) * p.ld_out + col;
     if constexpr (kDirect) {
       __syncwarp();  // orders lane 0's acquire of the flag before every lane's loads
@@ -636,7 +652,8 @@ template <int BN, int STAGES, typename T, bool kPieces = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
-                     const __grid_constant__ CUtensorMap tm_p, const GemmKernelParams p) {
+                     const __grid_constant__ CUtensorMap tm_p, const __grid_constant__ CUtensorMap tm_q,
+                     const GemmKernelParams p) {
   using L = GemmSmem<BN, STAGES, kPieces>;
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
   constexpr int BM = L::kBM, BK = L::kBK;
@@ -701,8 +718,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
     } else if constexpr (kPieces) {
       if (tid >= 32 && tid < 64 && p.owner.rank >= 0)
-        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, &tm_p, smem + L::kC, c_full, c_empty, p_ready,
-                                                  tiles, tid - 32);
+        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, &tm_p, &tm_q, smem + L::kC, c_full, c_empty,
+                                                  p_ready, tiles, tid - 32);
       else if (tid == 32)
         piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
       else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers)  // warps 2-3: the owner layout's copy

@@ -78,6 +78,7 @@
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_gemm_monitor.h"
+#include "runtime/rt_peer_map.h"
 #include "runtime/rt_symmetric.h"
 #include "runtime/tile_clocks.h"
 
@@ -217,6 +218,19 @@ class OverlapAllReduce {
   const void* run_in_place(const void* a, const void* b, cudaStream_t stream);
   // Whether run_in_place and run_rmsnorm keep C in the window (owners, pushed).
   bool result_in_window() const;
+  // Collective (every rank, in the same order, each its own buffer): makes
+  // `out` (m x n, ld_out elements per row, 16-byte aligned, ld_out % 8 == 0;
+  // from cudaMalloc where the ranks are processes of their own) an output
+  // of run_registered, and returns its slot (the same on every rank). The
+  // buffer must outlive the op.
+  int register_output(void* out, int64_t ld_out);
+  // As run into registered output `slot` (every rank the same slot). With
+  // owners pushed on 4 stages the peer stores its final tiles straight into
+  // it (kernels::Owner::finals_in_c): no copy of the peer's tiles after the
+  // GEMM, as in place, but in the caller's buffer; other plans run as run.
+  void run_registered(const void* a, const void* b, int slot, cudaStream_t stream);
+  // Whether run_registered stores straight into the peer's output on this plan.
+  bool finals_into_outputs() const;
   // (The destructor waits for the last call's work on the caller's stream:
   // the pushed layouts' peers may still be storing into this op's buffer.)
 
@@ -285,8 +299,11 @@ class OverlapAllReduce {
   void setup_owned();
   // in_place (run_in_place: out unused), or norm, with the pushed owners: C
   // in the window (kernels::Owner::in_place). Returns where C is.
+  // reg: out is that registered output (finals_into_outputs()).
   const void* enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
-                            bool in_place, cudaStream_t stream);
+                            bool in_place, cudaStream_t stream, const PeerMappedBuffer* reg = nullptr);
+  std::vector<std::pair<void*, int64_t>> registered_;  // register_output's buffers and ld, by slot
+  std::vector<PeerMappedBuffer> outputs_;  // by slot: mapped on the peer where finals_into_outputs()
   bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
   DeviceBuffer push_self_;                 // owners pulled: [1] this GPU's window (where its tiles go)
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest

@@ -56,8 +56,47 @@ void OverlapAllReduce::setup_owned() {
   setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
 }
 
+bool OverlapAllReduce::finals_into_outputs() const {
+  return owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_;
+}
+
+int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
+  const plan::Schedule& s = opts_.sched;
+  const std::string who = "OverlapAllReduce::register_output (rank " + std::to_string(opts_.rank) + ")";
+  const bool ok = out && (reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out >= s.n && ld_out % 8 == 0;
+  const std::string why = who + ": the output must be 16-byte aligned with ld_out >= n (" + std::to_string(s.n) +
+                          ") and ld_out % 8 == 0, not ld_out " + std::to_string(ld_out);
+  // Only the plans that store into it map it on the peer (the same on every
+  // rank); there a bad output makes every rank throw, none is left waiting.
+  if (finals_into_outputs()) {
+    try {
+      outputs_.emplace_back(opts_.comm, gather_rank_, out, ld_out, ok);
+    } catch (const Error&) {
+      if (!ok) throw InvalidArgument(why);
+      throw;
+    }
+  } else {
+    if (!ok) throw InvalidArgument(why);
+    outputs_.emplace_back();
+  }
+  registered_.push_back({out, ld_out});
+  return int(registered_.size()) - 1;
+}
+
+void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cudaStream_t stream) {
+  if (slot < 0 || size_t(slot) >= registered_.size())
+    throw InvalidArgument("OverlapAllReduce::run_registered (rank " + std::to_string(opts_.rank) + "): no output " +
+                          std::to_string(slot) + " (" + std::to_string(registered_.size()) + " registered)");
+  const auto [out, ld] = registered_[size_t(slot)];
+  if (!finals_into_outputs()) return run(a, b, out, ld, stream);
+  enqueue_owned(a, b, out, ld, nullptr, false, stream, &outputs_[size_t(slot)]);
+  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
+  called_ = true;
+}
+
 const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out,
-                                           const RmsNormArgs* norm, bool in_place_asked, cudaStream_t stream) {
+                                           const RmsNormArgs* norm, bool in_place_asked, cudaStream_t stream,
+                                           const PeerMappedBuffer* reg) {
   const plan::Schedule& s = opts_.sched;
   // Pushed: this rank's tiles go to the peer's window, the peer's are read
   // here. Pulled: the other way round (kernels::Owner).
@@ -86,6 +125,10 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.row0 = int32_t(row0);
   o.in_place = in_place;
   if (!pull && four_stages_) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
+  if (reg) {  // the peer's finals into this C, this rank's into the peer's (run_registered)
+    const int peer = 1 - gather_rank_;
+    o.finals_in_c = true, o.peer_out = reg->of(peer), o.peer_ld = reg->ld_of(peer);
+  }
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;
   uint32_t* claims = claims_.as<uint32_t>();

@@ -269,6 +269,103 @@ TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
   check_cases(owner_cases(rt::PushBy::Owners));
 }
 
+// Registered outputs (run_registered): with owners pushed on 4 stages the
+// peer stores its finals straight into this rank's output, which then needs
+// no copy; bitwise our GEMM + one ncclAllReduce, in two registered buffers
+// used in turns and again (the same buffer in consecutive calls), one of
+// them strided; every push mode (each CTA's last tile by TMA, none, all);
+// on other plans (128x128 tiles: 3 stages) run_registered is run.
+TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
+  REQUIRE_TWO_GPUS();
+  struct Shape {
+    int m, n, k, bn;
+    DType dt;
+    int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
+  };
+  for (const Shape& sh : {Shape{2048, 4096, 1024, 256, DType::BF16}, Shape{3001, 4104, 1024, 256, DType::FP16},
+                          Shape{1408, 6144, 512, 256, DType::BF16}, Shape{777, 4104, 512, 128, DType::BF16},
+                          Shape{2048, 4096, 1024, 256, DType::BF16, 0}, Shape{3001, 4104, 1024, 256, DType::FP16, 2}}) {
+    const uint64_t seed = fresh_seed();
+    std::mt19937_64 rng(seed);
+    const plan::Schedule s = sched_for(sh.m, sh.n, sh.bn, 132, 1 + int(rng() % 4));
+    const std::vector<plan::Group> groups = random_groups(s, rt::ArLayout::Pushed, rng);
+    const std::string where = std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k) +
+                              " tile 128x" + std::to_string(sh.bn) + " push_tma=" + std::to_string(sh.push_tma) +
+                              " seed=" + std::to_string(seed);
+    std::fprintf(stderr, "case: registered outputs %s\n", where.c_str());
+    on_each_rank([&](int rank, ncclComm_t comm) {
+      const int64_t ld1 = sh.n + 8 * (rank + 1);  // the second output strided, differently on each rank
+      DeviceBuffer a(size_t(sh.m) * sh.k * 2), b(size_t(sh.n) * sh.k * 2), ref(size_t(sh.m) * sh.n * 2),
+          out0(size_t(sh.m) * sh.n * 2), out1(size_t(sh.m) * ld1 * 2);
+      cudaStream_t st;
+      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      rt::OverlapAllReduceOptions o;
+      o.sched = s, o.groups = groups, o.layout = rt::ArLayout::Pushed, o.k = sh.k, o.dtype = sh.dt, o.comm = comm;
+      o.rank = rank, o.push_by = rt::PushBy::Owners, o.wait_timeout_s = 5, o.push_tma = sh.push_tma;
+      rt::OverlapAllReduce op(o);
+      EXPECT_EQ(op.finals_into_outputs(), sh.bn == 256) << where;
+      EXPECT_THROW(op.register_output(static_cast<char*>(out0.get()) + 2, sh.n), InvalidArgument);  // misaligned
+      const int slot0 = op.register_output(out0.get(), sh.n), slot1 = op.register_output(out1.get(), ld1);
+      EXPECT_EQ(slot0, 0);
+      EXPECT_EQ(slot1, 1);
+      EXPECT_THROW(op.run_registered(a.get(), b.get(), 2, st), InvalidArgument);
+      plan::Schedule full = s;
+      full.ctas = 132;
+      for (int call = 0; call < 4; ++call) {  // slots 0, 0, 1, 0: a buffer reused in consecutive calls too
+        const int slot = call == 2 ? slot1 : slot0;
+        void* out = slot == slot1 ? out1.get() : out0.get();
+        const int64_t ld = slot == slot1 ? ld1 : sh.n;
+        const uint64_t sd = seed + 1000 * call + 17 * rank;
+        kernels::fill_random(sh.dt, a.get(), int64_t(sh.m) * sh.k, sd, -1.f, 1.f, st);
+        kernels::fill_random(sh.dt, b.get(), int64_t(sh.n) * sh.k, sd + 1, -1.f, 1.f, st);
+        kernels::poison(out, int64_t(sh.m) * ld, st);
+        rt::sequential_ours_allreduce(sh.dt, a.get(), b.get(), ref.get(), full, sh.k, comm, st);
+        op.run_registered(a.get(), b.get(), slot, st);
+        FO_CUDA_CHECK(cudaStreamSynchronize(st));
+        try {
+          op.check();
+        } catch (const Error& e) {
+          ADD_FAILURE() << where << " call " << call << ": " << e.what();
+        }
+        const auto bit = kernels::compare(sh.dt, out, ld, ref.get(), sh.n, sh.m, sh.n, st);
+        EXPECT_EQ(bit.mismatches, 0) << where << " rank " << rank << " call " << call << " slot " << slot;
+        EXPECT_EQ(bit.nan_count, 0) << where;
+      }
+      // Back to back into one buffer, no sync between the calls, rank 1
+      // enqueueing late: each call's result is snapshot on the stream right
+      // after it (the peer's finals of the next call must not land before).
+      constexpr int kCalls = 3;
+      std::vector<DeviceBuffer> refs, snaps, as;
+      for (int call = 0; call < kCalls; ++call) {
+        as.emplace_back(size_t(sh.m) * sh.k * 2);
+        refs.emplace_back(size_t(sh.m) * sh.n * 2);
+        snaps.emplace_back(size_t(sh.m) * sh.n * 2);
+        kernels::fill_random(sh.dt, as.back().get(), int64_t(sh.m) * sh.k, seed + 77 * (call + 1) + rank, -1.f, 1.f, st);
+        rt::sequential_ours_allreduce(sh.dt, as.back().get(), b.get(), refs.back().get(), full, sh.k, comm, st);
+      }
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int call = 0; call < kCalls; ++call) {
+        op.run_registered(as[size_t(call)].get(), b.get(), slot0, st);
+        FO_CUDA_CHECK(cudaMemcpyAsync(snaps[size_t(call)].get(), out0.get(), size_t(sh.m) * sh.n * 2,
+                                      cudaMemcpyDeviceToDevice, st));
+      }
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      try {
+        op.check();
+      } catch (const Error& e) {
+        ADD_FAILURE() << where << " back to back: " << e.what();
+      }
+      for (int call = 0; call < kCalls; ++call) {
+        const auto bit = kernels::compare(sh.dt, snaps[size_t(call)].get(), sh.n, refs[size_t(call)].get(), sh.n,
+                                          sh.m, sh.n, st);
+        EXPECT_EQ(bit.mismatches, 0) << where << " back to back, rank " << rank << " call " << call;
+      }
+      cudaStreamDestroy(st);
+    });
+  }
+}
+
 // Owners pushed with 4 stages and the push modes besides the default (each
 // CTA's last tile by TMA from the staging): every tile from C by the storer
 // warp, every tile by TMA. The 128x256 owner cases above (ragged, fp16, 124
