@@ -290,6 +290,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.curve_for = [&cx](int ctas) -> const plan::BandwidthCurve& { return cx.curve_for(ctas); };
   if (o.tile != "auto") tuning.tiles = {plan::parse_tile(o.tile)};
   tuning.reserve = o.reserve_sms;
+  tuning.registered_output = o.registered;  // the finalists timed as the flashoverlap row will run
   if (o.layout == "rows") tuning.layouts = {rt::ArLayout::RowBands};
   if (o.layout == "slots") tuning.layouts = {rt::ArLayout::Slots};
   if (o.layout == "gathered") tuning.layouts = {rt::ArLayout::Gathered};

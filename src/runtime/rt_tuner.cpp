@@ -261,7 +261,13 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
   std::vector<std::function<void()>> fns;
   for (const auto& pl : finalists) {
     ops.push_back(std::make_unique<OverlapAllReduce>(t.options_for(pl)));
-    fns.push_back([&, op = ops.back().get()] { op->run(a, b, out, n, t.stream); });
+    OverlapAllReduce* op = ops.back().get();
+    if (t.registered_output) {  // (collective: every rank registers in the same order)
+      const int slot = op->register_output(out, n);
+      fns.push_back([&, op, slot] { op->run_registered(a, b, slot, t.stream); });
+    } else {
+      fns.push_back([&, op] { op->run(a, b, out, n, t.stream); });
+    }
   }
   std::vector<OverlapAllReduce*> all;
   for (auto& op : ops) all.push_back(op.get());

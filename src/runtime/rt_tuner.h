@@ -127,6 +127,11 @@ struct AllReduceTuning {
   PushBy push_by = PushBy::Gemm;  // the transport of every pushed plan generated (before the second round)
   ncclComm_t sync_comm = nullptr;
   bool host_gate = true;  // time each run queued whole (rt_host_gate.h)
+  // The finalists timed as a caller with a registered output runs them:
+  // `scratch` registered with each op (OverlapAllReduce::register_output),
+  // run_registered. With owners on 4 stages that takes the copy of the
+  // peer's tiles out of the call (2-5 us), which run would time in.
+  bool registered_output = false;
   int select_iters = 12;
   // Finalists within runoff_within of the fastest (at most 3) are timed
   // again in turns, runoff_iters runs each, and the fastest of that run is

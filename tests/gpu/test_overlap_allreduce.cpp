@@ -628,53 +628,57 @@ TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
 // a cuBLAS fallback).
 TEST(AllReduceTuner, MeasuredChoiceIsTheSameOnEveryRankAndRuns) {
   REQUIRE_TWO_GPUS();
-  const uint64_t seed = fresh_seed();
-  const int port = 20000 + int(seed % 20000);
-  std::vector<std::string> picked(kWorld), selections(kWorld);
-  on_each_rank([&](int rank, ncclComm_t comm) {
-    rt::DistEnv env;
-    env.rank = rank, env.world = kWorld, env.local_rank = rank, env.master_addr = "127.0.0.1", env.master_port = port;
-    rt::Rendezvous rv(env);
-    const int m = 2048, n = 4096, k = 1024;
-    DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), scratch(size_t(m) * n * 2), out(size_t(m) * n * 2),
-        ref(size_t(m) * n * 2);
-    cudaStream_t st;
-    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, seed + 3 * rank, -1.f, 1.f, st);
-    kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, seed + 5 + 3 * rank, -1.f, 1.f, st);
-    const plan::BandwidthCurve curve(plan::Collective::AllReduce, kWorld, {{65536.0, 0.02}, {67108864.0, 0.26}});
-    rt::AllReduceTuning t;
-    t.rv = &rv, t.stream = st, t.world = kWorld, t.push_reachable = true;
-    t.curve_for = [&](int) -> const plan::BandwidthCurve& { return curve; };
-    t.layouts = {rt::ArLayout::RowBands, rt::ArLayout::Pushed};
-    t.options_for = [&](const rt::AllReducePlan& pl) {
-      rt::OverlapAllReduceOptions o;
-      o.sched = pl.sched, o.groups = pl.groups, o.layout = pl.layout, o.k = k, o.comm = comm, o.tail_comm = comm;
-      o.rank = rank, o.fuse_sum = pl.fuse_sum, o.push_by = pl.push_by, o.fallback_cublas = pl.fallback_cublas;
-      return o;
-    };
-    t.sync_comm = comm, t.selection = &selections[rank];
-    t.select_iters = 3, t.runoff_within = 10.0, t.runoff_iters = 4;  // a runoff in every round
-    const rt::AllReducePlan plan = rt::tune_allreduce(t, m, n, k, a.get(), b.get(), scratch.get(), 1.0);
-    picked[rank] = rt::describe(plan);
-    rt::OverlapAllReduce op(t.options_for(plan));
-    kernels::poison(out.get(), int64_t(m) * n, st);
-    op.run(a.get(), b.get(), out.get(), n, st);
-    FO_CUDA_CHECK(cudaStreamSynchronize(st));
-    op.check();
-    rt::sequential_ours_allreduce(DType::BF16, a.get(), b.get(), ref.get(), plan.sched, k, comm, st);
-    const auto r = kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st);
-    if (plan.fallback_cublas)
-      EXPECT_LT(r.rel_error(), 1e-2) << picked[rank];
-    else
-      EXPECT_EQ(r.mismatches, 0) << picked[rank] << " seed " << seed;
-    EXPECT_EQ(r.nan_count, 0);
-    cudaStreamDestroy(st);
-  });
-  EXPECT_EQ(picked[0], picked[1]);
-  for (int r = 0; r < kWorld; ++r) {
-    EXPECT_NE(selections[r].find("runoff (4 runs)"), std::string::npos) << selections[r];
-    EXPECT_NE(selections[r].find("* "), std::string::npos) << selections[r];
+  for (bool registered : {false, true}) {  // the finalists timed with run, then with run_registered
+    SCOPED_TRACE(registered ? "finalists timed into a registered output" : "finalists timed with run");
+    const uint64_t seed = fresh_seed();
+    const int port = 20000 + int(seed % 20000);
+    std::vector<std::string> picked(kWorld), selections(kWorld);
+    on_each_rank([&](int rank, ncclComm_t comm) {
+      rt::DistEnv env;
+      env.rank = rank, env.world = kWorld, env.local_rank = rank, env.master_addr = "127.0.0.1", env.master_port = port;
+      rt::Rendezvous rv(env);
+      const int m = 2048, n = 4096, k = 1024;
+      DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), scratch(size_t(m) * n * 2), out(size_t(m) * n * 2),
+          ref(size_t(m) * n * 2);
+      cudaStream_t st;
+      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, seed + 3 * rank, -1.f, 1.f, st);
+      kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, seed + 5 + 3 * rank, -1.f, 1.f, st);
+      const plan::BandwidthCurve curve(plan::Collective::AllReduce, kWorld, {{65536.0, 0.02}, {67108864.0, 0.26}});
+      rt::AllReduceTuning t;
+      t.rv = &rv, t.stream = st, t.world = kWorld, t.push_reachable = true;
+      t.curve_for = [&](int) -> const plan::BandwidthCurve& { return curve; };
+      t.layouts = {rt::ArLayout::RowBands, rt::ArLayout::Pushed};
+      t.options_for = [&](const rt::AllReducePlan& pl) {
+        rt::OverlapAllReduceOptions o;
+        o.sched = pl.sched, o.groups = pl.groups, o.layout = pl.layout, o.k = k, o.comm = comm, o.tail_comm = comm;
+        o.rank = rank, o.fuse_sum = pl.fuse_sum, o.push_by = pl.push_by, o.fallback_cublas = pl.fallback_cublas;
+        return o;
+      };
+      t.sync_comm = comm, t.selection = &selections[rank];
+      t.registered_output = registered;
+      t.select_iters = 3, t.runoff_within = 10.0, t.runoff_iters = 4;  // a runoff in every round
+      const rt::AllReducePlan plan = rt::tune_allreduce(t, m, n, k, a.get(), b.get(), scratch.get(), 1.0);
+      picked[rank] = rt::describe(plan);
+      rt::OverlapAllReduce op(t.options_for(plan));
+      kernels::poison(out.get(), int64_t(m) * n, st);
+      op.run(a.get(), b.get(), out.get(), n, st);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      op.check();
+      rt::sequential_ours_allreduce(DType::BF16, a.get(), b.get(), ref.get(), plan.sched, k, comm, st);
+      const auto r = kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st);
+      if (plan.fallback_cublas)
+        EXPECT_LT(r.rel_error(), 1e-2) << picked[rank];
+      else
+        EXPECT_EQ(r.mismatches, 0) << picked[rank] << " seed " << seed;
+      EXPECT_EQ(r.nan_count, 0);
+      cudaStreamDestroy(st);
+    });
+    EXPECT_EQ(picked[0], picked[1]);
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_NE(selections[r].find("runoff (4 runs)"), std::string::npos) << selections[r];
+      EXPECT_NE(selections[r].find("* "), std::string::npos) << selections[r];
+    }
   }
 }
 
