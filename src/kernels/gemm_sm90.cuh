@@ -338,6 +338,32 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
   if (int32_t(blockIdx.x) < tiles) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored
 }
 
+// One warp copies a block of nrows rows x `units` 16-byte units (of kUnits
+// per row: the lanes' layout) from src (src_ld elements per row) to dst
+// (dst_ld), kInFlight loads per lane in flight before their stores (so src
+// and dst may alias unit for unit). L2 loads (.cg): the data was written by
+// another SM or GPU.
+template <typename T, int kUnits, int kInFlight>
+__device__ __forceinline__ void warp_copy_block(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int nrows,
+                                                int units, int lane) {
+  const int total = nrows * kUnits;
+  for (int base = lane; base < total; base += 32 * kInFlight) {
+    uint4 v[kInFlight];
+#pragma unroll
+    for (int x = 0; x < kInFlight; ++x) {
+      const int u = base + 32 * x;
+      if (u < total && u % kUnits < units)
+        v[x] = __ldcg(reinterpret_cast<const uint4*>(src + int64_t(u / kUnits) * src_ld + (u % kUnits) * 8));
+    }
+#pragma unroll
+    for (int x = 0; x < kInFlight; ++x) {
+      const int u = base + 32 * x;
+      if (u < total && u % kUnits < units)
+        *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * dst_ld + (u % kUnits) * 8) = v[x];
+    }
+  }
+}
+
 // The owner layout with kPieces (4 stages): lane 0 stores each piece by TMA
 // into C, the final of a tile this rank owns, the partial of one it does
 // not (there, in the tile's own rows, the peer's final lands or is copied
@@ -458,23 +484,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
                     : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
       const T* src = c_out + int64_t(row) * p.ld_out + col;
-      constexpr int kUnits = BN / 8, kInFlight = 4;  // loads before their stores (dst and src may alias)
-      const int total = nrows * kUnits;
-      for (int base = lane; base < total; base += 32 * kInFlight) {
-        uint4 v[kInFlight];
-#pragma unroll
-        for (int x = 0; x < kInFlight; ++x) {
-          const int u = base + 32 * x;
-          if (u < total && u % kUnits < units)
-            v[x] = __ldcg(reinterpret_cast<const uint4*>(src + int64_t(u / kUnits) * p.ld_out + (u % kUnits) * 8));
-        }
-#pragma unroll
-        for (int x = 0; x < kInFlight; ++x) {
-          const int u = base + 32 * x;
-          if (u < total && u % kUnits < units)
-            *reinterpret_cast<uint4*>(dst + int64_t(u / kUnits) * dst_ld + (u % kUnits) * 8) = v[x];
-        }
-      }
+      warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
     }
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
     __syncwarp();
@@ -623,17 +633,8 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
     if constexpr (kDirect) {
       __syncwarp();  // orders lane 0's acquire of the flag before every lane's loads
       const T* from = static_cast<const T*>(o.window) + (o.row0 + row) * int64_t(s.n) + col;
-      uint4 v[kPerLane];
-#pragma unroll
-      for (int x = 0; x < kPerLane; ++x) {
-        const int u = lane + 32 * x, r = u / kUnits, c8 = u % kUnits;
-        if (r < nrows && c8 * 8 < ncols) v[x] = __ldcg(reinterpret_cast<const uint4*>(from + int64_t(r) * s.n + c8 * 8));
-      }
-#pragma unroll
-      for (int x = 0; x < kPerLane; ++x) {
-        const int u = lane + 32 * x, r = u / kUnits, c8 = u % kUnits;
-        if (r < nrows && c8 * 8 < ncols) *reinterpret_cast<uint4*>(out + int64_t(r) * p.ld_out + c8 * 8) = v[x];
-      }
+      // (the whole chunk in one batch; n % 8 == 0 with owners: ncols / 8 whole units)
+      warp_copy_block<T, kUnits, kPerLane>(from, s.n, out, p.ld_out, nrows, ncols / 8, lane);
       continue;
     }
     ptx::mbar_wait(bar, phase);
