@@ -16,10 +16,10 @@
 #include "runtime/rt_checks.h"
 #include "runtime/rt_comm.h"
 #include "runtime/rt_overlap_allreduce.h"
+#include "gpu_test_util.h"
 
 namespace flashoverlap::test {
 
-inline uint64_t fresh_seed() { return std::random_device{}() * 0x100000001ull + std::random_device{}(); }
 
 // Runs body(rank, comm) on `world` threads, rank r on GPU r; rethrows the
 // first failure once every thread has returned.

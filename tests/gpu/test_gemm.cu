@@ -16,6 +16,7 @@
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_gemm_monitor.h"
 #include "runtime/tile_clocks.h"
+#include "gpu_test_util.h"
 
 using namespace flashoverlap;
 using kernels::DType;
@@ -23,12 +24,7 @@ using rt::DeviceBuffer;
 
 namespace {
 
-#define REQUIRE_HOPPER()                                                         \
-  do {                                                                           \
-    if (rt::hopper_device_count() < 1) GTEST_SKIP() << "no Hopper (sm_90) GPU";  \
-  } while (0)
-
-uint64_t fresh_seed() { return std::random_device{}() * 0x100000001ull + std::random_device{}(); }
+using test::fresh_seed;
 
 plan::Schedule make_sched(int m, int n, int bm, int bn, int ctas, plan::Raster r = plan::Raster::AlongN,
                           int swizzle = 8) {

@@ -10,15 +10,11 @@
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_host_gate.h"
 #include "runtime/rt_timing.h"
+#include "gpu_test_util.h"
 
 using namespace flashoverlap;
 
 namespace {
-
-#define REQUIRE_HOPPER()                                                         \
-  do {                                                                           \
-    if (rt::hopper_device_count() < 1) GTEST_SKIP() << "no Hopper (sm_90) GPU";  \
-  } while (0)
 
 struct Stream {
   cudaStream_t s = nullptr;

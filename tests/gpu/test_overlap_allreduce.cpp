@@ -34,10 +34,7 @@ namespace {
 
 constexpr int kWorld = 2;
 
-#define REQUIRE_TWO_GPUS()                                                                    \
-  do {                                                                                        \
-    if (rt::hopper_device_count() < kWorld) GTEST_SKIP() << "needs 2 Hopper (sm_90) GPUs";   \
-  } while (0)
+#define REQUIRE_TWO_GPUS() FO_REQUIRE_HOPPER_GPUS(kWorld)
 
 using test::fresh_seed;
 using test::random_groups;

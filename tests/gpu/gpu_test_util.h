@@ -1,0 +1,25 @@
+// gpu_test_util.h — what every GPU test file needs: a fresh random seed per
+// case, and the visible skip where the machine lacks the GPUs a test needs
+// (CI has none: each GPU test reports itself as skipped, never as passed).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+
+#include "runtime/rt_buffer.h"
+
+namespace flashoverlap::test {
+
+inline uint64_t fresh_seed() { return std::random_device{}() * 0x100000001ull + std::random_device{}(); }
+
+}  // namespace flashoverlap::test
+
+// Skips the test (visibly) unless this machine has at least n Hopper GPUs.
+#define FO_REQUIRE_HOPPER_GPUS(n)                                                                  \
+  do {                                                                                             \
+    if (::flashoverlap::rt::hopper_device_count() < (n))                                          \
+      GTEST_SKIP() << ((n) == 1 ? std::string("no Hopper (sm_90) GPU")                            \
+                                : "needs " + std::to_string(n) + " Hopper (sm_90) GPUs");         \
+  } while (0)
+#define REQUIRE_HOPPER() FO_REQUIRE_HOPPER_GPUS(1)
