@@ -320,17 +320,20 @@ void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, voi
   kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n), stream);
 }
 
-void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
-  enqueue_run(a, b, out, ld_out, stream);
+void OverlapAllReduce::end_call(cudaStream_t stream) {
   FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
   called_ = true;
+}
+
+void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
+  enqueue_run(a, b, out, ld_out, stream);
+  end_call(stream);
 }
 
 void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
                                    cudaStream_t stream) {
   enqueue_run_rmsnorm(a, b, norm, out, stream);
-  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
-  called_ = true;
+  end_call(stream);
 }
 
 bool OverlapAllReduce::result_in_window() const {
@@ -347,8 +350,7 @@ const void* OverlapAllReduce::run_in_place(const void* a, const void* b, cudaStr
     enqueue_run(a, b, in_place_out_.get(), s.n, stream);
     c = in_place_out_.get();
   }
-  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
-  called_ = true;
+  end_call(stream);
   return c;
 }
 

@@ -302,8 +302,12 @@ class OverlapAllReduce {
   // reg: out is that registered output (finals_into_outputs()).
   const void* enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
                             bool in_place, cudaStream_t stream, const PeerMappedBuffer* reg = nullptr);
-  std::vector<std::pair<void*, int64_t>> registered_;  // register_output's buffers and ld, by slot
-  std::vector<PeerMappedBuffer> outputs_;  // by slot: mapped on the peer where finals_into_outputs()
+  struct RegisteredOutput {
+    void* out;
+    int64_t ld;
+    PeerMappedBuffer mapped;  // on the peer, where finals_into_outputs(); else empty
+  };
+  std::vector<RegisteredOutput> registered_;  // register_output's buffers, by slot
   bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
   DeviceBuffer push_self_;                 // owners pulled: [1] this GPU's window (where its tiles go)
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
@@ -349,6 +353,9 @@ class OverlapAllReduce {
   cudaEvent_t gemm_launched_ = nullptr, comm_done_ = nullptr;
   cudaEvent_t call_done_ = nullptr;  // end of the last call on the caller's stream
   bool called_ = false;
+  // After each public call's work is enqueued: marks its end (call_done_),
+  // which the destructor waits for.
+  void end_call(cudaStream_t stream);
   uint32_t epoch_ = 0;
   // ++epoch for one call, taken back when it goes out of scope unless kept:
   // a call refused before its GEMM is queued (bad pointers, ...) leaves the

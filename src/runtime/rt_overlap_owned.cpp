@@ -4,6 +4,7 @@
 // which sums, stores and exchanges every tile itself (then RMSNorm).
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "flashoverlap/error.h"
 #include "kernels/reorder.h"
@@ -68,18 +69,18 @@ int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
                           ") and ld_out % 8 == 0, not ld_out " + std::to_string(ld_out);
   // Only the plans that store into it map it on the peer (the same on every
   // rank); there a bad output makes every rank throw, none is left waiting.
+  PeerMappedBuffer mapped;
   if (finals_into_outputs()) {
     try {
-      outputs_.emplace_back(opts_.comm, gather_rank_, out, ld_out, ok);
+      mapped = PeerMappedBuffer(opts_.comm, gather_rank_, out, ld_out, ok);
     } catch (const Error&) {
       if (!ok) throw InvalidArgument(why);
       throw;
     }
-  } else {
-    if (!ok) throw InvalidArgument(why);
-    outputs_.emplace_back();
+  } else if (!ok) {
+    throw InvalidArgument(why);
   }
-  registered_.push_back({out, ld_out});
+  registered_.push_back({out, ld_out, std::move(mapped)});
   return int(registered_.size()) - 1;
 }
 
@@ -87,11 +88,10 @@ void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cu
   if (slot < 0 || size_t(slot) >= registered_.size())
     throw InvalidArgument("OverlapAllReduce::run_registered (rank " + std::to_string(opts_.rank) + "): no output " +
                           std::to_string(slot) + " (" + std::to_string(registered_.size()) + " registered)");
-  const auto [out, ld] = registered_[size_t(slot)];
-  if (!finals_into_outputs()) return run(a, b, out, ld, stream);
-  enqueue_owned(a, b, out, ld, nullptr, false, stream, &outputs_[size_t(slot)]);
-  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
-  called_ = true;
+  const RegisteredOutput& r = registered_[size_t(slot)];
+  if (!finals_into_outputs()) return run(a, b, r.out, r.ld, stream);
+  enqueue_owned(a, b, r.out, r.ld, nullptr, false, stream, &r.mapped);
+  end_call(stream);
 }
 
 const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out,
