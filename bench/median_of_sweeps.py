@@ -57,7 +57,8 @@ def aggregate(runs):
             if c in rows[0] and all(r.get(c, "") != "" for r in rows):
                 row[c] = f"{statistics.median(float(r[c]) for r in rows):.6g}"
         row["runs_ms"] = ";".join("-" if r is None else f"{float(r['ms']):.6g}" for r in present)
-        row["runs_gain"] = ";".join("-" if r is None else f"{float(r['gain_captured']):.4f}" for r in present)
+        row["runs_gain"] = ";".join("-" if r is None or r.get("gain_captured", "") == "" else
+                                    f"{float(r['gain_captured']):.4f}" for r in present)
         out.append(row)
     return out
 
@@ -85,6 +86,9 @@ def self_test():
     gap = aggregate([runs[0], runs[1][:1], runs[2]])
     assert gap[1]["runs_ms"] == "0.7;-;0.65" and gap[1]["ms"] == "0.675", gap
     assert gap[1]["runs_gain"] == "0.6000;-;0.7000" and gap[1]["partition"] == "p3", gap  # the lower middle ms
+    # gain n/a (empty: the ideal gain is noise, e.g. one GPU) stays empty, '-' in runs_gain
+    na = aggregate([[row("flashoverlap", 0.7, "", "p")], [row("flashoverlap", 0.6, "", "q")]])
+    assert na[0]["gain_captured"] == "" and na[0]["runs_gain"] == "-;-", na
     # a row only a later run has comes after the others
     late = aggregate([runs[0][:1], runs[1]])
     assert [r["variant"] for r in late] == ["sequential", "flashoverlap"] and late[1]["runs_ms"] == "-;0.6", late

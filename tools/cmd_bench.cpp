@@ -31,6 +31,7 @@
 #include "kernels/reorder.h"
 #include "plan/planner.h"
 #include "runtime/bootstrap.h"
+#include "runtime/ideal_gain.h"
 #include "runtime/rt_baselines.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_checks.h"
@@ -673,28 +674,42 @@ int run(const Options& o) {
       if (!r.host_us.empty()) std::cout << "  " << r.host_us << "\n";
       if (!r.trace.empty()) std::cout << "  " << r.trace << "\n";
       if (!r.power.empty()) std::cout << "  " << r.power << "\n";
+      if (!rt::gain_captured(r.seq_ms, r.ideal_ms, r.seq_ms))
+        std::cout << "  gain n/a: the ideal, max(GEMM, AllReduce), is within "
+                  << std::setprecision(0) << rt::kLeastIdealGain * 100 << "% of the sequential time"
+                  << (cx.rv->world() == 1 ? " (one GPU: its AllReduce moves nothing, so there is nothing to hide; "
+                                            "run on 2 or more GPUs)"
+                                          : "")
+                  << "\n";
       std::cout << "  " << std::left << std::setw(22) << "variant" << std::right << std::setw(9) << "ms"
                 << std::setw(9) << "speedup" << std::setw(8) << "gain" << "  partition / config\n";
     }
     for (const Row& row : r.rows) {
       const double speedup = r.seq_ms / row.ms;
-      const double gain = (r.seq_ms - row.ms) / (r.seq_ms - r.ideal_ms);
+      const std::optional<double> gain = rt::gain_captured(r.seq_ms, r.ideal_ms, row.ms);
+      std::ostringstream gain_text;  // table: "83%" or "n/a"; CSV: the share or empty
+      if (gain) gain_text << std::fixed << std::setprecision(0) << *gain * 100 << "%";
+      else gain_text << "n/a";
       if (!o.json)
         std::cout << "  " << std::left << std::setw(22) << row.variant << std::right << std::fixed
                   << std::setprecision(3) << std::setw(9) << row.ms << std::setw(8) << std::setprecision(3)
-                  << speedup << "x" << std::setw(7) << std::setprecision(0) << gain * 100 << "%  " << row.partition
-                  << "  (" << row.config << ")\n";
+                  << speedup << "x" << std::setw(8) << gain_text.str() << "  " << row.partition << "  (" << row.config
+                  << ")\n";
       all.push_back({{"M", r.m}, {"N", r.n}, {"K", r.k}, {"dtype", o.dtype}, {"world", cx.rv->world()},
                      {"variant", row.variant}, {"ms", row.ms}, {"speedup_vs_sequential", speedup},
-                     {"ideal_ms", r.ideal_ms}, {"gain_captured", gain}, {"partition", row.partition},
+                     {"ideal_ms", r.ideal_ms}, {"gain_captured", gain ? nlohmann::json(*gain) : nlohmann::json()},
+                     {"partition", row.partition},
                      {"gemm_ms", r.gemm_ms}, {"comm_ms", r.comm_ms}, {"config", row.config}, {"checks", r.checks},
                      {"gemm_before_ms", r.gemm_before_ms}, {"comm_before_ms", r.comm_before_ms}});
       if (!r.power.empty()) all.back()["power"] = r.power;
-      if (csv)
+      if (csv) {
         csv << r.m << "," << r.n << "," << r.k << "," << o.dtype << "," << cx.rv->world() << "," << row.variant << ","
-            << row.ms << "," << speedup << "," << r.ideal_ms << "," << gain << ",\"" << row.partition << "\","
+            << row.ms << "," << speedup << "," << r.ideal_ms << ",";
+        if (gain) csv << *gain;  // (empty: n/a)
+        csv << ",\"" << row.partition << "\","
             << r.gemm_ms << "," << r.comm_ms << ",\"" << row.config << "\"," << r.gemm_before_ms << ","
             << r.comm_before_ms << "\n";
+      }
     }
     if (csv) csv.flush();
   }
