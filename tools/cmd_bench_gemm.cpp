@@ -42,6 +42,58 @@ struct Options {
   std::string csv, meta;
 };
 
+// Mode "owners": the kernel of rank 0 of the pushed AllReduce with owners
+// (kernels::Owner, registered outputs, each CTA's last tile pushed by TMA),
+// on one GPU, with its peer's buffers (window, flags, C) as local stand-ins
+// and the peer's partials and finals already there (flags set). Timed against
+// the plain GEMM, it is what the owner layout costs the GEMM on the GPU
+// itself: the pushes from C, the owned tiles' partial loads and sums, the
+// finals' second store, the copy warps' polls; not NVLink, power shared with
+// the transfers, or waiting for the peer. Its C is not the GEMM's (a partial
+// or a sum with the stand-in's), so it is not compared with cuBLAS.
+// Returns the claims ([2], zero) that each call alternates.
+uint32_t* owners_on_one_gpu(kernels::GemmParams& p, kernels::DType dt, std::vector<rt::DeviceBuffer>& keep) {
+  const plan::Schedule& s = p.sched;
+  const int64_t window_rows = 2 * int64_t(s.tiles_m()) * s.bm;
+  const size_t window_bytes = size_t(window_rows) * s.n * 2, tiles = size_t(s.tiles());
+  auto alloc = [&](size_t bytes) {
+    keep.emplace_back(bytes);
+    FO_CUDA_CHECK(cudaMemset(keep.back().get(), 0, bytes));
+    return keep.back().get();
+  };
+  void* window = alloc(window_bytes);  // the peer's partials (random)
+  kernels::fill_random(dt, window, window_rows * s.n, 42, -1.f, 1.f, nullptr);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());  // (the legacy stream: the timed stream does not wait for it)
+  void* peer_window = alloc(window_bytes);
+  void* peer_c = alloc(size_t(s.m) * s.n * 2);
+  auto* flags = static_cast<uint32_t*>(alloc(tiles * 4));
+  const std::vector<uint32_t> arrived(tiles, 0x40000000u);  // every call's epoch reached (cyclic compare)
+  FO_CUDA_CHECK(cudaMemcpy(flags, arrived.data(), tiles * 4, cudaMemcpyHostToDevice));
+  auto* peer_flags = static_cast<uint32_t*>(alloc(tiles * 4));
+  auto* claims = static_cast<uint32_t*>(alloc(2 * 4));
+  auto* err = static_cast<kernels::WaitError*>(alloc(sizeof(kernels::WaitError)));
+  void** peers = static_cast<void**>(alloc(sizeof(void*)));
+  FO_CUDA_CHECK(cudaMemcpy(peers, &peer_window, sizeof(void*), cudaMemcpyHostToDevice));
+  std::vector<int32_t> zeros(tiles, 0);
+  auto* group_of_tile = static_cast<int32_t*>(alloc(tiles * 4));
+  FO_CUDA_CHECK(cudaMemcpy(group_of_tile, zeros.data(), tiles * 4, cudaMemcpyHostToDevice));
+  p.group_of_tile = group_of_tile;
+  p.push.peers = 1, p.push.peer_c = peers;
+  kernels::Owner& o = p.owner;
+  o.rank = 0, o.split = s.tiles() / 2;
+  o.window = window, o.window_rows = window_rows, o.row0 = 0;
+  o.flags = flags, o.peer_flags = peer_flags, o.epoch = 1;
+  o.claims = claims, o.producers = true;
+  o.timeout_ns = 10'000'000'000ull, o.err = err;
+  if (kernels::gemm_four_stages(p)) {
+    o.push_tma = 1, o.push_window = peer_window;
+    o.finals_in_c = true, o.peer_out = peer_c, o.peer_ld = s.n;
+  }
+  p.sum.claims_reset = claims + 1, p.sum.claims_reset_count = 1;
+  kernels::check_gemm_params(p);
+  return claims;
+}
+
 int run(const Options& o) {
   const auto shapes = parse_shapes(o.shapes);
   const auto tiles = parse_ints(o.tiles, "tile width");
@@ -59,6 +111,7 @@ int run(const Options& o) {
   if (dtypes.empty()) throw InvalidArgument("--dtype must be bf16, fp16 or both");
   const bool do_plain = o.modes.find("plain") != std::string::npos;
   const bool do_signal = o.modes.find("signal") != std::string::npos;
+  const bool do_owners = o.modes.find("owners") != std::string::npos;
 
   if (rt::hopper_device_count() < 1) {
     std::cerr << "bench-gemm: no Hopper (sm_90) GPU found; nothing to measure.\n";
@@ -104,9 +157,10 @@ int run(const Options& o) {
         struct Config {
           int bn;
           bool four;  // ran with 4 stages
-          int mode;  // 0 plain, 1 signal
+          int mode;  // 0 plain, 1 signal, 2 owners on one GPU
           kernels::GemmParams p;
           double rel = -1;
+          uint32_t* claims = nullptr;  // owners: [2], one per call parity
         };
         std::vector<Config> configs;
         std::vector<rt::DeviceBuffer> keep;  // slot buffers, counters, group tables
@@ -125,20 +179,22 @@ int run(const Options& o) {
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
           FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
           for (bool four : fours) {
-            for (int mode = 0; mode < 2; ++mode) {
-              if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal)) continue;
+            for (int mode = 0; mode < 3; ++mode) {
+              if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal) || (mode == 2 && !do_owners)) continue;
               kernels::GemmParams p;
               p.dtype = dt, p.a = a.get(), p.b = b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
               p.four_stages = four;
-              if (mode == 0) {
+              if (mode != 1) {
                 p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = sh.n;
               } else {
                 p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
                 p.counters = counters, p.group_of_tile = got;
               }
+              uint32_t* claims = nullptr;
+              if (mode == 2) claims = owners_on_one_gpu(p, dt, keep);
               const bool ran_four = kernels::gemm_four_stages(p);
               if (four && !ran_four && fours.size() > 1) continue;  // "both": the 3-stage row is there already
-              configs.push_back({bn, ran_four, mode, p, -1});
+              configs.push_back({bn, ran_four, mode, p, -1, claims});
             }
           }
         }
@@ -156,7 +212,14 @@ int run(const Options& o) {
         }
         std::vector<std::function<void()>> fns = {
             [&] { cublas.run(dt, a.get(), b.get(), ref.get(), sh.m, sh.n, sh.k, sh.n, stream); }};
-        for (const Config& cf : configs) fns.push_back([&cf, stream] { kernels::launch_gemm(cf.p, stream); });
+        for (const Config& cf : configs)
+          fns.push_back([&cf, stream, call = uint32_t(0)]() mutable {
+            if (!cf.claims) return kernels::launch_gemm(cf.p, stream);
+            kernels::GemmParams p = cf.p;  // owners: the copy's claims of this call, zeroed by the last
+            ++call;
+            p.owner.claims = cf.claims + (call & 1), p.sum.claims_reset = cf.claims + ((call + 1) & 1);
+            kernels::launch_gemm(p, stream);
+          });
         const auto stats =
             rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
         const double cub_ms = stats[0].median_ms, cub_tf = flop / cub_ms / 1e9;
@@ -165,7 +228,7 @@ int run(const Options& o) {
           const double ours_ms = stats[i + 1].median_ms, ours_tf = flop / ours_ms / 1e9;
           std::ostringstream shape;
           shape << sh.m << "x" << sh.n << "x" << sh.k;
-          const char* mname = cf.mode == 0 ? "plain" : "signal";
+          const char* mname = cf.mode == 0 ? "plain" : cf.mode == 1 ? "signal" : "owners";
           const std::string tname = "128x" + std::to_string(cf.bn) + (cf.four ? "/4st" : "");
           std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname
                     << std::setw(14) << tname << std::setw(8) << reserve << std::setw(8) << mname
@@ -208,7 +271,10 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
   cmd->add_option("--tiles", opts->tiles, "Tile widths (128xN) to run: 256,128")->capture_default_str();
   cmd->add_option("--reserve-sms", opts->reserve, "SMs left free (GEMM grid = SMs - reserve), list")
       ->capture_default_str();
-  cmd->add_option("--modes", opts->modes, "plain, signal or both (plain,signal)")->capture_default_str();
+  cmd->add_option("--modes", opts->modes,
+                  "Comma-separated: plain, signal, owners (the owner layout's kernel of rank 0 on this one GPU, its "
+                  "peer's buffers local stand-ins: what that layout costs the GEMM itself)")
+      ->capture_default_str();
   cmd->add_option("--four-stages", opts->four,
                   "The plain 128x256 store with 4 stages (its output staged in two pieces): on, off or both "
                   "(each timed in turns; '/4st' in the tile column)")
