@@ -8,6 +8,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "kernels/gemm.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
+#include "runtime/rt_owner_stand_in.h"
 #include "plan/tile_grid.h"
 #include "runtime/rt_timing.h"
 
@@ -41,58 +43,6 @@ struct Options {
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   std::string csv, meta;
 };
-
-// Mode "owners": the kernel of rank 0 of the pushed AllReduce with owners
-// (kernels::Owner, registered outputs, each CTA's last tile pushed by TMA),
-// on one GPU, with its peer's buffers (window, flags, C) as local stand-ins
-// and the peer's partials and finals already there (flags set). Timed against
-// the plain GEMM, it is what the owner layout costs the GEMM on the GPU
-// itself: the pushes from C, the owned tiles' partial loads and sums, the
-// finals' second store, the copy warps' polls; not NVLink, power shared with
-// the transfers, or waiting for the peer. Its C is not the GEMM's (a partial
-// or a sum with the stand-in's), so it is not compared with cuBLAS.
-// Returns the claims ([2], zero) that each call alternates.
-uint32_t* owners_on_one_gpu(kernels::GemmParams& p, kernels::DType dt, std::vector<rt::DeviceBuffer>& keep) {
-  const plan::Schedule& s = p.sched;
-  const int64_t window_rows = 2 * int64_t(s.tiles_m()) * s.bm;
-  const size_t window_bytes = size_t(window_rows) * s.n * 2, tiles = size_t(s.tiles());
-  auto alloc = [&](size_t bytes) {
-    keep.emplace_back(bytes);
-    FO_CUDA_CHECK(cudaMemset(keep.back().get(), 0, bytes));
-    return keep.back().get();
-  };
-  void* window = alloc(window_bytes);  // the peer's partials (random)
-  kernels::fill_random(dt, window, window_rows * s.n, 42, -1.f, 1.f, nullptr);
-  FO_CUDA_CHECK(cudaDeviceSynchronize());  // (the legacy stream: the timed stream does not wait for it)
-  void* peer_window = alloc(window_bytes);
-  void* peer_c = alloc(size_t(s.m) * s.n * 2);
-  auto* flags = static_cast<uint32_t*>(alloc(tiles * 4));
-  const std::vector<uint32_t> arrived(tiles, 0x40000000u);  // every call's epoch reached (cyclic compare)
-  FO_CUDA_CHECK(cudaMemcpy(flags, arrived.data(), tiles * 4, cudaMemcpyHostToDevice));
-  auto* peer_flags = static_cast<uint32_t*>(alloc(tiles * 4));
-  auto* claims = static_cast<uint32_t*>(alloc(2 * 4));
-  auto* err = static_cast<kernels::WaitError*>(alloc(sizeof(kernels::WaitError)));
-  void** peers = static_cast<void**>(alloc(sizeof(void*)));
-  FO_CUDA_CHECK(cudaMemcpy(peers, &peer_window, sizeof(void*), cudaMemcpyHostToDevice));
-  std::vector<int32_t> zeros(tiles, 0);
-  auto* group_of_tile = static_cast<int32_t*>(alloc(tiles * 4));
-  FO_CUDA_CHECK(cudaMemcpy(group_of_tile, zeros.data(), tiles * 4, cudaMemcpyHostToDevice));
-  p.group_of_tile = group_of_tile;
-  p.push.peers = 1, p.push.peer_c = peers;
-  kernels::Owner& o = p.owner;
-  o.rank = 0, o.split = s.tiles() / 2;
-  o.window = window, o.window_rows = window_rows, o.row0 = 0;
-  o.flags = flags, o.peer_flags = peer_flags, o.epoch = 1;
-  o.claims = claims, o.producers = true;
-  o.timeout_ns = 10'000'000'000ull, o.err = err;
-  if (kernels::gemm_four_stages(p)) {
-    o.push_tma = 1, o.push_window = peer_window;
-    o.finals_in_c = true, o.peer_out = peer_c, o.peer_ld = s.n;
-  }
-  p.sum.claims_reset = claims + 1, p.sum.claims_reset_count = 1;
-  kernels::check_gemm_params(p);
-  return claims;
-}
 
 int run(const Options& o) {
   const auto shapes = parse_shapes(o.shapes);
@@ -160,10 +110,16 @@ int run(const Options& o) {
           int mode;  // 0 plain, 1 signal, 2 owners on one GPU
           kernels::GemmParams p;
           double rel = -1;
-          uint32_t* claims = nullptr;  // owners: [2], one per call parity
+          const rt::OwnerStandIn* owners = nullptr;  // mode 2
         };
         std::vector<Config> configs;
         std::vector<rt::DeviceBuffer> keep;  // slot buffers, counters, group tables
+        // Mode "owners": the owner layout's kernel of rank 0 (registered
+        // outputs, each CTA's last tile by TMA) with its peer's buffers as
+        // stand-ins here (rt_owner_stand_in.h): against the plain GEMM, what
+        // that layout costs the GEMM itself (not NVLink, nor waiting for the
+        // peer). Its C is not the GEMM's, so it is not compared with cuBLAS.
+        std::vector<std::unique_ptr<rt::OwnerStandIn>> stand_ins;
         for (int bn : tiles) {
           plan::Schedule s = plan::make_schedule(sh.m, sh.n, {128, bn}, sms, plan::Raster::AlongN,
                                                  plan::default_swizzle(sms, {128, bn}, (sh.m + 127) / 128));
@@ -190,11 +146,10 @@ int run(const Options& o) {
                 p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
                 p.counters = counters, p.group_of_tile = got;
               }
-              uint32_t* claims = nullptr;
-              if (mode == 2) claims = owners_on_one_gpu(p, dt, keep);
+              if (mode == 2) stand_ins.push_back(std::make_unique<rt::OwnerStandIn>(p, 0, 0, 1, 42));
               const bool ran_four = kernels::gemm_four_stages(p);
               if (four && !ran_four && fours.size() > 1) continue;  // "both": the 3-stage row is there already
-              configs.push_back({bn, ran_four, mode, p, -1, claims});
+              configs.push_back({bn, ran_four, mode, p, -1, mode == 2 ? stand_ins.back().get() : nullptr});
             }
           }
         }
@@ -214,10 +169,9 @@ int run(const Options& o) {
             [&] { cublas.run(dt, a.get(), b.get(), ref.get(), sh.m, sh.n, sh.k, sh.n, stream); }};
         for (const Config& cf : configs)
           fns.push_back([&cf, stream, call = uint32_t(0)]() mutable {
-            if (!cf.claims) return kernels::launch_gemm(cf.p, stream);
-            kernels::GemmParams p = cf.p;  // owners: the copy's claims of this call, zeroed by the last
-            ++call;
-            p.owner.claims = cf.claims + (call & 1), p.sum.claims_reset = cf.claims + ((call + 1) & 1);
+            if (!cf.owners) return kernels::launch_gemm(cf.p, stream);
+            kernels::GemmParams p = cf.p;
+            cf.owners->prepare_call(p, ++call);
             kernels::launch_gemm(p, stream);
           });
         const auto stats =

@@ -1,4 +1,6 @@
 // GPU tests of the signalling GEMM against cuBLAS (skipped without a Hopper GPU).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_gemm_monitor.h"
+#include "runtime/rt_owner_stand_in.h"
 #include "runtime/tile_clocks.h"
 #include "gpu_test_util.h"
 
@@ -580,3 +583,181 @@ TEST(GemmSignal, SlotRowsFollowTheTable) {
 }
 
 }  // namespace
+
+// The owner layout's tests (4 stages, 128x256 tiles): a shape and its grid.
+struct OwnerShape {
+  int m, n, k, ctas;
+};
+plan::Schedule owner_sched(const OwnerShape& sh) {
+  return make_sched(sh.m, sh.n, 128, 256, sh.ctas, plan::Raster::AlongN, sh.ctas > 8 ? 8 : 1);
+}
+std::vector<uint16_t> to_host(const DeviceBuffer& b) {
+  std::vector<uint16_t> h(b.bytes() / 2);
+  FO_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
+  return h;
+}
+// a + b of two 16-bit values of dt, the exact sum rounded once (NCCL's 2-rank sum).
+uint16_t sum_rounded(DType dt, uint16_t a, uint16_t b) {
+  if (dt == DType::BF16)
+    return __nv_bfloat16_raw(__float2bfloat16_rn(__bfloat162float(__nv_bfloat16_raw{a}) +
+                                                 __bfloat162float(__nv_bfloat16_raw{b})))
+        .x;
+  return __half_raw(__float2half_rn(__half2float(__half_raw{a}) + __half2float(__half_raw{b}))).x;
+}
+
+// The owner layout's kernel of one rank on one GPU, its peer's buffers
+// stand-ins here (rt_owner_stand_in.h: the peer's partials already in the
+// window, every flag set): each tile this rank does not own lands, as our
+// GEMM's partial, in the peer's window; each tile it owns, as the
+// sum of that partial (rounded) and the peer's, rounded once, in C and in the
+// peer's C; every tile is counted once in the peer's flags. Bitwise, for
+// both ranks, both halves of the window, every push mode, ragged shapes,
+// grids with one and with several tiles per CTA.
+TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (DType dt : {DType::BF16, DType::FP16})
+    for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, 132}, OwnerShape{3001, 2048, 256, 132},
+                                OwnerShape{256, 520, 64, 3}, OwnerShape{640, 2048, 1024, 5},
+                                OwnerShape{4096, 4096, 512, 132}}) {
+      Problem pr(dt, sh.m, sh.n, sh.k, seed + sh.m, false);
+      const plan::Schedule s = owner_sched(sh);
+      const size_t c_elems = size_t(sh.m) * sh.n;
+      DeviceBuffer partial(c_elems * 2), c(c_elems * 2);
+      kernels::GemmParams p;
+      p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
+      p.store = kernels::Store::Plain, p.c = partial.get(), p.ldc = sh.n;
+      kernels::launch_gemm(p, nullptr);  // this rank's partial: the plain GEMM's C
+      p.c = c.get();
+      const int rank = int(rng() % 2), half = int(rng() % 2), push_tma = int(rng() % 3);
+      SCOPED_TRACE("m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
+                   " ctas=" + std::to_string(sh.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " rank " +
+                   std::to_string(rank) + " half " + std::to_string(half) + " push_tma " + std::to_string(push_tma) +
+                   " seed " + std::to_string(seed));
+      const rt::OwnerStandIn peer(p, rank, half, push_tma, seed + 1);
+      ASSERT_TRUE(peer.finals_in_c());
+      kernels::poison(c.get(), int64_t(c_elems), nullptr);
+      kernels::poison(peer.peer_c().get(), int64_t(c_elems), nullptr);
+      kernels::launch_gemm(p, nullptr);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      kernels::WaitError err{};
+      FO_CUDA_CHECK(cudaMemcpy(&err, peer.error().get(), sizeof(err), cudaMemcpyDeviceToHost));
+      ASSERT_EQ(err.failed, 0u) << "a wait timed out (tile " << err.tile << ")";
+
+      const auto hp = to_host(partial), hc = to_host(c), hw = to_host(peer.window()),
+                 hpw = to_host(peer.peer_window()), hpc = to_host(peer.peer_c());
+      std::vector<uint32_t> counted(size_t(s.tiles()));
+      FO_CUDA_CHECK(cudaMemcpy(counted.data(), peer.peer_flags().get(), counted.size() * 4, cudaMemcpyDeviceToHost));
+      const int split = s.tiles() / 2;
+      int64_t wrong_c = 0, wrong_peer = 0, wrong_counts = 0;
+      for (int idx = 0; idx < s.tiles(); ++idx) {
+        const plan::TileCoord tc = s.tile_of(idx);
+        const bool own = rank == 0 ? idx >= split : idx < split;
+        wrong_counts += counted[size_t(idx)] != 1;
+        for (int r = tc.tm * 128; r < std::min(tc.tm * 128 + 128, sh.m); ++r)
+          for (int col = tc.tn * 256; col < std::min(tc.tn * 256 + 256, sh.n); ++col) {
+            const size_t at = size_t(r) * sh.n + col, in_window = size_t(peer.row0() + r) * sh.n + col;
+            if (own) {
+              const uint16_t sum = sum_rounded(dt, hp[at], hw[in_window]);
+              wrong_c += hc[at] != sum;
+              wrong_peer += hpc[at] != sum;
+            } else {  // (C there is the peer's to fill: its final lands there)
+              wrong_peer += hpw[in_window] != hp[at];
+            }
+          }
+      }
+      EXPECT_EQ(wrong_c, 0) << "elements of C";
+      EXPECT_EQ(wrong_peer, 0) << "elements pushed to the peer (its window, or its C for a final)";
+      EXPECT_EQ(wrong_counts, 0) << "tiles not counted exactly once in the peer's flags";
+    }
+}
+
+// Both ranks of the pushed AllReduce with owners on one GPU: two kernels,
+// each on its own stream and its own SMs (ctas + ctas <= SMs), wired to each
+// other's windows, flags and outputs as NCCL's window would wire two GPUs.
+// Several calls back to back (epochs, both halves of the windows, the
+// finals straight into each other's C): each rank's C must be, bitwise,
+// round(partial 0 + partial 1) of the two ranks' own GEMMs, with no wait
+// timed out. This runs the whole owner protocol (pushes, counts, waits, the
+// deferred loads that keep the two ranks from waiting on each other) without
+// a second GPU; not its speed.
+TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (DType dt : {DType::BF16, DType::FP16})
+    for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, 66}, OwnerShape{3001, 2048, 256, 66},
+                                OwnerShape{256, 520, 64, 3}, OwnerShape{640, 2048, 1024, 5},
+                                OwnerShape{2048, 4096, 512, 66}, OwnerShape{128, 512, 64, 1}}) {
+      const plan::Schedule s = owner_sched(sh);
+      const int push_tma = int(rng() % 3);
+      SCOPED_TRACE("m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
+                   " ctas=" + std::to_string(sh.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " push_tma " +
+                   std::to_string(push_tma) + " seed " + std::to_string(seed));
+      const size_t c_elems = size_t(sh.m) * sh.n, tiles = size_t(s.tiles());
+      const int64_t half_rows = int64_t(s.tiles_m()) * 128;
+      struct Rank {
+        Problem pr;
+        DeviceBuffer partial, c, window, flags, claims, err, peers, group_of_tile;
+        cudaStream_t stream = nullptr;
+      };
+      std::vector<Rank> ranks;
+      for (int r = 0; r < 2; ++r) {
+        ranks.push_back({Problem(dt, sh.m, sh.n, sh.k, seed + 7 * r + sh.m, false), DeviceBuffer(c_elems * 2),
+                         DeviceBuffer(c_elems * 2), DeviceBuffer(size_t(2 * half_rows) * sh.n * 2),
+                         DeviceBuffer(tiles * 4), DeviceBuffer(8), DeviceBuffer(sizeof(kernels::WaitError)),
+                         DeviceBuffer(sizeof(void*)), DeviceBuffer(tiles * 4)});
+        Rank& k = ranks.back();
+        for (const DeviceBuffer* b : {&k.flags, &k.claims, &k.err, &k.group_of_tile})
+          FO_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
+        FO_CUDA_CHECK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
+        kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.partial.get(), sh.n);
+        kernels::launch_gemm(p, nullptr);  // this rank's partial
+      }
+      for (int r = 0; r < 2; ++r) {  // each rank's "peer_c": the other's window
+        void* w = ranks[size_t(1 - r)].window.get();
+        FO_CUDA_CHECK(cudaMemcpy(ranks[size_t(r)].peers.get(), &w, sizeof(void*), cudaMemcpyHostToDevice));
+      }
+      // The expected sum, on the host.
+      const auto p0 = to_host(ranks[0].partial), p1 = to_host(ranks[1].partial);
+      std::vector<uint16_t> sum(c_elems);
+      for (size_t i = 0; i < c_elems; ++i) sum[i] = sum_rounded(dt, p0[i], p1[i]);
+      for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
+        for (Rank& k : ranks) kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
+        FO_CUDA_CHECK(cudaDeviceSynchronize());
+        for (int r : {1, 0}) {
+          Rank& k = ranks[size_t(r)];
+          const Rank& peer = ranks[size_t(1 - r)];
+          kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.c.get(), sh.n);
+          p.group_of_tile = k.group_of_tile.as<int32_t>();
+          p.push.peers = 1, p.push.peer_c = k.peers.as<void*>();
+          kernels::Owner& o = p.owner;
+          o.rank = r, o.split = s.tiles() / 2;
+          o.window = k.window.get(), o.window_rows = 2 * half_rows, o.row0 = int32_t((epoch & 1) * half_rows);
+          o.flags = k.flags.as<uint32_t>(), o.peer_flags = peer.flags.as<uint32_t>(), o.epoch = epoch;
+          o.claims = k.claims.as<uint32_t>() + (epoch & 1);
+          p.sum.claims_reset = k.claims.as<uint32_t>() + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
+          o.push_tma = push_tma, o.push_window = peer.window.get();
+          o.finals_in_c = true, o.peer_out = peer.c.get(), o.peer_ld = sh.n;
+          o.timeout_ns = 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
+          ASSERT_TRUE(kernels::gemm_four_stages(p));
+          kernels::launch_gemm(p, k.stream);
+        }
+        for (Rank& k : ranks) FO_CUDA_CHECK(cudaStreamSynchronize(k.stream));
+        for (int r = 0; r < 2; ++r) {
+          kernels::WaitError err{};
+          FO_CUDA_CHECK(cudaMemcpy(&err, ranks[size_t(r)].err.get(), sizeof(err), cudaMemcpyDeviceToHost));
+          ASSERT_EQ(err.failed, 0u) << "rank " << r << " call " << epoch << ": a wait timed out (tile " << err.tile
+                                    << ", value " << err.value << ", expected " << err.expected
+                                    << "; the two kernels may not have run at the same time)";
+          const auto c = to_host(ranks[size_t(r)].c);
+          int64_t wrong = 0, first = -1;
+          for (size_t i = 0; i < c_elems; ++i)
+            if (c[i] != sum[i]) wrong++, first = first < 0 ? int64_t(i) : first;
+          EXPECT_EQ(wrong, 0) << "rank " << r << " call " << epoch << ": first wrong element " << first;
+        }
+      }
+      for (Rank& k : ranks) cudaStreamDestroy(k.stream);
+    }
+}
