@@ -75,7 +75,8 @@ struct GemmSmem {
   static constexpr int kSumWarpBytes =
       kPieces ? kHalfCBytes / 4 : (kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4 : kSumStageBytes);
   static constexpr int kSum = (kBars + kBarCount * 8 + 127) / 128 * 128;
-  static constexpr int kBytes = kSum + 2 * kSumStageBytes;
+  static constexpr int kPushFailed = kSum + 2 * kSumStageBytes;  // kPieces owners: PushRing::failed
+  static constexpr int kBytes = kPushFailed + (kPieces ? 16 : 0);
   static constexpr int kDynamicBytes = kBytes + 1024;  // slack for 1024-byte alignment
   static_assert(kDynamicBytes <= 227 * 1024, "shared memory over the sm_90 limit per block");
 };
@@ -364,21 +365,34 @@ __device__ __forceinline__ void warp_copy_block(const T* src, int64_t src_ld, T*
   }
 }
 
+// The hand-over of tiles from owner_piece_storer to owner_pusher (kPieces
+// owners): kPushRing slots, each a full barrier (the storer's arrive: the
+// tile is in C) and an empty one (one arrive per pusher warp); `failed`
+// (shared memory, sticky): a wait of the storer's timed out.
+constexpr int kPushRing = 4;
+constexpr int kPushBarrier = 3;  // named barrier of the two pusher warps (1, 2: the consumer warpgroups)
+struct PushRing {
+  uint64_t* full;
+  uint64_t* empty;
+  volatile int32_t* failed;
+};
+
 // The owner layout with kPieces (4 stages): lane 0 stores each piece by TMA
 // into C, the final of a tile this rank owns, the partial of one it does
 // not (there, in the tile's own rows, the peer's final lands or is copied
 // later, only after this partial has been pushed and counted), and frees the
 // buffer once the TMA has read it, after loading into it the peer's partial
 // of the piece that comes next if this rank owns that tile (bounded wait for
-// the tile's flag first). Once all four pieces are written, the whole warp
-// pushes the tile from C, where it sits in L2, to Push::peer_c with 16-byte
-// loads and stores, and lane 0 counts it in the peer's flags. So the shared
-// buffer is held ~0.5 µs per piece, not for the NVLink transfer.
+// the tile's flag first). Once all four pieces are in C, it hands the tile
+// to the pusher warps (owner_pusher), which copy it to the peer from there.
+// So the shared buffer is held ~0.5 µs per piece, not for the NVLink
+// transfer, and this warp is free for the next tile's pieces.
 template <typename T, int BN, int kPieceBytes>
 __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,
                                                    const CUtensorMap* tm_w, const CUtensorMap* tm_p,
                                                    const CUtensorMap* tm_q, uint8_t* c_smem, uint64_t* c_full,
-                                                   uint64_t* c_empty, uint64_t* p_ready, int32_t tiles, int lane) {
+                                                   uint64_t* c_empty, uint64_t* p_ready, const PushRing& ring,
+                                                   int32_t tiles, int lane) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
   const bool leader = lane == 0;
@@ -412,7 +426,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       load_partial(first, 0, 1);
     }
   }
-  const T* c_out = static_cast<const T*>(p.out);
+  uint32_t handed = 0;  // (lane 0) tiles handed to the pushers
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
     const int32_t idx = owner_tile_at(o, i, tiles);
     const plan::TileCoord tc = s.tile_of(idx);
@@ -465,19 +479,70 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         if (!defer) ptx::mbar_arrive(&c_empty[h]);
       }
     // The tile is in C: push it to the peer from there (unless TMA did).
+    // The tile is in C (and, pushed by TMA, at the peer): hand it to the
+    // pusher warps (owner_pusher), or count a TMA-pushed one here.
     if (leader) {
       ptx::tma_store_wait_all();        // its writes are done (the peer's too),
-      ptx::fence_proxy_async_global();  // and ordered before the generic loads below (or the count)
+      ptx::fence_proxy_async_global();  // and ordered before the pushers' loads (or the count)
+      if (!tma_push) {
+        const uint32_t slot = handed % kPushRing;
+        ptx::mbar_wait(&ring.empty[slot], ((handed / kPushRing) & 1) ^ 1);
+        if (failed) *ring.failed = 1;
+        ptx::mbar_arrive(&ring.full[slot]);
+        ++handed;
+      } else if (!(own && o.finals_in_c && failed) && p.group_of_tile[idx] != o.drop_group) {
+        // (after a timed-out wait an owned tile is not counted: owner_pusher)
+        __threadfence_system();
+        ptx::red_release_sys_add(o.peer_flags + idx, 1);
+      }
     }
     __syncwarp();
-    ptx::fence_proxy_async_global();
+    if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
+      wait_flag(next);
+      load_partial(next, 0, 0);
+      load_partial(next, 0, 1);
+      ptx::mbar_arrive(&c_empty[0]);
+      ptx::mbar_arrive(&c_empty[1]);
+    }
+    if (leader && next < 0) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored (pushed, if by TMA)
+  }
+}
+
+// The owner layout with kPieces: warps 2 and 3 of the producer warpgroup
+// push each tile that owner_piece_storer hands them (in the CTA's tile
+// order, those not pushed by TMA) from C, where it sits in L2, to the peer
+// (Push::peer_c, or its C for a final under Owner::finals_in_c), 64 rows
+// each, with 16-byte loads and stores; then one count in the peer's flags.
+// So the storer warp is free for the next tile's pieces while the tile
+// crosses NVLink: when it pushed each tile itself, the next tile's second
+// piece waited for that push (on one GPU, with the peer's buffers local,
+// bench-gemm --modes owners: 8.6% over the plain GEMM on 4096^3, 4% without
+// the copy, 26% with half the loads in flight).
+template <typename T, int BN>
+__device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const PushRing& ring, int32_t tiles, int w,
+                                             int lane) {
+  const Owner& o = p.owner;
+  const plan::Schedule& s = p.sched;
+  const T* c_out = static_cast<const T*>(p.out);
+  uint32_t taken = 0;
+  for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    const int32_t idx = owner_tile_at(o, i, tiles);
+    const bool last = i + int32_t(gridDim.x) >= tiles;
+    if (o.push_tma == 2 || (o.push_tma == 1 && last)) continue;  // by TMA (owner_piece_storer)
+    const uint32_t slot = taken % kPushRing;
+    ptx::mbar_wait(&ring.full[slot], (taken / kPushRing) & 1);
+    ++taken;
+    ptx::fence_proxy_async_global();  // the storer's TMA stores into C before the loads below
+    const plan::TileCoord tc = s.tile_of(idx);
+    const bool own = owner_owns(o, idx);
     // After a timed-out wait, a tile this rank owns is neither stored into the
     // peer's C nor counted there (Owner::finals_in_c): the peer's caller
     // buffer is only written by calls that have reached it, and the peer's
     // own bounded wait reports the failure.
-    const bool withhold = own && o.finals_in_c && __shfl_sync(0xffffffffu, failed, 0);
-    if (!tma_push && !withhold) {
-      const int32_t nrows = min(128, s.m - row), units = min(BN, s.n - col) / 8;
+    const bool withhold = own && o.finals_in_c && *ring.failed;
+    const int32_t row = tc.tm * 128 + w * 64, col = tc.tn * BN;
+    const int32_t nrows = min(64, s.m - row), units = min(BN, s.n - col) / 8;
+    if (!withhold && nrows > 0) {
       // A final into the peer's C (Owner::finals_in_c), else into its window.
       const bool to_c = own && o.finals_in_c;
       const int64_t dst_ld = to_c ? o.peer_ld : s.n;
@@ -487,16 +552,10 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
     }
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
-    __syncwarp();
-    if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
-    if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
-      wait_flag(next);
-      load_partial(next, 0, 0);
-      load_partial(next, 0, 1);
-      ptx::mbar_arrive(&c_empty[0]);
-      ptx::mbar_arrive(&c_empty[1]);
-    }
-    if (leader && next < 0) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored and pushed
+    ptx::named_barrier_sync(kPushBarrier, 64);
+    if (w == 0 && lane == 0 && !withhold && p.group_of_tile[idx] != o.drop_group)
+      ptx::red_release_sys_add(o.peer_flags + idx, 1);
+    if (lane == 0) ptx::mbar_arrive(&ring.empty[slot]);
   }
 }
 
@@ -680,7 +739,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::mbar_init(&c_empty[2 + h], 1);  // the sum warps' staging buffers
       ptx::mbar_init(&c_empty[4 + h], 1);
     }
-    for (int i = 0; i < 16; ++i) ptx::mbar_init(&c_empty[6 + i], 1);  // the consumer warps' (joining the sum)
+    // The consumer warps' (joining the sum); kPieces: the push ring's (full, then empty: one arrive per pusher).
+    for (int i = 0; i < 16; ++i) ptx::mbar_init(&c_empty[6 + i], kPieces && i >= kPushRing && i < 2 * kPushRing ? 2 : 1);
+    if constexpr (kPieces) *reinterpret_cast<int32_t*>(smem + L::kPushFailed) = 0;
     for (int h = 0; h < 2; ++h) ptx::mbar_init(&p_ready[h], 1);
     ptx::fence_barrier_init();
   }
@@ -718,13 +779,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     } else if constexpr (kPieces) {
-      if (tid >= 32 && tid < 64 && p.owner.rank >= 0)
+      const PushRing ring{c_empty + 6, c_empty + 6 + kPushRing, reinterpret_cast<int32_t*>(smem + L::kPushFailed)};
+      if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
         owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, &tm_p, &tm_q, smem + L::kC, c_full, c_empty,
-                                                  p_ready, tiles, tid - 32);
-      else if (tid == 32)
+                                                  p_ready, ring, tiles, tid - 32);
+      } else if (tid == 32) {
         piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
-      else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers)  // warps 2-3: the owner layout's copy
-        copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
+      } else if (tid >= 64 && p.owner.rank >= 0) {  // warps 2-3: the owner layout's pushes, then its copy
+        owner_pusher<T, BN>(p, ring, tiles, tid / 32 - 2, tid % 32);
+        if (p.owner.producers) copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
+      }
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
       const int w = tid / 32 - 2;
