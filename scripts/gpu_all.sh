@@ -29,7 +29,11 @@
 #                (--no-fuse) -> copy-ab.log
 #   registered-ab the tuner's pick, run vs run_registered (--registered-output: with owners the peer's finals
 #                stored straight into the output), ABAB -> registered-ab.log
-#                (four-ab, tma-ab, copy-ab, registered-ab: AB_SHAPES overrides their five shapes)
+#   cli-ab       two builds of the tool, ABAB with registered outputs (the tuner's pick, then the owner plan forced,
+#                traced): OLD_CLI=path (e.g. main's build, carried) against this build -> cli-ab.log
+#   owners-one   bench-gemm --modes plain,owners (the owner kernel on one GPU, its peer stand-ins), OLD_CLI (if
+#                set) then this build -> owners-one.log
+#                (four-ab, tma-ab, copy-ab, registered-ab, cli-ab, owners-one: AB_SHAPES overrides their five shapes)
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -47,17 +51,19 @@ status=0
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
 # ABAB: bench on the shapes near the bar (AB_SHAPES overrides them) with the
-# arguments COMMON and each variant's (a string each, "" for none), twice in
+# arguments COMMON and each variant's (a string each, "" for none; "@PATH":
+# the tool at PATH instead of this build's, no more arguments), twice in
 # turns, into $OUT/LOG: ab_runs LOG COMMON VARIANT...
 ab_runs() {
-  local log=$1 common=$2 r v
+  local log=$1 common=$2 r v bin args
   shift 2
   for r in 1 2; do
     for v in "$@"; do
       echo "##### ${v:-(default)} $r" | tee -a "$OUT/$log"
-      # shellcheck disable=SC2086  # $common, $v: several arguments
-      $CLI bench --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
-        $common $v --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/$log" |
+      if [[ $v == @* ]]; then bin=${v#@} args=""; else bin=$CLI args=$v; fi
+      # shellcheck disable=SC2086  # $common, $args: several arguments
+      $bin bench --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
+        $common $args --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/$log" |
         grep -E "^[0-9]+x|check|flashoverlap  |sequential  |GEMM tiles overl|CTA phases|rror" | cut -c1-200 || status=1
     done
   done
@@ -153,6 +159,21 @@ for s in "$@"; do
     registered-ab)
       stage "the tuner's pick: run (the peer's finals copied into the output) vs run_registered, ABAB"
       ab_runs registered-ab.log "" "" "--registered-output"
+      ;;
+    cli-ab)
+      [ -x "${OLD_CLI:-}" ] || { echo "cli-ab: OLD_CLI (another build of the tool) is not an executable"; exit 1; }
+      stage "two builds, registered outputs, ABAB: $OLD_CLI vs $CLI, the tuner's pick, then the owner plan forced"
+      ab_runs cli-ab.log "--registered-output" "@$OLD_CLI" "@$CLI"
+      ab_runs cli-ab.log "--registered-output --layout pushed --push-by owners --tile 128x256 --no-select --trace" \
+        "@$OLD_CLI" "@$CLI"
+      ;;
+    owners-one)
+      stage "the owner kernel on one GPU (stand-in peer) against the plain GEMM, in turns"
+      for c in ${OLD_CLI:-} $CLI; do
+        echo "##### $c" | tee -a "$OUT/owners-one.log"
+        $c bench-gemm --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192},8192x4096x2048 \
+          --tiles 256 --modes plain,owners --reserve-sms 0 2>&1 | tee -a "$OUT/owners-one.log" || status=1
+      done
       ;;
     gate-ab)
       stage "timing without and with the host gate, ABAB"
