@@ -487,7 +487,6 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         }
         if (!defer) ptx::mbar_arrive(&c_empty[h]);
       }
-    // The tile is in C: push it to the peer from there (unless TMA did).
     // The tile is in C (and, pushed by TMA, at the peer): hand it to the
     // pusher warps (owner_pusher), or count a TMA-pushed one here.
     if (leader) {
