@@ -61,6 +61,7 @@ struct Options {
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
   std::string push_tma = "last";  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
+  std::string owner_pushers = "auto";  // owners, 4 stages: warps 2-3 push the tiles from C (auto: k <= 4096, on, off)
   bool fuse = true;  // the sum (or the owners' copy) inside the GEMM where the plan says so
   double wait_timeout_s = 30;  // a bounded wait of the overlapped op fails the call after this long
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
@@ -319,6 +320,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.copy_streams = o.copy_streams;
     fo.four_stages = o.four_stages;
     fo.push_tma = o.push_tma == "last" ? 1 : o.push_tma == "all" ? 2 : 0;
+    fo.owner_pushers = o.owner_pushers == "on" ? 1 : o.owner_pushers == "off" ? 0 : -1;
     fo.wait_timeout_s = o.wait_timeout_s;
     return fo;
   };
@@ -790,6 +792,11 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "Owners with 4 stages: the tiles sent to the peer by TMA straight from the GEMM's staging instead "
                   "of from this GPU's memory by the storer warp: none, last (each CTA's last tile: its operand loads are done), all")
       ->check(CLI::IsMember({"none", "last", "all"}))
+      ->capture_default_str();
+  cmd->add_option("--owner-pushers", o->owner_pushers,
+                  "Owners with 4 stages: warps 2 and 3 push the tiles from this GPU's memory, so that the storer "
+                  "warp goes on with the next tile: on, off, or auto (on where k <= 4096)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_flag("!--no-fuse", o->fuse,
                 "Every sum (gathered, pushed layouts) or copy of the peer's finals (owners) after the GEMM's tiles, "

@@ -151,6 +151,11 @@ struct Owner {
   void* peer_out = nullptr;
   int64_t peer_ld = 0;
   bool finals_in_c = false;
+  // 4 stages: warps 2 and 3 push each tile from C (not by TMA) to the peer,
+  // handed over by the storer warp, which goes on with the next tile's
+  // pieces; false: the storer pushes each tile itself before them (the
+  // runtime picks by k: rt::OverlapAllReduce::Options::owner_pushers).
+  bool pushers = true;
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
 };

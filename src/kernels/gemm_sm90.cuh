@@ -374,6 +374,35 @@ __device__ __forceinline__ void warp_copy_block(const T* src, int64_t src_ld, T*
   }
 }
 
+// The owner layout with kPieces: one warp pushes rows [r0, r0 + rows) of
+// tile idx from C, where it sits in L2, to the peer: a final
+// into the peer's C (Owner::finals_in_c), else into its window from row0
+// (rows < m), 16-byte loads and stores, then a system fence for the count
+// that follows. After a timed-out wait (failed), a tile this rank owns is
+// neither stored into the peer's C nor counted there (finals_in_c): the
+// peer's caller buffer is only written by calls that have reached it, and
+// the peer's own bounded wait reports the failure. Returns that withholding.
+template <typename T, int BN>
+__device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32_t idx, int32_t r0, int32_t rows,
+                                                bool failed, int lane) {
+  const Owner& o = p.owner;
+  const plan::Schedule& s = p.sched;
+  const plan::TileCoord tc = s.tile_of(idx);
+  const bool to_c = owner_owns(o, idx) && o.finals_in_c;
+  const bool withhold = to_c && failed;
+  const int32_t row = tc.tm * 128 + r0, col = tc.tn * BN;
+  const int32_t nrows = min(rows, s.m - row), units = min(BN, s.n - col) / 8;
+  if (!withhold && nrows > 0) {
+    const int64_t dst_ld = to_c ? o.peer_ld : s.n;
+    T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
+                  : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
+    const T* src = static_cast<const T*>(p.out) + int64_t(row) * p.ld_out + col;
+    warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
+  }
+  __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count
+  return withhold;
+}
+
 // The hand-over of tiles from owner_piece_storer to owner_pusher (kPieces
 // owners): kPushRing slots, each a full barrier (the storer's arrive: the
 // tile is in C) and an empty one (one arrive per pusher warp); `failed`
@@ -393,9 +422,10 @@ struct PushRing {
 // buffer once the TMA has read it, after loading into it the peer's partial
 // of the piece that comes next if this rank owns that tile (bounded wait for
 // the tile's flag first). Once all four pieces are in C, it hands the tile
-// to the pusher warps (owner_pusher), which copy it to the peer from there.
-// So the shared buffer is held ~0.5 µs per piece, not for the NVLink
-// transfer, and this warp is free for the next tile's pieces.
+// to the pusher warps (owner_pusher), which copy it to the peer from there,
+// and is free for the next tile's pieces (Owner::pushers; else this warp
+// copies it). So the shared buffer is held ~0.5 µs per piece, not for the
+// NVLink transfer.
 template <typename T, int BN, int kPieceBytes>
 __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,
                                                    const CUtensorMap* tm_w, const CUtensorMap* tm_p,
@@ -487,22 +517,33 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         }
         if (!defer) ptx::mbar_arrive(&c_empty[h]);
       }
-    // The tile is in C (and, pushed by TMA, at the peer): hand it to the
-    // pusher warps (owner_pusher), or count a TMA-pushed one here.
+    // The tile is in C (and, pushed by TMA, at the peer): count a TMA-pushed
+    // one here; else hand it to the pusher warps (owner_pusher), or, without
+    // them (Owner::pushers), push it from C with this warp and count it.
     if (leader) {
       ptx::tma_store_wait_all();        // its writes are done (the peer's too),
-      ptx::fence_proxy_async_global();  // and ordered before the pushers' loads (or the count)
-      if (!tma_push) {
+      ptx::fence_proxy_async_global();  // and ordered before the loads from C (or the count)
+    }
+    __syncwarp();
+    if (tma_push) {
+      if (leader && !(own && o.finals_in_c && failed) && p.group_of_tile[idx] != o.drop_group) {
+        // (after a timed-out wait an owned tile is not counted: owner_push_rows)
+        __threadfence_system();
+        ptx::red_release_sys_add(o.peer_flags + idx, 1);
+      }
+    } else if (o.pushers) {
+      if (leader) {
         const uint32_t slot = handed % kPushRing;
         ptx::mbar_wait(&ring.empty[slot], ((handed / kPushRing) & 1) ^ 1);
         if (failed) *ring.failed = 1;
         ptx::mbar_arrive(&ring.full[slot]);
         ++handed;
-      } else if (!(own && o.finals_in_c && failed) && p.group_of_tile[idx] != o.drop_group) {
-        // (after a timed-out wait an owned tile is not counted: owner_pusher)
-        __threadfence_system();
-        ptx::red_release_sys_add(o.peer_flags + idx, 1);
       }
+    } else {
+      ptx::fence_proxy_async_global();
+      const bool withhold = owner_push_rows<T, BN>(p, idx, 0, 128, __shfl_sync(0xffffffffu, failed, 0), lane);
+      __syncwarp();
+      if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
     }
     __syncwarp();
     if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
@@ -530,8 +571,6 @@ template <typename T, int BN>
 __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const PushRing& ring, int32_t tiles, int w,
                                              int lane) {
   const Owner& o = p.owner;
-  const plan::Schedule& s = p.sched;
-  const T* c_out = static_cast<const T*>(p.out);
   uint32_t taken = 0;
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
     const int32_t idx = owner_tile_at(o, i, tiles);
@@ -541,25 +580,7 @@ __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const Pu
     ptx::mbar_wait(&ring.full[slot], (taken / kPushRing) & 1);
     ++taken;
     ptx::fence_proxy_async_global();  // the storer's TMA stores into C before the loads below
-    const plan::TileCoord tc = s.tile_of(idx);
-    const bool own = owner_owns(o, idx);
-    // After a timed-out wait, a tile this rank owns is neither stored into the
-    // peer's C nor counted there (Owner::finals_in_c): the peer's caller
-    // buffer is only written by calls that have reached it, and the peer's
-    // own bounded wait reports the failure.
-    const bool withhold = own && o.finals_in_c && *ring.failed;
-    const int32_t row = tc.tm * 128 + w * 64, col = tc.tn * BN;
-    const int32_t nrows = min(64, s.m - row), units = min(BN, s.n - col) / 8;
-    if (!withhold && nrows > 0) {
-      // A final into the peer's C (Owner::finals_in_c), else into its window.
-      const bool to_c = own && o.finals_in_c;
-      const int64_t dst_ld = to_c ? o.peer_ld : s.n;
-      T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
-                    : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
-      const T* src = c_out + int64_t(row) * p.ld_out + col;
-      warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
-    }
-    __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
+    const bool withhold = owner_push_rows<T, BN>(p, idx, w * 64, 64, *ring.failed != 0, lane);
     ptx::named_barrier_sync(kPushBarrier, 64);
     if (w == 0 && lane == 0 && !withhold && p.group_of_tile[idx] != o.drop_group)
       ptx::red_release_sys_add(o.peer_flags + idx, 1);
@@ -794,7 +815,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       } else if (tid == 32) {
         piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
       } else if (tid >= 64 && p.owner.rank >= 0) {  // warps 2-3: the owner layout's pushes, then its copy
-        owner_pusher<T, BN>(p, ring, tiles, tid / 32 - 2, tid % 32);
+        if (p.owner.pushers) owner_pusher<T, BN>(p, ring, tiles, tid / 32 - 2, tid % 32);
         if (p.owner.producers) copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
       }
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {

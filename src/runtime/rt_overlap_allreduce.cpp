@@ -87,6 +87,9 @@ void OverlapAllReduce::setup_gathered() {
 OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts) {
   const plan::Schedule& s = opts_.sched;
   if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
+  if (opts_.owner_pushers < -1 || opts_.owner_pushers > 1)
+    throw InvalidArgument("OverlapAllReduce: owner_pushers must be -1 (by k), 0 or 1, not " +
+                          std::to_string(opts_.owner_pushers));
   if (opts_.push_tma < 0 || opts_.push_tma > 2)
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
   if (!kernels::tile_supported(s.bm, s.bn))

@@ -162,6 +162,14 @@ struct OverlapAllReduceOptions {
   // 0.238 ms, 1024x8192x8192 0.229 vs 0.234-0.238); on every tile it holds
   // the TMA unit from the operand loads (0.248-0.254 ms on 4096^3).
   int push_tma = 1;
+  // Owners pushed with 4 stages: the tiles pushed from C by warps 2 and 3,
+  // so that the storer warp goes on with the next tile's pieces
+  // (kernels::Owner::pushers): 1 on, 0 off (the storer pushes each tile
+  // before the next one's pieces), -1 by k: on where k <= 4096. On 2xH200
+  // (fifteenth session, the tuner's pick, ms off / on): 8192x4096x2048
+  // 0.284 (copy engines; owners 0.309) / 0.254, 4096^3 0.222 / 0.220;
+  // 2048x8192x8192 0.387 / 0.395, 4096x7168x5120 0.438 / 0.443.
+  int owner_pushers = -1;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
   // only; per group a copy stream waits for its tiles with a stream memory
   // op, copies this rank's block to each peer and writes the peer's flag for

@@ -637,6 +637,8 @@ TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
                    " seed " + std::to_string(seed));
       const rt::OwnerStandIn peer(p, rank, half, push_tma, seed + 1);
       ASSERT_TRUE(peer.finals_in_c());
+      p.owner.pushers = rng() % 2;
+      SCOPED_TRACE(p.owner.pushers ? "pusher warps" : "the storer pushes");
       kernels::poison(c.get(), int64_t(c_elems), nullptr);
       kernels::poison(peer.peer_c().get(), int64_t(c_elems), nullptr);
       kernels::launch_gemm(p, nullptr);
@@ -692,9 +694,11 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
                                 OwnerShape{2048, 4096, 512, 66}, OwnerShape{128, 512, 64, 1}}) {
       const plan::Schedule s = owner_sched(sh);
       const int push_tma = int(rng() % 3);
+      const bool pushers = rng() % 2;
       SCOPED_TRACE("m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
                    " ctas=" + std::to_string(sh.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " push_tma " +
-                   std::to_string(push_tma) + " seed " + std::to_string(seed));
+                   std::to_string(push_tma) + (pushers ? " pusher warps" : " the storer pushes") + " seed " +
+                   std::to_string(seed));
       const size_t c_elems = size_t(sh.m) * sh.n, tiles = size_t(s.tiles());
       const int64_t half_rows = int64_t(s.tiles_m()) * 128;
       struct Rank {
@@ -740,6 +744,7 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
           p.sum.claims_reset = k.claims.as<uint32_t>() + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
           o.push_tma = push_tma, o.push_window = peer.window.get();
           o.finals_in_c = true, o.peer_out = peer.c.get(), o.peer_ld = sh.n;
+          o.pushers = pushers;
           o.timeout_ns = 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
           ASSERT_TRUE(kernels::gemm_four_stages(p));
           kernels::launch_gemm(p, k.stream);
