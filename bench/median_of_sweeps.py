@@ -11,7 +11,9 @@ config) come from the run whose `ms` is the median one. Two columns are
 added: runs_ms and runs_gain, each run's value in run order, ';'-separated.
 A row that some runs lack (a shape that failed there: sweep_allreduce.sh
 goes on without it) is the median of the runs that have it, '-' in the
-runs columns for the others.
+runs columns for the others; so is a value some runs leave empty (the gain
+captured is empty where the ideal gain is under 1% of the sequential time),
+and it stays empty where every run does.
 The GPUs are power-capped and a shape's gain moves by several points from one
 run to the next; the median of three runs is the reading the results report.
 """
@@ -53,9 +55,10 @@ def aggregate(runs):
         rows = [r for r in present if r is not None]
         ms = [float(r["ms"]) for r in rows]
         row = dict(rows[median_low_index(ms)])
-        for c in NUMERIC:
-            if c in rows[0] and all(r.get(c, "") != "" for r in rows):
-                row[c] = f"{statistics.median(float(r[c]) for r in rows):.6g}"
+        for c in NUMERIC:  # the median of the runs that have a value (empty: none has, e.g. gain n/a)
+            values = [float(r[c]) for r in rows if r.get(c, "") != ""]
+            if c in rows[0]:
+                row[c] = f"{statistics.median(values):.6g}" if values else ""
         row["runs_ms"] = ";".join("-" if r is None else f"{float(r['ms']):.6g}" for r in present)
         row["runs_gain"] = ";".join("-" if r is None or r.get("gain_captured", "") == "" else
                                     f"{float(r['gain_captured']):.4f}" for r in present)
@@ -89,6 +92,9 @@ def self_test():
     # gain n/a (empty: the ideal gain is noise, e.g. one GPU) stays empty, '-' in runs_gain
     na = aggregate([[row("flashoverlap", 0.7, "", "p")], [row("flashoverlap", 0.6, "", "q")]])
     assert na[0]["gain_captured"] == "" and na[0]["runs_gain"] == "-;-", na
+    mixed = aggregate([[row("flashoverlap", 0.7, 0.5, "p")], [row("flashoverlap", 0.6, "", "q")],
+                       [row("flashoverlap", 0.65, 0.9, "r")]])
+    assert mixed[0]["gain_captured"] == "0.7" and mixed[0]["runs_gain"] == "0.5000;-;0.9000", mixed
     # a row only a later run has comes after the others
     late = aggregate([runs[0][:1], runs[1]])
     assert [r["variant"] for r in late] == ["sequential", "flashoverlap"] and late[1]["runs_ms"] == "-;0.6", late

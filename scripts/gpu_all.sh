@@ -62,7 +62,7 @@ ab_runs() {
       echo "##### ${v:-(default)} $r" | tee -a "$OUT/$log"
       if [[ $v == @* ]]; then bin=${v#@} args=""; else bin=$CLI args=$v; fi
       # shellcheck disable=SC2086  # $common, $args: several arguments
-      $bin bench --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
+      "$bin" bench --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
         $common $args --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/$log" |
         grep -E "^[0-9]+x|check|flashoverlap  |sequential  |GEMM tiles overl|CTA phases|rror" | cut -c1-200 || status=1
     done
@@ -161,7 +161,11 @@ for s in "$@"; do
       ab_runs registered-ab.log "" "" "--registered-output"
       ;;
     cli-ab)
-      [ -x "${OLD_CLI:-}" ] || { echo "cli-ab: OLD_CLI (another build of the tool) is not an executable"; exit 1; }
+      if [ ! -x "${OLD_CLI:-}" ]; then
+        echo "cli-ab: OLD_CLI (another build of the tool) is not an executable: skipped"
+        status=1
+        continue
+      fi
       stage "two builds, registered outputs, ABAB: $OLD_CLI vs $CLI, the tuner's pick, then the owner plan forced"
       ab_runs cli-ab.log "--registered-output" "@$OLD_CLI" "@$CLI"
       ab_runs cli-ab.log "--registered-output --layout pushed --push-by owners --tile 128x256 --no-select --trace" \
@@ -171,7 +175,7 @@ for s in "$@"; do
       stage "the owner kernel on one GPU (stand-in peer) against the plain GEMM, in turns"
       for c in ${OLD_CLI:-} $CLI; do
         echo "##### $c" | tee -a "$OUT/owners-one.log"
-        $c bench-gemm --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192},8192x4096x2048 \
+        "$c" bench-gemm --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192},8192x4096x2048 \
           --tiles 256 --modes plain,owners --reserve-sms 0 2>&1 | tee -a "$OUT/owners-one.log" || status=1
       done
       ;;

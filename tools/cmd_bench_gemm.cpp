@@ -59,9 +59,16 @@ int run(const Options& o) {
   if (o.dtype == "bf16" || o.dtype == "both") dtypes.push_back(kernels::DType::BF16);
   if (o.dtype == "fp16" || o.dtype == "both") dtypes.push_back(kernels::DType::FP16);
   if (dtypes.empty()) throw InvalidArgument("--dtype must be bf16, fp16 or both");
-  const bool do_plain = o.modes.find("plain") != std::string::npos;
-  const bool do_signal = o.modes.find("signal") != std::string::npos;
-  const bool do_owners = o.modes.find("owners") != std::string::npos;
+  bool do_plain = false, do_signal = false, do_owners = false;
+  {
+    std::stringstream list(o.modes);
+    for (std::string m; std::getline(list, m, ',');) {
+      if (m == "plain") do_plain = true;
+      else if (m == "signal") do_signal = true;
+      else if (m == "owners") do_owners = true;
+      else throw InvalidArgument("--modes: unknown mode '" + m + "' (plain, signal, owners)");
+    }
+  }
 
   if (rt::hopper_device_count() < 1) {
     std::cerr << "bench-gemm: no Hopper (sm_90) GPU found; nothing to measure.\n";

@@ -37,21 +37,23 @@ OwnerStandIn::OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int 
   group_of_tile_ = zeroed(tiles * 4);
   FO_CUDA_CHECK(cudaDeviceSynchronize());  // (fill_random ran on the legacy stream)
 
-  p.group_of_tile = group_of_tile_.as<int32_t>();
-  p.push.peers = 1, p.push.peer_c = peers_.as<void*>();
-  kernels::Owner& o = p.owner;
+  kernels::GemmParams q = p;  // (p changes only once the result is accepted)
+  q.group_of_tile = group_of_tile_.as<int32_t>();
+  q.push.peers = 1, q.push.peer_c = peers_.as<void*>();
+  kernels::Owner& o = q.owner;
   o = kernels::Owner{};
   o.rank = rank, o.split = s.tiles() / 2;
   o.window = window_.get(), o.window_rows = window_rows, o.row0 = int32_t(row0_);
   o.flags = flags_.as<uint32_t>(), o.peer_flags = peer_flags_.as<uint32_t>(), o.epoch = epoch;
   o.timeout_ns = 10'000'000'000ull, o.err = err_.as<kernels::WaitError>();
-  if (kernels::gemm_four_stages(p)) {  // as run_registered: the finals straight into each other's C
+  if (kernels::gemm_four_stages(q)) {  // as run_registered: the finals straight into each other's C
     o.push_tma = push_tma, o.push_window = peer_window_.get();
     o.finals_in_c = true, o.peer_out = peer_c_.get(), o.peer_ld = s.n;
     finals_in_c_ = true;
   }
-  prepare_call(p, 0);
-  kernels::check_gemm_params(p);
+  prepare_call(q, 0);
+  kernels::check_gemm_params(q);
+  p = q;
 }
 
 void OwnerStandIn::prepare_call(kernels::GemmParams& p, uint32_t call) const {

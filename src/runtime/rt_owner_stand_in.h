@@ -10,14 +10,15 @@
 
 namespace flashoverlap::rt {
 
-// Sets up `p` (a Plain GEMM of 128x256 tiles, C 16-byte aligned, n % 8 == 0)
+// Sets up `p` (a Plain GEMM, C 16-byte aligned, n % 8 == 0; with 128x256
+// tiles on 4 stages as run_registered runs it, else as run does)
 // as rank `rank` of the pushed AllReduce with owners: its window holds the
 // peer's partials (random, for this call's half `row0_half` of the window)
 // and every flag is set, as if the peer had pushed all of them; what it pushes
 // lands in this GPU's stand-ins of the peer's window and (4 stages, finals
 // into the peer's C) the peer's C, and is counted in the stand-in's flags.
 // push_tma: kernels::Owner::push_tma (4 stages only, else 0). Throws
-// InvalidArgument where check_gemm_params refuses the result.
+// InvalidArgument where check_gemm_params refuses the result (p unchanged).
 class OwnerStandIn {
  public:
   OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int push_tma, uint64_t seed);

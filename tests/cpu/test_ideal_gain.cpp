@@ -1,7 +1,9 @@
 // The share of the ideal gain (runtime/ideal_gain.h), on random times.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
+#include <string>
 
 #include "runtime/ideal_gain.h"
 
@@ -9,17 +11,23 @@ using flashoverlap::rt::gain_captured;
 using flashoverlap::rt::kLeastIdealGain;
 
 TEST(IdealGain, SequentialIsZeroIdealIsOneAndLinearBetween) {
-  std::mt19937 rng(std::random_device{}());
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (int i = 0; i < 1000; ++i) {
     const double seq = 0.05 + 2 * u(rng);
-    const double ideal = seq * (0.5 + 0.49 * u(rng));  // an ideal gain of 1-50% of seq
-    ASSERT_DOUBLE_EQ(*gain_captured(seq, ideal, seq), 0.0);
-    ASSERT_DOUBLE_EQ(*gain_captured(seq, ideal, ideal), 1.0);
+    const double ideal = seq * (0.5 + 0.48 * u(rng));  // an ideal gain of 2-50% of seq
+    const auto at = [&](double ms) {
+      const std::optional<double> g = gain_captured(seq, ideal, ms);
+      EXPECT_TRUE(g.has_value()) << "seq " << seq << " ideal " << ideal << " ms " << ms;
+      return g.value_or(-1e9);
+    };
+    ASSERT_DOUBLE_EQ(at(seq), 0.0);
+    ASSERT_DOUBLE_EQ(at(ideal), 1.0);
     const double f = 2 * u(rng) - 0.5, ms = seq - f * (seq - ideal);  // f of the way from seq to ideal
-    if (ms > 0) ASSERT_NEAR(*gain_captured(seq, ideal, ms), f, 1e-9);
-    const double slower = seq * (1 + u(rng));
-    ASSERT_LT(*gain_captured(seq, ideal, slower), 0.0);
+    if (ms > 0) ASSERT_NEAR(at(ms), f, 1e-9);
+    ASSERT_LT(at(seq * (1 + u(rng))), 0.0);  // slower than sequential
   }
 }
 

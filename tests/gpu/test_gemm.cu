@@ -612,7 +612,8 @@ uint16_t sum_rounded(DType dt, uint16_t a, uint16_t b) {
 // sum of that partial (rounded) and the peer's, rounded once, in C and in the
 // peer's C; every tile is counted once in the peer's flags. Bitwise, for
 // both ranks, both halves of the window, every push mode, ragged shapes,
-// grids with one and with several tiles per CTA.
+// grids with one and with several tiles per CTA (rank, half and push mode
+// drawn per case from the printed seed).
 TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
@@ -675,11 +676,24 @@ TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
     }
 }
 
+// A non-blocking stream, synchronised and destroyed with its scope (also
+// when an ASSERT returns early: no kernel outlives the buffers it uses).
+struct ScopedStream {
+  cudaStream_t s = nullptr;
+  ScopedStream() { FO_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~ScopedStream() {
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }
+  ScopedStream(const ScopedStream&) = delete;
+  ScopedStream& operator=(const ScopedStream&) = delete;
+};
+
 // Both ranks of the pushed AllReduce with owners on one GPU: two kernels,
 // each on its own stream and its own SMs (ctas + ctas <= SMs), wired to each
 // other's windows, flags and outputs as NCCL's window would wire two GPUs.
-// Several calls back to back (epochs, both halves of the windows, the
-// finals straight into each other's C): each rank's C must be, bitwise,
+// Three calls in a row, each after a sync (epochs, both halves of the
+// windows, the finals straight into each other's C): each rank's C must be, bitwise,
 // round(partial 0 + partial 1) of the two ranks' own GEMMs, with no wait
 // timed out. This runs the whole owner protocol (pushes, counts, waits, the
 // deferred loads that keep the two ranks from waiting on each other) without
@@ -692,11 +706,12 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
     for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, 66}, OwnerShape{3001, 2048, 256, 66},
                                 OwnerShape{256, 520, 64, 3}, OwnerShape{640, 2048, 1024, 5},
                                 OwnerShape{2048, 4096, 512, 66}, OwnerShape{128, 512, 64, 1}}) {
-      const plan::Schedule s = owner_sched(sh);
+      // (both grids resident at once: at most half the SMs each)
+      const plan::Schedule s = owner_sched({sh.m, sh.n, sh.k, std::min(sh.ctas, rt::current_device_sms() / 2)});
       const int push_tma = int(rng() % 3);
       const bool pushers = rng() % 2;
       SCOPED_TRACE("m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
-                   " ctas=" + std::to_string(sh.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " push_tma " +
+                   " ctas=" + std::to_string(s.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " push_tma " +
                    std::to_string(push_tma) + (pushers ? " pusher warps" : " the storer pushes") + " seed " +
                    std::to_string(seed));
       const size_t c_elems = size_t(sh.m) * sh.n, tiles = size_t(s.tiles());
@@ -704,7 +719,6 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       struct Rank {
         Problem pr;
         DeviceBuffer partial, c, window, flags, claims, err, peers, group_of_tile;
-        cudaStream_t stream = nullptr;
       };
       std::vector<Rank> ranks;
       for (int r = 0; r < 2; ++r) {
@@ -715,7 +729,6 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
         Rank& k = ranks.back();
         for (const DeviceBuffer* b : {&k.flags, &k.claims, &k.err, &k.group_of_tile})
           FO_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
-        FO_CUDA_CHECK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
         kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.partial.get(), sh.n);
         kernels::launch_gemm(p, nullptr);  // this rank's partial
       }
@@ -727,9 +740,11 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       const auto p0 = to_host(ranks[0].partial), p1 = to_host(ranks[1].partial);
       std::vector<uint16_t> sum(c_elems);
       for (size_t i = 0; i < c_elems; ++i) sum[i] = sum_rounded(dt, p0[i], p1[i]);
+      const ScopedStream streams[2];  // (after the buffers: synchronised before they are freed)
       for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
         for (Rank& k : ranks) kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
+        kernels::GemmParams params[2];
         for (int r : {1, 0}) {
           Rank& k = ranks[size_t(r)];
           const Rank& peer = ranks[size_t(1 - r)];
@@ -747,9 +762,11 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
           o.pushers = pushers;
           o.timeout_ns = 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
           ASSERT_TRUE(kernels::gemm_four_stages(p));
-          kernels::launch_gemm(p, k.stream);
+          ASSERT_NO_THROW(kernels::check_gemm_params(p));
+          params[r] = p;
         }
-        for (Rank& k : ranks) FO_CUDA_CHECK(cudaStreamSynchronize(k.stream));
+        for (int r : {1, 0}) kernels::launch_gemm(params[r], streams[r].s);  // (both checked first)
+        for (const ScopedStream& st : streams) FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
         for (int r = 0; r < 2; ++r) {
           kernels::WaitError err{};
           FO_CUDA_CHECK(cudaMemcpy(&err, ranks[size_t(r)].err.get(), sizeof(err), cudaMemcpyDeviceToHost));
@@ -763,6 +780,5 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
           EXPECT_EQ(wrong, 0) << "rank " << r << " call " << epoch << ": first wrong element " << first;
         }
       }
-      for (Rank& k : ranks) cudaStreamDestroy(k.stream);
     }
 }
