@@ -58,6 +58,13 @@ struct Problem {
 // rounding and summation order only.
 double tolerance(DType dt) { return dt == DType::BF16 ? 8e-3 : 2e-3; }
 
+// A device buffer of 16-bit elements, on the host.
+std::vector<uint16_t> to_host(const DeviceBuffer& b) {
+  std::vector<uint16_t> h(b.bytes() / 2);
+  FO_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 using GemmCase = std::tuple<int, int, int>;  // m, n, k
 
 class GemmVsCublas : public ::testing::TestWithParam<GemmCase> {};
@@ -552,9 +559,7 @@ TEST(GemmSignal, SlotRowsFollowTheTable) {
   p.store = kernels::Store::SlotRows, p.slots = slots.get(), p.row_of = d_row_of.as<int32_t>();
   kernels::launch_gemm(p, nullptr);
   FO_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<uint16_t> h_plain(size_t(m) * n), h_slots(row_of.size() * bn);
-  FO_CUDA_CHECK(cudaMemcpy(h_plain.data(), plain.get(), plain.bytes(), cudaMemcpyDeviceToHost));
-  FO_CUDA_CHECK(cudaMemcpy(h_slots.data(), slots.get(), slots.bytes(), cudaMemcpyDeviceToHost));
+  const std::vector<uint16_t> h_plain = to_host(plain), h_slots = to_host(slots);
   int64_t bad = 0, stored = 0, untouched_bad = 0;
   for (int idx = 0; idx < tiles; ++idx) {
     const plan::TileCoord tc = s.tile_of(idx);
@@ -590,11 +595,6 @@ struct OwnerShape {
 };
 plan::Schedule owner_sched(const OwnerShape& sh) {
   return make_sched(sh.m, sh.n, 128, 256, sh.ctas, plan::Raster::AlongN, sh.ctas > 8 ? 8 : 1);
-}
-std::vector<uint16_t> to_host(const DeviceBuffer& b) {
-  std::vector<uint16_t> h(b.bytes() / 2);
-  FO_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
-  return h;
 }
 // a + b of two 16-bit values of dt, the exact sum rounded once (NCCL's 2-rank sum).
 uint16_t sum_rounded(DType dt, uint16_t a, uint16_t b) {
