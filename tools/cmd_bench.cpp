@@ -449,11 +449,14 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
         rt::measure_gemm_clocks(op.schedule(), k, dt, a.get(), b.get(), scratch.get(), cx.stream, 3, &alone,
                                 op.four_stages());
     tr << "\n    GEMM tiles overlapped: " << clocks(tl.clocks) << "\n    GEMM tiles alone:      " << clocks(alone_clocks);
-    // Where the end goes: the last tiles' MMAs (staged), then their stores and pushes, then the copies.
+    // Where the end goes: the first and last tiles' MMAs, the last tiles staged (after the epilogue's waits), then
+    // their stores and pushes, then the copies.
     auto phases = [](const rt::GemmPhases& g) {
       if (g.ctas == 0) return std::string("n/a (no storer warp: C not stored by TMA)");
       std::ostringstream s;
-      s << std::fixed << std::setprecision(1) << "last tiles staged " << g.staged_median_us << " (median) "
+      s << std::fixed << std::setprecision(1) << "MMAs done: first tiles " << g.mma_first_median_us
+        << ", last tiles " << g.mma_last_median_us << " (median) " << g.mma_last_max_us << " (max); last tiles staged "
+        << g.staged_median_us << " (median) "
         << g.staged_max_us << " (max), stored+pushed " << g.stored_max_us << ", copied " << g.copied_max_us
         << ", end " << g.end_us << " us";
       return s.str();

@@ -31,6 +31,7 @@ enum class Store : int32_t { Plain = 0, SlotTiles = 1, SlotRows = 2 };
 
 constexpr int kSignalsPerTile = 2;
 constexpr int kGemmThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kPhaseSlots = 6;     // GemmParams::monitor_phases: values per CTA
 
 // The gathered AllReduce layouts' sum, done inside the GEMM by the idle warps
 // of its producer warpgroup (DRAM bandwidth the tensor cores leave unused):
@@ -192,10 +193,12 @@ struct GemmParams {
   // the MMAs, always by the same amount): consecutive tiles of one CTA give
   // its SM clock and cycles per tile (rt::summarize_tile_clocks).
   uint64_t* monitor_mma = nullptr;
-  // Non-null, zeroed: [ctas * 4] globaltimer ns per CTA at the end of its
-  // phases: {0: its last tile staged (the storer has both halves), 1: that
-  // tile's stores and pushes done, 2: its share of the owner layout's copy
-  // done, 3: its start}. Where the GEMM's end goes (rt::summarize_phases).
+  // Non-null, zeroed: [ctas * kPhaseSlots] globaltimer ns per CTA at the end
+  // of its phases: {0: its last tile staged (the storer has both halves), 1:
+  // that tile's stores and pushes done, 2: its share of the owner layout's
+  // copy done, 3: its start, 4: its first tile's MMAs done, 5: its last
+  // tile's MMAs done (before the epilogue's waits)}. Where the GEMM's end
+  // goes (rt::summarize_phases).
   uint64_t* monitor_phases = nullptr;
   // 128x256 tiles, Plain C stored by TMA, alone or with the owner layout
   // (no counters, tile-end monitor, other pushes, sum or row shift; the MMA

@@ -48,7 +48,7 @@ struct GemmKernelParams {
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.
 __device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
-  if (phases) atomicMax(reinterpret_cast<unsigned long long*>(phases + int64_t(blockIdx.x) * 4 + ph),
+  if (phases) atomicMax(reinterpret_cast<unsigned long long*>(phases + int64_t(blockIdx.x) * kPhaseSlots + ph),
                         static_cast<unsigned long long>(ptx::globaltimer_ns()));
 }
 
@@ -942,6 +942,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     ptx::wgmma_wait<0>();
     if (tid == 0) ptx::mbar_arrive(&empty[prev]);
+    if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
+      if (i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
+      if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);
+    }
 
     if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
       write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns(p.owner, idx),

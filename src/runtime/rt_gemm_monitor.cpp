@@ -6,12 +6,13 @@
 #include "flashoverlap/error.h"
 
 namespace flashoverlap::rt {
+static_assert(kPhaseSlots == kernels::kPhaseSlots, "the phase monitor's layout, host and kernel");
 
 GemmMonitor::GemmMonitor(const plan::Schedule& sched, cudaStream_t stream)
     : tiles_(sched.tiles()),
       ctas_(sched.ctas),
       mma_(size_t(sched.tiles()) * 2 * sizeof(uint64_t)),
-      phases_(size_t(sched.ctas) * 4 * sizeof(uint64_t)) {
+      phases_(size_t(sched.ctas) * kPhaseSlots * sizeof(uint64_t)) {
   FO_CUDA_CHECK(cudaMemsetAsync(mma_.get(), 0, mma_.bytes(), stream));
   FO_CUDA_CHECK(cudaMemsetAsync(phases_.get(), 0, phases_.bytes(), stream));
 }
@@ -28,7 +29,7 @@ void GemmMonitor::attach(kernels::GemmParams& p, bool phases) const {
 
 GemmMonitor::Reading GemmMonitor::read(cudaStream_t stream) const {
   if (!allocated()) throw InvalidArgument("GemmMonitor: read on a monitor without buffers");
-  std::vector<uint64_t> mma(size_t(tiles_) * 2), ph(size_t(ctas_) * 4);
+  std::vector<uint64_t> mma(size_t(tiles_) * 2), ph(size_t(ctas_) * kPhaseSlots);
   FO_CUDA_CHECK(cudaMemcpyAsync(mma.data(), mma_.get(), mma_.bytes(), cudaMemcpyDeviceToHost, stream));
   FO_CUDA_CHECK(cudaMemcpyAsync(ph.data(), phases_.get(), phases_.bytes(), cudaMemcpyDeviceToHost, stream));
   FO_CUDA_CHECK(cudaStreamSynchronize(stream));

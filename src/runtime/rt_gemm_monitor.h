@@ -38,7 +38,7 @@ class GemmMonitor {
   int64_t tiles_ = 0;
   int ctas_ = 0;
   DeviceBuffer mma_;     // [tiles * 2]
-  DeviceBuffer phases_;  // [ctas * 4]
+  DeviceBuffer phases_;  // [ctas * kPhaseSlots]
 };
 
 }  // namespace flashoverlap::rt

@@ -50,19 +50,20 @@ TileClocks summarize_tile_clocks(const std::vector<uint64_t>& mma, int64_t tiles
 }
 
 GemmPhases summarize_phases(const std::vector<uint64_t>& ph, int ctas) {
-  if (ctas <= 0 || ph.size() < size_t(ctas) * 4)
+  constexpr size_t S = kPhaseSlots;
+  if (ctas <= 0 || ph.size() < size_t(ctas) * S)
     throw std::invalid_argument("summarize_phases: " + std::to_string(ph.size()) + " values for " +
                                 std::to_string(ctas) + " CTAs");
   uint64_t start = 0;
   for (int c = 0; c < ctas; ++c)
-    if (ph[size_t(c) * 4 + 3] && ph[size_t(c) * 4] && (!start || ph[size_t(c) * 4 + 3] < start))
-      start = ph[size_t(c) * 4 + 3];
+    if (ph[size_t(c) * S + 3] && ph[size_t(c) * S] && (!start || ph[size_t(c) * S + 3] < start))
+      start = ph[size_t(c) * S + 3];
   GemmPhases r;
   if (!start) return r;
   auto us = [&](uint64_t t) { return t > start ? double(t - start) * 1e-3 : 0.0; };
-  std::vector<double> staged;
+  std::vector<double> staged, mma_first, mma_last;
   for (int c = 0; c < ctas; ++c) {
-    const uint64_t* q = ph.data() + size_t(c) * 4;
+    const uint64_t* q = ph.data() + size_t(c) * S;
     if (!q[3]) continue;
     r.copied_max_us = std::max(r.copied_max_us, us(q[2]));  // a CTA without tiles may copy
     if (!q[0]) continue;
@@ -70,8 +71,12 @@ GemmPhases summarize_phases(const std::vector<uint64_t>& ph, int ctas) {
     staged.push_back(us(q[0]));
     r.staged_max_us = std::max(r.staged_max_us, us(q[0]));
     r.stored_max_us = std::max(r.stored_max_us, us(q[1]));
+    if (q[4]) mma_first.push_back(us(q[4]));
+    if (q[5]) mma_last.push_back(us(q[5])), r.mma_last_max_us = std::max(r.mma_last_max_us, us(q[5]));
   }
   r.staged_median_us = quantile(staged, 0.5);
+  r.mma_first_median_us = quantile(mma_first, 0.5);
+  r.mma_last_median_us = quantile(mma_last, 0.5);
   r.end_us = std::max({r.staged_max_us, r.stored_max_us, r.copied_max_us});
   return r;
 }

@@ -26,19 +26,27 @@ struct TileClocks {
 TileClocks summarize_tile_clocks(const std::vector<uint64_t>& mma, int64_t tiles, int ctas);
 
 // Where the GEMM's end goes (kernels::GemmParams::monitor_phases), in µs
-// from the first CTA's start: when the CTAs' last tiles were staged (the
-// MMAs done), their stores and pushes done, their copies done (owner
-// layout; 0 if none), and the last CTA's end (the latest of all).
+// from the first CTA's start: when the CTAs' first and last tiles' MMAs
+// were done, when their last tiles were staged (after the epilogue's waits:
+// a free buffer, the peer's partial), their stores and pushes done, their
+// copies done (owner layout; 0 if none), and the last CTA's end (the latest
+// of all). The MMAs' times tell a slower mainloop beside the transfers from
+// an epilogue that waits.
 struct GemmPhases {
   int ctas = 0;  // CTAs that recorded a last tile
+  double mma_first_median_us = 0;                  // the first tile's MMAs done (0: not recorded)
+  double mma_last_median_us = 0, mma_last_max_us = 0;  // the last tile's
   double staged_median_us = 0, staged_max_us = 0;
   double stored_max_us = 0;
   double copied_max_us = 0;
   double end_us = 0;
 };
 
-// phases: [ctas * 4] = {staged, stored, copied, start} ns per CTA (0: not
-// recorded). CTAs without a start are skipped, and those without a staged
+// Values per CTA in GemmParams::monitor_phases (= kernels::kPhaseSlots).
+inline constexpr int kPhaseSlots = 6;
+
+// phases: [ctas * kPhaseSlots] = {staged, stored, copied, start, first
+// tile's MMAs done, last tile's MMAs done} ns per CTA (0: not recorded). CTAs without a start are skipped, and those without a staged
 // last tile (no tiles) count for the copies only; the times start at the
 // earliest start of a CTA with tiles.
 GemmPhases summarize_phases(const std::vector<uint64_t>& phases, int ctas);

@@ -71,7 +71,7 @@ TEST(TileClocks, RefusesTooFewValues) {
 }
 
 // The phases' summary: times from the earliest start of a CTA with tiles,
-// maxima and the median over the CTAs that recorded a last tile, copies of
+// maxima and the medians (staged, MMAs done) over the CTAs that recorded a last tile, copies of
 // every CTA (those without tiles copy too), on random per-CTA timelines.
 TEST(TileClocks, PhasesFromTheFirstStart) {
   const uint64_t seed = std::random_device{}();
@@ -79,14 +79,14 @@ TEST(TileClocks, PhasesFromTheFirstStart) {
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 50; ++trial) {
     const int ctas = 1 + int(rng() % 200);
-    std::vector<uint64_t> ph(size_t(ctas) * 4);
+    std::vector<uint64_t> ph(size_t(ctas) * rt::kPhaseSlots);
     const uint64_t t0 = (uint64_t(1) << 40) + rng() % 1000000;
-    std::vector<double> staged;
+    std::vector<double> staged, mma_first, mma_last;
     double stored = 0, copied = 0;
     uint64_t start = ~uint64_t(0);
     int idle = 0;
     for (int c = 0; c < ctas; ++c) {
-      uint64_t* q = ph.data() + size_t(c) * 4;
+      uint64_t* q = ph.data() + size_t(c) * rt::kPhaseSlots;
       q[3] = t0 + rng() % 5000;  // starts within 5 µs
       if (c > 0 && rng() % 8 == 0) {  // no tiles: nothing staged; maybe copies
         ++idle;
@@ -97,10 +97,13 @@ TEST(TileClocks, PhasesFromTheFirstStart) {
         continue;
       }
       start = std::min(start, q[3]);
-      q[0] = q[3] + 100000 + rng() % 50000;
+      q[4] = q[3] + 40000 + rng() % 40000;
+      q[5] = q[4] + rng() % 2 * (40000 + rng() % 40000);  // one tile: the first is the last
+      q[0] = q[5] + rng() % 30000;
       q[1] = q[0] + rng() % 30000;
       q[2] = rng() % 2 ? q[1] + rng() % 30000 : 0;
       staged.push_back(double(q[0]));
+      mma_first.push_back(double(q[4])), mma_last.push_back(double(q[5]));
       stored = std::max(stored, double(q[1]));
       copied = std::max(copied, double(q[2]));
     }
@@ -109,11 +112,16 @@ TEST(TileClocks, PhasesFromTheFirstStart) {
     std::sort(staged.begin(), staged.end());
     const double s0 = double(start);
     EXPECT_NEAR(r.staged_max_us, (staged.back() - s0) * 1e-3, 1e-9);
+    std::sort(mma_first.begin(), mma_first.end());
+    std::sort(mma_last.begin(), mma_last.end());
+    EXPECT_NEAR(r.mma_first_median_us, (mma_first[mma_first.size() / 2] - s0) * 1e-3, 1e-9);
+    EXPECT_NEAR(r.mma_last_median_us, (mma_last[mma_last.size() / 2] - s0) * 1e-3, 1e-9);
+    EXPECT_NEAR(r.mma_last_max_us, (mma_last.back() - s0) * 1e-3, 1e-9);
     EXPECT_NEAR(r.staged_median_us, (staged[staged.size() / 2] - s0) * 1e-3, 1e-9);
     EXPECT_NEAR(r.stored_max_us, (stored - s0) * 1e-3, 1e-9);
     EXPECT_NEAR(r.copied_max_us, copied > 0 ? (copied - s0) * 1e-3 : 0.0, 1e-9);
     EXPECT_NEAR(r.end_us, (std::max({staged.back(), stored, copied}) - s0) * 1e-3, 1e-9);
   }
-  EXPECT_THROW(rt::summarize_phases(std::vector<uint64_t>(7), 2), std::invalid_argument);
-  EXPECT_EQ(rt::summarize_phases(std::vector<uint64_t>(8), 2).ctas, 0);
+  EXPECT_THROW(rt::summarize_phases(std::vector<uint64_t>(2 * rt::kPhaseSlots - 1), 2), std::invalid_argument);
+  EXPECT_EQ(rt::summarize_phases(std::vector<uint64_t>(2 * rt::kPhaseSlots), 2).ctas, 0);
 }

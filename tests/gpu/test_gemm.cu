@@ -156,7 +156,7 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
     const plan::Schedule s = make_sched(m, n, 128, bn, 132);
     kernels::GemmParams p = kernels::plain_gemm(DType::BF16, pr.a.get(), pr.b.get(), s, k, c0.get(), n);
     kernels::launch_gemm(p, nullptr);
-    DeviceBuffer mon(size_t(s.tiles()) * 16), ph(size_t(s.ctas) * 32);
+    DeviceBuffer mon(size_t(s.tiles()) * 16), ph(size_t(s.ctas) * kernels::kPhaseSlots * 8);
     FO_CUDA_CHECK(cudaMemset(mon.get(), 0, mon.bytes()));
     FO_CUDA_CHECK(cudaMemset(ph.get(), 0, ph.bytes()));
     p.c = c1.get(), p.monitor_mma = mon.as<uint64_t>(), p.monitor_phases = ph.as<uint64_t>();
@@ -183,15 +183,19 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
     const double least_kcycles = 2.0 * 128 * bn * k / 4096 / 1e3;
     EXPECT_GE(r.kcycles_median, 0.95 * least_kcycles);
     EXPECT_LE(r.kcycles_median, 20 * least_kcycles);
-    std::vector<uint64_t> q(size_t(s.ctas) * 4);
+    std::vector<uint64_t> q(size_t(s.ctas) * kernels::kPhaseSlots);
     FO_CUDA_CHECK(cudaMemcpy(q.data(), ph.get(), ph.bytes(), cudaMemcpyDeviceToHost));
     for (int c = 0; c < s.ctas; ++c) {
-      const uint64_t* x = q.data() + size_t(c) * 4;
+      const uint64_t* x = q.data() + size_t(c) * kernels::kPhaseSlots;
       const int64_t last = c + int64_t((s.tiles() - 1 - c) / s.ctas) * s.ctas;  // its last tile (slot)
       ASSERT_NE(x[3], 0u) << "CTA " << c << " start not recorded";
       if (c >= s.tiles()) continue;
       EXPECT_GT(x[0], h[size_t(last) * 2]) << "CTA " << c << " staged its last tile before requesting it";
       EXPECT_GE(x[1], x[0]) << "CTA " << c;
+      EXPECT_GE(x[4], x[3]) << "CTA " << c << ": first tile's MMAs done before its start";
+      EXPECT_GE(x[5], x[4]) << "CTA " << c << ": last tile's MMAs done before the first's";
+      EXPECT_GE(x[0], x[5]) << "CTA " << c << ": last tile staged before its MMAs were done";
+      if (last == c) EXPECT_EQ(x[4], x[5]) << "CTA " << c << ": one tile, one MMA time";
       EXPECT_LT(x[3], h[size_t(c) * 2] + 1) << "CTA " << c << " requested its first tile before its start";
       EXPECT_EQ(x[2], 0u) << "CTA " << c << ": no copies in a plain GEMM";
     }
