@@ -186,19 +186,25 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
 
 std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
                                               const std::vector<double>& ms, const AllReducePlan& best) {
-  std::vector<const AllReducePlan*> out;
-  if (best.layout == ArLayout::Pushed && !best.sequential) out.push_back(&best);
-  for (int bn : {best.sched.bn, best.sched.bn == 256 ? 128 : 256}) {
-    if (!out.empty() && out.front()->sched.bn == bn) continue;
-    const AllReducePlan* fastest = nullptr;
-    double fastest_ms = 0;
+  // The fastest row-band finalist of tile width bn, with a swizzle other than `not_swizzle` (0: any).
+  auto fastest = [&](int bn, int not_swizzle) -> const AllReducePlan* {
+    const AllReducePlan* f = nullptr;
+    double f_ms = 0;
     for (size_t i = 0; i < finalists.size() && i < ms.size(); ++i) {
       const AllReducePlan& pl = finalists[i];
-      if (pl.sequential || pl.layout != ArLayout::Pushed || pl.sched.bn != bn) continue;
-      if (!fastest || ms[i] < fastest_ms) fastest = &pl, fastest_ms = ms[i];
+      if (pl.sequential || pl.layout != ArLayout::Pushed || pl.sched.bn != bn || pl.sched.swizzle == not_swizzle)
+        continue;
+      if (!f || ms[i] < f_ms) f = &pl, f_ms = ms[i];
     }
-    if (fastest) out.push_back(fastest);
-  }
+    return f;
+  };
+  std::vector<const AllReducePlan*> out;
+  const int bn = best.sched.bn;
+  if (best.layout == ArLayout::Pushed && !best.sequential) out.push_back(&best);
+  else if (const AllReducePlan* f = fastest(bn, 0)) out.push_back(f);
+  if (!out.empty())
+    if (const AllReducePlan* f = fastest(bn, out.front()->sched.swizzle)) out.push_back(f);
+  if (const AllReducePlan* f = fastest(bn == 256 ? 128 : 256, 0)) out.push_back(f);
   return out;
 }
 

@@ -175,10 +175,14 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
 
 // The row-band plans the second round tries with owners: the pick itself
-// when it is row bands (pushed), then for each tile shape not yet listed
-// (the pick's first) the row-band finalist measured fastest (ms[i] is
-// finalists[i]'s time). Owners move the last wave's final tiles after the
-// MMAs end, so a smaller tile can win where the larger one computes faster.
+// when it is row bands (pushed), else the row-band finalist of its tile shape
+// measured fastest (ms[i] is finalists[i]'s time); then the fastest of that
+// tile shape with another swizzle; then the fastest of the other tile shape.
+// Owners move the last wave's final tiles after the MMAs end, so a smaller
+// tile can win where the larger one computes faster; and the swizzle that
+// was best for the pushes need not be for owners (3001x8192x8192 on 2xH200:
+// swizzle 2 picked for the pushes, with owners 0.595 ms against 0.576 with
+// swizzle 8 in the next sweep).
 // The pointers point into `finalists` and at `best`: keep both alive.
 std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
                                               const std::vector<double>& ms, const AllReducePlan& best);

@@ -880,7 +880,8 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
 }
 
 // Which row-band plans the second round tries with owners: the pick when it
-// is row bands, then per tile shape the row-band finalist measured fastest.
+// is row bands (else the fastest of its tile shape), the fastest of that tile
+// shape with another swizzle, then the fastest of the other tile shape.
 TEST(AllReduceTuner, OwnerBasesAreThePickThenTheFastestRowBandsOfEachTile) {
   std::mt19937_64 rng(fresh_seed());
   const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Gathered, rt::ArLayout::Pushed,
@@ -897,25 +898,33 @@ TEST(AllReduceTuner, OwnerBasesAreThePickThenTheFastestRowBandsOfEachTile) {
     const size_t best_i = rng() % fin.size();
     const rt::AllReducePlan& best = fin[best_i];
     const std::vector<const rt::AllReducePlan*> got = rt::owner_bases(fin, ms, best);
-    // Expected, by brute force: the fastest row-band plan of each tile width.
-    auto fastest = [&](int bn) -> const rt::AllReducePlan* {
-      const rt::AllReducePlan* f = nullptr;
-      for (size_t j = 0; j < fin.size(); ++j)
-        if (!fin[j].sequential && fin[j].layout == rt::ArLayout::Pushed && fin[j].sched.bn == bn &&
-            (!f || ms[j] < ms[size_t(f - fin.data())]))
-          f = &fin[j];
-      return f;
+    // Expected, by brute force over the row-band finalists sorted by time.
+    std::vector<size_t> rows;
+    for (size_t j = 0; j < fin.size(); ++j)
+      if (!fin[j].sequential && fin[j].layout == rt::ArLayout::Pushed) rows.push_back(j);
+    std::stable_sort(rows.begin(), rows.end(), [&](size_t x, size_t y) { return ms[x] < ms[y]; });
+    auto first_where = [&](auto pred) -> const rt::AllReducePlan* {
+      for (size_t j : rows)
+        if (pred(fin[j])) return &fin[j];
+      return nullptr;
     };
     std::vector<const rt::AllReducePlan*> want;
+    const int bn = best.sched.bn;
     const bool pick_rows = best.layout == rt::ArLayout::Pushed && !best.sequential;
-    if (pick_rows) want.push_back(&best);
-    for (int bn : {best.sched.bn, 384 - best.sched.bn})
-      if (!(pick_rows && bn == best.sched.bn))
-        if (const rt::AllReducePlan* f = fastest(bn)) want.push_back(f);
+    const rt::AllReducePlan* head = pick_rows ? &best : first_where([&](const auto& q) { return q.sched.bn == bn; });
+    if (head) {
+      want.push_back(head);
+      if (const auto* f = first_where([&](const auto& q) { return q.sched.bn == bn && q.sched.swizzle != head->sched.swizzle; }))
+        want.push_back(f);
+    }
+    if (const auto* f = first_where([&](const auto& q) { return q.sched.bn == 384 - bn; })) want.push_back(f);
     EXPECT_EQ(got, want) << "case " << i;
-    ASSERT_LE(got.size(), 2u);
-    if (got.size() == 2) EXPECT_NE(got[0]->sched.bn, got[1]->sched.bn);
+    ASSERT_LE(got.size(), 3u);
     for (const auto* g : got) EXPECT_EQ(g->layout, rt::ArLayout::Pushed);
+    for (size_t x = 0; x < got.size(); ++x)
+      for (size_t y = x + 1; y < got.size(); ++y)
+        EXPECT_FALSE(got[x]->sched.bn == got[y]->sched.bn && got[x]->sched.swizzle == got[y]->sched.swizzle)
+            << "case " << i << ": the same tile and swizzle twice";
   }
 }
 
