@@ -1,10 +1,11 @@
 // gpu_test_util.h — what every GPU test file needs: a fresh random seed per
-// case, and the visible skip where the machine lacks the GPUs a test needs
+// case (FO_TEST_SEED=<printed seed> replays a failed case), and the visible skip where the machine lacks the GPUs a test needs
 // (CI has none: each GPU test reports itself as skipped, never as passed).
 #pragma once
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 
@@ -12,7 +13,11 @@
 
 namespace flashoverlap::test {
 
-inline uint64_t fresh_seed() { return std::random_device{}() * 0x100000001ull + std::random_device{}(); }
+// A fresh seed, or FO_TEST_SEED's value (decimal, as the tests print it).
+inline uint64_t fresh_seed() {
+  if (const char* s = std::getenv("FO_TEST_SEED"); s && *s) return std::strtoull(s, nullptr, 10);
+  return std::random_device{}() * 0x100000001ull + std::random_device{}();
+}
 
 }  // namespace flashoverlap::test
 

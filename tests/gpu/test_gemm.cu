@@ -180,8 +180,15 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
     EXPECT_EQ(r.intervals, s.tiles() - s.ctas) << "a CTA's tiles out of order in time or cycles";
     EXPECT_GT(r.mhz, 200);
     EXPECT_LT(r.mhz, 2500);
+    // At most 4096 flops per SM cycle (dense bf16 peak); between two tile
+    // requests at least k_blocks - stages k-blocks' MMAs complete (the
+    // producer runs up to `stages` ahead: 4 for 128x256 here, 5 for
+    // 128x128), so a CTA's first two requests are closer than a tile's
+    // time, and with ~2 tiles per CTA theirs is the median interval.
+    const int k_blocks = k / 64, stages = bn == 256 ? 4 : 5;
     const double least_kcycles = 2.0 * 128 * bn * k / 4096 / 1e3;
-    EXPECT_GE(r.kcycles_median, 0.95 * least_kcycles);
+    EXPECT_GE(r.kcycles_median, 0.95 * least_kcycles * (k_blocks - stages) / k_blocks)
+        << "a tile's whole MMAs at peak: " << least_kcycles << " kcycles";
     EXPECT_LE(r.kcycles_median, 20 * least_kcycles);
     std::vector<uint64_t> q(size_t(s.ctas) * kernels::kPhaseSlots);
     FO_CUDA_CHECK(cudaMemcpy(q.data(), ph.get(), ph.bytes(), cudaMemcpyDeviceToHost));
@@ -195,7 +202,7 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
       EXPECT_GE(x[4], x[3]) << "CTA " << c << ": first tile's MMAs done before its start";
       EXPECT_GE(x[5], x[4]) << "CTA " << c << ": last tile's MMAs done before the first's";
       EXPECT_GE(x[0], x[5]) << "CTA " << c << ": last tile staged before its MMAs were done";
-      if (last == c) EXPECT_EQ(x[4], x[5]) << "CTA " << c << ": one tile, one MMA time";
+      if (last == c) EXPECT_LE(x[5] - x[4], 1000u) << "CTA " << c << ": one tile, its MMAs done once (two reads)";
       EXPECT_LT(x[3], h[size_t(c) * 2] + 1) << "CTA " << c << " requested its first tile before its start";
       EXPECT_EQ(x[2], 0u) << "CTA " << c << ": no copies in a plain GEMM";
     }
