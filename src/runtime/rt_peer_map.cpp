@@ -5,11 +5,14 @@
 #include <cudaTypedefs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "flashoverlap/error.h"
 #include "kernels/cuda_check.h"
@@ -32,24 +35,28 @@ struct Entry {
   cudaIpcMemHandle_t handle{};
 };
 
-// Every rank's entry, by rank (an ncclAllGather of the bytes).
-std::vector<Entry> all_entries(ncclComm_t comm, int rank, const Entry& mine) {
+// Every rank's `mine`, by rank: an ncclAllGather of its bytes on a stream
+// of its own, synchronised (the values are on the host when it returns).
+// `what` says in errors which exchange failed.
+template <typename T>
+std::vector<T> gather_from_all(ncclComm_t comm, int rank, const T& mine, const std::string& what) {
+  static_assert(std::is_trivially_copyable_v<T>, "exchanged as bytes");
+  const std::string ctx = "rank " + std::to_string(rank) + ": " + what;
   int world = 0;
-  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), "rank " + std::to_string(rank) + ": mapping an output");
-  DeviceBuffer buf(sizeof(Entry) * size_t(world));
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), ctx);
+  DeviceBuffer buf(sizeof(T) * size_t(world));
+  char* at = static_cast<char*>(buf.get()) + sizeof(T) * size_t(rank);
   cudaStream_t st = nullptr;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   // (on the gather's stream: a pageable copy may return before it lands)
-  FO_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(buf.get()) + sizeof(Entry) * size_t(rank), &mine, sizeof(Entry),
-                                cudaMemcpyHostToDevice, st));
-  const ncclResult_t r = ncclAllGather(static_cast<char*>(buf.get()) + sizeof(Entry) * size_t(rank), buf.get(),
-                                       sizeof(Entry), ncclUint8, comm, st);
-  const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
+  cudaError_t e = cudaMemcpyAsync(at, &mine, sizeof(T), cudaMemcpyHostToDevice, st);
+  const ncclResult_t r = e == cudaSuccess ? ncclAllGather(at, buf.get(), sizeof(T), ncclUint8, comm, st) : ncclSuccess;
+  if (e == cudaSuccess && r == ncclSuccess) e = cudaStreamSynchronize(st);
   cudaStreamDestroy(st);
-  FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(rank) + ": exchanging output addresses");
-  FO_CUDA_CHECK(e);
-  std::vector<Entry> all(static_cast<size_t>(world));
-  FO_CUDA_CHECK(cudaMemcpy(all.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost));
+  FO_NCCL_CHECK_CTX(r, ctx);
+  FO_CUDA_CHECK_CTX(e, ctx);
+  std::vector<T> all(static_cast<size_t>(world));
+  FO_CUDA_CHECK_CTX(cudaMemcpy(all.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost), ctx);
   return all;
 }
 
@@ -100,21 +107,10 @@ uint64_t process_nonce() {
   return n;
 }
 
-// Whether every rank of `comm` says ok (a one-element min AllReduce).
+// Whether every rank of `comm` says ok.
 bool all_ok(ncclComm_t comm, int rank, bool ok) {
-  DeviceBuffer flag(sizeof(int32_t));
-  cudaStream_t st = nullptr;
-  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const int32_t mine = ok ? 1 : 0;
-  int32_t all = 0;
-  FO_CUDA_CHECK(cudaMemcpyAsync(flag.get(), &mine, sizeof(mine), cudaMemcpyHostToDevice, st));
-  const ncclResult_t r = ncclAllReduce(flag.get(), flag.get(), 1, ncclInt32, ncclMin, comm, st);
-  if (r == ncclSuccess) FO_CUDA_CHECK(cudaMemcpyAsync(&all, flag.get(), sizeof(all), cudaMemcpyDeviceToHost, st));
-  const cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(st) : cudaSuccess;
-  cudaStreamDestroy(st);
-  FO_NCCL_CHECK_CTX(r, "rank " + std::to_string(rank) + ": agreeing on an output mapping");
-  FO_CUDA_CHECK(e);
-  return all == 1;
+  const std::vector<int32_t> all = gather_from_all<int32_t>(comm, rank, ok ? 1 : 0, "agreeing on an output mapping");
+  return std::all_of(all.begin(), all.end(), [](int32_t v) { return v == 1; });
 }
 
 }  // namespace
@@ -139,7 +135,7 @@ PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_
   } else {
     (void)cudaGetLastError();  // (only a problem if another process needs it: below)
   }
-  const std::vector<Entry> all = all_entries(comm, rank, me);
+  const std::vector<Entry> all = gather_from_all(comm, rank, me, "exchanging output addresses");
   // Every rank decides from the same entries, so all throw or none does.
   for (size_t r = 0; r < all.size(); ++r)
     if (!all[r].ok)
