@@ -155,7 +155,8 @@ struct Owner {
   // 4 stages: warps 2 and 3 push each tile from C (not by TMA) to the peer,
   // handed over by the storer warp, which goes on with the next tile's
   // pieces; false: the storer pushes each tile itself before them (the
-  // runtime picks by k: rt::OverlapAllReduce::Options::owner_pushers).
+  // runtime picks by k, owner_pushers_by_k, unless
+  // rt::OverlapAllReduceOptions::owner_pushers says otherwise).
   bool pushers = true;
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
@@ -195,10 +196,11 @@ struct GemmParams {
   uint64_t* monitor_mma = nullptr;
   // Non-null, zeroed: [ctas * kPhaseSlots] globaltimer ns per CTA at the end
   // of its phases: {0: its last tile staged (the storer has both halves), 1:
-  // that tile's stores and pushes done, 2: its share of the owner layout's
-  // copy done, 3: its start, 4: its first tile's MMAs done, 5: its last
-  // tile's MMAs done (before the epilogue's waits)}. Where the GEMM's end
-  // goes (rt::summarize_phases).
+  // that tile's stores and the CTA's pushes done (the later of the storer's
+  // and the owner pusher warps'), 2: its share of the owner layout's copy
+  // done, 3: its start, 4: its first tile's MMAs done, 5: its last tile's
+  // MMAs done (consumer warpgroup 0's, before the epilogue's waits)}. Where
+  // the GEMM's end goes (rt::summarize_phases).
   uint64_t* monitor_phases = nullptr;
   // 128x256 tiles, Plain C stored by TMA, alone or with the owner layout
   // (no counters, tile-end monitor, other pushes, sum or row shift; the MMA
@@ -208,6 +210,12 @@ struct GemmParams {
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
   bool four_stages = true;
 };
+
+// The runtime's default for Owner::pushers: on where a tile's mainloop is
+// short (k <= 4096). The pusher warps free the storer for the next tile,
+// which pays where the push outlasts a mainloop, and cost 1-2% where k is
+// larger (2xH200, NOTES.md, fifteenth and sixteenth sessions).
+constexpr bool owner_pushers_by_k(int64_t k) { return k <= 4096; }
 
 // Plain row-major C (ldc elements per row) = A B^T on the grid of `sched`.
 inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const plan::Schedule& sched, int32_t k,

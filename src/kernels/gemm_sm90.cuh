@@ -566,7 +566,9 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
 // crosses NVLink: when it pushed each tile itself, the next tile's second
 // piece waited for that push (on one GPU, with the peer's buffers local,
 // bench-gemm --modes owners: 8.6% over the plain GEMM on 4096^3, 4% without
-// the copy, 26% with half the loads in flight).
+// the copy, 26% with half the loads in flight). After a timed-out wait of
+// the storer (ring.failed, sticky) every owned final pushed from then on is
+// withheld, also one handed over before the timeout: the call fails anyway.
 template <typename T, int BN>
 __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const PushRing& ring, int32_t tiles, int w,
                                              int lane) {
@@ -586,6 +588,8 @@ __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const Pu
       ptx::red_release_sys_add(o.peer_flags + idx, 1);
     if (lane == 0) ptx::mbar_arrive(&ring.empty[slot]);
   }
+  // (trace) the CTA's pushes done: its last tiles may leave after the storer's record
+  if (w == 0 && lane == 0 && taken > 0) record_phase(p.monitor_phases, 1);
 }
 
 // The owner layout's storer warp: per tile, every lane copies both halves to

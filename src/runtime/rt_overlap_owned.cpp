@@ -125,7 +125,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.row0 = int32_t(row0);
   o.in_place = in_place;
   if (!pull && four_stages_) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
-  o.pushers = opts_.owner_pushers < 0 ? opts_.k <= 4096 : opts_.owner_pushers != 0;
+  o.pushers = opts_.owner_pushers < 0 ? kernels::owner_pushers_by_k(opts_.k) : opts_.owner_pushers != 0;
   if (reg) {  // the peer's finals into this C, this rank's into the peer's (run_registered)
     const int peer = 1 - gather_rank_;
     o.finals_in_c = true, o.peer_out = reg->of(peer), o.peer_ld = reg->ld_of(peer);

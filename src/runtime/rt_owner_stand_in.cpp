@@ -46,6 +46,7 @@ OwnerStandIn::OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int 
   o.window = window_.get(), o.window_rows = window_rows, o.row0 = int32_t(row0_);
   o.flags = flags_.as<uint32_t>(), o.peer_flags = peer_flags_.as<uint32_t>(), o.epoch = epoch;
   o.timeout_ns = 10'000'000'000ull, o.err = err_.as<kernels::WaitError>();
+  o.pushers = kernels::owner_pushers_by_k(q.k);  // as the runtime's default
   if (kernels::gemm_four_stages(q)) {  // as run_registered: the finals straight into each other's C
     o.push_tma = push_tma, o.push_window = peer_window_.get();
     o.finals_in_c = true, o.peer_out = peer_c_.get(), o.peer_ld = s.n;

@@ -17,7 +17,8 @@ namespace flashoverlap::rt {
 // and every flag is set, as if the peer had pushed all of them; what it pushes
 // lands in this GPU's stand-ins of the peer's window and (4 stages, finals
 // into the peer's C) the peer's C, and is counted in the stand-in's flags.
-// push_tma: kernels::Owner::push_tma (4 stages only, else 0). Throws
+// push_tma: kernels::Owner::push_tma (4 stages only, else 0); pushers as
+// the runtime's default (kernels::owner_pushers_by_k). Throws
 // InvalidArgument where check_gemm_params refuses the result (p unchanged).
 class OwnerStandIn {
  public:

@@ -322,7 +322,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const std::vector<AllReducePlan> first_round = finalists_of(*rank_only.ranked);
     std::vector<double> first_ms;
     const AllReducePlan best = measure_finalists(t, first_round, n, a, b, scratch, &first_ms);  // (the same on every rank)
-    // Owners (2 ranks, row bands) on owner_bases: one plan per tile shape.
+    // Owners (2 ranks, row bands) on owner_bases: the pick's tile shape, another swizzle, the other shape.
     std::vector<const AllReducePlan*> owners;
     if (t.world == 2 && n % 8 == 0 && t.push_reachable) owners = owner_bases(first_round, first_ms, best);
     const std::vector<AllReducePlan> second = transport_finalists(best, owners);

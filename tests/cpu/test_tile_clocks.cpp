@@ -98,7 +98,8 @@ TEST(TileClocks, PhasesFromTheFirstStart) {
       }
       start = std::min(start, q[3]);
       q[4] = q[3] + 40000 + rng() % 40000;
-      q[5] = q[4] + rng() % 2 * (40000 + rng() % 40000);  // one tile: the first is the last
+      const uint64_t one_tile = rng() % 2, second = 40000 + rng() % 40000;  // (declarators: drawn in order)
+      q[5] = q[4] + (one_tile ? 0 : second);  // one tile: the first is the last
       q[0] = q[5] + rng() % 30000;
       q[1] = q[0] + rng() % 30000;
       q[2] = rng() % 2 ? q[1] + rng() % 30000 : 0;

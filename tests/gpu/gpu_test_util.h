@@ -1,21 +1,32 @@
 // gpu_test_util.h — what every GPU test file needs: a fresh random seed per
-// case (FO_TEST_SEED=<printed seed> replays a failed case), and the visible skip where the machine lacks the GPUs a test needs
-// (CI has none: each GPU test reports itself as skipped, never as passed).
+// case (FO_TEST_SEED=<printed seed> replays a failed case), and the visible
+// skip where the machine lacks the GPUs a test needs (CI has none: each GPU
+// test reports itself as skipped, never as passed).
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <stdexcept>
 #include <string>
 
 #include "runtime/rt_buffer.h"
 
 namespace flashoverlap::test {
 
-// A fresh seed, or FO_TEST_SEED's value (decimal, as the tests print it).
+// A fresh seed, or FO_TEST_SEED's value (decimal, as the tests print it;
+// anything else is refused, not read as 0).
 inline uint64_t fresh_seed() {
-  if (const char* s = std::getenv("FO_TEST_SEED"); s && *s) return std::strtoull(s, nullptr, 10);
+  if (const char* s = std::getenv("FO_TEST_SEED"); s && *s) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(s, &end, 10);
+    if (*end != '\0' || errno == ERANGE || *s == '-')
+      throw std::invalid_argument(std::string("FO_TEST_SEED=") + s + ": not a decimal seed");
+    return v;
+  }
   return std::random_device{}() * 0x100000001ull + std::random_device{}();
 }
 

@@ -163,15 +163,13 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
   });
 }
 
-// check_case for each case, with fresh seeds.
-// FO_TEST_CASES=text runs only the cases whose case_name (e.g. "n=4104")
-// contains it.
+// check_case for each case, each with a fresh seed (printed with the case:
+// FO_TEST_SEED=<it> replays it). FO_TEST_CASES=text runs only the cases
+// whose case_name (e.g. "n=4104") contains it.
 void check_cases(const std::vector<Case>& cases) {
-  const uint64_t seed = fresh_seed();
   const char* only = std::getenv("FO_TEST_CASES");
-  for (size_t i = 0; i < cases.size(); ++i)
-    if (!only || case_name(cases[i]).find(only) != std::string::npos)
-      check_case(cases[i], rt::WaitMode::SpinKernel, seed + i);
+  for (const Case& c : cases)
+    if (!only || case_name(c).find(only) != std::string::npos) check_case(c, rt::WaitMode::SpinKernel, fresh_seed());
 }
 
 TEST(OverlapAllReduce, MatchesSequentialBitwiseAcrossShapesAndEpochs) {
@@ -739,7 +737,9 @@ TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
 
 // Host logic of the final choice: which ranked plans are measured.
 TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback) {
-  std::mt19937_64 rng(fresh_seed());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   std::vector<rt::AllReducePlan> ranked;
   const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
                                              rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed,
@@ -801,7 +801,9 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback
 // The runoff: the values within the tolerance of the smallest, smallest
 // first, capped; on random lists against a direct count.
 TEST(AllReduceTuner, RunoffTakesTheCloseOnesFastestFirst) {
-  std::mt19937_64 rng(fresh_seed());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 200; ++trial) {
     const size_t n = 1 + rng() % 30, most = 1 + rng() % 4;
     const double within = double(rng() % 10) / 100;
@@ -829,7 +831,9 @@ TEST(AllReduceTuner, RunoffTakesTheCloseOnesFastestFirst) {
 
 // The second round of the choice: a pushed pick against the other transport.
 TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) {
-  std::mt19937_64 rng(fresh_seed());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
                                              rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed,
                                              rt::ArLayout::PushedTiles};
@@ -882,8 +886,35 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
 // Which row-band plans the second round tries with owners: the pick when it
 // is row bands (else the fastest of its tile shape), the fastest of that tile
 // shape with another swizzle, then the fastest of the other tile shape.
-TEST(AllReduceTuner, OwnerBasesAreThePickThenTheFastestRowBandsOfEachTile) {
-  std::mt19937_64 rng(fresh_seed());
+// First a case written out (3001x8192x8192 in v33: the pick row bands with
+// swizzle 2, where owners ran faster with swizzle 8), then random ones
+// against a brute force.
+TEST(AllReduceTuner, OwnerBasesAreThePickAnotherSwizzleAndTheOtherTile) {
+  {
+    auto plan = [](rt::ArLayout layout, int bn, int swizzle) {
+      rt::AllReducePlan p;
+      p.layout = layout;
+      p.sched = sched_for(3001, 8192, bn, 132, swizzle);
+      return p;
+    };
+    const std::vector<rt::AllReducePlan> fin = {
+        plan(rt::ArLayout::Pushed, 256, 2),    // 0: the pick
+        plan(rt::ArLayout::Pushed, 256, 2),    // 1: the same swizzle again (other bands): not a base
+        plan(rt::ArLayout::Gathered, 256, 8),  // 2: not row bands
+        plan(rt::ArLayout::Pushed, 256, 8),    // 3: slower than 4
+        plan(rt::ArLayout::Pushed, 256, 4),    // 4: the fastest of 256 with another swizzle
+        plan(rt::ArLayout::Pushed, 128, 8),    // 5: the fastest of 128
+        plan(rt::ArLayout::Pushed, 128, 4)};
+    const std::vector<double> ms = {0.670, 0.671, 0.640, 0.690, 0.684, 0.700, 0.720};
+    const std::vector<const rt::AllReducePlan*> got = rt::owner_bases(fin, ms, fin[0]);
+    EXPECT_EQ(got, (std::vector<const rt::AllReducePlan*>{&fin[0], &fin[4], &fin[5]}));
+    // A gathered pick: its tile shape's fastest row bands first.
+    const std::vector<const rt::AllReducePlan*> got2 = rt::owner_bases(fin, ms, fin[2]);
+    EXPECT_EQ(got2, (std::vector<const rt::AllReducePlan*>{&fin[0], &fin[4], &fin[5]}));
+  }
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Gathered, rt::ArLayout::Pushed,
                                              rt::ArLayout::PushedTiles};
   for (int i = 0; i < 200; ++i) {
