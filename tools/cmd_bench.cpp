@@ -787,13 +787,16 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "$FLASHOVERLAP_CURVES, else measured in each run")
       ->envname("FLASHOVERLAP_CURVES");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
-  cmd->add_flag("--trace", o->trace, "Print rank 0's timeline of the last overlapped call");
+  cmd->add_flag("--trace", o->trace,
+                "Print rank 0's timeline of the last overlapped call: the GEMM's SM clock and cycles per tile, and "
+                "when its CTAs' first and last tiles' MMAs were done, their last tiles staged, stored and pushed, and "
+                "the copies done, overlapped and alone");
   cmd->add_flag("!--three-stages", o->four_stages,
                 "Owners with 128x256 tiles: the GEMM with 3 pipeline stages and its output pushed from shared "
                 "memory (the default is 4 stages, the output staged in pieces and pushed from this GPU's memory)");
   cmd->add_option("--push-tma", o->push_tma,
                   "Owners with 4 stages: the tiles sent to the peer by TMA straight from the GEMM's staging instead "
-                  "of from this GPU's memory by the storer warp: none, last (each CTA's last tile: its operand loads are done), all")
+                  "of from this GPU's memory by the pusher or storer warps: none, last (each CTA's last tile: its operand loads are done), all")
       ->check(CLI::IsMember({"none", "last", "all"}))
       ->capture_default_str();
   cmd->add_option("--owner-pushers", o->owner_pushers,
