@@ -211,6 +211,9 @@ struct GemmParams {
   bool four_stages = true;
 };
 
+// TMA and the 16-byte copies need 16-byte aligned buffers.
+inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
 // The runtime's default for Owner::pushers: on where a tile's mainloop is
 // short (k <= 4096). The pusher warps free the storer for the next tile,
 // which pays where the push outlasts a mainloop, and cost 1-2% where k is

@@ -69,8 +69,6 @@ std::string shape_str(const GemmParams& p) {
   return os.str();
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
 }  // namespace
 
 bool tile_supported(int bm, int bn) { return bm == 128 && (bn == 256 || bn == 128); }

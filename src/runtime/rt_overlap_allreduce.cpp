@@ -375,7 +375,7 @@ void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int6
     // other groups and run_rmsnorm get: with more, its ring order and
     // rounding at each step would differ from theirs).
     const bool tail_ar = opts_.tail_comm && opts_.layout == ArLayout::Gathered && direct && world_ == 2;
-    const bool in_gemm = fuse_ok_ && direct && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+    const bool in_gemm = fuse_ok_ && direct && kernels::aligned16(out);
     const FusedOut fused{out, ld_out, tail_ar, in_gemm};
     enqueue_overlapped(a, b, nullptr, stream, tail_ar || in_gemm ? &fused : nullptr);
     const size_t last = gather_.size() - 1;

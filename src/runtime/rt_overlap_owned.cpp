@@ -64,7 +64,7 @@ bool OverlapAllReduce::finals_into_outputs() const {
 int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
   const plan::Schedule& s = opts_.sched;
   const std::string who = "OverlapAllReduce::register_output (rank " + std::to_string(opts_.rank) + ")";
-  const bool ok = out && (reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out >= s.n && ld_out % 8 == 0;
+  const bool ok = out && kernels::aligned16(out) && ld_out >= s.n && ld_out % 8 == 0;
   const std::string why = who + ": the output must be 16-byte aligned with ld_out >= n (" + std::to_string(s.n) +
                           ") and ld_out % 8 == 0, not ld_out " + std::to_string(ld_out);
   // Only the plans that store into it map it on the peer (the same on every
@@ -107,7 +107,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   // scratch (allocated at the first such call).
   if (in_place_asked && !result_in_window()) throw Error("OverlapAllReduce: no C in place on this plan (internal)");
   const bool in_place = result_in_window() && (in_place_asked || norm);
-  const bool direct = in_place || ((reinterpret_cast<uintptr_t>(out) & 15) == 0 && ld_out % 8 == 0);
+  const bool direct = in_place || (kernels::aligned16(out) && ld_out % 8 == 0);
   if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
   EpochBump bump(epoch_);
   const uint32_t epoch = epoch_;  // this call's

@@ -121,7 +121,7 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
   kernels::FusedSum f = fused_sum(int32_t(groups), ce ? counters_.as<uint32_t>() : arrivals_, pushed_half(), out, ld_out);
   f.tiles = tiles;
   if (ce) f.peer_ready = peer_flags_, f.rank = gather_rank_;
-  const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  const bool aligned = kernels::aligned16(out);
   const bool in_gemm = kernel_sum_ok_ && aligned && (tiles ? ld_out % 8 == 0 : ld_out == s.n);
   // Inside the GEMM, every group: chunks are claimed by the producer's idle
   // warps during the GEMM (fuse_sum) and by every consumer warp once its
