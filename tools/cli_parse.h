@@ -10,12 +10,18 @@
 
 namespace flashoverlap::cli {
 
+// "a,b,c" -> {"a", "b", "c"} (as std::getline splits: "" -> {}, "a,," -> {"a", ""}).
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
 // "4096x8192x8192,1024x8192x8192" -> {{4096, 8192, 8192}, ...}; M, N, K >= 1.
 inline std::vector<std::array<int64_t, 3>> parse_shapes(const std::string& s) {
   std::vector<std::array<int64_t, 3>> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  for (const std::string& item : split_list(s)) {
     std::array<int64_t, 3> sh{};
     char x1 = 0, x2 = 0;
     std::stringstream is(item);
@@ -30,9 +36,7 @@ inline std::vector<std::array<int64_t, 3>> parse_shapes(const std::string& s) {
 // "0,8,16" -> {0, 8, 16}; `what` names the option in the error.
 inline std::vector<int> parse_ints(const std::string& s, const char* what) {
   std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  for (const std::string& item : split_list(s)) {
     try {
       out.push_back(std::stoi(item));
     } catch (...) {

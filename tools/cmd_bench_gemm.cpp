@@ -60,14 +60,11 @@ int run(const Options& o) {
   if (o.dtype == "fp16" || o.dtype == "both") dtypes.push_back(kernels::DType::FP16);
   if (dtypes.empty()) throw InvalidArgument("--dtype must be bf16, fp16 or both");
   bool do_plain = false, do_signal = false, do_owners = false;
-  {
-    std::stringstream list(o.modes);
-    for (std::string m; std::getline(list, m, ',');) {
-      if (m == "plain") do_plain = true;
-      else if (m == "signal") do_signal = true;
-      else if (m == "owners") do_owners = true;
-      else throw InvalidArgument("--modes: unknown mode '" + m + "' (plain, signal, owners)");
-    }
+  for (const std::string& m : cli::split_list(o.modes)) {
+    if (m == "plain") do_plain = true;
+    else if (m == "signal") do_signal = true;
+    else if (m == "owners") do_owners = true;
+    else throw InvalidArgument("--modes: unknown mode '" + m + "' (plain, signal, owners)");
   }
 
   if (rt::hopper_device_count() < 1) {
