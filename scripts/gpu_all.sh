@@ -29,11 +29,14 @@
 #                (--no-fuse) -> copy-ab.log
 #   registered-ab the tuner's pick, run vs run_registered (--registered-output: with owners the peer's finals
 #                stored straight into the output), ABAB -> registered-ab.log
-#   cli-ab       two builds of the tool, ABAB with registered outputs (the tuner's pick, then the owner plan forced,
-#                traced): OLD_CLI=path (e.g. main's build, carried) against this build -> cli-ab.log
+#   cli-ab       builds of the tool in turns with registered outputs (the tuner's pick, then the owner plan forced,
+#                traced): OLD_CLI="path [path...]" (e.g. main's build, carried), then this build -> cli-ab.log
+#   swizzle-ab   owners forced, registered outputs, traced: the band heights of SWIZZLES (default "4 8 16") in
+#                turns (bench --band-swizzles) -> swizzle-ab.log
 #   owners-one   bench-gemm --modes plain,owners (the owner kernel on one GPU, its peer stand-ins), OLD_CLI (if
 #                set) then this build -> owners-one.log
-#                (four-ab, tma-ab, copy-ab, registered-ab, cli-ab, owners-one: AB_SHAPES overrides their five shapes)
+#                (four-ab, tma-ab, copy-ab, registered-ab, cli-ab, swizzle-ab, owners-one: AB_SHAPES overrides their shapes,
+#                AB_ROUNDS their 2 rounds; AB_FORCED_ONLY=1: cli-ab without the tuner's pick)
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -52,12 +55,12 @@ stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
 # ABAB: bench on the shapes near the bar (AB_SHAPES overrides them) with the
 # arguments COMMON and each variant's (a string each, "" for none; "@PATH":
-# the tool at PATH instead of this build's, no more arguments), twice in
-# turns, into $OUT/LOG: ab_runs LOG COMMON VARIANT...
+# the tool at PATH instead of this build's, no more arguments), AB_ROUNDS
+# (default 2) times in turns, into $OUT/LOG: ab_runs LOG COMMON VARIANT...
 ab_runs() {
   local log=$1 common=$2 r v bin args
   shift 2
-  for r in 1 2; do
+  for ((r = 1; r <= ${AB_ROUNDS:-2}; r++)); do
     for v in "$@"; do
       echo "##### ${v:-(default)} $r" | tee -a "$OUT/$log"
       if [[ $v == @* ]]; then bin=${v#@} args=""; else bin=$CLI args=$v; fi
@@ -161,15 +164,26 @@ for s in "$@"; do
       ab_runs registered-ab.log "" "" "--registered-output"
       ;;
     cli-ab)
-      if [ ! -x "${OLD_CLI:-}" ]; then
-        echo "cli-ab: OLD_CLI (another build of the tool) is not an executable: skipped"
+      builds=()
+      for c in ${OLD_CLI:-}; do
+        [ -x "$c" ] && builds+=("@$c") || echo "cli-ab: OLD_CLI's $c is not an executable"
+      done
+      if [ ${#builds[@]} -eq 0 ]; then
+        echo "cli-ab: OLD_CLI (other builds of the tool, space-separated) names no executable: skipped"
         status=1
         continue
       fi
-      stage "two builds, registered outputs, ABAB: $OLD_CLI vs $CLI, the tuner's pick, then the owner plan forced"
-      ab_runs cli-ab.log "--registered-output" "@$OLD_CLI" "@$CLI"
+      builds+=("@$CLI")
+      stage "builds in turns, registered outputs: ${builds[*]}, the tuner's pick, then the owner plan forced"
+      [ "${AB_FORCED_ONLY:-0}" = 1 ] || ab_runs cli-ab.log "--registered-output" "${builds[@]}"
       ab_runs cli-ab.log "--registered-output --layout pushed --push-by owners --tile 128x256 --no-select --trace" \
-        "@$OLD_CLI" "@$CLI"
+        "${builds[@]}"
+      ;;
+    swizzle-ab)
+      stage "owners forced (registered outputs, traced) with each band height of SWIZZLES, in turns"
+      variants=()
+      for sw in ${SWIZZLES:-4 8 16}; do variants+=("--registered-output --band-swizzles $sw"); done
+      owner_ab swizzle-ab.log "${variants[@]}"
       ;;
     owners-one)
       stage "the owner kernel on one GPU (stand-in peer) against the plain GEMM, in turns"

@@ -53,6 +53,7 @@ struct Options {
   std::string tile = "auto";
   int reserve_sms = -1;
   std::string partition;
+  std::string band_swizzles;  // row-band layouts: the swizzles the tuner tries (empty: its default)
   std::string wait = "spin";
   std::string layout = "auto";
   std::string decomp = "2,4,8";
@@ -292,6 +293,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.curve_for = [&cx](int ctas) -> const plan::BandwidthCurve& { return cx.curve_for(ctas); };
   if (o.tile != "auto") tuning.tiles = {plan::parse_tile(o.tile)};
   tuning.reserve = o.reserve_sms;
+  if (!o.band_swizzles.empty()) tuning.band_swizzles = parse_ints(o.band_swizzles, "band swizzle");  // (checked)
   tuning.registered_output = o.registered;  // the finalists timed as the flashoverlap row will run
   if (o.layout == "rows") tuning.layouts = {rt::ArLayout::RowBands};
   if (o.layout == "slots") tuning.layouts = {rt::ArLayout::Slots};
@@ -763,6 +765,20 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "on tile slots) or pushed (the GEMM stores each tile into every peer's copy over NVLink, no "
                   "NCCL call; needs all ranks in one NVLink domain) or pushed-tiles (the same on tile slots)")
       ->capture_default_str();
+  cmd->add_option("--band-swizzles", o->band_swizzles,
+                  "Row-band layouts (rows, gathered, pushed, owners): the band heights in tile rows the tuner tries, "
+                  "e.g. 8 or 4,8,16 (default: 2,4,8; a height over the tile rows is skipped)")
+      ->check([](const std::string& v) -> std::string {
+        try {
+          const std::vector<int> sw = parse_ints(v, "band swizzle");
+          if (sw.empty()) return "no band heights given";
+          for (int h : sw)
+            if (h < 1) return "a band is at least 1 tile row, not " + std::to_string(h);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return "";
+      });
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
   cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();
   cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");

@@ -624,7 +624,7 @@ uint16_t sum_rounded(DType dt, uint16_t a, uint16_t b) {
 // peer's C; every tile is counted once in the peer's flags. Bitwise, for
 // both ranks, both halves of the window, every push mode, ragged shapes,
 // grids with one and with several tiles per CTA (rank, half and push mode
-// drawn per case from the printed seed).
+// drawn per case from the printed seed), with and without the pusher warps.
 TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
@@ -647,43 +647,45 @@ TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
                    " ctas=" + std::to_string(sh.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " rank " +
                    std::to_string(rank) + " half " + std::to_string(half) + " push_tma " + std::to_string(push_tma) +
                    " seed " + std::to_string(seed));
-      const rt::OwnerStandIn peer(p, rank, half, push_tma, seed + 1);
-      ASSERT_TRUE(peer.finals_in_c());
-      p.owner.pushers = rng() % 2;
-      SCOPED_TRACE(p.owner.pushers ? "pusher warps" : "the storer pushes");
-      kernels::poison(c.get(), int64_t(c_elems), nullptr);
-      kernels::poison(peer.peer_c().get(), int64_t(c_elems), nullptr);
-      kernels::launch_gemm(p, nullptr);
-      FO_CUDA_CHECK(cudaDeviceSynchronize());
-      kernels::WaitError err{};
-      FO_CUDA_CHECK(cudaMemcpy(&err, peer.error().get(), sizeof(err), cudaMemcpyDeviceToHost));
-      ASSERT_EQ(err.failed, 0u) << "a wait timed out (tile " << err.tile << ")";
+      for (const bool pushers : {false, true}) {  // (a fresh stand-in each: it counts every tile)
+        const rt::OwnerStandIn peer(p, rank, half, push_tma, seed + 1);
+        p.owner.pushers = pushers;
+        SCOPED_TRACE(pushers ? "pusher warps" : "the storer pushes");
+        ASSERT_TRUE(peer.finals_in_c());
+        kernels::poison(c.get(), int64_t(c_elems), nullptr);
+        kernels::poison(peer.peer_c().get(), int64_t(c_elems), nullptr);
+        kernels::launch_gemm(p, nullptr);
+        FO_CUDA_CHECK(cudaDeviceSynchronize());
+        kernels::WaitError err{};
+        FO_CUDA_CHECK(cudaMemcpy(&err, peer.error().get(), sizeof(err), cudaMemcpyDeviceToHost));
+        ASSERT_EQ(err.failed, 0u) << "a wait timed out (tile " << err.tile << ")";
 
-      const auto hp = to_host(partial), hc = to_host(c), hw = to_host(peer.window()),
-                 hpw = to_host(peer.peer_window()), hpc = to_host(peer.peer_c());
-      std::vector<uint32_t> counted(size_t(s.tiles()));
-      FO_CUDA_CHECK(cudaMemcpy(counted.data(), peer.peer_flags().get(), counted.size() * 4, cudaMemcpyDeviceToHost));
-      const int split = s.tiles() / 2;
-      int64_t wrong_c = 0, wrong_peer = 0, wrong_counts = 0;
-      for (int idx = 0; idx < s.tiles(); ++idx) {
-        const plan::TileCoord tc = s.tile_of(idx);
-        const bool own = rank == 0 ? idx >= split : idx < split;
-        wrong_counts += counted[size_t(idx)] != 1;
-        for (int r = tc.tm * 128; r < std::min(tc.tm * 128 + 128, sh.m); ++r)
-          for (int col = tc.tn * 256; col < std::min(tc.tn * 256 + 256, sh.n); ++col) {
-            const size_t at = size_t(r) * sh.n + col, in_window = size_t(peer.row0() + r) * sh.n + col;
-            if (own) {
-              const uint16_t sum = sum_rounded(dt, hp[at], hw[in_window]);
-              wrong_c += hc[at] != sum;
-              wrong_peer += hpc[at] != sum;
-            } else {  // (C there is the peer's to fill: its final lands there)
-              wrong_peer += hpw[in_window] != hp[at];
+        const auto hp = to_host(partial), hc = to_host(c), hw = to_host(peer.window()),
+                   hpw = to_host(peer.peer_window()), hpc = to_host(peer.peer_c());
+        std::vector<uint32_t> counted(size_t(s.tiles()));
+        FO_CUDA_CHECK(cudaMemcpy(counted.data(), peer.peer_flags().get(), counted.size() * 4, cudaMemcpyDeviceToHost));
+        const int split = s.tiles() / 2;
+        int64_t wrong_c = 0, wrong_peer = 0, wrong_counts = 0;
+        for (int idx = 0; idx < s.tiles(); ++idx) {
+          const plan::TileCoord tc = s.tile_of(idx);
+          const bool own = rank == 0 ? idx >= split : idx < split;
+          wrong_counts += counted[size_t(idx)] != 1;
+          for (int r = tc.tm * 128; r < std::min(tc.tm * 128 + 128, sh.m); ++r)
+            for (int col = tc.tn * 256; col < std::min(tc.tn * 256 + 256, sh.n); ++col) {
+              const size_t at = size_t(r) * sh.n + col, in_window = size_t(peer.row0() + r) * sh.n + col;
+              if (own) {
+                const uint16_t sum = sum_rounded(dt, hp[at], hw[in_window]);
+                wrong_c += hc[at] != sum;
+                wrong_peer += hpc[at] != sum;
+              } else {  // (C there is the peer's to fill: its final lands there)
+                wrong_peer += hpw[in_window] != hp[at];
+              }
             }
-          }
+        }
+        EXPECT_EQ(wrong_c, 0) << "elements of C";
+        EXPECT_EQ(wrong_peer, 0) << "elements pushed to the peer (its window, or its C for a final)";
+        EXPECT_EQ(wrong_counts, 0) << "tiles not counted exactly once in the peer's flags";
       }
-      EXPECT_EQ(wrong_c, 0) << "elements of C";
-      EXPECT_EQ(wrong_peer, 0) << "elements pushed to the peer (its window, or its C for a final)";
-      EXPECT_EQ(wrong_counts, 0) << "tiles not counted exactly once in the peer's flags";
     }
 }
 
@@ -703,8 +705,9 @@ struct ScopedStream {
 // Both ranks of the pushed AllReduce with owners on one GPU: two kernels,
 // each on its own stream and its own SMs (ctas + ctas <= SMs), wired to each
 // other's windows, flags and outputs as NCCL's window would wire two GPUs.
-// Three calls in a row, each after a sync (epochs, both halves of the
-// windows, the finals straight into each other's C): each rank's C must be, bitwise,
+// Six calls in a row, each after a sync (epochs, both halves of the
+// windows, the finals straight into each other's C; the first three without
+// the pusher warps, the last three with them): each rank's C must be, bitwise,
 // round(partial 0 + partial 1) of the two ranks' own GEMMs, with no wait
 // timed out. This runs the whole owner protocol (pushes, counts, waits, the
 // deferred loads that keep the two ranks from waiting on each other) without
@@ -720,11 +723,9 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       // (both grids resident at once: at most half the SMs each)
       const plan::Schedule s = owner_sched({sh.m, sh.n, sh.k, std::min(sh.ctas, rt::current_device_sms() / 2)});
       const int push_tma = int(rng() % 3);
-      const bool pushers = rng() % 2;
       SCOPED_TRACE("m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
                    " ctas=" + std::to_string(s.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " push_tma " +
-                   std::to_string(push_tma) + (pushers ? " pusher warps" : " the storer pushes") + " seed " +
-                   std::to_string(seed));
+                   std::to_string(push_tma) + " seed " + std::to_string(seed));
       const size_t c_elems = size_t(sh.m) * sh.n, tiles = size_t(s.tiles());
       const int64_t half_rows = int64_t(s.tiles_m()) * 128;
       struct Rank {
@@ -752,7 +753,9 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       std::vector<uint16_t> sum(c_elems);
       for (size_t i = 0; i < c_elems; ++i) sum[i] = sum_rounded(dt, p0[i], p1[i]);
       const ScopedStream streams[2];  // (after the buffers: synchronised before they are freed)
-      for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
+      for (uint32_t epoch = 1; epoch <= 6; ++epoch) {  // (calls 1-3 the storer pushes, 4-6 the pusher warps)
+        const bool pushers = epoch > 3;
+        SCOPED_TRACE(pushers ? "pusher warps" : "the storer pushes");
         for (Rank& k : ranks) kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
         kernels::GemmParams params[2];

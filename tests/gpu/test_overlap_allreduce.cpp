@@ -712,7 +712,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
 namespace {
 
 // Host-side validation, before any CUDA call: runs on any machine.
-TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
+TEST(OverlapAllReduceOptions, RejectsBadGroupsAndOutOfRangeKnobs) {
   const plan::Schedule s = sched_for(4096, 8192, 256, 114, 4);  // bands of 4 tile rows x 32 tiles
   rt::OverlapAllReduceOptions o;
   o.sched = s, o.k = 512, o.comm = reinterpret_cast<ncclComm_t>(uintptr_t(1));  // never used: validation throws first
@@ -731,6 +731,11 @@ TEST(OverlapAllReduceOptions, RejectsGroupsThatAreNotWholeBandsOrTiles) {
   o.push_tma = -1;
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
   o.push_tma = 1;
+  for (const int pushers : {-2, 2}) {  // -1 (by k), 0 or 1
+    o.owner_pushers = pushers;
+    EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "owner_pushers " << pushers;
+  }
+  o.owner_pushers = -1;
   o.comm = nullptr;
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
 }
