@@ -146,6 +146,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
     for (auto& e : trace_) FO_CUDA_CHECK(cudaEventCreate(&e));
     // Never zeroed again: the kernel keeps the latest time of each phase (atomicMax).
     monitor_ = GemmMonitor(opts_.sched);
+    tracing_ = true;
   }
   FO_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -216,12 +217,15 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
     p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
-  if (opts_.trace) monitor_.attach(p);
-  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  if (tracing_) {  // (timeline() reads this call's events and monitors)
+    monitor_.attach(p);
+    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+    traced_ = true;
+  }
   kernels::check_gemm_params(p);
   bump.keep = true;
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
-  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
 
   char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_.get() : c);
   for (size_t g = 0; g < groups; ++g) {
@@ -234,7 +238,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
                                     target, CU_STREAM_WAIT_VALUE_GEQ);
       if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
     }
-    if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream_));
+    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream_));
     if (is_gathered(opts_.layout)) {  // in place: this rank's block is the send buffer
       const GatherBlock& gb = gather_[g];
       char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * gather_width_ * 2;
@@ -255,7 +259,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
         if (r != CUDA_SUCCESS) throw Error("cuStreamWriteValue32 failed (CUresult " + std::to_string(int(r)) + ")");
       }
       FO_CUDA_CHECK(cudaEventRecord(group_done_[g], comm_stream_));
-      if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
+      if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
       continue;
     }
     const auto [offset, count] = group_elements(g);
@@ -263,7 +267,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     const ncclComm_t comm = (g + 1 == groups && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
     FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(count), nccl_type(opts_.dtype), ncclSum, comm, comm_stream_),
                       "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g));
-    if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
+    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
   }
   // Gathered: the caller's stream waits per group, in enqueue_gathered_post.
   if (is_gathered(opts_.layout)) return;
@@ -457,9 +461,16 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
                             norm.residual_out, stream);
 }
 
+void OverlapAllReduce::set_tracing(bool on) {
+  if (on && trace_.empty())
+    throw InvalidArgument("OverlapAllReduce::set_tracing (rank " + std::to_string(opts_.rank) +
+                          "): this op was built without OverlapAllReduceOptions::trace (no trace buffers)");
+  tracing_ = on;
+}
+
 Timeline OverlapAllReduce::timeline() const {
   Timeline t;
-  if (trace_.empty() || sequential()) return t;
+  if (trace_.empty() || sequential() || !traced_) return t;
   auto at = [&](cudaEvent_t e) {
     FO_CUDA_CHECK(cudaEventSynchronize(e));
     float ms = 0;

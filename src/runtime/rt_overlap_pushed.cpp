@@ -134,12 +134,15 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.sum.producers = fuse_ok_, p.sum.consumers = true;
   }
   p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
-  if (opts_.trace) monitor_.attach(p);
-  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  if (tracing_) {  // (timeline() reads this call's events and monitors)
+    monitor_.attach(p);
+    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+    traced_ = true;
+  }
   kernels::check_gemm_params(p);
   bump.keep = true;  // (a launch that fails after this may have queued the GEMM)
   kernels::launch_gemm(p, stream);
-  if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
   if (ce) enqueue_copies();
   if (!in_gemm && norm && !tiles) {  // row bands the GEMM cannot sum: sum + norm per group, fused
     for (size_t g = 0; g < groups; ++g) enqueue_gathered_post(g, out, ld_out, norm, stream);
@@ -175,7 +178,7 @@ void OverlapAllReduce::enqueue_copies() {
     if (r != CUDA_SUCCESS)
       throw Error("rank " + std::to_string(opts_.rank) + ": cuStreamWaitValue32 failed (CUresult " +
                   std::to_string(int(r)) + ")");
-    if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], cs));
+    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], cs));
     const size_t offset = half + size_t(gb.block0 + int64_t(gather_rank_) * gb.pad_rows) * gather_width_ * 2;
     // Row bands: the group's rows of C (not the padding to whole tiles);
     // tile slots: every slot of the block.
@@ -195,7 +198,7 @@ void OverlapAllReduce::enqueue_copies() {
         throw Error("rank " + std::to_string(opts_.rank) + ": cuStreamWriteValue32 to a peer failed (CUresult " +
                     std::to_string(int(r)) + ")");
     }
-    if (opts_.trace) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], cs));
+    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], cs));
   }
   const size_t k = copy_streams_.size();
   for (size_t i = 0; i < k; ++i) FO_CUDA_CHECK(cudaEventRecord(copies_done_[(epoch_ & 1) * k + i], copy_streams_[i]));

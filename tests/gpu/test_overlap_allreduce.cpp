@@ -106,10 +106,15 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     if (rt::is_gathered(c.layout) && c.m % 2 == 0) o.tail_comm = comm;
     rt::OverlapAllReduce op(o);
     if (rt::is_owners(c.push_by)) ASSERT_FALSE(op.sequential()) << where;  // owners, not the fallback
+    if (!c.trace) {  // no trace buffers: nothing to turn on, an empty timeline
+      EXPECT_THROW(op.set_tracing(true), InvalidArgument) << where;
+      EXPECT_EQ(op.timeline().phases.ctas, 0) << where;
+    }
     rt::CublasGemm cublas;
     plan::Schedule full = s;
     full.ctas = 132;
     for (int call = 0; call < 3; ++call) {  // fresh inputs each call
+      if (c.trace) op.set_tracing(call != 1);  // (traced, untraced, traced: the timeline below is the last call's)
       const uint64_t sd = seed + 1000 * call + 17 * rank;
       kernels::fill_random(c.dt, a.get(), int64_t(c.m) * c.k, sd, -1.f, 1.f, st);
       kernels::fill_random(c.dt, b.get(), int64_t(c.n) * c.k, sd + 1, -1.f, 1.f, st);
