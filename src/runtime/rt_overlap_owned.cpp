@@ -138,15 +138,17 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
-  if (tracing_) {  // (timeline() reads this call's events and monitors)
+  if (tracing_) {
     monitor_.attach(p);
     FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-    traced_ = true;
   }
   kernels::check_gemm_params(p);
   bump.keep = true;
   kernels::launch_gemm(p, stream);
-  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  if (tracing_) {  // (launched: timeline() reads this call's events and monitors)
+    FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+    traced_ = true;
+  }
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),
                                     cudaMemcpyDeviceToDevice, stream));

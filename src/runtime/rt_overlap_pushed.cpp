@@ -134,15 +134,17 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.sum.producers = fuse_ok_, p.sum.consumers = true;
   }
   p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
-  if (tracing_) {  // (timeline() reads this call's events and monitors)
+  if (tracing_) {
     monitor_.attach(p);
     FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-    traced_ = true;
   }
   kernels::check_gemm_params(p);
   bump.keep = true;  // (a launch that fails after this may have queued the GEMM)
   kernels::launch_gemm(p, stream);
-  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  if (tracing_) {  // (launched: timeline() reads this call's events and monitors)
+    FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+    traced_ = true;
+  }
   if (ce) enqueue_copies();
   if (!in_gemm && norm && !tiles) {  // row bands the GEMM cannot sum: sum + norm per group, fused
     for (size_t g = 0; g < groups; ++g) enqueue_gathered_post(g, out, ld_out, norm, stream);
