@@ -217,11 +217,10 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
     p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
-  if (tracing_) {
-    monitor_.attach(p);
-    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-  }
+  if (tracing_) monitor_.attach(p);
   kernels::check_gemm_params(p);
+  // (after the checks: a refused call leaves the last traced call's events)
+  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   bump.keep = true;
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
   if (tracing_) {  // (launched: timeline() reads this call's events and monitors)

@@ -138,11 +138,10 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
-  if (tracing_) {
-    monitor_.attach(p);
-    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-  }
+  if (tracing_) monitor_.attach(p);
   kernels::check_gemm_params(p);
+  // (after the checks: a refused call leaves the last traced call's events)
+  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   bump.keep = true;
   kernels::launch_gemm(p, stream);
   if (tracing_) {  // (launched: timeline() reads this call's events and monitors)

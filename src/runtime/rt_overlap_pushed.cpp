@@ -134,11 +134,10 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.sum.producers = fuse_ok_, p.sum.consumers = true;
   }
   p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
-  if (tracing_) {
-    monitor_.attach(p);
-    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-  }
+  if (tracing_) monitor_.attach(p);
   kernels::check_gemm_params(p);
+  // (after the checks: a refused call leaves the last traced call's events)
+  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
   bump.keep = true;  // (a launch that fails after this may have queued the GEMM)
   kernels::launch_gemm(p, stream);
   if (tracing_) {  // (launched: timeline() reads this call's events and monitors)
