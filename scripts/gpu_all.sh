@@ -29,10 +29,10 @@
 #                (--no-fuse) -> copy-ab.log
 #   registered-ab the tuner's pick, run vs run_registered (--registered-output: with owners the peer's finals
 #                stored straight into the output), ABAB -> registered-ab.log
-#   cli-ab       builds of the tool in turns with registered outputs (the tuner's pick, then the owner plan forced,
-#                traced): OLD_CLI="path [path...]" (e.g. main's build, carried), then this build -> cli-ab.log
+#   cli-ab       builds of the tool in turns with registered outputs (the tuner's pick, then the owner plan forced;
+#                AB_TRACE=1: traced): OLD_CLI="path [path...]" (e.g. main's build, carried), then this build -> cli-ab.log
 #   swizzle-ab   owners forced, registered outputs, traced: the band heights of SWIZZLES (default "4 8 16") in
-#                turns (bench --band-swizzles) -> swizzle-ab.log
+#                turns (bench --band-swizzles; default shapes 4096^3, 3001x8192x8192, 4096x7168x5120) -> swizzle-ab.log
 #   owners-one   bench-gemm --modes plain,owners (the owner kernel on one GPU, its peer stand-ins), OLD_CLI (if
 #                set) then this build -> owners-one.log
 #                (four-ab, tma-ab, copy-ab, registered-ab, cli-ab, swizzle-ab, owners-one: AB_SHAPES overrides their shapes,
@@ -166,7 +166,7 @@ for s in "$@"; do
     cli-ab)
       builds=()
       for c in ${OLD_CLI:-}; do
-        [ -x "$c" ] && builds+=("@$c") || echo "cli-ab: OLD_CLI's $c is not an executable"
+        if [ -x "$c" ]; then builds+=("@$c"); else echo "cli-ab: OLD_CLI's $c is not an executable"; status=1; fi
       done
       if [ ${#builds[@]} -eq 0 ]; then
         echo "cli-ab: OLD_CLI (other builds of the tool, space-separated) names no executable: skipped"
@@ -176,14 +176,16 @@ for s in "$@"; do
       builds+=("@$CLI")
       stage "builds in turns, registered outputs: ${builds[*]}, the tuner's pick, then the owner plan forced"
       [ "${AB_FORCED_ONLY:-0}" = 1 ] || ab_runs cli-ab.log "--registered-output" "${builds[@]}"
-      ab_runs cli-ab.log "--registered-output --layout pushed --push-by owners --tile 128x256 --no-select --trace" \
+      # (AB_TRACE=1: --trace too; builds before 9561bda then time traced calls, 6-15 us slower each)
+      ab_runs cli-ab.log "--registered-output --layout pushed --push-by owners --tile 128x256 --no-select$([ "${AB_TRACE:-0}" = 1 ] && echo " --trace")" \
         "${builds[@]}"
       ;;
     swizzle-ab)
       stage "owners forced (registered outputs, traced) with each band height of SWIZZLES, in turns"
       variants=()
       for sw in ${SWIZZLES:-4 8 16}; do variants+=("--registered-output --band-swizzles $sw"); done
-      owner_ab swizzle-ab.log "${variants[@]}"
+      # (default shapes: at least 2 bands of 16 tile rows; a height that leaves one band stops bench)
+      AB_SHAPES=${AB_SHAPES:-4096x4096x4096,3001x8192x8192,4096x7168x5120} owner_ab swizzle-ab.log "${variants[@]}"
       ;;
     owners-one)
       stage "the owner kernel on one GPU (stand-in peer) against the plain GEMM, in turns"

@@ -433,9 +433,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   res.comm_ms = ms.back(), ms.pop_back();
   res.gemm_ms = ms.back(), ms.pop_back();
   res.ideal_ms = std::max(res.gemm_ms, res.comm_ms);
-  if (o.trace && !plan.sequential) {  // one more call, traced, as each timed one ran (sync, gate), this rank
+  if (o.trace && !plan.sequential) {  // two more calls, traced, as each timed one ran (sync, gate), this rank
     op.set_tracing(true);
-    rt::time_collective(run_fo, cx.stream, base, 0, 1, o.gate);
+    rt::time_collective(run_fo, cx.stream, base, 1, 1, o.gate);  // (a warm-up first: the timeline is the second's)
     op.set_tracing(false);
     op.check();
     const rt::Timeline tl = op.timeline();
@@ -773,7 +773,8 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--band-swizzles", o->band_swizzles,
                   "Row-band layouts (rows, gathered, pushed, owners): the band heights in tile rows the tuner tries, "
-                  "e.g. 8 or 4,8,16 (default: 2,4,8; a height over the tile rows is skipped)")
+                  "e.g. 8 or 4,8,16 (default: 2,4,8; a height over the tile rows is skipped, and the pushed layouts "
+                  "skip one that leaves a single band: with no plan left the run stops with an error)")
       ->check([](const std::string& v) -> std::string {
         try {
           const std::vector<int> sw = parse_ints(v, "band swizzle");
@@ -810,10 +811,10 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->envname("FLASHOVERLAP_CURVES");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
   cmd->add_flag("--trace", o->trace,
-                "Print rank 0's timeline of one overlapped call after the timed ones: the GEMM's SM clock and cycles "
-                "per tile, and when its CTAs' first and last tiles' MMAs were done, their last tiles staged, stored "
-                "and pushed, and the copies done, overlapped and alone (the timed calls run untraced: the trace's "
-                "events cost a call 6-15 us)");
+                "Print rank 0's timeline of one overlapped call after the timed ones (and a traced warm-up): the "
+                "GEMM's SM clock and cycles per tile, and when its CTAs' first and last tiles' MMAs were done, their "
+                "last tiles staged, stored and pushed, and the copies done, overlapped and alone (the timed calls "
+                "run untraced: the trace's events cost a call 6-15 us)");
   cmd->add_flag("!--three-stages", o->four_stages,
                 "Owners with 128x256 tiles: the GEMM with 3 pipeline stages and its output pushed from shared "
                 "memory (the default is 4 stages, the output staged in pieces and pushed from this GPU's memory)");

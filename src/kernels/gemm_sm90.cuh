@@ -220,16 +220,16 @@ __device__ __forceinline__ void push_half(const uint8_t* half, const Push& push,
   }
 }
 
-// The owner layout (gemm.h: Owner): rank r's i-th tile slot holds tile
-// (i + rot) mod tiles, rot = split on rank 1, so that each rank walks the
-// tiles it does not own first. (Read from the kernel's parameters each time:
-// no registers held beside the accumulators.)
 // The owner layout's waits for a tile's flag (the peer's partial, or its
 // final) sleep at most this long between polls (the flags are in this GPU's
 // memory: a poll costs no NVLink traffic). 256 ns measured the same as 1024
 // (the traced call's end within 1 us on 1024x8192x8192 and 4096^3, 3 rounds).
 constexpr uint32_t kOwnerPollMaxNs = 1024;
 
+// The owner layout (gemm.h: Owner): rank r's i-th tile slot holds tile
+// (i + rot) mod tiles, rot = split on rank 1, so that each rank walks the
+// tiles it does not own first. (Read from the kernel's parameters each time:
+// no registers held beside the accumulators.)
 __device__ __forceinline__ int32_t owner_tile_at(const Owner& o, int32_t i, int32_t tiles) {
   const int32_t j = o.rank == 1 ? i + o.split : i;
   return j >= tiles ? j - tiles : j;

@@ -219,14 +219,15 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   if (tracing_) monitor_.attach(p);
   kernels::check_gemm_params(p);
-  // (after the checks: a refused call leaves the last traced call's events)
-  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  // (after the checks: a refused call leaves the last traced call's events;
+  // from here until its last event, a throw leaves no timeline, not a mixed one)
+  if (tracing_) {
+    traced_ = false;
+    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  }
   bump.keep = true;
   kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
-  if (tracing_) {  // (launched: timeline() reads this call's events and monitors)
-    FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
-    traced_ = true;
-  }
+  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
 
   char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_.get() : c);
   for (size_t g = 0; g < groups; ++g) {
@@ -270,6 +271,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
                       "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g));
     if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
   }
+  if (tracing_) traced_ = true;  // (its events all recorded: timeline() reads them and the monitors)
   // Gathered: the caller's stream waits per group, in enqueue_gathered_post.
   if (is_gathered(opts_.layout)) return;
   FO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));

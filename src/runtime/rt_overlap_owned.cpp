@@ -140,11 +140,15 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
   if (tracing_) monitor_.attach(p);
   kernels::check_gemm_params(p);
-  // (after the checks: a refused call leaves the last traced call's events)
-  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  // (after the checks: a refused call leaves the last traced call's events;
+  // from here until its last event, a throw leaves no timeline, not a mixed one)
+  if (tracing_) {
+    traced_ = false;
+    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  }
   bump.keep = true;
   kernels::launch_gemm(p, stream);
-  if (tracing_) {  // (launched: timeline() reads this call's events and monitors)
+  if (tracing_) {  // (the call's last event: timeline() reads its events and monitors)
     FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
     traced_ = true;
   }

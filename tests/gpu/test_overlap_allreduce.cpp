@@ -113,8 +113,9 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     rt::CublasGemm cublas;
     plan::Schedule full = s;
     full.ctas = 132;
+    rt::Timeline traced;  // (trace: call 1's timeline; calls 0 and 2 run untraced)
     for (int call = 0; call < 3; ++call) {  // fresh inputs each call
-      if (c.trace) op.set_tracing(call != 1);  // (traced, untraced, traced: the timeline below is the last call's)
+      if (c.trace) op.set_tracing(call == 1);
       const uint64_t sd = seed + 1000 * call + 17 * rank;
       kernels::fill_random(c.dt, a.get(), int64_t(c.m) * c.k, sd, -1.f, 1.f, st);
       kernels::fill_random(c.dt, b.get(), int64_t(c.n) * c.k, sd + 1, -1.f, 1.f, st);
@@ -153,9 +154,19 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       EXPECT_LT(tol.rel_error(), c.dt == DType::BF16 ? 1e-2 : 3e-3) << where;
       EXPECT_EQ(norm.mismatches, 0) << where << " (RMSNorm path) rank " << rank << " call " << call;
       EXPECT_EQ(norm.nan_count, 0) << where;
+      if (c.trace && !op.sequential()) {  // an untraced call records nothing: the timeline stays call 1's
+        const rt::Timeline tl = op.timeline();
+        if (call == 0) EXPECT_EQ(tl.phases.ctas, 0) << where << ": a timeline before any traced call";
+        if (call == 1) traced = tl;
+        if (call == 2) {
+          EXPECT_EQ(tl.gemm_end, traced.gemm_end) << where << ": the untraced call 2 moved the timeline";
+          EXPECT_EQ(tl.phases.end_us, traced.phases.end_us) << where;
+          EXPECT_EQ(tl.clocks.mhz, traced.clocks.mhz) << where;
+        }
+      }
     }
     EXPECT_EQ(op.epoch(), op.sequential() ? 0u : 9u);
-    if (c.trace && rt::is_owners(c.push_by)) {  // the last call's phases: every CTA with a tile staged, stored, copied
+    if (c.trace && rt::is_owners(c.push_by)) {  // the traced call's phases: every CTA with a tile staged, stored, copied
       EXPECT_EQ(op.four_stages(), c.four_stages && c.bn == 256) << where;
       const rt::Timeline tl = op.timeline();
       EXPECT_EQ(tl.phases.ctas, std::min(c.ctas, s.tiles())) << where;
