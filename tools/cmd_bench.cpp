@@ -756,9 +756,9 @@ void add_bench_command(CLI::App& app, int& rc) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "Overlapped GEMM + collective against the baselines, on all local GPUs (one process each)");
   cmd->add_option("--op", o->op, "allreduce (reducescatter, alltoall: planner only so far)")->capture_default_str();
-  cmd->add_option("--m", o->m, "Rows of A and C")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--k", o->k, "Inner dimension (multiple of 8)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--m", o->m, "Rows of A and C")->capture_default_str()->check(at_least_one());
+  cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(at_least_one());
+  cmd->add_option("--k", o->k, "Inner dimension (multiple of 8)")->capture_default_str()->check(at_least_one());
   cmd->add_option("--shapes", o->shapes, "Several shapes MxNxK,MxNxK (overrides --m --n --k)");
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--tile", o->tile, "auto, 128x256 or 128x128")->capture_default_str();
@@ -800,9 +800,9 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--wait-timeout", o->wait_timeout_s,
                   "Seconds before a wait of the overlapped op for a group or tile fails the run with a message")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str();
-  cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(above_zero());
+  cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str()->check(not_negative());
+  cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(at_least_one());
   cmd->add_option("--csv", o->csv, "Append rows to this CSV file");
   cmd->add_option("--curves", o->curves,
                   "Directory of measured bandwidth curves (written by `tune --curves DIR`): curves found there for "
@@ -841,7 +841,7 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "sequential and flashoverlap (a pushed pick also with the other transports and sum placements, "
                   "with --push-by auto) back to back this long each, and report ms per call, power, energy per "
                   "call, SM clock and power capping (NVML)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(not_negative());
   cmd->add_option("--push-by", o->push_by,
                   "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
                   "copies of this rank's block once its tiles are stored), owners (2 ranks, row bands: each tile "

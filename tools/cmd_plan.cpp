@@ -134,9 +134,9 @@ void add_plan_options(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--op", o.op, "collective after the GEMM")
       ->check(CLI::IsMember({"allreduce", "reducescatter", "alltoall"}))
       ->capture_default_str();
-  cmd->add_option("--m", o.m, "rows of C (tokens)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--n", o.n, "columns of C (output features)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--k", o.k, "reduction dimension (input features)")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--m", o.m, "rows of C (tokens)")->check(at_least_one())->capture_default_str();
+  cmd->add_option("--n", o.n, "columns of C (output features)")->check(at_least_one())->capture_default_str();
+  cmd->add_option("--k", o.k, "reduction dimension (input features)")->check(at_least_one())->capture_default_str();
   cmd->add_option("--world", o.world, "ranks (GPUs)")->check(CLI::Range(1, int(fp::kMaxWorld)))->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "element type")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
   cmd->add_option("--tile", o.tile, "GEMM tile: auto | 128x256 | 128x128")

@@ -94,7 +94,7 @@ void add_tune_command(CLI::App& app, int& rc) {
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--ctas", o->ctas, "Limit NCCL to this many CTAs (0: NCCL's default)")->capture_default_str();
   cmd->add_option("--max-mib", o->max_mib, "Largest message in MiB")->capture_default_str();
-  cmd->add_option("--iters", o->iters, "Timed runs per size (median)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--iters", o->iters, "Timed runs per size (median)")->capture_default_str()->check(at_least_one());
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

@@ -9,6 +9,28 @@
 
 namespace flashoverlap::cli {
 
+// Number checks with plain messages (CLI11's PositiveNumber names its range
+// as "0.000000 to 1797693...": unreadable in an error line). CLI11 puts the
+// option's name in front: "--iters: must be a number >= 1, not 0".
+inline CLI::Validator number_check(bool (*ok)(double), const std::string& rule, const std::string& help) {
+  return CLI::Validator(
+      [ok, rule](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          if (used == v.size() && ok(x)) return "";
+        } catch (...) {
+        }
+        return "must be a number " + rule + ", not " + v;
+      },
+      help);
+}
+inline CLI::Validator at_least_one() { return number_check([](double x) { return x >= 1; }, ">= 1", "POSITIVE"); }
+inline CLI::Validator above_zero() { return number_check([](double x) { return x > 0; }, "> 0", "POSITIVE"); }
+inline CLI::Validator not_negative() {
+  return number_check([](double x) { return x >= 0; }, ">= 0", "NONNEGATIVE");
+}
+
 // Options of `flashoverlap plan`, shared with the default main job, which
 // prints the same plan when no GPU is present.
 struct PlanOptions {

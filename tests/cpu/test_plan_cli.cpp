@@ -1,5 +1,6 @@
 // `flashoverlap plan` end to end: the built CLI for all three collectives, text
-// and JSON, and one-line errors with exit code 2 for bad input.
+// and JSON, and one-line errors with exit code 2 for bad input (plan's, and
+// those of bench, bench-gemm and tune that need no GPU to find).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <tuple>
 
 #include "test_plan_util.h"
 
@@ -22,9 +24,11 @@ std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-Result run(const std::string& args) {
+// `flashoverlap <command> <args>` (command "plan" unless given).
+Result run(const std::string& args, const std::string& command = "plan") {
   fo_test::TempDir dir;
-  const std::string cmd = std::string(FO_CLI_PATH) + " plan " + args + " >" + dir.file("out") + " 2>" + dir.file("err");
+  const std::string cmd =
+      std::string(FO_CLI_PATH) + " " + command + " " + args + " >" + dir.file("out") + " 2>" + dir.file("err");
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir.file("out")), slurp(dir.file("err"))};
 }
@@ -111,6 +115,37 @@ TEST(PlanCli, BadInputIsOneLineAndExitCode2) {
   for (const auto& [args, expect] : cases) {
     SCOPED_TRACE(args);
     const Result r = run(args);
+    EXPECT_EQ(r.rc, 2) << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+    EXPECT_EQ(r.err.rfind("flashoverlap: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+// Argument errors of the GPU commands are found before they look for a GPU:
+// the same one line and exit code 2 on a machine without one.
+TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
+  const std::tuple<std::string, std::string, std::string> cases[] = {
+      {"bench", "--band-swizzles 0", "--band-swizzles: a band is at least 1 tile row, not 0"},
+      {"bench", "--band-swizzles 4,x", "bad band swizzle list"},
+      {"bench", "--band-swizzles ''", "no band heights"},
+      {"bench", "--push-tma every", "--push-tma"},
+      {"bench", "--owner-pushers maybe", "--owner-pushers"},
+      {"bench", "--iters 0", "--iters: must be a number >= 1, not 0"},
+      {"bench", "--m 0", "--m: must be a number >= 1"},
+      {"bench", "--warmup -1", "--warmup: must be a number >= 0"},
+      {"bench", "--wait-timeout 0", "--wait-timeout: must be a number > 0, not 0"},
+      {"bench", "--power -2", "--power: must be a number >= 0"},
+      {"bench", "--copy-streams 9", "--copy-streams"},
+      {"bench", "--shapes 1x2", "bad shape '1x2'"},
+      {"bench", "--dtype fp32", "--dtype"},
+      {"bench-gemm", "--iters 0", "--iters: must be a number >= 1"},
+      {"tune", "--iters 0", "--iters: must be a number >= 1"},
+  };
+  for (const auto& [command, args, expect] : cases) {
+    SCOPED_TRACE(command + " " + args);
+    const Result r = run(args, command);
     EXPECT_EQ(r.rc, 2) << r.out << r.err;
     EXPECT_EQ(lines(r.err), 1u) << r.err;
     EXPECT_EQ(r.err.rfind("flashoverlap: error: ", 0), 0u) << r.err;
