@@ -140,6 +140,8 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
       {"bench", "--copy-streams 9", "--copy-streams"},
       {"bench", "--shapes 1x2", "bad shape '1x2'"},
       {"bench", "--dtype fp32", "--dtype"},
+      {"bench", "--tile 64x64", "--tile must be auto, 128x256 or 128x128, not 64x64"},
+      {"bench", "--layout diagonal", "--layout"},
       {"bench-gemm", "--iters 0", "--iters: must be a number >= 1"},
       {"tune", "--iters 0", "--iters: must be a number >= 1"},
   };
