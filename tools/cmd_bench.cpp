@@ -625,8 +625,11 @@ int run(const Options& o) {
     throw InvalidArgument("bench --op " + o.op + ": only allreduce has an overlapped runtime so far "
                           "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
-  if (o.tile != "auto" && o.tile != "128x256" && o.tile != "128x128")
-    throw InvalidArgument("--tile must be auto, 128x256 or 128x128, not " + o.tile);
+  if (o.tile != "auto") {
+    const plan::TileShape t = plan::parse_tile(o.tile);  // (a malformed one: its message)
+    if (!kernels::tile_supported(t.bm, t.bn))
+      throw InvalidArgument("--tile must be auto, 128x256 or 128x128, not " + o.tile);
+  }
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
   if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners" &&
       o.push_by != "owners-pull")

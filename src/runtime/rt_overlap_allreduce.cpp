@@ -217,17 +217,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
     p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
-  if (tracing_) monitor_.attach(p);
-  kernels::check_gemm_params(p);
-  // (after the checks: a refused call leaves the last traced call's events;
-  // from here until its last event, a throw leaves no timeline, not a mixed one)
-  if (tracing_) {
-    traced_ = false;
-    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-  }
-  bump.keep = true;
-  kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
-  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  launch_call_gemm(p, stream, bump);  // in host order before the waits (lazy-loading hazard)
 
   char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_.get() : c);
   for (size_t g = 0; g < groups; ++g) {
@@ -462,6 +452,18 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
   }
   kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm.residual, norm.weight, norm.eps, out,
                             norm.residual_out, stream);
+}
+
+void OverlapAllReduce::launch_call_gemm(kernels::GemmParams& p, cudaStream_t stream, EpochBump& bump) {
+  if (tracing_) monitor_.attach(p);
+  kernels::check_gemm_params(p);
+  if (tracing_) {
+    traced_ = false;
+    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  }
+  bump.keep = true;  // (a launch that fails after this may have queued the GEMM)
+  kernels::launch_gemm(p, stream);
+  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
 }
 
 void OverlapAllReduce::set_tracing(bool on) {

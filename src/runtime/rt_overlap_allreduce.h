@@ -388,6 +388,12 @@ class OverlapAllReduce {
     EpochBump(const EpochBump&) = delete;
     EpochBump& operator=(const EpochBump&) = delete;
   };
+  // The call's GEMM: checked (a refusal takes the epoch back and leaves the
+  // last traced call's events whole), then launched (bump kept); while
+  // tracing, with the monitors attached and trace_[0], trace_[1] around it.
+  // From trace_[0] the timeline is invalid until the caller has recorded the
+  // call's last event and set traced_: a throw leaves none, not a mixed one.
+  void launch_call_gemm(kernels::GemmParams& p, cudaStream_t stream, EpochBump& bump);
   // trace: [0] GEMM start, [1] GEMM end, then per group wait end, comm end
   std::vector<cudaEvent_t> trace_;
   GemmMonitor monitor_;  // trace: the GEMM's tile and phase monitors

@@ -138,20 +138,8 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
-  if (tracing_) monitor_.attach(p);
-  kernels::check_gemm_params(p);
-  // (after the checks: a refused call leaves the last traced call's events;
-  // from here until its last event, a throw leaves no timeline, not a mixed one)
-  if (tracing_) {
-    traced_ = false;
-    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-  }
-  bump.keep = true;
-  kernels::launch_gemm(p, stream);
-  if (tracing_) {  // (the call's last event: timeline() reads its events and monitors)
-    FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
-    traced_ = true;
-  }
+  launch_call_gemm(p, stream, bump);
+  if (tracing_) traced_ = true;  // (the GEMM's end is this call's last event: timeline() reads it and the monitors)
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),
                                     cudaMemcpyDeviceToDevice, stream));

@@ -134,17 +134,7 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     p.sum.producers = fuse_ok_, p.sum.consumers = true;
   }
   p.sum.claims_reset = claims + size_t((epoch_ + 1) & 1) * groups, p.sum.claims_reset_count = int32_t(groups);
-  if (tracing_) monitor_.attach(p);
-  kernels::check_gemm_params(p);
-  // (after the checks: a refused call leaves the last traced call's events;
-  // from here until its last event, a throw leaves no timeline, not a mixed one)
-  if (tracing_) {
-    traced_ = false;
-    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
-  }
-  bump.keep = true;  // (a launch that fails after this may have queued the GEMM)
-  kernels::launch_gemm(p, stream);
-  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+  launch_call_gemm(p, stream, bump);
   if (ce) enqueue_copies();
   if (tracing_) traced_ = true;  // (its events all recorded: timeline() reads them and the monitors)
   if (!in_gemm && norm && !tiles) {  // row bands the GEMM cannot sum: sum + norm per group, fused
