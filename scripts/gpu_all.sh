@@ -37,6 +37,8 @@
 #                set) then this build -> owners-one.log
 #                (four-ab, tma-ab, copy-ab, registered-ab, cli-ab, swizzle-ab, owners-one: AB_SHAPES overrides their shapes,
 #                AB_ROUNDS their 2 rounds; AB_FORCED_ONLY=1: cli-ab without the tuner's pick)
+#   cli-gpu      the CLI on the GPUs: bench --shapes with one shape left no plan by its options (skipped with a
+#                message, the other measured, exit 2) -> cli-gpu.log
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -230,6 +232,16 @@ for s in "$@"; do
         echo "$tool: exit $? ($(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitize-$tool.log") clean summaries)"
         tail -3 "$OUT/sanitize-$tool.log"
       done
+      ;;
+    cli-gpu)
+      stage "the CLI on the GPUs: a shape its options leave no plan is skipped, the next one runs"
+      rc=0
+      $CLI bench --shapes 1024x8192x8192,4096x4096x4096 --layout pushed --band-swizzles 8 --iters 3 --warmup 1 \
+        --curves /tmp/fo-curves >"$OUT/cli-gpu.log" 2>&1 || rc=$?
+      grep -E "skipped|^4096x4096x4096|flashoverlap  |rror" "$OUT/cli-gpu.log" | cut -c1-200
+      if [[ $rc == 2 ]] && grep -q "1024x8192x8192: skipped" "$OUT/cli-gpu.log" && grep -q "^4096x4096x4096" "$OUT/cli-gpu.log"
+      then echo "cli-gpu: ok (exit 2, 1024x8192x8192 skipped, 4096^3 measured)"
+      else echo "cli-gpu: FAILED (exit $rc)"; status=1; fi
       ;;
     pack)
       stage "pack logs into $OUT/logs.tar.gz"

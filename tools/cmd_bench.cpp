@@ -80,8 +80,8 @@ struct Row {
 };
 
 struct ShapeResult {
-  int64_t m, n, k;
-  double gemm_ms, comm_ms, seq_ms, ideal_ms;  // the components timed in turns with the variants
+  int64_t m = 0, n = 0, k = 0;
+  double gemm_ms = 0, comm_ms = 0, seq_ms = 0, ideal_ms = 0;  // the components timed in turns with the variants
   std::vector<Row> rows;
   std::string checks;
   double predicted_ms = 0;
@@ -680,8 +680,20 @@ int run(const Options& o) {
   nlohmann::json all = nlohmann::json::array();
   if (root && !o.json)
     std::cout << "# " << cx.info.summary() << ", world " << cx.rv->world() << ", " << o.dtype << "\n";
+  std::vector<std::string> skipped;  // shapes with no plan for these options (several shapes only)
   for (const auto& s : shapes) {
-    ShapeResult r = bench_allreduce(cx, o, s[0], s[1], s[2]);
+    ShapeResult r;
+    try {
+      r = bench_allreduce(cx, o, s[0], s[1], s[2]);
+    } catch (const InvalidArgument& e) {
+      // No plan for this shape with these options: the same on every rank
+      // (same shape, options and agreed measurements), at the same step, so
+      // every rank skips it and the others still run. One shape: the error.
+      if (shapes.size() == 1) throw;
+      skipped.push_back(std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]));
+      if (root) std::cerr << "bench: " << skipped.back() << ": skipped: " << e.what() << "\n";
+      continue;
+    }
     if (!root) continue;
     if (!o.json) {
       std::cout << "\n" << r.m << "x" << r.n << "x" << r.k << "  GEMM " << std::fixed << std::setprecision(3) << r.gemm_ms
@@ -743,6 +755,14 @@ int run(const Options& o) {
   cx.curves.clear();
   cx.gather_curve.reset();
   cudaStreamDestroy(cx.stream);
+  if (!skipped.empty()) {
+    if (root) {
+      std::cerr << "bench: " << skipped.size() << " of " << shapes.size() << " shapes skipped (no plan with these options):";
+      for (const auto& n : skipped) std::cerr << " " << n;
+      std::cerr << "\n";
+    }
+    return 2;  // (as a bad argument: the options leave these shapes no plan)
+  }
   return 0;
 }
 
@@ -779,7 +799,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--band-swizzles", o->band_swizzles,
                   "Row-band layouts (rows, gathered, pushed, owners): the band heights in tile rows the tuner tries, "
                   "e.g. 8 or 4,8,16 (default: 2,4,8; a height over the tile rows is skipped, and the pushed layouts "
-                  "skip one that leaves a single band: with no plan left the run stops with an error)")
+                  "skip one that leaves a single band; a shape left with no plan is skipped with a message and the run goes on to the next, exit code 2)")
       ->check([](const std::string& v) -> std::string {
         try {
           const std::vector<int> sw = parse_ints(v, "band swizzle");

@@ -37,6 +37,12 @@ class DeviceBuffer {
     return static_cast<T*>(ptr_);
   }
   size_t bytes() const { return bytes_; }
+  // Gives up ownership without freeing (memory that enqueued work may still
+  // write, e.g. a collective left waiting for a rank that never joined).
+  void* release() {
+    bytes_ = 0;
+    return std::exchange(ptr_, nullptr);
+  }
 
  private:
   void* ptr_ = nullptr;

@@ -90,6 +90,9 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   if (opts_.owner_pushers < -1 || opts_.owner_pushers > 1)
     throw InvalidArgument("OverlapAllReduce: owner_pushers must be -1 (by k), 0 or 1, not " +
                           std::to_string(opts_.owner_pushers));
+  if (!(opts_.wait_timeout_s > 0) || !(opts_.exchange_timeout_s > 0))  // (also NaN)
+    throw InvalidArgument("OverlapAllReduce: wait_timeout_s and exchange_timeout_s must be > 0 seconds, not " +
+                          std::to_string(opts_.wait_timeout_s) + " and " + std::to_string(opts_.exchange_timeout_s));
   if (opts_.push_tma < 0 || opts_.push_tma > 2)
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
   if (!kernels::tile_supported(s.bm, s.bn))

@@ -134,6 +134,9 @@ struct OverlapAllReduceOptions {
   int rank = 0;                   // for messages
   WaitMode wait = WaitMode::SpinKernel;
   double wait_timeout_s = 30.0;   // a group not complete by then fails the call
+  // register_output's exchange with the other ranks fails after this long
+  // (a rank that never calls it), rather than waiting for ever.
+  double exchange_timeout_s = 120.0;
   int fault_drop_group = -1;      // testing only: this group's signals go nowhere (copy engines: its flags)
   // Keep the trace buffers (events around the GEMM and each group, the GEMM's
   // tile and phase monitors) and trace the calls until set_tracing(false).

@@ -72,7 +72,8 @@ int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
   PeerMappedBuffer mapped;
   if (finals_into_outputs()) {
     try {
-      mapped = PeerMappedBuffer(opts_.comm, gather_rank_, out, ld_out, ok);
+      mapped = PeerMappedBuffer(opts_.comm, gather_rank_, out, ld_out, ok,
+                                std::chrono::milliseconds(int64_t(opts_.exchange_timeout_s * 1e3)));
     } catch (const Error&) {
       if (!ok) throw InvalidArgument(why);
       throw;

@@ -11,13 +11,13 @@
 #include <mutex>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "flashoverlap/error.h"
 #include "kernels/cuda_check.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_checks.h"
+#include "runtime/rt_gather.h"
 
 namespace flashoverlap::rt {
 namespace {
@@ -34,31 +34,6 @@ struct Entry {
   int64_t ld = 0;
   cudaIpcMemHandle_t handle{};
 };
-
-// Every rank's `mine`, by rank: an ncclAllGather of its bytes on a stream
-// of its own, synchronised (the values are on the host when it returns).
-// `what` says in errors which exchange failed.
-template <typename T>
-std::vector<T> gather_from_all(ncclComm_t comm, int rank, const T& mine, const std::string& what) {
-  static_assert(std::is_trivially_copyable_v<T>, "exchanged as bytes");
-  const std::string ctx = "rank " + std::to_string(rank) + ": " + what;
-  int world = 0;
-  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), ctx);
-  DeviceBuffer buf(sizeof(T) * size_t(world));
-  char* at = static_cast<char*>(buf.get()) + sizeof(T) * size_t(rank);
-  cudaStream_t st = nullptr;
-  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  // (on the gather's stream: a pageable copy may return before it lands)
-  cudaError_t e = cudaMemcpyAsync(at, &mine, sizeof(T), cudaMemcpyHostToDevice, st);
-  const ncclResult_t r = e == cudaSuccess ? ncclAllGather(at, buf.get(), sizeof(T), ncclUint8, comm, st) : ncclSuccess;
-  if (e == cudaSuccess && r == ncclSuccess) e = cudaStreamSynchronize(st);
-  cudaStreamDestroy(st);
-  FO_NCCL_CHECK_CTX(r, ctx);
-  FO_CUDA_CHECK_CTX(e, ctx);
-  std::vector<T> all(static_cast<size_t>(world));
-  FO_CUDA_CHECK_CTX(cudaMemcpy(all.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost), ctx);
-  return all;
-}
 
 // IPC mappings, shared: CUDA opens a handle once per process, and buffers
 // of one allocation (a caching allocator's block) share its handle.
@@ -108,14 +83,16 @@ uint64_t process_nonce() {
 }
 
 // Whether every rank of `comm` says ok.
-bool all_ok(ncclComm_t comm, int rank, bool ok) {
-  const std::vector<int32_t> all = gather_from_all<int32_t>(comm, rank, ok ? 1 : 0, "agreeing on an output mapping");
+bool all_ok(ncclComm_t comm, int rank, bool ok, std::chrono::milliseconds timeout) {
+  const std::vector<int32_t> all =
+      gather_from_all<int32_t>(comm, rank, ok ? 1 : 0, "agreeing on an output mapping", timeout);
   return std::all_of(all.begin(), all.end(), [](int32_t v) { return v == 1; });
 }
 
 }  // namespace
 
-PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld, bool ok)
+PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld, bool ok,
+                                   std::chrono::milliseconds timeout)
     : mine_(mine), ld_(ld) {
   Entry me;
   me.ok = ok ? 1 : 0;
@@ -135,7 +112,7 @@ PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_
   } else {
     (void)cudaGetLastError();  // (only a problem if another process needs it: below)
   }
-  const std::vector<Entry> all = gather_from_all(comm, rank, me, "exchanging output addresses");
+  const std::vector<Entry> all = gather_from_all(comm, rank, me, "exchanging output addresses", timeout);
   // Every rank decides from the same entries, so all throw or none does.
   for (size_t r = 0; r < all.size(); ++r)
     if (!all[r].ok)
@@ -172,7 +149,7 @@ PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_
   } catch (const std::exception& ex) {
     failure = ex.what();
   }
-  if (!all_ok(comm, rank, failure.empty())) {
+  if (!all_ok(comm, rank, failure.empty(), timeout)) {
     release();
     throw Error(failure.empty() ? "rank " + std::to_string(rank) + ": another rank could not map this rank's output"
                                 : failure);

@@ -7,8 +7,11 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
+
+#include "runtime/rt_gather.h"
 
 namespace flashoverlap::rt {
 
@@ -20,8 +23,11 @@ class PeerMappedBuffer {
   // memory that CUDA IPC can export (cudaMalloc; not VMM or stream-ordered
   // pools) where the ranks are processes of their own.
   // ok = false: this rank's buffer failed its caller's checks; every rank
-  // then throws (so that none is left waiting in the exchange).
-  PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld, bool ok = true);
+  // then throws (so that none is left waiting in the exchange). A rank that
+  // does not call it at all makes the others throw after `timeout`
+  // (rt_gather.h: the communicator must then be aborted).
+  PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_t ld, bool ok = true,
+                   std::chrono::milliseconds timeout = kDefaultExchangeTimeout);
   ~PeerMappedBuffer();
   PeerMappedBuffer(PeerMappedBuffer&& o) noexcept;
   PeerMappedBuffer& operator=(PeerMappedBuffer&& o) noexcept;

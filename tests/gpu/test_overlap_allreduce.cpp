@@ -5,12 +5,15 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/check.h"
@@ -22,6 +25,7 @@
 #include "runtime/rt_checks.h"
 #include "runtime/rt_comm.h"
 #include "runtime/rt_cublas.h"
+#include "runtime/rt_gather.h"
 #include "runtime/rt_overlap_allreduce.h"
 #include "runtime/rt_tuner.h"
 #include "rank_harness.h"
@@ -497,6 +501,47 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
 // must still be exactly our GEMM + one ncclAllReduce of that call's inputs
 // (the two halves of the pushed buffer keep a fast rank's next call from
 // overwriting blocks a slow rank is still summing).
+// The runtime's host exchanges over NCCL (rt_gather.h) are bounded: a rank
+// that does not join (it failed or returned before the step) fails the
+// others after their timeout with a message, instead of leaving them
+// waiting for ever; the step stays enqueued and completes if it joins late,
+// after which the communicator works on.
+TEST(RankExchange, ARankThatDoesNotJoinFailsTheOthersInBoundedTime) {
+  REQUIRE_TWO_GPUS();
+  std::atomic<bool> late_joined{false};
+  on_each_rank([&](int rank, ncclComm_t comm) {
+    const int64_t mine = 1000 + rank;
+    if (rank == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        rt::gather_from_all(comm, rank, mine, "the test's exchange", std::chrono::milliseconds(300));
+        ADD_FAILURE() << "rank 0's exchange returned although rank 1 had not joined";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("rank 0: the test's exchange: the other ranks did not join within 0.3 s"), std::string::npos)
+            << m;
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_GE(waited, 0.3);
+      EXPECT_LT(waited, 1.2);  // rank 1 joins at 1.5 s
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!late_joined && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ASSERT_TRUE(late_joined) << "rank 1 did not complete the late exchange";
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      const auto all = rt::gather_from_all(comm, rank, mine, "the test's exchange", std::chrono::seconds(30));
+      ASSERT_EQ(all.size(), 2u);
+      EXPECT_EQ(all[0], 1000);  // rank 0's value, from the step it left enqueued
+      EXPECT_EQ(all[1], 1001);
+      late_joined = true;
+    }
+    const auto next = rt::gather_from_all(comm, rank, int64_t(2000 + rank), "the next exchange",
+                                          std::chrono::seconds(30));
+    EXPECT_EQ(next, (std::vector<int64_t>{2000, 2001})) << "rank " << rank;
+  });
+}
+
 TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
@@ -752,6 +797,13 @@ TEST(OverlapAllReduceOptions, RejectsBadGroupsAndOutOfRangeKnobs) {
     EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "owner_pushers " << pushers;
   }
   o.owner_pushers = -1;
+  for (const double t : {0.0, -1.0, std::nan("")}) {  // seconds, > 0
+    o.wait_timeout_s = t;
+    EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "wait_timeout_s " << t;
+    o.wait_timeout_s = 30, o.exchange_timeout_s = t;
+    EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "exchange_timeout_s " << t;
+    o.exchange_timeout_s = 120;
+  }
   o.comm = nullptr;
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
 }
