@@ -37,6 +37,8 @@
 #                set) then this build -> owners-one.log
 #                (four-ab, tma-ab, copy-ab, registered-ab, cli-ab, swizzle-ab, owners-one: AB_SHAPES overrides their shapes,
 #                AB_ROUNDS their 2 rounds; AB_FORCED_ONLY=1: cli-ab without the tuner's pick)
+#   diag-ab      owners forced, registered outputs, traced: as measured vs --diag-no-final-bytes (the finals counted
+#                at the peer but not moved: the call without their NVLink bytes; result wrong, not checked) -> diag-ab.log
 #   cli-gpu      the CLI on the GPUs: bench --shapes with one shape left no plan by its options (skipped with a
 #                message, the other measured, exit 2) -> cli-gpu.log
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
@@ -232,6 +234,10 @@ for s in "$@"; do
         echo "$tool: exit $? ($(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitize-$tool.log") clean summaries)"
         tail -3 "$OUT/sanitize-$tool.log"
       done
+      ;;
+    diag-ab)
+      stage "owners: the call with and without the finals' NVLink bytes (--diag-no-final-bytes)"
+      owner_ab diag-ab.log "--registered-output" "--registered-output --diag-no-final-bytes"
       ;;
     cli-gpu)
       stage "the CLI on the GPUs: a shape its options leave no plan is skipped, the next one runs"

@@ -404,7 +404,7 @@ __device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32
   const bool withhold = to_c && failed;
   const int32_t row = tc.tm * 128 + r0, col = tc.tn * BN;
   const int32_t nrows = min(rows, s.m - row), units = min(BN, s.n - col) / 8;
-  if (!withhold && nrows > 0) {
+  if (!withhold && nrows > 0 && !(o.diag_no_final_bytes && owner_owns(o, idx))) {
     const int64_t dst_ld = to_c ? o.peer_ld : s.n;
     T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
                   : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
@@ -511,7 +511,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         // A final into the peer's C (Owner::finals_in_c), else into its window
         // from row0 (rows < m). After a timed-out wait (failed) an owned
         // "final" is not one: it is not stored into the peer's C at all.
-        if (tma_push && !(final_to_peer_c && failed))
+        if (tma_push && !(final_to_peer_c && failed) && !(own && o.diag_no_final_bytes))
 #pragma unroll
           for (int c = 0; c < 2; ++c)
             ptx::tma_store_2d(final_to_peer_c ? tm_q : tm_p, piece + c * 8192, col + q * 128 + c * 64,

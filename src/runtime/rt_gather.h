@@ -9,6 +9,9 @@
 // ever. Such an exchange stays enqueued on the communicator (its device
 // buffer is kept for it): it completes if the late ranks join it, and
 // otherwise the communicator must be aborted (ncclCommAbort), not destroyed.
+// Not bounded here: NCCL itself may block inside the call while it connects
+// the ranks, at a communicator's first collective of a kind (its lazy
+// connection set-up), unless the communicator is non-blocking.
 #pragma once
 #include <nccl.h>
 

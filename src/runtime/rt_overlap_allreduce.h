@@ -178,6 +178,11 @@ struct OverlapAllReduceOptions {
   // 0.284 (copy engines; owners 0.309) / 0.254, 4096^3 0.222 / 0.220;
   // 2048x8192x8192 0.387 / 0.395, 4096x7168x5120 0.438 / 0.443.
   int owner_pushers = -1;
+  // Measurement only (bench --diag-no-final-bytes): owners pushed, the final
+  // tiles are counted at the peer but not moved there (kernels::Owner::
+  // diag_no_final_bytes), so the peer's C is wrong: how much of the call's
+  // end the finals' NVLink bytes take.
+  bool diag_no_final_bytes = false;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
   // only; per group a copy stream waits for its tiles with a stream memory
   // op, copies this rank's block to each peer and writes the peer's flag for

@@ -133,6 +133,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   }
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;
+  o.diag_no_final_bytes = opts_.diag_no_final_bytes;
   uint32_t* claims = claims_.as<uint32_t>();
   o.claims = claims + (epoch & 1);
   o.producers = fuse_ok_;

@@ -510,6 +510,10 @@ TEST(RankExchange, ARankThatDoesNotJoinFailsTheOthersInBoundedTime) {
   REQUIRE_TWO_GPUS();
   std::atomic<bool> late_joined{false};
   on_each_rank([&](int rank, ncclComm_t comm) {
+    // First both together: NCCL connects the ranks at a communicator's first
+    // collective of a kind, blocking inside the call (not bounded here).
+    EXPECT_EQ(rt::gather_from_all(comm, rank, int64_t(rank), "the first exchange", std::chrono::seconds(30)),
+              (std::vector<int64_t>{0, 1}));
     const int64_t mine = 1000 + rank;
     if (rank == 0) {
       const auto t0 = std::chrono::steady_clock::now();
