@@ -37,6 +37,8 @@
 #                set) then this build -> owners-one.log
 #                (four-ab, tma-ab, copy-ab, registered-ab, cli-ab, swizzle-ab, owners-one: AB_SHAPES overrides their shapes,
 #                AB_ROUNDS their 2 rounds; AB_FORCED_ONLY=1: cli-ab without the tuner's pick)
+#   rows-ab      NCCL row bands forced (the model's plan, --layout rows --no-select): the signalling GEMM with 4
+#                pipeline stages (the default) vs 3 (--three-stages), ABAB -> rows-ab.log
 #   diag-ab      owners forced, registered outputs, traced: as measured vs --diag-no-final-bytes (the finals counted
 #                at the peer but not moved: the call without their NVLink bytes; result wrong, not checked) -> diag-ab.log
 #   cli-gpu      the CLI on the GPUs: bench --shapes with one shape left no plan by its options (skipped with a
@@ -234,6 +236,10 @@ for s in "$@"; do
         echo "$tool: exit $? ($(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitize-$tool.log") clean summaries)"
         tail -3 "$OUT/sanitize-$tool.log"
       done
+      ;;
+    rows-ab)
+      stage "row bands: the signalling GEMM with 4 vs 3 pipeline stages"
+      ab_runs rows-ab.log "--layout rows --no-select --registered-output" "" "--three-stages"
       ;;
     diag-ab)
       stage "owners: the call with and without the finals' NVLink bytes (--diag-no-final-bytes)"

@@ -321,7 +321,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.fuse_sum = pl.fuse_sum && o.fuse;
     fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
     fo.copy_streams = o.copy_streams;
-    fo.four_stages = o.four_stages;
+    fo.four_stages = o.four_stages && pl.four_stages;  // (--three-stages, or the tuner's stage round)
     fo.push_tma = o.push_tma == "last" ? 1 : o.push_tma == "all" ? 2 : 0;
     fo.owner_pushers = o.owner_pushers == "on" ? 1 : o.owner_pushers == "off" ? 0 : -1;
     fo.wait_timeout_s = o.wait_timeout_s;
@@ -333,6 +333,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
   tuning.host_gate = o.gate;
   tuning.transport_round = o.push_by == "auto";
+  tuning.stage_round = o.four_stages;  // (--three-stages: no choice)
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
                    : o.push_by == "owners"     ? rt::PushBy::Owners
                    : o.push_by == "owners-pull" ? rt::PushBy::OwnersPull
@@ -506,6 +507,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
+      << (!plan.sequential && !op.four_stages() && o.four_stages && rt::plan_has_stage_choice(plan) ? ", 3 stages" : "")
       << ", wait " << o.wait
       << (o.registered ? (op.finals_into_outputs() ? ", registered output (the peer's finals stored straight into it); "
                                                    : ", registered output (run: this plan copies); ") + nccl_reg_note
@@ -850,8 +852,8 @@ void add_bench_command(CLI::App& app, int& rc) {
                 "last tiles staged, stored and pushed, and the copies done, overlapped and alone (the timed calls "
                 "run untraced: the trace's events cost a call 6-15 us)");
   cmd->add_flag("!--three-stages", o->four_stages,
-                "Owners with 128x256 tiles: the GEMM with 3 pipeline stages and its output pushed from shared "
-                "memory (the default is 4 stages, the output staged in pieces and pushed from this GPU's memory)");
+                "128x256 tiles: the GEMM with 3 pipeline stages (the default is 4, the output staged in pieces): "
+                "owners (then pushed from shared memory), row bands and gathered rows summed after the GEMM");
   cmd->add_option("--push-tma", o->push_tma,
                   "Owners with 4 stages: the tiles sent to the peer by TMA straight from the GEMM's staging instead "
                   "of from this GPU's memory by the pusher or storer warps: none, last (each CTA's last tile: its operand loads are done), all")

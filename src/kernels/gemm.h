@@ -206,10 +206,10 @@ struct GemmParams {
   // MMAs done (consumer warpgroup 0's, before the epilogue's waits)}. Where
   // the GEMM's end goes (rt::summarize_phases).
   uint64_t* monitor_phases = nullptr;
-  // 128x256 tiles, Plain C stored by TMA, alone or with the owner layout
-  // (no counters, tile-end monitor, other pushes, sum or row shift; the MMA
-  // and phase monitors may be on; gemm_four_stages says whether a launch
-  // qualifies): 4 pipeline stages instead of 3,
+  // 128x256 tiles, Plain C stored by TMA, alone, signalling (counters, row
+  // shift) or with the owner layout (no tile-end monitor, other pushes or
+  // sum; the MMA and phase monitors may be on; gemm_four_stages says whether
+  // a launch qualifies): 4 pipeline stages instead of 3,
   // each consumer staging its output half in two pieces in half the shared
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
   bool four_stages = true;

@@ -166,13 +166,14 @@ void check_gemm_params(const GemmParams& p) {
 void preload_gemm_kernels();
 
 bool gemm_four_stages(const GemmParams& p) {
-  // The plain store, or the owner layout (push to its one peer; the
-  // peer's finals are copied through registers, no shared memory to spare).
+  // The plain store, signalling or not, rows shifted or not (piece_storer);
+  // or the owner layout (push to its one peer; the peer's finals are copied
+  // through registers, no shared memory to spare). Not: the tile-end
+  // monitor, a fused sum (its warps stage in the 4th stage's room).
   const bool plain = p.push.peers == 0 && p.owner.rank < 0;
-  const bool owner = p.owner.rank >= 0 && p.push.peers == 1;
+  const bool owner = p.owner.rank >= 0 && p.push.peers == 1 && !p.counters && !p.row_shift;
   return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&
-         !p.counters && !p.monitor_ns && (plain || owner) && p.sum.groups == 0 &&
-         !p.row_shift;  // (owner: check_gemm_params requires n % 8 == 0 already)
+         !p.monitor_ns && (plain || owner) && p.sum.groups == 0;  // (owner: n % 8 == 0 checked already)
 }
 
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {

@@ -130,6 +130,11 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
   if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
+  // The signalling GEMM's 4 stages (owners: setup_owned): row bands, and
+  // gathered rows unless the sum runs in the GEMM (its warps stage in the
+  // 4th stage's room); kernels::gemm_four_stages decides per launch.
+  if (!sequential() && (opts_.layout == ArLayout::RowBands || (opts_.layout == ArLayout::Gathered && !fuse_ok_)))
+    four_stages_ = opts_.four_stages && s.bn == 256;
 
   FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
   *wait_error_ = kernels::WaitError{};
@@ -220,6 +225,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
     p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
+  p.four_stages = opts_.four_stages;  // (where the store qualifies: kernels::gemm_four_stages)
   launch_call_gemm(p, stream, bump);  // in host order before the waits (lazy-loading hazard)
 
   char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_.get() : c);

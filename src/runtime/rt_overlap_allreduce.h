@@ -157,10 +157,11 @@ struct OverlapAllReduceOptions {
   // flight; 2 halves those gaps (8192x4096x2048 on 2xH200: 0.339 vs 0.352 ms,
   // neutral on GEMM-bound shapes) and holds a tile's signal at most one tile.
   int push_signal_every = 2;
-  // Owners with 128x256 tiles: the GEMM with 4 pipeline stages, its output
-  // staged in pieces and pushed from this GPU's memory
-  // (kernels::GemmParams::four_stages; the peer's finals copied through
-  // registers). false: 3 stages (A/B).
+  // 128x256 tiles: the GEMM with 4 pipeline stages, its output staged in
+  // pieces (kernels::GemmParams::four_stages): owners (pushed from this
+  // GPU's memory, the peer's finals copied through registers), and the
+  // signalling GEMM of row bands and of gathered rows summed after it.
+  // false: 3 stages (A/B).
   bool four_stages = true;
   // Owners pushed with 4 stages: which tiles go to the peer by TMA straight
   // from the GEMM's staging (kernels::Owner::push_tma): 0 none (every tile
@@ -269,7 +270,8 @@ class OverlapAllReduce {
   // Gathered: sums inside the GEMM (plain contiguous output). Pushed: the
   // producer warps sum during the GEMM (else the consumer warps only, after their tiles).
   bool fuses_sum() const { return fuse_ok_; }
-  // Owners: the GEMM runs 4 pipeline stages (OverlapAllReduceOptions::four_stages).
+  // The GEMM runs 4 pipeline stages (OverlapAllReduceOptions::four_stages:
+  // owners, row bands, gathered rows summed after the GEMM).
   bool four_stages() const { return four_stages_; }
   // The last traced call's timeline (synchronises with its events; empty
   // when no call was traced).

@@ -97,8 +97,10 @@ plan::BandwidthCurve measure_gather_curve(Rendezvous& rv, ncclComm_t comm, kerne
 double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,
                        cudaStream_t stream, int iters) {
   kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
-  // The model's GEMM per wave: 3 stages, as the layouts with signals run it
-  // (its slowdown factors were fitted to those); the measured choice decides.
+  // The model's GEMM per wave: 3 stages, as the slot, pushed and fused-sum
+  // layouts run it (its slowdown factors were fitted to those; row bands and
+  // gathered rows summed after run 4 stages since the eighteenth session,
+  // ~1-2% faster than this); the measured choice decides.
   p.four_stages = false;
   return time_on_stream([&] { kernels::launch_gemm(p, stream); }, stream, 2, iters).median_ms;
 }
@@ -141,6 +143,7 @@ std::string describe(const AllReducePlan& p) {
     out += sum_place(p.layout, p.fuse_sum, p.push_by);
   else
     out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
+  if (!p.four_stages && plan_has_stage_choice(p)) out += ", 3 stages";
   return out + ", " + std::to_string(p.groups.size()) + " groups";
 }
 
@@ -222,6 +225,21 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
     if (by != best.push_by) both_sums(best, by);
   if (best.push_by != PushBy::Owners)
     for (const AllReducePlan* o : owners) both_sums(*o, PushBy::Owners);
+  return out;
+}
+
+bool plan_has_stage_choice(const AllReducePlan& p) {
+  if (p.sched.bn != 256) return false;
+  if (p.sequential) return true;
+  return p.layout == ArLayout::RowBands || (p.layout == ArLayout::Gathered && !p.fuse_sum) ||
+         (is_pushed(p.layout) && is_owners(p.push_by) && p.layout == ArLayout::Pushed);
+}
+
+std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best) {
+  std::vector<AllReducePlan> out{best};
+  if (best.sequential || is_pushed(best.layout) || !plan_has_stage_choice(best)) return out;
+  out.push_back(best);
+  out.back().four_stages = !best.four_stages;
   return out;
 }
 
@@ -325,11 +343,13 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     // Owners (2 ranks, row bands) on owner_bases: the pick's tile shape, another swizzle, the other shape.
     std::vector<const AllReducePlan*> owners;
     if (t.world == 2 && n % 8 == 0 && t.push_reachable) owners = owner_bases(first_round, first_ms, best);
-    const std::vector<AllReducePlan> second = transport_finalists(best, owners);
-    if (!t.transport_round || second.size() == 1) return best;
+    // Pushed: the transports (and owners); otherwise the GEMM's stages.
+    const bool pushed = is_pushed(best.layout) && !best.sequential;
+    const std::vector<AllReducePlan> second = pushed ? transport_finalists(best, owners) : stage_finalists(best);
+    if (second.size() == 1 || !(pushed ? t.transport_round : t.stage_round)) return best;
     const std::string first = t.selection ? *t.selection : "";
     const AllReducePlan pick = measure_finalists(t, second, n, a, b, scratch);
-    if (t.selection) *t.selection = first + "; then the transports: " + *t.selection;
+    if (t.selection) *t.selection = first + (pushed ? "; then the transports: " : "; then the stages: ") + *t.selection;
     return pick;
   }
   // 1. Candidate schedules and their measured GEMM times (max over ranks).

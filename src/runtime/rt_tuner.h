@@ -119,11 +119,13 @@ struct AllReduceTuning {
   // tune_allreduce builds an op for each of finalists_of(ranked), times them
   // in turns on a and b (max over ranks, runs started together through a
   // one-element AllReduce on sync_comm) and, with transport_round,
-  // when the fastest is pushed, those of transport_finalists(the fastest);
+  // when the fastest is pushed, those of transport_finalists(the fastest),
+  // with stage_round, when it is not, those of stage_finalists(the fastest);
   // it returns the fastest; `selection` (optional) receives the finalists
   // with their times, the pick starred.
   std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
   bool transport_round = true;
+  bool stage_round = true;
   PushBy push_by = PushBy::Gemm;  // the transport of every pushed plan generated (before the second round)
   ncclComm_t sync_comm = nullptr;
   bool host_gate = true;  // time each run queued whole (rt_host_gate.h)
@@ -155,8 +157,16 @@ struct AllReducePlan {
   bool fallback_cublas = false;  // sequential, with cuBLAS's GEMM
   bool fuse_sum = true;          // gathered, pushed: sum inside the GEMM
   PushBy push_by = PushBy::Gemm;  // pushed: who moves the tiles to the peers
+  // The GEMM with 4 pipeline stages where its store qualifies
+  // (OverlapAllReduceOptions::four_stages); false: 3 (stage_finalists).
+  bool four_stages = true;
   double predicted_ms = 0;
 };
+
+// Whether the plan's GEMM takes 4 pipeline stages when asked
+// (kernels::gemm_four_stages: 128x256 tiles, the plain store; here row bands,
+// gathered rows summed after the GEMM, owners, the sequential fallback).
+bool plan_has_stage_choice(const AllReducePlan& p);
 
 // The plan as the op's options (comms and the rest are the caller's).
 std::string describe(const AllReducePlan& p);
@@ -194,6 +204,15 @@ std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& 
 // owners already, each of `owners` (owner_bases) with owners, the copy in
 // and after the GEMM. Otherwise just `best`.
 std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners);
+
+// The second round when the measured best is not pushed: that plan, and
+// with NCCL on row bands or the gathered rows summed after the GEMM also
+// the same plan with a 3-stage GEMM. 4 stages compute faster alone, but
+// their epilogue (the output in pieces through half the shared memory)
+// stalls the MMAs where the memory is busy with the collective beside them
+// (4xH200, row bands forced, the same plan in turns: 4096^3 1.5% faster,
+// 16384x8192x4096 1% slower; NOTES.md, eighteenth session).
+std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
 // curve_for), predicts each with the paper's model, searches the groups with

@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/ptx.cuh"
 #include "kernels/reorder.h"
+#include "plan/block_layout.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
 #include "runtime/rt_gemm_monitor.h"
@@ -338,6 +339,57 @@ std::vector<int> random_partition(int waves, std::mt19937_64& rng) {
   return parts;
 }
 
+// A signal check's device side: the groups' tile map, element ranges and
+// per-call targets uploaded, their counters zeroed, a stream for the GEMM and
+// one for the checker (checker_kernel: one block per group, at most 16).
+struct SignalCheck {
+  int groups;
+  DeviceBuffer got, begin, target, counters, mism, rel;
+  cudaStream_t compute = nullptr, check = nullptr;
+  SignalCheck(const std::vector<int32_t>& group_of_tile, const std::vector<int64_t>& begin_,
+              const std::vector<uint32_t>& target_)
+      : groups(int(target_.size())), got(group_of_tile.size() * 4), begin(begin_.size() * 8), target(groups * 4),
+        counters(groups * 4), mism(groups * 8), rel(groups * 8) {
+    FO_CUDA_CHECK(cudaMemcpy(got.get(), group_of_tile.data(), got.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemcpy(begin.get(), begin_.data(), begin.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemcpy(target.get(), target_.data(), target.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&check, cudaStreamNonBlocking));
+    kernels::preload_kernels();
+    cudaFuncAttributes attr{};  // (the checker loaded now, not while the GEMM runs)
+    FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, checker_kernel));
+  }
+  ~SignalCheck() {
+    cudaStreamDestroy(compute);
+    cudaStreamDestroy(check);
+  }
+  // q with this check's counters: data (what q writes) poisoned, then q and
+  // the checker of call `epoch` (q first in host order); waits for both.
+  // Returns each group's mismatches seen at its release.
+  std::vector<unsigned long long> run(kernels::GemmParams q, void* data, int64_t elems, const void* expected,
+                                      uint32_t epoch) {
+    kernels::poison(data, elems, compute);
+    FO_CUDA_CHECK(cudaMemset(mism.get(), 0, mism.bytes()));
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    q.counters = counters.as<uint32_t>(), q.group_of_tile = got.as<int32_t>();
+    kernels::launch_gemm(q, compute);
+    CheckerArgs ca{static_cast<const uint16_t*>(data), static_cast<const uint16_t*>(expected), counters.as<uint32_t>(),
+                   begin.as<int64_t>(), epoch, target.as<uint32_t>(), mism.as<unsigned long long>(),
+                   rel.as<uint64_t>()};
+    checker_kernel<<<groups, 256, 0, check>>>(ca);
+    FO_CUDA_CHECK(cudaGetLastError());
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host<unsigned long long>(mism);
+  }
+  template <typename V>
+  static std::vector<V> to_host(const DeviceBuffer& d) {
+    std::vector<V> v(d.bytes() / sizeof(V));
+    FO_CUDA_CHECK(cudaMemcpy(v.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
 TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
@@ -376,46 +428,17 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
       begin.push_back(int64_t(t_end) * 128 * bn);
       target.push_back(uint32_t(t_end - t_begin) * kernels::kSignalsPerTile);
     }
-    DeviceBuffer d_got(group_of_tile.size() * 4), d_begin(begin.size() * 8), d_target(target.size() * 4),
-        d_counters(groups * 4), d_mism(groups * 8), d_rel(groups * 8);
-    FO_CUDA_CHECK(cudaMemcpy(d_got.get(), group_of_tile.data(), d_got.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemcpy(d_begin.get(), begin.data(), d_begin.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemcpy(d_target.get(), target.data(), d_target.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemset(d_counters.get(), 0, d_counters.bytes()));
-
-    cudaStream_t compute, check;
-    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&check, cudaStreamNonBlocking));
-    kernels::preload_kernels();
-    cudaFuncAttributes attr{};
-    FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, checker_kernel));
-
-    std::vector<uint64_t> last_tile_ns(tiles * 2);
+    SignalCheck sc(group_of_tile, begin, target);
     DeviceBuffer mon_ns(size_t(tiles) * 2 * 8), mon_sm(size_t(tiles) * 4);
     for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
       SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " bn=" + std::to_string(bn) +
                    " epoch=" + std::to_string(epoch) + " groups=" + std::to_string(groups) +
                    " seed=" + std::to_string(seed));
-      kernels::poison(slots.get(), slot_elems, compute);
-      FO_CUDA_CHECK(cudaMemset(d_mism.get(), 0, d_mism.bytes()));
-      FO_CUDA_CHECK(cudaDeviceSynchronize());
       kernels::GemmParams q = p;
       q.slots = slots.get();
-      q.counters = d_counters.as<uint32_t>();
-      q.group_of_tile = d_got.as<int32_t>();
       q.monitor_ns = mon_ns.as<uint64_t>();
       q.monitor_sm = mon_sm.as<uint32_t>();
-      kernels::launch_gemm(q, compute);  // GEMM first in host order
-      CheckerArgs ca{slots.as<uint16_t>(), expected.as<uint16_t>(), d_counters.as<uint32_t>(), d_begin.as<int64_t>(),
-                     epoch, d_target.as<uint32_t>(), d_mism.as<unsigned long long>(), d_rel.as<uint64_t>()};
-      checker_kernel<<<groups, 256, 0, check>>>(ca);
-      FO_CUDA_CHECK(cudaGetLastError());
-      FO_CUDA_CHECK(cudaDeviceSynchronize());
-      std::vector<unsigned long long> mism(groups);
-      std::vector<uint64_t> rel(groups);
-      FO_CUDA_CHECK(cudaMemcpy(mism.data(), d_mism.get(), d_mism.bytes(), cudaMemcpyDeviceToHost));
-      FO_CUDA_CHECK(cudaMemcpy(rel.data(), d_rel.get(), d_rel.bytes(), cudaMemcpyDeviceToHost));
-      FO_CUDA_CHECK(cudaMemcpy(last_tile_ns.data(), mon_ns.get(), mon_ns.bytes(), cudaMemcpyDeviceToHost));
+      const std::vector<unsigned long long> mism = sc.run(q, slots.get(), slot_elems, expected.get(), epoch);
       for (int g = 0; g < groups; ++g) EXPECT_EQ(mism[g], 0u) << "group " << g << " was released incomplete";
       // The final slots equal the expected ones everywhere.
       const auto r = kernels::compare(DType::BF16, slots.get(), bn, expected.get(), bn, int64_t(tiles) * 128, bn,
@@ -424,16 +447,68 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
       // Overlap is real: with more than one group, the first group was
       // released before the GEMM's last tile finished.
       if (groups > 1) {
-        uint64_t last = 0;
-        for (uint64_t t : last_tile_ns) last = std::max(last, t);
+        const std::vector<uint64_t> last_tile_ns = SignalCheck::to_host<uint64_t>(mon_ns);
+        const std::vector<uint64_t> rel = SignalCheck::to_host<uint64_t>(sc.rel);
+        const uint64_t last = *std::max_element(last_tile_ns.begin(), last_tile_ns.end());
         EXPECT_LT(rel[0], last) << "first group released only after the whole GEMM";
       }
     }
-    std::vector<uint32_t> counters(groups);
-    FO_CUDA_CHECK(cudaMemcpy(counters.data(), d_counters.get(), d_counters.bytes(), cudaMemcpyDeviceToHost));
+    const std::vector<uint32_t> counters = SignalCheck::to_host<uint32_t>(sc.counters);
     for (int g = 0; g < groups; ++g) EXPECT_EQ(counters[g], 3 * target[g]) << "epoch counters never reset";
-    cudaStreamDestroy(compute);
-    cudaStreamDestroy(check);
+  }
+}
+
+// The 4-stage store signalling row-band groups (the NCCL row-band layout's
+// GEMM): Plain C with counters runs the pieces kernel, each group is
+// complete in C when its counter reaches the target (the checker sees no
+// partial tile, over three calls), and C is bitwise the 3-stage GEMM's.
+TEST(GemmSignal, FourStageRowBandsAreCompleteWhenReleased) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (auto [m, n, k, swizzle] : std::vector<std::tuple<int, int, int, int>>{
+           {4096, 8192, 4096, 4}, {3001, 4096, 2048, 2}, {1024, 8192, 8192, 1}}) {
+    const int ctas = 132 - 16;  // 16 SMs for the checker blocks (at most 16 groups)
+    const plan::Schedule s = make_sched(m, n, 128, 256, ctas, plan::Raster::AlongN, swizzle);
+    Problem pr(DType::BF16, m, n, k, seed, false);
+    const int64_t elems = int64_t(m) * n;
+    DeviceBuffer c(elems * 2), expected(elems * 2);
+    kernels::GemmParams p = kernels::plain_gemm(DType::BF16, pr.a.get(), pr.b.get(), s, k, expected.get(), n);
+    p.four_stages = false;  // the reference: the 3-stage kernel, unsignalled
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+
+    std::vector<int> parts = random_partition(plan::band_count(s), rng);
+    while (parts.size() > 16) {
+      parts[parts.size() - 2] += parts.back();
+      parts.pop_back();
+    }
+    const std::vector<plan::Group> groups = plan::band_groups(s, parts);
+    const int ngroups = int(groups.size());
+    std::vector<int32_t> group_of_tile(s.tiles());
+    std::vector<int64_t> begin{0};
+    std::vector<uint32_t> target;
+    for (int g = 0, band = 0; g < ngroups; band += parts[g], ++g) {
+      for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t) group_of_tile[t] = g;
+      const int64_t end_row = std::min<int64_t>(int64_t(band + parts[g]) * swizzle * 128, m);
+      begin.push_back(end_row * n);
+      target.push_back(uint32_t(groups[g].tiles()) * kernels::kSignalsPerTile);
+    }
+    SignalCheck sc(group_of_tile, begin, target);
+    kernels::GemmParams q = p;
+    q.c = c.get(), q.four_stages = true;
+    q.counters = sc.counters.as<uint32_t>(), q.group_of_tile = sc.got.as<int32_t>();
+    ASSERT_TRUE(kernels::gemm_four_stages(q)) << "a signalling plain store qualifies for the 4-stage kernel";
+    for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
+      SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                   " swizzle=" + std::to_string(swizzle) + " epoch=" + std::to_string(epoch) +
+                   " groups=" + std::to_string(ngroups) + " seed=" + std::to_string(seed));
+      const std::vector<unsigned long long> mism = sc.run(q, c.get(), elems, expected.get(), epoch);
+      for (int g = 0; g < ngroups; ++g) EXPECT_EQ(mism[g], 0u) << "group " << g << " was released incomplete";
+      EXPECT_EQ(kernels::compare(DType::BF16, c.get(), n, expected.get(), n, m, n, nullptr).mismatches, 0);
+    }
+    const std::vector<uint32_t> counters = SignalCheck::to_host<uint32_t>(sc.counters);
+    for (int g = 0; g < ngroups; ++g) EXPECT_EQ(counters[g], 3 * target[g]) << "group " << g;
   }
 }
 

@@ -812,15 +812,18 @@ TEST(OverlapAllReduceOptions, RejectsBadGroupsAndOutOfRangeKnobs) {
   EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument);
 }
 
+// Every layout, for the tuner's host tests.
+const std::vector<rt::ArLayout> kAllLayouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots,
+                                               rt::ArLayout::Gathered, rt::ArLayout::GatheredTiles,
+                                               rt::ArLayout::Pushed,   rt::ArLayout::PushedTiles};
+
 // Host logic of the final choice: which ranked plans are measured.
 TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   std::vector<rt::AllReducePlan> ranked;
-  const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
-                                             rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed,
-                                             rt::ArLayout::PushedTiles};
+  const std::vector<rt::ArLayout>& layouts = kAllLayouts;
   for (int i = 0; i < 60; ++i) {  // random layouts, swizzles and predictions
     rt::AllReducePlan p;
     p.layout = layouts[rng() % layouts.size()];
@@ -911,9 +914,7 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Gathered,
-                                             rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed,
-                                             rt::ArLayout::PushedTiles};
+  const std::vector<rt::ArLayout>& layouts = kAllLayouts;
   const std::vector<rt::PushBy> transports = {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners};
   for (int i = 0; i < 60; ++i) {
     rt::AllReducePlan p;
@@ -958,6 +959,44 @@ TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) 
       EXPECT_EQ(f[j].predicted_ms, base->predicted_ms);
     }
   }
+}
+
+// The second round for a pick that is not pushed: the pick, then (NCCL row
+// bands, or gathered rows summed after the GEMM, with 128x256 tiles) the
+// same plan with the other pipeline depth; nothing else changes.
+TEST(AllReduceTuner, StageFinalistsAreThePickAndItsThreeStageTwin) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<rt::ArLayout>& layouts = kAllLayouts;
+  int twins = 0;
+  for (int i = 0; i < 80; ++i) {
+    rt::AllReducePlan p;
+    p.layout = layouts[rng() % layouts.size()];
+    p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 114, 1 << (rng() % 4));
+    p.fuse_sum = rng() % 2 == 0;
+    p.sequential = rng() % 6 == 0;
+    p.reserve = int(rng() % 20);
+    p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
+    const std::vector<rt::AllReducePlan> f = rt::stage_finalists(p);
+    ASSERT_FALSE(f.empty());
+    EXPECT_EQ(rt::describe(f[0]), rt::describe(p));
+    EXPECT_TRUE(f[0].four_stages);
+    const bool choice = !p.sequential && p.sched.bn == 256 &&
+                        (p.layout == rt::ArLayout::RowBands || (p.layout == rt::ArLayout::Gathered && !p.fuse_sum));
+    ASSERT_EQ(f.size(), choice ? 2u : 1u) << rt::describe(p);
+    if (!choice) continue;
+    ++twins;
+    EXPECT_FALSE(f[1].four_stages);
+    EXPECT_EQ(rt::describe(f[1]), rt::describe(p).substr(0, rt::describe(p).rfind(", ")) + ", 3 stages" +
+                                      rt::describe(p).substr(rt::describe(p).rfind(", ")));
+    EXPECT_EQ(f[1].layout, p.layout);
+    EXPECT_EQ(f[1].sched.swizzle, p.sched.swizzle);
+    EXPECT_EQ(f[1].reserve, p.reserve);
+    EXPECT_EQ(f[1].fuse_sum, p.fuse_sum);
+    EXPECT_EQ(f[1].predicted_ms, p.predicted_ms);
+  }
+  EXPECT_GT(twins, 0) << "no case had the choice (seed " << seed << ")";
 }
 
 // Which row-band plans the second round tries with owners: the pick when it
