@@ -229,15 +229,15 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
 }
 
 bool plan_has_stage_choice(const AllReducePlan& p) {
-  if (p.sched.bn != 256) return false;
-  if (p.sequential) return true;
+  // (one group: the op runs the sequential GEMM, on 4 stages where it can)
+  if (p.sched.bn != 256 || p.sequential || p.groups.size() < 2) return false;
   return p.layout == ArLayout::RowBands || (p.layout == ArLayout::Gathered && !p.fuse_sum) ||
          (is_pushed(p.layout) && is_owners(p.push_by) && p.layout == ArLayout::Pushed);
 }
 
 std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best) {
   std::vector<AllReducePlan> out{best};
-  if (best.sequential || is_pushed(best.layout) || !plan_has_stage_choice(best)) return out;
+  if (is_pushed(best.layout) || !plan_has_stage_choice(best)) return out;
   out.push_back(best);
   out.back().four_stages = !best.four_stages;
   return out;

@@ -163,9 +163,10 @@ struct AllReducePlan {
   double predicted_ms = 0;
 };
 
-// Whether the plan's GEMM takes 4 pipeline stages when asked
-// (kernels::gemm_four_stages: 128x256 tiles, the plain store; here row bands,
-// gathered rows summed after the GEMM, owners, the sequential fallback).
+// Whether the plan's overlapped GEMM can run 3 or 4 pipeline stages
+// (kernels::gemm_four_stages: 128x256 tiles, the plain store; here row
+// bands, gathered rows summed after the GEMM, owners; not a plan of one
+// group, which runs the sequential GEMM).
 bool plan_has_stage_choice(const AllReducePlan& p);
 
 // The plan as the op's options (comms and the rest are the caller's).

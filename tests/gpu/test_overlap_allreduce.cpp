@@ -978,11 +978,12 @@ TEST(AllReduceTuner, StageFinalistsAreThePickAndItsThreeStageTwin) {
     p.sequential = rng() % 6 == 0;
     p.reserve = int(rng() % 20);
     p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
+    p.groups.resize(1 + rng() % 3);  // (one group: the op runs the sequential GEMM, no choice)
     const std::vector<rt::AllReducePlan> f = rt::stage_finalists(p);
     ASSERT_FALSE(f.empty());
     EXPECT_EQ(rt::describe(f[0]), rt::describe(p));
     EXPECT_TRUE(f[0].four_stages);
-    const bool choice = !p.sequential && p.sched.bn == 256 &&
+    const bool choice = !p.sequential && p.sched.bn == 256 && p.groups.size() >= 2 &&
                         (p.layout == rt::ArLayout::RowBands || (p.layout == rt::ArLayout::Gathered && !p.fuse_sum));
     ASSERT_EQ(f.size(), choice ? 2u : 1u) << rt::describe(p);
     if (!choice) continue;
