@@ -61,7 +61,7 @@ struct Options {
   bool diag_no_final_bytes = false;  // measurement only: owners' finals counted at the peer, not moved
   bool registered = false;  // flashoverlap into a registered output (run_registered)
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
-  bool four_stages = true;  // owners with 128x256 tiles: 4 pipeline stages
+  bool four_stages = true;  // 128x256 tiles: 4 pipeline stages where the store qualifies (false: --three-stages)
   std::string push_tma = "last";  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
   std::string owner_pushers = "auto";  // owners, 4 stages: warps 2-3 push the tiles from C (auto: k <= 4096, on, off)
   bool fuse = true;  // the sum (or the owners' copy) inside the GEMM where the plan says so
@@ -325,7 +325,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.push_tma = o.push_tma == "last" ? 1 : o.push_tma == "all" ? 2 : 0;
     fo.owner_pushers = o.owner_pushers == "on" ? 1 : o.owner_pushers == "off" ? 0 : -1;
     fo.wait_timeout_s = o.wait_timeout_s;
-    fo.diag_no_final_bytes = o.diag_no_final_bytes;
+    // (owners pushed only: OverlapAllReduce refuses it elsewhere)
+    fo.diag_no_final_bytes = o.diag_no_final_bytes && !pl.sequential && rt::is_pushed(pl.layout) &&
+                             pl.push_by == rt::PushBy::Owners;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
@@ -401,7 +403,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   chk << "; rel err vs cuBLAS+NCCL " << bad[1] << (bad[1] < tol ? " ok" : " FAIL") << "; NaN " << bad[2];
   res.checks = chk.str();
   const bool ok = (world == 2 ? bad[0] == 0 : bad[4] < tol) && bad[1] < tol && bad[2] == 0 && bad[3] < tol;
-  if (o.diag_no_final_bytes)
+  if (fo.diag_no_final_bytes)
     res.checks += " [--diag-no-final-bytes: the finals are not moved to the peer, so its C is wrong: timing only]";
   else if (!ok)
     throw Error("correctness check failed for " + std::to_string(M) + "x" + std::to_string(N) + "x" +
@@ -641,6 +643,9 @@ int run(const Options& o) {
   if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners" &&
       o.push_by != "owners-pull")
     throw InvalidArgument("--push-by must be auto, gemm, copy-engines, owners or owners-pull");
+  if (o.diag_no_final_bytes && (o.push_by != "owners" || !o.four_stages))
+    throw InvalidArgument("--diag-no-final-bytes measures owners pushed on 4 stages: it needs --push-by owners "
+                          "(and not --three-stages)");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -692,10 +697,11 @@ int run(const Options& o) {
     ShapeResult r;
     try {
       r = bench_allreduce(cx, o, s[0], s[1], s[2]);
-    } catch (const InvalidArgument& e) {
+    } catch (const rt::NoPlan& e) {
       // No plan for this shape with these options: the same on every rank
       // (same shape, options and agreed measurements), at the same step, so
-      // every rank skips it and the others still run. One shape: the error.
+      // every rank skips it and the others still run (any other error ends
+      // the run: it may be one rank's). One shape: the error.
       if (shapes.size() == 1) throw;
       skipped.push_back(std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]));
       if (root) std::cerr << "bench: " << skipped.back() << ": skipped: " << e.what() << "\n";
@@ -806,7 +812,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--band-swizzles", o->band_swizzles,
                   "Row-band layouts (rows, gathered, pushed, owners): the band heights in tile rows the tuner tries, "
                   "e.g. 8 or 4,8,16 (default: 2,4,8; a height over the tile rows is skipped, and the pushed layouts "
-                  "skip one that leaves a single band; a shape left with no plan is skipped with a message and the run goes on to the next, exit code 2)")
+                  "skip one that leaves a single band; with several shapes, one left with no plan is skipped with a message and the run goes on, exit code 2 at the end; one shape: the error)")
       ->check([](const std::string& v) -> std::string {
         try {
           const std::vector<int> sw = parse_ints(v, "band swizzle");

@@ -17,10 +17,11 @@ namespace flashoverlap::rt {
 std::vector<uint8_t> gather_bytes(ncclComm_t comm, int rank, const void* mine, size_t bytes, const std::string& what,
                                   std::chrono::milliseconds timeout) {
   const std::string ctx = "rank " + std::to_string(rank) + ": " + what;
-  int world = 0;
+  int world = 0, me = 0;
   FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), ctx);
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &me), ctx);  // (where this rank's bytes go; `rank` names it in messages)
   DeviceBuffer buf(bytes * size_t(world));
-  char* at = static_cast<char*>(buf.get()) + bytes * size_t(rank);
+  char* at = static_cast<char*>(buf.get()) + bytes * size_t(me);
   cudaStream_t st = nullptr;
   FO_CUDA_CHECK_CTX(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), ctx);
   // (on the gather's stream: a pageable copy may return before it lands)
@@ -38,7 +39,9 @@ std::vector<uint8_t> gather_bytes(ncclComm_t comm, int rank, const void* mine, s
       e = q;
       break;
     }
-    if (ncclCommGetAsyncError(comm, &async) != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) break;
+    const ncclResult_t queried = ncclCommGetAsyncError(comm, &async);
+    if (queried != ncclSuccess) async = queried;  // (the query failing is an error too)
+    if (async != ncclSuccess && async != ncclInProgress) break;
     if (std::chrono::steady_clock::now() >= deadline) {
       timed_out = true;
       break;

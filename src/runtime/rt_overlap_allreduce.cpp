@@ -90,8 +90,10 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   if (opts_.owner_pushers < -1 || opts_.owner_pushers > 1)
     throw InvalidArgument("OverlapAllReduce: owner_pushers must be -1 (by k), 0 or 1, not " +
                           std::to_string(opts_.owner_pushers));
-  if (!(opts_.wait_timeout_s > 0) || !(opts_.exchange_timeout_s > 0))  // (also NaN)
-    throw InvalidArgument("OverlapAllReduce: wait_timeout_s and exchange_timeout_s must be > 0 seconds, not " +
+  auto seconds_ok = [](double t) { return t > 0 && t <= kMaxTimeoutS; };  // (false for NaN and infinity)
+  if (!seconds_ok(opts_.wait_timeout_s) || !seconds_ok(opts_.exchange_timeout_s))
+    throw InvalidArgument("OverlapAllReduce: wait_timeout_s and exchange_timeout_s must be > 0 and <= " +
+                          std::to_string(int64_t(kMaxTimeoutS)) + " seconds, not " +
                           std::to_string(opts_.wait_timeout_s) + " and " + std::to_string(opts_.exchange_timeout_s));
   if (opts_.push_tma < 0 || opts_.push_tma > 2)
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
@@ -130,6 +132,8 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
   if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
+  if (opts_.diag_no_final_bytes && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))
+    throw InvalidArgument("OverlapAllReduce: diag_no_final_bytes is for owners pushed on 4 stages (128x256 tiles)");
   // The signalling GEMM's 4 stages (owners: setup_owned): row bands, and
   // gathered rows unless the sum runs in the GEMM (its warps stage in the
   // 4th stage's room); kernels::gemm_four_stages decides per launch.

@@ -135,7 +135,9 @@ struct OverlapAllReduceOptions {
   WaitMode wait = WaitMode::SpinKernel;
   double wait_timeout_s = 30.0;   // a group not complete by then fails the call
   // register_output's exchange with the other ranks fails after this long
-  // (a rank that never calls it), rather than waiting for ever.
+  // (a rank that never calls it), rather than waiting for ever; the
+  // communicator then holds the unfinished step and must be aborted
+  // (ncclCommAbort) unless that rank still joins (rt_gather.h).
   double exchange_timeout_s = 120.0;
   int fault_drop_group = -1;      // testing only: this group's signals go nowhere (copy engines: its flags)
   // Keep the trace buffers (events around the GEMM and each group, the GEMM's
@@ -313,6 +315,8 @@ class OverlapAllReduce {
   kernels::FusedSum fused_sum(int32_t groups, const uint32_t* ready, const void* gathered, void* out,
                               int64_t ld_out) const;
   uint64_t timeout_ns() const { return uint64_t(opts_.wait_timeout_s * 1e9); }
+  // The timeouts' bound in seconds (a week: ns fit in 64 bits many times over).
+  static constexpr double kMaxTimeoutS = 7 * 24 * 3600.0;
 
   // Gathered and pushed layouts: each group's blocks (plan/block_layout.h).
   using GatherBlock = plan::RankBlocks;

@@ -2,6 +2,7 @@
 // (PushBy::Owners, 2 ranks; see rt_overlap_allreduce.h and kernels::Owner):
 // setup of the symmetric window and the per-tile flags; one call = the GEMM,
 // which sums, stores and exchanges every tile itself (then RMSNorm).
+#include <algorithm>
 #include <string>
 #include <vector>
 #include <utility>
@@ -73,7 +74,7 @@ int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
   if (finals_into_outputs()) {
     try {
       mapped = PeerMappedBuffer(opts_.comm, gather_rank_, out, ld_out, ok,
-                                std::chrono::milliseconds(int64_t(opts_.exchange_timeout_s * 1e3)));
+                                std::chrono::milliseconds(std::max<int64_t>(1, int64_t(opts_.exchange_timeout_s * 1e3))));
     } catch (const Error&) {
       if (!ok) throw InvalidArgument(why);
       throw;

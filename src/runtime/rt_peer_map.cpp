@@ -149,7 +149,14 @@ PeerMappedBuffer::PeerMappedBuffer(ncclComm_t comm, int rank, void* mine, int64_
   } catch (const std::exception& ex) {
     failure = ex.what();
   }
-  if (!all_ok(comm, rank, failure.empty(), timeout)) {
+  bool everyone_mapped = false;
+  try {
+    everyone_mapped = all_ok(comm, rank, failure.empty(), timeout);
+  } catch (...) {  // (a timed-out agreement: the mappings opened above are closed before the throw)
+    release();
+    throw;
+  }
+  if (!everyone_mapped) {
     release();
     throw Error(failure.empty() ? "rank " + std::to_string(rank) + ": another rank could not map this rank's output"
                                 : failure);

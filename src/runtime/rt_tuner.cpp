@@ -99,8 +99,8 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
   kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
   // The model's GEMM per wave: 3 stages, as the slot, pushed and fused-sum
   // layouts run it (its slowdown factors were fitted to those; row bands and
-  // gathered rows summed after run 4 stages since the eighteenth session,
-  // ~1-2% faster than this); the measured choice decides.
+  // gathered rows summed after may run 4 stages, ~1-2% faster than this:
+  // stage_finalists); the measured choice decides.
   p.four_stages = false;
   return time_on_stream([&] { kernels::launch_gemm(p, stream); }, stream, 2, iters).median_ms;
 }
@@ -230,7 +230,7 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
 
 bool plan_has_stage_choice(const AllReducePlan& p) {
   // (one group: the op runs the sequential GEMM, on 4 stages where it can)
-  if (p.sched.bn != 256 || p.sequential || p.groups.size() < 2) return false;
+  if (p.sched.bn != 256 || p.sched.n % 8 != 0 || p.sequential || p.groups.size() < 2) return false;
   return p.layout == ArLayout::RowBands || (p.layout == ArLayout::Gathered && !p.fuse_sum) ||
          (is_pushed(p.layout) && is_owners(p.push_by) && p.layout == ArLayout::Pushed);
 }
@@ -284,7 +284,9 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
   std::vector<std::unique_ptr<OverlapAllReduce>> ops;
   std::vector<std::function<void()>> fns;
   for (const auto& pl : finalists) {
-    ops.push_back(std::make_unique<OverlapAllReduce>(t.options_for(pl)));
+    OverlapAllReduceOptions o = t.options_for(pl);
+    o.four_stages = o.four_stages && pl.four_stages;  // (the stage round's twins differ only here)
+    ops.push_back(std::make_unique<OverlapAllReduce>(o));
     OverlapAllReduce* op = ops.back().get();
     if (t.registered_output) {  // (collective: every rank registers in the same order)
       const int slot = op->register_output(out, n);
@@ -490,9 +492,9 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     std::stable_sort(t.ranked->begin(), t.ranked->end(),
                      [](const AllReducePlan& x, const AllReducePlan& y) { return x.predicted_ms < y.predicted_ms; });
   if (!best && !t.group_sizes.empty())
-    throw InvalidArgument("group sizes " + t.group_sizes + " fit none of the candidate schedules");
+    throw NoPlan("group sizes " + t.group_sizes + " fit none of the candidate schedules");
   if (!best)
-    throw InvalidArgument("no candidate plan for the layouts asked (the gathered layouts need the AllGather curve; "
+    throw NoPlan("no candidate plan for the layouts asked (the gathered layouts need the AllGather curve; "
                           "the pushed ones 2-8 ranks that reach each other's memory over NVLink, and row bands "
                           "of at least 2 groups)");
   if (t.group_sizes.empty() && (t.ranked || best->predicted_ms >= sequential_ms * 0.99)) {

@@ -71,6 +71,14 @@ namespace flashoverlap::rt {
 
 struct AllReducePlan;
 
+// tune_allreduce found no plan for the shape with these options: thrown on
+// every rank at the same step (the candidates and their measurements agree
+// across ranks), so a caller may skip the shape and go on.
+class NoPlan : public InvalidArgument {
+ public:
+  explicit NoPlan(const std::string& what) : InvalidArgument(what) {}
+};
+
 // What the AllReduce planner may choose from, and how to measure.
 struct AllReduceTuning {
   Rendezvous* rv = nullptr;
@@ -164,9 +172,9 @@ struct AllReducePlan {
 };
 
 // Whether the plan's overlapped GEMM can run 3 or 4 pipeline stages
-// (kernels::gemm_four_stages: 128x256 tiles, the plain store; here row
-// bands, gathered rows summed after the GEMM, owners; not a plan of one
-// group, which runs the sequential GEMM).
+// (kernels::gemm_four_stages: 128x256 tiles, the plain store, n % 8 == 0;
+// here row bands, gathered rows summed after the GEMM, owners; not a plan
+// of one group, which runs the sequential GEMM).
 bool plan_has_stage_choice(const AllReducePlan& p);
 
 // The plan as the op's options (comms and the rest are the caller's).

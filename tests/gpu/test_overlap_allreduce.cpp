@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -56,7 +57,7 @@ struct Case {
   bool misaligned_out = false;  // both outputs 2 bytes off 16-byte alignment: the sums run after the GEMM
   rt::PushBy push_by = rt::PushBy::Gemm;
   int copy_streams = 2;  // push_by copy engines
-  bool four_stages = true;  // owners with 128x256 tiles: 4 stages, the output in pieces (false: 3)
+  bool four_stages = true;  // 128x256 tiles: 4 stages, the output in pieces, where the store qualifies (false: 3)
   bool trace = false;        // the op's trace on (phase and tile monitors); checked after the calls
   // owners pushed, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
   int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
@@ -496,11 +497,6 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
   EXPECT_LT(secs, 30.0);
 }
 
-// Back-to-back calls with no host sync between them, one rank held back
-// before every other call by extra work on its stream: each call's output
-// must still be exactly our GEMM + one ncclAllReduce of that call's inputs
-// (the two halves of the pushed buffer keep a fast rank's next call from
-// overwriting blocks a slow rank is still summing).
 // The runtime's host exchanges over NCCL (rt_gather.h) are bounded: a rank
 // that does not join (it failed or returned before the step) fails the
 // others after their timeout with a message, instead of leaving them
@@ -546,6 +542,11 @@ TEST(RankExchange, ARankThatDoesNotJoinFailsTheOthersInBoundedTime) {
   });
 }
 
+// Back-to-back calls with no host sync between them, one rank held back
+// before every other call by extra work on its stream: each call's output
+// must still be exactly our GEMM + one ncclAllReduce of that call's inputs
+// (the two halves of the pushed buffer keep a fast rank's next call from
+// overwriting blocks a slow rank is still summing).
 TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
@@ -801,7 +802,7 @@ TEST(OverlapAllReduceOptions, RejectsBadGroupsAndOutOfRangeKnobs) {
     EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "owner_pushers " << pushers;
   }
   o.owner_pushers = -1;
-  for (const double t : {0.0, -1.0, std::nan("")}) {  // seconds, > 0
+  for (const double t : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e9}) {  // (0, a week]
     o.wait_timeout_s = t;
     EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "wait_timeout_s " << t;
     o.wait_timeout_s = 30, o.exchange_timeout_s = t;
