@@ -190,7 +190,7 @@ for s in "$@"; do
       stage "owners forced (registered outputs, traced) with each band height of SWIZZLES, in turns"
       variants=()
       for sw in ${SWIZZLES:-4 8 16}; do variants+=("--registered-output --band-swizzles $sw"); done
-      # (default shapes: at least 2 bands of 16 tile rows; a height that leaves one band stops bench)
+      # (default shapes: at least 2 bands of 16 tile rows; a height that leaves one band skips that shape)
       AB_SHAPES=${AB_SHAPES:-4096x4096x4096,3001x8192x8192,4096x7168x5120} owner_ab swizzle-ab.log "${variants[@]}"
       ;;
     owners-one)

@@ -509,7 +509,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
-      << (!plan.sequential && !op.four_stages() && o.four_stages && rt::plan_has_stage_choice(plan) ? ", 3 stages" : "")
+      << (!plan.four_stages && rt::plan_has_stage_choice(plan) ? ", 3 stages" : "")  // (the stage round's pick)
       << ", wait " << o.wait
       << (o.registered ? (op.finals_into_outputs() ? ", registered output (the peer's finals stored straight into it); "
                                                    : ", registered output (run: this plan copies); ") + nccl_reg_note

@@ -231,13 +231,12 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
 bool plan_has_stage_choice(const AllReducePlan& p) {
   // (one group: the op runs the sequential GEMM, on 4 stages where it can)
   if (p.sched.bn != 256 || p.sched.n % 8 != 0 || p.sequential || p.groups.size() < 2) return false;
-  return p.layout == ArLayout::RowBands || (p.layout == ArLayout::Gathered && !p.fuse_sum) ||
-         (is_pushed(p.layout) && is_owners(p.push_by) && p.layout == ArLayout::Pushed);
+  return p.layout == ArLayout::RowBands || (p.layout == ArLayout::Gathered && !p.fuse_sum);
 }
 
 std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best) {
   std::vector<AllReducePlan> out{best};
-  if (is_pushed(best.layout) || !plan_has_stage_choice(best)) return out;
+  if (!plan_has_stage_choice(best)) return out;
   out.push_back(best);
   out.back().four_stages = !best.four_stages;
   return out;

@@ -171,10 +171,11 @@ struct AllReducePlan {
   double predicted_ms = 0;
 };
 
-// Whether the plan's overlapped GEMM can run 3 or 4 pipeline stages
-// (kernels::gemm_four_stages: 128x256 tiles, the plain store, n % 8 == 0;
-// here row bands, gathered rows summed after the GEMM, owners; not a plan
-// of one group, which runs the sequential GEMM).
+// Whether the tuner chooses the plan's pipeline depth (stage_finalists):
+// the signalling GEMM of row bands and of gathered rows summed after it,
+// where the 4-stage store qualifies (kernels::gemm_four_stages: 128x256
+// tiles, n % 8 == 0); not a plan of one group, which runs the sequential
+// GEMM, nor owners (their second round is the transports'; 4 stages).
 bool plan_has_stage_choice(const AllReducePlan& p);
 
 // The plan as the op's options (comms and the rest are the caller's).
