@@ -168,10 +168,11 @@ struct Owner {
 
 // Split-K of the last wave (128x256 tiles, 4 stages: gemm_four_stages; plain
 // or owner layout): each tile at a walk position >= `from` (work_units.h;
-// tail_split_from: the last wave) is computed by `parts` CTAs side by side,
+// tail_split_from: the last wave) is computed by `parts` CTAs side by side
+// (the last part's CTA rotating with the round),
 // each over 1/parts of K; the non-final parts store their fp32 sums into
-// `ws` and count them in `flags`, and the last part adds them, in part order
-// and then its own (fp32, one rounding after), and runs the tile's epilogue.
+// `ws` and count them in `flags`, and the last part adds them to its own,
+// in part order (fp32, one rounding after), and runs the tile's epilogue.
 // So 1/parts as many tiles finish at the GEMM's end, each after 1/parts of
 // a tile's MMAs: the owner layout's last wave sends 1/parts of its bytes
 // after the last MMAs. The sum's order makes a split tile's bits differ from

@@ -6,8 +6,13 @@
 // is `parts` consecutive units, part q computing k-blocks
 // [q * kb / parts, (q + 1) * kb / parts) of that tile. Units go to the CTAs
 // as tiles did (unit u to CTA u % ctas), so a split tile's parts run side by
-// side on neighbouring CTAs, and its last part, the highest unit, adds the
-// others' fp32 partial sums and runs the tile's epilogue.
+// side on neighbouring CTAs. Its last part (parts - 1) adds the others' fp32
+// partial sums and runs the tile's epilogue: which of the tile's units that
+// is rotates with the round, so that each CTA takes that extra work in turn
+// (the last part on the same CTAs every round ran 1-2 epilogues behind the
+// others at the end). A tile whose units straddle two rounds keeps its last
+// part on its highest unit: the last part waits for the others, which must
+// not be in a later round of their CTAs than it.
 #pragma once
 #include <cstdint>
 
@@ -25,10 +30,12 @@ FO_HD int32_t unit_count(int32_t tiles, int32_t from, int32_t parts) {
   return parts > 1 ? from + parts * (tiles - from) : tiles;
 }
 
-FO_HD WorkUnit unit_at(int32_t u, int32_t from, int32_t parts) {
+FO_HD WorkUnit unit_at(int32_t u, int32_t from, int32_t parts, int32_t ctas) {
   if (parts <= 1 || u < from) return {u, 0, 1};
-  const int32_t j = u - from;
-  return {from + j / parts, j % parts, parts};
+  const int32_t j = u - from, q = j % parts, first = u - q;
+  const int32_t round = first / ctas;
+  const int32_t rot = round == (first + parts - 1) / ctas ? round % parts : 0;
+  return {from + j / parts, (q + rot) % parts, parts};
 }
 
 // The unit that finishes its tile (the last part, or the only one).
