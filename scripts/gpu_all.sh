@@ -41,8 +41,6 @@
 #                pipeline stages (the default) vs 3 (--three-stages), ABAB -> rows-ab.log
 #   diag-ab      owners forced, registered outputs, traced: as measured vs --diag-no-final-bytes (the finals counted
 #                at the peer but not moved: the call without their NVLink bytes; result wrong, not checked) -> diag-ab.log
-#   split-ab     owners forced, registered outputs, traced: the last wave unsplit vs split along K in 2, 3 and 4
-#                parts (--tail-split), in turns -> split-ab.log
 #   cli-gpu      the CLI on the GPUs: bench --shapes with one shape left no plan by its options (skipped with a
 #                message, the other measured, exit 2) -> cli-gpu.log
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
@@ -246,11 +244,6 @@ for s in "$@"; do
     diag-ab)
       stage "owners: the call with and without the finals' NVLink bytes (--diag-no-final-bytes)"
       owner_ab diag-ab.log "--registered-output" "--registered-output --diag-no-final-bytes"
-      ;;
-    split-ab)
-      stage "owners: the last wave unsplit vs split along K in 2, 3, 4 parts (--tail-split)"
-      owner_ab split-ab.log "--registered-output" "--registered-output --tail-split 2" \
-        "--registered-output --tail-split 3" "--registered-output --tail-split 4"
       ;;
     cli-gpu)
       stage "the CLI on the GPUs: a shape its options leave no plan is skipped, the next one runs"

@@ -59,7 +59,6 @@ struct Options {
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
   bool diag_no_final_bytes = false;  // measurement only: owners' finals counted at the peer, not moved
-  int tail_split = 1;  // owners pushed on 4 stages: split-K of the last wave in this many parts (1: off)
   bool registered = false;  // flashoverlap into a registered output (run_registered)
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // 128x256 tiles: 4 pipeline stages where the store qualifies (false: --three-stages)
@@ -329,10 +328,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     // (owners pushed only: OverlapAllReduce refuses it elsewhere)
     fo.diag_no_final_bytes = o.diag_no_final_bytes && !pl.sequential && rt::is_pushed(pl.layout) &&
                              pl.push_by == rt::PushBy::Owners;
-    // (likewise: the plans that qualify, the rest unsplit)
-    const bool splits = !pl.sequential && rt::is_pushed(pl.layout) && pl.push_by == rt::PushBy::Owners &&
-                        fo.four_stages && pl.sched.bn == 256;
-    fo.tail_split = splits ? o.tail_split : 1;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
@@ -359,17 +354,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
 
   // ---- correctness first: poisoned outputs, fresh random inputs ----
   auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
-  // (with the tail split, our GEMM splits the same tiles: the bitwise reference)
-  auto run_ours = [&] {
-    if (op.tail_split() <= 1) {
-      rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream);
-      return;
-    }
-    op.reference_gemm(a.get(), b.get(), out_ours.get(), cx.stream);
-    FO_NCCL_CHECK_CTX(ncclAllReduce(out_ours.get(), out_ours.get(), size_t(M) * N, rt::nccl_type(dt), ncclSum, base,
-                                    cx.stream),
-                      "sequential (our GEMM, tail split)");
-  };
+  auto run_ours = [&] { rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream); };
   const void* fo_result = out_fo.get();  // --in-place: where the op left the last call's result
   const int fo_slot = o.registered ? op.register_output(out_fo.get(), N) : -1;  // (collective)
   auto run_fo_on = [&](const void* a_in) {
@@ -502,10 +487,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   }
   res.seq_ms = ms[0];
   res.rows.push_back({"sequential", ms[0], "1", "cuBLAS + NCCL"});
-  res.rows.push_back({"sequential-ourgemm", ms[1], "1",
-                      op.tail_split() > 1 ? "128x256, the overlapped GEMM's grid and tail split (" +
-                                                std::to_string(op.tail_split()) + " parts)"
-                                          : "128x256, " + std::to_string(cx.info.sms) + " CTAs"});
+  res.rows.push_back({"sequential-ourgemm", ms[1], "1", "128x256, " + std::to_string(cx.info.sms) + " CTAs"});
   size_t best_dec = 2;
   for (size_t i = 2; i < 2 + decs.size(); ++i)
     if (ms[i] < ms[best_dec]) best_dec = i;
@@ -528,7 +510,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
       << (!plan.four_stages && rt::plan_has_stage_choice(plan) ? ", 3 stages" : "")  // (the stage round's pick)
-      << (op.tail_split() > 1 ? ", last wave split in " + std::to_string(op.tail_split()) + " along K" : "")
       << ", wait " << o.wait
       << (o.registered ? (op.finals_into_outputs() ? ", registered output (the peer's finals stored straight into it); "
                                                    : ", registered output (run: this plan copies); ") + nccl_reg_note
@@ -662,10 +643,6 @@ int run(const Options& o) {
   if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners" &&
       o.push_by != "owners-pull")
     throw InvalidArgument("--push-by must be auto, gemm, copy-engines, owners or owners-pull");
-  if (o.tail_split < 1 || o.tail_split > 4) throw InvalidArgument("--tail-split must be in [1, 4]");
-  if (o.tail_split > 1 && (o.push_by != "owners" || !o.four_stages))
-    throw InvalidArgument("--tail-split splits the last wave of owners pushed on 4 stages: it needs --push-by owners "
-                          "(and not --three-stages)");
   if (o.diag_no_final_bytes && (o.push_by != "owners" || !o.four_stages))
     throw InvalidArgument("--diag-no-final-bytes measures owners pushed on 4 stages: it needs --push-by owners "
                           "(and not --three-stages)");
@@ -854,11 +831,6 @@ void add_bench_command(CLI::App& app, int& rc) {
                 "Measurement only (owners pushed, 4 stages): the final tiles are counted at the peer but not moved "
                 "there, so the result is wrong and not checked: how long the call takes without the finals' NVLink "
                 "bytes");
-  cmd->add_option("--tail-split", o->tail_split,
-                  "Owners pushed on 4 stages: each tile of the GEMM's last wave computed by this many CTAs over parts "
-                  "of K (1: off, up to 4), so that fewer finals cross NVLink after the last MMAs; the split tiles' "
-                  "bits differ from the unsplit GEMM's within fp32 rounding (sequential-ourgemm splits them too)")
-      ->capture_default_str();
   cmd->add_flag("--registered-output", o->registered,
                 "flashoverlap runs into an output registered with the op (run_registered: with owners the peer "
                 "stores its finals straight into it, no copy); the baselines' outputs are registered with NCCL "

@@ -166,30 +166,6 @@ struct Owner {
   WaitError* err = nullptr;
 };
 
-// Split-K of the last wave (128x256 tiles, 4 stages: gemm_four_stages; plain
-// or owner layout): each tile at a walk position >= `from` (work_units.h;
-// tail_split_from: the last wave) is computed by `parts` CTAs side by side
-// (the last part's CTA rotating with the round),
-// each over 1/parts of K; the non-final parts store their fp32 sums into
-// `ws` and count them in `flags`, and the last part adds them to its own,
-// in part order (fp32, one rounding after), and runs the tile's epilogue.
-// So 1/parts as many tiles finish at the GEMM's end, each after 1/parts of
-// a tile's MMAs: the owner layout's last wave sends 1/parts of its bytes
-// after the last MMAs. The sum's order makes a split tile's bits differ from
-// the unsplit GEMM's (fp32 reassociation, within rounding); the same split
-// of the same tiles gives the same bits. Without owners, walk position i
-// computes tile (i + rot) mod tiles (so a plain GEMM splits the tiles an
-// owner rank splits: rot = Owner::split on rank 1); with owners, rot = 0.
-struct TailSplit {
-  int32_t parts = 1;             // 1: off; 2..4
-  int32_t from = 0;              // first split walk position
-  int32_t rot = 0;               // plain GEMM only: the walk's rotation
-  float* ws = nullptr;           // [tail_split_ws_bytes], 16-byte aligned
-  uint32_t* flags = nullptr;     // [tail_split_flag_count], zero at launch; left zero
-  uint64_t timeout_ns = 0;       // a part not stored by then: err is set (code 5)
-  WaitError* err = nullptr;
-};
-
 struct GemmParams {
   DType dtype = DType::BF16;
   const void* a = nullptr;  // m x k
@@ -237,7 +213,6 @@ struct GemmParams {
   // each consumer staging its output half in two pieces in half the shared
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
   bool four_stages = true;
-  TailSplit tail;                      // optional: split-K of the last wave (needs gemm_four_stages)
 };
 
 // TMA and the 16-byte copies need 16-byte aligned buffers.

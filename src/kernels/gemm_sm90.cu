@@ -161,20 +161,6 @@ void check_gemm_params(const GemmParams& p) {
   } else if (p.owner.push_tma != 0 || p.owner.finals_in_c) {
     fail("push_tma and finals_in_c are for the owner layout");
   }
-  const TailSplit& t = p.tail;
-  if (t.parts < 1 || t.parts > 4) fail("tail split: parts must be in [1, 4], not " + std::to_string(t.parts));
-  if (t.parts > 1) {
-    const int32_t tiles = p.sched.tiles(), k_blocks = (p.k + 63) / 64;
-    if (!gemm_four_stages(p)) fail("tail split: needs the 4-stage pipeline (128x256 tiles, C by TMA, plain or owner layout)");
-    if (t.from < 0 || t.from >= tiles) fail("tail split: from must be in [0, tiles)");
-    if (t.parts > k_blocks) fail("tail split: more parts than k-blocks of 64 (" + std::to_string(k_blocks) + ")");
-    if (t.rot < 0 || t.rot >= tiles || (p.owner.rank >= 0 && t.rot != 0))
-      fail("tail split: rot must be in [0, tiles), and 0 with owners (they walk their own order)");
-    if (!t.ws || !aligned16(t.ws) || !t.flags || !t.err)
-      fail("tail split: needs its 16-byte aligned workspace, its flags and an error slot");
-  } else if (t.rot != 0) {
-    fail("tail split: rot is for a split GEMM");
-  }
 }
 
 void preload_gemm_kernels();
@@ -217,8 +203,6 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.monitor_mma = p.monitor_mma;
   kp.monitor_phases = p.monitor_phases;
   kp.owner = p.owner;
-  kp.tail = p.tail;
-  kp.units = unit_count(p.sched.tiles(), p.tail.from, p.tail.parts);
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;

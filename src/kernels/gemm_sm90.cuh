@@ -21,7 +21,6 @@
 #include "kernels/ptx.cuh"
 #include "kernels/wait.cuh"
 #include "kernels/wgmma_ops.cuh"
-#include "kernels/work_units.h"
 #include "plan/schedule.h"
 
 namespace flashoverlap::kernels {
@@ -45,8 +44,6 @@ struct GemmKernelParams {
   uint64_t* monitor_mma;
   uint64_t* monitor_phases;  // GemmParams::monitor_phases
   Owner owner;
-  TailSplit tail;            // GemmParams::tail (parts 1: off)
-  int32_t units;             // work units (work_units.h): tiles, more with the tail split
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.
@@ -240,25 +237,6 @@ __device__ __forceinline__ int32_t owner_tile_at(const Owner& o, int32_t i, int3
 __device__ __forceinline__ bool owner_owns(const Owner& o, int32_t idx) {
   return o.rank >= 0 && (o.rank == 0) == (idx >= o.split);
 }
-// The tile at walk position i: the owner layout's order, else rotated by
-// TailSplit::rot (0 unless a plain GEMM mirrors an owner rank's split).
-__device__ __forceinline__ int32_t walk_tile(const GemmKernelParams& p, int32_t i, int32_t tiles) {
-  if (p.owner.rank >= 0) return owner_tile_at(p.owner, i, tiles);
-  const int32_t j = i + p.tail.rot;
-  return j >= tiles ? j - tiles : j;
-}
-__device__ __forceinline__ WorkUnit unit_of(const GemmKernelParams& p, int32_t u) {
-  return unit_at(u, p.tail.from, p.tail.parts, p.sched.ctas);
-}
-// This CTA's first unit from u on (u, u + ctas, ...) that finishes a tile
-// (the storers' and pushers' walk: a split tile's other parts leave them
-// nothing); -1: none.
-__device__ __forceinline__ int32_t next_final_unit(const GemmKernelParams& p, int32_t u) {
-  for (; u < p.units; u += int32_t(gridDim.x))
-    if (unit_is_final(unit_of(p, u))) return u;
-  return -1;
-}
-
 // Owner::push_tma: whether a tile (`last`: the CTA's last) goes to the peer
 // by TMA from the staged pieces (owner_piece_storer) rather than from C by
 // the pusher warps (owner_pusher): the two must agree tile by tile.
@@ -328,38 +306,6 @@ __device__ __forceinline__ void stage_piece(const float (&acc)[128], uint32_t my
   stage_columns<T, Q * 16, 16, kAddPeer>(acc, my_c_addr, warp, lane);
 }
 
-// The tail split (gemm.h: TailSplit), a consumer thread's 128 accumulators
-// of a non-final part: float4 v of thread tid at (v * 128 + tid) * 4, so each
-// warp's stores are 512 contiguous bytes; L2 only (the last part's CTA reads them).
-__device__ __forceinline__ void tail_store_part(const float (&acc)[128], float* part, int tid) {
-#pragma unroll
-  for (int v = 0; v < 32; ++v)
-    __stcg(reinterpret_cast<float4*>(part) + v * 128 + tid,
-           make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
-}
-// The last part: acc = ((acc + part 0) + part 1) + ..., in fp32, part by
-// part in order (the same bits whichever CTA ran which part). `parts`:
-// non-final parts, their warpgroup's slots `stride` floats apart. Eight
-// loads in flight per thread: one at a time, each waited for before the
-// next, the sums of 3 parts took ~50 us on a 1024x8192x8192 tail (measured).
-__device__ __forceinline__ void tail_add_parts(float (&acc)[128], const float* first, int parts, int tid) {
-  constexpr int64_t stride = 2 * 128 * 128;
-  for (int q = 0; q < parts; ++q) {
-    const float4* src = reinterpret_cast<const float4*>(first + q * stride) + tid;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      float4 y[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) y[i] = __ldcg(src + (b * 8 + i) * 128);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int v = b * 8 + i;
-        acc[4 * v] += y[i].x, acc[4 * v + 1] += y[i].y, acc[4 * v + 2] += y[i].z, acc[4 * v + 3] += y[i].w;
-      }
-    }
-  }
-}
-
 // A consumer warpgroup's epilogue with kPieces: piece 0, then piece 1, each
 // once the storer has freed the buffer (parity: two completions per tile)
 // and, for a tile this rank owns, once the peer's partial of the piece is in it.
@@ -397,10 +343,7 @@ template <int BN, int kPieceBytes>
 __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c, uint8_t* c_smem,
                                              uint64_t* c_full, uint64_t* c_empty, int32_t tiles) {
   ptx::tma_prefetch_desc(tm_c);
-  for (int32_t u = next_final_unit(p, blockIdx.x); u >= 0;) {
-    const int32_t idx = walk_tile(p, unit_of(p, u).pos, tiles);
-    const int32_t next = next_final_unit(p, u + int32_t(gridDim.x));
-    u = next;
+  for (int32_t idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
     const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
     const int32_t row = tc.tm * 128 + shift, col = tc.tn * BN;
@@ -409,7 +352,7 @@ __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CU
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         ptx::mbar_wait(&c_full[h], uint32_t(q));
-        if (q == 1 && h == 1 && next < 0) record_phase(p.monitor_phases, 0);  // (trace)
+        if (q == 1 && h == 1 && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);  // (trace)
         const uint8_t* piece = c_smem + h * kPieceBytes;
 #pragma unroll
         for (int c = 0; c < 2; ++c) ptx::tma_store_2d(tm_c, piece + c * 8192, col + q * 128 + c * 64, row + h * 64);
@@ -538,22 +481,20 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     ptx::tma_prefetch_desc(tm_w);
     if (o.push_tma > 0) ptx::tma_prefetch_desc(tm_p);
     if (o.push_tma > 0 && o.finals_in_c) ptx::tma_prefetch_desc(tm_q);
-    const int32_t u0 = next_final_unit(p, blockIdx.x);
-    if (u0 >= 0 && owner_owns(o, walk_tile(p, unit_of(p, u0).pos, tiles))) {
-      const int32_t first = walk_tile(p, unit_of(p, u0).pos, tiles);
+    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles))) {
+      const int32_t first = owner_tile_at(o, blockIdx.x, tiles);
       wait_flag(first);
       load_partial(first, 0, 0);
       load_partial(first, 0, 1);
     }
   }
   uint32_t handed = 0;  // (lane 0) tiles handed to the pushers
-  for (int32_t u = next_final_unit(p, blockIdx.x); u >= 0;) {
-    const int32_t idx = walk_tile(p, unit_of(p, u).pos, tiles);
+  for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    const int32_t idx = owner_tile_at(o, i, tiles);
     const plan::TileCoord tc = s.tile_of(idx);
     const bool own = owner_owns(o, idx);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
-    u = next_final_unit(p, u + int32_t(gridDim.x));
-    const int32_t next = u >= 0 ? walk_tile(p, unit_of(p, u).pos, tiles) : -1;
+    const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
     const bool next_own = next >= 0 && owner_owns(o, next);
     // Owner::push_tma: this tile goes to the peer by TMA from the pieces (a
     // partial then needs no copy in C: the peer's final lands there).
@@ -657,10 +598,9 @@ __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const Pu
                                              int lane) {
   const Owner& o = p.owner;
   uint32_t taken = 0;
-  for (int32_t u = next_final_unit(p, blockIdx.x); u >= 0;) {
-    const int32_t idx = walk_tile(p, unit_of(p, u).pos, tiles);
-    u = next_final_unit(p, u + int32_t(gridDim.x));
-    const bool last = u < 0;
+  for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    const int32_t idx = owner_tile_at(o, i, tiles);
+    const bool last = i + int32_t(gridDim.x) >= tiles;
     if (owner_pushed_by_tma(o, last)) continue;  // by TMA (owner_piece_storer)
     const uint32_t slot = taken % kPushRing;
     ptx::mbar_wait(&ring.full[slot], (taken / kPushRing) & 1);
@@ -881,16 +821,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
-      for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
-        const WorkUnit w = unit_of(p, u);
-        const int i = w.pos;
-        const plan::TileCoord tc = p.sched.tile_of(walk_tile(p, i, tiles));
-        const int kb0 = unit_k_begin(w, p.k_blocks), kb1 = unit_k_end(w, p.k_blocks);
-        for (int kb = kb0; kb < kb1; ++kb, ++it) {
+      for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+        const plan::TileCoord tc = p.sched.tile_of(owner_tile_at(p.owner, i, tiles));
+        for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
           ptx::mbar_wait(&empty[s], phase ^ 1);
-          if (kb == 0 && w.parts == 1 && p.monitor_mma) {  // (a split tile's slot stays 0: no interval)  // (here, not in the consumers: no registers taken from the MMAs)
+          if (kb == 0 && p.monitor_mma) {  // (here, not in the consumers: no registers taken from the MMAs)
             p.monitor_mma[int64_t(i) * 2] = ptx::globaltimer_ns();  // by slot: CTA c's are c, c + ctas, ...
             p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
           }
@@ -1009,17 +946,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   float acc[BN / 2];
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
-  for (int u = blockIdx.x; u < p.units; u += gridDim.x, ++t) {
-    const WorkUnit w = unit_of(p, u);
-    const int i = w.pos;
-    const int idx = walk_tile(p, i, tiles);
+  for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
+    const int idx = owner_tile_at(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    const int kb0 = unit_k_begin(w, p.k_blocks), kb1 = unit_k_end(w, p.k_blocks);
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.
     int prev = -1;
-    for (int kb = kb0; kb < kb1; ++kb, ++it) {
+    for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
       const int s = it % STAGES;
       ptx::mbar_wait(&full[s], (it / STAGES) & 1);
       ptx::wgmma_fence();
@@ -1027,7 +961,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)  // +32 bytes along K = +2 in the descriptor
-        ptx::Wgmma<BN, T>::mma(acc, da + 2 * kk, db + 2 * kk, (kb > kb0 || kk > 0) ? 1 : 0);
+        ptx::Wgmma<BN, T>::mma(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
       ptx::wgmma_commit();
       if (prev >= 0) {
         ptx::wgmma_wait<1>();
@@ -1038,28 +972,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     ptx::wgmma_wait<0>();
     if (tid == 0) ptx::mbar_arrive(&empty[prev]);
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
-      if (u == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
-      if (u + int(gridDim.x) >= p.units) record_phase(p.monitor_phases, 5);
+      if (i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
+      if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);
     }
 
     if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
-      if (w.parts > 1) {  // the tail split (gemm.h: TailSplit)
-        const int64_t j = i - p.tail.from;
-        uint32_t* flag = p.tail.flags + j * 2 + cw;
-        if (!unit_is_final(w)) {  // this part's fp32 sums for the last part; no epilogue here
-          tail_store_part(acc, p.tail.ws + ((j * (w.parts - 1) + w.part) * 2 + cw) * (128 * 128), tid);
-          __threadfence();
-          ptx::named_barrier_sync(1 + cw, 128);
-          if (tid == 0) ptx::red_release_gpu_add(flag, 1);
-          continue;
-        }
-        if (tid == 0) {
-          bounded_wait<64, kOwnerPollMaxNs>(flag, uint32_t(w.parts - 1), p.tail.timeout_ns, p.tail.err, -1, 5u, idx);
-          *flag = 0;  // (every part has counted: the next launch's count starts here)
-        }
-        ptx::named_barrier_sync(1 + cw, 128);
-        tail_add_parts(acc, p.tail.ws + (j * (w.parts - 1) * 2 + cw) * (128 * 128), w.parts - 1, tid);
-      }
       write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns(p.owner, idx),
                       owned_tiles, tid, warp, lane, cw);
     } else {  // (the rest of the loop body is compiled without kPieces only)

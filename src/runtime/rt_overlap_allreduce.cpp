@@ -95,8 +95,6 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
     throw InvalidArgument("OverlapAllReduce: wait_timeout_s and exchange_timeout_s must be > 0 and <= " +
                           std::to_string(int64_t(kMaxTimeoutS)) + " seconds, not " +
                           std::to_string(opts_.wait_timeout_s) + " and " + std::to_string(opts_.exchange_timeout_s));
-  if (opts_.tail_split < 1 || opts_.tail_split > 4)
-    throw InvalidArgument("OverlapAllReduce: tail_split must be in [1, 4], not " + std::to_string(opts_.tail_split));
   if (opts_.push_tma < 0 || opts_.push_tma > 2)
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
   if (!kernels::tile_supported(s.bm, s.bn))
@@ -134,8 +132,6 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
   if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
-  if (opts_.tail_split > 1 && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))
-    throw InvalidArgument("OverlapAllReduce: the tail split is for owners pushed on 4 stages (128x256 tiles)");
   if (opts_.diag_no_final_bytes && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))
     throw InvalidArgument("OverlapAllReduce: diag_no_final_bytes is for owners pushed on 4 stages (128x256 tiles)");
   // The signalling GEMM's 4 stages (owners: setup_owned): row bands, and
@@ -514,12 +510,6 @@ void OverlapAllReduce::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
-  if (e.failed == 5) {  // (a local wait: only a fault of this GPU's GEMM)
-    os << "rank " << opts_.rank << ": the overlapped GEMM+AllReduce (" << opts_.sched.m << "x" << opts_.sched.n << "x"
-       << opts_.k << "): tile " << e.tile << " of the tail split did not get its other parts' sums within "
-       << opts_.wait_timeout_s << " s (" << e.value << " of " << e.expected << ")";
-    throw Error(os.str());
-  }
   if (is_pushed(opts_.layout)) {
     os << "rank " << opts_.rank << ": the tiles of group " << e.group << " of the overlapped GEMM+AllReduce ("
        << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)

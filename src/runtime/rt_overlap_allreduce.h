@@ -186,12 +186,6 @@ struct OverlapAllReduceOptions {
   // diag_no_final_bytes), so the peer's C is wrong: how much of the call's
   // end the finals' NVLink bytes take.
   bool diag_no_final_bytes = false;
-  // Owners pushed on 4 stages: split-K of the last wave (kernels::TailSplit):
-  // each of its tiles computed by this many CTAs side by side (1: off;
-  // 2-4), so that 1/parts as many finals cross NVLink after the last MMAs.
-  // Changes the split tiles' bits within fp32 rounding: reference_gemm is
-  // the same GEMM without the overlap.
-  int tail_split = 1;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
   // only; per group a copy stream waits for its tiles with a stream memory
   // op, copies this rank's block to each peer and writes the peer's flag for
@@ -261,12 +255,6 @@ class OverlapAllReduce {
   void run_registered(const void* a, const void* b, int slot, cudaStream_t stream);
   // Whether run_registered stores straight into the peer's output on this plan.
   bool finals_into_outputs() const;
-  // C (m x n, n per row) = this rank's A B^T with the bits of this op's
-  // GEMM: the plain GEMM, with the tail split's tiles split the same way
-  // (tail_split()). Then one ncclAllReduce gives a 2-rank call's result,
-  // bitwise. Enqueued on `stream`; not a call of the op (no epoch).
-  void reference_gemm(const void* a, const void* b, void* c, cudaStream_t stream);
-  int tail_split() const { return tail_.parts; }
   // (The destructor waits for the last call's work on the caller's stream:
   // the pushed layouts' peers may still be storing into this op's buffer.)
 
@@ -364,10 +352,6 @@ class OverlapAllReduce {
   int world_ = 1, gather_rank_ = 0;
   bool fuse_ok_ = false;  // fuse_sum, and the waits can run beside the GEMM
   bool four_stages_ = false;
-  // Owners: the tail split's workspace and flags (OverlapAllReduceOptions::
-  // tail_split); ref_tail_ws_ the reference GEMM's own (allocated at its first use).
-  kernels::TailSplit tail_;
-  DeviceBuffer tail_ws_, tail_flags_, ref_tail_ws_, ref_tail_flags_;
   SymmetricBuffer gathered_;
   DeviceBuffer row_shift_, sum_table_, ready_;
   // Pushed: the peers' buffers and arrival counters, this GPU's (in the window).

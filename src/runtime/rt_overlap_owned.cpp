@@ -9,7 +9,6 @@
 
 #include "flashoverlap/error.h"
 #include "kernels/reorder.h"
-#include "kernels/work_units.h"
 #include "runtime/rt_checks.h"
 #include "runtime/rt_overlap_allreduce.h"
 #include "runtime/rt_peer.h"
@@ -53,13 +52,6 @@ void OverlapAllReduce::setup_owned() {
   owner_split_ = s.tiles() / 2;
   // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
   four_stages_ = opts_.four_stages && s.bn == 256;
-  if (opts_.tail_split > 1 && four_stages_) {  // (else refused by the constructor, as other than 2-4)
-    tail_.parts = opts_.tail_split, tail_.from = kernels::tail_split_from(s);
-    tail_ws_ = DeviceBuffer(size_t(kernels::tail_split_ws_bytes(s.tiles(), tail_.from, tail_.parts)));
-    tail_flags_ = DeviceBuffer(size_t(kernels::tail_split_flag_count(s.tiles(), tail_.from, tail_.parts)) * 4);
-    FO_CUDA_CHECK(cudaMemset(tail_flags_.get(), 0, tail_flags_.bytes()));
-    tail_.ws = tail_ws_.as<float>(), tail_.flags = tail_flags_.as<uint32_t>();
-  }
   fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy the peer's finals during the GEMM)
   claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
@@ -143,7 +135,6 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;
   o.diag_no_final_bytes = opts_.diag_no_final_bytes;
-  if (tail_.parts > 1) p.tail = tail_, p.tail.timeout_ns = timeout_ns(), p.tail.err = wait_error_;
   uint32_t* claims = claims_.as<uint32_t>();
   o.claims = claims + (epoch & 1);
   o.producers = fuse_ok_;
@@ -159,23 +150,6 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
     kernels::add_rmsnorm_rows(opts_.dtype, in_place ? c : out, s.m, s.n, norm->residual, norm->weight, norm->eps,
                               out, norm->residual_out, stream);
   return c;
-}
-
-void OverlapAllReduce::reference_gemm(const void* a, const void* b, void* c, cudaStream_t stream) {
-  const plan::Schedule& s = opts_.sched;
-  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);
-  if (tail_.parts > 1) {  // the same tiles split: this rank's walk (kernels::owner_tile_at) as a rotation
-    if (!ref_tail_ws_.get()) {
-      ref_tail_ws_ = DeviceBuffer(tail_ws_.bytes());
-      ref_tail_flags_ = DeviceBuffer(tail_flags_.bytes());
-      FO_CUDA_CHECK(cudaMemset(ref_tail_flags_.get(), 0, ref_tail_flags_.bytes()));
-    }
-    p.four_stages = true;
-    p.tail = tail_, p.tail.ws = ref_tail_ws_.as<float>(), p.tail.flags = ref_tail_flags_.as<uint32_t>();
-    p.tail.rot = gather_rank_ == 1 ? owner_split_ : 0;
-    p.tail.timeout_ns = timeout_ns(), p.tail.err = wait_error_;
-  }
-  kernels::launch_gemm(p, stream);
 }
 
 }  // namespace flashoverlap::rt

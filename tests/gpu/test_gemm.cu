@@ -4,9 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -16,7 +14,6 @@
 #include "kernels/gemm.h"
 #include "kernels/ptx.cuh"
 #include "kernels/reorder.h"
-#include "kernels/work_units.h"
 #include "plan/block_layout.h"
 #include "runtime/rt_buffer.h"
 #include "runtime/rt_cublas.h"
@@ -676,101 +673,7 @@ TEST(GemmSignal, SlotRowsFollowTheTable) {
   EXPECT_EQ(untouched_bad, 0) << "seed=" << seed;
 }
 
-// The tail split's buffers for a GEMM of schedule s in `parts` (kernels::TailSplit).
-struct TailBuffers {
-  DeviceBuffer ws, flags, err;
-  TailBuffers(const plan::Schedule& s, int parts)
-      : ws(size_t(kernels::tail_split_ws_bytes(s.tiles(), kernels::tail_split_from(s), parts))),
-        flags(size_t(kernels::tail_split_flag_count(s.tiles(), kernels::tail_split_from(s), parts)) * 4),
-        err(sizeof(kernels::WaitError)) {
-    FO_CUDA_CHECK(cudaMemset(flags.get(), 0, flags.bytes()));
-    FO_CUDA_CHECK(cudaMemset(err.get(), 0, err.bytes()));
-  }
-  kernels::TailSplit split(const plan::Schedule& s, int parts, int rot) const {
-    kernels::TailSplit t;
-    t.parts = parts, t.from = kernels::tail_split_from(s), t.rot = rot;
-    t.ws = ws.as<float>(), t.flags = flags.as<uint32_t>();
-    t.timeout_ns = 3'000'000'000ull, t.err = err.as<kernels::WaitError>();
-    return t;
-  }
-};
-
 }  // namespace
-
-// The plain GEMM with its last wave split along K (kernels::TailSplit), on
-// random shapes, grids, part counts and walk rotations (from the printed
-// seed): the tiles it does not split are bitwise the unsplit GEMM's; the
-// split ones (the last wave's walk positions, rotated) within rounding of
-// it, and, with k long enough, some of their elements differ (the split
-// ran); a second launch gives the same bits (the sum's order is fixed) and
-// leaves the flags at zero; no wait timed out.
-TEST(GemmTailSplit, SplitTilesWithinRoundingTheRestBitwiseRepeatable) {
-  REQUIRE_HOPPER();
-  const uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  const struct {
-    int m, n, k;
-  } shapes[] = {{1024, 8192, 2048}, {3001, 4104, 1024}, {640, 2048, 192}, {4096, 4096, 4096}, {200, 520, 128}};
-  for (DType dt : {DType::BF16, DType::FP16})
-    for (const auto& sh : shapes) {
-      const int k_blocks = (sh.k + 63) / 64;
-      const int parts = std::min(2 + int(rng() % 3), k_blocks);
-      const int ctas = rng() % 2 ? 132 : 16 + int(rng() % 100);
-      const plan::Schedule s = make_sched(sh.m, sh.n, 128, 256, ctas, plan::Raster::AlongN, 1 + int(rng() % 8));
-      const int rot = int(rng() % uint64_t(s.tiles()));
-      SCOPED_TRACE("m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
-                   " ctas=" + std::to_string(ctas) + " parts=" + std::to_string(parts) + " rot=" + std::to_string(rot) +
-                   (dt == DType::BF16 ? " bf16" : " fp16") + " seed " + std::to_string(seed));
-      Problem pr(dt, sh.m, sh.n, sh.k, seed + sh.m, false);
-      const size_t elems = size_t(sh.m) * sh.n;
-      DeviceBuffer plain(elems * 2), split1(elems * 2), split2(elems * 2);
-      kernels::launch_gemm(kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, sh.k, plain.get(), sh.n), nullptr);
-      const TailBuffers tb(s, parts);
-      for (DeviceBuffer* out : {&split1, &split2}) {
-        kernels::poison(out->get(), int64_t(elems), nullptr);
-        kernels::GemmParams p = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, sh.k, out->get(), sh.n);
-        p.tail = tb.split(s, parts, rot);
-        ASSERT_NO_THROW(kernels::check_gemm_params(p));
-        kernels::launch_gemm(p, nullptr);
-      }
-      FO_CUDA_CHECK(cudaDeviceSynchronize());
-      kernels::WaitError err{};
-      FO_CUDA_CHECK(cudaMemcpy(&err, tb.err.get(), sizeof(err), cudaMemcpyDeviceToHost));
-      ASSERT_EQ(err.failed, 0u) << "a part's wait timed out (tile " << err.tile << ")";
-      std::vector<uint32_t> flags(tb.flags.bytes() / 4);
-      FO_CUDA_CHECK(cudaMemcpy(flags.data(), tb.flags.get(), tb.flags.bytes(), cudaMemcpyDeviceToHost));
-      EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "flags left non-zero";
-      const auto hp = to_host(plain), h1 = to_host(split1), h2 = to_host(split2);
-      EXPECT_TRUE(h1 == h2) << "two launches of the same split differ";
-      std::vector<char> is_split(size_t(s.tiles()), 0);
-      for (int pos = kernels::tail_split_from(s); pos < s.tiles(); ++pos) is_split[size_t((pos + rot) % s.tiles())] = 1;
-      auto value = [dt](uint16_t v) {
-        return dt == DType::BF16 ? __bfloat162float(__nv_bfloat16_raw{v}) : __half2float(__half_raw{v});
-      };
-      int64_t wrong_unsplit = 0, differ = 0, split_elems = 0;
-      double worst = 0;
-      for (int idx = 0; idx < s.tiles(); ++idx) {
-        const plan::TileCoord tc = s.tile_of(idx);
-        for (int r = tc.tm * 128; r < std::min(tc.tm * 128 + 128, sh.m); ++r)
-          for (int col = tc.tn * 256; col < std::min(tc.tn * 256 + 256, sh.n); ++col) {
-            const size_t at = size_t(r) * sh.n + col;
-            if (!is_split[size_t(idx)]) {
-              wrong_unsplit += h1[at] != hp[at];
-              continue;
-            }
-            ++split_elems;
-            differ += h1[at] != hp[at];
-            // two roundings of fp32 sums in another order: an ulp or two apart (relative; near 0, absolute)
-            worst = std::max(worst, double(std::fabs(value(h1[at]) - value(hp[at]))) /
-                                        std::max(1.0, double(std::fabs(value(hp[at])))));
-          }
-      }
-      EXPECT_EQ(wrong_unsplit, 0) << "elements of tiles not split";
-      EXPECT_LT(worst, dt == DType::BF16 ? 1.6e-2 : 2.1e-3) << "a split tile's element vs the unsplit GEMM's (2 ulps)";
-      EXPECT_GT(split_elems, 0);
-      if (sh.k >= 1024) EXPECT_GT(differ, 0) << "no split tile's bits changed: was the split run?";
-    }
-}
 
 // The owner layout's tests (4 stages, 128x256 tiles): a shape and its grid.
 struct OwnerShape {
@@ -895,11 +798,9 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       // (both grids resident at once: at most half the SMs each)
       const plan::Schedule s = owner_sched({sh.m, sh.n, sh.k, std::min(sh.ctas, rt::current_device_sms() / 2)});
       const int push_tma = int(rng() % 3);
-      // the tail split (kernels::TailSplit): off, or 2-4 parts (at most one per k-block)
-      const int parts = std::min(1 + int(rng() % 4), (sh.k + 63) / 64);
       SCOPED_TRACE("m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
                    " ctas=" + std::to_string(s.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " push_tma " +
-                   std::to_string(push_tma) + " tail split " + std::to_string(parts) + " seed " + std::to_string(seed));
+                   std::to_string(push_tma) + " seed " + std::to_string(seed));
       const size_t c_elems = size_t(sh.m) * sh.n, tiles = size_t(s.tiles());
       const int64_t half_rows = int64_t(s.tiles_m()) * 128;
       struct Rank {
@@ -907,8 +808,6 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
         DeviceBuffer partial, c, window, flags, claims, err, peers, group_of_tile;
       };
       std::vector<Rank> ranks;
-      std::vector<std::unique_ptr<TailBuffers>> tails;  // per rank: its GEMMs' (the partial's, then the calls')
-      for (int r = 0; r < 2; ++r) tails.push_back(std::make_unique<TailBuffers>(s, std::max(parts, 2)));
       for (int r = 0; r < 2; ++r) {
         ranks.push_back({Problem(dt, sh.m, sh.n, sh.k, seed + 7 * r + sh.m, false), DeviceBuffer(c_elems * 2),
                          DeviceBuffer(c_elems * 2), DeviceBuffer(size_t(2 * half_rows) * sh.n * 2),
@@ -918,9 +817,7 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
         for (const DeviceBuffer* b : {&k.flags, &k.claims, &k.err, &k.group_of_tile})
           FO_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
         kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.partial.get(), sh.n);
-        // this rank's partial: the same tiles split (its walk, as a rotation: kernels::owner_tile_at)
-        if (parts > 1) p.tail = tails[size_t(r)]->split(s, parts, r == 1 ? s.tiles() / 2 : 0);
-        kernels::launch_gemm(p, nullptr);
+        kernels::launch_gemm(p, nullptr);  // this rank's partial
       }
       for (int r = 0; r < 2; ++r) {  // each rank's "peer_c": the other's window
         void* w = ranks[size_t(1 - r)].window.get();
@@ -953,7 +850,6 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
           o.finals_in_c = true, o.peer_out = peer.c.get(), o.peer_ld = sh.n;
           o.pushers = pushers;
           o.timeout_ns = 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
-          if (parts > 1) p.tail = tails[size_t(r)]->split(s, parts, 0), p.tail.err = o.err;
           ASSERT_TRUE(kernels::gemm_four_stages(p));
           ASSERT_NO_THROW(kernels::check_gemm_params(p));
           params[r] = p;

@@ -61,7 +61,6 @@ struct Case {
   bool trace = false;        // the op's trace on (phase and tile monitors); checked after the calls
   // owners pushed, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
   int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
-  int tail_split = 1;  // owners pushed, 4 stages: the last wave split along K (the reference splits it too)
 };
 
 // What the case is (FO_TEST_CASES matches against it), before the random
@@ -70,8 +69,7 @@ std::string case_name(const Case& c) {
   return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " tile 128x" +
          std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas) +
          (c.push_tma == rt::OverlapAllReduceOptions{}.push_tma ? ""
-          : " push_tma=" + std::to_string(c.push_tma)) +
-         (c.tail_split > 1 ? " tail_split=" + std::to_string(c.tail_split) : "");
+          : " push_tma=" + std::to_string(c.push_tma));
 }
 
 // Overlapped output == our GEMM + one ncclAllReduce, bit for bit (a + b
@@ -107,7 +105,6 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
     o.trace = c.trace;
     o.push_tma = c.push_tma;
-    o.tail_split = c.tail_split;
     const rt::Communicator ce = test::gather_comm_for(o, comm);
     // Gathered, even M: the last group is AllReduced by NCCL into the output;
     // odd M: gathered and summed like the rest.
@@ -132,14 +129,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       for (auto* p : {&ref, &cub, &y_ref}) kernels::poison(p->get(), int64_t(c.m) * c.n, st);
       kernels::poison(y, int64_t(c.m) * c.n, st);
       kernels::poison(outp, int64_t(c.m) * c.n, st);
-      if (c.tail_split > 1) {  // our GEMM with the same tiles split, then one AllReduce
-        ASSERT_EQ(op.tail_split(), c.tail_split) << where;
-        op.reference_gemm(a.get(), b.get(), ref.get(), st);
-        FO_NCCL_CHECK_CTX(ncclAllReduce(ref.get(), ref.get(), size_t(c.m) * c.n, rt::nccl_type(c.dt), ncclSum, comm, st),
-                          "the tail split's reference");
-      } else {
-        rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), ref.get(), full, c.k, comm, st);
-      }
+      rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), ref.get(), full, c.k, comm, st);
       rt::sequential_cublas_allreduce(cublas, c.dt, a.get(), b.get(), cub.get(), c.m, c.n, c.k, comm, st);
       // The result left in the op's memory (owners pushed: C in the window,
       // the peer's finals landed in place), read before the next call. First
@@ -405,27 +395,6 @@ TEST(OverlapAllReduce, PushedWithOwnersOtherPushModesMatchSequentialBitwise) {
         c.push_tma = mode;
         cases.push_back(c);
       }
-  check_cases(cases);
-}
-
-// The tail split (OverlapAllReduceOptions::tail_split): the last wave's
-// tiles computed by 2-4 CTAs each over parts of K, the last part summing the
-// others' fp32 partials; bitwise our GEMM with the same split + one
-// ncclAllReduce, within tolerance of cuBLAS + NCCL, every push mode; a
-// one-wave grid (every tile split), ragged shapes, fp16, and k of only a
-// few k-blocks per part.
-TEST(OverlapAllReduce, PushedWithOwnersTailSplitMatchesTheSplitGemmBitwise) {
-  REQUIRE_TWO_GPUS();
-  const rt::PushBy by = rt::PushBy::Owners;
-  std::vector<Case> cases = {
-      {1024, 8192, 2048, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},  // 1.94 waves
-      {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, true, false, by},  // ragged
-      {2048, 4096, 512, 256, 64, DType::BF16, rt::ArLayout::Pushed, false, false, by},   // 4 waves on 64 CTAs
-      {1000, 2048, 256, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},   // one wave: all split
-      {1408, 6144, 512, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by}};  // tiles = 2 x CTAs
-  const int parts[] = {2, 3, 4, 4, 2};
-  const int modes[] = {1, 0, 2, 1, 1};
-  for (size_t i = 0; i < cases.size(); ++i) cases[i].tail_split = parts[i], cases[i].push_tma = modes[i];
   check_cases(cases);
 }
 
@@ -833,11 +802,6 @@ TEST(OverlapAllReduceOptions, RejectsBadGroupsAndOutOfRangeKnobs) {
     EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "owner_pushers " << pushers;
   }
   o.owner_pushers = -1;
-  for (const int parts : {0, 5}) {  // 1 (off) to 4
-    o.tail_split = parts;
-    EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "tail_split " << parts;
-  }
-  o.tail_split = 1;
   for (const double t : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e9}) {  // (0, a week]
     o.wait_timeout_s = t;
     EXPECT_THROW(rt::OverlapAllReduce{o}, InvalidArgument) << "wait_timeout_s " << t;
