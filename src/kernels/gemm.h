@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "kernels/flags.h"
+#include "kernels/owner_ranges.h"
 #include "plan/schedule.h"
 
 namespace flashoverlap::kernels {
@@ -164,6 +165,23 @@ struct Owner {
   bool diag_no_final_bytes = false;
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
+  // More than 2 ranks (world > 2; at 2 the fields above, as described):
+  // the ranges and walks of owner_ranges.h (rank = 0..world-1, split
+  // unused). Each partial goes to its owner's window, slot
+  // owner_slot_of_sender (the windows hold world - 1 slots of window_rows
+  // rows, slot 0 first), each final to every other rank (its C under
+  // finals_in_c, else slot 0 of its window), counted in that rank's flags:
+  // an owned tile's flag counts world - 1 partials per call, another's its
+  // final. The storer loads slot 0's partial into the staging pieces by
+  // TMA; the consumers add slots 1..world-2 from the window first (fp32, in
+  // slot order, after rounding their own sum: within rounding of NCCL's
+  // ring, not bitwise). Pushed (not pulled), 4 stages, push_tma 0.
+  int32_t world = 2;
+  int32_t own_begin = 0, own_end = 0;   // world > 2: this rank's tiles (owned_begin, owned_end)
+  uint32_t* const* flags_of = nullptr;  // device [world]: each rank's flags, mapped (this rank's unused)
+  void* const* windows_of = nullptr;    // device [world]: each rank's window, mapped (this rank's unused)
+  void* const* outs_of = nullptr;       // finals_in_c: device [world], each rank's C, mapped
+  const int64_t* lds_of = nullptr;      // finals_in_c: device [world], their elements per row
 };
 
 struct GemmParams {

@@ -133,7 +133,7 @@ void check_gemm_params(const GemmParams& p) {
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
   const Owner& o = p.owner;
   if (o.rank >= 0) {
-    if (o.rank > 1) fail("owner layout: rank must be 0 or 1 (2 ranks)");
+    if (o.world < 2 || o.world > 8 || o.rank >= o.world) fail("owner layout: world must be in [2, 8], rank below it");
     if (p.store != Store::Plain || !push_store)
       fail("owner layout: needs Plain C stored by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0)");
     if (p.push.peers != 1 || !p.push.peer_c) fail("owner layout: needs the peer's window (push to 1 peer)");
@@ -152,10 +152,20 @@ void check_gemm_params(const GemmParams& p) {
     if (o.push_tma < 0 || o.push_tma > 2) fail("owner layout: push_tma must be 0, 1 or 2");
     if (o.push_tma > 0 && (!o.push_window || !aligned16(o.push_window) || !gemm_four_stages(p)))
       fail("owner layout: TMA pushes need the peer's 16-byte aligned window and the 4-stage pipeline");
-    if ((o.peer_out != nullptr) != o.finals_in_c)
+    if (o.world > 2) {
+      const int32_t tiles = p.sched.tiles();
+      if (!gemm_four_stages(p) || !o.pushers || o.push_tma != 0)
+        fail("owner layout on more than 2 ranks: needs the 4-stage pipeline and the pusher warps, no TMA pushes");
+      if (!o.flags_of || !o.windows_of || (o.finals_in_c && (!o.outs_of || !o.lds_of)))
+        fail("owner layout on more than 2 ranks: needs every rank's flags and window (and C, finals_in_c)");
+      if (o.own_begin != owned_begin(o.rank, tiles, o.world) || o.own_end != owned_end(o.rank, tiles, o.world))
+        fail("owner layout on more than 2 ranks: own_begin, own_end must be this rank's range (owner_ranges.h)");
+      if (int64_t(tiles) * o.world >= INT32_MAX) fail("owner layout on more than 2 ranks: too many tiles");
+      if (o.in_place && o.finals_in_c) fail("owner layout: in place or finals into the peers' C, not both");
+    } else if ((o.peer_out != nullptr) != o.finals_in_c)
       fail("owner layout: finals into the peer's C (peer_out) go with the peer's finals into this C (finals_in_c)");
-    if (o.finals_in_c && (o.in_place || !aligned16(o.peer_out) || o.peer_ld < p.n || o.peer_ld % 8 != 0 ||
-                          !gemm_four_stages(p)))
+    if (o.world <= 2 && o.finals_in_c &&  // (more ranks: the runtime checks each rank's C when it registers it)
+        (o.in_place || !aligned16(o.peer_out) || o.peer_ld < p.n || o.peer_ld % 8 != 0 || !gemm_four_stages(p)))
       fail("owner layout: finals into the peers' C need the 4-stage pipeline, not in place, and a 16-byte aligned "
            "peer C with ld >= n, ld % 8 == 0");
   } else if (p.owner.push_tma != 0 || p.owner.finals_in_c) {

@@ -231,10 +231,11 @@ constexpr uint32_t kOwnerPollMaxNs = 1024;
 // tiles it does not own first. (Read from the kernel's parameters each time:
 // no registers held beside the accumulators.)
 __device__ __forceinline__ int32_t owner_tile_at(const Owner& o, int32_t i, int32_t tiles) {
-  const int32_t j = o.rank == 1 ? i + o.split : i;
+  const int32_t j = o.world > 2 ? i + o.own_end : o.rank == 1 ? i + o.split : i;  // (owner_walk_tile)
   return j >= tiles ? j - tiles : j;
 }
-__device__ __forceinline__ bool owner_owns(const Owner& o, int32_t idx) {
+__device__ __forceinline__ bool owner_owns(const Owner& o, int32_t idx, int32_t tiles) {
+  if (o.world > 2) return idx >= o.own_begin && idx < o.own_end;
   return o.rank >= 0 && (o.rank == 0) == (idx >= o.split);
 }
 // Owner::push_tma: whether a tile (`last`: the CTA's last) goes to the peer
@@ -404,25 +405,103 @@ __device__ __forceinline__ void warp_copy_block(const T* src, int64_t src_ld, T*
 // neither stored into the peer's C nor counted there (finals_in_c): the
 // peer's caller buffer is only written by calls that have reached it, and
 // the peer's own bounded wait reports the failure. Returns that withholding.
-template <typename T, int BN>
+template <typename T, int BN, bool kWorld = false>
 __device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32_t idx, int32_t r0, int32_t rows,
                                                 bool failed, int lane) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
   const plan::TileCoord tc = s.tile_of(idx);
-  const bool to_c = owner_owns(o, idx) && o.finals_in_c;
+  const bool to_c = owner_owns(o, idx, s.tiles()) && o.finals_in_c;  // (a final into the other ranks' C)
   const bool withhold = to_c && failed;
   const int32_t row = tc.tm * 128 + r0, col = tc.tn * BN;
   const int32_t nrows = min(rows, s.m - row), units = min(BN, s.n - col) / 8;
-  if (!withhold && nrows > 0 && !(o.diag_no_final_bytes && owner_owns(o, idx))) {
-    const int64_t dst_ld = to_c ? o.peer_ld : s.n;
-    T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
-                  : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
-    const T* src = static_cast<const T*>(p.out) + int64_t(row) * p.ld_out + col;
-    warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
+  const T* src = static_cast<const T*>(p.out) + int64_t(row) * p.ld_out + col;
+  if (!kWorld || o.world <= 2) {
+    if (!withhold && nrows > 0 && !(o.diag_no_final_bytes && owner_owns(o, idx, s.tiles()))) {
+      const int64_t dst_ld = to_c ? o.peer_ld : s.n;
+      T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
+                    : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
+      warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
+    }
+  } else if (!withhold && nrows > 0) {
+    // Owner::world: a final to every other rank, a partial to its owner (the
+    // pusher warps only, kWorld: inlined into the storer too, this spilled)
+    const bool own = owner_owns(o, idx, s.tiles());
+    const int32_t owner = owner_of_tile(idx, s.tiles(), o.world);
+    const int32_t targets = own ? (o.diag_no_final_bytes ? 0 : o.world - 1) : 1;
+    for (int32_t k = 1; k <= targets; ++k) {
+      const int32_t t = own ? (o.rank + k) % o.world : owner;
+      const int32_t slot = own ? 0 : owner_slot_of_sender(o.rank, owner, o.world);
+      const int64_t dst_ld = to_c ? o.lds_of[t] : s.n;
+      T* dst = to_c ? static_cast<T*>(o.outs_of[t]) + int64_t(row) * dst_ld + col
+                    : static_cast<T*>(o.windows_of[t]) + (int64_t(slot) * o.window_rows + o.row0 + row) * s.n + col;
+      warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);
+    }
   }
   __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count
   return withhold;
+}
+
+// The count after owner_push_rows (one lane): 2 ranks, in the peer's flags;
+// more (Owner::world), a final in every other rank's, a partial in its owner's.
+__device__ __forceinline__ void owner_count(const GemmKernelParams& p, int32_t idx) {
+  const Owner& o = p.owner;
+  if (o.world <= 2) {
+    ptx::red_release_sys_add(o.peer_flags + idx, 1);
+    return;
+  }
+  const int32_t owner = owner_of_tile(idx, p.sched.tiles(), o.world);
+  for (int32_t t = 0; t < o.world; ++t)
+    if (t != o.rank && (owner == o.rank || t == owner)) ptx::red_release_sys_add(o.flags_of[t] + idx, 1);
+}
+
+// More than 2 ranks (Owner::world), a tile this rank owns: the partials in
+// its window's slots 1..world-2 added to a consumer warpgroup's
+// accumulators of piece Q (the storer loads slot 0's into the staging), in
+// fp32 slot by slot after rounding the own sum (the rounded partials' sum,
+// as NCCL's ring sums them; within rounding of it, not bitwise), once the
+// tile's flag has counted them (each warp waits for it itself: the storer's
+// wait orders its TMA load, not these loads); 8 loads in flight (16 spilled).
+template <typename T, int Q>
+__device__ __forceinline__ void add_window_partials(float (&acc)[128], const GemmKernelParams& p, int32_t idx, int cw,
+                                                    int warp, int lane) {
+  const Owner& o = p.owner;
+  const plan::Schedule& s = p.sched;
+  int ok = 1;
+  if (lane == 0)
+    ok = bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, o.epoch * uint32_t(o.world - 1), o.timeout_ns, o.err,
+                                           p.group_of_tile[idx], 3u, idx);
+  if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // (recorded in err: the call fails)
+  const plan::TileCoord tc = s.tile_of(idx);
+  const int64_t row = o.row0 + tc.tm * 128 + cw * 64 + warp * 16 + lane / 4;
+  const int32_t col0 = tc.tn * 256 + Q * 128 + 2 * (lane % 4);
+#pragma unroll
+  for (int j = 16 * Q; j < 16 * Q + 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[4 * j + e] = static_cast<float>(T(acc[4 * j + e]));
+  for (int32_t slot = 1; slot < o.world - 1; ++slot) {
+    const T* base = static_cast<const T*>(o.window) + (int64_t(slot) * o.window_rows + row) * s.n + col0;
+#pragma unroll
+    for (int quarter = 0; quarter < 4; ++quarter) {
+      uint32_t v[4][2];
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          v[x][h] = col0 + 8 * (4 * quarter + x) < s.n
+                        ? __ldcg(reinterpret_cast<const unsigned int*>(base + 8 * h * s.n + 8 * (4 * quarter + x)))
+                        : 0u;
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = 16 * Q + 4 * quarter + x;
+          const T* two = reinterpret_cast<const T*>(&v[x][h]);
+          acc[4 * j + 2 * h] += static_cast<float>(two[0]);
+          acc[4 * j + 2 * h + 1] += static_cast<float>(two[1]);
+        }
+    }
+  }
 }
 
 // The hand-over of tiles from owner_piece_storer to owner_pusher (kPieces
@@ -460,8 +539,8 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   bool failed = false;  // (lane 0) a wait timed out: later owned pieces do not wait again
   auto wait_flag = [&](int32_t idx) {
     failed = failed ||
-             !bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 3u,
-                                                idx);
+             !bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, o.epoch * uint32_t(o.world > 2 ? o.world - 1 : 1),
+                                                o.timeout_ns, o.err, p.group_of_tile[idx], 3u, idx);
     ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
   };
   auto load_partial = [&](int32_t idx, int q, int h) {  // piece q of tile idx, half h, into buffer h
@@ -481,7 +560,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     ptx::tma_prefetch_desc(tm_w);
     if (o.push_tma > 0) ptx::tma_prefetch_desc(tm_p);
     if (o.push_tma > 0 && o.finals_in_c) ptx::tma_prefetch_desc(tm_q);
-    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles))) {
+    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles), tiles)) {
       const int32_t first = owner_tile_at(o, blockIdx.x, tiles);
       wait_flag(first);
       load_partial(first, 0, 0);
@@ -492,10 +571,10 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
     const int32_t idx = owner_tile_at(o, i, tiles);
     const plan::TileCoord tc = s.tile_of(idx);
-    const bool own = owner_owns(o, idx);
+    const bool own = owner_owns(o, idx, tiles);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
     const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
-    const bool next_own = next >= 0 && owner_owns(o, next);
+    const bool next_own = next >= 0 && owner_owns(o, next, tiles);
     // Owner::push_tma: this tile goes to the peer by TMA from the pieces (a
     // partial then needs no copy in C: the peer's final lands there).
     const bool tma_push = owner_pushed_by_tma(o, next < 0);
@@ -567,7 +646,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       ptx::fence_proxy_async_global();
       const bool withhold = owner_push_rows<T, BN>(p, idx, 0, 128, __shfl_sync(0xffffffffu, failed, 0), lane);
       __syncwarp();
-      if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+      if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) owner_count(p, idx);
     }
     __syncwarp();
     if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
@@ -606,10 +685,9 @@ __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const Pu
     ptx::mbar_wait(&ring.full[slot], (taken / kPushRing) & 1);
     ++taken;
     ptx::fence_proxy_async_global();  // the storer's TMA stores into C before the loads below
-    const bool withhold = owner_push_rows<T, BN>(p, idx, w * 64, 64, *ring.failed != 0, lane);
+    const bool withhold = owner_push_rows<T, BN, true>(p, idx, w * 64, 64, *ring.failed != 0, lane);
     ptx::named_barrier_sync(kPushBarrier, 64);
-    if (w == 0 && lane == 0 && !withhold && p.group_of_tile[idx] != o.drop_group)
-      ptx::red_release_sys_add(o.peer_flags + idx, 1);
+    if (w == 0 && lane == 0 && !withhold && p.group_of_tile[idx] != o.drop_group) owner_count(p, idx);
     if (lane == 0) ptx::mbar_arrive(&ring.empty[slot]);
   }
   // (trace) the CTA's pushes done: its last tiles may leave after the storer's record
@@ -653,14 +731,14 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
   if (leader) {
     ptx::tma_prefetch_desc(tm_c);
     ptx::tma_prefetch_desc(tm_w);
-    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles)))
+    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles), tiles))
       prefetch(owner_tile_at(o, blockIdx.x, tiles));
   }
   uint32_t t = 0;
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
     const int32_t idx = owner_tile_at(o, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    const bool own = owner_owns(o, idx);
+    const bool own = owner_owns(o, idx, tiles);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
     const bool last = i + int32_t(gridDim.x) >= tiles;
 #pragma unroll
@@ -681,7 +759,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
       if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
       if (own) ptx::tma_store_wait_read();  // the staging halves are read
       const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
-      if (next >= 0 && owner_owns(o, next)) prefetch(next);
+      if (next >= 0 && owner_owns(o, next, tiles)) prefetch(next);
       ptx::mbar_arrive(&c_empty[0]);
       ptx::mbar_arrive(&c_empty[1]);
     }
@@ -713,8 +791,12 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   // per tile, which is only waited for.
   const bool wait_only = o.in_place || o.finals_in_c;
   const int32_t per_tile = wait_only ? 1 : 128 / kRows;
-  const int32_t first = o.rank == 0 ? 0 : o.split;  // the peer's tiles
-  const int32_t chunks = (o.rank == 0 ? o.split : s.tiles() - o.split) * per_tile;
+  // The tiles this rank does not own: the peer's, or (Owner::world) the
+  // other ranks', from the end of its own range on, cyclically.
+  const int32_t tiles = s.tiles();
+  const int32_t first = o.world > 2 ? o.own_end % tiles : o.rank == 0 ? 0 : o.split;
+  const int32_t others = o.world > 2 ? tiles - (o.own_end - o.own_begin) : o.rank == 0 ? o.split : tiles - o.split;
+  const int32_t chunks = others * per_tile;
   int32_t ready = -1;  // lane 0: the last tile seen arrived
   uint32_t phase = 0;
   while (true) {
@@ -725,7 +807,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
       if (lane == 0) record_phase(p.monitor_phases, 2);
       return;
     }
-    const int32_t t = first + int32_t(c) / per_tile;
+    const int32_t t = (first + int32_t(c) / per_tile) % tiles;
     const plan::TileCoord tc = s.tile_of(t);
     const int32_t row = tc.tm * 128 + (int32_t(c) % per_tile) * kRows, col = tc.tn * BN;
     const int32_t nrows = min(s.m - row, kRows), ncols = min(s.n - col, BN);
@@ -810,11 +892,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
   if (wg == 0) {
-    // kPieces: 80 registers for the producer warpgroup (the owner's push
+    // kPieces: 88 registers for the producer warpgroup (the owner's push
     // keeps 4 loads in flight; at 40, 56 and 64 ptxas spilled 236/624, 92/236
-    // and 24/60 bytes), 208 for each consumer (no spills either):
-    // 128 x 80 + 256 x 208 = 63488 of the launch's 384 x 168 = 64512.
-    if constexpr (kPieces) ptx::setmaxnreg_dec<80>();
+    // and 24/60 bytes; at 80, 28/208 once the pushes went to W ranks), 208
+    // for each consumer (no spills either): 128 x 88 + 256 x 208 = 64512,
+    // the launch's 384 x 168.
+    if constexpr (kPieces) ptx::setmaxnreg_dec<88>();
     else ptx::setmaxnreg_dec<40>();
     if (tid == 0) {
       // ---------------- producer: TMA loads into the ring ----------------
@@ -977,7 +1060,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
 
     if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
-      write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns(p.owner, idx),
+      if (p.owner.world > 2 && owner_owns(p.owner, idx, tiles)) {  // slots 1..world-2 of the window, before staging
+        add_window_partials<T, 0>(acc, p, idx, cw, warp, lane);
+        add_window_partials<T, 1>(acc, p, idx, cw, warp, lane);
+      }
+      write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns(p.owner, idx, tiles),
                       owned_tiles, tid, warp, lane, cw);
     } else {  // (the rest of the loop body is compiled without kPieces only)
 
@@ -990,7 +1077,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
     // (2) Accumulators -> shared memory (stage_accumulators); a tile this
     // rank owns (owner layout) once the peer's partial is loaded there.
-    if (owner_owns(p.owner, idx)) {
+    if (owner_owns(p.owner, idx, tiles)) {
       ptx::mbar_wait(&p_ready[cw], owned_tiles & 1);
       ++owned_tiles;
       stage_accumulators<T, BN, true>(acc, my_c_addr, warp, lane);

@@ -871,3 +871,128 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       }
     }
 }
+
+// The owner layout on W = 3 and 4 ranks (Owner::world), all on one GPU: W
+// kernels on W streams and SMs of their own (W x ctas <= SMs), wired to
+// each other's windows (W - 1 sender slots), flags and outputs as NCCL's
+// window would wire W GPUs. Six calls in a row (epochs, both halves of the
+// windows): the first three with the owners' finals copied from each
+// rank's window into its C, the last three stored straight into every
+// other rank's C. Every rank's C must equal, bitwise, what the owner of each
+// tile sums: its own partial rounded, plus the partials in its window slots
+// 1..W-2 in fp32, rounded, plus slot 0's, rounded once (owner_ranges.h
+// gives which rank sent which slot); no wait may time out.
+TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  for (DType dt : {DType::BF16, DType::FP16})
+    for (const int world : {3, 4})
+      for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, 132}, OwnerShape{3001, 2048, 256, 132},
+                                  OwnerShape{640, 2048, 1024, 5}, OwnerShape{2048, 4104, 512, 132},
+                                  OwnerShape{128, 512, 64, 1}}) {
+        const plan::Schedule s = owner_sched({sh.m, sh.n, sh.k, std::min(sh.ctas, rt::current_device_sms() / world)});
+        SCOPED_TRACE("world " + std::to_string(world) + " m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) +
+                     " k=" + std::to_string(sh.k) + " ctas=" + std::to_string(s.ctas) +
+                     (dt == DType::BF16 ? " bf16" : " fp16") + " seed " + std::to_string(seed));
+        const size_t c_elems = size_t(sh.m) * sh.n, tiles = size_t(s.tiles());
+        const int64_t half_rows = int64_t(s.tiles_m()) * 128, window_rows = 2 * half_rows;
+        struct Rank {
+          Problem pr;
+          DeviceBuffer partial, c, window, flags, claims, err, peers, group_of_tile, flags_of, windows_of, outs_of,
+              lds_of;
+        };
+        std::vector<Rank> ranks;
+        for (int r = 0; r < world; ++r) {
+          ranks.push_back({Problem(dt, sh.m, sh.n, sh.k, seed + 7 * r + sh.m, false), DeviceBuffer(c_elems * 2),
+                           DeviceBuffer(c_elems * 2), DeviceBuffer(size_t(world - 1) * window_rows * sh.n * 2),
+                           DeviceBuffer(tiles * 4), DeviceBuffer(8), DeviceBuffer(sizeof(kernels::WaitError)),
+                           DeviceBuffer(sizeof(void*)), DeviceBuffer(tiles * 4), DeviceBuffer(world * sizeof(void*)),
+                           DeviceBuffer(world * sizeof(void*)), DeviceBuffer(world * sizeof(void*)),
+                           DeviceBuffer(world * sizeof(int64_t))});
+          Rank& k = ranks.back();
+          for (const DeviceBuffer* b : {&k.flags, &k.claims, &k.err, &k.group_of_tile})
+            FO_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
+          kernels::launch_gemm(kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.partial.get(), sh.n),
+                               nullptr);  // this rank's partial
+        }
+        const size_t w = static_cast<size_t>(world);
+        std::vector<void*> flags_of(w), windows_of(w), outs_of(w);
+        std::vector<int64_t> lds_of(w, sh.n);
+        for (int r = 0; r < world; ++r)
+          flags_of[size_t(r)] = ranks[size_t(r)].flags.get(), windows_of[size_t(r)] = ranks[size_t(r)].window.get(),
+          outs_of[size_t(r)] = ranks[size_t(r)].c.get();
+        for (int r = 0; r < world; ++r) {
+          Rank& k = ranks[size_t(r)];
+          FO_CUDA_CHECK(cudaMemcpy(k.flags_of.get(), flags_of.data(), k.flags_of.bytes(), cudaMemcpyHostToDevice));
+          FO_CUDA_CHECK(cudaMemcpy(k.windows_of.get(), windows_of.data(), k.windows_of.bytes(), cudaMemcpyHostToDevice));
+          FO_CUDA_CHECK(cudaMemcpy(k.outs_of.get(), outs_of.data(), k.outs_of.bytes(), cudaMemcpyHostToDevice));
+          FO_CUDA_CHECK(cudaMemcpy(k.lds_of.get(), lds_of.data(), k.lds_of.bytes(), cudaMemcpyHostToDevice));
+          void* next = windows_of[size_t((r + 1) % world)];  // (Push::peer_c: unused beyond 2 ranks, but set)
+          FO_CUDA_CHECK(cudaMemcpy(k.peers.get(), &next, sizeof(void*), cudaMemcpyHostToDevice));
+        }
+        // The expected result, on the host: each tile as its owner sums it.
+        std::vector<std::vector<uint16_t>> part;
+        for (const Rank& k : ranks) part.push_back(to_host(k.partial));
+        auto value = [dt](uint16_t v) {
+          return dt == DType::BF16 ? __bfloat162float(__nv_bfloat16_raw{v}) : __half2float(__half_raw{v});
+        };
+        auto round_to = [dt](float x) {
+          return dt == DType::BF16 ? __nv_bfloat16_raw(__float2bfloat16_rn(x)).x : __half_raw(__float2half_rn(x)).x;
+        };
+        std::vector<uint16_t> sum(c_elems);
+        for (int32_t idx = 0; idx < s.tiles(); ++idx) {
+          const int o = kernels::owner_of_tile(idx, s.tiles(), world);
+          const plan::TileCoord tc = s.tile_of(idx);
+          for (int r = tc.tm * 128; r < std::min(tc.tm * 128 + 128, sh.m); ++r)
+            for (int col = tc.tn * 256; col < std::min(tc.tn * 256 + 256, sh.n); ++col) {
+              const size_t at = size_t(r) * sh.n + col;
+              float x = value(part[size_t(o)][at]);
+              for (int slot = 1; slot < world - 1; ++slot)
+                x += value(part[size_t(kernels::owner_sender_of_slot(slot, o, world))][at]);
+              sum[at] = sum_rounded(dt, round_to(x), part[size_t(kernels::owner_sender_of_slot(0, o, world))][at]);
+            }
+        }
+        std::vector<ScopedStream> streams(w);  // (after the buffers: synchronised first)
+        for (uint32_t epoch = 1; epoch <= 6; ++epoch) {
+          const bool into_c = epoch > 3;
+          SCOPED_TRACE(into_c ? "finals into the other ranks' C" : "finals into the windows, copied");
+          for (Rank& k : ranks) kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
+          FO_CUDA_CHECK(cudaDeviceSynchronize());
+          std::vector<kernels::GemmParams> params(w);
+          for (int r = world - 1; r >= 0; --r) {
+            Rank& k = ranks[size_t(r)];
+            kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.c.get(), sh.n);
+            p.group_of_tile = k.group_of_tile.as<int32_t>();
+            p.push.peers = 1, p.push.peer_c = k.peers.as<void*>();
+            kernels::Owner& o = p.owner;
+            o.rank = r, o.world = world, o.split = s.tiles() / 2;
+            o.own_begin = kernels::owned_begin(r, s.tiles(), world), o.own_end = kernels::owned_end(r, s.tiles(), world);
+            o.window = k.window.get(), o.window_rows = window_rows, o.row0 = int32_t((epoch & 1) * half_rows);
+            o.flags = k.flags.as<uint32_t>(), o.peer_flags = ranks[size_t((r + 1) % world)].flags.as<uint32_t>();
+            o.flags_of = k.flags_of.as<uint32_t*>(), o.windows_of = k.windows_of.as<void*>();
+            o.epoch = epoch;
+            o.claims = k.claims.as<uint32_t>() + (epoch & 1);
+            p.sum.claims_reset = k.claims.as<uint32_t>() + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
+            o.push_tma = 0, o.pushers = true;
+            if (into_c) o.finals_in_c = true, o.outs_of = k.outs_of.as<void*>(), o.lds_of = k.lds_of.as<int64_t>();
+            o.timeout_ns = 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
+            ASSERT_TRUE(kernels::gemm_four_stages(p));
+            ASSERT_NO_THROW(kernels::check_gemm_params(p));
+            params[size_t(r)] = p;
+          }
+          for (int r = world - 1; r >= 0; --r) kernels::launch_gemm(params[size_t(r)], streams[size_t(r)].s);
+          for (const ScopedStream& st : streams) FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
+          for (int r = 0; r < world; ++r) {
+            kernels::WaitError err{};
+            FO_CUDA_CHECK(cudaMemcpy(&err, ranks[size_t(r)].err.get(), sizeof(err), cudaMemcpyDeviceToHost));
+            ASSERT_EQ(err.failed, 0u) << "rank " << r << " call " << epoch << ": a wait timed out (tile " << err.tile
+                                      << ", value " << err.value << ", expected " << err.expected << ")";
+            const auto c = to_host(ranks[size_t(r)].c);
+            int64_t wrong = 0, first = -1;
+            for (size_t i = 0; i < c_elems; ++i)
+              if (c[i] != sum[i]) wrong++, first = first < 0 ? int64_t(i) : first;
+            EXPECT_EQ(wrong, 0) << "rank " << r << " call " << epoch << ": first wrong element " << first;
+          }
+        }
+      }
+}
