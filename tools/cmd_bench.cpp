@@ -886,8 +886,9 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->check(not_negative());
   cmd->add_option("--push-by", o->push_by,
                   "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
-                  "copies of this rank's block once its tiles are stored), owners (2 ranks, row bands: each tile "
-                  "summed by one rank in its epilogue, the final tile stored into the other's copy), owners-pull "
+                  "copies of this rank's block once its tiles are stored), owners (row bands: each tile summed by "
+                  "one rank in its epilogue, the final tile stored into the others' copies; 2 ranks, or 3-8 with "
+                  "128x256 tiles), owners-pull "
                   "(experimental: owners, each rank's tiles stored locally and read over NVLink by the other) or auto (gemm, "
                   "and when the measured choice picks a pushed plan, that plan is measured again with the other "
                   "transports)")

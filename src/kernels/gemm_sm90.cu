@@ -29,9 +29,9 @@ constexpr int smem_for() {
   return GemmSmem<BN, BN == 256 ? kStages256 : kStages128>::kDynamicBytes;
 }
 // The plain store with 4 stages (GemmParams::four_stages): 4 x 48 KB + 2 x 16 KB.
-template <typename T>
+template <typename T, bool kWide = false>
 auto pieces_kernel() {
-  return &gemm_sm90_kernel<256, 4, T, true>;
+  return &gemm_sm90_kernel<256, 4, T, true, kWide>;
 }
 constexpr int kPiecesSmem = GemmSmem<256, 4, true>::kDynamicBytes;
 static_assert(kPiecesSmem <= 227 * 1024, "four stages do not fit");
@@ -246,6 +246,14 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
+  if (gemm_four_stages(p) && p.owner.rank >= 0 && p.owner.world > 2) {  // (owners on more than 2 ranks)
+    if (p.dtype == DType::BF16)
+      pieces_kernel<__nv_bfloat16, true>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
+    else
+      pieces_kernel<__half, true>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
+    FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
+    return;
+  }
   if (gemm_four_stages(p)) {
     if (p.dtype == DType::BF16)
       pieces_kernel<__nv_bfloat16>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
@@ -284,6 +292,8 @@ void preload_gemm_kernels() {
   prepare(kernel_for<128, __half>(), smem_for<128>());
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);
+  prepare(pieces_kernel<__nv_bfloat16, true>(), kPiecesSmem);
+  prepare(pieces_kernel<__half, true>(), kPiecesSmem);
   encode_fn();
 }
 

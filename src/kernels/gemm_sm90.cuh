@@ -230,12 +230,16 @@ constexpr uint32_t kOwnerPollMaxNs = 1024;
 // (i + rot) mod tiles, rot = split on rank 1, so that each rank walks the
 // tiles it does not own first. (Read from the kernel's parameters each time:
 // no registers held beside the accumulators.)
+// kWide: the kernel for more than 2 ranks (Owner::world; a template of its
+// own, so that the 2-rank kernel's code is what it was).
+template <bool kWide = false>
 __device__ __forceinline__ int32_t owner_tile_at(const Owner& o, int32_t i, int32_t tiles) {
-  const int32_t j = o.world > 2 ? i + o.own_end : o.rank == 1 ? i + o.split : i;  // (owner_walk_tile)
+  const int32_t j = kWide ? i + o.own_end : o.rank == 1 ? i + o.split : i;  // (owner_walk_tile)
   return j >= tiles ? j - tiles : j;
 }
+template <bool kWide = false>
 __device__ __forceinline__ bool owner_owns(const Owner& o, int32_t idx, int32_t tiles) {
-  if (o.world > 2) return idx >= o.own_begin && idx < o.own_end;
+  if constexpr (kWide) return idx >= o.own_begin && idx < o.own_end;
   return o.rank >= 0 && (o.rank == 0) == (idx >= o.split);
 }
 // Owner::push_tma: whether a tile (`last`: the CTA's last) goes to the peer
@@ -411,22 +415,20 @@ __device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
   const plan::TileCoord tc = s.tile_of(idx);
-  const bool to_c = owner_owns(o, idx, s.tiles()) && o.finals_in_c;  // (a final into the other ranks' C)
+  const bool to_c = owner_owns<kWorld>(o, idx, s.tiles()) && o.finals_in_c;  // (a final into the other ranks' C)
   const bool withhold = to_c && failed;
   const int32_t row = tc.tm * 128 + r0, col = tc.tn * BN;
   const int32_t nrows = min(rows, s.m - row), units = min(BN, s.n - col) / 8;
   const T* src = static_cast<const T*>(p.out) + int64_t(row) * p.ld_out + col;
-  if (!kWorld || o.world <= 2) {
+  if constexpr (!kWorld) {
     if (!withhold && nrows > 0 && !(o.diag_no_final_bytes && owner_owns(o, idx, s.tiles()))) {
       const int64_t dst_ld = to_c ? o.peer_ld : s.n;
       T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
                     : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
       warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
     }
-  } else if (!withhold && nrows > 0) {
-    // Owner::world: a final to every other rank, a partial to its owner (the
-    // pusher warps only, kWorld: inlined into the storer too, this spilled)
-    const bool own = owner_owns(o, idx, s.tiles());
+  } else if (!withhold && nrows > 0) {  // Owner::world: a final to every other rank, a partial to its owner
+    const bool own = owner_owns<true>(o, idx, s.tiles());
     const int32_t owner = owner_of_tile(idx, s.tiles(), o.world);
     const int32_t targets = own ? (o.diag_no_final_bytes ? 0 : o.world - 1) : 1;
     for (int32_t k = 1; k <= targets; ++k) {
@@ -444,9 +446,10 @@ __device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32
 
 // The count after owner_push_rows (one lane): 2 ranks, in the peer's flags;
 // more (Owner::world), a final in every other rank's, a partial in its owner's.
+template <bool kWide>
 __device__ __forceinline__ void owner_count(const GemmKernelParams& p, int32_t idx) {
   const Owner& o = p.owner;
-  if (o.world <= 2) {
+  if constexpr (!kWide) {
     ptx::red_release_sys_add(o.peer_flags + idx, 1);
     return;
   }
@@ -527,7 +530,7 @@ struct PushRing {
 // and is free for the next tile's pieces (Owner::pushers; else this warp
 // copies it). So the shared buffer is held ~0.5 µs per piece, not for the
 // NVLink transfer.
-template <typename T, int BN, int kPieceBytes>
+template <typename T, int BN, int kPieceBytes, bool kWide>
 __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,
                                                    const CUtensorMap* tm_w, const CUtensorMap* tm_p,
                                                    const CUtensorMap* tm_q, uint8_t* c_smem, uint64_t* c_full,
@@ -539,7 +542,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   bool failed = false;  // (lane 0) a wait timed out: later owned pieces do not wait again
   auto wait_flag = [&](int32_t idx) {
     failed = failed ||
-             !bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, o.epoch * uint32_t(o.world > 2 ? o.world - 1 : 1),
+             !bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, kWide ? o.epoch * uint32_t(o.world - 1) : o.epoch,
                                                 o.timeout_ns, o.err, p.group_of_tile[idx], 3u, idx);
     ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
   };
@@ -560,8 +563,8 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     ptx::tma_prefetch_desc(tm_w);
     if (o.push_tma > 0) ptx::tma_prefetch_desc(tm_p);
     if (o.push_tma > 0 && o.finals_in_c) ptx::tma_prefetch_desc(tm_q);
-    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles), tiles)) {
-      const int32_t first = owner_tile_at(o, blockIdx.x, tiles);
+    if (int32_t(blockIdx.x) < tiles && owner_owns<kWide>(o, owner_tile_at<kWide>(o, blockIdx.x, tiles), tiles)) {
+      const int32_t first = owner_tile_at<kWide>(o, blockIdx.x, tiles);
       wait_flag(first);
       load_partial(first, 0, 0);
       load_partial(first, 0, 1);
@@ -569,12 +572,12 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   }
   uint32_t handed = 0;  // (lane 0) tiles handed to the pushers
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
-    const int32_t idx = owner_tile_at(o, i, tiles);
+    const int32_t idx = owner_tile_at<kWide>(o, i, tiles);
     const plan::TileCoord tc = s.tile_of(idx);
-    const bool own = owner_owns(o, idx, tiles);
+    const bool own = owner_owns<kWide>(o, idx, tiles);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
-    const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
-    const bool next_own = next >= 0 && owner_owns(o, next, tiles);
+    const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at<kWide>(o, i + int32_t(gridDim.x), tiles) : -1;
+    const bool next_own = next >= 0 && owner_owns<kWide>(o, next, tiles);
     // Owner::push_tma: this tile goes to the peer by TMA from the pieces (a
     // partial then needs no copy in C: the peer's final lands there).
     const bool tma_push = owner_pushed_by_tma(o, next < 0);
@@ -646,7 +649,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       ptx::fence_proxy_async_global();
       const bool withhold = owner_push_rows<T, BN>(p, idx, 0, 128, __shfl_sync(0xffffffffu, failed, 0), lane);
       __syncwarp();
-      if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) owner_count(p, idx);
+      if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) owner_count<false>(p, idx);  // (2 ranks)
     }
     __syncwarp();
     if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
@@ -672,22 +675,22 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
 // the copy, 26% with half the loads in flight). After a timed-out wait of
 // the storer (ring.failed, sticky) every owned final pushed from then on is
 // withheld, also one handed over before the timeout: the call fails anyway.
-template <typename T, int BN>
+template <typename T, int BN, bool kWide>
 __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const PushRing& ring, int32_t tiles, int w,
                                              int lane) {
   const Owner& o = p.owner;
   uint32_t taken = 0;
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
-    const int32_t idx = owner_tile_at(o, i, tiles);
+    const int32_t idx = owner_tile_at<kWide>(o, i, tiles);
     const bool last = i + int32_t(gridDim.x) >= tiles;
     if (owner_pushed_by_tma(o, last)) continue;  // by TMA (owner_piece_storer)
     const uint32_t slot = taken % kPushRing;
     ptx::mbar_wait(&ring.full[slot], (taken / kPushRing) & 1);
     ++taken;
     ptx::fence_proxy_async_global();  // the storer's TMA stores into C before the loads below
-    const bool withhold = owner_push_rows<T, BN, true>(p, idx, w * 64, 64, *ring.failed != 0, lane);
+    const bool withhold = owner_push_rows<T, BN, kWide>(p, idx, w * 64, 64, *ring.failed != 0, lane);
     ptx::named_barrier_sync(kPushBarrier, 64);
-    if (w == 0 && lane == 0 && !withhold && p.group_of_tile[idx] != o.drop_group) owner_count(p, idx);
+    if (w == 0 && lane == 0 && !withhold && p.group_of_tile[idx] != o.drop_group) owner_count<kWide>(p, idx);
     if (lane == 0) ptx::mbar_arrive(&ring.empty[slot]);
   }
   // (trace) the CTA's pushes done: its last tiles may leave after the storer's record
@@ -778,7 +781,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
 // memory to spare): each lane loads its 16-byte units of the chunk into
 // registers, all in flight at once, then stores them; stage and bar unused.
 // In place (C is the window): one chunk per tile, only waited for.
-template <typename T, int kStageBytes, int BN, bool kDirect = false>
+template <typename T, int kStageBytes, int BN, bool kDirect = false, bool kWide = false>
 __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8_t* stage, uint64_t* bar) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
@@ -794,8 +797,8 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   // The tiles this rank does not own: the peer's, or (Owner::world) the
   // other ranks', from the end of its own range on, cyclically.
   const int32_t tiles = s.tiles();
-  const int32_t first = o.world > 2 ? o.own_end % tiles : o.rank == 0 ? 0 : o.split;
-  const int32_t others = o.world > 2 ? tiles - (o.own_end - o.own_begin) : o.rank == 0 ? o.split : tiles - o.split;
+  const int32_t first = kWide ? o.own_end % tiles : o.rank == 0 ? 0 : o.split;
+  const int32_t others = kWide ? tiles - (o.own_end - o.own_begin) : o.rank == 0 ? o.split : tiles - o.split;
   const int32_t chunks = others * per_tile;
   int32_t ready = -1;  // lane 0: the last tile seen arrived
   uint32_t phase = 0;
@@ -807,7 +810,8 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
       if (lane == 0) record_phase(p.monitor_phases, 2);
       return;
     }
-    const int32_t t = (first + int32_t(c) / per_tile) % tiles;
+    int32_t t = first + int32_t(c) / per_tile;
+    if (kWide && t >= tiles) t -= tiles;
     const plan::TileCoord tc = s.tile_of(t);
     const int32_t row = tc.tm * 128 + (int32_t(c) % per_tile) * kRows, col = tc.tn * BN;
     const int32_t nrows = min(s.m - row, kRows), ncols = min(s.n - col, BN);
@@ -848,7 +852,7 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   }
 }
 
-template <int BN, int STAGES, typename T, bool kPieces = false>
+template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
@@ -892,12 +896,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
   if (wg == 0) {
-    // kPieces: 88 registers for the producer warpgroup (the owner's push
+    // kPieces: 80 registers for the producer warpgroup (the owner's push
     // keeps 4 loads in flight; at 40, 56 and 64 ptxas spilled 236/624, 92/236
-    // and 24/60 bytes; at 80, 28/208 once the pushes went to W ranks), 208
-    // for each consumer (no spills either): 128 x 88 + 256 x 208 = 64512,
-    // the launch's 384 x 168.
-    if constexpr (kPieces) ptx::setmaxnreg_dec<88>();
+    // and 24/60 bytes), 208 for each consumer (no spills either): 128 x 80 +
+    // 256 x 208 = 63488 of the launch's 384 x 168 = 64512. kWide: 88 (its
+    // pushes to W ranks spilled 28/208 bytes at 80): 64512.
+    if constexpr (kWide) ptx::setmaxnreg_dec<88>();
+    else if constexpr (kPieces) ptx::setmaxnreg_dec<80>();
     else ptx::setmaxnreg_dec<40>();
     if (tid == 0) {
       // ---------------- producer: TMA loads into the ring ----------------
@@ -905,7 +910,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
       for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
-        const plan::TileCoord tc = p.sched.tile_of(owner_tile_at(p.owner, i, tiles));
+        const plan::TileCoord tc = p.sched.tile_of(owner_tile_at<kWide>(p.owner, i, tiles));
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
@@ -922,13 +927,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     } else if constexpr (kPieces) {
       const PushRing ring{c_empty + 6, c_empty + 6 + kPushRing, reinterpret_cast<int32_t*>(smem + L::kPushFailed)};
       if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
-        owner_piece_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, &tm_p, &tm_q, smem + L::kC, c_full, c_empty,
+        owner_piece_storer<T, BN, L::kHalfCBytes, kWide>(p, &tm_c, &tm_w, &tm_p, &tm_q, smem + L::kC, c_full, c_empty,
                                                   p_ready, ring, tiles, tid - 32);
       } else if (tid == 32) {
         piece_storer<BN, L::kHalfCBytes>(p, &tm_c, smem + L::kC, c_full, c_empty, tiles);
       } else if (tid >= 64 && p.owner.rank >= 0) {  // warps 2-3: the owner layout's pushes, then its copy
-        if (p.owner.pushers) owner_pusher<T, BN>(p, ring, tiles, tid / 32 - 2, tid % 32);
-        if (p.owner.producers) copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
+        if (p.owner.pushers) owner_pusher<T, BN, kWide>(p, ring, tiles, tid / 32 - 2, tid % 32);
+        if (p.owner.producers) copy_peer_tiles<T, L::kSumWarpBytes, BN, true, kWide>(p, nullptr, nullptr);
       }
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
@@ -1030,7 +1035,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
   for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
-    const int idx = owner_tile_at(p.owner, i, tiles);
+    const int idx = owner_tile_at<kWide>(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
@@ -1060,11 +1065,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
 
     if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
-      if (p.owner.world > 2 && owner_owns(p.owner, idx, tiles)) {  // slots 1..world-2 of the window, before staging
-        add_window_partials<T, 0>(acc, p, idx, cw, warp, lane);
-        add_window_partials<T, 1>(acc, p, idx, cw, warp, lane);
-      }
-      write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns(p.owner, idx, tiles),
+      if constexpr (kWide)
+        if (owner_owns<true>(p.owner, idx, tiles)) {  // slots 1..world-2 of the window, before staging
+          add_window_partials<T, 0>(acc, p, idx, cw, warp, lane);
+          add_window_partials<T, 1>(acc, p, idx, cw, warp, lane);
+        }
+      write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns<kWide>(p.owner, idx, tiles),
                       owned_tiles, tid, warp, lane, cw);
     } else {  // (the rest of the loop body is compiled without kPieces only)
 
@@ -1135,7 +1141,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // buffers, one per warp.
   if constexpr (kPieces) {
     // The owner layout's copy, through registers (no shared memory).
-    if (p.owner.rank >= 0) copy_peer_tiles<T, L::kSumWarpBytes, BN, true>(p, nullptr, nullptr);
+    if (p.owner.rank >= 0) copy_peer_tiles<T, L::kSumWarpBytes, BN, true, kWide>(p, nullptr, nullptr);
   } else {
     if (p.owner.rank >= 0) {
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);

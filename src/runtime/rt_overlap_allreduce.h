@@ -54,6 +54,12 @@
 //   per byte of C instead of 5, nothing but one wave's copy after the GEMM.
 //   In place (run_rmsnorm, run_in_place): C is the window itself, where the
 //   peer's finals land, and nothing is copied.
+//   On 3-8 ranks (pushed, 128x256 tiles on 4 stages; kernels::Owner::world)
+//   each rank owns a contiguous range of tiles, receives the other ranks'
+//   partials of them in its window's W - 1 slots and sends each final to
+//   every other rank: 2 (W - 1) / W output-sizes out of each GPU, as NCCL's
+//   ring, within rounding of it. Only where asked for (push_by): the tuner
+//   does not yet try it on 3+ ranks.
 //   PushBy::OwnersPull: the same with the transfers turned around: a rank
 //   stores its partials and finals into its own window and the other reads
 //   them over NVLink (TMA and bulk loads). Experimental: beside the
@@ -102,7 +108,7 @@ inline bool is_banded(ArLayout l) {
 enum class PushBy {
   Gemm,         // the GEMM's storer warp, NVLink stores as each tile finishes
   CopyEngines,  // per group, cudaMemcpyAsync of this rank's block once its tiles are stored
-  Owners,       // the GEMM's stores, each tile summed by its owner rank (2 ranks, row bands)
+  Owners,       // the GEMM's stores, each tile summed by its owner rank (row bands; 2-8 ranks)
   OwnersPull,   // owners, each rank's tiles stored locally and read by the other over NVLink (experimental)
 };
 inline bool is_owners(PushBy b) { return b == PushBy::Owners || b == PushBy::OwnersPull; }
@@ -332,16 +338,18 @@ class OverlapAllReduce {
   // in_place (run_in_place: out unused), or norm, with the pushed owners: C
   // in the window (kernels::Owner::in_place). Returns where C is.
   // reg: out is that registered output (finals_into_outputs()).
-  const void* enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
-                            bool in_place, cudaStream_t stream, const PeerMappedBuffer* reg = nullptr);
   struct RegisteredOutput {
     void* out;
     int64_t ld;
     PeerMappedBuffer mapped;  // on the peer, where finals_into_outputs(); else empty
+    DeviceBuffer outs_of, lds_of;  // more than 2 ranks: every rank's C and ld, by rank (kernels::Owner::outs_of)
   };
+  const void* enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
+                            bool in_place, cudaStream_t stream, const RegisteredOutput* reg = nullptr);
   std::vector<RegisteredOutput> registered_;  // register_output's buffers, by slot
   bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
   DeviceBuffer push_self_;                 // owners pulled: [1] this GPU's window (where its tiles go)
+  DeviceBuffer windows_of_, flags_of_;     // owners on more than 2 ranks: every rank's window and flags, by rank
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
   uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's

@@ -1,5 +1,5 @@
 // rt_overlap_owned.cpp — the pushed row-band layout with owners
-// (PushBy::Owners, 2 ranks; see rt_overlap_allreduce.h and kernels::Owner):
+// (PushBy::Owners, 2-8 ranks; see rt_overlap_allreduce.h and kernels::Owner):
 // setup of the symmetric window and the per-tile flags; one call = the GEMM,
 // which sums, stores and exchanges every tile itself (then RMSNorm).
 #include <algorithm>
@@ -20,7 +20,13 @@ void OverlapAllReduce::setup_owned() {
   const ncclComm_t comm = opts_.comm;
   bind_world(comm, "comm");
   const std::string what = "the pushed layout with owners of " + std::to_string(s.m) + "x" + std::to_string(s.n);
-  if (world_ != 2) throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 ranks, not " + std::to_string(world_));
+  if (world_ < 2 || world_ > 8)
+    throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 to 8 ranks, not " + std::to_string(world_));
+  if (world_ > 2 && opts_.push_by == PushBy::OwnersPull)
+    throw InvalidArgument("OverlapAllReduce: " + what + ": owners pulled are for 2 ranks (pushed on " +
+                          std::to_string(world_) + ")");
+  if (world_ > 2 && !(opts_.four_stages && s.bn == 256))
+    throw InvalidArgument("OverlapAllReduce: " + what + ": owners on more than 2 ranks need 128x256 tiles on 4 stages");
   if (opts_.layout != ArLayout::Pushed)
     throw InvalidArgument("OverlapAllReduce: owners reduce row bands (the pushed layout), not " +
                           std::string(layout_name(opts_.layout)));
@@ -32,15 +38,18 @@ void OverlapAllReduce::setup_owned() {
     throw InvalidArgument("OverlapAllReduce: " + what + " needs at most one CTA per SM (" + std::to_string(s.ctas) +
                           " CTAs, " + std::to_string(sms) + " SMs)");
   // Two halves (call parity) of tiles_m * bm rows, whole tiles: the peer's
-  // stores are not clipped to m. Then the flags, one per tile.
+  // stores are not clipped to m; one such slot per other rank (its
+  // partials: kernels::owner_slot_of_sender). Then the flags, one per tile.
   const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
-  const size_t flags_at = (size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
+  const size_t flags_at = (size_t(world_ - 1) * size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
   gathered_ = SymmetricBuffer(comm, flags_at + size_t(s.tiles()) * sizeof(uint32_t), what);
   gathered_rows_ = half_rows, gather_width_ = s.n;
   owner_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
   FO_CUDA_CHECK(cudaMemset(owner_flags_, 0, size_t(s.tiles()) * sizeof(uint32_t)));
   const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
-  char* peer = static_cast<char*>(at[size_t(1 - gather_rank_)]);
+  // 2 ranks: the peer; more: every rank's window and flags, by rank (the
+  // next rank's stands in for the 2-rank fields, which the kernel checks).
+  char* peer = static_cast<char*>(at[size_t((gather_rank_ + 1) % world_)]);
   if (!peer) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for the peer's copy of " + what);
   peer_base_ = {peer};
   owner_peer_flags_ = reinterpret_cast<uint32_t*>(peer + flags_at);
@@ -50,6 +59,20 @@ void OverlapAllReduce::setup_owned() {
   push_self_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
+  if (world_ > 2) {
+    const size_t w = static_cast<size_t>(world_);
+    std::vector<void*> windows(w), flags(w);
+    for (int r = 0; r < world_; ++r) {
+      char* base = r == gather_rank_ ? static_cast<char*>(gathered_.get()) : static_cast<char*>(at[size_t(r)]);
+      if (!base) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " + std::to_string(r) +
+                             "'s copy of " + what);
+      windows[size_t(r)] = base, flags[size_t(r)] = base + flags_at;
+    }
+    windows_of_ = DeviceBuffer(windows.size() * sizeof(void*));
+    flags_of_ = DeviceBuffer(flags.size() * sizeof(void*));
+    FO_CUDA_CHECK(cudaMemcpy(windows_of_.get(), windows.data(), windows_of_.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemcpy(flags_of_.get(), flags.data(), flags_of_.bytes(), cudaMemcpyHostToDevice));
+  }
   // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
   four_stages_ = opts_.four_stages && s.bn == 256;
   fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy the peer's finals during the GEMM)
@@ -82,7 +105,18 @@ int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
   } else if (!ok) {
     throw InvalidArgument(why);
   }
-  registered_.push_back({out, ld_out, std::move(mapped)});
+  RegisteredOutput reg{out, ld_out, std::move(mapped), {}, {}};
+  if (finals_into_outputs() && world_ > 2) {  // every rank's C, by rank (kernels::Owner::outs_of, lds_of)
+    const size_t w = static_cast<size_t>(world_);
+    std::vector<void*> outs(w);
+    std::vector<int64_t> lds(w);
+    for (int r = 0; r < world_; ++r) outs[size_t(r)] = reg.mapped.of(r), lds[size_t(r)] = reg.mapped.ld_of(r);
+    reg.outs_of = DeviceBuffer(outs.size() * sizeof(void*));
+    reg.lds_of = DeviceBuffer(lds.size() * sizeof(int64_t));
+    FO_CUDA_CHECK(cudaMemcpy(reg.outs_of.get(), outs.data(), reg.outs_of.bytes(), cudaMemcpyHostToDevice));
+    FO_CUDA_CHECK(cudaMemcpy(reg.lds_of.get(), lds.data(), reg.lds_of.bytes(), cudaMemcpyHostToDevice));
+  }
+  registered_.push_back(std::move(reg));
   return int(registered_.size()) - 1;
 }
 
@@ -92,13 +126,13 @@ void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cu
                           std::to_string(slot) + " (" + std::to_string(registered_.size()) + " registered)");
   const RegisteredOutput& r = registered_[size_t(slot)];
   if (!finals_into_outputs()) return run(a, b, r.out, r.ld, stream);
-  enqueue_owned(a, b, r.out, r.ld, nullptr, false, stream, &r.mapped);
+  enqueue_owned(a, b, r.out, r.ld, nullptr, false, stream, &r);
   end_call(stream);
 }
 
 const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out,
                                            const RmsNormArgs* norm, bool in_place_asked, cudaStream_t stream,
-                                           const PeerMappedBuffer* reg) {
+                                           const RegisteredOutput* reg) {
   const plan::Schedule& s = opts_.sched;
   // Pushed: this rank's tiles go to the peer's window, the peer's are read
   // here. Pulled: the other way round (kernels::Owner).
@@ -126,11 +160,19 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.window = pull ? static_cast<void*>(peer_base_[0]) : gathered_.get(), o.window_rows = 2 * gathered_rows_;
   o.row0 = int32_t(row0);
   o.in_place = in_place;
-  if (!pull && four_stages_) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
+  if (!pull && four_stages_ && world_ == 2) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
   o.pushers = opts_.owner_pushers < 0 ? kernels::owner_pushers_by_k(opts_.k) : opts_.owner_pushers != 0;
-  if (reg) {  // the peer's finals into this C, this rank's into the peer's (run_registered)
+  if (world_ > 2) {  // (kernels::Owner::world: no TMA pushes, the pusher warps push)
+    o.world = world_, o.pushers = true;
+    o.own_begin = kernels::owned_begin(gather_rank_, s.tiles(), world_);
+    o.own_end = kernels::owned_end(gather_rank_, s.tiles(), world_);
+    o.flags_of = flags_of_.as<uint32_t*>(), o.windows_of = windows_of_.as<void*>();
+  }
+  if (reg && world_ == 2) {  // the peer's finals into this C, this rank's into the peer's (run_registered)
     const int peer = 1 - gather_rank_;
-    o.finals_in_c = true, o.peer_out = reg->of(peer), o.peer_ld = reg->ld_of(peer);
+    o.finals_in_c = true, o.peer_out = reg->mapped.of(peer), o.peer_ld = reg->mapped.ld_of(peer);
+  } else if (reg) {  // every other rank's C
+    o.finals_in_c = true, o.outs_of = reg->outs_of.as<void*>(), o.lds_of = reg->lds_of.as<int64_t>();
   }
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   o.drop_group = opts_.fault_drop_group;

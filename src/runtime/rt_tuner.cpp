@@ -328,7 +328,7 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
 
 AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
                              void* scratch, double sequential_ms) {
-  // (world decides the layouts' sums and whether owners, 2-rank only, are tried)
+  // (world decides the layouts' sums and whether owners are tried: 2 ranks, or where asked for)
   if (t.rv && t.rv->world() != t.world)
     throw InvalidArgument("tune_allreduce: AllReduceTuning::world is " + std::to_string(t.world) + ", the ranks are " +
                           std::to_string(t.rv->world()));
@@ -342,6 +342,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     std::vector<double> first_ms;
     const AllReducePlan best = measure_finalists(t, first_round, n, a, b, scratch, &first_ms);  // (the same on every rank)
     // Owners (2 ranks, row bands) on owner_bases: the pick's tile shape, another swizzle, the other shape.
+    // (More ranks: owners only where asked for, push_by; not yet measured against NCCL's layouts on 3+ GPUs.)
     std::vector<const AllReducePlan*> owners;
     if (t.world == 2 && n % 8 == 0 && t.push_reachable) owners = owner_bases(first_round, first_ms, best);
     // Pushed: the transports (and owners); otherwise the GEMM's stages.
@@ -365,8 +366,9 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       if (is_pushed(layout) &&
           (!t.push_reachable || t.world < 2 || t.world > 8 || (layout == ArLayout::Pushed && n % 8 != 0)))
         continue;
-      if (is_pushed(layout) && is_owners(t.push_by) && (layout != ArLayout::Pushed || t.world != 2))
-        continue;  // owners: row bands on 2 ranks only
+      if (is_pushed(layout) && is_owners(t.push_by) &&
+          (layout != ArLayout::Pushed || (t.world != 2 && (t.push_by == PushBy::OwnersPull || tile.bn != 256))))
+        continue;  // owners: row bands; more than 2 ranks: pushed, 128x256 tiles (4 stages)
       const std::vector<int> reserves = is_pushed(layout) ? std::vector<int>{0}  // no waiter, no NCCL
                                         : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}
                                         : t.reserve >= 0            ? std::vector<int>{t.reserve}

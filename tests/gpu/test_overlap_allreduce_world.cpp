@@ -52,14 +52,21 @@ struct WorldCase {
   rt::ArLayout layout;
   rt::PushBy push_by = rt::PushBy::Gemm;
   bool fuse_sum = true;
+  bool registered = false;  // run_registered into an output registered with the op (owners: finals straight into it)
 };
 
-bool rank_order_sum(rt::ArLayout l) { return rt::is_gathered(l) || rt::is_pushed(l); }
+// (Owners sum each tile in its owner's slot order, not in rank order: within tolerance of that.)
+bool rank_order_sum(const WorldCase& c) {
+  return (rt::is_gathered(c.layout) || rt::is_pushed(c.layout)) && c.push_by != rt::PushBy::Owners;
+}
 
 std::string describe(const WorldCase& c, int world) {
   return std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k) + " tile 128x" +
          std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " " + rt::layout_name(c.layout) +
-         (c.push_by == rt::PushBy::CopyEngines ? " by the copy engines" : "") + (c.fuse_sum ? "" : " sum after") +
+         (c.push_by == rt::PushBy::CopyEngines ? " by the copy engines"
+          : c.push_by == rt::PushBy::Owners    ? " with owners"
+                                               : "") +
+         (c.fuse_sum ? "" : " sum after") + (c.registered ? " registered output" : "") +
          " world " + std::to_string(world);
 }
 
@@ -88,6 +95,9 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
     o.tail_comm = comm;  // (used on 2 ranks only: here the last group is gathered like the rest)
     const rt::Communicator ce = test::gather_comm_for(o, comm);
     rt::OverlapAllReduce op(o);
+    if (c.push_by == rt::PushBy::Owners) ASSERT_FALSE(op.sequential()) << where;
+    const int slot = c.registered ? op.register_output(out.get(), c.n) : -1;  // (collective)
+    if (c.registered && c.push_by == rt::PushBy::Owners) EXPECT_TRUE(op.finals_into_outputs()) << where;
     plan::Schedule full = s;
     full.ctas = 132;
     for (int call = 0; call < 3; ++call) {
@@ -104,7 +114,10 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
                         "reference gather");
       kernels::sum_gathered_rows(c.dt, gathered.get(), world, elems, c.m, c.n, ref.get(), c.n, st);
       rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), nccl_ref.get(), full, c.k, comm, st);
-      op.run(a.get(), b.get(), out.get(), c.n, st);
+      if (c.registered)
+        op.run_registered(a.get(), b.get(), slot, st);
+      else
+        op.run(a.get(), b.get(), out.get(), c.n, st);
       kernels::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), nullptr,
                                 st);
       op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y.get(), st);
@@ -119,19 +132,21 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
       EXPECT_LT(vs_nccl.rel_error(), tol) << where << " rank " << rank << " call " << call;
       EXPECT_EQ(vs_nccl.nan_count, 0) << where;
       const auto norm = kernels::compare(c.dt, y.get(), c.n, y_ref.get(), c.n, c.m, c.n, st);
-      if (rank_order_sum(c.layout) && !op.sequential()) {
+      if (rank_order_sum(c) && !op.sequential()) {
         const auto bit = kernels::compare(c.dt, out.get(), c.n, ref.get(), c.n, c.m, c.n, st);
         EXPECT_EQ(bit.mismatches, 0) << where << " (rank-order sum) rank " << rank << " call " << call;
         EXPECT_EQ(norm.mismatches, 0) << where << " (RMSNorm of the rank-order sum) rank " << rank << " call " << call;
       } else {
         EXPECT_LT(norm.rel_error(), tol) << where << " (RMSNorm) rank " << rank << " call " << call;
+        const auto vs_ref = kernels::compare(c.dt, out.get(), c.n, ref.get(), c.n, c.m, c.n, st);
+        EXPECT_LT(vs_ref.rel_error(), tol) << where << " (vs the rank-order sum) rank " << rank << " call " << call;
       }
     }
     cudaStreamDestroy(st);
   });
 }
 
-// Every layout that runs on more than 2 ranks (owners are 2-rank only), on
+// Every layout that runs on more than 2 ranks (owners: the next test), on
 // 128x256 and ragged 128x128 shapes; the pushed layouts also by the copy
 // engines and with the sum after the GEMM.
 TEST(OverlapAllReduceWorld, EachLayoutMatchesItsReferenceOnEveryGpu) {
@@ -146,6 +161,23 @@ TEST(OverlapAllReduceWorld, EachLayoutMatchesItsReferenceOnEveryGpu) {
     cases.push_back({2048, 4096, 1024, 256, 124, DType::BF16, l, rt::PushBy::CopyEngines});
     cases.push_back({2048, 4096, 1024, 256, 124, DType::BF16, l, rt::PushBy::Gemm, false});
   }
+  for (const WorldCase& c : cases) check_world_case(c, test::fresh_seed());
+}
+
+// Owners on every GPU (kernels::Owner::world): each tile summed by its
+// owner from the other ranks' partials in its window slots, the final sent
+// to every other rank; within tolerance of our GEMM + NCCL and of the
+// rank-order sum, copied into the output (run), stored straight into a
+// registered one (run_registered) or in the window (run_rmsnorm); ragged,
+// fp16, a one-wave grid, fewer CTAs.
+TEST(OverlapAllReduceWorld, OwnersOnEveryGpuMatchNcclWithinRounding) {
+  REQUIRE_WORLD_OVER_TWO();
+  const rt::PushBy by = rt::PushBy::Owners;
+  const rt::ArLayout l = rt::ArLayout::Pushed;
+  const std::vector<WorldCase> cases = {
+      {2048, 4096, 1024, 256, 132, DType::BF16, l, by},       {2048, 4096, 1024, 256, 132, DType::BF16, l, by, true, true},
+      {3001, 4104, 1024, 256, 132, DType::FP16, l, by, false}, {3001, 4104, 1024, 256, 116, DType::FP16, l, by, true, true},
+      {1000, 2048, 512, 256, 132, DType::BF16, l, by},        {1024, 8192, 2048, 256, 132, DType::BF16, l, by, true, true}};
   for (const WorldCase& c : cases) check_world_case(c, test::fresh_seed());
 }
 
