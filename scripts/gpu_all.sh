@@ -41,6 +41,8 @@
 #                pipeline stages (the default) vs 3 (--three-stages), ABAB -> rows-ab.log
 #   diag-ab      owners forced, registered outputs, traced: as measured vs --diag-no-final-bytes (the finals counted
 #                at the peer but not moved: the call without their NVLink bytes; result wrong, not checked) -> diag-ab.log
+#   owners-w     3-8 GPUs: the world tests (owners on every GPU among them), then the tuner's pick vs owners
+#                forced (128x256, registered outputs), in turns -> owners-w.log
 #   cli-gpu      the CLI on the GPUs: bench --shapes with one shape left no plan by its options (skipped with a
 #                message, the other measured, exit 2) -> cli-gpu.log
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
@@ -244,6 +246,13 @@ for s in "$@"; do
     diag-ab)
       stage "owners: the call with and without the finals' NVLink bytes (--diag-no-final-bytes)"
       owner_ab diag-ab.log "--registered-output" "--registered-output --diag-no-final-bytes"
+      ;;
+    owners-w)
+      stage "owners on every local GPU (3-8): the world test's owner cases, then the tuner's pick vs owners forced"
+      (cd $BUILD && ctest --output-on-failure -R "OverlapAllReduceWorld" --timeout 600) >"$OUT/owners-w-tests.log" 2>&1 || status=1
+      grep -E "tests passed|Failed|Skipped" "$OUT/owners-w-tests.log" | head
+      AB_SHAPES=${AB_SHAPES:-4096x8192x8192,1024x8192x8192,8192x4096x2048,4096x7168x5120,2048x8192x8192} \
+        ab_runs owners-w.log "--registered-output" "" "--layout pushed --push-by owners --tile 128x256"
       ;;
     cli-gpu)
       stage "the CLI on the GPUs: a shape its options leave no plan is skipped, the next one runs"
