@@ -463,18 +463,26 @@ __device__ __forceinline__ void owner_count(const GemmKernelParams& p, int32_t i
 // accumulators of piece Q (the storer loads slot 0's into the staging), in
 // fp32 slot by slot after rounding the own sum (the rounded partials' sum,
 // as NCCL's ring sums them; within rounding of it, not bitwise), once the
-// tile's flag has counted them (each warp waits for it itself: the storer's
-// wait orders its TMA load, not these loads); 8 loads in flight (16 spilled).
+// tile's flag has counted them (each warp waits for it itself, before piece
+// 0: the storer's wait orders its TMA load, not these loads; not at all once
+// a wait of the call has timed out, so that a missing rank costs one
+// timeout, not one per owned tile); 8 loads in flight (16 spilled).
+// Returns whether the partials were there (piece 1 passes it on).
 template <typename T, int Q>
-__device__ __forceinline__ void add_window_partials(float (&acc)[128], const GemmKernelParams& p, int32_t idx, int cw,
-                                                    int warp, int lane) {
+__device__ __forceinline__ bool add_window_partials(float (&acc)[128], const GemmKernelParams& p, int32_t idx, int cw,
+                                                    int warp, int lane, bool arrived = true) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
-  int ok = 1;
-  if (lane == 0)
-    ok = bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, o.epoch * uint32_t(o.world - 1), o.timeout_ns, o.err,
-                                           p.group_of_tile[idx], 3u, idx);
-  if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // (recorded in err: the call fails)
+  if constexpr (Q == 0) {
+    int ok = 0;
+    if (lane == 0)
+      ok = *reinterpret_cast<volatile uint32_t*>(&o.err->failed) == 0u &&
+           bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, o.epoch * uint32_t(o.world - 1), o.timeout_ns, o.err,
+                                             p.group_of_tile[idx], 3u, idx);
+    arrived = __shfl_sync(0xffffffffu, ok, 0) != 0;
+    __syncwarp();  // (lane 0's acquire before every lane's loads: shfl.sync does not order memory)
+  }
+  if (!arrived) return false;  // (recorded in err: the call fails)
   const plan::TileCoord tc = s.tile_of(idx);
   const int64_t row = o.row0 + tc.tm * 128 + cw * 64 + warp * 16 + lane / 4;
   const int32_t col0 = tc.tn * 256 + Q * 128 + 2 * (lane % 4);
@@ -505,6 +513,7 @@ __device__ __forceinline__ void add_window_partials(float (&acc)[128], const Gem
         }
     }
   }
+  return true;
 }
 
 // The hand-over of tiles from owner_piece_storer to owner_pusher (kPieces
@@ -797,8 +806,12 @@ __device__ __forceinline__ void copy_peer_tiles(const GemmKernelParams& p, uint8
   // The tiles this rank does not own: the peer's, or (Owner::world) the
   // other ranks', from the end of its own range on, cyclically.
   const int32_t tiles = s.tiles();
-  const int32_t first = kWide ? o.own_end % tiles : o.rank == 0 ? 0 : o.split;
-  const int32_t others = kWide ? tiles - (o.own_end - o.own_begin) : o.rank == 0 ? o.split : tiles - o.split;
+  int32_t first, others;
+  if constexpr (kWide) {
+    first = o.own_end % tiles, others = tiles - (o.own_end - o.own_begin);
+  } else {
+    first = o.rank == 0 ? 0 : o.split, others = o.rank == 0 ? o.split : s.tiles() - o.split;
+  }
   const int32_t chunks = others * per_tile;
   int32_t ready = -1;  // lane 0: the last tile seen arrived
   uint32_t phase = 0;
@@ -1067,8 +1080,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
       if constexpr (kWide)
         if (owner_owns<true>(p.owner, idx, tiles)) {  // slots 1..world-2 of the window, before staging
-          add_window_partials<T, 0>(acc, p, idx, cw, warp, lane);
-          add_window_partials<T, 1>(acc, p, idx, cw, warp, lane);
+          const bool arrived = add_window_partials<T, 0>(acc, p, idx, cw, warp, lane);
+          add_window_partials<T, 1>(acc, p, idx, cw, warp, lane, arrived);
         }
       write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns<kWide>(p.owner, idx, tiles),
                       owned_tiles, tid, warp, lane, cw);

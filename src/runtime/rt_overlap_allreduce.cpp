@@ -515,7 +515,13 @@ void OverlapAllReduce::check() const {
        << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)
        << " layout) did not all arrive within "
        << opts_.wait_timeout_s << " s: arrival counter " << e.value << ", expected " << e.expected;
-    if (e.tile >= 0)  // the owner layout: which tile, and what of it
+    if (e.tile >= 0 && world_ > 2)  // the owner layout on more ranks: which tile, what of it, from whom
+      os << " (tile " << e.tile << ": "
+         << (e.failed == 3 ? "the other ranks' partials of a tile this rank owns"
+                           : "the final of a tile rank " +
+                                 std::to_string(kernels::owner_of_tile(e.tile, opts_.sched.tiles(), world_)) + " owns")
+         << ")";
+    else if (e.tile >= 0)  // the owner layout: which tile, and what of it
       os << " (tile " << e.tile << ": "
          << (e.failed == 3 ? "the peer's partial of a tile this rank owns" : "the peer's final of a tile it owns")
          << ")";

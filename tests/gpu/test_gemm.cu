@@ -872,7 +872,7 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
     }
 }
 
-// The owner layout on W = 3 and 4 ranks (Owner::world), all on one GPU: W
+// The owner layout on W = 3, 4 and 8 ranks (Owner::world), all on one GPU: W
 // kernels on W streams and SMs of their own (W x ctas <= SMs), wired to
 // each other's windows (W - 1 sender slots), flags and outputs as NCCL's
 // window would wire W GPUs. Six calls in a row (epochs, both halves of the
@@ -881,12 +881,14 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
 // other rank's C. Every rank's C must equal, bitwise, what the owner of each
 // tile sums: its own partial rounded, plus the partials in its window slots
 // 1..W-2 in fp32, rounded, plus slot 0's, rounded once (owner_ranges.h
-// gives which rank sent which slot); no wait may time out.
+// gives which rank sent which slot); no wait may time out. Every window is
+// poisoned before each call, so that a wait that lets a read through early
+// finds poison, not the previous call's data.
 TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   for (DType dt : {DType::BF16, DType::FP16})
-    for (const int world : {3, 4})
+    for (const int world : {3, 4, 8})
       for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, 132}, OwnerShape{3001, 2048, 256, 132},
                                   OwnerShape{640, 2048, 1024, 5}, OwnerShape{2048, 4104, 512, 132},
                                   OwnerShape{128, 512, 64, 1}}) {
@@ -956,7 +958,10 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
         for (uint32_t epoch = 1; epoch <= 6; ++epoch) {
           const bool into_c = epoch > 3;
           SCOPED_TRACE(into_c ? "finals into the other ranks' C" : "finals into the windows, copied");
-          for (Rank& k : ranks) kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
+          for (Rank& k : ranks) {
+            kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
+            kernels::poison(k.window.get(), int64_t(k.window.bytes() / 2), nullptr);
+          }
           FO_CUDA_CHECK(cudaDeviceSynchronize());
           std::vector<kernels::GemmParams> params(w);
           for (int r = world - 1; r >= 0; --r) {
