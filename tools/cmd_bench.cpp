@@ -241,6 +241,8 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
 
 ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K) {
   const int m = int(M), n = int(N), k = int(K), rank = cx.rv->rank(), world = cx.rv->world();
+  if (world > 2 && o.push_by == "owners" && !o.four_stages)  // (every rank alike: the same world)
+    throw InvalidArgument("--push-by owners on more than 2 ranks runs on 4 pipeline stages: not with --three-stages");
   const auto dt = cx.dtype;
   const size_t c_bytes = size_t(M) * N * 2;
   rt::DeviceBuffer a(size_t(M) * K * 2), b(size_t(N) * K * 2), out_seq(c_bytes), out_ours(c_bytes), out_fo(c_bytes),
