@@ -59,6 +59,7 @@ struct Options {
   std::string decomp = "2,4,8";
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
   bool diag_no_final_bytes = false;  // measurement only: owners' finals counted at the peer, not moved
+  bool owners_wide = false;  // testing: owners on 2 ranks through the path of 3-8
   bool registered = false;  // flashoverlap into a registered output (run_registered)
   bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
   bool four_stages = true;  // 128x256 tiles: 4 pipeline stages where the store qualifies (false: --three-stages)
@@ -330,6 +331,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     // (owners pushed only: OverlapAllReduce refuses it elsewhere)
     fo.diag_no_final_bytes = o.diag_no_final_bytes && !pl.sequential && rt::is_pushed(pl.layout) &&
                              pl.push_by == rt::PushBy::Owners;
+    fo.owners_wide = o.owners_wide && !pl.sequential && rt::is_pushed(pl.layout) && pl.push_by == rt::PushBy::Owners &&
+                     pl.sched.bn == 256 && fo.four_stages;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
@@ -833,6 +836,9 @@ void add_bench_command(CLI::App& app, int& rc) {
                 "Measurement only (owners pushed, 4 stages): the final tiles are counted at the peer but not moved "
                 "there, so the result is wrong and not checked: how long the call takes without the finals' NVLink "
                 "bytes");
+  cmd->add_flag("--owners-wide", o->owners_wide,
+                "Testing (owners, 128x256 tiles on 4 stages): on 2 ranks, the path built for 3-8 (every rank's "
+                "window and output by rank, the pusher warps, no TMA pushes); the same bits, its cost");
   cmd->add_flag("--registered-output", o->registered,
                 "flashoverlap runs into an output registered with the op (run_registered: with owners the peer "
                 "stores its finals straight into it, no copy); the baselines' outputs are registered with NCCL "

@@ -177,6 +177,7 @@ struct Owner {
   // slot order, after rounding their own sum: within rounding of NCCL's
   // ring, not bitwise). Pushed (not pulled), 4 stages, push_tma 0.
   int32_t world = 2;
+  bool wide = false;                    // testing: the path of more ranks (its fields) at world 2
   int32_t own_begin = 0, own_end = 0;   // world > 2: this rank's tiles (owned_begin, owned_end)
   uint32_t* const* flags_of = nullptr;  // device [world]: each rank's flags, mapped (this rank's unused)
   void* const* windows_of = nullptr;    // device [world]: each rank's window, mapped (this rank's unused)

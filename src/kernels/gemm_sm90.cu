@@ -152,7 +152,7 @@ void check_gemm_params(const GemmParams& p) {
     if (o.push_tma < 0 || o.push_tma > 2) fail("owner layout: push_tma must be 0, 1 or 2");
     if (o.push_tma > 0 && (!o.push_window || !aligned16(o.push_window) || !gemm_four_stages(p)))
       fail("owner layout: TMA pushes need the peer's 16-byte aligned window and the 4-stage pipeline");
-    if (o.world > 2) {
+    if (o.world > 2 || o.wide) {
       const int32_t tiles = p.sched.tiles();
       if (!gemm_four_stages(p) || !o.pushers || o.push_tma != 0)
         fail("owner layout on more than 2 ranks: needs the 4-stage pipeline and the pusher warps, no TMA pushes");
@@ -164,7 +164,7 @@ void check_gemm_params(const GemmParams& p) {
       if (o.in_place && o.finals_in_c) fail("owner layout: in place or finals into the peers' C, not both");
     } else if ((o.peer_out != nullptr) != o.finals_in_c)
       fail("owner layout: finals into the peer's C (peer_out) go with the peer's finals into this C (finals_in_c)");
-    if (o.world <= 2 && o.finals_in_c &&  // (more ranks: the runtime checks each rank's C when it registers it)
+    if (o.world <= 2 && !o.wide && o.finals_in_c &&  // (more ranks: the runtime checks each rank's C when it registers it)
         (o.in_place || !aligned16(o.peer_out) || o.peer_ld < p.n || o.peer_ld % 8 != 0 || !gemm_four_stages(p)))
       fail("owner layout: finals into the peers' C need the 4-stage pipeline, not in place, and a 16-byte aligned "
            "peer C with ld >= n, ld % 8 == 0");
@@ -246,7 +246,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
-  if (gemm_four_stages(p) && p.owner.rank >= 0 && p.owner.world > 2) {  // (owners on more than 2 ranks)
+  if (gemm_four_stages(p) && p.owner.rank >= 0 && (p.owner.world > 2 || p.owner.wide)) {  // (more than 2 ranks)
     if (p.dtype == DType::BF16)
       pieces_kernel<__nv_bfloat16, true>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
     else

@@ -465,18 +465,21 @@ __device__ __forceinline__ void owner_count(const GemmKernelParams& p, int32_t i
 // as NCCL's ring sums them; within rounding of it, not bitwise), once the
 // tile's flag has counted them (each warp waits for it itself, before piece
 // 0: the storer's wait orders its TMA load, not these loads; not at all once
-// a wait of the call has timed out, so that a missing rank costs one
+// a wait of the storer's has timed out (`failed`, its sticky flag in shared
+// memory; not err, in host memory: a read of it per warp and tile, over
+// PCIe, made the calls 6-10x slower), so that a missing rank costs one
 // timeout, not one per owned tile); 8 loads in flight (16 spilled).
 // Returns whether the partials were there (piece 1 passes it on).
 template <typename T, int Q>
 __device__ __forceinline__ bool add_window_partials(float (&acc)[128], const GemmKernelParams& p, int32_t idx, int cw,
-                                                    int warp, int lane, bool arrived = true) {
+                                                    int warp, int lane, const volatile int32_t* failed,
+                                                    bool arrived = true) {
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
   if constexpr (Q == 0) {
     int ok = 0;
     if (lane == 0)
-      ok = *reinterpret_cast<volatile uint32_t*>(&o.err->failed) == 0u &&
+      ok = *failed == 0 &&
            bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, o.epoch * uint32_t(o.world - 1), o.timeout_ns, o.err,
                                              p.group_of_tile[idx], 3u, idx);
     arrived = __shfl_sync(0xffffffffu, ok, 0) != 0;
@@ -553,6 +556,8 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     failed = failed ||
              !bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, kWide ? o.epoch * uint32_t(o.world - 1) : o.epoch,
                                                 o.timeout_ns, o.err, p.group_of_tile[idx], 3u, idx);
+    if constexpr (kWide)  // (the consumers' waits for the other slots stop too: add_window_partials)
+      if (failed) *reinterpret_cast<volatile int32_t*>(ring.failed) = 1;
     ptx::fence_proxy_async_global();  // the TMA loads below read what the flag released
   };
   auto load_partial = [&](int32_t idx, int q, int h) {  // piece q of tile idx, half h, into buffer h
@@ -1080,8 +1085,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
       if constexpr (kWide)
         if (owner_owns<true>(p.owner, idx, tiles)) {  // slots 1..world-2 of the window, before staging
-          const bool arrived = add_window_partials<T, 0>(acc, p, idx, cw, warp, lane);
-          add_window_partials<T, 1>(acc, p, idx, cw, warp, lane, arrived);
+          const volatile int32_t* failed = reinterpret_cast<const volatile int32_t*>(smem + L::kPushFailed);
+          const bool arrived = add_window_partials<T, 0>(acc, p, idx, cw, warp, lane, failed);
+          add_window_partials<T, 1>(acc, p, idx, cw, warp, lane, failed, arrived);
         }
       write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns<kWide>(p.owner, idx, tiles),
                       owned_tiles, tid, warp, lane, cw);

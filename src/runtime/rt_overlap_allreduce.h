@@ -192,6 +192,10 @@ struct OverlapAllReduceOptions {
   // diag_no_final_bytes), so the peer's C is wrong: how much of the call's
   // end the finals' NVLink bytes take.
   bool diag_no_final_bytes = false;
+  // Testing: owners on 2 ranks take the path of 3-8 (kernels::Owner::wide:
+  // every rank's window, flags and output by rank, the pusher warps, no TMA
+  // pushes), which must give the same bits; so 2 GPUs test that runtime.
+  bool owners_wide = false;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
   // only; per group a copy stream waits for its tiles with a stream memory
   // op, copies this rank's block to each peer and writes the peer's flag for
@@ -350,6 +354,7 @@ class OverlapAllReduce {
   bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
   DeviceBuffer push_self_;                 // owners pulled: [1] this GPU's window (where its tiles go)
   DeviceBuffer windows_of_, flags_of_;     // owners on more than 2 ranks: every rank's window and flags, by rank
+  bool wide() const { return world_ > 2 || opts_.owners_wide; }  // owners: the path of more than 2 ranks
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
   uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's

@@ -22,10 +22,10 @@ void OverlapAllReduce::setup_owned() {
   const std::string what = "the pushed layout with owners of " + std::to_string(s.m) + "x" + std::to_string(s.n);
   if (world_ < 2 || world_ > 8)
     throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 to 8 ranks, not " + std::to_string(world_));
-  if (world_ > 2 && opts_.push_by == PushBy::OwnersPull)
+  if (wide() && opts_.push_by == PushBy::OwnersPull)
     throw InvalidArgument("OverlapAllReduce: " + what + ": owners pulled are for 2 ranks (pushed on " +
                           std::to_string(world_) + ")");
-  if (world_ > 2 && !(opts_.four_stages && s.bn == 256))
+  if (wide() && !(opts_.four_stages && s.bn == 256))
     throw InvalidArgument("OverlapAllReduce: " + what + ": owners on more than 2 ranks need 128x256 tiles on 4 stages");
   if (opts_.layout != ArLayout::Pushed)
     throw InvalidArgument("OverlapAllReduce: owners reduce row bands (the pushed layout), not " +
@@ -59,7 +59,7 @@ void OverlapAllReduce::setup_owned() {
   push_self_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
-  if (world_ > 2) {
+  if (wide()) {
     const size_t w = static_cast<size_t>(world_);
     std::vector<void*> windows(w), flags(w);
     for (int r = 0; r < world_; ++r) {
@@ -106,7 +106,7 @@ int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
     throw InvalidArgument(why);
   }
   RegisteredOutput reg{out, ld_out, std::move(mapped), {}, {}};
-  if (finals_into_outputs() && world_ > 2) {  // every rank's C, by rank (kernels::Owner::outs_of, lds_of)
+  if (finals_into_outputs() && wide()) {  // every rank's C, by rank (kernels::Owner::outs_of, lds_of)
     const size_t w = static_cast<size_t>(world_);
     std::vector<void*> outs(w);
     std::vector<int64_t> lds(w);
@@ -160,15 +160,15 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.window = pull ? static_cast<void*>(peer_base_[0]) : gathered_.get(), o.window_rows = 2 * gathered_rows_;
   o.row0 = int32_t(row0);
   o.in_place = in_place;
-  if (!pull && four_stages_ && world_ == 2) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
+  if (!pull && four_stages_ && !wide()) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
   o.pushers = opts_.owner_pushers < 0 ? kernels::owner_pushers_by_k(opts_.k) : opts_.owner_pushers != 0;
-  if (world_ > 2) {  // (kernels::Owner::world: no TMA pushes, the pusher warps push)
-    o.world = world_, o.pushers = true;
+  if (wide()) {  // (kernels::Owner::world: no TMA pushes, the pusher warps push)
+    o.world = world_, o.wide = opts_.owners_wide, o.pushers = true;
     o.own_begin = kernels::owned_begin(gather_rank_, s.tiles(), world_);
     o.own_end = kernels::owned_end(gather_rank_, s.tiles(), world_);
     o.flags_of = flags_of_.as<uint32_t*>(), o.windows_of = windows_of_.as<void*>();
   }
-  if (reg && world_ == 2) {  // the peer's finals into this C, this rank's into the peer's (run_registered)
+  if (reg && !wide()) {  // the peer's finals into this C, this rank's into the peer's (run_registered)
     const int peer = 1 - gather_rank_;
     o.finals_in_c = true, o.peer_out = reg->mapped.of(peer), o.peer_ld = reg->mapped.ld_of(peer);
   } else if (reg) {  // every other rank's C

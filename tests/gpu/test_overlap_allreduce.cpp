@@ -61,6 +61,7 @@ struct Case {
   bool trace = false;        // the op's trace on (phase and tile monitors); checked after the calls
   // owners pushed, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
   int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
+  bool owners_wide = false;  // owners: the path of 3-8 ranks at 2 (OverlapAllReduceOptions::owners_wide)
 };
 
 // What the case is (FO_TEST_CASES matches against it), before the random
@@ -69,7 +70,8 @@ std::string case_name(const Case& c) {
   return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " tile 128x" +
          std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas) +
          (c.push_tma == rt::OverlapAllReduceOptions{}.push_tma ? ""
-          : " push_tma=" + std::to_string(c.push_tma));
+          : " push_tma=" + std::to_string(c.push_tma)) +
+         (c.owners_wide ? " wide" : "");
 }
 
 // Overlapped output == our GEMM + one ncclAllReduce, bit for bit (a + b
@@ -105,6 +107,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
     o.trace = c.trace;
     o.push_tma = c.push_tma;
+    o.owners_wide = c.owners_wide;
     const rt::Communicator ce = test::gather_comm_for(o, comm);
     // Gathered, even M: the last group is AllReduced by NCCL into the output;
     // odd M: gathered and summed like the rest.
@@ -290,24 +293,28 @@ TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
 // no copy; bitwise our GEMM + one ncclAllReduce, in two registered buffers
 // used in turns and again (the same buffer in consecutive calls), one of
 // them strided; every push mode (each CTA's last tile by TMA, none, all);
-// on other plans (128x128 tiles: 3 stages) run_registered is run.
+// on other plans (128x128 tiles: 3 stages) run_registered is run; and the
+// path of 3-8 ranks at 2 (owners_wide: every rank's output by rank).
 TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
   REQUIRE_TWO_GPUS();
   struct Shape {
     int m, n, k, bn;
     DType dt;
     int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
+    bool wide = false;  // owners_wide: the path of 3-8 ranks (every rank's output by rank)
   };
   for (const Shape& sh : {Shape{2048, 4096, 1024, 256, DType::BF16}, Shape{3001, 4104, 1024, 256, DType::FP16},
                           Shape{1408, 6144, 512, 256, DType::BF16}, Shape{777, 4104, 512, 128, DType::BF16},
-                          Shape{2048, 4096, 1024, 256, DType::BF16, 0}, Shape{3001, 4104, 1024, 256, DType::FP16, 2}}) {
+                          Shape{2048, 4096, 1024, 256, DType::BF16, 0}, Shape{3001, 4104, 1024, 256, DType::FP16, 2},
+                          Shape{2048, 4096, 1024, 256, DType::BF16, 1, true},
+                          Shape{3001, 4104, 1024, 256, DType::FP16, 1, true}}) {
     const uint64_t seed = fresh_seed();
     std::mt19937_64 rng(seed);
     const plan::Schedule s = sched_for(sh.m, sh.n, sh.bn, 132, 1 + int(rng() % 4));
     const std::vector<plan::Group> groups = random_groups(s, rt::ArLayout::Pushed, rng);
     const std::string where = std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k) +
                               " tile 128x" + std::to_string(sh.bn) + " push_tma=" + std::to_string(sh.push_tma) +
-                              " seed=" + std::to_string(seed);
+                              (sh.wide ? " wide" : "") + " seed=" + std::to_string(seed);
     std::fprintf(stderr, "case: registered outputs %s\n", where.c_str());
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int64_t ld1 = sh.n + 8 * (rank + 1);  // the second output strided, differently on each rank
@@ -318,6 +325,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.groups = groups, o.layout = rt::ArLayout::Pushed, o.k = sh.k, o.dtype = sh.dt, o.comm = comm;
       o.rank = rank, o.push_by = rt::PushBy::Owners, o.wait_timeout_s = 5, o.push_tma = sh.push_tma;
+      o.owners_wide = sh.wide;
       rt::OverlapAllReduce op(o);
       EXPECT_EQ(op.finals_into_outputs(), sh.bn == 256) << where;
       EXPECT_THROW(op.register_output(static_cast<char*>(out0.get()) + 2, sh.n), InvalidArgument);  // misaligned
@@ -395,6 +403,22 @@ TEST(OverlapAllReduce, PushedWithOwnersOtherPushModesMatchSequentialBitwise) {
         c.push_tma = mode;
         cases.push_back(c);
       }
+  check_cases(cases);
+}
+
+// Owners on 2 ranks through the path of 3-8 (owners_wide: every rank's
+// window, flags and output passed by rank, the final to "every other
+// rank", the pusher warps, no TMA pushes): the same bits as the 2-rank
+// path, so 2 GPUs test that runtime (window pointers, registered outputs
+// by rank) across processes. The 128x256 owner cases above.
+TEST(OverlapAllReduce, PushedWithOwnersWidePathMatchesSequentialBitwise) {
+  REQUIRE_TWO_GPUS();
+  std::vector<Case> cases;
+  for (Case c : owner_cases(rt::PushBy::Owners))
+    if (c.bn == 256 && c.four_stages) {
+      c.owners_wide = true;
+      cases.push_back(c);
+    }
   check_cases(cases);
 }
 
