@@ -238,7 +238,7 @@ __device__ __forceinline__ int32_t owner_tile_at(const Owner& o, int32_t i, int3
   return j >= tiles ? j - tiles : j;
 }
 template <bool kWide = false>
-__device__ __forceinline__ bool owner_owns(const Owner& o, int32_t idx, int32_t tiles) {
+__device__ __forceinline__ bool owner_owns(const Owner& o, int32_t idx) {
   if constexpr (kWide) return idx >= o.own_begin && idx < o.own_end;
   return o.rank >= 0 && (o.rank == 0) == (idx >= o.split);
 }
@@ -415,20 +415,20 @@ __device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32
   const Owner& o = p.owner;
   const plan::Schedule& s = p.sched;
   const plan::TileCoord tc = s.tile_of(idx);
-  const bool to_c = owner_owns<kWorld>(o, idx, s.tiles()) && o.finals_in_c;  // (a final into the other ranks' C)
+  const bool own = owner_owns<kWorld>(o, idx);
+  const bool to_c = own && o.finals_in_c;  // (a final into the other ranks' C)
   const bool withhold = to_c && failed;
   const int32_t row = tc.tm * 128 + r0, col = tc.tn * BN;
   const int32_t nrows = min(rows, s.m - row), units = min(BN, s.n - col) / 8;
   const T* src = static_cast<const T*>(p.out) + int64_t(row) * p.ld_out + col;
   if constexpr (!kWorld) {
-    if (!withhold && nrows > 0 && !(o.diag_no_final_bytes && owner_owns(o, idx, s.tiles()))) {
+    if (!withhold && nrows > 0 && !(o.diag_no_final_bytes && own)) {
       const int64_t dst_ld = to_c ? o.peer_ld : s.n;
       T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
                     : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
       warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
     }
   } else if (!withhold && nrows > 0) {  // Owner::world: a final to every other rank, a partial to its owner
-    const bool own = owner_owns<true>(o, idx, s.tiles());
     const int32_t owner = owner_of_tile(idx, s.tiles(), o.world);
     const int32_t targets = own ? (o.diag_no_final_bytes ? 0 : o.world - 1) : 1;
     for (int32_t k = 1; k <= targets; ++k) {
@@ -451,11 +451,11 @@ __device__ __forceinline__ void owner_count(const GemmKernelParams& p, int32_t i
   const Owner& o = p.owner;
   if constexpr (!kWide) {
     ptx::red_release_sys_add(o.peer_flags + idx, 1);
-    return;
+  } else {
+    const int32_t owner = owner_of_tile(idx, p.sched.tiles(), o.world);
+    for (int32_t t = 0; t < o.world; ++t)
+      if (t != o.rank && (owner == o.rank || t == owner)) ptx::red_release_sys_add(o.flags_of[t] + idx, 1);
   }
-  const int32_t owner = owner_of_tile(idx, p.sched.tiles(), o.world);
-  for (int32_t t = 0; t < o.world; ++t)
-    if (t != o.rank && (owner == o.rank || t == owner)) ptx::red_release_sys_add(o.flags_of[t] + idx, 1);
 }
 
 // More than 2 ranks (Owner::world), a tile this rank owns: the partials in
@@ -577,7 +577,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     ptx::tma_prefetch_desc(tm_w);
     if (o.push_tma > 0) ptx::tma_prefetch_desc(tm_p);
     if (o.push_tma > 0 && o.finals_in_c) ptx::tma_prefetch_desc(tm_q);
-    if (int32_t(blockIdx.x) < tiles && owner_owns<kWide>(o, owner_tile_at<kWide>(o, blockIdx.x, tiles), tiles)) {
+    if (int32_t(blockIdx.x) < tiles && owner_owns<kWide>(o, owner_tile_at<kWide>(o, blockIdx.x, tiles))) {
       const int32_t first = owner_tile_at<kWide>(o, blockIdx.x, tiles);
       wait_flag(first);
       load_partial(first, 0, 0);
@@ -588,10 +588,10 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x) {
     const int32_t idx = owner_tile_at<kWide>(o, i, tiles);
     const plan::TileCoord tc = s.tile_of(idx);
-    const bool own = owner_owns<kWide>(o, idx, tiles);
+    const bool own = owner_owns<kWide>(o, idx);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
     const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at<kWide>(o, i + int32_t(gridDim.x), tiles) : -1;
-    const bool next_own = next >= 0 && owner_owns<kWide>(o, next, tiles);
+    const bool next_own = next >= 0 && owner_owns<kWide>(o, next);
     // Owner::push_tma: this tile goes to the peer by TMA from the pieces (a
     // partial then needs no copy in C: the peer's final lands there).
     const bool tma_push = owner_pushed_by_tma(o, next < 0);
@@ -748,14 +748,14 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
   if (leader) {
     ptx::tma_prefetch_desc(tm_c);
     ptx::tma_prefetch_desc(tm_w);
-    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles), tiles))
+    if (int32_t(blockIdx.x) < tiles && owner_owns(o, owner_tile_at(o, blockIdx.x, tiles)))
       prefetch(owner_tile_at(o, blockIdx.x, tiles));
   }
   uint32_t t = 0;
   for (int32_t i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
     const int32_t idx = owner_tile_at(o, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    const bool own = owner_owns(o, idx, tiles);
+    const bool own = owner_owns(o, idx);
     const int32_t row = tc.tm * 128, col = tc.tn * BN;
     const bool last = i + int32_t(gridDim.x) >= tiles;
 #pragma unroll
@@ -776,7 +776,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
       if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
       if (own) ptx::tma_store_wait_read();  // the staging halves are read
       const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
-      if (next >= 0 && owner_owns(o, next, tiles)) prefetch(next);
+      if (next >= 0 && owner_owns(o, next)) prefetch(next);
       ptx::mbar_arrive(&c_empty[0]);
       ptx::mbar_arrive(&c_empty[1]);
     }
@@ -1084,12 +1084,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
     if constexpr (kPieces) {  // the output in two pieces (piece_storer, owner_piece_storer)
       if constexpr (kWide)
-        if (owner_owns<true>(p.owner, idx, tiles)) {  // slots 1..world-2 of the window, before staging
+        if (owner_owns<true>(p.owner, idx)) {  // slots 1..world-2 of the window, before staging
           const volatile int32_t* failed = reinterpret_cast<const volatile int32_t*>(smem + L::kPushFailed);
           const bool arrived = add_window_partials<T, 0>(acc, p, idx, cw, warp, lane, failed);
           add_window_partials<T, 1>(acc, p, idx, cw, warp, lane, failed, arrived);
         }
-      write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns<kWide>(p.owner, idx, tiles),
+      write_pieces<T>(acc, my_c_addr, &c_full[cw], &c_empty[cw], &p_ready[cw], owner_owns<kWide>(p.owner, idx),
                       owned_tiles, tid, warp, lane, cw);
     } else {  // (the rest of the loop body is compiled without kPieces only)
 
@@ -1102,7 +1102,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
     // (2) Accumulators -> shared memory (stage_accumulators); a tile this
     // rank owns (owner layout) once the peer's partial is loaded there.
-    if (owner_owns(p.owner, idx, tiles)) {
+    if (owner_owns(p.owner, idx)) {
       ptx::mbar_wait(&p_ready[cw], owned_tiles & 1);
       ++owned_tiles;
       stage_accumulators<T, BN, true>(acc, my_c_addr, warp, lane);

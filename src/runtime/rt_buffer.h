@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda_check.h"
 
@@ -48,6 +49,14 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// A device copy of a host vector: the kernels' tables and pointer arrays.
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& v) {
+  DeviceBuffer b(v.size() * sizeof(T));
+  if (!v.empty()) FO_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+  return b;
+}
 
 // Number of usable Hopper (sm_90) devices; 0 when there is no driver or GPU.
 int hopper_device_count();

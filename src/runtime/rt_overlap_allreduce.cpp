@@ -47,8 +47,7 @@ void OverlapAllReduce::setup_blocks(int64_t parities) {
   const plan::BlockLayout L =
       plan::block_layout(s, opts_.groups, tiles, world_, gather_rank_, int(parities), gemm_drop_group());
   gather_width_ = L.width, gather_ = L.groups, gathered_rows_ = L.rows;
-  row_shift_ = DeviceBuffer(L.row_shift.size() * sizeof(int32_t));
-  FO_CUDA_CHECK(cudaMemcpy(row_shift_.get(), L.row_shift.data(), row_shift_.bytes(), cudaMemcpyHostToDevice));
+  row_shift_ = to_device(L.row_shift);
   // The GEMM's fused sum: where each group's rows come from and go to, and
   // how far its ready flag moves per call.
   std::vector<kernels::SumGroup> table;
@@ -56,8 +55,7 @@ void OverlapAllReduce::setup_blocks(int64_t parities) {
     const GatherBlock& b = gather_[g];
     table.push_back({b.block0, b.pad_rows, int32_t(b.row0), int32_t(b.rows), per_epoch_.empty() ? 1u : per_epoch_[g]});
   }
-  sum_table_ = DeviceBuffer(table.size() * sizeof(kernels::SumGroup));
-  FO_CUDA_CHECK(cudaMemcpy(sum_table_.get(), table.data(), sum_table_.bytes(), cudaMemcpyHostToDevice));
+  sum_table_ = to_device(table);
 }
 
 void OverlapAllReduce::bind_world(ncclComm_t comm, const char* which) {
@@ -128,8 +126,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   for (size_t g = 0; g < groups.size(); ++g)
     for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t)
       got[t] = int(g) == gemm_drop_group() ? int32_t(groups.size()) : int32_t(g);
-  group_of_tile_ = DeviceBuffer(got.size() * sizeof(int32_t));
-  FO_CUDA_CHECK(cudaMemcpy(group_of_tile_.get(), got.data(), group_of_tile_.bytes(), cudaMemcpyHostToDevice));
+  group_of_tile_ = to_device(got);
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
   if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
   if (opts_.diag_no_final_bytes && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))

@@ -68,10 +68,7 @@ void OverlapAllReduce::setup_owned() {
                              "'s copy of " + what);
       windows[size_t(r)] = base, flags[size_t(r)] = base + flags_at;
     }
-    windows_of_ = DeviceBuffer(windows.size() * sizeof(void*));
-    flags_of_ = DeviceBuffer(flags.size() * sizeof(void*));
-    FO_CUDA_CHECK(cudaMemcpy(windows_of_.get(), windows.data(), windows_of_.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemcpy(flags_of_.get(), flags.data(), flags_of_.bytes(), cudaMemcpyHostToDevice));
+    windows_of_ = to_device(windows), flags_of_ = to_device(flags);
   }
   // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
   four_stages_ = opts_.four_stages && s.bn == 256;
@@ -111,10 +108,7 @@ int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
     std::vector<void*> outs(w);
     std::vector<int64_t> lds(w);
     for (int r = 0; r < world_; ++r) outs[size_t(r)] = reg.mapped.of(r), lds[size_t(r)] = reg.mapped.ld_of(r);
-    reg.outs_of = DeviceBuffer(outs.size() * sizeof(void*));
-    reg.lds_of = DeviceBuffer(lds.size() * sizeof(int64_t));
-    FO_CUDA_CHECK(cudaMemcpy(reg.outs_of.get(), outs.data(), reg.outs_of.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemcpy(reg.lds_of.get(), lds.data(), reg.lds_of.bytes(), cudaMemcpyHostToDevice));
+    reg.outs_of = to_device(outs), reg.lds_of = to_device(lds);
   }
   registered_.push_back(std::move(reg));
   return int(registered_.size()) - 1;

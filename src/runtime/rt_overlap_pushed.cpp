@@ -60,10 +60,8 @@ void OverlapAllReduce::setup_pushed() {
     stream_wait_fn();
     stream_write_fn();
   }
-  push_peers_ = DeviceBuffer(peer_base_.size() * sizeof(void*));  // the kernel's void* [peers]
-  FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), peer_base_.data(), push_peers_.bytes(), cudaMemcpyHostToDevice));
-  peer_arrivals_ = DeviceBuffer(peer_arrivals.size() * sizeof(uint32_t*));
-  FO_CUDA_CHECK(cudaMemcpy(peer_arrivals_.get(), peer_arrivals.data(), peer_arrivals_.bytes(), cudaMemcpyHostToDevice));
+  push_peers_ = to_device(peer_base_);  // the kernel's void* [peers]
+  peer_arrivals_ = to_device(peer_arrivals);
   kernel_sum_ok_ = int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX && (!tiles || s.n % 8 == 0);
   fuse_ok_ = opts_.fuse_sum && kernel_sum_ok_;
   claims_ = DeviceBuffer(2 * groups * sizeof(uint32_t));
