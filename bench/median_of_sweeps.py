@@ -67,6 +67,14 @@ def aggregate(runs):
 
 
 def self_test():
+    """Checks aggregate() on made-up runs; prints each check that fails. Returns the exit code.
+    (Explicit checks, not assert: those vanish under python -O / PYTHONOPTIMIZE.)"""
+    failures = []
+
+    def expect(got, want, what):
+        if got != want:
+            failures.append(f"{what}: got {got!r}, expected {want!r}")
+
     def row(variant, ms, gain, part):
         return {"M": "1", "N": "2", "K": "3", "dtype": "bf16", "world": "2", "variant": variant, "ms": str(ms),
                 "speedup_vs_sequential": str(1.0 / ms), "ideal_ms": "0.5", "gain_captured": str(gain),
@@ -75,42 +83,56 @@ def self_test():
             [row("sequential", 1.2, 0, "b"), row("flashoverlap", 0.60, 0.90, "p2")],
             [row("sequential", 1.1, 0, "c"), row("flashoverlap", 0.65, 0.70, "p3")]]
     out = aggregate(runs)
-    assert [r["variant"] for r in out] == ["sequential", "flashoverlap"], out
+    expect([r["variant"] for r in out], ["sequential", "flashoverlap"], "rows in the order first seen")
     fo = out[1]
-    assert fo["ms"] == "0.65" and fo["gain_captured"] == "0.7", fo
-    assert fo["partition"] == "p3", fo  # the run with the median ms
-    assert fo["runs_ms"] == "0.7;0.6;0.65" and fo["runs_gain"] == "0.6000;0.9000;0.7000", fo
-    assert abs(float(fo["speedup_vs_sequential"]) - 1 / 0.65) < 1e-4, fo
-    assert out[0]["partition"] == "c"
+    expect(fo["ms"], "0.65", "median ms")
+    expect(fo["gain_captured"], "0.7", "median gain")
+    expect(fo["partition"], "p3", "text of the run with the median ms")
+    expect(fo["runs_ms"], "0.7;0.6;0.65", "runs_ms")
+    expect(fo["runs_gain"], "0.6000;0.9000;0.7000", "runs_gain")
+    speedup = float(fo["speedup_vs_sequential"])
+    if abs(speedup - 1 / 0.65) >= 1e-4:
+        failures.append(f"median speedup: got {speedup}, expected {1 / 0.65:.6g}")
+    expect(out[0]["partition"], "c", "sequential row's text")
     # even count: the lower middle run's text, the mean of the middle two for numbers
     even = aggregate(runs[:2])
-    assert even[1]["partition"] == "p2" and even[1]["ms"] == "0.65", even
+    expect(even[1]["partition"], "p2", "even count: text of the lower middle run")
+    expect(even[1]["ms"], "0.65", "even count: mean of the middle two")
     # a row one run lacks (its shape failed there): the others' median, '-' in its place
     gap = aggregate([runs[0], runs[1][:1], runs[2]])
-    assert gap[1]["runs_ms"] == "0.7;-;0.65" and gap[1]["ms"] == "0.675", gap
-    assert gap[1]["runs_gain"] == "0.6000;-;0.7000" and gap[1]["partition"] == "p3", gap  # the lower middle ms
+    expect(gap[1]["runs_ms"], "0.7;-;0.65", "row one run lacks: runs_ms")
+    expect(gap[1]["ms"], "0.675", "row one run lacks: median of the others")
+    expect(gap[1]["runs_gain"], "0.6000;-;0.7000", "row one run lacks: runs_gain")
+    expect(gap[1]["partition"], "p3", "row one run lacks: text of the lower middle ms")
     # gain n/a (empty: the ideal gain is noise, e.g. one GPU) stays empty, '-' in runs_gain
     na = aggregate([[row("flashoverlap", 0.7, "", "p")], [row("flashoverlap", 0.6, "", "q")]])
-    assert na[0]["gain_captured"] == "" and na[0]["runs_gain"] == "-;-", na
+    expect(na[0]["gain_captured"], "", "gain empty in every run")
+    expect(na[0]["runs_gain"], "-;-", "gain empty in every run: runs_gain")
     mixed = aggregate([[row("flashoverlap", 0.7, 0.5, "p")], [row("flashoverlap", 0.6, "", "q")],
                        [row("flashoverlap", 0.65, 0.9, "r")]])
-    assert mixed[0]["gain_captured"] == "0.7" and mixed[0]["runs_gain"] == "0.5000;-;0.9000", mixed
+    expect(mixed[0]["gain_captured"], "0.7", "gain empty in one run: median of the others")
+    expect(mixed[0]["runs_gain"], "0.5000;-;0.9000", "gain empty in one run: runs_gain")
     # a row only a later run has comes after the others
     late = aggregate([runs[0][:1], runs[1]])
-    assert [r["variant"] for r in late] == ["sequential", "flashoverlap"] and late[1]["runs_ms"] == "-;0.6", late
+    expect([r["variant"] for r in late], ["sequential", "flashoverlap"], "row only a later run has: order")
+    expect(late[1]["runs_ms"], "-;0.6", "row only a later run has: runs_ms")
     for bad in ([], [[], []], [runs[0] + runs[0][:1]]):
         try:
             aggregate(bad)
         except ValueError:
             continue
-        raise AssertionError(f"accepted {bad}")
+        failures.append(f"accepted {bad!r}")
+    for f in failures:
+        print(f"median_of_sweeps self-test: FAILED: {f}", file=sys.stderr)
+    if failures:
+        return 1
     print("median_of_sweeps self-test passed")
+    return 0
 
 
 def main(argv):
     if argv[1:] == ["--self-test"]:
-        self_test()
-        return 0
+        return self_test()
     if len(argv) < 3:
         print(__doc__.strip(), file=sys.stderr)
         return 2

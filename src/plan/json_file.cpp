@@ -1,5 +1,7 @@
 #include "plan/json_file.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,5 +57,21 @@ void write_file_atomic(const std::string& path, const std::string& text) {
     throw Error("cannot write " + path + ": " + why);
   }
 }
+
+FileLock::FileLock(const std::string& path) {
+  const std::string lock = path + ".lock";
+  // Read-only is enough for flock, and works on a lock file another user made.
+  fd_ = ::open(lock.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error("cannot open the lock file " + lock + ": " + std::strerror(errno));
+  int rc;
+  while ((rc = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {}
+  if (rc != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd_);
+    throw Error("cannot lock " + lock + ": " + why);
+  }
+}
+
+FileLock::~FileLock() { ::close(fd_); }  // closing releases the lock
 
 }  // namespace flashoverlap::plan

@@ -14,4 +14,21 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what);
 // `path`: readers see the old or the new file, never a partial one. Throws Error.
 void write_file_atomic(const std::string& path, const std::string& text);
 
+// An exclusive advisory lock (flock) on the sidecar file "<path>.lock",
+// created if need be and never removed (removing it would let two writers
+// lock two different files). Held for the object's life, it serialises
+// read-modify-write cycles of `path` across threads (each lock opens its own
+// file description) and processes. Blocks until the lock is free. Throws
+// Error when the lock file cannot be opened or locked.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace flashoverlap::plan

@@ -82,6 +82,9 @@ std::optional<Plan> TuningCache::lookup(const CacheKey& key) const {
 
 void TuningCache::store(const CacheKey& key, const Plan& plan) {
   if (const std::string why = contradiction(key, plan); !why.empty()) throw InvalidArgument("tuning cache: " + why);
+  // Without it, two writers that both re-read before either renames each
+  // write their own entry only, and the last rename drops the other's.
+  const FileLock lock(path_);
   if (!read()) {  // keep the damaged file for inspection instead of losing it silently
     const std::string aside = path_ + ".corrupt";
     if (std::rename(path_.c_str(), aside.c_str()) == 0)

@@ -7,11 +7,14 @@
 // reading does not throw: a file that is not a valid cache (not JSON, foreign,
 // another schema) reads as empty, a bad entry (unparsable plan, plan that
 // contradicts its key) is dropped, and each is reported in warnings() for the
-// caller to log. store() writes atomically (temporary file in the same
-// directory, then rename) after re-reading the file, so entries that other
-// processes stored meanwhile are kept; a damaged file is first moved aside to
-// "<path>.corrupt". Two processes storing at the same instant: the last
-// rename wins (store from one rank only).
+// caller to log. store() re-reads the file, adds its entry and writes
+// atomically (temporary file in the same directory, then rename), all under
+// an exclusive lock on "<path>.lock" (flock), so writers queue instead of
+// racing: every writer's entry survives, whether the writers are threads of
+// one process or the ranks of a job sharing the file (where the file system
+// honours flock for all of them: a local disk does; NFS on Linux emulates it).
+// A damaged file is first moved aside to "<path>.corrupt". Readers take no
+// lock: they see the old or the new file. One TuningCache object per thread.
 #pragma once
 #include <map>
 #include <optional>
@@ -43,7 +46,7 @@ class TuningCache {
 
   std::optional<Plan> lookup(const CacheKey& key) const;
   // Throws InvalidArgument when the plan contradicts the key, Error when the
-  // file cannot be written.
+  // file cannot be locked or written.
   void store(const CacheKey& key, const Plan& plan);
 
   size_t size() const { return entries_.size(); }

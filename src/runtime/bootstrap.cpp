@@ -22,6 +22,7 @@
 #include <cstring>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "flashoverlap/error.h"
 
@@ -259,17 +260,53 @@ std::optional<std::vector<std::vector<uint8_t>>> unpack(const std::vector<uint8_
 
 }  // namespace
 
-int find_free_port() {
+namespace {
+
+// A socket bound to `port` (0: the kernel picks one) on all interfaces, with
+// SO_REUSEADDR; returns it and the port it got, or the errno of the failure.
+std::pair<UniqueFd, int> bind_any(int port, int& err) {
   UniqueFd fd = tcp_socket();
+  int one = 1;  // rebind at once after a previous job's sockets linger in TIME_WAIT
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);  // peers on other nodes reach us via MASTER_ADDR
+  a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof a;
+  err = 0;
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw Error("cannot find a free TCP port: " + errno_text(errno));
-  return ntohs(a.sin_port);
+    err = errno;
+  return {std::move(fd), ntohs(a.sin_port)};
+}
+
+UniqueFd reserve(bool listen, int& port) {
+  int err = 0;
+  auto [fd, got] = bind_any(0, err);
+  if (err == 0 && listen && ::listen(fd.get(), SOMAXCONN) != 0) err = errno;
+  if (err != 0) throw Error("cannot reserve a free TCP port: " + errno_text(err));
+  port = got;
+  return std::move(fd);
+}
+
+}  // namespace
+
+int find_free_port() {
+  int port = 0;
+  reserve(false, port);  // released here: see bootstrap.h
+  return port;
+}
+
+ReservedPort ReservedPort::listening() {
+  int port = 0;
+  UniqueFd fd = reserve(true, port);
+  return ReservedPort(std::move(fd), port);
+}
+
+ReservedPort ReservedPort::bound() {
+  int port = 0;
+  UniqueFd fd = reserve(false, port);
+  return ReservedPort(std::move(fd), port);
 }
 
 // ---------------------------------------------------------------- Rendezvous
@@ -291,19 +328,43 @@ std::string step_text(uint32_t op, uint32_t seq) {
 }
 }  // namespace
 
-Rendezvous::Rendezvous(const DistEnv& env, std::chrono::milliseconds timeout)
-    : env_(env), timeout_(timeout) {
+void Rendezvous::check_env() const {
   if (env_.world < 1 || env_.rank < 0 || env_.rank >= env_.world)
     throw InvalidArgument("rendezvous: rank " + std::to_string(env_.rank) +
                           " is not in [0, world=" + std::to_string(env_.world) + ")");
-  if (env_.world == 1) return;
-  if (env_.master_port < 1 || env_.master_port > 65535)
+  if (env_.world > 1 && (env_.master_port < 1 || env_.master_port > 65535))
     throw InvalidArgument("rendezvous: master port " + std::to_string(env_.master_port) +
                           " is not in 1..65535");
+}
+
+Rendezvous::Rendezvous(const DistEnv& env, std::chrono::milliseconds timeout)
+    : env_(env), timeout_(timeout) {
+  check_env();
+  if (env_.world == 1) return;
   peers_.resize(env_.rank == 0 ? env_.world : 1);
   auto deadline = Clock::now() + timeout_;
-  if (env_.rank == 0) accept_peers(deadline);
+  if (env_.rank == 0) accept_peers(listen_on_master_port(), deadline);
   else join_hub(deadline);
+}
+
+Rendezvous::Rendezvous(const DistEnv& env, ReservedPort port, std::chrono::milliseconds timeout)
+    : env_(env), timeout_(timeout) {
+  check_env();
+  if (env_.rank != 0)
+    throw InvalidArgument("rendezvous: rank " + std::to_string(env_.rank) +
+                          " cannot listen on a reserved port: only the hub (rank 0) does; "
+                          "the others connect to it");
+  if (env_.master_port != port.port())
+    throw InvalidArgument("rendezvous: master port " + std::to_string(env_.master_port) +
+                          " is not the reserved port " + std::to_string(port.port()));
+  if (env_.world == 1) return;  // the reservation is released: no socket needed
+  peers_.resize(env_.world);
+  auto deadline = Clock::now() + timeout_;
+  UniqueFd listener = std::move(port.fd_);
+  if (::listen(listener.get(), std::min(env_.world, SOMAXCONN)) != 0)  // again, if listening()
+    fail("handshake: cannot listen on the reserved port " + std::to_string(env_.master_port) +
+         ": " + errno_text(errno));
+  accept_peers(std::move(listener), deadline);
 }
 
 Rendezvous::~Rendezvous() = default;
@@ -357,22 +418,18 @@ std::vector<uint8_t> Rendezvous::receive(int peer, Op op, Deadline deadline) {
   return std::move(m.payload);
 }
 
-void Rendezvous::accept_peers(Deadline deadline) {
-  UniqueFd listener = tcp_socket();
-  int one = 1;  // rebind at once after a previous job's sockets linger in TIME_WAIT
-  ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);  // peers on other nodes reach us via MASTER_ADDR
-  a.sin_port = htons(static_cast<uint16_t>(env_.master_port));
-  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::listen(listener.get(), std::min(env_.world, SOMAXCONN)) != 0) {
-    int err = errno;
+UniqueFd Rendezvous::listen_on_master_port() {
+  int err = 0;
+  UniqueFd listener = bind_any(env_.master_port, err).first;
+  if (err == 0 && ::listen(listener.get(), std::min(env_.world, SOMAXCONN)) != 0) err = errno;
+  if (err != 0)
     fail("handshake: cannot listen on port " + std::to_string(env_.master_port) + ": " +
          errno_text(err) +
          (err == EADDRINUSE ? " (another job uses it, or two processes have rank 0)" : ""));
-  }
+  return listener;
+}
 
+void Rendezvous::accept_peers(UniqueFd listener, Deadline deadline) {
   int joined = 0;
   while (joined < env_.world - 1) {
     if (wait_ready(listener.get(), POLLIN, deadline).status != Io::kOk) {

@@ -48,7 +48,8 @@ struct DistEnv {
 };
 
 // A free TCP port on this host (bound to port 0, then released). Another
-// process may take it before it is used; callers accept that small race.
+// socket may be given it before it is used (under parallel tests, another
+// test's hub or a connection's source port): prefer ReservedPort.
 int find_free_port();
 
 namespace detail {
@@ -70,6 +71,36 @@ class UniqueFd {
 };
 }  // namespace detail
 
+// A free TCP port of this host (the kernel picks it), held by a socket bound
+// on all interfaces with SO_REUSEADDR for as long as the object lives. While
+// it is held the kernel gives the port to no other bind(port 0) or connect()
+// source port, so tests running in parallel and the launcher's children
+// cannot collide on it, unlike find_free_port()'s bare number.
+//  - listening(): the socket listens: peers can connect at once (they queue
+//    until the hub accepts) and no other socket can bind the port at all.
+//    Hand it to the hub of this process: Rendezvous(env, std::move(port)).
+//  - bound(): the socket only binds. Connections are refused until someone
+//    listens, and a hub in another process (a launched child) can still bind
+//    the port and listen on it if it sets SO_REUSEADDR, as Rendezvous (and
+//    torch's TCPStore) do: Linux lets SO_REUSEADDR sockets share a port as
+//    long as none of them listens. A Rendezvous of this process may adopt it too.
+// Close-on-exec: a child started later does not inherit it. Throws Error.
+class ReservedPort {
+ public:
+  static ReservedPort listening();
+  static ReservedPort bound();
+  ReservedPort(ReservedPort&&) = default;
+  ReservedPort& operator=(ReservedPort&&) = default;
+
+  int port() const { return port_; }
+
+ private:
+  friend class Rendezvous;
+  ReservedPort(detail::UniqueFd fd, int port) : fd_(std::move(fd)), port_(port) {}
+  detail::UniqueFd fd_;
+  int port_ = 0;
+};
+
 // A process group's TCP rendezvous: rank 0 is the hub, every other rank keeps
 // one connection to it for the life of the object. All ranks must call the
 // same collectives in the same order (each carries a sequence number; a
@@ -86,6 +117,13 @@ class Rendezvous {
   // world == 1 opens no socket.
   explicit Rendezvous(const DistEnv& env,
                       std::chrono::milliseconds timeout = kDefaultBootstrapTimeout);
+  // The hub (env.rank == 0) on a port reserved beforehand: it listens on
+  // `port`'s socket instead of binding env.master_port itself, so that nothing
+  // else can take the port between choosing it and the peers joining. The
+  // peers use the constructor above with env.master_port == port.port().
+  // Throws InvalidArgument for another rank or another master_port.
+  Rendezvous(const DistEnv& env, ReservedPort port,
+             std::chrono::milliseconds timeout = kDefaultBootstrapTimeout);
   Rendezvous(Rendezvous&&) = default;
   Rendezvous& operator=(Rendezvous&&) = default;
   ~Rendezvous();
@@ -103,7 +141,9 @@ class Rendezvous {
  private:
   enum class Op : uint32_t;
   using Deadline = std::chrono::steady_clock::time_point;
-  void accept_peers(Deadline deadline);
+  void check_env() const;
+  detail::UniqueFd listen_on_master_port();
+  void accept_peers(detail::UniqueFd listener, Deadline deadline);
   void join_hub(Deadline deadline);
   std::vector<std::vector<uint8_t>> gather(Op op, std::span<const uint8_t> mine);
   void send(int peer, Op op, std::span<const uint8_t> payload, Deadline deadline);

@@ -307,7 +307,12 @@ int launch(const LaunchOptions& o) {
                           " GPUs are visible; one process per GPU (--allow-oversubscribe "
                           "to start them anyway)");
 
-  const int port = o.master_port != 0 ? o.master_port : find_free_port();
+  // A port we pick stays reserved until the children have exited: nothing
+  // else on this host is given it meanwhile, and rank 0's hub can still bind
+  // it (see launcher.h). Close-on-exec: the children do not inherit it.
+  std::optional<ReservedPort> reserved;
+  if (o.master_port == 0) reserved = ReservedPort::bound();
+  const int port = reserved ? reserved->port() : o.master_port;
   SignalTrap trap;
   std::cout.flush();  // so that buffered output is not interleaved with the children's
   std::cerr.flush();

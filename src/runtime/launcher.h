@@ -11,7 +11,7 @@ struct LaunchOptions {
   int nproc = 1;
   std::vector<std::string> command;      // argv of each process; argv[0] is looked up in PATH
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;                   // 0: pick a free port
+  int master_port = 0;                   // 0: pick a free port (see launch())
   int visible_gpus = -1;                 // -1: unknown, no check
   bool allow_oversubscribe = false;      // allow nproc > visible_gpus
   double timeout_s = 0;                  // 0: none; else terminate all after it (exit code 124)
@@ -22,7 +22,14 @@ struct LaunchOptions {
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set
 // (the rest of the environment is passed unchanged; CUDA_VISIBLE_DEVICES is not
 // touched: each process picks GPU LOCAL_RANK). Output is not redirected or
-// prefixed. Waits for all of them and returns:
+// prefixed. With master_port 0 the port is one that this process holds
+// (rt::ReservedPort::bound(): bound, not listening, SO_REUSEADDR) until the
+// children exit, so that no other process on the host can be given it before
+// rank 0's hub binds it: parallel launches (ctest -j) cannot collide. The hub
+// must set SO_REUSEADDR to bind it, as Rendezvous and torch's TCPStore do
+// (a server on a fixed port sets it anyway, to restart while connections
+// linger in TIME_WAIT); for one that does not, pass a master_port. Waits for
+// all of them and returns:
 //  - 0 when all exit 0;
 //  - the first failing process's exit code (128+signal when it was killed),
 //    after terminating the others (SIGTERM, SIGKILL after kill_grace_s);

@@ -1,4 +1,5 @@
-// DistEnv parsing and the TCP rendezvous over loopback (one thread per rank).
+// DistEnv parsing, the TCP rendezvous over loopback (one thread per rank), and
+// the reserved ports that keep groups apart.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -6,12 +7,14 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "flashoverlap/error.h"
 #include "runtime/bootstrap.h"
+#include "test_seed.h"
 
 namespace flashoverlap::rt {
 namespace {
@@ -124,6 +127,13 @@ TEST(Env, ReadsTheProcessEnvironment) {
 }
 
 // ------------------------------------------------------------ rendezvous
+// Every group's port is reserved (ReservedPort) for the whole test, so tests
+// running in parallel (ctest -j) cannot take each other's ports.
+
+// The bound of the steps that are meant to succeed: far above what they take
+// (milliseconds), so that a loaded machine does not turn it into a failure,
+// and below ctest's timeout, so that a hang still fails with a message.
+constexpr auto kStepTimeout = 60s;
 
 DistEnv env_for(int rank, int world, int port) {
   DistEnv e;
@@ -132,6 +142,14 @@ DistEnv env_for(int rank, int world, int port) {
   e.local_rank = rank;
   e.master_port = port;
   return e;
+}
+
+// Rank `rank` of a group whose hub (rank 0) adopts `hub_port` (reserved
+// before the threads start; the others connect to its number).
+Rendezvous join(int rank, int world, ReservedPort& hub_port, int port,
+                std::chrono::milliseconds timeout = kStepTimeout) {
+  const DistEnv env = env_for(rank, world, port);
+  return rank == 0 ? Rendezvous(env, std::move(hub_port), timeout) : Rendezvous(env, timeout);
 }
 
 // Runs body(i) on n threads; returns each one's exception message ("" if none).
@@ -150,36 +168,41 @@ std::vector<std::string> on_threads(int n, const std::function<void(int)>& body)
   return errors;
 }
 
-std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
+std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
   std::vector<uint8_t> v(n);
   for (auto& b : v) b = static_cast<uint8_t>(rng());
   return v;
 }
 
-// Each rank's allgather contribution in a world: random sizes, one empty, one
-// large enough (1 MiB) that the sends block and resume.
-std::vector<uint8_t> contribution(int world, int rank) {
-  uint32_t seed = static_cast<uint32_t>(world * 1000 + rank);
-  size_t size = rank == 1 ? 0 : (rank == 2 ? (1 << 20) : std::mt19937(seed)() % 5000);
-  return random_bytes(size, seed);
+// Each rank's allgather contribution in a world, the same on every thread
+// for one test seed: random sizes, one empty, one large enough (1 MiB) that
+// the sends block and resume.
+std::vector<uint8_t> contribution(uint64_t seed, int world, int rank) {
+  const uint64_t mine = seed + uint64_t(world) * 1000 + uint64_t(rank);
+  const size_t size = rank == 1 ? 0 : (rank == 2 ? (1 << 20) : std::mt19937_64(mine)() % 5000);
+  return random_bytes(size, mine);
 }
 
 TEST(Rendezvous, CollectivesForWorldSizes1To8) {
+  const uint64_t seed = fo_test::test_seed();
+  FO_SEED_TRACE(seed);
   for (int world = 1; world <= 8; ++world) {
     SCOPED_TRACE("world " + std::to_string(world));
-    const int port = find_free_port();
-    const auto id = random_bytes(128, static_cast<uint32_t>(world));  // an ncclUniqueId
+    ReservedPort hub = ReservedPort::listening();
+    const int port = hub.port();
+    const auto id = random_bytes(128, seed ^ uint64_t(world));  // an ncclUniqueId
     auto errors = on_threads(world, [&](int rank) {
-      Rendezvous rv(env_for(rank, world, port), 20s);
+      FO_SEED_TRACE(seed);  // (traces are per thread)
+      Rendezvous rv = join(rank, world, hub, port);
       EXPECT_EQ(rv.rank(), rank);
       EXPECT_EQ(rv.world(), world);
       const std::vector<uint8_t> ignored(7, 0xee);
       EXPECT_EQ(rv.broadcast(rank == 0 ? id : ignored), id);
       for (int round = 0; round < 2; ++round) {  // sequence numbers advance
-        auto all = rv.allgather(contribution(world, rank));
+        auto all = rv.allgather(contribution(seed, world, rank));
         ASSERT_EQ(all.size(), static_cast<size_t>(world));
-        for (int r = 0; r < world; ++r) EXPECT_EQ(all[r], contribution(world, r)) << "rank " << r;
+        for (int r = 0; r < world; ++r) EXPECT_EQ(all[r], contribution(seed, world, r)) << "rank " << r;
         rv.barrier();
       }
     });
@@ -188,10 +211,13 @@ TEST(Rendezvous, CollectivesForWorldSizes1To8) {
 }
 
 TEST(Rendezvous, HubMayStartLast) {
-  const int port = find_free_port();
+  // Bound, not listening: the peers' first attempts are refused, and they
+  // retry until the hub listens (after its sleep, if the peers came first).
+  ReservedPort hub = ReservedPort::bound();
+  const int port = hub.port();
   auto errors = on_threads(3, [&](int rank) {
     if (rank == 0) std::this_thread::sleep_for(400ms);
-    Rendezvous rv(env_for(rank, 3, port), 10s);
+    Rendezvous rv = join(rank, 3, hub, port);
     std::vector<uint8_t> mine{static_cast<uint8_t>(rank)};
     auto all = rv.allgather(mine);
     for (int r = 0; r < 3; ++r) EXPECT_EQ(all[r], std::vector<uint8_t>{static_cast<uint8_t>(r)});
@@ -200,10 +226,16 @@ TEST(Rendezvous, HubMayStartLast) {
 }
 
 TEST(Rendezvous, MissingPeerTimesOutWithMessage) {
-  const int port = find_free_port();
+  ReservedPort hub = ReservedPort::listening();  // rank 1 connects at once, however late the hub runs
+  const int port = hub.port();
   const auto start = std::chrono::steady_clock::now();
-  auto errors = on_threads(2, [&](int rank) { Rendezvous rv(env_for(rank, 3, port), 500ms); });
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  auto errors = on_threads(2, [&](int rank) { Rendezvous rv = join(rank, 3, hub, port, 500ms); });
+  const auto took = std::chrono::steady_clock::now() - start;
+  // Safe: the hub's deadline is 0.5 s after it started, which is after `start`.
+  EXPECT_GE(took, 500ms);
+  // Generous, for a loaded machine: only a wait that ignores the 0.5 s timeout
+  // (say, one on the 300 s default) lasts this long.
+  EXPECT_LT(took, 30s);
   EXPECT_NE(errors[0].find("rendezvous rank 0 of 3"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("timed out after 0.5 s"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("rank(s) 2 to join (1 of 2 peers joined)"), std::string::npos)
@@ -214,7 +246,8 @@ TEST(Rendezvous, MissingPeerTimesOutWithMessage) {
 }
 
 TEST(Rendezvous, NoHubTimesOutWithAddress) {
-  const int port = find_free_port();
+  const ReservedPort nobody = ReservedPort::bound();  // held, never listened on: refused
+  const int port = nobody.port();
   const auto start = std::chrono::steady_clock::now();
   try {
     Rendezvous rv(env_for(1, 2, port), 300ms);
@@ -226,22 +259,28 @@ TEST(Rendezvous, NoHubTimesOutWithAddress) {
         << msg;
     EXPECT_NE(msg.find("Connection refused"), std::string::npos) << msg;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  // Safe: it gives up only once less than its 50 ms pause is left of the 0.3 s.
+  EXPECT_GE(took, 250ms);
+  // Generous, for a loaded machine: only a wait past the timeout lasts this long.
+  EXPECT_LT(took, 30s);
 }
 
 TEST(Rendezvous, DuplicateRankFailsEveryone) {
-  const int port = find_free_port();
+  ReservedPort hub = ReservedPort::listening();
+  const int port = hub.port();
   // Threads 1 and 2 both claim rank 1.
-  auto errors = on_threads(3, [&](int i) { Rendezvous rv(env_for(i == 0 ? 0 : 1, 3, port), 10s); });
+  auto errors = on_threads(3, [&](int i) { Rendezvous rv = join(i == 0 ? 0 : 1, 3, hub, port); });
   for (int i = 0; i < 3; ++i)
     EXPECT_NE(errors[i].find("duplicate rank 1: two processes claim it"), std::string::npos)
         << i << ": " << errors[i];
 }
 
 TEST(Rendezvous, WorldSizeMismatchFailsBothSides) {
-  const int port = find_free_port();
+  ReservedPort hub = ReservedPort::listening();
+  const int port = hub.port();
   auto errors = on_threads(2, [&](int rank) {
-    Rendezvous rv(env_for(rank, /*world=*/rank == 0 ? 2 : 3, port), 10s);
+    Rendezvous rv = join(rank, /*world=*/rank == 0 ? 2 : 3, hub, port);
   });
   for (int r = 0; r < 2; ++r)
     EXPECT_NE(errors[r].find("rank 1 has world size 3 but rank 0 has 2"), std::string::npos)
@@ -249,10 +288,11 @@ TEST(Rendezvous, WorldSizeMismatchFailsBothSides) {
 }
 
 TEST(Rendezvous, PeerExitFailsTheOthers) {
-  const int port = find_free_port();
+  ReservedPort hub = ReservedPort::listening();
+  const int port = hub.port();
   std::string after;
   auto errors = on_threads(3, [&](int rank) {
-    Rendezvous rv(env_for(rank, 3, port), 10s);
+    Rendezvous rv = join(rank, 3, hub, port);
     if (rank == 2) return;  // "exits": its socket closes
     std::vector<uint8_t> mine(16, static_cast<uint8_t>(rank));
     try {
@@ -277,9 +317,10 @@ TEST(Rendezvous, PeerExitFailsTheOthers) {
 }
 
 TEST(Rendezvous, CollectivesOutOfOrderAreDetected) {
-  const int port = find_free_port();
+  ReservedPort hub = ReservedPort::listening();
+  const int port = hub.port();
   auto errors = on_threads(2, [&](int rank) {
-    Rendezvous rv(env_for(rank, 2, port), 5s);
+    Rendezvous rv = join(rank, 2, hub, port);
     std::vector<uint8_t> data(4, 1);
     if (rank == 0) {
       rv.broadcast(data);
@@ -308,6 +349,53 @@ TEST(Rendezvous, WorldOfOneNeedsNoSocket) {
 
 TEST(Rendezvous, RejectsBadRank) {
   EXPECT_THROW(Rendezvous(env_for(2, 2, 1234), 100ms), InvalidArgument);
+  ReservedPort hub = ReservedPort::listening();
+  const int port = hub.port();
+  EXPECT_THROW(Rendezvous(env_for(1, 2, port), std::move(hub), 100ms), InvalidArgument);  // not the hub
+  ReservedPort other = ReservedPort::listening();
+  EXPECT_THROW(Rendezvous(env_for(0, 2, other.port() % 65535 + 1), std::move(other), 100ms),
+               InvalidArgument);  // not the reserved port
+}
+
+// ------------------------------------------------------------ ports
+
+// The listening reservation keeps every other socket off the port; the bound
+// one lets a hub bind it again (as a launched child's does), but neither is
+// ever handed out by the kernel to bind(port 0) or find_free_port().
+TEST(ReservedPort, HeldPortsAreNotHandedOutAgain) {
+  std::vector<ReservedPort> held;
+  std::set<int> ports;
+  for (int i = 0; i < 64; ++i) {
+    held.push_back(i % 2 ? ReservedPort::listening() : ReservedPort::bound());
+    ports.insert(held.back().port());
+  }
+  EXPECT_EQ(ports.size(), held.size());
+  for (int i = 0; i < 500; ++i) {
+    const int p = find_free_port();
+    ASSERT_EQ(ports.count(p), 0u) << "port " << p << " is held, yet handed out";
+  }
+}
+
+TEST(ReservedPort, ListeningKeepsOtherHubsOffBoundLetsOneBind) {
+  ReservedPort listening = ReservedPort::listening();
+  try {
+    Rendezvous rv(env_for(0, 2, listening.port()), 100ms);  // binds the port itself
+    FAIL() << "bound a port that another socket listens on";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen on port " + std::to_string(listening.port()) +
+                                         ": Address already in use"),
+              std::string::npos)
+        << e.what();
+  }
+  // A hub that binds a port held by a bound reservation (here in this
+  // process; the launcher's children do it from theirs).
+  const ReservedPort bound = ReservedPort::bound();
+  const int port = bound.port();
+  auto errors = on_threads(2, [&](int rank) {
+    Rendezvous rv(env_for(rank, 2, port), kStepTimeout);
+    rv.barrier();
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
 }
 
 }  // namespace

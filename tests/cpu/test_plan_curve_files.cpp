@@ -41,7 +41,7 @@ TEST(PlanCurveFiles, NamesSayOpCtasWorldAndType) {
 }
 
 TEST(PlanCurveFiles, UsesOnlyACurveOfThisOpGpuAndWorld) {
-  std::mt19937_64 rng(std::random_device{}());
+  FO_SEEDED_RNG(rng);
   fo_test::TempDir dir;
   const std::string path = dir.file("c.json");
   std::ostringstream log;
@@ -65,7 +65,7 @@ TEST(PlanCurveFiles, UsesOnlyACurveOfThisOpGpuAndWorld) {
 }
 
 TEST(PlanCurveFiles, MeasuresUnlessEveryRankHasTheFileAndSavesWhenAsked) {
-  std::mt19937_64 rng(std::random_device{}());
+  FO_SEEDED_RNG(rng);
   fo_test::TempDir dir;
   const std::string path = dir.file("sub/dir/c.json");  // directories are created on save
   const fo::BandwidthCurve measured = random_curve(fo::Collective::AllGather, 2, "NVIDIA H200", rng);

@@ -1,8 +1,15 @@
-// The tuning cache: round trips, merging, atomic writes, damaged files.
+// The tuning cache: round trips, merging, atomic writes, concurrent writers
+// (threads and processes), damaged files.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <latch>
+#include <set>
+#include <thread>
 
 #include "flashoverlap/error.h"
 #include "plan/tuning_cache.h"
@@ -31,6 +38,39 @@ const fo::CacheKey kB{"NVIDIA H200", 132, 2, fo::Collective::ReduceScatter, fo::
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The keys of writer w: `count` of them, distinct from every other writer's
+// (the GPU name is free text; the plan matches every key).
+std::vector<fo::CacheKey> keys_of(int trial, int w, int count) {
+  std::vector<fo::CacheKey> keys;
+  for (int i = 0; i < count; ++i) {
+    fo::CacheKey k = kA;
+    k.gpu = "GPU trial " + std::to_string(trial) + " writer " + std::to_string(w) + " key " + std::to_string(i);
+    keys.push_back(k);
+  }
+  return keys;
+}
+
+// The keys the file lacks of `expected`, as text ("" when none).
+std::string missing(const std::string& path, const std::vector<fo::CacheKey>& expected) {
+  fo::TuningCache cache(path);
+  std::string out;
+  for (const auto& w : cache.warnings()) out += "warning: " + w + "\n";
+  for (const fo::CacheKey& k : expected)
+    if (!cache.lookup(k)) out += "lost " + k.gpu + "\n";
+  return out;
+}
+
+// Writers and keys per writer of one trial, at random.
+struct Trial {
+  int writers;
+  std::vector<int> keys;  // per writer
+};
+Trial random_trial(std::mt19937_64& rng, int most_writers) {
+  Trial t{int(2 + rng() % (most_writers - 1)), {}};
+  for (int w = 0; w < t.writers; ++w) t.keys.push_back(int(1 + rng() % 3));
+  return t;
 }
 
 }  // namespace
@@ -66,10 +106,88 @@ TEST(PlanTuningCache, StoreKeepsEntriesOthersWroteMeanwhile) {
   EXPECT_EQ(both.size(), 2u);
   EXPECT_TRUE(both.lookup(kA));
   EXPECT_TRUE(both.lookup(kB));
-  // Only the cache file remains: the temporary files were renamed over it.
-  size_t files = 0;
-  for (const auto& e : fs::directory_iterator(dir.path)) files += e.is_regular_file();
-  EXPECT_EQ(files, 1u);
+  // Only the cache file and its lock file remain: the temporary files were
+  // renamed over it.
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir.path)) files.insert(e.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"cache.json", "cache.json.lock"}));
+}
+
+// Threads storing at the same instant into one file, each through its own
+// TuningCache: without the lock, two that re-read before either renames
+// each write back only their own entry and the last rename drops the other's.
+TEST(PlanTuningCache, ConcurrentThreadsKeepEveryEntry) {
+  FO_SEEDED_RNG(rng);
+  fo_test::TempDir dir;
+  const fo::Plan plan = plan_for(kA);
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::string path = dir.file("cache" + std::to_string(trial) + ".json");
+    const Trial t = random_trial(rng, 6);
+    std::latch start(t.writers);
+    std::vector<std::string> errors(size_t(t.writers));
+    std::vector<std::thread> threads;
+    std::vector<fo::CacheKey> all;
+    for (int w = 0; w < t.writers; ++w) {
+      const auto keys = keys_of(trial, w, t.keys[size_t(w)]);
+      all.insert(all.end(), keys.begin(), keys.end());
+      threads.emplace_back([&, w, keys] {
+        start.arrive_and_wait();  // all at once
+        try {
+          for (const fo::CacheKey& k : keys) fo::TuningCache(path).store(k, plan);
+        } catch (const std::exception& e) {
+          errors[size_t(w)] = e.what();
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int w = 0; w < t.writers; ++w) EXPECT_EQ(errors[size_t(w)], "") << "writer " << w;
+    const std::string lost = missing(path, all);
+    ASSERT_EQ(lost, "") << "trial " << trial << ": " << t.writers << " writers";
+  }
+}
+
+// The ranks of a job share one file: processes storing at once, likewise.
+TEST(PlanTuningCache, ConcurrentProcessesKeepEveryEntry) {
+  FO_SEEDED_RNG(rng);
+  fo_test::TempDir dir;
+  const fo::Plan plan = plan_for(kA);
+  for (int trial = 0; trial < 15; ++trial) {
+    const std::string path = dir.file("cache" + std::to_string(trial) + ".json");
+    const Trial t = random_trial(rng, 6);
+    int gate[2];  // the children start storing when it closes
+    ASSERT_EQ(::pipe(gate), 0);
+    std::vector<pid_t> children;
+    std::vector<fo::CacheKey> all;
+    for (int w = 0; w < t.writers; ++w) {
+      const auto keys = keys_of(trial, w, t.keys[size_t(w)]);
+      all.insert(all.end(), keys.begin(), keys.end());
+      const pid_t pid = ::fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        ::close(gate[1]);
+        char c;
+        while (::read(gate[0], &c, 1) < 0 && errno == EINTR) {}
+        int code = 0;
+        try {
+          for (const fo::CacheKey& k : keys) fo::TuningCache(path).store(k, plan);
+        } catch (const std::exception& e) {
+          std::cerr << "writer " << w << ": " << e.what() << std::endl;
+          code = 1;
+        }
+        ::_exit(code);  // not exit(): no gtest teardown in the child
+      }
+      children.push_back(pid);
+    }
+    ::close(gate[0]);
+    ::close(gate[1]);
+    for (size_t w = 0; w < children.size(); ++w) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(children[w], &status, 0), children[w]);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "writer " << w << " status " << status;
+    }
+    const std::string lost = missing(path, all);
+    ASSERT_EQ(lost, "") << "trial " << trial << ": " << t.writers << " processes";
+  }
 }
 
 TEST(PlanTuningCache, DamagedFilesAreIgnoredWithAWarningAndKeptAside) {

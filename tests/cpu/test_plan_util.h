@@ -1,5 +1,5 @@
-// test_plan_util.h — shared helpers of the planner tests: a seed that is
-// printed on failure (set FO_TEST_SEED to replay one) and random schedules.
+// test_plan_util.h — shared helpers of the planner tests: the seeded random
+// generator (test_seed.h), random schedules and partitions, temporary directories.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -14,20 +14,9 @@
 #include "plan/partition.h"
 #include "plan/schedule.h"
 #include "plan/tile_grid.h"
+#include "test_seed.h"
 
 namespace fo_test {
-
-inline uint64_t test_seed() {
-  if (const char* s = std::getenv("FO_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
-}
-
-// Use at the top of a randomized test: every failure message carries the seed.
-#define FO_SEEDED_RNG(rng)                                                                 \
-  const uint64_t fo_seed_ = ::fo_test::test_seed();                                        \
-  SCOPED_TRACE(::testing::Message() << "seed " << fo_seed_ << " (replay: FO_TEST_SEED=" \
-                                    << fo_seed_ << ")");                                   \
-  std::mt19937_64 rng(fo_seed_)
 
 inline int64_t uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {  // [lo, hi]
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
