@@ -45,9 +45,17 @@
 #                forced (128x256, registered outputs), in turns -> owners-w.log
 #   cli-gpu      the CLI on the GPUs: bench --shapes with one shape left no plan by its options (skipped with a
 #                message, the other measured, exit 2) -> cli-gpu.log
+#   faults       the tests catch real faults: for each of FAULTS (default "skip_kblock swap_rows eps_twice"), a
+#                Release build in build-fault-<fault> with -DFO_TEST_FAULT=<fault> (kernels wrong on purpose: see
+#                FO_TEST_FAULT in CMakeLists.txt) of the GPU tests only, whose cases (ctest -R '^gpu\.') must fail
+#                at least once -> faults-<fault>.log (build: faults-<fault>-build.log); one line per fault,
+#                "caught by N test(s): ..." or "NOT CAUGHT" (status 1, as a failed build); build/ is not touched
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
+# FO_REQUIRE_GPUS=N (exported; default: the GPUs nvidia-smi lists, 0 without it): a GPU test that needs
+# n <= N GPUs and cannot run fails instead of skipping (in every stage that runs them: test, sanitize,
+# owners-w, faults).
 # Example: scripts/gpu_all.sh build test gemm
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +63,10 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0          # never NVLink multicast on these machines
 export CUDA_MODULE_LOADING=EAGER   # belt and braces: we also preload kernels
+gpus=0
+command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+export FO_REQUIRE_GPUS=${FO_REQUIRE_GPUS:-$gpus}
+echo "FO_REQUIRE_GPUS=$FO_REQUIRE_GPUS (nvidia-smi lists $gpus GPUs): GPU tests needing at most that many fail, not skip"
 BUILD=build
 CLI=$BUILD/tools/flashoverlap
 status=0
@@ -84,6 +96,56 @@ owner_ab() {
   local log=$1
   shift
   ab_runs "$log" "--layout pushed --push-by owners --tile 128x256 --no-select --trace" "$@"
+}
+
+# The faults stage for one fault F: build-fault-F configured as
+# scripts/build.sh configures build/ (Ninja where there is one, unless the
+# directory has a generator already; Release) with FO_TEST_FAULT=F and no
+# benchmarks; only the GPU test executables built (gpu_test_<name> for each
+# tests/gpu/test_<name>.cpp or .cu: their build runs the tests' discovery for
+# ctest); then their cases, of which at least one must fail: fault_run F.
+fault_run() {
+  local f=$1 dir=build-fault-$1 log=$OUT/faults-$1.log blog=$OUT/faults-$1-build.log src name list
+  local gen=() targets=() failed=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  [ -f "$dir/CMakeCache.txt" ] && gen=()
+  for src in tests/gpu/test_*.cpp tests/gpu/test_*.cu; do
+    [ -e "$src" ] || continue
+    name=${src##*/}
+    targets+=("gpu_${name%.*}")
+  done
+  if [ ${#targets[@]} -eq 0 ]; then
+    echo "fault $f: no tests/gpu/test_*.cpp or .cu: nothing can catch it"
+    return 1
+  fi
+  if ! { cmake -S . -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DFO_TEST_FAULT="$f" -DFO_BUILD_BENCH=OFF &&
+         cmake --build "$dir" -j "$(nproc)" --target "${targets[@]}"; } >"$blog" 2>&1; then
+    tail -40 "$blog"
+    echo "fault $f: BUILD FAILED (log: faults-$f-build.log)"
+    return 1
+  fi
+  ctest --test-dir "$dir" -R '^gpu\.' --output-on-failure -j 1 --timeout "${TEST_TIMEOUT:-600}" >"$log" 2>&1
+  grep -E "tests passed|No tests were found" "$log" | sed 's/^/  ctest: /'
+  # ctest's list after "The following tests FAILED:", lines "  12 - gpu.Suite.Case (Failed)"
+  mapfile -t failed < <(sed -n '/^The following tests FAILED:/,$p' "$log" |
+    sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) \((.*)\)[[:space:]]*$/\1 (\2)/p' | sed 's/ (Failed)$//')
+  # A test that failed in this call's clean run (the test stage's ctest.log) proves nothing here.
+  if [ -f "$OUT/ctest.log" ] && [ ${#failed[@]} -gt 0 ]; then
+    local kept=() t
+    for t in "${failed[@]}"; do
+      grep -qE "[0-9]+ - ${t%% *} \(" <(sed -n '/^The following tests FAILED:/,$p' "$OUT/ctest.log") || kept+=("$t")
+    done
+    [ ${#kept[@]} -lt ${#failed[@]} ] && echo "fault $f: $((${#failed[@]} - ${#kept[@]})) failing test(s) fail without the fault too: not counted"
+    failed=("${kept[@]}")
+  fi
+  if [ ${#failed[@]} -eq 0 ]; then
+    echo "fault $f: NOT CAUGHT"
+    return 1
+  fi
+  printf -v list '%s, ' "${failed[@]:0:8}"
+  list=${list%, }
+  [ ${#failed[@]} -gt 8 ] && list+=", ..."
+  echo "fault $f: caught by ${#failed[@]} test(s): $list"
 }
 
 for s in "$@"; do
@@ -263,6 +325,12 @@ for s in "$@"; do
       if [[ $rc == 2 ]] && grep -q "1024x8192x8192: skipped" "$OUT/cli-gpu.log" && grep -q "^4096x4096x4096" "$OUT/cli-gpu.log"
       then echo "cli-gpu: ok (exit 2, 1024x8192x8192 skipped, 4096^3 measured)"
       else echo "cli-gpu: FAILED (exit $rc)"; status=1; fi
+      ;;
+    faults)
+      stage "faults made on purpose (FO_TEST_FAULT), each in build-fault-<fault>: the GPU tests must catch each"
+      for f in ${FAULTS:-skip_kblock swap_rows eps_twice}; do
+        fault_run "$f" || status=1
+      done
       ;;
     pack)
       stage "pack logs into $OUT/logs.tar.gz"

@@ -1059,12 +1059,24 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.
     int prev = -1;
+#if defined(FO_FAULT_SKIP_KBLOCK)
+    // test-only fault (FO_TEST_FAULT=skip_kblock): see scripts/gpu_all.sh faults.
+    // Tile 1 of the schedule (0 if it is the only one) is computed without
+    // the MMAs of its k-block 1 (0 if it has one only; its accumulators are
+    // then zeroed below). Every barrier wait and arrive, wgmma fence, commit
+    // and wait still happens (a commit of no wgmma is an empty group; ptxas
+    // adds a wgmma fence where the paths join: info C7519, no serialisation).
+    const int fault_kb = idx == (tiles > 1 ? 1 : 0) ? (p.k_blocks > 1 ? 1 : 0) : -1;
+#endif
     for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
       const int s = it % STAGES;
       ptx::mbar_wait(&full[s], (it / STAGES) & 1);
       ptx::wgmma_fence();
       const uint64_t da = ptx::smem_desc_sw128(smem + L::kA + s * L::kABytes + cw * 64 * 128);
       const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
+#if defined(FO_FAULT_SKIP_KBLOCK)
+      if (kb != fault_kb)  // test-only fault (FO_TEST_FAULT=skip_kblock): see scripts/gpu_all.sh faults
+#endif
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)  // +32 bytes along K = +2 in the descriptor
         ptx::Wgmma<BN, T>::mma(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
@@ -1077,6 +1089,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     ptx::wgmma_wait<0>();
     if (tid == 0) ptx::mbar_arrive(&empty[prev]);
+#if defined(FO_FAULT_SKIP_KBLOCK)
+    if (fault_kb == 0) {  // test-only fault (FO_TEST_FAULT=skip_kblock): see scripts/gpu_all.sh faults
+#pragma unroll
+      for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;  // (its only k-block skipped: no MMA wrote them)
+    }
+#endif
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
       if (i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
       if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);

@@ -67,7 +67,14 @@ template <typename T>
 struct SlotSource {  // the AllReduce slot layout (tiles are bn wide: 8 always readable)
   const T* slots;
   plan::Schedule s;
-  __device__ Vec8<T> load(int32_t i, int32_t col, int) const { return load8(slot_ptr(slots, s, i, col), 8); }
+  __device__ Vec8<T> load(int32_t i, int32_t col, int) const {
+#if defined(FO_FAULT_SWAP_ROWS)
+    // test-only fault (FO_TEST_FAULT=swap_rows): see scripts/gpu_all.sh faults.
+    // Output rows 0 and 1 read each other's slot rows (reorder_tiles_to_rows, reorder_add_rmsnorm).
+    if (i < 2 && s.m >= 2) i ^= 1;
+#endif
+    return load8(slot_ptr(slots, s, i, col), 8);
+  }
 };
 template <typename T>
 struct RowSource {  // row-major
@@ -151,7 +158,13 @@ __global__ void add_rmsnorm_kernel(Src src, int32_t m, int32_t n, const T* resid
       if (kCached) *reinterpret_cast<Vec8<T>*>(hrow + col) = h;
       if (residual_out) store8(residual_out + row + col, h, valid);
     }
+#if defined(FO_FAULT_EPS_TWICE)
+    // test-only fault (FO_TEST_FAULT=eps_twice): see scripts/gpu_all.sh faults. eps added twice, in
+    // every RMSNorm of reorder.h (reorder_add_rmsnorm, add_rmsnorm_rows, sum_gathered_add_rmsnorm).
+    const float inv = rsqrtf(block_sum<T>(ss, scratch) / float(n) + eps + eps);  // (its barrier orders hrow)
+#else
     const float inv = rsqrtf(block_sum<T>(ss, scratch) / float(n) + eps);  // its barrier orders hrow too
+#endif
     for (int32_t u = threadIdx.x; u < units; u += blockDim.x) {
       const int32_t col = u * 8, valid = n - col;
       const Vec8<T> h = kCached ? *reinterpret_cast<const Vec8<T>*>(hrow + col) : h_of(col, valid);
