@@ -40,9 +40,10 @@ int run(const Options& o) {
   if (o.max_mib < 1) throw InvalidArgument("--max-mib must be >= 1");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.op == "allgather" && o.ctas > 0) throw InvalidArgument("--ctas: the AllGather curve runs on the copy engines");
-  const int gpus = rt::hopper_device_count();
+  const rt::GpuProbe probe = rt::probe_gpus();
+  const int gpus = probe.hopper;
   if (gpus < 1) {
-    std::cerr << "tune: no Hopper (sm_90) GPU found on this machine; nothing to measure.\n";
+    std::cerr << "tune: no Hopper (sm_90) GPU found on this machine (" << probe.reason << "); nothing to measure.\n";
     return 1;
   }
   const rt::DistEnv env = rt::DistEnv::from_env().value_or(rt::DistEnv{});

@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,15 +52,36 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// A host vector into device memory that exists (a window's flags, ...).
+template <typename T>
+void copy_to_device(void* dst, const std::vector<T>& v) {
+  if (!v.empty()) FO_CUDA_CHECK(cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
 // A device copy of a host vector: the kernels' tables and pointer arrays.
 template <typename T>
 DeviceBuffer to_device(const std::vector<T>& v) {
   DeviceBuffer b(v.size() * sizeof(T));
-  if (!v.empty()) FO_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), b.bytes(), cudaMemcpyHostToDevice));
+  copy_to_device(b.get(), v);
   return b;
 }
+// Epoch counters as `epoch` calls that each add per_call[i] to counter i
+// leave them (mod 2^32: they wrap, and their compares are cyclic).
+inline std::vector<uint32_t> counts_after(uint32_t epoch, std::vector<uint32_t> per_call) {
+  for (uint32_t& c : per_call) c *= epoch;
+  return per_call;
+}
 
-// Number of usable Hopper (sm_90) devices; 0 when there is no driver or GPU.
+// What CUDA finds on this machine, and why it finds no Hopper GPU.
+struct GpuProbe {
+  int hopper = 0;            // usable Hopper (sm_90) devices
+  bool cuda_failed = false;  // a driver is installed but CUDA did not start: not "no GPU"
+  // Why hopper is 0: "no NVIDIA driver (libcuda.so.1 not found)", "no CUDA
+  // device", "no Hopper (sm_90) GPU among 1 device (NVIDIA A100 ...)", or
+  // "CUDA failed to start: cudaErrorInsufficientDriver (...)"; "" otherwise.
+  std::string reason;
+};
+GpuProbe probe_gpus();
+// probe_gpus().hopper: 0 when there is no driver, no GPU, or CUDA fails.
 int hopper_device_count();
 
 }  // namespace flashoverlap::rt

@@ -3,25 +3,55 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <dlfcn.h>
+
+#include <cstdlib>
 #include <sstream>
 
 #include "runtime/rt_buffer.h"
 
 namespace flashoverlap::rt {
 
-int hopper_device_count() {
+GpuProbe probe_gpus() {
+  GpuProbe g;
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the "no driver" state
-    return 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {
+    cudaGetLastError();  // (clears the error state)
+    // Without the driver's library CUDA says "insufficient driver": that is
+    // a machine without a GPU, not a GPU machine whose CUDA is broken.
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!driver) driver = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (e == cudaErrorNoDevice) {
+      g.reason = "no CUDA device";
+      if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) g.reason += std::string(" (CUDA_VISIBLE_DEVICES=") + v + ")";
+    } else if (!driver) {
+      g.reason = "no NVIDIA driver (libcuda.so.1 not found)";
+    } else {
+      g.cuda_failed = true;
+      g.reason = std::string("CUDA failed to start: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+    }
+    if (driver) dlclose(driver);
+    return g;
   }
-  int hopper = 0;
+  std::string others;
   for (int d = 0; d < n; ++d) {
     cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, d) == cudaSuccess && p.major == 9) ++hopper;
+    if (const cudaError_t e = cudaGetDeviceProperties(&p, d); e != cudaSuccess) {
+      cudaGetLastError();
+      g.cuda_failed = true;
+      g.reason = "CUDA failed to query device " + std::to_string(d) + ": " + cudaGetErrorName(e) + " (" +
+                 cudaGetErrorString(e) + ")";
+      return GpuProbe{0, true, g.reason};
+    }
+    if (p.major == 9) ++g.hopper;
+    else others += (others.empty() ? "" : ", ") + std::string(p.name);
   }
-  return hopper;
+  if (g.hopper == 0)
+    g.reason = "no Hopper (sm_90) GPU among " + std::to_string(n) + (n == 1 ? " device (" : " devices (") + others + ")";
+  return g;
 }
+
+int hopper_device_count() { return probe_gpus().hopper; }
 
 DeviceInfo device_info(int device) {
   DeviceInfo i;

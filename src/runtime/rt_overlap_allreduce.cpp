@@ -72,8 +72,7 @@ void OverlapAllReduce::setup_gathered() {
   gathered_ = SymmetricBuffer(comm, size_t(gathered_rows_) * gather_width_ * 2,
                               "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
   // The flags the comm stream sets once a group's gather is complete.
-  ready_ = DeviceBuffer(gather_.size() * sizeof(uint32_t));
-  FO_CUDA_CHECK(cudaMemset(ready_.get(), 0, ready_.bytes()));
+  ready_ = to_device(counts_after(opts_.first_epoch, std::vector<uint32_t>(gather_.size(), 1)));  // (set to the epoch)
   stream_write_fn();
   fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 &&
              int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX &&
@@ -82,7 +81,7 @@ void OverlapAllReduce::setup_gathered() {
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
-OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts) {
+OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts), epoch_(opts.first_epoch) {
   const plan::Schedule& s = opts_.sched;
   if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
   if (opts_.owner_pushers < -1 || opts_.owner_pushers > 1)
@@ -120,8 +119,9 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
     slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
   else if ((opts_.layout != ArLayout::Gathered && !is_pushed(opts_.layout)) || sequential())
     slots_ = DeviceBuffer(size_t(s.m) * s.n * 2);
-  counters_ = DeviceBuffer((groups.size() + 1) * sizeof(uint32_t));  // +1: the fault-injection sink
-  FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
+  std::vector<uint32_t> counters = counts_after(epoch_, target_);
+  counters.push_back(0);  // the fault-injection sink
+  counters_ = to_device(counters);
   std::vector<int32_t> got(s.tiles());
   for (size_t g = 0; g < groups.size(); ++g)
     for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t)
@@ -330,18 +330,24 @@ void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, voi
   kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n), stream);
 }
 
+void OverlapAllReduce::begin_call(cudaStream_t stream) {
+  if (called_ && stream != last_stream_) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, call_done_, 0));
+}
+
 void OverlapAllReduce::end_call(cudaStream_t stream) {
   FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
-  called_ = true;
+  called_ = true, last_stream_ = stream;
 }
 
 void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
+  begin_call(stream);
   enqueue_run(a, b, out, ld_out, stream);
   end_call(stream);
 }
 
 void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
                                    cudaStream_t stream) {
+  begin_call(stream);
   enqueue_run_rmsnorm(a, b, norm, out, stream);
   end_call(stream);
 }
@@ -353,6 +359,7 @@ bool OverlapAllReduce::result_in_window() const {
 const void* OverlapAllReduce::run_in_place(const void* a, const void* b, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   const void* c = nullptr;
+  begin_call(stream);
   if (result_in_window()) {
     c = enqueue_owned(a, b, nullptr, s.n, nullptr, true, stream);
   } else {

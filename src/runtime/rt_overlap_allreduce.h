@@ -146,6 +146,10 @@ struct OverlapAllReduceOptions {
   // (ncclCommAbort) unless that rank still joins (rt_gather.h).
   double exchange_timeout_s = 120.0;
   int fault_drop_group = -1;      // testing only: this group's signals go nowhere (copy engines: its flags)
+  // Testing only: the op starts as if `first_epoch` calls had run (epoch(),
+  // every counter and flag where they would have left them), so that tests
+  // cross the counters' 2^32 wrap. The same on every rank.
+  uint32_t first_epoch = 0;
   // Keep the trace buffers (events around the GEMM and each group, the GEMM's
   // tile and phase monitors) and trace the calls until set_tracing(false).
   // The events cost each traced call device time (2xH200, owners: 6 us on
@@ -229,6 +233,20 @@ struct RmsNormArgs {
   void* residual_out = nullptr;    // optional: h = x + residual
 };
 
+// Calls and streams (what the tests check):
+//  - one op: calls may come on any streams; a call on another stream than
+//    the previous call's waits for the end of that call first (the op
+//    orders its calls itself: its buffers and counters serve one call at a
+//    time), and every rank must make the same calls in the same order;
+//  - several ops on one GPU: each owns its buffers, so their calls may be
+//    interleaved in any order that is the same on every rank; calls of
+//    different ops must not run at the same time on one GPU (order them on
+//    one stream, or with events): their GEMMs need the SMs they were
+//    planned for, and ops sharing a communicator order their NCCL calls as
+//    NCCL requires (the same order on every rank);
+//  - destroying an op waits for its last call's work (the destructor
+//    synchronises with it): outputs of calls made before it are complete
+//    once the destructor returns.
 class OverlapAllReduce {
  public:
   explicit OverlapAllReduce(const OverlapAllReduceOptions& opts);
@@ -398,9 +416,12 @@ class OverlapAllReduce {
   cudaEvent_t gemm_launched_ = nullptr, comm_done_ = nullptr;
   cudaEvent_t call_done_ = nullptr;  // end of the last call on the caller's stream
   bool called_ = false;
-  // After each public call's work is enqueued: marks its end (call_done_),
-  // which the destructor waits for.
+  // Before each public call's work: on another stream than the last call's,
+  // wait for that call's end. After it: mark its end (call_done_), which the
+  // destructor and a call on another stream wait for.
+  void begin_call(cudaStream_t stream);
   void end_call(cudaStream_t stream);
+  cudaStream_t last_stream_ = nullptr;
   uint32_t epoch_ = 0;
   // ++epoch for one call, taken back when it goes out of scope unless kept:
   // a call refused before its GEMM is queued (bad pointers, ...) leaves the

@@ -45,7 +45,14 @@ void OverlapAllReduce::setup_owned() {
   gathered_ = SymmetricBuffer(comm, flags_at + size_t(s.tiles()) * sizeof(uint32_t), what);
   gathered_rows_ = half_rows, gather_width_ = s.n;
   owner_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
-  FO_CUDA_CHECK(cudaMemset(owner_flags_, 0, size_t(s.tiles()) * sizeof(uint32_t)));
+  // Per call a tile's flag counts the final of a tile another rank owns, or
+  // the W - 1 partials of a tile this rank owns (2 ranks: one either way).
+  std::vector<uint32_t> per_call(size_t(s.tiles()), 1);
+  if (wide())
+    for (int32_t t = kernels::owned_begin(gather_rank_, s.tiles(), world_);
+         t < kernels::owned_end(gather_rank_, s.tiles(), world_); ++t)
+      per_call[size_t(t)] = uint32_t(world_ - 1);
+  copy_to_device(owner_flags_, counts_after(epoch_, per_call));
   const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
   // 2 ranks: the peer; more: every rank's window and flags, by rank (the
   // next rank's stands in for the 2-rank fields, which the kernel checks).
@@ -120,6 +127,7 @@ void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cu
                           std::to_string(slot) + " (" + std::to_string(registered_.size()) + " registered)");
   const RegisteredOutput& r = registered_[size_t(slot)];
   if (!finals_into_outputs()) return run(a, b, r.out, r.ld, stream);
+  begin_call(stream);
   enqueue_owned(a, b, r.out, r.ld, nullptr, false, stream, &r);
   end_call(stream);
 }

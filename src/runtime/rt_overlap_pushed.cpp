@@ -44,7 +44,9 @@ void OverlapAllReduce::setup_pushed() {
   gathered_ = SymmetricBuffer(comm, flags_at + flag_bytes, what);
   arrivals_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + counters_at);
   FO_CUDA_CHECK(cudaMemset(arrivals_, 0, flags_at + flag_bytes - counters_at));
+  copy_to_device(arrivals_, counts_after(epoch_, per_epoch_));  // (the peers' flags below: set to the epoch)
   if (ce) peer_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
+  if (ce) copy_to_device(peer_flags_, counts_after(epoch_, std::vector<uint32_t>(groups * size_t(world_), 1)));
   const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
   std::vector<uint32_t*> peer_arrivals;
   for (int r = 0; r < world_; ++r)

@@ -21,6 +21,7 @@
 #include "runtime/rt_owner_stand_in.h"
 #include "runtime/tile_clocks.h"
 #include "gpu_test_util.h"
+#include "host_reference.h"
 
 using namespace flashoverlap;
 using kernels::DType;
@@ -55,9 +56,9 @@ struct Problem {
   }
 };
 
-// bf16 keeps 8 bits of mantissa, fp16 11: the two results differ by output
-// rounding and summation order only.
-double tolerance(DType dt) { return dt == DType::BF16 ? 8e-3 : 2e-3; }
+// Our GEMM against cuBLAS: the two differ by fp32 summation order and the
+// output rounding only (kernels::gemm_tolerance says how far that goes).
+kernels::Tolerance tolerance(DType dt, int k) { return kernels::gemm_tolerance(dt, k); }
 
 // A device buffer of 16-bit elements, on the host.
 std::vector<uint16_t> to_host(const DeviceBuffer& b) {
@@ -94,13 +95,11 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
         EXPECT_EQ(kernels::gemm_four_stages(p), bn == 256 && four && n % 8 == 0);
         kernels::launch_gemm(p, nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto r = kernels::compare(dt, c.get(), n, pr.ref.get(), n, m, n, nullptr);
-        EXPECT_EQ(r.nan_count, 0);
-        EXPECT_LT(r.rel_error(), tolerance(dt));
+        EXPECT_TRUE(test::within(kernels::compare(dt, c.get(), n, pr.ref.get(), n, m, n, nullptr, tolerance(dt, k))));
         if (bn == 256 && !four && ctas == 132)
           FO_CUDA_CHECK(cudaMemcpy(c3.get(), c.get(), size_t(m) * n * 2, cudaMemcpyDeviceToDevice));
         if (bn == 256 && four)
-          EXPECT_EQ(kernels::compare(dt, c.get(), n, c3.get(), n, m, n, nullptr).mismatches, 0)
+          EXPECT_TRUE(test::bitwise(kernels::compare(dt, c.get(), n, c3.get(), n, m, n, nullptr)))
               << "4 stages differ from 3";
       }
     }
@@ -133,27 +132,31 @@ TEST(Gemm, OddLeadingDimensionAndTinyN) {
     p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = ldc;
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto r = kernels::compare(DType::BF16, c.get(), ldc, pr.ref.get(), n, m, n, nullptr);
-    EXPECT_EQ(r.nan_count, 0) << "m=" << m << " n=" << n << " ldc=" << ldc << " seed=" << seed;
-    EXPECT_LT(r.rel_error(), tolerance(DType::BF16)) << "m=" << m << " n=" << n << " ldc=" << ldc;
+    EXPECT_TRUE(test::within(kernels::compare(DType::BF16, c.get(), ldc, pr.ref.get(), n, m, n, nullptr,
+                                              tolerance(DType::BF16, k))))
+        << "m=" << m << " n=" << n << " ldc=" << ldc << " seed=" << seed;
   }
 }
 
 // The tile monitor records every tile without changing C, and its summary
-// reads a plausible SM clock, with cycles per tile no fewer than the tensor
-// cores' peak allows (dense bf16: 4096 flops per SM per cycle on Hopper).
+// reads an SM clock no Hopper exceeds, with cycles per tile no fewer than the
+// tensor cores' peak allows (dense bf16: 4096 flops per SM per cycle on
+// Hopper) and no more than the launch lasted. (No bound that a slow,
+// power-capped or shared GPU could break: each holds at any speed.)
 // The phase monitor (same launch) has every CTA start, stage its last tile
 // after its last tile was requested, and store it after staging it.
 TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  const int m = 2048 + 128 * int(rng() % 16), n = 4096 + 256 * int(rng() % 8), k = 1024 + 64 * int(rng() % 16);
-  Problem pr(DType::BF16, m, n, k, seed, false);
-  DeviceBuffer c0(size_t(m) * n * 2), c1(size_t(m) * n * 2);
-  for (int bn : {256, 128}) {
+  const int k = 1024 + 64 * int(rng() % 16);
+  // ~2 tiles per CTA (both tile shapes), and 144 tiles on 132 CTAs: 120 of them compute one tile.
+  const int m0 = 2048 + 128 * int(rng() % 16), n0 = 4096 + 256 * int(rng() % 8);
+  for (auto [m, n, bn] : {std::tuple{m0, n0, 256}, std::tuple{m0, n0, 128}, std::tuple{1536, 3072, 256}}) {
     SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " bn=" +
                  std::to_string(bn) + " seed=" + std::to_string(seed));
+    Problem pr(DType::BF16, m, n, k, seed, false);
+    DeviceBuffer c0(size_t(m) * n * 2), c1(size_t(m) * n * 2);
     const plan::Schedule s = make_sched(m, n, 128, bn, 132);
     kernels::GemmParams p = kernels::plain_gemm(DType::BF16, pr.a.get(), pr.b.get(), s, k, c0.get(), n);
     kernels::launch_gemm(p, nullptr);
@@ -179,34 +182,40 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
     for (int t = 0; t < s.tiles(); ++t) ASSERT_NE(h[size_t(t) * 2], 0u) << "tile " << t << " not recorded";
     const rt::TileClocks r = rt::summarize_tile_clocks(h, s.tiles(), s.ctas);
     EXPECT_EQ(r.intervals, s.tiles() - s.ctas) << "a CTA's tiles out of order in time or cycles";
-    EXPECT_GT(r.mhz, 200);
-    EXPECT_LT(r.mhz, 2500);
+    EXPECT_GT(r.mhz, 0);     // (throttled clocks go low; a clock was measured)
+    EXPECT_LT(r.mhz, 2500);  // (Hopper's highest boost clock is below 2 GHz)
     // At most 4096 flops per SM cycle (dense bf16 peak); between two tile
     // requests at least k_blocks - stages k-blocks' MMAs complete (the
     // producer runs up to `stages` ahead: 4 for 128x256 here, 5 for
     // 128x128), so a CTA's first two requests are closer than a tile's
-    // time, and with ~2 tiles per CTA theirs is the median interval.
+    // time, and with at most ~2 tiles per CTA theirs is the median interval.
     const int k_blocks = k / 64, stages = bn == 256 ? 4 : 5;
     const double least_kcycles = 2.0 * 128 * bn * k / 4096 / 1e3;
     EXPECT_GE(r.kcycles_median, 0.95 * least_kcycles * (k_blocks - stages) / k_blocks)
         << "a tile's whole MMAs at peak: " << least_kcycles << " kcycles";
-    EXPECT_LE(r.kcycles_median, 20 * least_kcycles);
+    // (cycles at the measured clock: an interval inside the launch, 5% for the clock's estimate)
+    EXPECT_LE(r.kcycles_median * 1e3 / r.mhz, 1.05 * launch_ms * 1e3) << "a tile interval longer than the launch";
     std::vector<uint64_t> q(size_t(s.ctas) * kernels::kPhaseSlots);
     FO_CUDA_CHECK(cudaMemcpy(q.data(), ph.get(), ph.bytes(), cudaMemcpyDeviceToHost));
+    int single = 0;  // CTAs with one tile
     for (int c = 0; c < s.ctas; ++c) {
       const uint64_t* x = q.data() + size_t(c) * kernels::kPhaseSlots;
       const int64_t last = c + int64_t((s.tiles() - 1 - c) / s.ctas) * s.ctas;  // its last tile (slot)
       ASSERT_NE(x[3], 0u) << "CTA " << c << " start not recorded";
-      if (c >= s.tiles()) continue;
       EXPECT_GT(x[0], h[size_t(last) * 2]) << "CTA " << c << " staged its last tile before requesting it";
       EXPECT_GE(x[1], x[0]) << "CTA " << c;
       EXPECT_GE(x[4], x[3]) << "CTA " << c << ": first tile's MMAs done before its start";
       EXPECT_GE(x[5], x[4]) << "CTA " << c << ": last tile's MMAs done before the first's";
       EXPECT_GE(x[0], x[5]) << "CTA " << c << ": last tile staged before its MMAs were done";
-      if (last == c) EXPECT_LE(x[5] - x[4], 1000u) << "CTA " << c << ": one tile, its MMAs done once (two reads)";
+      // (one tile: both are recorded at the same point, two timer reads apart; 20 us only for a preempted warp)
+      if (last == c) {
+        ++single;
+        EXPECT_LE(x[5] - x[4], 20000u) << "CTA " << c << ": one tile, its MMAs done once (two reads)";
+      }
       EXPECT_LT(x[3], h[size_t(c) * 2] + 1) << "CTA " << c << " requested its first tile before its start";
       EXPECT_EQ(x[2], 0u) << "CTA " << c << ": no copies in a plain GEMM";
     }
+    EXPECT_EQ(single, std::max(0, 2 * s.ctas - s.tiles())) << "CTAs of one tile";
     const rt::GemmPhases g = rt::summarize_phases(q, s.ctas);
     EXPECT_EQ(g.ctas, std::min<int64_t>(s.ctas, s.tiles()));
     EXPECT_GE(g.stored_max_us, g.staged_max_us);  // each CTA stores its last tile after staging it
@@ -239,7 +248,7 @@ TEST(GemmMonitor, RuntimeMonitorSummarizesOneLaunch) {
     kernels::launch_gemm(p, nullptr);
     const rt::GemmMonitor::Reading r = mon.read();
     EXPECT_EQ(r.clocks.intervals, s.tiles() - s.ctas);
-    EXPECT_GT(r.clocks.mhz, 200);
+    EXPECT_GT(r.clocks.mhz, 0);  // (any speed: see RecordsEveryTileWithoutChangingC)
     EXPECT_EQ(r.phases.ctas, phases ? std::min<int64_t>(s.ctas, s.tiles()) : 0);
     if (phases) EXPECT_GE(r.phases.stored_max_us, r.phases.staged_max_us);
     plan::Schedule other = s;
@@ -339,21 +348,36 @@ std::vector<int> random_partition(int waves, std::mt19937_64& rng) {
   return parts;
 }
 
+// Epoch counters are never reset, so they wrap: tests start some runs of
+// calls at this epoch (calls at 2^32 - 1, 0, 1, ...), with every counter
+// where that many calls would have left it, so that the cyclic compare, the
+// targets epoch * t and the parities are exercised across the wrap.
+constexpr uint32_t kNearWrap = 0xFFFFFFFEu;
+
+// Counters as `epoch` calls of `per_call` counts each leave them (mod 2^32).
+std::vector<uint32_t> counters_after(uint32_t epoch, const std::vector<uint32_t>& per_call) {
+  std::vector<uint32_t> v(per_call.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = epoch * per_call[i];
+  return v;
+}
+
 // A signal check's device side: the groups' tile map, element ranges and
-// per-call targets uploaded, their counters zeroed, a stream for the GEMM and
-// one for the checker (checker_kernel: one block per group, at most 16).
+// per-call targets uploaded, their counters where `first_epoch` calls left
+// them, a stream for the GEMM and one for the checker (checker_kernel: one
+// block per group, at most 16).
 struct SignalCheck {
   int groups;
   DeviceBuffer got, begin, target, counters, mism, rel;
   cudaStream_t compute = nullptr, check = nullptr;
   SignalCheck(const std::vector<int32_t>& group_of_tile, const std::vector<int64_t>& begin_,
-              const std::vector<uint32_t>& target_)
+              const std::vector<uint32_t>& target_, uint32_t first_epoch)
       : groups(int(target_.size())), got(group_of_tile.size() * 4), begin(begin_.size() * 8), target(groups * 4),
         counters(groups * 4), mism(groups * 8), rel(groups * 8) {
     FO_CUDA_CHECK(cudaMemcpy(got.get(), group_of_tile.data(), got.bytes(), cudaMemcpyHostToDevice));
     FO_CUDA_CHECK(cudaMemcpy(begin.get(), begin_.data(), begin.bytes(), cudaMemcpyHostToDevice));
     FO_CUDA_CHECK(cudaMemcpy(target.get(), target_.data(), target.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+    const std::vector<uint32_t> start = counters_after(first_epoch, target_);
+    FO_CUDA_CHECK(cudaMemcpy(counters.get(), start.data(), counters.bytes(), cudaMemcpyHostToDevice));
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&check, cudaStreamNonBlocking));
     kernels::preload_kernels();
@@ -394,8 +418,10 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
+  int shape = 0;
   for (auto [m, n, k, bn] : std::vector<std::tuple<int, int, int, int>>{
            {4096, 8192, 4096, 256}, {3001, 7168, 2048, 128}, {2048, 4096, 8192, 256}}) {
+    const uint32_t first_epoch = shape++ == 0 ? 0u : kNearWrap;
     // Leave 16 SMs for the checker blocks (at most 16 groups): the GEMM never
     // waits for them, and they never keep a GEMM CTA from being resident.
     const int ctas = 132 - 16;
@@ -428,9 +454,9 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
       begin.push_back(int64_t(t_end) * 128 * bn);
       target.push_back(uint32_t(t_end - t_begin) * kernels::kSignalsPerTile);
     }
-    SignalCheck sc(group_of_tile, begin, target);
+    SignalCheck sc(group_of_tile, begin, target, first_epoch);
     DeviceBuffer mon_ns(size_t(tiles) * 2 * 8), mon_sm(size_t(tiles) * 4);
-    for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
+    for (uint32_t epoch = first_epoch + 1; epoch != first_epoch + 4; ++epoch) {
       SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " bn=" + std::to_string(bn) +
                    " epoch=" + std::to_string(epoch) + " groups=" + std::to_string(groups) +
                    " seed=" + std::to_string(seed));
@@ -441,9 +467,8 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
       const std::vector<unsigned long long> mism = sc.run(q, slots.get(), slot_elems, expected.get(), epoch);
       for (int g = 0; g < groups; ++g) EXPECT_EQ(mism[g], 0u) << "group " << g << " was released incomplete";
       // The final slots equal the expected ones everywhere.
-      const auto r = kernels::compare(DType::BF16, slots.get(), bn, expected.get(), bn, int64_t(tiles) * 128, bn,
-                                      nullptr);
-      EXPECT_EQ(r.mismatches, 0);
+      EXPECT_TRUE(test::bitwise(
+          kernels::compare(DType::BF16, slots.get(), bn, expected.get(), bn, int64_t(tiles) * 128, bn, nullptr)));
       // Overlap is real: with more than one group, the first group was
       // released before the GEMM's last tile finished.
       if (groups > 1) {
@@ -454,7 +479,8 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
       }
     }
     const std::vector<uint32_t> counters = SignalCheck::to_host<uint32_t>(sc.counters);
-    for (int g = 0; g < groups; ++g) EXPECT_EQ(counters[g], 3 * target[g]) << "epoch counters never reset";
+    for (int g = 0; g < groups; ++g)
+      EXPECT_EQ(counters[g], (first_epoch + 3) * target[g]) << "epoch counters never reset (first epoch " << first_epoch << ")";
   }
 }
 
@@ -466,8 +492,10 @@ TEST(GemmSignal, FourStageRowBandsAreCompleteWhenReleased) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
+  int shape = 0;
   for (auto [m, n, k, swizzle] : std::vector<std::tuple<int, int, int, int>>{
            {4096, 8192, 4096, 4}, {3001, 4096, 2048, 2}, {1024, 8192, 8192, 1}}) {
+    const uint32_t first_epoch = shape++ == 1 ? 0u : kNearWrap;
     const int ctas = 132 - 16;  // 16 SMs for the checker blocks (at most 16 groups)
     const plan::Schedule s = make_sched(m, n, 128, 256, ctas, plan::Raster::AlongN, swizzle);
     Problem pr(DType::BF16, m, n, k, seed, false);
@@ -494,21 +522,21 @@ TEST(GemmSignal, FourStageRowBandsAreCompleteWhenReleased) {
       begin.push_back(end_row * n);
       target.push_back(uint32_t(groups[g].tiles()) * kernels::kSignalsPerTile);
     }
-    SignalCheck sc(group_of_tile, begin, target);
+    SignalCheck sc(group_of_tile, begin, target, first_epoch);
     kernels::GemmParams q = p;
     q.c = c.get(), q.four_stages = true;
     q.counters = sc.counters.as<uint32_t>(), q.group_of_tile = sc.got.as<int32_t>();
     ASSERT_TRUE(kernels::gemm_four_stages(q)) << "a signalling plain store qualifies for the 4-stage kernel";
-    for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
+    for (uint32_t epoch = first_epoch + 1; epoch != first_epoch + 4; ++epoch) {
       SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                    " swizzle=" + std::to_string(swizzle) + " epoch=" + std::to_string(epoch) +
                    " groups=" + std::to_string(ngroups) + " seed=" + std::to_string(seed));
       const std::vector<unsigned long long> mism = sc.run(q, c.get(), elems, expected.get(), epoch);
       for (int g = 0; g < ngroups; ++g) EXPECT_EQ(mism[g], 0u) << "group " << g << " was released incomplete";
-      EXPECT_EQ(kernels::compare(DType::BF16, c.get(), n, expected.get(), n, m, n, nullptr).mismatches, 0);
+      EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, c.get(), n, expected.get(), n, m, n, nullptr)));
     }
     const std::vector<uint32_t> counters = SignalCheck::to_host<uint32_t>(sc.counters);
-    for (int g = 0; g < ngroups; ++g) EXPECT_EQ(counters[g], 3 * target[g]) << "group " << g;
+    for (int g = 0; g < ngroups; ++g) EXPECT_EQ(counters[g], (first_epoch + 3) * target[g]) << "group " << g;
   }
 }
 
@@ -527,6 +555,7 @@ TEST(GemmFusedSum, ClaimedChunksRestoreC) {
   for (auto [m, n, k, bn, ctas, producers] : std::vector<std::tuple<int, int, int, int, int, bool>>{
            {3001, 4096, 512, 256, 132, true}, {1000, 1024, 256, 128, 60, false}, {2048, 2048, 1024, 256, 132, false},
            {777, 640, 128, 128, 132, true}}) {
+    const uint32_t first_epoch = m == 3001 || m == 2048 ? kNearWrap : 0u;  // (each sum placement from both starts)
     const int swizzles[] = {1, 2, 4, 8, 16};
     const plan::Schedule s = make_sched(m, n, 128, bn, ctas, plan::Raster::AlongN, swizzles[rng() % 5]);
     const int tiles = s.tiles();
@@ -559,10 +588,13 @@ TEST(GemmFusedSum, ClaimedChunksRestoreC) {
         claims(size_t(2 * G) * 4);
     FO_CUDA_CHECK(cudaMemcpy(d_got.get(), group_of_tile.data(), d_got.bytes(), cudaMemcpyHostToDevice));
     FO_CUDA_CHECK(cudaMemcpy(d_table.get(), table.data(), d_table.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+    std::vector<uint32_t> per_call;
+    for (const kernels::SumGroup& g : table) per_call.push_back(g.per_epoch);
+    const std::vector<uint32_t> start = counters_after(first_epoch, per_call);
+    FO_CUDA_CHECK(cudaMemcpy(counters.get(), start.data(), counters.bytes(), cudaMemcpyHostToDevice));
     FO_CUDA_CHECK(cudaMemset(claims.get(), 0xff, claims.bytes()));  // garbage: the first call's half is zeroed below
-    FO_CUDA_CHECK(cudaMemset(claims.as<uint32_t>() + G, 0, size_t(G) * 4));
-    for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
+    FO_CUDA_CHECK(cudaMemset(claims.as<uint32_t>() + size_t((first_epoch + 1) & 1) * G, 0, size_t(G) * 4));
+    for (uint32_t epoch = first_epoch + 1; epoch != first_epoch + 4; ++epoch) {
       SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " bn=" + std::to_string(bn) +
                    " ctas=" + std::to_string(ctas) + " swizzle=" + std::to_string(s.swizzle) +
                    " groups=" + std::to_string(G) + " producers=" + std::to_string(producers) +
@@ -582,8 +614,7 @@ TEST(GemmFusedSum, ClaimedChunksRestoreC) {
       kernels::launch_gemm(q, nullptr);
       FO_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(err->failed, 0u) << "group " << err->group << " counter " << err->value << " of " << err->expected;
-      const auto r = kernels::compare(dt, c.get(), n, ours.get(), n, m, n, nullptr);
-      EXPECT_EQ(r.mismatches, 0);
+      EXPECT_TRUE(test::bitwise(kernels::compare(dt, c.get(), n, ours.get(), n, m, n, nullptr)));
       std::vector<uint32_t> cl(size_t(2 * G));
       FO_CUDA_CHECK(cudaMemcpy(cl.data(), claims.get(), claims.bytes(), cudaMemcpyDeviceToHost));
       for (int g = 0; g < G; ++g) {
@@ -595,28 +626,36 @@ TEST(GemmFusedSum, ClaimedChunksRestoreC) {
   cudaFreeHost(err);
 }
 
-// The pushed layouts norm their summed output in place: the same bits as
-// out of place, for rows kept in shared memory and for rows too long for it,
-// odd rows (element-wise edges) and more rows than CTAs.
-TEST(RmsNorm, InPlaceMatchesOutOfPlace) {
+// The residual + RMSNorm step (the pushed layouts' and the sequential path's
+// post step) against its definition, computed on the host: out within
+// rmsnorm_tolerance and residual_out bitwise, for an eps that matters and
+// the usual 1e-6; and in place (x is out, as the pushed layouts norm their
+// summed output) the same bits as out of place. Rows kept in shared memory
+// and rows too long for it, odd rows (element-wise edges), more rows than CTAs.
+TEST(RmsNorm, MatchesItsDefinitionInAndOutOfPlace) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   // 49160 x 2 bytes > the 96 KB row cache; 70000 rows > the 65535 CTAs.
   const std::vector<std::pair<int, int>> shapes = {{37, 4104}, {37, 49160}, {53, 1001}, {70000, 40}};
+  int call = 0;
   for (const DType dt : {DType::BF16, DType::FP16})
     for (const auto& [m, n] : shapes) {
+      const float eps = test::eps_for_call(call++, 4.0 / 3 + 1.0 / 3);  // (h = x + residual: mean square ~5/3)
+      const std::string where = std::to_string(m) + "x" + std::to_string(n) + (dt == DType::BF16 ? " bf16" : " fp16") +
+                                " eps " + std::to_string(eps) + " seed " + std::to_string(seed);
       const size_t bytes = size_t(m) * n * 2;
       DeviceBuffer x(bytes), residual(bytes), weight(size_t(n) * 2), y(bytes), h(bytes), h_in(bytes);
       kernels::fill_random(dt, x.get(), int64_t(m) * n, seed, -2.f, 2.f, nullptr);
       kernels::fill_random(dt, residual.get(), int64_t(m) * n, seed + 1, -1.f, 1.f, nullptr);
       kernels::fill_random(dt, weight.get(), n, seed + 2, 0.5f, 1.5f, nullptr);
-      kernels::add_rmsnorm_rows(dt, x.get(), m, n, residual.get(), weight.get(), 1e-6f, y.get(), h.get(), nullptr);
-      kernels::add_rmsnorm_rows(dt, x.get(), m, n, residual.get(), weight.get(), 1e-6f, x.get(), h_in.get(), nullptr);
-      const auto ry = kernels::compare(dt, x.get(), n, y.get(), n, m, n, nullptr);
-      const auto rh = kernels::compare(dt, h_in.get(), n, h.get(), n, m, n, nullptr);
-      EXPECT_EQ(ry.mismatches, 0) << m << "x" << n << " seed " << seed;
-      EXPECT_EQ(rh.mismatches, 0) << m << "x" << n << " seed " << seed;
-      EXPECT_EQ(ry.nan_count, 0);
+      kernels::add_rmsnorm_rows(dt, x.get(), m, n, residual.get(), weight.get(), eps, y.get(), h.get(), nullptr);
+      const test::NormCheck ref =
+          test::check_rmsnorm(dt, x.get(), n, residual.get(), weight.get(), eps, y.get(), h.get(), m, n, nullptr);
+      EXPECT_TRUE(test::within(ref.out)) << where;
+      EXPECT_TRUE(test::bitwise(ref.residual_out)) << where << " (residual_out)";
+      kernels::add_rmsnorm_rows(dt, x.get(), m, n, residual.get(), weight.get(), eps, x.get(), h_in.get(), nullptr);
+      EXPECT_TRUE(test::bitwise(kernels::compare(dt, x.get(), n, y.get(), n, m, n, nullptr))) << where << " (in place)";
+      EXPECT_TRUE(test::bitwise(kernels::compare(dt, h_in.get(), n, h.get(), n, m, n, nullptr))) << where;
     }
 }
 
@@ -671,6 +710,94 @@ TEST(GemmSignal, SlotRowsFollowTheTable) {
   EXPECT_GT(stored, 0);
   EXPECT_EQ(bad, 0) << "seed=" << seed;
   EXPECT_EQ(untouched_bad, 0) << "seed=" << seed;
+}
+
+// The slot layout's post-reorder, on one GPU: our GEMM's tiles stored into
+// slots (SlotTiles) and restored to row-major C (reorder_tiles_to_rows, into
+// a strided output too) are bitwise our plain GEMM's C; fused with residual +
+// RMSNorm (reorder_add_rmsnorm) they match the host's norm of that C. Any
+// raster and swizzle (the tile order the slots follow), ragged M and N.
+TEST(Reorder, SlotsBackToRowsAndNormed) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  int call = 0;
+  for (auto [m, n, k, bn] : std::vector<std::tuple<int, int, int, int>>{
+           {1000, 1000, 256, 128}, {3001, 4104, 512, 256}, {129, 72, 64, 128}, {2048, 2048, 128, 256}}) {
+    const DType dt = rng() % 2 ? DType::BF16 : DType::FP16;
+    const plan::Schedule s = make_sched(m, n, 128, bn, 1 + int(rng() % 132),
+                                        rng() % 2 ? plan::Raster::AlongM : plan::Raster::AlongN, 1 + int(rng() % 8));
+    const int64_t ld = n + 8 * int64_t(rng() % 3);  // (a strided output sometimes)
+    const float eps = test::eps_for_call(call++, double(k) / 9 + 1.0 / 3);
+    const std::string where = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " tile 128x" +
+                              std::to_string(bn) + " ctas " + std::to_string(s.ctas) + " swizzle " +
+                              std::to_string(s.swizzle) + (s.raster == plan::Raster::AlongM ? " along M" : "") +
+                              " ld " + std::to_string(ld) + " eps " + std::to_string(eps) + " seed " +
+                              std::to_string(seed);
+    Problem pr(dt, m, n, k, seed + uint64_t(m), false);
+    const size_t cb = size_t(m) * n * 2;
+    DeviceBuffer plain(cb), slots(size_t(s.tiles()) * 128 * bn * 2), out(size_t(m) * ld * 2), residual(cb),
+        weight(size_t(n) * 2), y(cb), h(cb);
+    kernels::launch_gemm(kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, k, plain.get(), n), nullptr);
+    kernels::GemmParams p = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, k, nullptr, n);
+    p.store = kernels::Store::SlotTiles, p.slots = slots.get(), p.slot_rows = int64_t(s.tiles()) * 128;
+    kernels::launch_gemm(p, nullptr);
+    kernels::fill_random(dt, residual.get(), int64_t(m) * n, seed + 5, -1.f, 1.f, nullptr);
+    kernels::fill_random(dt, weight.get(), n, seed + 6, 0.5f, 1.5f, nullptr);
+    for (DeviceBuffer* b : {&out, &y, &h}) kernels::poison(b->get(), int64_t(b->bytes() / 2), nullptr);
+    kernels::reorder_tiles_to_rows(dt, slots.get(), s, out.get(), ld, nullptr);
+    kernels::reorder_add_rmsnorm(dt, slots.get(), s, residual.get(), weight.get(), eps, y.get(), h.get(), nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(test::bitwise(kernels::compare(dt, out.get(), ld, plain.get(), n, m, n, nullptr))) << where;
+    const test::NormCheck norm =
+        test::check_rmsnorm(dt, plain.get(), n, residual.get(), weight.get(), eps, y.get(), h.get(), m, n, nullptr);
+    EXPECT_TRUE(test::within(norm.out)) << where << " (reorder + RMSNorm)";
+    EXPECT_TRUE(test::bitwise(norm.residual_out)) << where << " (its residual_out)";
+  }
+}
+
+// The gathered layouts' element-wise step on one GPU, `world` blocks as the
+// ranks' partials: sum_gathered_rows is bitwise the host's sum in rank order
+// (fp32, one rounding), into a strided output too; sum_gathered_add_rmsnorm
+// matches the host's norm of that sum.
+TEST(Reorder, GatheredBlocksSumInRankOrderAndNorm) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  int call = 0;
+  for (auto [m, n, world] : std::vector<std::tuple<int, int, int>>{{1000, 4104, 2}, {333, 1001, 3}, {64, 8192, 8}}) {
+    for (const DType dt : {DType::BF16, DType::FP16}) {
+      const int64_t ld = n + 8 * int64_t(rng() % 2), block = int64_t(m) * n + 8 * int64_t(rng() % 4);
+      const float eps = test::eps_for_call(call++, world * 16.0 / 3 + 1.0 / 3);
+      const std::string where = std::to_string(m) + "x" + std::to_string(n) + " world " + std::to_string(world) +
+                                (dt == DType::BF16 ? " bf16" : " fp16") + " ld " + std::to_string(ld) + " eps " +
+                                std::to_string(eps) + " seed " + std::to_string(seed);
+      const size_t cb = size_t(m) * n * 2;
+      DeviceBuffer gathered(size_t(block) * world * 2), out(size_t(m) * ld * 2), sum(cb), residual(cb),
+          weight(size_t(n) * 2), y(cb), h(cb);
+      kernels::fill_random(dt, gathered.get(), block * world, seed + 11 * uint64_t(call), -4.f, 4.f, nullptr);
+      kernels::fill_random(dt, residual.get(), int64_t(m) * n, seed + 1, -1.f, 1.f, nullptr);
+      kernels::fill_random(dt, weight.get(), n, seed + 2, 0.5f, 1.5f, nullptr);
+      for (DeviceBuffer* b : {&out, &y, &h}) kernels::poison(b->get(), int64_t(b->bytes() / 2), nullptr);
+      kernels::sum_gathered_rows(dt, gathered.get(), world, block, m, n, out.get(), ld, nullptr);
+      kernels::sum_gathered_add_rmsnorm(dt, gathered.get(), world, block, m, n, residual.get(), weight.get(), eps,
+                                        y.get(), h.get(), nullptr);
+      // The host's sum: every rank's block in rank order, in fp32, rounded once.
+      const std::vector<uint16_t> g = test::download(gathered.get(), world, block, block, nullptr);
+      std::vector<uint16_t> want(size_t(m) * n);
+      for (size_t i = 0; i < want.size(); ++i) {
+        float x = 0;
+        for (int w = 0; w < world; ++w) x += test::value_of(dt, g[size_t(w) * size_t(block) + i]);
+        want[i] = test::rounded(dt, x);
+      }
+      FO_CUDA_CHECK(cudaMemcpy(sum.get(), want.data(), cb, cudaMemcpyHostToDevice));
+      EXPECT_TRUE(test::bitwise(kernels::compare(dt, out.get(), ld, sum.get(), n, m, n, nullptr))) << where;
+      const test::NormCheck norm =
+          test::check_rmsnorm(dt, sum.get(), n, residual.get(), weight.get(), eps, y.get(), h.get(), m, n, nullptr);
+      EXPECT_TRUE(test::within(norm.out)) << where << " (sum + RMSNorm)";
+      EXPECT_TRUE(test::bitwise(norm.residual_out)) << where << " (its residual_out)";
+    }
+  }
 }
 
 }  // namespace
@@ -789,6 +916,7 @@ struct ScopedStream {
 // a second GPU; not its speed.
 TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
   REQUIRE_HOPPER();
+  constexpr uint32_t kFirstEpoch = 0xFFFFFFFDu;  // (epochs 2^32 - 2 .. 3: across the wrap, as kNearWrap's tests)
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   for (DType dt : {DType::BF16, DType::FP16})
@@ -814,8 +942,11 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
                          DeviceBuffer(tiles * 4), DeviceBuffer(8), DeviceBuffer(sizeof(kernels::WaitError)),
                          DeviceBuffer(sizeof(void*)), DeviceBuffer(tiles * 4)});
         Rank& k = ranks.back();
-        for (const DeviceBuffer* b : {&k.flags, &k.claims, &k.err, &k.group_of_tile})
+        for (const DeviceBuffer* b : {&k.claims, &k.err, &k.group_of_tile})
           FO_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
+        // (each tile's flag counts once per call: the peer's partial or final)
+        const std::vector<uint32_t> flags = counters_after(kFirstEpoch, std::vector<uint32_t>(tiles, 1));
+        FO_CUDA_CHECK(cudaMemcpy(k.flags.get(), flags.data(), k.flags.bytes(), cudaMemcpyHostToDevice));
         kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.partial.get(), sh.n);
         kernels::launch_gemm(p, nullptr);  // this rank's partial
       }
@@ -828,8 +959,9 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       std::vector<uint16_t> sum(c_elems);
       for (size_t i = 0; i < c_elems; ++i) sum[i] = sum_rounded(dt, p0[i], p1[i]);
       const ScopedStream streams[2];  // (after the buffers: synchronised before they are freed)
-      for (uint32_t epoch = 1; epoch <= 6; ++epoch) {  // (calls 1-3 the storer pushes, 4-6 the pusher warps)
-        const bool pushers = epoch > 3;
+      for (uint32_t call = 1; call <= 6; ++call) {  // (calls 1-3 the storer pushes, 4-6 the pusher warps)
+        const uint32_t epoch = kFirstEpoch + call;
+        const bool pushers = call > 3;
         SCOPED_TRACE(pushers ? "pusher warps" : "the storer pushes");
         for (Rank& k : ranks) kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
@@ -859,14 +991,14 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
         for (int r = 0; r < 2; ++r) {
           kernels::WaitError err{};
           FO_CUDA_CHECK(cudaMemcpy(&err, ranks[size_t(r)].err.get(), sizeof(err), cudaMemcpyDeviceToHost));
-          ASSERT_EQ(err.failed, 0u) << "rank " << r << " call " << epoch << ": a wait timed out (tile " << err.tile
+          ASSERT_EQ(err.failed, 0u) << "rank " << r << " epoch " << epoch << ": a wait timed out (tile " << err.tile
                                     << ", value " << err.value << ", expected " << err.expected
                                     << "; the two kernels may not have run at the same time)";
           const auto c = to_host(ranks[size_t(r)].c);
           int64_t wrong = 0, first = -1;
           for (size_t i = 0; i < c_elems; ++i)
             if (c[i] != sum[i]) wrong++, first = first < 0 ? int64_t(i) : first;
-          EXPECT_EQ(wrong, 0) << "rank " << r << " call " << epoch << ": first wrong element " << first;
+          EXPECT_EQ(wrong, 0) << "rank " << r << " epoch " << epoch << ": first wrong element " << first;
         }
       }
     }
@@ -879,9 +1011,10 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
 // windows): the first three with the owners' finals copied from each
 // rank's window into its C, the last three stored straight into every
 // other rank's C. Every rank's C must equal, bitwise, what the owner of each
-// tile sums: its own partial rounded, plus the partials in its window slots
-// 1..W-2 in fp32, rounded, plus slot 0's, rounded once (owner_ranges.h
-// gives which rank sent which slot); no wait may time out. Every window is
+// tile sums by the layout's definition, computed on the host
+// (test::owner_order_sum: its own partial rounded, plus the other partials
+// in slot order in fp32, rounded, plus slot 0's, rounded once); no wait may
+// time out. Epochs start at 0 (W = 4) or across the wrap. Every window is
 // poisoned before each call, so that a wait that lets a read through early
 // finds poison, not the previous call's data.
 TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
@@ -893,6 +1026,7 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
                                   OwnerShape{640, 2048, 1024, 5}, OwnerShape{2048, 4104, 512, 132},
                                   OwnerShape{128, 512, 64, 1}}) {
         const plan::Schedule s = owner_sched({sh.m, sh.n, sh.k, std::min(sh.ctas, rt::current_device_sms() / world)});
+        const uint32_t first_epoch = world == 4 ? 0u : kNearWrap;  // (across the wrap but at W = 4)
         SCOPED_TRACE("world " + std::to_string(world) + " m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) +
                      " k=" + std::to_string(sh.k) + " ctas=" + std::to_string(s.ctas) +
                      (dt == DType::BF16 ? " bf16" : " fp16") + " seed " + std::to_string(seed));
@@ -912,8 +1046,14 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
                            DeviceBuffer(world * sizeof(void*)), DeviceBuffer(world * sizeof(void*)),
                            DeviceBuffer(world * sizeof(int64_t))});
           Rank& k = ranks.back();
-          for (const DeviceBuffer* b : {&k.flags, &k.claims, &k.err, &k.group_of_tile})
+          for (const DeviceBuffer* b : {&k.claims, &k.err, &k.group_of_tile})
             FO_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
+          // Each call counts W - 1 partials into an owned tile's flag, one final into the others'.
+          std::vector<uint32_t> per_call(tiles, 1);
+          for (int32_t t = kernels::owned_begin(r, s.tiles(), world); t < kernels::owned_end(r, s.tiles(), world); ++t)
+            per_call[size_t(t)] = uint32_t(world - 1);
+          const std::vector<uint32_t> flags = counters_after(first_epoch, per_call);
+          FO_CUDA_CHECK(cudaMemcpy(k.flags.get(), flags.data(), k.flags.bytes(), cudaMemcpyHostToDevice));
           kernels::launch_gemm(kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.partial.get(), sh.n),
                                nullptr);  // this rank's partial
         }
@@ -932,31 +1072,14 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
           void* next = windows_of[size_t((r + 1) % world)];  // (Push::peer_c: unused beyond 2 ranks, but set)
           FO_CUDA_CHECK(cudaMemcpy(k.peers.get(), &next, sizeof(void*), cudaMemcpyHostToDevice));
         }
-        // The expected result, on the host: each tile as its owner sums it.
+        // The expected result, on the host: each tile as its owner sums it (host_reference.h).
         std::vector<std::vector<uint16_t>> part;
         for (const Rank& k : ranks) part.push_back(to_host(k.partial));
-        auto value = [dt](uint16_t v) {
-          return dt == DType::BF16 ? __bfloat162float(__nv_bfloat16_raw{v}) : __half2float(__half_raw{v});
-        };
-        auto round_to = [dt](float x) {
-          return dt == DType::BF16 ? __nv_bfloat16_raw(__float2bfloat16_rn(x)).x : __half_raw(__float2half_rn(x)).x;
-        };
-        std::vector<uint16_t> sum(c_elems);
-        for (int32_t idx = 0; idx < s.tiles(); ++idx) {
-          const int o = kernels::owner_of_tile(idx, s.tiles(), world);
-          const plan::TileCoord tc = s.tile_of(idx);
-          for (int r = tc.tm * 128; r < std::min(tc.tm * 128 + 128, sh.m); ++r)
-            for (int col = tc.tn * 256; col < std::min(tc.tn * 256 + 256, sh.n); ++col) {
-              const size_t at = size_t(r) * sh.n + col;
-              float x = value(part[size_t(o)][at]);
-              for (int slot = 1; slot < world - 1; ++slot)
-                x += value(part[size_t(kernels::owner_sender_of_slot(slot, o, world))][at]);
-              sum[at] = sum_rounded(dt, round_to(x), part[size_t(kernels::owner_sender_of_slot(0, o, world))][at]);
-            }
-        }
+        const std::vector<uint16_t> sum = test::owner_order_sum(dt, part, s);
         std::vector<ScopedStream> streams(w);  // (after the buffers: synchronised first)
-        for (uint32_t epoch = 1; epoch <= 6; ++epoch) {
-          const bool into_c = epoch > 3;
+        for (uint32_t call = 1; call <= 6; ++call) {
+          const uint32_t epoch = first_epoch + call;
+          const bool into_c = call > 3;
           SCOPED_TRACE(into_c ? "finals into the other ranks' C" : "finals into the windows, copied");
           for (Rank& k : ranks) {
             kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
@@ -990,13 +1113,13 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
           for (int r = 0; r < world; ++r) {
             kernels::WaitError err{};
             FO_CUDA_CHECK(cudaMemcpy(&err, ranks[size_t(r)].err.get(), sizeof(err), cudaMemcpyDeviceToHost));
-            ASSERT_EQ(err.failed, 0u) << "rank " << r << " call " << epoch << ": a wait timed out (tile " << err.tile
+            ASSERT_EQ(err.failed, 0u) << "rank " << r << " epoch " << epoch << ": a wait timed out (tile " << err.tile
                                       << ", value " << err.value << ", expected " << err.expected << ")";
             const auto c = to_host(ranks[size_t(r)].c);
             int64_t wrong = 0, first = -1;
             for (size_t i = 0; i < c_elems; ++i)
               if (c[i] != sum[i]) wrong++, first = first < 0 ? int64_t(i) : first;
-            EXPECT_EQ(wrong, 0) << "rank " << r << " call " << epoch << ": first wrong element " << first;
+            EXPECT_EQ(wrong, 0) << "rank " << r << " epoch " << epoch << ": first wrong element " << first;
           }
         }
       }

@@ -29,6 +29,8 @@
 #include "runtime/rt_gather.h"
 #include "runtime/rt_overlap_allreduce.h"
 #include "runtime/rt_tuner.h"
+#include "runtime/bootstrap.h"
+#include "host_reference.h"
 #include "rank_harness.h"
 
 using namespace flashoverlap;
@@ -62,6 +64,7 @@ struct Case {
   // owners pushed, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
   int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
   bool owners_wide = false;  // owners: the path of 3-8 ranks at 2 (OverlapAllReduceOptions::owners_wide)
+  bool fallback = false;     // one group: the sequential fallback (else the op must overlap)
 };
 
 // What the case is (FO_TEST_CASES matches against it), before the random
@@ -71,28 +74,34 @@ std::string case_name(const Case& c) {
          std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas) +
          (c.push_tma == rt::OverlapAllReduceOptions{}.push_tma ? ""
           : " push_tma=" + std::to_string(c.push_tma)) +
-         (c.owners_wide ? " wide" : "");
+         (c.owners_wide ? " wide" : "") + (c.fallback ? " fallback" : "");
 }
 
 // Overlapped output == our GEMM + one ncclAllReduce, bit for bit (a + b
-// commutes), over several calls (epochs), for plain and RMSNorm outputs;
-// and within bf16/fp16 tolerance of cuBLAS + NCCL.
-void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
+// commutes), over several calls (epochs, from 0 or across the counters'
+// 2^32 wrap), for plain outputs and in place; within the per-element bound
+// of cuBLAS + NCCL; the RMSNorm path (out and residual_out) against the
+// host's definition of it from that AllReduce, with an eps that matters on
+// some calls. On `world` ranks (1: the layouts NCCL moves, on one GPU).
+void check_case(const Case& c, rt::WaitMode wait, uint64_t seed, int world = kWorld) {
   std::mt19937_64 rng(seed);
   // Row bands: a swizzle that leaves at least two bands where the tile rows allow.
   const int tiles_m = (c.m + 127) / 128;
   const int swizzle = 1 + int(rng() % 8);
   const plan::Schedule s =
       sched_for(c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
-  const std::vector<plan::Group> groups = random_groups(s, c.layout, rng);
+  const std::vector<plan::Group> groups =
+      c.fallback ? plan::make_groups(s, {s.waves()}) : random_groups(s, c.layout, rng);
+  const uint32_t first_epoch = rng() % 2 ? 0u : 0xFFFFFFFEu - uint32_t(rng() % 4);  // (calls 1-9 across the wrap)
   const std::string where = case_name(c) + (c.trace ? " traced" : "") + " swizzle " + std::to_string(s.swizzle) +
                             " " + rt::layout_name(c.layout) + " groups " + std::to_string(groups.size()) +
+                            " world " + std::to_string(world) + " first epoch " + std::to_string(first_epoch) +
                             " seed=" + std::to_string(seed);
   std::fprintf(stderr, "case: %s\n", where.c_str());  // (unbuffered: names the case a hang is in)
-  on_each_rank([&](int rank, ncclComm_t comm) {
+  test::on_each_rank(world, [&](int rank, ncclComm_t comm) {
     const size_t cb = size_t(c.m) * c.n * 2;
     DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), ref(cb), cub(cb), residual(cb),
-        weight(size_t(c.n) * 2), y_buf(cb + 16), y_ref(cb);
+        weight(size_t(c.n) * 2), y_buf(cb + 16), h_out(cb);
     // The outputs; 2 bytes in (misaligned_out), the GEMM cannot sum into them: sum_groups / per-group sums after it
     void* const y = static_cast<char*>(y_buf.get()) + (c.misaligned_out ? 2 : 0);
     DeviceBuffer out_buf(cb + 16);
@@ -108,12 +117,14 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     o.trace = c.trace;
     o.push_tma = c.push_tma;
     o.owners_wide = c.owners_wide;
+    o.first_epoch = first_epoch;
     const rt::Communicator ce = test::gather_comm_for(o, comm);
     // Gathered, even M: the last group is AllReduced by NCCL into the output;
     // odd M: gathered and summed like the rest.
     if (rt::is_gathered(c.layout) && c.m % 2 == 0) o.tail_comm = comm;
     rt::OverlapAllReduce op(o);
-    if (rt::is_owners(c.push_by)) ASSERT_FALSE(op.sequential()) << where;  // owners, not the fallback
+    ASSERT_EQ(op.sequential(), c.fallback) << where << (c.fallback ? "" : ": the overlapped case took the fallback");
+    EXPECT_EQ(op.epoch(), first_epoch) << where;
     if (!c.trace) {  // no trace buffers: nothing to turn on, an empty timeline
       EXPECT_THROW(op.set_tracing(true), InvalidArgument) << where;
       EXPECT_EQ(op.timeline().phases.ctas, 0) << where;
@@ -125,11 +136,13 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
     for (int call = 0; call < 3; ++call) {  // fresh inputs each call
       if (c.trace) op.set_tracing(call == 1);
       const uint64_t sd = seed + 1000 * call + 17 * rank;
+      // (h = the sum over ranks + residual: mean square ~ world k / 9 + 1 / 3)
+      const float eps = test::eps_for_call(call, world * double(c.k) / 9 + 1.0 / 3);
       kernels::fill_random(c.dt, a.get(), int64_t(c.m) * c.k, sd, -1.f, 1.f, st);
       kernels::fill_random(c.dt, b.get(), int64_t(c.n) * c.k, sd + 1, -1.f, 1.f, st);
       kernels::fill_random(c.dt, residual.get(), int64_t(c.m) * c.n, sd + 2, -1.f, 1.f, st);
       kernels::fill_random(c.dt, weight.get(), c.n, sd + 3, 0.5f, 1.5f, st);
-      for (auto* p : {&ref, &cub, &y_ref}) kernels::poison(p->get(), int64_t(c.m) * c.n, st);
+      for (auto* p : {&ref, &cub, &h_out}) kernels::poison(p->get(), int64_t(c.m) * c.n, st);
       kernels::poison(y, int64_t(c.m) * c.n, st);
       kernels::poison(outp, int64_t(c.m) * c.n, st);
       rt::sequential_ours_allreduce(c.dt, a.get(), b.get(), ref.get(), full, c.k, comm, st);
@@ -141,8 +154,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       const void* in_place = op.run_in_place(a.get(), b.get(), st);
       const auto kept = kernels::compare(c.dt, in_place, c.n, ref.get(), c.n, c.m, c.n, st);
       op.run(a.get(), b.get(), outp, c.n, st);
-      kernels::add_rmsnorm_rows(c.dt, ref.get(), c.m, c.n, residual.get(), weight.get(), 1e-6f, y_ref.get(), nullptr, st);
-      op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), 1e-6f, nullptr}, y, st);
+      op.run_rmsnorm(a.get(), b.get(), rt::RmsNormArgs{residual.get(), weight.get(), eps, h_out.get()}, y, st);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       // A timed-out wait is a failure, not a throw: this rank goes on with
       // the same NCCL calls as the other, which would otherwise block in
@@ -152,16 +164,16 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       } catch (const Error& e) {
         ADD_FAILURE() << where << " call " << call << ": " << e.what();
       }
-      EXPECT_EQ(kept.mismatches, 0) << where << " (run_in_place) rank " << rank << " call " << call;
-      EXPECT_EQ(kept.nan_count, 0) << where;
-      const auto bit = kernels::compare(c.dt, outp, c.n, ref.get(), c.n, c.m, c.n, st);
-      const auto tol = kernels::compare(c.dt, outp, c.n, cub.get(), c.n, c.m, c.n, st);
-      const auto norm = kernels::compare(c.dt, y, c.n, y_ref.get(), c.n, c.m, c.n, st);
-      EXPECT_EQ(bit.mismatches, 0) << where << " rank " << rank << " call " << call;
-      EXPECT_EQ(bit.nan_count, 0) << where;
-      EXPECT_LT(tol.rel_error(), c.dt == DType::BF16 ? 1e-2 : 3e-3) << where;
-      EXPECT_EQ(norm.mismatches, 0) << where << " (RMSNorm path) rank " << rank << " call " << call;
-      EXPECT_EQ(norm.nan_count, 0) << where;
+      const std::string at = where + " rank " + std::to_string(rank) + " call " + std::to_string(call);
+      EXPECT_TRUE(test::bitwise(kept)) << at << " (run_in_place)";
+      EXPECT_TRUE(test::bitwise(kernels::compare(c.dt, outp, c.n, ref.get(), c.n, c.m, c.n, st))) << at;
+      EXPECT_TRUE(test::within(kernels::compare(c.dt, outp, c.n, cub.get(), c.n, c.m, c.n, st,
+                                                kernels::gemm_tolerance(c.dt, c.k, world))))
+          << at << " (against cuBLAS + NCCL)";
+      const test::NormCheck norm = test::check_rmsnorm(c.dt, ref.get(), c.n, residual.get(), weight.get(), eps, y,
+                                                       h_out.get(), c.m, c.n, st);
+      EXPECT_TRUE(test::within(norm.out)) << at << " (RMSNorm path, eps " << eps << ")";
+      EXPECT_TRUE(test::bitwise(norm.residual_out)) << at << " (RMSNorm path's residual_out)";
       if (c.trace && !op.sequential()) {  // an untraced call records nothing: the timeline stays call 1's
         const rt::Timeline tl = op.timeline();
         if (call == 0) EXPECT_EQ(tl.phases.ctas, 0) << where << ": a timeline before any traced call";
@@ -173,7 +185,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
         }
       }
     }
-    EXPECT_EQ(op.epoch(), op.sequential() ? 0u : 9u);
+    EXPECT_EQ(op.epoch(), op.sequential() ? first_epoch : first_epoch + 9u);
     if (c.trace && rt::is_owners(c.push_by)) {  // the traced call's phases: every CTA with a tile staged, stored, copied
       EXPECT_EQ(op.four_stages(), c.four_stages && c.bn == 256) << where;
       const rt::Timeline tl = op.timeline();
@@ -181,7 +193,7 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
       EXPECT_GT(tl.phases.staged_median_us, 0.0) << where;
       EXPECT_GE(tl.phases.stored_max_us, tl.phases.staged_max_us) << where;
       EXPECT_GT(tl.phases.copied_max_us, 0.0) << where;
-      EXPECT_GT(tl.clocks.mhz, 200) << where;
+      EXPECT_GT(tl.clocks.mhz, 0) << where;  // (any clock: throttled GPUs run low)
     }
     cudaStreamDestroy(st);
   });
@@ -190,10 +202,11 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed) {
 // check_case for each case, each with a fresh seed (printed with the case:
 // FO_TEST_SEED=<it> replays it). FO_TEST_CASES=text runs only the cases
 // whose case_name (e.g. "n=4104") contains it.
-void check_cases(const std::vector<Case>& cases) {
+void check_cases(const std::vector<Case>& cases, int world = kWorld) {
   const char* only = std::getenv("FO_TEST_CASES");
   for (const Case& c : cases)
-    if (!only || case_name(c).find(only) != std::string::npos) check_case(c, rt::WaitMode::SpinKernel, fresh_seed());
+    if (!only || case_name(c).find(only) != std::string::npos)
+      check_case(c, rt::WaitMode::SpinKernel, fresh_seed(), world);
 }
 
 TEST(OverlapAllReduce, MatchesSequentialBitwiseAcrossShapesAndEpochs) {
@@ -201,7 +214,7 @@ TEST(OverlapAllReduce, MatchesSequentialBitwiseAcrossShapesAndEpochs) {
   check_cases({
       {4096, 8192, 4096, 256, 116, DType::BF16}, {3001, 7168, 2048, 128, 120, DType::BF16},
       {2048, 4096, 8192, 256, 124, DType::FP16}, {777, 4104, 512, 128, 100, DType::FP16},
-      {128, 256, 64, 256, 4, DType::BF16},       {1000, 1000, 1000, 128, 7, DType::BF16}});
+      {1000, 1000, 1000, 128, 7, DType::BF16}});
 }
 
 TEST(OverlapAllReduce, RowBandsMatchSequentialBitwise) {
@@ -351,9 +364,8 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
         } catch (const Error& e) {
           ADD_FAILURE() << where << " call " << call << ": " << e.what();
         }
-        const auto bit = kernels::compare(sh.dt, out, ld, ref.get(), sh.n, sh.m, sh.n, st);
-        EXPECT_EQ(bit.mismatches, 0) << where << " rank " << rank << " call " << call << " slot " << slot;
-        EXPECT_EQ(bit.nan_count, 0) << where;
+        EXPECT_TRUE(test::bitwise(kernels::compare(sh.dt, out, ld, ref.get(), sh.n, sh.m, sh.n, st)))
+            << where << " rank " << rank << " call " << call << " slot " << slot;
       }
       // Back to back into one buffer, no sync between the calls, rank 1
       // enqueueing late: each call's result is snapshot on the stream right
@@ -381,9 +393,9 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
         ADD_FAILURE() << where << " back to back: " << e.what();
       }
       for (int call = 0; call < kCalls; ++call) {
-        const auto bit = kernels::compare(sh.dt, snaps[size_t(call)].get(), sh.n, refs[size_t(call)].get(), sh.n,
-                                          sh.m, sh.n, st);
-        EXPECT_EQ(bit.mismatches, 0) << where << " back to back, rank " << rank << " call " << call;
+        EXPECT_TRUE(test::bitwise(kernels::compare(sh.dt, snaps[size_t(call)].get(), sh.n, refs[size_t(call)].get(),
+                                                   sh.n, sh.m, sh.n, st)))
+            << where << " back to back, rank " << rank << " call " << call;
       }
       cudaStreamDestroy(st);
     });
@@ -450,8 +462,13 @@ TEST(OverlapAllReduce, StreamWaitOpMatchesToo) {
   check_case({4096, 8192, 2048, 256, 116, DType::BF16}, rt::WaitMode::StreamWaitOp, fresh_seed());
 }
 
+// One group (a plan the model finds no gain in, or one tile): our GEMM into
+// the output, then one ncclAllReduce; into a strided output too.
 TEST(OverlapAllReduce, SequentialFallbackMatches) {
   REQUIRE_TWO_GPUS();
+  std::vector<Case> cases = {{128, 256, 64, 256, 4, DType::BF16}, {1000, 2048, 1024, 256, 132, DType::FP16}};
+  for (Case& c : cases) c.fallback = true;
+  check_cases(cases);
   const uint64_t seed = fresh_seed();
   on_each_rank([&](int rank, ncclComm_t comm) {
     const int m = 1000, n = 2048, k = 1024;
@@ -467,8 +484,102 @@ TEST(OverlapAllReduce, SequentialFallbackMatches) {
     rt::sequential_ours_allreduce(DType::BF16, a.get(), b.get(), ref.get(), s, k, comm, nullptr);
     op.run(a.get(), b.get(), out.get(), n + 8, nullptr);  // strided output
     FO_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto r = kernels::compare(DType::BF16, out.get(), n + 8, ref.get(), n, m, n, nullptr);
-    EXPECT_EQ(r.mismatches, 0) << "seed=" << seed;
+    EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, out.get(), n + 8, ref.get(), n, m, n, nullptr)))
+        << "seed=" << seed;
+  });
+}
+
+// What one GPU can test of the op: the layouts NCCL moves at world 1 (each
+// AllReduce or AllGather a copy), so the signalling GEMM, the groups' waits,
+// the slot reorder and the element-wise steps (plain, residual + RMSNorm),
+// checked as check_case checks them on 2 GPUs; the fallback too.
+TEST(OverlapAllReduceOneGpu, NcclLayoutsMatchTheirReferences) {
+  REQUIRE_HOPPER();
+  using L = rt::ArLayout;
+  std::vector<Case> cases = {
+      {4096, 8192, 2048, 256, 116, DType::BF16, L::Slots},       {3001, 7168, 1024, 128, 120, DType::FP16, L::Slots},
+      {777, 4104, 512, 128, 100, DType::BF16, L::Slots},         {4096, 8192, 2048, 256, 114, DType::BF16, L::RowBands},
+      {3001, 7168, 1024, 128, 120, DType::FP16, L::RowBands},    {4096, 8192, 2048, 256, 132, DType::BF16, L::Gathered},
+      {513, 1001, 256, 128, 60, DType::BF16, L::Gathered},       {2048, 4096, 1024, 256, 124, DType::FP16, L::Gathered},
+      {3001, 7168, 1024, 128, 120, DType::BF16, L::GatheredTiles}, {777, 4104, 512, 128, 100, DType::FP16, L::GatheredTiles},
+      {128, 256, 64, 256, 4, DType::BF16},                       {1000, 2048, 1024, 256, 132, DType::FP16}};
+  cases[cases.size() - 1].fallback = cases[cases.size() - 2].fallback = true;
+  check_cases(cases, 1);
+}
+
+// The contract of rt_overlap_allreduce.h's "Calls and streams", on one GPU
+// (world 1), with no host sync between calls: one op's calls on two streams
+// in turn (the op orders them: they share its slots and counters); two ops'
+// calls interleaved on one stream; an op destroyed with its calls still
+// queued behind other work. Every output is bitwise our GEMM + NCCL of its
+// call's inputs.
+TEST(OverlapAllReduceOneGpu, CallsOnTwoStreamsTwoOpsAndDestroyInFlight) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  test::on_each_rank(1, [&](int rank, ncclComm_t comm) {
+    const int m = 2048, n = 4096, k = 1024, calls = 6;
+    const plan::Schedule s = sched_for(m, n, 256, 116, 4);
+    auto options = [&](rt::ArLayout layout) {
+      rt::OverlapAllReduceOptions o;
+      o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank, o.wait_timeout_s = 5;
+      o.groups = layout == rt::ArLayout::RowBands ? plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1))
+                                                  : plan::make_groups(s, plan::Partition(size_t(s.waves()), 1));
+      return o;
+    };
+    cudaStream_t st[2];
+    for (auto& x : st) FO_CUDA_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+    const int64_t busy_elems = int64_t(256) << 20;  // 512 MiB of writes: the calls queue up behind them
+    DeviceBuffer b(size_t(n) * k * 2), ref(size_t(m) * n * 2), busy(size_t(busy_elems) * 2);
+    std::vector<DeviceBuffer> as, outs;
+    for (int c = 0; c < calls; ++c) {
+      as.emplace_back(size_t(m) * k * 2);
+      outs.emplace_back(size_t(m) * n * 2);
+      kernels::fill_random(DType::BF16, as.back().get(), int64_t(m) * k, seed + 100 * c, -1.f, 1.f, st[0]);
+    }
+    kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, seed + 1, -1.f, 1.f, st[0]);
+    auto check_outputs = [&](const std::string& what) {
+      for (int c = 0; c < calls; ++c) {
+        kernels::poison(ref.get(), int64_t(m) * n, st[0]);
+        rt::sequential_ours_allreduce(DType::BF16, as[size_t(c)].get(), b.get(), ref.get(), s, k, comm, st[0]);
+        EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, outs[size_t(c)].get(), n, ref.get(), n, m, n, st[0])))
+            << what << ", call " << c << ", seed " << seed;
+      }
+    };
+    auto poison_outputs = [&] {
+      for (auto& o : outs) kernels::poison(o.get(), int64_t(m) * n, st[0]);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st[0]));
+    };
+    {  // one op, calls on two streams in turn, stream 0 held back by other work
+      poison_outputs();
+      rt::OverlapAllReduce op(options(rt::ArLayout::Slots));
+      for (int c = 0; c < calls; ++c) {
+        if (c % 2 == 0) kernels::fill_random(DType::BF16, busy.get(), busy_elems, c, -1.f, 1.f, st[0]);
+        op.run(as[size_t(c)].get(), b.get(), outs[size_t(c)].get(), n, st[c % 2]);
+      }
+      for (auto& x : st) FO_CUDA_CHECK(cudaStreamSynchronize(x));
+      op.check();
+      check_outputs("one op on two streams");
+    }
+    {  // two ops (slots, row bands) interleaved on one stream
+      poison_outputs();
+      rt::OverlapAllReduce op0(options(rt::ArLayout::Slots)), op1(options(rt::ArLayout::RowBands));
+      for (int c = 0; c < calls; ++c) (c % 2 ? op1 : op0).run(as[size_t(c)].get(), b.get(), outs[size_t(c)].get(), n, st[1]);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st[1]));
+      op0.check();
+      op1.check();
+      check_outputs("two ops on one stream");
+    }
+    {  // destroyed with its calls queued behind other work
+      poison_outputs();
+      {
+        rt::OverlapAllReduce op(options(rt::ArLayout::Slots));
+        kernels::fill_random(DType::BF16, busy.get(), busy_elems, 7, -1.f, 1.f, st[1]);
+        for (int c = 0; c < calls; ++c) op.run(as[size_t(c)].get(), b.get(), outs[size_t(c)].get(), n, st[1]);
+      }  // (the destructor waits for the last call)
+      EXPECT_EQ(cudaStreamQuery(st[1]), cudaSuccess) << "the destructor returned before the op's last call ended";
+      check_outputs("destroyed in flight");
+    }
+    for (auto& x : st) FO_CUDA_CHECK(cudaStreamDestroy(x));
   });
 }
 
@@ -518,23 +629,30 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
     EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
     EXPECT_NE(messages[r].find("counter 0, expected"), std::string::npos) << messages[r];
   }
-  EXPECT_LT(secs, 30.0);
+  // (no hang: each wait gives up after 0.25 s; 60 s leaves the communicators' set-up on a loaded machine room)
+  EXPECT_LT(secs, 60.0);
 }
 
 // The runtime's host exchanges over NCCL (rt_gather.h) are bounded: a rank
 // that does not join (it failed or returned before the step) fails the
 // others after their timeout with a message, instead of leaving them
 // waiting for ever; the step stays enqueued and completes if it joins late,
-// after which the communicator works on.
+// after which the communicator works on. (Ordered by flags, not by sleeps:
+// rank 1 joins only once rank 0 has failed, whatever the machine's speed.)
 TEST(RankExchange, ARankThatDoesNotJoinFailsTheOthersInBoundedTime) {
   REQUIRE_TWO_GPUS();
-  std::atomic<bool> late_joined{false};
+  std::atomic<bool> rank0_gave_up{false}, late_joined{false};
   on_each_rank([&](int rank, ncclComm_t comm) {
     // First both together: NCCL connects the ranks at a communicator's first
     // collective of a kind, blocking inside the call (not bounded here).
     EXPECT_EQ(rt::gather_from_all(comm, rank, int64_t(rank), "the first exchange", std::chrono::seconds(30)),
               (std::vector<int64_t>{0, 1}));
     const int64_t mine = 1000 + rank;
+    auto wait_for = [](const std::atomic<bool>& flag) {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!flag && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return bool(flag);
+    };
     if (rank == 0) {
       const auto t0 = std::chrono::steady_clock::now();
       try {
@@ -545,15 +663,12 @@ TEST(RankExchange, ARankThatDoesNotJoinFailsTheOthersInBoundedTime) {
         EXPECT_NE(m.find("rank 0: the test's exchange: the other ranks did not join within 0.3 s"), std::string::npos)
             << m;
       }
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      EXPECT_GE(waited, 0.3);
-      EXPECT_LT(waited, 1.2);  // rank 1 joins at 1.5 s
-      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      while (!late_joined && std::chrono::steady_clock::now() < give_up)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      ASSERT_TRUE(late_joined) << "rank 1 did not complete the late exchange";
+      // (a timeout cannot fire early; there is no upper bound a loaded machine could break)
+      EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.3);
+      rank0_gave_up = true;
+      ASSERT_TRUE(wait_for(late_joined)) << "rank 1 did not complete the late exchange";
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      ASSERT_TRUE(wait_for(rank0_gave_up)) << "rank 0's exchange did not time out";
       const auto all = rt::gather_from_all(comm, rank, mine, "the test's exchange", std::chrono::seconds(30));
       ASSERT_EQ(all.size(), 2u);
       EXPECT_EQ(all[0], 1000);  // rank 0's value, from the step it left enqueued
@@ -612,10 +727,9 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
       for (int c = 0; c < calls; ++c) {
         kernels::poison(ref.get(), int64_t(m) * n, st);
         rt::sequential_ours_allreduce(DType::BF16, as[c].get(), b.get(), ref.get(), s, k, comm, st);
-        const auto r = kernels::compare(DType::BF16, outs[c].get(), n, ref.get(), n, m, n, st);
-        EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " transport " << int(by)
-                                   << " rank " << rank << " call " << c << " seed " << seed;
-        EXPECT_EQ(r.nan_count, 0);
+        EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, outs[c].get(), n, ref.get(), n, m, n, st)))
+            << rt::layout_name(layout) << " transport " << int(by) << " rank " << rank << " call " << c << " seed "
+            << seed;
       }
       cudaStreamDestroy(st);
     });
@@ -656,9 +770,8 @@ TEST(OverlapAllReduce, CallThatThrowsKeepsTheEpoch) {
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
       rt::sequential_ours_allreduce(DType::BF16, a.get(), b.get(), ref.get(), s, k, comm, st);
-      const auto r = kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st);
-      EXPECT_EQ(r.mismatches, 0) << rt::layout_name(layout) << " transport " << int(by) << " rank " << rank
-                                 << " seed " << seed;
+      EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st)))
+          << rt::layout_name(layout) << " transport " << int(by) << " rank " << rank << " seed " << seed;
       cudaStreamDestroy(st);
     });
   }
@@ -716,12 +829,13 @@ TEST(AllReduceTuner, MeasuredChoiceIsTheSameOnEveryRankAndRuns) {
   for (bool registered : {false, true}) {  // the finalists timed with run, then with run_registered
     SCOPED_TRACE(registered ? "finalists timed into a registered output" : "finalists timed with run");
     const uint64_t seed = fresh_seed();
-    const int port = 20000 + int(seed % 20000);
+    rt::ReservedPort hub = rt::ReservedPort::listening();  // (held from now: no other test can take it)
+    const int port = hub.port();
     std::vector<std::string> picked(kWorld), selections(kWorld);
     on_each_rank([&](int rank, ncclComm_t comm) {
       rt::DistEnv env;
       env.rank = rank, env.world = kWorld, env.local_rank = rank, env.master_addr = "127.0.0.1", env.master_port = port;
-      rt::Rendezvous rv(env);
+      rt::Rendezvous rv = rank == 0 ? rt::Rendezvous(env, std::move(hub)) : rt::Rendezvous(env);
       const int m = 2048, n = 4096, k = 1024;
       DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), scratch(size_t(m) * n * 2), out(size_t(m) * n * 2),
           ref(size_t(m) * n * 2);
@@ -754,12 +868,13 @@ TEST(AllReduceTuner, MeasuredChoiceIsTheSameOnEveryRankAndRuns) {
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
       rt::sequential_ours_allreduce(DType::BF16, a.get(), b.get(), ref.get(), plan.sched, k, comm, st);
-      const auto r = kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st);
-      if (plan.fallback_cublas)
-        EXPECT_LT(r.rel_error(), 1e-2) << picked[rank];
+      if (plan.fallback_cublas)  // (cuBLAS's GEMM: within the bound of ours, summed over the ranks)
+        EXPECT_TRUE(test::within(kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st,
+                                                  kernels::gemm_tolerance(DType::BF16, k, kWorld))))
+            << picked[rank];
       else
-        EXPECT_EQ(r.mismatches, 0) << picked[rank] << " seed " << seed;
-      EXPECT_EQ(r.nan_count, 0);
+        EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st)))
+            << picked[rank] << " seed " << seed;
       cudaStreamDestroy(st);
     });
     EXPECT_EQ(picked[0], picked[1]);
@@ -793,7 +908,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
       EXPECT_NE(messages[r].find("arrival counter"), std::string::npos) << messages[r];
     }
-    EXPECT_LT(secs, 30.0) << "fuse " << fuse << " transport " << int(by);
+    EXPECT_LT(secs, 60.0) << "fuse " << fuse << " transport " << int(by);  // (as in StuckGroupFails...)
   }
 }
 
