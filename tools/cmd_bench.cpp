@@ -30,17 +30,17 @@
 #include "kernels/gemm.h"
 #include "kernels/reorder.h"
 #include "plan/planner.h"
-#include "runtime/bootstrap.h"
-#include "runtime/ideal_gain.h"
-#include "runtime/rt_baselines.h"
-#include "runtime/rt_buffer.h"
-#include "runtime/rt_checks.h"
-#include "runtime/rt_comm.h"
-#include "runtime/rt_cublas.h"
-#include "runtime/rt_overlap_allreduce.h"
-#include "runtime/rt_peer.h"
-#include "runtime/rt_tuner.h"
-#include "runtime/power_meter.h"
+#include "runtime/process/bootstrap.h"
+#include "runtime/tune/ideal_gain.h"
+#include "runtime/ops/baselines.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/checks.h"
+#include "runtime/core/communicator.h"
+#include "runtime/core/cublas.h"
+#include "runtime/ops/allreduce.h"
+#include "runtime/transport/peers.h"
+#include "runtime/tune/tuner.h"
+#include "runtime/tune/power_meter.h"
 
 namespace flashoverlap::cli {
 namespace {
@@ -61,7 +61,7 @@ struct Options {
   bool diag_no_final_bytes = false;  // measurement only: owners' finals counted at the peer, not moved
   bool owners_wide = false;  // testing: owners on 2 ranks through the path of 3-8
   bool registered = false;  // flashoverlap into a registered output (run_registered)
-  bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
+  bool gate = true;  // each timed run queued whole before the GPU starts it (host_gate.h)
   bool four_stages = true;  // 128x256 tiles: 4 pipeline stages where the store qualifies (false: --three-stages)
   std::string push_tma = "last";  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
   std::string owner_pushers = "auto";  // owners, 4 stages: warps 2-3 push the tiles from C (auto: k <= 4096, on, off)

@@ -18,11 +18,11 @@
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
-#include "runtime/rt_buffer.h"
-#include "runtime/rt_cublas.h"
-#include "runtime/rt_owner_stand_in.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/cublas.h"
+#include "runtime/tune/owner_stand_in.h"
 #include "plan/tile_grid.h"
-#include "runtime/rt_timing.h"
+#include "runtime/tune/timing.h"
 
 namespace flashoverlap::cli {
 namespace {
@@ -40,7 +40,7 @@ struct Options {
   std::string modes = "plain,signal";
   std::string four = "on";  // 4 stages for the plain 128x256 store: on, off, both
   int warmup = 5, iters = 20, device = 0;
-  bool gate = true;  // each timed run queued whole before the GPU starts it (rt_host_gate.h)
+  bool gate = true;  // each timed run queued whole before the GPU starts it (host_gate.h)
   std::string csv, meta;
 };
 
@@ -121,7 +121,7 @@ int run(const Options& o) {
         std::vector<rt::DeviceBuffer> keep;  // slot buffers, counters, group tables
         // Mode "owners": the owner layout's kernel of rank 0 (registered
         // outputs, each CTA's last tile by TMA) with its peer's buffers as
-        // stand-ins here (rt_owner_stand_in.h): against the plain GEMM, what
+        // stand-ins here (owner_stand_in.h): against the plain GEMM, what
         // that layout costs the GEMM itself (not NVLink, nor waiting for the
         // peer). Its C is not the GEMM's, so it is not compared with cuBLAS.
         std::vector<std::unique_ptr<rt::OwnerStandIn>> stand_ins;

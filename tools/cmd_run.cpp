@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "commands.h"
-#include "runtime/rt_buffer.h"
+#include "runtime/core/buffer.h"
 
 namespace flashoverlap::cli {
 

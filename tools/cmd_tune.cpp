@@ -15,10 +15,10 @@
 #include "plan/curve_files.h"
 #include "flashoverlap/error.h"
 #include "kernels/gemm.h"
-#include "runtime/bootstrap.h"
-#include "runtime/rt_buffer.h"
-#include "runtime/rt_comm.h"
-#include "runtime/rt_tuner.h"
+#include "runtime/process/bootstrap.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/communicator.h"
+#include "runtime/tune/tuner.h"
 
 namespace flashoverlap::cli {
 namespace {

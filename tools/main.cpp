@@ -8,8 +8,8 @@
 
 #include "commands.h"
 #include "flashoverlap/error.h"
-#include "runtime/launcher.h"
-#include "runtime/rt_buffer.h"
+#include "runtime/process/launcher.h"
+#include "runtime/core/buffer.h"
 
 namespace {
 

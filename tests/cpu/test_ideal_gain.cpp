@@ -5,7 +5,7 @@
 #include <random>
 #include <string>
 
-#include "runtime/ideal_gain.h"
+#include "runtime/tune/ideal_gain.h"
 #include "test_seed.h"
 
 using flashoverlap::rt::gain_captured;

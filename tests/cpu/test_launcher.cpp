@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "flashoverlap/error.h"
-#include "runtime/bootstrap.h"
-#include "runtime/launcher.h"
+#include "runtime/process/bootstrap.h"
+#include "runtime/process/launcher.h"
 
 extern char** environ;
 

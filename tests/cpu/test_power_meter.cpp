@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "runtime/power_meter.h"
+#include "runtime/tune/power_meter.h"
 #include "test_seed.h"
 
 using namespace flashoverlap;

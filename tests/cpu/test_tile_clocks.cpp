@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <random>
 
-#include "runtime/tile_clocks.h"
+#include "runtime/core/tile_clocks.h"
 #include "test_seed.h"
 
 using namespace flashoverlap;

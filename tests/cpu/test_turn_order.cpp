@@ -7,7 +7,7 @@
 #include <map>
 #include <utility>
 
-#include "runtime/turn_order.h"
+#include "runtime/tune/turn_order.h"
 
 using flashoverlap::rt::turn_order;
 

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "kernels/check.h"
-#include "runtime/rt_buffer.h"
+#include "runtime/core/buffer.h"
 
 namespace flashoverlap::test {
 

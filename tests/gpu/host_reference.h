@@ -13,7 +13,7 @@
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "plan/schedule.h"
-#include "runtime/rt_buffer.h"
+#include "runtime/core/buffer.h"
 
 namespace flashoverlap::test {
 

@@ -13,9 +13,9 @@
 
 #include "plan/partition.h"
 #include "plan/schedule.h"
-#include "runtime/rt_checks.h"
-#include "runtime/rt_comm.h"
-#include "runtime/rt_overlap_allreduce.h"
+#include "runtime/core/checks.h"
+#include "runtime/core/communicator.h"
+#include "runtime/ops/allreduce.h"
 #include "gpu_test_util.h"
 
 namespace flashoverlap::test {

@@ -15,11 +15,11 @@
 #include "kernels/ptx.cuh"
 #include "kernels/reorder.h"
 #include "plan/block_layout.h"
-#include "runtime/rt_buffer.h"
-#include "runtime/rt_cublas.h"
-#include "runtime/rt_gemm_monitor.h"
-#include "runtime/rt_owner_stand_in.h"
-#include "runtime/tile_clocks.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/cublas.h"
+#include "runtime/core/gemm_monitor.h"
+#include "runtime/tune/owner_stand_in.h"
+#include "runtime/core/tile_clocks.h"
 #include "gpu_test_util.h"
 #include "host_reference.h"
 
@@ -819,7 +819,7 @@ uint16_t sum_rounded(DType dt, uint16_t a, uint16_t b) {
 }
 
 // The owner layout's kernel of one rank on one GPU, its peer's buffers
-// stand-ins here (rt_owner_stand_in.h: the peer's partials already in the
+// stand-ins here (owner_stand_in.h: the peer's partials already in the
 // window, every flag set): each tile this rank does not own lands, as our
 // GEMM's partial, in the peer's window; each tile it owns, as the
 // sum of that partial (rounded) and the peer's, rounded once, in C and in the

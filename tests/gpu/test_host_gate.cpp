@@ -7,9 +7,9 @@
 
 #include "flashoverlap/error.h"
 #include "kernels/cuda_check.h"
-#include "runtime/rt_buffer.h"
-#include "runtime/rt_host_gate.h"
-#include "runtime/rt_timing.h"
+#include "runtime/core/buffer.h"
+#include "runtime/tune/host_gate.h"
+#include "runtime/tune/timing.h"
 #include "gpu_test_util.h"
 
 using namespace flashoverlap;

@@ -21,15 +21,15 @@
 #include "kernels/gemm.h"
 #include "kernels/reorder.h"
 #include "plan/partition.h"
-#include "runtime/rt_baselines.h"
-#include "runtime/rt_buffer.h"
-#include "runtime/rt_checks.h"
-#include "runtime/rt_comm.h"
-#include "runtime/rt_cublas.h"
-#include "runtime/rt_gather.h"
-#include "runtime/rt_overlap_allreduce.h"
-#include "runtime/rt_tuner.h"
-#include "runtime/bootstrap.h"
+#include "runtime/ops/baselines.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/checks.h"
+#include "runtime/core/communicator.h"
+#include "runtime/core/cublas.h"
+#include "runtime/core/exchange.h"
+#include "runtime/ops/allreduce.h"
+#include "runtime/tune/tuner.h"
+#include "runtime/process/bootstrap.h"
 #include "host_reference.h"
 #include "rank_harness.h"
 
@@ -507,7 +507,7 @@ TEST(OverlapAllReduceOneGpu, NcclLayoutsMatchTheirReferences) {
   check_cases(cases, 1);
 }
 
-// The contract of rt_overlap_allreduce.h's "Calls and streams", on one GPU
+// The contract of allreduce.h's "Calls and streams", on one GPU
 // (world 1), with no host sync between calls: one op's calls on two streams
 // in turn (the op orders them: they share its slots and counters); two ops'
 // calls interleaved on one stream; an op destroyed with its calls still
@@ -633,7 +633,7 @@ TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
   EXPECT_LT(secs, 60.0);
 }
 
-// The runtime's host exchanges over NCCL (rt_gather.h) are bounded: a rank
+// The runtime's host exchanges over NCCL (exchange.h) are bounded: a rank
 // that does not join (it failed or returned before the step) fails the
 // others after their timeout with a message, instead of leaving them
 // waiting for ever; the step stays enqueued and completes if it joins late,

@@ -25,12 +25,12 @@
 #include "kernels/reorder.h"
 #include "host_reference.h"
 #include "rank_harness.h"
-#include "runtime/rt_baselines.h"
-#include "runtime/rt_buffer.h"
-#include "runtime/rt_checks.h"
-#include "runtime/rt_comm.h"
-#include "runtime/rt_cublas.h"
-#include "runtime/rt_overlap_allreduce.h"
+#include "runtime/ops/baselines.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/checks.h"
+#include "runtime/core/communicator.h"
+#include "runtime/core/cublas.h"
+#include "runtime/ops/allreduce.h"
 
 using namespace flashoverlap;
 using kernels::DType;

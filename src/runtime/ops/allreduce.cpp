@@ -1,0 +1,550 @@
+// allreduce.cpp — see allreduce.h.
+#include "runtime/ops/allreduce.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <sstream>
+
+#include "flashoverlap/error.h"
+#include "kernels/reorder.h"
+#include "runtime/core/checks.h"
+#include "runtime/transport/stream_ops.h"
+
+namespace flashoverlap::rt {
+
+const char* layout_name(ArLayout l) {
+  switch (l) {
+    case ArLayout::Slots: return "slots";
+    case ArLayout::RowBands: return "row bands";
+    case ArLayout::Gathered: return "gathered";
+    case ArLayout::GatheredTiles: return "gathered tiles";
+    case ArLayout::Pushed: return "pushed";
+    case ArLayout::PushedTiles: return "pushed tiles";
+  }
+  return "?";
+}
+
+const char* sum_place(ArLayout l, bool fuse_sum) {
+  if (is_pushed(l)) return fuse_sum ? " (sum in the GEMM)" : " (sum at the GEMM's end)";
+  if (l == ArLayout::Gathered) return fuse_sum ? " (sum in the GEMM)" : " (sum after)";
+  return l == ArLayout::GatheredTiles ? " (sum after)" : "";
+}
+
+const char* sum_place(ArLayout l, bool fuse_sum, PushBy by) {
+  if (is_pushed(l) && by == PushBy::Owners)
+    return fuse_sum ? " (summed in the epilogues; copies in the GEMM)"
+                    : " (summed in the epilogues; copies at the GEMM's end)";
+  if (is_pushed(l) && by == PushBy::OwnersPull)
+    return fuse_sum ? " (summed in the epilogues, read over NVLink; copies in the GEMM)"
+                    : " (summed in the epilogues, read over NVLink; copies at the GEMM's end)";
+  return sum_place(l, fuse_sum);
+}
+
+void OverlapAllReduce::setup_blocks(int64_t parities) {
+  const plan::Schedule& s = opts_.sched;
+  const bool tiles = opts_.layout == ArLayout::GatheredTiles || opts_.layout == ArLayout::PushedTiles;
+  const plan::BlockLayout L =
+      plan::block_layout(s, opts_.groups, tiles, world_, gather_rank_, int(parities), gemm_drop_group());
+  gather_width_ = L.width, gather_ = L.groups, gathered_rows_ = L.rows;
+  row_shift_ = to_device(L.row_shift);
+  // The GEMM's fused sum: where each group's rows come from and go to, and
+  // how far its ready flag moves per call.
+  std::vector<kernels::SumGroup> table;
+  for (size_t g = 0; g < gather_.size(); ++g) {
+    const GatherBlock& b = gather_[g];
+    table.push_back({b.block0, b.pad_rows, int32_t(b.row0), int32_t(b.rows), per_epoch_.empty() ? 1u : per_epoch_[g]});
+  }
+  sum_table_ = to_device(table);
+}
+
+void OverlapAllReduce::bind_world(ncclComm_t comm, const char* which) {
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), which);
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), which);
+}
+
+void OverlapAllReduce::setup_gathered() {
+  const plan::Schedule& s = opts_.sched;
+  const ncclComm_t comm = opts_.gather_comm;
+  if (!comm) throw InvalidArgument("OverlapAllReduce: the gathered layout needs gather_comm (NCCL_CTA_POLICY_ZERO)");
+  bind_world(comm, "gather_comm");
+  setup_blocks(1);
+  gathered_ = SymmetricBuffer(comm, size_t(gathered_rows_) * gather_width_ * 2,
+                              "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
+  // The flags the comm stream sets once a group's gather is complete.
+  ready_ = to_device(counts_after(opts_.first_epoch, std::vector<uint32_t>(gather_.size(), 1)));  // (set to the epoch)
+  stream_write_fn();
+  fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 &&
+             int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX &&
+             (opts_.wait == WaitMode::StreamWaitOp || s.ctas < current_device_sms());
+  group_done_.resize(gather_.size());
+  for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts), epoch_(opts.first_epoch) {
+  const plan::Schedule& s = opts_.sched;
+  if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
+  if (opts_.owner_pushers < -1 || opts_.owner_pushers > 1)
+    throw InvalidArgument("OverlapAllReduce: owner_pushers must be -1 (by k), 0 or 1, not " +
+                          std::to_string(opts_.owner_pushers));
+  auto seconds_ok = [](double t) { return t > 0 && t <= kMaxTimeoutS; };  // (false for NaN and infinity)
+  if (!seconds_ok(opts_.wait_timeout_s) || !seconds_ok(opts_.exchange_timeout_s))
+    throw InvalidArgument("OverlapAllReduce: wait_timeout_s and exchange_timeout_s must be > 0 and <= " +
+                          std::to_string(int64_t(kMaxTimeoutS)) + " seconds, not " +
+                          std::to_string(opts_.wait_timeout_s) + " and " + std::to_string(opts_.exchange_timeout_s));
+  if (opts_.push_tma < 0 || opts_.push_tma > 2)
+    throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
+  if (!kernels::tile_supported(s.bm, s.bn))
+    throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
+  auto& groups = opts_.groups;
+  if (groups.empty()) throw InvalidArgument("OverlapAllReduce: no groups");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const int expect = g == 0 ? 0 : groups[g - 1].end_tile;
+    if (groups[g].first_tile != expect || groups[g].end_tile <= groups[g].first_tile)
+      throw InvalidArgument("OverlapAllReduce: groups must be consecutive non-empty tile ranges (group " +
+                            std::to_string(g) + ")");
+    // Inside a band tiles walk down its tile rows first: only whole bands are whole rows of C.
+    if (is_banded(opts_.layout) && groups[g].first_tile % (s.swizzle * s.tiles_n()) != 0)
+      throw InvalidArgument("OverlapAllReduce: row-band group " + std::to_string(g) + " does not start a band");
+  }
+  if (groups.back().end_tile != s.tiles()) throw InvalidArgument("OverlapAllReduce: groups do not cover all tiles");
+  if (is_banded(opts_.layout) && (s.raster != plan::Raster::AlongN))
+    throw InvalidArgument("OverlapAllReduce: row-band groups need the AlongN raster");
+  for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
+
+  kernels::preload_kernels();  // before any wait is enqueued (DESIGN.md section 5)
+  // Slots: the tile buffer; otherwise row-major scratch for strided outputs and
+  // RMSNorm, which the gathered row and pushed layouts never need (they sum into the output).
+  if (opts_.layout == ArLayout::Slots)
+    slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
+  else if ((opts_.layout != ArLayout::Gathered && !is_pushed(opts_.layout)) || sequential())
+    slots_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+  std::vector<uint32_t> counters = counts_after(epoch_, target_);
+  counters.push_back(0);  // the fault-injection sink
+  counters_ = to_device(counters);
+  std::vector<int32_t> got(s.tiles());
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t)
+      got[t] = int(g) == gemm_drop_group() ? int32_t(groups.size()) : int32_t(g);
+  group_of_tile_ = to_device(got);
+  if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
+  if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
+  if (opts_.diag_no_final_bytes && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))
+    throw InvalidArgument("OverlapAllReduce: diag_no_final_bytes is for owners pushed on 4 stages (128x256 tiles)");
+  // The signalling GEMM's 4 stages (owners: setup_owned): row bands, and
+  // gathered rows unless the sum runs in the GEMM (its warps stage in the
+  // 4th stage's room); kernels::gemm_four_stages decides per launch.
+  if (!sequential() && (opts_.layout == ArLayout::RowBands || (opts_.layout == ArLayout::Gathered && !fuse_ok_)))
+    four_stages_ = opts_.four_stages && s.bn == 256;
+
+  FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
+  *wait_error_ = kernels::WaitError{};
+  int lo = 0, hi = 0;  // the communication stream gets the highest priority
+  FO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  FO_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&gemm_launched_, cudaEventDisableTiming));
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&call_done_, cudaEventDisableTiming));
+  if (opts_.wait == WaitMode::StreamWaitOp) stream_wait_fn();
+  if (opts_.fallback_cublas) {
+    if (!sequential()) throw InvalidArgument("OverlapAllReduce: fallback_cublas needs the sequential plan (one group)");
+    cublas_ = std::make_unique<CublasGemm>();
+  }
+  if (opts_.trace) {
+    trace_.resize(2 + 2 * groups.size());
+    for (auto& e : trace_) FO_CUDA_CHECK(cudaEventCreate(&e));
+    // Never zeroed again: the kernel keeps the latest time of each phase (atomicMax).
+    monitor_ = GemmMonitor(opts_.sched);
+    tracing_ = true;
+  }
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::pair<int64_t, int64_t> OverlapAllReduce::group_elements(size_t g) const {
+  const plan::Schedule& s = opts_.sched;
+  const plan::Group& gr = opts_.groups[g];
+  if (opts_.layout == ArLayout::Slots) {
+    const int64_t tile = int64_t(s.bm) * s.bn;
+    return {gr.first_tile * tile, int64_t(gr.tiles()) * tile};
+  }
+  const int64_t r0 = int64_t(gr.first_tile / s.tiles_n()) * s.bm;
+  const int64_t r1 = std::min<int64_t>(int64_t(gr.end_tile / s.tiles_n()) * s.bm, s.m);
+  return {r0 * s.n, (r1 - r0) * s.n};
+}
+
+std::string OverlapAllReduce::describe_groups() const {
+  const plan::Schedule& s = opts_.sched;
+  if (sequential()) return "1 (sequential)";
+  const bool waves = !is_banded(opts_.layout);
+  std::string out = waves ? "waves " : "bands ";
+  for (size_t g = 0; g < opts_.groups.size(); ++g) {
+    const auto& gr = opts_.groups[g];
+    const int size = waves
+                         ? gr.end_wave - gr.first_wave
+                         : (gr.end_tile - gr.first_tile + s.swizzle * s.tiles_n() - 1) / (s.swizzle * s.tiles_n());
+    out += (g ? "," : "") + std::to_string(size);
+  }
+  return out;
+}
+
+OverlapAllReduce::~OverlapAllReduce() {
+  if (called_) cudaEventSynchronize(call_done_);
+  if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+  for (cudaStream_t cs : copy_streams_) {  // the copies into the peers' windows end before the windows go
+    cudaStreamSynchronize(cs);
+    cudaStreamDestroy(cs);
+  }
+  for (auto e : copies_done_) cudaEventDestroy(e);
+  for (auto e : trace_) cudaEventDestroy(e);
+  for (auto e : group_done_) cudaEventDestroy(e);
+  if (gemm_launched_) cudaEventDestroy(gemm_launched_);
+  if (comm_done_) cudaEventDestroy(comm_done_);
+  if (call_done_) cudaEventDestroy(call_done_);
+  if (comm_stream_) cudaStreamDestroy(comm_stream_);
+  if (wait_error_) cudaFreeHost(wait_error_);
+}
+
+void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream,
+                                          const FusedOut* fused) {
+  const plan::Schedule& s = opts_.sched;
+  EpochBump bump(epoch_);
+  // The comm stream starts no earlier than the GEMM, so its waiters never sit
+  // on SMs while the caller's earlier work runs.
+  FO_CUDA_CHECK(cudaEventRecord(gemm_launched_, stream));
+  FO_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, gemm_launched_, 0));
+
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);  // RowBands: C itself
+  if (opts_.layout == ArLayout::Slots)
+    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
+  const size_t groups = opts_.groups.size();
+  if (opts_.layout == ArLayout::Gathered) {
+    p.c = gathered_.get(), p.c_rows = gathered_rows_, p.row_shift = row_shift_.as<int32_t>();
+    if (fused && fused->sum_in_gemm)
+      p.sum = fused_sum(int32_t(groups) - 1, ready_.as<uint32_t>(), gathered_.get(), fused->out, fused->ld_out);
+  }
+  if (opts_.layout == ArLayout::GatheredTiles)
+    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
+    p.row_shift = row_shift_.as<int32_t>();
+  p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
+  p.four_stages = opts_.four_stages;  // (where the store qualifies: kernels::gemm_four_stages)
+  launch_call_gemm(p, stream, bump);  // in host order before the waits (lazy-loading hazard)
+
+  char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_.get() : c);
+  for (size_t g = 0; g < groups; ++g) {
+    const uint32_t target = epoch_ * target_[g];  // wraps; the compare is cyclic
+    uint32_t* counter = counters_.as<uint32_t>() + g;
+    if (opts_.wait == WaitMode::SpinKernel) {
+      kernels::launch_wait_counter(counter, target, timeout_ns(), wait_error_, int32_t(g), comm_stream_);
+    } else {
+      CUresult r = stream_wait_fn()(reinterpret_cast<CUstream>(comm_stream_), reinterpret_cast<CUdeviceptr>(counter),
+                                    target, CU_STREAM_WAIT_VALUE_GEQ);
+      if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
+    }
+    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream_));
+    if (is_gathered(opts_.layout)) {  // in place: this rank's block is the send buffer
+      const GatherBlock& gb = gather_[g];
+      char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * gather_width_ * 2;
+      const size_t count = size_t(gb.pad_rows) * gather_width_;
+      char* mine = block0 + size_t(gather_rank_) * count * 2;
+      // (the context strings are built only if a call fails)
+      if (fused && fused->tail_allreduce && g + 1 == groups) {  // NCCL on all SMs, the GEMM is done
+        char* dst = static_cast<char*>(fused->out) + gb.row0 * s.n * 2;
+        FO_NCCL_CHECK_CTX(ncclAllReduce(mine, dst, size_t(gb.rows) * s.n, nccl_type(opts_.dtype), ncclSum,
+                                        opts_.tail_comm, comm_stream_),
+                          "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (last group)");
+      } else {
+        FO_NCCL_CHECK_CTX(ncclAllGather(mine, block0, count, nccl_type(opts_.dtype), opts_.gather_comm, comm_stream_),
+                          "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (gather)");
+        // Release the group to the GEMM's fused sum (the write is fenced after the gather).
+        CUresult r = stream_write_fn()(reinterpret_cast<CUstream>(comm_stream_),
+                                       reinterpret_cast<CUdeviceptr>(ready_.as<uint32_t>() + g), epoch_, 0);
+        if (r != CUDA_SUCCESS) throw Error("cuStreamWriteValue32 failed (CUresult " + std::to_string(int(r)) + ")");
+      }
+      FO_CUDA_CHECK(cudaEventRecord(group_done_[g], comm_stream_));
+      if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
+      continue;
+    }
+    const auto [offset, count] = group_elements(g);
+    void* data = base + offset * 2;
+    const ncclComm_t comm = (g + 1 == groups && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
+    FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(count), nccl_type(opts_.dtype), ncclSum, comm, comm_stream_),
+                      "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g));
+    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
+  }
+  if (tracing_) traced_ = true;  // (its events all recorded: timeline() reads them and the monitors)
+  // Gathered: the caller's stream waits per group, in enqueue_gathered_post.
+  if (is_gathered(opts_.layout)) return;
+  FO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));
+  FO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
+}
+
+kernels::FusedSum OverlapAllReduce::fused_sum(int32_t groups, const uint32_t* ready, const void* gathered, void* out,
+                                              int64_t ld_out) const {
+  kernels::FusedSum f;
+  f.groups = groups, f.table = sum_table_.as<kernels::SumGroup>(), f.ready = ready, f.epoch = epoch_, f.world = world_;
+  f.gathered = gathered, f.out = out, f.ld_out = ld_out, f.timeout_ns = timeout_ns(), f.err = wait_error_;
+  return f;
+}
+
+void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out, const RmsNormArgs* norm,
+                                             cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  const GatherBlock& gb = gather_[g];
+  const bool pushed = is_pushed(opts_.layout);
+  if (pushed)  // every rank's tiles of g are here
+    wait_pushed_group(g, stream);
+  else
+    FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[g], 0));
+  const char* src = (pushed ? pushed_half() : static_cast<const char*>(gathered_.get())) + gb.block0 * gather_width_ * 2;
+  const int64_t block = gb.pad_rows * gather_width_;
+  if (opts_.layout == ArLayout::GatheredTiles) {  // plain rows only: run_rmsnorm norms the whole result after
+    kernels::sum_gathered_tiles(opts_.dtype, src, world_, block, s, int32_t(gb.row0), int32_t(gb.rows), out, ld_out,
+                                stream);
+    return;
+  }
+  auto rows_at = [&](const void* base, int64_t ld) -> const char* {
+    return base ? static_cast<const char*>(base) + gb.row0 * ld * 2 : nullptr;
+  };
+  if (!norm) {
+    kernels::sum_gathered_rows(opts_.dtype, src, world_, block, int32_t(gb.rows), s.n,
+                               const_cast<char*>(rows_at(out, ld_out)), ld_out, stream);
+    return;
+  }
+  kernels::sum_gathered_add_rmsnorm(opts_.dtype, src, world_, block, int32_t(gb.rows), s.n, rows_at(norm->residual, s.n),
+                                    norm->weight, norm->eps, const_cast<char*>(rows_at(out, s.n)),
+                                    const_cast<char*>(rows_at(norm->residual_out, s.n)), stream);
+}
+
+void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream) {
+  const ncclComm_t comm = opts_.tail_comm ? opts_.tail_comm : opts_.comm;
+  FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(count), nccl_type(opts_.dtype), ncclSum, comm, stream),
+                    "rank " + std::to_string(opts_.rank) + " sequential AllReduce");
+}
+
+void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, void* c, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  if (cublas_) {
+    cublas_->run(opts_.dtype, a, b, c, s.m, s.n, opts_.k, s.n, stream);
+    return;
+  }
+  kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n), stream);
+}
+
+void OverlapAllReduce::begin_call(cudaStream_t stream) {
+  if (called_ && stream != last_stream_) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, call_done_, 0));
+}
+
+void OverlapAllReduce::end_call(cudaStream_t stream) {
+  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
+  called_ = true, last_stream_ = stream;
+}
+
+void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
+  begin_call(stream);
+  enqueue_run(a, b, out, ld_out, stream);
+  end_call(stream);
+}
+
+void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
+                                   cudaStream_t stream) {
+  begin_call(stream);
+  enqueue_run_rmsnorm(a, b, norm, out, stream);
+  end_call(stream);
+}
+
+bool OverlapAllReduce::result_in_window() const {
+  return !sequential() && owners() && opts_.push_by == PushBy::Owners;
+}
+
+const void* OverlapAllReduce::run_in_place(const void* a, const void* b, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  const void* c = nullptr;
+  begin_call(stream);
+  if (result_in_window()) {
+    c = enqueue_owned(a, b, nullptr, s.n, nullptr, true, stream);
+  } else {
+    if (!in_place_out_.get()) in_place_out_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+    enqueue_run(a, b, in_place_out_.get(), s.n, stream);
+    c = in_place_out_.get();
+  }
+  end_call(stream);
+  return c;
+}
+
+void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
+  if (!out) throw InvalidArgument("OverlapAllReduce::run (rank " + std::to_string(opts_.rank) + "): null output");
+  const bool direct = ld_out == s.n;
+  if (!sequential() && is_pushed(opts_.layout)) {
+    if (owners())
+      enqueue_owned(a, b, out, ld_out, nullptr, false, stream);
+    else
+      enqueue_pushed(a, b, out, ld_out, nullptr, stream);
+    return;
+  }
+  if (!sequential() && is_gathered(opts_.layout)) {
+    // The last group straight into the output rows by NCCL (row layout,
+    // contiguous output; 2 ranks, where NCCL's sum is the rank-order sum the
+    // other groups and run_rmsnorm get: with more, its ring order and
+    // rounding at each step would differ from theirs).
+    const bool tail_ar = opts_.tail_comm && opts_.layout == ArLayout::Gathered && direct && world_ == 2;
+    const bool in_gemm = fuse_ok_ && direct && kernels::aligned16(out);
+    const FusedOut fused{out, ld_out, tail_ar, in_gemm};
+    enqueue_overlapped(a, b, nullptr, stream, tail_ar || in_gemm ? &fused : nullptr);
+    const size_t last = gather_.size() - 1;
+    // (Not one sum_groups launch spinning on the ready flags, as for Pushed:
+    // tried, its blocks spinning on every SM kept the comm stream's gathers
+    // from completing, and they timed out. Stream event waits take no SM.)
+    if (!in_gemm)
+      for (size_t g = 0; g < last; ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
+    if (tail_ar)
+      FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[last], 0));
+    else
+      enqueue_gathered_post(last, out, ld_out, nullptr, stream);
+    return;
+  }
+  if (!sequential() && opts_.layout == ArLayout::Slots) {
+    enqueue_overlapped(a, b, nullptr, stream);
+    kernels::reorder_tiles_to_rows(opts_.dtype, slots_.get(), s, out, ld_out, stream);
+    return;
+  }
+  // Row-major C in place: the output itself when it is contiguous.
+  void* c = direct ? out : slots_.get();
+  if (!sequential()) {
+    enqueue_overlapped(a, b, c, stream);
+  } else {  // the GEMM, then one AllReduce of the contiguous result
+    enqueue_sequential_gemm(a, b, c, stream);
+    enqueue_sequential_allreduce(c, int64_t(s.m) * s.n, stream);
+  }
+  if (!direct)
+    FO_CUDA_CHECK(cudaMemcpy2DAsync(out, ld_out * 2, c, s.n * 2, s.n * 2, s.m, cudaMemcpyDeviceToDevice, stream));
+}
+
+void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
+                                           cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
+  if (!out) throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + "): null output");
+  const size_t bytes = size_t(s.m) * s.n * 2;
+  auto overlap = [bytes](const void* x, const void* y) {
+    const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
+    return x && y && p < q + bytes && q < p + bytes;
+  };
+  if (overlap(norm.residual, out) || overlap(norm.residual_out, out) || overlap(norm.residual_out, norm.residual))
+    throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + ", " + std::to_string(s.m) + "x" +
+                          std::to_string(s.n) +
+                          "): residual, residual_out and the output must not overlap (pass separate buffers)");
+  if (is_pushed(opts_.layout) && !sequential()) {
+    if (owners())
+      enqueue_owned(a, b, out, s.n, &norm, false, stream);
+    else
+      enqueue_pushed(a, b, out, s.n, &norm, stream);
+    return;
+  }
+  if (opts_.layout == ArLayout::Gathered && !sequential()) {
+    enqueue_overlapped(a, b, nullptr, stream);
+    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, s.n, &norm, stream);
+    return;
+  }
+  if (opts_.layout == ArLayout::GatheredTiles && !sequential()) {  // rows are whole only at the end
+    enqueue_overlapped(a, b, nullptr, stream);
+    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, slots_.get(), s.n, nullptr, stream);
+    kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm.residual, norm.weight, norm.eps, out,
+                              norm.residual_out, stream);
+    return;
+  }
+  if (opts_.layout == ArLayout::Slots && !sequential()) {
+    enqueue_overlapped(a, b, nullptr, stream);
+    kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), s, norm.residual, norm.weight, norm.eps, out,
+                                 norm.residual_out, stream);
+    return;
+  }
+  // Row-major C in the scratch buffer, then the element-wise step reads it.
+  if (!sequential()) {
+    enqueue_overlapped(a, b, slots_.get(), stream);
+  } else {
+    enqueue_sequential_gemm(a, b, slots_.get(), stream);
+    enqueue_sequential_allreduce(slots_.get(), int64_t(s.m) * s.n, stream);
+  }
+  kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm.residual, norm.weight, norm.eps, out,
+                            norm.residual_out, stream);
+}
+
+void OverlapAllReduce::launch_call_gemm(kernels::GemmParams& p, cudaStream_t stream, EpochBump& bump) {
+  if (tracing_) monitor_.attach(p);
+  kernels::check_gemm_params(p);
+  if (tracing_) {
+    traced_ = false;
+    FO_CUDA_CHECK(cudaEventRecord(trace_[0], stream));
+  }
+  bump.keep = true;  // (a launch that fails after this may have queued the GEMM)
+  kernels::launch_gemm(p, stream);
+  if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[1], stream));
+}
+
+void OverlapAllReduce::set_tracing(bool on) {
+  if (on && trace_.empty())
+    throw InvalidArgument("OverlapAllReduce::set_tracing (rank " + std::to_string(opts_.rank) +
+                          "): this op was built without OverlapAllReduceOptions::trace (no trace buffers)");
+  tracing_ = on;
+}
+
+Timeline OverlapAllReduce::timeline() const {
+  Timeline t;
+  if (trace_.empty() || sequential() || !traced_) return t;
+  auto at = [&](cudaEvent_t e) {
+    FO_CUDA_CHECK(cudaEventSynchronize(e));
+    float ms = 0;
+    FO_CUDA_CHECK(cudaEventElapsedTime(&ms, trace_[0], e));
+    return double(ms);
+  };
+  t.gemm_end = at(trace_[1]);
+  const GemmMonitor::Reading r = monitor_.read();
+  t.clocks = r.clocks, t.phases = r.phases;
+  if (is_pushed(opts_.layout) && !copy_engines()) return t;  // no communication calls: the GEMM does it
+  for (size_t g = 0; g < opts_.groups.size(); ++g) {
+    t.wait_end.push_back(at(trace_[2 + 2 * g]));
+    t.comm_end.push_back(at(trace_[3 + 2 * g]));
+  }
+  return t;
+}
+
+void OverlapAllReduce::check() const {
+  if (!wait_error_->failed) return;
+  const kernels::WaitError e = *wait_error_;
+  std::ostringstream os;
+  if (is_pushed(opts_.layout)) {
+    os << "rank " << opts_.rank << ": the tiles of group " << e.group << " of the overlapped GEMM+AllReduce ("
+       << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)
+       << " layout) did not all arrive within "
+       << opts_.wait_timeout_s << " s: arrival counter " << e.value << ", expected " << e.expected;
+    if (e.tile >= 0 && world_ > 2)  // the owner layout on more ranks: which tile, what of it, from whom
+      os << " (tile " << e.tile << ": "
+         << (e.failed == 3 ? "the other ranks' partials of a tile this rank owns"
+                           : "the final of a tile rank " +
+                                 std::to_string(kernels::owner_of_tile(e.tile, opts_.sched.tiles(), world_)) + " owns")
+         << ")";
+    else if (e.tile >= 0)  // the owner layout: which tile, and what of it
+      os << " (tile " << e.tile << ": "
+         << (e.failed == 3 ? "the peer's partial of a tile this rank owns" : "the peer's final of a tile it owns")
+         << ")";
+    os << (copy_engines() ? " (this GEMM's tile signals, or a peer's flag for its copy of the group)" : "")
+       << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
+    throw Error(os.str());
+  }
+  if (e.failed == 2) {
+    os << "rank " << opts_.rank << ": the AllGather of group " << e.group << " of the overlapped GEMM+AllReduce ("
+       << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ") did not complete within " << opts_.wait_timeout_s
+       << " s: ready flag " << e.value << ", expected " << e.expected
+       << " (a rank did not reach this group, or NCCL failed: see ncclCommGetAsyncError)";
+    throw Error(os.str());
+  }
+  os << "rank " << opts_.rank << ": group " << e.group << " of the overlapped GEMM+AllReduce ("
+     << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ") did not complete within "
+     << opts_.wait_timeout_s << " s: counter " << e.value << ", expected " << e.expected
+     << " (the GEMM did not signal all of the group's tiles)";
+  throw Error(os.str());
+}
+
+}  // namespace flashoverlap::rt

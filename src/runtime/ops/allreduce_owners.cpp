@@ -1,0 +1,199 @@
+// allreduce_owners.cpp — the pushed row-band layout with owners
+// (PushBy::Owners, 2-8 ranks; see allreduce.h and kernels::Owner):
+// setup of the symmetric window and the per-tile flags; one call = the GEMM,
+// which sums, stores and exchanges every tile itself (then RMSNorm).
+#include <algorithm>
+#include <string>
+#include <vector>
+#include <utility>
+
+#include "flashoverlap/error.h"
+#include "kernels/reorder.h"
+#include "runtime/core/checks.h"
+#include "runtime/ops/allreduce.h"
+#include "runtime/transport/peers.h"
+
+namespace flashoverlap::rt {
+
+void OverlapAllReduce::setup_owned() {
+  const plan::Schedule& s = opts_.sched;
+  const ncclComm_t comm = opts_.comm;
+  bind_world(comm, "comm");
+  const std::string what = "the pushed layout with owners of " + std::to_string(s.m) + "x" + std::to_string(s.n);
+  if (world_ < 2 || world_ > 8)
+    throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 to 8 ranks, not " + std::to_string(world_));
+  if (wide() && opts_.push_by == PushBy::OwnersPull)
+    throw InvalidArgument("OverlapAllReduce: " + what + ": owners pulled are for 2 ranks (pushed on " +
+                          std::to_string(world_) + ")");
+  if (wide() && !(opts_.four_stages && s.bn == 256))
+    throw InvalidArgument("OverlapAllReduce: " + what + ": owners on more than 2 ranks need 128x256 tiles on 4 stages");
+  if (opts_.layout != ArLayout::Pushed)
+    throw InvalidArgument("OverlapAllReduce: owners reduce row bands (the pushed layout), not " +
+                          std::string(layout_name(opts_.layout)));
+  if (s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
+  // Every CTA resident at once: a CTA's storer and copy warps wait for tiles
+  // that other CTAs (here and on the peer) compute.
+  const int sms = current_device_sms();
+  if (s.ctas > sms)
+    throw InvalidArgument("OverlapAllReduce: " + what + " needs at most one CTA per SM (" + std::to_string(s.ctas) +
+                          " CTAs, " + std::to_string(sms) + " SMs)");
+  // Two halves (call parity) of tiles_m * bm rows, whole tiles: the peer's
+  // stores are not clipped to m; one such slot per other rank (its
+  // partials: kernels::owner_slot_of_sender). Then the flags, one per tile.
+  const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
+  const size_t flags_at = (size_t(world_ - 1) * size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
+  gathered_ = SymmetricBuffer(comm, flags_at + size_t(s.tiles()) * sizeof(uint32_t), what);
+  gathered_rows_ = half_rows, gather_width_ = s.n;
+  owner_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
+  // Per call a tile's flag counts the final of a tile another rank owns, or
+  // the W - 1 partials of a tile this rank owns (2 ranks: one either way).
+  std::vector<uint32_t> per_call(size_t(s.tiles()), 1);
+  if (wide())
+    for (int32_t t = kernels::owned_begin(gather_rank_, s.tiles(), world_);
+         t < kernels::owned_end(gather_rank_, s.tiles(), world_); ++t)
+      per_call[size_t(t)] = uint32_t(world_ - 1);
+  copy_to_device(owner_flags_, counts_after(epoch_, per_call));
+  const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
+  // 2 ranks: the peer; more: every rank's window and flags, by rank (the
+  // next rank's stands in for the 2-rank fields, which the kernel checks).
+  char* peer = static_cast<char*>(at[size_t((gather_rank_ + 1) % world_)]);
+  if (!peer) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for the peer's copy of " + what);
+  peer_base_ = {peer};
+  owner_peer_flags_ = reinterpret_cast<uint32_t*>(peer + flags_at);
+  push_peers_ = DeviceBuffer(sizeof(void*));
+  FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), &peer, sizeof(void*), cudaMemcpyHostToDevice));
+  void* self = gathered_.get();
+  push_self_ = DeviceBuffer(sizeof(void*));
+  FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
+  owner_split_ = s.tiles() / 2;
+  if (wide()) {
+    const size_t w = static_cast<size_t>(world_);
+    std::vector<void*> windows(w), flags(w);
+    for (int r = 0; r < world_; ++r) {
+      char* base = r == gather_rank_ ? static_cast<char*>(gathered_.get()) : static_cast<char*>(at[size_t(r)]);
+      if (!base) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " + std::to_string(r) +
+                             "'s copy of " + what);
+      windows[size_t(r)] = base, flags[size_t(r)] = base + flags_at;
+    }
+    windows_of_ = to_device(windows), flags_of_ = to_device(flags);
+  }
+  // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
+  four_stages_ = opts_.four_stages && s.bn == 256;
+  fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy the peer's finals during the GEMM)
+  claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
+  FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
+  setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
+}
+
+bool OverlapAllReduce::finals_into_outputs() const {
+  return owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_;
+}
+
+int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
+  const plan::Schedule& s = opts_.sched;
+  const std::string who = "OverlapAllReduce::register_output (rank " + std::to_string(opts_.rank) + ")";
+  const bool ok = out && kernels::aligned16(out) && ld_out >= s.n && ld_out % 8 == 0;
+  const std::string why = who + ": the output must be 16-byte aligned with ld_out >= n (" + std::to_string(s.n) +
+                          ") and ld_out % 8 == 0, not ld_out " + std::to_string(ld_out);
+  // Only the plans that store into it map it on the peer (the same on every
+  // rank); there a bad output makes every rank throw, none is left waiting.
+  PeerMappedBuffer mapped;
+  if (finals_into_outputs()) {
+    try {
+      mapped = PeerMappedBuffer(opts_.comm, gather_rank_, out, ld_out, ok,
+                                std::chrono::milliseconds(std::max<int64_t>(1, int64_t(opts_.exchange_timeout_s * 1e3))));
+    } catch (const Error&) {
+      if (!ok) throw InvalidArgument(why);
+      throw;
+    }
+  } else if (!ok) {
+    throw InvalidArgument(why);
+  }
+  RegisteredOutput reg{out, ld_out, std::move(mapped), {}, {}};
+  if (finals_into_outputs() && wide()) {  // every rank's C, by rank (kernels::Owner::outs_of, lds_of)
+    const size_t w = static_cast<size_t>(world_);
+    std::vector<void*> outs(w);
+    std::vector<int64_t> lds(w);
+    for (int r = 0; r < world_; ++r) outs[size_t(r)] = reg.mapped.of(r), lds[size_t(r)] = reg.mapped.ld_of(r);
+    reg.outs_of = to_device(outs), reg.lds_of = to_device(lds);
+  }
+  registered_.push_back(std::move(reg));
+  return int(registered_.size()) - 1;
+}
+
+void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cudaStream_t stream) {
+  if (slot < 0 || size_t(slot) >= registered_.size())
+    throw InvalidArgument("OverlapAllReduce::run_registered (rank " + std::to_string(opts_.rank) + "): no output " +
+                          std::to_string(slot) + " (" + std::to_string(registered_.size()) + " registered)");
+  const RegisteredOutput& r = registered_[size_t(slot)];
+  if (!finals_into_outputs()) return run(a, b, r.out, r.ld, stream);
+  begin_call(stream);
+  enqueue_owned(a, b, r.out, r.ld, nullptr, false, stream, &r);
+  end_call(stream);
+}
+
+const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out,
+                                           const RmsNormArgs* norm, bool in_place_asked, cudaStream_t stream,
+                                           const RegisteredOutput* reg) {
+  const plan::Schedule& s = opts_.sched;
+  // Pushed: this rank's tiles go to the peer's window, the peer's are read
+  // here. Pulled: the other way round (kernels::Owner).
+  const bool pull = opts_.push_by == PushBy::OwnersPull;
+  // In place (pushed; asked for, or the norm reads C): C is this call's half
+  // of the window, where the peer's finals land. Else the GEMM stores C by
+  // TMA: 16-byte aligned rows; other outputs get a copy from this op's
+  // scratch (allocated at the first such call).
+  if (in_place_asked && !result_in_window()) throw Error("OverlapAllReduce: no C in place on this plan (internal)");
+  const bool in_place = result_in_window() && (in_place_asked || norm);
+  const bool direct = in_place || (kernels::aligned16(out) && ld_out % 8 == 0);
+  if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+  EpochBump bump(epoch_);
+  const uint32_t epoch = epoch_;  // this call's
+  const int64_t row0 = (epoch & 1) * gathered_rows_;
+  void* c = in_place ? static_cast<void*>(static_cast<char*>(gathered_.get()) + row0 * s.n * 2)
+                     : direct ? out : owned_scratch_.get();
+  kernels::GemmParams p =
+      kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct && !in_place ? ld_out : s.n);
+  p.group_of_tile = group_of_tile_.as<int32_t>();
+  p.four_stages = four_stages_;
+  p.push.peers = 1, p.push.peer_c = (pull ? push_self_ : push_peers_).as<void*>();
+  kernels::Owner& o = p.owner;
+  o.rank = gather_rank_, o.split = owner_split_;
+  o.window = pull ? static_cast<void*>(peer_base_[0]) : gathered_.get(), o.window_rows = 2 * gathered_rows_;
+  o.row0 = int32_t(row0);
+  o.in_place = in_place;
+  if (!pull && four_stages_ && !wide()) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
+  o.pushers = opts_.owner_pushers < 0 ? kernels::owner_pushers_by_k(opts_.k) : opts_.owner_pushers != 0;
+  if (wide()) {  // (kernels::Owner::world: no TMA pushes, the pusher warps push)
+    o.world = world_, o.wide = opts_.owners_wide, o.pushers = true;
+    o.own_begin = kernels::owned_begin(gather_rank_, s.tiles(), world_);
+    o.own_end = kernels::owned_end(gather_rank_, s.tiles(), world_);
+    o.flags_of = flags_of_.as<uint32_t*>(), o.windows_of = windows_of_.as<void*>();
+  }
+  if (reg && !wide()) {  // the peer's finals into this C, this rank's into the peer's (run_registered)
+    const int peer = 1 - gather_rank_;
+    o.finals_in_c = true, o.peer_out = reg->mapped.of(peer), o.peer_ld = reg->mapped.ld_of(peer);
+  } else if (reg) {  // every other rank's C
+    o.finals_in_c = true, o.outs_of = reg->outs_of.as<void*>(), o.lds_of = reg->lds_of.as<int64_t>();
+  }
+  o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
+  o.drop_group = opts_.fault_drop_group;
+  o.diag_no_final_bytes = opts_.diag_no_final_bytes;
+  uint32_t* claims = claims_.as<uint32_t>();
+  o.claims = claims + (epoch & 1);
+  o.producers = fuse_ok_;
+  o.timeout_ns = timeout_ns(), o.err = wait_error_;
+  // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
+  p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
+  launch_call_gemm(p, stream, bump);
+  if (tracing_) traced_ = true;  // (the GEMM's end is this call's last event: timeline() reads it and the monitors)
+  if (!direct)
+    FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),
+                                    cudaMemcpyDeviceToDevice, stream));
+  if (norm)  // (in place: from the window into out)
+    kernels::add_rmsnorm_rows(opts_.dtype, in_place ? c : out, s.m, s.n, norm->residual, norm->weight, norm->eps,
+                              out, norm->residual_out, stream);
+  return c;
+}
+
+}  // namespace flashoverlap::rt

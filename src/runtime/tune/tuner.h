@@ -1,0 +1,237 @@
+// tuner.h — measuring what the planner's model needs on this machine
+// (DESIGN.md 2.4: GEMM duration per wave, a bandwidth curve per collective
+// and CTA budget), and timing collective work across ranks.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <functional>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "plan/latency_model.h"
+#include "plan/schedule.h"
+#include "runtime/process/bootstrap.h"
+#include "runtime/tune/timing.h"
+#include "runtime/core/tile_clocks.h"
+
+namespace flashoverlap::rt {
+
+// Per-rank values -> the maximum over ranks, element-wise (collective).
+std::vector<double> max_over_ranks(Rendezvous& rv, const std::vector<double>& mine);
+
+// Times `enqueue` on `stream` like rt::time_on_stream, but starts every run
+// right after a one-element AllReduce on `sync_comm`, so that all ranks enter
+// the timed region together (skew would otherwise be charged to the first).
+// With `gate` (default), each run is queued whole before the GPU starts it
+// (host_gate.h): device time only, not the host's enqueue.
+TimingStats time_collective(const std::function<void()>& enqueue, cudaStream_t stream, ncclComm_t sync_comm,
+                            int warmup, int iters, bool gate = true);
+
+// Several alternatives timed in turns (run i of each, then run i+1 of each),
+// each run started right after the sync AllReduce: drifts of clocks or
+// temperature hit all alike. Per-rank stats, in the order given.
+std::vector<TimingStats> time_collective_interleaved(const std::vector<std::function<void()>>& fns,
+                                                     cudaStream_t stream, ncclComm_t sync_comm, int warmup, int iters,
+                                                     bool gate = true);
+
+// AllReduce latency (max over ranks, median of `iters`) at log-spaced sizes
+// from 64 KiB to `max_bytes` (powers of two), on `comm`.
+plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt,
+                                             cudaStream_t stream, double max_bytes, int iters,
+                                             const std::string& gpu);
+
+// In-place ncclAllGather latency on `comm` (max over ranks) at log-spaced
+// per-rank sizes from 64 KiB to `max_bytes`, on a symmetric-window buffer:
+// with a zero-CTA communicator, what the gathered layout's transfers cost.
+plan::BandwidthCurve measure_gather_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
+                                          double max_bytes, int iters, const std::string& gpu);
+
+// Median time of our plain GEMM on `sched` (its grid), in ms.
+double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,
+                       cudaStream_t stream, int iters);
+
+// Our plain GEMM on `sched` once more after `warmup` calls, with its tile
+// monitor: its SM clock and cycles per tile (the reference for a trace);
+// with `phases`, also when its CTAs' last tiles were staged and stored.
+// four_stages: 128x256 tiles with 4 pipeline stages, as the owner layout
+// runs them (else 3, as the layouts with signals do).
+TileClocks measure_gemm_clocks(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b,
+                               void* c, cudaStream_t stream, int warmup, GemmPhases* phases = nullptr,
+                               bool four_stages = false);
+
+}  // namespace flashoverlap::rt
+
+#include <string>
+
+#include "plan/partition.h"
+#include "runtime/ops/allreduce.h"
+
+namespace flashoverlap::rt {
+
+struct AllReducePlan;
+
+// tune_allreduce found no plan for the shape with these options: thrown on
+// every rank at the same step (the candidates and their measurements agree
+// across ranks), so a caller may skip the shape and go on.
+class NoPlan : public InvalidArgument {
+ public:
+  explicit NoPlan(const std::string& what) : InvalidArgument(what) {}
+};
+
+// What the AllReduce planner may choose from, and how to measure.
+struct AllReduceTuning {
+  Rendezvous* rv = nullptr;
+  int sms = 132;
+  kernels::DType dtype = kernels::DType::BF16;
+  cudaStream_t stream = nullptr;
+  // The AllReduce curve measured on a communicator limited to `ctas` CTAs.
+  std::function<const plan::BandwidthCurve&(int ctas)> curve_for;
+  std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
+  int reserve = -1;  // SMs left to NCCL; -1: the whole-wave candidates
+  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots,  ArLayout::Gathered,
+                                   ArLayout::GatheredTiles, ArLayout::Pushed, ArLayout::PushedTiles};
+  // Pushed layouts: only when every rank is load/store reachable (rt::all_ranks_reachable).
+  // Its prediction: max(GEMM on all SMs x push_gemm_slowdown + the copies
+  // of the last wave's tiles, which start only when they are computed (with
+  // 128x128 tiles about half the bytes of 128x256), the (W-1) C bytes each
+  // rank pushes, both at push_gb_s) + the last group's sum at sum_gb_s.
+  bool push_reachable = false;
+  double push_gemm_slowdown = 1.03;
+  double push_gb_s = 300;
+  double sum_gb_s = 1500;
+  std::vector<int> band_swizzles = {2, 4, 8};
+  // The copy-engine AllGather curve (per-rank bytes); empty: no Gathered candidates.
+  std::function<const plan::BandwidthCurve&()> gather_curve;
+  int world = 2;  // ranks summed by the gathered layout's element-wise step
+  // SMs the gathered layout leaves free: 1 for the spin-wait kernel (bounded
+  // waits), 0 with stream wait-ops (the copy engines need none).
+  int gather_reserve = 1;
+  // AllGathers on the copy engines beside the GEMM, against the curve alone.
+  double gather_slowdown = 1.10;
+  // The GEMM beside copy-engine traffic (memory contention only).
+  double gather_gemm_slowdown = 1.02;
+  std::string group_sizes;  // given: evaluate these (waves for Slots, bands for RowBands) instead of searching
+  // GEMM under concurrent NCCL: measured 1.03-1.04 with the row-band layout
+  // on 2x H200 (trace of 4096x8192x8192: GEMM end 0.814 ms vs 0.786 alone).
+  double slowdown = 1.05;
+  // NCCL calls beside the GEMM take longer than the curve measured alone:
+  // 1-band groups of 16384x8192x4096 took 0.075 ms against 0.06 predicted.
+  double comm_slowdown = 1.25;
+  double cublas_gemm_ms = 0;  // > 0: the fallback may use cuBLAS when it is faster than ours
+  // Optional: every candidate evaluated, fastest predicted first, and the
+  // sequential fallback plan last.
+  std::vector<AllReducePlan>* ranked = nullptr;
+  // Optional, the final choice by measurement: the op's options for a plan
+  // (communicators are the caller's). When set (and group_sizes is empty),
+  // tune_allreduce builds an op for each of finalists_of(ranked), times them
+  // in turns on a and b (max over ranks, runs started together through a
+  // one-element AllReduce on sync_comm) and, with transport_round,
+  // when the fastest is pushed, those of transport_finalists(the fastest),
+  // with stage_round, when it is not, those of stage_finalists(the fastest);
+  // it returns the fastest; `selection` (optional) receives the finalists
+  // with their times, the pick starred.
+  std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
+  bool transport_round = true;
+  bool stage_round = true;
+  PushBy push_by = PushBy::Gemm;  // the transport of every pushed plan generated (before the second round)
+  ncclComm_t sync_comm = nullptr;
+  bool host_gate = true;  // time each run queued whole (host_gate.h)
+  // The finalists timed as a caller with a registered output runs them:
+  // `scratch` registered with each op (OverlapAllReduce::register_output),
+  // run_registered. With owners on 4 stages that takes the copy of the
+  // peer's tiles out of the call (2-5 us), which run would time in.
+  bool registered_output = false;
+  int select_iters = 12;
+  // Finalists within runoff_within of the fastest (at most 3) are timed
+  // again in turns, runoff_iters runs each, and the fastest of that run is
+  // taken: 12 runs told plans 3% apart in the wrong order (4096x8192x8192,
+  // bench v24: 0.831 vs 0.854 ms in the round, 0.800 vs 0.782 timed after).
+  double runoff_within = 0.04;
+  int runoff_iters = 36;
+  std::string* selection = nullptr;
+};
+
+// Indices of the values within `within` (a fraction) of the smallest, the
+// smallest first, at most `most` of them (ties by index).
+std::vector<size_t> runoff_candidates(const std::vector<double>& ms, double within, size_t most);
+
+struct AllReducePlan {
+  ArLayout layout = ArLayout::RowBands;
+  plan::Schedule sched;
+  std::vector<plan::Group> groups;
+  int reserve = 0;
+  bool sequential = false;
+  bool fallback_cublas = false;  // sequential, with cuBLAS's GEMM
+  bool fuse_sum = true;          // gathered, pushed: sum inside the GEMM
+  PushBy push_by = PushBy::Gemm;  // pushed: who moves the tiles to the peers
+  // The GEMM with 4 pipeline stages where its store qualifies
+  // (OverlapAllReduceOptions::four_stages); false: 3 (stage_finalists).
+  bool four_stages = true;
+  double predicted_ms = 0;
+};
+
+// Whether the tuner chooses the plan's pipeline depth (stage_finalists):
+// the signalling GEMM of row bands and of gathered rows summed after it,
+// where the 4-stage store qualifies (kernels::gemm_four_stages: 128x256
+// tiles, n % 8 == 0); not a plan of one group, which runs the sequential
+// GEMM, nor owners (their second round is the transports'; 4 stages).
+bool plan_has_stage_choice(const AllReducePlan& p);
+
+// The plan as the op's options (comms and the rest are the caller's).
+std::string describe(const AllReducePlan& p);
+
+// Reserves that leave no idle CTA in the last wave: for each wave count w the
+// smallest grid covering the tiles in w waves (SMs - ceil(tiles/w)), keeping
+// 2..40 SMs for NCCL; at most `max_count`, spread over that range, fewest first.
+std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
+
+// The plans worth measuring among `ranked` (fastest predicted first): the
+// best predicted of each layout; for the gathered layout the best per band
+// size and for the pushed ones per tile shape and band size, each with the
+// sum in and after the GEMM (the model leaves out where the sum runs, what
+// the band size costs the GEMM's cache reuse and how much the pushes slow
+// the GEMM); and the sequential fallback.
+std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
+
+// The row-band plans the second round tries with owners: the pick itself
+// when it is row bands (pushed), else the row-band finalist of its tile shape
+// measured fastest (ms[i] is finalists[i]'s time); then the fastest of that
+// tile shape with another swizzle; then the fastest of the other tile shape.
+// Owners move the last wave's final tiles after the MMAs end, so a smaller
+// tile can win where the larger one computes faster; and the swizzle that
+// was best for the pushes need not be for owners (3001x8192x8192 on 2xH200:
+// swizzle 2 picked for the pushes, with owners 0.595 ms against 0.576 with
+// swizzle 8 in the next sweep).
+// The pointers point into `finalists` and at `best`: keep both alive.
+std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
+                                              const std::vector<double>& ms, const AllReducePlan& best);
+
+// The second round of the choice when the measured best is pushed: that plan
+// as it is, and moved by each other transport with the sum in and after the
+// GEMM (the model does not tell the transports apart; which is faster
+// depends on the shape: bench/results/NOTES.md); then, unless the pick has
+// owners already, each of `owners` (owner_bases) with owners, the copy in
+// and after the GEMM. Otherwise just `best`.
+std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners);
+
+// The second round when the measured best is not pushed: that plan, and
+// with NCCL on row bands or the gathered rows summed after the GEMM also
+// the same plan with a 3-stage GEMM. 4 stages compute faster alone, but
+// their epilogue (the output in pieces through half the shared memory)
+// stalls the MMAs where the memory is busy with the collective beside them
+// (4xH200, row bands forced, the same plan in turns: 4096^3 1.5% faster,
+// 16384x8192x4096 1% slower; NOTES.md, eighteenth session).
+std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best);
+
+// Measures the candidates (GEMM per grid, max over ranks; curves through
+// curve_for), predicts each with the paper's model, searches the groups with
+// the exact DP, and returns the fastest predicted plan, or the sequential
+// fallback when nothing is predicted at least 1% faster than
+// `sequential_ms` (or, with options_for, the fastest finalist measured).
+// Identical on every rank. a, b, scratch (m x n) are used to time GEMMs and
+// the finalists.
+AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+                             void* scratch, double sequential_ms);
+
+}  // namespace flashoverlap::rt
