@@ -1,7 +1,8 @@
-// cli_parse.h — option values shared by the benchmark commands.
+// cli_parse.h — option values shared by the benchmark commands and `plan`.
 #pragma once
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,18 @@ inline std::vector<std::array<int64_t, 3>> parse_shapes(const std::string& s) {
   }
   if (out.empty()) throw InvalidArgument("no shapes given");
   return out;
+}
+
+// The GEMM shapes the kernel runs, checked alike by `plan` and `bench` so that
+// plan never shows a plan for a shape bench refuses: M, N, K are int32 in the
+// kernel's parameters, and K % 8 == 0 because TMA loads the rows of A and B
+// (K elements of 2 bytes) with 16-byte strides. Throws InvalidArgument.
+inline void check_gemm_shape(int64_t m, int64_t n, int64_t k) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  const auto in_range = [](int64_t v) { return v >= 1 && v <= kMax; };
+  if (!in_range(m) || !in_range(n) || !in_range(k) || k % 8 != 0)
+    throw InvalidArgument("bad shape " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                          ": M, N, K in [1, 2^31-1] and K a multiple of 8 (16-byte rows of A and B for TMA)");
 }
 
 // "0,8,16" -> {0, 8, 16}; `what` names the option in the error.

@@ -96,10 +96,7 @@ struct ShapeResult {
 
 std::vector<std::array<int64_t, 3>> shapes_of(const Options& o) {
   auto out = o.shapes.empty() ? std::vector<std::array<int64_t, 3>>{{o.m, o.n, o.k}} : parse_shapes(o.shapes);
-  for (auto& s : out)
-    if (s[0] < 1 || s[1] < 1 || s[2] < 1 || s[2] % 8 != 0 || s[0] > INT32_MAX || s[1] > INT32_MAX)
-      throw InvalidArgument("bad shape " + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
-                            std::to_string(s[2]) + ": M, N >= 1 and K a positive multiple of 8");
+  for (const auto& s : out) check_gemm_shape(s[0], s[1], s[2]);  // (plan checks the same)
   return out;
 }
 

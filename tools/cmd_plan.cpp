@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "cli_parse.h"
 #include "commands.h"
 #include "flashoverlap/error.h"
 #include "plan/planner.h"
@@ -34,6 +35,7 @@ struct Planned {
 };
 
 Planned plan_for(const PlanOptions& o) {
+  check_gemm_shape(o.m, o.n, o.k);  // bench's rule: no plan for a shape bench refuses
   fp::PlanRequest req;
   req.op = fp::parse_collective(o.op);
   req.m = o.m;
@@ -136,7 +138,9 @@ void add_plan_options(CLI::App* cmd, PlanOptions& o) {
       ->capture_default_str();
   cmd->add_option("--m", o.m, "rows of C (tokens)")->check(at_least_one())->capture_default_str();
   cmd->add_option("--n", o.n, "columns of C (output features)")->check(at_least_one())->capture_default_str();
-  cmd->add_option("--k", o.k, "reduction dimension (input features)")->check(at_least_one())->capture_default_str();
+  cmd->add_option("--k", o.k, "reduction dimension (input features; a multiple of 8)")
+      ->check(at_least_one())
+      ->capture_default_str();
   cmd->add_option("--world", o.world, "ranks (GPUs)")->check(CLI::Range(1, int(fp::kMaxWorld)))->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "element type")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
   cmd->add_option("--tile", o.tile, "GEMM tile: auto | 128x256 | 128x128")

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "commands.h"
@@ -28,22 +29,74 @@ std::vector<std::string> default_nproc_args(int argc, char** argv, int gpus) {
   return args;
 }
 
+constexpr const char* kOversubscribe = "--allow-oversubscribe";
+
+// The process options of every command but `launch` (which has -n/--nproc and
+// --allow-oversubscribe of its own): --nproc N starts N processes of the
+// command (rt::relaunch_with_nproc), --allow-oversubscribe lets N exceed the
+// GPUs. The main job, bench and tune take them (bench and tune declare
+// --nproc; the rest is declared here), so that a process started by another
+// launcher (RANK set), which keeps them, accepts and ignores them. A command
+// that runs as one process (plan, bench-gemm: no --nproc declared) refuses
+// them instead of printing the same output N times.
+void add_process_options(CLI::App& app, int& nproc) {
+  app.add_option("--nproc", nproc, "Processes, one per GPU (default: all local GPUs); also on bench and tune");
+  app.add_flag(kOversubscribe)
+      ->description("With --nproc: start more processes than there are GPUs (also on bench and tune)");
+  for (CLI::App* cmd : app.get_subcommands([](CLI::App*) { return true; }))
+    if (cmd->get_name() != "launch" && cmd->get_option_no_throw("--nproc") &&
+        !cmd->get_option_no_throw(kOversubscribe))
+      cmd->add_flag(kOversubscribe)->description("With --nproc: start more processes than there are GPUs");
+}
+
+struct ProcessOptions {
+  bool relaunch = true;        // false: a word that names no command (CLI11 reports it, once)
+  bool oversubscribe = false;  // --allow-oversubscribe given
+};
+
+// Checks the process options of `args` (before any "--") against the command
+// they are given to. Throws InvalidArgument for process options on a
+// one-process command.
+ProcessOptions check_process_options(const CLI::App& app, const std::vector<std::string>& args) {
+  bool nproc = false, oversubscribe = false;
+  const CLI::App* command = nullptr;  // null: the main job
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    const std::string_view a = args[i];
+    if (a == "--nproc" || a.starts_with("--nproc=")) {
+      if (command && command->get_name() == "launch") continue;  // launch's own
+      nproc = true;
+      i += a == "--nproc";  // (its value)
+    } else if (a == kOversubscribe) {
+      oversubscribe = oversubscribe || !command || command->get_name() != "launch";
+    } else if (!command && !a.starts_with("-")) {
+      const auto named = app.get_subcommands([&](const CLI::App* c) { return c->check_name(std::string(a)); });
+      if (named.empty()) return {false};  // not N processes of an error
+      command = named.front();
+    }
+  }
+  if (!nproc && !oversubscribe) return {};
+  const std::string given = nproc ? "--nproc" : kOversubscribe;
+  if (command && command->get_name() == "launch")
+    throw flashoverlap::InvalidArgument(given + " before `launch`: give launch's own -n N (and " + kOversubscribe +
+                                        ") after it");
+  if (command && !command->get_option_no_throw("--nproc"))
+    throw flashoverlap::InvalidArgument(
+        "`" + command->get_name() + "` runs as one process: " + given + " does not apply" +
+        (nproc && command->get_name() == "plan" ? " (--world sets the ranks it plans for)" : "") +
+        "; `flashoverlap launch -n N -- flashoverlap " + command->get_name() + " ...` starts N copies");
+  return {true, oversubscribe};
+}
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i)
+    if (args[i] == "-h" || args[i] == "--help") return true;
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace flashoverlap;
-  try {
-    const int gpus = rt::hopper_device_count();
-    std::vector<std::string> args = default_nproc_args(argc, argv, gpus);
-    std::vector<char*> argp;
-    for (auto& a : args) argp.push_back(a.data());
-    const bool injected = !argp.empty();
-    if (auto rc = rt::relaunch_with_nproc(injected ? int(argp.size()) : argc, injected ? argp.data() : argv, gpus))
-      return *rc;
-  } catch (const InvalidArgument& e) {
-    std::cerr << "flashoverlap: error: " << e.what() << "\n";
-    return 2;
-  }
   CLI::App app{
       "FlashOverlap: a Hopper GEMM overlapped with NCCL AllReduce / ReduceScatter / "
       "All-to-All through tile signals and reordering.\n"
@@ -51,12 +104,35 @@ int main(int argc, char** argv) {
       "(or prints its plan when no GPU is present).",
       "flashoverlap"};
   app.require_subcommand(0, 1);
-  int rc = 0;
+  int rc = 0, nproc = 0;
   cli::add_plan_command(app, rc);
   cli::add_launch_command(app, rc);
   cli::add_bench_gemm_command(app, rc);
   cli::add_bench_command(app, rc);
   cli::add_tune_command(app, rc);
+  add_process_options(app, nproc);
+  try {
+    const std::vector<std::string> given(argv, argv + argc);
+    // Help is printed once, by this process, whatever else is given.
+    const ProcessOptions process = wants_help(given) ? ProcessOptions{false} : check_process_options(app, given);
+    if (process.relaunch) {
+      const int gpus = rt::hopper_device_count();
+      std::vector<std::string> args = default_nproc_args(argc, argv, gpus);
+      if (args.empty()) args = given;
+      std::vector<char*> argp;
+      for (auto& a : args) argp.push_back(a.data());
+      // -1: no check of the processes against the GPUs (the children keep the
+      // flag, which they accept and ignore).
+      if (auto code = rt::relaunch_with_nproc(int(argp.size()), argp.data(), process.oversubscribe ? -1 : gpus))
+        return *code;
+    }
+  } catch (const InvalidArgument& e) {
+    std::cerr << "flashoverlap: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "flashoverlap: failed: " << e.what() << "\n";
+    return 1;
+  }
   try {
     app.parse(argc, argv);
     if (app.get_subcommands().empty()) rc = cli::run_default_job(std::cout);

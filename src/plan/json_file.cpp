@@ -16,15 +16,34 @@
 
 namespace flashoverlap::plan {
 
+namespace {
+// nlohmann's what() without its "[json.exception.<kind>.<id>] " prefix.
+std::string problem_of(const nlohmann::json::exception& e) {
+  std::string s = e.what();
+  if (s.rfind("[json.exception.", 0) == 0)
+    if (const size_t end = s.find("] "); end != std::string::npos) s.erase(0, end + 2);
+  return s;
+}
+}  // namespace
+
 nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  // (A directory opens as a stream and reads as nothing: "not valid JSON".)
+  if (std::filesystem::is_directory(path, ec)) throw InvalidArgument(what + " " + path + ": is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InvalidArgument(what + " " + path + ": cannot open (" + std::strerror(errno) + ")");
   std::ostringstream text;
   text << in.rdbuf();
+  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos)
+    throw InvalidArgument(what + " " + path + ": empty file");
   try {
     return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::parse_error& e) {
     throw InvalidArgument(what + " " + path + ": not valid JSON (byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::exception& e) {
+    // parse() throws out_of_range, not parse_error, for a number no double
+    // holds ("1e999": "number overflow parsing '1e999'").
+    throw InvalidArgument(what + " " + path + ": " + problem_of(e));
   }
 }
 

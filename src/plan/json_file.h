@@ -7,7 +7,8 @@
 namespace flashoverlap::plan {
 
 // Parses the file; throws InvalidArgument "<what> <path>: <problem>" when it
-// cannot be read or is not JSON.
+// cannot be read or is not JSON (a number out of double's range included), and
+// nothing else of nlohmann's: callers map InvalidArgument to "bad input".
 nlohmann::json read_json_file(const std::string& path, const std::string& what);
 
 // Writes `text` to a temporary file in the same directory, then renames it over

@@ -370,6 +370,79 @@ TEST(LaunchCli, RefusesMoreProcessesThanVisibleGpus) {
       << r.output;
 }
 
+// `--nproc N` on the other commands (README: "on any command starts N
+// processes the same way"). CUDA_VISIBLE_DEVICES= everywhere: no GPU is used,
+// whatever the machine has, so the children find none.
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + part.size())) ++n;
+  return n;
+}
+
+size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(NprocCli, OneProcessCommandsRefuseIt) {
+  for (const char* args : {"plan --nproc 2 --op allreduce --m 4096 --n 8192 --k 8192 --world 2",
+                           "--nproc=2 plan", "plan --allow-oversubscribe", "bench-gemm --nproc 2"}) {
+    auto r = cli(args, "CUDA_VISIBLE_DEVICES=");
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_EQ(lines(r.output), 1u) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.rfind("flashoverlap: error: `", 0), 0u) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("runs as one process"), std::string::npos) << args << "\n" << r.output;
+  }
+  // Before `launch` it would start N launchers: launch takes -n itself.
+  auto r = cli("--nproc 2 launch -n 2 --allow-oversubscribe -- true", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--nproc before `launch`"), std::string::npos) << r.output;
+}
+
+// Too many processes for the GPUs: the hint names --allow-oversubscribe, and
+// that option exists: with it the main job and bench start N processes.
+TEST(NprocCli, OversubscribeHintNamesAnOptionThatWorks) {
+  for (const char* args : {"--nproc 2", "bench --nproc 3", "tune --nproc 2"}) {
+    auto r = cli(args, "CUDA_VISIBLE_DEVICES=");
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("GPUs are visible; one process per GPU (--allow-oversubscribe"), std::string::npos)
+        << args << "\n" << r.output;
+  }
+  // The main job without a GPU prints its plan: once per process.
+  auto main_job = cli("--nproc 2 --allow-oversubscribe", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(main_job.code, 0) << main_job.output;
+  EXPECT_EQ(count(main_job.output, "No Hopper (sm_90) GPU on this machine"), 2u) << main_job.output;
+  EXPECT_EQ(count(main_job.output, "predicted: "), 2u) << main_job.output;
+  // bench's processes start, find no GPU and say so (exit 1), rather than
+  // refusing their arguments.
+  auto bench = cli("bench --nproc 3 --allow-oversubscribe", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(bench.code, 1) << bench.output;
+  EXPECT_NE(bench.output.find("bench: no Hopper (sm_90) GPU found"), std::string::npos) << bench.output;
+  EXPECT_EQ(bench.output.find("flashoverlap: error: "), std::string::npos) << bench.output;
+}
+
+// Under another launcher (RANK set: torchrun, mpirun) the options stay in
+// argv; the commands that take them accept and ignore them.
+TEST(NprocCli, AcceptedAndIgnoredUnderAnotherLauncher) {
+  const std::string env = "CUDA_VISIBLE_DEVICES= RANK=0 WORLD_SIZE=1 LOCAL_RANK=0";
+  auto main_job = cli("--nproc 2 --allow-oversubscribe", env);
+  EXPECT_EQ(main_job.code, 0) << main_job.output;
+  EXPECT_EQ(count(main_job.output, "predicted: "), 1u) << main_job.output;  // this one process
+  for (const char* args :
+       {"bench --nproc 2 --allow-oversubscribe", "tune --nproc 2 --allow-oversubscribe --curves /nonexistent"}) {
+    auto r = cli(args, env);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.output;  // no GPU, not a bad argument
+    EXPECT_NE(r.output.find("no Hopper (sm_90) GPU found"), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
+TEST(NprocCli, HelpListsTheOptions) {
+  for (const char* args : {"--help", "bench --help", "tune --help"}) {
+    auto r = cli(args);
+    EXPECT_EQ(r.code, 0) << args;
+    EXPECT_NE(r.output.find("--nproc"), std::string::npos) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("--allow-oversubscribe"), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
 // `flashoverlap launch -n 2` of children that record their pid and sleep, in
 // a process group of its own (as a terminal's foreground job), stderr to a file.
 struct SleepingJob {

@@ -164,3 +164,87 @@ TEST(PlanCli, HasItsOwnHelp) {
   for (const char* opt : {"--op", "--m", "--world", "--tile", "--reserve-sms", "--curve", "--partition", "--routing", "--json"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
+
+// plan and bench check shapes with one rule (check_gemm_shape, cli_parse.h):
+// plan shows no plan for a shape bench refuses, and says so in bench's words.
+// bench checks shapes before it looks for a GPU, so this runs on any machine
+// (and every bench case here is refused: none starts a benchmark).
+TEST(PlanCli, RefusesTheShapesBenchRefusesWithTheSameMessage) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--m 4096 --n 8192 --k 8191", "4096x8192x8191"},  // K not a multiple of 8 (TMA's 16-byte rows)
+      {"--k 4", "4096x8192x4"},
+      {"--k 12", "4096x8192x12"},
+      {"--m 2147483648", "2147483648x8192x8192"},  // sides are int32 in the kernel
+      {"--n 2147483648", "4096x2147483648x8192"},
+      {"--k 2147483648", "4096x8192x2147483648"},  // (a multiple of 8, still too large)
+  };
+  for (const auto& [shape, name] : cases) {
+    SCOPED_TRACE(shape);
+    const Result plan = run("--op allreduce --world 2 " + shape);
+    const Result bench = run(shape, "bench");
+    EXPECT_EQ(plan.rc, 2) << plan.out << plan.err;
+    EXPECT_EQ(bench.rc, 2) << bench.out << bench.err;
+    EXPECT_EQ(lines(plan.err), 1u) << plan.err;
+    EXPECT_EQ(plan.err.rfind("flashoverlap: error: bad shape " + name + ": ", 0), 0u) << plan.err;
+    EXPECT_NE(plan.err.find("multiple of 8"), std::string::npos) << plan.err;
+    EXPECT_EQ(plan.err, bench.err);
+    EXPECT_TRUE(plan.out.empty()) << plan.out;
+  }
+  // The same rule through bench's --shapes.
+  const Result shapes = run("--shapes 1024x8192x8192,4096x8192x8191", "bench");
+  EXPECT_EQ(shapes.rc, 2) << shapes.err;
+  EXPECT_EQ(shapes.err, run("--m 4096 --n 8192 --k 8191").err);
+  // What the rule lets through, plan plans: the smallest and largest K.
+  for (const char* k : {"--k 8", "--k 2147483640", "--op alltoall --k 8"}) {
+    SCOPED_TRACE(k);
+    const Result r = run(k);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find("predicted: "), std::string::npos) << r.out;
+  }
+}
+
+// Whatever is wrong in a curve file (read by the shared JSON reader and the
+// curve's own checks), `plan --curve` says so in one line that names the file,
+// exit code 2; never nlohmann's raw message with exit code 1.
+TEST(PlanCli, MalformedCurveFileIsOneLineNamingTheFileAndExitCode2) {
+  fo_test::TempDir dir;
+  const std::string head = R"("format": "flashoverlap.bandwidth_curve", "schema": 1, "collective": "allreduce")";
+  auto curve = [&](const std::string& world, const std::string& samples) {
+    return "{" + head + ", \"world\": " + world + ", \"samples\": " + samples + "}";
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {curve("2", "[[1024, 1e999], [2048, 0.1]]"), "number overflow parsing '1e999'"},
+      {curve("2", "[[-1e999, 0.05], [2048, 0.1]]"), "number overflow parsing '-1e999'"},
+      {curve("1e999", "[[1024, 0.05], [2048, 0.1]]"), "number overflow parsing '1e999'"},
+      {curve("2", "[[1024, NaN], [2048, 0.1]]"), "not valid JSON"},
+      {curve("2", "[[1024, Infinity], [2048, 0.1]]"), "not valid JSON"},
+      {"", "empty file"},
+      {" \n\t", "empty file"},
+      {"[]", "not a JSON object"},
+      {curve("\"2\"", "[[1024, 0.05], [2048, 0.1]]"), "missing integer \"world\""},
+      {curve("2.5", "[[1024, 0.05], [2048, 0.1]]"), "missing integer \"world\""},
+      {curve("2", "[[\"1024\", 0.05], [2048, 0.1]]"), "sample 0 is not a [bytes, ms] pair of numbers"},
+      {curve("2", "{\"1024\": 0.05}"), "missing \"samples\" array"},
+      {curve("2", "[[1024, -0.05], [2048, 0.1]]"), "sample 0 needs positive finite bytes and ms"},
+      {curve("2", "[[0, 0.05], [2048, 0.1]]"), "sample 0 needs positive finite bytes and ms"},
+      {curve("2", "[[1024, 1e-999], [2048, 0.1]]"), "sample 0 needs positive finite bytes and ms"},  // reads as 0
+      {curve("2", "[[4096, 0.05], [2048, 0.1]]"), "bytes must increase strictly"},
+      {curve("2", "[[2048, 0.05], [2048, 0.1]]"), "bytes must increase strictly"},
+      {curve("2", "[]"), "at least 2 samples"},
+  };
+  int n = 0;
+  for (const auto& [text, problem] : cases) {
+    SCOPED_TRACE(text);
+    const std::string path = dir.write("c" + std::to_string(n++) + ".json", text);
+    const Result r = run("--curve " + path);
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+    EXPECT_EQ(r.err.rfind("flashoverlap: error: bandwidth curve " + path + ": ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(problem), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  const Result d = run("--curve " + dir.path.string());  // a directory reads as nothing: say what it is
+  EXPECT_EQ(d.rc, 2) << d.err;
+  EXPECT_EQ(d.err, "flashoverlap: error: bandwidth curve " + dir.path.string() + ": is a directory\n");
+}

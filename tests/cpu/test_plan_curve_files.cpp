@@ -64,6 +64,31 @@ TEST(PlanCurveFiles, UsesOnlyACurveOfThisOpGpuAndWorld) {
   EXPECT_NE(log2.str().find("not used"), std::string::npos) << log2.str();
 }
 
+// bench --curves DIR: a malformed file there is not used, and the log says
+// why in the curve-file message (file and problem), not in nlohmann's words;
+// not thrown, since the ranks must reach the agreement on measuring together.
+TEST(PlanCurveFiles, MalformedFileIsReportedByNameAndMeasured) {
+  fo_test::TempDir dir;
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"format": "flashoverlap.bandwidth_curve", "schema": 1, "collective": "allreduce", "world": 2,
+           "gpu": "NVIDIA H200", "samples": [[1024, 1e999], [2048, 0.1]]})",
+       "number overflow parsing '1e999'"},
+      {R"({"format": "flashoverlap.bandwidth_curve", "schema": 1, "collective": "allreduce", "world": 2,
+           "gpu": "NVIDIA H200", "samples": [[4096, 0.05], [2048, 0.1]]})",
+       "bytes must increase strictly"},
+      {"", "empty file"},
+  };
+  for (const auto& [text, problem] : cases) {
+    SCOPED_TRACE(text);
+    const std::string path = dir.write("c.json", text);
+    std::ostringstream log;
+    EXPECT_FALSE(fo::load_fitting_curve(path, fo::Collective::AllReduce, "NVIDIA H200", 2, log));
+    EXPECT_EQ(log.str().rfind("curve " + path + " not used (bandwidth curve " + path + ": ", 0), 0u) << log.str();
+    EXPECT_NE(log.str().find(problem), std::string::npos) << log.str();
+    EXPECT_EQ(log.str().find("json.exception"), std::string::npos) << log.str();
+  }
+}
+
 TEST(PlanCurveFiles, MeasuresUnlessEveryRankHasTheFileAndSavesWhenAsked) {
   FO_SEEDED_RNG(rng);
   fo_test::TempDir dir;
