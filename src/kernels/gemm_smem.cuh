@@ -1,0 +1,94 @@
+// gemm_smem.cuh — what every part of the signalling GEMM (gemm_sm90.cuh)
+// shares: the kernel's parameters (GemmKernelParams), its shared-memory
+// layout (GemmSmem), the phase trace (record_phase), and the packing and
+// swizzle of staged output (pack2, sw128_offset). Separate so that the
+// epilogue's headers (gemm_fused_sum, gemm_staging, gemm_pieces,
+// gemm_owners, gemm_owner_warps) each read on their own; host code
+// (gemm_sm90.cu) sizes the launch's shared memory from GemmSmem.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/gemm.h"
+#include "kernels/ptx.cuh"
+#include "plan/schedule.h"
+
+namespace flashoverlap::kernels {
+
+// Everything the kernel needs besides the tensor maps, passed by value.
+struct GemmKernelParams {
+  plan::Schedule sched;
+  int32_t k_blocks;
+  int32_t store;           // Store
+  bool tma_store;          // epilogue via TMA (Plain with aligned C, SlotTiles)
+  void* out;               // rows epilogue: C (Plain) or the slot buffer (SlotRows)
+  int64_t ld_out;          // elements per output row (also of the peers' buffers when pushing)
+  const int32_t* row_of;   // SlotRows
+  const int32_t* row_shift;  // Plain / SlotTiles: per group, added to the tile's rows
+  uint32_t* counters;
+  const int32_t* group_of_tile;
+  FusedSum sum;
+  Push push;
+  uint64_t* monitor_ns;
+  uint32_t* monitor_sm;
+  uint64_t* monitor_mma;
+  uint64_t* monitor_phases;  // GemmParams::monitor_phases
+  Owner owner;
+};
+
+// Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.
+__device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
+  if (phases) atomicMax(reinterpret_cast<unsigned long long*>(phases + int64_t(blockIdx.x) * kPhaseSlots + ph),
+                        static_cast<unsigned long long>(ptx::globaltimer_ns()));
+}
+
+// kPieces: the plain store with 4 stages (gemm.h: GemmParams::four_stages):
+// each consumer stages its output half in two pieces of 128 columns, one
+// after the other, in 16 KB instead of 32 KB; no buffers for the sums.
+template <int BN, int STAGES, bool kPieces = false>
+struct GemmSmem {
+  static constexpr int kBM = 128, kBK = 64;
+  static constexpr int kABytes = kBM * kBK * 2;        // one stage of A
+  static constexpr int kBBytes = BN * kBK * 2;         // one stage of B
+  static constexpr int kHalfCBytes = 64 * (kPieces ? 128 : BN) * 2;  // one consumer's output half (a piece)
+  static constexpr int kA = 0;
+  static constexpr int kB = kA + STAGES * kABytes;
+  static constexpr int kC = kB + STAGES * kBBytes;
+  static constexpr int kBars = kC + 2 * kHalfCBytes;
+  // ring, C halves, 2 buffers of each producer sum warp, 2 of each consumer warp
+  // (+2: the owner layout's peer partial loaded into each C half)
+  static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2;
+  // Staging of the fused sum (gathered and pushed layouts): 8 KB per producer sum warp.
+  static constexpr int kSumStageBytes = kPieces ? 0 : 8192;
+  // What each summing warp stages (producer or consumer; the same for all, as
+  // claimed chunks must be the same size): a consumer warp uses a quarter of
+  // its half of C.
+  static constexpr int kSumWarpBytes =
+      kPieces ? kHalfCBytes / 4 : (kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4 : kSumStageBytes);
+  static constexpr int kSum = (kBars + kBarCount * 8 + 127) / 128 * 128;
+  static constexpr int kPushFailed = kSum + 2 * kSumStageBytes;  // kPieces owners: PushRing::failed
+  static constexpr int kBytes = kPushFailed + (kPieces ? 16 : 0);
+  static constexpr int kDynamicBytes = kBytes + 1024;  // slack for 1024-byte alignment
+  static_assert(kDynamicBytes <= 227 * 1024, "shared memory over the sm_90 limit per block");
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Byte offset of 16-byte unit `u` (0..7) of row `r` in a 64-row x 64-column
+// chunk stored with the TMA 128-byte swizzle.
+__device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
+
+}  // namespace flashoverlap::kernels
