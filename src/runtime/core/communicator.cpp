@@ -45,10 +45,17 @@ Communicator Communicator::create(Rendezvous& rv, const CommOptions& opts) {
   const auto bytes = rv.broadcast(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&id), sizeof(id)));
   if (bytes.size() != sizeof(id)) throw Error("rendezvous returned a unique id of the wrong size");
   std::memcpy(&id, bytes.data(), sizeof(id));
+  return init(id, rv.rank(), rv.world(), opts);
+}
+
+Communicator Communicator::init(const ncclUniqueId& id, int rank, int world, const CommOptions& opts) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw InvalidArgument("Communicator: rank " + std::to_string(rank) + " is not in [0, world " + std::to_string(world) +
+                          ")");
   ncclConfig_t cfg = make_config(opts);
   ncclComm_t comm = nullptr;
-  const std::string ctx = "rank " + std::to_string(rv.rank()) + " of " + std::to_string(rv.world());
-  FO_NCCL_CHECK_CTX(ncclCommInitRankConfig(&comm, rv.world(), id, rv.rank(), &cfg), ctx);
+  const std::string ctx = "rank " + std::to_string(rank) + " of " + std::to_string(world);
+  FO_NCCL_CHECK_CTX(ncclCommInitRankConfig(&comm, world, id, rank, &cfg), ctx);
   Communicator c;
   c.comm_ = std::unique_ptr<ncclComm, Deleter>(comm, Deleter{true});
   c.init_rank_info();

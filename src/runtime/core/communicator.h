@@ -1,7 +1,7 @@
 // communicator.h — the NCCL communicator FlashOverlap runs on: adopted from the
 // caller (not owned) or created here from the job environment (owned), with
 // NCCL's CTA count bounded so that its kernels fit on the SMs the GEMM leaves
-// free (DESIGN.md section 5).
+// free (docs/design.md §5.5).
 #pragma once
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -32,6 +32,9 @@ class Communicator {
   // All ranks of `rv` call this together: rank 0 makes the unique id, the
   // rendezvous shares it, each rank joins on its current CUDA device.
   static Communicator create(Rendezvous& rv, const CommOptions& opts = {});
+  // Rank `rank` of `world` joining with a unique id every rank was given
+  // (collective), on the current CUDA device.
+  static Communicator init(const ncclUniqueId& id, int rank, int world, const CommOptions& opts = {});
   // A new communicator over the same ranks with other CTA bounds (collective).
   Communicator split(const CommOptions& opts) const;
 

@@ -112,13 +112,17 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
     throw InvalidArgument("OverlapAllReduce: row-band groups need the AlongN raster");
   for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
 
-  kernels::preload_kernels();  // before any wait is enqueued (DESIGN.md section 5)
+  // (After the host's checks: those run on any machine.)
+  if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
+  core_ = opts_.core ? opts_.core : own_core_.get();
+  wait_error_ = core_->wait_error();
+  kernels::preload_kernels();  // before any wait is enqueued (docs/design.md §5.4)
   // Slots: the tile buffer; otherwise row-major scratch for strided outputs and
   // RMSNorm, which the gathered row and pushed layouts never need (they sum into the output).
-  if (opts_.layout == ArLayout::Slots)
-    slots_ = DeviceBuffer(size_t(s.tiles()) * s.bm * s.bn * 2);
+  if (opts_.layout == ArLayout::Slots && !sequential())
+    slots_ = core_->scratch(kSlotsScratch, size_t(s.tiles()) * s.bm * s.bn * 2);
   else if ((opts_.layout != ArLayout::Gathered && !is_pushed(opts_.layout)) || sequential())
-    slots_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+    slots_ = core_->scratch(kSlotsScratch, size_t(s.m) * s.n * 2);
   std::vector<uint32_t> counters = counts_after(epoch_, target_);
   counters.push_back(0);  // the fault-injection sink
   counters_ = to_device(counters);
@@ -137,14 +141,6 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   if (!sequential() && (opts_.layout == ArLayout::RowBands || (opts_.layout == ArLayout::Gathered && !fuse_ok_)))
     four_stages_ = opts_.four_stages && s.bn == 256;
 
-  FO_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&wait_error_), sizeof(kernels::WaitError), cudaHostAllocMapped));
-  *wait_error_ = kernels::WaitError{};
-  int lo = 0, hi = 0;  // the communication stream gets the highest priority
-  FO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-  FO_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi));
-  FO_CUDA_CHECK(cudaEventCreateWithFlags(&gemm_launched_, cudaEventDisableTiming));
-  FO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
-  FO_CUDA_CHECK(cudaEventCreateWithFlags(&call_done_, cudaEventDisableTiming));
   if (opts_.wait == WaitMode::StreamWaitOp) stream_wait_fn();
   if (opts_.fallback_cublas) {
     if (!sequential()) throw InvalidArgument("OverlapAllReduce: fallback_cublas needs the sequential plan (one group)");
@@ -157,7 +153,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
     monitor_ = GemmMonitor(opts_.sched);
     tracing_ = true;
   }
-  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  if (!opts_.core) FO_CUDA_CHECK(cudaDeviceSynchronize());  // (a shared core's ops are made between calls: no sync)
 }
 
 std::pair<int64_t, int64_t> OverlapAllReduce::group_elements(size_t g) const {
@@ -188,8 +184,9 @@ std::string OverlapAllReduce::describe_groups() const {
 }
 
 OverlapAllReduce::~OverlapAllReduce() {
-  if (called_) cudaEventSynchronize(call_done_);
-  if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+  // The last call's work (a shared core's: the latest call of any op on it),
+  // before this op's buffers go; then the copies into the peers' windows.
+  core_->wait_last_call();
   for (cudaStream_t cs : copy_streams_) {  // the copies into the peers' windows end before the windows go
     cudaStreamSynchronize(cs);
     cudaStreamDestroy(cs);
@@ -197,25 +194,22 @@ OverlapAllReduce::~OverlapAllReduce() {
   for (auto e : copies_done_) cudaEventDestroy(e);
   for (auto e : trace_) cudaEventDestroy(e);
   for (auto e : group_done_) cudaEventDestroy(e);
-  if (gemm_launched_) cudaEventDestroy(gemm_launched_);
-  if (comm_done_) cudaEventDestroy(comm_done_);
-  if (call_done_) cudaEventDestroy(call_done_);
-  if (comm_stream_) cudaStreamDestroy(comm_stream_);
-  if (wait_error_) cudaFreeHost(wait_error_);
 }
 
 void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream,
                                           const FusedOut* fused) {
   const plan::Schedule& s = opts_.sched;
   EpochBump bump(epoch_);
+  const cudaStream_t comm_stream = core_->comm_stream();
+  if (graph_)  // (the previous call's waits are done: the caller's stream joined them)
+    FO_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, counters_.bytes(), stream));
   // The comm stream starts no earlier than the GEMM, so its waiters never sit
   // on SMs while the caller's earlier work runs.
-  FO_CUDA_CHECK(cudaEventRecord(gemm_launched_, stream));
-  FO_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, gemm_launched_, 0));
+  core_->fork(stream);
 
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);  // RowBands: C itself
   if (opts_.layout == ArLayout::Slots)
-    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = slots_.get(), p.slot_rows = int64_t(s.tiles()) * s.bm;
+    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = slots_, p.slot_rows = int64_t(s.tiles()) * s.bm;
   const size_t groups = opts_.groups.size();
   if (opts_.layout == ArLayout::Gathered) {
     p.c = gathered_.get(), p.c_rows = gathered_rows_, p.row_shift = row_shift_.as<int32_t>();
@@ -229,18 +223,18 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   p.four_stages = opts_.four_stages;  // (where the store qualifies: kernels::gemm_four_stages)
   launch_call_gemm(p, stream, bump);  // in host order before the waits (lazy-loading hazard)
 
-  char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_.get() : c);
+  char* base = static_cast<char*>(opts_.layout == ArLayout::Slots ? slots_ : c);
   for (size_t g = 0; g < groups; ++g) {
-    const uint32_t target = epoch_ * target_[g];  // wraps; the compare is cyclic
+    const uint32_t target = counter_target(g);  // wraps; the compare is cyclic
     uint32_t* counter = counters_.as<uint32_t>() + g;
     if (opts_.wait == WaitMode::SpinKernel) {
-      kernels::launch_wait_counter(counter, target, timeout_ns(), wait_error_, int32_t(g), comm_stream_);
+      kernels::launch_wait_counter(counter, target, timeout_ns(), wait_error_, int32_t(g), comm_stream);
     } else {
-      CUresult r = stream_wait_fn()(reinterpret_cast<CUstream>(comm_stream_), reinterpret_cast<CUdeviceptr>(counter),
+      CUresult r = stream_wait_fn()(reinterpret_cast<CUstream>(comm_stream), reinterpret_cast<CUdeviceptr>(counter),
                                     target, CU_STREAM_WAIT_VALUE_GEQ);
       if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
     }
-    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream_));
+    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream));
     if (is_gathered(opts_.layout)) {  // in place: this rank's block is the send buffer
       const GatherBlock& gb = gather_[g];
       char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * gather_width_ * 2;
@@ -250,32 +244,31 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
       if (fused && fused->tail_allreduce && g + 1 == groups) {  // NCCL on all SMs, the GEMM is done
         char* dst = static_cast<char*>(fused->out) + gb.row0 * s.n * 2;
         FO_NCCL_CHECK_CTX(ncclAllReduce(mine, dst, size_t(gb.rows) * s.n, nccl_type(opts_.dtype), ncclSum,
-                                        opts_.tail_comm, comm_stream_),
+                                        opts_.tail_comm, comm_stream),
                           "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (last group)");
       } else {
-        FO_NCCL_CHECK_CTX(ncclAllGather(mine, block0, count, nccl_type(opts_.dtype), opts_.gather_comm, comm_stream_),
+        FO_NCCL_CHECK_CTX(ncclAllGather(mine, block0, count, nccl_type(opts_.dtype), opts_.gather_comm, comm_stream),
                           "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (gather)");
         // Release the group to the GEMM's fused sum (the write is fenced after the gather).
-        CUresult r = stream_write_fn()(reinterpret_cast<CUstream>(comm_stream_),
+        CUresult r = stream_write_fn()(reinterpret_cast<CUstream>(comm_stream),
                                        reinterpret_cast<CUdeviceptr>(ready_.as<uint32_t>() + g), epoch_, 0);
         if (r != CUDA_SUCCESS) throw Error("cuStreamWriteValue32 failed (CUresult " + std::to_string(int(r)) + ")");
       }
-      FO_CUDA_CHECK(cudaEventRecord(group_done_[g], comm_stream_));
-      if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
+      FO_CUDA_CHECK(cudaEventRecord(group_done_[g], comm_stream));
+      if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream));
       continue;
     }
     const auto [offset, count] = group_elements(g);
     void* data = base + offset * 2;
     const ncclComm_t comm = (g + 1 == groups && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
-    FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(count), nccl_type(opts_.dtype), ncclSum, comm, comm_stream_),
+    FO_NCCL_CHECK_CTX(ncclAllReduce(data, data, size_t(count), nccl_type(opts_.dtype), ncclSum, comm, comm_stream),
                       "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g));
-    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream_));
+    if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream));
   }
   if (tracing_) traced_ = true;  // (its events all recorded: timeline() reads them and the monitors)
   // Gathered: the caller's stream waits per group, in enqueue_gathered_post.
   if (is_gathered(opts_.layout)) return;
-  FO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));
-  FO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
+  core_->join(stream);
 }
 
 kernels::FusedSum OverlapAllReduce::fused_sum(int32_t groups, const uint32_t* ready, const void* gathered, void* out,
@@ -331,12 +324,21 @@ void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, voi
 }
 
 void OverlapAllReduce::begin_call(cudaStream_t stream) {
-  if (called_ && stream != last_stream_) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, call_done_, 0));
-}
-
-void OverlapAllReduce::end_call(cudaStream_t stream) {
-  FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
-  called_ = true, last_stream_ = stream;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone && !graph_) {
+    // A replay repeats the launch arguments captured: the epochs the host
+    // passes per call (the pushed and owner layouts' flags and buffer
+    // halves, the gathered layout's ready flags) would be frozen.
+    if (!sequential() && opts_.layout != ArLayout::Slots && opts_.layout != ArLayout::RowBands)
+      throw InvalidArgument("OverlapAllReduce (rank " + std::to_string(opts_.rank) + ", " + std::to_string(opts_.sched.m) +
+                            "x" + std::to_string(opts_.sched.n) + "): the " + layout_name(opts_.layout) +
+                            " layout cannot be captured into a CUDA graph (its epochs are passed per call); the "
+                            "sequential, slot and row-band plans can");
+    if (tracing_) throw InvalidArgument("OverlapAllReduce: a traced call cannot be captured into a CUDA graph");
+    graph_ = true;
+  }
+  core_->begin_call(stream);
 }
 
 void OverlapAllReduce::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
@@ -406,11 +408,11 @@ void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int6
   }
   if (!sequential() && opts_.layout == ArLayout::Slots) {
     enqueue_overlapped(a, b, nullptr, stream);
-    kernels::reorder_tiles_to_rows(opts_.dtype, slots_.get(), s, out, ld_out, stream);
+    kernels::reorder_tiles_to_rows(opts_.dtype, slots_, s, out, ld_out, stream);
     return;
   }
   // Row-major C in place: the output itself when it is contiguous.
-  void* c = direct ? out : slots_.get();
+  void* c = direct ? out : slots_;
   if (!sequential()) {
     enqueue_overlapped(a, b, c, stream);
   } else {  // the GEMM, then one AllReduce of the contiguous result
@@ -449,25 +451,25 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
   }
   if (opts_.layout == ArLayout::GatheredTiles && !sequential()) {  // rows are whole only at the end
     enqueue_overlapped(a, b, nullptr, stream);
-    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, slots_.get(), s.n, nullptr, stream);
-    kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm.residual, norm.weight, norm.eps, out,
+    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, slots_, s.n, nullptr, stream);
+    kernels::add_rmsnorm_rows(opts_.dtype, slots_, s.m, s.n, norm.residual, norm.weight, norm.eps, out,
                               norm.residual_out, stream);
     return;
   }
   if (opts_.layout == ArLayout::Slots && !sequential()) {
     enqueue_overlapped(a, b, nullptr, stream);
-    kernels::reorder_add_rmsnorm(opts_.dtype, slots_.get(), s, norm.residual, norm.weight, norm.eps, out,
+    kernels::reorder_add_rmsnorm(opts_.dtype, slots_, s, norm.residual, norm.weight, norm.eps, out,
                                  norm.residual_out, stream);
     return;
   }
   // Row-major C in the scratch buffer, then the element-wise step reads it.
   if (!sequential()) {
-    enqueue_overlapped(a, b, slots_.get(), stream);
+    enqueue_overlapped(a, b, slots_, stream);
   } else {
-    enqueue_sequential_gemm(a, b, slots_.get(), stream);
-    enqueue_sequential_allreduce(slots_.get(), int64_t(s.m) * s.n, stream);
+    enqueue_sequential_gemm(a, b, slots_, stream);
+    enqueue_sequential_allreduce(slots_, int64_t(s.m) * s.n, stream);
   }
-  kernels::add_rmsnorm_rows(opts_.dtype, slots_.get(), s.m, s.n, norm.residual, norm.weight, norm.eps, out,
+  kernels::add_rmsnorm_rows(opts_.dtype, slots_, s.m, s.n, norm.residual, norm.weight, norm.eps, out,
                             norm.residual_out, stream);
 }
 

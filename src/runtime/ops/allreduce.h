@@ -1,5 +1,5 @@
 // allreduce.h — GEMM + AllReduce overlapped through tile signals
-// (DESIGN.md section 3). Built once for a plan (schedule + partition); each
+// (docs/design.md §3). Built once for a plan (schedule + partition); each
 // call only enqueues work on the caller's stream:
 //
 //   caller stream: signalling GEMM -> tiles into slots, group counters += 2/tile
@@ -84,6 +84,7 @@
 #include "runtime/core/buffer.h"
 #include "runtime/core/cublas.h"
 #include "runtime/core/gemm_monitor.h"
+#include "runtime/core/overlap_core.h"
 #include "runtime/transport/peer_map.h"
 #include "runtime/transport/symmetric.h"
 #include "runtime/core/tile_clocks.h"
@@ -146,6 +147,11 @@ struct OverlapAllReduceOptions {
   // (ncclCommAbort) unless that rank still joins (exchange.h).
   double exchange_timeout_s = 120.0;
   int fault_drop_group = -1;      // testing only: this group's signals go nowhere (copy engines: its flags)
+  // Shared with other ops whose calls come in order with this one's (the
+  // public GemmAllReduce's plans for each m): the communication stream, the
+  // order of calls, the wait record and the scratch (OverlapCore). nullptr:
+  // the op's own.
+  OverlapCore* core = nullptr;
   // Testing only: the op starts as if `first_epoch` calls had run (epoch(),
   // every counter and flag where they would have left them), so that tests
   // cross the counters' 2^32 wrap. The same on every rank.
@@ -410,18 +416,26 @@ class OverlapAllReduce {
 
   OverlapAllReduceOptions opts_;
   std::vector<uint32_t> target_;  // signals per group per call
-  DeviceBuffer slots_, counters_, group_of_tile_;
-  kernels::WaitError* wait_error_ = nullptr;  // host-mapped
-  cudaStream_t comm_stream_ = nullptr;
-  cudaEvent_t gemm_launched_ = nullptr, comm_done_ = nullptr;
-  cudaEvent_t call_done_ = nullptr;  // end of the last call on the caller's stream
-  bool called_ = false;
-  // Before each public call's work: on another stream than the last call's,
-  // wait for that call's end. After it: mark its end (call_done_), which the
-  // destructor and a call on another stream wait for.
+  DeviceBuffer counters_, group_of_tile_;
+  kernels::WaitError* wait_error_ = nullptr;  // the core's (host-mapped)
+  // Before each public call's work: the order of calls (OverlapCore::
+  // begin_call), and under CUDA graph capture the switch to counters reset
+  // per call (graph_), or a refusal where the plan cannot replay. After it:
+  // its end, which the next call and the destructor wait for.
   void begin_call(cudaStream_t stream);
-  void end_call(cudaStream_t stream);
-  cudaStream_t last_stream_ = nullptr;
+  void end_call(cudaStream_t stream) { core_->end_call(stream); }
+  // Captured into a graph once: from then on every call zeroes its group
+  // counters first and waits for one call's signals, so that a replay (its
+  // launch arguments frozen) and eager calls both find what they expect.
+  bool graph_ = false;
+  // What call `epoch_` waits for in group g's counter.
+  uint32_t counter_target(size_t g) const { return graph_ ? target_[g] : epoch_ * target_[g]; }
+  std::unique_ptr<OverlapCore> own_core_;
+  OverlapCore* core_ = nullptr;
+  // Slots: the tile buffer; otherwise row-major scratch (strided outputs,
+  // RMSNorm's input), from the core (its slot kSlotsScratch).
+  void* slots_ = nullptr;
+  static constexpr int kSlotsScratch = 0;
   uint32_t epoch_ = 0;
   // ++epoch for one call, taken back when it goes out of scope unless kept:
   // a call refused before its GEMM is queued (bad pointers, ...) leaves the

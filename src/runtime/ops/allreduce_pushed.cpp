@@ -110,8 +110,7 @@ void OverlapAllReduce::enqueue_pushed(const void* a, const void* b, void* out, i
     const size_t k = copy_streams_.size();
     for (size_t i = 0; i < k; ++i) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, copies_done_[(epoch_ & 1) * k + i], 0));
     // The copy streams' waits start no earlier than this call's GEMM.
-    FO_CUDA_CHECK(cudaEventRecord(gemm_launched_, stream));
-    for (cudaStream_t cs : copy_streams_) FO_CUDA_CHECK(cudaStreamWaitEvent(cs, gemm_launched_, 0));
+    for (cudaStream_t cs : copy_streams_) core_->fork(stream, cs);
   }
   // With RMSNorm: the sum into the output rows (contiguous), then one
   // residual + RMSNorm pass over them in place after the GEMM (rows are whole

@@ -388,7 +388,9 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
           const auto key = std::make_tuple(tile.bm, tile.bn, t.sms - r, sw);
           auto it = gemm_ms_of.find(key);
           if (it == gemm_ms_of.end())
-            it = gemm_ms_of.emplace(key, measure_gemm_ms(c.plan.sched, int(k), t.dtype, a, b, scratch, t.stream, 10))
+            it = gemm_ms_of
+                     .emplace(key, t.gemm_ms ? t.gemm_ms(c.plan.sched)
+                                             : measure_gemm_ms(c.plan.sched, int(k), t.dtype, a, b, scratch, t.stream, 10))
                      .first;
           c.gemm_ms = it->second;
           cands.push_back(c);
@@ -396,14 +398,18 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       }
     }
   }
-  std::vector<double> ms;
-  for (auto& c : cands) ms.push_back(c.gemm_ms);
-  ms = max_over_ranks(*t.rv, ms);
-  for (size_t i = 0; i < cands.size(); ++i) cands[i].gemm_ms = ms[i];
+  if (!t.gemm_ms) {  // measured: each rank's times, the slowest rank's count
+    std::vector<double> ms;
+    for (auto& c : cands) ms.push_back(c.gemm_ms);
+    ms = max_over_ranks(*t.rv, ms);
+    for (size_t i = 0; i < cands.size(); ++i) cands[i].gemm_ms = ms[i];
+  }
 
   // The Slots layout pays a post-reorder pass over C (plain output).
   double reorder_ms = 0;
-  if (std::find(t.layouts.begin(), t.layouts.end(), ArLayout::Slots) != t.layouts.end()) {
+  if (t.gemm_ms) {
+    reorder_ms = double(m) * double(n) * 2 * 2 / (t.reorder_gb_s * 1e6);
+  } else if (std::find(t.layouts.begin(), t.layouts.end(), ArLayout::Slots) != t.layouts.end() && !cands.empty()) {
     const plan::Schedule s = cands.front().plan.sched;
     DeviceBuffer slots(size_t(s.tiles()) * s.bm * s.bn * 2);
     reorder_ms = time_on_stream([&] { kernels::reorder_tiles_to_rows(t.dtype, slots.get(), s, scratch, n, t.stream); },
@@ -505,9 +511,10 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     for (plan::TileShape tile : t.tiles) {
       full.push_back(plan::make_schedule(m, n, tile, t.sms, plan::Raster::AlongN,
                                          plan::default_swizzle(t.sms, tile, int32_t((m + tile.bm - 1) / tile.bm))));
-      full_ms.push_back(measure_gemm_ms(full.back(), int(k), t.dtype, a, b, scratch, t.stream, 10));
+      full_ms.push_back(t.gemm_ms ? t.gemm_ms(full.back())
+                                  : measure_gemm_ms(full.back(), int(k), t.dtype, a, b, scratch, t.stream, 10));
     }
-    full_ms = max_over_ranks(*t.rv, full_ms);
+    if (!t.gemm_ms) full_ms = max_over_ranks(*t.rv, full_ms);
     const size_t i = size_t(std::min_element(full_ms.begin(), full_ms.end()) - full_ms.begin());
     AllReducePlan seq = *best;
     seq.sequential = true;

@@ -1,5 +1,5 @@
 // tuner.h — measuring what the planner's model needs on this machine
-// (DESIGN.md 2.4: GEMM duration per wave, a bandwidth curve per collective
+// (docs/design.md §2.4: GEMM duration per wave, a bandwidth curve per collective
 // and CTA budget), and timing collective work across ranks.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -142,6 +142,12 @@ struct AllReduceTuning {
   // run_registered. With owners on 4 stages that takes the copy of the
   // peer's tiles out of the call (2-5 us), which run would time in.
   bool registered_output = false;
+  // Online planning (the paper's online phase: nothing measured): the
+  // GEMM's time on a schedule from this model, the same on every rank, and
+  // the slot reorder's from reorder_gb_s; then rv, a, b and scratch are not
+  // used. Empty: the GEMMs (and the reorder) are measured, max over ranks.
+  std::function<double(const plan::Schedule&)> gemm_ms;
+  double reorder_gb_s = 2500;  // the reorder reads and writes C once
   int select_iters = 12;
   // Finalists within runoff_within of the fastest (at most 3) are timed
   // again in turns, runoff_iters runs each, and the fastest of that run is
