@@ -268,7 +268,7 @@ bool gemm_four_stages(const GemmParams& p);
 // Loads every kernel of this library into the current context now. CUDA's
 // lazy loading would otherwise load a module at its first launch, which
 // synchronises the context and deadlocks against a stream already waiting on
-// a flag that this kernel will set (DESIGN.md section 5).
+// a flag that this kernel will set (docs/design.md §5.4).
 void preload_kernels();
 
 }  // namespace flashoverlap::kernels

@@ -1,5 +1,5 @@
-// wait.cuh — the bounded poll behind every device-side wait (DESIGN.md
-// section 5: no hang without a message).
+// wait.cuh — the bounded poll behind every device-side wait (docs/design.md
+// §5.7: no hang without a message).
 #pragma once
 #include <cstdint>
 

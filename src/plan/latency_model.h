@@ -1,4 +1,4 @@
-// latency_model.h — the performance model the search runs on (DESIGN.md 2.4):
+// latency_model.h — the performance model the search runs on (docs/design.md §2.4):
 // a bandwidth curve per collective (latency of one call vs bytes), its scaling
 // to other world sizes and to the CTAs left to NCCL, and the GEMM's duration
 // per wave.
@@ -65,7 +65,7 @@ struct CommModel {
   BandwidthCurve curve;
   int32_t world = 2;
   // NCCL reaches its full bandwidth with this many CTAs (channels). Fit to
-  // DESIGN.md section 6: a 64 MiB AllReduce with 2/4/8 channels took
+  // docs/design.md §6.2: a 64 MiB AllReduce with 2/4/8 channels took
   // 1.71/0.90/0.55 ms against 0.28 ms with 32, i.e. its bandwidth term grows
   // as ~16/channels below 16.
   int32_t saturating_ctas = 16;
@@ -91,7 +91,7 @@ struct CommModel {
 // partial last wave takes as long as a full one (each active CTA still
 // computes a whole tile). Tiles other than 128x256 run at `efficiency`.
 struct GemmModel {
-  double peak_tflops = 770.0;  // large-shape cuBLAS bf16 on H200 (DESIGN.md section 6)
+  double peak_tflops = 770.0;  // large-shape cuBLAS bf16 on H200 (docs/design.md §6.1)
   int32_t peak_sms = 132;
   double slowdown = 1.10;      // GEMM under concurrent NCCL (measured 8-19%)
 

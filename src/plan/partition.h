@@ -1,6 +1,6 @@
 // partition.h — wave groups. A partition splits the T waves of a schedule into
 // consecutive groups (a composition of T: positive sizes summing to T); each
-// group is signalled and communicated as one unit (DESIGN.md 2.2).
+// group is signalled and communicated as one unit (docs/design.md §2.2).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -1,7 +1,7 @@
 // planner.h — the planner's top level: for one shape and collective, pick the
 // tile shape, the SMs left to NCCL, the tile order and the wave partition
 // that the model predicts fastest, or fall back to sequential when nothing
-// beats it (DESIGN.md 5: never slower than sequential).
+// beats it (docs/design.md §5.6: never slower than sequential).
 //
 // Typical use (runtime):
 //   PlanRequest req{.op = Collective::AllReduce, .m = M, .n = N, .k = K, .world = W};

@@ -1,4 +1,4 @@
-// predictor.h — the paper's latency predictor (DESIGN.md 2.4) over an
+// predictor.h — the paper's latency predictor (docs/design.md §2.4) over an
 // abstract cost model: compute time per wave, communication time per group.
 //   t_acc_p += t_p(group waves);  t_acc_m = max(t_acc_p, t_acc_m) + t_m(group)
 #pragma once

@@ -1,6 +1,6 @@
 // schedule.h — the persistent GEMM schedule: tile index -> (tile row, tile
 // column), CTA and round. One pure function used by the host planner and by the
-// kernel (DESIGN.md section 5, "one schedule, two users"). No CUDA headers:
+// kernel (docs/design.md §5.1, "one schedule, two users"). No CUDA headers:
 // under nvcc the functions are also __device__.
 #pragma once
 #include <cstdint>

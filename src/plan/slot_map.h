@@ -1,6 +1,6 @@
 // slot_map.h — where each tile row goes in the communication buffers, which
 // element ranges each group's NCCL call covers, and how received rows go back
-// to row-major output (DESIGN.md 2.3). One structure for all three
+// to row-major output (docs/design.md §2.3). One structure for all three
 // collectives; the builders are in slot_map_{allreduce,reducescatter,alltoall}.h.
 //
 // Buffers are arrays of SLOT ROWS, each exactly bn elements wide: one tile's

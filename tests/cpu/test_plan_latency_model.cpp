@@ -141,7 +141,7 @@ TEST(PlanLatencyModel, CommModelScalesWithWorldAndNcclCtas) {
   EXPECT_DOUBLE_EQ(two.ms(b, 32), full);
   EXPECT_NEAR(two.ms(b, 8) - over, 2 * (full - over), 1e-12);
   EXPECT_NEAR(two.ms(b, 4) - over, 4 * (full - over), 1e-12);
-  // The fit reproduces DESIGN.md's 64 MiB AllReduce with 8 channels (0.55 ms) within 10%.
+  // The fit reproduces docs/design.md §6.2's 64 MiB AllReduce with 8 channels (0.55 ms) within 10%.
   EXPECT_NEAR(two.ms(b, 8), 0.55, 0.055);
   const fo::BandwidthCurve solo(fo::Collective::AllReduce, 1, {{1, 1}, {2, 2}});
   EXPECT_THROW(fo::CommModel(solo, 2), flashoverlap::InvalidArgument);

@@ -1,4 +1,4 @@
-// timing.h — device timing with CUDA events (DESIGN.md section 8):
+// timing.h — device timing with CUDA events (docs/design.md §8):
 // warm-up first, then each run timed on its own, median reported.
 #pragma once
 #include <cuda_runtime_api.h>
