@@ -1,0 +1,151 @@
+// flashoverlap.h — FlashOverlap's C++ API: a GEMM whose output is reduced
+// over the ranks of an NCCL communicator while the GEMM still runs (the
+// FlashOverlap paper, arXiv 2504.19519; docs/design.md).
+//
+//   auto comm = flashoverlap::Communicator::adopt(my_nccl_comm);      // or from_env()
+//   flashoverlap::GemmAllReduce op(comm, /*max_m=*/8192, /*n=*/8192, /*k=*/8192,
+//                                  flashoverlap::DType::BF16);          // collective
+//   op.run(x, w, y, m, stream);  // y = sum over ranks of x (m x k) * w^T (w: n x k), any m <= max_m
+//
+// Errors are flashoverlap::Error (InvalidArgument for what the caller can
+// fix), naming the rank, the shape and the CUDA or NCCL error. Every
+// object here is used by one thread at a time.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "flashoverlap/error.h"
+
+namespace flashoverlap {
+
+// The library's version, "MAJOR.MINOR.PATCH".
+const char* version();
+
+enum class DType { BF16, FP16 };
+
+// The NCCL communicator the ops run on. Copies share it; the ops built on
+// it keep it alive.
+class Communicator {
+ public:
+  // A communicator the caller owns (PyTorch's, vLLM's, ...): never
+  // destroyed here, so it must outlive this object and every op built on it.
+  static Communicator adopt(ncclComm_t comm);
+  // A new communicator over the processes of a job, from torchrun's
+  // environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or
+  // OpenMPI's (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK): collective; each
+  // process uses GPU LOCAL_RANK (cudaSetDevice). A single process without
+  // those variables gets a communicator of one rank.
+  static Communicator from_env();
+  // A new communicator from a unique id that one rank made (unique_id())
+  // and the caller sent to every rank: collective over `world` ranks, each
+  // on its current CUDA device.
+  static Communicator from_unique_id(const ncclUniqueId& id, int rank, int world);
+  static ncclUniqueId unique_id();
+
+  ncclComm_t get() const;
+  int rank() const;
+  int world() const;
+
+  struct Impl;
+
+ private:
+  explicit Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+  friend class GemmAllReduce;
+};
+
+struct GemmAllReduceOptions {
+  // How the AllReduce runs beside the GEMM:
+  //   Auto       the fastest the model predicts for each m (sequential
+  //              where nothing would gain), or the tuning cache's pick;
+  //   Sequential our GEMM, then one ncclAllReduce (cuBLAS's GEMM where it
+  //              measured faster at construction);
+  //   RowBands   the GEMM signals as row bands of C finish; one
+  //              ncclAllReduce per group of bands, in place, on `nccl_sms`
+  //              SMs the GEMM leaves free (any interconnect);
+  //   Slots      the paper's layout: tiles into contiguous slots, one
+  //              ncclAllReduce per group of waves, then a reorder (fused
+  //              with the residual + RMSNorm of run_rmsnorm).
+  enum class Path { Auto, Sequential, RowBands, Slots };
+  Path path = Path::Auto;
+  // SMs left to NCCL beside the GEMM on the NCCL paths (its communicator,
+  // derived from the caller's at construction, is bounded to them).
+  int nccl_sms = 8;
+  // A wait for a group longer than this fails the call (reported by the
+  // next call or by check()), instead of hanging.
+  double wait_timeout_s = 30.0;
+  // Every call first checks that all ranks passed the same m (one small
+  // exchange, synchronising the host with the stream); a mismatch throws
+  // InvalidArgument on every rank. Also on with FLASHOVERLAP_CHECK_M=1.
+  // Without it, ranks that disagree on m hang in NCCL, as they would in
+  // any NCCL program: the check is for debugging.
+  bool check_m = false;
+  // A directory of bandwidth curves measured on this machine (`flashoverlap
+  // tune --curves DIR`); rank 0's are used by every rank. Empty: the
+  // built-in H200 model.
+  std::string curves;
+};
+
+// C = A * B^T summed over the ranks of a communicator (AllReduce), with A
+// (m x k, row-major), B (n x k, row-major: nn.Linear's weight), C (m x n),
+// bf16 or fp16, fp32 accumulation, overlapped as the plan for m says. On 2
+// ranks the result is bitwise our GEMM followed by one ncclAllReduce.
+//
+// Calls and streams: calls may come on any streams; the op orders each call
+// after the previous one. Every rank makes the same calls, with the same
+// m, in the same order (as every NCCL program must). Calls of several ops
+// on one GPU must be ordered (one stream, or events). The destructor waits
+// for the last call's work.
+//
+// CUDA graphs: run and run_rmsnorm may be captured (and the graph replayed,
+// mixed with eager calls) on the Sequential, RowBands and Slots paths, for
+// an m the op has planned already (an eager call or prepare(m) first:
+// planning allocates). Destroy the op only after its graphs' work is done.
+class GemmAllReduce {
+ public:
+  // Collective over `comm`: every rank, with the same arguments. Measures
+  // the GEMM once per tile shape (the model's GEMM times) and derives the
+  // bounded communicator. 1 <= max_m; n >= 1; k % 8 == 0 (16-byte rows).
+  GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                const GemmAllReduceOptions& options = {});
+  ~GemmAllReduce();
+  GemmAllReduce(GemmAllReduce&&) noexcept;
+  GemmAllReduce& operator=(GemmAllReduce&&) noexcept;
+
+  // out (m x n, ld_out elements per row, 0: n) = AllReduce(A * B^T), on
+  // `stream`; any 1 <= m <= max_m, a different m on consecutive calls. An m
+  // not seen before is planned first (from the model: no measurement; on
+  // the host, well under a millisecond) and its plan kept.
+  void run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out = 0);
+  // out = RMSNorm(h) * norm_weight, h = AllReduce(A * B^T) + residual,
+  // per row of n: h * rsqrt(mean(h^2) + eps) * norm_weight, h rounded to
+  // the dtype first; residual_out (optional) = h. out, residual and
+  // residual_out are m x n (ld n) and must not overlap.
+  void run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight, float eps, void* out,
+                   void* residual_out, int64_t m, cudaStream_t stream);
+  // Plans m (if new) and allocates what its calls need, without running:
+  // before capturing a call with this m into a CUDA graph.
+  void prepare(int64_t m);
+  // The plan m runs with, e.g. "row bands, groups of bands 2,1,1 (128x256
+  // tiles, 124 CTAs, NCCL on 8 SMs), predicted 0.41 ms".
+  std::string plan(int64_t m);
+  // Throws the Error of an earlier call whose wait timed out (synchronise
+  // its stream first); nothing otherwise.
+  void check() const;
+
+  int64_t max_m() const;
+  int64_t n() const;
+  int64_t k() const;
+  DType dtype() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashoverlap

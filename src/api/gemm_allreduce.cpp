@@ -1,0 +1,276 @@
+// gemm_allreduce.cpp — flashoverlap::GemmAllReduce (flashoverlap.h): one
+// op for any m <= max_m. Built once: the communicator bounded to the SMs
+// left to NCCL, the scratch sized for max_m, the GEMM's time per wave
+// (measured, max over ranks) and the AllReduce curves (rank 0's): what the
+// model plans from, the same on every rank. A call with an m not seen
+// before plans it (per m's tile rows: the plan of a bucket holds for every m
+// in it) from the model, without measuring, and makes its op, which shares
+// the core (streams, order of calls, scratch) with the others.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "api/communicator_impl.h"
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "plan/curve_files.h"
+#include "plan/latency_model.h"
+#include "plan/tile_grid.h"
+#include "runtime/core/exchange.h"
+#include "runtime/core/overlap_core.h"
+#include "runtime/ops/allreduce.h"
+#include "runtime/tune/tuner.h"
+
+namespace flashoverlap {
+namespace {
+
+kernels::DType to_kernels(DType d) { return d == DType::BF16 ? kernels::DType::BF16 : kernels::DType::FP16; }
+
+constexpr int32_t kBm = 128;  // every tile shape's height: m's bucket is its tile rows
+int32_t bucket_of(int64_t m) { return int32_t((m + kBm - 1) / kBm); }
+
+const std::vector<plan::TileShape> kTiles = {{128, 256}, {128, 128}};
+
+// Rank 0's text on every rank: the lengths, then every rank's text padded
+// to the longest (two small NCCL exchanges, bounded).
+std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const std::string& what) {
+  const std::vector<int64_t> lengths = rt::gather_from_all(comm, rank, int64_t(mine.size()), what + " (lengths)");
+  const size_t longest = size_t(*std::max_element(lengths.begin(), lengths.end()));
+  std::string padded = mine;
+  padded.resize(std::max<size_t>(longest, 1));
+  const std::vector<uint8_t> all = rt::gather_bytes(comm, rank, padded.data(), padded.size(), what);
+  return std::string(reinterpret_cast<const char*>(all.data()), size_t(lengths[0]));
+}
+
+// The AllReduce curve of the built-in H200 model on `world` ranks and
+// `ctas` CTAs (0: NCCL's default), at the model's sizes.
+plan::BandwidthCurve model_curve(int world, int ctas) {
+  const plan::BandwidthCurve base = plan::BandwidthCurve::builtin_h200(plan::Collective::AllReduce);
+  const plan::CommModel model(base, world);
+  std::vector<plan::CurveSample> samples;
+  for (const plan::CurveSample& x : base.samples()) samples.push_back({x.bytes, model.ms(x.bytes, ctas)});
+  return plan::BandwidthCurve(plan::Collective::AllReduce, world, samples, "the built-in H200 model");
+}
+
+const char* path_name(GemmAllReduceOptions::Path p) {
+  switch (p) {
+    case GemmAllReduceOptions::Path::Auto: return "auto";
+    case GemmAllReduceOptions::Path::Sequential: return "sequential";
+    case GemmAllReduceOptions::Path::RowBands: return "row bands";
+    case GemmAllReduceOptions::Path::Slots: return "slots";
+  }
+  return "?";
+}
+
+}  // namespace
+
+struct GemmAllReduce::Impl {
+  std::shared_ptr<Communicator::Impl> comm;  // (keeps the caller's communicator object alive)
+  rt::Communicator bounded;                  // NCCL on nccl_sms CTAs, clusters of 1: beside the GEMM
+  int64_t max_m = 0, n = 0, k = 0;
+  DType dtype = DType::BF16;
+  GemmAllReduceOptions opts;
+  int rank = 0, world = 1, sms = 0;
+  bool check_m = false;
+  double wave_ms[2] = {0, 0};  // our GEMM's time per wave, 128x256 and 128x128 tiles (max over ranks)
+  std::unique_ptr<plan::BandwidthCurve> curve_default, curve_bounded;
+  rt::OverlapCore core;  // (before the ops: they use it until they are destroyed)
+  std::map<int32_t, rt::AllReducePlan> plans;                    // by m's bucket
+  std::map<int64_t, std::unique_ptr<rt::OverlapAllReduce>> ops;  // by m
+  rt::OverlapAllReduce* last = nullptr;                          // the op of the last call (check())
+
+  std::string who() const {
+    return "GemmAllReduce (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", max_m " +
+           std::to_string(max_m) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ")";
+  }
+  double gemm_ms(const plan::Schedule& s) const { return wave_ms[s.bn == 256 ? 0 : 1] * s.waves(); }
+  plan::Schedule full_grid(int64_t m, plan::TileShape tile) const {
+    return plan::make_schedule(m, n, tile, sms, plan::Raster::AlongN,
+                               plan::default_swizzle(sms, tile, int32_t((m + tile.bm - 1) / tile.bm)));
+  }
+  rt::AllReducePlan sequential_plan(int64_t m) const {
+    rt::AllReducePlan p;
+    p.sequential = true;
+    p.layout = rt::ArLayout::RowBands;
+    p.sched = full_grid(m, kTiles[0]);
+    const plan::Schedule other = full_grid(m, kTiles[1]);
+    if (gemm_ms(other) < gemm_ms(p.sched)) p.sched = other;
+    p.groups = plan::make_groups(p.sched, {p.sched.waves()});
+    p.predicted_ms = gemm_ms(p.sched) + curve_default->latency_ms(double(m) * double(n) * 2);
+    return p;
+  }
+  // The model's plan for m's bucket (the paper's online phase: nothing measured).
+  rt::AllReducePlan plan_for(int64_t m) const {
+    using Path = GemmAllReduceOptions::Path;
+    const rt::AllReducePlan seq = sequential_plan(m);
+    if (opts.path == Path::Sequential) return seq;
+    rt::AllReduceTuning t;
+    t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = kTiles;
+    t.layouts = opts.path == Path::RowBands ? std::vector<rt::ArLayout>{rt::ArLayout::RowBands}
+                : opts.path == Path::Slots  ? std::vector<rt::ArLayout>{rt::ArLayout::Slots}
+                                            : std::vector<rt::ArLayout>{rt::ArLayout::RowBands, rt::ArLayout::Slots};
+    t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
+    t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };
+    try {  // (a forced path: never replaced by the sequential plan)
+      return rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, opts.path == Path::Auto ? seq.predicted_ms : 1e30);
+    } catch (const rt::NoPlan&) {
+      return seq;  // (e.g. one band of tile rows: nothing to overlap)
+    }
+  }
+  rt::OverlapAllReduce& op_for(int64_t m) {
+    if (m < 1 || m > max_m)
+      throw InvalidArgument(who() + ": m must be in [1, max_m], not " + std::to_string(m));
+    if (auto it = ops.find(m); it != ops.end()) return *it->second;
+    const int32_t bucket = bucket_of(m);
+    auto pit = plans.find(bucket);
+    if (pit == plans.end()) pit = plans.emplace(bucket, plan_for(m)).first;
+    const rt::AllReducePlan& p = pit->second;
+    rt::OverlapAllReduceOptions o;
+    o.sched = plan::make_schedule(m, n, {p.sched.bm, p.sched.bn}, p.sched.ctas, p.sched.raster, p.sched.swizzle);
+    o.groups = p.groups;  // (tile ranges: the same for every m of the bucket)
+    o.layout = p.layout, o.k = int(k), o.dtype = to_kernels(dtype), o.rank = rank;
+    o.comm = p.sequential ? comm->comm.get() : bounded.get();
+    o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
+    o.wait_timeout_s = opts.wait_timeout_s, o.four_stages = p.four_stages, o.fuse_sum = p.fuse_sum;
+    o.core = &core;
+    return *ops.emplace(m, std::make_unique<rt::OverlapAllReduce>(o)).first->second;
+  }
+  // check_m: every rank's m, compared (a host exchange; not under capture).
+  void check_same_m(int64_t m, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (!check_m || capture != cudaStreamCaptureStatusNone) return;
+    const std::vector<int64_t> all = rt::gather_from_all(comm->comm.get(), rank, m, who() + ": checking m");
+    if (std::all_of(all.begin(), all.end(), [&](int64_t x) { return x == all[0]; })) return;
+    std::ostringstream os;
+    os << who() << ": the ranks called with different m (";
+    for (size_t r = 0; r < all.size(); ++r) os << (r ? ", " : "") << "rank " << r << ": " << all[r];
+    os << "); every rank must pass the same m";
+    throw InvalidArgument(os.str());
+  }
+};
+
+GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                             const GemmAllReduceOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  if (!comm.impl_) throw InvalidArgument("GemmAllReduce: no communicator");
+  d.comm = comm.impl_;
+  d.max_m = max_m, d.n = n, d.k = k, d.dtype = dtype, d.opts = options;
+  d.rank = comm.rank(), d.world = comm.world();
+  if (max_m < 1 || n < 1 || k < 8 || k % 8 != 0 || max_m > (int64_t(1) << 30) || n > (int64_t(1) << 30))
+    throw InvalidArgument(d.who() + ": needs 1 <= max_m, 1 <= n (both below 2^30) and k a multiple of 8 (16-byte rows)");
+  d.sms = rt::current_device_sms();
+  if (options.nccl_sms < 1 || options.nccl_sms > d.sms / 2)
+    throw InvalidArgument(d.who() + ": nccl_sms must be in [1, " + std::to_string(d.sms / 2) + "], not " +
+                          std::to_string(options.nccl_sms));
+  if (!(options.wait_timeout_s > 0 && options.wait_timeout_s <= 7 * 24 * 3600.0))
+    throw InvalidArgument(d.who() + ": wait_timeout_s must be > 0 and at most a week");
+  const char* env_check = std::getenv("FLASHOVERLAP_CHECK_M");
+  d.check_m = options.check_m || (env_check && std::strcmp(env_check, "1") == 0);
+  const ncclComm_t c = comm.get();
+
+  // NCCL beside the GEMM on the SMs it leaves: its CTAs bounded, clusters of 1 (docs/design.md §5.5).
+  d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});
+
+  // The curves: rank 0's files where it has them, else the built-in model.
+  const std::string dt_name = dtype == DType::BF16 ? "bf16" : "fp16";
+  auto curve = [&](int ctas) {
+    std::string mine;
+    if (!options.curves.empty()) {
+      std::ostringstream log;
+      const rt::DeviceInfo info = rt::device_info([] { int dev = 0; FO_CUDA_CHECK(cudaGetDevice(&dev)); return dev; }());
+      if (auto found = plan::load_fitting_curve(plan::allreduce_curve_file(options.curves, ctas, d.world, dt_name),
+                                                plan::Collective::AllReduce, info.name, d.world, log))
+        mine = found->to_json().dump();
+    }
+    const std::string text = from_rank0(c, d.rank, mine, d.who() + ": the AllReduce curve");
+    return std::make_unique<plan::BandwidthCurve>(
+        text.empty() ? model_curve(d.world, ctas)
+                     : plan::BandwidthCurve::from_json(nlohmann::json::parse(text), "rank 0's curve"));
+  };
+  d.curve_default = curve(0);
+  d.curve_bounded = curve(options.nccl_sms);
+
+  // Our GEMM's time per wave for each tile shape, on the largest m up to 4096 (max over ranks).
+  {
+    const int64_t m_cal = std::min<int64_t>(max_m, 4096);
+    rt::DeviceBuffer a(size_t(m_cal) * k * 2), b(size_t(n) * k * 2), c_out(size_t(m_cal) * n * 2);
+    cudaStream_t st = nullptr;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    kernels::fill_random(to_kernels(dtype), a.get(), m_cal * k, 1, -1.f, 1.f, st);
+    kernels::fill_random(to_kernels(dtype), b.get(), n * k, 2, -1.f, 1.f, st);
+    std::array<double, 2> mine{};
+    for (size_t i = 0; i < kTiles.size(); ++i) {
+      const plan::Schedule s = d.full_grid(m_cal, kTiles[i]);
+      mine[i] = rt::measure_gemm_ms(s, int(k), to_kernels(dtype), a.get(), b.get(), c_out.get(), st, 5) / s.waves();
+    }
+    FO_CUDA_CHECK(cudaStreamSynchronize(st));
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+    for (const std::array<double, 2>& r : rt::gather_from_all(c, d.rank, mine, d.who() + ": the GEMM's wave times"))
+      for (size_t i = 0; i < 2; ++i) d.wave_ms[i] = std::max(d.wave_ms[i], r[i]);
+  }
+  // Scratch for the largest m: row-major C, or the slot layout's tiles (whole tiles).
+  size_t scratch = size_t(max_m) * size_t(n) * 2;
+  for (plan::TileShape t : kTiles)
+    scratch = std::max(scratch, size_t(bucket_of(max_m)) * t.bm * size_t((n + t.bn - 1) / t.bn) * t.bn * 2);
+  d.core.reserve(0, scratch);
+}
+
+GemmAllReduce::~GemmAllReduce() = default;
+GemmAllReduce::GemmAllReduce(GemmAllReduce&&) noexcept = default;
+GemmAllReduce& GemmAllReduce::operator=(GemmAllReduce&&) noexcept = default;
+
+void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out) {
+  Impl& d = *impl_;
+  if (!a || !b || !out) throw InvalidArgument(d.who() + "::run: a, b and out must not be null");
+  if (ld_out != 0 && ld_out < d.n)
+    throw InvalidArgument(d.who() + "::run: ld_out must be 0 (n) or at least n, not " + std::to_string(ld_out));
+  rt::OverlapAllReduce& op = d.op_for(m);
+  d.check_same_m(m, stream);
+  op.run(a, b, out, ld_out == 0 ? d.n : ld_out, stream);
+  d.last = &op;
+}
+
+void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight, float eps,
+                                void* out, void* residual_out, int64_t m, cudaStream_t stream) {
+  Impl& d = *impl_;
+  if (!a || !b || !out || !residual || !norm_weight)
+    throw InvalidArgument(d.who() + "::run_rmsnorm: a, b, residual, norm_weight and out must not be null");
+  if (!(eps >= 0) || !std::isfinite(eps))
+    throw InvalidArgument(d.who() + "::run_rmsnorm: eps must be finite and >= 0");
+  rt::OverlapAllReduce& op = d.op_for(m);
+  d.check_same_m(m, stream);
+  op.run_rmsnorm(a, b, rt::RmsNormArgs{residual, norm_weight, eps, residual_out}, out, stream);
+  d.last = &op;
+}
+
+void GemmAllReduce::prepare(int64_t m) { (void)impl_->op_for(m); }
+
+std::string GemmAllReduce::plan(int64_t m) {
+  Impl& d = *impl_;
+  const rt::OverlapAllReduce& op = d.op_for(m);
+  const rt::AllReducePlan& p = d.plans.at(bucket_of(m));
+  std::ostringstream os;
+  os << rt::describe(p) << "; groups " << op.describe_groups() << "; predicted " << p.predicted_ms << " ms (path "
+     << path_name(d.opts.path) << ", NCCL on " << d.opts.nccl_sms << " SMs beside the GEMM)";
+  return os.str();
+}
+
+void GemmAllReduce::check() const {
+  if (impl_->last) impl_->last->check();
+}
+
+int64_t GemmAllReduce::max_m() const { return impl_->max_m; }
+int64_t GemmAllReduce::n() const { return impl_->n; }
+int64_t GemmAllReduce::k() const { return impl_->k; }
+DType GemmAllReduce::dtype() const { return impl_->dtype; }
+
+}  // namespace flashoverlap

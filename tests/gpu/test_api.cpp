@@ -1,0 +1,249 @@
+// GPU tests of the public C++ API (include/flashoverlap/flashoverlap.h) on
+// every local GPU up to 2 (one GPU: a communicator of one rank, whose
+// AllReduce moves nothing but runs every step of the op): any m per op on
+// every path against our GEMM + one ncclAllReduce (bitwise: on at most 2
+// ranks NCCL's sum is a + b), the RMSNorm form against the host's
+// definition, CUDA graph capture and replay mixed with eager calls, the
+// time to plan a new m, m checked across ranks, and bad arguments.
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashoverlap/flashoverlap.h"
+#include "host_reference.h"
+#include "kernels/check.h"
+#include "plan/tile_grid.h"
+#include "rank_harness.h"
+#include "runtime/ops/baselines.h"
+
+using namespace flashoverlap;
+using rt::DeviceBuffer;
+constexpr kernels::DType kBf16 = kernels::DType::BF16;  // (the kernels' name; flashoverlap::DType is the API's)
+
+namespace {
+
+using Path = GemmAllReduceOptions::Path;
+const std::vector<Path> kPaths = {Path::Sequential, Path::RowBands, Path::Slots, Path::Auto};
+const char* name(Path p) {
+  return p == Path::Sequential ? "sequential" : p == Path::RowBands ? "row bands" : p == Path::Slots ? "slots" : "auto";
+}
+
+int world_here() { return std::min(rt::hopper_device_count(), 2); }
+
+// The reference of a call: our GEMM on the full grid, then one ncclAllReduce.
+void reference(const void* a, const void* b, void* ref, int64_t m, int64_t n, int64_t k, ncclComm_t comm,
+               cudaStream_t st) {
+  const plan::Schedule s = plan::make_schedule(m, n, {128, 256}, rt::current_device_sms(), plan::Raster::AlongN, 8);
+  rt::sequential_ours_allreduce(kBf16, a, b, ref, s, int(k), comm, st);
+}
+
+struct Buffers {
+  DeviceBuffer a, b, out, ref;
+  Buffers(int64_t max_m, int64_t n, int64_t k, int64_t ld)
+      : a(size_t(max_m) * k * 2), b(size_t(n) * k * 2), out(size_t(max_m) * ld * 2), ref(size_t(max_m) * n * 2) {}
+};
+
+// 200 calls with m drawn in [1, max_m] (each new m planned on the way; some
+// repeat), on each path in turn, every output checked.
+TEST(GemmAllReduceApi, AnyMOnEveryPathMatchesOurGemmAndNccl) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  const int world = world_here();
+  std::fprintf(stderr, "world %d, seed %llu\n", world, static_cast<unsigned long long>(seed));
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const int64_t max_m = 3000, n = 2048, k = 512, ld_max = n + 8;
+    const Communicator comm = Communicator::adopt(nccl);
+    ASSERT_EQ(comm.world(), world);
+    ASSERT_EQ(comm.rank(), rank);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Buffers buf(max_m, n, k, ld_max);
+    DeviceBuffer residual(size_t(max_m) * n * 2), weight(size_t(n) * 2), y(size_t(max_m) * n * 2),
+        h(size_t(max_m) * n * 2);
+    for (Path path : kPaths) {
+      GemmAllReduceOptions o;
+      o.path = path;
+      GemmAllReduce op(comm, max_m, n, k, DType::BF16, o);
+      std::mt19937_64 rng(seed + uint64_t(path));  // (the same m on every rank)
+      int overlapped = 0;
+      for (int call = 0; call < 200; ++call) {
+        const int64_t m = call % 50 == 0 ? max_m : 1 + int64_t(rng() % uint64_t(max_m));
+        const int64_t ld = rng() % 4 == 0 ? ld_max : n;
+        const uint64_t sd = seed + 1000 * uint64_t(call) + 17 * uint64_t(rank);
+        kernels::fill_random(kBf16, buf.a.get(), m * k, sd, -1.f, 1.f, st);
+        kernels::fill_random(kBf16, buf.b.get(), n * k, sd + 1, -1.f, 1.f, st);
+        kernels::poison(buf.out.get(), m * ld, st);
+        kernels::poison(buf.ref.get(), m * n, st);
+        op.run(buf.a.get(), buf.b.get(), buf.out.get(), m, st, ld);
+        reference(buf.a.get(), buf.b.get(), buf.ref.get(), m, n, k, nccl, st);
+        FO_CUDA_CHECK(cudaStreamSynchronize(st));
+        op.check();
+        const std::string plan = op.plan(m);
+        overlapped += plan.find("sequential") == std::string::npos;
+        const std::string where = std::string(name(path)) + " m=" + std::to_string(m) + " ld=" + std::to_string(ld) +
+                                  " rank " + std::to_string(rank) + " (" + plan + ") seed " + std::to_string(seed);
+        EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, buf.out.get(), ld, buf.ref.get(), n, m, n, st)))
+            << where;
+        if (call % 20 == 7) {  // the RMSNorm form, against the host's definition from the reference
+          const float eps = test::eps_for_call(call / 20, world * double(k) / 9 + 1.0 / 3);
+          kernels::fill_random(kBf16, residual.get(), m * n, sd + 2, -1.f, 1.f, st);
+          kernels::fill_random(kBf16, weight.get(), n, sd + 3, 0.5f, 1.5f, st);
+          op.run_rmsnorm(buf.a.get(), buf.b.get(), residual.get(), weight.get(), eps, y.get(), h.get(), m, st);
+          const test::NormCheck norm = test::check_rmsnorm(kBf16, buf.ref.get(), n, residual.get(), weight.get(),
+                                                           eps, y.get(), h.get(), m, n, st);
+          EXPECT_TRUE(test::within(norm.out)) << where << " (RMSNorm)";
+          EXPECT_TRUE(test::bitwise(norm.residual_out)) << where << " (residual_out)";
+        }
+      }
+      // The forced NCCL paths overlap wherever m leaves two groups (most m here).
+      if (path == Path::RowBands || path == Path::Slots) EXPECT_GT(overlapped, 100) << name(path);
+      if (path == Path::Sequential) EXPECT_EQ(overlapped, 0);
+    }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+}
+
+// A call captured into a CUDA graph, replayed between eager calls of the
+// same op and m (and of another m), each with fresh inputs: every output is
+// the reference of its inputs. (The counters of a captured op are reset per
+// call, so replays and eager calls both wait for their own signals.)
+TEST(GemmAllReduceApi, GraphReplaysMixedWithEagerCalls) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  const int world = world_here();
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const int64_t max_m = 2048, n = 4096, k = 1024, m = 1900, m2 = 777;
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Buffers buf(max_m, n, k, n);
+    for (Path path : {Path::Sequential, Path::RowBands, Path::Slots}) {
+      GemmAllReduceOptions o;
+      o.path = path;
+      GemmAllReduce op(comm, max_m, n, k, DType::BF16, o);
+      op.prepare(m);  // (planning allocates: before the capture)
+      kernels::fill_random(kBf16, buf.b.get(), n * k, seed + 1 + rank, -1.f, 1.f, st);
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      FO_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      op.run(buf.a.get(), buf.b.get(), buf.out.get(), m, st);
+      FO_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+      FO_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      // replay, eager, replay, replay, eager of another m, replay, eager
+      const std::vector<int> kinds = {0, 1, 0, 0, 2, 0, 1};
+      for (size_t i = 0; i < kinds.size(); ++i) {
+        const int64_t mm = kinds[i] == 2 ? m2 : m;
+        kernels::fill_random(kBf16, buf.a.get(), mm * k, seed + 100 * i + 7 * uint64_t(rank), -1.f, 1.f, st);
+        kernels::poison(buf.out.get(), mm * n, st);
+        if (kinds[i] == 0)
+          FO_CUDA_CHECK(cudaGraphLaunch(exec, st));
+        else
+          op.run(buf.a.get(), buf.b.get(), buf.out.get(), mm, st);
+        reference(buf.a.get(), buf.b.get(), buf.ref.get(), mm, n, k, nccl, st);
+        FO_CUDA_CHECK(cudaStreamSynchronize(st));
+        op.check();
+        EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, buf.out.get(), n, buf.ref.get(), n, mm, n, st)))
+            << name(path) << " launch " << i << (kinds[i] == 0 ? " (replay)" : " (eager)") << " rank " << rank
+            << " seed " << seed << " (" << op.plan(m) << ")";
+      }
+      FO_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      FO_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+}
+
+// The time to plan (and make the op of) an m not seen before, on the host:
+// the figure the API promises to keep well under a millisecond. Printed;
+// asserted only as a hang guard (a loaded machine may be slower).
+TEST(GemmAllReduceApi, PlanningANewM) {
+  REQUIRE_HOPPER();
+  test::on_each_rank(1, [&](int, ncclComm_t nccl) {
+    const Communicator comm = Communicator::adopt(nccl);
+    GemmAllReduce op(comm, 16384, 8192, 8192, DType::BF16);
+    std::vector<double> new_bucket_us, same_bucket_us;
+    for (int64_t m = 100; m <= 16384; m += 331) {
+      auto t0 = std::chrono::steady_clock::now();
+      op.prepare(m);
+      new_bucket_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      t0 = std::chrono::steady_clock::now();
+      op.prepare(m % 128 == 1 ? m + 1 : m - 1);  // (another m of the same tile rows)
+      same_bucket_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    for (auto* v : {&new_bucket_us, &same_bucket_us}) std::sort(v->begin(), v->end());
+    std::fprintf(stderr,
+                 "planning a new m (16384 x 8192 x 8192 bf16, %zu m): new tile rows median %.0f us, max %.0f us; "
+                 "another m of known tile rows median %.0f us, max %.0f us\n",
+                 new_bucket_us.size(), new_bucket_us[new_bucket_us.size() / 2], new_bucket_us.back(),
+                 same_bucket_us[same_bucket_us.size() / 2], same_bucket_us.back());
+    EXPECT_LT(new_bucket_us.back(), 5e6);  // (a hang guard, not a speed bound)
+  });
+}
+
+// With check_m, ranks that pass different m throw InvalidArgument on every
+// rank, naming each rank's m, and nothing hangs; the same m runs.
+TEST(GemmAllReduceApi, CheckMFindsRanksThatDisagree) {
+  FO_REQUIRE_HOPPER_GPUS(2);
+  test::on_each_rank(2, [&](int rank, ncclComm_t nccl) {
+    const Communicator comm = Communicator::adopt(nccl);
+    GemmAllReduceOptions o;
+    o.check_m = true;
+    GemmAllReduce op(comm, 1024, 1024, 256, DType::BF16, o);
+    Buffers buf(1024, 1024, 256, 1024);
+    try {
+      op.run(buf.a.get(), buf.b.get(), buf.out.get(), rank == 0 ? 512 : 640, nullptr);
+      ADD_FAILURE() << "rank " << rank << ": different m ran";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0: 512, rank 1: 640"), std::string::npos) << e.what();
+    }
+    op.run(buf.a.get(), buf.b.get(), buf.out.get(), 512, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    op.check();
+  });
+}
+
+// Bad arguments are InvalidArgument with the problem named, before any work.
+TEST(GemmAllReduceApi, RejectsBadArguments) {
+  REQUIRE_HOPPER();
+  EXPECT_THROW(Communicator::adopt(nullptr), InvalidArgument);
+  test::on_each_rank(1, [&](int, ncclComm_t nccl) {
+    const Communicator comm = Communicator::adopt(nccl);
+    auto throws = [](auto fn, const std::string& part) {
+      try {
+        fn();
+        ADD_FAILURE() << "no exception (expected one mentioning '" << part << "')";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+      }
+    };
+    throws([&] { GemmAllReduce(comm, 0, 64, 64, DType::BF16); }, "max_m");
+    throws([&] { GemmAllReduce(comm, 64, 64, 60, DType::BF16); }, "multiple of 8");
+    GemmAllReduceOptions bad;
+    bad.nccl_sms = 0;
+    throws([&] { GemmAllReduce(comm, 64, 64, 64, DType::BF16, bad); }, "nccl_sms");
+    bad = {};
+    bad.wait_timeout_s = -1;
+    throws([&] { GemmAllReduce(comm, 64, 64, 64, DType::BF16, bad); }, "wait_timeout_s");
+    GemmAllReduce op(comm, 256, 128, 64, DType::BF16);
+    Buffers buf(256, 128, 64, 128);
+    throws([&] { op.run(buf.a.get(), buf.b.get(), buf.out.get(), 0, nullptr); }, "m must be in [1, max_m]");
+    throws([&] { op.run(buf.a.get(), buf.b.get(), buf.out.get(), 257, nullptr); }, "m must be in [1, max_m]");
+    throws([&] { op.run(nullptr, buf.b.get(), buf.out.get(), 8, nullptr); }, "must not be null");
+    throws([&] { op.run(buf.a.get(), buf.b.get(), buf.out.get(), 8, nullptr, 100); }, "ld_out");
+    throws([&] { op.run_rmsnorm(buf.a.get(), buf.b.get(), nullptr, buf.b.get(), 1e-6f, buf.out.get(), nullptr, 8,
+                                nullptr); },
+           "must not be null");
+    EXPECT_EQ(op.max_m(), 256);
+    EXPECT_EQ(op.n(), 128);
+    EXPECT_EQ(op.k(), 64);
+  });
+}
+
+}  // namespace
