@@ -1,0 +1,199 @@
+/* flashoverlap_c.h — FlashOverlap's C ABI: the C++ API of flashoverlap.h
+ * (a GEMM whose output is reduced over the ranks of an NCCL communicator
+ * while the GEMM still runs) for C, Python's ctypes and other languages.
+ *
+ *   fo_comm_t comm;
+ *   fo_gemm_allreduce_t op;
+ *   fo_gemm_allreduce_options opt;
+ *   if (fo_comm_from_env(&comm) != FO_OK) { puts(fo_last_error()); ... }
+ *   fo_gemm_allreduce_options_default(&opt, sizeof opt);
+ *   fo_gemm_allreduce_create(comm, 8192, 8192, 8192, FO_DTYPE_BF16, &opt, &op);
+ *   fo_gemm_allreduce_run(op, a, b, c, m, stream, 0);    (c = sum over ranks of a * b^T)
+ *   fo_gemm_allreduce_destroy(op);
+ *   fo_comm_destroy(comm);
+ *
+ * Conventions, for every function below except fo_version, fo_c_abi_version,
+ * fo_status_string and fo_last_error:
+ *   - it returns an fo_status and writes its results through out-parameters;
+ *     on failure, an out-handle is set to NULL (where the pointer to it is
+ *     not NULL itself) and other out-parameters are left as they were;
+ *   - no C++ exception crosses it (std::bad_alloc included): every failure
+ *     is a status and a message, fo_last_error();
+ *   - a NULL handle or a NULL required pointer is FO_INVALID_ARGUMENT, with a
+ *     message naming the function and the argument, never a crash. (The
+ *     destroy functions accept NULL and do nothing, as free() does.)
+ *
+ * Types across the ABI: the CUDA stream and the NCCL communicator are taken
+ * as `void*` (a cudaStream_t, a ncclComm_t: both are pointers to opaque
+ * structs, so the value passes unchanged), so that this header needs no
+ * CUDA or NCCL header and a ctypes caller passes the integer it already has
+ * (torch.cuda.current_stream().cuda_stream) as c_void_p. NULL is the legacy
+ * default stream, as in CUDA. Device buffers are `void*` too. Enums are
+ * 32-bit (each has a 0x7fffffff member to pin the size); the options struct
+ * uses only fixed-size fields (int32_t, double, a pointer, size_t).
+ *
+ * Threads: as in C++, each object is used by one thread at a time; objects
+ * may be used from different threads one after the other. The last error is
+ * per thread.
+ */
+#ifndef FLASHOVERLAP_C_H_
+#define FLASHOVERLAP_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FO_C_API __attribute__((visibility("default")))
+#else
+#define FO_C_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this C ABI, as fo_c_abi_version() returns it: raised when a
+ * function's or a struct's layout changes incompatibly (adding a function,
+ * an enum value or a field at the end of the options struct does not). A
+ * loader that cannot see this header (ctypes) compares the two. */
+#define FO_C_ABI_VERSION 1
+
+/* What a call can report, and what the caller can do about it. */
+typedef enum fo_status {
+  FO_OK = 0,
+  /* The caller can fix it: a NULL handle or pointer, a bad shape, m out of
+   * range, a bad enum value, a bad curves directory, ranks that passed
+   * different m (check_m). Nothing was done (the handle is as before). */
+  FO_INVALID_ARGUMENT = 1,
+  /* This process has no usable GPU: no NVIDIA driver, no CUDA device (e.g.
+   * CUDA_VISIBLE_DEVICES=""), or the current device is not a Hopper (sm_90)
+   * GPU. The caller can fall back to another implementation. (A driver that
+   * is installed but fails to start is FO_ERROR: that is a broken machine.) */
+  FO_NO_GPU = 2,
+  /* Anything else: CUDA, NCCL or cuBLAS failed, a wait timed out (see
+   * fo_gemm_allreduce_check), out of host memory, a broken installation.
+   * The message says what; an op that reported it may not be usable again. */
+  FO_ERROR = 3,
+  FO_STATUS_FORCE_INT32_ = 0x7fffffff
+} fo_status;
+
+typedef enum fo_dtype {
+  FO_DTYPE_BF16 = 0,
+  FO_DTYPE_FP16 = 1,
+  FO_DTYPE_FORCE_INT32_ = 0x7fffffff
+} fo_dtype;
+
+/* GemmAllReduceOptions::Path: how the AllReduce runs beside the GEMM (see
+ * flashoverlap.h). */
+typedef enum fo_path {
+  FO_PATH_AUTO = 0,
+  FO_PATH_SEQUENTIAL = 1,
+  FO_PATH_ROW_BANDS = 2,
+  FO_PATH_SLOTS = 3,
+  FO_PATH_FORCE_INT32_ = 0x7fffffff
+} fo_path;
+
+/* The NCCL communicator the ops run on (flashoverlap::Communicator). An op
+ * keeps its communicator alive: a handle may be destroyed once its ops are
+ * created. */
+typedef struct fo_comm* fo_comm_t;
+/* One GemmAllReduce op (flashoverlap::GemmAllReduce). */
+typedef struct fo_gemm_allreduce* fo_gemm_allreduce_t;
+
+/* The bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
+#define FO_UNIQUE_ID_BYTES 128
+
+/* GemmAllReduceOptions. Fill it with fo_gemm_allreduce_options_default
+ * first, then change fields: struct_size says which fields the caller's
+ * header knew, so that a library with more fields (a later version) gives
+ * the missing ones their defaults, and one with fewer refuses a caller that
+ * set fields it does not know. */
+typedef struct fo_gemm_allreduce_options {
+  size_t struct_size;    /* sizeof(fo_gemm_allreduce_options), as the caller knows it */
+  int32_t path;          /* an fo_path; default FO_PATH_AUTO */
+  int32_t nccl_sms;      /* SMs left to NCCL beside the GEMM; default 8 */
+  double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
+  int32_t check_m;       /* nonzero: every call checks all ranks passed the same m; default 0 */
+  int32_t reserved_;     /* 0 (padding, named so that the layout is explicit) */
+  const char* curves;    /* a directory of measured curves, copied at create; NULL or "": the built-in model (default NULL) */
+} fo_gemm_allreduce_options;
+
+/* ---- queries without a status (they never fail and never change fo_last_error) ---- */
+
+/* The library's version, "MAJOR.MINOR.PATCH" (flashoverlap::version()). */
+FO_C_API const char* fo_version(void);
+/* FO_C_ABI_VERSION as the library was built with it. */
+FO_C_API uint32_t fo_c_abi_version(void);
+/* "FO_OK", "FO_INVALID_ARGUMENT", ...; "unknown fo_status" for other values. */
+FO_C_API const char* fo_status_string(fo_status status);
+/* The message of this thread's last failed call ("<function>: <what>"), ""
+ * after a call that succeeded. Valid until this thread's next call of a
+ * function that returns an fo_status. */
+FO_C_API const char* fo_last_error(void);
+
+/* ---- communicators ---- */
+
+/* A communicator the caller owns (a ncclComm_t: PyTorch's, vLLM's, ...):
+ * never destroyed here, so it must outlive the handle and every op built on
+ * it. */
+FO_C_API fo_status fo_comm_adopt(void* nccl_comm, fo_comm_t* out);
+/* A new communicator over the processes of a job, from torchrun's or
+ * OpenMPI's environment (Communicator::from_env): collective; one rank
+ * without those variables. */
+FO_C_API fo_status fo_comm_from_env(fo_comm_t* out);
+/* A new communicator from a unique id that one rank made (fo_unique_id) and
+ * sent to every rank: collective over `world` ranks, each on its current
+ * CUDA device. id: FO_UNIQUE_ID_BYTES bytes (id_size must be that). */
+FO_C_API fo_status fo_comm_from_unique_id(const void* id, size_t id_size, int rank, int world, fo_comm_t* out);
+/* Writes a new NCCL unique id's FO_UNIQUE_ID_BYTES bytes to id (id_size >=
+ * FO_UNIQUE_ID_BYTES). */
+FO_C_API fo_status fo_unique_id(void* id, size_t id_size);
+FO_C_API fo_status fo_comm_rank(fo_comm_t comm, int* rank);
+FO_C_API fo_status fo_comm_world(fo_comm_t comm, int* world);
+/* The ncclComm_t underneath (Communicator::get), as void*. */
+FO_C_API fo_status fo_comm_nccl(fo_comm_t comm, void** nccl_comm);
+/* Releases the handle (the communicator itself lives on while ops use it;
+ * an adopted one is never destroyed here). NULL: nothing. */
+FO_C_API fo_status fo_comm_destroy(fo_comm_t comm);
+
+/* ---- GemmAllReduce: out = sum over ranks of a (m x k) * b^T (b: n x k), row-major ---- */
+
+/* The defaults (equal to GemmAllReduceOptions{}'s), writing struct_size
+ * bytes of *options: pass sizeof *options. */
+FO_C_API fo_status fo_gemm_allreduce_options_default(fo_gemm_allreduce_options* options, size_t struct_size);
+/* Collective over comm: every rank, with the same arguments. options: NULL
+ * for the defaults. 1 <= max_m; n >= 1; k % 8 == 0. */
+FO_C_API fo_status fo_gemm_allreduce_create(fo_comm_t comm, int64_t max_m, int64_t n, int64_t k, fo_dtype dtype,
+                                            const fo_gemm_allreduce_options* options, fo_gemm_allreduce_t* out);
+/* out (m x n, ld_out elements per row, 0: n) = AllReduce(a * b^T), on
+ * stream (a cudaStream_t; NULL: the legacy default stream); 1 <= m <= max_m.
+ * a, b and out are device pointers, required. */
+FO_C_API fo_status fo_gemm_allreduce_run(fo_gemm_allreduce_t op, const void* a, const void* b, void* out, int64_t m,
+                                         void* stream, int64_t ld_out);
+/* out = RMSNorm(h) * norm_weight, h = AllReduce(a * b^T) + residual;
+ * residual_out (optional, NULL: not written) = h. out, residual and
+ * residual_out are m x n (ld n) and must not overlap. */
+FO_C_API fo_status fo_gemm_allreduce_run_rmsnorm(fo_gemm_allreduce_t op, const void* a, const void* b,
+                                                 const void* residual, const void* norm_weight, float eps, void* out,
+                                                 void* residual_out, int64_t m, void* stream);
+/* Plans m (if new) and allocates what its calls need, without running:
+ * before capturing a call with this m into a CUDA graph. */
+FO_C_API fo_status fo_gemm_allreduce_prepare(fo_gemm_allreduce_t op, int64_t m);
+/* The plan m runs with, as text, into buf (size bytes), as snprintf does: at
+ * most size - 1 characters and a NUL; *needed (optional) = the full text's
+ * length + 1. buf may be NULL when size is 0 (ask for the size first). */
+FO_C_API fo_status fo_gemm_allreduce_plan(fo_gemm_allreduce_t op, int64_t m, char* buf, size_t size, size_t* needed);
+/* FO_ERROR with its message if an earlier call's wait timed out (synchronise
+ * its stream first); FO_OK otherwise. */
+FO_C_API fo_status fo_gemm_allreduce_check(fo_gemm_allreduce_t op);
+/* The op's shape; each out-pointer may be NULL (not written). */
+FO_C_API fo_status fo_gemm_allreduce_shape(fo_gemm_allreduce_t op, int64_t* max_m, int64_t* n, int64_t* k,
+                                           fo_dtype* dtype);
+/* Waits for the op's last call's work and releases it. NULL: nothing. */
+FO_C_API fo_status fo_gemm_allreduce_destroy(fo_gemm_allreduce_t op);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* FLASHOVERLAP_C_H_ */

@@ -1,0 +1,413 @@
+// c_api.cpp — the C ABI of flashoverlap_c.h over the C++ API of
+// flashoverlap.h (and nothing else of the library: no internal headers).
+//
+// Every entry point runs its body in guard(): a success clears this
+// thread's message, an exception becomes a status and "<function>: <what>".
+// A failure that is not the caller's (not InvalidArgument) is FO_NO_GPU
+// when this process has no usable GPU (no_gpu_reason: no driver, no device,
+// the current device not Hopper), FO_ERROR otherwise.
+#include "flashoverlap/flashoverlap_c.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+
+#include "flashoverlap/error.h"
+#include "flashoverlap/flashoverlap.h"
+
+struct fo_comm {
+  flashoverlap::Communicator comm;
+};
+struct fo_gemm_allreduce {
+  flashoverlap::GemmAllReduce op;
+};
+
+// The layout the header promises (ctypes mirrors it field by field).
+static_assert(sizeof(fo_status) == 4 && sizeof(fo_dtype) == 4 && sizeof(fo_path) == 4);
+static_assert(FO_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES && sizeof(ncclUniqueId) == FO_UNIQUE_ID_BYTES);
+static_assert(sizeof(void*) == 8, "the C ABI's options layout is written for 64-bit targets");
+static_assert(offsetof(fo_gemm_allreduce_options, struct_size) == 0 &&
+              offsetof(fo_gemm_allreduce_options, path) == 8 && offsetof(fo_gemm_allreduce_options, nccl_sms) == 12 &&
+              offsetof(fo_gemm_allreduce_options, wait_timeout_s) == 16 &&
+              offsetof(fo_gemm_allreduce_options, check_m) == 24 && offsetof(fo_gemm_allreduce_options, curves) == 32 &&
+              sizeof(fo_gemm_allreduce_options) == 40);
+static_assert(int(flashoverlap::DType::BF16) == FO_DTYPE_BF16 && int(flashoverlap::DType::FP16) == FO_DTYPE_FP16);
+
+namespace {
+
+using flashoverlap::InvalidArgument;
+using Path = flashoverlap::GemmAllReduceOptions::Path;
+
+// The size of the first version of fo_gemm_allreduce_options: the smallest
+// struct_size a caller may pass (fields are only ever added at the end).
+constexpr size_t kOptionsV1Size = offsetof(fo_gemm_allreduce_options, curves) + sizeof(const char*);
+
+// This thread's last message: t_static when set (a literal, for when even
+// the message could not be allocated), t_message otherwise.
+thread_local std::string t_message;
+thread_local const char* t_static = nullptr;
+
+void clear_error() noexcept {
+  t_message.clear();  // (keeps its capacity: no allocation, no throw)
+  t_static = nullptr;
+}
+
+void set_error(const char* fn, std::string_view what) noexcept {
+  try {
+    t_message.assign(fn).append(": ").append(what.empty() ? std::string_view("unknown error") : what);
+    t_static = nullptr;
+  } catch (...) {
+    t_static = "flashoverlap: out of host memory (recording an error's message)";
+  }
+}
+
+// Why this process has no usable GPU, or "" when it has one (or when CUDA is
+// installed but fails to start: a broken machine, not a missing GPU).
+std::string no_gpu_reason() {
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();  // (clears the runtime's error state)
+    if (e == cudaErrorNoDevice) {
+      std::string r = "no CUDA device";
+      if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) r += std::string(" (CUDA_VISIBLE_DEVICES=") + v + ")";
+      return r;
+    }
+    // Without the driver's library CUDA says "insufficient driver": that is
+    // a machine without a GPU, not a GPU machine whose CUDA is broken.
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!driver) driver = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (!driver) return "no NVIDIA driver (libcuda.so.1 not found)";
+    dlclose(driver);
+    return "";
+  }
+  if (count == 0) return "no CUDA device";
+  int device = 0;
+  cudaDeviceProp p{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&p, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  if (p.major != 9)
+    return "the current device " + std::to_string(device) + " (" + p.name + ") is sm_" + std::to_string(p.major) +
+           std::to_string(p.minor) + ", not a Hopper (sm_90) GPU";
+  return "";
+}
+
+fo_status failed(const char* fn, std::string_view what) noexcept {
+  try {
+    const std::string why = no_gpu_reason();
+    if (!why.empty()) {
+      // (the C++ API's message may say why already: then it is enough)
+      if (what.find(why) != std::string_view::npos) set_error(fn, what);
+      else set_error(fn, "no usable GPU (" + why + "): " + std::string(what));
+      return FO_NO_GPU;
+    }
+  } catch (...) {  // (the probe's strings: out of memory; report the failure as it is)
+  }
+  set_error(fn, what);
+  return FO_ERROR;
+}
+
+// Runs body (which throws on failure) and turns its outcome into a status
+// and this thread's message. Nothing escapes.
+template <class Body>
+fo_status guard(const char* fn, Body&& body) noexcept {
+  try {
+    body();
+    clear_error();
+    return FO_OK;
+  } catch (const InvalidArgument& e) {
+    set_error(fn, e.what());
+    return FO_INVALID_ARGUMENT;
+  } catch (const std::bad_alloc&) {
+    set_error(fn, "out of host memory (std::bad_alloc)");
+    return FO_ERROR;
+  } catch (const std::exception& e) {
+    return failed(fn, e.what());
+  } catch (...) {
+    return failed(fn, "unknown exception (not a std::exception)");
+  }
+}
+
+// InvalidArgument "<name> is NULL" unless p is set.
+void require(const void* p, const char* name) {
+  if (!p) throw InvalidArgument(std::string(name) + " is NULL");
+}
+
+// A handle's object; InvalidArgument when the handle is NULL.
+template <class T>
+T& deref(T* handle, const char* name) {
+  require(handle, name);
+  return *handle;
+}
+
+flashoverlap::DType to_dtype(fo_dtype d) {
+  switch (d) {
+    case FO_DTYPE_BF16: return flashoverlap::DType::BF16;
+    case FO_DTYPE_FP16: return flashoverlap::DType::FP16;
+    default: break;
+  }
+  throw InvalidArgument("dtype = " + std::to_string(int(d)) + " is not an fo_dtype (FO_DTYPE_BF16 = 0, FO_DTYPE_FP16 = 1)");
+}
+
+Path to_path(int32_t p) {
+  switch (p) {
+    case FO_PATH_AUTO: return Path::Auto;
+    case FO_PATH_SEQUENTIAL: return Path::Sequential;
+    case FO_PATH_ROW_BANDS: return Path::RowBands;
+    case FO_PATH_SLOTS: return Path::Slots;
+    default: break;
+  }
+  throw InvalidArgument("options->path = " + std::to_string(p) +
+                        " is not an fo_path (FO_PATH_AUTO 0, _SEQUENTIAL 1, _ROW_BANDS 2, _SLOTS 3)");
+}
+
+int32_t from_path(Path p) {
+  switch (p) {
+    case Path::Auto: return FO_PATH_AUTO;
+    case Path::Sequential: return FO_PATH_SEQUENTIAL;
+    case Path::RowBands: return FO_PATH_ROW_BANDS;
+    case Path::Slots: return FO_PATH_SLOTS;
+  }
+  return FO_PATH_AUTO;
+}
+
+// The C++ options a caller's struct says; InvalidArgument for a size this
+// library cannot read, or fields it does not know set to nonzero.
+flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o) {
+  flashoverlap::GemmAllReduceOptions r;
+  if (!o) return r;
+  if (o->struct_size < kOptionsV1Size)
+    throw InvalidArgument("options->struct_size = " + std::to_string(o->struct_size) + " is below " +
+                          std::to_string(kOptionsV1Size) +
+                          " (fill the options with fo_gemm_allreduce_options_default(&o, sizeof o) first)");
+  if (o->struct_size > sizeof(fo_gemm_allreduce_options)) {
+    // A caller built against a later header: what it adds must be unset.
+    const auto* extra = reinterpret_cast<const unsigned char*>(o) + sizeof(fo_gemm_allreduce_options);
+    for (size_t i = 0; i < o->struct_size - sizeof(fo_gemm_allreduce_options); ++i)
+      if (extra[i] != 0)
+        throw InvalidArgument("options->struct_size = " + std::to_string(o->struct_size) +
+                              ": the options set fields that this library (flashoverlap " + flashoverlap::version() +
+                              ", options of " + std::to_string(sizeof(fo_gemm_allreduce_options)) +
+                              " bytes) does not know");
+  }
+  r.path = to_path(o->path);
+  r.nccl_sms = o->nccl_sms;
+  r.wait_timeout_s = o->wait_timeout_s;
+  r.check_m = o->check_m != 0;
+  if (o->curves) r.curves = o->curves;
+  return r;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* fo_version(void) {
+  try {
+    return flashoverlap::version();
+  } catch (...) {
+    return "";
+  }
+}
+
+uint32_t fo_c_abi_version(void) { return FO_C_ABI_VERSION; }
+
+const char* fo_status_string(fo_status status) {
+  switch (status) {
+    case FO_OK: return "FO_OK";
+    case FO_INVALID_ARGUMENT: return "FO_INVALID_ARGUMENT";
+    case FO_NO_GPU: return "FO_NO_GPU";
+    case FO_ERROR: return "FO_ERROR";
+    default: return "unknown fo_status";
+  }
+}
+
+const char* fo_last_error(void) { return t_static ? t_static : t_message.c_str(); }
+
+// ---- communicators ----
+
+fo_status fo_comm_adopt(void* nccl_comm, fo_comm_t* out) {
+  return guard("fo_comm_adopt", [&] {
+    require(out, "out");
+    *out = nullptr;
+    require(nccl_comm, "nccl_comm");
+    *out = new fo_comm{flashoverlap::Communicator::adopt(static_cast<ncclComm_t>(nccl_comm))};
+  });
+}
+
+fo_status fo_comm_from_env(fo_comm_t* out) {
+  return guard("fo_comm_from_env", [&] {
+    require(out, "out");
+    *out = nullptr;
+    *out = new fo_comm{flashoverlap::Communicator::from_env()};
+  });
+}
+
+fo_status fo_comm_from_unique_id(const void* id, size_t id_size, int rank, int world, fo_comm_t* out) {
+  return guard("fo_comm_from_unique_id", [&] {
+    require(out, "out");
+    *out = nullptr;
+    require(id, "id");
+    if (id_size != FO_UNIQUE_ID_BYTES)
+      throw InvalidArgument("id_size = " + std::to_string(id_size) + ", not FO_UNIQUE_ID_BYTES (" +
+                            std::to_string(FO_UNIQUE_ID_BYTES) + ")");
+    if (world < 1 || rank < 0 || rank >= world)
+      throw InvalidArgument("rank = " + std::to_string(rank) + ", world = " + std::to_string(world) +
+                            ": needs world >= 1 and 0 <= rank < world");
+    ncclUniqueId u;
+    std::memcpy(u.internal, id, FO_UNIQUE_ID_BYTES);
+    *out = new fo_comm{flashoverlap::Communicator::from_unique_id(u, rank, world)};
+  });
+}
+
+fo_status fo_unique_id(void* id, size_t id_size) {
+  return guard("fo_unique_id", [&] {
+    require(id, "id");
+    if (id_size < FO_UNIQUE_ID_BYTES)
+      throw InvalidArgument("id_size = " + std::to_string(id_size) + ", below FO_UNIQUE_ID_BYTES (" +
+                            std::to_string(FO_UNIQUE_ID_BYTES) + ")");
+    const ncclUniqueId u = flashoverlap::Communicator::unique_id();
+    std::memcpy(id, u.internal, FO_UNIQUE_ID_BYTES);
+  });
+}
+
+fo_status fo_comm_rank(fo_comm_t comm, int* rank) {
+  return guard("fo_comm_rank", [&] {
+    const fo_comm& c = deref(comm, "comm");
+    require(rank, "rank");
+    *rank = c.comm.rank();
+  });
+}
+
+fo_status fo_comm_world(fo_comm_t comm, int* world) {
+  return guard("fo_comm_world", [&] {
+    const fo_comm& c = deref(comm, "comm");
+    require(world, "world");
+    *world = c.comm.world();
+  });
+}
+
+fo_status fo_comm_nccl(fo_comm_t comm, void** nccl_comm) {
+  return guard("fo_comm_nccl", [&] {
+    const fo_comm& c = deref(comm, "comm");
+    require(nccl_comm, "nccl_comm");
+    *nccl_comm = static_cast<void*>(c.comm.get());
+  });
+}
+
+fo_status fo_comm_destroy(fo_comm_t comm) {
+  return guard("fo_comm_destroy", [&] { delete comm; });
+}
+
+// ---- GemmAllReduce ----
+
+fo_status fo_gemm_allreduce_options_default(fo_gemm_allreduce_options* options, size_t struct_size) {
+  return guard("fo_gemm_allreduce_options_default", [&] {
+    require(options, "options");
+    if (struct_size < kOptionsV1Size)
+      throw InvalidArgument("struct_size = " + std::to_string(struct_size) + " is below " +
+                            std::to_string(kOptionsV1Size) + " (pass sizeof *options)");
+    // The defaults are GemmAllReduceOptions{}'s, by construction. (A
+    // non-empty default curves directory would live in this static.)
+    static const flashoverlap::GemmAllReduceOptions defaults{};
+    fo_gemm_allreduce_options d{};
+    d.struct_size = struct_size;
+    d.path = from_path(defaults.path);
+    d.nccl_sms = defaults.nccl_sms;
+    d.wait_timeout_s = defaults.wait_timeout_s;
+    d.check_m = defaults.check_m ? 1 : 0;
+    d.reserved_ = 0;
+    d.curves = defaults.curves.empty() ? nullptr : defaults.curves.c_str();
+    // A caller with a later header: its fields beyond ours stay zero (unset).
+    if (struct_size > sizeof d)
+      std::memset(reinterpret_cast<unsigned char*>(options) + sizeof d, 0, struct_size - sizeof d);
+    std::memcpy(options, &d, sizeof d);
+  });
+}
+
+fo_status fo_gemm_allreduce_create(fo_comm_t comm, int64_t max_m, int64_t n, int64_t k, fo_dtype dtype,
+                                   const fo_gemm_allreduce_options* options, fo_gemm_allreduce_t* out) {
+  return guard("fo_gemm_allreduce_create", [&] {
+    require(out, "out");
+    *out = nullptr;
+    // (the values first, then the handle: what needs no GPU is checked
+    // before what does)
+    const flashoverlap::DType d = to_dtype(dtype);
+    const flashoverlap::GemmAllReduceOptions o = to_options(options);
+    const fo_comm& c = deref(comm, "comm");
+    *out = new fo_gemm_allreduce{flashoverlap::GemmAllReduce(c.comm, max_m, n, k, d, o)};
+  });
+}
+
+fo_status fo_gemm_allreduce_run(fo_gemm_allreduce_t op, const void* a, const void* b, void* out, int64_t m,
+                                void* stream, int64_t ld_out) {
+  return guard("fo_gemm_allreduce_run", [&] {
+    fo_gemm_allreduce& o = deref(op, "op");
+    require(a, "a");
+    require(b, "b");
+    require(out, "out");
+    o.op.run(a, b, out, m, static_cast<cudaStream_t>(stream), ld_out);
+  });
+}
+
+fo_status fo_gemm_allreduce_run_rmsnorm(fo_gemm_allreduce_t op, const void* a, const void* b, const void* residual,
+                                        const void* norm_weight, float eps, void* out, void* residual_out, int64_t m,
+                                        void* stream) {
+  return guard("fo_gemm_allreduce_run_rmsnorm", [&] {
+    fo_gemm_allreduce& o = deref(op, "op");
+    require(a, "a");
+    require(b, "b");
+    require(residual, "residual");
+    require(norm_weight, "norm_weight");
+    require(out, "out");
+    o.op.run_rmsnorm(a, b, residual, norm_weight, eps, out, residual_out, m, static_cast<cudaStream_t>(stream));
+  });
+}
+
+fo_status fo_gemm_allreduce_prepare(fo_gemm_allreduce_t op, int64_t m) {
+  return guard("fo_gemm_allreduce_prepare", [&] { deref(op, "op").op.prepare(m); });
+}
+
+fo_status fo_gemm_allreduce_plan(fo_gemm_allreduce_t op, int64_t m, char* buf, size_t size, size_t* needed) {
+  return guard("fo_gemm_allreduce_plan", [&] {
+    fo_gemm_allreduce& o = deref(op, "op");
+    if (!buf && size > 0) throw InvalidArgument("buf is NULL with size = " + std::to_string(size) + " (not 0)");
+    const std::string text = o.op.plan(m);
+    if (needed) *needed = text.size() + 1;
+    if (size > 0) {
+      const size_t n = text.size() < size - 1 ? text.size() : size - 1;
+      std::memcpy(buf, text.data(), n);
+      buf[n] = '\0';
+    }
+  });
+}
+
+fo_status fo_gemm_allreduce_check(fo_gemm_allreduce_t op) {
+  return guard("fo_gemm_allreduce_check", [&] { deref(op, "op").op.check(); });
+}
+
+fo_status fo_gemm_allreduce_shape(fo_gemm_allreduce_t op, int64_t* max_m, int64_t* n, int64_t* k, fo_dtype* dtype) {
+  return guard("fo_gemm_allreduce_shape", [&] {
+    const fo_gemm_allreduce& o = deref(op, "op");
+    if (max_m) *max_m = o.op.max_m();
+    if (n) *n = o.op.n();
+    if (k) *k = o.op.k();
+    if (dtype) *dtype = o.op.dtype() == flashoverlap::DType::BF16 ? FO_DTYPE_BF16 : FO_DTYPE_FP16;
+  });
+}
+
+fo_status fo_gemm_allreduce_destroy(fo_gemm_allreduce_t op) {
+  return guard("fo_gemm_allreduce_destroy", [&] { delete op; });
+}
+
+}  // extern "C"

@@ -1,0 +1,710 @@
+/* test_c_api.c — the C ABI (flashoverlap_c.h), from C, against the shared
+ * library alone.
+ *
+ *   test_c_api        what runs without a GPU (and with one): the version,
+ *                     the status strings, the option defaults and their
+ *                     struct_size rules, NULL handles and pointers, the
+ *                     per-thread message, fo_comm_from_env's no-GPU status
+ *   test_c_api --gpu  one rank on one Hopper GPU: GemmAllReduce for several
+ *                     m, both dtypes, the four paths, run_rmsnorm, against a
+ *                     host reference (exact: small integer inputs); exits 77
+ *                     (skipped) without a GPU, fails instead where
+ *                     FO_REQUIRE_GPUS >= 1 promises one
+ *
+ * The GPU part reaches the device through the driver API, loaded with
+ * dlopen (libcuda.so.1): the test links no CUDA runtime of its own, so it
+ * starts on a machine without a driver and cannot interpose on the
+ * library's. */
+#include "flashoverlap/flashoverlap_c.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef FO_PROJECT_VERSION
+#error "FO_PROJECT_VERSION (CMake's PROJECT_VERSION) must be defined"
+#endif
+
+#define SKIP_CODE 77
+
+static int g_failures = 0;
+
+#define CHECK(cond, ...)                                                         \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);   \
+      fprintf(stderr, __VA_ARGS__);                                              \
+      fputc('\n', stderr);                                                       \
+      ++g_failures;                                                              \
+    }                                                                            \
+  } while (0)
+
+/* A call that must succeed, and leave "" as the last error. */
+#define EXPECT_OK(call)                                                                                   \
+  do {                                                                                                    \
+    const fo_status s_ = (call);                                                                          \
+    CHECK(s_ == FO_OK, "%s returned %s: %s", #call, fo_status_string(s_), fo_last_error());               \
+    if (s_ == FO_OK) CHECK(fo_last_error()[0] == '\0', "%s: last error after success: \"%s\"", #call, fo_last_error()); \
+  } while (0)
+
+/* A call that must fail with `status`, its message "<fn>: ..." containing
+ * `text`. */
+static void expect_status_(fo_status got, fo_status want, const char* fn, const char* text, const char* call,
+                           int line) {
+  const char* m = fo_last_error();
+  const size_t fl = strlen(fn);
+  if (got != want || strncmp(m, fn, fl) != 0 || m[fl] != ':' || !strstr(m, text)) {
+    fprintf(stderr,
+            "%s:%d: %s\n  returned %s, message \"%s\"\n  wanted   %s, message \"%s: ...%s...\"\n", __FILE__, line,
+            call, fo_status_string(got), m, fo_status_string(want), fn, text);
+    ++g_failures;
+  }
+}
+#define EXPECT_STATUS(call, want, fn, text) expect_status_((call), (want), (fn), (text), #call, __LINE__)
+#define EXPECT_INVALID(call, fn, text) EXPECT_STATUS(call, FO_INVALID_ARGUMENT, fn, text)
+
+static int required_gpus(void) {
+  const char* v = getenv("FO_REQUIRE_GPUS");
+  return v && *v ? atoi(v) : 0;
+}
+
+/* ------------------------------------------------------------------ CPU */
+
+static void test_version(void) {
+  CHECK(strcmp(fo_version(), FO_PROJECT_VERSION) == 0, "fo_version() = \"%s\", project version \"%s\"", fo_version(),
+        FO_PROJECT_VERSION);
+  CHECK(fo_c_abi_version() == FO_C_ABI_VERSION, "fo_c_abi_version() = %u, header %d", (unsigned)fo_c_abi_version(),
+        FO_C_ABI_VERSION);
+  CHECK(strcmp(fo_status_string(FO_OK), "FO_OK") == 0, "%s", fo_status_string(FO_OK));
+  CHECK(strcmp(fo_status_string(FO_INVALID_ARGUMENT), "FO_INVALID_ARGUMENT") == 0, "%s",
+        fo_status_string(FO_INVALID_ARGUMENT));
+  CHECK(strcmp(fo_status_string(FO_NO_GPU), "FO_NO_GPU") == 0, "%s", fo_status_string(FO_NO_GPU));
+  CHECK(strcmp(fo_status_string(FO_ERROR), "FO_ERROR") == 0, "%s", fo_status_string(FO_ERROR));
+  CHECK(strcmp(fo_status_string((fo_status)42), "unknown fo_status") == 0, "%s", fo_status_string((fo_status)42));
+  CHECK(FO_OK == 0 && sizeof(fo_status) == 4 && sizeof(fo_dtype) == 4 && sizeof(fo_path) == 4,
+        "enums are 32-bit, FO_OK is 0");
+  CHECK(sizeof(fo_gemm_allreduce_options) == 40, "sizeof(fo_gemm_allreduce_options) = %zu",
+        sizeof(fo_gemm_allreduce_options));
+  CHECK(fo_last_error()[0] == '\0', "a fresh thread's last error: \"%s\"", fo_last_error());
+}
+
+/* The defaults equal GemmAllReduceOptions{}'s (flashoverlap.h: Auto, 8 SMs,
+ * 30 s, no m check, no curves); struct_size's rules. */
+static void test_options(void) {
+  fo_gemm_allreduce_options o;
+  memset(&o, 0xab, sizeof o);
+  EXPECT_OK(fo_gemm_allreduce_options_default(&o, sizeof o));
+  CHECK(o.struct_size == sizeof o, "struct_size = %zu", o.struct_size);
+  CHECK(o.path == FO_PATH_AUTO, "path = %d", (int)o.path);
+  CHECK(o.nccl_sms == 8, "nccl_sms = %d", (int)o.nccl_sms);
+  CHECK(o.wait_timeout_s == 30.0, "wait_timeout_s = %g", o.wait_timeout_s);
+  CHECK(o.check_m == 0, "check_m = %d", (int)o.check_m);
+  CHECK(o.reserved_ == 0, "reserved_ = %d", (int)o.reserved_);
+  CHECK(o.curves == NULL, "curves = %p", (const void*)o.curves);
+
+  EXPECT_INVALID(fo_gemm_allreduce_options_default(NULL, sizeof o), "fo_gemm_allreduce_options_default",
+                 "options is NULL");
+  EXPECT_INVALID(fo_gemm_allreduce_options_default(&o, 8), "fo_gemm_allreduce_options_default", "struct_size = 8");
+
+  /* A caller whose header has a field more (a later version): the library
+   * writes its fields and zeroes the rest, and accepts them while zero. */
+  struct later {
+    fo_gemm_allreduce_options o;
+    int64_t added;
+  } l;
+  memset(&l, 0xab, sizeof l);
+  EXPECT_OK(fo_gemm_allreduce_options_default(&l.o, sizeof l));
+  CHECK(l.o.struct_size == sizeof l && l.added == 0 && l.o.nccl_sms == 8, "struct_size %zu, added %lld",
+        l.o.struct_size, (long long)l.added);
+  fo_gemm_allreduce_t op = (fo_gemm_allreduce_t)&l; /* (garbage: must come back NULL) */
+  /* (create checks its dtype and options before its communicator: with
+   * comm NULL each refusal below is the options', and acceptance shows as
+   * the communicator's refusal) */
+  EXPECT_INVALID(fo_gemm_allreduce_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &l.o, &op), "fo_gemm_allreduce_create",
+                 "comm is NULL");
+  CHECK(op == NULL, "out not cleared on failure");
+  l.added = 1;
+  EXPECT_INVALID(fo_gemm_allreduce_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &l.o, &op), "fo_gemm_allreduce_create",
+                 "does not know");
+  o.struct_size = 16;
+  EXPECT_INVALID(fo_gemm_allreduce_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_allreduce_create",
+                 "options->struct_size = 16");
+  EXPECT_OK(fo_gemm_allreduce_options_default(&o, sizeof o));
+  o.path = 7;
+  EXPECT_INVALID(fo_gemm_allreduce_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_allreduce_create",
+                 "options->path = 7");
+  EXPECT_INVALID(fo_gemm_allreduce_create(NULL, 64, 64, 64, (fo_dtype)5, NULL, &op), "fo_gemm_allreduce_create",
+                 "dtype = 5");
+  EXPECT_INVALID(fo_gemm_allreduce_create(NULL, 64, 64, 64, FO_DTYPE_FP16, NULL, &op), "fo_gemm_allreduce_create",
+                 "comm is NULL");
+  EXPECT_INVALID(fo_gemm_allreduce_create(NULL, 64, 64, 64, FO_DTYPE_FP16, NULL, NULL), "fo_gemm_allreduce_create",
+                 "out is NULL");
+}
+
+/* Every function: a NULL handle or required pointer is FO_INVALID_ARGUMENT
+ * naming the function and the argument; out-handles come back NULL. */
+static void test_null_arguments(void) {
+  int dummy = 0;
+  fo_comm_t comm = (fo_comm_t)&dummy;
+  EXPECT_INVALID(fo_comm_adopt(NULL, &comm), "fo_comm_adopt", "nccl_comm is NULL");
+  CHECK(comm == NULL, "fo_comm_adopt: out not cleared on failure");
+  EXPECT_INVALID(fo_comm_adopt(&dummy, NULL), "fo_comm_adopt", "out is NULL");
+  EXPECT_INVALID(fo_comm_from_env(NULL), "fo_comm_from_env", "out is NULL");
+
+  unsigned char id[FO_UNIQUE_ID_BYTES] = {0};
+  comm = (fo_comm_t)&dummy;
+  EXPECT_INVALID(fo_comm_from_unique_id(NULL, sizeof id, 0, 1, &comm), "fo_comm_from_unique_id", "id is NULL");
+  CHECK(comm == NULL, "fo_comm_from_unique_id: out not cleared on failure");
+  EXPECT_INVALID(fo_comm_from_unique_id(id, sizeof id, 0, 1, NULL), "fo_comm_from_unique_id", "out is NULL");
+  EXPECT_INVALID(fo_comm_from_unique_id(id, 64, 0, 1, &comm), "fo_comm_from_unique_id", "id_size = 64");
+  EXPECT_INVALID(fo_comm_from_unique_id(id, sizeof id, 2, 2, &comm), "fo_comm_from_unique_id", "rank = 2, world = 2");
+  EXPECT_INVALID(fo_comm_from_unique_id(id, sizeof id, 0, 0, &comm), "fo_comm_from_unique_id", "world = 0");
+  EXPECT_INVALID(fo_unique_id(NULL, sizeof id), "fo_unique_id", "id is NULL");
+  EXPECT_INVALID(fo_unique_id(id, 127), "fo_unique_id", "id_size = 127");
+
+  int v = 0;
+  void* p = NULL;
+  EXPECT_INVALID(fo_comm_rank(NULL, &v), "fo_comm_rank", "comm is NULL");
+  EXPECT_INVALID(fo_comm_world(NULL, &v), "fo_comm_world", "comm is NULL");
+  EXPECT_INVALID(fo_comm_nccl(NULL, &p), "fo_comm_nccl", "comm is NULL");
+  EXPECT_OK(fo_comm_destroy(NULL));
+
+  char buf[8];
+  size_t needed = 0;
+  int64_t i = 0;
+  fo_dtype d;
+  EXPECT_INVALID(fo_gemm_allreduce_run(NULL, buf, buf, buf, 1, NULL, 0), "fo_gemm_allreduce_run", "op is NULL");
+  EXPECT_INVALID(fo_gemm_allreduce_run_rmsnorm(NULL, buf, buf, buf, buf, 1e-5f, buf, NULL, 1, NULL),
+                 "fo_gemm_allreduce_run_rmsnorm", "op is NULL");
+  EXPECT_INVALID(fo_gemm_allreduce_prepare(NULL, 1), "fo_gemm_allreduce_prepare", "op is NULL");
+  EXPECT_INVALID(fo_gemm_allreduce_plan(NULL, 1, buf, sizeof buf, &needed), "fo_gemm_allreduce_plan", "op is NULL");
+  EXPECT_INVALID(fo_gemm_allreduce_check(NULL), "fo_gemm_allreduce_check", "op is NULL");
+  EXPECT_INVALID(fo_gemm_allreduce_shape(NULL, &i, &i, &i, &d), "fo_gemm_allreduce_shape", "op is NULL");
+  EXPECT_OK(fo_gemm_allreduce_destroy(NULL));
+}
+
+/* The message stays put until the next call that returns a status, and a
+ * successful call resets it. */
+static void test_last_error_lifetime(void) {
+  int v;
+  EXPECT_INVALID(fo_comm_rank(NULL, &v), "fo_comm_rank", "comm is NULL");
+  const char* m = fo_last_error();
+  (void)fo_version();
+  (void)fo_status_string(FO_ERROR);
+  (void)fo_c_abi_version();
+  CHECK(m == fo_last_error() && strcmp(m, "fo_comm_rank: comm is NULL") == 0,
+        "the message moved or changed under the queries: \"%s\"", fo_last_error());
+  fo_gemm_allreduce_options o;
+  EXPECT_OK(fo_gemm_allreduce_options_default(&o, sizeof o)); /* (checks "" too) */
+  EXPECT_INVALID(fo_comm_world(NULL, &v), "fo_comm_world", "comm is NULL");
+  EXPECT_OK(fo_comm_destroy(NULL));
+}
+
+/* ---- the message is per thread ---- */
+
+struct thread_result {
+  int started_empty;     /* "" on entry, whatever the main thread's last error */
+  int own_message;       /* its failure's message is its own */
+  int cleared;           /* its success cleared its own */
+  int mixups;            /* the hammer: a message that was not this thread's */
+  int id;
+};
+
+static void* message_thread(void* arg) {
+  struct thread_result* r = (struct thread_result*)arg;
+  int v;
+  r->started_empty = fo_last_error()[0] == '\0';
+  r->own_message = fo_comm_world(NULL, &v) == FO_INVALID_ARGUMENT &&
+                   strcmp(fo_last_error(), "fo_comm_world: comm is NULL") == 0;
+  r->cleared = fo_comm_destroy(NULL) == FO_OK && fo_last_error()[0] == '\0';
+  return NULL;
+}
+
+/* Threads failing in different ways at the same time: each sees its own. */
+static void* hammer_thread(void* arg) {
+  struct thread_result* r = (struct thread_result*)arg;
+  unsigned char id[4];
+  int it;
+  char want[64];
+  snprintf(want, sizeof want, "fo_unique_id: id_size = %d,", r->id);
+  for (it = 0; it < 5000; ++it) {
+    const fo_status s = fo_unique_id(id, (size_t)r->id);
+    if (s != FO_INVALID_ARGUMENT || strncmp(fo_last_error(), want, strlen(want)) != 0) ++r->mixups;
+    if (it % 7 == 0 && (fo_comm_destroy(NULL) != FO_OK || fo_last_error()[0] != '\0')) ++r->mixups;
+  }
+  return NULL;
+}
+
+static void test_threads(void) {
+  int v, t;
+  struct thread_result r;
+  struct thread_result h[4];
+  pthread_t th[4];
+  EXPECT_INVALID(fo_comm_rank(NULL, &v), "fo_comm_rank", "comm is NULL");
+  const char* mine = fo_last_error();
+
+  memset(&r, 0, sizeof r);
+  CHECK(pthread_create(&th[0], NULL, message_thread, &r) == 0, "pthread_create");
+  pthread_join(th[0], NULL);
+  CHECK(r.started_empty, "a second thread saw the first thread's message");
+  CHECK(r.own_message, "a second thread's failure did not give it its own message");
+  CHECK(r.cleared, "a second thread's success did not clear its message");
+  CHECK(mine == fo_last_error() && strcmp(fo_last_error(), "fo_comm_rank: comm is NULL") == 0,
+        "the other thread changed this thread's message: \"%s\"", fo_last_error());
+
+  for (t = 0; t < 4; ++t) {
+    memset(&h[t], 0, sizeof h[t]);
+    h[t].id = t; /* id_size t: a message of its own */
+    CHECK(pthread_create(&th[t], NULL, hammer_thread, &h[t]) == 0, "pthread_create");
+  }
+  for (t = 0; t < 4; ++t) {
+    pthread_join(th[t], NULL);
+    CHECK(h[t].mixups == 0, "thread %d saw %d messages that were not its own", t, h[t].mixups);
+  }
+  CHECK(strcmp(fo_last_error(), "fo_comm_rank: comm is NULL") == 0, "after the hammer: \"%s\"", fo_last_error());
+}
+
+/* Without a GPU, a communicator from the environment is FO_NO_GPU saying
+ * why; with one, it is a communicator of one rank. */
+static void test_from_env(void) {
+  int dummy = 0;
+  fo_comm_t comm = (fo_comm_t)&dummy;
+  const fo_status s = fo_comm_from_env(&comm);
+  if (s == FO_OK) {
+    int rank = -1, world = -1;
+    printf("fo_comm_from_env: a GPU is here: the no-GPU checks do not apply\n");
+    EXPECT_OK(fo_comm_rank(comm, &rank));
+    EXPECT_OK(fo_comm_world(comm, &world));
+    CHECK(rank == 0 && world >= 1, "rank %d, world %d", rank, world);
+    EXPECT_OK(fo_comm_destroy(comm));
+    return;
+  }
+  printf("fo_comm_from_env without a GPU: %s: %s\n", fo_status_string(s), fo_last_error());
+  EXPECT_STATUS(s, FO_NO_GPU, "fo_comm_from_env", "no usable ");
+  CHECK(strstr(fo_last_error(), "GPU") && (strstr(fo_last_error(), "driver") || strstr(fo_last_error(), "device")),
+        "the message does not say what is missing: %s", fo_last_error());
+  CHECK(comm == NULL, "out not cleared on failure");
+  CHECK(required_gpus() == 0, "FO_REQUIRE_GPUS=%d promises a GPU, but: %s", required_gpus(), fo_last_error());
+  {
+    /* fo_unique_id needs no GPU in some NCCL versions: either outcome, but
+     * a failure says why. */
+    unsigned char id[FO_UNIQUE_ID_BYTES];
+    const fo_status u = fo_unique_id(id, sizeof id);
+    printf("fo_unique_id without a GPU: %s%s%s\n", fo_status_string(u), u == FO_OK ? "" : ": ", fo_last_error());
+    CHECK(u == FO_OK ? fo_last_error()[0] == '\0' : (u != FO_INVALID_ARGUMENT && fo_last_error()[0] != '\0'),
+          "fo_unique_id: %s \"%s\"", fo_status_string(u), fo_last_error());
+  }
+}
+
+/* ------------------------------------------------------------------ GPU */
+
+/* The driver API, loaded at run time (no cuda.h: the few types are these). */
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef int CUdevice;
+typedef void* CUcontext;
+typedef void* CUstream;
+static struct {
+  CUresult (*Init)(unsigned);
+  CUresult (*DeviceGet)(CUdevice*, int);
+  CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*CtxSynchronize)(void);
+  CUresult (*MemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*MemFree)(CUdeviceptr);
+  CUresult (*MemcpyHtoD)(CUdeviceptr, const void*, size_t);
+  CUresult (*MemcpyDtoH)(void*, CUdeviceptr, size_t);
+  CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
+  CUresult (*StreamCreate)(CUstream*, unsigned);
+  CUresult (*StreamSynchronize)(CUstream);
+  CUresult (*StreamDestroy)(CUstream);
+  CUresult (*GetErrorString)(CUresult, const char**);
+} cu;
+
+static int load_symbol(void* lib, const char* name, void* fn_ptr) {
+  void* p = dlsym(lib, name);
+  if (!p) {
+    fprintf(stderr, "libcuda.so.1 has no %s\n", name);
+    return 0;
+  }
+  memcpy(fn_ptr, &p, sizeof p); /* (a function pointer from dlsym's void*) */
+  return 1;
+}
+
+static int load_driver(void) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return 0;
+  return load_symbol(lib, "cuInit", &cu.Init) && load_symbol(lib, "cuDeviceGet", &cu.DeviceGet) &&
+         load_symbol(lib, "cuDevicePrimaryCtxRetain", &cu.DevicePrimaryCtxRetain) &&
+         load_symbol(lib, "cuDevicePrimaryCtxRelease_v2", &cu.DevicePrimaryCtxRelease) &&
+         load_symbol(lib, "cuCtxSetCurrent", &cu.CtxSetCurrent) &&
+         load_symbol(lib, "cuCtxSynchronize", &cu.CtxSynchronize) && load_symbol(lib, "cuMemAlloc_v2", &cu.MemAlloc) &&
+         load_symbol(lib, "cuMemFree_v2", &cu.MemFree) && load_symbol(lib, "cuMemcpyHtoD_v2", &cu.MemcpyHtoD) &&
+         load_symbol(lib, "cuMemcpyDtoH_v2", &cu.MemcpyDtoH) && load_symbol(lib, "cuMemsetD8_v2", &cu.MemsetD8) &&
+         load_symbol(lib, "cuStreamCreate", &cu.StreamCreate) &&
+         load_symbol(lib, "cuStreamSynchronize", &cu.StreamSynchronize) &&
+         load_symbol(lib, "cuStreamDestroy_v2", &cu.StreamDestroy) &&
+         load_symbol(lib, "cuGetErrorString", &cu.GetErrorString);
+}
+
+/* A driver call that must succeed; the test stops where one does not. */
+#define CU(call)                                                                     \
+  do {                                                                               \
+    const CUresult r_ = (call);                                                      \
+    if (r_ != 0) {                                                                   \
+      const char* s_ = "?";                                                          \
+      cu.GetErrorString(r_, &s_);                                                    \
+      fprintf(stderr, "%s:%d: %s: CUDA driver error %d (%s)\n", __FILE__, __LINE__, #call, r_, s_); \
+      exit(1);                                                                       \
+    }                                                                                \
+  } while (0)
+
+/* A call of the library that must succeed; the test stops where one does not. */
+#define FO(call)                                                                                  \
+  do {                                                                                            \
+    const fo_status s_ = (call);                                                                  \
+    if (s_ != FO_OK) {                                                                            \
+      fprintf(stderr, "%s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, fo_status_string(s_), fo_last_error()); \
+      exit(1);                                                                                    \
+    }                                                                                             \
+    CHECK(fo_last_error()[0] == '\0', "%s: last error after success: \"%s\"", #call, fo_last_error()); \
+  } while (0)
+
+/* 16-bit floats (exact for the small integers and quarters used here; round
+ * to nearest even otherwise, normal range only). */
+static uint32_t f32_bits(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  return x;
+}
+static float bits_f32(uint32_t x) {
+  float f;
+  memcpy(&f, &x, sizeof f);
+  return f;
+}
+static uint16_t to_16(fo_dtype d, float f) {
+  const uint32_t x = f32_bits(f);
+  if (d == FO_DTYPE_BF16) return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  {
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    int e = (int)((x >> 23) & 0xffu) - 127 + 15;
+    uint32_t m = (x & 0x7fffffu) >> 13;
+    const uint32_t rem = x & 0x1fffu;
+    if (((x >> 23) & 0xffu) == 0 || e <= 0) return sign; /* zero (nothing here is subnormal) */
+    if (rem > 0x1000u || (rem == 0x1000u && (m & 1u))) {
+      if (++m == 0x400u) {
+        m = 0;
+        ++e;
+      }
+    }
+    return (uint16_t)(sign | (uint16_t)(e << 10) | (uint16_t)m);
+  }
+}
+static float from_16(fo_dtype d, uint16_t h) {
+  if (d == FO_DTYPE_BF16) return bits_f32((uint32_t)h << 16);
+  {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) return (sign ? -1.0f : 1.0f) * ldexpf((float)m, -24);
+    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+    return bits_f32(sign | ((e - 15 + 127) << 23) | (m << 13));
+  }
+}
+
+static uint64_t g_rng;
+static int rand_int(int lo, int hi) { /* uniform in [lo, hi] */
+  g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+  return lo + (int)((g_rng >> 33) % (uint64_t)(hi - lo + 1));
+}
+
+enum { MAX_M = 300, N = 256, K = 128, LD_PAD = 16 };
+
+struct gpu {
+  CUstream stream;
+  /* host: a (MAX_M x K), b (N x K) as small integers; their products' sums */
+  int a[MAX_M * K], b[N * K], ab[MAX_M * N], residual[MAX_M * N];
+  float weight[N];
+  uint16_t host16[MAX_M * (N + LD_PAD)];
+  CUdeviceptr da, db, dout, dres, dres_out, dweight;
+};
+static struct gpu g;
+
+static void upload_ints(fo_dtype d, CUdeviceptr dst, const int* v, size_t count) {
+  size_t i;
+  for (i = 0; i < count; ++i) g.host16[i] = to_16(d, (float)v[i]);
+  CU(cu.MemcpyHtoD(dst, g.host16, count * 2));
+}
+
+/* out (m x N, ld) against a * b^T, bitwise (the sums are exact); the pad
+ * columns of a padded ld untouched (0xffff). */
+static void expect_gemm(fo_dtype d, int64_t m, int64_t ld, const char* what) {
+  int64_t i, j, bad = 0, pad_bad = 0;
+  CU(cu.StreamSynchronize(g.stream));
+  CU(cu.MemcpyDtoH(g.host16, g.dout, (size_t)(m * ld) * 2));
+  for (i = 0; i < m; ++i)
+    for (j = 0; j < ld; ++j) {
+      const uint16_t x = g.host16[i * ld + j];
+      if (j >= N) {
+        pad_bad += x != 0xffffu;
+        continue;
+      }
+      if (x != to_16(d, (float)g.ab[i * N + j])) {
+        if (!bad)
+          fprintf(stderr, "%s: first difference at row %lld, col %lld: %g (0x%04x), want %d\n", what, (long long)i,
+                  (long long)j, (double)from_16(d, x), x, g.ab[i * N + j]);
+        ++bad;
+      }
+    }
+  CHECK(bad == 0, "%s: %lld of %lld elements differ", what, (long long)bad, (long long)(m * N));
+  CHECK(pad_bad == 0, "%s: %lld elements beyond n written", what, (long long)pad_bad);
+}
+
+/* run for several m, a padded ld_out, and run_rmsnorm, on op. */
+static void exercise(fo_gemm_allreduce_t op, fo_dtype d, const char* name) {
+  static const int64_t ms[] = {1, 77, 128, 255, MAX_M};
+  char what[128];
+  size_t t;
+  int64_t i, j;
+  upload_ints(d, g.da, g.a, (size_t)MAX_M * K);
+  upload_ints(d, g.db, g.b, (size_t)N * K);
+  for (t = 0; t < sizeof ms / sizeof ms[0]; ++t) {
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.CtxSynchronize());
+    /* (every other call on the legacy default stream, NULL) */
+    FO(fo_gemm_allreduce_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, ms[t], t % 2 ? NULL : g.stream, 0));
+    CU(cu.CtxSynchronize());
+    snprintf(what, sizeof what, "%s, m = %lld", name, (long long)ms[t]);
+    expect_gemm(d, ms[t], N, what);
+  }
+  CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+  CU(cu.CtxSynchronize());
+  FO(fo_gemm_allreduce_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 77, g.stream, N + LD_PAD));
+  snprintf(what, sizeof what, "%s, m = 77, ld_out = n + %d", name, LD_PAD);
+  expect_gemm(d, 77, N + LD_PAD, what);
+
+  /* run_rmsnorm: h = ab + residual exactly; out against h's RMSNorm */
+  {
+    const int64_t m = 77;
+    const float eps = 1e-5f;
+    int64_t bad_h = 0, bad_out = 0;
+    upload_ints(d, g.dres, g.residual, (size_t)MAX_M * N);
+    for (j = 0; j < N; ++j) g.host16[j] = to_16(d, g.weight[j]);
+    CU(cu.MemcpyHtoD(g.dweight, g.host16, N * 2));
+    FO(fo_gemm_allreduce_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, (const void*)g.dres,
+                                     (const void*)g.dweight, eps, (void*)g.dout, (void*)g.dres_out, m, g.stream));
+    /* residual_out optional */
+    FO(fo_gemm_allreduce_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, (const void*)g.dres,
+                                     (const void*)g.dweight, eps, (void*)g.dout, NULL, m, g.stream));
+    CU(cu.StreamSynchronize(g.stream));
+    CU(cu.MemcpyDtoH(g.host16, g.dres_out, (size_t)(m * N) * 2));
+    for (i = 0; i < m * N; ++i) bad_h += g.host16[i] != to_16(d, (float)(g.ab[i] + g.residual[i]));
+    CU(cu.MemcpyDtoH(g.host16, g.dout, (size_t)(m * N) * 2));
+    for (i = 0; i < m; ++i) {
+      double ss = 0;
+      for (j = 0; j < N; ++j) {
+        const double h = g.ab[i * N + j] + g.residual[i * N + j];
+        ss += h * h;
+      }
+      for (j = 0; j < N; ++j) {
+        const double h = g.ab[i * N + j] + g.residual[i * N + j];
+        const double ref = h / sqrt(ss / N + eps) * g.weight[j];
+        const double x = from_16(d, g.host16[i * N + j]);
+        /* the output's rounding (2^-8 bf16, 2^-11 fp16 relative) twice over, and fp32's */
+        if (!(fabs(x - ref) <= 1e-3 + fabs(ref) / 64)) {
+          if (!bad_out)
+            fprintf(stderr, "%s rmsnorm: first beyond the bound at row %lld, col %lld: %g, want %g\n", name,
+                    (long long)i, (long long)j, x, ref);
+          ++bad_out;
+        }
+      }
+    }
+    CHECK(bad_h == 0, "%s rmsnorm: %lld residual_out elements differ from AllReduce(a b^T) + residual", name,
+          (long long)bad_h);
+    CHECK(bad_out == 0, "%s rmsnorm: %lld of %lld out elements beyond 1e-3 + |ref|/64", name, (long long)bad_out,
+          (long long)(m * N));
+  }
+}
+
+static int gpu_part(void) {
+  fo_comm_t comm = NULL;
+  fo_gemm_allreduce_t op = NULL;
+  fo_gemm_allreduce_options opt;
+  CUdevice dev;
+  CUcontext ctx;
+  int rank = -1, world = -1, p;
+  void* nccl = NULL;
+  int64_t i, j, l;
+  const fo_status s = fo_comm_from_env(&comm);
+  if (s == FO_NO_GPU) {
+    if (required_gpus() >= 1) {
+      fprintf(stderr, "FO_REQUIRE_GPUS=%d promises a GPU, but: %s\n", required_gpus(), fo_last_error());
+      return 1;
+    }
+    printf("SKIPPED: needs a Hopper GPU: %s\n", fo_last_error());
+    return SKIP_CODE;
+  }
+  CHECK(s == FO_OK, "fo_comm_from_env: %s: %s", fo_status_string(s), fo_last_error());
+  if (s != FO_OK) return 1;
+  FO(fo_comm_rank(comm, &rank));
+  FO(fo_comm_world(comm, &world));
+  FO(fo_comm_nccl(comm, &nccl));
+  CHECK(rank == 0 && world == 1 && nccl != NULL, "rank %d, world %d, nccl %p", rank, world, nccl);
+
+  if (!load_driver()) {
+    fprintf(stderr, "a GPU communicator, but libcuda.so.1 does not load: %s\n", dlerror());
+    return 1;
+  }
+  /* The library's context is device 0's primary one (one rank: LOCAL_RANK 0). */
+  CU(cu.Init(0));
+  CU(cu.DeviceGet(&dev, 0));
+  CU(cu.DevicePrimaryCtxRetain(&ctx, dev));
+  CU(cu.CtxSetCurrent(ctx));
+  CU(cu.StreamCreate(&g.stream, 0));
+  CU(cu.MemAlloc(&g.da, (size_t)MAX_M * K * 2));
+  CU(cu.MemAlloc(&g.db, (size_t)N * K * 2));
+  CU(cu.MemAlloc(&g.dout, (size_t)MAX_M * (N + LD_PAD) * 2));
+  CU(cu.MemAlloc(&g.dres, (size_t)MAX_M * N * 2));
+  CU(cu.MemAlloc(&g.dres_out, (size_t)MAX_M * N * 2));
+  CU(cu.MemAlloc(&g.dweight, (size_t)N * 2));
+
+  {
+    const char* seed = getenv("FO_TEST_SEED");
+    g_rng = seed && *seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL) * 2654435761ull;
+    printf("seed %llu (FO_TEST_SEED=%llu replays it)\n", (unsigned long long)g_rng, (unsigned long long)g_rng);
+  }
+  /* entries in {-1, 0, 1}: |sums| <= K = 128, exact in fp32 and both dtypes */
+  for (i = 0; i < MAX_M * K; ++i) g.a[i] = rand_int(-1, 1);
+  for (i = 0; i < N * K; ++i) g.b[i] = rand_int(-1, 1);
+  for (i = 0; i < MAX_M; ++i)
+    for (j = 0; j < N; ++j) {
+      int sum = 0;
+      for (l = 0; l < K; ++l) sum += g.a[i * K + l] * g.b[j * K + l];
+      g.ab[i * N + j] = sum;
+      g.residual[i * N + j] = rand_int(-2, 2);
+    }
+  for (j = 0; j < N; ++j) g.weight[j] = 0.25f * (float)rand_int(2, 6);
+
+  /* both dtypes, the default options */
+  {
+    static const fo_dtype dts[] = {FO_DTYPE_BF16, FO_DTYPE_FP16};
+    size_t t;
+    for (t = 0; t < 2; ++t) {
+      const fo_dtype d = dts[t];
+      int64_t mm = 0, nn = 0, kk = 0;
+      fo_dtype dd = (fo_dtype)-1;
+      char plan[512], small[8];
+      size_t needed = 0, needed2 = 0;
+      FO(fo_gemm_allreduce_create(comm, MAX_M, N, K, d, NULL, &op));
+      FO(fo_gemm_allreduce_shape(op, &mm, &nn, &kk, &dd));
+      CHECK(mm == MAX_M && nn == N && kk == K && dd == d, "shape %lld %lld %lld %d", (long long)mm, (long long)nn,
+            (long long)kk, (int)dd);
+      FO(fo_gemm_allreduce_shape(op, NULL, NULL, NULL, NULL));
+      exercise(op, d, d == FO_DTYPE_BF16 ? "bf16, auto" : "fp16, auto");
+
+      FO(fo_gemm_allreduce_plan(op, 77, NULL, 0, &needed));
+      CHECK(needed > 1 && needed <= sizeof plan, "plan needs %zu bytes", needed);
+      FO(fo_gemm_allreduce_plan(op, 77, plan, sizeof plan, &needed2));
+      CHECK(needed2 == needed && strlen(plan) + 1 == needed, "plan \"%s\": needed %zu, then %zu", plan, needed,
+            needed2);
+      printf("%s: plan(77) = \"%s\"\n", d == FO_DTYPE_BF16 ? "bf16" : "fp16", plan);
+      FO(fo_gemm_allreduce_plan(op, 77, small, sizeof small, NULL));
+      CHECK(strlen(small) == sizeof small - 1 && strncmp(small, plan, sizeof small - 1) == 0,
+            "truncated plan \"%s\"", small);
+      FO(fo_gemm_allreduce_prepare(op, 150));
+      FO(fo_gemm_allreduce_check(op));
+
+      EXPECT_INVALID(fo_gemm_allreduce_plan(op, 77, NULL, 4, NULL), "fo_gemm_allreduce_plan", "buf is NULL");
+      EXPECT_INVALID(fo_gemm_allreduce_run(op, NULL, (const void*)g.db, (void*)g.dout, 1, g.stream, 0),
+                     "fo_gemm_allreduce_run", "a is NULL");
+      EXPECT_INVALID(fo_gemm_allreduce_run(op, (const void*)g.da, NULL, (void*)g.dout, 1, g.stream, 0),
+                     "fo_gemm_allreduce_run", "b is NULL");
+      EXPECT_INVALID(fo_gemm_allreduce_run(op, (const void*)g.da, (const void*)g.db, NULL, 1, g.stream, 0),
+                     "fo_gemm_allreduce_run", "out is NULL");
+      EXPECT_INVALID(fo_gemm_allreduce_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, NULL,
+                                                   (const void*)g.dweight, 1e-5f, (void*)g.dout, NULL, 1, g.stream),
+                     "fo_gemm_allreduce_run_rmsnorm", "residual is NULL");
+      /* m out of range: the C++ API's InvalidArgument */
+      EXPECT_INVALID(fo_gemm_allreduce_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 0, g.stream, 0),
+                     "fo_gemm_allreduce_run", "");
+      EXPECT_INVALID(
+          fo_gemm_allreduce_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, MAX_M + 1, g.stream, 0),
+          "fo_gemm_allreduce_run", "");
+      /* still usable after refusals */
+      FO(fo_gemm_allreduce_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 128, g.stream, 0));
+      expect_gemm(d, 128, N, "after the refusals, m = 128");
+      FO(fo_gemm_allreduce_destroy(op));
+      op = NULL;
+    }
+  }
+
+  /* refusals the C++ API makes: k % 8 != 0, max_m < 1 */
+  op = (fo_gemm_allreduce_t)&g;
+  EXPECT_INVALID(fo_gemm_allreduce_create(comm, MAX_M, N, 12, FO_DTYPE_BF16, NULL, &op), "fo_gemm_allreduce_create",
+                 "");
+  CHECK(op == NULL, "out not cleared on failure");
+  EXPECT_INVALID(fo_gemm_allreduce_create(comm, 0, N, K, FO_DTYPE_BF16, NULL, &op), "fo_gemm_allreduce_create", "");
+
+  /* each path, explicitly (one that is not available at world 1 may refuse,
+   * saying so); the last one outlives its communicator's handle */
+  for (p = FO_PATH_SEQUENTIAL; p <= FO_PATH_SLOTS; ++p) {
+    static const char* names[] = {"auto", "sequential", "row bands", "slots"};
+    char name[64];
+    fo_status c;
+    FO(fo_gemm_allreduce_options_default(&opt, sizeof opt));
+    opt.path = p;
+    opt.check_m = 1;
+    c = fo_gemm_allreduce_create(comm, MAX_M, N, K, FO_DTYPE_BF16, &opt, &op);
+    if (c == FO_INVALID_ARGUMENT) {
+      printf("path %s refused at world 1: %s\n", names[p], fo_last_error());
+      continue;
+    }
+    CHECK(c == FO_OK, "path %s: %s: %s", names[p], fo_status_string(c), fo_last_error());
+    if (c != FO_OK) continue;
+    if (p == FO_PATH_SLOTS) {
+      FO(fo_comm_destroy(comm));
+      comm = NULL;
+    }
+    snprintf(name, sizeof name, "bf16, %s%s", names[p], p == FO_PATH_SLOTS ? " (its comm handle destroyed)" : "");
+    exercise(op, FO_DTYPE_BF16, name);
+    FO(fo_gemm_allreduce_destroy(op));
+    op = NULL;
+  }
+  FO(fo_comm_destroy(comm));
+
+  CU(cu.MemFree(g.da));
+  CU(cu.MemFree(g.db));
+  CU(cu.MemFree(g.dout));
+  CU(cu.MemFree(g.dres));
+  CU(cu.MemFree(g.dres_out));
+  CU(cu.MemFree(g.dweight));
+  CU(cu.StreamDestroy(g.stream));
+  CU(cu.DevicePrimaryCtxRelease(dev));
+  return g_failures ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 2 && strcmp(argv[1], "--gpu") == 0) {
+    const int rc = gpu_part();
+    if (rc == SKIP_CODE) return rc;
+    printf("%s: %d failed checks%s\n", g_failures || rc ? "FAILED" : "PASSED", g_failures,
+           rc && !g_failures ? " (stopped early)" : "");
+    return g_failures || rc ? 1 : 0;
+  }
+  if (argc != 1) {
+    fprintf(stderr, "usage: %s [--gpu]\n", argv[0]);
+    return 2;
+  }
+  test_version();
+  test_options();
+  test_null_arguments();
+  test_last_error_lifetime();
+  test_threads();
+  test_from_env();
+  printf("%s: %d failed checks\n", g_failures ? "FAILED" : "PASSED", g_failures);
+  return g_failures ? 1 : 0;
+}
