@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -118,11 +119,30 @@ struct GemmAllReduce::Impl {
                                             : std::vector<rt::ArLayout>{rt::ArLayout::RowBands, rt::ArLayout::Slots};
     t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
     t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };
-    try {  // (a forced path: never replaced by the sequential plan)
-      return rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, opts.path == Path::Auto ? seq.predicted_ms : 1e30);
+    std::vector<rt::AllReducePlan> ranked;
+    t.ranked = &ranked;  // (every candidate, fastest predicted first, the sequential plan among them)
+    try {
+      const rt::AllReducePlan best = rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, seq.predicted_ms);
+      if (opts.path == Path::Auto) return best;
     } catch (const rt::NoPlan&) {
       return seq;  // (e.g. one band of tile rows: nothing to overlap)
     }
+    // A forced path overlaps where the shape lets it: the fastest predicted
+    // candidate with two units (bands, waves) or more, in two groups at
+    // least (the model may find one group best: e.g. on one rank, whose
+    // AllReduce moves nothing); one unit only: the sequential plan.
+    for (rt::AllReducePlan p : ranked) {
+      if (p.sequential) continue;
+      const bool bands = p.layout == rt::ArLayout::RowBands;
+      const int units = bands ? plan::band_count(p.sched) : p.sched.waves();
+      if (units < 2) continue;
+      if (p.groups.size() < 2) {
+        const plan::Partition two = {units - 1, 1};  // (a small last group: what follows the GEMM)
+        p.groups = bands ? plan::band_groups(p.sched, two) : plan::make_groups(p.sched, two);
+      }
+      return p;
+    }
+    return seq;
   }
   rt::OverlapAllReduce& op_for(int64_t m) {
     if (m < 1 || m > max_m)
