@@ -16,8 +16,6 @@
 #                (--no-select: the model's plan, which a measurement could replace by the sequential one)
 #   owners-ab    pushed row bands, the model's plan: each tile summed by its owner (--push-by owners) vs the
 #                GEMM's stores and a sum (--push-by gemm), ABAB, with --trace (GEMM end, tile clocks)
-#   pull-ab      pushed row bands with owners, the model's plan: pushed (--push-by owners) vs pulled
-#                (--push-by owners-pull), ABAB, with --trace (tile clocks, the CTAs' phases)
 #   inplace-ab   owners: result copied into the output vs left in the op's window (--in-place), ABAB; --with-rmsnorm
 #   gate-ab      the sweep's shapes with --no-gate (the host's enqueue timed too) and without (each timed
 #                run queued whole before the GPU starts it: the default), ABAB, CSVs $OUT/gate-ab-{nogate,gate}-{1,2}.csv
@@ -207,15 +205,6 @@ for s in "$@"; do
         $CLI bench --shapes 4096x8192x8192,2048x8192x8192,1024x8192x8192,4096x7168x5120,3001x8192x8192,4096x4096x4096 \
           --layout pushed --push-by $by --no-select --trace --curves /tmp/fo-curves 2>&1 |
           tee -a "$OUT/owners-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM end|GEMM tiles|rror" | cut -c1-200 || status=1
-      done
-      ;;
-    pull-ab)
-      stage "owners: pushed vs pulled"
-      for by in owners owners-pull owners owners-pull; do
-        echo "##### --push-by $by" | tee -a "$OUT/pull-ab.log"
-        $CLI bench --shapes 2048x8192x8192,4096x7168x5120,1024x8192x8192,4096x8192x8192,3001x8192x8192 \
-          --layout pushed --push-by $by --no-select --trace --curves /tmp/fo-curves 2>&1 |
-          tee -a "$OUT/pull-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM tiles overl|CTA phases|rror" | cut -c1-160 || status=1
       done
       ;;
     inplace-ab)

@@ -326,9 +326,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.owner_pushers = o.owner_pushers == "on" ? 1 : o.owner_pushers == "off" ? 0 : -1;
     fo.wait_timeout_s = o.wait_timeout_s;
     // (owners pushed only: OverlapAllReduce refuses it elsewhere)
-    fo.diag_no_final_bytes = o.diag_no_final_bytes && !pl.sequential && rt::is_pushed(pl.layout) &&
+    fo.testing.diag_no_final_bytes = o.diag_no_final_bytes && !pl.sequential && rt::is_pushed(pl.layout) &&
                              pl.push_by == rt::PushBy::Owners;
-    fo.owners_wide = o.owners_wide && !pl.sequential && rt::is_pushed(pl.layout) && pl.push_by == rt::PushBy::Owners &&
+    fo.testing.owners_wide = o.owners_wide && !pl.sequential && rt::is_pushed(pl.layout) && pl.push_by == rt::PushBy::Owners &&
                      pl.sched.bn == 256 && fo.four_stages;
     return fo;
   };
@@ -340,7 +340,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.stage_round = o.four_stages;  // (--three-stages: no choice)
   tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
                    : o.push_by == "owners"     ? rt::PushBy::Owners
-                   : o.push_by == "owners-pull" ? rt::PushBy::OwnersPull
                                                : rt::PushBy::Gemm;
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
@@ -408,7 +407,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (bad[3] > 0) chk << "; decomposition vs cuBLAS+NCCL: " << beyond(bad[3]);
   res.checks = chk.str();
   const bool ok = (world == 2 ? bad[0] == 0 : bad[4] == 0) && bad[1] == 0 && bad[2] == 0 && bad[3] == 0;
-  if (fo.diag_no_final_bytes)
+  if (fo.testing.diag_no_final_bytes)
     res.checks += " [--diag-no-final-bytes: the finals are not moved to the peer, so its C is wrong: timing only]";
   else if (!ok)
     throw Error("correctness check failed for " + std::to_string(M) + "x" + std::to_string(N) + "x" +
@@ -508,8 +507,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                     " streams)"
           : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::Owners
               ? std::string("window (each tile summed by its owner rank, stored over NVLink by the GEMM)")
-          : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::OwnersPull
-              ? std::string("window (each tile summed by its owner rank, read over NVLink by the other)")
           : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
                                                     : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
@@ -645,9 +642,9 @@ int run(const Options& o) {
       throw InvalidArgument("--tile must be auto, 128x256 or 128x128, not " + o.tile);
   }
   if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
-  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners" &&
-      o.push_by != "owners-pull")
-    throw InvalidArgument("--push-by must be auto, gemm, copy-engines, owners or owners-pull");
+  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners")
+    throw InvalidArgument("--push-by must be auto, gemm, copy-engines or owners" +
+                          std::string(o.push_by == "owners-pull" ? " (owners-pull was never faster and was retired)" : ""));
   if (o.diag_no_final_bytes && (o.push_by != "owners" || !o.four_stages))
     throw InvalidArgument("--diag-no-final-bytes measures owners pushed on 4 stages: it needs --push-by owners "
                           "(and not --three-stages)");
@@ -799,6 +796,8 @@ void add_bench_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "bench", "Overlapped GEMM + collective against the baselines, on all local GPUs (one process each)");
+  // (A/B switches and diagnostics, apart from what a user chooses: its own group in --help)
+  static const char* kExperiments = "Experiments (A/B switches and diagnostics)";
   cmd->add_option("--op", o->op, "allreduce (reducescatter, alltoall: planner only so far)")->capture_default_str();
   cmd->add_option("--m", o->m, "Rows of A and C")->capture_default_str()->check(at_least_one());
   cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(at_least_one());
@@ -830,16 +829,16 @@ void add_bench_command(CLI::App& app, int& rc) {
         }
         return "";
       });
-  cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str();
-  cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str();
+  cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str()->group(kExperiments);
+  cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str()->group(kExperiments);
   cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");
   cmd->add_flag("--diag-no-final-bytes", o->diag_no_final_bytes,
                 "Measurement only (owners pushed, 4 stages): the final tiles are counted at the peer but not moved "
                 "there, so the result is wrong and not checked: how long the call takes without the finals' NVLink "
-                "bytes");
+                "bytes")->group(kExperiments);
   cmd->add_flag("--owners-wide", o->owners_wide,
                 "Testing (owners, 128x256 tiles on 4 stages): on 2 ranks, the path built for 3-8 (every rank's "
-                "window and output by rank, the pusher warps, no TMA pushes); the same bits, its cost");
+                "window and output by rank, the pusher warps, no TMA pushes); the same bits, its cost")->group(kExperiments);
   cmd->add_flag("--registered-output", o->registered,
                 "flashoverlap runs into an output registered with the op (run_registered: with owners the peer "
                 "stores its finals straight into it, no copy); the baselines' outputs are registered with NCCL "
@@ -868,23 +867,23 @@ void add_bench_command(CLI::App& app, int& rc) {
                 "run untraced: the trace's events cost a call 6-15 us)");
   cmd->add_flag("!--three-stages", o->four_stages,
                 "128x256 tiles: the GEMM with 3 pipeline stages (the default is 4, the output staged in pieces): "
-                "owners (then pushed from shared memory), row bands and gathered rows summed after the GEMM");
+                "owners (then pushed from shared memory), row bands and gathered rows summed after the GEMM")->group(kExperiments);
   cmd->add_option("--push-tma", o->push_tma,
                   "Owners with 4 stages: the tiles sent to the peer by TMA straight from the GEMM's staging instead "
                   "of from this GPU's memory by the pusher or storer warps: none, last (each CTA's last tile: its operand loads are done), all")
       ->check(CLI::IsMember({"none", "last", "all"}))
-      ->capture_default_str();
+      ->capture_default_str()->group(kExperiments);
   cmd->add_option("--owner-pushers", o->owner_pushers,
                   "Owners with 4 stages: warps 2 and 3 push the tiles from this GPU's memory, so that the storer "
                   "warp goes on with the next tile: on, off, or auto (on where k <= 4096)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
-      ->capture_default_str();
+      ->capture_default_str()->group(kExperiments);
   cmd->add_flag("!--no-fuse", o->fuse,
                 "Every sum (gathered, pushed layouts) or copy of the peer's finals (owners) after the GEMM's tiles, "
-                "not in the GEMM by its producer warps as the plan may say (A/B)");
+                "not in the GEMM by its producer warps as the plan may say (A/B)")->group(kExperiments);
   cmd->add_flag("!--no-gate", o->gate,
                 "Time the host's enqueue too: by default the stream is held before each timed run until the host "
-                "has queued it, so that only device time is timed (not launches, tensor maps, NCCL's enqueue)");
+                "has queued it, so that only device time is timed (not launches, tensor maps, NCCL's enqueue)")->group(kExperiments);
   cmd->add_flag("!--no-select", o->select,
                 "Take the model's best plan as is, without measuring the best of each layout against each other");
   cmd->add_option("--power", o->power_s,
@@ -897,15 +896,14 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
                   "copies of this rank's block once its tiles are stored), owners (row bands: each tile summed by "
                   "one rank in its epilogue, the final tile stored into the others' copies; 2 ranks, or 3-8 with "
-                  "128x256 tiles), owners-pull "
-                  "(experimental: owners, each rank's tiles stored locally and read over NVLink by the other) or auto (gemm, "
+                  "128x256 tiles) or auto (gemm, "
                   "and when the measured choice picks a pushed plan, that plan is measured again with the other "
                   "transports)")
       ->capture_default_str();
   cmd->add_option("--copy-streams", o->copy_streams,
                   "Copy-engine pushes: streams the groups' copies take in turn (1-8)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 8));
+      ->check(CLI::Range(1, 8))->group(kExperiments);
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

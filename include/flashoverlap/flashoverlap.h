@@ -37,8 +37,10 @@ class Communicator {
   // A new communicator over the processes of a job, from torchrun's
   // environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or
   // OpenMPI's (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK): collective; each
-  // process uses GPU LOCAL_RANK (cudaSetDevice). A single process without
-  // those variables gets a communicator of one rank.
+  // process uses GPU LOCAL_RANK (cudaSetDevice). Rank 0 listens on
+  // MASTER_PORT (under torchrun, whose agent holds that port: MASTER_PORT +
+  // 1) until every rank joined. A single process without those variables
+  // gets a communicator of one rank.
   static Communicator from_env();
   // A new communicator from a unique id that one rank made (unique_id())
   // and the caller sent to every rank: collective over `world` ranks, each

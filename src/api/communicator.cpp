@@ -1,6 +1,7 @@
 // communicator.cpp — flashoverlap::Communicator (flashoverlap.h).
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "api/communicator_impl.h"
@@ -38,7 +39,10 @@ Communicator Communicator::from_env() {
     throw InvalidArgument("Communicator::from_env: rank " + std::to_string(env->rank) + " has LOCAL_RANK " +
                           std::to_string(env->local_rank) + " but " + std::to_string(devices) + " GPUs are visible");
   FO_CUDA_CHECK(cudaSetDevice(env->local_rank));
-  rt::Rendezvous rv(*env);
+  rt::DistEnv hub = *env;
+  // Under torchrun its agent's store listens on MASTER_PORT: the hub takes the next port.
+  if (std::getenv("TORCHELASTIC_RUN_ID") && hub.master_port < 65535) ++hub.master_port;
+  rt::Rendezvous rv(hub);
   return Communicator(std::make_shared<Impl>(Impl{rt::Communicator::create(rv)}));
 }
 

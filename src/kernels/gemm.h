@@ -112,10 +112,6 @@ struct Push {
 // after its CTA's last tile) copy the peer's final tiles from this GPU's
 // window into C as they arrive. Two calls in flight use the two halves of
 // the window (row0); the flags count one arrival per tile and call.
-// Pulled instead (rt: PushBy::OwnersPull): `window` is the peer's window and
-// Push::peer_c this GPU's, so each rank stores its partials and finals
-// locally and the other reads them over NVLink (the TMA load of the
-// partial, the bulk loads of the copy); the flags are unchanged.
 // In place (pushed only): C is this call's half of this GPU's window, so the
 // peer's final tiles land where they belong and nothing is copied; the
 // copy warps only wait until every one of them has arrived (the kernel's
@@ -175,7 +171,7 @@ struct Owner {
   // final. The storer loads slot 0's partial into the staging pieces by
   // TMA; the consumers add slots 1..world-2 from the window first (fp32, in
   // slot order, after rounding their own sum: within rounding of NCCL's
-  // ring, not bitwise). Pushed (not pulled), 4 stages, push_tma 0.
+  // ring, not bitwise). 4 stages, push_tma 0.
   int32_t world = 2;
   bool wide = false;                    // testing: the path of more ranks (its fields) at world 2
   int32_t own_begin = 0, own_end = 0;   // world > 2: this rank's tiles (owned_begin, owned_end)

@@ -212,7 +212,7 @@ __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const Pu
 }
 
 // The owner layout's storer warp: per tile, every lane copies both halves to
-// Push::peer_c (the peer's window; this GPU's when pulled: a partial, or the
+// Push::peer_c (the peer's window: a partial, or the
 // final tile), lane 0 stores a final tile into C by TMA and counts the tile
 // in the peer's flags; before handing
 // the staging halves back, lane 0 loads the peer's partial of the CTA's next
@@ -288,7 +288,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
 }
 
 // The owner layout's copy of the peer's final tiles from the window read from
-// (Owner::window: this GPU's, or the peer's when pulled) into C (p.out, p.ld_out): chunks of `rows` rows of one tile, the peer's
+// (Owner::window: this GPU's) into C (p.out, p.ld_out): chunks of `rows` rows of one tile, the peer's
 // tiles in the order it computes them, claimed with o.claims, each chunk
 // waiting (bounded) for its tile; rows brought into `stage` by the bulk-copy
 // engine, then stored with 16-byte stores. kDirect (4 stages: no shared

@@ -230,7 +230,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
   kp.row_shift = p.store != Store::SlotRows ? p.row_shift : nullptr;
   // The owner layout: the peer's partials are loaded from the window read
-  // from (Owner::window: this GPU's, or the peer's when pulled) into the
+  // from (Owner::window: this GPU's) into the
   // staging buffer (the same box and swizzle as C's stores), and its copy of
   // the peer's tiles writes C directly.
   CUtensorMap mw = mc, mp = mc, mq = mc;

@@ -63,7 +63,7 @@ struct Case {
   bool trace = false;        // the op's trace on (phase and tile monitors); checked after the calls
   // owners pushed, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
   int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
-  bool owners_wide = false;  // owners: the path of 3-8 ranks at 2 (OverlapAllReduceOptions::owners_wide)
+  bool owners_wide = false;  // owners: the path of 3-8 ranks at 2 (OverlapAllReduceOptions::testing.owners_wide)
   bool fallback = false;     // one group: the sequential fallback (else the op must overlap)
 };
 
@@ -116,8 +116,8 @@ void check_case(const Case& c, rt::WaitMode wait, uint64_t seed, int world = kWo
     o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
     o.trace = c.trace;
     o.push_tma = c.push_tma;
-    o.owners_wide = c.owners_wide;
-    o.first_epoch = first_epoch;
+    o.testing.owners_wide = c.owners_wide;
+    o.testing.first_epoch = first_epoch;
     const rt::Communicator ce = test::gather_comm_for(o, comm);
     // Gathered, even M: the last group is AllReduced by NCCL into the output;
     // odd M: gathered and summed like the rest.
@@ -338,7 +338,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.groups = groups, o.layout = rt::ArLayout::Pushed, o.k = sh.k, o.dtype = sh.dt, o.comm = comm;
       o.rank = rank, o.push_by = rt::PushBy::Owners, o.wait_timeout_s = 5, o.push_tma = sh.push_tma;
-      o.owners_wide = sh.wide;
+      o.testing.owners_wide = sh.wide;
       rt::OverlapAllReduce op(o);
       EXPECT_EQ(op.finals_into_outputs(), sh.bn == 256) << where;
       EXPECT_THROW(op.register_output(static_cast<char*>(out0.get()) + 2, sh.n), InvalidArgument);  // misaligned
@@ -432,14 +432,6 @@ TEST(OverlapAllReduce, PushedWithOwnersWidePathMatchesSequentialBitwise) {
       cases.push_back(c);
     }
   check_cases(cases);
-}
-
-// Owners pulled: each rank stores its partials and finals into its own
-// window, the other reads them over NVLink (the partial by TMA, the finals
-// by the copy's bulk loads).
-TEST(OverlapAllReduce, PushedWithOwnersPulledMatchesSequentialBitwise) {
-  REQUIRE_TWO_GPUS();
-  check_cases(owner_cases(rt::PushBy::OwnersPull));
 }
 
 // The same layouts with the blocks moved by the copy engines (one copy and
@@ -597,7 +589,7 @@ std::pair<std::vector<std::string>, double> stuck_group_messages(
     rt::OverlapAllReduceOptions o = options_for(rank, comm);
     o.k = k, o.comm = comm, o.rank = rank;
     o.wait_timeout_s = 0.25;
-    o.fault_drop_group = 1;
+    o.testing.fault_drop_group = 1;
     rt::OverlapAllReduce op(o);
     if (check_fuse) EXPECT_EQ(op.fuses_sum(), o.fuse_sum);
     DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
@@ -691,8 +683,7 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
   const uint64_t seed = fresh_seed();
   for (const auto [layout, by] : {std::pair{rt::ArLayout::Pushed, rt::PushBy::Gemm},
                                    std::pair{rt::ArLayout::PushedTiles, rt::PushBy::Gemm},
-                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners},
-                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::OwnersPull}}) {
+                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners}}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 2048, n = 4096, k = 1024, calls = 8;
       std::mt19937_64 rng(seed);  // the same schedule on both ranks
@@ -892,7 +883,7 @@ TEST(AllReduceTuner, MeasuredChoiceIsTheSameOnEveryRankAndRuns) {
 // in the waits before the sums after it) with the arrival counter, not a hang.
 TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
-  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners, rt::PushBy::OwnersPull})
+  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners})
   for (const bool fuse : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
       const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);

@@ -35,9 +35,6 @@ const char* sum_place(ArLayout l, bool fuse_sum, PushBy by) {
   if (is_pushed(l) && by == PushBy::Owners)
     return fuse_sum ? " (summed in the epilogues; copies in the GEMM)"
                     : " (summed in the epilogues; copies at the GEMM's end)";
-  if (is_pushed(l) && by == PushBy::OwnersPull)
-    return fuse_sum ? " (summed in the epilogues, read over NVLink; copies in the GEMM)"
-                    : " (summed in the epilogues, read over NVLink; copies at the GEMM's end)";
   return sum_place(l, fuse_sum);
 }
 
@@ -72,7 +69,7 @@ void OverlapAllReduce::setup_gathered() {
   gathered_ = SymmetricBuffer(comm, size_t(gathered_rows_) * gather_width_ * 2,
                               "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
   // The flags the comm stream sets once a group's gather is complete.
-  ready_ = to_device(counts_after(opts_.first_epoch, std::vector<uint32_t>(gather_.size(), 1)));  // (set to the epoch)
+  ready_ = to_device(counts_after(opts_.testing.first_epoch, std::vector<uint32_t>(gather_.size(), 1)));  // (set to the epoch)
   stream_write_fn();
   fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 &&
              int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX &&
@@ -81,7 +78,7 @@ void OverlapAllReduce::setup_gathered() {
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
-OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts), epoch_(opts.first_epoch) {
+OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts), epoch_(opts.testing.first_epoch) {
   const plan::Schedule& s = opts_.sched;
   if (!opts_.comm) throw InvalidArgument("OverlapAllReduce: no NCCL communicator");
   if (opts_.owner_pushers < -1 || opts_.owner_pushers > 1)
@@ -133,7 +130,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   group_of_tile_ = to_device(got);
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
   if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
-  if (opts_.diag_no_final_bytes && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))
+  if (opts_.testing.diag_no_final_bytes && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))
     throw InvalidArgument("OverlapAllReduce: diag_no_final_bytes is for owners pushed on 4 stages (128x256 tiles)");
   // The signalling GEMM's 4 stages (owners: setup_owned): row bands, and
   // gathered rows unless the sum runs in the GEMM (its warps stage in the

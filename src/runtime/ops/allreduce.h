@@ -60,11 +60,9 @@
 //   every other rank: 2 (W - 1) / W output-sizes out of each GPU, as NCCL's
 //   ring, within rounding of it. Only where asked for (push_by): the tuner
 //   does not yet try it on 3+ ranks.
-//   PushBy::OwnersPull: the same with the transfers turned around: a rank
-//   stores its partials and finals into its own window and the other reads
-//   them over NVLink (TMA and bulk loads). Experimental: beside the
-//   transfers the MMAs take 1-4% more cycles per tile whichever SMs issue
-//   them, and pulling measured as fast or up to 5% slower (bench/results/NOTES.md).
+//   (Owners pulled — each rank storing its tiles locally and the other
+//   reading them over NVLink — measured as fast or up to 5% slower, never
+//   faster, and was retired: bench/results/NOTES.md.)
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once
@@ -110,9 +108,8 @@ enum class PushBy {
   Gemm,         // the GEMM's storer warp, NVLink stores as each tile finishes
   CopyEngines,  // per group, cudaMemcpyAsync of this rank's block once its tiles are stored
   Owners,       // the GEMM's stores, each tile summed by its owner rank (row bands; 2-8 ranks)
-  OwnersPull,   // owners, each rank's tiles stored locally and read by the other over NVLink (experimental)
 };
-inline bool is_owners(PushBy b) { return b == PushBy::Owners || b == PushBy::OwnersPull; }
+inline bool is_owners(PushBy b) { return b == PushBy::Owners; }
 // sum_place for a plan moved by `by`: with owners, " (summed in the
 // epilogues; copies in the GEMM)" or "...; copies at the GEMM's end)".
 const char* sum_place(ArLayout l, bool fuse_sum, PushBy by);
@@ -146,16 +143,28 @@ struct OverlapAllReduceOptions {
   // communicator then holds the unfinished step and must be aborted
   // (ncclCommAbort) unless that rank still joins (exchange.h).
   double exchange_timeout_s = 120.0;
-  int fault_drop_group = -1;      // testing only: this group's signals go nowhere (copy engines: its flags)
   // Shared with other ops whose calls come in order with this one's (the
   // public GemmAllReduce's plans for each m): the communication stream, the
   // order of calls, the wait record and the scratch (OverlapCore). nullptr:
   // the op's own.
   OverlapCore* core = nullptr;
-  // Testing only: the op starts as if `first_epoch` calls had run (epoch(),
-  // every counter and flag where they would have left them), so that tests
-  // cross the counters' 2^32 wrap. The same on every rank.
-  uint32_t first_epoch = 0;
+  // Switches for tests and measurements, never for users' calls.
+  struct Testing {
+    int fault_drop_group = -1;  // this group's signals go nowhere (copy engines: its flags)
+    // The op starts as if `first_epoch` calls had run (epoch(), every counter
+    // and flag where they would have left them), so that tests cross the
+    // counters' 2^32 wrap. The same on every rank.
+    uint32_t first_epoch = 0;
+    // Owners on 2 ranks take the path of 3-8 (kernels::Owner::wide: every
+    // rank's window, flags and output by rank, the pusher warps, no TMA
+    // pushes), which must give the same bits; so 2 GPUs test that runtime.
+    bool owners_wide = false;
+    // Measurement only (bench --diag-no-final-bytes): owners pushed, the
+    // final tiles are counted at the peer but not moved there
+    // (kernels::Owner::diag_no_final_bytes), so the peer's C is wrong: how
+    // much of the call's end the finals' NVLink bytes take.
+    bool diag_no_final_bytes = false;
+  } testing;
   // Keep the trace buffers (events around the GEMM and each group, the GEMM's
   // tile and phase monitors) and trace the calls until set_tracing(false).
   // The events cost each traced call device time (2xH200, owners: 6 us on
@@ -197,15 +206,6 @@ struct OverlapAllReduceOptions {
   // 0.284 (copy engines; owners 0.309) / 0.254, 4096^3 0.222 / 0.220;
   // 2048x8192x8192 0.387 / 0.395, 4096x7168x5120 0.438 / 0.443.
   int owner_pushers = -1;
-  // Measurement only (bench --diag-no-final-bytes): owners pushed, the final
-  // tiles are counted at the peer but not moved there (kernels::Owner::
-  // diag_no_final_bytes), so the peer's C is wrong: how much of the call's
-  // end the finals' NVLink bytes take.
-  bool diag_no_final_bytes = false;
-  // Testing: owners on 2 ranks take the path of 3-8 (kernels::Owner::wide:
-  // every rank's window, flags and output by rank, the pusher warps, no TMA
-  // pushes), which must give the same bits; so 2 GPUs test that runtime.
-  bool owners_wide = false;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
   // only; per group a copy stream waits for its tiles with a stream memory
   // op, copies this rank's block to each peer and writes the peer's flag for
@@ -376,9 +376,8 @@ class OverlapAllReduce {
                             bool in_place, cudaStream_t stream, const RegisteredOutput* reg = nullptr);
   std::vector<RegisteredOutput> registered_;  // register_output's buffers, by slot
   bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
-  DeviceBuffer push_self_;                 // owners pulled: [1] this GPU's window (where its tiles go)
   DeviceBuffer windows_of_, flags_of_;     // owners on more than 2 ranks: every rank's window and flags, by rank
-  bool wide() const { return world_ > 2 || opts_.owners_wide; }  // owners: the path of more than 2 ranks
+  bool wide() const { return world_ > 2 || opts_.testing.owners_wide; }  // owners: the path of more than 2 ranks
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
   uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's
@@ -410,7 +409,7 @@ class OverlapAllReduce {
   // fault_drop_group as the GEMM sees it: its signals (and stores) go to a
   // sink. With the copy engines the group's flag writes are dropped instead.
   // (Owners: the GEMM's flag counts for the group are skipped instead, kernels::Owner::drop_group.)
-  int gemm_drop_group() const { return copy_engines() || owners() ? -1 : opts_.fault_drop_group; }
+  int gemm_drop_group() const { return copy_engines() || owners() ? -1 : opts_.testing.fault_drop_group; }
   std::vector<uint32_t> per_epoch_;  // arrivals per group per call
   std::vector<cudaEvent_t> group_done_;
 

@@ -22,9 +22,6 @@ void OverlapAllReduce::setup_owned() {
   const std::string what = "the pushed layout with owners of " + std::to_string(s.m) + "x" + std::to_string(s.n);
   if (world_ < 2 || world_ > 8)
     throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 to 8 ranks, not " + std::to_string(world_));
-  if (wide() && opts_.push_by == PushBy::OwnersPull)
-    throw InvalidArgument("OverlapAllReduce: " + what + ": owners pulled are for 2 ranks (pushed on " +
-                          std::to_string(world_) + ")");
   if (wide() && !(opts_.four_stages && s.bn == 256))
     throw InvalidArgument("OverlapAllReduce: " + what + ": owners on more than 2 ranks need 128x256 tiles on 4 stages");
   if (opts_.layout != ArLayout::Pushed)
@@ -62,9 +59,6 @@ void OverlapAllReduce::setup_owned() {
   owner_peer_flags_ = reinterpret_cast<uint32_t*>(peer + flags_at);
   push_peers_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), &peer, sizeof(void*), cudaMemcpyHostToDevice));
-  void* self = gathered_.get();
-  push_self_ = DeviceBuffer(sizeof(void*));
-  FO_CUDA_CHECK(cudaMemcpy(push_self_.get(), &self, sizeof(void*), cudaMemcpyHostToDevice));
   owner_split_ = s.tiles() / 2;
   if (wide()) {
     const size_t w = static_cast<size_t>(world_);
@@ -136,9 +130,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
                                            const RmsNormArgs* norm, bool in_place_asked, cudaStream_t stream,
                                            const RegisteredOutput* reg) {
   const plan::Schedule& s = opts_.sched;
-  // Pushed: this rank's tiles go to the peer's window, the peer's are read
-  // here. Pulled: the other way round (kernels::Owner).
-  const bool pull = opts_.push_by == PushBy::OwnersPull;
+  // This rank's tiles go to the peer's window, the peer's are read here (kernels::Owner).
   // In place (pushed; asked for, or the norm reads C): C is this call's half
   // of the window, where the peer's finals land. Else the GEMM stores C by
   // TMA: 16-byte aligned rows; other outputs get a copy from this op's
@@ -156,16 +148,16 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
       kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct && !in_place ? ld_out : s.n);
   p.group_of_tile = group_of_tile_.as<int32_t>();
   p.four_stages = four_stages_;
-  p.push.peers = 1, p.push.peer_c = (pull ? push_self_ : push_peers_).as<void*>();
+  p.push.peers = 1, p.push.peer_c = push_peers_.as<void*>();
   kernels::Owner& o = p.owner;
   o.rank = gather_rank_, o.split = owner_split_;
-  o.window = pull ? static_cast<void*>(peer_base_[0]) : gathered_.get(), o.window_rows = 2 * gathered_rows_;
+  o.window = gathered_.get(), o.window_rows = 2 * gathered_rows_;
   o.row0 = int32_t(row0);
   o.in_place = in_place;
-  if (!pull && four_stages_ && !wide()) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
+  if (four_stages_ && !wide()) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
   o.pushers = opts_.owner_pushers < 0 ? kernels::owner_pushers_by_k(opts_.k) : opts_.owner_pushers != 0;
   if (wide()) {  // (kernels::Owner::world: no TMA pushes, the pusher warps push)
-    o.world = world_, o.wide = opts_.owners_wide, o.pushers = true;
+    o.world = world_, o.wide = opts_.testing.owners_wide, o.pushers = true;
     o.own_begin = kernels::owned_begin(gather_rank_, s.tiles(), world_);
     o.own_end = kernels::owned_end(gather_rank_, s.tiles(), world_);
     o.flags_of = flags_of_.as<uint32_t*>(), o.windows_of = windows_of_.as<void*>();
@@ -177,8 +169,8 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
     o.finals_in_c = true, o.outs_of = reg->outs_of.as<void*>(), o.lds_of = reg->lds_of.as<int64_t>();
   }
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
-  o.drop_group = opts_.fault_drop_group;
-  o.diag_no_final_bytes = opts_.diag_no_final_bytes;
+  o.drop_group = opts_.testing.fault_drop_group;
+  o.diag_no_final_bytes = opts_.testing.diag_no_final_bytes;
   uint32_t* claims = claims_.as<uint32_t>();
   o.claims = claims + (epoch & 1);
   o.producers = fuse_ok_;

@@ -182,7 +182,7 @@ void OverlapAllReduce::enqueue_copies() {
       // After the copy (the write is fenced behind it): this block is there.
       // (Testing: a dropped group's flags are never written, as if the copy
       // never arrived; the peers' sums time out with the message.)
-      if (int(g) == opts_.fault_drop_group) continue;
+      if (int(g) == opts_.testing.fault_drop_group) continue;
       r = stream_write_fn()(reinterpret_cast<CUstream>(cs),
                             reinterpret_cast<CUdeviceptr>(peer_flag_at_[j] + g * size_t(world_) + size_t(gather_rank_)),
                             epoch_, 0);

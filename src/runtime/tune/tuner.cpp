@@ -138,7 +138,6 @@ std::string describe(const AllReducePlan& p) {
   out += layout_name(p.layout);
   if (is_pushed(p.layout) && p.push_by == PushBy::CopyEngines) out += " by the copy engines";
   if (is_pushed(p.layout) && p.push_by == PushBy::Owners) out += " with owners";
-  if (is_pushed(p.layout) && p.push_by == PushBy::OwnersPull) out += " with owners, pulled";
   if (is_gathered(p.layout) || is_pushed(p.layout))
     out += sum_place(p.layout, p.fuse_sum, p.push_by);
   else
@@ -367,7 +366,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
           (!t.push_reachable || t.world < 2 || t.world > 8 || (layout == ArLayout::Pushed && n % 8 != 0)))
         continue;
       if (is_pushed(layout) && is_owners(t.push_by) &&
-          (layout != ArLayout::Pushed || (t.world != 2 && (t.push_by == PushBy::OwnersPull || tile.bn != 256))))
+          (layout != ArLayout::Pushed || (t.world != 2 && tile.bn != 256)))
         continue;  // owners: row bands; more than 2 ranks: pushed, 128x256 tiles (4 stages)
       const std::vector<int> reserves = is_pushed(layout) ? std::vector<int>{0}  // no waiter, no NCCL
                                         : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}
