@@ -93,6 +93,14 @@ bool wants_help(const std::vector<std::string>& args) {
   return false;
 }
 
+// One line for a failure, and its exit code: 2 for what the caller can fix
+// (InvalidArgument: bad arguments, files, shapes), 1 for the rest.
+int exit_code_of(const std::exception& e) {
+  const bool caller = dynamic_cast<const flashoverlap::InvalidArgument*>(&e) != nullptr;
+  std::cerr << "flashoverlap: " << (caller ? "error: " : "failed: ") << e.what() << "\n";
+  return caller ? 2 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,12 +134,8 @@ int main(int argc, char** argv) {
       if (auto code = rt::relaunch_with_nproc(int(argp.size()), argp.data(), process.oversubscribe ? -1 : gpus))
         return *code;
     }
-  } catch (const InvalidArgument& e) {
-    std::cerr << "flashoverlap: error: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "flashoverlap: failed: " << e.what() << "\n";
-    return 1;
+    return exit_code_of(e);
   }
   try {
     app.parse(argc, argv);
@@ -146,12 +150,8 @@ int main(int argc, char** argv) {
     // One line, exit code 2, whatever CLI11's own code for this error.
     std::cerr << "flashoverlap: error: " << e.what() << " (see --help)\n";
     return 2;
-  } catch (const InvalidArgument& e) {
-    std::cerr << "flashoverlap: error: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "flashoverlap: failed: " << e.what() << "\n";
-    return 1;
+    return exit_code_of(e);
   }
   return rc;
 }
