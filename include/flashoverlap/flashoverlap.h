@@ -136,7 +136,9 @@ class GemmAllReduce {
   // tiles, 124 CTAs, NCCL on 8 SMs), predicted 0.41 ms".
   std::string plan(int64_t m);
   // Throws the Error of an earlier call whose wait timed out (synchronise
-  // its stream first); nothing otherwise.
+  // its stream first); nothing otherwise. Every later call throws it too,
+  // before enqueuing anything: after a timed-out wait the ranks are out of
+  // step, so build the communicator and the op anew.
   void check() const;
 
   int64_t max_m() const;

@@ -162,6 +162,11 @@ struct GemmAllReduce::Impl {
     o.core = &core;
     return *ops.emplace(m, std::make_unique<rt::OverlapAllReduce>(o)).first->second;
   }
+  // An earlier call's wait that timed out (the host-mapped record, read
+  // without synchronising): thrown by this call, before it enqueues anything.
+  void check_earlier_calls() const {
+    if (last && core.wait_error()->failed) last->check();
+  }
   // check_m: every rank's m, compared (a host exchange; not under capture).
   void check_same_m(int64_t m, cudaStream_t stream) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -253,6 +258,7 @@ void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cuda
   if (!a || !b || !out) throw InvalidArgument(d.who() + "::run: a, b and out must not be null");
   if (ld_out != 0 && ld_out < d.n)
     throw InvalidArgument(d.who() + "::run: ld_out must be 0 (n) or at least n, not " + std::to_string(ld_out));
+  d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m);
   d.check_same_m(m, stream);
   op.run(a, b, out, ld_out == 0 ? d.n : ld_out, stream);
@@ -266,6 +272,7 @@ void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residu
     throw InvalidArgument(d.who() + "::run_rmsnorm: a, b, residual, norm_weight and out must not be null");
   if (!(eps >= 0) || !std::isfinite(eps))
     throw InvalidArgument(d.who() + "::run_rmsnorm: eps must be finite and >= 0");
+  d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m);
   d.check_same_m(m, stream);
   op.run_rmsnorm(a, b, rt::RmsNormArgs{residual, norm_weight, eps, residual_out}, out, stream);
