@@ -39,6 +39,7 @@
 #include "runtime/core/cublas.h"
 #include "runtime/ops/allreduce.h"
 #include "runtime/transport/peers.h"
+#include "runtime/tune/picks.h"
 #include "runtime/tune/tuner.h"
 #include "runtime/tune/power_meter.h"
 
@@ -73,6 +74,7 @@ struct Options {
   int copy_streams = 2;
   std::string csv;
   std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
+  std::string tuning_cache;  // the measured picks stored here (runtime/tune/picks.h), for the public op
 };
 
 struct Row {
@@ -344,6 +346,17 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
   res.predicted_ms = plan.predicted_ms;
+  // A measured pick free to choose anything: what the public op looks up by m's tile rows.
+  const bool free_pick = o.select && o.layout == "auto" && o.push_by == "auto" && o.partition.empty() &&
+                         o.tile == "auto" && o.reserve_sms < 0;
+  if (!o.tuning_cache.empty() && free_pick && rank == 0) {
+    rt::PickKey key;
+    key.gpu = cx.info.name, key.sms = cx.info.sms, key.world = world, key.dtype = dt;
+    key.tile_rows = rt::tile_rows_of(M), key.n = N, key.k = K;
+    rt::PickCache cache(o.tuning_cache);
+    cache.store(key, plan);
+    for (const std::string& w : cache.warnings()) std::cerr << "bench: " << w << "\n";
+  }
   rt::OverlapAllReduceOptions fo = options_for(plan);
   fo.trace = o.trace;
   rt::OverlapAllReduce op(fo);
@@ -859,6 +872,12 @@ void add_bench_command(CLI::App& app, int& rc) {
                   "this GPU and world size are used, missing ones are measured and saved there; default: "
                   "$FLASHOVERLAP_CURVES, else measured in each run")
       ->envname("FLASHOVERLAP_CURVES");
+  cmd->add_option("--tuning-cache", o->tuning_cache,
+                  "File of measured picks: each shape's pick (when the tuner was free to choose: no --layout, "
+                  "--push-by, --tile, --reserve-sms, --partition or --no-select) is stored there by its tile rows, "
+                  "for flashoverlap::GemmAllReduce (GemmAllReduceOptions::tuning_cache) to look up; default: "
+                  "$FLASHOVERLAP_TUNING_CACHE")
+      ->envname("FLASHOVERLAP_TUNING_CACHE");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
   cmd->add_flag("--trace", o->trace,
                 "Print rank 0's timeline of one overlapped call after the timed ones (and a traced warm-up): the "

@@ -90,6 +90,12 @@ struct GemmAllReduceOptions {
   // tune --curves DIR`); rank 0's are used by every rank. Empty: the
   // built-in H200 model.
   std::string curves;
+  // A file of picks measured on this machine (`flashoverlap bench
+  // --tuning-cache FILE`), looked up by m's tile rows before the model
+  // (Auto only); rank 0's file serves every rank. Empty: the environment's
+  // FLASHOVERLAP_TUNING_CACHE, if set. A pick of a path this op does not run
+  // (or for another nccl_sms) is passed over for the model's plan.
+  std::string tuning_cache;
 };
 
 // C = A * B^T summed over the ranks of a communicator (AllReduce), with A

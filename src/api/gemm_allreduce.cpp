@@ -27,6 +27,7 @@
 #include "runtime/core/exchange.h"
 #include "runtime/core/overlap_core.h"
 #include "runtime/ops/allreduce.h"
+#include "runtime/tune/picks.h"
 #include "runtime/tune/tuner.h"
 
 namespace flashoverlap {
@@ -84,6 +85,7 @@ struct GemmAllReduce::Impl {
   std::unique_ptr<plan::BandwidthCurve> curve_default, curve_bounded;
   rt::OverlapCore core;  // (before the ops: they use it until they are destroyed)
   std::map<int32_t, rt::AllReducePlan> plans;                    // by m's bucket
+  std::map<int64_t, rt::AllReducePlan> picks;                    // the tuning cache's, by tile rows (rank 0's)
   std::map<int64_t, std::unique_ptr<rt::OverlapAllReduce>> ops;  // by m
   rt::OverlapAllReduce* last = nullptr;                          // the op of the last call (check())
 
@@ -112,6 +114,15 @@ struct GemmAllReduce::Impl {
     using Path = GemmAllReduceOptions::Path;
     const rt::AllReducePlan seq = sequential_plan(m);
     if (opts.path == Path::Sequential) return seq;
+    if (auto it = picks.find(bucket_of(m)); opts.path == Path::Auto && it != picks.end()) {
+      rt::AllReducePlan p = it->second;  // (measured: the sequential fallback with our GEMM, or an NCCL path)
+      const bool runs_here = p.sequential || ((p.layout == rt::ArLayout::RowBands || p.layout == rt::ArLayout::Slots) &&
+                                              p.reserve == opts.nccl_sms && p.sched.ctas == sms - opts.nccl_sms);
+      if (runs_here) {
+        p.fallback_cublas = false;
+        return p;
+      }
+    }
     rt::AllReduceTuning t;
     t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = kTiles;
     t.layouts = opts.path == Path::RowBands ? std::vector<rt::ArLayout>{rt::ArLayout::RowBands}
@@ -223,6 +234,17 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   };
   d.curve_default = curve(0);
   d.curve_bounded = curve(options.nccl_sms);
+
+  // The tuning cache's picks for this machine and shape: rank 0's.
+  {
+    const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
+    const std::string path = !options.tuning_cache.empty() ? options.tuning_cache : env_cache ? env_cache : "";
+    rt::PickKey shape;
+    shape.gpu = rt::device_info([] { int dev = 0; FO_CUDA_CHECK(cudaGetDevice(&dev)); return dev; }()).name;
+    shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n, shape.k = k;
+    const std::string mine = path.empty() || d.rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
+    d.picks = rt::PickCache::parse_entries(from_rank0(c, d.rank, mine, d.who() + ": the tuning cache"), shape);
+  }
 
   // Our GEMM's time per wave for each tile shape, on the largest m up to 4096 (max over ranks).
   {

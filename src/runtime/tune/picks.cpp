@@ -1,0 +1,200 @@
+// picks.cpp — see picks.h.
+#include "runtime/tune/picks.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include "flashoverlap/error.h"
+#include "kernels/gemm.h"
+#include "plan/block_layout.h"
+#include "plan/json_file.h"
+#include "plan/tile_grid.h"
+
+namespace flashoverlap::rt {
+namespace {
+
+const ArLayout kLayouts[] = {ArLayout::Slots,  ArLayout::RowBands, ArLayout::Gathered, ArLayout::GatheredTiles,
+                             ArLayout::Pushed, ArLayout::PushedTiles};
+
+const char* push_by_name(PushBy b) {
+  return b == PushBy::CopyEngines ? "copy-engines" : b == PushBy::Owners ? "owners" : "gemm";
+}
+
+// The sizes of the plan's groups in its layout's units.
+std::vector<int> unit_sizes(const AllReducePlan& p) {
+  std::vector<int> sizes;
+  const int64_t band_tiles = int64_t(p.sched.swizzle) * p.sched.tiles_n();
+  for (const plan::Group& g : p.groups)
+    sizes.push_back(is_banded(p.layout) && !p.sequential ? int((g.tiles() + band_tiles - 1) / band_tiles)
+                                                         : g.end_wave - g.first_wave);
+  return sizes;
+}
+
+}  // namespace
+
+std::string PickKey::str() const {
+  return gpu + "|" + std::to_string(sms) + "|" + std::to_string(world) + "|" +
+         (dtype == kernels::DType::BF16 ? "bf16" : "fp16") + "|" + std::to_string(tile_rows) + "|" +
+         std::to_string(n) + "|" + std::to_string(k);
+}
+
+nlohmann::json PickKey::to_json() const {
+  return {{"gpu", gpu},        {"sms", sms}, {"world", world}, {"dtype", dtype == kernels::DType::BF16 ? "bf16" : "fp16"},
+          {"tile_rows", tile_rows}, {"n", n},   {"k", k}};
+}
+
+PickKey PickKey::from_json(const nlohmann::json& j) {
+  try {
+    PickKey k;
+    k.gpu = j.at("gpu").get<std::string>();
+    k.sms = j.at("sms").get<int32_t>(), k.world = j.at("world").get<int32_t>();
+    const std::string dt = j.at("dtype").get<std::string>();
+    if (dt != "bf16" && dt != "fp16") throw InvalidArgument("dtype " + dt);
+    k.dtype = dt == "bf16" ? kernels::DType::BF16 : kernels::DType::FP16;
+    k.tile_rows = j.at("tile_rows").get<int64_t>(), k.n = j.at("n").get<int64_t>(), k.k = j.at("k").get<int64_t>();
+    if (k.sms < 1 || k.world < 1 || k.tile_rows < 1 || k.n < 1 || k.k < 8) throw InvalidArgument("values out of range");
+    return k;
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(std::string("key: ") + e.what());
+  }
+}
+
+nlohmann::json to_json(const AllReducePlan& p) {
+  return {{"layout", layout_name(p.layout)},
+          {"bm", p.sched.bm},
+          {"bn", p.sched.bn},
+          {"ctas", p.sched.ctas},
+          {"along_m", p.sched.raster == plan::Raster::AlongM},
+          {"swizzle", p.sched.swizzle},
+          {"units", unit_sizes(p)},
+          {"reserve", p.reserve},
+          {"sequential", p.sequential},
+          {"fallback_cublas", p.fallback_cublas},
+          {"fuse_sum", p.fuse_sum},
+          {"push_by", push_by_name(p.push_by)},
+          {"four_stages", p.four_stages},
+          {"predicted_ms", p.predicted_ms}};
+}
+
+AllReducePlan allreduce_plan_from_json(const nlohmann::json& j, const PickKey& key, const std::string& source) {
+  auto bad = [&](const std::string& why) { return InvalidArgument(source + ": " + why); };
+  try {
+    AllReducePlan p;
+    const std::string layout = j.at("layout").get<std::string>();
+    bool known = false;
+    for (ArLayout l : kLayouts)
+      if (layout == layout_name(l)) p.layout = l, known = true;
+    if (!known) throw bad("unknown layout '" + layout + "'");
+    const int bm = j.at("bm").get<int>(), bn = j.at("bn").get<int>(), ctas = j.at("ctas").get<int>();
+    const int swizzle = j.at("swizzle").get<int>();
+    if (!kernels::tile_supported(bm, bn)) throw bad("unsupported tile " + std::to_string(bm) + "x" + std::to_string(bn));
+    if (ctas < 1 || ctas > key.sms) throw bad("ctas " + std::to_string(ctas) + " outside [1, " + std::to_string(key.sms) + "]");
+    if (swizzle < 1) throw bad("swizzle " + std::to_string(swizzle));
+    p.sched = plan::make_schedule(key.tile_rows * 128, key.n, {bm, bn}, ctas,
+                                  j.at("along_m").get<bool>() ? plan::Raster::AlongM : plan::Raster::AlongN, swizzle);
+    p.reserve = j.at("reserve").get<int>();
+    p.sequential = j.at("sequential").get<bool>(), p.fallback_cublas = j.at("fallback_cublas").get<bool>();
+    p.fuse_sum = j.at("fuse_sum").get<bool>(), p.four_stages = j.at("four_stages").get<bool>();
+    const std::string by = j.at("push_by").get<std::string>();
+    p.push_by = by == "owners" ? PushBy::Owners : by == "copy-engines" ? PushBy::CopyEngines : PushBy::Gemm;
+    if (by != "owners" && by != "copy-engines" && by != "gemm") throw bad("unknown push_by '" + by + "'");
+    p.predicted_ms = j.at("predicted_ms").get<double>();
+    const std::vector<int> units = j.at("units").get<std::vector<int>>();
+    const bool bands = is_banded(p.layout) && !p.sequential;
+    const int total = bands ? plan::band_count(p.sched) : p.sched.waves();
+    if (units.empty() || std::accumulate(units.begin(), units.end(), 0) != total ||
+        std::any_of(units.begin(), units.end(), [](int u) { return u < 1; }))
+      throw bad("groups of " + std::string(bands ? "bands" : "waves") + " that do not cover the " + std::to_string(total) +
+                " of " + std::to_string(key.tile_rows) + " tile rows");
+    p.groups = bands ? plan::band_groups(p.sched, units) : plan::make_groups(p.sched, units);
+    if (p.sequential != (p.groups.size() == 1)) throw bad("a sequential plan has one group, and only it");
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(e.what());
+  }
+}
+
+PickCache::PickCache(std::string path) : path_(std::move(path)) { read(); }
+
+bool PickCache::read() {
+  entries_.clear();
+  std::error_code ec;
+  if (!std::filesystem::exists(path_, ec)) return true;
+  auto reject = [&](const std::string& why) {
+    warnings_.push_back("tuning cache " + path_ + ": " + why + "; ignoring it");
+    return false;
+  };
+  nlohmann::json j;
+  try {
+    j = plan::read_json_file(path_, "tuning cache");
+  } catch (const InvalidArgument& e) {
+    warnings_.push_back(std::string(e.what()) + "; ignoring it");
+    return false;
+  }
+  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat) return reject("not a file of measured picks");
+  if (!j.contains("schema") || j["schema"] != kSchema)
+    return reject("schema " + (j.contains("schema") ? j["schema"].dump() : std::string("missing")) + " is not " +
+                  std::to_string(kSchema));
+  if (!j.contains("entries") || !j["entries"].is_object()) return reject("no \"entries\" object");
+  for (const auto& [name, entry] : j["entries"].items()) {
+    try {
+      const PickKey key = PickKey::from_json(entry.at("key"));
+      if (key.str() != name) throw InvalidArgument("its key fields say " + key.str());
+      (void)allreduce_plan_from_json(entry.at("plan"), key, "plan");
+      entries_[name] = entry;
+    } catch (const std::exception& e) {
+      warnings_.push_back("tuning cache " + path_ + ": dropping entry " + name + ": " + e.what());
+    }
+  }
+  return true;
+}
+
+std::optional<AllReducePlan> PickCache::lookup(const PickKey& key) const {
+  const auto it = entries_.find(key.str());
+  if (it == entries_.end()) return std::nullopt;
+  return allreduce_plan_from_json(it->second.at("plan"), key, path_);
+}
+
+std::string PickCache::entries_for(const PickKey& shape) const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [name, entry] : entries_) {
+    PickKey k = PickKey::from_json(entry.at("key"));
+    k.tile_rows = shape.tile_rows;
+    if (k == shape) out.push_back(entry);
+  }
+  return out.dump();
+}
+
+std::map<int64_t, AllReducePlan> PickCache::parse_entries(const std::string& text, const PickKey& shape) {
+  std::map<int64_t, AllReducePlan> by_rows;
+  if (text.empty()) return by_rows;
+  for (const nlohmann::json& entry : nlohmann::json::parse(text)) {
+    try {
+      const PickKey k = PickKey::from_json(entry.at("key"));
+      PickKey same = k;
+      same.tile_rows = shape.tile_rows;
+      if (same == shape) by_rows[k.tile_rows] = allreduce_plan_from_json(entry.at("plan"), k, "rank 0's tuning cache");
+    } catch (const std::exception&) {  // (rank 0 read it already: its own warnings said so)
+    }
+  }
+  return by_rows;
+}
+
+void PickCache::store(const PickKey& key, const AllReducePlan& plan) {
+  const nlohmann::json pj = to_json(plan);
+  (void)allreduce_plan_from_json(pj, key, "tuning cache: the plan stored for " + key.str());  // (fits the key)
+  const plan::FileLock lock(path_);
+  if (!read()) {  // keep the damaged file for inspection
+    const std::string aside = path_ + ".corrupt";
+    if (std::rename(path_.c_str(), aside.c_str()) == 0)
+      warnings_.push_back("tuning cache " + path_ + ": moved the damaged file to " + aside);
+  }
+  entries_[key.str()] = {{"key", key.to_json()}, {"plan", pj}};
+  nlohmann::json j{{"format", kFormat}, {"schema", kSchema}, {"entries", nlohmann::json::object()}};
+  for (const auto& [name, entry] : entries_) j["entries"][name] = entry;
+  plan::write_file_atomic(path_, j.dump(1) + "\n");
+}
+
+}  // namespace flashoverlap::rt

@@ -1,0 +1,167 @@
+// CPU tests of the measured picks' file (runtime/tune/picks.h): plans round
+// trip through JSON for the shape of their key, entries are looked up by
+// tile rows, bad files and entries read as empty or dropped with a warning,
+// and writers in several threads keep every entry.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "flashoverlap/error.h"
+#include "plan/block_layout.h"
+#include "plan/tile_grid.h"
+#include "runtime/tune/picks.h"
+#include "test_plan_util.h"
+
+using namespace flashoverlap;
+
+namespace {
+
+rt::PickKey key_of(int64_t tile_rows, int64_t n = 8192, int64_t k = 4096) {
+  rt::PickKey key;
+  key.gpu = "NVIDIA H200", key.sms = 132, key.world = 2, key.tile_rows = tile_rows, key.n = n, key.k = k;
+  return key;
+}
+
+// A random valid plan for key's shape: any layout, tile, grid and groups.
+rt::AllReducePlan random_plan(std::mt19937_64& rng, const rt::PickKey& key) {
+  const rt::ArLayout layouts[] = {rt::ArLayout::Slots,  rt::ArLayout::RowBands,  rt::ArLayout::Gathered,
+                                  rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed, rt::ArLayout::PushedTiles};
+  rt::AllReducePlan p;
+  p.layout = layouts[rng() % 6];
+  p.sequential = rng() % 5 == 0;
+  const plan::TileShape tile{128, rng() % 2 ? 256 : 128};
+  p.sched = plan::make_schedule(key.tile_rows * 128, key.n, tile, int32_t(100 + rng() % 33),
+                                rng() % 2 && !rt::is_banded(p.layout) ? plan::Raster::AlongM : plan::Raster::AlongN,
+                                int32_t(1 + rng() % 8));
+  const bool bands = rt::is_banded(p.layout) && !p.sequential;
+  const int units = bands ? plan::band_count(p.sched) : p.sched.waves();
+  plan::Partition part = p.sequential ? plan::Partition{units} : fo_test::random_partition(rng, units);
+  if (!p.sequential && part.size() == 1 && units > 1) part = {units - 1, 1};
+  if (!p.sequential && part.size() == 1) p.sequential = true;
+  p.groups = bands ? plan::band_groups(p.sched, part) : plan::make_groups(p.sched, part);
+  p.reserve = int(rng() % 20), p.fuse_sum = rng() % 2, p.four_stages = rng() % 2, p.fallback_cublas = p.sequential && rng() % 2;
+  p.push_by = rt::is_pushed(p.layout) ? rt::PushBy(rng() % 3) : rt::PushBy::Gemm;
+  p.predicted_ms = double(rng() % 1000) / 100;
+  return p;
+}
+
+void expect_same(const rt::AllReducePlan& a, const rt::AllReducePlan& b) {
+  EXPECT_EQ(rt::describe(a), rt::describe(b));
+  EXPECT_EQ(a.groups, b.groups);
+  EXPECT_EQ(a.sched.ctas, b.sched.ctas);
+  EXPECT_EQ(a.sched.raster, b.sched.raster);
+  EXPECT_EQ(a.reserve, b.reserve);
+  EXPECT_EQ(a.fuse_sum, b.fuse_sum);
+  EXPECT_EQ(a.four_stages, b.four_stages);
+  EXPECT_EQ(a.push_by, b.push_by);
+  EXPECT_EQ(a.sequential, b.sequential);
+  EXPECT_EQ(a.fallback_cublas, b.fallback_cublas);
+  EXPECT_EQ(a.predicted_ms, b.predicted_ms);
+}
+
+TEST(Picks, PlansRoundTripForTheirKeysShape) {
+  FO_SEEDED_RNG(rng);
+  for (int i = 0; i < 300; ++i) {
+    const rt::PickKey key = key_of(1 + int64_t(rng() % 64), 256 * (1 + int64_t(rng() % 40)));
+    const rt::AllReducePlan p = random_plan(rng, key);
+    expect_same(rt::allreduce_plan_from_json(rt::to_json(p), key, "test"), p);
+  }
+}
+
+TEST(Picks, MalformedPlansAreRefusedNamingTheProblem) {
+  FO_SEEDED_RNG(rng);
+  const rt::PickKey key = key_of(32);
+  const nlohmann::json good = rt::to_json(random_plan(rng, key));
+  auto refused = [&](auto change, const std::string& part) {
+    nlohmann::json j = good;
+    change(j);
+    try {
+      rt::allreduce_plan_from_json(j, key, "src");
+      ADD_FAILURE() << "accepted " << j.dump();
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("src: ", 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused([](auto& j) { j["layout"] = "sideways"; }, "unknown layout");
+  refused([](auto& j) { j["bn"] = 96; }, "unsupported tile");
+  refused([](auto& j) { j["ctas"] = 500; }, "ctas");
+  refused([](auto& j) { j["units"].push_back(1); }, "do not cover");
+  refused([](auto& j) { j["units"] = nlohmann::json::array(); }, "do not cover");
+  refused([](auto& j) { j.erase("swizzle"); }, "swizzle");
+  refused([](auto& j) { j["push_by"] = "pigeons"; }, "push_by");
+}
+
+TEST(Picks, StoredEntriesAreFoundByTileRowsAndShapeOnly) {
+  FO_SEEDED_RNG(rng);
+  fo_test::TempDir dir;
+  const std::string path = dir.file("picks.json");
+  std::map<int64_t, rt::AllReducePlan> stored;
+  {
+    rt::PickCache cache(path);
+    EXPECT_EQ(cache.size(), 0u);
+    for (int64_t rows : {1, 8, 32, 33}) {
+      stored[rows] = random_plan(rng, key_of(rows));
+      cache.store(key_of(rows), stored[rows]);
+    }
+    cache.store(key_of(8, 4096), random_plan(rng, key_of(8, 4096)));  // another n: not this shape's
+    EXPECT_THROW(cache.store(key_of(64), stored[1]), InvalidArgument);  // one tile row's plan (one unit) for 64
+  }
+  const rt::PickCache cache(path);
+  EXPECT_TRUE(cache.warnings().empty());
+  EXPECT_EQ(cache.size(), 5u);
+  for (const auto& [rows, p] : stored) expect_same(*cache.lookup(key_of(rows)), p);
+  EXPECT_FALSE(cache.lookup(key_of(2)).has_value());
+  rt::PickKey other_gpu = key_of(8);
+  other_gpu.gpu = "NVIDIA H100";
+  EXPECT_FALSE(cache.lookup(other_gpu).has_value());
+  // What rank 0 hands the others: this shape's entries, every tile rows.
+  const std::map<int64_t, rt::AllReducePlan> got = rt::PickCache::parse_entries(cache.entries_for(key_of(1)), key_of(1));
+  ASSERT_EQ(got.size(), stored.size());
+  for (const auto& [rows, p] : stored) expect_same(got.at(rows), p);
+  EXPECT_TRUE(rt::PickCache::parse_entries("", key_of(1)).empty());
+}
+
+TEST(Picks, DamagedFilesReadAsEmptyAndBadEntriesAreDropped) {
+  FO_SEEDED_RNG(rng);
+  fo_test::TempDir dir;
+  for (const std::string text : {"", "not json", "{\"format\": \"x\"}", "[1, 2]",
+                                 "{\"format\": \"flashoverlap.picks\", \"schema\": 9, \"entries\": {}}",
+                                 "{\"format\": \"flashoverlap.picks\", \"schema\": 1}"}) {
+    const rt::PickCache cache(dir.write("bad.json", text));
+    EXPECT_EQ(cache.size(), 0u) << text;
+    EXPECT_EQ(cache.warnings().size(), 1u) << text;
+  }
+  const std::string path = dir.file("mixed.json");
+  rt::PickCache(path).store(key_of(4), random_plan(rng, key_of(4)));
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+  nlohmann::json broken = j["entries"].begin().value();
+  broken["plan"]["units"] = nlohmann::json::array({1000});
+  j["entries"]["NVIDIA H200|132|2|bf16|5|8192|4096"] = broken;  // (its key fields say 4)
+  std::ofstream(path) << j.dump();
+  const rt::PickCache cache(path);
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_EQ(cache.warnings().size(), 1u);
+}
+
+TEST(Picks, ConcurrentWritersKeepEveryEntry) {
+  FO_SEEDED_RNG(rng);
+  fo_test::TempDir dir;
+  const std::string path = dir.file("picks.json");
+  const int threads = 4, per_thread = 6;
+  std::vector<rt::AllReducePlan> plans;
+  for (int i = 0; i < threads * per_thread; ++i) plans.push_back(random_plan(rng, key_of(1 + i)));
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = t * per_thread; i < (t + 1) * per_thread; ++i) rt::PickCache(path).store(key_of(1 + i), plans[size_t(i)]);
+    });
+  for (auto& t : ts) t.join();
+  const rt::PickCache cache(path);
+  EXPECT_EQ(cache.size(), size_t(threads * per_thread));
+}
+
+}  // namespace
