@@ -93,4 +93,55 @@ FileLock::FileLock(const std::string& path) {
 
 FileLock::~FileLock() { ::close(fd_); }  // closing releases the lock
 
+EntriesFile::EntriesFile(std::string path, std::string format, int schema, std::string what, Check check)
+    : path_(std::move(path)), format_(std::move(format)), what_(std::move(what)), schema_(schema), check_(std::move(check)) {
+  read();
+}
+
+bool EntriesFile::read() {
+  entries_.clear();
+  std::error_code ec;
+  if (!std::filesystem::exists(path_, ec)) return true;  // absent (or unreachable: the read would say why)
+  auto reject = [&](const std::string& why) {
+    warnings_.push_back(what_ + " " + path_ + ": " + why + "; ignoring it");
+    return false;
+  };
+  nlohmann::json j;
+  try {
+    j = read_json_file(path_, what_);
+  } catch (const InvalidArgument& e) {
+    warnings_.push_back(std::string(e.what()) + "; ignoring it");
+    return false;
+  }
+  if (!j.is_object() || !j.contains("format") || j["format"] != format_) return reject("not a " + what_);
+  if (!j.contains("schema") || j["schema"] != schema_)
+    return reject("schema " + (j.contains("schema") ? j["schema"].dump() : std::string("missing")) +
+                  " is not supported (this build reads " + std::to_string(schema_) + ")");
+  if (!j.contains("entries") || !j["entries"].is_object()) return reject("no \"entries\" object");
+  for (const auto& [name, entry] : j["entries"].items()) {
+    try {
+      check_(name, entry);
+      entries_[name] = entry;
+    } catch (const std::exception& e) {  // (the check's, and json errors from fields it reads)
+      warnings_.push_back(what_ + " " + path_ + ": dropping entry " + name + ": " + e.what());
+    }
+  }
+  return true;
+}
+
+void EntriesFile::store(const std::string& name, nlohmann::json entry) {
+  // Without it, two writers that both re-read before either renames each
+  // write their own entry only, and the last rename drops the other's.
+  const FileLock lock(path_);
+  if (!read()) {  // keep the damaged file for inspection instead of losing it silently
+    const std::string aside = path_ + ".corrupt";
+    if (std::rename(path_.c_str(), aside.c_str()) == 0)
+      warnings_.push_back(what_ + " " + path_ + ": moved the damaged file to " + aside);
+  }
+  entries_[name] = std::move(entry);
+  nlohmann::json j{{"format", format_}, {"schema", schema_}, {"entries", nlohmann::json::object()}};
+  for (const auto& [n, e] : entries_) j["entries"][n] = e;
+  write_file_atomic(path_, j.dump(1) + "\n");
+}
+
 }  // namespace flashoverlap::plan

@@ -2,7 +2,11 @@
 // curves, tuning cache) with errors that name the file and the problem.
 #pragma once
 #include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace flashoverlap::plan {
 
@@ -30,6 +34,35 @@ class FileLock {
 
  private:
   int fd_ = -1;
+};
+
+// A file of named entries that runs must never be stopped by (it can always
+// be rebuilt): {"format": F, "schema": S, "entries": {"<name>": {...}}}.
+// Reading never throws: a file that is not one (not JSON, foreign format,
+// another schema) reads as empty, an entry that `check` rejects (throws) is
+// dropped; each goes to warnings(). store() holds a FileLock across its
+// re-read, merge and atomic write, so that concurrent writers (threads,
+// processes) keep every entry; a damaged file is moved aside first, to
+// "<path>.corrupt". The tuning cache and the measured picks are two.
+class EntriesFile {
+ public:
+  // check(name, entry) throws for an entry that does not belong.
+  using Check = std::function<void(const std::string& name, const nlohmann::json& entry)>;
+  EntriesFile(std::string path, std::string format, int schema, std::string what, Check check);
+
+  const std::map<std::string, nlohmann::json>& entries() const { return entries_; }
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  const std::string& path() const { return path_; }
+  // Throws Error when the file cannot be locked or written.
+  void store(const std::string& name, nlohmann::json entry);
+
+ private:
+  bool read();  // false (with a warning) where the file exists but is not one
+  std::string path_, format_, what_;
+  int schema_;
+  Check check_;
+  std::map<std::string, nlohmann::json> entries_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace flashoverlap::plan

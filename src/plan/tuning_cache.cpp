@@ -1,8 +1,5 @@
 #include "plan/tuning_cache.h"
 
-#include <cstdio>
-#include <filesystem>
-
 #include "flashoverlap/error.h"
 #include "plan/json_file.h"
 
@@ -32,68 +29,26 @@ nlohmann::json CacheKey::to_json() const {
           {"m", m},     {"n", n},     {"k", k}};
 }
 
-TuningCache::TuningCache(std::string path) : path_(std::move(path)) { read(); }
-
-bool TuningCache::read() {
-  entries_.clear();
-  std::error_code ec;
-  if (!std::filesystem::exists(path_, ec)) return true;  // absent (or unreachable: the read would say why)
-  auto reject = [&](const std::string& why) {
-    warnings_.push_back("tuning cache " + path_ + ": " + why + "; ignoring it");
-    return false;
-  };
-  nlohmann::json j;
-  try {
-    j = read_json_file(path_, "tuning cache");
-  } catch (const InvalidArgument& e) {
-    warnings_.push_back(std::string(e.what()) + "; ignoring it");
-    return false;
-  }
-  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat) return reject("not a tuning cache");
-  if (!j.contains("schema") || j["schema"] != kSchema)
-    return reject("schema " + (j.contains("schema") ? j["schema"].dump() : std::string("missing")) +
-                  " is not supported (this build reads " + std::to_string(kSchema) + ")");
-  if (!j.contains("entries") || !j["entries"].is_object()) return reject("no \"entries\" object");
-  for (const auto& [name, entry] : j["entries"].items()) {
-    try {
-      const Plan plan = plan_from_json(entry.at("plan"), path_ + " entry " + name);
-      const auto& k = entry.at("key");
-      const CacheKey key{k.at("gpu").get<std::string>(), k.at("sms").get<int32_t>(), k.at("world").get<int32_t>(),
-                         parse_collective(k.at("op").get<std::string>()), parse_dtype(k.at("dtype").get<std::string>()),
-                         k.at("m").get<int64_t>(), k.at("n").get<int64_t>(), k.at("k").get<int64_t>()};
-      std::string why = key.str() != name ? "its key fields say " + key.str() : contradiction(key, plan);
-      if (!why.empty()) {
-        warnings_.push_back("tuning cache " + path_ + ": dropping entry " + name + ": " + why);
-        continue;
-      }
-      entries_[name] = entry;
-    } catch (const std::exception& e) {  // InvalidArgument from the plan, json errors from the key
-      warnings_.push_back("tuning cache " + path_ + ": dropping entry " + name + ": " + e.what());
-    }
-  }
-  return true;
-}
+TuningCache::TuningCache(std::string path)
+    : file_(std::move(path), kFormat, kSchema, "tuning cache", [](const std::string& name, const nlohmann::json& entry) {
+        const Plan plan = plan_from_json(entry.at("plan"), "entry " + name);
+        const auto& k = entry.at("key");
+        const CacheKey key{k.at("gpu").get<std::string>(), k.at("sms").get<int32_t>(), k.at("world").get<int32_t>(),
+                           parse_collective(k.at("op").get<std::string>()), parse_dtype(k.at("dtype").get<std::string>()),
+                           k.at("m").get<int64_t>(), k.at("n").get<int64_t>(), k.at("k").get<int64_t>()};
+        const std::string why = key.str() != name ? "its key fields say " + key.str() : contradiction(key, plan);
+        if (!why.empty()) throw InvalidArgument(why);
+      }) {}
 
 std::optional<Plan> TuningCache::lookup(const CacheKey& key) const {
-  const auto it = entries_.find(key.str());
-  if (it == entries_.end()) return std::nullopt;
-  return plan_from_json(it->second.at("plan"), path_);  // validated when read
+  const auto it = file_.entries().find(key.str());
+  if (it == file_.entries().end()) return std::nullopt;
+  return plan_from_json(it->second.at("plan"), file_.path());  // validated when read
 }
 
 void TuningCache::store(const CacheKey& key, const Plan& plan) {
   if (const std::string why = contradiction(key, plan); !why.empty()) throw InvalidArgument("tuning cache: " + why);
-  // Without it, two writers that both re-read before either renames each
-  // write their own entry only, and the last rename drops the other's.
-  const FileLock lock(path_);
-  if (!read()) {  // keep the damaged file for inspection instead of losing it silently
-    const std::string aside = path_ + ".corrupt";
-    if (std::rename(path_.c_str(), aside.c_str()) == 0)
-      warnings_.push_back("tuning cache " + path_ + ": moved the damaged file to " + aside);
-  }
-  entries_[key.str()] = {{"key", key.to_json()}, {"plan", to_json(plan)}};
-  nlohmann::json j{{"format", kFormat}, {"schema", kSchema}, {"entries", nlohmann::json::object()}};
-  for (const auto& [name, entry] : entries_) j["entries"][name] = entry;
-  write_file_atomic(path_, j.dump(1) + "\n");
+  file_.store(key.str(), {{"key", key.to_json()}, {"plan", to_json(plan)}});
 }
 
 }  // namespace flashoverlap::plan

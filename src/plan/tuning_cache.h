@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/json_file.h"
 #include "plan/planner.h"
 
 namespace flashoverlap::plan {
@@ -49,18 +50,12 @@ class TuningCache {
   // file cannot be locked or written.
   void store(const CacheKey& key, const Plan& plan);
 
-  size_t size() const { return entries_.size(); }
-  const std::vector<std::string>& warnings() const { return warnings_; }
-  const std::string& path() const { return path_; }
+  size_t size() const { return file_.entries().size(); }
+  const std::vector<std::string>& warnings() const { return file_.warnings(); }
+  const std::string& path() const { return file_.path(); }
 
  private:
-  // Parses the file into entries_; returns false (with a warning) if the file
-  // exists but is not a valid cache.
-  bool read();
-
-  std::string path_;
-  std::map<std::string, nlohmann::json> entries_;  // key string -> {"key", "plan"}
-  std::vector<std::string> warnings_;
+  EntriesFile file_;  // key string -> {"key", "plan"}
 };
 
 }  // namespace flashoverlap::plan

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <numeric>
 
 #include "flashoverlap/error.h"
@@ -116,50 +115,22 @@ AllReducePlan allreduce_plan_from_json(const nlohmann::json& j, const PickKey& k
   }
 }
 
-PickCache::PickCache(std::string path) : path_(std::move(path)) { read(); }
-
-bool PickCache::read() {
-  entries_.clear();
-  std::error_code ec;
-  if (!std::filesystem::exists(path_, ec)) return true;
-  auto reject = [&](const std::string& why) {
-    warnings_.push_back("tuning cache " + path_ + ": " + why + "; ignoring it");
-    return false;
-  };
-  nlohmann::json j;
-  try {
-    j = plan::read_json_file(path_, "tuning cache");
-  } catch (const InvalidArgument& e) {
-    warnings_.push_back(std::string(e.what()) + "; ignoring it");
-    return false;
-  }
-  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat) return reject("not a file of measured picks");
-  if (!j.contains("schema") || j["schema"] != kSchema)
-    return reject("schema " + (j.contains("schema") ? j["schema"].dump() : std::string("missing")) + " is not " +
-                  std::to_string(kSchema));
-  if (!j.contains("entries") || !j["entries"].is_object()) return reject("no \"entries\" object");
-  for (const auto& [name, entry] : j["entries"].items()) {
-    try {
-      const PickKey key = PickKey::from_json(entry.at("key"));
-      if (key.str() != name) throw InvalidArgument("its key fields say " + key.str());
-      (void)allreduce_plan_from_json(entry.at("plan"), key, "plan");
-      entries_[name] = entry;
-    } catch (const std::exception& e) {
-      warnings_.push_back("tuning cache " + path_ + ": dropping entry " + name + ": " + e.what());
-    }
-  }
-  return true;
-}
+PickCache::PickCache(std::string path)
+    : file_(std::move(path), kFormat, kSchema, "tuning cache", [](const std::string& name, const nlohmann::json& entry) {
+        const PickKey key = PickKey::from_json(entry.at("key"));
+        if (key.str() != name) throw InvalidArgument("its key fields say " + key.str());
+        (void)allreduce_plan_from_json(entry.at("plan"), key, "plan");
+      }) {}
 
 std::optional<AllReducePlan> PickCache::lookup(const PickKey& key) const {
-  const auto it = entries_.find(key.str());
-  if (it == entries_.end()) return std::nullopt;
-  return allreduce_plan_from_json(it->second.at("plan"), key, path_);
+  const auto it = file_.entries().find(key.str());
+  if (it == file_.entries().end()) return std::nullopt;
+  return allreduce_plan_from_json(it->second.at("plan"), key, file_.path());
 }
 
 std::string PickCache::entries_for(const PickKey& shape) const {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& [name, entry] : entries_) {
+  for (const auto& [name, entry] : file_.entries()) {
     PickKey k = PickKey::from_json(entry.at("key"));
     k.tile_rows = shape.tile_rows;
     if (k == shape) out.push_back(entry);
@@ -183,18 +154,9 @@ std::map<int64_t, AllReducePlan> PickCache::parse_entries(const std::string& tex
 }
 
 void PickCache::store(const PickKey& key, const AllReducePlan& plan) {
-  const nlohmann::json pj = to_json(plan);
+  nlohmann::json pj = to_json(plan);
   (void)allreduce_plan_from_json(pj, key, "tuning cache: the plan stored for " + key.str());  // (fits the key)
-  const plan::FileLock lock(path_);
-  if (!read()) {  // keep the damaged file for inspection
-    const std::string aside = path_ + ".corrupt";
-    if (std::rename(path_.c_str(), aside.c_str()) == 0)
-      warnings_.push_back("tuning cache " + path_ + ": moved the damaged file to " + aside);
-  }
-  entries_[key.str()] = {{"key", key.to_json()}, {"plan", pj}};
-  nlohmann::json j{{"format", kFormat}, {"schema", kSchema}, {"entries", nlohmann::json::object()}};
-  for (const auto& [name, entry] : entries_) j["entries"][name] = entry;
-  plan::write_file_atomic(path_, j.dump(1) + "\n");
+  file_.store(key.str(), {{"key", key.to_json()}, {"plan", std::move(pj)}});
 }
 
 }  // namespace flashoverlap::rt

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "plan/json_file.h"
 #include "runtime/tune/tuner.h"
 
 namespace flashoverlap::rt {
@@ -61,17 +62,14 @@ class PickCache {
   // the file cannot be written.
   void store(const PickKey& key, const AllReducePlan& plan);
 
-  size_t size() const { return entries_.size(); }
-  const std::vector<std::string>& warnings() const { return warnings_; }
+  size_t size() const { return file_.entries().size(); }
+  const std::vector<std::string>& warnings() const { return file_.warnings(); }
 
   // The entries of a text from entries_for, by tile rows (bad ones left out).
   static std::map<int64_t, AllReducePlan> parse_entries(const std::string& text, const PickKey& shape);
 
  private:
-  bool read();
-  std::string path_;
-  std::map<std::string, nlohmann::json> entries_;  // key string -> {"key", "plan"}
-  std::vector<std::string> warnings_;
+  plan::EntriesFile file_;  // key string -> {"key", "plan"}
 };
 
 }  // namespace flashoverlap::rt
