@@ -48,6 +48,8 @@
 #                FO_TEST_FAULT in CMakeLists.txt) of the GPU tests only, whose cases (ctest -R '^gpu\.') must fail
 #                at least once -> faults-<fault>.log (build: faults-<fault>-build.log); one line per fault,
 #                "caught by N test(s): ..." or "NOT CAUGHT" (status 1, as a failed build); build/ is not touched
+#   python       the Python package's GPU tests under torchrun (tests/python/run_gpu_tests.sh: world 1, 2, all
+#                GPUs, then examples/python/tp_linear.py) -> python-gpu.log
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
@@ -320,6 +322,13 @@ for s in "$@"; do
       for f in ${FAULTS:-skip_kblock swap_rows eps_twice}; do
         fault_run "$f" || status=1
       done
+      ;;
+    python)
+      stage "the Python package on the GPUs (torchrun)"
+      rc=0
+      tests/python/run_gpu_tests.sh >"$OUT/python-gpu.log" 2>&1 || rc=$?
+      tail -15 "$OUT/python-gpu.log"
+      if [[ $rc == 77 ]] && [[ ${FO_REQUIRE_GPUS:-0} == 0 ]]; then echo "python: skipped"; elif [[ $rc != 0 ]]; then status=1; fi
       ;;
     pack)
       stage "pack logs into $OUT/logs.tar.gz"

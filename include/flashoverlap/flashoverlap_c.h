@@ -116,6 +116,9 @@ typedef struct fo_gemm_allreduce_options {
   int32_t check_m;       /* nonzero: every call checks all ranks passed the same m; default 0 */
   int32_t reserved_;     /* 0 (padding, named so that the layout is explicit) */
   const char* curves;    /* a directory of measured curves, copied at create; NULL or "": the built-in model (default NULL) */
+  /* Added after version 1 (a caller's struct_size says whether it has them): */
+  const char* tuning_cache; /* a file of measured picks (bench --tuning-cache), copied at create; NULL or "":
+                               FLASHOVERLAP_TUNING_CACHE (default NULL) */
 } fo_gemm_allreduce_options;
 
 /* ---- queries without a status (they never fail and never change fo_last_error) ---- */

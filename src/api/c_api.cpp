@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -39,7 +40,7 @@ static_assert(offsetof(fo_gemm_allreduce_options, struct_size) == 0 &&
               offsetof(fo_gemm_allreduce_options, path) == 8 && offsetof(fo_gemm_allreduce_options, nccl_sms) == 12 &&
               offsetof(fo_gemm_allreduce_options, wait_timeout_s) == 16 &&
               offsetof(fo_gemm_allreduce_options, check_m) == 24 && offsetof(fo_gemm_allreduce_options, curves) == 32 &&
-              sizeof(fo_gemm_allreduce_options) == 40);
+              offsetof(fo_gemm_allreduce_options, tuning_cache) == 40 && sizeof(fo_gemm_allreduce_options) == 48);
 static_assert(int(flashoverlap::DType::BF16) == FO_DTYPE_BF16 && int(flashoverlap::DType::FP16) == FO_DTYPE_FP16);
 
 namespace {
@@ -205,6 +206,8 @@ flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o
   r.wait_timeout_s = o->wait_timeout_s;
   r.check_m = o->check_m != 0;
   if (o->curves) r.curves = o->curves;
+  if (o->struct_size >= offsetof(fo_gemm_allreduce_options, tuning_cache) + sizeof(const char*) && o->tuning_cache)
+    r.tuning_cache = o->tuning_cache;
   return r;
 }
 
@@ -328,10 +331,11 @@ fo_status fo_gemm_allreduce_options_default(fo_gemm_allreduce_options* options, 
     d.check_m = defaults.check_m ? 1 : 0;
     d.reserved_ = 0;
     d.curves = defaults.curves.empty() ? nullptr : defaults.curves.c_str();
+    d.tuning_cache = nullptr;
     // A caller with a later header: its fields beyond ours stay zero (unset).
     if (struct_size > sizeof d)
       std::memset(reinterpret_cast<unsigned char*>(options) + sizeof d, 0, struct_size - sizeof d);
-    std::memcpy(options, &d, sizeof d);
+    std::memcpy(options, &d, std::min(sizeof d, struct_size));  // (a caller of version 1: what it knows)
   });
 }
 

@@ -19,15 +19,28 @@ void require_gpu(const char* what) {
   if (p.hopper < 1) throw Error(std::string(what) + ": no usable Hopper (sm_90) GPU: " + p.reason);
 }
 
+// The NCCL the process runs on (one libnccl.so.2 serves it: PyTorch's, if it
+// came first) must have what the library uses: 2.28's symmetric windows and
+// device API, the zero-CTA policy. Refused here, not by a failure later.
+void require_nccl(const char* what) {
+  int v = 0;
+  FO_NCCL_CHECK_CTX(ncclGetVersion(&v), what);
+  if (v < 22800 || v >= 30000)
+    throw Error(std::string(what) + ": NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+                std::to_string(v % 100) + " runs in this process; FlashOverlap needs 2.28 or a later 2.x");
+}
+
 }  // namespace
 
 Communicator Communicator::adopt(ncclComm_t comm) {
   if (!comm) throw InvalidArgument("Communicator::adopt: the ncclComm_t is null");
+  require_nccl("Communicator::adopt");
   return Communicator(std::make_shared<Impl>(Impl{rt::Communicator::adopt(comm)}));
 }
 
 Communicator Communicator::from_env() {
   require_gpu("Communicator::from_env");
+  require_nccl("Communicator::from_env");
   const std::optional<rt::DistEnv> env = rt::DistEnv::from_env();
   if (!env) {  // one process: a communicator of one rank
     FO_CUDA_CHECK(cudaFree(nullptr));  // (the current device's context)
@@ -48,6 +61,7 @@ Communicator Communicator::from_env() {
 
 Communicator Communicator::from_unique_id(const ncclUniqueId& id, int rank, int world) {
   require_gpu("Communicator::from_unique_id");
+  require_nccl("Communicator::from_unique_id");
   return Communicator(std::make_shared<Impl>(Impl{rt::Communicator::init(id, rank, world)}));
 }
 

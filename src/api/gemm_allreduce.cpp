@@ -155,10 +155,19 @@ struct GemmAllReduce::Impl {
     }
     return seq;
   }
-  rt::OverlapAllReduce& op_for(int64_t m) {
+  // (stream: the call's; a new m cannot be planned while it is being captured: planning allocates)
+  rt::OverlapAllReduce& op_for(int64_t m, cudaStream_t stream = nullptr, bool calling = false) {
     if (m < 1 || m > max_m)
       throw InvalidArgument(who() + ": m must be in [1, max_m], not " + std::to_string(m));
     if (auto it = ops.find(m); it != ops.end()) return *it->second;
+    if (calling) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+      if (capture != cudaStreamCaptureStatusNone)
+        throw InvalidArgument(who() + ": m = " + std::to_string(m) +
+                              " is not planned yet, and planning allocates, which a CUDA graph capture forbids: call "
+                              "prepare(m) (or run m once) before capturing");
+    }
     const int32_t bucket = bucket_of(m);
     auto pit = plans.find(bucket);
     if (pit == plans.end()) pit = plans.emplace(bucket, plan_for(m)).first;
@@ -281,7 +290,7 @@ void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cuda
   if (ld_out != 0 && ld_out < d.n)
     throw InvalidArgument(d.who() + "::run: ld_out must be 0 (n) or at least n, not " + std::to_string(ld_out));
   d.check_earlier_calls();
-  rt::OverlapAllReduce& op = d.op_for(m);
+  rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
   op.run(a, b, out, ld_out == 0 ? d.n : ld_out, stream);
   d.last = &op;
@@ -295,7 +304,7 @@ void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residu
   if (!(eps >= 0) || !std::isfinite(eps))
     throw InvalidArgument(d.who() + "::run_rmsnorm: eps must be finite and >= 0");
   d.check_earlier_calls();
-  rt::OverlapAllReduce& op = d.op_for(m);
+  rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
   op.run_rmsnorm(a, b, rt::RmsNormArgs{residual, norm_weight, eps, residual_out}, out, stream);
   d.last = &op;

@@ -88,13 +88,13 @@ static void test_version(void) {
   CHECK(strcmp(fo_status_string((fo_status)42), "unknown fo_status") == 0, "%s", fo_status_string((fo_status)42));
   CHECK(FO_OK == 0 && sizeof(fo_status) == 4 && sizeof(fo_dtype) == 4 && sizeof(fo_path) == 4,
         "enums are 32-bit, FO_OK is 0");
-  CHECK(sizeof(fo_gemm_allreduce_options) == 40, "sizeof(fo_gemm_allreduce_options) = %zu",
+  CHECK(sizeof(fo_gemm_allreduce_options) == 48, "sizeof(fo_gemm_allreduce_options) = %zu",
         sizeof(fo_gemm_allreduce_options));
   CHECK(fo_last_error()[0] == '\0', "a fresh thread's last error: \"%s\"", fo_last_error());
 }
 
 /* The defaults equal GemmAllReduceOptions{}'s (flashoverlap.h: Auto, 8 SMs,
- * 30 s, no m check, no curves); struct_size's rules. */
+ * 30 s, no m check, no curves, no tuning cache); struct_size's rules. */
 static void test_options(void) {
   fo_gemm_allreduce_options o;
   memset(&o, 0xab, sizeof o);
@@ -106,6 +106,23 @@ static void test_options(void) {
   CHECK(o.check_m == 0, "check_m = %d", (int)o.check_m);
   CHECK(o.reserved_ == 0, "reserved_ = %d", (int)o.reserved_);
   CHECK(o.curves == NULL, "curves = %p", (const void*)o.curves);
+  CHECK(o.tuning_cache == NULL, "tuning_cache = %p", (const void*)o.tuning_cache);
+  {
+    /* A caller of version 1 (no tuning_cache: 40 bytes): the library writes
+     * only those, and creating with them reads only those. */
+    fo_gemm_allreduce_options v1;
+    memset(&v1, 0xab, sizeof v1);
+    EXPECT_OK(fo_gemm_allreduce_options_default(&v1, 40));
+    CHECK(v1.struct_size == 40 && v1.nccl_sms == 8, "v1: struct_size %zu", v1.struct_size);
+    unsigned char after[8];
+    memcpy(after, (const unsigned char*)&v1 + 40, 8);
+    int untouched = 1;
+    for (int i = 0; i < 8; ++i) untouched &= after[i] == 0xab;
+    CHECK(untouched, "the bytes past a version-1 caller's struct were written");
+    fo_gemm_allreduce_t none = NULL;
+    EXPECT_INVALID(fo_gemm_allreduce_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &v1, &none), "fo_gemm_allreduce_create",
+                   "comm is NULL"); /* (its options accepted: the communicator's refusal) */
+  }
 
   EXPECT_INVALID(fo_gemm_allreduce_options_default(NULL, sizeof o), "fo_gemm_allreduce_options_default",
                  "options is NULL");

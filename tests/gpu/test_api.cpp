@@ -155,6 +155,18 @@ TEST(GemmAllReduceApi, GraphReplaysMixedWithEagerCalls) {
       }
       FO_CUDA_CHECK(cudaGraphExecDestroy(exec));
       FO_CUDA_CHECK(cudaGraphDestroy(graph));
+      // An m not planned yet is refused under capture (planning allocates), with the way out named.
+      FO_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      try {
+        op.run(buf.a.get(), buf.b.get(), buf.out.get(), 555, st);
+        ADD_FAILURE() << name(path) << ": an unplanned m was captured";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("prepare(m)"), std::string::npos) << e.what();
+      }
+      cudaGraph_t aborted = nullptr;
+      (void)cudaStreamEndCapture(st, &aborted);
+      if (aborted) cudaGraphDestroy(aborted);
+      (void)cudaGetLastError();
     }
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });

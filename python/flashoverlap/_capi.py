@@ -1,0 +1,423 @@
+"""The C ABI (include/flashoverlap/flashoverlap_c.h) through ctypes.
+
+Every function of the header is declared here with its argtypes and restype
+(_PROTOTYPES, in the header's order); those that return an fo_status raise
+the matching exception (flashoverlap.error_for) with fo_last_error()'s
+message, read right after the call on the same thread (the last error is
+per thread). The loader checks fo_c_abi_version() against C_ABI_VERSION: a
+library whose layouts differ from these declarations is refused before any
+call.
+
+Above the raw functions, Communicator and GemmAllReduce own a handle each
+(destroyed by close() or by the garbage collector) and take device pointers
+and streams as integers, as torch's data_ptr() and cuda_stream give them.
+
+NCCL: the library needs libnccl.so.2 >= 2.28 (it calls 2.28's device API and
+symmetric windows) and runs on whichever libnccl.so.2 the process has loaded
+first: one library of that name serves a process. Library.nccl_version() and
+nccl_file() say which; Communicator's constructors refuse an unsupported one.
+"""
+
+import ctypes
+import os
+import re
+from ctypes import POINTER, byref, c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_size_t, c_uint32, c_void_p
+
+from . import FO_OK, FlashOverlapError, InvalidArgument, error_for
+
+# FO_C_ABI_VERSION of the header these declarations mirror.
+C_ABI_VERSION = 1
+UNIQUE_ID_BYTES = 128  # FO_UNIQUE_ID_BYTES
+
+# fo_dtype, fo_path
+DTYPE_BF16, DTYPE_FP16 = 0, 1
+PATHS = {"auto": 0, "sequential": 1, "row_bands": 2, "slots": 3}
+DTYPES = {"bf16": DTYPE_BF16, "bfloat16": DTYPE_BF16, "fp16": DTYPE_FP16, "float16": DTYPE_FP16}
+
+# The NCCL versions the library runs on: [NCCL_MIN, NCCL_END). 2.28 is what
+# it is built for (docs/design.md §1) and the first with the device API it
+# calls (ncclTeamLsa); NCCL keeps its ABI within a major version.
+NCCL_MIN = (2, 28)
+NCCL_END = (3, 0)
+
+
+class Options(ctypes.Structure):
+    """fo_gemm_allreduce_options (48 bytes; c_api.cpp asserts the offsets)."""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("path", c_int32),
+        ("nccl_sms", c_int32),
+        ("wait_timeout_s", c_double),
+        ("check_m", c_int32),
+        ("reserved_", c_int32),
+        ("curves", c_char_p),
+        ("tuning_cache", c_char_p),
+    ]
+
+
+assert ctypes.sizeof(Options) == 48 and Options.curves.offset == 32 and Options.tuning_cache.offset == 40, \
+    "fo_gemm_allreduce_options layout"
+
+_h = c_void_p  # fo_comm_t, fo_gemm_allreduce_t, void* (device pointers, streams, ncclComm_t)
+_STATUS = "status"  # restype marker: an fo_status, checked
+
+# name: (restype, argtypes), in flashoverlap_c.h's order.
+_PROTOTYPES = {
+    "fo_version": (c_char_p, []),
+    "fo_c_abi_version": (c_uint32, []),
+    "fo_status_string": (c_char_p, [c_int]),
+    "fo_last_error": (c_char_p, []),
+    "fo_comm_adopt": (_STATUS, [_h, POINTER(_h)]),
+    "fo_comm_from_env": (_STATUS, [POINTER(_h)]),
+    "fo_comm_from_unique_id": (_STATUS, [c_void_p, c_size_t, c_int, c_int, POINTER(_h)]),
+    "fo_unique_id": (_STATUS, [c_void_p, c_size_t]),
+    "fo_comm_rank": (_STATUS, [_h, POINTER(c_int)]),
+    "fo_comm_world": (_STATUS, [_h, POINTER(c_int)]),
+    "fo_comm_nccl": (_STATUS, [_h, POINTER(_h)]),
+    "fo_comm_destroy": (_STATUS, [_h]),
+    "fo_gemm_allreduce_options_default": (_STATUS, [POINTER(Options), c_size_t]),
+    "fo_gemm_allreduce_create": (_STATUS, [_h, c_int64, c_int64, c_int64, c_int, POINTER(Options), POINTER(_h)]),
+    "fo_gemm_allreduce_run": (_STATUS, [_h, _h, _h, _h, c_int64, _h, c_int64]),
+    "fo_gemm_allreduce_run_rmsnorm": (_STATUS, [_h, _h, _h, _h, _h, c_float, _h, _h, c_int64, _h]),
+    "fo_gemm_allreduce_prepare": (_STATUS, [_h, c_int64]),
+    "fo_gemm_allreduce_plan": (_STATUS, [_h, c_int64, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "fo_gemm_allreduce_check": (_STATUS, [_h]),
+    "fo_gemm_allreduce_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int64), POINTER(c_int64), POINTER(c_int)]),
+    "fo_gemm_allreduce_destroy": (_STATUS, [_h]),
+}
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", c_char_p), ("dli_fbase", c_void_p), ("dli_sname", c_char_p), ("dli_saddr", c_void_p)]
+
+
+def _dladdr():
+    for name in (None, "libdl.so.2"):  # (glibc >= 2.34 has it in libc)
+        try:
+            f = ctypes.CDLL(name).dladdr
+        except (OSError, AttributeError):
+            continue
+        f.argtypes, f.restype = [c_void_p, POINTER(_DlInfo)], c_int
+        return f
+    return None
+
+
+def file_of(function):
+    """The file of the loaded object that defines a ctypes function, or None."""
+    dladdr = _dladdr()
+    info = _DlInfo()
+    if dladdr is None or not dladdr(ctypes.cast(function, c_void_p), byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(os.fsdecode(info.dli_fname))
+
+
+def mapped_nccl_files():
+    """The libnccl files mapped into this process (/proc/self/maps), sorted."""
+    try:
+        with open("/proc/self/maps") as f:
+            fields = (line.split(None, 5) for line in f if "libnccl" in line)
+            paths = {x[5].strip() for x in fields if len(x) == 6}
+    except OSError:
+        return []
+    return sorted(p for p in paths if re.search(r"libnccl[^/]*\.so", os.path.basename(p)))
+
+
+def decode_nccl_version(code):
+    """ncclGetVersion's integer as (major, minor, patch): 22809 -> (2, 28, 9)
+    (NCCL >= 2.9: major*10000 + minor*100 + patch; before: major*1000 + ...)."""
+    if code >= 10000:
+        return code // 10000, (code % 10000) // 100, code % 100
+    return code // 1000, (code % 1000) // 100, code % 100
+
+
+def check_nccl_version(version, where=""):
+    """FlashOverlapError unless NCCL_MIN <= version[:2] < NCCL_END."""
+    if not (NCCL_MIN <= tuple(version[:2]) < NCCL_END):
+        v = ".".join(map(str, version))
+        raise FlashOverlapError(
+            f"flashoverlap runs on NCCL {NCCL_MIN[0]}.{NCCL_MIN[1]} and later {NCCL_MIN[0]}.x, but this process runs "
+            f"NCCL {v}{where}: one libnccl.so.2 serves a process (torch's, where torch loaded it first): "
+            f"use a PyTorch whose NCCL is >= {NCCL_MIN[0]}.{NCCL_MIN[1]}")
+
+
+def _nccl_version_of(cdll):
+    get = cdll.ncclGetVersion
+    get.argtypes, get.restype = [POINTER(c_int)], c_int
+    code = c_int(0)
+    if get(byref(code)) != 0:
+        raise FlashOverlapError("ncclGetVersion failed")
+    return decode_nccl_version(code.value)
+
+
+def _describe_nccl(files):
+    """Which NCCL files are mapped and their versions, for messages."""
+    out = []
+    for path in files:
+        try:
+            out.append(f"{path} (NCCL {'.'.join(map(str, _nccl_version_of(ctypes.CDLL(path))))})")
+        except (OSError, AttributeError, FlashOverlapError):
+            out.append(path)
+    return ", ".join(out) or "none"
+
+
+class Library:
+    """libflashoverlap.so, loaded, its functions declared (attribute `c`)."""
+
+    def __init__(self, path):
+        self.path = path
+        # Which NCCL was here before us: the one our libnccl.so.2 binds to.
+        self.nccl_before = mapped_nccl_files()
+        try:
+            c = ctypes.CDLL(path)
+        except OSError as e:
+            hint = ""
+            if "nccl" in str(e).lower() or "undefined symbol: nccl" in str(e):
+                hint = (f"; the process's NCCL: {_describe_nccl(mapped_nccl_files())} "
+                        f"(flashoverlap needs NCCL >= {NCCL_MIN[0]}.{NCCL_MIN[1]})")
+            raise FlashOverlapError(f"cannot load {path}: {e}{hint}") from None
+        self.c = c
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            try:
+                f = getattr(c, name)
+            except AttributeError:
+                raise FlashOverlapError(f"{path} has no {name}: not a flashoverlap library of this version") from None
+            f.argtypes = argtypes
+            if restype is _STATUS:
+                f.restype = c_int
+                f.errcheck = self._errcheck
+            else:
+                f.restype = restype
+        abi = c.fo_c_abi_version()
+        if abi != C_ABI_VERSION:
+            raise FlashOverlapError(
+                f"{path} speaks C ABI {abi}, this package (flashoverlap {self.package_version()}) C ABI "
+                f"{C_ABI_VERSION}: install the package and the library from one build")
+
+    @staticmethod
+    def package_version():
+        from . import __version__
+        return __version__
+
+    def _errcheck(self, status, func, args):
+        if status != FO_OK:
+            raise error_for(status, self.last_error() or f"{func.__name__}: {self.status_string(status)}")
+        return status
+
+    def version(self):
+        """fo_version(): the library's "MAJOR.MINOR.PATCH"."""
+        return self.c.fo_version().decode()
+
+    def abi_version(self):
+        return int(self.c.fo_c_abi_version())
+
+    def status_string(self, status):
+        return self.c.fo_status_string(status).decode()
+
+    def last_error(self):
+        return self.c.fo_last_error().decode(errors="replace")
+
+    def nccl_version(self):
+        """(major, minor, patch) of the NCCL the library's calls go to."""
+        return _nccl_version_of(self.c)  # (dlsym through our handle: our libnccl.so.2)
+
+    def nccl_file(self):
+        """The path of that NCCL, or None where it cannot be told."""
+        return file_of(self.c.ncclGetVersion)
+
+    def check_nccl(self):
+        """FlashOverlapError unless the NCCL underneath is one the library supports."""
+        check_nccl_version(self.nccl_version(), f" ({self.nccl_file() or 'libnccl.so.2'})")
+
+    def shares_nccl_with(self, other_library):
+        """(True, "") if the shared library at that path calls the same loaded
+        NCCL as this one (the same ncclGetVersion), else (False, why): a
+        communicator of the one may then be handed to the other."""
+        try:
+            theirs = ctypes.CDLL(other_library).ncclGetVersion
+        except OSError as e:
+            return False, f"cannot open {other_library}: {e}"
+        except AttributeError:
+            return False, f"{other_library} shows no NCCL of its own (statically linked or hidden)"
+        ours = self.c.ncclGetVersion
+        a, b = ctypes.cast(ours, c_void_p).value, ctypes.cast(theirs, c_void_p).value
+        if a != b:
+            return False, f"{other_library} calls the NCCL in {file_of(theirs)}, flashoverlap the one in {file_of(ours)}"
+        return True, ""
+
+
+def _lib():
+    from . import load
+    return load()
+
+
+def unique_id():
+    """A new NCCL unique id (FO_UNIQUE_ID_BYTES bytes), to send to every rank."""
+    buf = ctypes.create_string_buffer(UNIQUE_ID_BYTES)
+    _lib().c.fo_unique_id(buf, UNIQUE_ID_BYTES)
+    return buf.raw
+
+
+class _Handle:
+    _destroy = None  # the C function's name
+
+    def __init__(self, lib, handle):
+        self._lib, self._handle = lib, handle
+
+    @property
+    def handle(self):
+        """The C handle (c_void_p); FlashOverlapError once closed."""
+        if not self._handle:
+            raise FlashOverlapError(f"this {type(self).__name__} is closed")
+        return self._handle
+
+    def close(self):
+        """Releases the handle now (the garbage collector does it otherwise)."""
+        h, self._handle = getattr(self, "_handle", None), None
+        if h:
+            getattr(self._lib.c, self._destroy)(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # (at interpreter exit CUDA may be gone: nothing to report to)
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Communicator(_Handle):
+    """The NCCL communicator the ops run on (flashoverlap::Communicator). An op
+    keeps its communicator alive: this object may be closed once its ops exist."""
+
+    _destroy = "fo_comm_destroy"
+
+    @classmethod
+    def _make(cls, create):
+        lib = _lib()
+        lib.check_nccl()
+        out = c_void_p()
+        create(lib.c, byref(out))
+        return cls(lib, out)
+
+    @classmethod
+    def from_env(cls):
+        """A new communicator over torchrun's or OpenMPI's processes (collective;
+        one rank without their variables)."""
+        return cls._make(lambda c, out: c.fo_comm_from_env(out))
+
+    @classmethod
+    def from_unique_id(cls, uid, rank, world):
+        """A new communicator from rank 0's unique_id(), collective over `world`
+        ranks, each on its current CUDA device."""
+        uid = bytes(uid)
+        return cls._make(lambda c, out: c.fo_comm_from_unique_id(uid, len(uid), rank, world, out))
+
+    @classmethod
+    def adopt(cls, nccl_comm):
+        """A communicator the caller owns (a ncclComm_t as an integer): it must
+        outlive this object and every op built on it, and be of the NCCL that
+        the library runs on (Library.shares_nccl_with)."""
+        return cls._make(lambda c, out: c.fo_comm_adopt(nccl_comm, out))
+
+    def _int(self, fn):
+        v = c_int()
+        fn(self.handle, byref(v))
+        return v.value
+
+    @property
+    def rank(self):
+        return self._int(self._lib.c.fo_comm_rank)
+
+    @property
+    def world(self):
+        return self._int(self._lib.c.fo_comm_world)
+
+    @property
+    def nccl(self):
+        """The ncclComm_t underneath, as an integer."""
+        v = c_void_p()
+        self._lib.c.fo_comm_nccl(self.handle, byref(v))
+        return v.value or 0
+
+
+def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None, curves=None, tuning_cache=None):
+    """fo_gemm_allreduce_options: the library's defaults, then what is given."""
+    o = Options()
+    lib.c.fo_gemm_allreduce_options_default(byref(o), ctypes.sizeof(o))
+    if path not in PATHS:
+        raise InvalidArgument(f"path = {path!r}: one of {', '.join(map(repr, PATHS))}")
+    o.path = PATHS[path]
+    if nccl_sms is not None:
+        o.nccl_sms = int(nccl_sms)
+    if wait_timeout_s is not None:
+        o.wait_timeout_s = float(wait_timeout_s)
+    if check_m is not None:
+        o.check_m = 1 if check_m else 0
+    if curves:
+        o.curves = os.fsencode(curves)
+    if tuning_cache:
+        o.tuning_cache = os.fsencode(tuning_cache)
+    return o
+
+
+def dtype_code(dtype):
+    """An fo_dtype from 0/1 or "bf16"/"bfloat16"/"fp16"/"float16"."""
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    if dtype in (DTYPE_BF16, DTYPE_FP16) and not isinstance(dtype, bool):
+        return int(dtype)
+    raise InvalidArgument(f"dtype = {dtype!r}: bf16 or fp16")
+
+
+class GemmAllReduce(_Handle):
+    """out (m x n) = AllReduce(a (m x k) * b^T (b: n x k)) over comm's ranks, on
+    device pointers (flashoverlap::GemmAllReduce). Construction is collective."""
+
+    _destroy = "fo_gemm_allreduce_destroy"
+
+    def __init__(self, comm, max_m, n, k, dtype, *, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None,
+                 curves=None, tuning_cache=None):
+        lib = _lib()
+        opts = make_options(lib, path, nccl_sms, wait_timeout_s, check_m, curves, tuning_cache)
+        code = dtype_code(dtype)
+        out = c_void_p()
+        lib.c.fo_gemm_allreduce_create(comm.handle, max_m, n, k, code, byref(opts), byref(out))
+        super().__init__(lib, out)
+
+    def run(self, a, b, out, m, stream=None, ld_out=0):
+        """out = AllReduce(a * b^T) for m rows, on stream (a cudaStream_t as an
+        integer; None/0: the legacy default stream)."""
+        self._lib.c.fo_gemm_allreduce_run(self.handle, a, b, out, m, stream or None, ld_out)
+
+    def run_rmsnorm(self, a, b, residual, norm_weight, eps, out, residual_out, m, stream=None):
+        """out = RMSNorm(h) * norm_weight, h = AllReduce(a * b^T) + residual;
+        residual_out (optional) = h."""
+        self._lib.c.fo_gemm_allreduce_run_rmsnorm(self.handle, a, b, residual, norm_weight, eps, out,
+                                                  residual_out or None, m, stream or None)
+
+    def prepare(self, m):
+        """Plans m and allocates what its calls need: before a CUDA-graph capture."""
+        self._lib.c.fo_gemm_allreduce_prepare(self.handle, m)
+
+    def plan(self, m):
+        """The plan m runs with, as text."""
+        needed = c_size_t(0)
+        self._lib.c.fo_gemm_allreduce_plan(self.handle, m, None, 0, byref(needed))
+        buf = ctypes.create_string_buffer(needed.value)
+        self._lib.c.fo_gemm_allreduce_plan(self.handle, m, buf, needed.value, None)
+        return buf.value.decode(errors="replace")
+
+    def check(self):
+        """Raises the error of an earlier call whose wait timed out."""
+        self._lib.c.fo_gemm_allreduce_check(self.handle)
+
+    def shape(self):
+        """(max_m, n, k, dtype code)."""
+        max_m, n, k, d = c_int64(), c_int64(), c_int64(), c_int()
+        self._lib.c.fo_gemm_allreduce_shape(self.handle, byref(max_m), byref(n), byref(k), byref(d))
+        return max_m.value, n.value, k.value, d.value

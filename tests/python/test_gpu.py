@@ -1,0 +1,440 @@
+"""GPU tests of flashoverlap.torch: one process per GPU under torchrun, every
+rank running the same tests in the same order (the ops are collective).
+
+    tests/python/run_gpu_tests.sh          # world 1, and 2 (and N) where there are 2 (N) Hopper GPUs
+    torchrun --nproc-per-node=2 -m pytest tests/python/test_gpu.py    # by hand (or the file as a script)
+
+Without torchrun's variables it runs as one rank (world 1). Skipped without
+torch >= 2.4, a CUDA GPU or a Hopper one (failed instead where
+FO_REQUIRE_GPUS promises one, as the C++ GPU tests do).
+
+What it checks, on both dtypes where it says so: the op against F.linear +
+dist.all_reduce within a bf16/fp16 bound derived below; bitwise equal to the
+op's own sequential path on every path (world <= 2, where NCCL's sum is
+a + b); 1000 calls in a row with a random m each; the RMSNorm form against
+its definition; leading batch dimensions; the functional and its cache;
+torch.compile (fullgraph: the op stays one node; inductor's output bitwise
+the eager op's, for several m); CUDA-graph capture and replay mixed with
+eager calls, and the refusal of an unplanned m; bad input; a group of
+another size; the group's own communicator (comm="adopt"); and, in fresh
+processes, that torch and the library share one NCCL whichever is
+imported first. The data are random; the seed is printed
+(FO_TEST_SEED=<seed> replays it).
+"""
+
+import datetime
+import os
+import random
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if not os.environ.get("FO_TEST_INSTALLED"):
+    sys.path.insert(0, os.path.join(REPO, "python"))
+
+import flashoverlap  # noqa: E402
+from flashoverlap import FlashOverlapError, InvalidArgument  # noqa: E402
+
+torch = dist = F = fo = None
+RANK, WORLD, DEVICE, SEED = 0, 1, None, 0
+# The unit roundoff of each dtype (p bits of significand: 2^-p).
+U = {}
+
+
+def _unusable():
+    """Why this process cannot run the tests (None: it can), and whether a GPU is what is missing."""
+    global torch, dist, F, fo
+    try:
+        import torch as t
+    except ImportError as e:
+        return f"torch is not installed ({e})", False
+    import flashoverlap.torch as fot
+    if fot.torch_version(t) < fot.MIN_TORCH:
+        return f"torch {t.__version__} is older than 2.4", False
+    if not t.cuda.is_available():
+        return "torch sees no CUDA GPU", True
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if local >= t.cuda.device_count():
+        return f"LOCAL_RANK {local} but {t.cuda.device_count()} GPUs", True
+    if t.cuda.get_device_capability(local) != (9, 0):
+        return f"GPU {local} ({t.cuda.get_device_name(local)}) is not a Hopper (sm_90)", True
+    import torch.distributed as d
+    import torch.nn.functional as f
+    torch, dist, F, fo = t, d, f, fot
+    return None, False
+
+
+def setUpModule():
+    global RANK, WORLD, DEVICE, SEED
+    why, gpu_missing = _unusable()
+    if why:
+        need = int(os.environ.get("FO_REQUIRE_GPUS", "0") or 0)
+        if gpu_missing and need >= int(os.environ.get("WORLD_SIZE", "1")):
+            raise AssertionError(f"{why}, but FO_REQUIRE_GPUS={need} promises the GPUs")
+        raise unittest.SkipTest(why)
+    if "RANK" not in os.environ:  # (one rank without torchrun)
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(29500 + os.getpid() % 1000))
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    DEVICE = torch.device("cuda", local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=5))
+    RANK, WORLD = dist.get_rank(), dist.get_world_size()
+    seed = [int(os.environ["FO_TEST_SEED"]) if os.environ.get("FO_TEST_SEED") else random.randrange(1 << 30)]
+    dist.broadcast_object_list(seed, src=0)
+    SEED = seed[0]
+    U.update({torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11})
+    # The reference GEMM with one rounding, as ours (no reduced-precision split-K sums in cuBLAS).
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    if RANK == 0:
+        print(f"\n[test_gpu] world {WORLD}, torch {torch.__version__}, NCCL {flashoverlap.nccl_version()} "
+              f"({flashoverlap.load().nccl_file()}), FO_TEST_SEED={SEED}", flush=True)
+
+
+def tearDownModule():
+    if dist is not None and dist.is_initialized():
+        fo.clear_cache()
+        import gc
+        gc.collect()
+        torch.cuda.synchronize()
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# ---- helpers: data, references, bounds, agreement over ranks ----
+
+def rand(*shape, dtype, seed, per_rank=True):
+    """Uniform in [-1, 1), from a seed (each rank its own unless per_rank is False)."""
+    g = torch.Generator(device=DEVICE)
+    g.manual_seed(SEED * 7 + seed * 1009 + (RANK * 7919 if per_rank else 0))
+    return (torch.rand(*shape, generator=g, device=DEVICE) * 2 - 1).to(dtype)
+
+
+def reference(x, w):
+    """What the op replaces: F.linear, then dist.all_reduce."""
+    y = F.linear(x, w)
+    dist.all_reduce(y)
+    return y
+
+
+def gemm_bound(x, w, dtype):
+    """|op - reference| bound, per element: each of the two rounds each rank's
+    partial p once (W u max|p| in all) and each running sum of the AllReduce
+    once (the j-th <= j max|p|: u max|p| (2 + ... + W)), so each is within
+    u max|p| (W + W (W + 1) / 2) of the exact sum and the two within twice
+    that (the fp32 accumulation's order is far below it)."""
+    p = F.linear(x.float(), w.float()).abs().max()
+    dist.all_reduce(p, op=dist.ReduceOp.MAX)
+    return 2 * U[dtype] * p.item() * (WORLD + WORLD * (WORLD + 1) / 2) + 1e-6
+
+
+def all_ok(ok):
+    """ok on every rank (one small all_reduce), so that every rank passes or fails together."""
+    t = torch.tensor([1 if ok else 0], device=DEVICE, dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def within(out, ref, atol):
+    """(every |out - ref| <= atol, the largest difference)."""
+    d = (out.float() - ref.float()).abs()
+    worst = d.max().item() if d.numel() else 0.0
+    return worst <= atol, worst
+
+
+class Case(unittest.TestCase):
+    def ok(self, ok, message):
+        self.assertTrue(all_ok(ok), f"{message} (rank {RANK}: {'ok' if ok else 'FAILED'}; FO_TEST_SEED={SEED})")
+
+    @staticmethod
+    def make(max_m=512, n=768, k=1024, dtype=None, **kw):
+        return fo.GemmAllReduce(None, max_m, n, k, dtype or torch.bfloat16, **kw)
+
+
+class Correctness(Case):
+    def test_against_linear_all_reduce_both_dtypes(self):
+        for dtype in (torch.bfloat16, torch.float16):
+            op = self.make(dtype=dtype)
+            w = rand(768, 1024, dtype=dtype, seed=1)
+            for m in (1, 7, 128, 300, 512):
+                x = rand(m, 1024, dtype=dtype, seed=m)
+                y = op(x, w)
+                self.assertEqual((y.shape, y.dtype, y.device), ((m, 768), dtype, DEVICE))
+                good, worst = within(y, reference(x, w), gemm_bound(x, w, dtype))
+                self.ok(good, f"{op} m={m}: |op - F.linear + all_reduce| up to {worst}")
+
+    def test_bitwise_equal_to_the_sequential_path(self):
+        if WORLD > 2:
+            self.skipTest("bitwise only where NCCL's sum is a + b (world <= 2)")
+        shape = dict(max_m=2048, n=2048, k=2048)
+        seq = self.make(path="sequential", **shape)
+        w = rand(2048, 2048, dtype=torch.bfloat16, seed=2)
+        for path in ("auto", "row_bands", "slots"):
+            op = self.make(path=path, **shape)
+            for m in (1, 200, 1000, 2048):
+                x = rand(m, 2048, dtype=torch.bfloat16, seed=m + 3)
+                same = torch.equal(op(x, w), seq(x, w))
+                if RANK == 0 and m == 2048:
+                    print(f"[test_gpu] {path}, m={m}: {op.plan(m)}", flush=True)
+                self.ok(same, f"path {path}, m={m}: not bitwise the sequential path's")
+
+    def test_1000_calls_in_a_row_with_random_m(self):
+        op = self.make(max_m=1024, n=1024, k=512)
+        w = rand(1024, 512, dtype=torch.bfloat16, seed=4)
+        rng = random.Random(SEED)  # (the same m's on every rank)
+        worst_excess = torch.full((), -1.0, device=DEVICE)
+        for i in range(1000):
+            m = rng.randint(1, 1024)
+            x = rand(m, 512, dtype=torch.bfloat16, seed=100 + i)
+            atol = gemm_bound(x, w, torch.bfloat16)
+            d = ((op(x, w).float() - reference(x, w).float()).abs().max() - atol) / atol
+            worst_excess = torch.maximum(worst_excess, d)
+        op.check()
+        excess = worst_excess.item()
+        self.ok(excess <= 0, f"1000 calls: the worst difference is {1 + excess:.3g} x the bound")
+
+    def test_rmsnorm_form_both_dtypes(self):
+        eps = 1e-6
+        for dtype in (torch.bfloat16, torch.float16):
+            op = self.make(dtype=dtype)
+            w = rand(768, 1024, dtype=dtype, seed=5)
+            g = rand(768, dtype=dtype, seed=6, per_rank=False)
+            for m in (1, 64, 333, 512):
+                x = rand(m, 1024, dtype=dtype, seed=m + 7)
+                r = rand(m, 768, dtype=dtype, seed=m + 8, per_rank=False)
+                out, h = op(x, w, residual=r, norm_weight=g, eps=eps)
+                y = reference(x, w)
+                h_ref = (y.float() + r.float()).to(dtype)
+                hf = h_ref.float()
+                rms = torch.sqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+                out_ref = (hf / rms * g.float()).to(dtype)
+                atol_h = gemm_bound(x, w, dtype) + 2 * U[dtype] * hf.abs().max().item()
+                good_h, worst_h = within(h, h_ref, atol_h)
+                self.ok(good_h, f"{op} m={m}: residual_out differs from AllReduce + residual by up to {worst_h}")
+                # the norm of the op's own h: fp32 arithmetic, then one rounding
+                ho = h.float()
+                norm = ho * torch.rsqrt(ho.pow(2).mean(-1, keepdim=True) + eps) * g.float()
+                bound = 2 * U[dtype] * norm.abs() + 1e-5
+                good_o = bool(((out.float() - norm).abs() <= bound).all())
+                self.ok(good_o, f"{op} m={m}: out is not RMSNorm(residual_out) * norm_weight, rounded")
+                # and against the definition from the reference's h: an error e
+                # in h moves out by ~e / rms * |g|, and rms by at most e
+                loose = 4 * atol_h / rms * g.float().abs().max() + 2 * U[dtype] * out_ref.float().abs() + 1e-5
+                self.ok(bool(((out.float() - out_ref.float()).abs() <= loose).all()), f"{op} m={m}: RMSNorm output")
+
+    def test_leading_batch_dimensions(self):
+        op = self.make()
+        w = rand(768, 1024, dtype=torch.bfloat16, seed=9)
+        x = rand(2, 3, 1024, dtype=torch.bfloat16, seed=10)
+        y = op(x, w)
+        self.assertEqual(tuple(y.shape), (2, 3, 768))
+        self.ok(torch.equal(y, op(x.view(6, 1024), w).view(2, 3, 768)), "(2, 3, k) is not the (6, k) result")
+
+    def test_empty_batch(self):
+        op = self.make()
+        y = op(torch.empty(0, 1024, dtype=torch.bfloat16, device=DEVICE), rand(768, 1024, dtype=torch.bfloat16, seed=0))
+        self.assertEqual(tuple(y.shape), (0, 768))
+
+    def test_functional_builds_and_caches(self):
+        fo.clear_cache()
+        w = rand(256, 512, dtype=torch.float16, seed=11)
+        for m, max_m in ((100, 128), (120, 128), (300, 512), (5, 512)):
+            x = rand(m, 512, dtype=torch.float16, seed=m + 12)
+            y = fo.gemm_all_reduce(x, w)
+            good, worst = within(y, reference(x, w), gemm_bound(x, w, torch.float16))
+            self.ok(good, f"gemm_all_reduce m={m}: |diff| up to {worst}")
+            self.assertEqual([op.max_m for op in fo._cache.values()], [max_m])
+        x, r, g = (rand(5, 512, dtype=torch.float16, seed=13), rand(5, 256, dtype=torch.float16, seed=14, per_rank=False),
+                   rand(256, dtype=torch.float16, seed=15, per_rank=False))
+        out, h = fo.gemm_all_reduce(x, w, residual=r, norm_weight=g)
+        self.assertEqual((tuple(out.shape), tuple(h.shape)), ((5, 256), (5, 256)))
+        fo.clear_cache()
+
+
+class Compile(Case):
+    def test_torch_compile_keeps_the_op_whole(self):
+        torch._dynamo.reset()
+        op = self.make(max_m=256, n=512, k=256)
+        w = rand(512, 256, dtype=torch.bfloat16, seed=20)
+
+        class Layer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.op = op
+                self.register_buffer("weight", w)
+
+            def forward(self, x):
+                return self.op(x, self.weight) * 2
+
+        layer = Layer()
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        x = rand(64, 256, dtype=torch.bfloat16, seed=21)
+        out = torch.compile(layer, backend=backend, fullgraph=True)(x)
+        calls = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+        self.assertEqual(sum("flashoverlap" in c for c in calls), 1, calls)
+        self.ok(torch.equal(out, op(x, w) * 2), "the traced graph's output is not the eager op's")
+
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True)  # inductor
+        for m in (64, 96, 160, 256):  # (a second m recompiles with m dynamic: the fake impl's symbolic m)
+            x = rand(m, 256, dtype=torch.bfloat16, seed=22 + m)
+            self.ok(torch.equal(compiled(x), op(x, w) * 2), f"inductor m={m}: not the eager op's output")
+
+    def test_torch_compile_rmsnorm_form(self):
+        torch._dynamo.reset()
+        op = self.make(max_m=256, n=512, k=256)
+        w = rand(512, 256, dtype=torch.bfloat16, seed=23)
+        g = rand(512, dtype=torch.bfloat16, seed=24, per_rank=False)
+
+        def block(x, r):
+            return op(x, w, residual=r, norm_weight=g, eps=1e-5)
+
+        compiled = torch.compile(block, fullgraph=True)
+        for m in (32, 200):
+            x = rand(m, 256, dtype=torch.bfloat16, seed=25 + m)
+            r = rand(m, 512, dtype=torch.bfloat16, seed=26 + m, per_rank=False)
+            (a, b), (c, d) = compiled(x, r), block(x, r)
+            self.ok(torch.equal(a, c) and torch.equal(b, d), f"compiled RMSNorm form m={m}: not the eager op's")
+
+    def test_opcheck(self):
+        op = self.make(max_m=128, n=256, k=128)
+        x, w = rand(40, 128, dtype=torch.bfloat16, seed=27), rand(256, 128, dtype=torch.bfloat16, seed=28)
+        torch.library.opcheck(torch.ops.flashoverlap.gemm_all_reduce.default, (x, w, op.handle),
+                              test_utils=("test_schema", "test_faketensor"))
+
+
+class CudaGraphs(Case):
+    def test_capture_and_replay_mixed_with_eager_calls(self):
+        op = self.make(max_m=512, n=512, k=512)
+        w = rand(512, 512, dtype=torch.bfloat16, seed=30)
+        x, x2 = rand(100, 512, dtype=torch.bfloat16, seed=31), rand(200, 512, dtype=torch.bfloat16, seed=32)
+        r, g = rand(100, 512, dtype=torch.bfloat16, seed=33, per_rank=False), rand(512, dtype=torch.bfloat16, seed=34)
+        op(x, w)        # m = 100 planned by an eager call (both forms),
+        op(x, w, residual=r, norm_weight=g)
+        op.prepare(200)  # m = 200 by prepare
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # (warm-up on a side stream, as torch's CUDA-graph docs advise)
+            op(x, w)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y, y2 = op(x, w), op(x2, w)
+            out, h = op(x, w, residual=r, norm_weight=g)
+        for i in range(4):
+            x.copy_(rand(100, 512, dtype=torch.bfloat16, seed=40 + i))
+            x2.copy_(rand(200, 512, dtype=torch.bfloat16, seed=50 + i))
+            graph.replay()
+            e, e2 = op(x, w), op(x2, w)
+            eo, eh = op(x, w, residual=r, norm_weight=g)
+            same = torch.equal(y, e) and torch.equal(y2, e2) and torch.equal(out, eo) and torch.equal(h, eh)
+            self.ok(same, f"replay {i}: not the eager calls' outputs")
+        torch.cuda.synchronize()
+        op.check()
+
+    def test_an_unplanned_m_is_refused_under_capture(self):
+        op = self.make(max_m=512, n=512, k=512)
+        w, x = rand(512, 512, dtype=torch.bfloat16, seed=35), rand(300, 512, dtype=torch.bfloat16, seed=36)
+        graph = torch.cuda.CUDAGraph()
+        with self.assertRaisesRegex(FlashOverlapError, r"m = 300 has no plan yet.*op\.prepare\(300\)"):
+            with torch.cuda.graph(graph):
+                op(x, w)
+        self.ok(torch.equal(op(x, w), op(x, w)), "the op after a refused capture")
+
+
+class BadInput(Case):
+    def test_messages(self):
+        op = self.make(max_m=64, n=32, k=16)
+        name = str(op)
+        w, x = rand(32, 16, dtype=torch.bfloat16, seed=0), rand(8, 16, dtype=torch.bfloat16, seed=0)
+        cases = [
+            ((x.float(), w), "x has dtype torch.float32, expected torch.bfloat16"),
+            ((x.cpu(), w), f"x is on cpu, expected {DEVICE}"),
+            ((rand(16, 8, dtype=torch.bfloat16, seed=0).t(), w), "x is not contiguous"),
+            ((x, rand(32, 8, dtype=torch.bfloat16, seed=0)), "weight has shape (32, 8), expected (32, 16)"),
+            ((rand(65, 16, dtype=torch.bfloat16, seed=0), w), "x has m = 65 rows, more than the op's max_m = 64"),
+            ((rand(8, 8, dtype=torch.bfloat16, seed=0), w), "x has shape (8, 8), expected (m, 16)"),
+        ]
+        for args, message in cases:
+            with self.assertRaises(InvalidArgument) as cm:
+                op(*args)
+            self.assertTrue(str(cm.exception).startswith(f"{name}: {message}"), str(cm.exception))
+        with self.assertRaisesRegex(InvalidArgument, "residual has shape"):
+            op(x, w, residual=rand(9, 32, dtype=torch.bfloat16, seed=0), norm_weight=rand(32, dtype=torch.bfloat16, seed=0))
+        for m in (0, 65):
+            with self.assertRaisesRegex(InvalidArgument, rf"m = {m}: needs 1 <= m <= max_m = 64"):
+                op.prepare(m)
+        with self.assertRaisesRegex(InvalidArgument, "dtype torch.float32 is not supported"):
+            fo.GemmAllReduce(None, 64, 32, 16, torch.float32)
+        with self.assertRaisesRegex(InvalidArgument, "k = 12: needs"):
+            fo.GemmAllReduce(None, 64, 32, 12, torch.bfloat16)
+        op.close()
+        with self.assertRaisesRegex(FlashOverlapError, "no op with handle"):
+            op(x, w)
+
+    def test_a_group_of_another_size(self):
+        if WORLD < 2:
+            self.skipTest("needs 2 ranks")
+        sub = dist.new_group([0])  # (collective over the world, as new_group is)
+        world_comm = fo._communicator(torch, dist.group.WORLD, RANK, WORLD, DEVICE, "bootstrap")
+        if RANK == 0:
+            with self.assertRaisesRegex(InvalidArgument, rf"the group has 1 ranks \(this one is rank 0\), its communicator {WORLD}"):
+                fo.GemmAllReduce(sub, 64, 32, 16, torch.bfloat16, comm=world_comm)
+            op = fo.GemmAllReduce(sub, 64, 32, 16, torch.bfloat16)  # (world 1: the GEMM alone)
+            x, w = rand(8, 16, dtype=torch.bfloat16, seed=60), rand(32, 16, dtype=torch.bfloat16, seed=61)
+            good, worst = within(op(x, w), F.linear(x, w), 4 * U[torch.bfloat16] * 16)
+            self.assertTrue(good, f"a group of one: |diff| up to {worst}")
+            op.close()
+        else:
+            with self.assertRaisesRegex(InvalidArgument, "is not a member of the group"):
+                fo.GemmAllReduce(sub, 64, 32, 16, torch.bfloat16)
+        dist.barrier()
+
+
+class Communicators(Case):
+    def test_adopting_the_groups_communicator(self):
+        try:
+            adopted = self.make(max_m=256, n=256, k=256, comm="adopt")
+        except FlashOverlapError as e:
+            self.skipTest(f"comm='adopt' refused here: {e}")
+        own = self.make(max_m=256, n=256, k=256)
+        w = rand(256, 256, dtype=torch.bfloat16, seed=70)
+        for m in (1, 100, 256):
+            x = rand(m, 256, dtype=torch.bfloat16, seed=71 + m)
+            if WORLD <= 2:
+                self.ok(torch.equal(adopted(x, w), own(x, w)), f"adopted m={m}: not the bootstrapped op's output")
+            else:
+                good, worst = within(adopted(x, w), reference(x, w), gemm_bound(x, w, torch.bfloat16))
+                self.ok(good, f"adopted m={m}: |diff| up to {worst}")
+
+    def test_torch_and_flashoverlap_share_one_nccl_in_either_import_order(self):
+        if RANK == 0:  # (fresh processes, no collective)
+            check = (
+                "import os, torch, flashoverlap, flashoverlap.torch\n"
+                "from flashoverlap import _capi\n"
+                "lib = flashoverlap.load()\n"
+                "tc = os.path.join(os.path.dirname(torch.__file__), 'lib', 'libtorch_cuda.so')\n"
+                "print(lib.shares_nccl_with(tc), len(_capi.mapped_nccl_files()), lib.nccl_version(), torch.cuda.nccl.version())\n")
+            env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(flashoverlap.__file__)))
+            for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(name, None)
+            for first in ("import torch\n", "import flashoverlap\nimport torch\n"):
+                r = subprocess.run([sys.executable, "-c", first + check], env=env, capture_output=True, text=True,
+                                   timeout=300)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                print(f"[test_gpu] {first.strip()!r} first: {r.stdout.strip()}", flush=True)
+                self.assertTrue(r.stdout.startswith("(True, '') 1 "), r.stdout)
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    unittest.main()

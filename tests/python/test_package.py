@@ -1,0 +1,548 @@
+"""CPU tests of the Python package (python/flashoverlap): what runs without a
+GPU. ctest runs them as cpu.python_package (tests/python/CMakeLists.txt),
+with FLASHOVERLAP_LIBRARY naming the build's library; by hand:
+
+    FLASHOVERLAP_LIBRARY=build/src/api/libflashoverlap.so python3 -m unittest discover -s tests/python -v
+
+They check that importing the package imports no torch and loads nothing,
+that torch imports before and after it, the ctypes layer (every function of
+flashoverlap_c.h declared with the header's arity, the versions, NULL
+handles -> InvalidArgument with the C message, no GPU -> NoGpu, the options
+struct), the NCCL check (a stand-in libnccl.so.2 of 2.27 loaded first, as
+torch loads its own: named at load, refused at a communicator's
+construction), the wheel the build backend writes, and,
+where torch is importable (Debian's 1.13 serves), the tensor validation's
+messages and the "needs PyTorch >= 2.4" refusal. The source tree's package
+is tested (python/ put first on sys.path) unless FO_TEST_INSTALLED=1, which
+tests the one the interpreter has installed.
+"""
+
+import ctypes
+import hashlib
+import base64
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if not os.environ.get("FO_TEST_INSTALLED"):
+    sys.path.insert(0, os.path.join(REPO, "python"))
+
+import flashoverlap  # noqa: E402
+from flashoverlap import FlashOverlapError, InvalidArgument, NoGpu, _capi  # noqa: E402
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HEADER = os.path.join(REPO, "include", "flashoverlap", "flashoverlap_c.h")
+
+
+def project_version():
+    """The CMake project's version (ctest passes it; else CMakeLists.txt's)."""
+    v = os.environ.get("FO_PROJECT_VERSION")
+    if v:
+        return v
+    with open(os.path.join(REPO, "CMakeLists.txt")) as f:
+        return re.search(r"project\(FlashOverlap VERSION ([0-9.]+)", f.read()).group(1)
+
+
+def run_python(code, **env):
+    """Runs code in a fresh interpreter that finds the package under test; returns stdout."""
+    e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **env)
+    e["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(flashoverlap.__file__))] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise AssertionError(f"the child failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+# A child's guard: an import of torch fails, so that a dependency on it shows.
+BLOCK_TORCH = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+class Import(unittest.TestCase):
+    def test_import_imports_no_torch_and_loads_nothing(self):
+        out = run_python(BLOCK_TORCH + """
+import flashoverlap, flashoverlap.torch
+maps = open("/proc/self/maps").read()
+print("torch" in sys.modules, "libflashoverlap" in maps, "libnccl" in maps)
+""")
+        self.assertEqual(out.split(), ["False", "False", "False"])
+
+    def test_ctypes_layer_works_without_torch(self):
+        out = run_python(BLOCK_TORCH + """
+import flashoverlap, flashoverlap.torch
+print(flashoverlap.load().version())
+try:
+    flashoverlap.torch.require_torch()
+except flashoverlap.FlashOverlapError as e:
+    print("refused:", e)
+""")
+        lines = out.splitlines()
+        self.assertEqual(lines[0], project_version())
+        self.assertIn("refused: flashoverlap.torch needs PyTorch >= 2.4", lines[1])
+
+    def test_versions_match_the_project(self):
+        self.assertEqual(flashoverlap.__version__, project_version())
+        self.assertEqual(flashoverlap.load().version(), project_version())
+
+    def test_library_path_from_the_environment(self):
+        saved = os.environ.get(flashoverlap.LIBRARY_ENV)
+        try:
+            os.environ[flashoverlap.LIBRARY_ENV] = "/nonexistent/libflashoverlap.so"
+            with self.assertRaisesRegex(FlashOverlapError, "FLASHOVERLAP_LIBRARY=/nonexistent/libflashoverlap.so: no such"):
+                flashoverlap.library_path()
+        finally:
+            if saved is None:
+                os.environ.pop(flashoverlap.LIBRARY_ENV)
+            else:
+                os.environ[flashoverlap.LIBRARY_ENV] = saved
+        if saved:
+            self.assertEqual(flashoverlap.library_path(), os.path.abspath(saved))
+
+    def test_exceptions(self):
+        self.assertTrue(issubclass(InvalidArgument, ValueError))
+        self.assertTrue(issubclass(InvalidArgument, FlashOverlapError) and issubclass(NoGpu, FlashOverlapError))
+        for status, cls in ((1, InvalidArgument), (2, NoGpu), (3, FlashOverlapError), (42, FlashOverlapError)):
+            e = flashoverlap.error_for(status, "f: what")
+            self.assertIs(type(e), cls)
+            self.assertEqual((str(e), e.status), ("f: what", status))
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed: import order not tested")
+class ImportOrder(unittest.TestCase):
+    """torch before and after flashoverlap: both work, and one NCCL serves."""
+
+    CHECK = """
+import os, flashoverlap, flashoverlap.torch
+from flashoverlap import _capi
+lib = flashoverlap.load()
+assert float(torch.ones(3).sum()) == 3.0
+print(lib.version(), len(_capi.mapped_nccl_files()))
+tc = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")
+if os.path.exists(tc):
+    print("shared", lib.shares_nccl_with(tc))
+"""
+
+    def check(self, code):
+        lines = run_python(code).splitlines()
+        version, ncclfiles = lines[0].split()
+        self.assertEqual(version, project_version())
+        self.assertEqual(ncclfiles, "1", "one libnccl file mapped")
+        for line in lines[1:]:  # (a CUDA torch: its NCCL must be ours)
+            self.assertEqual(line, "shared (True, '')")
+
+    def test_torch_first(self):
+        self.check("import torch\n" + self.CHECK)
+
+    def test_flashoverlap_first(self):
+        self.check("import flashoverlap\nimport torch\n" + self.CHECK)
+
+
+def _header_functions():
+    """{name: parameter count} of every FO_C_API function of flashoverlap_c.h."""
+    with open(HEADER) as f:
+        text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+    out = {}
+    for m in re.finditer(r"FO_C_API\s+[\w\s\*]*?\b(fo_\w+)\s*\(([^)]*)\)\s*;", text):
+        params = m.group(2).strip()
+        out[m.group(1)] = 0 if params in ("", "void") else len(params.split(","))
+    return out
+
+
+class CApi(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.lib = flashoverlap.load()
+        cls.c = cls.lib.c
+        try:
+            _capi.Communicator.from_env().close()
+            cls.gpu = True
+        except NoGpu:
+            cls.gpu = False
+
+    @unittest.skipUnless(os.path.isfile(HEADER), "no flashoverlap_c.h beside these tests")
+    def test_every_header_function_is_declared(self):
+        header = _header_functions()
+        self.assertGreaterEqual(len(header), 21)
+        self.assertEqual(sorted(header), sorted(_capi._PROTOTYPES))
+        for name, count in header.items():
+            self.assertEqual(len(_capi._PROTOTYPES[name][1]), count, name)
+        with open(HEADER) as f:
+            self.assertEqual(int(re.search(r"#define FO_C_ABI_VERSION (\d+)", f.read()).group(1)), _capi.C_ABI_VERSION)
+
+    def test_abi_version(self):
+        self.assertEqual(self.lib.abi_version(), _capi.C_ABI_VERSION)
+
+    def test_abi_mismatch_is_refused(self):
+        saved = _capi.C_ABI_VERSION
+        _capi.C_ABI_VERSION = saved + 1
+        try:
+            with self.assertRaisesRegex(FlashOverlapError, f"speaks C ABI {saved}, .* C ABI {saved + 1}"):
+                _capi.Library(self.lib.path)
+        finally:
+            _capi.C_ABI_VERSION = saved
+
+    def test_not_a_library(self):
+        with self.assertRaisesRegex(FlashOverlapError, "cannot load " + re.escape(__file__)):
+            _capi.Library(__file__)
+
+    def test_status_strings(self):
+        for code, name in ((0, "FO_OK"), (1, "FO_INVALID_ARGUMENT"), (2, "FO_NO_GPU"), (3, "FO_ERROR"),
+                           (9, "unknown fo_status")):
+            self.assertEqual(self.lib.status_string(code), name)
+
+    def test_null_handles_are_invalid_arguments_with_the_c_message(self):
+        h, i, i64, sz = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int64(), ctypes.c_size_t()
+        b = ctypes.byref
+        cases = [
+            (lambda: self.c.fo_comm_rank(None, b(i)), "fo_comm_rank: comm is NULL"),
+            (lambda: self.c.fo_comm_world(None, b(i)), "fo_comm_world: comm is NULL"),
+            (lambda: self.c.fo_comm_nccl(None, b(h)), "fo_comm_nccl: comm is NULL"),
+            (lambda: self.c.fo_comm_adopt(None, b(h)), "fo_comm_adopt: nccl_comm is NULL"),
+            (lambda: self.c.fo_comm_from_env(None), "fo_comm_from_env: out is NULL"),
+            (lambda: self.c.fo_unique_id(None, 128), "fo_unique_id: id is NULL"),
+            (lambda: self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 0, None, b(h)),
+             "fo_gemm_allreduce_create: comm is NULL"),
+            (lambda: self.c.fo_gemm_allreduce_run(None, 1, 1, 1, 1, None, 0), "fo_gemm_allreduce_run: op is NULL"),
+            (lambda: self.c.fo_gemm_allreduce_run_rmsnorm(None, 1, 1, 1, 1, 1e-6, 1, None, 1, None),
+             "fo_gemm_allreduce_run_rmsnorm: op is NULL"),
+            (lambda: self.c.fo_gemm_allreduce_prepare(None, 1), "fo_gemm_allreduce_prepare: op is NULL"),
+            (lambda: self.c.fo_gemm_allreduce_plan(None, 1, None, 0, b(sz)), "fo_gemm_allreduce_plan: op is NULL"),
+            (lambda: self.c.fo_gemm_allreduce_check(None), "fo_gemm_allreduce_check: op is NULL"),
+            (lambda: self.c.fo_gemm_allreduce_shape(None, b(i64), None, None, None),
+             "fo_gemm_allreduce_shape: op is NULL"),
+        ]
+        for call, message in cases:
+            with self.subTest(message):
+                with self.assertRaises(InvalidArgument) as cm:
+                    call()
+                self.assertEqual(str(cm.exception), message)
+                self.assertEqual(cm.exception.status, flashoverlap.FO_INVALID_ARGUMENT)
+                self.assertIsInstance(cm.exception, ValueError)
+                self.assertEqual(self.lib.last_error(), message)
+
+    def test_success_clears_the_last_error(self):
+        with self.assertRaises(InvalidArgument):
+            self.c.fo_comm_rank(None, ctypes.byref(ctypes.c_int()))
+        self.assertEqual(self.c.fo_comm_destroy(None), 0)  # (NULL: nothing, as free())
+        self.assertEqual(self.c.fo_gemm_allreduce_destroy(None), 0)
+        self.assertEqual(self.lib.last_error(), "")
+
+    def test_values_are_checked_before_the_handle(self):
+        h = ctypes.c_void_p()
+        with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_allreduce_create: dtype = 7 is not an fo_dtype"):
+            self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 7, None, ctypes.byref(h))
+        o = _capi.make_options(self.lib)
+        o.path = 9
+        with self.assertRaisesRegex(InvalidArgument, r"options->path = 9 is not an fo_path"):
+            self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 0, ctypes.byref(o), ctypes.byref(h))
+        self.assertIsNone(h.value)
+
+    def test_options(self):
+        o = _capi.make_options(self.lib)
+        self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s, o.check_m, o.reserved_, o.curves,
+                          o.tuning_cache), (48, 0, 8, 30.0, 0, 0, None, None))
+        o = _capi.make_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5, check_m=True, curves="/tmp/c",
+                               tuning_cache="/tmp/t.json")
+        self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s, o.check_m, o.curves, o.tuning_cache),
+                         (3, 16, 5.0, 1, b"/tmp/c", b"/tmp/t.json"))
+        with self.assertRaisesRegex(InvalidArgument, "path = 'rows': one of 'auto', 'sequential', 'row_bands'"):
+            _capi.make_options(self.lib, "rows")
+        with self.assertRaisesRegex(InvalidArgument, "struct_size = 8 is below 40"):
+            self.c.fo_gemm_allreduce_options_default(ctypes.byref(_capi.Options()), 8)
+
+    def test_dtype_codes(self):
+        self.assertEqual([_capi.dtype_code(d) for d in ("bf16", "BFloat16", "fp16", "float16", 0, 1)], [0, 0, 1, 1, 0, 1])
+        for bad in ("fp32", 2, True, None):
+            with self.assertRaisesRegex(InvalidArgument, "bf16 or fp16"):
+                _capi.dtype_code(bad)
+
+    def test_unique_id(self):
+        a, b = _capi.unique_id(), _capi.unique_id()
+        self.assertEqual((len(a), len(b)), (128, 128))
+        self.assertNotEqual(a, b)
+
+    def test_communicator_arguments(self):
+        uid = _capi.unique_id()
+        with self.assertRaisesRegex(InvalidArgument, "id_size = 5, not FO_UNIQUE_ID_BYTES"):
+            _capi.Communicator.from_unique_id(b"12345", 0, 1)
+        with self.assertRaisesRegex(InvalidArgument, "rank = 2, world = 2: needs world >= 1 and 0 <= rank < world"):
+            _capi.Communicator.from_unique_id(uid, 2, 2)
+
+    def test_no_gpu(self):
+        if self.gpu:
+            self.skipTest("this machine has a usable GPU")
+        for make in (_capi.Communicator.from_env, lambda: _capi.Communicator.from_unique_id(_capi.unique_id(), 0, 1)):
+            with self.assertRaises(NoGpu) as cm:
+                make()
+            self.assertRegex(str(cm.exception), r"^fo_comm_from_(env|unique_id): .*no usable Hopper \(sm_90\) GPU")
+            self.assertEqual(cm.exception.status, flashoverlap.FO_NO_GPU)
+
+    def test_closed_handles(self):
+        comm = _capi.Communicator(self.lib, ctypes.c_void_p())
+        with self.assertRaisesRegex(FlashOverlapError, "this Communicator is closed"):
+            comm.rank
+        comm.close()  # (twice: nothing)
+
+    def test_nccl(self):
+        v = self.lib.nccl_version()
+        self.assertGreaterEqual(v[:2], _capi.NCCL_MIN)
+        self.lib.check_nccl()
+        self.assertTrue(os.path.basename(self.lib.nccl_file() or "libnccl.so.2").startswith("libnccl"))
+        self.assertIn(self.lib.nccl_file() or "", _capi.mapped_nccl_files() + [""])
+        self.assertEqual(_capi.decode_nccl_version(22809), (2, 28, 9))
+        self.assertEqual(_capi.decode_nccl_version(2804), (2, 8, 4))
+        _capi.check_nccl_version((2, 29, 1))
+        for old in ((2, 27, 3), (2, 21, 5), (3, 0, 0)):
+            with self.assertRaisesRegex(FlashOverlapError, r"runs on NCCL 2\.28 and later 2\.x, but this process runs NCCL "
+                                        + re.escape(".".join(map(str, old)))):
+                _capi.check_nccl_version(old)
+
+    def test_shares_nccl_with(self):
+        self.assertEqual(self.lib.shares_nccl_with(self.lib.path), (True, ""))
+        same, why = self.lib.shares_nccl_with("libc.so.6")
+        self.assertFalse(same)
+        self.assertIn("no NCCL of its own", why)
+
+
+@unittest.skipUnless(shutil.which("cc") and shutil.which("nm"), "no C compiler or nm: no stand-in NCCL")
+class OlderNccl(unittest.TestCase):
+    """A libnccl.so.2 older than 2.28 loaded first (as torch loads its own)
+    is named, whether it lacks the library's symbols or only says 2.27."""
+
+    def fake_nccl(self, directory, version, symbols):
+        src = os.path.join(directory, "nccl.c")
+        with open(src, "w") as f:
+            f.write(f"int ncclGetVersion(int* v) {{ *v = {version}; return 0; }}\n")
+            f.writelines(f"int {s}(void) {{ return 1; }}\n" for s in symbols if s != "ncclGetVersion")
+        lib = os.path.join(directory, "libnccl.so.2")
+        subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o", lib, src], check=True)
+        return lib
+
+    def child(self, lib, code):
+        return run_python(f"import ctypes\nctypes.CDLL({lib!r})\nimport flashoverlap\nfrom flashoverlap import _capi\n"
+                          + code, FLASHOVERLAP_LIBRARY=flashoverlap.load().path)
+
+    def test_missing_symbols_are_named_at_load(self):
+        with tempfile.TemporaryDirectory() as d:
+            lib = self.fake_nccl(d, 22703, [])
+            out = self.child(lib, "try:\n    flashoverlap.load()\nexcept flashoverlap.FlashOverlapError as e:\n"
+                                  "    print(e)\n")
+        self.assertRegex(out, r"^cannot load .*undefined symbol: nccl\w+; the process's NCCL: .*libnccl.so.2 "
+                              r"\(NCCL 2\.27\.3\) \(flashoverlap needs NCCL >= 2\.28\)")
+
+    def test_an_older_version_is_refused_when_a_communicator_is_made(self):
+        nm = subprocess.run(["nm", "-D", "--undefined-only", flashoverlap.load().path], capture_output=True, text=True,
+                            check=True).stdout
+        symbols = sorted(set(re.findall(r"\bU (nccl\w+)", nm)))
+        self.assertIn("ncclGetVersion", symbols)
+        with tempfile.TemporaryDirectory() as d:
+            lib = self.fake_nccl(d, 22703, symbols)
+            out = self.child(lib, "print(flashoverlap.nccl_version())\ntry:\n    _capi.Communicator.from_env()\n"
+                                  "except flashoverlap.FlashOverlapError as e:\n    print(type(e).__name__, e)\n")
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "(2, 27, 3)")
+        self.assertRegex(lines[1], r"^FlashOverlapError flashoverlap runs on NCCL 2\.28 and later 2\.x, but this "
+                                   r"process runs NCCL 2\.27\.3 \(.*libnccl.so.2\)")
+
+
+@unittest.skipIf(os.environ.get("FO_TEST_INSTALLED") or not os.path.isfile(os.path.join(REPO, "python", "_build_backend.py")),
+                 "the build backend is tested from the source tree")
+class Wheel(unittest.TestCase):
+    def setUp(self):
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        self.addCleanup(sys.path.remove, os.path.join(REPO, "python"))
+        import _build_backend
+        self.backend = _build_backend
+
+    def test_wheel_bundles_the_library(self):
+        lib = flashoverlap.load().path
+        saved = os.environ.get(flashoverlap.LIBRARY_ENV)
+        os.environ[flashoverlap.LIBRARY_ENV] = lib
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                name = self.backend.build_wheel(d)
+                self.assertRegex(name, rf"^flashoverlap-{re.escape(project_version())}-py3-none-\w+\.whl$")
+                with zipfile.ZipFile(os.path.join(d, name)) as z:
+                    names = set(z.namelist())
+                    for f in ("flashoverlap/__init__.py", "flashoverlap/_capi.py", "flashoverlap/torch.py",
+                              "flashoverlap/lib/libflashoverlap.so"):
+                        self.assertIn(f, names)
+                    with open(lib, "rb") as f:
+                        self.assertEqual(z.read("flashoverlap/lib/libflashoverlap.so"), f.read())
+                    self.assertEqual(z.getinfo("flashoverlap/lib/libflashoverlap.so").external_attr >> 16 & 0o777, 0o755)
+                    info = f"flashoverlap-{project_version()}.dist-info"
+                    self.assertIn(f"Version: {project_version()}\n", z.read(f"{info}/METADATA").decode())
+                    record = z.read(f"{info}/RECORD").decode().splitlines()
+                    self.assertEqual(len(record), len(names))
+                    for line in record:
+                        path, digest, size = line.rsplit(",", 2)
+                        if path.endswith("RECORD"):
+                            continue
+                        data = z.read(path)
+                        want = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                        self.assertEqual((digest, int(size)), (f"sha256={want}", len(data)), path)
+                    self.assertFalse(any("__pycache__" in n for n in names))
+        finally:
+            if saved is None:
+                os.environ.pop(flashoverlap.LIBRARY_ENV)
+            else:
+                os.environ[flashoverlap.LIBRARY_ENV] = saved
+
+    def test_missing_library_is_named(self):
+        saved = os.environ.get(flashoverlap.LIBRARY_ENV)
+        os.environ[flashoverlap.LIBRARY_ENV] = "/nonexistent.so"
+        try:
+            with tempfile.TemporaryDirectory() as d, self.assertRaisesRegex(RuntimeError, "/nonexistent.so: no such"):
+                self.backend.build_wheel(d)
+        finally:
+            if saved is None:
+                os.environ.pop(flashoverlap.LIBRARY_ENV)
+            else:
+                os.environ[flashoverlap.LIBRARY_ENV] = saved
+
+    def test_sdist(self):
+        with tempfile.TemporaryDirectory() as d:
+            import tarfile
+            name = self.backend.build_sdist(d)
+            with tarfile.open(os.path.join(d, name)) as t:
+                names = t.getnames()
+            base = f"flashoverlap-{project_version()}"
+            for f in ("pyproject.toml", "_build_backend.py", "PKG-INFO", "flashoverlap/torch.py"):
+                self.assertIn(f"{base}/{f}", names)
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch is not installed: the tensor validation is not tested")
+class TorchValidation(unittest.TestCase):
+    """What flashoverlap.torch checks before any GPU work (any torch >= 1.13)."""
+
+    @classmethod
+    def setUpClass(cls):
+        import torch
+        import flashoverlap.torch as fot
+        cls.torch, cls.fot = torch, fot
+        cls.new_torch = fot.torch_version(torch) >= fot.MIN_TORCH
+
+    class Spec:
+        def __init__(self, torch, device="cpu"):
+            self.max_m, self.n, self.k, self.dtype, self.device = 64, 32, 16, torch.float16, torch.device(device)
+
+        def __str__(self):
+            return "GemmAllReduce(max_m=64, n=32, k=16, float16, cpu)"
+
+    def check_fails(self, message, x, w, r=None, g=None):
+        with self.assertRaises(InvalidArgument) as cm:
+            self.fot.check_inputs(self.Spec(self.torch), x, w, r, g)
+        self.assertEqual(str(cm.exception), "GemmAllReduce(max_m=64, n=32, k=16, float16, cpu): " + message)
+        self.assertIsInstance(cm.exception, ValueError)
+
+    def test_messages_name_the_problem(self):
+        t = self.torch
+        h = t.float16
+        x, w, r, g = t.zeros(8, 16, dtype=h), t.zeros(32, 16, dtype=h), t.zeros(8, 32, dtype=h), t.zeros(32, dtype=h)
+        self.fot.check_inputs(self.Spec(t), x, w)
+        self.fot.check_inputs(self.Spec(t), x, w, r, g)
+        self.fot.check_inputs(self.Spec(t), t.zeros(64, 16, dtype=h), w)
+        self.check_fails("x must be a torch.Tensor, not list", [1.0], w)
+        self.check_fails("x has dtype torch.float32, expected torch.float16", x.float(), w)
+        self.check_fails("weight has dtype torch.bfloat16, expected torch.float16", x, w.bfloat16())
+        self.check_fails("x is on meta, expected cpu", t.zeros(8, 16, dtype=h, device="meta"), w)
+        self.check_fails("x has 1 dimensions (shape (16,), strides (1,)), expected 2", t.zeros(16, dtype=h), w)
+        self.check_fails("x has shape (8, 8), expected (m, 16)", t.zeros(8, 8, dtype=h), w)
+        self.check_fails("weight has shape (32, 8), expected (32, 16)", x, t.zeros(32, 8, dtype=h))
+        self.check_fails("weight has shape (16, 16), expected (32, 16)", x, t.zeros(16, 16, dtype=h))
+        self.check_fails("x is not contiguous (shape (8, 16), strides (1, 8)): the op reads row-major rows; "
+                         "pass x.contiguous()", t.zeros(16, 8, dtype=h).t(), w)
+        self.check_fails("weight is not contiguous (shape (32, 16), strides (1, 32)): the op reads row-major rows; "
+                         "pass weight.contiguous()", x, t.zeros(16, 32, dtype=h).t())
+        self.check_fails("x has m = 65 rows, more than the op's max_m = 64 (build the op with a larger max_m)",
+                         t.zeros(65, 16, dtype=h), w)
+        self.check_fails("residual has shape (9, 32), expected (8, 32)", x, w, t.zeros(9, 32, dtype=h), g)
+        self.check_fails("norm_weight has shape (16,), expected (32,)", x, w, r, t.zeros(16, dtype=h))
+        self.check_fails("norm_weight has dtype torch.float32, expected torch.float16", x, w, r, g.float())
+        self.check_fails("residual and norm_weight come together (the fused residual + RMSNorm form)", x, w, r, None)
+
+    def test_device_must_match(self):
+        t = self.torch
+        spec = self.Spec(t, "cuda:1")
+        with self.assertRaisesRegex(InvalidArgument, "x is on cpu, expected cuda:1"):
+            self.fot.check_inputs(spec, t.zeros(8, 16, dtype=t.float16), t.zeros(32, 16, dtype=t.float16))
+
+    def test_constructor_arguments(self):
+        t = self.torch
+        for args, message in (((0, 32, 16), "max_m = 0, n = 32, k = 16: needs max_m >= 1"),
+                              ((8, 0, 16), "n = 0, k = 16: needs"),
+                              ((8, 32, 12), "k = 12: needs max_m >= 1, n >= 1 and k a positive multiple of 8"),
+                              ((8.0, 32, 16), "max_m = 8.0 is not an int")):
+            with self.assertRaisesRegex(InvalidArgument, re.escape(message)):
+                self.fot._check_shape(*args)
+        self.assertEqual(self.fot._check_dtype(t, t.bfloat16), 0)
+        self.assertEqual(self.fot._check_dtype(t, t.float16), 1)
+        with self.assertRaisesRegex(InvalidArgument, r"dtype torch.float32 is not supported: torch.bfloat16 or torch.float16"):
+            self.fot._check_dtype(t, t.float32)
+        with self.assertRaisesRegex(InvalidArgument, "device cpu is not a CUDA device"):
+            self.fot._resolve_device(t, "cpu")
+
+    def test_round_max_m(self):
+        self.assertEqual([self.fot.round_max_m(m) for m in (0, 1, 128, 129, 4096, 5000)], [128, 128, 128, 256, 4096, 8192])
+
+    def test_torch_older_than_2_4_is_refused_when_an_op_is_built(self):
+        if self.new_torch:
+            self.skipTest(f"torch {self.torch.__version__} is >= 2.4")
+        message = rf"^flashoverlap.torch needs PyTorch >= 2.4 \(torch.library.custom_op registers its ops\); this is torch {re.escape(self.torch.__version__)}$"
+        t = self.torch
+        with self.assertRaisesRegex(FlashOverlapError, message):
+            self.fot.GemmAllReduce(None, 128, 32, 16, t.bfloat16)
+        with self.assertRaisesRegex(FlashOverlapError, message):
+            self.fot.gemm_all_reduce(t.zeros(8, 16), t.zeros(32, 16))
+
+    def test_no_gpu(self):
+        t = self.torch
+        if t.cuda.is_available():
+            self.skipTest("torch sees a GPU")
+        with self.assertRaisesRegex(NoGpu, r"no usable GPU: torch.cuda.is_available\(\) is False"):
+            self.fot._require_gpu(t, t.device("cuda"))
+        if self.new_torch:  # (the op itself: torch >= 2.4 without a GPU)
+            with self.assertRaisesRegex(NoGpu, "no usable GPU"):
+                self.fot.GemmAllReduce(None, 128, 32, 16, t.bfloat16)
+
+    def test_group_needs_torch_distributed(self):
+        t = self.torch
+        if t.distributed.is_available() and t.distributed.is_initialized():
+            self.skipTest("torch.distributed is initialised")
+        with self.assertRaisesRegex(InvalidArgument, "torch.distributed is not initialised: call "
+                                    "torch.distributed.init_process_group first"):
+            self.fot._resolve_group(t, None)
+
+    def test_call_checks_before_any_work(self):
+        t = self.torch
+        saved = self.fot._torch  # (set by an accepted torch: here, maybe an older one)
+        self.fot._torch = t
+        self.addCleanup(setattr, self.fot, "_torch", saved)
+        op = object.__new__(self.fot.GemmAllReduce)
+        op.max_m, op.n, op.k, op.dtype, op.device, op.world = 64, 32, 16, t.float16, t.device("cpu"), 1
+        x, w = t.zeros(2, 4, 16, dtype=t.float16), t.zeros(32, 16, dtype=t.float16)
+        with self.assertRaisesRegex(InvalidArgument, "residual and norm_weight come together"):
+            op(x[0], w, residual=t.zeros(4, 32, dtype=t.float16))
+        with self.assertRaisesRegex(InvalidArgument, r"x is not contiguous \(shape \(2, 4, 8\)"):
+            op(x[:, :, :8], w)
+        with self.assertRaisesRegex(InvalidArgument, "x must be a torch.Tensor, not list"):
+            op([1.0], w)
+
+
+if __name__ == "__main__":
+    unittest.main()
