@@ -71,8 +71,15 @@ struct GemmAllReduceOptions {
   //              SMs the GEMM leaves free (any interconnect);
   //   Slots      the paper's layout: tiles into contiguous slots, one
   //              ncclAllReduce per group of waves, then a reorder (fused
-  //              with the residual + RMSNorm of run_rmsnorm).
-  enum class Path { Auto, Sequential, RowBands, Slots };
+  //              with the residual + RMSNorm of run_rmsnorm);
+  //   Owners     no collective call: each tile is summed by one rank, its
+  //              owner, in the GEMM's epilogue, from the other ranks'
+  //              partials stored over NVLink, and its final tile sent back
+  //              (2-8 ranks that reach each other's memory; the fastest on
+  //              2 NVLink GPUs in the CLI's sweeps; through this op not yet
+  //              measured, so Auto does not pick it). Built for it, the op
+  //              holds a window of (W-1) x 2 x max_m x n elements.
+  enum class Path { Auto, Sequential, RowBands, Slots, Owners };
   Path path = Path::Auto;
   // SMs left to NCCL beside the GEMM on the NCCL paths (its communicator,
   // derived from the caller's at construction, is bounded to them).
@@ -118,6 +125,8 @@ class GemmAllReduce {
   // Collective over `comm`: every rank, with the same arguments. Measures
   // the GEMM once per tile shape (the model's GEMM times) and derives the
   // bounded communicator. 1 <= max_m; n >= 1; k % 8 == 0 (16-byte rows).
+  // With Path::Owners the destructor is collective too (the window's
+  // deregistration): destroy the op on every rank.
   GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
                 const GemmAllReduceOptions& options = {});
   ~GemmAllReduce();

@@ -90,6 +90,7 @@ typedef enum fo_path {
   FO_PATH_SEQUENTIAL = 1,
   FO_PATH_ROW_BANDS = 2,
   FO_PATH_SLOTS = 3,
+  FO_PATH_OWNERS = 4,
   FO_PATH_FORCE_INT32_ = 0x7fffffff
 } fo_path;
 

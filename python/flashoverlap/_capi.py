@@ -31,7 +31,7 @@ UNIQUE_ID_BYTES = 128  # FO_UNIQUE_ID_BYTES
 
 # fo_dtype, fo_path
 DTYPE_BF16, DTYPE_FP16 = 0, 1
-PATHS = {"auto": 0, "sequential": 1, "row_bands": 2, "slots": 3}
+PATHS = {"auto": 0, "sequential": 1, "row_bands": 2, "slots": 3, "owners": 4}
 DTYPES = {"bf16": DTYPE_BF16, "bfloat16": DTYPE_BF16, "fp16": DTYPE_FP16, "float16": DTYPE_FP16}
 
 # The NCCL versions the library runs on: [NCCL_MIN, NCCL_END). 2.28 is what

@@ -317,7 +317,7 @@ class GemmAllReduce:
     group must then outlive the op. Or a flashoverlap.Communicator.
 
     path, nccl_sms, wait_timeout_s, check_m, curves, tuning_cache: GemmAllReduceOptions
-    (flashoverlap.h): path "auto" | "sequential" | "row_bands" | "slots".
+    (flashoverlap.h): path "auto" | "sequential" | "row_bands" | "slots" | "owners".
     """
 
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", nccl_sms=None,

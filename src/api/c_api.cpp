@@ -166,10 +166,11 @@ Path to_path(int32_t p) {
     case FO_PATH_SEQUENTIAL: return Path::Sequential;
     case FO_PATH_ROW_BANDS: return Path::RowBands;
     case FO_PATH_SLOTS: return Path::Slots;
+    case FO_PATH_OWNERS: return Path::Owners;
     default: break;
   }
   throw InvalidArgument("options->path = " + std::to_string(p) +
-                        " is not an fo_path (FO_PATH_AUTO 0, _SEQUENTIAL 1, _ROW_BANDS 2, _SLOTS 3)");
+                        " is not an fo_path (FO_PATH_AUTO 0, _SEQUENTIAL 1, _ROW_BANDS 2, _SLOTS 3, _OWNERS 4)");
 }
 
 int32_t from_path(Path p) {
@@ -178,6 +179,7 @@ int32_t from_path(Path p) {
     case Path::Sequential: return FO_PATH_SEQUENTIAL;
     case Path::RowBands: return FO_PATH_ROW_BANDS;
     case Path::Slots: return FO_PATH_SLOTS;
+    case Path::Owners: return FO_PATH_OWNERS;
   }
   return FO_PATH_AUTO;
 }

@@ -27,6 +27,7 @@
 #include "runtime/core/exchange.h"
 #include "runtime/core/overlap_core.h"
 #include "runtime/ops/allreduce.h"
+#include "runtime/transport/peers.h"
 #include "runtime/tune/picks.h"
 #include "runtime/tune/tuner.h"
 
@@ -67,6 +68,7 @@ const char* path_name(GemmAllReduceOptions::Path p) {
     case GemmAllReduceOptions::Path::Sequential: return "sequential";
     case GemmAllReduceOptions::Path::RowBands: return "row bands";
     case GemmAllReduceOptions::Path::Slots: return "slots";
+    case GemmAllReduceOptions::Path::Owners: return "owners";
   }
   return "?";
 }
@@ -87,6 +89,10 @@ struct GemmAllReduce::Impl {
   std::map<int32_t, rt::AllReducePlan> plans;                    // by m's bucket
   std::map<int64_t, rt::AllReducePlan> picks;                    // the tuning cache's, by tile rows (rank 0's)
   std::map<int64_t, std::unique_ptr<rt::OverlapAllReduce>> ops;  // by m
+  // Owners: one window for max_m (built with the op), one op per tile rows,
+  // which runs every m of them (OverlapAllReduce::run_rows).
+  std::unique_ptr<rt::OwnerWindow> owner_window;
+  std::map<int32_t, std::unique_ptr<rt::OverlapAllReduce>> owner_ops;  // by m's bucket
   rt::OverlapAllReduce* last = nullptr;                          // the op of the last call (check())
 
   std::string who() const {
@@ -125,6 +131,17 @@ struct GemmAllReduce::Impl {
     }
     rt::AllReduceTuning t;
     t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = kTiles;
+    if (opts.path == Path::Owners) {  // the model's best owner plan (pushed row bands), or the sequential one
+      t.layouts = {rt::ArLayout::Pushed}, t.push_by = rt::PushBy::Owners, t.push_reachable = true;
+      if (world > 2) t.tiles = {kTiles[0]};  // (owners on 3-8 ranks: 128x256 tiles on 4 stages)
+      t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };
+      t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
+      try {
+        return rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, 1e30);
+      } catch (const rt::NoPlan&) {
+        return seq;  // (one band of tile rows: nothing to overlap)
+      }
+    }
     t.layouts = opts.path == Path::RowBands ? std::vector<rt::ArLayout>{rt::ArLayout::RowBands}
                 : opts.path == Path::Slots  ? std::vector<rt::ArLayout>{rt::ArLayout::Slots}
                                             : std::vector<rt::ArLayout>{rt::ArLayout::RowBands, rt::ArLayout::Slots};
@@ -160,6 +177,7 @@ struct GemmAllReduce::Impl {
     if (m < 1 || m > max_m)
       throw InvalidArgument(who() + ": m must be in [1, max_m], not " + std::to_string(m));
     if (auto it = ops.find(m); it != ops.end()) return *it->second;
+    if (auto it = owner_ops.find(bucket_of(m)); it != owner_ops.end()) return *it->second;
     if (calling) {
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
@@ -172,6 +190,7 @@ struct GemmAllReduce::Impl {
     auto pit = plans.find(bucket);
     if (pit == plans.end()) pit = plans.emplace(bucket, plan_for(m)).first;
     const rt::AllReducePlan& p = pit->second;
+    if (rt::is_owners(p.push_by) && rt::is_pushed(p.layout) && !p.sequential) return make_owner_op(bucket, p);
     rt::OverlapAllReduceOptions o;
     o.sched = plan::make_schedule(m, n, {p.sched.bm, p.sched.bn}, p.sched.ctas, p.sched.raster, p.sched.swizzle);
     o.groups = p.groups;  // (tile ranges: the same for every m of the bucket)
@@ -181,6 +200,21 @@ struct GemmAllReduce::Impl {
     o.wait_timeout_s = opts.wait_timeout_s, o.four_stages = p.four_stages, o.fuse_sum = p.fuse_sum;
     o.core = &core;
     return *ops.emplace(m, std::make_unique<rt::OverlapAllReduce>(o)).first->second;
+  }
+  // The owner op of m's tile rows: planned for their most rows, run for any of them (run_rows).
+  rt::OverlapAllReduce& make_owner_op(int32_t bucket, const rt::AllReducePlan& p) {
+    rt::OverlapAllReduceOptions o;
+    o.sched = plan::make_schedule(int64_t(bucket) * kBm, n, {p.sched.bm, p.sched.bn}, p.sched.ctas, p.sched.raster,
+                                  p.sched.swizzle);
+    o.groups = p.groups, o.layout = p.layout, o.push_by = p.push_by, o.k = int(k), o.dtype = to_kernels(dtype);
+    o.rank = rank, o.comm = comm->comm.get(), o.wait_timeout_s = opts.wait_timeout_s;
+    o.four_stages = p.four_stages, o.fuse_sum = p.fuse_sum;
+    o.core = &core, o.owner_window = owner_window.get();
+    return *owner_ops.emplace(bucket, std::make_unique<rt::OverlapAllReduce>(o)).first->second;
+  }
+  bool is_owner_op(const rt::OverlapAllReduce& op) const {
+    const auto it = owner_ops.find(bucket_of(op.schedule().m));
+    return it != owner_ops.end() && it->second.get() == &op;
   }
   // An earlier call's wait that timed out (the host-mapped record, read
   // without synchronising): thrown by this call, before it enqueues anything.
@@ -278,6 +312,17 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   for (plan::TileShape t : kTiles)
     scratch = std::max(scratch, size_t(bucket_of(max_m)) * t.bm * size_t((n + t.bn - 1) / t.bn) * t.bn * 2);
   d.core.reserve(0, scratch);
+
+  // Owners: the window for max_m, built now (collective: every rank registers it).
+  if (options.path == GemmAllReduceOptions::Path::Owners) {
+    if (d.world < 2 || d.world > 8 || n % 8 != 0)
+      throw InvalidArgument(d.who() + ": the owners path needs 2 to 8 ranks and n % 8 == 0");
+    if (!rt::all_ranks_reachable(c))
+      throw InvalidArgument(d.who() + ": the owners path needs every rank to reach the others' memory (one NVLink "
+                            "domain); use RowBands or Slots here");
+    d.owner_window = std::make_unique<rt::OwnerWindow>(c, d.rank, bucket_of(max_m), n, (n + 127) / 128,
+                                                       d.who() + ": the owner window");
+  }
 }
 
 GemmAllReduce::~GemmAllReduce() = default;
@@ -292,7 +337,10 @@ void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cuda
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
-  op.run(a, b, out, ld_out == 0 ? d.n : ld_out, stream);
+  if (d.is_owner_op(op))
+    op.run_rows(a, b, out, ld_out == 0 ? d.n : ld_out, m, stream);
+  else
+    op.run(a, b, out, ld_out == 0 ? d.n : ld_out, stream);
   d.last = &op;
 }
 
@@ -306,7 +354,11 @@ void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residu
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
-  op.run_rmsnorm(a, b, rt::RmsNormArgs{residual, norm_weight, eps, residual_out}, out, stream);
+  const rt::RmsNormArgs norm{residual, norm_weight, eps, residual_out};
+  if (d.is_owner_op(op))
+    op.run_rmsnorm_rows(a, b, norm, out, m, stream);
+  else
+    op.run_rmsnorm(a, b, norm, out, stream);
   d.last = &op;
 }
 

@@ -29,9 +29,18 @@ constexpr kernels::DType kBf16 = kernels::DType::BF16;  // (the kernels' name; f
 namespace {
 
 using Path = GemmAllReduceOptions::Path;
-const std::vector<Path> kPaths = {Path::Sequential, Path::RowBands, Path::Slots, Path::Auto};
 const char* name(Path p) {
-  return p == Path::Sequential ? "sequential" : p == Path::RowBands ? "row bands" : p == Path::Slots ? "slots" : "auto";
+  return p == Path::Sequential ? "sequential"
+         : p == Path::RowBands ? "row bands"
+         : p == Path::Slots    ? "slots"
+         : p == Path::Owners   ? "owners"
+                               : "auto";
+}
+// Every path this world runs (owners: 2-8 ranks).
+std::vector<Path> paths_for(int world) {
+  std::vector<Path> p = {Path::Sequential, Path::RowBands, Path::Slots, Path::Auto};
+  if (world >= 2) p.push_back(Path::Owners);
+  return p;
 }
 
 int world_here() { return std::min(rt::hopper_device_count(), 2); }
@@ -66,7 +75,7 @@ TEST(GemmAllReduceApi, AnyMOnEveryPathMatchesOurGemmAndNccl) {
     Buffers buf(max_m, n, k, ld_max);
     DeviceBuffer residual(size_t(max_m) * n * 2), weight(size_t(n) * 2), y(size_t(max_m) * n * 2),
         h(size_t(max_m) * n * 2);
-    for (Path path : kPaths) {
+    for (Path path : paths_for(world)) {
       GemmAllReduceOptions o;
       o.path = path;
       GemmAllReduce op(comm, max_m, n, k, DType::BF16, o);
@@ -101,8 +110,8 @@ TEST(GemmAllReduceApi, AnyMOnEveryPathMatchesOurGemmAndNccl) {
           EXPECT_TRUE(test::bitwise(norm.residual_out)) << where << " (residual_out)";
         }
       }
-      // The forced NCCL paths overlap wherever m leaves two groups (most m here).
-      if (path == Path::RowBands || path == Path::Slots) EXPECT_GT(overlapped, 100) << name(path);
+      // The forced paths overlap wherever m leaves two groups (most m here).
+      if (path == Path::RowBands || path == Path::Slots || path == Path::Owners) EXPECT_GT(overlapped, 100) << name(path);
       if (path == Path::Sequential) EXPECT_EQ(overlapped, 0);
     }
     FO_CUDA_CHECK(cudaStreamDestroy(st));
@@ -123,6 +132,20 @@ TEST(GemmAllReduceApi, GraphReplaysMixedWithEagerCalls) {
     cudaStream_t st;
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     Buffers buf(max_m, n, k, n);
+    if (world >= 2) {  // the owner layout's epochs and halves are passed per call: refused, nothing enqueued
+      GemmAllReduceOptions o;
+      o.path = Path::Owners;
+      GemmAllReduce op(comm, max_m, n, k, DType::BF16, o);
+      op.prepare(m);
+      FO_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      EXPECT_THROW(op.run(buf.a.get(), buf.b.get(), buf.out.get(), m, st), InvalidArgument);
+      cudaGraph_t refused = nullptr;
+      FO_CUDA_CHECK(cudaStreamEndCapture(st, &refused));
+      size_t nodes = 0;
+      FO_CUDA_CHECK(cudaGraphGetNodes(refused, nullptr, &nodes));
+      EXPECT_EQ(nodes, 0u) << "the refused call enqueued work";
+      FO_CUDA_CHECK(cudaGraphDestroy(refused));
+    }
     for (Path path : {Path::Sequential, Path::RowBands, Path::Slots}) {
       GemmAllReduceOptions o;
       o.path = path;
@@ -243,6 +266,9 @@ TEST(GemmAllReduceApi, RejectsBadArguments) {
     bad = {};
     bad.wait_timeout_s = -1;
     throws([&] { GemmAllReduce(comm, 64, 64, 64, DType::BF16, bad); }, "wait_timeout_s");
+    bad = {};
+    bad.path = Path::Owners;  // (one rank here)
+    throws([&] { GemmAllReduce(comm, 64, 64, 64, DType::BF16, bad); }, "2 to 8 ranks");
     GemmAllReduce op(comm, 256, 128, 64, DType::BF16);
     Buffers buf(256, 128, 64, 128);
     throws([&] { op.run(buf.a.get(), buf.b.get(), buf.out.get(), 0, nullptr); }, "m must be in [1, max_m]");

@@ -420,20 +420,25 @@ void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int6
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, ld_out * 2, c, s.n * 2, s.n * 2, s.m, cudaMemcpyDeviceToDevice, stream));
 }
 
-void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
-                                           cudaStream_t stream) {
+void OverlapAllReduce::check_rmsnorm_args(const RmsNormArgs& norm, const void* out, int64_t m) const {
   const plan::Schedule& s = opts_.sched;
   if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
   if (!out) throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + "): null output");
-  const size_t bytes = size_t(s.m) * s.n * 2;
+  const size_t bytes = size_t(m) * s.n * 2;
   auto overlap = [bytes](const void* x, const void* y) {
     const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
     return x && y && p < q + bytes && q < p + bytes;
   };
   if (overlap(norm.residual, out) || overlap(norm.residual_out, out) || overlap(norm.residual_out, norm.residual))
-    throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + ", " + std::to_string(s.m) + "x" +
+    throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + ", " + std::to_string(m) + "x" +
                           std::to_string(s.n) +
                           "): residual, residual_out and the output must not overlap (pass separate buffers)");
+}
+
+void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
+                                           cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  check_rmsnorm_args(norm, out, s.m);
   if (is_pushed(opts_.layout) && !sequential()) {
     if (owners())
       enqueue_owned(a, b, out, s.n, &norm, false, stream);

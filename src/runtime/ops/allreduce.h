@@ -114,6 +114,31 @@ inline bool is_owners(PushBy b) { return b == PushBy::Owners; }
 // epilogues; copies in the GEMM)" or "...; copies at the GEMM's end)".
 const char* sum_place(ArLayout l, bool fuse_sum, PushBy by);
 
+// The owner layout's window shared by several ops (the public
+// GemmAllReduce's plans for each m's tile rows, kernels::Owner): one
+// symmetric buffer for the largest m, built once and collectively, its
+// flags zero on every rank before any call. Its data halves alternate with
+// every owner call of any op on it (`parity`: a fast rank's next call never
+// overwrites what a slow rank still reads, whichever op made it); the flags
+// are one region per tile rows, so that the epochs of each op count its own
+// calls only. The same on every rank (every rank makes the same calls).
+struct OwnerWindow {
+  // Collective over comm (2-8 ranks that reach each other's memory).
+  OwnerWindow(ncclComm_t comm, int rank, int64_t max_tile_rows, int64_t n, int64_t max_tiles_n, const std::string& what);
+  SymmetricBuffer buffer;
+  int world = 0;
+  int64_t max_tile_rows = 0, max_tiles_n = 0;
+  int64_t half_rows = 0;     // one half of a sender slot: max_tile_rows x 128 rows of n
+  size_t flags_at = 0;       // bytes into the buffer: the flag regions
+  std::vector<char*> bases;  // every rank's copy of the buffer, by rank
+  uint32_t parity = 0;       // owner calls enqueued so far
+  // Bytes into the buffer of the flags of the ops of `tile_rows` rows: the
+  // regions of 1, 2, ... tile rows, max_tiles_n flags per tile row.
+  size_t flags_of(int64_t tile_rows) const {
+    return flags_at + size_t((tile_rows - 1) * tile_rows / 2 * max_tiles_n) * sizeof(uint32_t);
+  }
+};
+
 enum class WaitMode {
   SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout
   StreamWaitOp,   // cuStreamWaitValue32 (GEQ), executed by the GPU front end; unbounded
@@ -148,6 +173,8 @@ struct OverlapAllReduceOptions {
   // order of calls, the wait record and the scratch (OverlapCore). nullptr:
   // the op's own.
   OverlapCore* core = nullptr;
+  // Owners: the window, shared with other ops (OwnerWindow); nullptr: the op's own.
+  OwnerWindow* owner_window = nullptr;
   // Switches for tests and measurements, never for users' calls.
   struct Testing {
     int fault_drop_group = -1;  // this group's signals go nowhere (copy engines: its flags)
@@ -289,6 +316,10 @@ class OverlapAllReduce {
   void run_registered(const void* a, const void* b, int slot, cudaStream_t stream);
   // Whether run_registered stores straight into the peer's output on this plan.
   bool finals_into_outputs() const;
+  // Owners (pushed row bands): run and run_rmsnorm for m rows, any m of the
+  // planned M's tile rows (the window and the flags serve them all).
+  void run_rows(const void* a, const void* b, void* out, int64_t ld_out, int64_t m, cudaStream_t stream);
+  void run_rmsnorm_rows(const void* a, const void* b, const RmsNormArgs& norm, void* out, int64_t m, cudaStream_t stream);
   // (The destructor waits for the last call's work on the caller's stream:
   // the pushed layouts' peers may still be storing into this op's buffer.)
 
@@ -372,8 +403,13 @@ class OverlapAllReduce {
     PeerMappedBuffer mapped;  // on the peer, where finals_into_outputs(); else empty
     DeviceBuffer outs_of, lds_of;  // more than 2 ranks: every rank's C and ld, by rank (kernels::Owner::outs_of)
   };
+  // m: the call's rows (0: the planned M; else of its tile rows).
   const void* enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
-                            bool in_place, cudaStream_t stream, const RegisteredOutput* reg = nullptr);
+                            bool in_place, cudaStream_t stream, const RegisteredOutput* reg = nullptr, int64_t m = 0);
+  char* owner_base_ = nullptr;  // owners: this GPU's window (its own, or the shared one's)
+  void check_rows(int64_t m, const char* call) const;  // run_rows' m: of the plan's tile rows (owners)
+  // run_rmsnorm's buffers for m rows: present, not overlapping (InvalidArgument).
+  void check_rmsnorm_args(const RmsNormArgs& norm, const void* out, int64_t m) const;
   std::vector<RegisteredOutput> registered_;  // register_output's buffers, by slot
   bool owners() const { return is_pushed(opts_.layout) && is_owners(opts_.push_by); }
   DeviceBuffer windows_of_, flags_of_;     // owners on more than 2 ranks: every rank's window and flags, by rank

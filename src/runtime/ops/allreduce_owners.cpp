@@ -37,20 +37,42 @@ void OverlapAllReduce::setup_owned() {
   // Two halves (call parity) of tiles_m * bm rows, whole tiles: the peer's
   // stores are not clipped to m; one such slot per other rank (its
   // partials: kernels::owner_slot_of_sender). Then the flags, one per tile.
-  const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
-  const size_t flags_at = (size_t(world_ - 1) * size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
-  gathered_ = SymmetricBuffer(comm, flags_at + size_t(s.tiles()) * sizeof(uint32_t), what);
-  gathered_rows_ = half_rows, gather_width_ = s.n;
-  owner_flags_ = reinterpret_cast<uint32_t*>(static_cast<char*>(gathered_.get()) + flags_at);
-  // Per call a tile's flag counts the final of a tile another rank owns, or
-  // the W - 1 partials of a tile this rank owns (2 ranks: one either way).
-  std::vector<uint32_t> per_call(size_t(s.tiles()), 1);
-  if (wide())
-    for (int32_t t = kernels::owned_begin(gather_rank_, s.tiles(), world_);
-         t < kernels::owned_end(gather_rank_, s.tiles(), world_); ++t)
-      per_call[size_t(t)] = uint32_t(world_ - 1);
-  copy_to_device(owner_flags_, counts_after(epoch_, per_call));
-  const std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
+  // A shared window (OwnerWindow): its halves, of its largest tile rows, and
+  // this op's tile rows' flag region; zeroed and agreed on when it was built.
+  OwnerWindow* ow = opts_.owner_window;
+  std::vector<void*> at;  // every rank's copy of the window, by rank
+  size_t flags_at = 0;
+  if (ow) {
+    if (ow->world != world_ || s.tiles_m() > ow->max_tile_rows || s.tiles_n() > ow->max_tiles_n)
+      throw InvalidArgument("OverlapAllReduce: " + what + ": the shared owner window is for " +
+                            std::to_string(ow->world) + " ranks and " + std::to_string(ow->max_tile_rows) + " x " +
+                            std::to_string(ow->max_tiles_n) + " tiles at most");
+    if (opts_.testing.first_epoch != 0)
+      throw InvalidArgument("OverlapAllReduce: first_epoch needs the op's own window (its flags start at zero here)");
+    gathered_rows_ = ow->half_rows;
+    flags_at = ow->flags_of(s.tiles_m());
+    at.assign(ow->bases.begin(), ow->bases.end());
+  } else {
+    const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
+    flags_at = (size_t(world_ - 1) * size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
+    gathered_ = SymmetricBuffer(comm, flags_at + size_t(s.tiles()) * sizeof(uint32_t), what);
+    gathered_rows_ = half_rows;
+    at = window_peer_pointers(comm, gathered_.window(), world_);
+    at[size_t(gather_rank_)] = gathered_.get();
+  }
+  gather_width_ = s.n;
+  owner_base_ = static_cast<char*>(at[size_t(gather_rank_)]);
+  owner_flags_ = reinterpret_cast<uint32_t*>(owner_base_ + flags_at);
+  if (!ow) {
+    // Per call a tile's flag counts the final of a tile another rank owns, or
+    // the W - 1 partials of a tile this rank owns (2 ranks: one either way).
+    std::vector<uint32_t> per_call(size_t(s.tiles()), 1);
+    if (wide())
+      for (int32_t t = kernels::owned_begin(gather_rank_, s.tiles(), world_);
+           t < kernels::owned_end(gather_rank_, s.tiles(), world_); ++t)
+        per_call[size_t(t)] = uint32_t(world_ - 1);
+    copy_to_device(owner_flags_, counts_after(epoch_, per_call));
+  }
   // 2 ranks: the peer; more: every rank's window and flags, by rank (the
   // next rank's stands in for the 2-rank fields, which the kernel checks).
   char* peer = static_cast<char*>(at[size_t((gather_rank_ + 1) % world_)]);
@@ -64,7 +86,7 @@ void OverlapAllReduce::setup_owned() {
     const size_t w = static_cast<size_t>(world_);
     std::vector<void*> windows(w), flags(w);
     for (int r = 0; r < world_; ++r) {
-      char* base = r == gather_rank_ ? static_cast<char*>(gathered_.get()) : static_cast<char*>(at[size_t(r)]);
+      char* base = static_cast<char*>(at[size_t(r)]);
       if (!base) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " + std::to_string(r) +
                              "'s copy of " + what);
       windows[size_t(r)] = base, flags[size_t(r)] = base + flags_at;
@@ -76,7 +98,26 @@ void OverlapAllReduce::setup_owned() {
   fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy the peer's finals during the GEMM)
   claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
   FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
-  setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
+  if (!ow) setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
+}
+
+OwnerWindow::OwnerWindow(ncclComm_t comm, int rank, int64_t max_tile_rows_, int64_t n, int64_t max_tiles_n_,
+                         const std::string& what)
+    : max_tile_rows(max_tile_rows_), max_tiles_n(max_tiles_n_), half_rows(max_tile_rows_ * 128) {
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), what);
+  if (world < 2 || world > 8) throw InvalidArgument(what + ": the owner layout needs 2 to 8 ranks, not " + std::to_string(world));
+  flags_at = (size_t(world - 1) * size_t(2 * half_rows) * size_t(n) * 2 + 255) / 256 * 256;
+  const size_t flag_bytes = flags_of(max_tile_rows + 1) - flags_at;  // (every tile rows' region)
+  buffer = SymmetricBuffer(comm, flags_at + flag_bytes, what);
+  FO_CUDA_CHECK(cudaMemset(static_cast<char*>(buffer.get()) + flags_at, 0, flag_bytes));
+  const std::vector<void*> at = window_peer_pointers(comm, buffer.window(), world);
+  for (int r = 0; r < world; ++r) {
+    char* b = r == rank ? static_cast<char*>(buffer.get()) : static_cast<char*>(at[size_t(r)]);
+    if (!b) throw Error(what + ": NCCL gave no address for rank " + std::to_string(r) + "'s copy of the window");
+    bases.push_back(b);
+  }
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  setup_barrier(comm, rank, what);  // every rank's flags are zero before any rank's first call
 }
 
 bool OverlapAllReduce::finals_into_outputs() const {
@@ -115,6 +156,34 @@ int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
   return int(registered_.size()) - 1;
 }
 
+void OverlapAllReduce::run_rows(const void* a, const void* b, void* out, int64_t ld_out, int64_t m,
+                                cudaStream_t stream) {
+  check_rows(m, "run_rows");
+  if (!out) throw InvalidArgument("OverlapAllReduce::run_rows (rank " + std::to_string(opts_.rank) + "): null output");
+  if (ld_out < opts_.sched.n) throw InvalidArgument("OverlapAllReduce::run_rows: ld_out < n");
+  begin_call(stream);
+  enqueue_owned(a, b, out, ld_out, nullptr, false, stream, nullptr, m);
+  end_call(stream);
+}
+
+void OverlapAllReduce::run_rmsnorm_rows(const void* a, const void* b, const RmsNormArgs& norm, void* out, int64_t m,
+                                        cudaStream_t stream) {
+  check_rows(m, "run_rmsnorm_rows");
+  check_rmsnorm_args(norm, out, m);
+  begin_call(stream);
+  enqueue_owned(a, b, out, opts_.sched.n, &norm, false, stream, nullptr, m);
+  end_call(stream);
+}
+
+void OverlapAllReduce::check_rows(int64_t m, const char* call) const {
+  const plan::Schedule& s = opts_.sched;
+  const std::string who = std::string("OverlapAllReduce::") + call + " (rank " + std::to_string(opts_.rank) + ")";
+  if (!owners() || sequential()) throw InvalidArgument(who + ": only the owner plans run any m of their tile rows");
+  if (m < 1 || (m + s.bm - 1) / s.bm != s.tiles_m())
+    throw InvalidArgument(who + ": m = " + std::to_string(m) + " is not of the plan's " + std::to_string(s.tiles_m()) +
+                          " tile rows");
+}
+
 void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cudaStream_t stream) {
   if (slot < 0 || size_t(slot) >= registered_.size())
     throw InvalidArgument("OverlapAllReduce::run_registered (rank " + std::to_string(opts_.rank) + "): no output " +
@@ -128,8 +197,9 @@ void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cu
 
 const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out,
                                            const RmsNormArgs* norm, bool in_place_asked, cudaStream_t stream,
-                                           const RegisteredOutput* reg) {
-  const plan::Schedule& s = opts_.sched;
+                                           const RegisteredOutput* reg, int64_t m) {
+  plan::Schedule s = opts_.sched;  // (the call's rows: the same tiles, the last tile row clipped elsewhere)
+  if (m > 0) s.m = int32_t(m);
   // This rank's tiles go to the peer's window, the peer's are read here (kernels::Owner).
   // In place (pushed; asked for, or the norm reads C): C is this call's half
   // of the window, where the peer's finals land. Else the GEMM stores C by
@@ -138,11 +208,12 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   if (in_place_asked && !result_in_window()) throw Error("OverlapAllReduce: no C in place on this plan (internal)");
   const bool in_place = result_in_window() && (in_place_asked || norm);
   const bool direct = in_place || (kernels::aligned16(out) && ld_out % 8 == 0);
-  if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(s.m) * s.n * 2);
+  if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(opts_.sched.m) * s.n * 2);  // (the most rows a call has)
   EpochBump bump(epoch_);
   const uint32_t epoch = epoch_;  // this call's
-  const int64_t row0 = (epoch & 1) * gathered_rows_;
-  void* c = in_place ? static_cast<void*>(static_cast<char*>(gathered_.get()) + row0 * s.n * 2)
+  OwnerWindow* ow = opts_.owner_window;
+  const int64_t row0 = ((ow ? ow->parity : epoch) & 1) * gathered_rows_;  // (shared: every owner call alternates)
+  void* c = in_place ? static_cast<void*>(owner_base_ + row0 * s.n * 2)
                      : direct ? out : owned_scratch_.get();
   kernels::GemmParams p =
       kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct && !in_place ? ld_out : s.n);
@@ -151,7 +222,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   p.push.peers = 1, p.push.peer_c = push_peers_.as<void*>();
   kernels::Owner& o = p.owner;
   o.rank = gather_rank_, o.split = owner_split_;
-  o.window = gathered_.get(), o.window_rows = 2 * gathered_rows_;
+  o.window = owner_base_, o.window_rows = 2 * gathered_rows_;
   o.row0 = int32_t(row0);
   o.in_place = in_place;
   if (four_stages_ && !wide()) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
@@ -178,6 +249,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
   launch_call_gemm(p, stream, bump);
+  if (ow) ++ow->parity;  // (the GEMM is queued: this call's half is taken)
   if (tracing_) traced_ = true;  // (the GEMM's end is this call's last event: timeline() reads it and the monitors)
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),
