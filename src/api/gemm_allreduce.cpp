@@ -131,11 +131,11 @@ struct GemmAllReduce::Impl {
     }
     rt::AllReduceTuning t;
     t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = kTiles;
+    t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
+    t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };  // (the model: nothing measured)
     if (opts.path == Path::Owners) {  // the model's best owner plan (pushed row bands), or the sequential one
       t.layouts = {rt::ArLayout::Pushed}, t.push_by = rt::PushBy::Owners, t.push_reachable = true;
       if (world > 2) t.tiles = {kTiles[0]};  // (owners on 3-8 ranks: 128x256 tiles on 4 stages)
-      t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };
-      t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
       try {
         return rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, 1e30);
       } catch (const rt::NoPlan&) {
@@ -145,8 +145,6 @@ struct GemmAllReduce::Impl {
     t.layouts = opts.path == Path::RowBands ? std::vector<rt::ArLayout>{rt::ArLayout::RowBands}
                 : opts.path == Path::Slots  ? std::vector<rt::ArLayout>{rt::ArLayout::Slots}
                                             : std::vector<rt::ArLayout>{rt::ArLayout::RowBands, rt::ArLayout::Slots};
-    t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
-    t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };
     std::vector<rt::AllReducePlan> ranked;
     t.ranked = &ranked;  // (every candidate, fastest predicted first, the sequential plan among them)
     try {
@@ -259,15 +257,16 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   // NCCL beside the GEMM on the SMs it leaves: its CTAs bounded, clusters of 1 (docs/design.md §5.5).
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});
 
+  // This GPU's name (the curves' and the picks' key).
+  const std::string gpu = rt::device_info([] { int dev = 0; FO_CUDA_CHECK(cudaGetDevice(&dev)); return dev; }()).name;
   // The curves: rank 0's files where it has them, else the built-in model.
   const std::string dt_name = dtype == DType::BF16 ? "bf16" : "fp16";
   auto curve = [&](int ctas) {
     std::string mine;
     if (!options.curves.empty()) {
       std::ostringstream log;
-      const rt::DeviceInfo info = rt::device_info([] { int dev = 0; FO_CUDA_CHECK(cudaGetDevice(&dev)); return dev; }());
       if (auto found = plan::load_fitting_curve(plan::allreduce_curve_file(options.curves, ctas, d.world, dt_name),
-                                                plan::Collective::AllReduce, info.name, d.world, log))
+                                                plan::Collective::AllReduce, gpu, d.world, log))
         mine = found->to_json().dump();
     }
     const std::string text = from_rank0(c, d.rank, mine, d.who() + ": the AllReduce curve");
@@ -283,7 +282,7 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
     const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
     const std::string path = !options.tuning_cache.empty() ? options.tuning_cache : env_cache ? env_cache : "";
     rt::PickKey shape;
-    shape.gpu = rt::device_info([] { int dev = 0; FO_CUDA_CHECK(cudaGetDevice(&dev)); return dev; }()).name;
+    shape.gpu = gpu;
     shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n, shape.k = k;
     const std::string mine = path.empty() || d.rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
     d.picks = rt::PickCache::parse_entries(from_rank0(c, d.rank, mine, d.who() + ": the tuning cache"), shape);
