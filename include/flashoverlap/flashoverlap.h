@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "flashoverlap/error.h"
 
@@ -58,6 +59,7 @@ class Communicator {
   explicit Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
   friend class GemmAllReduce;
+  friend class GemmReduceScatter;
 };
 
 struct GemmAllReduceOptions {
@@ -160,6 +162,76 @@ class GemmAllReduce {
   int64_t n() const;
   int64_t k() const;
   DType dtype() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+struct GemmReduceScatterOptions {
+  // How the ReduceScatter runs beside the GEMM:
+  //   Auto       the fastest the model predicts for each m (sequential
+  //              where nothing would gain);
+  //   Sequential our GEMM (or cuBLAS's where it measured faster at
+  //              construction), then one ncclReduceScatter;
+  //   Slots      the paper's: each tile row stored where its destination's
+  //              part of its group's send buffer is, one ncclReduceScatter
+  //              per group on `nccl_sms` SMs the GEMM leaves free, then the
+  //              received rows put in order (fused with the residual +
+  //              RMSNorm of run_rmsnorm).
+  enum class Path { Auto, Sequential, Slots };
+  Path path = Path::Auto;
+  // Which rows each rank ends with:
+  //   Standard  rank r: rows [r m/W, (r+1) m/W) of the sum, what
+  //             ncclReduceScatter of row-major C gives (m % W == 0);
+  //   SubTile   the paper's sub-tile layout: rank r holds rows
+  //             t*128 + r*128/W + [0, 128/W) of every 128-row tile row t
+  //             (rows() lists them): for a chain ReduceScatter ->
+  //             row-wise step -> AllGather, whose row order the caller
+  //             restores after the AllGather. Any m; W divides 128.
+  enum class Layout { Standard, SubTile };
+  Layout layout = Layout::Standard;
+  int nccl_sms = 8;              // SMs left to NCCL beside the GEMM (its communicator bounded to them)
+  double wait_timeout_s = 30.0;  // as GemmAllReduceOptions
+  bool check_m = false;          // as GemmAllReduceOptions (also FLASHOVERLAP_CHECK_M=1)
+};
+
+// This rank's rows of C = sum over the ranks of A * B^T (ReduceScatter),
+// A (m x k) and B (n x k) row-major, bf16 or fp16, fp32 accumulation; the
+// GEMM + ReduceScatter of sequence-parallel and FSDP layers. The output
+// has rows(m) = m / W rows (Standard) of n. On 2 ranks the result is
+// bitwise our GEMM followed by one ncclReduceScatter. Calls, streams, CUDA
+// graphs and errors: as GemmAllReduce.
+class GemmReduceScatter {
+ public:
+  // Collective over `comm`. 1 <= max_m; n >= 1; k % 8 == 0.
+  GemmReduceScatter(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                    const GemmReduceScatterOptions& options = {});
+  ~GemmReduceScatter();
+  GemmReduceScatter(GemmReduceScatter&&) noexcept;
+  GemmReduceScatter& operator=(GemmReduceScatter&&) noexcept;
+
+  // out (rows_out(m) x n, ld_out elements per row, 0: n) = this rank's rows
+  // of the sum; any m <= max_m that the layout takes (Standard: m % W == 0).
+  void run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out = 0);
+  // out = RMSNorm(h) * norm_weight, h = this rank's rows + residual (all
+  // rows_out(m) x n, ld n, in the layout's row order); residual_out = h if set.
+  void run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight, float eps, void* out,
+                   void* residual_out, int64_t m, cudaStream_t stream);
+  // The rows this rank's output holds for m: rows_out(m) of them, and which
+  // rows of C they are, in order.
+  int64_t rows_out(int64_t m) const;
+  std::vector<int64_t> rows(int64_t m) const;
+  void prepare(int64_t m);
+  std::string plan(int64_t m);
+  void check() const;
+
+  int64_t max_m() const;
+  int64_t n() const;
+  int64_t k() const;
+  DType dtype() const;
+  int world() const;
 
   struct Impl;
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "api/communicator_impl.h"
+#include "api/op_setup.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "plan/curve_files.h"
@@ -34,23 +35,11 @@
 namespace flashoverlap {
 namespace {
 
-kernels::DType to_kernels(DType d) { return d == DType::BF16 ? kernels::DType::BF16 : kernels::DType::FP16; }
+using api::bucket_of;
+using api::kBm;
+using api::to_kernels;
+const std::vector<plan::TileShape>& kTiles = api::op_tiles();
 
-constexpr int32_t kBm = 128;  // every tile shape's height: m's bucket is its tile rows
-int32_t bucket_of(int64_t m) { return int32_t((m + kBm - 1) / kBm); }
-
-const std::vector<plan::TileShape> kTiles = {{128, 256}, {128, 128}};
-
-// Rank 0's text on every rank: the lengths, then every rank's text padded
-// to the longest (two small NCCL exchanges, bounded).
-std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const std::string& what) {
-  const std::vector<int64_t> lengths = rt::gather_from_all(comm, rank, int64_t(mine.size()), what + " (lengths)");
-  const size_t longest = size_t(*std::max_element(lengths.begin(), lengths.end()));
-  std::string padded = mine;
-  padded.resize(std::max<size_t>(longest, 1));
-  const std::vector<uint8_t> all = rt::gather_bytes(comm, rank, padded.data(), padded.size(), what);
-  return std::string(reinterpret_cast<const char*>(all.data()), size_t(lengths[0]));
-}
 
 // The AllReduce curve of the built-in H200 model on `world` ranks and
 // `ctas` CTAs (0: NCCL's default), at the model's sizes.
@@ -176,14 +165,7 @@ struct GemmAllReduce::Impl {
       throw InvalidArgument(who() + ": m must be in [1, max_m], not " + std::to_string(m));
     if (auto it = ops.find(m); it != ops.end()) return *it->second;
     if (auto it = owner_ops.find(bucket_of(m)); it != owner_ops.end()) return *it->second;
-    if (calling) {
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-      if (capture != cudaStreamCaptureStatusNone)
-        throw InvalidArgument(who() + ": m = " + std::to_string(m) +
-                              " is not planned yet, and planning allocates, which a CUDA graph capture forbids: call "
-                              "prepare(m) (or run m once) before capturing");
-    }
+    if (calling) api::refuse_planning_under_capture(stream, m, who());
     const int32_t bucket = bucket_of(m);
     auto pit = plans.find(bucket);
     if (pit == plans.end()) pit = plans.emplace(bucket, plan_for(m)).first;
@@ -219,18 +201,8 @@ struct GemmAllReduce::Impl {
   void check_earlier_calls() const {
     if (last && core.wait_error()->failed) last->check();
   }
-  // check_m: every rank's m, compared (a host exchange; not under capture).
   void check_same_m(int64_t m, cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (!check_m || capture != cudaStreamCaptureStatusNone) return;
-    const std::vector<int64_t> all = rt::gather_from_all(comm->comm.get(), rank, m, who() + ": checking m");
-    if (std::all_of(all.begin(), all.end(), [&](int64_t x) { return x == all[0]; })) return;
-    std::ostringstream os;
-    os << who() << ": the ranks called with different m (";
-    for (size_t r = 0; r < all.size(); ++r) os << (r ? ", " : "") << "rank " << r << ": " << all[r];
-    os << "); every rank must pass the same m";
-    throw InvalidArgument(os.str());
+    if (check_m) api::check_same_m(comm->comm.get(), rank, m, stream, who());
   }
 };
 
@@ -250,15 +222,14 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
                           std::to_string(options.nccl_sms));
   if (!(options.wait_timeout_s > 0 && options.wait_timeout_s <= 7 * 24 * 3600.0))
     throw InvalidArgument(d.who() + ": wait_timeout_s must be > 0 and at most a week");
-  const char* env_check = std::getenv("FLASHOVERLAP_CHECK_M");
-  d.check_m = options.check_m || (env_check && std::strcmp(env_check, "1") == 0);
+  d.check_m = api::check_m_enabled(options.check_m);
   const ncclComm_t c = comm.get();
 
   // NCCL beside the GEMM on the SMs it leaves: its CTAs bounded, clusters of 1 (docs/design.md §5.5).
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});
 
   // This GPU's name (the curves' and the picks' key).
-  const std::string gpu = rt::device_info([] { int dev = 0; FO_CUDA_CHECK(cudaGetDevice(&dev)); return dev; }()).name;
+  const std::string gpu = api::current_gpu_name();
   // The curves: rank 0's files where it has them, else the built-in model.
   const std::string dt_name = dtype == DType::BF16 ? "bf16" : "fp16";
   auto curve = [&](int ctas) {
@@ -269,7 +240,7 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
                                                 plan::Collective::AllReduce, gpu, d.world, log))
         mine = found->to_json().dump();
     }
-    const std::string text = from_rank0(c, d.rank, mine, d.who() + ": the AllReduce curve");
+    const std::string text = api::from_rank0(c, d.rank, mine, d.who() + ": the AllReduce curve");
     return std::make_unique<plan::BandwidthCurve>(
         text.empty() ? model_curve(d.world, ctas)
                      : plan::BandwidthCurve::from_json(nlohmann::json::parse(text), "rank 0's curve"));
@@ -285,26 +256,13 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
     shape.gpu = gpu;
     shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n, shape.k = k;
     const std::string mine = path.empty() || d.rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
-    d.picks = rt::PickCache::parse_entries(from_rank0(c, d.rank, mine, d.who() + ": the tuning cache"), shape);
+    d.picks = rt::PickCache::parse_entries(api::from_rank0(c, d.rank, mine, d.who() + ": the tuning cache"), shape);
   }
 
-  // Our GEMM's time per wave for each tile shape, on the largest m up to 4096 (max over ranks).
+  // Our GEMM's time per wave for each tile shape (max over ranks).
   {
-    const int64_t m_cal = std::min<int64_t>(max_m, 4096);
-    rt::DeviceBuffer a(size_t(m_cal) * k * 2), b(size_t(n) * k * 2), c_out(size_t(m_cal) * n * 2);
-    cudaStream_t st = nullptr;
-    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    kernels::fill_random(to_kernels(dtype), a.get(), m_cal * k, 1, -1.f, 1.f, st);
-    kernels::fill_random(to_kernels(dtype), b.get(), n * k, 2, -1.f, 1.f, st);
-    std::array<double, 2> mine{};
-    for (size_t i = 0; i < kTiles.size(); ++i) {
-      const plan::Schedule s = d.full_grid(m_cal, kTiles[i]);
-      mine[i] = rt::measure_gemm_ms(s, int(k), to_kernels(dtype), a.get(), b.get(), c_out.get(), st, 5) / s.waves();
-    }
-    FO_CUDA_CHECK(cudaStreamSynchronize(st));
-    FO_CUDA_CHECK(cudaStreamDestroy(st));
-    for (const std::array<double, 2>& r : rt::gather_from_all(c, d.rank, mine, d.who() + ": the GEMM's wave times"))
-      for (size_t i = 0; i < 2; ++i) d.wave_ms[i] = std::max(d.wave_ms[i], r[i]);
+    const std::array<double, 2> w = api::gemm_wave_ms(c, d.rank, max_m, n, k, dtype, d.sms, d.who());
+    d.wave_ms[0] = w[0], d.wave_ms[1] = w[1];
   }
   // Scratch for the largest m: row-major C, or the slot layout's tiles (whole tiles).
   size_t scratch = size_t(max_m) * size_t(n) * 2;

@@ -11,6 +11,9 @@ namespace flashoverlap {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line,
                                           const std::string& context = {}) {
+  // The error is reported here, by the exception: cleared from the runtime's
+  // state, so that the next call's launch check does not report it again.
+  (void)cudaGetLastError();
   std::string msg = std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " +
                     call + " at " + file + ":" + std::to_string(line);
   if (!context.empty()) msg += " [" + context + "]";

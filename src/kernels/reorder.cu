@@ -83,6 +83,16 @@ struct RowSource {  // row-major
   __device__ Vec8<T> load(int32_t i, int32_t col, int valid) const { return load8(x + i * ld + col, valid); }
 };
 template <typename T>
+struct SlotRowSource {  // slot rows bn wide, x(i, col) in slot_of_out[i * tiles_n + col / bn] (bn % 8 == 0)
+  const T* slots;
+  const int32_t* slot_of_out;
+  int32_t tiles_n, bn;
+  __device__ Vec8<T> load(int32_t i, int32_t col, int) const {
+    const int32_t cb = col / bn;
+    return load8(slots + int64_t(slot_of_out[int64_t(i) * tiles_n + cb]) * bn + (col - cb * bn), 8);
+  }
+};
+template <typename T>
 struct GatherSource {  // sum of `world` row-major blocks, `block` elements apart, in rank order
   const T* x;
   int64_t ld, block;
@@ -329,6 +339,25 @@ void add_rmsnorm_rows(DType dtype, const void* x, int32_t m, int32_t n, const vo
   });
 }
 
+void gather_slot_rows(DType dtype, const void* slots, int32_t bn, const int32_t* slot_of_out, int32_t tiles_n,
+                      int32_t rows, int32_t n, void* out, int64_t ld_out, cudaStream_t stream) {
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    launch_rows<T>(SlotRowSource<T>{static_cast<const T*>(slots), slot_of_out, tiles_n, bn}, rows, n, out, ld_out,
+                   stream);
+  });
+}
+
+void gather_slot_rows_add_rmsnorm(DType dtype, const void* slots, int32_t bn, const int32_t* slot_of_out,
+                                  int32_t tiles_n, int32_t rows, int32_t n, const void* residual, const void* weight,
+                                  float eps, void* out, void* residual_out, cudaStream_t stream) {
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    launch_add_rmsnorm<T>(SlotRowSource<T>{static_cast<const T*>(slots), slot_of_out, tiles_n, bn}, rows, n, residual,
+                          weight, eps, out, residual_out, stream);
+  });
+}
+
 void sum_gathered_rows(DType dtype, const void* gathered, int32_t world, int64_t block_elems, int32_t m, int32_t n,
                        void* out, int64_t ld_out, cudaStream_t stream) {
   with_type(dtype, [&](auto t) {
@@ -407,6 +436,7 @@ void preload_type() {
   preload_source<T, SlotSource<T>>();
   preload_source<T, RowSource<T>>();
   preload_source<T, GatherSource<T>>();
+  preload_source<T, SlotRowSource<T>>();
   cudaFuncAttributes a{};
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<T>));
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, sum_gathered_tiles_kernel<T>));

@@ -60,6 +60,17 @@ void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, cud
 void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
                        const int32_t* dst_col, void* out, int64_t ld_out, int32_t n_cols, cudaStream_t stream);
 
+// The inverse direction, by output row (ReduceScatter's post-reorder):
+// output row i (of `rows`, n columns) gathered from slot rows
+// slot_of_out[i * tiles_n + cb], one per column block cb (bn wide, bn % 8 ==
+// 0), into out (ld_out per row); or fused with the residual + RMSNorm step
+// above (out, residual, residual_out: rows x n, n per row).
+void gather_slot_rows(DType dtype, const void* slots, int32_t bn, const int32_t* slot_of_out, int32_t tiles_n,
+                      int32_t rows, int32_t n, void* out, int64_t ld_out, cudaStream_t stream);
+void gather_slot_rows_add_rmsnorm(DType dtype, const void* slots, int32_t bn, const int32_t* slot_of_out,
+                                  int32_t tiles_n, int32_t rows, int32_t n, const void* residual, const void* weight,
+                                  float eps, void* out, void* residual_out, cudaStream_t stream);
+
 void preload_reorder_kernels();
 
 }  // namespace flashoverlap::kernels

@@ -129,8 +129,11 @@ TEST(GemmAllReduceApi, GraphReplaysMixedWithEagerCalls) {
   test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
     const int64_t max_m = 2048, n = 4096, k = 1024, m = 1900, m2 = 777;
     const Communicator comm = Communicator::adopt(nccl);
-    cudaStream_t st;
+    cudaStream_t st, st2;
+    cudaEvent_t ev;
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking));
+    FO_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     Buffers buf(max_m, n, k, n);
     if (world >= 2) {  // the owner layout's epochs and halves are passed per call: refused, nothing enqueued
       GemmAllReduceOptions o;
@@ -159,16 +162,25 @@ TEST(GemmAllReduceApi, GraphReplaysMixedWithEagerCalls) {
       op.run(buf.a.get(), buf.b.get(), buf.out.get(), m, st);
       FO_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
       FO_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      // replay, eager, replay, replay, eager of another m, replay, eager
-      const std::vector<int> kinds = {0, 1, 0, 0, 2, 0, 1};
+      // replay, eager, replay, replay, eager of another m, replay, eager,
+      // replay, eager on another stream (3: the order a captured call keeps
+      // must not be an event of the graph), replay
+      const std::vector<int> kinds = {0, 1, 0, 0, 2, 0, 1, 0, 3, 0};
       for (size_t i = 0; i < kinds.size(); ++i) {
         const int64_t mm = kinds[i] == 2 ? m2 : m;
         kernels::fill_random(kBf16, buf.a.get(), mm * k, seed + 100 * i + 7 * uint64_t(rank), -1.f, 1.f, st);
         kernels::poison(buf.out.get(), mm * n, st);
-        if (kinds[i] == 0)
+        if (kinds[i] == 0) {
           FO_CUDA_CHECK(cudaGraphLaunch(exec, st));
-        else
+        } else if (kinds[i] == 3) {
+          FO_CUDA_CHECK(cudaEventRecord(ev, st));
+          FO_CUDA_CHECK(cudaStreamWaitEvent(st2, ev, 0));
+          op.run(buf.a.get(), buf.b.get(), buf.out.get(), mm, st2);
+          FO_CUDA_CHECK(cudaEventRecord(ev, st2));
+          FO_CUDA_CHECK(cudaStreamWaitEvent(st, ev, 0));
+        } else {
           op.run(buf.a.get(), buf.b.get(), buf.out.get(), mm, st);
+        }
         reference(buf.a.get(), buf.b.get(), buf.ref.get(), mm, n, k, nccl, st);
         FO_CUDA_CHECK(cudaStreamSynchronize(st));
         op.check();
@@ -191,6 +203,8 @@ TEST(GemmAllReduceApi, GraphReplaysMixedWithEagerCalls) {
       if (aborted) cudaGraphDestroy(aborted);
       (void)cudaGetLastError();
     }
+    FO_CUDA_CHECK(cudaEventDestroy(ev));
+    FO_CUDA_CHECK(cudaStreamDestroy(st2));
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }

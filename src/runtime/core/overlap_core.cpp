@@ -19,6 +19,7 @@ OverlapCore::OverlapCore() {
 void OverlapCore::wait_last_call() const {
   if (called_) cudaEventSynchronize(call_done_);
   if (comm_stream_) cudaStreamSynchronize(comm_stream_);
+  (void)cudaGetLastError();  // (a failure here is not the next caller's: cleared)
 }
 
 OverlapCore::~OverlapCore() {
@@ -37,6 +38,13 @@ void OverlapCore::begin_call(cudaStream_t stream) {
 }
 
 void OverlapCore::end_call(cudaStream_t stream) {
+  // A call captured into a graph leaves the order alone: an event recorded
+  // in a capture is a node of that graph, and waiting on it from a stream
+  // outside the capture is an error (cudaErrorInvalidValue). Replays are
+  // ordered by the caller's stream, as any captured work is.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
   FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
   called_ = true, last_stream_ = stream;
 }

@@ -1,0 +1,221 @@
+// gemm_reducescatter.cpp — flashoverlap::GemmReduceScatter (flashoverlap.h):
+// one op for any m <= max_m, built as GemmAllReduce is (gemm_allreduce.cpp):
+// the communicator bounded to the SMs left to NCCL, the scratch for max_m,
+// the GEMM's time per wave (max over ranks). A new m is planned from the
+// model (plan::make_plan: the built-in ReduceScatter curve scaled to the
+// world, the measured wave times) and its op made, sharing the core.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <sstream>
+
+#include "api/communicator_impl.h"
+#include "api/op_setup.h"
+#include "plan/planner.h"
+#include "runtime/ops/reducescatter.h"
+
+namespace flashoverlap {
+namespace {
+
+using api::to_kernels;
+
+const char* path_name(GemmReduceScatterOptions::Path p) {
+  switch (p) {
+    case GemmReduceScatterOptions::Path::Auto: return "auto";
+    case GemmReduceScatterOptions::Path::Sequential: return "sequential";
+    case GemmReduceScatterOptions::Path::Slots: return "slots";
+  }
+  return "?";
+}
+
+}  // namespace
+
+struct GemmReduceScatter::Impl {
+  std::shared_ptr<Communicator::Impl> comm;
+  rt::Communicator bounded;  // NCCL on nccl_sms CTAs beside the GEMM
+  int64_t max_m = 0, n = 0, k = 0;
+  DType dtype = DType::BF16;
+  GemmReduceScatterOptions opts;
+  int rank = 0, world = 1, sms = 0;
+  bool check_m = false;
+  std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles() order (max over ranks)
+  rt::OverlapCore core;              // (before the ops)
+  std::map<int64_t, plan::Plan> plans;  // by m (the standard layout's parts depend on m itself)
+  std::map<int64_t, std::unique_ptr<rt::OverlapReduceScatter>> ops;
+  rt::OverlapReduceScatter* last = nullptr;
+
+  std::string who() const {
+    return "GemmReduceScatter (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", max_m " +
+           std::to_string(max_m) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ")";
+  }
+  plan::RsLayout layout() const {
+    return opts.layout == GemmReduceScatterOptions::Layout::Standard ? plan::RsLayout::Standard
+                                                                     : plan::RsLayout::SubTile;
+  }
+  void check_m_value(int64_t m) const {
+    if (m < 1 || m > max_m) throw InvalidArgument(who() + ": m must be in [1, max_m], not " + std::to_string(m));
+    if (layout() == plan::RsLayout::Standard && m % world != 0)
+      throw InvalidArgument(who() + ": m = " + std::to_string(m) + " is not a multiple of the world size " +
+                            std::to_string(world) + " (the standard layout gives every rank m / world rows)");
+  }
+  // The model's plan for one tile shape, NCCL on nccl_sms SMs (partition: forced).
+  plan::Plan plan_with(int64_t m, size_t tile, std::optional<plan::Partition> partition, double min_gain) const {
+    plan::PlanRequest req;
+    req.op = plan::Collective::ReduceScatter;
+    req.m = m, req.n = n, req.k = k, req.world = world;
+    req.dtype = dtype == DType::BF16 ? plan::DType::BF16 : plan::DType::FP16;
+    req.tile = api::op_tiles()[tile];
+    req.sms = sms, req.reserve_sms = opts.nccl_sms, req.rs_layout = layout();
+    const int64_t tiles = (m + req.tile->bm - 1) / req.tile->bm * ((n + req.tile->bn - 1) / req.tile->bn);
+    const int64_t waves = (tiles + (sms - opts.nccl_sms) - 1) / (sms - opts.nccl_sms);
+    req.measured_wave_ms.assign(size_t(waves), wave_ms[tile]);
+    req.partition = std::move(partition);
+    req.min_gain = min_gain;
+    return plan::make_plan(req);
+  }
+  plan::Plan plan_for(int64_t m) const {
+    using Path = GemmReduceScatterOptions::Path;
+    std::optional<plan::Plan> best;
+    const double gain = opts.path == Path::Auto ? 0.01 : -1e9;  // a forced path overlaps where it can
+    for (size_t t = 0; t < api::op_tiles().size(); ++t) {
+      plan::Plan p = plan_with(m, t, std::nullopt, gain);
+      if (opts.path == Path::Slots && !p.sequential && p.groups.size() < 2 && p.schedule.waves() >= 2)
+        p = plan_with(m, t, plan::Partition{p.schedule.waves() - 1, 1}, gain);  // (two groups at least)
+      if (opts.path == Path::Slots && p.groups.size() < 2) continue;
+      if (!best || p.predicted.total_ms < best->predicted.total_ms) best = std::move(p);
+    }
+    if (opts.path == Path::Sequential || !best) {  // the sequential plan of the faster tile
+      plan::Plan a = plan_with(m, 0, std::nullopt, 1e9), b = plan_with(m, 1, std::nullopt, 1e9);
+      return a.predicted.total_ms <= b.predicted.total_ms ? a : b;
+    }
+    return *best;
+  }
+  rt::OverlapReduceScatter& op_for(int64_t m, cudaStream_t stream = nullptr, bool calling = false) {
+    check_m_value(m);
+    if (auto it = ops.find(m); it != ops.end()) return *it->second;
+    if (calling) api::refuse_planning_under_capture(stream, m, who());
+    auto pit = plans.find(m);
+    if (pit == plans.end()) pit = plans.emplace(m, plan_for(m)).first;
+    const plan::Plan& p = pit->second;
+    rt::OverlapReduceScatterOptions o;
+    o.sched = p.schedule;
+    o.groups = p.groups, o.layout = p.rs_layout, o.k = int(k), o.dtype = to_kernels(dtype);
+    o.comm = p.sequential ? comm->comm.get() : bounded.get();
+    o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
+    o.wait_timeout_s = opts.wait_timeout_s;
+    o.core = &core;
+    return *ops.emplace(m, std::make_unique<rt::OverlapReduceScatter>(o)).first->second;
+  }
+  void check_earlier_calls() const {
+    if (last && core.wait_error()->failed) last->check();
+  }
+};
+
+GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                                     const GemmReduceScatterOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  if (!comm.impl_) throw InvalidArgument("GemmReduceScatter: no communicator");
+  d.comm = comm.impl_;
+  d.max_m = max_m, d.n = n, d.k = k, d.dtype = dtype, d.opts = options;
+  d.rank = comm.rank(), d.world = comm.world();
+  if (max_m < 1 || n < 1 || k < 8 || k % 8 != 0 || max_m > (int64_t(1) << 30) || n > (int64_t(1) << 30))
+    throw InvalidArgument(d.who() + ": needs 1 <= max_m, 1 <= n (both below 2^30) and k a multiple of 8 (16-byte rows)");
+  if (options.layout == GemmReduceScatterOptions::Layout::SubTile && api::kBm % d.world != 0)
+    throw InvalidArgument(d.who() + ": the sub-tile layout needs the world size to divide 128, not " +
+                          std::to_string(d.world));
+  if (options.layout == GemmReduceScatterOptions::Layout::Standard && max_m < d.world)
+    throw InvalidArgument(d.who() + ": max_m must be at least the world size (every rank gets m / world rows)");
+  d.sms = rt::current_device_sms();
+  if (options.nccl_sms < 1 || options.nccl_sms > d.sms / 2)
+    throw InvalidArgument(d.who() + ": nccl_sms must be in [1, " + std::to_string(d.sms / 2) + "], not " +
+                          std::to_string(options.nccl_sms));
+  if (!(options.wait_timeout_s > 0 && options.wait_timeout_s <= 7 * 24 * 3600.0))
+    throw InvalidArgument(d.who() + ": wait_timeout_s must be > 0 and at most a week");
+  d.check_m = api::check_m_enabled(options.check_m);
+  d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
+  d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who());
+  // Scratch for the largest m: the send slots (whole tiles, with the
+  // standard layout's padding: at most one tile row per destination and
+  // group beyond C; bounded here by twice C's tiles) and the received rows.
+  size_t send = 0;
+  for (plan::TileShape t : api::op_tiles())
+    send = std::max(send, 2 * size_t(api::bucket_of(max_m) + d.world) * t.bm * size_t((n + t.bn - 1) / t.bn) * t.bn * 2);
+  d.core.reserve(0, send);
+}
+
+GemmReduceScatter::~GemmReduceScatter() = default;
+GemmReduceScatter::GemmReduceScatter(GemmReduceScatter&&) noexcept = default;
+GemmReduceScatter& GemmReduceScatter::operator=(GemmReduceScatter&&) noexcept = default;
+
+void GemmReduceScatter::run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out) {
+  Impl& d = *impl_;
+  if (!a || !b || !out) throw InvalidArgument(d.who() + "::run: a, b and out must not be null");
+  if (ld_out != 0 && ld_out < d.n)
+    throw InvalidArgument(d.who() + "::run: ld_out must be 0 (n) or at least n, not " + std::to_string(ld_out));
+  d.check_earlier_calls();
+  rt::OverlapReduceScatter& op = d.op_for(m, stream, true);
+  if (d.check_m) api::check_same_m(d.comm->comm.get(), d.rank, m, stream, d.who());
+  op.run(a, b, out, ld_out == 0 ? d.n : ld_out, stream);
+  d.last = &op;
+}
+
+void GemmReduceScatter::run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight,
+                                    float eps, void* out, void* residual_out, int64_t m, cudaStream_t stream) {
+  Impl& d = *impl_;
+  if (!a || !b || !out || !residual || !norm_weight)
+    throw InvalidArgument(d.who() + "::run_rmsnorm: a, b, residual, norm_weight and out must not be null");
+  if (!(eps >= 0) || !std::isfinite(eps)) throw InvalidArgument(d.who() + "::run_rmsnorm: eps must be finite and >= 0");
+  d.check_earlier_calls();
+  rt::OverlapReduceScatter& op = d.op_for(m, stream, true);
+  if (d.check_m) api::check_same_m(d.comm->comm.get(), d.rank, m, stream, d.who());
+  op.run_rmsnorm(a, b, rt::RmsNormArgs{residual, norm_weight, eps, residual_out}, out, stream);
+  d.last = &op;
+}
+
+int64_t GemmReduceScatter::rows_out(int64_t m) const {
+  const Impl& d = *impl_;
+  d.check_m_value(m);
+  if (d.layout() == plan::RsLayout::Standard) return m / d.world;
+  return int64_t(rows(m).size());
+}
+
+std::vector<int64_t> GemmReduceScatter::rows(int64_t m) const {
+  const Impl& d = *impl_;
+  d.check_m_value(m);
+  plan::Schedule s;
+  s.m = int32_t(m), s.n = int32_t(d.n), s.bm = api::kBm, s.bn = 256;  // (rows depend on m, bm and the world only)
+  const std::vector<int32_t> r = plan::rs_rows_of_rank(s, d.world, d.rank, d.layout());
+  return std::vector<int64_t>(r.begin(), r.end());
+}
+
+void GemmReduceScatter::prepare(int64_t m) { (void)impl_->op_for(m); }
+
+std::string GemmReduceScatter::plan(int64_t m) {
+  Impl& d = *impl_;
+  const rt::OverlapReduceScatter& op = d.op_for(m);
+  const plan::Plan& p = d.plans.at(m);
+  std::ostringstream os;
+  os << (p.sequential ? "sequential" : "slots") << ", " << plan::to_string(p.rs_layout) << " layout ("
+     << p.schedule.bm << "x" << p.schedule.bn << " tiles, " << p.schedule.ctas << " CTAs"
+     << (p.sequential ? "" : ", NCCL on " + std::to_string(d.opts.nccl_sms) + " SMs") << "); groups "
+     << op.describe_groups();
+  if (op.padding_rows() > 0) os << " (" << op.padding_rows() << " padding rows)";
+  os << "; predicted " << p.predicted.total_ms << " ms against " << p.baseline_ms() << " ms sequential (path "
+     << path_name(d.opts.path) << ")";
+  return os.str();
+}
+
+void GemmReduceScatter::check() const {
+  if (impl_->last) impl_->last->check();
+}
+
+int64_t GemmReduceScatter::max_m() const { return impl_->max_m; }
+int64_t GemmReduceScatter::n() const { return impl_->n; }
+int64_t GemmReduceScatter::k() const { return impl_->k; }
+DType GemmReduceScatter::dtype() const { return impl_->dtype; }
+int GemmReduceScatter::world() const { return impl_->world; }
+
+}  // namespace flashoverlap

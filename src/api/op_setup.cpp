@@ -1,0 +1,81 @@
+// op_setup.cpp — see op_setup.h.
+#include "api/op_setup.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "kernels/check.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/exchange.h"
+#include "runtime/tune/tuner.h"
+
+namespace flashoverlap::api {
+
+std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const std::string& what) {
+  const std::vector<int64_t> lengths = rt::gather_from_all(comm, rank, int64_t(mine.size()), what + " (lengths)");
+  const size_t longest = size_t(*std::max_element(lengths.begin(), lengths.end()));
+  std::string padded = mine;
+  padded.resize(std::max<size_t>(longest, 1));
+  const std::vector<uint8_t> all = rt::gather_bytes(comm, rank, padded.data(), padded.size(), what);
+  return std::string(reinterpret_cast<const char*>(all.data()), size_t(lengths[0]));
+}
+
+std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                                   int sms, const std::string& who) {
+  const int64_t m_cal = std::min<int64_t>(max_m, 4096);
+  rt::DeviceBuffer a(size_t(m_cal) * k * 2), b(size_t(n) * k * 2), c_out(size_t(m_cal) * n * 2);
+  cudaStream_t st = nullptr;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  kernels::fill_random(to_kernels(dtype), a.get(), m_cal * k, 1, -1.f, 1.f, st);
+  kernels::fill_random(to_kernels(dtype), b.get(), n * k, 2, -1.f, 1.f, st);
+  std::array<double, 2> mine{};
+  for (size_t i = 0; i < op_tiles().size(); ++i) {
+    const plan::TileShape tile = op_tiles()[i];
+    const plan::Schedule s = plan::make_schedule(m_cal, n, tile, sms, plan::Raster::AlongN,
+                                                 plan::default_swizzle(sms, tile, int32_t((m_cal + tile.bm - 1) / tile.bm)));
+    mine[i] = rt::measure_gemm_ms(s, int(k), to_kernels(dtype), a.get(), b.get(), c_out.get(), st, 5) / s.waves();
+  }
+  FO_CUDA_CHECK(cudaStreamSynchronize(st));
+  FO_CUDA_CHECK(cudaStreamDestroy(st));
+  std::array<double, 2> most{};
+  for (const std::array<double, 2>& r : rt::gather_from_all(comm, rank, mine, who + ": the GEMM's wave times"))
+    for (size_t i = 0; i < 2; ++i) most[i] = std::max(most[i], r[i]);
+  return most;
+}
+
+std::string current_gpu_name() {
+  int dev = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&dev));
+  return rt::device_info(dev).name;
+}
+
+bool check_m_enabled(bool option) {
+  const char* env = std::getenv("FLASHOVERLAP_CHECK_M");
+  return option || (env && std::strcmp(env, "1") == 0);
+}
+
+void check_same_m(ncclComm_t comm, int rank, int64_t m, cudaStream_t stream, const std::string& who) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  const std::vector<int64_t> all = rt::gather_from_all(comm, rank, m, who + ": checking m");
+  if (std::all_of(all.begin(), all.end(), [&](int64_t x) { return x == all[0]; })) return;
+  std::ostringstream os;
+  os << who << ": the ranks called with different m (";
+  for (size_t r = 0; r < all.size(); ++r) os << (r ? ", " : "") << "rank " << r << ": " << all[r];
+  os << "); every rank must pass the same m";
+  throw InvalidArgument(os.str());
+}
+
+void refuse_planning_under_capture(cudaStream_t stream, int64_t m, const std::string& who) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    throw InvalidArgument(who + ": m = " + std::to_string(m) +
+                          " is not planned yet, and planning allocates, which a CUDA graph capture forbids: call "
+                          "prepare(m) (or run m once) before capturing");
+}
+
+}  // namespace flashoverlap::api

@@ -1,0 +1,54 @@
+// op_setup.h — what the public ops (gemm_allreduce.cpp, gemm_reducescatter.cpp)
+// share: their setup at construction (the GEMM's time per wave, rank 0's
+// files on every rank) and the checks of each call (m agreed by the ranks,
+// no planning under a CUDA graph capture).
+#pragma once
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashoverlap/flashoverlap.h"
+#include "kernels/gemm.h"
+#include "plan/tile_grid.h"
+
+namespace flashoverlap::api {
+
+inline kernels::DType to_kernels(DType d) { return d == DType::BF16 ? kernels::DType::BF16 : kernels::DType::FP16; }
+
+constexpr int32_t kBm = 128;  // every tile shape's height: m's bucket is its tile rows
+inline int32_t bucket_of(int64_t m) { return int32_t((m + kBm - 1) / kBm); }
+
+// The tile shapes the public ops plan with, 128x256 first.
+inline const std::vector<plan::TileShape>& op_tiles() {
+  static const std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
+  return tiles;
+}
+
+// Rank 0's text on every rank (two small bounded NCCL exchanges).
+std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const std::string& what);
+
+// Our GEMM's time per wave for each of op_tiles() on the largest m up to
+// 4096 of max_m rows, on the full grid of `sms` CTAs: the max over ranks
+// (collective), so that every rank plans from the same times.
+std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                                   int sms, const std::string& who);
+
+// The name of the current device (the curves' and the tuning cache's key).
+std::string current_gpu_name();
+
+// FLASHOVERLAP_CHECK_M=1 in the environment, or the option.
+bool check_m_enabled(bool option);
+
+// Every rank's m compared (a host exchange, skipped under capture); a
+// mismatch throws InvalidArgument on every rank, naming each rank's m.
+void check_same_m(ncclComm_t comm, int rank, int64_t m, cudaStream_t stream, const std::string& who);
+
+// Throws InvalidArgument (naming prepare(m)) when `stream` is capturing: a
+// new m is planned and allocated for, which a capture forbids.
+void refuse_planning_under_capture(cudaStream_t stream, int64_t m, const std::string& who);
+
+}  // namespace flashoverlap::api

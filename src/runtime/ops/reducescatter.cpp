@@ -1,0 +1,202 @@
+// reducescatter.cpp — see reducescatter.h.
+#include "runtime/ops/reducescatter.h"
+
+#include <sstream>
+
+#include "flashoverlap/error.h"
+#include "kernels/reorder.h"
+#include "runtime/core/checks.h"
+
+namespace flashoverlap::rt {
+
+OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& opts)
+    : opts_(opts), epoch_(opts.testing.first_epoch) {
+  const plan::Schedule& s = opts_.sched;
+  const std::string who = "OverlapReduceScatter (" + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+                          std::to_string(opts_.k) + ")";
+  if (!opts_.comm && !opts_.transport) throw InvalidArgument(who + ": no NCCL communicator and no transport");
+  if (opts_.comm) {
+    FO_NCCL_CHECK_CTX(ncclCommCount(opts_.comm, &world_), who);
+    FO_NCCL_CHECK_CTX(ncclCommUserRank(opts_.comm, &rank_), who);
+  } else {
+    world_ = opts_.world, rank_ = opts_.rank;
+  }
+  if (world_ < 1 || rank_ < 0 || rank_ >= world_)
+    throw InvalidArgument(who + ": rank " + std::to_string(rank_) + " of " + std::to_string(world_));
+  if (!(opts_.wait_timeout_s > 0 && opts_.wait_timeout_s <= 7 * 24 * 3600.0))
+    throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
+  if (!kernels::tile_supported(s.bm, s.bn))
+    throw InvalidArgument(who + ": unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
+  plan::require_rs_layout(s, world_, opts_.layout);  // (m % W, or bm % W for sub-tile: its message)
+  const auto& groups = opts_.groups;
+  if (groups.empty()) throw InvalidArgument(who + ": no groups");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const int expect = g == 0 ? 0 : groups[g - 1].end_tile;
+    if (groups[g].first_tile != expect || groups[g].end_tile <= groups[g].first_tile)
+      throw InvalidArgument(who + ": groups must be consecutive non-empty tile ranges (group " + std::to_string(g) +
+                            ")");
+  }
+  if (groups.back().end_tile != s.tiles()) throw InvalidArgument(who + ": the groups do not cover all tiles");
+  if (opts_.fallback_cublas && !plain_sequential())
+    throw InvalidArgument(who + ": fallback_cublas needs the sequential plan of the standard layout");
+  for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
+
+  if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
+  core_ = opts_.core ? opts_.core : own_core_.get();
+  wait_error_ = core_->wait_error();
+  kernels::preload_kernels();  // before any wait is enqueued (docs/design.md §5.4)
+  if (plain_sequential()) {
+    out_rows_ = s.m / world_;
+    send_bytes_ = size_t(s.m) * s.n * 2, recv_bytes_ = size_t(out_rows_) * s.n * 2;
+    if (opts_.fallback_cublas) cublas_ = std::make_unique<CublasGemm>();
+  } else {
+    const plan::SlotMap map = plan::make_reducescatter_map(s, groups, world_, rank_, opts_.layout);
+    out_rows_ = map.out_rows, padding_rows_ = map.padding_rows, calls_ = map.groups, send_rows_ = map.send_rows;
+    row_of_ = to_device(map.row_of);
+    slot_of_out_ = to_device(map.slot_of_out);
+    send_bytes_ = size_t(map.send_rows) * s.bn * 2, recv_bytes_ = size_t(std::max<int64_t>(map.recv_rows, 1)) * s.bn * 2;
+  }
+  send_ = core_->scratch(kSendScratch, send_bytes_);
+  recv_ = core_->scratch(kRecvScratch, recv_bytes_);
+  std::vector<uint32_t> counters = counts_after(epoch_, target_);
+  counters.push_back(0);  // the fault-injection sink
+  counters_ = to_device(counters);
+  std::vector<int32_t> got(size_t(s.tiles()));
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t)
+      got[size_t(t)] = int(g) == opts_.testing.fault_drop_group ? int32_t(groups.size()) : int32_t(g);
+  group_of_tile_ = to_device(got);
+  if (!opts_.core) FO_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+OverlapReduceScatter::~OverlapReduceScatter() { core_->wait_last_call(); }
+
+std::vector<int32_t> OverlapReduceScatter::rows_of_rank() const {
+  return plan::rs_rows_of_rank(opts_.sched, world_, rank_, opts_.layout);
+}
+
+std::string OverlapReduceScatter::describe_groups() const {
+  if (sequential()) return "1 (sequential)";
+  std::string out = "waves ";
+  for (size_t g = 0; g < opts_.groups.size(); ++g)
+    out += (g ? "," : "") + std::to_string(opts_.groups[g].end_wave - opts_.groups[g].first_wave);
+  return out;
+}
+
+void OverlapReduceScatter::begin_call(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) graph_ = true;  // (every call zeroes its counters from now on)
+  core_->begin_call(stream);
+  // The scratch of the core, which another op of it may have grown since.
+  send_ = core_->scratch(kSendScratch, send_bytes_);
+  recv_ = core_->scratch(kRecvScratch, recv_bytes_);
+}
+
+void OverlapReduceScatter::move(const RsGroupCall& c) {
+  if (opts_.transport) {
+    opts_.transport(c);
+    return;
+  }
+  const bool last = c.group < 0 || size_t(c.group) + 1 == calls_.size();
+  const ncclComm_t comm = last && opts_.tail_comm ? opts_.tail_comm : opts_.comm;
+  FO_NCCL_CHECK_CTX(ncclReduceScatter(c.send, c.recv, c.recv_count, nccl_type(opts_.dtype), ncclSum, comm, c.stream),
+                    "rank " + std::to_string(rank_) + (c.group < 0 ? " sequential ReduceScatter"
+                                                                   : " group " + std::to_string(c.group)));
+}
+
+void OverlapReduceScatter::enqueue_reduced(const void* a, const void* b, void* rows, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  if (plain_sequential()) {  // row-major C, one call: this rank's rows of it into recv_
+    if (cublas_)
+      cublas_->run(opts_.dtype, a, b, send_, s.m, s.n, opts_.k, s.n, stream);
+    else
+      kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, s.n), stream);
+    move({-1, send_, rows, size_t(out_rows_) * s.n, stream});
+    return;
+  }
+  const bool seq = sequential();
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+  p.store = kernels::Store::SlotRows, p.slots = send_, p.row_of = row_of_.as<int32_t>();
+  p.slot_rows = send_rows_;
+  if (!seq) p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
+  kernels::check_gemm_params(p);
+  if (!seq) {
+    if (graph_)  // (the previous call's waits are done: the caller's stream joined them)
+      FO_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, counters_.bytes(), stream));
+    core_->fork(stream);  // the waits start no earlier than the GEMM
+  }
+  ++epoch_;
+  kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
+  const cudaStream_t comm_stream = seq ? stream : core_->comm_stream();
+  char* send = static_cast<char*>(send_);
+  char* recv = static_cast<char*>(recv_);
+  for (size_t g = 0; g < calls_.size(); ++g) {
+    if (!seq)
+      kernels::launch_wait_counter(counter(g), counter_target(g), timeout_ns(), wait_error_, int32_t(g), comm_stream);
+    const plan::GroupCall& c = calls_[g];
+    move({seq ? -1 : int32_t(g), send + c.send.offset * 2, recv + c.recv.offset * 2, size_t(c.recv.count), comm_stream});
+  }
+  if (!seq) core_->join(stream);
+}
+
+void OverlapReduceScatter::check_out(const void* out, const char* call) const {
+  if (!out)
+    throw InvalidArgument(std::string("OverlapReduceScatter::") + call + " (rank " + std::to_string(rank_) +
+                          "): null output");
+}
+
+void OverlapReduceScatter::run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  check_out(out, "run");
+  if (ld_out < s.n) throw InvalidArgument("OverlapReduceScatter::run: ld_out < n");
+  begin_call(stream);
+  // The sequential standard plan reduces straight into a contiguous output.
+  const bool direct = plain_sequential() && ld_out == s.n;
+  enqueue_reduced(a, b, direct ? out : recv_, stream);
+  if (plain_sequential() && !direct)
+    FO_CUDA_CHECK(cudaMemcpy2DAsync(out, ld_out * 2, recv_, s.n * 2, s.n * 2, out_rows_, cudaMemcpyDeviceToDevice,
+                                    stream));
+  else if (!plain_sequential())
+    kernels::gather_slot_rows(opts_.dtype, recv_, s.bn, slot_of_out_.as<int32_t>(), s.tiles_n(), int32_t(out_rows_),
+                              s.n, out, ld_out, stream);
+  core_->end_call(stream);
+}
+
+void OverlapReduceScatter::run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
+                                       cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  check_out(out, "run_rmsnorm");
+  if (!norm.residual || !norm.weight) throw InvalidArgument("OverlapReduceScatter::run_rmsnorm: residual and weight are required");
+  const size_t bytes = size_t(out_rows_) * s.n * 2;
+  auto overlap = [bytes](const void* x, const void* y) {
+    const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
+    return x && y && p < q + bytes && q < p + bytes;
+  };
+  if (overlap(norm.residual, out) || overlap(norm.residual_out, out) || overlap(norm.residual_out, norm.residual))
+    throw InvalidArgument("OverlapReduceScatter::run_rmsnorm (rank " + std::to_string(rank_) +
+                          "): residual, residual_out and the output must not overlap (pass separate buffers)");
+  begin_call(stream);
+  enqueue_reduced(a, b, recv_, stream);
+  if (plain_sequential())
+    kernels::add_rmsnorm_rows(opts_.dtype, recv_, int32_t(out_rows_), s.n, norm.residual, norm.weight, norm.eps, out,
+                              norm.residual_out, stream);
+  else
+    kernels::gather_slot_rows_add_rmsnorm(opts_.dtype, recv_, s.bn, slot_of_out_.as<int32_t>(), s.tiles_n(),
+                                          int32_t(out_rows_), s.n, norm.residual, norm.weight, norm.eps, out,
+                                          norm.residual_out, stream);
+  core_->end_call(stream);
+}
+
+void OverlapReduceScatter::check() const {
+  if (!wait_error_->failed) return;
+  const kernels::WaitError e = *wait_error_;
+  std::ostringstream os;
+  os << "rank " << rank_ << ": group " << e.group << " of the overlapped GEMM+ReduceScatter (" << opts_.sched.m << "x"
+     << opts_.sched.n << "x" << opts_.k << ", " << plan::to_string(opts_.layout) << " layout) did not complete within "
+     << opts_.wait_timeout_s << " s: counter " << e.value << ", expected " << e.expected
+     << " (the GEMM did not signal all of the group's tiles)";
+  throw Error(os.str());
+}
+
+}  // namespace flashoverlap::rt
