@@ -223,6 +223,12 @@ class GemmReduceScatter {
   // rows of C they are, in order.
   int64_t rows_out(int64_t m) const;
   std::vector<int64_t> rows(int64_t m) const;
+  // The AllGather that closes the chain: every rank's rows_out(m) x n
+  // (`local`, ld n) into `full` (m x n, rows in C's order) on every rank.
+  // Standard: one ncclAllGather; SubTile: an ncclAllGather of the ranks'
+  // rows (padded to equal counts), then each row put back in its place
+  // (needs n % 8 == 0). Collective; ordered with the op's calls on `stream`.
+  void all_gather_rows(const void* local, void* full, int64_t m, cudaStream_t stream);
   void prepare(int64_t m);
   std::string plan(int64_t m);
   void check() const;

@@ -13,7 +13,9 @@
 
 #include "api/communicator_impl.h"
 #include "api/op_setup.h"
+#include "kernels/reorder.h"
 #include "plan/planner.h"
+#include "runtime/core/checks.h"
 #include "runtime/ops/reducescatter.h"
 
 namespace flashoverlap {
@@ -45,6 +47,10 @@ struct GemmReduceScatter::Impl {
   std::map<int64_t, plan::Plan> plans;  // by m (the standard layout's parts depend on m itself)
   std::map<int64_t, std::unique_ptr<rt::OverlapReduceScatter>> ops;
   rt::OverlapReduceScatter* last = nullptr;
+  // all_gather_rows of the sub-tile layout: per m, where each gathered row
+  // goes (-1: padding), and the padded send and receive rows.
+  std::map<int64_t, rt::DeviceBuffer> gather_rows_of;
+  rt::DeviceBuffer gather_send, gather_recv, zeros;
 
   std::string who() const {
     return "GemmReduceScatter (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", max_m " +
@@ -189,6 +195,45 @@ std::vector<int64_t> GemmReduceScatter::rows(int64_t m) const {
   s.m = int32_t(m), s.n = int32_t(d.n), s.bm = api::kBm, s.bn = 256;  // (rows depend on m, bm and the world only)
   const std::vector<int32_t> r = plan::rs_rows_of_rank(s, d.world, d.rank, d.layout());
   return std::vector<int64_t>(r.begin(), r.end());
+}
+
+void GemmReduceScatter::all_gather_rows(const void* local, void* full, int64_t m, cudaStream_t stream) {
+  Impl& d = *impl_;
+  if (!local || !full) throw InvalidArgument(d.who() + "::all_gather_rows: local and full must not be null");
+  d.check_m_value(m);
+  const ncclDataType_t type = d.dtype == DType::BF16 ? ncclBfloat16 : ncclFloat16;
+  const ncclComm_t c = d.comm->comm.get();
+  const std::string ctx = d.who() + "::all_gather_rows (m " + std::to_string(m) + ")";
+  if (d.layout() == plan::RsLayout::Standard) {
+    FO_NCCL_CHECK_CTX(ncclAllGather(local, full, size_t(m / d.world) * d.n, type, c, stream), ctx);
+    return;
+  }
+  if (d.n % 8 != 0) throw InvalidArgument(ctx + ": the sub-tile layout's row exchange needs n % 8 == 0");
+  // Every rank's part padded to the most rows a rank holds (the first ranks' of a ragged last tile row).
+  const int64_t h = api::kBm / d.world, most = api::bucket_of(m) * h, mine = rows_out(m);
+  const size_t part = size_t(most) * size_t(d.n) * 2;
+  auto grow = [](rt::DeviceBuffer& b, size_t bytes) {
+    if (b.bytes() < bytes) b = rt::DeviceBuffer(bytes);
+  };
+  grow(d.gather_send, part), grow(d.gather_recv, part * size_t(d.world));
+  auto it = d.gather_rows_of.find(m);
+  if (it == d.gather_rows_of.end()) {
+    api::refuse_planning_under_capture(stream, m, d.who());
+    std::vector<int32_t> dst(size_t(most) * size_t(d.world), -1);
+    plan::Schedule s;
+    s.m = int32_t(m), s.n = int32_t(d.n), s.bm = api::kBm, s.bn = 256;
+    for (int r = 0; r < d.world; ++r) {
+      const std::vector<int32_t> rows = plan::rs_rows_of_rank(s, d.world, r, plan::RsLayout::SubTile);
+      std::copy(rows.begin(), rows.end(), dst.begin() + ptrdiff_t(r) * most);
+    }
+    it = d.gather_rows_of.emplace(m, rt::to_device(dst)).first;
+    grow(d.zeros, size_t(most) * size_t(d.world) * 4);
+    FO_CUDA_CHECK(cudaMemset(d.zeros.get(), 0, d.zeros.bytes()));
+  }
+  FO_CUDA_CHECK(cudaMemcpyAsync(d.gather_send.get(), local, size_t(mine) * d.n * 2, cudaMemcpyDeviceToDevice, stream));
+  FO_NCCL_CHECK_CTX(ncclAllGather(d.gather_send.get(), d.gather_recv.get(), size_t(most) * d.n, type, c, stream), ctx);
+  kernels::scatter_slot_rows(to_kernels(d.dtype), d.gather_recv.get(), most * d.world, int32_t(d.n),
+                             it->second.as<int32_t>(), d.zeros.as<int32_t>(), full, d.n, int32_t(d.n), stream);
 }
 
 void GemmReduceScatter::prepare(int64_t m) { (void)impl_->op_for(m); }

@@ -253,3 +253,52 @@ TEST(GemmReduceScatterApi, BadArgumentsAreRefusedWithTheirReason) {
                 std::string::npos);
   });
 }
+
+// The sub-tile chain equals the standard one: ReduceScatter -> residual +
+// RMSNorm -> AllGather (+ the sub-tile layout's row exchange) gives the same
+// full rows, bitwise, where the residual each op gets is the previous
+// layer's output in its own layout's rows.
+TEST(GemmReduceScatterApi, SubTileChainEqualsTheStandardChain) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  const int world = world_here();
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const int64_t max_m = 2048, n = 1024, k = 256;
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    GemmReduceScatterOptions so, to;
+    so.path = to.path = Path::Slots;
+    to.layout = Layout::SubTile;
+    GemmReduceScatter standard(comm, max_m, n, k, DType::BF16, so), subtile(comm, max_m, n, k, DType::BF16, to);
+    DeviceBuffer a(size_t(max_m) * k * 2), b(size_t(n) * k * 2), residual(size_t(max_m) * n * 2),
+        mine(size_t(max_m) * n * 2), y(size_t(max_m) * n * 2), weight(size_t(n) * 2), full_std(size_t(max_m) * n * 2),
+        full_sub(size_t(max_m) * n * 2);
+    std::mt19937_64 rng(seed);
+    for (int call = 0; call < 12; ++call) {
+      int64_t m = world + int64_t(rng() % uint64_t(max_m - world));
+      m -= m % world;
+      const uint64_t sd = seed + 100 * uint64_t(call);
+      kernels::fill_random(kBf16, a.get(), m * k, sd + uint64_t(rank), -1.f, 1.f, st);
+      kernels::fill_random(kBf16, b.get(), n * k, sd + 10 + uint64_t(rank), -1.f, 1.f, st);
+      kernels::fill_random(kBf16, residual.get(), m * n, sd + 20, -1.f, 1.f, st);  // (the same on every rank)
+      kernels::fill_random(kBf16, weight.get(), n, sd + 30, 0.5f, 1.5f, st);
+      std::vector<uint16_t> res(size_t(m) * size_t(n)), part;
+      FO_CUDA_CHECK(cudaMemcpyAsync(res.data(), residual.get(), res.size() * 2, cudaMemcpyDeviceToHost, st));
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      const float eps = 1e-6f;
+      for (GemmReduceScatter* op : {&standard, &subtile}) {
+        part.clear();  // this rank's rows of the residual, in the op's layout
+        for (int64_t row : op->rows(m)) part.insert(part.end(), res.begin() + row * n, res.begin() + (row + 1) * n);
+        FO_CUDA_CHECK(cudaMemcpyAsync(mine.get(), part.data(), part.size() * 2, cudaMemcpyHostToDevice, st));
+        op->run_rmsnorm(a.get(), b.get(), mine.get(), weight.get(), eps, y.get(), nullptr, m, st);
+        op->all_gather_rows(y.get(), op == &standard ? full_std.get() : full_sub.get(), m, st);
+        FO_CUDA_CHECK(cudaStreamSynchronize(st));  // (part is reused)
+      }
+      standard.check(), subtile.check();
+      EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, full_sub.get(), n, full_std.get(), n, m, n, st)))
+          << "m=" << m << " rank " << rank << " seed " << seed << " (" << subtile.plan(m) << ")";
+    }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+}
