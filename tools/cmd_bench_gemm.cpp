@@ -21,6 +21,7 @@
 #include "runtime/core/buffer.h"
 #include "runtime/core/cublas.h"
 #include "runtime/tune/owner_stand_in.h"
+#include "plan/slot_map_reducescatter.h"
 #include "plan/tile_grid.h"
 #include "runtime/tune/timing.h"
 
@@ -59,12 +60,14 @@ int run(const Options& o) {
   if (o.dtype == "bf16" || o.dtype == "both") dtypes.push_back(kernels::DType::BF16);
   if (o.dtype == "fp16" || o.dtype == "both") dtypes.push_back(kernels::DType::FP16);
   if (dtypes.empty()) throw InvalidArgument("--dtype must be bf16, fp16 or both");
-  bool do_plain = false, do_signal = false, do_owners = false;
+  bool do_plain = false, do_signal = false, do_owners = false, do_rs = false, do_rs_sub = false;
   for (const std::string& m : cli::split_list(o.modes)) {
     if (m == "plain") do_plain = true;
     else if (m == "signal") do_signal = true;
     else if (m == "owners") do_owners = true;
-    else throw InvalidArgument("--modes: unknown mode '" + m + "' (plain, signal, owners)");
+    else if (m == "rs") do_rs = true;
+    else if (m == "rs-subtile") do_rs_sub = true;
+    else throw InvalidArgument("--modes: unknown mode '" + m + "' (plain, signal, owners, rs, rs-subtile)");
   }
 
   if (const rt::GpuProbe probe = rt::probe_gpus(); probe.hopper < 1) {
@@ -112,7 +115,7 @@ int run(const Options& o) {
         struct Config {
           int bn;
           bool four;  // ran with 4 stages
-          int mode;  // 0 plain, 1 signal, 2 owners on one GPU
+          int mode;  // 0 plain, 1 signal, 2 owners on one GPU, 3 rs (standard), 4 rs-subtile
           kernels::GemmParams p;
           double rel = -1;
           const rt::OwnerStandIn* owners = nullptr;  // mode 2
@@ -140,12 +143,26 @@ int run(const Options& o) {
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
           FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
           for (bool four : fours) {
-            for (int mode = 0; mode < 3; ++mode) {
-              if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal) || (mode == 2 && !do_owners)) continue;
+            for (int mode = 0; mode < 5; ++mode) {
+              if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal) || (mode == 2 && !do_owners) ||
+                  (mode == 3 && !do_rs) || (mode == 4 && !do_rs_sub))
+                continue;
               kernels::GemmParams p;
               p.dtype = dt, p.a = a.get(), p.b = b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
               p.four_stages = four;
-              if (mode != 1) {
+              if (mode >= 3) {
+                // The ReduceScatter epilogue of rank 0 of 2 (a group per wave): each tile row
+                // stored to its send slot row (runtime/ops/reducescatter.h), what that store costs the GEMM.
+                const plan::RsLayout layout = mode == 3 ? plan::RsLayout::Standard : plan::RsLayout::SubTile;
+                if (!plan::rs_layout_applies(s, 2, layout)) continue;
+                const plan::SlotMap map =
+                    plan::make_reducescatter_map(s, plan::make_groups(s, plan::Partition(size_t(waves), 1)), 2, 0, layout);
+                keep.push_back(rt::to_device(map.row_of));
+                p.row_of = keep.back().as<int32_t>();
+                keep.emplace_back(size_t(map.send_rows) * bn * 2);
+                p.store = kernels::Store::SlotRows, p.slots = keep.back().get(), p.slot_rows = map.send_rows;
+                p.counters = counters, p.group_of_tile = got;
+              } else if (mode != 1) {
                 p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = sh.n;
               } else {
                 p.store = kernels::Store::SlotTiles, p.slots = slots, p.slot_rows = int64_t(tiles_total) * 128;
@@ -189,7 +206,11 @@ int run(const Options& o) {
           const double ours_ms = stats[i + 1].median_ms, ours_tf = flop / ours_ms / 1e9;
           std::ostringstream shape;
           shape << sh.m << "x" << sh.n << "x" << sh.k;
-          const char* mname = cf.mode == 0 ? "plain" : cf.mode == 1 ? "signal" : "owners";
+          const char* mname = cf.mode == 0   ? "plain"
+                              : cf.mode == 1 ? "signal"
+                              : cf.mode == 2 ? "owners"
+                              : cf.mode == 3 ? "rs"
+                                             : "rs-sub";
           const std::string tname = "128x" + std::to_string(cf.bn) + (cf.four ? "/4st" : "");
           std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname
                     << std::setw(14) << tname << std::setw(8) << reserve << std::setw(8) << mname
@@ -238,7 +259,9 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--modes", opts->modes,
                   "Comma-separated: plain, signal, owners (the owner layout's kernel of rank 0 on this one GPU, its "
-                  "peer's buffers local stand-ins: what that layout costs the GEMM itself)")
+                  "peer's buffers local stand-ins: what that layout costs the GEMM itself), rs, rs-subtile (the "
+                  "GEMM + ReduceScatter epilogue of rank 0 of 2, standard or sub-tile layout: each tile row stored "
+                  "to its send slot row, a signal per wave)")
       ->capture_default_str();
   cmd->add_option("--four-stages", opts->four,
                   "The plain 128x256 store with 4 stages (its output staged in two pieces): on, off or both "
