@@ -60,14 +60,15 @@ int run(const Options& o) {
   if (o.dtype == "bf16" || o.dtype == "both") dtypes.push_back(kernels::DType::BF16);
   if (o.dtype == "fp16" || o.dtype == "both") dtypes.push_back(kernels::DType::FP16);
   if (dtypes.empty()) throw InvalidArgument("--dtype must be bf16, fp16 or both");
-  bool do_plain = false, do_signal = false, do_owners = false, do_rs = false, do_rs_sub = false;
+  bool do_plain = false, do_signal = false, do_owners = false, do_rs = false, do_rs_sub = false, do_rs_rows = false;
   for (const std::string& m : cli::split_list(o.modes)) {
     if (m == "plain") do_plain = true;
     else if (m == "signal") do_signal = true;
     else if (m == "owners") do_owners = true;
     else if (m == "rs") do_rs = true;
     else if (m == "rs-subtile") do_rs_sub = true;
-    else throw InvalidArgument("--modes: unknown mode '" + m + "' (plain, signal, owners, rs, rs-subtile)");
+    else if (m == "rs-rows") do_rs_rows = true;
+    else throw InvalidArgument("--modes: unknown mode '" + m + "' (plain, signal, owners, rs, rs-subtile, rs-rows)");
   }
 
   if (const rt::GpuProbe probe = rt::probe_gpus(); probe.hopper < 1) {
@@ -115,7 +116,7 @@ int run(const Options& o) {
         struct Config {
           int bn;
           bool four;  // ran with 4 stages
-          int mode;  // 0 plain, 1 signal, 2 owners on one GPU, 3 rs (standard), 4 rs-subtile
+          int mode;  // 0 plain, 1 signal, 2 owners on one GPU, 3 rs (standard), 4 rs-subtile, 5 rs-rows
           kernels::GemmParams p;
           double rel = -1;
           const rt::OwnerStandIn* owners = nullptr;  // mode 2
@@ -143,9 +144,9 @@ int run(const Options& o) {
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
           FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
           for (bool four : fours) {
-            for (int mode = 0; mode < 5; ++mode) {
+            for (int mode = 0; mode < 6; ++mode) {
               if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal) || (mode == 2 && !do_owners) ||
-                  (mode == 3 && !do_rs) || (mode == 4 && !do_rs_sub))
+                  (mode == 3 && !do_rs) || (mode == 4 && !do_rs_sub) || (mode == 5 && !do_rs_rows))
                 continue;
               kernels::GemmParams p;
               p.dtype = dt, p.a = a.get(), p.b = b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
@@ -153,12 +154,17 @@ int run(const Options& o) {
               if (mode >= 3) {
                 // The ReduceScatter epilogue of rank 0 of 2 (a group per wave): each tile row
                 // stored to its send slot row (runtime/ops/reducescatter.h), what that store costs the GEMM.
-                const plan::RsLayout layout = mode == 3 ? plan::RsLayout::Standard : plan::RsLayout::SubTile;
+                const plan::RsLayout layout = mode == 4 ? plan::RsLayout::SubTile : plan::RsLayout::Standard;
+                const bool rows_only = mode == 5;  // (the rows store where whole tiles could go by TMA: A/B)
                 if (!plan::rs_layout_applies(s, 2, layout)) continue;
                 const plan::SlotMap map =
                     plan::make_reducescatter_map(s, plan::make_groups(s, plan::Partition(size_t(waves), 1)), 2, 0, layout);
                 keep.push_back(rt::to_device(map.row_of));
                 p.row_of = keep.back().as<int32_t>();
+                if (const std::vector<int32_t> first = plan::tile_rows_of(map); !first.empty() && !rows_only) {
+                  keep.push_back(rt::to_device(first));  // (whole tiles by TMA, as the op does)
+                  p.tile_row = keep.back().as<int32_t>();
+                }
                 keep.emplace_back(size_t(map.send_rows) * bn * 2);
                 p.store = kernels::Store::SlotRows, p.slots = keep.back().get(), p.slot_rows = map.send_rows;
                 p.counters = counters, p.group_of_tile = got;
@@ -210,7 +216,8 @@ int run(const Options& o) {
                               : cf.mode == 1 ? "signal"
                               : cf.mode == 2 ? "owners"
                               : cf.mode == 3 ? "rs"
-                                             : "rs-sub";
+                              : cf.mode == 4 ? "rs-sub"
+                                             : "rs-rows";
           const std::string tname = "128x" + std::to_string(cf.bn) + (cf.four ? "/4st" : "");
           std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname
                     << std::setw(14) << tname << std::setw(8) << reserve << std::setw(8) << mname
@@ -261,7 +268,8 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
                   "Comma-separated: plain, signal, owners (the owner layout's kernel of rank 0 on this one GPU, its "
                   "peer's buffers local stand-ins: what that layout costs the GEMM itself), rs, rs-subtile (the "
                   "GEMM + ReduceScatter epilogue of rank 0 of 2, standard or sub-tile layout: each tile row stored "
-                  "to its send slot row, a signal per wave)")
+                  "to its send slot row, whole tiles by TMA where the map keeps each tile's rows together, a "
+                  "signal per wave), rs-rows (the standard map stored row by row: A/B)")
       ->capture_default_str();
   cmd->add_option("--four-stages", opts->four,
                   "The plain 128x256 store with 4 stages (its output staged in two pieces): on, off or both "

@@ -200,6 +200,11 @@ struct GemmParams {
   void* slots = nullptr;    // SlotTiles / SlotRows: [slot_rows x bn]
   int64_t slot_rows = 0;
   const int32_t* row_of = nullptr;  // SlotRows: [tiles * bm]
+  // SlotRows, optional: where every tile's rows are one run of bm slot rows
+  // (plan::tile_rows_of: all rows stored, consecutive), the slot row of each
+  // tile's first row, [tiles]: the tiles then go by TMA, as SlotTiles do,
+  // instead of row by row from the consumer warps (row_of unused).
+  const int32_t* tile_row = nullptr;
 
   uint32_t* counters = nullptr;        // non-null: signal each group
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)

@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         const plan::TileCoord tc = p.sched.tile_of(idx);
         // Plain: rows of C; SlotTiles: rows idx*BM.. of the slot buffer.
         const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
-        const int32_t row = (plain ? tc.tm * BM : idx * BM) + shift;
+        const int32_t row = (plain ? tc.tm * BM : p.tile_row ? p.tile_row[idx] : idx * BM) + shift;
         const int32_t col = plain ? tc.tn * BN : 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

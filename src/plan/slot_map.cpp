@@ -25,6 +25,19 @@ SlotMap slot_map_base(Collective op, const Schedule& s, int32_t world, int32_t r
   return map;
 }
 
+std::vector<int32_t> tile_rows_of(const SlotMap& map) {
+  const size_t tiles = map.bm > 0 ? map.row_of.size() / size_t(map.bm) : 0;
+  std::vector<int32_t> first(tiles);
+  for (size_t t = 0; t < tiles; ++t) {
+    const int32_t* rows = map.row_of.data() + t * size_t(map.bm);
+    if (rows[0] < 0) return {};
+    for (int32_t r = 1; r < map.bm; ++r)
+      if (rows[r] != rows[0] + r) return {};
+    first[t] = rows[0];
+  }
+  return first;
+}
+
 ScatterTables scatter_tables(const SlotMap& map) {
   ScatterTables t;
   for (const SlotTarget& x : map.target_of_slot) {

@@ -133,6 +133,12 @@ class WaveCounts {
   std::vector<int64_t> prefix_;  // [(waves + 1) * bins]
 };
 
+// Where every tile's rows are one run of bm consecutive send slot rows (all
+// stored: no row >= M, no tile split between destinations), the slot row of
+// each tile's first row, [tiles]: the GEMM then stores whole tiles by TMA
+// (kernels::GemmParams::tile_row). Empty otherwise.
+std::vector<int32_t> tile_rows_of(const SlotMap& map);
+
 // The empty map skeleton every builder starts from (shape fields, row_of all -1).
 SlotMap slot_map_base(Collective op, const Schedule& s, int32_t world, int32_t rank);
 

@@ -135,3 +135,38 @@ TEST(PlanSlotMaps, RoutingsAreValidatedAndShaped) {
   EXPECT_THROW(fo::validate_routing(fo::make_routing("uniform", 3, 10), 3, 11), flashoverlap::InvalidArgument);
   EXPECT_THROW(fo::validate_routing(fo::make_routing("uniform", 3, 10), 2, 10), flashoverlap::InvalidArgument);
 }
+
+// tile_rows_of: each tile's first slot row where every tile is one run of
+// bm stored rows (the GEMM's TMA store), nothing where one is not.
+TEST(PlanSlotMaps, TileRowsOfWholeTilesOnly) {
+  // Tiles of 4 rows, world 2: M = 16 (R = 8, whole tiles), 12 (R = 6: tile row
+  // 1 split, its halves the end of one part and the start of the next: still
+  // one run here), 10 (a ragged bottom tile: rows past M are not stored).
+  for (int32_t m : {16, 12, 10}) {
+    const fo::Schedule s = fo::make_schedule(m, 4, {4, 2}, 3, fo::Raster::AlongM, 1);
+    SCOPED_TRACE(fo_test::describe(s));
+    const auto groups = fo::make_groups(s, std::vector<int32_t>(size_t(s.waves()), 1));
+    for (int32_t rank : {0, 1}) {
+      const fo::SlotMap map = fo::make_reducescatter_map(s, groups, 2, rank, fo::RsLayout::Standard);
+      const std::vector<int32_t> first = fo::tile_rows_of(map);
+      if (m == 10) {
+        EXPECT_TRUE(first.empty());
+        continue;
+      }
+      if (m == 16) EXPECT_FALSE(first.empty());
+      if (first.empty()) continue;
+      ASSERT_EQ(first.size(), size_t(s.tiles()));
+      for (int32_t t = 0; t < s.tiles(); ++t)
+        for (int32_t r = 0; r < s.bm; ++r) EXPECT_EQ(map.slot_row(t, r), first[size_t(t)] + r);
+    }
+    // The sub-tile layout splits every tile between the ranks' parts.
+    EXPECT_TRUE(fo::tile_rows_of(fo::make_reducescatter_map(s, groups, 2, 0, fo::RsLayout::SubTile)).empty());
+  }
+  // A tile split between two parts that are not adjacent (padding between):
+  // AlongN, one group per tile row: each group is one destination's, the
+  // other part all padding.
+  const fo::Schedule s = fo::make_schedule(12, 4, {4, 2}, 2, fo::Raster::AlongN, 1);
+  const auto groups = fo::make_groups(s, std::vector<int32_t>(size_t(s.waves()), 1));
+  const fo::SlotMap map = fo::make_reducescatter_map(s, groups, 2, 0, fo::RsLayout::Standard);
+  EXPECT_TRUE(fo::tile_rows_of(map).empty());
+}

@@ -119,17 +119,20 @@ TEST(ReduceScatterOneGpu, EveryLayoutAndPlanMatchesOurGemm) {
     DeviceBuffer a(size_t(max_m) * k * 2), b(size_t(n) * k * 2), out(size_t(max_m) * ld_max * 2),
         ref(size_t(max_m) * n * 2), residual(size_t(max_m) * n * 2), weight(size_t(n) * 2), y(size_t(max_m) * n * 2),
         h(size_t(max_m) * n * 2);
-    int overlapped = 0;
+    int overlapped = 0, by_tma = 0;
     for (int trial = 0; trial < 24; ++trial) {
       const plan::RsLayout layout = trial % 2 ? plan::RsLayout::SubTile : plan::RsLayout::Standard;
-      const int64_t m = 1 + int64_t(rng() % uint64_t(max_m));
+      int64_t m = 1 + int64_t(rng() % uint64_t(max_m));
+      if (trial % 3 == 0) m = std::max<int64_t>(128, m - m % 128);  // (whole tiles: stored by TMA)
       rt::OverlapReduceScatterOptions o;
       o.sched = random_schedule(m, n, trial % 4 == 1 ? 132 : -1, layout, rng);
       o.groups = trial % 6 == 5 ? plan::make_groups(o.sched, {o.sched.waves()}) : random_groups(o.sched, rng);
       o.layout = layout, o.k = int(k), o.comm = nccl;
+      o.testing.rows_store = trial % 6 == 3;
       rt::OverlapReduceScatter op(o);
       overlapped += !op.sequential();
-      const std::string where = describe(op) + " seed " + std::to_string(seed);
+      by_tma += op.tiles_by_tma();
+      const std::string where = describe(op) + (op.tiles_by_tma() ? ", tiles by TMA" : "") + " seed " + std::to_string(seed);
       ASSERT_EQ(op.out_rows(), m) << where;
       const int64_t ld = trial % 3 == 0 ? ld_max : n;
       for (int call = 0; call < 2; ++call) {
@@ -156,6 +159,7 @@ TEST(ReduceScatterOneGpu, EveryLayoutAndPlanMatchesOurGemm) {
       EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, y.get(), n, ref.get(), n, m, n, st))) << where << " (RMSNorm)";
     }
     EXPECT_GT(overlapped, 14);
+    EXPECT_GT(by_tma, 3);  // (both stores run)
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }
@@ -221,14 +225,15 @@ TEST(ReduceScatterOneGpu, RanksSideBySideMatchTheirSum) {
     // m: ragged per rank (not a tile multiple), a multiple of the world for the standard layout
     int64_t m = 64 + int64_t(rng() % 1200);
     if (layout == plan::RsLayout::Standard) m -= m % world;
+    if (trial % 3 == 1) m = 128 * world * (1 + int64_t(rng() % 4));  // (standard: whole tiles, stored by TMA)
     rt::OverlapReduceScatterOptions o;
     o.sched = random_schedule(m, n, -1, layout, rng);  // (W GEMMs on one GPU's SMs, in turns or side by side)
     o.groups = random_groups(o.sched, rng);
     o.layout = layout, o.k = int(k), o.wait_timeout_s = 20;
     if (trial % 4 == 3) o.testing.first_epoch = 0xFFFFFFFFu - 1;  // the counters cross 2^32 on the second call
     RanksOnOneGpu ranks(world, o);
-    const std::string where = describe(*ranks.ops[0]) + ", world " + std::to_string(world) + ", seed " +
-                              std::to_string(seed);
+    const std::string where = describe(*ranks.ops[0]) + (ranks.ops[0]->tiles_by_tma() ? ", tiles by TMA" : "") +
+                              ", world " + std::to_string(world) + ", seed " + std::to_string(seed);
     std::vector<DeviceBuffer> a, b, c, out;
     for (int r = 0; r < world; ++r) {
       a.emplace_back(size_t(m) * k * 2), b.emplace_back(size_t(n) * k * 2), c.emplace_back(size_t(m) * n * 2);
