@@ -1,5 +1,7 @@
 // flashoverlap bench — GEMM + collective, every variant in one run on all
 // ranks: correctness first, then timings (median per rank, max over ranks).
+// This file: the AllReduce, and the run over shapes with its table, CSV and
+// JSON for every collective (--op reducescatter: cmd_bench_rs.cpp).
 //   sequential          cuBLAS GEMM, then one ncclAllReduce (what users run today)
 //   sequential-ourgemm  our GEMM, then one ncclAllReduce
 //   decomposition       M in 2/4/8 chunks of cuBLAS GEMMs, AllReduce per chunk on a 2nd stream (best)
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_shared.h"
 #include "cli_parse.h"
 #include "commands.h"
 #include "plan/curve_files.h"
@@ -46,126 +49,11 @@
 namespace flashoverlap::cli {
 namespace {
 
-struct Options {
-  std::string op = "allreduce";
-  int64_t m = 4096, n = 8192, k = 8192;
-  std::string shapes;  // overrides m, n, k: "MxNxK,MxNxK"
-  std::string dtype = "bf16";
-  std::string tile = "auto";
-  int reserve_sms = -1;
-  std::string partition;
-  std::string band_swizzles;  // row-band layouts: the swizzles the tuner tries (empty: its default)
-  std::string wait = "spin";
-  std::string layout = "auto";
-  std::string decomp = "2,4,8";
-  bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
-  bool diag_no_final_bytes = false;  // measurement only: owners' finals counted at the peer, not moved
-  bool owners_wide = false;  // testing: owners on 2 ranks through the path of 3-8
-  bool registered = false;  // flashoverlap into a registered output (run_registered)
-  bool gate = true;  // each timed run queued whole before the GPU starts it (host_gate.h)
-  bool four_stages = true;  // 128x256 tiles: 4 pipeline stages where the store qualifies (false: --three-stages)
-  std::string push_tma = "last";  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
-  std::string owner_pushers = "auto";  // owners, 4 stages: warps 2-3 push the tiles from C (auto: k <= 4096, on, off)
-  bool fuse = true;  // the sum (or the owners' copy) inside the GEMM where the plan says so
-  double wait_timeout_s = 30;  // a bounded wait of the overlapped op fails the call after this long
-  double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
-  int warmup = 5, iters = 20, nproc = 0;
-  std::string push_by = "auto";
-  int copy_streams = 2;
-  std::string csv;
-  std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
-  std::string tuning_cache;  // the measured picks stored here (runtime/tune/picks.h), for the public op
-};
-
-struct Row {
-  std::string variant;
-  double ms = 0;
-  std::string partition, config;
-};
-
-struct ShapeResult {
-  int64_t m = 0, n = 0, k = 0;
-  double gemm_ms = 0, comm_ms = 0, seq_ms = 0, ideal_ms = 0;  // the components timed in turns with the variants
-  std::vector<Row> rows;
-  std::string checks;
-  double predicted_ms = 0;
-  std::string trace;
-  std::string power;  // the --power table
-  std::string selection;  // the finalists measured by the tuner, the pick starred
-  std::string host_us;    // the host's enqueue per call, each variant (this rank, median)
-  double gemm_before_ms = 0, comm_before_ms = 0;  // the components timed on their own, before the tuner
-};
-
-std::vector<std::array<int64_t, 3>> shapes_of(const Options& o) {
-  auto out = o.shapes.empty() ? std::vector<std::array<int64_t, 3>>{{o.m, o.n, o.k}} : parse_shapes(o.shapes);
-  for (const auto& s : out) check_gemm_shape(s[0], s[1], s[2]);  // (plan checks the same)
-  return out;
-}
-
-// Everything that lives across shapes: the process group, communicators
-// (one per NCCL CTA budget), measured curves, cuBLAS.
-struct Context {
-  rt::DistEnv env;
-  std::unique_ptr<rt::Rendezvous> rv;
-  rt::Communicator base;  // NCCL's defaults: baselines, the overlap's last group
-  std::map<int, rt::Communicator> narrow;       // by max CTAs
-  std::map<int, plan::BandwidthCurve> curves;   // by max CTAs (0 = base)
-  rt::Communicator ce;                          // zero-CTA policy: copy-engine AllGather (gathered layout)
-  std::optional<plan::BandwidthCurve> gather_curve;
-  rt::DeviceInfo info;
-  std::unique_ptr<rt::PowerMeter> meter;  // --power: this rank's GPU (null: no NVML)
-  bool power_everywhere = false;          // every rank has a meter
-  cudaStream_t stream = nullptr;
-  std::unique_ptr<rt::CublasGemm> cublas;
-  kernels::DType dtype = kernels::DType::BF16;
-
-  ncclComm_t comm_for(int ctas) {
-    if (ctas <= 0) return base.get();
-    auto it = narrow.find(ctas);
-    if (it == narrow.end()) it = narrow.emplace(ctas, base.split({ctas, ctas, 1})).first;
-    return it->second.get();
-  }
-  ncclComm_t ce_comm() {
-    if (!ce) ce = base.split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
-    return ce.get();
-  }
-  std::string curves_dir, dtype_name;  // curve files (curve_files.h); empty: measured in this run only
-
-  bool all_ranks(bool mine) { return rt::max_over_ranks(*rv, {mine ? 0.0 : 1.0})[0] == 0.0; }
-  plan::RankAgreement agreement() {
-    return {[this](bool m) { return all_ranks(m); },
-            [this](const std::string& text) {
-              const auto bytes =
-                  rv->broadcast(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
-              return std::string(bytes.begin(), bytes.end());
-            }};
-  }
-  const plan::BandwidthCurve& gather() {
-    if (!gather_curve)
-      gather_curve = plan::cached_curve(
-          curves_dir.empty() ? "" : plan::allgather_curve_file(curves_dir, rv->world(), dtype_name), plan::Collective::AllGather,
-          info.name, rv->world(), rv->rank() == 0, agreement(),
-          [&] { return rt::measure_gather_curve(*rv, ce_comm(), dtype, stream, 256.0 * (1 << 20), 5, info.name); },
-          std::cerr);
-    return *gather_curve;
-  }
-  const plan::BandwidthCurve& curve_for(int ctas) {
-    auto it = curves.find(ctas);
-    if (it == curves.end())
-      it = curves
-               .emplace(ctas,
-                        plan::cached_curve(
-                            curves_dir.empty() ? "" : plan::allreduce_curve_file(curves_dir, ctas, rv->world(), dtype_name),
-                            plan::Collective::AllReduce, info.name, rv->world(), rv->rank() == 0, agreement(),
-                            [&] {
-                              return rt::measure_allreduce_curve(*rv, comm_for(ctas), dtype, stream,
-                                                                 256.0 * (1 << 20), 5, info.name);
-                            },
-                            std::cerr))
-               .first;
-    return it->second;
-  }
-};
+using bench::Context;
+using bench::Options;
+using bench::Row;
+using bench::ShapeResult;
+using bench::shapes_of;
 
 struct PowerVariant {
   std::string name;
@@ -411,7 +299,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   std::ostringstream chk;
   const std::string ref_name = plan.fallback_cublas ? "sequential (cuBLAS fallback)" : "sequential-ourgemm";
   chk << std::setprecision(2);
-  auto beyond = [&](double n) { return n == 0 ? std::string("all within the bound ok") : std::to_string(int64_t(n)) + " elements beyond the bound FAIL"; };
+  const auto beyond = bench::beyond_text;
   if (world == 2)
     chk << (bad[0] == 0 ? "bitwise == " + ref_name : "NOT bitwise equal to " + ref_name);
   else
@@ -427,37 +315,13 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
                        std::to_string(K) + ": " + res.checks);
 
   // ---- timings ----
-  // All variants timed in turns, so that clock or temperature drifts hit all alike.
-  std::vector<std::function<void()>> variants = {run_seq, run_ours};
-  std::vector<std::string> variant_names = {"sequential", "sequential-ourgemm"};
-  for (auto& d : decs) {
-    variants.push_back([&, dp = d.get()] { dp->run(*cx.cublas, dt, a.get(), b.get(), out_dec.get(), m, n, k, cx.stream); });
-    variant_names.push_back("decomposition " + std::to_string(d->chunks()));
-  }
-  variants.push_back(run_fo);
-  variant_names.push_back("flashoverlap");
-  // The ideal's components in the same turns: timed on their own before the
-  // variants, the GEMM ran up to 10% faster than inside the sequential
-  // baseline (clocks: the GPU is power-capped), which skewed the gain.
-  variants.push_back(run_gemm_alone);
-  variants.push_back(run_ar_alone);
-  variant_names.insert(variant_names.end(), {"GEMM alone", "AllReduce alone"});
-  std::vector<double> ms;
-  std::vector<double> host_us;
-  for (const auto& st : rt::time_collective_interleaved(variants, cx.stream, base, o.warmup, o.iters, o.gate))
-    ms.push_back(st.median_ms), host_us.push_back(st.host_median_us);
-  {
-    std::ostringstream h;
-    h << std::fixed << std::setprecision(1) << "host enqueue per call (rank " << rank << ", median us): ";
-    for (size_t i = 0; i < host_us.size(); ++i) h << (i ? ", " : "") << variant_names[i] << " " << host_us[i];
-    res.host_us = h.str() + (o.gate ? " (not in the times)" : " (in the times: --no-gate)");
-  }
-  FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  bench::Variants timed{run_seq, run_ours, run_fo, {}, run_gemm_alone, run_ar_alone};
+  for (auto& d : decs)
+    timed.decomposition.push_back(
+        {d->chunks(), [&, dp = d.get()] { dp->run(*cx.cublas, dt, a.get(), b.get(), out_dec.get(), m, n, k, cx.stream); }});
+  const std::vector<double> ms =
+      bench::time_variants(cx, o, timed, "AllReduce", "best of " + o.decomp + " chunks", res);
   op.check();
-  ms = rt::max_over_ranks(*cx.rv, ms);
-  res.comm_ms = ms.back(), ms.pop_back();
-  res.gemm_ms = ms.back(), ms.pop_back();
-  res.ideal_ms = std::max(res.gemm_ms, res.comm_ms);
   if (o.trace && !plan.sequential) {  // two more calls, traced, as each timed one ran (sync, gate), this rank
     op.set_tracing(true);
     rt::time_collective(run_fo, cx.stream, base, 1, 1, o.gate);  // (a warm-up first: the timeline is the second's)
@@ -502,14 +366,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
          << " done " << tl.comm_end[g];
     res.trace = tr.str();
   }
-  res.seq_ms = ms[0];
-  res.rows.push_back({"sequential", ms[0], "1", "cuBLAS + NCCL"});
-  res.rows.push_back({"sequential-ourgemm", ms[1], "1", "128x256, " + std::to_string(cx.info.sms) + " CTAs"});
-  size_t best_dec = 2;
-  for (size_t i = 2; i < 2 + decs.size(); ++i)
-    if (ms[i] < ms[best_dec]) best_dec = i;
-  res.rows.push_back({"decomposition", ms[best_dec], std::to_string(decs[best_dec - 2]->chunks()) + " chunks",
-                      "best of " + o.decomp + " chunks"});
   std::ostringstream cfg;
   cfg << op.schedule().bm << "x" << op.schedule().bn << ", " << op.schedule().ctas << " CTAs, swizzle "
       << op.schedule().swizzle << ", NCCL "
@@ -645,9 +501,12 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
 }
 
 int run(const Options& o) {
-  if (o.op != "allreduce")
-    throw InvalidArgument("bench --op " + o.op + ": only allreduce has an overlapped runtime so far "
-                          "(reducescatter and alltoall are planned: see `flashoverlap plan`)");
+  const bool rs = o.op == "reducescatter";
+  if (o.op != "allreduce" && !rs)
+    throw InvalidArgument("bench --op " + o.op + ": only allreduce and reducescatter have an overlapped runtime so far "
+                          "(alltoall is planned: see `flashoverlap plan`)");
+  if (!rs && !o.rs_layout.empty()) throw InvalidArgument("--rs-layout is for --op reducescatter");
+  const char* collective = rs ? "ReduceScatter" : "AllReduce";
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.tile != "auto") {
     const plan::TileShape t = plan::parse_tile(o.tile);  // (a malformed one: its message)
@@ -665,6 +524,7 @@ int run(const Options& o) {
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
   const auto shapes = shapes_of(o);
+  if (rs) bench::check_reducescatter_options(o, shapes);  // (before the GPU: what the CPU tests see)
   const rt::GpuProbe probe = rt::probe_gpus();
   const int gpus = probe.hopper;
   if (gpus < 1) {
@@ -712,7 +572,7 @@ int run(const Options& o) {
   for (const auto& s : shapes) {
     ShapeResult r;
     try {
-      r = bench_allreduce(cx, o, s[0], s[1], s[2]);
+      r = rs ? bench::bench_reducescatter(cx, o, s[0], s[1], s[2]) : bench_allreduce(cx, o, s[0], s[1], s[2]);
     } catch (const rt::NoPlan& e) {
       // No plan for this shape with these options: the same on every rank
       // (same shape, options and agreed measurements), at the same step, so
@@ -726,7 +586,7 @@ int run(const Options& o) {
     if (!root) continue;
     if (!o.json) {
       std::cout << "\n" << r.m << "x" << r.n << "x" << r.k << "  GEMM " << std::fixed << std::setprecision(3) << r.gemm_ms
-                << " ms, AllReduce " << r.comm_ms << " ms, ideal max " << r.ideal_ms
+                << " ms, " << collective << " " << r.comm_ms << " ms, ideal max " << r.ideal_ms
                 << " ms (in turns with the variants; on their own before: " << r.gemm_before_ms << ", "
                 << r.comm_before_ms << "); predicted " << r.predicted_ms << " ms\n  check: " << r.checks << "\n";
       if (!r.selection.empty()) std::cout << "  tuner's finalists: " << r.selection << "\n";
@@ -734,9 +594,10 @@ int run(const Options& o) {
       if (!r.trace.empty()) std::cout << "  " << r.trace << "\n";
       if (!r.power.empty()) std::cout << "  " << r.power << "\n";
       if (!rt::gain_captured(r.seq_ms, r.ideal_ms, r.seq_ms))
-        std::cout << "  gain n/a: the ideal, max(GEMM, AllReduce), is within "
+        std::cout << "  gain n/a: the ideal, max(GEMM, " << collective << "), is within "
                   << std::setprecision(0) << rt::kLeastIdealGain * 100 << "% of the sequential time"
-                  << (cx.rv->world() == 1 ? " (one GPU: its AllReduce moves nothing, so there is nothing to hide; "
+                  << (cx.rv->world() == 1 ? std::string(" (one GPU: its ") + collective +
+                                                " moves nothing, so there is nothing to hide; "
                                             "run on 2 or more GPUs)"
                                           : "")
                   << "\n";
@@ -811,16 +672,27 @@ void add_bench_command(CLI::App& app, int& rc) {
       "bench", "Overlapped GEMM + collective against the baselines, on all local GPUs (one process each)");
   // (A/B switches and diagnostics, apart from what a user chooses: its own group in --help)
   static const char* kExperiments = "Experiments (A/B switches and diagnostics)";
-  cmd->add_option("--op", o->op, "allreduce (reducescatter, alltoall: planner only so far)")->capture_default_str();
-  cmd->add_option("--m", o->m, "Rows of A and C")->capture_default_str()->check(at_least_one());
+  cmd->add_option("--op", o->op,
+                  "allreduce or reducescatter (each rank ends with its rows of the summed C: --rs-layout; "
+                  "alltoall: planner only so far)")
+      ->capture_default_str();
+  cmd->add_option("--rs-layout", o->rs_layout,
+                  "reducescatter: standard (rank r gets rows [r M/W, (r+1) M/W), as ncclReduceScatter on C; "
+                  "M % world == 0) or subtile (row slice r of every 128-row tile, the paper's; world divides 128); "
+                  "default standard")
+      ->check(CLI::IsMember({"standard", "subtile"}));
+  cmd->add_option("--m", o->m, "Rows of A and C (on every rank)")->capture_default_str()->check(at_least_one());
   cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(at_least_one());
   cmd->add_option("--k", o->k, "Inner dimension (multiple of 8)")->capture_default_str()->check(at_least_one());
   cmd->add_option("--shapes", o->shapes, "Several shapes MxNxK,MxNxK (overrides --m --n --k)");
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--tile", o->tile, "auto, 128x256 or 128x128")->capture_default_str();
-  cmd->add_option("--reserve-sms", o->reserve_sms, "SMs left to NCCL (-1: tuned)")->capture_default_str();
+  cmd->add_option("--reserve-sms", o->reserve_sms,
+                  "SMs left to NCCL (-1: tuned; reducescatter: 8, the public op's nccl_sms)")
+      ->capture_default_str();
   cmd->add_option("--partition", o->partition,
-                  "Group sizes, e.g. 2,3,3: waves (slots layout) or row bands (rows layout); default: planned");
+                  "Group sizes, e.g. 2,3,3: waves (slots layout, reducescatter) or row bands (rows layout); "
+                  "default: planned");
   cmd->add_option("--layout", o->layout,
                   "auto, rows (AllReduce in place on C's row bands), slots (tile slots + post-reorder) or gathered "
                   "(copy-engine AllGather of row bands, summed in the element-wise step) or gathered-tiles (the same "
@@ -843,8 +715,10 @@ void add_bench_command(CLI::App& app, int& rc) {
         return "";
       });
   cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str()->group(kExperiments);
-  cmd->add_option("--decomposition", o->decomp, "Chunk counts of the decomposition baseline")->capture_default_str()->group(kExperiments);
-  cmd->add_flag("--with-rmsnorm", o->rmsnorm, "Also compare the fused residual+RMSNorm path");
+  cmd->add_option("--decomposition", o->decomp,
+                  "Chunk counts of the decomposition baseline (reducescatter: chunks of every rank's row block)")->capture_default_str()->group(kExperiments);
+  cmd->add_flag("--with-rmsnorm", o->rmsnorm,
+                "Also compare the fused residual+RMSNorm path (reducescatter: on this rank's rows)");
   cmd->add_flag("--diag-no-final-bytes", o->diag_no_final_bytes,
                 "Measurement only (owners pushed, 4 stages): the final tiles are counted at the peer but not moved "
                 "there, so the result is wrong and not checked: how long the call takes without the finals' NVLink "
@@ -870,13 +744,14 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--curves", o->curves,
                   "Directory of measured bandwidth curves (written by `tune --curves DIR`): curves found there for "
                   "this GPU and world size are used, missing ones are measured and saved there; default: "
-                  "$FLASHOVERLAP_CURVES, else measured in each run")
+                  "$FLASHOVERLAP_CURVES, else measured in each run (allreduce; reducescatter plans from the "
+                  "built-in ReduceScatter curve and measures its candidates)")
       ->envname("FLASHOVERLAP_CURVES");
   cmd->add_option("--tuning-cache", o->tuning_cache,
                   "File of measured picks: each shape's pick (when the tuner was free to choose: no --layout, "
                   "--push-by, --tile, --reserve-sms, --partition or --no-select) is stored there by its tile rows, "
                   "for flashoverlap::GemmAllReduce (GemmAllReduceOptions::tuning_cache) to look up; default: "
-                  "$FLASHOVERLAP_TUNING_CACHE")
+                  "$FLASHOVERLAP_TUNING_CACHE (allreduce only)")
       ->envname("FLASHOVERLAP_TUNING_CACHE");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
   cmd->add_flag("--trace", o->trace,
@@ -904,7 +779,8 @@ void add_bench_command(CLI::App& app, int& rc) {
                 "Time the host's enqueue too: by default the stream is held before each timed run until the host "
                 "has queued it, so that only device time is timed (not launches, tensor maps, NCCL's enqueue)")->group(kExperiments);
   cmd->add_flag("!--no-select", o->select,
-                "Take the model's best plan as is, without measuring the best of each layout against each other");
+                "Take the model's best plan as is, without measuring the best of each layout against each other "
+                "(reducescatter: of each tile shape and the sequential plans)");
   cmd->add_option("--power", o->power_s,
                   "Seconds: after the timings, stay idle, then run the cuBLAS GEMM, our GEMM, the AllReduce, "
                   "sequential and flashoverlap (a pushed pick also with the other transports and sum placements, "

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -144,6 +145,12 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
       {"bench", "--dtype fp32", "--dtype"},
       {"bench", "--tile 64x64", "--tile must be auto, 128x256 or 128x128, not 64x64"},
       {"bench", "--layout diagonal", "--layout"},
+      {"bench", "--op alltoall", "only allreduce and reducescatter have an overlapped runtime"},
+      {"bench", "--rs-layout subtile", "--rs-layout is for --op reducescatter"},
+      {"bench", "--op reducescatter --rs-layout diagonal", "--rs-layout"},
+      {"bench", "--op reducescatter --layout rows --trace", "--layout, --trace are for --op allreduce only"},
+      {"bench", "--op reducescatter --decomposition 2,0", "chunk counts are at least 1, not 0"},
+      {"bench", "--op reducescatter --partition 1,x", "bad partition"},
       {"bench-gemm", "--iters 0", "--iters: must be a number >= 1"},
       {"tune", "--iters 0", "--iters: must be a number >= 1"},
   };
@@ -153,6 +160,38 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
     EXPECT_EQ(r.rc, 2) << r.out << r.err;
     EXPECT_EQ(lines(r.err), 1u) << r.err;
     EXPECT_EQ(r.err.rfind("flashoverlap: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+// bench --op reducescatter checks M against the world size of the job's
+// environment (a process of a launched job: RANK and WORLD_SIZE set) before
+// it looks for a GPU: one shape that the layout cannot split is an error.
+TEST(BenchCli, ReduceScatterRefusesShapesTheWorldCannotSplit) {
+  struct Env {  // RANK=0 WORLD_SIZE=<world> for the commands run while it lives
+    explicit Env(int world) {
+      setenv("RANK", "0", 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    }
+    ~Env() {
+      unsetenv("RANK");
+      unsetenv("WORLD_SIZE");
+    }
+  };
+  const std::tuple<int, std::string, std::string> cases[] = {
+      {2, "--m 4095", "M = 4095 is not a multiple of the world size 2"},
+      {4, "--m 4098 --rs-layout standard", "M = 4098 is not a multiple of the world size 4"},
+      {3, "--rs-layout subtile", "the world size must divide 128"},
+      {8, "--m 100 --rs-layout subtile", "M = 100 leaves rank 7 no rows"},
+  };
+  for (const auto& [world, args, expect] : cases) {
+    SCOPED_TRACE(std::to_string(world) + " ranks: " + args);
+    const Env env(world);
+    const Result r = run("--op reducescatter " + args, "bench");
+    EXPECT_EQ(r.rc, 2) << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1u) << r.err;
+    EXPECT_EQ(r.err.rfind("flashoverlap: error: bench --op reducescatter", 0), 0u) << r.err;
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
