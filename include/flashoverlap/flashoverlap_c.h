@@ -12,6 +12,9 @@
  *   fo_gemm_allreduce_destroy(op);
  *   fo_comm_destroy(comm);
  *
+ * fo_gemm_reducescatter_* is the same for ReduceScatter (each rank gets its
+ * rows of the sum: fo_gemm_reducescatter_rows_out, _rows).
+ *
  * Conventions, for every function below except fo_version, fo_c_abi_version,
  * fo_status_string and fo_last_error:
  *   - it returns an fo_status and writes its results through out-parameters;
@@ -29,8 +32,8 @@
  * CUDA or NCCL header and a ctypes caller passes the integer it already has
  * (torch.cuda.current_stream().cuda_stream) as c_void_p. NULL is the legacy
  * default stream, as in CUDA. Device buffers are `void*` too. Enums are
- * 32-bit (each has a 0x7fffffff member to pin the size); the options struct
- * uses only fixed-size fields (int32_t, double, a pointer, size_t).
+ * 32-bit (each has a 0x7fffffff member to pin the size); the options structs
+ * use only fixed-size fields (int32_t, double, a pointer, size_t).
  *
  * Threads: as in C++, each object is used by one thread at a time; objects
  * may be used from different threads one after the other. The last error is
@@ -54,7 +57,7 @@ extern "C" {
 
 /* The version of this C ABI, as fo_c_abi_version() returns it: raised when a
  * function's or a struct's layout changes incompatibly (adding a function,
- * an enum value or a field at the end of the options struct does not). A
+ * an enum value or a field at the end of an options struct does not). A
  * loader that cannot see this header (ctypes) compares the two. */
 #define FO_C_ABI_VERSION 1
 
@@ -71,8 +74,9 @@ typedef enum fo_status {
    * is installed but fails to start is FO_ERROR: that is a broken machine.) */
   FO_NO_GPU = 2,
   /* Anything else: CUDA, NCCL or cuBLAS failed, a wait timed out (see
-   * fo_gemm_allreduce_check), out of host memory, a broken installation.
-   * The message says what; an op that reported it may not be usable again. */
+   * fo_gemm_allreduce_check, fo_gemm_reducescatter_check), out of host
+   * memory, a broken installation. The message says what; an op that
+   * reported it may not be usable again. */
   FO_ERROR = 3,
   FO_STATUS_FORCE_INT32_ = 0x7fffffff
 } fo_status;
@@ -84,7 +88,8 @@ typedef enum fo_dtype {
 } fo_dtype;
 
 /* GemmAllReduceOptions::Path: how the AllReduce runs beside the GEMM (see
- * flashoverlap.h). */
+ * flashoverlap.h). GemmReduceScatterOptions::Path takes the same values
+ * where it has them: FO_PATH_AUTO, FO_PATH_SEQUENTIAL and FO_PATH_SLOTS. */
 typedef enum fo_path {
   FO_PATH_AUTO = 0,
   FO_PATH_SEQUENTIAL = 1,
@@ -94,12 +99,27 @@ typedef enum fo_path {
   FO_PATH_FORCE_INT32_ = 0x7fffffff
 } fo_path;
 
+/* GemmReduceScatterOptions::Layout: which rows of the sum each rank ends
+ * with (see flashoverlap.h). */
+typedef enum fo_rs_layout {
+  /* rank r: rows [r m/W, (r+1) m/W), what ncclReduceScatter of row-major C
+   * gives (m % W == 0) */
+  FO_RS_LAYOUT_STANDARD = 0,
+  /* the paper's sub-tile layout: rank r holds rows t*128 + r*128/W + [0,
+   * 128/W) of every 128-row tile row t (fo_gemm_reducescatter_rows lists
+   * them); any m, W divides 128 */
+  FO_RS_LAYOUT_SUBTILE = 1,
+  FO_RS_LAYOUT_FORCE_INT32_ = 0x7fffffff
+} fo_rs_layout;
+
 /* The NCCL communicator the ops run on (flashoverlap::Communicator). An op
  * keeps its communicator alive: a handle may be destroyed once its ops are
  * created. */
 typedef struct fo_comm* fo_comm_t;
 /* One GemmAllReduce op (flashoverlap::GemmAllReduce). */
 typedef struct fo_gemm_allreduce* fo_gemm_allreduce_t;
+/* One GemmReduceScatter op (flashoverlap::GemmReduceScatter). */
+typedef struct fo_gemm_reducescatter* fo_gemm_reducescatter_t;
 
 /* The bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
 #define FO_UNIQUE_ID_BYTES 128
@@ -121,6 +141,20 @@ typedef struct fo_gemm_allreduce_options {
   const char* tuning_cache; /* a file of measured picks (bench --tuning-cache), copied at create; NULL or "":
                                FLASHOVERLAP_TUNING_CACHE (default NULL) */
 } fo_gemm_allreduce_options;
+
+/* GemmReduceScatterOptions, with fo_gemm_allreduce_options' rules: fill it
+ * with fo_gemm_reducescatter_options_default first, then change fields;
+ * struct_size says which fields the caller's header knew. The fields they
+ * share sit at the same offsets as in fo_gemm_allreduce_options. */
+typedef struct fo_gemm_reducescatter_options {
+  size_t struct_size;    /* sizeof(fo_gemm_reducescatter_options), as the caller knows it */
+  int32_t path;          /* an fo_path: FO_PATH_AUTO (default), FO_PATH_SEQUENTIAL or FO_PATH_SLOTS (the
+                            others are no ReduceScatter path: FO_INVALID_ARGUMENT) */
+  int32_t nccl_sms;      /* SMs left to NCCL beside the GEMM; default 8 */
+  double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
+  int32_t check_m;       /* nonzero: every call checks all ranks passed the same m; default 0 */
+  int32_t layout;        /* an fo_rs_layout; default FO_RS_LAYOUT_STANDARD */
+} fo_gemm_reducescatter_options;
 
 /* ---- queries without a status (they never fail and never change fo_last_error) ---- */
 
@@ -195,6 +229,61 @@ FO_C_API fo_status fo_gemm_allreduce_shape(fo_gemm_allreduce_t op, int64_t* max_
                                            fo_dtype* dtype);
 /* Waits for the op's last call's work and releases it. NULL: nothing. */
 FO_C_API fo_status fo_gemm_allreduce_destroy(fo_gemm_allreduce_t op);
+
+/* ---- GemmReduceScatter: out = this rank's rows of the sum over ranks of a (m x k) * b^T ---- */
+
+/* The defaults (equal to GemmReduceScatterOptions{}'s), writing struct_size
+ * bytes of *options: pass sizeof *options. */
+FO_C_API fo_status fo_gemm_reducescatter_options_default(fo_gemm_reducescatter_options* options,
+                                                         size_t struct_size);
+/* Collective over comm: every rank, with the same arguments. options: NULL
+ * for the defaults. 1 <= max_m (standard layout: max_m >= world); n >= 1;
+ * k % 8 == 0; the sub-tile layout needs world to divide 128. */
+FO_C_API fo_status fo_gemm_reducescatter_create(fo_comm_t comm, int64_t max_m, int64_t n, int64_t k, fo_dtype dtype,
+                                                const fo_gemm_reducescatter_options* options,
+                                                fo_gemm_reducescatter_t* out);
+/* out (rows_out(m) x n, ld_out elements per row, 0: n) = this rank's rows of
+ * the sum over ranks of a * b^T, in the layout's order, on stream (a
+ * cudaStream_t; NULL: the legacy default stream); 1 <= m <= max_m, and m a
+ * multiple of the world size for the standard layout. a (m x k), b (n x k)
+ * and out are device pointers, required: a rank whose rows_out(m) is 0 (the
+ * sub-tile layout, m small) still makes the call (it is collective) and
+ * passes some buffer, not written. */
+FO_C_API fo_status fo_gemm_reducescatter_run(fo_gemm_reducescatter_t op, const void* a, const void* b, void* out,
+                                             int64_t m, void* stream, int64_t ld_out);
+/* out = RMSNorm(h) * norm_weight, h = this rank's rows + residual;
+ * residual_out (optional, NULL: not written) = h. out, residual and
+ * residual_out are rows_out(m) x n (ld n, in the layout's row order) and
+ * must not overlap; out and residual are required even for 0 rows (see
+ * fo_gemm_reducescatter_run). */
+FO_C_API fo_status fo_gemm_reducescatter_run_rmsnorm(fo_gemm_reducescatter_t op, const void* a, const void* b,
+                                                     const void* residual, const void* norm_weight, float eps,
+                                                     void* out, void* residual_out, int64_t m, void* stream);
+/* *rows = the rows this rank's output holds for m (m / world for the
+ * standard layout). Needs no GPU work. */
+FO_C_API fo_status fo_gemm_reducescatter_rows_out(fo_gemm_reducescatter_t op, int64_t m, int64_t* rows);
+/* Which rows of C this rank's output holds for m, in order, into rows
+ * (count entries), as fo_gemm_reducescatter_plan does for text: at most
+ * count of them; *needed (optional) = rows_out(m). rows may be NULL when
+ * count is 0 (ask for the count first). */
+FO_C_API fo_status fo_gemm_reducescatter_rows(fo_gemm_reducescatter_t op, int64_t m, int64_t* rows, size_t count,
+                                              size_t* needed);
+/* Plans m (if new) and allocates what its calls need, without running:
+ * before capturing a call with this m into a CUDA graph. */
+FO_C_API fo_status fo_gemm_reducescatter_prepare(fo_gemm_reducescatter_t op, int64_t m);
+/* The plan m runs with, as text, into buf (size bytes), as snprintf does
+ * (see fo_gemm_allreduce_plan). */
+FO_C_API fo_status fo_gemm_reducescatter_plan(fo_gemm_reducescatter_t op, int64_t m, char* buf, size_t size,
+                                              size_t* needed);
+/* FO_ERROR with its message if an earlier call's wait timed out (synchronise
+ * its stream first); FO_OK otherwise. */
+FO_C_API fo_status fo_gemm_reducescatter_check(fo_gemm_reducescatter_t op);
+/* The op's shape and its communicator's world size; each out-pointer may be
+ * NULL (not written). */
+FO_C_API fo_status fo_gemm_reducescatter_shape(fo_gemm_reducescatter_t op, int64_t* max_m, int64_t* n, int64_t* k,
+                                               fo_dtype* dtype, int* world);
+/* Waits for the op's last call's work and releases it. NULL: nothing. */
+FO_C_API fo_status fo_gemm_reducescatter_destroy(fo_gemm_reducescatter_t op);
 
 #ifdef __cplusplus
 }  /* extern "C" */

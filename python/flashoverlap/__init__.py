@@ -1,11 +1,14 @@
 """FlashOverlap from Python: a Hopper GEMM overlapped with the NCCL AllReduce
-that follows it (include/flashoverlap/flashoverlap.h), through the library's
-C ABI (flashoverlap_c.h) and ctypes, as vLLM's PyNccl calls NCCL: nothing is
-compiled against PyTorch's C++ ABI, so one install serves every PyTorch.
+or ReduceScatter that follows it (include/flashoverlap/flashoverlap.h),
+through the library's C ABI (flashoverlap_c.h) and ctypes, as vLLM's PyNccl
+calls NCCL: nothing is compiled against PyTorch's C++ ABI, so one install
+serves every PyTorch.
 
     import flashoverlap.torch as fo
     op = fo.GemmAllReduce(group, max_m=8192, n=8192, k=8192, dtype=torch.bfloat16)  # collective
     y = op(x, weight)       # AllReduce(x @ weight.T) over the group, on torch's current stream
+    rs = fo.GemmReduceScatter(group, max_m=8192, n=8192, k=8192, dtype=torch.bfloat16)
+    y = rs(x, weight)       # this rank's rows of the sum: (m / world, n)
 
 Importing this package imports no torch and loads no library: the library
 (and with it libnccl.so.2) is loaded at first use (load()), after torch
@@ -29,7 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "FlashOverlapError", "InvalidArgument", "NoGpu", "library_path", "load", "nccl_version",
-    "Communicator", "GemmAllReduce", "unique_id",
+    "Communicator", "GemmAllReduce", "GemmReduceScatter", "unique_id",
 ]
 
 # The C ABI's status codes (fo_status).
@@ -121,7 +124,7 @@ def nccl_version():
 
 def __getattr__(name):
     # The ctypes layer's classes, without importing it (nor loading anything) at import.
-    if name in ("Communicator", "GemmAllReduce", "unique_id"):
+    if name in ("Communicator", "GemmAllReduce", "GemmReduceScatter", "unique_id"):
         from . import _capi
         return getattr(_capi, name)
     raise AttributeError(f"module 'flashoverlap' has no attribute {name!r}")

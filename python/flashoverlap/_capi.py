@@ -8,9 +8,10 @@ per thread). The loader checks fo_c_abi_version() against C_ABI_VERSION: a
 library whose layouts differ from these declarations is refused before any
 call.
 
-Above the raw functions, Communicator and GemmAllReduce own a handle each
-(destroyed by close() or by the garbage collector) and take device pointers
-and streams as integers, as torch's data_ptr() and cuda_stream give them.
+Above the raw functions, Communicator, GemmAllReduce and GemmReduceScatter
+own a handle each (destroyed by close() or by the garbage collector) and take
+device pointers and streams as integers, as torch's data_ptr() and
+cuda_stream give them.
 
 NCCL: the library needs libnccl.so.2 >= 2.28 (it calls 2.28's device API and
 symmetric windows) and runs on whichever libnccl.so.2 the process has loaded
@@ -29,9 +30,11 @@ from . import FO_OK, FlashOverlapError, InvalidArgument, error_for
 C_ABI_VERSION = 1
 UNIQUE_ID_BYTES = 128  # FO_UNIQUE_ID_BYTES
 
-# fo_dtype, fo_path
+# fo_dtype, fo_path, fo_rs_layout
 DTYPE_BF16, DTYPE_FP16 = 0, 1
 PATHS = {"auto": 0, "sequential": 1, "row_bands": 2, "slots": 3, "owners": 4}
+RS_PATHS = {"auto": 0, "sequential": 1, "slots": 3}  # (GemmReduceScatter's: those fo_path values)
+RS_LAYOUTS = {"standard": 0, "subtile": 1}
 DTYPES = {"bf16": DTYPE_BF16, "bfloat16": DTYPE_BF16, "fp16": DTYPE_FP16, "float16": DTYPE_FP16}
 
 # The NCCL versions the library runs on: [NCCL_MIN, NCCL_END). 2.28 is what
@@ -59,7 +62,23 @@ class Options(ctypes.Structure):
 assert ctypes.sizeof(Options) == 48 and Options.curves.offset == 32 and Options.tuning_cache.offset == 40, \
     "fo_gemm_allreduce_options layout"
 
-_h = c_void_p  # fo_comm_t, fo_gemm_allreduce_t, void* (device pointers, streams, ncclComm_t)
+
+class RsOptions(ctypes.Structure):
+    """fo_gemm_reducescatter_options (32 bytes; c_api.cpp asserts the offsets)."""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("path", c_int32),
+        ("nccl_sms", c_int32),
+        ("wait_timeout_s", c_double),
+        ("check_m", c_int32),
+        ("layout", c_int32),
+    ]
+
+
+assert ctypes.sizeof(RsOptions) == 32 and RsOptions.layout.offset == 28, "fo_gemm_reducescatter_options layout"
+
+_h = c_void_p  # fo_comm_t, fo_gemm_allreduce_t, fo_gemm_reducescatter_t, void* (device pointers, streams, ncclComm_t)
 _STATUS = "status"  # restype marker: an fo_status, checked
 
 # name: (restype, argtypes), in flashoverlap_c.h's order.
@@ -85,6 +104,18 @@ _PROTOTYPES = {
     "fo_gemm_allreduce_check": (_STATUS, [_h]),
     "fo_gemm_allreduce_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int64), POINTER(c_int64), POINTER(c_int)]),
     "fo_gemm_allreduce_destroy": (_STATUS, [_h]),
+    "fo_gemm_reducescatter_options_default": (_STATUS, [POINTER(RsOptions), c_size_t]),
+    "fo_gemm_reducescatter_create": (_STATUS, [_h, c_int64, c_int64, c_int64, c_int, POINTER(RsOptions), POINTER(_h)]),
+    "fo_gemm_reducescatter_run": (_STATUS, [_h, _h, _h, _h, c_int64, _h, c_int64]),
+    "fo_gemm_reducescatter_run_rmsnorm": (_STATUS, [_h, _h, _h, _h, _h, c_float, _h, _h, c_int64, _h]),
+    "fo_gemm_reducescatter_rows_out": (_STATUS, [_h, c_int64, POINTER(c_int64)]),
+    "fo_gemm_reducescatter_rows": (_STATUS, [_h, c_int64, POINTER(c_int64), c_size_t, POINTER(c_size_t)]),
+    "fo_gemm_reducescatter_prepare": (_STATUS, [_h, c_int64]),
+    "fo_gemm_reducescatter_plan": (_STATUS, [_h, c_int64, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "fo_gemm_reducescatter_check": (_STATUS, [_h]),
+    "fo_gemm_reducescatter_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int64), POINTER(c_int64), POINTER(c_int),
+                                              POINTER(c_int)]),
+    "fo_gemm_reducescatter_destroy": (_STATUS, [_h]),
 }
 
 
@@ -365,6 +396,33 @@ def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=N
     return o
 
 
+def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_timeout_s=None, check_m=None):
+    """fo_gemm_reducescatter_options: the library's defaults, then what is given."""
+    o = RsOptions()
+    lib.c.fo_gemm_reducescatter_options_default(byref(o), ctypes.sizeof(o))
+    if path not in RS_PATHS:
+        raise InvalidArgument(f"path = {path!r}: one of {', '.join(map(repr, RS_PATHS))} (GemmReduceScatter's)")
+    if layout not in RS_LAYOUTS:
+        raise InvalidArgument(f"layout = {layout!r}: one of {', '.join(map(repr, RS_LAYOUTS))}")
+    o.path, o.layout = RS_PATHS[path], RS_LAYOUTS[layout]
+    if nccl_sms is not None:
+        o.nccl_sms = int(nccl_sms)
+    if wait_timeout_s is not None:
+        o.wait_timeout_s = float(wait_timeout_s)
+    if check_m is not None:
+        o.check_m = 1 if check_m else 0
+    return o
+
+
+def _plan_text(fn, handle, m):
+    """A plan function's text (fo_gemm_*_plan: the size first, then the text)."""
+    needed = c_size_t(0)
+    fn(handle, m, None, 0, byref(needed))
+    buf = ctypes.create_string_buffer(needed.value)
+    fn(handle, m, buf, needed.value, None)
+    return buf.value.decode(errors="replace")
+
+
 def dtype_code(dtype):
     """An fo_dtype from 0/1 or "bf16"/"bfloat16"/"fp16"/"float16"."""
     if isinstance(dtype, str) and dtype.lower() in DTYPES:
@@ -406,11 +464,7 @@ class GemmAllReduce(_Handle):
 
     def plan(self, m):
         """The plan m runs with, as text."""
-        needed = c_size_t(0)
-        self._lib.c.fo_gemm_allreduce_plan(self.handle, m, None, 0, byref(needed))
-        buf = ctypes.create_string_buffer(needed.value)
-        self._lib.c.fo_gemm_allreduce_plan(self.handle, m, buf, needed.value, None)
-        return buf.value.decode(errors="replace")
+        return _plan_text(self._lib.c.fo_gemm_allreduce_plan, self.handle, m)
 
     def check(self):
         """Raises the error of an earlier call whose wait timed out."""
@@ -421,3 +475,68 @@ class GemmAllReduce(_Handle):
         max_m, n, k, d = c_int64(), c_int64(), c_int64(), c_int()
         self._lib.c.fo_gemm_allreduce_shape(self.handle, byref(max_m), byref(n), byref(k), byref(d))
         return max_m.value, n.value, k.value, d.value
+
+
+class GemmReduceScatter(_Handle):
+    """out (rows_out(m) x n) = this rank's rows of the sum over comm's ranks of
+    a (m x k) * b^T (b: n x k), on device pointers
+    (flashoverlap::GemmReduceScatter). Construction is collective.
+
+    layout "standard": rank r holds rows [r m/W, (r+1) m/W) (m % W == 0);
+    "subtile": rows t*128 + r*128/W + [0, 128/W) of every 128-row tile row t
+    (rows(m) lists them)."""
+
+    _destroy = "fo_gemm_reducescatter_destroy"
+
+    def __init__(self, comm, max_m, n, k, dtype, *, path="auto", layout="standard", nccl_sms=None,
+                 wait_timeout_s=None, check_m=None):
+        lib = _lib()
+        opts = make_rs_options(lib, path, layout, nccl_sms, wait_timeout_s, check_m)
+        code = dtype_code(dtype)
+        out = c_void_p()
+        lib.c.fo_gemm_reducescatter_create(comm.handle, max_m, n, k, code, byref(opts), byref(out))
+        super().__init__(lib, out)
+
+    def run(self, a, b, out, m, stream=None, ld_out=0):
+        """out (rows_out(m) rows) = this rank's rows of the sum of a * b^T for m
+        rows of a, on stream (a cudaStream_t as an integer; None/0: the legacy
+        default stream)."""
+        self._lib.c.fo_gemm_reducescatter_run(self.handle, a, b, out, m, stream or None, ld_out)
+
+    def run_rmsnorm(self, a, b, residual, norm_weight, eps, out, residual_out, m, stream=None):
+        """out = RMSNorm(h) * norm_weight, h = this rank's rows + residual (all
+        rows_out(m) x n); residual_out (optional) = h."""
+        self._lib.c.fo_gemm_reducescatter_run_rmsnorm(self.handle, a, b, residual, norm_weight, eps, out,
+                                                      residual_out or None, m, stream or None)
+
+    def rows_out(self, m):
+        """How many rows this rank's output holds for m."""
+        v = c_int64()
+        self._lib.c.fo_gemm_reducescatter_rows_out(self.handle, m, byref(v))
+        return v.value
+
+    def rows(self, m):
+        """Which rows of C this rank's output holds for m, in order (a list)."""
+        needed = c_size_t(0)
+        self._lib.c.fo_gemm_reducescatter_rows(self.handle, m, None, 0, byref(needed))
+        buf = (c_int64 * max(needed.value, 1))()
+        self._lib.c.fo_gemm_reducescatter_rows(self.handle, m, buf, needed.value, None)
+        return list(buf[:needed.value])
+
+    def prepare(self, m):
+        """Plans m and allocates what its calls need: before a CUDA-graph capture."""
+        self._lib.c.fo_gemm_reducescatter_prepare(self.handle, m)
+
+    def plan(self, m):
+        """The plan m runs with, as text."""
+        return _plan_text(self._lib.c.fo_gemm_reducescatter_plan, self.handle, m)
+
+    def check(self):
+        """Raises the error of an earlier call whose wait timed out."""
+        self._lib.c.fo_gemm_reducescatter_check(self.handle)
+
+    def shape(self):
+        """(max_m, n, k, dtype code, world)."""
+        max_m, n, k, d, w = c_int64(), c_int64(), c_int64(), c_int(), c_int()
+        self._lib.c.fo_gemm_reducescatter_shape(self.handle, byref(max_m), byref(n), byref(k), byref(d), byref(w))
+        return max_m.value, n.value, k.value, d.value, w.value

@@ -1,10 +1,17 @@
-"""FlashOverlap's GEMM + AllReduce for PyTorch tensors (PyTorch >= 2.4).
+"""FlashOverlap's GEMM + AllReduce and GEMM + ReduceScatter for PyTorch
+tensors (PyTorch >= 2.4).
 
     import flashoverlap.torch as fo
     op = fo.GemmAllReduce(group, max_m=8192, n=8192, k=8192, dtype=torch.bfloat16)  # collective
     y = op(x, weight)                    # AllReduce(x @ weight.T) over the group (x: m x k, weight: n x k)
     y, h = op(x, weight, residual=r, norm_weight=g, eps=1e-6)   # + residual, RMSNorm (h = the new residual)
     y = fo.gemm_all_reduce(x, weight, group)   # the same, the op built and cached for you
+
+    rs = fo.GemmReduceScatter(group, max_m=8192, n=8192, k=8192, dtype=torch.bfloat16)  # collective
+    y = rs(x, weight)                    # this rank's rows of the sum: (m / world, n), as
+                                         # dist.reduce_scatter_tensor of x @ weight.T gives them
+    y, h = rs(x, weight, residual=r, norm_weight=g)   # r, y, h: (m / world, n)
+    y = fo.gemm_reduce_scatter(x, weight, group)
 
 The library is reached through its C ABI (ctypes): nothing here is compiled
 against torch, so any torch >= 2.4 serves. torch is imported at first use,
@@ -13,7 +20,8 @@ the library's libnccl.so.2 is the one torch loaded (one library of that name
 serves a process).
 
 The ops are torch.library custom ops (flashoverlap::gemm_all_reduce,
-flashoverlap::gemm_all_reduce_rmsnorm) taking the op object as an integer
+flashoverlap::gemm_all_reduce_rmsnorm, flashoverlap::gemm_reduce_scatter,
+flashoverlap::gemm_reduce_scatter_rmsnorm) taking the op object as an integer
 handle, with fake implementations: torch.compile keeps them whole (one node
 each) and traces through without running them. They run on torch's current
 stream of the op's device, and may be captured into CUDA graphs for an m the
@@ -34,16 +42,18 @@ import weakref
 
 from . import FlashOverlapError, InvalidArgument, NoGpu, _capi, load
 
-__all__ = ["GemmAllReduce", "gemm_all_reduce", "clear_cache", "require_torch", "MIN_TORCH"]
+__all__ = ["GemmAllReduce", "GemmReduceScatter", "gemm_all_reduce", "gemm_reduce_scatter", "clear_cache",
+           "require_torch", "MIN_TORCH"]
 
 MIN_TORCH = (2, 4)  # torch.library.custom_op and register_fake
 
 _torch = None  # the torch module, once require_torch() has accepted it
 _lock = threading.RLock()
-_ops = weakref.WeakValueDictionary()  # handle -> GemmAllReduce: what the custom ops' integer names
+_ops = weakref.WeakValueDictionary()  # handle -> GemmAllReduce | GemmReduceScatter: what the custom ops' integer names
 _ids = itertools.count(1)
 _comms = {}  # (group, device index, mode) -> _capi.Communicator: one per group, shared by its ops
 _cache = {}  # the functional's ops: (group, device, dtype, n, k, options) -> GemmAllReduce
+_rs_cache = {}  # gemm_reduce_scatter's, the same way -> GemmReduceScatter
 _registered = False
 
 
@@ -79,7 +89,7 @@ def _register_ops(torch):
     """Defines the custom ops (once). Their real implementations look the op
     up by handle and validate the tensors; the fake ones only say the output's
     shape (validating what needs no data), so that tracing runs nothing."""
-    global _registered, _lookup
+    global _registered, _lookup, _rs_lookup
     with _lock:
         if _registered:
             return
@@ -87,12 +97,12 @@ def _register_ops(torch):
         @torch.library.custom_op("flashoverlap::gemm_all_reduce", mutates_args=(),
                                  schema="(Tensor x, Tensor weight, int handle) -> Tensor")
         def _gemm_all_reduce(x, weight, handle):
-            return _op_of(handle)._run(x, weight)
+            return _op_of(handle, GemmAllReduce)._run(x, weight)
 
         @_gemm_all_reduce.register_fake
         def _(x, weight, handle):
             op = _ops.get(handle) if isinstance(handle, int) else None
-            if op is not None:
+            if isinstance(op, GemmAllReduce):
                 check_inputs(op, x, weight, bound_m=False)
             return x.new_empty((x.shape[0], weight.shape[0]))
 
@@ -100,26 +110,56 @@ def _register_ops(torch):
             "flashoverlap::gemm_all_reduce_rmsnorm", mutates_args=(),
             schema="(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, int handle) -> (Tensor, Tensor)")
         def _gemm_all_reduce_rmsnorm(x, weight, residual, norm_weight, eps, handle):
-            return _op_of(handle)._run_rmsnorm(x, weight, residual, norm_weight, eps)
+            return _op_of(handle, GemmAllReduce)._run_rmsnorm(x, weight, residual, norm_weight, eps)
 
         @_gemm_all_reduce_rmsnorm.register_fake
         def _(x, weight, residual, norm_weight, eps, handle):
             op = _ops.get(handle) if isinstance(handle, int) else None
-            if op is not None:
+            if isinstance(op, GemmAllReduce):
                 check_inputs(op, x, weight, residual, norm_weight, bound_m=False)
             return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
 
-        # The functional's op lookup builds ops (collective, ctypes): run it
+        # ReduceScatter: the output's rows depend on the op (its world, rank
+        # and layout), so the fake implementations need it; rs_rows_out says
+        # them for a symbolic m too (torch.compile's dynamic shapes).
+        @torch.library.custom_op("flashoverlap::gemm_reduce_scatter", mutates_args=(),
+                                 schema="(Tensor x, Tensor weight, int handle) -> Tensor")
+        def _gemm_reduce_scatter(x, weight, handle):
+            return _op_of(handle, GemmReduceScatter)._run(x, weight)
+
+        @_gemm_reduce_scatter.register_fake
+        def _(x, weight, handle):
+            op = _op_of(handle, GemmReduceScatter)
+            check_rs_inputs(op, x, weight, bound_m=False)
+            return x.new_empty((rs_rows_out(x.shape[0], op.world, op.rank, op.layout), weight.shape[0]))
+
+        @torch.library.custom_op(
+            "flashoverlap::gemm_reduce_scatter_rmsnorm", mutates_args=(),
+            schema="(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, int handle) -> (Tensor, Tensor)")
+        def _gemm_reduce_scatter_rmsnorm(x, weight, residual, norm_weight, eps, handle):
+            return _op_of(handle, GemmReduceScatter)._run_rmsnorm(x, weight, residual, norm_weight, eps)
+
+        @_gemm_reduce_scatter_rmsnorm.register_fake
+        def _(x, weight, residual, norm_weight, eps, handle):
+            op = _op_of(handle, GemmReduceScatter)
+            check_rs_inputs(op, x, weight, residual, norm_weight, bound_m=False)
+            return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
+
+        # The functionals' op lookups build ops (collective, ctypes): run them
         # eagerly under torch.compile (a graph break), then trace the op call.
         _lookup = torch.compiler.disable(_cached_op)
+        _rs_lookup = torch.compiler.disable(_cached_rs_op)
         _registered = True
 
 
-def _op_of(handle):
+def _op_of(handle, cls):
+    """The op of a handle, a cls (GemmAllReduce or GemmReduceScatter)."""
     op = _ops.get(handle)
     if op is None:
         raise FlashOverlapError(f"flashoverlap: no op with handle {handle} (closed or garbage-collected: keep the "
-                                "GemmAllReduce alive while graphs or compiled code use it)")
+                                f"{cls.__name__} alive while graphs or compiled code use it)")
+    if not isinstance(op, cls):
+        raise FlashOverlapError(f"flashoverlap: handle {handle} is a {type(op).__name__}, not a {cls.__name__}")
     return op
 
 
@@ -166,67 +206,121 @@ def check_inputs(op, x, weight, residual=None, norm_weight=None, bound_m=True):
         _check_tensor(op, "norm_weight", norm_weight, (op.n,))
 
 
-def _check_shape(max_m, n, k):
+# ---- ReduceScatter's rows ----
+
+RS_TILE_ROWS = 128  # the sub-tile layout's tile rows (every tile shape's height)
+
+
+def _clamp(v, lo, hi):
+    """min(max(v, lo), hi), for a torch SymInt too (without a guard on it)."""
+    if isinstance(v, int):
+        return min(max(v, lo), hi)
+    return _torch.sym_min(_torch.sym_max(v, lo), hi)
+
+
+def rs_rows_out(m, world, rank, layout):
+    """How many rows of the sum rank `rank` of `world` holds for m (as
+    GemmReduceScatter::rows_out; m may be a torch SymInt): standard, m /
+    world; sub-tile, 128 / world of every 128-row tile row (fewer in the last,
+    partial one)."""
+    if layout == "standard":
+        return m // world
+    h = RS_TILE_ROWS // world
+    return (m // RS_TILE_ROWS) * h + _clamp(m % RS_TILE_ROWS - rank * h, 0, h)
+
+
+def rs_rows(m, world, rank, layout):
+    """Which rows of the sum rank `rank` holds for m, in order (a list; as
+    GemmReduceScatter::rows)."""
+    if layout == "standard":
+        return list(range(rank * (m // world), (rank + 1) * (m // world)))
+    h = RS_TILE_ROWS // world
+    return [t + rank * h + i for t in range(0, m, RS_TILE_ROWS) for i in range(h) if t + rank * h + i < m]
+
+
+def check_rs_inputs(op, x, weight, residual=None, norm_weight=None, bound_m=True):
+    """check_inputs for a GemmReduceScatter (anything with max_m, n, k, dtype,
+    device, world, rank and layout): x (m x k), weight (n x k), m <= max_m, m
+    a multiple of the world size for the standard layout, and, for the
+    RMSNorm form, residual (rows_out(m) x n: this rank's rows) and
+    norm_weight (n)."""
+    _check_tensor(op, "x", x, (None, op.k))
+    _check_tensor(op, "weight", weight, (op.n, op.k))
+    m = x.shape[0]
+    if bound_m and m > op.max_m:
+        raise InvalidArgument(f"{op}: x has m = {m} rows, more than the op's max_m = {op.max_m} "
+                              "(build the op with a larger max_m)")
+    if op.layout == "standard" and isinstance(m, int) and m % op.world:
+        raise InvalidArgument(f"{op}: x has m = {m} rows, not a multiple of the world size {op.world} (the "
+                              "standard layout gives every rank m / world rows: pad x, or use layout='subtile')")
+    if residual is not None or norm_weight is not None:
+        if residual is None or norm_weight is None:
+            raise InvalidArgument(f"{op}: residual and norm_weight come together (the fused residual + RMSNorm form)")
+        _check_tensor(op, "residual", residual, (rs_rows_out(m, op.world, op.rank, op.layout), op.n))
+        _check_tensor(op, "norm_weight", norm_weight, (op.n,))
+
+
+def _check_shape(max_m, n, k, who="GemmAllReduce"):
     for name, v in (("max_m", max_m), ("n", n), ("k", k)):
         if isinstance(v, bool) or not isinstance(v, int):
-            raise InvalidArgument(f"GemmAllReduce: {name} = {v!r} is not an int")
+            raise InvalidArgument(f"{who}: {name} = {v!r} is not an int")
     if max_m < 1 or n < 1 or k < 8 or k % 8:
-        raise InvalidArgument(f"GemmAllReduce: max_m = {max_m}, n = {n}, k = {k}: needs max_m >= 1, n >= 1 and k a "
+        raise InvalidArgument(f"{who}: max_m = {max_m}, n = {n}, k = {k}: needs max_m >= 1, n >= 1 and k a "
                               "positive multiple of 8 (16-byte rows)")
     return max_m, n, k
 
 
-def _check_dtype(torch, dtype):
+def _check_dtype(torch, dtype, who="GemmAllReduce"):
     codes = {torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_FP16}
     if dtype not in codes:
-        raise InvalidArgument(f"GemmAllReduce: dtype {dtype} is not supported: torch.bfloat16 or torch.float16")
+        raise InvalidArgument(f"{who}: dtype {dtype} is not supported: torch.bfloat16 or torch.float16")
     return codes[dtype]
 
 
-def _require_gpu(torch, device):
+def _require_gpu(torch, device, who="GemmAllReduce"):
     """NoGpu unless device is a CUDA device of compute capability 9.0 (Hopper)."""
     if not torch.cuda.is_available():
-        raise NoGpu("flashoverlap.torch.GemmAllReduce: no usable GPU: torch.cuda.is_available() is False"
+        raise NoGpu(f"flashoverlap.torch.{who}: no usable GPU: torch.cuda.is_available() is False"
                     + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
                        if "CUDA_VISIBLE_DEVICES" in os.environ else ""))
     cc = torch.cuda.get_device_capability(device)
     if cc != (9, 0):
-        raise NoGpu(f"flashoverlap.torch.GemmAllReduce: {device} ({torch.cuda.get_device_name(device)}) is "
+        raise NoGpu(f"flashoverlap.torch.{who}: {device} ({torch.cuda.get_device_name(device)}) is "
                     f"sm_{cc[0]}{cc[1]}, not a Hopper (sm_90) GPU")
 
 
-def _resolve_device(torch, device):
+def _resolve_device(torch, device, who="GemmAllReduce"):
     """The op's device, with its index; InvalidArgument for a non-CUDA one,
     NoGpu where it is no Hopper GPU."""
     device = torch.device("cuda") if device is None else torch.device(device)
     if device.type != "cuda":
-        raise InvalidArgument(f"GemmAllReduce: device {device} is not a CUDA device")
+        raise InvalidArgument(f"{who}: device {device} is not a CUDA device")
     if not torch.cuda.is_available():
-        _require_gpu(torch, device)
+        _require_gpu(torch, device, who)
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    _require_gpu(torch, device)
+    _require_gpu(torch, device, who)
     return device
 
 
-def _resolve_group(torch, group):
+def _resolve_group(torch, group, who="GemmAllReduce"):
     """(group, rank in it, its size); InvalidArgument without torch.distributed
     or for a group this process is not in."""
     dist = torch.distributed
     if not dist.is_available() or not dist.is_initialized():
-        raise InvalidArgument("GemmAllReduce: torch.distributed is not initialised: call "
+        raise InvalidArgument(f"{who}: torch.distributed is not initialised: call "
                               "torch.distributed.init_process_group first (the op is collective over a process group)")
     if group is None:
         group = dist.group.WORLD
     elif not isinstance(group, dist.ProcessGroup) and group == getattr(dist.GroupMember, "NON_GROUP_MEMBER", object()):
         # (what new_group returns to the processes it leaves out)
-        raise InvalidArgument(f"GemmAllReduce: this process (global rank {dist.get_rank()}) is not a member of the group")
+        raise InvalidArgument(f"{who}: this process (global rank {dist.get_rank()}) is not a member of the group")
     elif not isinstance(group, dist.ProcessGroup):
-        raise InvalidArgument(f"GemmAllReduce: group must be a torch.distributed ProcessGroup or None (the default "
+        raise InvalidArgument(f"{who}: group must be a torch.distributed ProcessGroup or None (the default "
                               f"group), not {type(group).__name__}")
     rank = dist.get_rank(group)
     if rank < 0:
-        raise InvalidArgument(f"GemmAllReduce: this process (global rank {dist.get_rank()}) is not a member of the group")
+        raise InvalidArgument(f"{who}: this process (global rank {dist.get_rank()}) is not a member of the group")
     return group, rank, dist.get_world_size(group)
 
 
@@ -243,7 +337,7 @@ def _bootstrap(torch, group, rank, world, device):
         return _capi.Communicator.from_unique_id(uid[0], rank, world)
 
 
-def _adopt(torch, group, device):
+def _adopt(torch, group, device, who="GemmAllReduce"):
     """The group's own communicator (ProcessGroupNCCL's), where that is safe:
     torch calls the very NCCL the library runs on (the same loaded
     ncclGetVersion: not a second copy, not a static one) and the
@@ -254,7 +348,7 @@ def _adopt(torch, group, device):
     torch_cuda = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")
     same, why = lib.shares_nccl_with(torch_cuda)
     if not same:
-        raise FlashOverlapError(f"GemmAllReduce(comm='adopt'): torch's NCCL is not the one flashoverlap runs on "
+        raise FlashOverlapError(f"{who}(comm='adopt'): torch's NCCL is not the one flashoverlap runs on "
                                 f"({why}); use comm='bootstrap' (the default)")
     dist = torch.distributed
     with torch.cuda.device(device):
@@ -262,7 +356,7 @@ def _adopt(torch, group, device):
             backend = group._get_backend(device)
             backend._comm_ptr
         except (AttributeError, RuntimeError) as e:
-            raise FlashOverlapError(f"GemmAllReduce(comm='adopt') needs the group's NCCL backend and its "
+            raise FlashOverlapError(f"{who}(comm='adopt') needs the group's NCCL backend and its "
                                     f"_comm_ptr(): {e}; use comm='bootstrap' (the default)") from None
 
         def comm_ptr():  # (a method in the torch versions seen; read as an attribute otherwise)
@@ -275,26 +369,107 @@ def _adopt(torch, group, device):
             torch.cuda.synchronize(device)
             ptr = comm_ptr()
         if not ptr:
-            raise FlashOverlapError("GemmAllReduce(comm='adopt'): the group has no NCCL communicator on "
+            raise FlashOverlapError(f"{who}(comm='adopt'): the group has no NCCL communicator on "
                                     f"{device}, even after a collective; use comm='bootstrap' (the default)")
         return _capi.Communicator.adopt(ptr)
 
 
-def _communicator(torch, group, rank, world, device, mode):
+def _communicator(torch, group, rank, world, device, mode, who="GemmAllReduce"):
     if mode not in ("bootstrap", "adopt"):
-        raise InvalidArgument(f"GemmAllReduce: comm = {mode!r}: 'bootstrap', 'adopt' or a flashoverlap.Communicator")
+        raise InvalidArgument(f"{who}: comm = {mode!r}: 'bootstrap', 'adopt' or a flashoverlap.Communicator")
     key = (group, device.index, mode)
     with _lock:
         comm = _comms.get(key)
         if comm is None:
-            comm = _bootstrap(torch, group, rank, world, device) if mode == "bootstrap" else _adopt(torch, group, device)
+            comm = (_bootstrap(torch, group, rank, world, device) if mode == "bootstrap"
+                    else _adopt(torch, group, device, who))
             _comms[key] = comm
         return comm
 
 
-# ---- the op ----
+# ---- the ops ----
 
-class GemmAllReduce:
+class _Op:
+    """What both ops share: the group, device and communicator they are built
+    on, the handle the custom ops are given, and each call's enqueueing (the
+    op's device, torch's current stream, the CUDA-graph rule)."""
+
+    def _resolve(self, torch, group, device, who):
+        """The op's device and group (and its rank and size in it); registers
+        the custom ops."""
+        self.device = _resolve_device(torch, device, who)
+        self.group, self.rank, self.world = _resolve_group(torch, group, who)
+        _register_ops(torch)
+
+    def _connect(self, torch, comm, who):
+        """The op's communicator, comm's (InvalidArgument for one of another
+        group's size or rank); after _resolve."""
+        if isinstance(comm, _capi.Communicator):
+            communicator = comm
+        else:
+            communicator = _communicator(torch, self.group, self.rank, self.world, self.device, comm, who)
+        if communicator.world != self.world or communicator.rank != self.rank:
+            raise InvalidArgument(f"{who}: the group has {self.world} ranks (this one is rank {self.rank}), "
+                                  f"its communicator {communicator.world} (rank {communicator.rank})")
+        return communicator
+
+    def _publish(self):
+        self._planned = set()  # the m's with a plan: those a CUDA graph may capture
+        self.handle = next(_ids)  # what the custom ops are given
+        _ops[self.handle] = self
+
+    def _enqueue(self, m, call):
+        """call(stream) on the op's device and its current stream; under CUDA
+        graph capture only for a planned m (planning allocates)."""
+        torch = _torch
+        if torch.cuda.current_device() != self.device.index:
+            with torch.cuda.device(self.device):
+                self._enqueue_here(m, call)
+        else:
+            self._enqueue_here(m, call)
+
+    def _enqueue_here(self, m, call):
+        torch = _torch
+        # (check_m's exchange is skipped by the library under capture)
+        if m not in self._planned and torch.cuda.is_current_stream_capturing():
+            raise FlashOverlapError(f"{self}: m = {m} has no plan yet, and planning allocates, which a CUDA graph "
+                                    f"capture forbids: call op.prepare({m}) (or run m once) before capturing")
+        call(torch.cuda.current_stream(self.device).cuda_stream)
+        self._planned.add(m)
+
+    def _m(self, m):
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.max_m:
+            raise InvalidArgument(f"{self}: m = {m!r}: needs 1 <= m <= max_m = {self.max_m}")
+        return m
+
+    def prepare(self, m):
+        """Plans m and allocates what its calls need, without running: before
+        capturing a call with this m into a CUDA graph."""
+        m = self._m(m)
+        with _torch.cuda.device(self.device):
+            self._op.prepare(m)
+        self._planned.add(m)
+
+    def plan(self, m):
+        """The plan m runs with, as text (e.g. "row bands, groups of bands 2,1,1 ...")."""
+        m = self._m(m)
+        with _torch.cuda.device(self.device):
+            return self._op.plan(m)
+
+    def check(self):
+        """Raises the error of an earlier call whose wait timed out (synchronise
+        its stream first); after one, build the communicator and op anew."""
+        self._op.check()
+
+    def close(self):
+        """Releases the op now (waits for its last call's work); the garbage
+        collector does it otherwise. Not while a CUDA graph that captured it
+        may still be replayed."""
+        _ops.pop(self.handle, None)
+        self._op.close()
+
+
+class GemmAllReduce(_Op):
     """AllReduce(x @ weight.T) over a process group, the AllReduce overlapped
     with the GEMM (flashoverlap::GemmAllReduce).
 
@@ -328,23 +503,13 @@ class GemmAllReduce:
         if path not in _capi.PATHS:
             raise InvalidArgument(f"GemmAllReduce: path = {path!r}: one of {', '.join(map(repr, _capi.PATHS))}")
         self.dtype, self.path = dtype, path
-        self.device = _resolve_device(torch, device)
-        self.group, self.rank, self.world = _resolve_group(torch, group)
-        _register_ops(torch)
-        if isinstance(comm, _capi.Communicator):
-            communicator = comm
-        else:
-            communicator = _communicator(torch, self.group, self.rank, self.world, self.device, comm)
-        if communicator.world != self.world or communicator.rank != self.rank:
-            raise InvalidArgument(f"GemmAllReduce: the group has {self.world} ranks (this one is rank {self.rank}), "
-                                  f"its communicator {communicator.world} (rank {communicator.rank})")
+        self._resolve(torch, group, device, "GemmAllReduce")
+        communicator = self._connect(torch, comm, "GemmAllReduce")
         with torch.cuda.device(self.device):
             self._op = _capi.GemmAllReduce(communicator, max_m, n, k, code, path=path, nccl_sms=nccl_sms,
                                            wait_timeout_s=wait_timeout_s, check_m=check_m, curves=curves,
                                            tuning_cache=tuning_cache)
-        self._planned = set()  # the m's with a plan: those a CUDA graph may capture
-        self.handle = next(_ids)  # what the custom ops are given
-        _ops[self.handle] = self
+        self._publish()
 
     def __repr__(self):
         dt = str(self.dtype).replace("torch.", "")
@@ -392,53 +557,164 @@ class GemmAllReduce:
                                                             h.data_ptr(), m, s))
         return out, h
 
-    def _enqueue(self, m, call):
-        """call(stream) on the op's device and its current stream; under CUDA
-        graph capture only for a planned m (planning allocates)."""
-        torch = _torch
-        if torch.cuda.current_device() != self.device.index:
-            with torch.cuda.device(self.device):
-                self._enqueue_here(m, call)
-        else:
-            self._enqueue_here(m, call)
 
-    def _enqueue_here(self, m, call):
+class GemmReduceScatter(_Op):
+    """This rank's rows of sum over the group of x @ weight.T (ReduceScatter),
+    the ReduceScatter overlapped with the GEMM (flashoverlap::GemmReduceScatter):
+    the GEMM + ReduceScatter of sequence-parallel and FSDP layers.
+
+    GemmReduceScatter(group, max_m, n, k, dtype, *, device=None, comm="bootstrap",
+                      path="auto", layout="standard", nccl_sms=None, wait_timeout_s=None,
+                      check_m=False)
+
+    group, max_m, n, k, dtype, device, comm: as GemmAllReduce's (collective
+    alike). path: "auto" | "sequential" | "slots"; nccl_sms, wait_timeout_s,
+    check_m: GemmReduceScatterOptions (flashoverlap.h).
+
+    layout: which rows each rank ends with. "standard" (default): rank r
+    holds rows [r m/W, (r+1) m/W) of the sum (W the group's size), what
+    dist.reduce_scatter_tensor of x @ weight.T gives; m must be a multiple of
+    W. "subtile": the paper's sub-tile layout, rank r holds rows t*128 +
+    r*128/W + [0, 128/W) of every 128-row tile row t (rows(m) lists them),
+    for a ReduceScatter -> row-wise step -> AllGather chain whose row order
+    the caller restores after the AllGather; any m, W dividing 128.
+    rows_out(m) says how many rows this rank gets.
+    """
+
+    def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", layout="standard",
+                 nccl_sms=None, wait_timeout_s=None, check_m=False):
+        who = "GemmReduceScatter"
+        torch = require_torch()
+        self.max_m, self.n, self.k = _check_shape(max_m, n, k, who)
+        code = _check_dtype(torch, dtype, who)
+        if path not in _capi.RS_PATHS:
+            raise InvalidArgument(f"{who}: path = {path!r}: one of {', '.join(map(repr, _capi.RS_PATHS))}")
+        if layout not in _capi.RS_LAYOUTS:
+            raise InvalidArgument(f"{who}: layout = {layout!r}: one of {', '.join(map(repr, _capi.RS_LAYOUTS))}")
+        self.dtype, self.path, self.layout = dtype, path, layout
+        self._rows_seen = {}  # m -> rows_out(m), the library's, checked against rs_rows_out (the fake's)
+        self._resolve(torch, group, device, who)
+        # (what the library refuses too, said here before any collective: the communicator's, the op's)
+        if layout == "subtile" and RS_TILE_ROWS % self.world:
+            raise InvalidArgument(f"{who}: the sub-tile layout needs the world size to divide {RS_TILE_ROWS}, not "
+                                  f"{self.world}")
+        if layout == "standard" and max_m < self.world:
+            raise InvalidArgument(f"{who}: max_m = {max_m} is below the world size {self.world} (the standard layout "
+                                  "gives every rank m / world rows)")
+        communicator = self._connect(torch, comm, who)
+        with torch.cuda.device(self.device):
+            self._op = _capi.GemmReduceScatter(communicator, max_m, n, k, code, path=path, layout=layout,
+                                               nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s, check_m=check_m)
+        self._publish()
+
+    def __repr__(self):
+        dt = str(self.dtype).replace("torch.", "")
+        return (f"GemmReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, {dt}, {self.device}, world "
+                f"{self.world}, {self.layout} layout)")
+
+    def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
+        """This rank's rows of the sum over the group of x @ weight.T, on torch's
+        current stream: (rows_out(m), n) for x (m, k). With residual (this
+        rank's rows: rows_out(m) x n) and norm_weight (n): (RMSNorm(h) *
+        norm_weight, h), h = those rows + residual.
+
+        With the standard layout x may have leading batch dimensions (d0, ...,
+        k), d0 a multiple of the world size: the sum is scattered along d0, as
+        dist.reduce_scatter_tensor scatters its first dimension, and the
+        outputs (and residual) are (d0 / world, ..., n)."""
         torch = _torch
-        # (check_m's exchange is skipped by the library under capture)
-        if m not in self._planned and torch.cuda.is_current_stream_capturing():
-            raise FlashOverlapError(f"{self}: m = {m} has no plan yet, and planning allocates, which a CUDA graph "
-                                    f"capture forbids: call op.prepare({m}) (or run m once) before capturing")
-        call(torch.cuda.current_stream(self.device).cuda_stream)
-        self._planned.add(m)
+        if not torch.is_tensor(x):
+            raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
+        lead = None
+        if x.dim() > 2:
+            if self.layout != "standard":
+                raise InvalidArgument(f"{self}: x has {x.dim()} dimensions ({_describe(x)}): the sub-tile layout "
+                                      "takes x as (m, k) (its rows are no slice of x's first dimension): pass "
+                                      "x.view(-1, k)")
+            if x.shape[0] % self.world != 0:
+                raise InvalidArgument(f"{self}: x has shape {tuple(x.shape)}: its first dimension {x.shape[0]} is not "
+                                      f"a multiple of the world size {self.world} (each rank gets x.shape[0] / world "
+                                      "of it)")
+            lead = (x.shape[0] // self.world,) + tuple(x.shape[1:-1])
+            x = _flatten(self, "x", x)
+            if residual is not None:
+                residual = _flatten(self, "residual", residual)
+        if residual is None and norm_weight is None:
+            y = torch.ops.flashoverlap.gemm_reduce_scatter(x, weight, self.handle)
+            return y if lead is None else y.view(*lead, self.n)
+        if residual is None or norm_weight is None:
+            raise InvalidArgument(f"{self}: residual and norm_weight come together (the fused residual + RMSNorm form)")
+        y, h = torch.ops.flashoverlap.gemm_reduce_scatter_rmsnorm(x, weight, residual, norm_weight, float(eps),
+                                                                  self.handle)
+        return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
 
     def _m(self, m):
-        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.max_m:
-            raise InvalidArgument(f"{self}: m = {m!r}: needs 1 <= m <= max_m = {self.max_m}")
+        m = super()._m(m)
+        if self.layout == "standard" and m % self.world:
+            raise InvalidArgument(f"{self}: m = {m} is not a multiple of the world size {self.world} (the standard "
+                                  "layout gives every rank m / world rows)")
         return m
 
-    def prepare(self, m):
-        """Plans m and allocates what its calls need, without running: before
-        capturing a call with this m into a CUDA graph."""
-        with _torch.cuda.device(self.device):
-            self._op.prepare(self._m(m))
-        self._planned.add(m)
+    def rows_out(self, m):
+        """How many rows this rank's output holds for m (standard: m / world)."""
+        m = self._m(m)
+        return self._op.rows_out(m)
 
-    def plan(self, m):
-        """The plan m runs with, as text (e.g. "row bands, groups of bands 2,1,1 ...")."""
-        with _torch.cuda.device(self.device):
-            return self._op.plan(self._m(m))
+    def rows(self, m):
+        """Which rows of the sum this rank's output holds for m, in order (a list
+        of ints): standard, [rank m/W, (rank+1) m/W); sub-tile, its 128/W rows
+        of every 128-row tile row."""
+        m = self._m(m)
+        return self._op.rows(m)
 
-    def check(self):
-        """Raises the error of an earlier call whose wait timed out (synchronise
-        its stream first); after one, build the communicator and op anew."""
-        self._op.check()
+    def _rows_checked(self, m):
+        """rows_out(m) as the output's allocation (the fake implementation's
+        rs_rows_out), checked once per m against the library's."""
+        rows = self._rows_seen.get(m)
+        if rows is None:
+            rows = rs_rows_out(m, self.world, self.rank, self.layout)
+            theirs = self._op.rows_out(m) if m else 0
+            if theirs != rows:
+                raise FlashOverlapError(f"{self}: the library gives rank {self.rank} {theirs} rows for m = {m}, "
+                                        f"flashoverlap.torch.rs_rows_out {rows} (a package and a library that "
+                                        "disagree: install both from one build)")
+            self._rows_seen[m] = rows
+        return rows
 
-    def close(self):
-        """Releases the op now (waits for its last call's work); the garbage
-        collector does it otherwise. Not while a CUDA graph that captured it
-        may still be replayed."""
-        _ops.pop(self.handle, None)
-        self._op.close()
+    def _empty_rows(self, rows):
+        """(a new rows x n tensor, a data pointer for it): never a null pointer,
+        since a rank with no rows for m (the sub-tile layout, m small) still
+        takes part in the call, and the library wants a buffer: then one of a
+        row, not written (the tensor itself is (0, n))."""
+        t = _torch.empty((rows, self.n), dtype=self.dtype, device=self.device)
+        if rows:
+            return t, t.data_ptr(), None
+        spare = _torch.empty((1, self.n), dtype=self.dtype, device=self.device)
+        return t, spare.data_ptr(), spare
+
+    # (the custom ops' real implementations)
+    def _run(self, x, weight):
+        check_rs_inputs(self, x, weight)
+        m = x.shape[0]
+        out, out_ptr, spare = self._empty_rows(self._rows_checked(m))
+        if m:
+            self._enqueue(m, lambda s: self._op.run(x.data_ptr(), weight.data_ptr(), out_ptr, m, s))
+        del spare  # (after the call is enqueued: torch's allocator orders its reuse after it on this stream)
+        return out
+
+    def _run_rmsnorm(self, x, weight, residual, norm_weight, eps):
+        check_rs_inputs(self, x, weight, residual, norm_weight)
+        m = x.shape[0]
+        rows = self._rows_checked(m)
+        out, out_ptr, spare_out = self._empty_rows(rows)
+        h, h_ptr, spare_h = self._empty_rows(rows)
+        # (an empty residual has no pointer either)
+        res_ptr, spare_res = (residual.data_ptr(), None) if rows else self._empty_rows(0)[1:]
+        if m:
+            self._enqueue(m, lambda s: self._op.run_rmsnorm(x.data_ptr(), weight.data_ptr(), res_ptr,
+                                                            norm_weight.data_ptr(), eps, out_ptr, h_ptr, m, s))
+        del spare_out, spare_h, spare_res
+        return out, h
 
 
 def _flatten(op, name, t):
@@ -448,7 +724,7 @@ def _flatten(op, name, t):
     return t.view(-1, t.shape[-1])
 
 
-# ---- the functional ----
+# ---- the functionals ----
 
 def round_max_m(m):
     """The max_m the functional builds for m rows: the next power of two, at
@@ -456,29 +732,39 @@ def round_max_m(m):
     return max(128, 1 << (max(int(m), 1) - 1).bit_length())
 
 
-def _cached_op(x, weight, group, max_m, options):
+def _cached(cls, cache, fn, x, weight, group, max_m, options):
+    """The functional fn's op (a cls) for these tensors, built or found in cache."""
     torch = require_torch()
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
-            raise InvalidArgument(f"gemm_all_reduce: {name} must be a torch.Tensor, not {type(t).__name__}")
+            raise InvalidArgument(f"{fn}: {name} must be a torch.Tensor, not {type(t).__name__}")
     if weight.dim() != 2 or x.dim() < 2 or x.shape[-1] != weight.shape[1]:
-        raise InvalidArgument(f"gemm_all_reduce: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit: "
+        raise InvalidArgument(f"{fn}: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit: "
                               "x is (..., k), weight (n, k)")
     n, k = weight.shape
     m = x.numel() // k if k else 0
-    group_obj = _resolve_group(torch, group)[0]
+    group_obj = _resolve_group(torch, group, cls.__name__)[0]
     key = (group_obj, weight.device, weight.dtype, n, k, tuple(sorted(options.items())))
     with _lock:
-        op = _cache.get(key)
+        op = cache.get(key)
         need = max(m, max_m or 0)
         if op is None or op.max_m < need:
             # (an op outgrown is dropped here and released once nothing uses it)
-            op = GemmAllReduce(group_obj, round_max_m(need), n, k, weight.dtype, device=weight.device, **options)
-            _cache[key] = op
+            op = cls(group_obj, round_max_m(need), n, k, weight.dtype, device=weight.device, **options)
+            cache[key] = op
         return op
 
 
+def _cached_op(x, weight, group, max_m, options):
+    return _cached(GemmAllReduce, _cache, "gemm_all_reduce", x, weight, group, max_m, options)
+
+
+def _cached_rs_op(x, weight, group, max_m, options):
+    return _cached(GemmReduceScatter, _rs_cache, "gemm_reduce_scatter", x, weight, group, max_m, options)
+
+
 _lookup = _cached_op  # rebound by _register_ops to the same, eager under torch.compile
+_rs_lookup = _cached_rs_op
 
 
 def gemm_all_reduce(x, weight, group=None, *, residual=None, norm_weight=None, eps=1e-6, max_m=None, **options):
@@ -498,11 +784,27 @@ def gemm_all_reduce(x, weight, group=None, *, residual=None, norm_weight=None, e
     return op(x, weight, residual=residual, norm_weight=norm_weight, eps=eps)
 
 
+def gemm_reduce_scatter(x, weight, group=None, *, residual=None, norm_weight=None, eps=1e-6, max_m=None,
+                        **options):
+    """This rank's rows of sum over group of x @ weight.T (see
+    GemmReduceScatter.__call__: (m / world, n) with the default standard
+    layout), or with residual and norm_weight the RMSNorm form, through an op
+    built at the first call for (group, device, dtype, n, k, options) and
+    kept, as gemm_all_reduce keeps its ops (max_m: m rounded up to a power of
+    two, or max_m if larger). options: GemmReduceScatter's (path, layout,
+    nccl_sms, ...). Collective as gemm_all_reduce; under torch.compile the
+    lookup runs eagerly (a graph break): use a GemmReduceScatter for
+    fullgraph=True."""
+    op = _rs_lookup(x, weight, group, max_m, options)
+    return op(x, weight, residual=residual, norm_weight=norm_weight, eps=eps)
+
+
 def clear_cache():
-    """Drops the functional's ops and the bootstrapped communicators (each is
+    """Drops the functionals' ops and the bootstrapped communicators (each is
     released once no op uses it); the next call builds anew (collective)."""
     with _lock:
         _cache.clear()
+        _rs_cache.clear()
         for comm in _comms.values():
             comm.close()  # (the ops built on a communicator keep it alive)
         _comms.clear()

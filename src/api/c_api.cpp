@@ -21,6 +21,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "flashoverlap/error.h"
 #include "flashoverlap/flashoverlap.h"
@@ -31,9 +32,12 @@ struct fo_comm {
 struct fo_gemm_allreduce {
   flashoverlap::GemmAllReduce op;
 };
+struct fo_gemm_reducescatter {
+  flashoverlap::GemmReduceScatter op;
+};
 
 // The layout the header promises (ctypes mirrors it field by field).
-static_assert(sizeof(fo_status) == 4 && sizeof(fo_dtype) == 4 && sizeof(fo_path) == 4);
+static_assert(sizeof(fo_status) == 4 && sizeof(fo_dtype) == 4 && sizeof(fo_path) == 4 && sizeof(fo_rs_layout) == 4);
 static_assert(FO_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES && sizeof(ncclUniqueId) == FO_UNIQUE_ID_BYTES);
 static_assert(sizeof(void*) == 8, "the C ABI's options layout is written for 64-bit targets");
 static_assert(offsetof(fo_gemm_allreduce_options, struct_size) == 0 &&
@@ -41,16 +45,27 @@ static_assert(offsetof(fo_gemm_allreduce_options, struct_size) == 0 &&
               offsetof(fo_gemm_allreduce_options, wait_timeout_s) == 16 &&
               offsetof(fo_gemm_allreduce_options, check_m) == 24 && offsetof(fo_gemm_allreduce_options, curves) == 32 &&
               offsetof(fo_gemm_allreduce_options, tuning_cache) == 40 && sizeof(fo_gemm_allreduce_options) == 48);
+// (the fields it shares with fo_gemm_allreduce_options at the same offsets)
+static_assert(offsetof(fo_gemm_reducescatter_options, struct_size) == 0 &&
+              offsetof(fo_gemm_reducescatter_options, path) == 8 &&
+              offsetof(fo_gemm_reducescatter_options, nccl_sms) == 12 &&
+              offsetof(fo_gemm_reducescatter_options, wait_timeout_s) == 16 &&
+              offsetof(fo_gemm_reducescatter_options, check_m) == 24 &&
+              offsetof(fo_gemm_reducescatter_options, layout) == 28 && sizeof(fo_gemm_reducescatter_options) == 32);
 static_assert(int(flashoverlap::DType::BF16) == FO_DTYPE_BF16 && int(flashoverlap::DType::FP16) == FO_DTYPE_FP16);
 
 namespace {
 
 using flashoverlap::InvalidArgument;
 using Path = flashoverlap::GemmAllReduceOptions::Path;
+using RsPath = flashoverlap::GemmReduceScatterOptions::Path;
+using RsLayout = flashoverlap::GemmReduceScatterOptions::Layout;
 
 // The size of the first version of fo_gemm_allreduce_options: the smallest
 // struct_size a caller may pass (fields are only ever added at the end).
 constexpr size_t kOptionsV1Size = offsetof(fo_gemm_allreduce_options, curves) + sizeof(const char*);
+// The same for fo_gemm_reducescatter_options (its first version is this one).
+constexpr size_t kRsOptionsV1Size = sizeof(fo_gemm_reducescatter_options);
 
 // This thread's last message: t_static when set (a literal, for when even
 // the message could not be allocated), t_message otherwise.
@@ -184,25 +199,31 @@ int32_t from_path(Path p) {
   return FO_PATH_AUTO;
 }
 
+// Refuses a caller's options struct whose size this library cannot read:
+// below its first version, or set bytes beyond what this library knows (a
+// caller built against a later header: what it adds must be unset).
+// fill_with names the function that fills them.
+void check_struct_size(const void* o, size_t struct_size, size_t v1_size, size_t ours, const char* fill_with) {
+  if (struct_size < v1_size)
+    throw InvalidArgument("options->struct_size = " + std::to_string(struct_size) + " is below " +
+                          std::to_string(v1_size) + " (fill the options with " + fill_with + "(&o, sizeof o) first)");
+  if (struct_size > ours) {
+    const auto* extra = static_cast<const unsigned char*>(o) + ours;
+    for (size_t i = 0; i < struct_size - ours; ++i)
+      if (extra[i] != 0)
+        throw InvalidArgument("options->struct_size = " + std::to_string(struct_size) +
+                              ": the options set fields that this library (flashoverlap " + flashoverlap::version() +
+                              ", options of " + std::to_string(ours) + " bytes) does not know");
+  }
+}
+
 // The C++ options a caller's struct says; InvalidArgument for a size this
 // library cannot read, or fields it does not know set to nonzero.
 flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o) {
   flashoverlap::GemmAllReduceOptions r;
   if (!o) return r;
-  if (o->struct_size < kOptionsV1Size)
-    throw InvalidArgument("options->struct_size = " + std::to_string(o->struct_size) + " is below " +
-                          std::to_string(kOptionsV1Size) +
-                          " (fill the options with fo_gemm_allreduce_options_default(&o, sizeof o) first)");
-  if (o->struct_size > sizeof(fo_gemm_allreduce_options)) {
-    // A caller built against a later header: what it adds must be unset.
-    const auto* extra = reinterpret_cast<const unsigned char*>(o) + sizeof(fo_gemm_allreduce_options);
-    for (size_t i = 0; i < o->struct_size - sizeof(fo_gemm_allreduce_options); ++i)
-      if (extra[i] != 0)
-        throw InvalidArgument("options->struct_size = " + std::to_string(o->struct_size) +
-                              ": the options set fields that this library (flashoverlap " + flashoverlap::version() +
-                              ", options of " + std::to_string(sizeof(fo_gemm_allreduce_options)) +
-                              " bytes) does not know");
-  }
+  check_struct_size(o, o->struct_size, kOptionsV1Size, sizeof(fo_gemm_allreduce_options),
+                    "fo_gemm_allreduce_options_default");
   r.path = to_path(o->path);
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;
@@ -211,6 +232,65 @@ flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o
   if (o->struct_size >= offsetof(fo_gemm_allreduce_options, tuning_cache) + sizeof(const char*) && o->tuning_cache)
     r.tuning_cache = o->tuning_cache;
   return r;
+}
+
+RsPath to_rs_path(int32_t p) {
+  switch (p) {
+    case FO_PATH_AUTO: return RsPath::Auto;
+    case FO_PATH_SEQUENTIAL: return RsPath::Sequential;
+    case FO_PATH_SLOTS: return RsPath::Slots;
+    default: break;
+  }
+  // (the AllReduce's other paths are fo_path values, but not ReduceScatter's)
+  const char* what = p == FO_PATH_ROW_BANDS ? " (FO_PATH_ROW_BANDS) is not a GemmReduceScatter path"
+                     : p == FO_PATH_OWNERS  ? " (FO_PATH_OWNERS) is not a GemmReduceScatter path"
+                                            : " is not an fo_path of GemmReduceScatter";
+  throw InvalidArgument("options->path = " + std::to_string(p) + what +
+                        " (FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3)");
+}
+
+int32_t from_rs_path(RsPath p) {
+  switch (p) {
+    case RsPath::Auto: return FO_PATH_AUTO;
+    case RsPath::Sequential: return FO_PATH_SEQUENTIAL;
+    case RsPath::Slots: return FO_PATH_SLOTS;
+  }
+  return FO_PATH_AUTO;
+}
+
+RsLayout to_rs_layout(int32_t l) {
+  switch (l) {
+    case FO_RS_LAYOUT_STANDARD: return RsLayout::Standard;
+    case FO_RS_LAYOUT_SUBTILE: return RsLayout::SubTile;
+    default: break;
+  }
+  throw InvalidArgument("options->layout = " + std::to_string(l) +
+                        " is not an fo_rs_layout (FO_RS_LAYOUT_STANDARD 0, FO_RS_LAYOUT_SUBTILE 1)");
+}
+
+int32_t from_rs_layout(RsLayout l) { return l == RsLayout::SubTile ? FO_RS_LAYOUT_SUBTILE : FO_RS_LAYOUT_STANDARD; }
+
+flashoverlap::GemmReduceScatterOptions to_rs_options(const fo_gemm_reducescatter_options* o) {
+  flashoverlap::GemmReduceScatterOptions r;
+  if (!o) return r;
+  check_struct_size(o, o->struct_size, kRsOptionsV1Size, sizeof(fo_gemm_reducescatter_options),
+                    "fo_gemm_reducescatter_options_default");
+  r.path = to_rs_path(o->path);
+  r.layout = to_rs_layout(o->layout);
+  r.nccl_sms = o->nccl_sms;
+  r.wait_timeout_s = o->wait_timeout_s;
+  r.check_m = o->check_m != 0;
+  return r;
+}
+
+// The plan's text into the caller's buffer, as snprintf does.
+void copy_text(const std::string& text, char* buf, size_t size, size_t* needed) {
+  if (needed) *needed = text.size() + 1;
+  if (size > 0) {
+    const size_t n = text.size() < size - 1 ? text.size() : size - 1;
+    std::memcpy(buf, text.data(), n);
+    buf[n] = '\0';
+  }
 }
 
 }  // namespace
@@ -388,13 +468,7 @@ fo_status fo_gemm_allreduce_plan(fo_gemm_allreduce_t op, int64_t m, char* buf, s
   return guard("fo_gemm_allreduce_plan", [&] {
     fo_gemm_allreduce& o = deref(op, "op");
     if (!buf && size > 0) throw InvalidArgument("buf is NULL with size = " + std::to_string(size) + " (not 0)");
-    const std::string text = o.op.plan(m);
-    if (needed) *needed = text.size() + 1;
-    if (size > 0) {
-      const size_t n = text.size() < size - 1 ? text.size() : size - 1;
-      std::memcpy(buf, text.data(), n);
-      buf[n] = '\0';
-    }
+    copy_text(o.op.plan(m), buf, size, needed);
   });
 }
 
@@ -414,6 +488,120 @@ fo_status fo_gemm_allreduce_shape(fo_gemm_allreduce_t op, int64_t* max_m, int64_
 
 fo_status fo_gemm_allreduce_destroy(fo_gemm_allreduce_t op) {
   return guard("fo_gemm_allreduce_destroy", [&] { delete op; });
+}
+
+// ---- GemmReduceScatter ----
+
+fo_status fo_gemm_reducescatter_options_default(fo_gemm_reducescatter_options* options, size_t struct_size) {
+  return guard("fo_gemm_reducescatter_options_default", [&] {
+    require(options, "options");
+    if (struct_size < kRsOptionsV1Size)
+      throw InvalidArgument("struct_size = " + std::to_string(struct_size) + " is below " +
+                            std::to_string(kRsOptionsV1Size) + " (pass sizeof *options)");
+    // The defaults are GemmReduceScatterOptions{}'s, by construction.
+    static const flashoverlap::GemmReduceScatterOptions defaults{};
+    fo_gemm_reducescatter_options d{};
+    d.struct_size = struct_size;
+    d.path = from_rs_path(defaults.path);
+    d.nccl_sms = defaults.nccl_sms;
+    d.wait_timeout_s = defaults.wait_timeout_s;
+    d.check_m = defaults.check_m ? 1 : 0;
+    d.layout = from_rs_layout(defaults.layout);
+    // A caller with a later header: its fields beyond ours stay zero (unset).
+    if (struct_size > sizeof d)
+      std::memset(reinterpret_cast<unsigned char*>(options) + sizeof d, 0, struct_size - sizeof d);
+    std::memcpy(options, &d, sizeof d);
+  });
+}
+
+fo_status fo_gemm_reducescatter_create(fo_comm_t comm, int64_t max_m, int64_t n, int64_t k, fo_dtype dtype,
+                                       const fo_gemm_reducescatter_options* options, fo_gemm_reducescatter_t* out) {
+  return guard("fo_gemm_reducescatter_create", [&] {
+    require(out, "out");
+    *out = nullptr;
+    // (the values first, then the handle: what needs no GPU is checked
+    // before what does)
+    const flashoverlap::DType d = to_dtype(dtype);
+    const flashoverlap::GemmReduceScatterOptions o = to_rs_options(options);
+    const fo_comm& c = deref(comm, "comm");
+    *out = new fo_gemm_reducescatter{flashoverlap::GemmReduceScatter(c.comm, max_m, n, k, d, o)};
+  });
+}
+
+fo_status fo_gemm_reducescatter_run(fo_gemm_reducescatter_t op, const void* a, const void* b, void* out, int64_t m,
+                                    void* stream, int64_t ld_out) {
+  return guard("fo_gemm_reducescatter_run", [&] {
+    fo_gemm_reducescatter& o = deref(op, "op");
+    require(a, "a");
+    require(b, "b");
+    require(out, "out");
+    o.op.run(a, b, out, m, static_cast<cudaStream_t>(stream), ld_out);
+  });
+}
+
+fo_status fo_gemm_reducescatter_run_rmsnorm(fo_gemm_reducescatter_t op, const void* a, const void* b,
+                                            const void* residual, const void* norm_weight, float eps, void* out,
+                                            void* residual_out, int64_t m, void* stream) {
+  return guard("fo_gemm_reducescatter_run_rmsnorm", [&] {
+    fo_gemm_reducescatter& o = deref(op, "op");
+    require(a, "a");
+    require(b, "b");
+    require(residual, "residual");
+    require(norm_weight, "norm_weight");
+    require(out, "out");
+    o.op.run_rmsnorm(a, b, residual, norm_weight, eps, out, residual_out, m, static_cast<cudaStream_t>(stream));
+  });
+}
+
+fo_status fo_gemm_reducescatter_rows_out(fo_gemm_reducescatter_t op, int64_t m, int64_t* rows) {
+  return guard("fo_gemm_reducescatter_rows_out", [&] {
+    const fo_gemm_reducescatter& o = deref(op, "op");
+    require(rows, "rows");
+    *rows = o.op.rows_out(m);
+  });
+}
+
+fo_status fo_gemm_reducescatter_rows(fo_gemm_reducescatter_t op, int64_t m, int64_t* rows, size_t count,
+                                     size_t* needed) {
+  return guard("fo_gemm_reducescatter_rows", [&] {
+    const fo_gemm_reducescatter& o = deref(op, "op");
+    if (!rows && count > 0) throw InvalidArgument("rows is NULL with count = " + std::to_string(count) + " (not 0)");
+    const std::vector<int64_t> r = o.op.rows(m);
+    if (needed) *needed = r.size();
+    std::copy_n(r.begin(), std::min(count, r.size()), rows);
+  });
+}
+
+fo_status fo_gemm_reducescatter_prepare(fo_gemm_reducescatter_t op, int64_t m) {
+  return guard("fo_gemm_reducescatter_prepare", [&] { deref(op, "op").op.prepare(m); });
+}
+
+fo_status fo_gemm_reducescatter_plan(fo_gemm_reducescatter_t op, int64_t m, char* buf, size_t size, size_t* needed) {
+  return guard("fo_gemm_reducescatter_plan", [&] {
+    fo_gemm_reducescatter& o = deref(op, "op");
+    if (!buf && size > 0) throw InvalidArgument("buf is NULL with size = " + std::to_string(size) + " (not 0)");
+    copy_text(o.op.plan(m), buf, size, needed);
+  });
+}
+
+fo_status fo_gemm_reducescatter_check(fo_gemm_reducescatter_t op) {
+  return guard("fo_gemm_reducescatter_check", [&] { deref(op, "op").op.check(); });
+}
+
+fo_status fo_gemm_reducescatter_shape(fo_gemm_reducescatter_t op, int64_t* max_m, int64_t* n, int64_t* k,
+                                      fo_dtype* dtype, int* world) {
+  return guard("fo_gemm_reducescatter_shape", [&] {
+    const fo_gemm_reducescatter& o = deref(op, "op");
+    if (max_m) *max_m = o.op.max_m();
+    if (n) *n = o.op.n();
+    if (k) *k = o.op.k();
+    if (dtype) *dtype = o.op.dtype() == flashoverlap::DType::BF16 ? FO_DTYPE_BF16 : FO_DTYPE_FP16;
+    if (world) *world = o.op.world();
+  });
+}
+
+fo_status fo_gemm_reducescatter_destroy(fo_gemm_reducescatter_t op) {
+  return guard("fo_gemm_reducescatter_destroy", [&] { delete op; });
 }
 
 }  // extern "C"

@@ -2,12 +2,17 @@
  * library alone.
  *
  *   test_c_api        what runs without a GPU (and with one): the version,
- *                     the status strings, the option defaults and their
- *                     struct_size rules, NULL handles and pointers, the
- *                     per-thread message, fo_comm_from_env's no-GPU status
+ *                     the status strings, both ops' option defaults and
+ *                     their struct_size rules (GemmReduceScatter's paths and
+ *                     layouts too), NULL handles and pointers, the
+ *                     per-thread message, the communicators' no-GPU status
+ *                     (what stands before any op without a GPU)
  *   test_c_api --gpu  one rank on one Hopper GPU: GemmAllReduce for several
  *                     m, both dtypes, the four paths, run_rmsnorm, against a
- *                     host reference (exact: small integer inputs); exits 77
+ *                     host reference (exact: small integer inputs), and
+ *                     GemmReduceScatter the same way (at one rank its rows
+ *                     are every row of a * b^T: rows_out(m) = m, rows(m) =
+ *                     0..m-1, both layouts, paths sequential and slots); exits 77
  *                     (skipped) without a GPU, fails instead where
  *                     FO_REQUIRE_GPUS >= 1 promises one
  *
@@ -20,6 +25,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +96,18 @@ static void test_version(void) {
         "enums are 32-bit, FO_OK is 0");
   CHECK(sizeof(fo_gemm_allreduce_options) == 48, "sizeof(fo_gemm_allreduce_options) = %zu",
         sizeof(fo_gemm_allreduce_options));
+  CHECK(sizeof(fo_rs_layout) == 4 && FO_RS_LAYOUT_STANDARD == 0 && FO_RS_LAYOUT_SUBTILE == 1,
+        "fo_rs_layout is 32-bit, standard 0, sub-tile 1");
+  CHECK(sizeof(fo_gemm_reducescatter_options) == 32, "sizeof(fo_gemm_reducescatter_options) = %zu",
+        sizeof(fo_gemm_reducescatter_options));
+  /* (the fields shared with fo_gemm_allreduce_options at the same offsets) */
+  CHECK(offsetof(fo_gemm_reducescatter_options, path) == offsetof(fo_gemm_allreduce_options, path) &&
+            offsetof(fo_gemm_reducescatter_options, nccl_sms) == offsetof(fo_gemm_allreduce_options, nccl_sms) &&
+            offsetof(fo_gemm_reducescatter_options, wait_timeout_s) ==
+                offsetof(fo_gemm_allreduce_options, wait_timeout_s) &&
+            offsetof(fo_gemm_reducescatter_options, check_m) == offsetof(fo_gemm_allreduce_options, check_m) &&
+            offsetof(fo_gemm_reducescatter_options, layout) == 28,
+        "fo_gemm_reducescatter_options' offsets");
   CHECK(fo_last_error()[0] == '\0', "a fresh thread's last error: \"%s\"", fo_last_error());
 }
 
@@ -163,6 +181,96 @@ static void test_options(void) {
                  "out is NULL");
 }
 
+/* The defaults equal GemmReduceScatterOptions{}'s (flashoverlap.h: Auto,
+ * the standard layout, 8 SMs, 30 s, no m check); struct_size's rules, as
+ * for the AllReduce's options; the paths and layouts it takes. */
+static void test_rs_options(void) {
+  fo_gemm_reducescatter_options o;
+  fo_gemm_reducescatter_t op = (fo_gemm_reducescatter_t)&o; /* (garbage: must come back NULL) */
+  memset(&o, 0xab, sizeof o);
+  EXPECT_OK(fo_gemm_reducescatter_options_default(&o, sizeof o));
+  CHECK(o.struct_size == sizeof o, "struct_size = %zu", o.struct_size);
+  CHECK(o.path == FO_PATH_AUTO, "path = %d", (int)o.path);
+  CHECK(o.layout == FO_RS_LAYOUT_STANDARD, "layout = %d", (int)o.layout);
+  CHECK(o.nccl_sms == 8, "nccl_sms = %d", (int)o.nccl_sms);
+  CHECK(o.wait_timeout_s == 30.0, "wait_timeout_s = %g", o.wait_timeout_s);
+  CHECK(o.check_m == 0, "check_m = %d", (int)o.check_m);
+
+  EXPECT_INVALID(fo_gemm_reducescatter_options_default(NULL, sizeof o), "fo_gemm_reducescatter_options_default",
+                 "options is NULL");
+  EXPECT_INVALID(fo_gemm_reducescatter_options_default(&o, 8), "fo_gemm_reducescatter_options_default",
+                 "struct_size = 8 is below 32");
+  EXPECT_INVALID(fo_gemm_reducescatter_options_default(&o, 31), "fo_gemm_reducescatter_options_default",
+                 "struct_size = 31");
+  CHECK(o.struct_size == sizeof o && o.nccl_sms == 8, "a refused default wrote the options");
+
+  /* create checks its dtype and options before its communicator: with comm
+   * NULL each refusal below is the options', and acceptance shows as the
+   * communicator's refusal */
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op),
+                 "fo_gemm_reducescatter_create", "comm is NULL");
+  CHECK(op == NULL, "out not cleared on failure");
+  {
+    /* A caller whose header has a field more (a later version). */
+    struct later {
+      fo_gemm_reducescatter_options o;
+      int64_t added;
+    } l;
+    memset(&l, 0xab, sizeof l);
+    EXPECT_OK(fo_gemm_reducescatter_options_default(&l.o, sizeof l));
+    CHECK(l.o.struct_size == sizeof l && l.added == 0 && l.o.nccl_sms == 8 && l.o.layout == FO_RS_LAYOUT_STANDARD,
+          "struct_size %zu, added %lld", l.o.struct_size, (long long)l.added);
+    EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &l.o, &op),
+                   "fo_gemm_reducescatter_create", "comm is NULL");
+    l.added = 1;
+    EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &l.o, &op),
+                   "fo_gemm_reducescatter_create", "does not know");
+  }
+  o.struct_size = 24;
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op),
+                 "fo_gemm_reducescatter_create", "options->struct_size = 24 is below 32");
+  CHECK(strstr(fo_last_error(), "fo_gemm_reducescatter_options_default") != NULL,
+        "the message does not name the function that fills the options: %s", fo_last_error());
+
+  /* the paths: AUTO, SEQUENTIAL, SLOTS; the AllReduce's others refused by name */
+  {
+    static const int ok_paths[] = {FO_PATH_AUTO, FO_PATH_SEQUENTIAL, FO_PATH_SLOTS};
+    size_t i;
+    for (i = 0; i < 3; ++i) {
+      EXPECT_OK(fo_gemm_reducescatter_options_default(&o, sizeof o));
+      o.path = ok_paths[i];
+      o.layout = FO_RS_LAYOUT_SUBTILE;
+      EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_FP16, &o, &op),
+                     "fo_gemm_reducescatter_create", "comm is NULL");
+    }
+  }
+  EXPECT_OK(fo_gemm_reducescatter_options_default(&o, sizeof o));
+  o.path = FO_PATH_ROW_BANDS;
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op),
+                 "fo_gemm_reducescatter_create", "options->path = 2 (FO_PATH_ROW_BANDS) is not a GemmReduceScatter path");
+  o.path = FO_PATH_OWNERS;
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op),
+                 "fo_gemm_reducescatter_create", "options->path = 4 (FO_PATH_OWNERS)");
+  o.path = 7;
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op),
+                 "fo_gemm_reducescatter_create", "options->path = 7 is not an fo_path");
+  CHECK(strstr(fo_last_error(), "FO_PATH_SLOTS 3") != NULL, "the message does not list the paths: %s", fo_last_error());
+  o.path = FO_PATH_AUTO;
+  o.layout = 2;
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op),
+                 "fo_gemm_reducescatter_create", "options->layout = 2 is not an fo_rs_layout");
+  o.layout = -1;
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_BF16, &o, &op),
+                 "fo_gemm_reducescatter_create", "options->layout = -1");
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, (fo_dtype)5, NULL, &op),
+                 "fo_gemm_reducescatter_create", "dtype = 5");
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_FP16, NULL, &op),
+                 "fo_gemm_reducescatter_create", "comm is NULL");
+  EXPECT_INVALID(fo_gemm_reducescatter_create(NULL, 64, 64, 64, FO_DTYPE_FP16, NULL, NULL),
+                 "fo_gemm_reducescatter_create", "out is NULL");
+  CHECK(op == NULL, "out not cleared on failure");
+}
+
 /* Every function: a NULL handle or required pointer is FO_INVALID_ARGUMENT
  * naming the function and the argument; out-handles come back NULL. */
 static void test_null_arguments(void) {
@@ -203,6 +311,24 @@ static void test_null_arguments(void) {
   EXPECT_INVALID(fo_gemm_allreduce_check(NULL), "fo_gemm_allreduce_check", "op is NULL");
   EXPECT_INVALID(fo_gemm_allreduce_shape(NULL, &i, &i, &i, &d), "fo_gemm_allreduce_shape", "op is NULL");
   EXPECT_OK(fo_gemm_allreduce_destroy(NULL));
+
+  {
+    int w = 0;
+    int64_t rows[2];
+    EXPECT_INVALID(fo_gemm_reducescatter_run(NULL, buf, buf, buf, 1, NULL, 0), "fo_gemm_reducescatter_run",
+                   "op is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_run_rmsnorm(NULL, buf, buf, buf, buf, 1e-5f, buf, NULL, 1, NULL),
+                   "fo_gemm_reducescatter_run_rmsnorm", "op is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_rows_out(NULL, 1, &i), "fo_gemm_reducescatter_rows_out", "op is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_rows(NULL, 1, rows, 2, &needed), "fo_gemm_reducescatter_rows", "op is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_prepare(NULL, 1), "fo_gemm_reducescatter_prepare", "op is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_plan(NULL, 1, buf, sizeof buf, &needed), "fo_gemm_reducescatter_plan",
+                   "op is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_check(NULL), "fo_gemm_reducescatter_check", "op is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_shape(NULL, &i, &i, &i, &d, &w), "fo_gemm_reducescatter_shape",
+                   "op is NULL");
+    EXPECT_OK(fo_gemm_reducescatter_destroy(NULL));
+  }
 }
 
 /* The message stays put until the next call that returns a status, and a
@@ -315,6 +441,14 @@ static void test_from_env(void) {
     printf("fo_unique_id without a GPU: %s%s%s\n", fo_status_string(u), u == FO_OK ? "" : ": ", fo_last_error());
     CHECK(u == FO_OK ? fo_last_error()[0] == '\0' : (u != FO_INVALID_ARGUMENT && fo_last_error()[0] != '\0'),
           "fo_unique_id: %s \"%s\"", fo_status_string(u), fo_last_error());
+    if (u == FO_OK) {
+      /* the other way to a communicator, refused alike: no op of either
+       * kind can be built here (each needs one) */
+      comm = (fo_comm_t)&dummy;
+      EXPECT_STATUS(fo_comm_from_unique_id(id, sizeof id, 0, 1, &comm), FO_NO_GPU, "fo_comm_from_unique_id",
+                    "no usable Hopper (sm_90) GPU");
+      CHECK(comm == NULL, "fo_comm_from_unique_id: out not cleared on failure");
+    }
   }
 }
 
@@ -457,28 +591,77 @@ static void upload_ints(fo_dtype d, CUdeviceptr dst, const int* v, size_t count)
   CU(cu.MemcpyHtoD(dst, g.host16, count * 2));
 }
 
-/* out (m x N, ld) against a * b^T, bitwise (the sums are exact); the pad
- * columns of a padded ld untouched (0xffff). */
-static void expect_gemm(fo_dtype d, int64_t m, int64_t ld, const char* what) {
+/* out (count x N, ld) against rows `rows` of a * b^T (NULL: rows 0, 1, ...),
+ * bitwise (the sums are exact); the pad columns of a padded ld untouched
+ * (0xffff). */
+static void expect_gemm_rows(fo_dtype d, int64_t count, const int64_t* rows, int64_t ld, const char* what) {
   int64_t i, j, bad = 0, pad_bad = 0;
   CU(cu.StreamSynchronize(g.stream));
-  CU(cu.MemcpyDtoH(g.host16, g.dout, (size_t)(m * ld) * 2));
-  for (i = 0; i < m; ++i)
+  CU(cu.MemcpyDtoH(g.host16, g.dout, (size_t)(count * ld) * 2));
+  for (i = 0; i < count; ++i) {
+    const int64_t row = rows ? rows[i] : i;
     for (j = 0; j < ld; ++j) {
       const uint16_t x = g.host16[i * ld + j];
       if (j >= N) {
         pad_bad += x != 0xffffu;
         continue;
       }
-      if (x != to_16(d, (float)g.ab[i * N + j])) {
+      if (x != to_16(d, (float)g.ab[row * N + j])) {
         if (!bad)
-          fprintf(stderr, "%s: first difference at row %lld, col %lld: %g (0x%04x), want %d\n", what, (long long)i,
-                  (long long)j, (double)from_16(d, x), x, g.ab[i * N + j]);
+          fprintf(stderr, "%s: first difference at row %lld (of C: %lld), col %lld: %g (0x%04x), want %d\n", what,
+                  (long long)i, (long long)row, (long long)j, (double)from_16(d, x), x, g.ab[row * N + j]);
         ++bad;
       }
     }
-  CHECK(bad == 0, "%s: %lld of %lld elements differ", what, (long long)bad, (long long)(m * N));
+  }
+  CHECK(bad == 0, "%s: %lld of %lld elements differ", what, (long long)bad, (long long)(count * N));
   CHECK(pad_bad == 0, "%s: %lld elements beyond n written", what, (long long)pad_bad);
+}
+
+static void expect_gemm(fo_dtype d, int64_t m, int64_t ld, const char* what) { expect_gemm_rows(d, m, NULL, ld, what); }
+
+/* After a run_rmsnorm of `count` output rows (rows `rows` of C; NULL: 0, 1,
+ * ...): residual_out (g.dres_out) = ab + residual exactly, and out (g.dout)
+ * against h's RMSNorm. The residual's row i goes with output row i. */
+static void expect_rmsnorm(fo_dtype d, int64_t count, const int64_t* rows, float eps, const char* name) {
+  int64_t i, j, bad_h = 0, bad_out = 0;
+  CU(cu.StreamSynchronize(g.stream));
+  CU(cu.MemcpyDtoH(g.host16, g.dres_out, (size_t)(count * N) * 2));
+  for (i = 0; i < count; ++i)
+    for (j = 0; j < N; ++j)
+      bad_h += g.host16[i * N + j] != to_16(d, (float)(g.ab[(rows ? rows[i] : i) * N + j] + g.residual[i * N + j]));
+  CU(cu.MemcpyDtoH(g.host16, g.dout, (size_t)(count * N) * 2));
+  for (i = 0; i < count; ++i) {
+    const int64_t row = rows ? rows[i] : i;
+    double ss = 0;
+    for (j = 0; j < N; ++j) {
+      const double h = g.ab[row * N + j] + g.residual[i * N + j];
+      ss += h * h;
+    }
+    for (j = 0; j < N; ++j) {
+      const double h = g.ab[row * N + j] + g.residual[i * N + j];
+      const double ref = h / sqrt(ss / N + eps) * g.weight[j];
+      const double x = from_16(d, g.host16[i * N + j]);
+      /* the output's rounding (2^-8 bf16, 2^-11 fp16 relative) twice over, and fp32's */
+      if (!(fabs(x - ref) <= 1e-3 + fabs(ref) / 64)) {
+        if (!bad_out)
+          fprintf(stderr, "%s rmsnorm: first beyond the bound at row %lld, col %lld: %g, want %g\n", name,
+                  (long long)i, (long long)j, x, ref);
+        ++bad_out;
+      }
+    }
+  }
+  CHECK(bad_h == 0, "%s rmsnorm: %lld residual_out elements differ from the reduced a b^T + residual", name,
+        (long long)bad_h);
+  CHECK(bad_out == 0, "%s rmsnorm: %lld of %lld out elements beyond 1e-3 + |ref|/64", name, (long long)bad_out,
+        (long long)(count * N));
+}
+
+static void upload_norm_inputs(fo_dtype d) {
+  int64_t j;
+  upload_ints(d, g.dres, g.residual, (size_t)MAX_M * N);
+  for (j = 0; j < N; ++j) g.host16[j] = to_16(d, g.weight[j]);
+  CU(cu.MemcpyHtoD(g.dweight, g.host16, N * 2));
 }
 
 /* run for several m, a padded ld_out, and run_rmsnorm, on op. */
@@ -486,7 +669,6 @@ static void exercise(fo_gemm_allreduce_t op, fo_dtype d, const char* name) {
   static const int64_t ms[] = {1, 77, 128, 255, MAX_M};
   char what[128];
   size_t t;
-  int64_t i, j;
   upload_ints(d, g.da, g.a, (size_t)MAX_M * K);
   upload_ints(d, g.db, g.b, (size_t)N * K);
   for (t = 0; t < sizeof ms / sizeof ms[0]; ++t) {
@@ -508,43 +690,193 @@ static void exercise(fo_gemm_allreduce_t op, fo_dtype d, const char* name) {
   {
     const int64_t m = 77;
     const float eps = 1e-5f;
-    int64_t bad_h = 0, bad_out = 0;
-    upload_ints(d, g.dres, g.residual, (size_t)MAX_M * N);
-    for (j = 0; j < N; ++j) g.host16[j] = to_16(d, g.weight[j]);
-    CU(cu.MemcpyHtoD(g.dweight, g.host16, N * 2));
+    upload_norm_inputs(d);
     FO(fo_gemm_allreduce_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, (const void*)g.dres,
                                      (const void*)g.dweight, eps, (void*)g.dout, (void*)g.dres_out, m, g.stream));
     /* residual_out optional */
     FO(fo_gemm_allreduce_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, (const void*)g.dres,
                                      (const void*)g.dweight, eps, (void*)g.dout, NULL, m, g.stream));
-    CU(cu.StreamSynchronize(g.stream));
-    CU(cu.MemcpyDtoH(g.host16, g.dres_out, (size_t)(m * N) * 2));
-    for (i = 0; i < m * N; ++i) bad_h += g.host16[i] != to_16(d, (float)(g.ab[i] + g.residual[i]));
-    CU(cu.MemcpyDtoH(g.host16, g.dout, (size_t)(m * N) * 2));
-    for (i = 0; i < m; ++i) {
-      double ss = 0;
-      for (j = 0; j < N; ++j) {
-        const double h = g.ab[i * N + j] + g.residual[i * N + j];
-        ss += h * h;
-      }
-      for (j = 0; j < N; ++j) {
-        const double h = g.ab[i * N + j] + g.residual[i * N + j];
-        const double ref = h / sqrt(ss / N + eps) * g.weight[j];
-        const double x = from_16(d, g.host16[i * N + j]);
-        /* the output's rounding (2^-8 bf16, 2^-11 fp16 relative) twice over, and fp32's */
-        if (!(fabs(x - ref) <= 1e-3 + fabs(ref) / 64)) {
-          if (!bad_out)
-            fprintf(stderr, "%s rmsnorm: first beyond the bound at row %lld, col %lld: %g, want %g\n", name,
-                    (long long)i, (long long)j, x, ref);
-          ++bad_out;
-        }
-      }
-    }
-    CHECK(bad_h == 0, "%s rmsnorm: %lld residual_out elements differ from AllReduce(a b^T) + residual", name,
-          (long long)bad_h);
-    CHECK(bad_out == 0, "%s rmsnorm: %lld of %lld out elements beyond 1e-3 + |ref|/64", name, (long long)bad_out,
-          (long long)(m * N));
+    expect_rmsnorm(d, m, NULL, eps, name);
   }
+}
+
+/* ---- GemmReduceScatter at world 1: each rank's rows of the sum are, at
+ * one rank, rows(m) of a * b^T (every row, in order, in either layout) ---- */
+
+static int64_t g_rows[MAX_M + 1];
+
+/* This rank's rows for m, checked against the layout's definition (world 1:
+ * rows_out(m) = m, rows 0, 1, ..., m - 1 in both layouts); returns rows_out. */
+static int64_t rs_rows(fo_gemm_reducescatter_t op, int64_t m, const char* name) {
+  int64_t out = -1, i, bad = 0, past;
+  size_t needed = 0;
+  FO(fo_gemm_reducescatter_rows_out(op, m, &out));
+  FO(fo_gemm_reducescatter_rows(op, m, NULL, 0, &needed));
+  CHECK(out == m && (int64_t)needed == out, "%s, m = %lld: rows_out %lld, rows needs %zu", name, (long long)m,
+        (long long)out, needed);
+  past = out < 0 ? 0 : out > MAX_M ? MAX_M : out;
+  g_rows[past] = -7; /* (a sentinel past the rows; g_rows[MAX_M] is never written) */
+  FO(fo_gemm_reducescatter_rows(op, m, g_rows, MAX_M, NULL));
+  for (i = 0; i < past; ++i) bad += g_rows[i] != i;
+  CHECK(bad == 0, "%s, m = %lld: %lld rows are not 0, 1, ... at world 1", name, (long long)m, (long long)bad);
+  CHECK(g_rows[past] == -7, "%s, m = %lld: rows wrote past rows_out", name, (long long)m);
+  return out;
+}
+
+static void exercise_rs(fo_gemm_reducescatter_t op, fo_dtype d, const char* name) {
+  static const int64_t ms[] = {1, 77, 128, 255, MAX_M};
+  char what[160];
+  size_t t;
+  upload_ints(d, g.da, g.a, (size_t)MAX_M * K);
+  upload_ints(d, g.db, g.b, (size_t)N * K);
+  for (t = 0; t < sizeof ms / sizeof ms[0]; ++t) {
+    const int64_t rows = rs_rows(op, ms[t], name);
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.CtxSynchronize());
+    /* (every other call on the legacy default stream, NULL) */
+    FO(fo_gemm_reducescatter_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, ms[t],
+                                 t % 2 ? NULL : g.stream, 0));
+    CU(cu.CtxSynchronize());
+    snprintf(what, sizeof what, "%s, m = %lld", name, (long long)ms[t]);
+    expect_gemm_rows(d, rows, g_rows, N, what);
+  }
+  {
+    const int64_t rows = rs_rows(op, 77, name);
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.CtxSynchronize());
+    FO(fo_gemm_reducescatter_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 77, g.stream, N + LD_PAD));
+    snprintf(what, sizeof what, "%s, m = 77, ld_out = n + %d", name, LD_PAD);
+    expect_gemm_rows(d, rows, g_rows, N + LD_PAD, what);
+  }
+  {
+    const int64_t m = 255;
+    const float eps = 1e-5f;
+    const int64_t rows = rs_rows(op, m, name);
+    upload_norm_inputs(d);
+    /* residual_out optional: without it first, then with it (what is checked) */
+    FO(fo_gemm_reducescatter_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, (const void*)g.dres,
+                                         (const void*)g.dweight, eps, (void*)g.dout, NULL, m, g.stream));
+    FO(fo_gemm_reducescatter_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, (const void*)g.dres,
+                                         (const void*)g.dweight, eps, (void*)g.dout, (void*)g.dres_out, m, g.stream));
+    snprintf(what, sizeof what, "%s, m = %lld", name, (long long)m);
+    expect_rmsnorm(d, rows, g_rows, eps, what);
+  }
+}
+
+/* Both dtypes with the default options (the standard layout, path auto),
+ * then each path and layout; the last op outlives its communicator's
+ * handle, which is destroyed here. */
+static void rs_part(fo_comm_t comm) {
+  static const fo_dtype dts[] = {FO_DTYPE_BF16, FO_DTYPE_FP16};
+  static const int paths[] = {FO_PATH_SEQUENTIAL, FO_PATH_SLOTS};
+  fo_gemm_reducescatter_t op = NULL;
+  fo_gemm_reducescatter_options opt;
+  size_t t, pi;
+  int l, comm_destroyed = 0;
+  for (t = 0; t < 2; ++t) {
+    const fo_dtype d = dts[t];
+    int64_t mm = 0, nn = 0, kk = 0, rows = -1;
+    int world = -1;
+    fo_dtype dd = (fo_dtype)-1;
+    char plan[512], small[8];
+    size_t needed = 0, needed2 = 0;
+    FO(fo_gemm_reducescatter_create(comm, MAX_M, N, K, d, NULL, &op));
+    FO(fo_gemm_reducescatter_shape(op, &mm, &nn, &kk, &dd, &world));
+    CHECK(mm == MAX_M && nn == N && kk == K && dd == d && world == 1, "reducescatter shape %lld %lld %lld %d, world %d",
+          (long long)mm, (long long)nn, (long long)kk, (int)dd, world);
+    FO(fo_gemm_reducescatter_shape(op, NULL, NULL, NULL, NULL, NULL));
+    exercise_rs(op, d, d == FO_DTYPE_BF16 ? "reducescatter bf16, auto" : "reducescatter fp16, auto");
+
+    FO(fo_gemm_reducescatter_plan(op, 77, NULL, 0, &needed));
+    CHECK(needed > 1 && needed <= sizeof plan, "reducescatter plan needs %zu bytes", needed);
+    FO(fo_gemm_reducescatter_plan(op, 77, plan, sizeof plan, &needed2));
+    CHECK(needed2 == needed && strlen(plan) + 1 == needed, "reducescatter plan \"%s\": needed %zu, then %zu", plan,
+          needed, needed2);
+    CHECK(strstr(plan, "standard layout") != NULL, "reducescatter plan \"%s\" does not name its layout", plan);
+    printf("reducescatter %s: plan(77) = \"%s\"\n", d == FO_DTYPE_BF16 ? "bf16" : "fp16", plan);
+    FO(fo_gemm_reducescatter_plan(op, 77, small, sizeof small, NULL));
+    CHECK(strlen(small) == sizeof small - 1 && strncmp(small, plan, sizeof small - 1) == 0,
+          "truncated reducescatter plan \"%s\"", small);
+    FO(fo_gemm_reducescatter_prepare(op, 150));
+    FO(fo_gemm_reducescatter_check(op));
+    /* rows: at most count of them, needed all */
+    g_rows[3] = -7;
+    FO(fo_gemm_reducescatter_rows(op, 100, g_rows, 3, &needed));
+    CHECK(needed == 100 && g_rows[0] == 0 && g_rows[1] == 1 && g_rows[2] == 2 && g_rows[3] == -7,
+          "rows(100) into 3 entries: needed %zu, %lld %lld %lld %lld", needed, (long long)g_rows[0],
+          (long long)g_rows[1], (long long)g_rows[2], (long long)g_rows[3]);
+
+    EXPECT_INVALID(fo_gemm_reducescatter_plan(op, 77, NULL, 4, NULL), "fo_gemm_reducescatter_plan", "buf is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_rows(op, 77, NULL, 4, NULL), "fo_gemm_reducescatter_rows", "rows is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_rows_out(op, 77, NULL), "fo_gemm_reducescatter_rows_out", "rows is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_run(op, NULL, (const void*)g.db, (void*)g.dout, 1, g.stream, 0),
+                   "fo_gemm_reducescatter_run", "a is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_run(op, (const void*)g.da, NULL, (void*)g.dout, 1, g.stream, 0),
+                   "fo_gemm_reducescatter_run", "b is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_run(op, (const void*)g.da, (const void*)g.db, NULL, 1, g.stream, 0),
+                   "fo_gemm_reducescatter_run", "out is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, NULL,
+                                                     (const void*)g.dweight, 1e-5f, (void*)g.dout, NULL, 1, g.stream),
+                   "fo_gemm_reducescatter_run_rmsnorm", "residual is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_run_rmsnorm(op, (const void*)g.da, (const void*)g.db, (const void*)g.dres,
+                                                     NULL, 1e-5f, (void*)g.dout, NULL, 1, g.stream),
+                   "fo_gemm_reducescatter_run_rmsnorm", "norm_weight is NULL");
+    /* m out of range and a bad ld_out: the C++ API's InvalidArgument */
+    EXPECT_INVALID(fo_gemm_reducescatter_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 0, g.stream, 0),
+                   "fo_gemm_reducescatter_run", "m must be in [1, max_m]");
+    EXPECT_INVALID(
+        fo_gemm_reducescatter_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, MAX_M + 1, g.stream, 0),
+        "fo_gemm_reducescatter_run", "m must be in [1, max_m]");
+    EXPECT_INVALID(fo_gemm_reducescatter_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 8, g.stream, 5),
+                   "fo_gemm_reducescatter_run", "ld_out");
+    EXPECT_INVALID(fo_gemm_reducescatter_rows_out(op, 0, &rows), "fo_gemm_reducescatter_rows_out", "m must be");
+    CHECK(rows == -1, "rows_out wrote its out-parameter on failure: %lld", (long long)rows);
+    EXPECT_INVALID(fo_gemm_reducescatter_prepare(op, MAX_M + 1), "fo_gemm_reducescatter_prepare", "m must be");
+    /* still usable after refusals */
+    FO(fo_gemm_reducescatter_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 128, g.stream, 0));
+    expect_gemm(d, 128, N, "reducescatter after the refusals, m = 128");
+    FO(fo_gemm_reducescatter_destroy(op));
+    op = NULL;
+  }
+
+  /* refusals the C++ API makes: k % 8 != 0, max_m < 1, nccl_sms out of range */
+  op = (fo_gemm_reducescatter_t)&g;
+  EXPECT_INVALID(fo_gemm_reducescatter_create(comm, MAX_M, N, 12, FO_DTYPE_BF16, NULL, &op),
+                 "fo_gemm_reducescatter_create", "k a multiple of 8");
+  CHECK(op == NULL, "out not cleared on failure");
+  EXPECT_INVALID(fo_gemm_reducescatter_create(comm, 0, N, K, FO_DTYPE_BF16, NULL, &op), "fo_gemm_reducescatter_create",
+                 "1 <= max_m");
+  FO(fo_gemm_reducescatter_options_default(&opt, sizeof opt));
+  opt.nccl_sms = 0;
+  EXPECT_INVALID(fo_gemm_reducescatter_create(comm, MAX_M, N, K, FO_DTYPE_BF16, &opt, &op),
+                 "fo_gemm_reducescatter_create", "nccl_sms must be in [1, ");
+
+  /* each path and layout, explicitly */
+  for (l = FO_RS_LAYOUT_STANDARD; l <= FO_RS_LAYOUT_SUBTILE; ++l)
+    for (pi = 0; pi < 2; ++pi) {
+      const int p = paths[pi], last = l == FO_RS_LAYOUT_SUBTILE && p == FO_PATH_SLOTS;
+      comm_destroyed |= last;
+      char name[96], plan[512];
+      fo_status c;
+      FO(fo_gemm_reducescatter_options_default(&opt, sizeof opt));
+      opt.path = p;
+      opt.layout = l;
+      opt.check_m = 1;
+      c = fo_gemm_reducescatter_create(comm, MAX_M, N, K, FO_DTYPE_BF16, &opt, &op);
+      CHECK(c == FO_OK, "reducescatter path %d, layout %d: %s: %s", p, l, fo_status_string(c), fo_last_error());
+      if (c != FO_OK) continue;
+      if (last) FO(fo_comm_destroy(comm)); /* (the op keeps the communicator) */
+      snprintf(name, sizeof name, "reducescatter bf16, %s, %s layout%s", p == FO_PATH_SLOTS ? "slots" : "sequential",
+               l == FO_RS_LAYOUT_SUBTILE ? "sub-tile" : "standard", last ? " (its comm handle destroyed)" : "");
+      exercise_rs(op, FO_DTYPE_BF16, name);
+      FO(fo_gemm_reducescatter_plan(op, MAX_M, plan, sizeof plan, NULL));
+      CHECK(strstr(plan, l == FO_RS_LAYOUT_SUBTILE ? "subtile layout" : "standard layout") != NULL, "%s: plan \"%s\"", name, plan);
+      printf("%s: plan(%d) = \"%s\"\n", name, MAX_M, plan);
+      FO(fo_gemm_reducescatter_check(op));
+      FO(fo_gemm_reducescatter_destroy(op));
+      op = NULL;
+    }
+  if (!comm_destroyed) FO(fo_comm_destroy(comm));
 }
 
 static int gpu_part(void) {
@@ -666,6 +998,13 @@ static int gpu_part(void) {
   CHECK(op == NULL, "out not cleared on failure");
   EXPECT_INVALID(fo_gemm_allreduce_create(comm, 0, N, K, FO_DTYPE_BF16, NULL, &op), "fo_gemm_allreduce_create", "");
 
+  /* GemmReduceScatter (its own communicator: the paths below destroy this one's handle) */
+  {
+    fo_comm_t rs_comm = NULL;
+    FO(fo_comm_from_env(&rs_comm));
+    rs_part(rs_comm); /* (destroys rs_comm) */
+  }
+
   /* each path, explicitly (one that is not available at world 1 may refuse,
    * saying so); the last one outlives its communicator's handle */
   for (p = FO_PATH_SEQUENTIAL; p <= FO_PATH_SLOTS; ++p) {
@@ -718,6 +1057,7 @@ int main(int argc, char** argv) {
   }
   test_version();
   test_options();
+  test_rs_options();
   test_null_arguments();
   test_last_error_lifetime();
   test_threads();

@@ -18,8 +18,18 @@ the eager op's, for several m); CUDA-graph capture and replay mixed with
 eager calls, and the refusal of an unplanned m; bad input; a group of
 another size; the group's own communicator (comm="adopt"); and, in fresh
 processes, that torch and the library share one NCCL whichever is
-imported first. The data are random; the seed is printed
-(FO_TEST_SEED=<seed> replays it).
+imported first.
+
+GemmReduceScatter (class ReduceScatter*): against F.linear +
+dist.reduce_scatter_tensor (the standard layout) or F.linear + all_reduce
+then this rank's rows (the sub-tile layout) within the same bound; rows_out
+and rows against their definition (flashoverlap.torch.rs_rows); bitwise
+equal to the op's own sequential path (world <= 2); calls in a row with a
+random m (a multiple of the world) each; the RMSNorm form against its
+definition; leading batch dimensions; the functional and its cache;
+torch.compile (fullgraph, one node; inductor's output bitwise the eager
+op's); CUDA-graph capture and replay mixed with eager calls; bad input. The
+data are random; the seed is printed (FO_TEST_SEED=<seed> replays it).
 """
 
 import datetime
@@ -146,6 +156,29 @@ def within(out, ref, atol):
     return worst <= atol, worst
 
 
+def rs_reference(x, w, rows=None):
+    """What GemmReduceScatter replaces: F.linear, then dist.reduce_scatter_tensor
+    (rows None: the standard layout), or, for the sub-tile layout, all_reduce
+    and this rank's rows."""
+    y = F.linear(x, w)
+    if rows is None:
+        out = torch.empty((y.shape[0] // WORLD, y.shape[1]), dtype=y.dtype, device=DEVICE)
+        dist.reduce_scatter_tensor(out, y)
+        return out
+    dist.all_reduce(y)
+    return y[torch.tensor(rows, dtype=torch.long, device=DEVICE)]
+
+
+def multiples_of_world(*ms):
+    """Each m rounded down to a multiple of the world size (at least the world size), sorted, once each."""
+    return sorted({max(WORLD, m - m % WORLD) for m in ms})
+
+
+def subtile_ok():
+    """Whether the sub-tile layout serves this world (it needs the world size to divide 128)."""
+    return 128 % WORLD == 0
+
+
 class Case(unittest.TestCase):
     def ok(self, ok, message):
         self.assertTrue(all_ok(ok), f"{message} (rank {RANK}: {'ok' if ok else 'FAILED'}; FO_TEST_SEED={SEED})")
@@ -153,6 +186,10 @@ class Case(unittest.TestCase):
     @staticmethod
     def make(max_m=512, n=768, k=1024, dtype=None, **kw):
         return fo.GemmAllReduce(None, max_m, n, k, dtype or torch.bfloat16, **kw)
+
+    @staticmethod
+    def make_rs(max_m=512, n=768, k=1024, dtype=None, **kw):
+        return fo.GemmReduceScatter(None, max_m, n, k, dtype or torch.bfloat16, **kw)
 
 
 class Correctness(Case):
@@ -434,6 +471,348 @@ class Communicators(Case):
                 print(f"[test_gpu] {first.strip()!r} first: {r.stdout.strip()}", flush=True)
                 self.assertTrue(r.stdout.startswith("(True, '') 1 "), r.stdout)
         dist.barrier()
+
+
+class ReduceScatter(Case):
+    def test_against_linear_reduce_scatter_both_dtypes(self):
+        for dtype in (torch.bfloat16, torch.float16):
+            op = self.make_rs(dtype=dtype)
+            w = rand(768, 1024, dtype=dtype, seed=101)
+            for m in multiples_of_world(1, 8 * WORLD, 128, 300, 512):
+                x = rand(m, 1024, dtype=dtype, seed=m + 102)
+                y = op(x, w)
+                self.assertEqual((y.shape, y.dtype, y.device), ((m // WORLD, 768), dtype, DEVICE))
+                good, worst = within(y, rs_reference(x, w), gemm_bound(x, w, dtype))
+                self.ok(good, f"{op} m={m}: |op - F.linear + reduce_scatter_tensor| up to {worst}")
+            if RANK == 0:
+                print(f"[test_gpu] {op}: plan(512) = {op.plan(512 - 512 % WORLD)}", flush=True)
+
+    def test_subtile_layout_against_its_rows(self):
+        if not subtile_ok():
+            self.skipTest(f"the sub-tile layout needs the world size to divide 128, not {WORLD}")
+        op = self.make_rs(layout="subtile")
+        w = rand(768, 1024, dtype=torch.bfloat16, seed=103)
+        for m in (1, 7, 64, 130, 300, 512):  # (any m)
+            rows = op.rows(m)
+            # (checks that may differ between ranks: agreed on before the next collective)
+            self.ok(rows == fo.rs_rows(m, WORLD, RANK, "subtile"), f"{op} m={m}: rows(m) = {rows[:8]}...")
+            x = rand(m, 1024, dtype=torch.bfloat16, seed=m + 104)
+            y = op(x, w)
+            self.ok(tuple(y.shape) == (len(rows), 768), f"{op} m={m}: output shape {tuple(y.shape)}")
+            good, worst = within(y, rs_reference(x, w, rows), gemm_bound(x, w, torch.bfloat16))
+            self.ok(good, f"{op} m={m}: |op - (F.linear + all_reduce)[rows]| up to {worst}")
+        if RANK == 0:
+            print(f"[test_gpu] {op}: plan(300) = {op.plan(300)}", flush=True)
+
+    def test_rows_out_and_rows(self):
+        ops = [self.make_rs(max_m=1024, n=256, k=256)]
+        if subtile_ok():
+            ops.append(self.make_rs(max_m=1024, n=256, k=256, layout="subtile"))
+        for op in ops:
+            step = WORLD if op.layout == "standard" else 1
+            bad = []
+            for m in range(step, 1025, step):
+                want = fo.rs_rows(m, WORLD, RANK, op.layout)
+                if op.rows_out(m) != len(want) or op.rows_out(m) != fo.rs_rows_out(m, WORLD, RANK, op.layout):
+                    bad.append(f"m={m}: rows_out {op.rows_out(m)}, want {len(want)}")
+                if (m % 97 == 0 or m < 300) and op.rows(m) != want:
+                    bad.append(f"m={m}: rows {op.rows(m)[:8]}..., want {want[:8]}...")
+            self.ok(not bad, f"{op}: {len(bad)} m's with other rows than flashoverlap.torch.rs_rows's: {bad[:3]}")
+        # every row of the sum once over the ranks
+        for op in ops:
+            m = 1000 - 1000 % WORLD
+            gathered = [None] * WORLD
+            dist.all_gather_object(gathered, op.rows(m))
+            self.assertEqual(sorted(r for rows in gathered for r in rows), list(range(m)), f"{op}")
+
+    def test_bitwise_equal_to_the_sequential_path(self):
+        if WORLD > 2:
+            self.skipTest("bitwise only where NCCL's sum is a + b (world <= 2)")
+        shape = dict(max_m=2048, n=2048, k=2048)
+        w = rand(2048, 2048, dtype=torch.bfloat16, seed=105)
+        for layout in ("standard", "subtile"):
+            seq = self.make_rs(path="sequential", layout=layout, **shape)
+            for path in ("slots", "auto"):
+                op = self.make_rs(path=path, layout=layout, **shape)
+                for m in multiples_of_world(2, 200, 1000, 2048) + ([] if layout == "standard" else [1, 333]):
+                    x = rand(m, 2048, dtype=torch.bfloat16, seed=m + 106)
+                    same = torch.equal(op(x, w), seq(x, w))
+                    if RANK == 0 and m == 2048:
+                        print(f"[test_gpu] reducescatter {layout} {path}, m={m}: {op.plan(m)}", flush=True)
+                    self.ok(same, f"reducescatter {layout} path {path}, m={m}: not bitwise the sequential path's")
+                op.close()
+            seq.close()
+
+    def test_calls_in_a_row_with_random_m(self):
+        op = self.make_rs(max_m=1024, n=1024, k=512)
+        w = rand(1024, 512, dtype=torch.bfloat16, seed=107)
+        rng = random.Random(SEED + 1)  # (the same m's on every rank)
+        worst_excess = torch.full((), -1.0, device=DEVICE)
+        bad_shapes = []
+        for i in range(500):
+            m = WORLD * rng.randint(1, 1024 // WORLD)
+            x = rand(m, 512, dtype=torch.bfloat16, seed=200 + i)
+            atol = gemm_bound(x, w, torch.bfloat16)
+            y = op(x, w)
+            if y.shape != (m // WORLD, 1024):
+                bad_shapes.append((i, m, tuple(y.shape)))
+                continue
+            d = ((y.float() - rs_reference(x, w).float()).abs().max() - atol) / atol
+            worst_excess = torch.maximum(worst_excess, d)
+        op.check()
+        self.ok(not bad_shapes, f"reducescatter calls with a wrong output shape (call, m, shape): {bad_shapes[:3]}")
+        excess = worst_excess.item()
+        self.ok(excess <= 0, f"500 reducescatter calls: the worst difference is {1 + excess:.3g} x the bound")
+
+    def test_rmsnorm_form_both_dtypes(self):
+        eps = 1e-6
+        layouts = ("standard", "subtile") if subtile_ok() else ("standard",)
+        for dtype in (torch.bfloat16, torch.float16):
+            for layout in layouts:
+                op = self.make_rs(dtype=dtype, layout=layout)
+                w = rand(768, 1024, dtype=dtype, seed=108)
+                g = rand(768, dtype=dtype, seed=109, per_rank=False)
+                for m in multiples_of_world(1, 64, 333, 512):
+                    rows = op.rows(m)
+                    x = rand(m, 1024, dtype=dtype, seed=m + 110)
+                    r = rand(len(rows), 768, dtype=dtype, seed=m + 111)  # (this rank's rows' residual)
+                    out, h = op(x, w, residual=r, norm_weight=g, eps=eps)
+                    self.ok((tuple(out.shape), tuple(h.shape)) == ((len(rows), 768), (len(rows), 768)),
+                            f"{op} m={m}: output shapes {tuple(out.shape)}, {tuple(h.shape)}")
+                    y = rs_reference(x, w, None if layout == "standard" else rows)
+                    h_ref = (y.float() + r.float()).to(dtype)
+                    hf = h_ref.float()
+                    rms = torch.sqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+                    out_ref = (hf / rms * g.float()).to(dtype)
+                    atol_h = gemm_bound(x, w, dtype) + 2 * U[dtype] * (hf.abs().max().item() if hf.numel() else 0.0)
+                    good_h, worst_h = within(h, h_ref, atol_h)
+                    self.ok(good_h, f"{op} m={m}: residual_out differs from its rows + residual by up to {worst_h}")
+                    # the norm of the op's own h: fp32 arithmetic, then one rounding
+                    ho = h.float()
+                    norm = ho * torch.rsqrt(ho.pow(2).mean(-1, keepdim=True) + eps) * g.float()
+                    bound = 2 * U[dtype] * norm.abs() + 1e-5
+                    self.ok(bool(((out.float() - norm).abs() <= bound).all()),
+                            f"{op} m={m}: out is not RMSNorm(residual_out) * norm_weight, rounded")
+                    loose = 4 * atol_h / rms * g.float().abs().max() + 2 * U[dtype] * out_ref.float().abs() + 1e-5
+                    self.ok(bool(((out.float() - out_ref.float()).abs() <= loose).all()),
+                            f"{op} m={m}: RMSNorm output")
+
+    def test_leading_batch_dimensions(self):
+        op = self.make_rs()
+        w = rand(768, 1024, dtype=torch.bfloat16, seed=112)
+        x = rand(2 * WORLD, 3, 1024, dtype=torch.bfloat16, seed=113)
+        y = op(x, w)
+        self.assertEqual(tuple(y.shape), (2, 3, 768))
+        self.ok(torch.equal(y, op(x.view(-1, 1024), w).view(2, 3, 768)), "(2W, 3, k) is not the (6W, k) result")
+        # (the sum scattered along the first dimension, as reduce_scatter_tensor scatters it)
+        ref = torch.empty(2, 3, 768, dtype=torch.bfloat16, device=DEVICE)
+        dist.reduce_scatter_tensor(ref, F.linear(x, w))
+        good, worst = within(y, ref, gemm_bound(x.view(-1, 1024), w, torch.bfloat16))
+        self.ok(good, f"(2W, 3, k): |op - reduce_scatter_tensor| up to {worst}")
+        r, g = rand(2, 3, 768, dtype=torch.bfloat16, seed=114), rand(768, dtype=torch.bfloat16, seed=115, per_rank=False)
+        out, h = op(x, w, residual=r, norm_weight=g)
+        self.assertEqual((tuple(out.shape), tuple(h.shape)), ((2, 3, 768), (2, 3, 768)))
+        out2, h2 = op(x.view(-1, 1024), w, residual=r.view(-1, 768), norm_weight=g)
+        self.ok(torch.equal(out, out2.view(2, 3, 768)) and torch.equal(h, h2.view(2, 3, 768)),
+                "the RMSNorm form with (2W, 3, k) is not the (6W, k) result")
+
+    def test_empty_batch(self):
+        op = self.make_rs()
+        y = op(torch.empty(0, 1024, dtype=torch.bfloat16, device=DEVICE), rand(768, 1024, dtype=torch.bfloat16, seed=0))
+        self.assertEqual(tuple(y.shape), (0, 768))
+
+    def test_functional_builds_and_caches(self):
+        fo.clear_cache()
+        w = rand(256, 512, dtype=torch.float16, seed=116)
+        for m, max_m in ((100, 128), (120, 128), (300, 512), (5, 512)):
+            m = max(WORLD, m - m % WORLD)
+            max_m = max(max_m, fo.round_max_m(m))
+            x = rand(m, 512, dtype=torch.float16, seed=m + 117)
+            y = fo.gemm_reduce_scatter(x, w)
+            self.assertEqual(tuple(y.shape), (m // WORLD, 256))
+            good, worst = within(y, rs_reference(x, w), gemm_bound(x, w, torch.float16))
+            self.ok(good, f"gemm_reduce_scatter m={m}: |diff| up to {worst}")
+            self.assertEqual([op.max_m for op in fo._rs_cache.values()], [max_m])
+            self.assertEqual(len(fo._cache), 0)  # (gemm_all_reduce's cache is its own)
+        m = 5 * WORLD
+        x, r, g = (rand(m, 512, dtype=torch.float16, seed=118), rand(5, 256, dtype=torch.float16, seed=119),
+                   rand(256, dtype=torch.float16, seed=120, per_rank=False))
+        out, h = fo.gemm_reduce_scatter(x, w, residual=r, norm_weight=g)
+        self.assertEqual((tuple(out.shape), tuple(h.shape)), ((5, 256), (5, 256)))
+        if subtile_ok():  # (options make another op)
+            y = fo.gemm_reduce_scatter(x, w, layout="subtile")
+            self.ok(tuple(y.shape) == (fo.rs_rows_out(m, WORLD, RANK, "subtile"), 256), f"sub-tile shape {y.shape}")
+            self.assertEqual(len(fo._rs_cache), 2)
+        fo.clear_cache()
+
+
+class ReduceScatterCompile(Case):
+    def test_torch_compile_keeps_the_op_whole(self):
+        torch._dynamo.reset()
+        op = self.make_rs(max_m=64 * WORLD, n=512, k=256)
+        w = rand(512, 256, dtype=torch.bfloat16, seed=130)
+
+        class Layer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.op = op
+                self.register_buffer("weight", w)
+
+            def forward(self, x):
+                return self.op(x, self.weight) * 2
+
+        layer = Layer()
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        x = rand(16 * WORLD, 256, dtype=torch.bfloat16, seed=131)
+        out = torch.compile(layer, backend=backend, fullgraph=True)(x)
+        calls = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+        self.assertEqual(sum("flashoverlap" in c for c in calls), 1, calls)
+        self.assertEqual(tuple(out.shape), (16, 512))
+        self.ok(torch.equal(out, op(x, w) * 2), "the traced graph's output is not the eager op's")
+
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True)  # inductor
+        for c in (16, 24, 40, 64):  # (a second m recompiles with m dynamic: rows m / world, symbolic)
+            x = rand(c * WORLD, 256, dtype=torch.bfloat16, seed=132 + c)
+            y = compiled(x)
+            self.assertEqual(tuple(y.shape), (c, 512))
+            self.ok(torch.equal(y, op(x, w) * 2), f"inductor m={c * WORLD}: not the eager op's output")
+
+    def test_torch_compile_rmsnorm_form(self):
+        torch._dynamo.reset()
+        op = self.make_rs(max_m=64 * WORLD, n=512, k=256)
+        w = rand(512, 256, dtype=torch.bfloat16, seed=133)
+        g = rand(512, dtype=torch.bfloat16, seed=134, per_rank=False)
+
+        def block(x, r):
+            return op(x, w, residual=r, norm_weight=g, eps=1e-5)
+
+        compiled = torch.compile(block, fullgraph=True)
+        for c in (8, 50):
+            x = rand(c * WORLD, 256, dtype=torch.bfloat16, seed=135 + c)
+            r = rand(c, 512, dtype=torch.bfloat16, seed=136 + c)
+            (a, b), (e, d) = compiled(x, r), block(x, r)
+            self.ok(torch.equal(a, e) and torch.equal(b, d), f"compiled RMSNorm form m={c * WORLD}: not the eager op's")
+
+    def test_opcheck(self):
+        op = self.make_rs(max_m=128 * WORLD, n=256, k=128)
+        x, w = rand(8 * WORLD, 128, dtype=torch.bfloat16, seed=137), rand(256, 128, dtype=torch.bfloat16, seed=138)
+        torch.library.opcheck(torch.ops.flashoverlap.gemm_reduce_scatter.default, (x, w, op.handle),
+                              test_utils=("test_schema", "test_faketensor"))
+        r, g = rand(8, 256, dtype=torch.bfloat16, seed=139), rand(256, dtype=torch.bfloat16, seed=140, per_rank=False)
+        torch.library.opcheck(torch.ops.flashoverlap.gemm_reduce_scatter_rmsnorm.default, (x, w, r, g, 1e-6, op.handle),
+                              test_utils=("test_schema", "test_faketensor"))
+
+
+class ReduceScatterCudaGraphs(Case):
+    def test_capture_and_replay_mixed_with_eager_calls(self):
+        op = self.make_rs(max_m=512, n=512, k=512)
+        w = rand(512, 512, dtype=torch.bfloat16, seed=150)
+        m1, m2 = multiples_of_world(100)[0], multiples_of_world(200)[0]
+        x, x2 = rand(m1, 512, dtype=torch.bfloat16, seed=151), rand(m2, 512, dtype=torch.bfloat16, seed=152)
+        r = rand(m1 // WORLD, 512, dtype=torch.bfloat16, seed=153)
+        g = rand(512, dtype=torch.bfloat16, seed=154, per_rank=False)
+        op(x, w)        # m1 planned by an eager call (both forms),
+        op(x, w, residual=r, norm_weight=g)
+        op.prepare(m2)  # m2 by prepare
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # (warm-up on a side stream, as torch's CUDA-graph docs advise)
+            op(x, w)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y, y2 = op(x, w), op(x2, w)
+            out, h = op(x, w, residual=r, norm_weight=g)
+        for i in range(4):
+            x.copy_(rand(m1, 512, dtype=torch.bfloat16, seed=160 + i))
+            x2.copy_(rand(m2, 512, dtype=torch.bfloat16, seed=170 + i))
+            graph.replay()
+            e, e2 = op(x, w), op(x2, w)
+            eo, eh = op(x, w, residual=r, norm_weight=g)
+            same = torch.equal(y, e) and torch.equal(y2, e2) and torch.equal(out, eo) and torch.equal(h, eh)
+            self.ok(same, f"reducescatter replay {i}: not the eager calls' outputs")
+            good, worst = within(e, rs_reference(x, w), gemm_bound(x, w, torch.bfloat16))
+            self.ok(good, f"reducescatter replay {i}: the eager call against the reference: up to {worst}")
+        torch.cuda.synchronize()
+        op.check()
+
+    def test_an_unplanned_m_is_refused_under_capture(self):
+        op = self.make_rs(max_m=512, n=512, k=512)
+        m = multiples_of_world(300)[0]
+        w, x = rand(512, 512, dtype=torch.bfloat16, seed=155), rand(m, 512, dtype=torch.bfloat16, seed=156)
+        graph = torch.cuda.CUDAGraph()
+        with self.assertRaisesRegex(FlashOverlapError, rf"m = {m} has no plan yet.*op\.prepare\({m}\)"):
+            with torch.cuda.graph(graph):
+                op(x, w)
+        self.ok(torch.equal(op(x, w), op(x, w)), "the op after a refused capture")
+
+
+class ReduceScatterBadInput(Case):
+    def test_messages(self):
+        op = self.make_rs(max_m=64, n=32, k=16)
+        name = str(op)
+        self.assertIn("standard layout", name)
+        w, x = rand(32, 16, dtype=torch.bfloat16, seed=0), rand(8 * WORLD if 8 * WORLD <= 64 else WORLD, 16,
+                                                                dtype=torch.bfloat16, seed=0)
+        cases = [
+            ((x.float(), w), "x has dtype torch.float32, expected torch.bfloat16"),
+            ((x.cpu(), w), f"x is on cpu, expected {DEVICE}"),
+            ((rand(16, 8, dtype=torch.bfloat16, seed=0).t(), w), "x is not contiguous"),
+            ((x, rand(32, 8, dtype=torch.bfloat16, seed=0)), "weight has shape (32, 8), expected (32, 16)"),
+            ((rand(64 + WORLD, 16, dtype=torch.bfloat16, seed=0), w),
+             f"x has m = {64 + WORLD} rows, more than the op's max_m = 64"),
+            ((rand(8, 8, dtype=torch.bfloat16, seed=0), w), "x has shape (8, 8), expected (m, 16)"),
+        ]
+        if WORLD > 1:
+            cases.append(((rand(WORLD + 1, 16, dtype=torch.bfloat16, seed=0), w),
+                          f"x has m = {WORLD + 1} rows, not a multiple of the world size {WORLD}"))
+        for args, message in cases:
+            with self.assertRaises(InvalidArgument) as cm:
+                op(*args)
+            self.assertTrue(str(cm.exception).startswith(f"{name}: {message}"), str(cm.exception))
+        rows = x.shape[0] // WORLD
+        with self.assertRaisesRegex(InvalidArgument, rf"residual has shape \({rows + 1}, 32\), expected \({rows}, 32\)"):
+            op(x, w, residual=rand(rows + 1, 32, dtype=torch.bfloat16, seed=0),
+               norm_weight=rand(32, dtype=torch.bfloat16, seed=0))
+        for m in (0, 65):
+            with self.assertRaisesRegex(InvalidArgument, rf"m = {m}: needs 1 <= m <= max_m = 64"):
+                op.prepare(m)
+            with self.assertRaisesRegex(InvalidArgument, rf"m = {m}: needs 1 <= m <= max_m = 64"):
+                op.rows_out(m)
+        if WORLD > 1:
+            with self.assertRaisesRegex(InvalidArgument, f"m = {WORLD + 1} is not a multiple of the world size"):
+                op.rows(WORLD + 1)
+            # (the library's own refusal, through the ctypes layer)
+            with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_reducescatter_rows_out: .*not a multiple of the "
+                                                         "world size"):
+                op._op.rows_out(WORLD + 1)
+        if not subtile_ok():
+            with self.assertRaisesRegex(InvalidArgument, f"the sub-tile layout needs the world size to divide 128, "
+                                                         f"not {WORLD}"):
+                self.make_rs(max_m=64, n=32, k=16, layout="subtile")
+        with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: dtype torch.float32 is not supported"):
+            fo.GemmReduceScatter(None, 64, 32, 16, torch.float32)
+        with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: max_m = 64, n = 32, k = 12: needs"):
+            fo.GemmReduceScatter(None, 64, 32, 12, torch.bfloat16)
+        with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: layout = 'diagonal'"):
+            fo.GemmReduceScatter(None, 64, 32, 16, torch.bfloat16, layout="diagonal")
+        with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: path = 'row_bands': one of 'auto', "
+                                                     "'sequential', 'slots'"):
+            fo.GemmReduceScatter(None, 64, 32, 16, torch.bfloat16, path="row_bands")
+        # a handle of the other kind, given to the ReduceScatter's custom op
+        ar = self.make(max_m=64, n=32, k=16)
+        with self.assertRaisesRegex(FlashOverlapError, f"handle {ar.handle} is a GemmAllReduce, not a GemmReduceScatter"):
+            torch.ops.flashoverlap.gemm_reduce_scatter(x, w, ar.handle)
+        ar.close()
+        op.close()
+        with self.assertRaisesRegex(FlashOverlapError, "no op with handle"):
+            op(x, w)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ with FLASHOVERLAP_LIBRARY naming the build's library; by hand:
 They check that importing the package imports no torch and loads nothing,
 that torch imports before and after it, the ctypes layer (every function of
 flashoverlap_c.h declared with the header's arity, the versions, NULL
-handles -> InvalidArgument with the C message, no GPU -> NoGpu, the options
-struct), the NCCL check (a stand-in libnccl.so.2 of 2.27 loaded first, as
+handles -> InvalidArgument with the C message, no GPU -> NoGpu, both ops'
+options structs, GemmReduceScatter's paths and layouts), ReduceScatter's
+rows (flashoverlap.torch.rs_rows/rs_rows_out, what the fake implementations
+allocate by), the NCCL check (a stand-in libnccl.so.2 of 2.27 loaded first, as
 torch loads its own: named at load, refused at a communicator's
 construction), the wheel the build backend writes, and,
 where torch is importable (Debian's 1.13 serves), the tensor validation's
@@ -77,15 +79,26 @@ class Import(unittest.TestCase):
     def test_import_imports_no_torch_and_loads_nothing(self):
         out = run_python(BLOCK_TORCH + """
 import flashoverlap, flashoverlap.torch
+from flashoverlap.torch import GemmAllReduce, GemmReduceScatter, gemm_all_reduce, gemm_reduce_scatter
 maps = open("/proc/self/maps").read()
 print("torch" in sys.modules, "libflashoverlap" in maps, "libnccl" in maps)
 """)
         self.assertEqual(out.split(), ["False", "False", "False"])
 
+    def test_public_names(self):
+        import flashoverlap.torch as fot
+        for name in ("GemmAllReduce", "GemmReduceScatter", "Communicator", "unique_id"):
+            self.assertIn(name, flashoverlap.__all__)
+        self.assertIs(flashoverlap.GemmReduceScatter, _capi.GemmReduceScatter)
+        for name in ("GemmAllReduce", "GemmReduceScatter", "gemm_all_reduce", "gemm_reduce_scatter", "clear_cache"):
+            self.assertIn(name, fot.__all__)
+            self.assertTrue(hasattr(fot, name), name)
+
     def test_ctypes_layer_works_without_torch(self):
         out = run_python(BLOCK_TORCH + """
 import flashoverlap, flashoverlap.torch
 print(flashoverlap.load().version())
+assert flashoverlap.GemmReduceScatter.__name__ == "GemmReduceScatter"
 try:
     flashoverlap.torch.require_torch()
 except flashoverlap.FlashOverlapError as e:
@@ -177,7 +190,8 @@ class CApi(unittest.TestCase):
     @unittest.skipUnless(os.path.isfile(HEADER), "no flashoverlap_c.h beside these tests")
     def test_every_header_function_is_declared(self):
         header = _header_functions()
-        self.assertGreaterEqual(len(header), 21)
+        self.assertGreaterEqual(len(header), 32)
+        self.assertTrue(any(n.startswith("fo_gemm_reducescatter_") for n in header))
         self.assertEqual(sorted(header), sorted(_capi._PROTOTYPES))
         for name, count in header.items():
             self.assertEqual(len(_capi._PROTOTYPES[name][1]), count, name)
@@ -225,6 +239,23 @@ class CApi(unittest.TestCase):
             (lambda: self.c.fo_gemm_allreduce_check(None), "fo_gemm_allreduce_check: op is NULL"),
             (lambda: self.c.fo_gemm_allreduce_shape(None, b(i64), None, None, None),
              "fo_gemm_allreduce_shape: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_options_default(None, 32),
+             "fo_gemm_reducescatter_options_default: options is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, None, b(h)),
+             "fo_gemm_reducescatter_create: comm is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, None, None),
+             "fo_gemm_reducescatter_create: out is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_run(None, 1, 1, 1, 2, None, 0),
+             "fo_gemm_reducescatter_run: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_run_rmsnorm(None, 1, 1, 1, 1, 1e-6, 1, None, 2, None),
+             "fo_gemm_reducescatter_run_rmsnorm: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_rows_out(None, 2, b(i64)), "fo_gemm_reducescatter_rows_out: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_rows(None, 2, None, 0, b(sz)), "fo_gemm_reducescatter_rows: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_prepare(None, 2), "fo_gemm_reducescatter_prepare: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_plan(None, 2, None, 0, b(sz)), "fo_gemm_reducescatter_plan: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_check(None), "fo_gemm_reducescatter_check: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_shape(None, b(i64), None, None, None, b(i)),
+             "fo_gemm_reducescatter_shape: op is NULL"),
         ]
         for call, message in cases:
             with self.subTest(message):
@@ -241,6 +272,10 @@ class CApi(unittest.TestCase):
         self.assertEqual(self.c.fo_comm_destroy(None), 0)  # (NULL: nothing, as free())
         self.assertEqual(self.c.fo_gemm_allreduce_destroy(None), 0)
         self.assertEqual(self.lib.last_error(), "")
+        with self.assertRaises(InvalidArgument):
+            self.c.fo_gemm_reducescatter_check(None)
+        self.assertEqual(self.c.fo_gemm_reducescatter_destroy(None), 0)
+        self.assertEqual(self.lib.last_error(), "")
 
     def test_values_are_checked_before_the_handle(self):
         h = ctypes.c_void_p()
@@ -251,6 +286,53 @@ class CApi(unittest.TestCase):
         with self.assertRaisesRegex(InvalidArgument, r"options->path = 9 is not an fo_path"):
             self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 0, ctypes.byref(o), ctypes.byref(h))
         self.assertIsNone(h.value)
+
+    def test_reducescatter_values_are_checked_before_the_handle(self):
+        h = ctypes.c_void_p()
+        create = lambda o: self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, o, ctypes.byref(h))  # noqa: E731
+        with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_reducescatter_create: dtype = 7 is not an fo_dtype"):
+            self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 7, None, ctypes.byref(h))
+        cases = (
+            ("path", 2, r"^fo_gemm_reducescatter_create: options->path = 2 \(FO_PATH_ROW_BANDS\) is not a "
+                        r"GemmReduceScatter path \(FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3\)$"),
+            ("path", 4, r"options->path = 4 \(FO_PATH_OWNERS\) is not a GemmReduceScatter path"),
+            ("path", 9, r"options->path = 9 is not an fo_path of GemmReduceScatter"),
+            ("layout", 2, r"^fo_gemm_reducescatter_create: options->layout = 2 is not an fo_rs_layout "
+                          r"\(FO_RS_LAYOUT_STANDARD 0, FO_RS_LAYOUT_SUBTILE 1\)$"),
+            ("struct_size", 16, r"options->struct_size = 16 is below 32 \(fill the options with "
+                                r"fo_gemm_reducescatter_options_default\(&o, sizeof o\) first\)"),
+        )
+        for field, value, message in cases:
+            with self.subTest(field=field, value=value):
+                o = _capi.make_rs_options(self.lib)
+                setattr(o, field, value)
+                h.value = 1234  # (garbage: must come back NULL)
+                with self.assertRaisesRegex(InvalidArgument, message):
+                    create(ctypes.byref(o))
+                self.assertIsNone(h.value)
+        for path in ("auto", "sequential", "slots"):  # (accepted: the refusal is the communicator's)
+            for layout in ("standard", "subtile"):
+                o = _capi.make_rs_options(self.lib, path, layout)
+                with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_reducescatter_create: comm is NULL$"):
+                    create(ctypes.byref(o))
+
+    def test_reducescatter_options_of_a_later_header(self):
+        class Later(ctypes.Structure):
+            _fields_ = [("o", _capi.RsOptions), ("added", ctypes.c_int64)]
+
+        later = Later()
+        ctypes.memset(ctypes.byref(later), 0xab, ctypes.sizeof(later))
+        self.c.fo_gemm_reducescatter_options_default(ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.RsOptions)),
+                                                     ctypes.sizeof(later))
+        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.layout, later.added), (40, 8, 0, 0))
+        h = ctypes.c_void_p()
+        p = ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.RsOptions))
+        with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
+            self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, p, ctypes.byref(h))
+        later.added = 1
+        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 40: the options set fields that this "
+                                    r"library \(flashoverlap [0-9.]+, options of 32 bytes\) does not know"):
+            self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, p, ctypes.byref(h))
 
     def test_options(self):
         o = _capi.make_options(self.lib)
@@ -264,6 +346,38 @@ class CApi(unittest.TestCase):
             _capi.make_options(self.lib, "rows")
         with self.assertRaisesRegex(InvalidArgument, "struct_size = 8 is below 40"):
             self.c.fo_gemm_allreduce_options_default(ctypes.byref(_capi.Options()), 8)
+
+    def test_reducescatter_options(self):
+        o = _capi.make_rs_options(self.lib)
+        self.assertEqual(ctypes.sizeof(o), 32)
+        self.assertEqual((o.struct_size, o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m),
+                         (32, 0, 0, 8, 30.0, 0))
+        # (the fields shared with fo_gemm_allreduce_options at its offsets)
+        for name in ("path", "nccl_sms", "wait_timeout_s", "check_m"):
+            self.assertEqual(getattr(_capi.RsOptions, name).offset, getattr(_capi.Options, name).offset, name)
+        o = _capi.make_rs_options(self.lib, "slots", "subtile", nccl_sms=16, wait_timeout_s=5, check_m=True)
+        self.assertEqual((o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m), (3, 1, 16, 5.0, 1))
+        self.assertEqual(_capi.make_rs_options(self.lib, "sequential").path, 1)
+        for bad in ("row_bands", "owners", "rows"):
+            with self.assertRaisesRegex(InvalidArgument, f"path = '{bad}': one of 'auto', 'sequential', 'slots'"):
+                _capi.make_rs_options(self.lib, bad)
+        with self.assertRaisesRegex(InvalidArgument, "layout = 'sub_tile': one of 'standard', 'subtile'"):
+            _capi.make_rs_options(self.lib, layout="sub_tile")
+        for size in (8, 31):
+            with self.assertRaisesRegex(InvalidArgument, f"^fo_gemm_reducescatter_options_default: struct_size = {size} "
+                                        "is below 32 \\(pass sizeof \\*options\\)$"):
+                self.c.fo_gemm_reducescatter_options_default(ctypes.byref(_capi.RsOptions()), size)
+
+    def test_reducescatter_ctypes_class_checks_its_arguments_first(self):
+        closed = _capi.Communicator(self.lib, ctypes.c_void_p())
+        with self.assertRaisesRegex(InvalidArgument, "layout = 'diagonal'"):
+            _capi.GemmReduceScatter(closed, 128, 128, 128, "bf16", layout="diagonal")
+        with self.assertRaisesRegex(InvalidArgument, "path = 'owners'"):
+            _capi.GemmReduceScatter(closed, 128, 128, 128, "bf16", path="owners")
+        with self.assertRaisesRegex(InvalidArgument, "dtype = 'fp32': bf16 or fp16"):
+            _capi.GemmReduceScatter(closed, 128, 128, 128, "fp32")
+        with self.assertRaisesRegex(FlashOverlapError, "this Communicator is closed"):
+            _capi.GemmReduceScatter(closed, 128, 128, 128, "bf16", layout="subtile", path="slots")
 
     def test_dtype_codes(self):
         self.assertEqual([_capi.dtype_code(d) for d in ("bf16", "BFloat16", "fp16", "float16", 0, 1)], [0, 0, 1, 1, 0, 1])
@@ -291,12 +405,22 @@ class CApi(unittest.TestCase):
                 make()
             self.assertRegex(str(cm.exception), r"^fo_comm_from_(env|unique_id): .*no usable Hopper \(sm_90\) GPU")
             self.assertEqual(cm.exception.status, flashoverlap.FO_NO_GPU)
+        # (a GemmReduceScatter, as a GemmAllReduce, is built on a communicator: its refusal is that one's)
+        with self.assertRaises(NoGpu) as cm:
+            _capi.GemmReduceScatter(_capi.Communicator.from_env(), 128, 128, 128, "bf16")
+        self.assertRegex(str(cm.exception), r"^fo_comm_from_env: .*no usable Hopper \(sm_90\) GPU: .*(driver|device)")
 
     def test_closed_handles(self):
         comm = _capi.Communicator(self.lib, ctypes.c_void_p())
         with self.assertRaisesRegex(FlashOverlapError, "this Communicator is closed"):
             comm.rank
         comm.close()  # (twice: nothing)
+        op = object.__new__(_capi.GemmReduceScatter)
+        _capi._Handle.__init__(op, self.lib, ctypes.c_void_p())
+        for call in (lambda: op.rows_out(128), lambda: op.rows(128), lambda: op.plan(128), op.check, op.shape):
+            with self.assertRaisesRegex(FlashOverlapError, "this GemmReduceScatter is closed"):
+                call()
+        op.close()
 
     def test_nccl(self):
         v = self.lib.nccl_version()
@@ -317,6 +441,41 @@ class CApi(unittest.TestCase):
         same, why = self.lib.shares_nccl_with("libc.so.6")
         self.assertFalse(same)
         self.assertIn("no NCCL of its own", why)
+
+
+class RsRows(unittest.TestCase):
+    """flashoverlap.torch.rs_rows and rs_rows_out (no torch needed for ints):
+    what the ReduceScatter's fake implementations allocate by, and what the
+    GPU tests compare the library's rows with."""
+
+    @classmethod
+    def setUpClass(cls):
+        import flashoverlap.torch as fot
+        cls.fot = fot
+
+    def test_examples(self):
+        rows, count = self.fot.rs_rows, self.fot.rs_rows_out
+        self.assertEqual(rows(8, 2, 1, "standard"), [4, 5, 6, 7])
+        self.assertEqual(rows(6, 1, 0, "standard"), list(range(6)))
+        self.assertEqual(rows(200, 2, 0, "subtile"), list(range(0, 64)) + list(range(128, 192)))
+        self.assertEqual(rows(200, 2, 1, "subtile"), list(range(64, 128)) + list(range(192, 200)))
+        self.assertEqual(rows(20, 4, 1, "subtile"), [])  # (32 rows a rank of each tile row: rank 0 has all 20)
+        self.assertEqual(rows(20, 4, 0, "subtile"), list(range(20)))
+        self.assertEqual([count(200, 2, r, "subtile") for r in (0, 1)], [128, 72])
+        self.assertEqual([count(130, 8, r, "subtile") for r in range(8)], [18] + [16] * 7)
+        self.assertEqual(count(0, 2, 1, "subtile"), 0)
+        self.assertEqual(count(0, 2, 1, "standard"), 0)
+        self.assertEqual(count(384, 128, 127, "subtile"), 3)
+
+    def test_every_row_once_over_the_ranks(self):
+        for world in (1, 2, 4, 8):
+            for layout in ("standard", "subtile"):
+                for m in range(0, 700, world if layout == "standard" else 1):
+                    per_rank = [self.fot.rs_rows(m, world, r, layout) for r in range(world)]
+                    for r, rows in enumerate(per_rank):
+                        self.assertEqual(len(rows), self.fot.rs_rows_out(m, world, r, layout), (world, layout, m, r))
+                        self.assertEqual(rows, sorted(rows))
+                    self.assertEqual(sorted(sum(per_rank, [])), list(range(m)), (world, layout, m))
 
 
 @unittest.skipUnless(shutil.which("cc") and shutil.which("nm"), "no C compiler or nm: no stand-in NCCL")
@@ -444,6 +603,20 @@ class TorchValidation(unittest.TestCase):
         def __str__(self):
             return "GemmAllReduce(max_m=64, n=32, k=16, float16, cpu)"
 
+    class RsSpec(Spec):
+        def __init__(self, torch, world=2, rank=1, layout="standard"):
+            super().__init__(torch)
+            self.world, self.rank, self.layout = world, rank, layout
+
+        def __str__(self):
+            return f"GemmReduceScatter(max_m=64, n=32, k=16, float16, cpu, world {self.world}, {self.layout} layout)"
+
+    def rs_check_fails(self, spec, message, x, w, r=None, g=None):
+        with self.assertRaises(InvalidArgument) as cm:
+            self.fot.check_rs_inputs(spec, x, w, r, g)
+        self.assertEqual(str(cm.exception), f"{spec}: " + message)
+        self.assertIsInstance(cm.exception, ValueError)
+
     def check_fails(self, message, x, w, r=None, g=None):
         with self.assertRaises(InvalidArgument) as cm:
             self.fot.check_inputs(self.Spec(self.torch), x, w, r, g)
@@ -476,6 +649,91 @@ class TorchValidation(unittest.TestCase):
         self.check_fails("norm_weight has dtype torch.float32, expected torch.float16", x, w, r, g.float())
         self.check_fails("residual and norm_weight come together (the fused residual + RMSNorm form)", x, w, r, None)
 
+    def test_reducescatter_messages_name_the_problem(self):
+        t = self.torch
+        h = t.float16
+        spec = self.RsSpec(t)  # world 2, rank 1, standard
+        x, w, g = t.zeros(8, 16, dtype=h), t.zeros(32, 16, dtype=h), t.zeros(32, dtype=h)
+        self.fot.check_rs_inputs(spec, x, w)
+        self.fot.check_rs_inputs(spec, x, w, t.zeros(4, 32, dtype=h), g)  # (residual: this rank's m / 2 rows)
+        self.fot.check_rs_inputs(spec, t.zeros(64, 16, dtype=h), w)
+        self.fot.check_rs_inputs(spec, t.zeros(0, 16, dtype=h), w)
+        self.rs_check_fails(spec, "x has m = 7 rows, not a multiple of the world size 2 (the standard layout gives "
+                                  "every rank m / world rows: pad x, or use layout='subtile')", t.zeros(7, 16, dtype=h), w)
+        self.rs_check_fails(spec, "residual has shape (8, 32), expected (4, 32)", x, w, t.zeros(8, 32, dtype=h), g)
+        self.rs_check_fails(spec, "x must be a torch.Tensor, not list", [1.0], w)
+        self.rs_check_fails(spec, "x has dtype torch.float32, expected torch.float16", x.float(), w)
+        self.rs_check_fails(spec, "weight has dtype torch.bfloat16, expected torch.float16", x, w.bfloat16())
+        self.rs_check_fails(spec, "x is on meta, expected cpu", t.zeros(8, 16, dtype=h, device="meta"), w)
+        self.rs_check_fails(spec, "x has 1 dimensions (shape (16,), strides (1,)), expected 2", t.zeros(16, dtype=h), w)
+        self.rs_check_fails(spec, "x has shape (8, 8), expected (m, 16)", t.zeros(8, 8, dtype=h), w)
+        self.rs_check_fails(spec, "weight has shape (16, 16), expected (32, 16)", x, t.zeros(16, 16, dtype=h))
+        self.rs_check_fails(spec, "x is not contiguous (shape (8, 16), strides (1, 8)): the op reads row-major rows; "
+                                  "pass x.contiguous()", t.zeros(16, 8, dtype=h).t(), w)
+        self.rs_check_fails(spec, "x has m = 66 rows, more than the op's max_m = 64 (build the op with a larger max_m)",
+                            t.zeros(66, 16, dtype=h), w)
+        self.rs_check_fails(spec, "norm_weight has shape (16,), expected (32,)", x, w, t.zeros(4, 32, dtype=h),
+                            t.zeros(16, dtype=h))
+        self.rs_check_fails(spec, "residual and norm_weight come together (the fused residual + RMSNorm form)", x, w,
+                            t.zeros(4, 32, dtype=h), None)
+        self.rs_check_fails(spec, "residual is not contiguous (shape (4, 32), strides (1, 4)): the op reads row-major "
+                                  "rows; pass residual.contiguous()", x, w, t.zeros(32, 4, dtype=h).t(), g)
+        # the sub-tile layout: any m; the residual is this rank's rows of the tile rows
+        sub = self.RsSpec(t, world=2, rank=1, layout="subtile")
+        sub.max_m = 256
+        x7 = t.zeros(7, 16, dtype=h)
+        self.fot.check_rs_inputs(sub, x7, w, t.zeros(0, 32, dtype=h), g)  # (rank 1's half of the one tile row: none)
+        self.fot.check_rs_inputs(sub, t.zeros(200, 16, dtype=h), w, t.zeros(72, 32, dtype=h), g)
+        self.rs_check_fails(sub, "residual has shape (100, 32), expected (72, 32)", t.zeros(200, 16, dtype=h), w,
+                            t.zeros(100, 32, dtype=h), g)
+
+    def test_reducescatter_call_checks_before_any_work(self):
+        t = self.torch
+        saved = self.fot._torch
+        self.fot._torch = t
+        self.addCleanup(setattr, self.fot, "_torch", saved)
+
+        def make(layout, world=2):
+            op = object.__new__(self.fot.GemmReduceScatter)
+            op.max_m, op.n, op.k, op.dtype, op.device = 64, 32, 16, t.float16, t.device("cpu")
+            op.world, op.rank, op.layout = world, 0, layout
+            return op
+
+        op, sub = make("standard"), make("subtile")
+        w = t.zeros(32, 16, dtype=t.float16)
+        name = "GemmReduceScatter(max_m=64, n=32, k=16, float16, cpu, world 2, standard layout)"
+        self.assertEqual(str(op), name)
+        with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(name) + ": x must be a torch.Tensor, not list"):
+            op([1.0], w)
+        with self.assertRaisesRegex(InvalidArgument, "residual and norm_weight come together"):
+            op(t.zeros(8, 16, dtype=t.float16), w, residual=t.zeros(4, 32, dtype=t.float16))
+        with self.assertRaisesRegex(InvalidArgument, re.escape("x has shape (3, 4, 16): its first dimension 3 is not a "
+                                                               "multiple of the world size 2")):
+            op(t.zeros(3, 4, 16, dtype=t.float16), w)
+        with self.assertRaisesRegex(InvalidArgument, r"x is not contiguous \(shape \(2, 4, 8\)"):
+            op(t.zeros(2, 4, 16, dtype=t.float16)[:, :, :8], w)
+        with self.assertRaisesRegex(InvalidArgument, "x has 3 dimensions .*: the sub-tile layout takes x as \\(m, k\\)"):
+            sub(t.zeros(2, 4, 16, dtype=t.float16), w)
+        for m, message in ((0, "m = 0: needs 1 <= m <= max_m = 64"), (65, "m = 65: needs 1 <= m <= max_m = 64"),
+                           (True, "m = True: needs"), (7, "m = 7 is not a multiple of the world size 2 (the standard "
+                                                         "layout gives every rank m / world rows)")):
+            for method in (op.prepare, op.plan, op.rows_out, op.rows):
+                with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(f"{name}: {message}")):
+                    method(m)
+        self.assertEqual(sub._m(7), 7)  # (any m in the sub-tile layout)
+
+    def test_op_handles_name_their_kind(self):
+        fot = self.fot
+        with self.assertRaisesRegex(FlashOverlapError, r"no op with handle 987654 \(closed or garbage-collected: keep "
+                                    "the GemmReduceScatter alive"):
+            fot._op_of(987654, fot.GemmReduceScatter)
+        other = object.__new__(fot.GemmAllReduce)
+        fot._ops[987655] = other
+        self.addCleanup(fot._ops.pop, 987655, None)
+        with self.assertRaisesRegex(FlashOverlapError, "handle 987655 is a GemmAllReduce, not a GemmReduceScatter"):
+            fot._op_of(987655, fot.GemmReduceScatter)
+        self.assertIs(fot._op_of(987655, fot.GemmAllReduce), other)
+
     def test_device_must_match(self):
         t = self.torch
         spec = self.Spec(t, "cuda:1")
@@ -496,6 +754,22 @@ class TorchValidation(unittest.TestCase):
             self.fot._check_dtype(t, t.float32)
         with self.assertRaisesRegex(InvalidArgument, "device cpu is not a CUDA device"):
             self.fot._resolve_device(t, "cpu")
+        # (GemmReduceScatter's name in its messages)
+        with self.assertRaisesRegex(InvalidArgument, r"^GemmReduceScatter: max_m = 0, n = 32, k = 16: needs"):
+            self.fot._check_shape(0, 32, 16, "GemmReduceScatter")
+        with self.assertRaisesRegex(InvalidArgument, r"^GemmReduceScatter: dtype torch.float32 is not supported"):
+            self.fot._check_dtype(t, t.float32, "GemmReduceScatter")
+        with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: device cpu is not a CUDA device"):
+            self.fot._resolve_device(t, "cpu", "GemmReduceScatter")
+        if self.new_torch:  # (the op's own checks, before any device or group: torch >= 2.4)
+            for kw, message in (({"layout": "diagonal"}, "layout = 'diagonal': one of 'standard', 'subtile'"),
+                                ({"path": "row_bands"}, "path = 'row_bands': one of 'auto', 'sequential', 'slots'"),
+                                ({"dtype": t.float32}, "dtype torch.float32 is not supported"),
+                                ({"k": 12}, "k = 12: needs")):
+                args = dict(group=None, max_m=128, n=32, k=16, dtype=t.bfloat16)
+                args.update(kw)
+                with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: " + re.escape(message)):
+                    self.fot.GemmReduceScatter(**args)
 
     def test_round_max_m(self):
         self.assertEqual([self.fot.round_max_m(m) for m in (0, 1, 128, 129, 4096, 5000)], [128, 128, 128, 256, 4096, 8192])
@@ -509,6 +783,10 @@ class TorchValidation(unittest.TestCase):
             self.fot.GemmAllReduce(None, 128, 32, 16, t.bfloat16)
         with self.assertRaisesRegex(FlashOverlapError, message):
             self.fot.gemm_all_reduce(t.zeros(8, 16), t.zeros(32, 16))
+        with self.assertRaisesRegex(FlashOverlapError, message):
+            self.fot.GemmReduceScatter(None, 128, 32, 16, t.bfloat16)
+        with self.assertRaisesRegex(FlashOverlapError, message):
+            self.fot.gemm_reduce_scatter(t.zeros(8, 16), t.zeros(32, 16))
 
     def test_no_gpu(self):
         t = self.torch
@@ -516,9 +794,16 @@ class TorchValidation(unittest.TestCase):
             self.skipTest("torch sees a GPU")
         with self.assertRaisesRegex(NoGpu, r"no usable GPU: torch.cuda.is_available\(\) is False"):
             self.fot._require_gpu(t, t.device("cuda"))
+        with self.assertRaisesRegex(NoGpu, r"^flashoverlap.torch.GemmReduceScatter: no usable GPU: "
+                                    r"torch.cuda.is_available\(\) is False"):
+            self.fot._require_gpu(t, t.device("cuda"), "GemmReduceScatter")
         if self.new_torch:  # (the op itself: torch >= 2.4 without a GPU)
             with self.assertRaisesRegex(NoGpu, "no usable GPU"):
                 self.fot.GemmAllReduce(None, 128, 32, 16, t.bfloat16)
+            with self.assertRaisesRegex(NoGpu, "^flashoverlap.torch.GemmReduceScatter: no usable GPU"):
+                self.fot.GemmReduceScatter(None, 128, 32, 16, t.bfloat16, layout="subtile")
+            with self.assertRaisesRegex(NoGpu, "no usable GPU"):
+                self.fot.gemm_reduce_scatter(t.zeros(8, 16, dtype=t.bfloat16), t.zeros(32, 16, dtype=t.bfloat16))
 
     def test_group_needs_torch_distributed(self):
         t = self.torch
@@ -527,6 +812,8 @@ class TorchValidation(unittest.TestCase):
         with self.assertRaisesRegex(InvalidArgument, "torch.distributed is not initialised: call "
                                     "torch.distributed.init_process_group first"):
             self.fot._resolve_group(t, None)
+        with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: torch.distributed is not initialised"):
+            self.fot._resolve_group(t, None, "GemmReduceScatter")
 
     def test_call_checks_before_any_work(self):
         t = self.torch
