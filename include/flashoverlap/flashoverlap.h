@@ -200,7 +200,7 @@ struct GemmReduceScatterOptions {
 // This rank's rows of C = sum over the ranks of A * B^T (ReduceScatter),
 // A (m x k) and B (n x k) row-major, bf16 or fp16, fp32 accumulation; the
 // GEMM + ReduceScatter of sequence-parallel and FSDP layers. The output
-// has rows(m) = m / W rows (Standard) of n. On 2 ranks the result is
+// has rows_out(m) rows of n (m / W with the standard layout). On 2 ranks the result is
 // bitwise our GEMM followed by one ncclReduceScatter. Calls, streams, CUDA
 // graphs and errors: as GemmAllReduce.
 class GemmReduceScatter {
