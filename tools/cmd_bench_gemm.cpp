@@ -161,9 +161,9 @@ int run(const Options& o) {
                     plan::make_reducescatter_map(s, plan::make_groups(s, plan::Partition(size_t(waves), 1)), 2, 0, layout);
                 keep.push_back(rt::to_device(map.row_of));
                 p.row_of = keep.back().as<int32_t>();
-                if (const std::vector<int32_t> first = plan::tile_rows_of(map); !first.empty() && !rows_only) {
-                  keep.push_back(rt::to_device(first));  // (whole tiles by TMA, as the op does)
-                  p.tile_row = keep.back().as<int32_t>();
+                if (const std::vector<int32_t> first = plan::half_rows_of(map); !first.empty() && !rows_only) {
+                  keep.push_back(rt::to_device(first));  // (half tiles by TMA, as the op does)
+                  p.half_row = keep.back().as<int32_t>();
                 }
                 keep.emplace_back(size_t(map.send_rows) * bn * 2);
                 p.store = kernels::Store::SlotRows, p.slots = keep.back().get(), p.slot_rows = map.send_rows;

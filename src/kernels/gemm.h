@@ -200,11 +200,12 @@ struct GemmParams {
   void* slots = nullptr;    // SlotTiles / SlotRows: [slot_rows x bn]
   int64_t slot_rows = 0;
   const int32_t* row_of = nullptr;  // SlotRows: [tiles * bm]
-  // SlotRows, optional: where every tile's rows are one run of bm slot rows
-  // (plan::tile_rows_of: all rows stored, consecutive), the slot row of each
-  // tile's first row, [tiles]: the tiles then go by TMA, as SlotTiles do,
-  // instead of row by row from the consumer warps (row_of unused).
-  const int32_t* tile_row = nullptr;
+  // SlotRows, optional: where each 64-row half of every tile (the storer's
+  // unit) is one run of slot rows (plan::half_rows_of: all its rows stored,
+  // consecutive), the slot row of each half's first row, [tiles * 2]: the
+  // halves then go by TMA, as SlotTiles' do, instead of row by row from the
+  // consumer warps (row_of unused). 128-row tiles.
+  const int32_t* half_row = nullptr;
 
   uint32_t* counters = nullptr;        // non-null: signal each group
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)

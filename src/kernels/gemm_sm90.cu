@@ -96,7 +96,8 @@ void check_gemm_params(const GemmParams& p) {
       break;
     case Store::SlotRows:
       if (!p.slots || !aligned16(p.slots)) fail("slot buffer must be non-null and 16-byte aligned");
-      if (!p.row_of && !p.tile_row) fail("SlotRows needs the row_of or the tile_row table");
+      if (!p.row_of && !p.half_row) fail("SlotRows needs the row_of or the half_row table");
+      if (p.half_row && p.push.peers > 0) fail("half_row: no pushes besides");
       break;
     default:
       fail("unknown store mode");
@@ -218,10 +219,10 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.tma_store = true;
     kp.ld_out = p.ldc;
     mc = make_map(p.c, p.c_rows ? p.c_rows : p.m, p.n, p.ldc, 64, dt, "C");
-  } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.tile_row)) {
+  } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.half_row)) {
     kp.tma_store = true;
     kp.ld_out = bn;
-    kp.tile_row = p.store == Store::SlotRows ? p.tile_row : nullptr;
+    kp.half_row = p.store == Store::SlotRows ? p.half_row : nullptr;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
   } else {
     kp.tma_store = false;

@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         const plan::TileCoord tc = p.sched.tile_of(idx);
         // Plain: rows of C; SlotTiles: rows idx*BM.. of the slot buffer.
         const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
-        const int32_t row = (plain ? tc.tm * BM : p.tile_row ? p.tile_row[idx] : idx * BM) + shift;
+        const int32_t row = (plain ? tc.tm * BM : idx * BM) + shift;
         const int32_t col = plain ? tc.tn * BN : 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -161,7 +161,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
           if (leader) {
 #pragma unroll
-            for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, row + h * 64);
+            const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
+            for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
             ptx::tma_store_commit();
           }
           if (push) push_half<T, BN>(half, p.push, p.ld_out, row + h * 64, col, plain ? p.sched.n : BN, tid - 32);

@@ -27,7 +27,7 @@ struct GemmKernelParams {
   int64_t ld_out;          // elements per output row (also of the peers' buffers when pushing)
   const int32_t* row_of;   // SlotRows
   const int32_t* row_shift;  // Plain / SlotTiles: per group, added to the tile's rows
-  const int32_t* tile_row;   // SlotTiles from SlotRows: the slot row of each tile's first row (else idx*BM)
+  const int32_t* half_row;   // SlotTiles from SlotRows: the slot row of each 64-row half's first row (else idx*BM + h*64)
   uint32_t* counters;
   const int32_t* group_of_tile;
   FusedSum sum;

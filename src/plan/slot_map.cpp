@@ -25,15 +25,16 @@ SlotMap slot_map_base(Collective op, const Schedule& s, int32_t world, int32_t r
   return map;
 }
 
-std::vector<int32_t> tile_rows_of(const SlotMap& map) {
-  const size_t tiles = map.bm > 0 ? map.row_of.size() / size_t(map.bm) : 0;
-  std::vector<int32_t> first(tiles);
-  for (size_t t = 0; t < tiles; ++t) {
-    const int32_t* rows = map.row_of.data() + t * size_t(map.bm);
+std::vector<int32_t> half_rows_of(const SlotMap& map) {
+  if (map.bm != 2 * kStoreHalfRows) return {};
+  const size_t halves = map.row_of.size() / kStoreHalfRows;
+  std::vector<int32_t> first(halves);
+  for (size_t h = 0; h < halves; ++h) {
+    const int32_t* rows = map.row_of.data() + h * kStoreHalfRows;
     if (rows[0] < 0) return {};
-    for (int32_t r = 1; r < map.bm; ++r)
+    for (int32_t r = 1; r < kStoreHalfRows; ++r)
       if (rows[r] != rows[0] + r) return {};
-    first[t] = rows[0];
+    first[h] = rows[0];
   }
   return first;
 }

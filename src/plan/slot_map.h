@@ -133,11 +133,14 @@ class WaveCounts {
   std::vector<int64_t> prefix_;  // [(waves + 1) * bins]
 };
 
-// Where every tile's rows are one run of bm consecutive send slot rows (all
-// stored: no row >= M, no tile split between destinations), the slot row of
-// each tile's first row, [tiles]: the GEMM then stores whole tiles by TMA
-// (kernels::GemmParams::tile_row). Empty otherwise.
-std::vector<int32_t> tile_rows_of(const SlotMap& map);
+// Where every 64-row half of every tile is one run of consecutive send slot
+// rows (all its rows stored: none >= M), the slot row of each half's first
+// row, [tiles * 2]: the GEMM then stores the halves by TMA
+// (kernels::GemmParams::half_row). Empty otherwise, and for tiles of other
+// than 128 rows. (The standard ReduceScatter layout where the ranks' rows
+// split at multiples of 64; the sub-tile layout on 2 ranks.)
+constexpr int32_t kStoreHalfRows = 64;
+std::vector<int32_t> half_rows_of(const SlotMap& map);
 
 // The empty map skeleton every builder starts from (shape fields, row_of all -1).
 SlotMap slot_map_base(Collective op, const Schedule& s, int32_t world, int32_t rank);

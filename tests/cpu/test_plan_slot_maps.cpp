@@ -136,37 +136,43 @@ TEST(PlanSlotMaps, RoutingsAreValidatedAndShaped) {
   EXPECT_THROW(fo::validate_routing(fo::make_routing("uniform", 3, 10), 2, 10), flashoverlap::InvalidArgument);
 }
 
-// tile_rows_of: each tile's first slot row where every tile is one run of
-// bm stored rows (the GEMM's TMA store), nothing where one is not.
-TEST(PlanSlotMaps, TileRowsOfWholeTilesOnly) {
-  // Tiles of 4 rows, world 2: M = 16 (R = 8, whole tiles), 12 (R = 6: tile row
-  // 1 split, its halves the end of one part and the start of the next: still
-  // one run here), 10 (a ragged bottom tile: rows past M are not stored).
-  for (int32_t m : {16, 12, 10}) {
-    const fo::Schedule s = fo::make_schedule(m, 4, {4, 2}, 3, fo::Raster::AlongM, 1);
+// half_rows_of: each 64-row half's first slot row where every half of every
+// tile is one run of stored rows (the GEMM's TMA store), nothing where one is not.
+TEST(PlanSlotMaps, HalfRowsOfRunsOfWholeHalvesOnly) {
+  auto consistent = [](const fo::SlotMap& map, const std::vector<int32_t>& first) {
+    ASSERT_EQ(first.size(), map.row_of.size() / 64);
+    for (size_t h = 0; h < first.size(); ++h)
+      for (int32_t r = 0; r < 64; ++r) ASSERT_EQ(map.row_of[h * 64 + size_t(r)], first[h] + r) << "half " << h;
+  };
+  // 128-row tiles, world 2: M = 512 (R = 256: whole tile rows), 384 (R = 192:
+  // tile row 1 split at its halves), 300 (a ragged bottom tile: rows past M
+  // are not stored).
+  for (int32_t m : {512, 384, 300}) {
+    const fo::Schedule s = fo::make_schedule(m, 512, {128, 256}, 3, fo::Raster::AlongM, 1);
     SCOPED_TRACE(fo_test::describe(s));
     const auto groups = fo::make_groups(s, std::vector<int32_t>(size_t(s.waves()), 1));
     for (int32_t rank : {0, 1}) {
       const fo::SlotMap map = fo::make_reducescatter_map(s, groups, 2, rank, fo::RsLayout::Standard);
-      const std::vector<int32_t> first = fo::tile_rows_of(map);
-      if (m == 10) {
-        EXPECT_TRUE(first.empty());
-        continue;
-      }
-      if (m == 16) EXPECT_FALSE(first.empty());
-      if (first.empty()) continue;
-      ASSERT_EQ(first.size(), size_t(s.tiles()));
-      for (int32_t t = 0; t < s.tiles(); ++t)
-        for (int32_t r = 0; r < s.bm; ++r) EXPECT_EQ(map.slot_row(t, r), first[size_t(t)] + r);
+      const std::vector<int32_t> first = fo::half_rows_of(map);
+      EXPECT_EQ(first.empty(), m == 300);
+      if (!first.empty()) consistent(map, first);
+      // The sub-tile layout on 2 ranks: each half is one rank's part (a
+      // ragged tile's rows past M too: zeros, sent and dropped).
+      const fo::SlotMap sub = fo::make_reducescatter_map(s, groups, 2, rank, fo::RsLayout::SubTile);
+      const std::vector<int32_t> sub_first = fo::half_rows_of(sub);
+      EXPECT_FALSE(sub_first.empty());
+      if (!sub_first.empty()) consistent(sub, sub_first);
     }
-    // The sub-tile layout splits every tile between the ranks' parts.
-    EXPECT_TRUE(fo::tile_rows_of(fo::make_reducescatter_map(s, groups, 2, 0, fo::RsLayout::SubTile)).empty());
+    // On 4 ranks a sub-tile part is a quarter tile: halves are split.
+    EXPECT_TRUE(fo::half_rows_of(fo::make_reducescatter_map(s, groups, 4, 0, fo::RsLayout::SubTile)).empty());
   }
-  // A tile split between two parts that are not adjacent (padding between):
-  // AlongN, one group per tile row: each group is one destination's, the
-  // other part all padding.
-  const fo::Schedule s = fo::make_schedule(12, 4, {4, 2}, 2, fo::Raster::AlongN, 1);
+  // A half split between two parts that are not adjacent (padding between):
+  // AlongN, one group per wave of 2 tiles of one tile row split at row 160.
+  const fo::Schedule s = fo::make_schedule(320, 512, {128, 256}, 2, fo::Raster::AlongN, 1);
   const auto groups = fo::make_groups(s, std::vector<int32_t>(size_t(s.waves()), 1));
-  const fo::SlotMap map = fo::make_reducescatter_map(s, groups, 2, 0, fo::RsLayout::Standard);
-  EXPECT_TRUE(fo::tile_rows_of(map).empty());
+  EXPECT_TRUE(fo::half_rows_of(fo::make_reducescatter_map(s, groups, 2, 0, fo::RsLayout::Standard)).empty());
+  // Tiles of other heights: never.
+  const fo::Schedule t = fo::make_schedule(16, 4, {4, 2}, 3, fo::Raster::AlongM, 1);
+  EXPECT_TRUE(fo::half_rows_of(fo::make_reducescatter_map(t, fo::make_groups(t, {t.waves()}), 2, 0,
+                                                          fo::RsLayout::Standard)).empty());
 }

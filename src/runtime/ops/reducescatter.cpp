@@ -53,8 +53,8 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
     const plan::SlotMap map = plan::make_reducescatter_map(s, groups, world_, rank_, opts_.layout);
     out_rows_ = map.out_rows, padding_rows_ = map.padding_rows, calls_ = map.groups, send_rows_ = map.send_rows;
     row_of_ = to_device(map.row_of);
-    if (const std::vector<int32_t> first = plan::tile_rows_of(map); !first.empty() && !opts_.testing.rows_store)
-      tile_row_ = to_device(first);  // whole tiles by TMA
+    if (const std::vector<int32_t> first = plan::half_rows_of(map); !first.empty() && !opts_.testing.rows_store)
+      half_row_ = to_device(first);  // half tiles by TMA
     slot_of_out_ = to_device(map.slot_of_out);
     send_bytes_ = size_t(map.send_rows) * s.bn * 2, recv_bytes_ = size_t(std::max<int64_t>(map.recv_rows, 1)) * s.bn * 2;
   }
@@ -120,7 +120,7 @@ void OverlapReduceScatter::enqueue_reduced(const void* a, const void* b, void* r
   const bool seq = sequential();
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
   p.store = kernels::Store::SlotRows, p.slots = send_, p.row_of = row_of_.as<int32_t>();
-  p.tile_row = tile_row_.get() ? tile_row_.as<int32_t>() : nullptr;
+  p.half_row = half_row_.get() ? half_row_.as<int32_t>() : nullptr;
   p.slot_rows = send_rows_;
   if (!seq) p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   kernels::check_gemm_params(p);

@@ -109,7 +109,7 @@ class OverlapReduceScatter {
   int world() const { return world_; }
   std::string describe_groups() const;  // "waves 3,2,2" or "1 (sequential)"
   int64_t padding_rows() const { return padding_rows_; }  // standard: send rows carrying nothing
-  bool tiles_by_tma() const { return tile_row_.get() != nullptr; }  // every tile stored whole (plan::tile_rows_of)
+  bool tiles_by_tma() const { return half_row_.get() != nullptr; }  // tiles stored by TMA (plan::half_rows_of)
 
   // For transports of one's own (tests): group g's signal counter and what
   // this call waits for in it, and the op's wait record.
@@ -134,7 +134,7 @@ class OverlapReduceScatter {
   std::vector<plan::GroupCall> calls_;  // the map's spans per group
   std::vector<uint32_t> target_;        // signals per group per call
   DeviceBuffer counters_, group_of_tile_, row_of_, slot_of_out_;
-  DeviceBuffer tile_row_;  // every tile one run of slot rows: their first (TMA stores); else empty
+  DeviceBuffer half_row_;  // every half tile one run of slot rows: their first (TMA stores); else empty
   // The core's scratch, fetched per call (another op of the core may have
   // grown it): send slots (sequential standard: row-major C), receive slots
   // (sequential standard: the rows, for strided or normed outputs).
