@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Median of several AllReduce sweeps (CSVs written by `flashoverlap bench --csv`).
+"""Median of several sweeps (AllReduce or ReduceScatter) (CSVs written by `flashoverlap bench --csv`).
 
 Usage: median_of_sweeps.py OUT.csv RUN1.csv RUN2.csv ...   |   median_of_sweeps.py --self-test
 
@@ -9,7 +9,7 @@ run's own in-turns readings (each run compares its variants with components
 timed in the same turns), not ratios of medians. Text columns (partition,
 config) come from the run whose `ms` is the median one. Two columns are
 added: runs_ms and runs_gain, each run's value in run order, ';'-separated.
-A row that some runs lack (a shape that failed there: sweep_allreduce.sh
+A row that some runs lack (a shape that failed there: sweep.sh
 goes on without it) is the median of the runs that have it, '-' in the
 runs columns for the others; so is a value some runs leave empty (the gain
 captured is empty where the ideal gain is under 1% of the sequential time),

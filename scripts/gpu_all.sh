@@ -8,6 +8,9 @@
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv (REPEAT=N: the median
 #                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more bench arguments
+#   rs           the ReduceScatter sweep the same way -> $OUT/reducescatter-h200x<W>.csv, then (2+ GPUs)
+#                PyTorch's F.linear + reduce_scatter_tensor and Async-TP (symm_mem's fused_matmul_reduce_scatter)
+#                on the same shapes -> $OUT/reducescatter-torch-h200x<W>.csv (bench/torch_reducescatter.py)
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
 #   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
 #   push-ab      pushed layouts, the GEMM's stores vs the copy engines on 1, 2, 4 copy streams (--trace)
@@ -176,7 +179,15 @@ for s in "$@"; do
       ;;
     ar)
       stage allreduce sweep
-      bash bench/sweep_allreduce.sh "$OUT" --curves /tmp/fo-curves ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/allreduce.log" || status=1
+      OP=allreduce bash bench/sweep.sh "$OUT" --curves /tmp/fo-curves ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/allreduce.log" || status=1
+      ;;
+    rs)
+      stage "reducescatter sweep, then PyTorch's (Async-TP)"
+      OP=reducescatter bash bench/sweep.sh "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/reducescatter.log" || status=1
+      if [ "$gpus" -ge 2 ]; then
+        timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/torch_reducescatter.py \
+          --csv "$OUT/reducescatter-torch-h200x$gpus.csv" 2>&1 | tee "$OUT/reducescatter-torch.log" || status=1
+      fi
       ;;
     power)
       stage "power and clocks per variant (NVML)"

@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# The AllReduce sweep: every shape of the GEMM shape set, all variants, on all
-# local GPUs (one process each). Usage: bench/sweep_allreduce.sh OUTDIR [extra bench args]
-# Writes OUTDIR/allreduce-h200x<W>.csv (+ a plot). REPEAT=N (default 1) runs
-# the sweep N times (OUTDIR/allreduce-h200x<W>-run<i>.csv, each with its own
-# tuner picks) and writes the median of the runs (bench/median_of_sweeps.py)
-# as the main CSV.
+# A sweep of one op: every shape of its shape set, all variants, on all local
+# GPUs (one process each). Usage: [OP=allreduce|reducescatter] bench/sweep.sh OUTDIR [extra bench args]
+# Writes OUTDIR/<op>-h200x<W>.csv (+ a plot). REPEAT=N (default 1) runs the
+# sweep N times (OUTDIR/<op>-h200x<W>-run<i>.csv, each with its own tuner
+# picks) and writes the median of the runs (bench/median_of_sweeps.py) as the
+# main CSV. SHAPES overrides the shape set.
 set -eu -o pipefail
 out=${1:?output directory}
 shift
 cli=${CLI:-build/tools/flashoverlap}
 here=$(dirname "$0")
-shapes="2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192"
+op=${OP:-allreduce}
+case $op in
+  allreduce)
+    shapes="2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192" ;;
+  reducescatter)  # (M = the rows of A on every rank; 3000: M/W not a tile multiple; the last three: Llama-3-8B MLP
+                  # down, Llama-3-70B attention output, Qwen2.5-32B attention output at TP 2)
+    shapes="2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3000x8192x8192,8192x4096x7168,8192x8192x4096,8192x5120x2560" ;;
+  *) echo "sweep.sh: OP must be allreduce or reducescatter, not $op" >&2; exit 2 ;;
+esac
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # never NVLink multicast on these machines
 # The GPUs bench runs on: CUDA_VISIBLE_DEVICES's, else every GPU (no MIG lines).
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
@@ -18,7 +26,7 @@ if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
 else
   world=$(nvidia-smi --query-gpu=index --format=csv,noheader | grep -c .)
 fi
-csv="$out/allreduce-h200x${world}.csv"
+csv="$out/${op}-h200x${world}.csv"
 repeat=${REPEAT:-1}
 failed=()
 
@@ -30,7 +38,7 @@ sweep_into() {
   local file=$1 left=${SHAPES:-$shapes} stuck=0 s first
   shift
   while [ -n "$left" ]; do
-    if "$cli" bench --op allreduce --shapes "$left" --csv "$file" "$@"; then return 0; fi
+    if "$cli" bench --op "$op" --shapes "$left" --csv "$file" "$@"; then return 0; fi
     local done_shapes rest=() progressed=0
     done_shapes=$(awk -F, 'NR > 1 { print $1 "x" $2 "x" $3 }' "$file" 2>/dev/null | sort -u)
     first=""
@@ -58,14 +66,14 @@ else
   runs=()
   for i in $(seq 1 "$repeat"); do
     echo "##### sweep run $i of $repeat ($(date -u +%H:%M:%S))"
-    run="$out/allreduce-h200x${world}-run$i.csv"
+    run="$out/${op}-h200x${world}-run$i.csv"
     rm -f "$run"
     sweep_into "$run" "$@" || true
     [ -s "$run" ] && runs+=("$run")
   done
   [ ${#runs[@]} -gt 0 ] && python3 "$here/median_of_sweeps.py" "$csv" "${runs[@]}"
 fi
-[ -s "$csv" ] && { python3 "$here/plot_allreduce.py" "$csv" "$out/allreduce-h200x${world}.png" || echo "(plot skipped)"; }
+[ -s "$csv" ] && { python3 "$here/plot_sweep.py" "$csv" "$out/${op}-h200x${world}.png" || echo "(plot skipped)"; }
 if [ ${#failed[@]} -gt 0 ]; then
   echo "##### failed (left out of the CSV): ${failed[*]}" >&2
   exit 1

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Speedup over sequential (cuBLAS + NCCL) per shape and variant, from the
-CSV written by `flashoverlap bench --csv`. Usage: plot_allreduce.py CSV PNG"""
+CSV written by `flashoverlap bench --csv` (AllReduce or ReduceScatter: the
+collective is read from the file's name). Usage: plot_sweep.py CSV PNG"""
 import csv
+import os
 import sys
 
 import matplotlib
@@ -23,13 +25,15 @@ ideal = []
 for s in shapes:
     r = [r for r in rows if f"{r['M']}x{r['N']}x{r['K']}" == s and r["variant"] == "sequential"][0]
     ideal.append(float(r["ms"]) / float(r["ideal_ms"]))
-ax.plot([x + 0.4 - width / 2 for x in range(len(shapes))], ideal, "k_", markersize=18, label="ideal (max(GEMM, AR))")
+op = "ReduceScatter" if "reducescatter" in os.path.basename(sys.argv[1]) else "AllReduce"
+short = "RS" if op == "ReduceScatter" else "AR"
+ax.plot([x + 0.4 - width / 2 for x in range(len(shapes))], ideal, "k_", markersize=18, label=f"ideal (max(GEMM, {short}))")
 ax.axhline(1.0, color="gray", lw=0.8)
 ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
 ax.set_xticklabels(shapes, rotation=30, ha="right", fontsize=8)
 ax.set_ylabel("speedup vs cuBLAS + NCCL")
 world = rows[0]["world"] if rows else "?"
-ax.set_title(f"GEMM + AllReduce, {world}x H200, bf16")
+ax.set_title(f"GEMM + {op}, {world}x H200, bf16")
 ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=120)
