@@ -146,6 +146,16 @@ class GemmAllReduce {
   // residual_out are m x n (ld n) and must not overlap.
   void run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight, float eps, void* out,
                    void* residual_out, int64_t m, cudaStream_t stream);
+  // The registered-output form. register_output is collective (every rank,
+  // in the same order, each its own buffer): `out` (max_m x n, ld_out
+  // elements per row, 0: n; 16-byte aligned, ld_out % 8 == 0; from
+  // cudaMalloc where the ranks are processes of their own; it must outlive
+  // the op) becomes output `slot` (the same on every rank). run_registered
+  // is run into it; on the Owners path the other ranks store their final
+  // tiles straight into it (no copy of them after the GEMM: the fastest form
+  // on 2 NVLink GPUs in the CLI's sweeps); on the others it is run.
+  int register_output(void* out, int64_t ld_out = 0);
+  void run_registered(const void* a, const void* b, int slot, int64_t m, cudaStream_t stream);
   // Plans m (if new) and allocates what its calls need, without running:
   // before capturing a call with this m into a CUDA graph.
   void prepare(int64_t m);

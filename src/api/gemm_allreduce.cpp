@@ -83,6 +83,14 @@ struct GemmAllReduce::Impl {
   std::unique_ptr<rt::OwnerWindow> owner_window;
   std::map<int32_t, std::unique_ptr<rt::OverlapAllReduce>> owner_ops;  // by m's bucket
   rt::OverlapAllReduce* last = nullptr;                          // the op of the last call (check())
+  // register_output's buffers by slot; an owner op registers them on itself
+  // (collectively, in slot order) at its first run_registered.
+  struct Registered {
+    void* out;
+    int64_t ld;
+  };
+  std::vector<Registered> registered;
+  std::map<const rt::OverlapAllReduce*, size_t> registered_on;  // owner op -> slots registered on it
 
   std::string who() const {
     return "GemmAllReduce (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", max_m " +
@@ -316,6 +324,39 @@ void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residu
     op.run_rmsnorm_rows(a, b, norm, out, m, stream);
   else
     op.run_rmsnorm(a, b, norm, out, stream);
+  d.last = &op;
+}
+
+int GemmAllReduce::register_output(void* out, int64_t ld_out) {
+  Impl& d = *impl_;
+  const int64_t ld = ld_out == 0 ? d.n : ld_out;
+  if (!out || reinterpret_cast<uintptr_t>(out) % 16 != 0 || ld < d.n || ld % 8 != 0)
+    throw InvalidArgument(d.who() + "::register_output: the output must be 16-byte aligned with ld_out 0 (n) or >= n "
+                          "and a multiple of 8, not ld_out " + std::to_string(ld_out));
+  d.registered.push_back({out, ld});
+  return int(d.registered.size()) - 1;
+}
+
+void GemmAllReduce::run_registered(const void* a, const void* b, int slot, int64_t m, cudaStream_t stream) {
+  Impl& d = *impl_;
+  if (!a || !b) throw InvalidArgument(d.who() + "::run_registered: a and b must not be null");
+  if (slot < 0 || size_t(slot) >= d.registered.size())
+    throw InvalidArgument(d.who() + "::run_registered: no output " + std::to_string(slot) + " (" +
+                          std::to_string(d.registered.size()) + " registered)");
+  d.check_earlier_calls();
+  rt::OverlapAllReduce& op = d.op_for(m, stream, true);
+  d.check_same_m(m, stream);
+  const Impl::Registered& r = d.registered[size_t(slot)];
+  if (!d.is_owner_op(op)) {
+    op.run(a, b, r.out, r.ld, stream);
+  } else {
+    // (collective: every rank makes the same calls, so every rank registers here alike)
+    for (size_t& done = d.registered_on[&op]; done < d.registered.size(); ++done) {
+      api::refuse_planning_under_capture(stream, m, d.who());  // (registering exchanges with the peers)
+      (void)op.register_output(d.registered[done].out, d.registered[done].ld);
+    }
+    op.run_registered(a, b, slot, stream, m);
+  }
   d.last = &op;
 }
 

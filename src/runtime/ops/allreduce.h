@@ -313,7 +313,8 @@ class OverlapAllReduce {
   // owners pushed on 4 stages the peer stores its final tiles straight into
   // it (kernels::Owner::finals_in_c): no copy of the peer's tiles after the
   // GEMM, as in place, but in the caller's buffer; other plans run as run.
-  void run_registered(const void* a, const void* b, int slot, cudaStream_t stream);
+  // m > 0 (owners): m rows of the plan's tile rows, as run_rows.
+  void run_registered(const void* a, const void* b, int slot, cudaStream_t stream, int64_t m = 0);
   // Whether run_registered stores straight into the peer's output on this plan.
   bool finals_into_outputs() const;
   // Owners (pushed row bands): run and run_rmsnorm for m rows, any m of the

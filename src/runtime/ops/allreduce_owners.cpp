@@ -184,14 +184,15 @@ void OverlapAllReduce::check_rows(int64_t m, const char* call) const {
                           " tile rows");
 }
 
-void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cudaStream_t stream) {
+void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cudaStream_t stream, int64_t m) {
   if (slot < 0 || size_t(slot) >= registered_.size())
     throw InvalidArgument("OverlapAllReduce::run_registered (rank " + std::to_string(opts_.rank) + "): no output " +
                           std::to_string(slot) + " (" + std::to_string(registered_.size()) + " registered)");
   const RegisteredOutput& r = registered_[size_t(slot)];
-  if (!finals_into_outputs()) return run(a, b, r.out, r.ld, stream);
+  if (m > 0) check_rows(m, "run_registered");
+  if (!finals_into_outputs()) return m > 0 ? run_rows(a, b, r.out, r.ld, m, stream) : run(a, b, r.out, r.ld, stream);
   begin_call(stream);
-  enqueue_owned(a, b, r.out, r.ld, nullptr, false, stream, &r);
+  enqueue_owned(a, b, r.out, r.ld, nullptr, false, stream, &r, m);
   end_call(stream);
 }
 
