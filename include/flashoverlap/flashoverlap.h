@@ -237,7 +237,9 @@ class GemmReduceScatter {
   // (`local`, ld n) into `full` (m x n, rows in C's order) on every rank.
   // Standard: one ncclAllGather; SubTile: an ncclAllGather of the ranks'
   // rows (padded to equal counts), then each row put back in its place
-  // (needs n % 8 == 0). Collective; ordered with the op's calls on `stream`.
+  // (needs n % 8 == 0). Collective; ordered with the op's calls on `stream`;
+  // may be captured into a CUDA graph for an m prepared (prepare(m)) or
+  // gathered before.
   void all_gather_rows(const void* local, void* full, int64_t m, cudaStream_t stream);
   void prepare(int64_t m);
   std::string plan(int64_t m);

@@ -13,7 +13,9 @@
  *   fo_comm_destroy(comm);
  *
  * fo_gemm_reducescatter_* is the same for ReduceScatter (each rank gets its
- * rows of the sum: fo_gemm_reducescatter_rows_out, _rows).
+ * rows of the sum: fo_gemm_reducescatter_rows_out, _rows; and
+ * fo_gemm_reducescatter_all_gather_rows gathers every rank's rows back into
+ * the whole m x n, in C's row order).
  *
  * Conventions, for every function below except fo_version, fo_c_abi_version,
  * fo_status_string and fo_last_error:
@@ -268,6 +270,22 @@ FO_C_API fo_status fo_gemm_reducescatter_rows_out(fo_gemm_reducescatter_t op, in
  * count is 0 (ask for the count first). */
 FO_C_API fo_status fo_gemm_reducescatter_rows(fo_gemm_reducescatter_t op, int64_t m, int64_t* rows, size_t count,
                                               size_t* needed);
+/* The AllGather that closes a ReduceScatter -> row-wise step -> AllGather
+ * chain: full (m x n, ld n, rows in C's order) = every rank's rows_out(m) x
+ * n `local` (ld n, in the layout's row order: what fo_gemm_reducescatter_run
+ * or _run_rmsnorm wrote, or a row-wise step's output of it), on every rank,
+ * on stream (a cudaStream_t; NULL: the legacy default stream). Collective:
+ * every rank calls it with the same m, ordered with the op's calls on
+ * stream. The standard layout: one ncclAllGather; the sub-tile layout: an
+ * ncclAllGather of the ranks' rows (padded to equal counts), then each row
+ * put back in its place (needs n % 8 == 0; the first call with an m
+ * allocates, so make it before capturing that m into a CUDA graph). 1 <= m
+ * <= max_m, a multiple of the world size for the standard layout. local and
+ * full are device pointers, required: a rank whose rows_out(m) is 0 passes
+ * some buffer as local, not read (see fo_gemm_reducescatter_run); full must
+ * not overlap local. */
+FO_C_API fo_status fo_gemm_reducescatter_all_gather_rows(fo_gemm_reducescatter_t op, const void* local, void* full,
+                                                         int64_t m, void* stream);
 /* Plans m (if new) and allocates what its calls need, without running:
  * before capturing a call with this m into a CUDA graph. */
 FO_C_API fo_status fo_gemm_reducescatter_prepare(fo_gemm_reducescatter_t op, int64_t m);

@@ -110,6 +110,7 @@ _PROTOTYPES = {
     "fo_gemm_reducescatter_run_rmsnorm": (_STATUS, [_h, _h, _h, _h, _h, c_float, _h, _h, c_int64, _h]),
     "fo_gemm_reducescatter_rows_out": (_STATUS, [_h, c_int64, POINTER(c_int64)]),
     "fo_gemm_reducescatter_rows": (_STATUS, [_h, c_int64, POINTER(c_int64), c_size_t, POINTER(c_size_t)]),
+    "fo_gemm_reducescatter_all_gather_rows": (_STATUS, [_h, _h, _h, c_int64, _h]),
     "fo_gemm_reducescatter_prepare": (_STATUS, [_h, c_int64]),
     "fo_gemm_reducescatter_plan": (_STATUS, [_h, c_int64, c_void_p, c_size_t, POINTER(c_size_t)]),
     "fo_gemm_reducescatter_check": (_STATUS, [_h]),
@@ -522,6 +523,17 @@ class GemmReduceScatter(_Handle):
         buf = (c_int64 * max(needed.value, 1))()
         self._lib.c.fo_gemm_reducescatter_rows(self.handle, m, buf, needed.value, None)
         return list(buf[:needed.value])
+
+    def all_gather_rows(self, local, full, m, stream=None):
+        """full (m x n, rows in C's order) = every rank's rows_out(m) x n `local`
+        (ld n, in the layout's row order), gathered on every rank, on stream (a
+        cudaStream_t as an integer; None/0: the legacy default stream): the
+        AllGather that closes a ReduceScatter -> row-wise step -> AllGather
+        chain. Collective. local and full are device pointers, both required
+        (a rank with no rows for m passes some buffer as local); the sub-tile
+        layout needs n % 8 == 0, and its first call with an m allocates (not
+        under CUDA-graph capture)."""
+        self._lib.c.fo_gemm_reducescatter_all_gather_rows(self.handle, local, full, m, stream or None)
 
     def prepare(self, m):
         """Plans m and allocates what its calls need: before a CUDA-graph capture."""

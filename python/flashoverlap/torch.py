@@ -11,6 +11,8 @@ tensors (PyTorch >= 2.4).
     y = rs(x, weight)                    # this rank's rows of the sum: (m / world, n), as
                                          # dist.reduce_scatter_tensor of x @ weight.T gives them
     y, h = rs(x, weight, residual=r, norm_weight=g)   # r, y, h: (m / world, n)
+    full = rs.all_gather_rows(y)         # (m, n): every rank's rows, in x's row order (the AllGather that
+                                         # closes the chain; the sub-tile layout: rs.all_gather_rows(y, m))
     y = fo.gemm_reduce_scatter(x, weight, group)
 
 The library is reached through its C ABI (ctypes): nothing here is compiled
@@ -21,12 +23,15 @@ serves a process).
 
 The ops are torch.library custom ops (flashoverlap::gemm_all_reduce,
 flashoverlap::gemm_all_reduce_rmsnorm, flashoverlap::gemm_reduce_scatter,
-flashoverlap::gemm_reduce_scatter_rmsnorm) taking the op object as an integer
-handle, with fake implementations: torch.compile keeps them whole (one node
+flashoverlap::gemm_reduce_scatter_rmsnorm,
+flashoverlap::gemm_reduce_scatter_all_gather_rows) taking the op object as an
+integer handle, with fake implementations: torch.compile keeps them whole (one node
 each) and traces through without running them. They run on torch's current
 stream of the op's device, and may be captured into CUDA graphs for an m the
 op has planned (an eager call with that m, or op.prepare(m), first: planning
-allocates); an unplanned m under capture is refused with a message. They are
+allocates); an unplanned m under capture is refused with a message. (The
+sub-tile layout's all_gather_rows allocates at its first call with an m, which
+prepare(m) does not make: an eager all_gather_rows with that m first.) They are
 forward-only (no autograd formula is registered).
 
 Collective: building an op (and, the first time per group, its communicator)
@@ -145,6 +150,20 @@ def _register_ops(torch):
             check_rs_inputs(op, x, weight, residual, norm_weight, bound_m=False)
             return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
 
+        # The AllGather that closes the chain: m is an argument (SymInt: the
+        # standard layout's default, rows * world, is symbolic under dynamic
+        # shapes), the output (m, n).
+        @torch.library.custom_op("flashoverlap::gemm_reduce_scatter_all_gather_rows", mutates_args=(),
+                                 schema="(Tensor y, SymInt m, int handle) -> Tensor")
+        def _gemm_reduce_scatter_all_gather_rows(y, m, handle):
+            return _op_of(handle, GemmReduceScatter)._all_gather_rows(y, m)
+
+        @_gemm_reduce_scatter_all_gather_rows.register_fake
+        def _(y, m, handle):
+            op = _op_of(handle, GemmReduceScatter)
+            check_gather_inputs(op, y, m, bound_m=False)
+            return y.new_empty((m, op.n))
+
         # The functionals' op lookups build ops (collective, ctypes): run them
         # eagerly under torch.compile (a graph break), then trace the op call.
         _lookup = torch.compiler.disable(_cached_op)
@@ -258,6 +277,32 @@ def check_rs_inputs(op, x, weight, residual=None, norm_weight=None, bound_m=True
             raise InvalidArgument(f"{op}: residual and norm_weight come together (the fused residual + RMSNorm form)")
         _check_tensor(op, "residual", residual, (rs_rows_out(m, op.world, op.rank, op.layout), op.n))
         _check_tensor(op, "norm_weight", norm_weight, (op.n,))
+
+
+def check_gather_inputs(op, y, m, bound_m=True):
+    """InvalidArgument unless y fits an all_gather_rows of m rows on op (a
+    GemmReduceScatter, or anything with its attributes): y this rank's rows,
+    rows_out(m) x n (what the op's call gives for m rows, or a row-wise step's
+    output of it), of the op's dtype and device, row-major contiguous; 0 <= m
+    <= max_m, a multiple of the world size for the standard layout; n % 8 ==
+    0 for the sub-tile layout (its row exchange moves 16-byte pieces). m may
+    be a torch SymInt (the fake implementation): what would guard on its
+    value is checked for ints only."""
+    _check_tensor(op, "y", y, (None, None))
+    if isinstance(m, int):
+        if m < 0 or (bound_m and m > op.max_m):
+            raise InvalidArgument(f"{op}: all_gather_rows: m = {m}: needs 0 <= m <= max_m = {op.max_m}")
+        if op.layout == "standard" and m % op.world:
+            raise InvalidArgument(f"{op}: all_gather_rows: m = {m} is not a multiple of the world size {op.world} "
+                                  "(the standard layout gives every rank m / world rows)")
+    if op.layout != "standard" and op.n % 8:
+        raise InvalidArgument(f"{op}: all_gather_rows: the sub-tile layout's row exchange needs n % 8 == 0, not "
+                              f"n = {op.n}")
+    rows = rs_rows_out(m, op.world, op.rank, op.layout)
+    if y.shape[0] != rows or y.shape[1] != op.n:
+        raise InvalidArgument(f"{op}: all_gather_rows: y has shape {tuple(y.shape)}, expected ({rows}, {op.n}): "
+                              f"this rank's rows_out(m) = {rows} rows of the sum for m = {m}, as the op's output "
+                              "gives them")
 
 
 def _check_shape(max_m, n, k, who="GemmAllReduce"):
@@ -418,24 +463,29 @@ class _Op:
         self.handle = next(_ids)  # what the custom ops are given
         _ops[self.handle] = self
 
-    def _enqueue(self, m, call):
+    def _enqueue(self, m, call, planned=None, unplanned=None):
         """call(stream) on the op's device and its current stream; under CUDA
-        graph capture only for a planned m (planning allocates)."""
+        graph capture only for a planned m (planning allocates). planned: the
+        set of the m's that are ready (default: the run's plans, self._planned;
+        m is added once called); unplanned: a function giving the refusal's
+        message then."""
         torch = _torch
         if torch.cuda.current_device() != self.device.index:
             with torch.cuda.device(self.device):
-                self._enqueue_here(m, call)
+                self._enqueue_here(m, call, planned, unplanned)
         else:
-            self._enqueue_here(m, call)
+            self._enqueue_here(m, call, planned, unplanned)
 
-    def _enqueue_here(self, m, call):
+    def _enqueue_here(self, m, call, planned=None, unplanned=None):
         torch = _torch
+        planned = self._planned if planned is None else planned
         # (check_m's exchange is skipped by the library under capture)
-        if m not in self._planned and torch.cuda.is_current_stream_capturing():
-            raise FlashOverlapError(f"{self}: m = {m} has no plan yet, and planning allocates, which a CUDA graph "
-                                    f"capture forbids: call op.prepare({m}) (or run m once) before capturing")
+        if m not in planned and torch.cuda.is_current_stream_capturing():
+            raise FlashOverlapError(unplanned() if unplanned else (
+                f"{self}: m = {m} has no plan yet, and planning allocates, which a CUDA graph capture forbids: call "
+                f"op.prepare({m}) (or run m once) before capturing"))
         call(torch.cuda.current_stream(self.device).cuda_stream)
-        self._planned.add(m)
+        planned.add(m)
 
     def _m(self, m):
         if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.max_m:
@@ -578,7 +628,9 @@ class GemmReduceScatter(_Op):
     r*128/W + [0, 128/W) of every 128-row tile row t (rows(m) lists them),
     for a ReduceScatter -> row-wise step -> AllGather chain whose row order
     the caller restores after the AllGather; any m, W dividing 128.
-    rows_out(m) says how many rows this rank gets.
+    rows_out(m) says how many rows this rank gets; all_gather_rows(y, m)
+    is that AllGather, every rank's rows back in x's row order (either
+    layout).
     """
 
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", layout="standard",
@@ -593,6 +645,7 @@ class GemmReduceScatter(_Op):
             raise InvalidArgument(f"{who}: layout = {layout!r}: one of {', '.join(map(repr, _capi.RS_LAYOUTS))}")
         self.dtype, self.path, self.layout = dtype, path, layout
         self._rows_seen = {}  # m -> rows_out(m), the library's, checked against rs_rows_out (the fake's)
+        self._gathered = set()  # the m's all_gather_rows has run eagerly: those a CUDA graph may capture (sub-tile)
         self._resolve(torch, group, device, who)
         # (what the library refuses too, said here before any collective: the communicator's, the op's)
         if layout == "subtile" and RS_TILE_ROWS % self.world:
@@ -647,6 +700,31 @@ class GemmReduceScatter(_Op):
         y, h = torch.ops.flashoverlap.gemm_reduce_scatter_rmsnorm(x, weight, residual, norm_weight, float(eps),
                                                                   self.handle)
         return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
+
+    def all_gather_rows(self, y, m=None):
+        """The AllGather that closes a ReduceScatter -> row-wise step ->
+        AllGather chain: a new (m, n) tensor, on torch's current stream, whose
+        rows are every rank's y in x's row order (rows(m) of each rank put back
+        in place): y is this rank's rows, (rows_out(m), n), as this op's call
+        gives them for x (m, k), or a row-wise step's output of them (the
+        RMSNorm form's out or h, an activation, ...).
+
+        m: the rows of x. The standard layout: y.shape[0] * world by default.
+        The sub-tile layout: required (rows_out(m) does not say m: a rank may
+        even hold no rows). Collective, as the op's calls: every rank calls it
+        with the same m. The sub-tile layout's first call with an m allocates:
+        make it eagerly before capturing that m into a CUDA graph."""
+        torch = _torch
+        if not torch.is_tensor(y):
+            raise InvalidArgument(f"{self}: all_gather_rows: y must be a torch.Tensor, not {type(y).__name__}")
+        if m is None:
+            if self.layout != "standard":
+                raise InvalidArgument(f"{self}: all_gather_rows: m is required with the sub-tile layout (this rank's "
+                                      f"rows do not say m): pass all_gather_rows(y, m), m the rows of x")
+            m = (y.shape[0] if y.dim() > 0 else 0) * self.world
+        elif isinstance(m, bool) or not isinstance(m, int):
+            raise InvalidArgument(f"{self}: all_gather_rows: m = {m!r} is not an int")
+        return torch.ops.flashoverlap.gemm_reduce_scatter_all_gather_rows(y, m, self.handle)
 
     def _m(self, m):
         m = super()._m(m)
@@ -715,6 +793,24 @@ class GemmReduceScatter(_Op):
                                                             norm_weight.data_ptr(), eps, out_ptr, h_ptr, m, s))
         del spare_out, spare_h, spare_res
         return out, h
+
+    def _all_gather_rows(self, y, m):
+        check_gather_inputs(self, y, m)
+        full = _torch.empty((m, self.n), dtype=self.dtype, device=self.device)
+        if m:
+            rows = self._rows_checked(m)
+            # (a rank without rows still takes part, and the library wants a buffer: an empty y has none)
+            local, spare = (y.data_ptr(), None) if rows else self._empty_rows(0)[1:]
+            if self.layout == "standard":
+                self._gathered.add(m)  # (one ncclAllGather: nothing to allocate, any m may be captured)
+            unplanned = lambda: (  # noqa: E731
+                f"{self}: all_gather_rows: m = {m} has not been gathered yet, and the sub-tile layout's first gather "
+                "of an m allocates (where each row goes), which a CUDA graph capture forbids: call "
+                f"op.all_gather_rows(y, {m}) once eagerly before capturing")
+            self._enqueue(m, lambda s: self._op.all_gather_rows(local, full.data_ptr(), m, s), self._gathered,
+                          unplanned)
+            del spare  # (after the call is enqueued, as _run's)
+        return full
 
 
 def _flatten(op, name, t):

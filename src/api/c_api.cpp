@@ -572,6 +572,16 @@ fo_status fo_gemm_reducescatter_rows(fo_gemm_reducescatter_t op, int64_t m, int6
   });
 }
 
+fo_status fo_gemm_reducescatter_all_gather_rows(fo_gemm_reducescatter_t op, const void* local, void* full, int64_t m,
+                                                void* stream) {
+  return guard("fo_gemm_reducescatter_all_gather_rows", [&] {
+    fo_gemm_reducescatter& o = deref(op, "op");
+    require(local, "local");
+    require(full, "full");
+    o.op.all_gather_rows(local, full, m, static_cast<cudaStream_t>(stream));
+  });
+}
+
 fo_status fo_gemm_reducescatter_prepare(fo_gemm_reducescatter_t op, int64_t m) {
   return guard("fo_gemm_reducescatter_prepare", [&] { deref(op, "op").op.prepare(m); });
 }

@@ -117,6 +117,30 @@ struct GemmReduceScatter::Impl {
   void check_earlier_calls() const {
     if (last && core.wait_error()->failed) last->check();
   }
+  // all_gather_rows of the sub-tile layout for m: the padded buffers and the
+  // rows' places, made once per m (allocates: prepare(m) makes them too).
+  std::map<int64_t, rt::DeviceBuffer>::iterator prepare_gather(int64_t m) {
+    if (auto it = gather_rows_of.find(m); it != gather_rows_of.end()) return it;
+    if (n % 8 != 0) throw InvalidArgument(who() + "::all_gather_rows: the sub-tile layout's row exchange needs n % 8 == 0");
+    const int64_t h = api::kBm / world, most = api::bucket_of(m) * h;
+    const size_t part = size_t(most) * size_t(n) * 2;
+    auto grow = [](rt::DeviceBuffer& b, size_t bytes) {
+      if (b.bytes() < bytes) b = rt::DeviceBuffer(bytes);
+    };
+    grow(gather_send, part), grow(gather_recv, part * size_t(world));
+    std::vector<int32_t> dst(size_t(most) * size_t(world), -1);
+    plan::Schedule s;
+    s.m = int32_t(m), s.n = int32_t(n), s.bm = api::kBm, s.bn = 256;
+    for (int r = 0; r < world; ++r) {
+      const std::vector<int32_t> rows = plan::rs_rows_of_rank(s, world, r, plan::RsLayout::SubTile);
+      std::copy(rows.begin(), rows.end(), dst.begin() + ptrdiff_t(r) * most);
+    }
+    if (zeros.bytes() < dst.size() * 4) {
+      zeros = rt::DeviceBuffer(dst.size() * 4);
+      FO_CUDA_CHECK(cudaMemset(zeros.get(), 0, zeros.bytes()));
+    }
+    return gather_rows_of.emplace(m, rt::to_device(dst)).first;
+  }
 };
 
 GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
@@ -201,6 +225,7 @@ void GemmReduceScatter::all_gather_rows(const void* local, void* full, int64_t m
   Impl& d = *impl_;
   if (!local || !full) throw InvalidArgument(d.who() + "::all_gather_rows: local and full must not be null");
   d.check_m_value(m);
+  d.check_earlier_calls();
   const ncclDataType_t type = d.dtype == DType::BF16 ? ncclBfloat16 : ncclFloat16;
   const ncclComm_t c = d.comm->comm.get();
   const std::string ctx = d.who() + "::all_gather_rows (m " + std::to_string(m) + ")";
@@ -208,35 +233,24 @@ void GemmReduceScatter::all_gather_rows(const void* local, void* full, int64_t m
     FO_NCCL_CHECK_CTX(ncclAllGather(local, full, size_t(m / d.world) * d.n, type, c, stream), ctx);
     return;
   }
-  if (d.n % 8 != 0) throw InvalidArgument(ctx + ": the sub-tile layout's row exchange needs n % 8 == 0");
-  // Every rank's part padded to the most rows a rank holds (the first ranks' of a ragged last tile row).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone && !d.gather_rows_of.count(m))
+    throw InvalidArgument(ctx + ": the row exchange of this m is not set up yet, and setting it up allocates, which a "
+                          "CUDA graph capture forbids: call prepare(m) before capturing");
+  const auto it = d.prepare_gather(m);
   const int64_t h = api::kBm / d.world, most = api::bucket_of(m) * h, mine = rows_out(m);
-  const size_t part = size_t(most) * size_t(d.n) * 2;
-  auto grow = [](rt::DeviceBuffer& b, size_t bytes) {
-    if (b.bytes() < bytes) b = rt::DeviceBuffer(bytes);
-  };
-  grow(d.gather_send, part), grow(d.gather_recv, part * size_t(d.world));
-  auto it = d.gather_rows_of.find(m);
-  if (it == d.gather_rows_of.end()) {
-    api::refuse_planning_under_capture(stream, m, d.who());
-    std::vector<int32_t> dst(size_t(most) * size_t(d.world), -1);
-    plan::Schedule s;
-    s.m = int32_t(m), s.n = int32_t(d.n), s.bm = api::kBm, s.bn = 256;
-    for (int r = 0; r < d.world; ++r) {
-      const std::vector<int32_t> rows = plan::rs_rows_of_rank(s, d.world, r, plan::RsLayout::SubTile);
-      std::copy(rows.begin(), rows.end(), dst.begin() + ptrdiff_t(r) * most);
-    }
-    it = d.gather_rows_of.emplace(m, rt::to_device(dst)).first;
-    grow(d.zeros, size_t(most) * size_t(d.world) * 4);
-    FO_CUDA_CHECK(cudaMemset(d.zeros.get(), 0, d.zeros.bytes()));
-  }
   FO_CUDA_CHECK(cudaMemcpyAsync(d.gather_send.get(), local, size_t(mine) * d.n * 2, cudaMemcpyDeviceToDevice, stream));
   FO_NCCL_CHECK_CTX(ncclAllGather(d.gather_send.get(), d.gather_recv.get(), size_t(most) * d.n, type, c, stream), ctx);
   kernels::scatter_slot_rows(to_kernels(d.dtype), d.gather_recv.get(), most * d.world, int32_t(d.n),
                              it->second.as<int32_t>(), d.zeros.as<int32_t>(), full, d.n, int32_t(d.n), stream);
 }
 
-void GemmReduceScatter::prepare(int64_t m) { (void)impl_->op_for(m); }
+void GemmReduceScatter::prepare(int64_t m) {
+  Impl& d = *impl_;
+  (void)d.op_for(m);
+  if (d.layout() == plan::RsLayout::SubTile && d.n % 8 == 0) (void)d.prepare_gather(m);  // (all_gather_rows' too)
+}
 
 std::string GemmReduceScatter::plan(int64_t m) {
   Impl& d = *impl_;

@@ -12,7 +12,10 @@
  *                     host reference (exact: small integer inputs), and
  *                     GemmReduceScatter the same way (at one rank its rows
  *                     are every row of a * b^T: rows_out(m) = m, rows(m) =
- *                     0..m-1, both layouts, paths sequential and slots); exits 77
+ *                     0..m-1, both layouts, paths sequential and slots; and
+ *                     all_gather_rows of its output, and of run_rmsnorm's
+ *                     residual_out, is the whole m x n, rows in C's order,
+ *                     nothing past m written); exits 77
  *                     (skipped) without a GPU, fails instead where
  *                     FO_REQUIRE_GPUS >= 1 promises one
  *
@@ -321,6 +324,13 @@ static void test_null_arguments(void) {
                    "fo_gemm_reducescatter_run_rmsnorm", "op is NULL");
     EXPECT_INVALID(fo_gemm_reducescatter_rows_out(NULL, 1, &i), "fo_gemm_reducescatter_rows_out", "op is NULL");
     EXPECT_INVALID(fo_gemm_reducescatter_rows(NULL, 1, rows, 2, &needed), "fo_gemm_reducescatter_rows", "op is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_all_gather_rows(NULL, buf, buf, 2, NULL),
+                   "fo_gemm_reducescatter_all_gather_rows", "op is NULL");
+    /* (the handle is checked first: NULL buffers too are the handle's refusal) */
+    EXPECT_INVALID(fo_gemm_reducescatter_all_gather_rows(NULL, NULL, NULL, 2, NULL),
+                   "fo_gemm_reducescatter_all_gather_rows", "op is NULL");
+    CHECK(strcmp(fo_last_error(), "fo_gemm_reducescatter_all_gather_rows: op is NULL") == 0, "message \"%s\"",
+          fo_last_error());
     EXPECT_INVALID(fo_gemm_reducescatter_prepare(NULL, 1), "fo_gemm_reducescatter_prepare", "op is NULL");
     EXPECT_INVALID(fo_gemm_reducescatter_plan(NULL, 1, buf, sizeof buf, &needed), "fo_gemm_reducescatter_plan",
                    "op is NULL");
@@ -582,6 +592,7 @@ struct gpu {
   float weight[N];
   uint16_t host16[MAX_M * (N + LD_PAD)];
   CUdeviceptr da, db, dout, dres, dres_out, dweight;
+  CUdeviceptr dfull; /* MAX_M x N: all_gather_rows' output */
 };
 static struct gpu g;
 
@@ -619,6 +630,43 @@ static void expect_gemm_rows(fo_dtype d, int64_t count, const int64_t* rows, int
 }
 
 static void expect_gemm(fo_dtype d, int64_t m, int64_t ld, const char* what) { expect_gemm_rows(d, m, NULL, ld, what); }
+
+/* full (g.dfull, MAX_M x N, filled with 0xff bytes before the call) after an
+ * all_gather_rows of m rows: row i is row i of a * b^T (+ the residual's row
+ * i where add is set: the gathered residual_out of a run_rmsnorm), bitwise
+ * (the sums are exact), for every i < m, in C's order; the rows past m
+ * untouched. */
+static void expect_gathered(fo_dtype d, int64_t m, const int* add, const char* what) {
+  int64_t i, j, bad = 0, past_bad = 0;
+  CU(cu.CtxSynchronize());
+  CU(cu.MemcpyDtoH(g.host16, g.dfull, (size_t)MAX_M * N * 2));
+  for (i = 0; i < MAX_M; ++i)
+    for (j = 0; j < N; ++j) {
+      const uint16_t x = g.host16[i * N + j];
+      int want;
+      if (i >= m) {
+        past_bad += x != 0xffffu;
+        continue;
+      }
+      want = g.ab[i * N + j] + (add ? add[i * N + j] : 0);
+      if (x != to_16(d, (float)want)) {
+        if (!bad)
+          fprintf(stderr, "%s: all_gather_rows: first difference at row %lld, col %lld: %g (0x%04x), want %d\n", what,
+                  (long long)i, (long long)j, (double)from_16(d, x), x, want);
+        ++bad;
+      }
+    }
+  CHECK(bad == 0, "%s: all_gather_rows: %lld of %lld elements differ from the full reference", what, (long long)bad,
+        (long long)(m * N));
+  CHECK(past_bad == 0, "%s: all_gather_rows: %lld elements past row m written", what, (long long)past_bad);
+}
+
+/* all_gather_rows(src: this rank's rows_out(m) x N) into g.dfull, cleared first. */
+static void gather_into_full(fo_gemm_reducescatter_t op, CUdeviceptr src, int64_t m, CUstream stream) {
+  CU(cu.MemsetD8(g.dfull, 0xff, (size_t)MAX_M * N * 2));
+  CU(cu.CtxSynchronize());
+  FO(fo_gemm_reducescatter_all_gather_rows(op, (const void*)src, (void*)g.dfull, m, stream));
+}
 
 /* After a run_rmsnorm of `count` output rows (rows `rows` of C; NULL: 0, 1,
  * ...): residual_out (g.dres_out) = ab + residual exactly, and out (g.dout)
@@ -739,6 +787,9 @@ static void exercise_rs(fo_gemm_reducescatter_t op, fo_dtype d, const char* name
     CU(cu.CtxSynchronize());
     snprintf(what, sizeof what, "%s, m = %lld", name, (long long)ms[t]);
     expect_gemm_rows(d, rows, g_rows, N, what);
+    /* the rows gathered back: the whole m x n (world 1: this rank's rows are all of them) */
+    gather_into_full(op, g.dout, ms[t], t % 2 ? NULL : g.stream);
+    expect_gathered(d, ms[t], NULL, what);
   }
   {
     const int64_t rows = rs_rows(op, 77, name);
@@ -760,6 +811,9 @@ static void exercise_rs(fo_gemm_reducescatter_t op, fo_dtype d, const char* name
                                          (const void*)g.dweight, eps, (void*)g.dout, (void*)g.dres_out, m, g.stream));
     snprintf(what, sizeof what, "%s, m = %lld", name, (long long)m);
     expect_rmsnorm(d, rows, g_rows, eps, what);
+    /* a row-wise step's output gathered: residual_out (ab + residual, row i with output row i) */
+    gather_into_full(op, g.dres_out, m, g.stream);
+    expect_gathered(d, m, g.residual, what);
   }
 }
 
@@ -832,9 +886,21 @@ static void rs_part(fo_comm_t comm) {
     EXPECT_INVALID(fo_gemm_reducescatter_rows_out(op, 0, &rows), "fo_gemm_reducescatter_rows_out", "m must be");
     CHECK(rows == -1, "rows_out wrote its out-parameter on failure: %lld", (long long)rows);
     EXPECT_INVALID(fo_gemm_reducescatter_prepare(op, MAX_M + 1), "fo_gemm_reducescatter_prepare", "m must be");
+    /* all_gather_rows: NULL buffers, m out of range */
+    EXPECT_INVALID(fo_gemm_reducescatter_all_gather_rows(op, NULL, (void*)g.dfull, 8, g.stream),
+                   "fo_gemm_reducescatter_all_gather_rows", "local is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_all_gather_rows(op, (const void*)g.dout, NULL, 8, g.stream),
+                   "fo_gemm_reducescatter_all_gather_rows", "full is NULL");
+    EXPECT_INVALID(fo_gemm_reducescatter_all_gather_rows(op, (const void*)g.dout, (void*)g.dfull, 0, g.stream),
+                   "fo_gemm_reducescatter_all_gather_rows", "m must be in [1, max_m]");
+    EXPECT_INVALID(
+        fo_gemm_reducescatter_all_gather_rows(op, (const void*)g.dout, (void*)g.dfull, MAX_M + 1, g.stream),
+        "fo_gemm_reducescatter_all_gather_rows", "m must be in [1, max_m]");
     /* still usable after refusals */
     FO(fo_gemm_reducescatter_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 128, g.stream, 0));
     expect_gemm(d, 128, N, "reducescatter after the refusals, m = 128");
+    gather_into_full(op, g.dout, 128, g.stream);
+    expect_gathered(d, 128, NULL, "reducescatter after the refusals, m = 128");
     FO(fo_gemm_reducescatter_destroy(op));
     op = NULL;
   }
@@ -920,6 +986,7 @@ static int gpu_part(void) {
   CU(cu.MemAlloc(&g.dres, (size_t)MAX_M * N * 2));
   CU(cu.MemAlloc(&g.dres_out, (size_t)MAX_M * N * 2));
   CU(cu.MemAlloc(&g.dweight, (size_t)N * 2));
+  CU(cu.MemAlloc(&g.dfull, (size_t)MAX_M * N * 2));
 
   {
     const char* seed = getenv("FO_TEST_SEED");
@@ -1038,6 +1105,7 @@ static int gpu_part(void) {
   CU(cu.MemFree(g.dres));
   CU(cu.MemFree(g.dres_out));
   CU(cu.MemFree(g.dweight));
+  CU(cu.MemFree(g.dfull));
   CU(cu.StreamDestroy(g.stream));
   CU(cu.DevicePrimaryCtxRelease(dev));
   return g_failures ? 1 : 0;

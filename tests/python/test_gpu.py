@@ -28,8 +28,19 @@ equal to the op's own sequential path (world <= 2); calls in a row with a
 random m (a multiple of the world) each; the RMSNorm form against its
 definition; leading batch dimensions; the functional and its cache;
 torch.compile (fullgraph, one node; inductor's output bitwise the eager
-op's); CUDA-graph capture and replay mixed with eager calls; bad input. The
-data are random; the seed is printed (FO_TEST_SEED=<seed> replays it).
+op's); CUDA-graph capture and replay mixed with eager calls; bad input.
+
+GemmReduceScatter.all_gather_rows (class ReduceScatterAllGather*), both
+layouts: all_gather_rows(rs(x, w)) against F.linear + all_reduce within the
+same bound, each rank's rows of it bitwise its own output and the whole the
+same on every rank; the chain rs(x, w, residual=..., norm_weight=...) ->
+all_gather_rows (out and h) bitwise the standard layout's sequential chain
+(world <= 2), the residual given to each op being the full residual's rows
+op.rows(m); m = 0; torch.compile (fullgraph: the chain two nodes; inductor's
+output bitwise the eager chain's, m dynamic); opcheck; CUDA-graph capture
+and replay of the chain, and the sub-tile layout's refusal of an m not yet
+gathered; bad input. The data are random; the seed is printed
+(FO_TEST_SEED=<seed> replays it).
 """
 
 import datetime
@@ -813,6 +824,260 @@ class ReduceScatterBadInput(Case):
         op.close()
         with self.assertRaisesRegex(FlashOverlapError, "no op with handle"):
             op(x, w)
+
+
+# ---- all_gather_rows: the AllGather that closes ReduceScatter -> row-wise step -> AllGather ----
+
+def rows_index(rows):
+    """A device index tensor of a list of rows (empty: an empty index)."""
+    return torch.tensor(rows, dtype=torch.long, device=DEVICE)
+
+
+def same_on_every_rank(t):
+    """Whether t is bitwise rank 0's (one broadcast of a copy)."""
+    ref = t.clone()
+    dist.broadcast(ref, src=0)
+    return torch.equal(t, ref)
+
+
+def gather_layouts():
+    return ("standard", "subtile") if subtile_ok() else ("standard",)
+
+
+def gather_ms(layout, *ms):
+    """The m's of a gather test: any m for the sub-tile layout, multiples of the world for the standard one."""
+    return sorted(set(ms)) if layout == "subtile" else multiples_of_world(*ms)
+
+
+class ReduceScatterAllGather(Case):
+    def test_against_linear_all_reduce_both_dtypes(self):
+        for dtype in (torch.bfloat16, torch.float16):
+            for layout in gather_layouts():
+                op = self.make_rs(dtype=dtype, layout=layout)
+                w = rand(768, 1024, dtype=dtype, seed=301)
+                # (1, 7, 64: ranks past the first hold no rows of the sub-tile layout; 130: a ragged tile row)
+                for m in gather_ms(layout, 1, 7, 64, 130, 300, 512):
+                    x = rand(m, 1024, dtype=dtype, seed=m + 302)
+                    y = op(x, w)
+                    full = op.all_gather_rows(y, m)
+                    self.assertEqual((full.shape, full.dtype, full.device), ((m, 768), dtype, DEVICE))
+                    good, worst = within(full, reference(x, w), gemm_bound(x, w, dtype))
+                    self.ok(good, f"{op} m={m}: |all_gather_rows(op) - F.linear + all_reduce| up to {worst}")
+                    # each rank's rows of the whole are its own output, bitwise; the whole is every rank's
+                    self.ok(torch.equal(full[rows_index(op.rows(m))], y), f"{op} m={m}: its rows of the gathered "
+                                                                           "whole are not its output")
+                    self.ok(same_on_every_rank(full), f"{op} m={m}: the gathered whole differs between ranks")
+                    if layout == "standard":  # (the default m: y's rows times the world)
+                        self.ok(torch.equal(op.all_gather_rows(y), full), f"{op} m={m}: all_gather_rows(y) is not "
+                                                                          f"all_gather_rows(y, {m})")
+                op.close()
+
+    def test_chain_bitwise_equal_to_the_standard_layouts(self):
+        if WORLD > 2:
+            self.skipTest("bitwise only where NCCL's sum is a + b (world <= 2)")
+        shape = dict(max_m=1024, n=1024, k=1024)
+        eps = 1e-6
+        w = rand(1024, 1024, dtype=torch.bfloat16, seed=303)
+        g = rand(1024, dtype=torch.bfloat16, seed=304, per_rank=False)
+        seq = self.make_rs(path="sequential", **shape)  # (the standard layout's sequential chain: the reference)
+        ops = [self.make_rs(path=path, layout=layout, **shape) for layout in gather_layouts()
+               for path in ("sequential", "slots", "auto")]
+
+        def chain(op, x, residual, m):
+            # the residual each op is given: the full residual's rows op.rows(m), in its order
+            r = residual[rows_index(op.rows(m))]
+            out, h = op(x, w, residual=r, norm_weight=g, eps=eps)
+            return op.all_gather_rows(op(x, w), m), op.all_gather_rows(out, m), op.all_gather_rows(h, m)
+
+        for m in multiples_of_world(2, 130, 334, 1024):  # (2: a rank without rows of the sub-tile layout at 2)
+            x = rand(m, 1024, dtype=torch.bfloat16, seed=m + 305)
+            residual = rand(m, 1024, dtype=torch.bfloat16, seed=m + 306, per_rank=False)  # (the same on every rank)
+            want = chain(seq, x, residual, m)
+            self.assertEqual([tuple(t.shape) for t in want], [(m, 1024)] * 3)
+            for op in ops:
+                got = chain(op, x, residual, m)
+                same = [torch.equal(a, b) for a, b in zip(got, want)]
+                if RANK == 0 and m == 1024:
+                    print(f"[test_gpu] all_gather_rows chain {op.layout} {op.path}, m={m}: {op.plan(m)}", flush=True)
+                self.ok(all(same), f"{op} path {op.path}, m={m}: the chain (y, out, h gathered: {same}) is not "
+                                   "bitwise the standard layout's sequential chain")
+        for op in ops + [seq]:
+            op.check()
+            op.close()
+
+    def test_empty_batch(self):
+        for layout in gather_layouts():
+            op = self.make_rs(layout=layout)
+            y = op(torch.empty(0, 1024, dtype=torch.bfloat16, device=DEVICE), rand(768, 1024, dtype=torch.bfloat16,
+                                                                                    seed=0))
+            full = op.all_gather_rows(y, 0) if layout == "subtile" else op.all_gather_rows(y)
+            self.assertEqual((tuple(full.shape), full.dtype), ((0, 768), torch.bfloat16))
+            op.close()
+
+    def test_bad_input(self):
+        w = rand(32, 16, dtype=torch.bfloat16, seed=0)
+        for layout in gather_layouts():
+            op = self.make_rs(max_m=64, n=32, k=16, layout=layout)
+            name = str(op)
+            m = 8 * WORLD if 8 * WORLD <= 64 else 64 - 64 % WORLD
+            y = op(rand(m, 16, dtype=torch.bfloat16, seed=0), w)
+            rows = y.shape[0]
+            cases = [
+                ((y.float(), m), "y has dtype torch.float32, expected torch.bfloat16"),
+                ((y.cpu(), m), f"y is on cpu, expected {DEVICE}"),
+                ((y.view(-1), m), "y has 1 dimensions"),
+                ((rand(rows + 1, 32, dtype=torch.bfloat16, seed=0), m),
+                 f"all_gather_rows: y has shape ({rows + 1}, 32), expected ({rows}, 32): this rank's rows_out(m) = "
+                 f"{rows} rows of the sum for m = {m}"),
+                ((rand(rows, 16, dtype=torch.bfloat16, seed=0), m), f"all_gather_rows: y has shape ({rows}, 16), "
+                                                                     f"expected ({rows}, 32)"),
+                ((y, 64 + WORLD), f"all_gather_rows: m = {64 + WORLD}: needs 0 <= m <= max_m = 64"),
+                (([1.0], m), "all_gather_rows: y must be a torch.Tensor, not list"),
+                ((y, float(m)), f"all_gather_rows: m = {float(m)!r} is not an int"),
+            ]
+            if rows >= 2:
+                cases.append(((rand(32, rows, dtype=torch.bfloat16, seed=0).t(), m), "y is not contiguous"))
+            if layout == "subtile":
+                cases.append(((y,), "all_gather_rows: m is required with the sub-tile layout"))
+            elif WORLD > 1:
+                cases.append(((y, m + 1), f"all_gather_rows: m = {m + 1} is not a multiple of the world size {WORLD}"))
+            for args, message in cases:
+                with self.assertRaises(InvalidArgument) as cm:
+                    op.all_gather_rows(*args)
+                self.assertTrue(str(cm.exception).startswith(f"{name}: {message}"), str(cm.exception))
+            # (the library's own refusals, through the ctypes layer: before any collective, on every rank)
+            full = torch.empty(m, 32, dtype=torch.bfloat16, device=DEVICE)
+            stream = torch.cuda.current_stream().cuda_stream
+            with self.assertRaisesRegex(InvalidArgument, r"^fo_gemm_reducescatter_all_gather_rows: .*m must be in "
+                                                         r"\[1, max_m\], not 0"):
+                op._op.all_gather_rows(full.data_ptr(), full.data_ptr(), 0, stream)
+            with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_reducescatter_all_gather_rows: local is NULL$"):
+                op._op.all_gather_rows(0, full.data_ptr(), m, stream)
+            with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_reducescatter_all_gather_rows: full is NULL$"):
+                op._op.all_gather_rows(full.data_ptr(), None, m, stream)
+            # still usable after the refusals
+            good, worst = within(op.all_gather_rows(y, m), reference(rand(m, 16, dtype=torch.bfloat16, seed=0), w),
+                                 gemm_bound(rand(m, 16, dtype=torch.bfloat16, seed=0), w, torch.bfloat16))
+            self.ok(good, f"{op}: all_gather_rows after the refusals: |diff| up to {worst}")
+            # a handle of the other kind, given to the custom op; a closed op
+            ar = self.make(max_m=64, n=32, k=16)
+            with self.assertRaisesRegex(FlashOverlapError, f"handle {ar.handle} is a GemmAllReduce, not a "
+                                                           "GemmReduceScatter"):
+                torch.ops.flashoverlap.gemm_reduce_scatter_all_gather_rows(y, m, ar.handle)
+            ar.close()
+            op.close()
+            with self.assertRaisesRegex(FlashOverlapError, "no op with handle"):
+                op.all_gather_rows(y, m)
+
+
+class ReduceScatterAllGatherCompile(Case):
+    def test_torch_compile_keeps_the_chain_whole(self):
+        for layout in gather_layouts():
+            torch._dynamo.reset()
+            op = self.make_rs(max_m=64 * WORLD, n=512, k=256, layout=layout)
+            w = rand(512, 256, dtype=torch.bfloat16, seed=310)
+
+            class Layer(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.op = op
+                    self.register_buffer("weight", w)
+
+                def forward(self, x):
+                    y = torch.relu(self.op(x, self.weight))  # (a row-wise step between the two)
+                    # (the standard layout's default m: y's rows times the world, symbolic under dynamic shapes)
+                    full = self.op.all_gather_rows(y) if layout == "standard" else self.op.all_gather_rows(y, x.shape[0])
+                    return full * 2
+
+            layer = Layer()
+            graphs = []
+
+            def backend(gm, example_inputs):
+                graphs.append(gm)
+                return gm.forward
+
+            x = rand(16 * WORLD, 256, dtype=torch.bfloat16, seed=311)
+            eager = layer(x)
+            out = torch.compile(layer, backend=backend, fullgraph=True)(x)
+            calls = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+            self.assertEqual(sum("flashoverlap" in c for c in calls), 2, calls)
+            self.assertEqual(sum("all_gather_rows" in c for c in calls), 1, calls)
+            self.assertEqual(tuple(out.shape), (16 * WORLD, 512))
+            self.ok(torch.equal(out, eager), f"{layout}: the traced graph's output is not the eager chain's")
+
+            torch._dynamo.reset()
+            compiled = torch.compile(layer, fullgraph=True)  # inductor
+            for c in (16, 24, 40, 64):  # (a second m recompiles with m dynamic)
+                x = rand(c * WORLD, 256, dtype=torch.bfloat16, seed=312 + c)
+                got = compiled(x)
+                self.assertEqual(tuple(got.shape), (c * WORLD, 512))
+                self.ok(torch.equal(got, layer(x)), f"{layout} inductor m={c * WORLD}: not the eager chain's output")
+            op.close()
+
+    def test_opcheck(self):
+        for layout in gather_layouts():
+            op = self.make_rs(max_m=128 * WORLD, n=256, k=128, layout=layout)
+            m = 8 * WORLD
+            y = op(rand(m, 128, dtype=torch.bfloat16, seed=313), rand(256, 128, dtype=torch.bfloat16, seed=314))
+            torch.library.opcheck(torch.ops.flashoverlap.gemm_reduce_scatter_all_gather_rows.default, (y, m, op.handle),
+                                  test_utils=("test_schema", "test_faketensor"))
+            op.close()
+
+
+class ReduceScatterAllGatherCudaGraphs(Case):
+    def test_capture_and_replay_of_the_chain(self):
+        for layout in gather_layouts():
+            op = self.make_rs(max_m=512, n=512, k=512, layout=layout)
+            w = rand(512, 512, dtype=torch.bfloat16, seed=320)
+            m1, m2 = gather_ms(layout, 100)[0], gather_ms(layout, 200)[0]
+            x, x2 = rand(m1, 512, dtype=torch.bfloat16, seed=321), rand(m2, 512, dtype=torch.bfloat16, seed=322)
+            g = rand(512, dtype=torch.bfloat16, seed=323, per_rank=False)
+            r = rand(op.rows_out(m1), 512, dtype=torch.bfloat16, seed=324)
+            # m1 and m2 planned, and gathered once, eagerly (the sub-tile layout's first gather of an m allocates)
+            op.all_gather_rows(op(x, w), m1)
+            op.all_gather_rows(op(x2, w), m2)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # (warm-up on a side stream, as torch's CUDA-graph docs advise)
+                op.all_gather_rows(op(x, w, residual=r, norm_weight=g)[0], m1)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                full = op.all_gather_rows(op(x, w), m1)
+                full2 = op.all_gather_rows(op(x2, w), m2)
+                out, h = op(x, w, residual=r, norm_weight=g)
+                full_out = op.all_gather_rows(out, m1)
+            for i in range(3):
+                x.copy_(rand(m1, 512, dtype=torch.bfloat16, seed=330 + i))
+                x2.copy_(rand(m2, 512, dtype=torch.bfloat16, seed=340 + i))
+                graph.replay()
+                e, e2 = op.all_gather_rows(op(x, w), m1), op.all_gather_rows(op(x2, w), m2)
+                eo = op.all_gather_rows(op(x, w, residual=r, norm_weight=g)[0], m1)
+                same = torch.equal(full, e) and torch.equal(full2, e2) and torch.equal(full_out, eo)
+                self.ok(same, f"{op} replay {i}: not the eager chain's outputs")
+                good, worst = within(e, reference(x, w), gemm_bound(x, w, torch.bfloat16))
+                self.ok(good, f"{op} replay {i}: the eager chain against the reference: up to {worst}")
+            torch.cuda.synchronize()
+            op.check()
+            op.close()
+
+    def test_a_subtile_m_not_yet_gathered_is_refused_under_capture(self):
+        if not subtile_ok():
+            self.skipTest(f"the sub-tile layout needs the world size to divide 128, not {WORLD}")
+        op = self.make_rs(max_m=512, n=512, k=512, layout="subtile")
+        m = 300
+        w, x = rand(512, 512, dtype=torch.bfloat16, seed=350), rand(m, 512, dtype=torch.bfloat16, seed=351)
+        y = op(x, w)  # (m planned by the run: its gather is not)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with self.assertRaisesRegex(FlashOverlapError, rf"all_gather_rows: m = {m} has not been gathered yet.*"
+                                                       rf"op\.all_gather_rows\(y, {m}\) once eagerly"):
+            with torch.cuda.graph(graph):
+                op.all_gather_rows(y, m)
+        full = op.all_gather_rows(y, m)
+        good, worst = within(full, reference(x, w), gemm_bound(x, w, torch.bfloat16))
+        self.ok(good, f"{op}: all_gather_rows after a refused capture: |diff| up to {worst}")
+        op.close()
 
 
 if __name__ == "__main__":

@@ -8,13 +8,15 @@ They check that importing the package imports no torch and loads nothing,
 that torch imports before and after it, the ctypes layer (every function of
 flashoverlap_c.h declared with the header's arity, the versions, NULL
 handles -> InvalidArgument with the C message, no GPU -> NoGpu, both ops'
-options structs, GemmReduceScatter's paths and layouts), ReduceScatter's
+options structs, GemmReduceScatter's paths and layouts, all_gather_rows'
+prototype and what the ctypes method passes), ReduceScatter's
 rows (flashoverlap.torch.rs_rows/rs_rows_out, what the fake implementations
 allocate by), the NCCL check (a stand-in libnccl.so.2 of 2.27 loaded first, as
 torch loads its own: named at load, refused at a communicator's
 construction), the wheel the build backend writes, and,
 where torch is importable (Debian's 1.13 serves), the tensor validation's
-messages and the "needs PyTorch >= 2.4" refusal. The source tree's package
+messages (all_gather_rows' too: its default m, its refusals before any work)
+and the "needs PyTorch >= 2.4" refusal. The source tree's package
 is tested (python/ put first on sys.path) unless FO_TEST_INSTALLED=1, which
 tests the one the interpreter has installed.
 """
@@ -29,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import unittest
 import zipfile
 
@@ -201,6 +204,38 @@ class CApi(unittest.TestCase):
     def test_abi_version(self):
         self.assertEqual(self.lib.abi_version(), _capi.C_ABI_VERSION)
 
+    def test_all_gather_rows_prototype(self):
+        # fo_status (fo_gemm_reducescatter_t op, const void* local, void* full, int64_t m, void* stream)
+        restype, argtypes = _capi._PROTOTYPES["fo_gemm_reducescatter_all_gather_rows"]
+        self.assertIs(restype, _capi._STATUS)
+        self.assertEqual(argtypes, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p])
+        names = list(_capi._PROTOTYPES)  # (in the header's order: after _rows, before _prepare)
+        self.assertEqual(names.index("fo_gemm_reducescatter_all_gather_rows"),
+                         names.index("fo_gemm_reducescatter_rows") + 1)
+        f = self.c.fo_gemm_reducescatter_all_gather_rows
+        self.assertEqual((f.argtypes, f.restype), (argtypes, ctypes.c_int))
+        # (the status is checked: a failure raises, with the C message)
+        with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_reducescatter_all_gather_rows: op is NULL$"):
+            f(None, 0x1000, 0x2000, 128, 0x3000)
+        if os.path.isfile(HEADER):
+            with open(HEADER) as h:
+                text = re.sub(r"\s+", " ", h.read())
+            self.assertIn("FO_C_API fo_status fo_gemm_reducescatter_all_gather_rows(fo_gemm_reducescatter_t op, const "
+                          "void* local, void* full, int64_t m, void* stream);", text)
+
+    def test_all_gather_rows_method_passes_its_arguments(self):
+        calls = []
+        lib = types.SimpleNamespace(c=types.SimpleNamespace(
+            fo_gemm_reducescatter_all_gather_rows=lambda *args: calls.append(args)))
+        op = object.__new__(_capi.GemmReduceScatter)
+        _capi._Handle.__init__(op, lib, ctypes.c_void_p(0x1234))
+        op.all_gather_rows(0x10, 0x20, 256, 0x30)
+        op.all_gather_rows(0x10, 0x20, 7)
+        op.all_gather_rows(0x10, 0x20, 7, 0)  # (0: the legacy default stream, NULL)
+        self.assertEqual([(h.value,) + tuple(rest) for h, *rest in calls],
+                         [(0x1234, 0x10, 0x20, 256, 0x30), (0x1234, 0x10, 0x20, 7, None), (0x1234, 0x10, 0x20, 7, None)])
+        op._handle = None  # (nothing to destroy)
+
     def test_abi_mismatch_is_refused(self):
         saved = _capi.C_ABI_VERSION
         _capi.C_ABI_VERSION = saved + 1
@@ -251,6 +286,10 @@ class CApi(unittest.TestCase):
              "fo_gemm_reducescatter_run_rmsnorm: op is NULL"),
             (lambda: self.c.fo_gemm_reducescatter_rows_out(None, 2, b(i64)), "fo_gemm_reducescatter_rows_out: op is NULL"),
             (lambda: self.c.fo_gemm_reducescatter_rows(None, 2, None, 0, b(sz)), "fo_gemm_reducescatter_rows: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_all_gather_rows(None, 1, 1, 2, None),
+             "fo_gemm_reducescatter_all_gather_rows: op is NULL"),
+            (lambda: self.c.fo_gemm_reducescatter_all_gather_rows(None, None, None, 2, None),  # (the handle first)
+             "fo_gemm_reducescatter_all_gather_rows: op is NULL"),
             (lambda: self.c.fo_gemm_reducescatter_prepare(None, 2), "fo_gemm_reducescatter_prepare: op is NULL"),
             (lambda: self.c.fo_gemm_reducescatter_plan(None, 2, None, 0, b(sz)), "fo_gemm_reducescatter_plan: op is NULL"),
             (lambda: self.c.fo_gemm_reducescatter_check(None), "fo_gemm_reducescatter_check: op is NULL"),
@@ -417,7 +456,8 @@ class CApi(unittest.TestCase):
         comm.close()  # (twice: nothing)
         op = object.__new__(_capi.GemmReduceScatter)
         _capi._Handle.__init__(op, self.lib, ctypes.c_void_p())
-        for call in (lambda: op.rows_out(128), lambda: op.rows(128), lambda: op.plan(128), op.check, op.shape):
+        for call in (lambda: op.rows_out(128), lambda: op.rows(128), lambda: op.plan(128), op.check, op.shape,
+                     lambda: op.all_gather_rows(0x10, 0x20, 128)):
             with self.assertRaisesRegex(FlashOverlapError, "this GemmReduceScatter is closed"):
                 call()
         op.close()
@@ -721,6 +761,105 @@ class TorchValidation(unittest.TestCase):
                 with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(f"{name}: {message}")):
                     method(m)
         self.assertEqual(sub._m(7), 7)  # (any m in the sub-tile layout)
+
+    def gather_fails(self, spec, message, y, m, bound_m=True):
+        with self.assertRaises(InvalidArgument) as cm:
+            self.fot.check_gather_inputs(spec, y, m, bound_m)
+        self.assertEqual(str(cm.exception), f"{spec}: " + message)
+        self.assertIsInstance(cm.exception, ValueError)
+
+    def test_all_gather_rows_messages_name_the_problem(self):
+        t = self.torch
+        h = t.float16
+        spec = self.RsSpec(t)  # world 2, rank 1, standard: rows_out(m) = m / 2
+        check = self.fot.check_gather_inputs
+        check(spec, t.zeros(4, 32, dtype=h), 8)
+        check(spec, t.zeros(32, 32, dtype=h), 64)
+        check(spec, t.zeros(0, 32, dtype=h), 0)  # (an empty batch: nothing gathered)
+        check(spec, t.zeros(33, 32, dtype=h), 66, bound_m=False)  # (the fake implementation's: no max_m)
+        shape = "this rank's rows_out(m) = 4 rows of the sum for m = 8, as the op's output gives them"
+        self.gather_fails(spec, f"all_gather_rows: y has shape (5, 32), expected (4, 32): {shape}",
+                          t.zeros(5, 32, dtype=h), 8)
+        self.gather_fails(spec, f"all_gather_rows: y has shape (4, 16), expected (4, 32): {shape}",
+                          t.zeros(4, 16, dtype=h), 8)
+        self.gather_fails(spec, "all_gather_rows: m = 7 is not a multiple of the world size 2 (the standard layout "
+                                "gives every rank m / world rows)", t.zeros(3, 32, dtype=h), 7)
+        self.gather_fails(spec, "all_gather_rows: m = 66: needs 0 <= m <= max_m = 64", t.zeros(33, 32, dtype=h), 66)
+        self.gather_fails(spec, "all_gather_rows: m = -2: needs 0 <= m <= max_m = 64", t.zeros(0, 32, dtype=h), -2)
+        self.gather_fails(spec, "y must be a torch.Tensor, not list", [1.0], 8)
+        self.gather_fails(spec, "y has dtype torch.float32, expected torch.float16", t.zeros(4, 32), 8)
+        self.gather_fails(spec, "y has dtype torch.bfloat16, expected torch.float16", t.zeros(4, 32, dtype=t.bfloat16), 8)
+        self.gather_fails(spec, "y is on meta, expected cpu", t.zeros(4, 32, dtype=h, device="meta"), 8)
+        self.gather_fails(spec, "y has 1 dimensions (shape (32,), strides (1,)), expected 2", t.zeros(32, dtype=h), 8)
+        self.gather_fails(spec, "y has 3 dimensions (shape (2, 2, 32), strides (64, 32, 1)), expected 2",
+                          t.zeros(2, 2, 32, dtype=h), 8)
+        self.gather_fails(spec, "y is not contiguous (shape (4, 32), strides (1, 4)): the op reads row-major rows; "
+                                "pass y.contiguous()", t.zeros(32, 4, dtype=h).t(), 8)
+        # the sub-tile layout: any m; y this rank's rows of the tile rows (rank 1 of 2: 64 of each 128)
+        sub = self.RsSpec(t, world=2, rank=1, layout="subtile")
+        sub.max_m = 256
+        check(sub, t.zeros(72, 32, dtype=h), 200)
+        check(sub, t.zeros(0, 32, dtype=h), 7)  # (rank 1's half of the one tile row: none)
+        check(sub, t.zeros(64, 32, dtype=h), 128)
+        self.gather_fails(sub, "all_gather_rows: y has shape (7, 32), expected (0, 32): this rank's rows_out(m) = 0 "
+                               "rows of the sum for m = 7, as the op's output gives them", t.zeros(7, 32, dtype=h), 7)
+        self.gather_fails(sub, "all_gather_rows: y has shape (100, 32), expected (72, 32): this rank's rows_out(m) = "
+                               "72 rows of the sum for m = 200, as the op's output gives them",
+                          t.zeros(100, 32, dtype=h), 200)
+        self.gather_fails(sub, "all_gather_rows: m = 257: needs 0 <= m <= max_m = 256", t.zeros(1, 32, dtype=h), 257)
+        odd = self.RsSpec(t, world=2, rank=0, layout="subtile")
+        odd.n = 30
+        self.gather_fails(odd, "all_gather_rows: the sub-tile layout's row exchange needs n % 8 == 0, not n = 30",
+                          t.zeros(4, 30, dtype=h), 4)
+        odd.layout = "standard"  # (the standard layout's one ncclAllGather takes any n)
+        check(odd, t.zeros(2, 30, dtype=h), 4)
+
+    def test_all_gather_rows_checks_before_any_work(self):
+        t = self.torch
+        fot = self.fot
+        saved = fot._torch
+        self.addCleanup(setattr, fot, "_torch", saved)
+        calls = []
+        # A stand-in torch whose custom op records what the method gives it (no torch.library here).
+        fot._torch = types.SimpleNamespace(is_tensor=t.is_tensor, ops=types.SimpleNamespace(
+            flashoverlap=types.SimpleNamespace(
+                gemm_reduce_scatter_all_gather_rows=lambda y, m, handle: calls.append((tuple(y.shape), m, handle)))))
+
+        def make(layout, world=2):
+            op = object.__new__(fot.GemmReduceScatter)
+            op.max_m, op.n, op.k, op.dtype, op.device = 64, 32, 16, t.float16, t.device("cpu")
+            op.world, op.rank, op.layout, op.handle = world, 0, layout, 4321
+            return op
+
+        op, sub = make("standard"), make("subtile")
+        y = t.zeros(4, 32, dtype=t.float16)
+        name = "GemmReduceScatter(max_m=64, n=32, k=16, float16, cpu, world 2, subtile layout)"
+        with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(name) + r": all_gather_rows: m is required with "
+                                    r"the sub-tile layout \(this rank's rows do not say m\): pass "
+                                    r"all_gather_rows\(y, m\), m the rows of x$"):
+            sub.all_gather_rows(y)
+        for bad in (True, 8.0, "8"):
+            with self.assertRaisesRegex(InvalidArgument, re.escape(f"all_gather_rows: m = {bad!r} is not an int")):
+                op.all_gather_rows(y, bad)
+        with self.assertRaisesRegex(InvalidArgument, "all_gather_rows: y must be a torch.Tensor, not list"):
+            op.all_gather_rows([1.0])
+        self.assertEqual(calls, [])
+        # what reaches the custom op: the standard layout's default m, y.shape[0] * world; m as given
+        op.all_gather_rows(y)
+        op.all_gather_rows(y, 8)
+        sub.all_gather_rows(t.zeros(0, 32, dtype=t.float16), 7)
+        op.all_gather_rows(t.zeros(0, 32, dtype=t.float16))
+        make("standard", world=4).all_gather_rows(y)
+        self.assertEqual(calls, [((4, 32), 8, 4321), ((4, 32), 8, 4321), ((0, 32), 7, 4321), ((0, 32), 0, 4321),
+                                 ((4, 32), 16, 4321)])
+        # the custom op's real implementation validates before it allocates or enqueues anything
+        fot._torch = t
+        with self.assertRaisesRegex(InvalidArgument, re.escape("all_gather_rows: y has shape (4, 32), expected (2, 32)")):
+            op._all_gather_rows(y, 4)
+        with self.assertRaisesRegex(InvalidArgument, "y has dtype torch.float32, expected torch.float16"):
+            op._all_gather_rows(t.zeros(4, 32), 8)
+        with self.assertRaisesRegex(InvalidArgument, re.escape("all_gather_rows: m = 66: needs 0 <= m <= max_m = 64")):
+            op._all_gather_rows(t.zeros(33, 32, dtype=t.float16), 66)
 
     def test_op_handles_name_their_kind(self):
         fot = self.fot
