@@ -1,6 +1,10 @@
 #include "plan/routing.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 
@@ -61,6 +65,190 @@ std::vector<int64_t> routing_pair_rows(const Routing& r) {
   for (int32_t src = 0; src < r.world; ++src)
     for (int32_t d : r.dest[src]) ++rows[size_t(src) * r.world + d];
   return rows;
+}
+
+std::vector<int64_t> MoeRouting::input_splits(int32_t rank) const {
+  return {send_counts.begin() + size_t(rank) * world, send_counts.begin() + size_t(rank + 1) * world};
+}
+
+std::vector<int64_t> MoeRouting::output_splits(int32_t rank) const {
+  std::vector<int64_t> in(static_cast<size_t>(world));
+  for (int32_t s = 0; s < world; ++s) in[size_t(s)] = send_count(s, rank);
+  return in;
+}
+
+std::vector<int64_t> moe_send_counts(const MoeRouting& r) {
+  std::vector<int64_t> counts(size_t(r.world) * r.world, 0);
+  for (int32_t src = 0; src < r.world; ++src)
+    for (int32_t d : r.dest_rank[size_t(src)]) ++counts[size_t(src) * r.world + d];
+  return counts;
+}
+
+void validate_moe_routing(const MoeRouting& r) {
+  const int32_t W = r.world;
+  const std::string w = std::to_string(W);
+  if (W < 1) throw InvalidArgument("MoE routing: world " + w + " must be >= 1");
+  auto sized = [&](size_t n, const char* what) {
+    if (n != size_t(W))
+      throw InvalidArgument("MoE routing: " + std::string(what) + " has " + std::to_string(n) +
+                            " entries, expected world " + w);
+  };
+  sized(r.tokens.size(), "tokens");
+  sized(r.dest_rank.size(), "dest_rank");
+  sized(r.dest_token.size(), "dest_token");
+  sized(r.gate.size(), "gate");
+  if (r.send_counts.size() != size_t(W) * W)
+    throw InvalidArgument("MoE routing: send_counts has " + std::to_string(r.send_counts.size()) +
+                          " entries, expected world^2 = " + std::to_string(int64_t{W} * W));
+  for (int32_t d = 0; d < W; ++d)
+    if (r.tokens[size_t(d)] < 0)
+      throw InvalidArgument("MoE routing: rank " + std::to_string(d) + " has " + std::to_string(r.tokens[size_t(d)]) +
+                            " tokens");
+  for (int32_t src = 0; src < W; ++src) {
+    const std::string at = "MoE routing of rank " + std::to_string(src);
+    const auto& rank = r.dest_rank[size_t(src)];
+    const auto& token = r.dest_token[size_t(src)];
+    const auto& gate = r.gate[size_t(src)];
+    if (token.size() != rank.size() || gate.size() != rank.size())
+      throw InvalidArgument(at + ": dest_rank, dest_token and gate have " + std::to_string(rank.size()) + ", " +
+                            std::to_string(token.size()) + " and " + std::to_string(gate.size()) +
+                            " rows (must be equal)");
+    for (size_t i = 0; i < rank.size(); ++i) {
+      const std::string row = at + " row " + std::to_string(i);
+      if (rank[i] < 0 || rank[i] >= W)
+        throw InvalidArgument(row + ": destination rank " + std::to_string(rank[i]) + " outside [0, " + w + ")");
+      if (token[i] < 0 || token[i] >= r.tokens[size_t(rank[i])])
+        throw InvalidArgument(row + ": token " + std::to_string(token[i]) + " outside [0, " +
+                              std::to_string(r.tokens[size_t(rank[i])]) + ") of rank " + std::to_string(rank[i]));
+      if (!std::isfinite(gate[i])) throw InvalidArgument(row + ": gate weight is not finite");
+    }
+  }
+  const std::vector<int64_t> counted = moe_send_counts(r);
+  for (int32_t src = 0; src < W; ++src)
+    for (int32_t d = 0; d < W; ++d)
+      if (counted[size_t(src) * W + d] != r.send_count(src, d))
+        throw InvalidArgument("MoE routing: send_counts says rank " + std::to_string(src) + " sends " +
+                              std::to_string(r.send_count(src, d)) + " rows to rank " + std::to_string(d) +
+                              ", its dest_rank has " + std::to_string(counted[size_t(src) * W + d]));
+}
+
+namespace {
+
+// In [0, 1) with 53 random bits.
+double unit(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1p-53; }
+
+}  // namespace
+
+MoeRouting make_moe_routing(std::string_view kind, int32_t world, int64_t tokens_per_rank, int32_t topk,
+                            uint64_t seed) {
+  const std::string k(kind);
+  if (world < 1) throw InvalidArgument("MoE routing needs world >= 1 (world=" + std::to_string(world) + ")");
+  if (tokens_per_rank < 0 || tokens_per_rank > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument("MoE routing: tokens per rank " + std::to_string(tokens_per_rank) +
+                          " outside [0, 2^31-1]");
+  if (topk < 1 || topk > world)
+    throw InvalidArgument("MoE routing: top-k " + std::to_string(topk) + " outside [1, world = " +
+                          std::to_string(world) + "] (a token picks distinct ranks)");
+  enum { Uniform, Zipf, One, Empty } type;
+  double exponent = 0;
+  int32_t special = -1;
+  auto parse_rank = [&](std::string_view v) {
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), special);
+    if (v.empty() || ec != std::errc() || p != v.data() + v.size() || special < 0 || special >= world)
+      throw InvalidArgument("bad MoE routing '" + k + "': the rank must be in [0, " + std::to_string(world) + ")");
+  };
+  if (kind == "uniform") {
+    type = Uniform;
+  } else if (kind.substr(0, 5) == "zipf:") {
+    type = Zipf;
+    const std::string_view v = kind.substr(5);
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), exponent);
+    if (v.empty() || ec != std::errc() || p != v.data() + v.size() || !(exponent >= 0) || !std::isfinite(exponent))
+      throw InvalidArgument("bad MoE routing '" + k + "': the Zipf exponent must be a finite number >= 0");
+  } else if (kind.substr(0, 4) == "one:") {
+    type = One;
+    parse_rank(kind.substr(4));
+  } else if (kind.substr(0, 6) == "empty:") {
+    type = Empty;
+    parse_rank(kind.substr(6));
+    if (topk > world - 1)
+      throw InvalidArgument("MoE routing '" + k + "': top-k " + std::to_string(topk) +
+                            " distinct ranks without rank " + std::to_string(special) + " needs world > top-k");
+  } else if (kind.substr(0, 5) == "file:") {
+    throw InvalidArgument("MoE routing '" + k + "': routings from files are not implemented");
+  } else {
+    throw InvalidArgument("unknown MoE routing '" + k + "' (expected uniform, zipf:<S>, one:<rank> or empty:<rank>)");
+  }
+
+  const int32_t W = world, K = topk, T = int32_t(tokens_per_rank);
+  MoeRouting r;
+  r.world = W;
+  r.tokens.assign(size_t(W), T);
+  r.dest_rank.resize(size_t(W));
+  r.dest_token.resize(size_t(W));
+  r.gate.resize(size_t(W));
+  std::vector<double> weight(size_t(W), 1.0);
+  if (type == Zipf)
+    for (int32_t i = 0; i < W; ++i)  // kept positive: a huge S must not leave K draws nothing to pick
+      weight[size_t(i)] = std::max(1.0 / std::pow(double(i + 1), exponent), std::numeric_limits<double>::min());
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> pool, picked(static_cast<size_t>(K));
+  std::vector<double> left;
+  std::vector<float> u(static_cast<size_t>(K));
+  for (int32_t src = 0; src < W; ++src)
+    for (int32_t t = 0; t < T; ++t) {
+      if (type == Zipf) {  // K weighted draws without replacement
+        left = weight;
+        for (int32_t j = 0; j < K; ++j) {
+          double x = unit(rng) * std::accumulate(left.begin(), left.end(), 0.0);
+          int32_t e = 0;
+          while (e < W - 1 && (left[size_t(e)] == 0 || x >= left[size_t(e)])) x -= left[size_t(e++)];
+          while (left[size_t(e)] == 0) --e;  // rounding ran past the last rank left
+          picked[size_t(j)] = e;
+          left[size_t(e)] = 0;
+        }
+      } else {  // partial Fisher-Yates over the allowed ranks
+        pool.clear();
+        for (int32_t e = 0; e < W; ++e)
+          if (e != special) pool.push_back(e);
+        int32_t j = 0;
+        if (type == One) picked[size_t(j++)] = special;
+        for (int32_t i = 0; j < K; ++i, ++j) {
+          std::swap(pool[size_t(i)], pool[size_t(i) + rng() % (pool.size() - size_t(i))]);
+          picked[size_t(j)] = pool[size_t(i)];
+        }
+      }
+      float sum = 0;
+      for (float& x : u) sum += x = float((rng() >> 40) + 1) * 0x1p-24f;  // (0, 1]
+      for (int32_t j = 0; j < K; ++j) {
+        const size_t e = size_t(picked[size_t(j)]);
+        r.dest_rank[e].push_back(src);
+        r.dest_token[e].push_back(t);
+        r.gate[e].push_back(u[size_t(j)] / sum);
+      }
+    }
+  r.send_counts = moe_send_counts(r);
+  return r;
+}
+
+MoeRouting moe_routing_of(const Routing& routing) {
+  const int32_t W = routing.world;
+  MoeRouting r;
+  r.world = W;
+  r.tokens.assign(size_t(W), 0);
+  r.dest_rank = routing.dest;
+  r.dest_token.resize(size_t(W));
+  r.gate.resize(size_t(W));
+  for (int32_t src = 0; src < W; ++src) {
+    for (int32_t d : routing.dest[size_t(src)]) {
+      if (r.tokens[size_t(d)] == std::numeric_limits<int32_t>::max())
+        throw InvalidArgument("routing: rank " + std::to_string(d) + " receives more than 2^31-1 rows");
+      r.dest_token[size_t(src)].push_back(r.tokens[size_t(d)]++);
+    }
+    r.gate[size_t(src)].assign(routing.dest[size_t(src)].size(), 1.0f);
+  }
+  r.send_counts = moe_send_counts(r);
+  return r;
 }
 
 }  // namespace flashoverlap::plan

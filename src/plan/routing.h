@@ -1,6 +1,11 @@
 // routing.h — MoE token routing for All-to-All: the destination rank of every
 // row of C on every source rank. The planner needs all ranks' routings (they
 // are exchanged before the GEMM): the groups' per-peer counts depend on them.
+//
+// Routing: one M on every rank, destinations only (the planner's model).
+// MoeRouting: the MoE combine (expert GEMM -> All-to-All back to the tokens),
+// per-rank row counts, each row's token and gate weight (the slot map and the
+// combine tables of slot_map_alltoall.h).
 #pragma once
 #include <cstdint>
 #include <string_view>
@@ -26,5 +31,58 @@ Routing make_routing(std::string_view kind, int32_t world, int64_t m, uint64_t s
 
 // rows[src * world + dst]: how many rows src sends to dst.
 std::vector<int64_t> routing_pair_rows(const Routing& r);
+
+// The combine's routing. Rank r's expert holds m_r = rows(r) rows of A_r (one
+// per (token, k slot) it was dispatched; m_r = 0 is valid); row i of rank r
+// goes back to rank dest_rank[r][i], token dest_token[r][i] of that rank's
+// tokens[d], weighted by gate[r][i]. The parallel arrays are what the op takes
+// (dest_rank, dest_token, gate_weight); send_counts are the host integers of
+// all_to_all_single, as the dispatch produced them.
+struct MoeRouting {
+  int32_t world = 1;
+  std::vector<int32_t> tokens;                   // [world]: T_d, rows of d's combine output
+  std::vector<std::vector<int32_t>> dest_rank;   // [world][m_r]
+  std::vector<std::vector<int32_t>> dest_token;  // [world][m_r], in [0, tokens[dest_rank])
+  std::vector<std::vector<float>> gate;          // [world][m_r]
+  std::vector<int64_t> send_counts;              // [src * world + dst]: rows src sends dst
+
+  int64_t rows(int32_t r) const { return int64_t(dest_rank[size_t(r)].size()); }
+  int64_t send_count(int32_t src, int32_t dst) const { return send_counts[size_t(src) * world + dst]; }
+  // all_to_all_single's split sizes on `rank`: input (rows to each d) and
+  // output (rows from each s).
+  std::vector<int64_t> input_splits(int32_t rank) const;
+  std::vector<int64_t> output_splits(int32_t rank) const;
+};
+
+// send_counts from dest_rank alone (what validate_moe_routing compares with).
+std::vector<int64_t> moe_send_counts(const MoeRouting& r);
+
+// Throws InvalidArgument naming the rank and row: array sizes other than
+// world (or m_r), negative token counts, a destination rank or token out of
+// range, a non-finite gate, or send_counts that disagree with dest_rank.
+void validate_moe_routing(const MoeRouting& r);
+
+// Synthetic MoE routings as a dispatch produces them: each of the T tokens of
+// every rank picks K distinct ranks (one expert per rank), with gates random,
+// positive, summing to 1 per token (in fp32). A_e's rows are in the order the
+// dispatch's all_to_all_single delivers them: by source rank, then token,
+// then k slot. Deterministic for a seed (own arithmetic on mt19937_64, not
+// the library's distributions). Kinds:
+//   "uniform"   every rank equally likely;
+//   "zipf:S"    rank i drawn with weight 1/(i+1)^S (S >= 0), K draws without
+//               replacement: rank 0 the most popular;
+//   "one:R"     every token picks R, its other K-1 ranks uniform (top-1: all
+//               rows to R);
+//   "empty:R"   uniform over every rank but R (K <= world-1): expert R gets
+//               no rows (m_R = 0), its tokens still get their K rows back.
+// ("file:PATH", the bench tool's recorded routing, is not read here.)
+// Throws InvalidArgument for world < 1, T < 0, K outside [1, world], or a bad kind.
+MoeRouting make_moe_routing(std::string_view kind, int32_t world, int64_t tokens_per_rank, int32_t topk,
+                            uint64_t seed = 1);
+
+// A Routing as a combine that changes nothing: every row is a token of its
+// own at its destination (tokens numbered in (source rank, source row)
+// order), gate 1. The old single-schedule map is built through it.
+MoeRouting moe_routing_of(const Routing& r);
 
 }  // namespace flashoverlap::plan

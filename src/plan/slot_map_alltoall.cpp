@@ -1,6 +1,11 @@
 #include "plan/slot_map_alltoall.h"
 
 #include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "flashoverlap/error.h"
 
 namespace flashoverlap::plan {
 
@@ -55,53 +60,162 @@ int64_t AllToAllLoad::max_link_rows(int32_t w0, int32_t w1) const {
 
 SlotMap make_alltoall_map(const Schedule& s, const std::vector<Group>& groups, const Routing& routing,
                           int32_t rank) {
+  validate_routing(routing, routing.world, s.m);
+  const size_t W = size_t(std::max(routing.world, 0));
+  return make_alltoall_map(std::vector<Schedule>(W, s), std::vector<std::vector<Group>>(W, groups),
+                           moe_routing_of(routing), rank);
+}
+
+Schedule make_expert_schedule(int64_t m, int64_t n, TileShape tile, int32_t ctas, Raster raster, int32_t swizzle) {
+  if (m != 0) return make_schedule(m, n, tile, ctas, raster, swizzle);
+  Schedule s = make_schedule(1, n, tile, ctas, raster, swizzle);  // checks the rest
+  s.m = 0;
+  return s;
+}
+
+std::vector<Group> make_clipped_groups(const Schedule& s, const Partition& common) {
+  int64_t total = 0;
+  for (int32_t size : common) total += size;
+  if (total < s.waves())
+    throw InvalidArgument("partition " + to_string(common) + " covers " + std::to_string(total) +
+                          " waves, fewer than the schedule's " + std::to_string(s.waves()));
+  validate_partition(common, int32_t(total));
+  std::vector<Group> groups;
+  int32_t w = 0;
+  for (int32_t size : common) {
+    groups.push_back(group_spanning(s, std::min(w, s.waves()), std::min(w + size, s.waves())));
+    w += size;
+  }
+  return groups;
+}
+
+void validate_alltoall_ranks(const std::vector<Schedule>& sched_of_rank,
+                             const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing) {
+  validate_moe_routing(routing);
   const int32_t W = routing.world;
+  if (sched_of_rank.size() != size_t(W) || groups_of_rank.size() != size_t(W))
+    throw InvalidArgument("all-to-all: " + std::to_string(sched_of_rank.size()) + " schedules and " +
+                          std::to_string(groups_of_rank.size()) + " group lists for world " + std::to_string(W));
+  const Schedule& first = sched_of_rank[0];
+  const size_t G = groups_of_rank[0].size();
+  if (G == 0) throw InvalidArgument("all-to-all: no groups (every rank needs the same number, >= 1)");
+  for (int32_t r = 0; r < W; ++r) {
+    const Schedule& s = sched_of_rank[size_t(r)];
+    const std::string at = "all-to-all rank " + std::to_string(r) + ": ";
+    if (s.m != routing.rows(r))
+      throw InvalidArgument(at + "schedule of " + std::to_string(s.m) + " rows, the routing gives it " +
+                            std::to_string(routing.rows(r)));
+    if (s.n != first.n || s.bm != first.bm || s.bn != first.bn)
+      throw InvalidArgument(at + "N " + std::to_string(s.n) + " tile " + std::to_string(s.bm) + "x" +
+                            std::to_string(s.bn) + " differ from rank 0's N " + std::to_string(first.n) + " tile " +
+                            std::to_string(first.bm) + "x" + std::to_string(first.bn));
+    Schedule check = s;
+    check.m = std::max(s.m, 1);  // m = 0: an expert without rows
+    validate_schedule(check);
+    const auto& groups = groups_of_rank[size_t(r)];
+    if (groups.size() != G)
+      throw InvalidArgument(at + std::to_string(groups.size()) + " groups, rank 0 has " + std::to_string(G));
+    for (size_t g = 0, w = 0; g < G; ++g) {
+      const Group& x = groups[g];
+      if (size_t(x.first_wave) != w || x.end_wave < x.first_wave || x.end_wave > s.waves() ||
+          x != group_spanning(s, x.first_wave, x.end_wave))
+        throw InvalidArgument(at + "group " + std::to_string(g) + " (waves [" + std::to_string(x.first_wave) +
+                              ", " + std::to_string(x.end_wave) + "), tiles [" + std::to_string(x.first_tile) + ", " +
+                              std::to_string(x.end_tile) + ")) does not continue at wave " + std::to_string(w) +
+                              " within the " + std::to_string(s.waves()) + " waves");
+      w = size_t(x.end_wave);
+    }
+    if (groups.back().end_wave != s.waves())
+      throw InvalidArgument(at + "groups end at wave " + std::to_string(groups.back().end_wave) + " of " +
+                            std::to_string(s.waves()));
+  }
+}
+
+namespace {
+
+// counts.sum(w0, w1, b) for rank `src`'s waves: rows to destination b (bins:
+// world), or only rows to `only` (1 bin) when only >= 0.
+WaveCounts dest_counts(const Schedule& s, const std::vector<int32_t>& dest, int32_t world, int32_t only) {
+  const int32_t bins = only >= 0 ? 1 : world;
+  std::vector<int64_t> per_tile_row(size_t(s.tiles_m()) * bins, 0);
+  for (int32_t row = 0; row < s.m; ++row) {
+    const int32_t d = dest[size_t(row)];
+    if (only < 0) ++per_tile_row[size_t(row / s.bm) * bins + d];
+    else per_tile_row[size_t(row / s.bm)] += d == only;
+  }
+  return WaveCounts(s, bins, per_tile_row);
+}
+
+}  // namespace
+
+SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
+                          const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
+                          int32_t rank) {
+  const int32_t W = routing.world;
+  if (W >= 1 && (rank < 0 || rank >= W))
+    throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
+  validate_alltoall_ranks(sched_of_rank, groups_of_rank, routing);
+  const Schedule& s = sched_of_rank[size_t(rank)];
+  const std::vector<Group>& groups = groups_of_rank[size_t(rank)];
+  const size_t G = groups.size();
+  const int32_t bn = s.bn;
   SlotMap map = slot_map_base(Collective::AllToAll, s, W, rank);
-  const WaveCounts counts = alltoall_rank_counts(s, routing, rank);
 
   // Spans: per group, sends by destination then receives by source.
-  for (const Group& g : groups) {
-    GroupCall call{g.first_tile, g.end_tile, {map.send_rows * s.bn, 0}, {map.recv_rows * s.bn, 0}, {}, {}};
+  const WaveCounts out_counts = dest_counts(s, routing.dest_rank[size_t(rank)], W, -1);
+  std::vector<WaveCounts> in_counts;
+  for (int32_t src = 0; src < W; ++src)
+    in_counts.push_back(dest_counts(sched_of_rank[size_t(src)], routing.dest_rank[size_t(src)], W, rank));
+  for (size_t g = 0; g < G; ++g) {
+    const Group& x = groups[g];
+    GroupCall call{x.first_tile, x.end_tile, {map.send_rows * bn, 0}, {map.recv_rows * bn, 0}, {}, {}};
     for (int32_t peer = 0; peer < W; ++peer) {
-      const int64_t out = counts.sum(g.first_wave, g.end_wave, peer), in = counts.sum(g.first_wave, g.end_wave, W + peer);
-      call.send_to.push_back(Span{map.send_rows * s.bn, out * s.bn});
-      call.recv_from.push_back(Span{map.recv_rows * s.bn, in * s.bn});
+      const Group& y = groups_of_rank[size_t(peer)][g];
+      const int64_t out = out_counts.sum(x.first_wave, x.end_wave, peer);
+      const int64_t in = in_counts[size_t(peer)].sum(y.first_wave, y.end_wave, 0);
+      call.send_to.push_back(Span{map.send_rows * bn, out * bn});
+      call.recv_from.push_back(Span{map.recv_rows * bn, in * bn});
       map.send_rows += out;
       map.recv_rows += in;
     }
-    call.send.count = map.send_rows * s.bn - call.send.offset;
-    call.recv.count = map.recv_rows * s.bn - call.recv.offset;
+    call.send.count = map.send_rows * bn - call.send.offset;
+    call.recv.count = map.recv_rows * bn - call.recv.offset;
     map.groups.push_back(std::move(call));
   }
 
   // Send side: this rank's rows by destination.
-  const auto& my_dest = routing.dest[rank];
-  for (size_t g = 0; g < groups.size(); ++g) {
+  const auto& my_dest = routing.dest_rank[size_t(rank)];
+  for (size_t g = 0; g < G; ++g) {
     std::vector<int64_t> starts;
-    for (const Span& to : map.groups[g].send_to) starts.push_back(to.offset / s.bn);
-    place_rows_by_bucket(s, groups[g], [&](int32_t row) { return my_dest[row]; }, starts,
+    for (const Span& to : map.groups[g].send_to) starts.push_back(to.offset / bn);
+    place_rows_by_bucket(s, groups[g], [&](int32_t row) { return my_dest[size_t(row)]; }, starts,
                          [&](int32_t, int32_t idx, TileCoord, int32_t r, int64_t slot) {
                            map.row_of[size_t(idx) * s.bm + r] = int32_t(slot);
                          });
   }
 
-  // Receive side, one source at a time. Its rows to this rank, in row order,
-  // are its block of the output; the rows of tile row tm among them are
-  // mine[first[tm] .. first[tm+1]), received in the sender's (tile, row) order.
+  // Receive side, one source at a time, with its schedule and groups. Its
+  // rows to this rank, in row order, are its block of the output; the rows of
+  // its tile row tm among them are mine[first[tm] .. first[tm+1]), received
+  // in its (tile, row) order.
   map.target_of_slot.resize(size_t(map.recv_rows));
-  std::vector<int32_t> mine, first(size_t(s.tiles_m()) + 1);
+  std::vector<int32_t> mine, first;
   for (int32_t src = 0; src < W; ++src) {
+    const Schedule& ss = sched_of_rank[size_t(src)];
+    const auto& dest = routing.dest_rank[size_t(src)];
     mine.clear();
-    for (int32_t tm = 0, row = 0; tm < s.tiles_m(); ++tm) {
+    first.assign(size_t(ss.tiles_m()) + 1, 0);
+    for (int32_t tm = 0, row = 0; tm < ss.tiles_m(); ++tm) {
       first[size_t(tm)] = int32_t(mine.size());
-      for (; row < std::min<int64_t>(int64_t{tm + 1} * s.bm, s.m); ++row)
-        if (routing.dest[src][row] == rank) mine.push_back(row);
+      for (; row < std::min<int64_t>(int64_t{tm + 1} * ss.bm, ss.m); ++row)
+        if (dest[size_t(row)] == rank) mine.push_back(row);
     }
-    first[size_t(s.tiles_m())] = int32_t(mine.size());
-    for (size_t g = 0; g < groups.size(); ++g) {
-      int64_t slot = map.groups[g].recv_from[size_t(src)].offset / s.bn;
-      for (int32_t idx = groups[g].first_tile; idx < groups[g].end_tile; ++idx) {
-        const TileCoord t = s.tile_of(idx);
+    first[size_t(ss.tiles_m())] = int32_t(mine.size());
+    for (size_t g = 0; g < G; ++g) {
+      const Group& y = groups_of_rank[size_t(src)][g];
+      int64_t slot = map.groups[g].recv_from[size_t(src)].offset / bn;
+      for (int32_t idx = y.first_tile; idx < y.end_tile; ++idx) {
+        const TileCoord t = ss.tile_of(idx);
         for (int32_t i = first[size_t(t.tm)]; i < first[size_t(t.tm) + 1]; ++i)
           map.target_of_slot[size_t(slot++)] = SlotTarget{int32_t(map.out_rows + i), t.tn};
       }
@@ -110,6 +224,39 @@ SlotMap make_alltoall_map(const Schedule& s, const std::vector<Group>& groups, c
   }
   finish_slot_map(map);
   return map;
+}
+
+CombineTable make_combine_table(const MoeRouting& routing, int32_t rank) {
+  validate_moe_routing(routing);
+  const int32_t W = routing.world;
+  if (rank < 0 || rank >= W)
+    throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
+  CombineTable t;
+  t.rank = rank;
+  t.tokens = routing.tokens[size_t(rank)];
+  int64_t rows = 0;
+  for (int32_t src = 0; src < W; ++src) rows += routing.send_count(src, rank);
+  if (rows > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument("combine: rank " + std::to_string(rank) + " receives " + std::to_string(rows) +
+                          " rows, more than int32 row indices address");
+  for (int32_t src = 0; src < W; ++src) {
+    const auto& dest = routing.dest_rank[size_t(src)];
+    for (size_t i = 0; i < dest.size(); ++i)
+      if (dest[i] == rank) {
+        t.src_rank.push_back(src);
+        t.src_row.push_back(int32_t(i));
+        t.token.push_back(routing.dest_token[size_t(src)][i]);
+        t.gate.push_back(routing.gate[size_t(src)][i]);
+      }
+  }
+  // Counting sort by token, stable: each token's rows stay in output row order.
+  t.token_begin.assign(size_t(t.tokens) + 1, 0);
+  for (int32_t x : t.token) ++t.token_begin[size_t(x) + 1];
+  for (int32_t x = 0; x < t.tokens; ++x) t.token_begin[size_t(x) + 1] += t.token_begin[size_t(x)];
+  t.token_rows.resize(t.token.size());
+  std::vector<int32_t> next(t.token_begin.begin(), t.token_begin.end() - 1);
+  for (size_t row = 0; row < t.token.size(); ++row) t.token_rows[size_t(next[size_t(t.token[row])]++)] = int32_t(row);
+  return t;
 }
 
 }  // namespace flashoverlap::plan

@@ -11,11 +11,24 @@
 // all N columns. No padding: peers get exactly their counts (zero allowed).
 // The map depends on the routing of every rank (the receive side) and
 // differs between ranks.
+//
+// The MoE combine: every rank its own schedule (m_r rows, possibly none; the
+// same n and tile everywhere) and the same number G of groups on every rank,
+// group g's call moving group g of every rank. Groups may be EMPTY (no waves):
+// a rank with fewer waves than G (m_r = 0: no waves at all) still takes part
+// in every call, with zero-count spans. The output rows and the combine's
+// tables depend on the routing alone, not on the schedules.
 #pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
 #include <vector>
 
+#include "flashoverlap/error.h"
 #include "plan/routing.h"
 #include "plan/slot_map.h"
+#include "plan/tile_grid.h"
 
 namespace flashoverlap::plan {
 
@@ -45,7 +58,88 @@ class AllToAllLoad {
   WaveCounts counts_;
 };
 
+// One schedule and one groups vector for every rank (M rows each): the
+// per-rank builder below with routing moe_routing_of(routing).
 SlotMap make_alltoall_map(const Schedule& s, const std::vector<Group>& groups,
                           const Routing& routing, int32_t rank);
+
+// An expert's schedule: make_schedule, except that m = 0 (an expert that got
+// no rows) gives a schedule of no tiles and no waves.
+Schedule make_expert_schedule(int64_t m, int64_t n, TileShape tile, int32_t ctas, Raster raster,
+                              int32_t swizzle);
+
+// Groups of a partition of a wave count common to all ranks (at least
+// s.waves(), e.g. the most waves of any rank), clipped to s's waves: group g
+// keeps the waves of [b_g, b_g+1) that s has, possibly none. The ranks' wave
+// w then ends at about the same time on every rank (same n, k, tile, CTAs),
+// so group g's data is ready together on all ranks.
+std::vector<Group> make_clipped_groups(const Schedule& s, const Partition& common);
+
+// Throws InvalidArgument unless there is one schedule and one groups vector
+// per rank of the routing, schedule r has routing.rows(r) rows, all have the
+// n and tile of rank 0's, each is valid (m = 0 allowed), every rank has the
+// same number (>= 1) of groups, and rank r's groups are consecutive runs of
+// its waves covering [0, waves) exactly (empty runs allowed), with the tiles
+// of group_spanning.
+void validate_alltoall_ranks(const std::vector<Schedule>& sched_of_rank,
+                             const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing);
+
+// The map of `rank` (layout as at the top of this file, with each source's own
+// schedule and groups): send side, group g of this rank's rows by
+// destination, each destination's rows contiguous, in (tile idx, row) order;
+// receive side, group g's region holds for s = 0..W-1 the rows of s's group g
+// with destination `rank`, in s's (tile idx, row) order; output row i = the
+// i-th row with destination `rank` in (source rank, source row) order (the
+// sorted all_to_all_single), all n columns.
+SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
+                          const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
+                          int32_t rank);
+
+// The fused combine's tables of one rank, per output row of its map (the
+// same rows, the same order), and each token's rows in accumulation order.
+struct CombineTable {
+  int32_t rank = 0;
+  int32_t tokens = 0;                      // T_rank: rows of the combine output
+  std::vector<int32_t> src_rank, src_row;  // [out_rows]: where the row came from
+  std::vector<int32_t> token;              // [out_rows]: its token, in [0, tokens)
+  std::vector<float> gate;                 // [out_rows]: its weight
+  // Token t's output rows, increasing (= (source rank, source row) order):
+  // token_rows[token_begin[t] .. token_begin[t+1]). A kernel sums one token
+  // per thread block in that order: no atomics, the same bits every run.
+  std::vector<int32_t> token_begin;  // [tokens + 1]
+  std::vector<int32_t> token_rows;   // [out_rows]
+  int64_t rows() const { return int64_t(token.size()); }
+};
+
+CombineTable make_combine_table(const MoeRouting& routing, int32_t rank);
+
+// Reference combine, fused into the post-reorder (what the combine kernel
+// does): out (tokens x N, row-major), out[t] = sum over token t's rows of
+// gate * row, accumulated in fp32 as acc = fma(gate, float(x), acc) in
+// token_rows order from 0, rounded to T once. fma, not gate * x + acc: the
+// kernel's fmaf (what nvcc contracts the expression to) gives the same bits.
+// A token with no rows gets zeros.
+template <class T>
+void combine_reference(const SlotMap& map, const CombineTable& table, const T* recv, T* out) {
+  if (table.rank != map.rank || table.rows() != map.out_rows)
+    throw InvalidArgument("combine table of rank " + std::to_string(table.rank) + " (" +
+                          std::to_string(table.rows()) + " rows) does not fit the map of rank " +
+                          std::to_string(map.rank) + " (" + std::to_string(map.out_rows) + " rows)");
+  std::vector<float> acc(size_t(map.n));
+  for (int32_t t = 0; t < table.tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int32_t i = table.token_begin[size_t(t)]; i < table.token_begin[size_t(t) + 1]; ++i) {
+      const int32_t row = table.token_rows[size_t(i)];
+      const float g = table.gate[size_t(row)];
+      for (int32_t cb = 0; cb < map.tiles_n; ++cb) {
+        const T* src = recv + int64_t{map.slot_of_out[size_t(row) * map.tiles_n + cb]} * map.bn;
+        const int64_t c0 = int64_t{cb} * map.bn;
+        const int64_t width = std::min<int64_t>(map.n - c0, map.bn);
+        for (int64_t c = 0; c < width; ++c) acc[size_t(c0 + c)] = std::fma(g, static_cast<float>(src[c]), acc[size_t(c0 + c)]);
+      }
+    }
+    for (int64_t c = 0; c < map.n; ++c) out[int64_t{t} * map.n + c] = static_cast<T>(acc[size_t(c)]);
+  }
+}
 
 }  // namespace flashoverlap::plan

@@ -3,9 +3,16 @@
 // rest of the buffer poisoned), the collective runs group by group on exactly
 // the spans of the map, the reference post-reorder produces the output, which
 // must equal the collective's reference semantics exactly (integer data).
+// The MoE combine (All-to-All with every rank its own rows and schedule) also
+// runs the fused combine from the tables, bitwise against a direct fp32 sum.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <type_traits>
 #include <vector>
 
 #include "flashoverlap/error.h"
@@ -23,10 +30,49 @@ namespace {
 constexpr int kCases = 200;
 constexpr int64_t kMaxElemsPerRank = 60000;
 
-Buffer random_buffer(std::mt19937_64& rng, int64_t size) {
-  Buffer b(size_t(std::max<int64_t>(size, 0)));
-  for (auto& v : b) v = int64_t(rng() >> 24) - (int64_t(1) << 39);  // |v| < 2^40: sums of 8 fit
+// bfloat16 for the combine's one rounding (round to nearest even; finite values).
+struct Bf16 {
+  uint16_t bits = 0;
+  Bf16() = default;
+  explicit Bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    bits = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  explicit operator float() const {
+    const uint32_t u = uint32_t{bits} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  friend bool operator==(Bf16, Bf16) = default;
+};
+
+template <class V>
+std::vector<V> random_values(std::mt19937_64& rng, int64_t size) {
+  std::vector<V> b(size_t(std::max<int64_t>(size, 0)));
+  for (auto& v : b) {
+    if constexpr (std::is_same_v<V, int64_t>) {
+      v = int64_t(rng() >> 24) - (int64_t(1) << 39);  // |v| < 2^40: sums of 8 fit
+    } else {  // in [-4, 4), 24 random bits
+      v = V(float(int64_t(rng() >> 40) - (int64_t(1) << 23)) * 0x1p-21f);
+    }
+  }
   return b;
+}
+
+Buffer random_buffer(std::mt19937_64& rng, int64_t size) { return random_values<int64_t>(rng, size); }
+
+// Bitwise equality (floats: -0 and NaN too), with the first difference.
+template <class V>
+::testing::AssertionResult same_bits(const std::vector<V>& got, const std::vector<V>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " elements, expected " << want.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(V)) != 0)
+      return ::testing::AssertionFailure() << "element " << i << " differs: " << double(float(got[i])) << " vs "
+                                           << double(float(want[i]));
+  return ::testing::AssertionSuccess();
 }
 
 // Structural invariants of one rank's map.
@@ -98,8 +144,10 @@ void check_structure(const fo::SlotMap& map, const fo::Schedule& s, const std::v
 }
 
 // Each rank's GEMM output C_r stored into its send buffer; unwritten slots poisoned.
-Buffer gemm_into_slots(std::mt19937_64& rng, const fo::SlotMap& map, const fo::Schedule& s, const Buffer& c) {
-  Buffer send = random_buffer(rng, map.send_elements());
+template <class V>
+std::vector<V> gemm_into_slots(std::mt19937_64& rng, const fo::SlotMap& map, const fo::Schedule& s,
+                               const std::vector<V>& c) {
+  std::vector<V> send = random_values<V>(rng, map.send_elements());
   for (int32_t idx = 0; idx < s.tiles(); ++idx) {
     const fo::TileCoord t = s.tile_of(idx);
     for (int32_t r = 0; r < s.bm; ++r) {
@@ -108,15 +156,16 @@ Buffer gemm_into_slots(std::mt19937_64& rng, const fo::SlotMap& map, const fo::S
       const int64_t row = int64_t{t.tm} * s.bm + r;
       for (int32_t col = 0; col < s.bn; ++col) {
         const int64_t gc = int64_t{t.tn} * s.bn + col;
-        send[size_t(slot) * s.bn + col] = row < s.m && gc < s.n ? c[size_t(row * s.n + gc)] : 0;
+        send[size_t(slot) * s.bn + col] = row < s.m && gc < s.n ? c[size_t(row * s.n + gc)] : V{};
       }
     }
   }
   return send;
 }
 
-Buffer post_reorder(std::mt19937_64& rng, const fo::SlotMap& map, const Buffer& recv) {
-  Buffer out = random_buffer(rng, map.out_rows * map.n);
+template <class V>
+std::vector<V> post_reorder(std::mt19937_64& rng, const fo::SlotMap& map, const std::vector<V>& recv) {
+  std::vector<V> out = random_values<V>(rng, map.out_rows * map.n);
   fo::post_reorder(map, recv.data(), out.data());
   return out;
 }
@@ -277,4 +326,427 @@ TEST(PlanEmulation, AllToAllMatchesSortedAllToAllSingle) {
       ASSERT_EQ(post_reorder(rng, maps[k], recv[k]), expect) << "rank " << k;
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// MoE combine: All-to-All with per-rank schedules, then the fused combine.
+
+namespace {
+
+constexpr int64_t kMoeElems = 150000;  // rows x N over all ranks, per case
+
+// A routing no dispatch produces: each rank its own token count (0 allowed),
+// tokens no row goes to (whole ranks of them too), rows in any order, several
+// rows of one token from one rank, any finite gate.
+fo::MoeRouting arbitrary_moe_routing(std::mt19937_64& rng, int32_t W, int64_t max_rows) {
+  fo::MoeRouting r;
+  r.world = W;
+  std::vector<int32_t> targets;
+  for (int32_t d = 0; d < W; ++d) {
+    r.tokens.push_back(uniform(rng, 0, 3) ? int32_t(uniform(rng, 1, 40)) : 0);
+    if (r.tokens.back() > 0 && uniform(rng, 0, 2)) targets.push_back(d);
+  }
+  r.dest_rank.resize(size_t(W));
+  r.dest_token.resize(size_t(W));
+  r.gate.resize(size_t(W));
+  for (int32_t src = 0; src < W; ++src) {
+    const int64_t m = targets.empty() || uniform(rng, 0, 3) == 0 ? 0 : uniform(rng, 0, max_rows);
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t d = targets[size_t(uniform(rng, 0, int64_t(targets.size()) - 1))];
+      r.dest_rank[size_t(src)].push_back(d);
+      r.dest_token[size_t(src)].push_back(int32_t(uniform(rng, 0, r.tokens[size_t(d)] - 1)));
+      r.gate[size_t(src)].push_back(float(uniform(rng, -(1 << 20), 1 << 20)) * 0x1p-20f);
+    }
+  }
+  r.send_counts = fo::moe_send_counts(r);
+  return r;
+}
+
+struct MoeCase {
+  fo::MoeRouting routing;
+  std::vector<fo::Schedule> sched;
+  std::vector<std::vector<fo::Group>> groups;
+  int64_t n = 0;
+  std::string what;
+};
+
+MoeCase random_moe_case(std::mt19937_64& rng) {
+  MoeCase c;
+  const int32_t W = int32_t(uniform(rng, 1, 8));
+  const fo::TileShape tile = fo_test::random_tile(rng);
+  c.n = uniform(rng, 0, 2) == 0 ? uniform(rng, 1, tile.bn) : tile.bn * uniform(rng, 0, 6) + uniform(rng, 1, tile.bn);
+  const int32_t K = uniform(rng, 0, 1) ? 1 : int32_t(uniform(rng, 1, W));
+  const int64_t rows = std::max<int64_t>(1, kMoeElems / c.n);  // over all ranks
+  const int64_t T = uniform(rng, 0, 6) == 0 ? 0 : uniform(rng, 1, std::max<int64_t>(1, rows / (int64_t{W} * K)));
+  static const char* kinds[] = {"uniform", "zipf:1.2", "zipf:3", "one:", "empty:", "arbitrary"};
+  std::string kind = kinds[uniform(rng, 0, 5)];
+  if (kind == "one:" || kind == "empty:") kind += std::to_string(uniform(rng, 0, W - 1));
+  if (kind.rfind("empty:", 0) == 0 && K > W - 1) kind = "uniform";  // (K distinct ranks of W - 1)
+  c.routing = kind == "arbitrary" ? arbitrary_moe_routing(rng, W, rows / W)
+                                  : fo::make_moe_routing(kind, W, T, K, rng());
+  std::vector<int64_t> ms;
+  for (int32_t r = 0; r < W; ++r) ms.push_back(c.routing.rows(r));
+  c.sched = fo_test::random_rank_schedules(rng, tile, c.n, ms);
+  int32_t most = 1;
+  for (const fo::Schedule& s : c.sched) most = std::max(most, s.waves());
+  const bool clipped = uniform(rng, 0, 1);
+  const fo::Partition common = fo_test::random_partition(rng, most);
+  const int32_t G = int32_t(uniform(rng, 1, 6));
+  for (const fo::Schedule& s : c.sched)
+    c.groups.push_back(clipped ? fo::make_clipped_groups(s, common) : fo_test::random_groups_with_empty(rng, s, G));
+  c.what = "world=" + std::to_string(W) + " routing=" + kind + " T=" + std::to_string(T) + " K=" + std::to_string(K) +
+           " N=" + std::to_string(c.n) + " tile " + fo::to_string(tile) + (clipped ? " clipped" : " random") +
+           " groups=" + std::to_string(c.groups[0].size()) + " rows:";
+  for (int32_t r = 0; r < W; ++r) c.what += " " + std::to_string(ms[size_t(r)]) + "/" + std::to_string(c.sched[size_t(r)].waves()) + "w";
+  return c;
+}
+
+// The data path of every rank through the maps: GEMM rows into the send
+// slots, per group and pair the spans (counts checked against the sender's
+// tiles), the post-reorder against the sorted all_to_all_single, the combine
+// tables against the routing and the fused combine against a direct sum.
+template <class V>
+void run_moe_case(std::mt19937_64& rng, const MoeCase& c) {
+  const fo::MoeRouting& routing = c.routing;
+  const int32_t W = routing.world;
+  const int64_t n = c.n;
+  std::vector<std::vector<V>> C, send, recv;
+  std::vector<fo::SlotMap> maps;
+  for (int32_t r = 0; r < W; ++r) C.push_back(random_values<V>(rng, routing.rows(r) * n));
+  for (int32_t k = 0; k < W; ++k) {
+    maps.push_back(fo::make_alltoall_map(c.sched, c.groups, routing, k));
+    const fo::SlotMap& map = maps.back();
+    check_structure(map, c.sched[size_t(k)], c.groups[size_t(k)]);
+    if (::testing::Test::HasFatalFailure()) return;
+    int64_t in = 0;
+    for (int32_t s = 0; s < W; ++s) in += routing.send_count(s, k);
+    ASSERT_EQ(map.send_rows, routing.rows(k) * map.tiles_n);
+    ASSERT_EQ(map.out_rows, in);
+    ASSERT_EQ(map.recv_rows, in * map.tiles_n);
+    send.push_back(gemm_into_slots(rng, map, c.sched[size_t(k)], C[size_t(k)]));
+    recv.push_back(random_values<V>(rng, map.recv_elements()));
+  }
+  const int32_t bn = c.sched[0].bn;
+  for (size_t g = 0; g < c.groups[0].size(); ++g)
+    for (int32_t src = 0; src < W; ++src) {
+      const fo::Schedule& s = c.sched[size_t(src)];
+      const fo::Group& x = c.groups[size_t(src)][g];
+      std::vector<int64_t> rows(size_t(W), 0);  // src's group g slot rows per destination
+      for (int32_t idx = x.first_tile; idx < x.end_tile; ++idx) {
+        const fo::TileCoord t = s.tile_of(idx);
+        for (int32_t r = 0; r < s.rows_of(t); ++r) ++rows[size_t(routing.dest_rank[size_t(src)][size_t(t.tm * s.bm + r)])];
+      }
+      for (int32_t dst = 0; dst < W; ++dst) {
+        const fo::Span from = maps[size_t(src)].groups[g].send_to[size_t(dst)];
+        const fo::Span to = maps[size_t(dst)].groups[g].recv_from[size_t(src)];
+        ASSERT_EQ(from.count, rows[size_t(dst)] * bn) << "group " << g << " " << src << "->" << dst;
+        ASSERT_EQ(from.count, to.count) << "group " << g << " " << src << "->" << dst;
+        std::copy_n(send[size_t(src)].begin() + from.offset, from.count, recv[size_t(dst)].begin() + to.offset);
+      }
+    }
+  for (int32_t k = 0; k < W; ++k) {
+    SCOPED_TRACE("rank " + std::to_string(k));
+    const int32_t T = routing.tokens[size_t(k)];
+    std::vector<V> expect;
+    std::vector<int32_t> srcs, src_rows, tokens;
+    std::vector<float> gates, acc(size_t(T) * size_t(n), 0.0f);
+    for (int32_t src = 0; src < W; ++src)
+      for (int64_t row = 0; row < routing.rows(src); ++row) {
+        if (routing.dest_rank[size_t(src)][size_t(row)] != k) continue;
+        const V* y = C[size_t(src)].data() + row * n;
+        expect.insert(expect.end(), y, y + n);
+        const int32_t t = routing.dest_token[size_t(src)][size_t(row)];
+        const float g = routing.gate[size_t(src)][size_t(row)];
+        srcs.push_back(src);
+        src_rows.push_back(int32_t(row));
+        tokens.push_back(t);
+        gates.push_back(g);
+        for (int64_t col = 0; col < n; ++col)
+          acc[size_t(t * n + col)] = std::fma(g, float(y[col]), acc[size_t(t * n + col)]);
+      }
+    ASSERT_TRUE(same_bits(post_reorder(rng, maps[size_t(k)], recv[size_t(k)]), expect)) << "unweighted output";
+    const fo::CombineTable table = fo::make_combine_table(routing, k);
+    ASSERT_EQ(table.rank, k);
+    ASSERT_EQ(table.tokens, T);
+    ASSERT_EQ(table.src_rank, srcs);
+    ASSERT_EQ(table.src_row, src_rows);
+    ASSERT_EQ(table.token, tokens);
+    ASSERT_TRUE(same_bits(table.gate, gates));
+    ASSERT_EQ(table.token_begin.size(), size_t(T) + 1);
+    ASSERT_EQ(table.token_begin.back(), int32_t(tokens.size()));
+    for (int32_t t = 0; t < T; ++t)
+      for (int32_t i = table.token_begin[size_t(t)]; i < table.token_begin[size_t(t) + 1]; ++i) {
+        ASSERT_EQ(table.token[size_t(table.token_rows[size_t(i)])], t);
+        if (i > table.token_begin[size_t(t)]) ASSERT_LT(table.token_rows[size_t(i) - 1], table.token_rows[size_t(i)]);
+      }
+    std::vector<V> out = random_values<V>(rng, int64_t{T} * n), want;
+    fo::combine_reference(maps[size_t(k)], table, recv[size_t(k)].data(), out.data());
+    for (float a : acc) want.push_back(V(a));
+    ASSERT_TRUE(same_bits(out, want)) << "combine";
+  }
+}
+
+template <class F>
+void expect_invalid(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error (expected one saying '" << needle << "')";
+  } catch (const flashoverlap::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(PlanEmulation, MoeCombineMatchesAllToAllSingleAndDirectSum) {
+  FO_SEEDED_RNG(rng);
+  int no_rows = 0, receives_nothing = 0, idle_tokens = 0, empty_groups = 0, fewer_waves_than_groups = 0, worlds[9] = {};
+  for (int it = 0; it < kCases; ++it) {
+    const MoeCase c = random_moe_case(rng);
+    SCOPED_TRACE(c.what);
+    const int32_t W = c.routing.world;
+    ++worlds[W];
+    for (int32_t r = 0; r < W; ++r) {
+      no_rows += c.routing.rows(r) == 0;
+      int64_t in = 0;
+      for (int32_t s = 0; s < W; ++s) in += c.routing.send_count(s, r);
+      receives_nothing += in == 0;
+      idle_tokens += in == 0 && c.routing.tokens[size_t(r)] > 0;  // its combine output: zeros
+      fewer_waves_than_groups += c.sched[size_t(r)].waves() < int32_t(c.groups[0].size());
+      for (const fo::Group& g : c.groups[size_t(r)]) empty_groups += g.first_wave == g.end_wave;
+    }
+    if (it % 2) run_moe_case<float>(rng, c);
+    else run_moe_case<Bf16>(rng, c);
+    if (HasFatalFailure()) return;
+  }
+  // (Per seed: each world ~25 times, the rest well above their bounds.)
+  for (int32_t W = 2; W <= 8; ++W) EXPECT_GT(worlds[W], kCases / 50) << "world " << W;
+  EXPECT_GT(no_rows, kCases / 4);
+  EXPECT_GT(receives_nothing, kCases / 10);
+  EXPECT_GT(idle_tokens, kCases / 40);
+  EXPECT_GT(empty_groups, kCases / 4);
+  EXPECT_GT(fewer_waves_than_groups, kCases / 10);
+}
+
+// World 2; rank 0: 3 rows (2x2 tiles, one CTA: two waves), rank 1 none (two
+// empty groups). Rank 0 sends row 1 to itself, rows 0 and 2 to rank 1.
+TEST(PlanEmulation, MoeCombineSmallCaseIsHandChecked) {
+  fo::MoeRouting r;
+  r.world = 2;
+  r.tokens = {1, 2};
+  r.dest_rank = {{1, 0, 1}, {}};
+  r.dest_token = {{0, 0, 1}, {}};
+  r.gate = {{0.5f, 1.0f, 0.25f}, {}};
+  r.send_counts = {1, 2, 0, 0};
+  const std::vector<fo::Schedule> sched{fo::make_expert_schedule(3, 2, {2, 2}, 1, fo::Raster::AlongN, 1),
+                                        fo::make_expert_schedule(0, 2, {2, 2}, 1, fo::Raster::AlongN, 1)};
+  ASSERT_EQ(sched[0].waves(), 2);
+  ASSERT_EQ(sched[1].waves(), 0);
+  const std::vector<std::vector<fo::Group>> groups{fo::make_clipped_groups(sched[0], {1, 1}),
+                                                   fo::make_clipped_groups(sched[1], {1, 1})};
+  ASSERT_EQ(groups[1], (std::vector<fo::Group>{{0, 0, 0, 0}, {0, 0, 0, 0}}));
+  using S = fo::Span;
+  const fo::SlotMap m0 = fo::make_alltoall_map(sched, groups, r, 0);
+  EXPECT_EQ(m0.row_of, (std::vector<int32_t>{1, 0, 2, -1}));  // tile 0: row 1 (to 0), row 0 (to 1)
+  EXPECT_EQ(m0.groups[0].send_to, (std::vector<S>{{0, 2}, {2, 2}}));
+  EXPECT_EQ(m0.groups[1].send_to, (std::vector<S>{{4, 0}, {4, 2}}));
+  EXPECT_EQ(m0.groups[0].recv_from, (std::vector<S>{{0, 2}, {2, 0}}));
+  EXPECT_EQ(m0.groups[1].recv_from, (std::vector<S>{{2, 0}, {2, 0}}));
+  EXPECT_EQ(m0.out_rows, 1);
+  const fo::SlotMap m1 = fo::make_alltoall_map(sched, groups, r, 1);
+  EXPECT_TRUE(m1.row_of.empty());
+  EXPECT_EQ(m1.send_rows, 0);
+  EXPECT_EQ(m1.groups[0].recv_from, (std::vector<S>{{0, 2}, {2, 0}}));
+  EXPECT_EQ(m1.groups[1].recv_from, (std::vector<S>{{2, 2}, {4, 0}}));
+  EXPECT_EQ(m1.target_of_slot, (std::vector<fo::SlotTarget>{{0, 0}, {1, 0}}));
+  const fo::CombineTable t1 = fo::make_combine_table(r, 1);
+  EXPECT_EQ(t1.src_row, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(t1.token_begin, (std::vector<int32_t>{0, 1, 2}));
+  // Rank 1's receive buffer: rows 0 and 2 of rank 0 = {1, 2}, {3, 4}.
+  const std::vector<float> recv{1, 2, 3, 4};
+  std::vector<float> out(4, -1);
+  fo::combine_reference(m1, t1, recv.data(), out.data());
+  EXPECT_EQ(out, (std::vector<float>{0.5f, 1.0f, 0.75f, 1.0f}));
+  // Rank 0 has a token and a row for it: 1.0 * its row.
+  std::vector<float> out0(2, -1);
+  fo::combine_reference(m0, fo::make_combine_table(r, 0), std::vector<float>{7, 8}.data(), out0.data());
+  EXPECT_EQ(out0, (std::vector<float>{7, 8}));
+}
+
+// The single-schedule map is the per-rank one on a routing of one-row tokens
+// of gate 1: its combine is the unweighted output, bit for bit.
+TEST(PlanEmulation, RoutingAsMoeRoutingCombinesToTheUnweightedRows) {
+  FO_SEEDED_RNG(rng);
+  for (int it = 0; it < 40; ++it) {
+    const int32_t W = int32_t(uniform(rng, 1, 6));
+    const fo::Schedule s = fo_test::random_schedule(rng, fo_test::random_tile(rng), 20000);
+    const fo::Routing routing = fo::make_routing("skewed", W, s.m, rng());
+    const fo::MoeRouting moe = fo::moe_routing_of(routing);
+    fo::validate_moe_routing(moe);
+    EXPECT_EQ(moe.send_counts, fo::routing_pair_rows(routing));
+    const auto groups = fo::make_groups(s, fo_test::random_partition(rng, s.waves()));
+    for (int32_t k = 0; k < W; ++k) {
+      const fo::SlotMap map = fo::make_alltoall_map(s, groups, routing, k);
+      const fo::CombineTable table = fo::make_combine_table(moe, k);
+      ASSERT_EQ(table.tokens, map.out_rows);
+      const std::vector<float> recv = random_values<float>(rng, map.recv_elements());
+      std::vector<float> out(size_t(map.out_rows * map.n)), rows = out;
+      fo::post_reorder(map, recv.data(), rows.data());
+      fo::combine_reference(map, table, recv.data(), out.data());
+      ASSERT_TRUE(same_bits(out, rows)) << fo_test::describe(s) << " rank " << k;
+    }
+  }
+}
+
+TEST(PlanEmulation, MoeRoutingGeneratorsAreDispatchShaped) {
+  FO_SEEDED_RNG(rng);
+  for (int it = 0; it < 60; ++it) {
+    const int32_t W = int32_t(uniform(rng, 1, 8)), K = int32_t(uniform(rng, 1, W));
+    const int64_t T = uniform(rng, 0, 300);
+    std::vector<std::string> kinds{"uniform", "zipf:1.2", "zipf:0", "zipf:50", "one:" + std::to_string(uniform(rng, 0, W - 1))};
+    if (K < W) kinds.push_back("empty:" + std::to_string(uniform(rng, 0, W - 1)));
+    for (const std::string& kind : kinds) {
+      SCOPED_TRACE(kind + " world " + std::to_string(W) + " T " + std::to_string(T) + " K " + std::to_string(K));
+      const fo::MoeRouting r = fo::make_moe_routing(kind, W, T, K, rng());
+      fo::validate_moe_routing(r);
+      ASSERT_EQ(r.tokens, std::vector<int32_t>(size_t(W), int32_t(T)));
+      ASSERT_EQ(r.send_counts, fo::moe_send_counts(r));
+      // Each token: exactly K rows, on distinct ranks, gates positive summing to ~1.
+      std::map<std::pair<int32_t, int32_t>, std::vector<std::pair<int32_t, float>>> rows_of;  // (rank, token) -> (expert, gate)
+      for (int32_t e = 0; e < W; ++e) {
+        for (int64_t i = 0; i < r.rows(e); ++i) {
+          const int32_t s = r.dest_rank[size_t(e)][size_t(i)], t = r.dest_token[size_t(e)][size_t(i)];
+          rows_of[{s, t}].push_back({e, r.gate[size_t(e)][size_t(i)]});
+          if (i > 0) {  // dispatch order: by source rank, then token
+            const auto prev = std::pair(r.dest_rank[size_t(e)][size_t(i) - 1], r.dest_token[size_t(e)][size_t(i) - 1]);
+            ASSERT_LT(prev, std::pair(s, t)) << "rank " << e << " row " << i;
+          }
+        }
+        int64_t out = 0, in = 0;
+        for (int64_t x : r.input_splits(e)) out += x;
+        for (int64_t x : r.output_splits(e)) in += x;
+        EXPECT_EQ(out, r.rows(e));  // the expert's rows go out
+        EXPECT_EQ(in, T * K);       // each of its tokens' K rows come back
+      }
+      ASSERT_EQ(int64_t(rows_of.size()), W * T);
+      for (const auto& [token, picks] : rows_of) {
+        ASSERT_EQ(picks.size(), size_t(K));
+        std::set<int32_t> ranks;
+        double sum = 0;
+        for (const auto& [e, g] : picks) {
+          ranks.insert(e);
+          EXPECT_GT(g, 0.0f);
+          sum += g;
+          if (kind.rfind("empty:", 0) == 0) EXPECT_NE(e, std::stoi(kind.substr(6)));
+        }
+        EXPECT_EQ(ranks.size(), size_t(K)) << "a token picked a rank twice";
+        EXPECT_NEAR(sum, 1.0, 1e-5);
+        if (kind.rfind("one:", 0) == 0) EXPECT_TRUE(ranks.count(std::stoi(kind.substr(4))));
+      }
+    }
+  }
+}
+
+TEST(PlanEmulation, MoeRoutingZipfIsSkewedAndUniformIsNot) {
+  const int32_t W = 8, K = 2;
+  const int64_t T = 4096;
+  const fo::MoeRouting u = fo::make_moe_routing("uniform", W, T, K, 3);
+  for (int32_t e = 0; e < W; ++e) EXPECT_NEAR(double(u.rows(e)), double(T * K), 0.1 * T * K) << "rank " << e;
+  const fo::MoeRouting z = fo::make_moe_routing("zipf:1.2", W, T, K, 3);
+  EXPECT_GT(z.rows(0), z.rows(1));
+  EXPECT_GT(z.rows(1), z.rows(3));
+  EXPECT_GT(z.rows(3), z.rows(7));
+  EXPECT_GT(z.rows(0), 3 * z.rows(7));
+  // Top-1 all to one rank: every other expert has no rows.
+  const fo::MoeRouting one = fo::make_moe_routing("one:5", W, T, 1, 3);
+  for (int32_t e = 0; e < W; ++e) EXPECT_EQ(one.rows(e), e == 5 ? W * T : 0);
+  EXPECT_EQ(fo::make_moe_routing("empty:2", W, T, K, 3).rows(2), 0);
+}
+
+TEST(PlanEmulation, MoeRoutingIsDeterministicPerSeed) {
+  for (const char* kind : {"uniform", "zipf:1.2", "one:1", "empty:0"}) {
+    const fo::MoeRouting a = fo::make_moe_routing(kind, 5, 200, 2, 11), b = fo::make_moe_routing(kind, 5, 200, 2, 11);
+    const fo::MoeRouting c = fo::make_moe_routing(kind, 5, 200, 2, 12);
+    EXPECT_EQ(a.dest_rank, b.dest_rank) << kind;
+    EXPECT_EQ(a.dest_token, b.dest_token) << kind;
+    EXPECT_EQ(a.gate, b.gate) << kind;
+    EXPECT_EQ(a.send_counts, b.send_counts) << kind;
+    EXPECT_NE(a.gate, c.gate) << kind;
+  }
+}
+
+TEST(PlanEmulation, MoeRoutingErrorsSayWhatIsWrong) {
+  using fo::make_moe_routing;
+  expect_invalid([] { make_moe_routing("uniform", 4, 10, 5); }, "top-k 5 outside [1, world = 4]");
+  expect_invalid([] { make_moe_routing("uniform", 4, 10, 0); }, "top-k 0");
+  expect_invalid([] { make_moe_routing("uniform", 0, 10, 1); }, "world >= 1");
+  expect_invalid([] { make_moe_routing("uniform", 4, -1, 1); }, "tokens per rank -1");
+  expect_invalid([] { make_moe_routing("empty:1", 4, 10, 4); }, "needs world > top-k");
+  expect_invalid([] { make_moe_routing("file:/tmp/x.json", 4, 10, 1); }, "not implemented");
+  for (const char* bad : {"zipf", "zipf:", "zipf:-1", "zipf:x", "zipf:1.2x", "zipf:inf", "one:4", "one:", "empty:-1", "skewed", ""})
+    EXPECT_THROW(make_moe_routing(bad, 4, 10, 1), flashoverlap::InvalidArgument) << bad;
+
+  const fo::MoeRouting good = make_moe_routing("uniform", 3, 20, 2, 5);
+  auto broken = [&](auto edit, const std::string& needle) {
+    fo::MoeRouting r = good;
+    edit(r);
+    expect_invalid([&] { fo::validate_moe_routing(r); }, needle);
+  };
+  broken([](fo::MoeRouting& r) { r.dest_rank[1][3] = 3; }, "rank 1 row 3: destination rank 3 outside [0, 3)");
+  broken([](fo::MoeRouting& r) { r.dest_rank[1][3] = -1; }, "destination rank -1");
+  broken([](fo::MoeRouting& r) { r.dest_token[2][0] = 20; }, "rank 2 row 0: token 20 outside [0, 20)");
+  broken([](fo::MoeRouting& r) { r.dest_token[0][0] = -2; }, "token -2");
+  broken([](fo::MoeRouting& r) { r.send_counts[1] += 1; }, "send_counts says rank 0 sends");
+  broken([](fo::MoeRouting& r) { r.send_counts.pop_back(); }, "send_counts has 8 entries");
+  broken([](fo::MoeRouting& r) { r.gate[0].pop_back(); }, "must be equal");
+  broken([](fo::MoeRouting& r) { r.gate[0][1] = std::nanf(""); }, "gate weight is not finite");
+  broken([](fo::MoeRouting& r) { r.tokens = {20, 20}; }, "tokens has 2 entries, expected world 3");
+  broken([](fo::MoeRouting& r) { r.tokens[1] = -1; }, "rank 1 has -1 tokens");
+  broken([](fo::MoeRouting& r) { r.world = 0; }, "world 0");
+}
+
+TEST(PlanEmulation, MoeMapInputsAreValidated) {
+  const fo::MoeRouting r = fo::make_moe_routing("uniform", 3, 40, 2, 9);
+  auto sched_of = [&](int64_t n, fo::TileShape t) {
+    std::vector<fo::Schedule> out;
+    for (int32_t k = 0; k < 3; ++k) out.push_back(fo::make_expert_schedule(r.rows(k), n, t, 2, fo::Raster::AlongN, 1));
+    return out;
+  };
+  const std::vector<fo::Schedule> sched = sched_of(64, {16, 32});
+  std::vector<std::vector<fo::Group>> groups;
+  for (const fo::Schedule& s : sched) groups.push_back(fo::make_clipped_groups(s, {1, 2, 100}));
+  fo::validate_alltoall_ranks(sched, groups, r);
+  auto bad = [&](auto edit, const std::string& needle) {
+    std::vector<fo::Schedule> s = sched;
+    std::vector<std::vector<fo::Group>> g = groups;
+    edit(s, g);
+    expect_invalid([&] { fo::make_alltoall_map(s, g, r, 0); }, needle);
+  };
+  using Sv = std::vector<fo::Schedule>;
+  using Gv = std::vector<std::vector<fo::Group>>;
+  bad([](Sv& s, Gv&) { s.pop_back(); }, "2 schedules and 3 group lists for world 3");
+  bad([&](Sv& s, Gv&) { s[1] = fo::make_expert_schedule(r.rows(1) + 1, 64, {16, 32}, 2, fo::Raster::AlongN, 1); },
+      "rank 1: schedule of");
+  bad([&](Sv& s, Gv&) { s[2] = sched_of(65, {16, 32})[2]; }, "rank 2: N 65");
+  bad([&](Sv& s, Gv&) { s[2] = sched_of(64, {16, 16})[2]; }, "differ from rank 0's");
+  bad([](Sv&, Gv& g) { g[1].pop_back(); }, "rank 1: 2 groups, rank 0 has 3");
+  bad([](Sv&, Gv& g) { g = Gv(3); }, "no groups");
+  bad([](Sv&, Gv& g) { std::swap(g[2][0], g[2][1]); }, "rank 2: group 0");
+  bad([&](Sv&, Gv& g) {
+        const fo::Schedule& s = sched[0];
+        g[0] = {fo::group_spanning(s, 0, 1), fo::group_spanning(s, 1, 2), fo::group_spanning(s, 2, 2)};
+      },
+      "groups end at wave 2 of " + std::to_string(sched[0].waves()));
+  bad([](Sv&, Gv& g) { g[0][0].end_tile += 1; }, "rank 0: group 0");
+  expect_invalid([&] { fo::make_alltoall_map(sched, groups, r, 3); }, "rank 3 out of range");
+  expect_invalid([&] { fo::make_combine_table(r, -1); }, "rank -1 out of range");
+  expect_invalid([&] { fo::make_clipped_groups(sched[0], {1}); }, "fewer than the schedule's");
+  expect_invalid([&] { fo::make_clipped_groups(sched[0], {sched[0].waves(), 0}); }, "");
+  expect_invalid([] { fo::make_expert_schedule(-1, 64, {16, 32}, 2, fo::Raster::AlongN, 1); }, "out of range");
+  expect_invalid([] { fo::make_expert_schedule(0, 0, {16, 32}, 2, fo::Raster::AlongN, 1); }, "out of range");
+  // A table of another rank does not fit the map.
+  const fo::SlotMap map = fo::make_alltoall_map(sched, groups, r, 0);
+  std::vector<float> recv(size_t(map.recv_elements())), out(size_t(r.tokens[1]) * 64);
+  expect_invalid([&] { fo::combine_reference(map, fo::make_combine_table(r, 1), recv.data(), out.data()); },
+                 "does not fit the map of rank 0");
 }

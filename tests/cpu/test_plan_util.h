@@ -1,8 +1,10 @@
 // test_plan_util.h — shared helpers of the planner tests: the seeded random
-// generator (test_seed.h), random schedules and partitions, temporary directories.
+// generator (test_seed.h), random schedules and partitions (one rank's, or
+// every rank's own for the MoE All-to-All), temporary directories.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -10,9 +12,11 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "plan/partition.h"
 #include "plan/schedule.h"
+#include "plan/slot_map_alltoall.h"
 #include "plan/tile_grid.h"
 #include "test_seed.h"
 
@@ -59,6 +63,41 @@ inline flashoverlap::plan::Partition random_partition(std::mt19937_64& rng, int3
     else ++part.back();
   }
   return part;
+}
+
+// Every rank's schedule of an expert-parallel call: rank r has ms[r] rows
+// (0 allowed: no tiles, no waves), all the same n and tile; the CTAs either
+// shared (as on one kind of GPU) or each rank's own, raster and swizzle each
+// rank's own.
+inline std::vector<flashoverlap::plan::Schedule> random_rank_schedules(std::mt19937_64& rng,
+                                                                        flashoverlap::plan::TileShape t, int64_t n,
+                                                                        const std::vector<int64_t>& ms) {
+  const bool shared_ctas = uniform(rng, 0, 1);
+  const int32_t ctas = int32_t(uniform(rng, 1, 40));
+  std::vector<flashoverlap::plan::Schedule> out;
+  for (int64_t m : ms) {
+    const int64_t tiles = ((m + t.bm - 1) / t.bm) * ((n + t.bn - 1) / t.bn);
+    const int32_t own = int32_t(uniform(rng, 0, 2) == 0 ? uniform(rng, 1, tiles + 3)
+                                                        : std::max<int64_t>(1, tiles / uniform(rng, 1, 12)));
+    const auto raster = uniform(rng, 0, 1) ? flashoverlap::plan::Raster::AlongM : flashoverlap::plan::Raster::AlongN;
+    out.push_back(flashoverlap::plan::make_expert_schedule(m, n, t, shared_ctas ? ctas : own, raster,
+                                                           int32_t(uniform(rng, 1, 6))));
+  }
+  return out;
+}
+
+// `count` groups of s's waves, any of them empty (first_wave == end_wave):
+// count - 1 cut points drawn from [0, waves] (repeats allowed).
+inline std::vector<flashoverlap::plan::Group> random_groups_with_empty(std::mt19937_64& rng,
+                                                                       const flashoverlap::plan::Schedule& s,
+                                                                       int32_t count) {
+  std::vector<int32_t> cuts{0, s.waves()};
+  for (int32_t i = 1; i < count; ++i) cuts.push_back(int32_t(uniform(rng, 0, s.waves())));
+  std::sort(cuts.begin() + 1, cuts.end());  // 0 stays first, waves sorts last
+  std::vector<flashoverlap::plan::Group> groups;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i)
+    groups.push_back(flashoverlap::plan::group_spanning(s, cuts[i], cuts[i + 1]));
+  return groups;
 }
 
 // A fresh directory, removed with everything in it at scope exit.
