@@ -111,6 +111,33 @@ struct GatherSource {  // sum of `world` row-major blocks, `block` elements apar
   }
 };
 
+// The MoE combine: out row t = sum over token t's rows (token_rows[token_begin[t]
+// .. token_begin[t+1])) of gate[row] * x(row), fma in fp32 in that order,
+// rounded once (plan::combine_reference's arithmetic); no rows: zeros.
+template <typename T, typename Src>
+__global__ void combine_kernel(Src src, const int32_t* token_begin, const int32_t* token_rows, const float* gate,
+                               int32_t tokens, int32_t n, T* out, int64_t ld_out) {
+  const int32_t units = (n + 7) / 8;
+  for (int32_t t = blockIdx.y; t < tokens; t += gridDim.y) {
+    const int32_t first = token_begin[t], end = token_begin[t + 1];
+    for (int32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < units; u += gridDim.x * blockDim.x) {
+      const int32_t col = u * 8, valid = n - col;
+      float acc[8] = {};
+      for (int32_t i = first; i < end; ++i) {
+        const int32_t row = token_rows[i];
+        const float g = gate[row];
+        const Vec8<T> x = src.load(row, col, valid);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = fmaf(g, to_f(x.v[e]), acc[e]);
+      }
+      Vec8<T> y;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y.v[e] = from_f<T>(acc[e]);
+      store8(out + int64_t(t) * ld_out + col, y, valid);
+    }
+  }
+}
+
 // Row-major c (m x n, ldc) = x.
 template <typename T, typename Src>
 __global__ void rows_kernel(Src src, int32_t m, int32_t n, T* c, int64_t ldc) {
@@ -358,6 +385,21 @@ void gather_slot_rows_add_rmsnorm(DType dtype, const void* slots, int32_t bn, co
   });
 }
 
+void combine_slot_rows(DType dtype, const void* slots, int32_t bn, const int32_t* slot_of_out, int32_t tiles_n,
+                       const int32_t* token_begin, const int32_t* token_rows, const float* gate, int32_t tokens,
+                       int32_t n, void* out, int64_t ld_out, cudaStream_t stream) {
+  if (tokens < 1) return;
+  with_type(dtype, [&](auto t) {
+    using T = decltype(t);
+    const SlotRowSource<T> src{static_cast<const T*>(slots), slot_of_out, tiles_n, bn};
+    const int threads = 128;
+    const dim3 grid((((n + 7) / 8) + threads - 1) / threads, grid_rows(tokens));
+    combine_kernel<T, SlotRowSource<T>><<<grid, threads, 0, stream>>>(src, token_begin, token_rows, gate, tokens, n,
+                                                                      static_cast<T*>(out), ld_out);
+  });
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
 void sum_gathered_rows(DType dtype, const void* gathered, int32_t world, int64_t block_elems, int32_t m, int32_t n,
                        void* out, int64_t ld_out, cudaStream_t stream) {
   with_type(dtype, [&](auto t) {
@@ -437,6 +479,10 @@ void preload_type() {
   preload_source<T, RowSource<T>>();
   preload_source<T, GatherSource<T>>();
   preload_source<T, SlotRowSource<T>>();
+  {
+    cudaFuncAttributes ca{};
+    FO_CUDA_CHECK(cudaFuncGetAttributes(&ca, combine_kernel<T, SlotRowSource<T>>));
+  }
   cudaFuncAttributes a{};
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<T>));
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, sum_gathered_tiles_kernel<T>));

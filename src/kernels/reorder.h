@@ -71,6 +71,15 @@ void gather_slot_rows_add_rmsnorm(DType dtype, const void* slots, int32_t bn, co
                                   int32_t tiles_n, int32_t rows, int32_t n, const void* residual, const void* weight,
                                   float eps, void* out, void* residual_out, cudaStream_t stream);
 
+// The MoE combine (All-to-All, plan::CombineTable): out (tokens x n, ld_out)
+// row t = sum over token t's rows token_rows[token_begin[t] ..
+// token_begin[t+1]) (output rows, gathered from the slot rows as
+// gather_slot_rows does) of gate[row] * row, fma in fp32 in that order,
+// rounded once: bitwise plan::combine_reference. No rows: zeros.
+void combine_slot_rows(DType dtype, const void* slots, int32_t bn, const int32_t* slot_of_out, int32_t tiles_n,
+                       const int32_t* token_begin, const int32_t* token_rows, const float* gate, int32_t tokens,
+                       int32_t n, void* out, int64_t ld_out, cudaStream_t stream);
+
 void preload_reorder_kernels();
 
 }  // namespace flashoverlap::kernels
