@@ -222,14 +222,9 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   d.comm = comm.impl_;
   d.max_m = max_m, d.n = n, d.k = k, d.dtype = dtype, d.opts = options;
   d.rank = comm.rank(), d.world = comm.world();
-  if (max_m < 1 || n < 1 || k < 8 || k % 8 != 0 || max_m > (int64_t(1) << 30) || n > (int64_t(1) << 30))
-    throw InvalidArgument(d.who() + ": needs 1 <= max_m, 1 <= n (both below 2^30) and k a multiple of 8 (16-byte rows)");
+  api::check_shape(d.who(), max_m, n, k);
   d.sms = rt::current_device_sms();
-  if (options.nccl_sms < 1 || options.nccl_sms > d.sms / 2)
-    throw InvalidArgument(d.who() + ": nccl_sms must be in [1, " + std::to_string(d.sms / 2) + "], not " +
-                          std::to_string(options.nccl_sms));
-  if (!(options.wait_timeout_s > 0 && options.wait_timeout_s <= 7 * 24 * 3600.0))
-    throw InvalidArgument(d.who() + ": wait_timeout_s must be > 0 and at most a week");
+  api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
   d.check_m = api::check_m_enabled(options.check_m);
   const ncclComm_t c = comm.get();
 
@@ -296,9 +291,7 @@ GemmAllReduce& GemmAllReduce::operator=(GemmAllReduce&&) noexcept = default;
 
 void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out) {
   Impl& d = *impl_;
-  if (!a || !b || !out) throw InvalidArgument(d.who() + "::run: a, b and out must not be null");
-  if (ld_out != 0 && ld_out < d.n)
-    throw InvalidArgument(d.who() + "::run: ld_out must be 0 (n) or at least n, not " + std::to_string(ld_out));
+  api::check_run_args(d.who(), a, b, out, ld_out, d.n);
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
@@ -312,10 +305,7 @@ void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cuda
 void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight, float eps,
                                 void* out, void* residual_out, int64_t m, cudaStream_t stream) {
   Impl& d = *impl_;
-  if (!a || !b || !out || !residual || !norm_weight)
-    throw InvalidArgument(d.who() + "::run_rmsnorm: a, b, residual, norm_weight and out must not be null");
-  if (!(eps >= 0) || !std::isfinite(eps))
-    throw InvalidArgument(d.who() + "::run_rmsnorm: eps must be finite and >= 0");
+  api::check_rmsnorm_args(d.who(), a, b, residual, norm_weight, out, eps);
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);

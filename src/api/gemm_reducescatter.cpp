@@ -117,6 +117,13 @@ struct GemmReduceScatter::Impl {
   void check_earlier_calls() const {
     if (last && core.wait_error()->failed) last->check();
   }
+  // The rows of C rank r's output holds for m, in order (they depend on m,
+  // the tile height and the world only).
+  std::vector<int32_t> rows_of(int64_t m, int r) const {
+    plan::Schedule s;
+    s.m = int32_t(m), s.n = int32_t(n), s.bm = api::kBm, s.bn = 256;
+    return plan::rs_rows_of_rank(s, world, r, layout());
+  }
   // all_gather_rows of the sub-tile layout for m: the padded buffers and the
   // rows' places, made once per m (allocates: prepare(m) makes them too).
   std::map<int64_t, rt::DeviceBuffer>::iterator prepare_gather(int64_t m) {
@@ -129,10 +136,8 @@ struct GemmReduceScatter::Impl {
     };
     grow(gather_send, part), grow(gather_recv, part * size_t(world));
     std::vector<int32_t> dst(size_t(most) * size_t(world), -1);
-    plan::Schedule s;
-    s.m = int32_t(m), s.n = int32_t(n), s.bm = api::kBm, s.bn = 256;
     for (int r = 0; r < world; ++r) {
-      const std::vector<int32_t> rows = plan::rs_rows_of_rank(s, world, r, plan::RsLayout::SubTile);
+      const std::vector<int32_t> rows = rows_of(m, r);
       std::copy(rows.begin(), rows.end(), dst.begin() + ptrdiff_t(r) * most);
     }
     if (zeros.bytes() < dst.size() * 4) {
@@ -151,19 +156,14 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   d.comm = comm.impl_;
   d.max_m = max_m, d.n = n, d.k = k, d.dtype = dtype, d.opts = options;
   d.rank = comm.rank(), d.world = comm.world();
-  if (max_m < 1 || n < 1 || k < 8 || k % 8 != 0 || max_m > (int64_t(1) << 30) || n > (int64_t(1) << 30))
-    throw InvalidArgument(d.who() + ": needs 1 <= max_m, 1 <= n (both below 2^30) and k a multiple of 8 (16-byte rows)");
+  api::check_shape(d.who(), max_m, n, k);
   if (options.layout == GemmReduceScatterOptions::Layout::SubTile && api::kBm % d.world != 0)
     throw InvalidArgument(d.who() + ": the sub-tile layout needs the world size to divide 128, not " +
                           std::to_string(d.world));
   if (options.layout == GemmReduceScatterOptions::Layout::Standard && max_m < d.world)
     throw InvalidArgument(d.who() + ": max_m must be at least the world size (every rank gets m / world rows)");
   d.sms = rt::current_device_sms();
-  if (options.nccl_sms < 1 || options.nccl_sms > d.sms / 2)
-    throw InvalidArgument(d.who() + ": nccl_sms must be in [1, " + std::to_string(d.sms / 2) + "], not " +
-                          std::to_string(options.nccl_sms));
-  if (!(options.wait_timeout_s > 0 && options.wait_timeout_s <= 7 * 24 * 3600.0))
-    throw InvalidArgument(d.who() + ": wait_timeout_s must be > 0 and at most a week");
+  api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
   d.check_m = api::check_m_enabled(options.check_m);
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
   d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who());
@@ -182,9 +182,7 @@ GemmReduceScatter& GemmReduceScatter::operator=(GemmReduceScatter&&) noexcept = 
 
 void GemmReduceScatter::run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out) {
   Impl& d = *impl_;
-  if (!a || !b || !out) throw InvalidArgument(d.who() + "::run: a, b and out must not be null");
-  if (ld_out != 0 && ld_out < d.n)
-    throw InvalidArgument(d.who() + "::run: ld_out must be 0 (n) or at least n, not " + std::to_string(ld_out));
+  api::check_run_args(d.who(), a, b, out, ld_out, d.n);
   d.check_earlier_calls();
   rt::OverlapReduceScatter& op = d.op_for(m, stream, true);
   if (d.check_m) api::check_same_m(d.comm->comm.get(), d.rank, m, stream, d.who());
@@ -195,9 +193,7 @@ void GemmReduceScatter::run(const void* a, const void* b, void* out, int64_t m, 
 void GemmReduceScatter::run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight,
                                     float eps, void* out, void* residual_out, int64_t m, cudaStream_t stream) {
   Impl& d = *impl_;
-  if (!a || !b || !out || !residual || !norm_weight)
-    throw InvalidArgument(d.who() + "::run_rmsnorm: a, b, residual, norm_weight and out must not be null");
-  if (!(eps >= 0) || !std::isfinite(eps)) throw InvalidArgument(d.who() + "::run_rmsnorm: eps must be finite and >= 0");
+  api::check_rmsnorm_args(d.who(), a, b, residual, norm_weight, out, eps);
   d.check_earlier_calls();
   rt::OverlapReduceScatter& op = d.op_for(m, stream, true);
   if (d.check_m) api::check_same_m(d.comm->comm.get(), d.rank, m, stream, d.who());
@@ -215,9 +211,7 @@ int64_t GemmReduceScatter::rows_out(int64_t m) const {
 std::vector<int64_t> GemmReduceScatter::rows(int64_t m) const {
   const Impl& d = *impl_;
   d.check_m_value(m);
-  plan::Schedule s;
-  s.m = int32_t(m), s.n = int32_t(d.n), s.bm = api::kBm, s.bn = 256;  // (rows depend on m, bm and the world only)
-  const std::vector<int32_t> r = plan::rs_rows_of_rank(s, d.world, d.rank, d.layout());
+  const std::vector<int32_t> r = d.rows_of(m, d.rank);
   return std::vector<int64_t>(r.begin(), r.end());
 }
 

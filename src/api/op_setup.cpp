@@ -2,6 +2,7 @@
 #include "api/op_setup.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -43,6 +44,32 @@ std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int
   for (const std::array<double, 2>& r : rt::gather_from_all(comm, rank, mine, who + ": the GEMM's wave times"))
     for (size_t i = 0; i < 2; ++i) most[i] = std::max(most[i], r[i]);
   return most;
+}
+
+void check_shape(const std::string& who, int64_t max_m, int64_t n, int64_t k) {
+  if (max_m < 1 || n < 1 || k < 8 || k % 8 != 0 || max_m > (int64_t(1) << 30) || n > (int64_t(1) << 30))
+    throw InvalidArgument(who + ": needs 1 <= max_m, 1 <= n (both below 2^30) and k a multiple of 8 (16-byte rows)");
+}
+
+void check_op_options(const std::string& who, int sms, int nccl_sms, double wait_timeout_s) {
+  if (nccl_sms < 1 || nccl_sms > sms / 2)
+    throw InvalidArgument(who + ": nccl_sms must be in [1, " + std::to_string(sms / 2) + "], not " +
+                          std::to_string(nccl_sms));
+  if (!(wait_timeout_s > 0 && wait_timeout_s <= 7 * 24 * 3600.0))
+    throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
+}
+
+void check_run_args(const std::string& who, const void* a, const void* b, const void* out, int64_t ld_out, int64_t n) {
+  if (!a || !b || !out) throw InvalidArgument(who + "::run: a, b and out must not be null");
+  if (ld_out != 0 && ld_out < n)
+    throw InvalidArgument(who + "::run: ld_out must be 0 (n) or at least n, not " + std::to_string(ld_out));
+}
+
+void check_rmsnorm_args(const std::string& who, const void* a, const void* b, const void* residual,
+                        const void* norm_weight, const void* out, float eps) {
+  if (!a || !b || !out || !residual || !norm_weight)
+    throw InvalidArgument(who + "::run_rmsnorm: a, b, residual, norm_weight and out must not be null");
+  if (!(eps >= 0) || !std::isfinite(eps)) throw InvalidArgument(who + "::run_rmsnorm: eps must be finite and >= 0");
 }
 
 std::string current_gpu_name() {

@@ -37,6 +37,16 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
 std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
                                    int sms, const std::string& who);
 
+// The checks every public op makes (InvalidArgument naming `who`): its
+// shape at construction (1 <= max_m, n below 2^30, k % 8 == 0), the SMs left
+// to NCCL (in [1, sms / 2]) and the wait timeout (> 0, at most a week); a
+// call's pointers and ld_out (0: n, or >= n); run_rmsnorm's pointers and eps.
+void check_shape(const std::string& who, int64_t max_m, int64_t n, int64_t k);
+void check_op_options(const std::string& who, int sms, int nccl_sms, double wait_timeout_s);
+void check_run_args(const std::string& who, const void* a, const void* b, const void* out, int64_t ld_out, int64_t n);
+void check_rmsnorm_args(const std::string& who, const void* a, const void* b, const void* residual,
+                        const void* norm_weight, const void* out, float eps);
+
 // The name of the current device (the curves' and the tuning cache's key).
 std::string current_gpu_name();
 
