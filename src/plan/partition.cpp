@@ -95,6 +95,25 @@ std::vector<Group> make_groups(const Schedule& s, const Partition& p) {
   return groups;
 }
 
+void require_tile_groups(const std::vector<Group>& groups, int32_t tiles, const std::string& who) {
+  if (groups.empty()) throw InvalidArgument(who + ": no groups");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const int32_t expect = g == 0 ? 0 : groups[g - 1].end_tile;
+    if (groups[g].first_tile != expect || groups[g].end_tile <= groups[g].first_tile)
+      throw InvalidArgument(who + ": groups must be consecutive non-empty tile ranges (group " + std::to_string(g) +
+                            ")");
+  }
+  if (groups.back().end_tile != tiles) throw InvalidArgument(who + ": the groups do not cover all tiles");
+}
+
+std::vector<int32_t> group_of_tiles(const std::vector<Group>& groups, int32_t tiles, int32_t sink) {
+  std::vector<int32_t> got(size_t(std::max(tiles, 0)));
+  for (size_t g = 0; g < groups.size(); ++g)
+    std::fill(got.begin() + groups[g].first_tile, got.begin() + groups[g].end_tile,
+              int32_t(g) == sink ? int32_t(groups.size()) : int32_t(g));
+  return got;
+}
+
 std::vector<int32_t> group_of_wave(const std::vector<Group>& groups) {
   std::vector<int32_t> g(groups.empty() ? 0 : size_t(groups.back().end_wave));
   for (size_t i = 0; i < groups.size(); ++i)

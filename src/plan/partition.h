@@ -50,4 +50,12 @@ std::vector<Group> make_groups(const Schedule& s, const Partition& p);
 // group_of_wave[round_of(idx)]).
 std::vector<int32_t> group_of_wave(const std::vector<Group>& groups);
 
+// Throws InvalidArgument (after `who`) unless `groups` are consecutive
+// non-empty tile ranges covering [0, tiles): what an overlapped op runs on.
+void require_tile_groups(const std::vector<Group>& groups, int32_t tiles, const std::string& who);
+// Group index of each of the `tiles` tiles (the runtime's group_of_tile);
+// the tiles of group `sink` (tests' dropped group; -1: none) get index
+// groups.size() instead, a counter nothing waits on.
+std::vector<int32_t> group_of_tiles(const std::vector<Group>& groups, int32_t tiles, int32_t sink = -1);
+
 }  // namespace flashoverlap::plan

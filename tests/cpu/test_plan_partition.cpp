@@ -88,3 +88,25 @@ TEST(PlanPartition, GroupsAreConsecutiveWaveRunsOfTiles) {
     EXPECT_THROW(fo::make_groups(s, {s.waves() + 1}), flashoverlap::InvalidArgument);
   }
 }
+
+// What the overlapped ops accept as groups, and the group of each tile.
+TEST(PlanPartition, TileGroupsAreCheckedAndIndexed) {
+  const std::vector<fo::Group> ok = {fo::Group{0, 1, 0, 3}, fo::Group{1, 2, 3, 5}};
+  EXPECT_NO_THROW(fo::require_tile_groups(ok, 5, "op"));
+  auto message = [](const std::vector<fo::Group>& g, int32_t tiles) -> std::string {
+    try {
+      fo::require_tile_groups(g, tiles, "op");
+    } catch (const flashoverlap::InvalidArgument& e) {
+      return e.what();
+    }
+    return "(nothing thrown)";
+  };
+  EXPECT_EQ(message({}, 5), "op: no groups");
+  EXPECT_EQ(message(ok, 6), "op: the groups do not cover all tiles");
+  EXPECT_EQ(message({fo::Group{0, 1, 0, 3}, fo::Group{1, 2, 4, 5}}, 5),
+            "op: groups must be consecutive non-empty tile ranges (group 1)");
+  EXPECT_EQ(message({fo::Group{0, 1, 0, 0}, fo::Group{0, 1, 0, 5}}, 5),
+            "op: groups must be consecutive non-empty tile ranges (group 0)");
+  EXPECT_EQ(fo::group_of_tiles(ok, 5), (std::vector<int32_t>{0, 0, 0, 1, 1}));
+  EXPECT_EQ(fo::group_of_tiles(ok, 5, 0), (std::vector<int32_t>{2, 2, 2, 1, 1}));  // (group 0 to the sink)
+}

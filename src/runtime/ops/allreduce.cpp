@@ -94,17 +94,11 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   if (!kernels::tile_supported(s.bm, s.bn))
     throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
   auto& groups = opts_.groups;
-  if (groups.empty()) throw InvalidArgument("OverlapAllReduce: no groups");
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const int expect = g == 0 ? 0 : groups[g - 1].end_tile;
-    if (groups[g].first_tile != expect || groups[g].end_tile <= groups[g].first_tile)
-      throw InvalidArgument("OverlapAllReduce: groups must be consecutive non-empty tile ranges (group " +
-                            std::to_string(g) + ")");
-    // Inside a band tiles walk down its tile rows first: only whole bands are whole rows of C.
+  plan::require_tile_groups(groups, s.tiles(), "OverlapAllReduce");
+  // Inside a band tiles walk down its tile rows first: only whole bands are whole rows of C.
+  for (size_t g = 0; g < groups.size(); ++g)
     if (is_banded(opts_.layout) && groups[g].first_tile % (s.swizzle * s.tiles_n()) != 0)
       throw InvalidArgument("OverlapAllReduce: row-band group " + std::to_string(g) + " does not start a band");
-  }
-  if (groups.back().end_tile != s.tiles()) throw InvalidArgument("OverlapAllReduce: groups do not cover all tiles");
   if (is_banded(opts_.layout) && (s.raster != plan::Raster::AlongN))
     throw InvalidArgument("OverlapAllReduce: row-band groups need the AlongN raster");
   for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
@@ -123,11 +117,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   std::vector<uint32_t> counters = counts_after(epoch_, target_);
   counters.push_back(0);  // the fault-injection sink
   counters_ = to_device(counters);
-  std::vector<int32_t> got(s.tiles());
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t)
-      got[t] = int(g) == gemm_drop_group() ? int32_t(groups.size()) : int32_t(g);
-  group_of_tile_ = to_device(got);
+  group_of_tile_ = to_device(plan::group_of_tiles(groups, s.tiles(), gemm_drop_group()));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
   if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
   if (opts_.testing.diag_no_final_bytes && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))
@@ -420,19 +410,22 @@ void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int6
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, ld_out * 2, c, s.n * 2, s.n * 2, s.m, cudaMemcpyDeviceToDevice, stream));
 }
 
-void OverlapAllReduce::check_rmsnorm_args(const RmsNormArgs& norm, const void* out, int64_t m) const {
-  const plan::Schedule& s = opts_.sched;
-  if (!norm.residual || !norm.weight) throw InvalidArgument("run_rmsnorm: residual and weight are required");
-  if (!out) throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + "): null output");
-  const size_t bytes = size_t(m) * s.n * 2;
+void check_norm_buffers(const RmsNormArgs& norm, const void* out, size_t bytes, const std::string& who) {
+  if (!norm.residual || !norm.weight) throw InvalidArgument(who + ": residual and weight are required");
+  if (!out) throw InvalidArgument(who + ": null output");
   auto overlap = [bytes](const void* x, const void* y) {
     const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
     return x && y && p < q + bytes && q < p + bytes;
   };
   if (overlap(norm.residual, out) || overlap(norm.residual_out, out) || overlap(norm.residual_out, norm.residual))
-    throw InvalidArgument("run_rmsnorm (rank " + std::to_string(opts_.rank) + ", " + std::to_string(m) + "x" +
-                          std::to_string(s.n) +
-                          "): residual, residual_out and the output must not overlap (pass separate buffers)");
+    throw InvalidArgument(who + ": residual, residual_out and the output must not overlap (pass separate buffers)");
+}
+
+void OverlapAllReduce::check_rmsnorm_args(const RmsNormArgs& norm, const void* out, int64_t m) const {
+  const plan::Schedule& s = opts_.sched;
+  check_norm_buffers(norm, out, size_t(m) * s.n * 2,
+                     "run_rmsnorm (rank " + std::to_string(opts_.rank) + ", " + std::to_string(m) + "x" +
+                         std::to_string(s.n) + ")");
 }
 
 void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,

@@ -265,6 +265,10 @@ struct RmsNormArgs {
   float eps = 1e-6f;
   void* residual_out = nullptr;    // optional: h = x + residual
 };
+// Throws InvalidArgument (after `who`) unless the residual, the weight and
+// `out` are given and the residual, residual_out and `out` (`bytes` each)
+// do not overlap.
+void check_norm_buffers(const RmsNormArgs& norm, const void* out, size_t bytes, const std::string& who);
 
 // Calls and streams (what the tests check):
 //  - one op: calls may come on any streams; a call on another stream than

@@ -29,14 +29,7 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
     throw InvalidArgument(who + ": unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
   plan::require_rs_layout(s, world_, opts_.layout);  // (m % W, or bm % W for sub-tile: its message)
   const auto& groups = opts_.groups;
-  if (groups.empty()) throw InvalidArgument(who + ": no groups");
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const int expect = g == 0 ? 0 : groups[g - 1].end_tile;
-    if (groups[g].first_tile != expect || groups[g].end_tile <= groups[g].first_tile)
-      throw InvalidArgument(who + ": groups must be consecutive non-empty tile ranges (group " + std::to_string(g) +
-                            ")");
-  }
-  if (groups.back().end_tile != s.tiles()) throw InvalidArgument(who + ": the groups do not cover all tiles");
+  plan::require_tile_groups(groups, s.tiles(), who);
   if (opts_.fallback_cublas && !plain_sequential())
     throw InvalidArgument(who + ": fallback_cublas needs the sequential plan of the standard layout");
   for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
@@ -63,11 +56,7 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
   std::vector<uint32_t> counters = counts_after(epoch_, target_);
   counters.push_back(0);  // the fault-injection sink
   counters_ = to_device(counters);
-  std::vector<int32_t> got(size_t(s.tiles()));
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (int t = groups[g].first_tile; t < groups[g].end_tile; ++t)
-      got[size_t(t)] = int(g) == opts_.testing.fault_drop_group ? int32_t(groups.size()) : int32_t(g);
-  group_of_tile_ = to_device(got);
+  group_of_tile_ = to_device(plan::group_of_tiles(groups, s.tiles(), opts_.testing.fault_drop_group));
   if (!opts_.core) FO_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -169,16 +158,8 @@ void OverlapReduceScatter::run(const void* a, const void* b, void* out, int64_t 
 void OverlapReduceScatter::run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out,
                                        cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
-  check_out(out, "run_rmsnorm");
-  if (!norm.residual || !norm.weight) throw InvalidArgument("OverlapReduceScatter::run_rmsnorm: residual and weight are required");
-  const size_t bytes = size_t(out_rows_) * s.n * 2;
-  auto overlap = [bytes](const void* x, const void* y) {
-    const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
-    return x && y && p < q + bytes && q < p + bytes;
-  };
-  if (overlap(norm.residual, out) || overlap(norm.residual_out, out) || overlap(norm.residual_out, norm.residual))
-    throw InvalidArgument("OverlapReduceScatter::run_rmsnorm (rank " + std::to_string(rank_) +
-                          "): residual, residual_out and the output must not overlap (pass separate buffers)");
+  check_norm_buffers(norm, out, size_t(out_rows_) * s.n * 2,
+                     "OverlapReduceScatter::run_rmsnorm (rank " + std::to_string(rank_) + ")");
   begin_call(stream);
   enqueue_reduced(a, b, recv_, stream);
   if (plain_sequential())
