@@ -14,6 +14,9 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "kernels/check.h"
 #include "runtime/core/buffer.h"
@@ -66,6 +69,28 @@ inline ::testing::AssertionResult within(const kernels::CompareResult& r) {
     return ::testing::AssertionSuccess();
   }
   return ::testing::AssertionFailure() << "beyond the tolerance: " << r.describe();
+}
+
+// Bitwise, 16-bit elements on the device: output row i (ld elements apart)
+// equals row rows[i] of `full` (m x n, n per row): a ReduceScatter's rows of
+// the whole result, in the order its layout gives them.
+template <class Row>
+::testing::AssertionResult rows_equal(const void* out, int64_t ld, const void* full, int64_t m, int64_t n,
+                                      const std::vector<Row>& rows) {
+  std::vector<uint16_t> o(rows.size() * size_t(ld)), f(size_t(m) * size_t(n));
+  if (cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemcpy(f.data(), full, f.size() * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return ::testing::AssertionFailure() << "cudaMemcpy of the rows failed";
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t c = 0; c < n; ++c)
+      if (o[i * size_t(ld) + size_t(c)] != f[size_t(rows[i]) * size_t(n) + size_t(c)]) {
+        if (first < 0) first = int64_t(i) * n + c;
+        ++bad;
+      }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << rows.size() * n << " elements differ, first at output row "
+                                       << first / n << " (C row " << rows[size_t(first / n)] << "), column " << first % n;
 }
 
 }  // namespace flashoverlap::test

@@ -42,23 +42,6 @@ void reference(const void* a, const void* b, void* ref, int64_t m, int64_t n, in
   rt::sequential_ours_allreduce(kBf16, a, b, ref, s, int(k), comm, st);
 }
 
-// Bitwise: output row i (ld) == row rows[i] of the full result (n per row).
-::testing::AssertionResult rows_equal(const void* out, int64_t ld, const void* full, int64_t m, int64_t n,
-                                      const std::vector<int64_t>& rows) {
-  std::vector<uint16_t> o(rows.size() * size_t(ld)), f(size_t(m) * size_t(n));
-  FO_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
-  FO_CUDA_CHECK(cudaMemcpy(f.data(), full, f.size() * 2, cudaMemcpyDeviceToHost));
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < rows.size(); ++i)
-    for (int64_t c = 0; c < n; ++c)
-      if (o[i * size_t(ld) + size_t(c)] != f[size_t(rows[i]) * size_t(n) + size_t(c)]) {
-        if (first < 0) first = int64_t(i) * n + c;
-        ++bad;
-      }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " elements differ, first at output row " << first / n << " (C row "
-                                       << rows[size_t(first / n)] << "), column " << first % n;
-}
 
 }  // namespace
 
@@ -105,7 +88,7 @@ TEST(GemmReduceScatterApi, AnyMOnEveryPathAndLayoutMatchesOurGemmAndNccl) {
           const std::vector<int64_t> held = op.rows(m);
           ASSERT_EQ(int64_t(held.size()), rows) << where;
           if (layout == Layout::Standard) EXPECT_EQ(held.front(), rank * (m / world)) << where;
-          EXPECT_TRUE(rows_equal(out.get(), ld, ref.get(), m, n, held)) << where;
+          EXPECT_TRUE(test::rows_equal(out.get(), ld, ref.get(), m, n, held)) << where;
           if (call % 10 == 3) {  // the RMSNorm form: the rows just checked, then the row-wise step
             const float eps = 1e-5f;
             kernels::fill_random(kBf16, residual.get(), rows * n, sd + 2, -1.f, 1.f, st);
@@ -175,7 +158,7 @@ TEST(GemmReduceScatterApi, GraphReplaysMixedWithEagerCalls) {
         reference(a.get(), b.get(), ref.get(), mm, n, k, nccl, st);
         FO_CUDA_CHECK(cudaStreamSynchronize(st));
         op.check();
-        EXPECT_TRUE(rows_equal(out.get(), n, ref.get(), mm, n, op.rows(mm)))
+        EXPECT_TRUE(test::rows_equal(out.get(), n, ref.get(), mm, n, op.rows(mm)))
             << name(path) << " launch " << i << " kind " << kinds[i] << " rank " << rank << " seed " << seed << " ("
             << op.plan(mm) << ")";
       }

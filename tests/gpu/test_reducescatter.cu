@@ -57,27 +57,6 @@ void sum_ranks(const std::vector<const void*>& parts, int64_t count, void* dst, 
   FO_CUDA_CHECK(cudaGetLastError());
 }
 
-std::vector<uint16_t> to_host(const void* p, int64_t elems) {
-  std::vector<uint16_t> h(static_cast<size_t>(elems));
-  FO_CUDA_CHECK(cudaMemcpy(h.data(), p, size_t(elems) * 2, cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// Bitwise: output row i (ld) == row rows[i] of the full result (n per row).
-::testing::AssertionResult rows_equal(const void* out, int64_t ld, const void* full, int64_t m, int64_t n,
-                                      const std::vector<int32_t>& rows) {
-  const std::vector<uint16_t> o = to_host(out, int64_t(rows.size()) * ld), f = to_host(full, m * n);
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < rows.size(); ++i)
-    for (int64_t c = 0; c < n; ++c)
-      if (o[i * size_t(ld) + size_t(c)] != f[size_t(rows[i]) * size_t(n) + size_t(c)]) {
-        if (first < 0) first = int64_t(i) * n + c;
-        ++bad;
-      }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << rows.size() * n << " elements differ, first at output row "
-                                       << first / n << " (C row " << rows[size_t(first / n)] << "), column " << first % n;
-}
 
 // ctas < 0: a grid of 1/2 to 1/5 of the tiles (two waves or more: groups to overlap).
 plan::Schedule random_schedule(int64_t m, int64_t n, int ctas, plan::RsLayout layout, std::mt19937_64& rng) {
@@ -145,7 +124,7 @@ TEST(ReduceScatterOneGpu, EveryLayoutAndPlanMatchesOurGemm) {
         kernels::launch_gemm(kernels::plain_gemm(kBf16, a.get(), b.get(), full, int(k), ref.get(), n), st);
         FO_CUDA_CHECK(cudaStreamSynchronize(st));
         op.check();
-        EXPECT_TRUE(rows_equal(out.get(), ld, ref.get(), m, n, op.rows_of_rank())) << where << " call " << call;
+        EXPECT_TRUE(test::rows_equal(out.get(), ld, ref.get(), m, n, op.rows_of_rank())) << where << " call " << call;
       }
       // The RMSNorm form: the same rows, then the row-wise step, as add_rmsnorm_rows does it.
       const float eps = test::eps_for_call(trial, double(k) / 9 + 1.0 / 3);
@@ -258,7 +237,7 @@ TEST(ReduceScatterOneGpu, RanksSideBySideMatchTheirSum) {
       FO_CUDA_CHECK(cudaDeviceSynchronize());
       for (int r = 0; r < world; ++r) {
         ranks.ops[size_t(r)]->check();
-        EXPECT_TRUE(rows_equal(out[r].get(), n, sum.get(), m, n, ranks.ops[size_t(r)]->rows_of_rank()))
+        EXPECT_TRUE(test::rows_equal(out[r].get(), n, sum.get(), m, n, ranks.ops[size_t(r)]->rows_of_rank()))
             << where << ", rank " << r << ", call " << call;
       }
     }
@@ -322,7 +301,7 @@ TEST(ReduceScatterTwoGpus, EveryLayoutAndPlanMatchesOurGemmAndNccl) {
       rt::sequential_ours_allreduce(kBf16, a.get(), b.get(), ref.get(), full, int(k), nccl, st);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
-      EXPECT_TRUE(rows_equal(out.get(), n, ref.get(), m, n, op.rows_of_rank()))
+      EXPECT_TRUE(test::rows_equal(out.get(), n, ref.get(), m, n, op.rows_of_rank()))
           << describe(op) << ", rank " << rank << ", seed " << seed;
     }
     FO_CUDA_CHECK(cudaStreamDestroy(st));
