@@ -433,11 +433,44 @@ def dtype_code(dtype):
     raise InvalidArgument(f"dtype = {dtype!r}: bf16 or fp16")
 
 
-class GemmAllReduce(_Handle):
+class _GemmOp(_Handle):
+    """What both ops' classes share: the C functions fo_gemm_<kind>_<name>."""
+
+    _kind = None  # "allreduce" | "reducescatter"
+
+    def _c(self, name):
+        return getattr(self._lib.c, f"fo_gemm_{self._kind}_{name}")
+
+    def run(self, a, b, out, m, stream=None, ld_out=0):
+        """The op's result for m rows of a into out, on stream (a cudaStream_t
+        as an integer; None/0: the legacy default stream)."""
+        self._c("run")(self.handle, a, b, out, m, stream or None, ld_out)
+
+    def run_rmsnorm(self, a, b, residual, norm_weight, eps, out, residual_out, m, stream=None):
+        """out = RMSNorm(h) * norm_weight, h = the op's result + residual;
+        residual_out (optional) = h."""
+        self._c("run_rmsnorm")(self.handle, a, b, residual, norm_weight, eps, out, residual_out or None, m,
+                               stream or None)
+
+    def prepare(self, m):
+        """Plans m and allocates what its calls need: before a CUDA-graph capture."""
+        self._c("prepare")(self.handle, m)
+
+    def plan(self, m):
+        """The plan m runs with, as text."""
+        return _plan_text(self._c("plan"), self.handle, m)
+
+    def check(self):
+        """Raises the error of an earlier call whose wait timed out."""
+        self._c("check")(self.handle)
+
+
+class GemmAllReduce(_GemmOp):
     """out (m x n) = AllReduce(a (m x k) * b^T (b: n x k)) over comm's ranks, on
     device pointers (flashoverlap::GemmAllReduce). Construction is collective."""
 
     _destroy = "fo_gemm_allreduce_destroy"
+    _kind = "allreduce"
 
     def __init__(self, comm, max_m, n, k, dtype, *, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None,
                  curves=None, tuning_cache=None):
@@ -448,29 +481,6 @@ class GemmAllReduce(_Handle):
         lib.c.fo_gemm_allreduce_create(comm.handle, max_m, n, k, code, byref(opts), byref(out))
         super().__init__(lib, out)
 
-    def run(self, a, b, out, m, stream=None, ld_out=0):
-        """out = AllReduce(a * b^T) for m rows, on stream (a cudaStream_t as an
-        integer; None/0: the legacy default stream)."""
-        self._lib.c.fo_gemm_allreduce_run(self.handle, a, b, out, m, stream or None, ld_out)
-
-    def run_rmsnorm(self, a, b, residual, norm_weight, eps, out, residual_out, m, stream=None):
-        """out = RMSNorm(h) * norm_weight, h = AllReduce(a * b^T) + residual;
-        residual_out (optional) = h."""
-        self._lib.c.fo_gemm_allreduce_run_rmsnorm(self.handle, a, b, residual, norm_weight, eps, out,
-                                                  residual_out or None, m, stream or None)
-
-    def prepare(self, m):
-        """Plans m and allocates what its calls need: before a CUDA-graph capture."""
-        self._lib.c.fo_gemm_allreduce_prepare(self.handle, m)
-
-    def plan(self, m):
-        """The plan m runs with, as text."""
-        return _plan_text(self._lib.c.fo_gemm_allreduce_plan, self.handle, m)
-
-    def check(self):
-        """Raises the error of an earlier call whose wait timed out."""
-        self._lib.c.fo_gemm_allreduce_check(self.handle)
-
     def shape(self):
         """(max_m, n, k, dtype code)."""
         max_m, n, k, d = c_int64(), c_int64(), c_int64(), c_int()
@@ -478,7 +488,7 @@ class GemmAllReduce(_Handle):
         return max_m.value, n.value, k.value, d.value
 
 
-class GemmReduceScatter(_Handle):
+class GemmReduceScatter(_GemmOp):
     """out (rows_out(m) x n) = this rank's rows of the sum over comm's ranks of
     a (m x k) * b^T (b: n x k), on device pointers
     (flashoverlap::GemmReduceScatter). Construction is collective.
@@ -488,6 +498,7 @@ class GemmReduceScatter(_Handle):
     (rows(m) lists them)."""
 
     _destroy = "fo_gemm_reducescatter_destroy"
+    _kind = "reducescatter"
 
     def __init__(self, comm, max_m, n, k, dtype, *, path="auto", layout="standard", nccl_sms=None,
                  wait_timeout_s=None, check_m=None):
@@ -497,18 +508,6 @@ class GemmReduceScatter(_Handle):
         out = c_void_p()
         lib.c.fo_gemm_reducescatter_create(comm.handle, max_m, n, k, code, byref(opts), byref(out))
         super().__init__(lib, out)
-
-    def run(self, a, b, out, m, stream=None, ld_out=0):
-        """out (rows_out(m) rows) = this rank's rows of the sum of a * b^T for m
-        rows of a, on stream (a cudaStream_t as an integer; None/0: the legacy
-        default stream)."""
-        self._lib.c.fo_gemm_reducescatter_run(self.handle, a, b, out, m, stream or None, ld_out)
-
-    def run_rmsnorm(self, a, b, residual, norm_weight, eps, out, residual_out, m, stream=None):
-        """out = RMSNorm(h) * norm_weight, h = this rank's rows + residual (all
-        rows_out(m) x n); residual_out (optional) = h."""
-        self._lib.c.fo_gemm_reducescatter_run_rmsnorm(self.handle, a, b, residual, norm_weight, eps, out,
-                                                      residual_out or None, m, stream or None)
 
     def rows_out(self, m):
         """How many rows this rank's output holds for m."""
@@ -534,18 +533,6 @@ class GemmReduceScatter(_Handle):
         layout needs n % 8 == 0, and its first call with an m allocates (not
         under CUDA-graph capture)."""
         self._lib.c.fo_gemm_reducescatter_all_gather_rows(self.handle, local, full, m, stream or None)
-
-    def prepare(self, m):
-        """Plans m and allocates what its calls need: before a CUDA-graph capture."""
-        self._lib.c.fo_gemm_reducescatter_prepare(self.handle, m)
-
-    def plan(self, m):
-        """The plan m runs with, as text."""
-        return _plan_text(self._lib.c.fo_gemm_reducescatter_plan, self.handle, m)
-
-    def check(self):
-        """Raises the error of an earlier call whose wait timed out."""
-        self._lib.c.fo_gemm_reducescatter_check(self.handle)
 
     def shape(self):
         """(max_m, n, k, dtype code, world)."""

@@ -293,6 +293,50 @@ void copy_text(const std::string& text, char* buf, size_t size, size_t* needed) 
   }
 }
 
+// What the ops' functions share (Op: fo_gemm_allreduce or fo_gemm_reducescatter).
+// The defaults `d` into the caller's options of struct_size bytes: a caller
+// with a later header gets its fields beyond ours zero (unset); one of an
+// earlier version what it knows.
+template <class Options>
+void write_options(Options* options, const Options& d, size_t struct_size) {
+  if (struct_size > sizeof d)
+    std::memset(reinterpret_cast<unsigned char*>(options) + sizeof d, 0, struct_size - sizeof d);
+  std::memcpy(options, &d, std::min(sizeof d, struct_size));
+}
+template <class Op>
+void op_run(Op* op, const void* a, const void* b, void* out, int64_t m, void* stream, int64_t ld_out) {
+  Op& o = deref(op, "op");
+  require(a, "a");
+  require(b, "b");
+  require(out, "out");
+  o.op.run(a, b, out, m, static_cast<cudaStream_t>(stream), ld_out);
+}
+template <class Op>
+void op_run_rmsnorm(Op* op, const void* a, const void* b, const void* residual, const void* norm_weight, float eps,
+                    void* out, void* residual_out, int64_t m, void* stream) {
+  Op& o = deref(op, "op");
+  require(a, "a");
+  require(b, "b");
+  require(residual, "residual");
+  require(norm_weight, "norm_weight");
+  require(out, "out");
+  o.op.run_rmsnorm(a, b, residual, norm_weight, eps, out, residual_out, m, static_cast<cudaStream_t>(stream));
+}
+template <class Op>
+void op_plan(Op* op, int64_t m, char* buf, size_t size, size_t* needed) {
+  Op& o = deref(op, "op");
+  if (!buf && size > 0) throw InvalidArgument("buf is NULL with size = " + std::to_string(size) + " (not 0)");
+  copy_text(o.op.plan(m), buf, size, needed);
+}
+template <class Op>
+void op_shape(Op* op, int64_t* max_m, int64_t* n, int64_t* k, fo_dtype* dtype) {
+  const Op& o = deref(op, "op");
+  if (max_m) *max_m = o.op.max_m();
+  if (n) *n = o.op.n();
+  if (k) *k = o.op.k();
+  if (dtype) *dtype = o.op.dtype() == flashoverlap::DType::BF16 ? FO_DTYPE_BF16 : FO_DTYPE_FP16;
+}
+
 }  // namespace
 
 extern "C" {
@@ -414,10 +458,7 @@ fo_status fo_gemm_allreduce_options_default(fo_gemm_allreduce_options* options, 
     d.reserved_ = 0;
     d.curves = defaults.curves.empty() ? nullptr : defaults.curves.c_str();
     d.tuning_cache = nullptr;
-    // A caller with a later header: its fields beyond ours stay zero (unset).
-    if (struct_size > sizeof d)
-      std::memset(reinterpret_cast<unsigned char*>(options) + sizeof d, 0, struct_size - sizeof d);
-    std::memcpy(options, &d, std::min(sizeof d, struct_size));  // (a caller of version 1: what it knows)
+    write_options(options, d, struct_size);
   });
 }
 
@@ -438,11 +479,7 @@ fo_status fo_gemm_allreduce_create(fo_comm_t comm, int64_t max_m, int64_t n, int
 fo_status fo_gemm_allreduce_run(fo_gemm_allreduce_t op, const void* a, const void* b, void* out, int64_t m,
                                 void* stream, int64_t ld_out) {
   return guard("fo_gemm_allreduce_run", [&] {
-    fo_gemm_allreduce& o = deref(op, "op");
-    require(a, "a");
-    require(b, "b");
-    require(out, "out");
-    o.op.run(a, b, out, m, static_cast<cudaStream_t>(stream), ld_out);
+    op_run(op, a, b, out, m, stream, ld_out);
   });
 }
 
@@ -450,13 +487,7 @@ fo_status fo_gemm_allreduce_run_rmsnorm(fo_gemm_allreduce_t op, const void* a, c
                                         const void* norm_weight, float eps, void* out, void* residual_out, int64_t m,
                                         void* stream) {
   return guard("fo_gemm_allreduce_run_rmsnorm", [&] {
-    fo_gemm_allreduce& o = deref(op, "op");
-    require(a, "a");
-    require(b, "b");
-    require(residual, "residual");
-    require(norm_weight, "norm_weight");
-    require(out, "out");
-    o.op.run_rmsnorm(a, b, residual, norm_weight, eps, out, residual_out, m, static_cast<cudaStream_t>(stream));
+    op_run_rmsnorm(op, a, b, residual, norm_weight, eps, out, residual_out, m, stream);
   });
 }
 
@@ -466,9 +497,7 @@ fo_status fo_gemm_allreduce_prepare(fo_gemm_allreduce_t op, int64_t m) {
 
 fo_status fo_gemm_allreduce_plan(fo_gemm_allreduce_t op, int64_t m, char* buf, size_t size, size_t* needed) {
   return guard("fo_gemm_allreduce_plan", [&] {
-    fo_gemm_allreduce& o = deref(op, "op");
-    if (!buf && size > 0) throw InvalidArgument("buf is NULL with size = " + std::to_string(size) + " (not 0)");
-    copy_text(o.op.plan(m), buf, size, needed);
+    op_plan(op, m, buf, size, needed);
   });
 }
 
@@ -477,13 +506,7 @@ fo_status fo_gemm_allreduce_check(fo_gemm_allreduce_t op) {
 }
 
 fo_status fo_gemm_allreduce_shape(fo_gemm_allreduce_t op, int64_t* max_m, int64_t* n, int64_t* k, fo_dtype* dtype) {
-  return guard("fo_gemm_allreduce_shape", [&] {
-    const fo_gemm_allreduce& o = deref(op, "op");
-    if (max_m) *max_m = o.op.max_m();
-    if (n) *n = o.op.n();
-    if (k) *k = o.op.k();
-    if (dtype) *dtype = o.op.dtype() == flashoverlap::DType::BF16 ? FO_DTYPE_BF16 : FO_DTYPE_FP16;
-  });
+  return guard("fo_gemm_allreduce_shape", [&] { op_shape(op, max_m, n, k, dtype); });
 }
 
 fo_status fo_gemm_allreduce_destroy(fo_gemm_allreduce_t op) {
@@ -507,10 +530,7 @@ fo_status fo_gemm_reducescatter_options_default(fo_gemm_reducescatter_options* o
     d.wait_timeout_s = defaults.wait_timeout_s;
     d.check_m = defaults.check_m ? 1 : 0;
     d.layout = from_rs_layout(defaults.layout);
-    // A caller with a later header: its fields beyond ours stay zero (unset).
-    if (struct_size > sizeof d)
-      std::memset(reinterpret_cast<unsigned char*>(options) + sizeof d, 0, struct_size - sizeof d);
-    std::memcpy(options, &d, sizeof d);
+    write_options(options, d, struct_size);
   });
 }
 
@@ -531,11 +551,7 @@ fo_status fo_gemm_reducescatter_create(fo_comm_t comm, int64_t max_m, int64_t n,
 fo_status fo_gemm_reducescatter_run(fo_gemm_reducescatter_t op, const void* a, const void* b, void* out, int64_t m,
                                     void* stream, int64_t ld_out) {
   return guard("fo_gemm_reducescatter_run", [&] {
-    fo_gemm_reducescatter& o = deref(op, "op");
-    require(a, "a");
-    require(b, "b");
-    require(out, "out");
-    o.op.run(a, b, out, m, static_cast<cudaStream_t>(stream), ld_out);
+    op_run(op, a, b, out, m, stream, ld_out);
   });
 }
 
@@ -543,13 +559,7 @@ fo_status fo_gemm_reducescatter_run_rmsnorm(fo_gemm_reducescatter_t op, const vo
                                             const void* residual, const void* norm_weight, float eps, void* out,
                                             void* residual_out, int64_t m, void* stream) {
   return guard("fo_gemm_reducescatter_run_rmsnorm", [&] {
-    fo_gemm_reducescatter& o = deref(op, "op");
-    require(a, "a");
-    require(b, "b");
-    require(residual, "residual");
-    require(norm_weight, "norm_weight");
-    require(out, "out");
-    o.op.run_rmsnorm(a, b, residual, norm_weight, eps, out, residual_out, m, static_cast<cudaStream_t>(stream));
+    op_run_rmsnorm(op, a, b, residual, norm_weight, eps, out, residual_out, m, stream);
   });
 }
 
@@ -588,9 +598,7 @@ fo_status fo_gemm_reducescatter_prepare(fo_gemm_reducescatter_t op, int64_t m) {
 
 fo_status fo_gemm_reducescatter_plan(fo_gemm_reducescatter_t op, int64_t m, char* buf, size_t size, size_t* needed) {
   return guard("fo_gemm_reducescatter_plan", [&] {
-    fo_gemm_reducescatter& o = deref(op, "op");
-    if (!buf && size > 0) throw InvalidArgument("buf is NULL with size = " + std::to_string(size) + " (not 0)");
-    copy_text(o.op.plan(m), buf, size, needed);
+    op_plan(op, m, buf, size, needed);
   });
 }
 
@@ -601,12 +609,8 @@ fo_status fo_gemm_reducescatter_check(fo_gemm_reducescatter_t op) {
 fo_status fo_gemm_reducescatter_shape(fo_gemm_reducescatter_t op, int64_t* max_m, int64_t* n, int64_t* k,
                                       fo_dtype* dtype, int* world) {
   return guard("fo_gemm_reducescatter_shape", [&] {
-    const fo_gemm_reducescatter& o = deref(op, "op");
-    if (max_m) *max_m = o.op.max_m();
-    if (n) *n = o.op.n();
-    if (k) *k = o.op.k();
-    if (dtype) *dtype = o.op.dtype() == flashoverlap::DType::BF16 ? FO_DTYPE_BF16 : FO_DTYPE_FP16;
-    if (world) *world = o.op.world();
+    op_shape(op, max_m, n, k, dtype);
+    if (world) *world = op->op.world();
   });
 }
 
