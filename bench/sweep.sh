@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # A sweep of one op: every shape of its shape set, all variants, on all local
-# GPUs (one process each). Usage: [OP=allreduce|reducescatter] bench/sweep.sh OUTDIR [extra bench args]
+# GPUs (one process each). Usage: [OP=allreduce|reducescatter|alltoall] bench/sweep.sh OUTDIR [extra bench args]
 # Writes OUTDIR/<op>-h200x<W>.csv (+ a plot). REPEAT=N (default 1) runs the
 # sweep N times (OUTDIR/<op>-h200x<W>-run<i>.csv, each with its own tuner
 # picks) and writes the median of the runs (bench/median_of_sweeps.py) as the
-# main CSV. SHAPES overrides the shape set.
+# main CSV. SHAPES overrides the shape set. alltoall: shapes TxNxK (T tokens
+# per rank), each for every routing of ROUTINGS ("kind@topk ...", default on
+# W ranks: uniform@1 uniform@2 zipf:1.2@2 one:0@2 empty:1@1; one rank:
+# uniform@1), the routings' CSVs merged into the main one (REPEAT: not here).
 set -eu -o pipefail
 out=${1:?output directory}
 shift
@@ -17,7 +20,9 @@ case $op in
   reducescatter)  # (M = the rows of A on every rank; 3000: M/W not a tile multiple; the last three: Llama-3-8B MLP
                   # down, Llama-3-70B attention output, Qwen2.5-32B attention output at TP 2)
     shapes="2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3000x8192x8192,8192x4096x7168,8192x8192x4096,8192x5120x2560" ;;
-  *) echo "sweep.sh: OP must be allreduce or reducescatter, not $op" >&2; exit 2 ;;
+  alltoall)  # (N, K): Mixtral-8x7B-like, DeepSeek-V3-like, Qwen3-30B-A3B-like experts; T = 2048, 4096, 8192
+    shapes="2048x4096x14336,4096x4096x14336,8192x4096x14336,2048x7168x2048,4096x7168x2048,8192x7168x2048,2048x2048x768,4096x2048x768,8192x2048x768" ;;
+  *) echo "sweep.sh: OP must be allreduce, reducescatter or alltoall, not $op" >&2; exit 2 ;;
 esac
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # never NVLink multicast on these machines
 # The GPUs bench runs on: CUDA_VISIBLE_DEVICES's, else every GPU (no MIG lines).
@@ -60,7 +65,18 @@ sweep_into() {
 }
 
 rm -f "$csv"
-if [ "$repeat" -le 1 ]; then
+if [ "$op" = alltoall ]; then
+  if [ "$world" -ge 2 ]; then routings=${ROUTINGS:-"uniform@1 uniform@2 zipf:1.2@2 one:0@2 empty:1@1"}; else routings=${ROUTINGS:-uniform@1}; fi
+  for r in $routings; do
+    echo "##### routing ${r%@*}, top-${r#*@} ($(date -u +%H:%M:%S))"
+    part="$out/${op}-h200x${world}-${r//[:@]/_}.csv"
+    rm -f "$part"
+    sweep_into "$part" --routing "${r%@*}" --topk "${r#*@}" "$@" || true
+    if [ -s "$part" ]; then
+      if [ -s "$csv" ]; then tail -n +2 "$part" >>"$csv"; else cp "$part" "$csv"; fi
+    fi
+  done
+elif [ "$repeat" -le 1 ]; then
   sweep_into "$csv" "$@" || true
 else
   runs=()

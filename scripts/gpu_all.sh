@@ -11,6 +11,9 @@
 #   rs           the ReduceScatter sweep the same way -> $OUT/reducescatter-h200x<W>.csv, then (2+ GPUs)
 #                PyTorch's F.linear + reduce_scatter_tensor and Async-TP (symm_mem's fused_matmul_reduce_scatter)
 #                on the same shapes -> $OUT/reducescatter-torch-h200x<W>.csv (bench/torch_reducescatter.py)
+#   a2a          the All-to-All (MoE combine) sweep the same way -> $OUT/alltoall-h200x<W>.csv (ROUTINGS: see
+#                bench/sweep.sh), then PyTorch's F.linear + all_to_all_single + index_add on the same (N, K)
+#                (bench/torch_alltoall.py) -> $OUT/alltoall-torch-h200x<W>.csv
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
 #   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
 #   push-ab      pushed layouts, the GEMM's stores vs the copy engines on 1, 2, 4 copy streams (--trace)
@@ -188,6 +191,13 @@ for s in "$@"; do
         timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/torch_reducescatter.py \
           --csv "$OUT/reducescatter-torch-h200x$gpus.csv" 2>&1 | tee "$OUT/reducescatter-torch.log" || status=1
       fi
+      ;;
+    a2a)
+      stage "alltoall (MoE combine) sweep, then PyTorch's"
+      OP=alltoall bash bench/sweep.sh "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/alltoall.log" || status=1
+      timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/torch_alltoall.py \
+        --topk "$([ "$gpus" -ge 2 ] && echo 2 || echo 1)" --out "$OUT/alltoall-torch-h200x$gpus.csv" 2>&1 |
+        tee "$OUT/alltoall-torch.log" || status=1
       ;;
     power)
       stage "power and clocks per variant (NVML)"

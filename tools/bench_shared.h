@@ -47,6 +47,9 @@ struct Options {
   std::string layout = "auto";
   std::string decomp = "2,4,8";
   std::string rs_layout;  // reducescatter: standard | subtile (empty: standard)
+  std::string routing = "uniform";  // alltoall: uniform | zipf:S | one:R | empty:R (plan::make_moe_routing)
+  int topk = 0;                     // alltoall: ranks each token picks (0: min(2, world))
+  int64_t tokens = 0;               // alltoall: tokens per rank (0: the shape's M)
   bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
   bool diag_no_final_bytes = false;  // measurement only: owners' finals counted at the peer, not moved
   bool owners_wide = false;  // testing: owners on 2 ranks through the path of 3-8
@@ -214,6 +217,28 @@ inline std::vector<double> time_variants(Context& cx, const Options& o, const Va
   return ms;
 }
 
+// The candidates of the flashoverlap row timed in turns (median per rank,
+// max over ranks); check() after them (each op's waits). Returns the fastest
+// and writes the finalists' line ("name [model] 0.123 ms*, ...") to `line`.
+inline size_t fastest_in_turns(Context& cx, const Options& o, const std::vector<std::function<void()>>& fns,
+                               const std::function<std::string(size_t)>& name, const std::function<void()>& check,
+                               std::string& line) {
+  std::vector<double> ms;
+  for (const auto& t : rt::time_collective_interleaved(fns, cx.stream, cx.base.get(), o.warmup, o.iters, o.gate))
+    ms.push_back(t.median_ms);
+  FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  check();
+  ms = rt::max_over_ranks(*cx.rv, ms);
+  size_t best = 0;
+  for (size_t i = 1; i < ms.size(); ++i)
+    if (ms[i] < ms[best]) best = i;
+  std::ostringstream sel;
+  sel << std::fixed << std::setprecision(3);
+  for (size_t i = 0; i < ms.size(); ++i) sel << (i ? ", " : "") << name(i) << " " << ms[i] << " ms" << (i == best ? "*" : "");
+  line = sel.str();
+  return best;
+}
+
 // --op reducescatter (cmd_bench_rs.cpp). Its options, checked before any GPU
 // is looked for (the world size from the job's environment, where set):
 // throws InvalidArgument.
@@ -221,5 +246,12 @@ void check_reducescatter_options(const Options& o, const std::vector<std::array<
 // One shape: correctness, then the variants timed in turns. Throws rt::NoPlan
 // (the same on every rank) for a shape these options cannot run.
 ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K);
+
+// --op alltoall (cmd_bench_a2a.cpp), the same way: a shape's M is the tokens
+// per rank (--tokens overrides it).
+void check_alltoall_options(const Options& o, const std::vector<std::array<int64_t, 3>>& shapes);
+ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K);
+// --topk as given, or min(2, world) for 0.
+inline int topk_of(const Options& o, int world) { return o.topk > 0 ? o.topk : std::min(2, world); }
 
 }  // namespace flashoverlap::cli::bench

@@ -501,12 +501,13 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
 }
 
 int run(const Options& o) {
-  const bool rs = o.op == "reducescatter";
-  if (o.op != "allreduce" && !rs)
-    throw InvalidArgument("bench --op " + o.op + ": only allreduce and reducescatter have an overlapped runtime so far "
-                          "(alltoall is planned: see `flashoverlap plan`)");
-  if (!rs && !o.rs_layout.empty()) throw InvalidArgument("--rs-layout is for --op reducescatter");
-  const char* collective = rs ? "ReduceScatter" : "AllReduce";
+  const bool rs = o.op == "reducescatter", a2a = o.op == "alltoall";
+  if (o.op != "allreduce" && !rs && !a2a)
+    throw InvalidArgument("bench --op " + o.op + ": must be allreduce, reducescatter or alltoall");
+  if (!rs && !a2a && !o.rs_layout.empty()) throw InvalidArgument("--rs-layout is for --op reducescatter");
+  if (!a2a && (o.routing != "uniform" || o.topk != 0 || o.tokens != 0))
+    throw InvalidArgument("--routing, --topk and --tokens are for --op alltoall");
+  const char* collective = rs ? "ReduceScatter" : a2a ? "All-to-All" : "AllReduce";
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.tile != "auto") {
     const plan::TileShape t = plan::parse_tile(o.tile);  // (a malformed one: its message)
@@ -525,6 +526,7 @@ int run(const Options& o) {
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
   const auto shapes = shapes_of(o);
   if (rs) bench::check_reducescatter_options(o, shapes);  // (before the GPU: what the CPU tests see)
+  if (a2a) bench::check_alltoall_options(o, shapes);
   const rt::GpuProbe probe = rt::probe_gpus();
   const int gpus = probe.hopper;
   if (gpus < 1) {
@@ -563,7 +565,8 @@ int run(const Options& o) {
     if (!csv) throw Error("cannot write " + o.csv);
     if (fresh)
       csv << "M,N,K,dtype,world,variant,ms,speedup_vs_sequential,ideal_ms,gain_captured,partition,gemm_ms,comm_ms,"
-             "config,gemm_before_ms,comm_before_ms\n";
+             "config,gemm_before_ms,comm_before_ms"
+          << (a2a ? ",routing,topk,tokens" : "") << "\n";
   }
   nlohmann::json all = nlohmann::json::array();
   if (root && !o.json)
@@ -572,7 +575,9 @@ int run(const Options& o) {
   for (const auto& s : shapes) {
     ShapeResult r;
     try {
-      r = rs ? bench::bench_reducescatter(cx, o, s[0], s[1], s[2]) : bench_allreduce(cx, o, s[0], s[1], s[2]);
+      r = rs    ? bench::bench_reducescatter(cx, o, s[0], s[1], s[2])
+          : a2a ? bench::bench_alltoall(cx, o, s[0], s[1], s[2])
+                : bench_allreduce(cx, o, s[0], s[1], s[2]);
     } catch (const rt::NoPlan& e) {
       // No plan for this shape with these options: the same on every rank
       // (same shape, options and agreed measurements), at the same step, so
@@ -621,6 +626,11 @@ int run(const Options& o) {
                      {"partition", row.partition},
                      {"gemm_ms", r.gemm_ms}, {"comm_ms", r.comm_ms}, {"config", row.config}, {"checks", r.checks},
                      {"gemm_before_ms", r.gemm_before_ms}, {"comm_before_ms", r.comm_before_ms}});
+      if (a2a) {
+        all.back()["routing"] = o.routing;
+        all.back()["topk"] = bench::topk_of(o, cx.rv->world());
+        all.back()["tokens"] = r.m;
+      }
       if (!r.power.empty()) all.back()["power"] = r.power;
       if (csv) {
         csv << r.m << "," << r.n << "," << r.k << "," << o.dtype << "," << cx.rv->world() << "," << row.variant << ","
@@ -628,7 +638,9 @@ int run(const Options& o) {
         if (gain) csv << *gain;  // (empty: n/a)
         csv << ",\"" << row.partition << "\","
             << r.gemm_ms << "," << r.comm_ms << ",\"" << row.config << "\"," << r.gemm_before_ms << ","
-            << r.comm_before_ms << "\n";
+            << r.comm_before_ms;
+        if (a2a) csv << ",\"" << o.routing << "\"," << bench::topk_of(o, cx.rv->world()) << "," << r.m;
+        csv << "\n";
       }
     }
     if (csv) csv.flush();
@@ -673,8 +685,15 @@ void add_bench_command(CLI::App& app, int& rc) {
   // (A/B switches and diagnostics, apart from what a user chooses: its own group in --help)
   static const char* kExperiments = "Experiments (A/B switches and diagnostics)";
   cmd->add_option("--op", o->op,
-                  "allreduce or reducescatter (each rank ends with its rows of the summed C: --rs-layout; "
-                  "alltoall: planner only so far)")
+                  "allreduce, reducescatter (each rank ends with its rows of the summed C: --rs-layout) or "
+                  "alltoall (the MoE combine: shapes TxNxK, T tokens per rank; --routing, --topk, --tokens)")
+      ->capture_default_str();
+  cmd->add_option("--routing", o->routing,
+                  "alltoall: how tokens pick ranks: uniform, zipf:S (rank i weighted 1/(i+1)^S), one:R (every "
+                  "token picks R), empty:R (none picks R: its expert gets no rows)")
+      ->capture_default_str();
+  cmd->add_option("--topk", o->topk, "alltoall: ranks each token picks (0: min(2, world))")->capture_default_str();
+  cmd->add_option("--tokens", o->tokens, "alltoall: tokens per rank for every shape (0: the shape's first number)")
       ->capture_default_str();
   cmd->add_option("--rs-layout", o->rs_layout,
                   "reducescatter: standard (rank r gets rows [r M/W, (r+1) M/W), as ncclReduceScatter on C; "

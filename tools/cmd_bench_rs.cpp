@@ -265,20 +265,12 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
   if (ops.size() > 1) {  // the measured choice: the candidates in turns, max over ranks
     std::vector<std::function<void()>> fns;
     for (size_t i = 0; i < ops.size(); ++i) fns.push_back(fo_call(i));
-    std::vector<double> ms;
-    for (const auto& t : rt::time_collective_interleaved(fns, st, base, o.warmup, o.iters, o.gate))
-      ms.push_back(t.median_ms);
-    FO_CUDA_CHECK(cudaStreamSynchronize(st));
-    for (const auto& op : ops) op->check();
-    ms = rt::max_over_ranks(*cx.rv, ms);
-    for (size_t i = 1; i < ms.size(); ++i)
-      if (ms[i] < ms[best]) best = i;
-    std::ostringstream sel;
-    sel << std::fixed << std::setprecision(3);
-    for (size_t i = 0; i < ms.size(); ++i)
-      sel << (i ? ", " : "") << cands[i].name() << (cands[i].model ? " [model]" : "") << " " << ms[i] << " ms"
-          << (i == best ? "*" : "");
-    res.selection = sel.str();
+    best = fastest_in_turns(
+        cx, o, fns, [&](size_t i) { return cands[i].name() + (cands[i].model ? " [model]" : ""); },
+        [&] {
+          for (const auto& op : ops) op->check();
+        },
+        res.selection);
   }
   const Candidate& pick = cands[best];
   rt::OverlapReduceScatter& op = *ops[best];

@@ -17,6 +17,14 @@
  * fo_gemm_reducescatter_all_gather_rows gathers every rank's rows back into
  * the whole m x n, in C's row order).
  *
+ * fo_gemm_alltoall_* is the MoE combine of expert parallelism: each rank's
+ * rows of a * b^T go back to the ranks and tokens that a routing
+ * (fo_alltoall_routing, one per call, in host memory) names, and are summed
+ * per token, weighted by their gates (or returned as received). Each call
+ * exchanges the ranks' routings and plans on the host, so it synchronises
+ * the host and is not for CUDA graphs; it has no prepare and no plan(m),
+ * but fo_gemm_alltoall_last_plan.
+ *
  * Conventions, for every function below except fo_version, fo_c_abi_version,
  * fo_status_string and fo_last_error:
  *   - it returns an fo_status and writes its results through out-parameters;
@@ -35,7 +43,8 @@
  * (torch.cuda.current_stream().cuda_stream) as c_void_p. NULL is the legacy
  * default stream, as in CUDA. Device buffers are `void*` too. Enums are
  * 32-bit (each has a 0x7fffffff member to pin the size); the options structs
- * use only fixed-size fields (int32_t, double, a pointer, size_t).
+ * and fo_alltoall_routing use only fixed-size fields (int32_t, int64_t,
+ * double, a pointer, size_t).
  *
  * Threads: as in C++, each object is used by one thread at a time; objects
  * may be used from different threads one after the other. The last error is
@@ -59,8 +68,10 @@ extern "C" {
 
 /* The version of this C ABI, as fo_c_abi_version() returns it: raised when a
  * function's or a struct's layout changes incompatibly (adding a function,
- * an enum value or a field at the end of an options struct does not). A
- * loader that cannot see this header (ctypes) compares the two. */
+ * an enum value or a field at the end of a struct that starts with
+ * struct_size does not: fo_gemm_alltoall_* and fo_alltoall_routing were
+ * added so, within version 1). A loader that cannot see this header (ctypes)
+ * compares the two. */
 #define FO_C_ABI_VERSION 1
 
 /* What a call can report, and what the caller can do about it. */
@@ -76,9 +87,9 @@ typedef enum fo_status {
    * is installed but fails to start is FO_ERROR: that is a broken machine.) */
   FO_NO_GPU = 2,
   /* Anything else: CUDA, NCCL or cuBLAS failed, a wait timed out (see
-   * fo_gemm_allreduce_check, fo_gemm_reducescatter_check), out of host
-   * memory, a broken installation. The message says what; an op that
-   * reported it may not be usable again. */
+   * fo_gemm_allreduce_check, fo_gemm_reducescatter_check,
+   * fo_gemm_alltoall_check), out of host memory, a broken installation.
+   * The message says what; an op that reported it may not be usable again. */
   FO_ERROR = 3,
   FO_STATUS_FORCE_INT32_ = 0x7fffffff
 } fo_status;
@@ -90,8 +101,9 @@ typedef enum fo_dtype {
 } fo_dtype;
 
 /* GemmAllReduceOptions::Path: how the AllReduce runs beside the GEMM (see
- * flashoverlap.h). GemmReduceScatterOptions::Path takes the same values
- * where it has them: FO_PATH_AUTO, FO_PATH_SEQUENTIAL and FO_PATH_SLOTS. */
+ * flashoverlap.h). GemmReduceScatterOptions::Path and
+ * GemmAllToAllOptions::Path take the same values where they have them:
+ * FO_PATH_AUTO, FO_PATH_SEQUENTIAL and FO_PATH_SLOTS. */
 typedef enum fo_path {
   FO_PATH_AUTO = 0,
   FO_PATH_SEQUENTIAL = 1,
@@ -122,6 +134,8 @@ typedef struct fo_comm* fo_comm_t;
 typedef struct fo_gemm_allreduce* fo_gemm_allreduce_t;
 /* One GemmReduceScatter op (flashoverlap::GemmReduceScatter). */
 typedef struct fo_gemm_reducescatter* fo_gemm_reducescatter_t;
+/* One GemmAllToAll op (flashoverlap::GemmAllToAll). */
+typedef struct fo_gemm_alltoall* fo_gemm_alltoall_t;
 
 /* The bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
 #define FO_UNIQUE_ID_BYTES 128
@@ -157,6 +171,44 @@ typedef struct fo_gemm_reducescatter_options {
   int32_t check_m;       /* nonzero: every call checks all ranks passed the same m; default 0 */
   int32_t layout;        /* an fo_rs_layout; default FO_RS_LAYOUT_STANDARD */
 } fo_gemm_reducescatter_options;
+
+/* GemmAllToAllOptions, with fo_gemm_allreduce_options' rules: fill it with
+ * fo_gemm_alltoall_options_default first, then change fields; struct_size
+ * says which fields the caller's header knew. The fields it shares with
+ * fo_gemm_allreduce_options sit at the same offsets. */
+typedef struct fo_gemm_alltoall_options {
+  size_t struct_size;    /* sizeof(fo_gemm_alltoall_options), as the caller knows it */
+  int32_t path;          /* an fo_path: FO_PATH_AUTO (default), FO_PATH_SEQUENTIAL or FO_PATH_SLOTS (the
+                            others are no All-to-All path: FO_INVALID_ARGUMENT) */
+  int32_t nccl_sms;      /* SMs left to NCCL beside the GEMM; default 8 */
+  double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
+} fo_gemm_alltoall_options;
+
+/* AllToAllRouting: one call's routing on this rank, in host memory (what
+ * the MoE dispatch produced). Row i of a (and of a * b^T) goes back to rank
+ * dest_rank[i], where it is row dest_token[i] of that rank's tokens,
+ * weighted by gate[i]. send_counts[d] = the rows with dest_rank d;
+ * recv_counts[s] = the rows rank s sends here (all_to_all_single's input
+ * and output split sizes); both have world entries.
+ *
+ * It starts with struct_size, as the options do and for the same reason: a
+ * later version may add fields at the end (a caller's struct_size says
+ * whether it has them; a smaller one gets their defaults, and a larger one
+ * is refused if it sets fields this library does not know). There is no
+ * _default function: zero the struct, set struct_size = sizeof(struct
+ * fo_alltoall_routing), then the fields. The arrays are read during the
+ * call only. */
+typedef struct fo_alltoall_routing {
+  size_t struct_size;          /* sizeof(fo_alltoall_routing), as the caller knows it */
+  int64_t rows;                /* m: rows of a on this rank (0 allowed) */
+  const int32_t* dest_rank;    /* [rows] */
+  const int32_t* dest_token;   /* [rows], each in [0, the destination's tokens) */
+  const float* gate;           /* [rows]; may be NULL when not combining (these rows' gates are then 0 where
+                                  they land: NULL only where no rank combines) */
+  int64_t tokens;              /* this rank's tokens: rows of the combined output */
+  const int64_t* send_counts;  /* [world] */
+  const int64_t* recv_counts;  /* [world] */
+} fo_alltoall_routing;
 
 /* ---- queries without a status (they never fail and never change fo_last_error) ---- */
 
@@ -302,6 +354,51 @@ FO_C_API fo_status fo_gemm_reducescatter_shape(fo_gemm_reducescatter_t op, int64
                                                fo_dtype* dtype, int* world);
 /* Waits for the op's last call's work and releases it. NULL: nothing. */
 FO_C_API fo_status fo_gemm_reducescatter_destroy(fo_gemm_reducescatter_t op);
+
+/* ---- GemmAllToAll: each rank's rows of a (m x k) * b^T back to their ranks and tokens (the MoE combine) ---- */
+
+/* The defaults (equal to GemmAllToAllOptions{}'s), writing struct_size
+ * bytes of *options: pass sizeof *options. */
+FO_C_API fo_status fo_gemm_alltoall_options_default(fo_gemm_alltoall_options* options, size_t struct_size);
+/* Collective over comm: every rank, with the same arguments. options: NULL
+ * for the defaults. max_rows: the most rows of a on any rank in a call
+ * (>= 1); max_tokens: the most tokens of any rank (1 <= max_tokens <
+ * 2^30); topk: the ranks each token picks (1 <= topk <= world: a rank
+ * receives at most max_tokens * topk rows); n >= 1; k % 8 == 0. */
+FO_C_API fo_status fo_gemm_alltoall_create(fo_comm_t comm, int64_t max_rows, int64_t max_tokens, int topk, int64_t n,
+                                           int64_t k, fo_dtype dtype, const fo_gemm_alltoall_options* options,
+                                           fo_gemm_alltoall_t* out);
+/* One call, on stream (a cudaStream_t; NULL: the legacy default stream):
+ * a (routing->rows x k) and b (n x k) row-major; with combine nonzero, out
+ * (routing->tokens x n, ld_out elements per row, 0: n) row t = the sum of
+ * gate * row over the rows of token t (every rank's), in fp32 in (source
+ * rank, source row) order, rounded once (zeros for a token without rows);
+ * with combine 0, out (received rows x n) = the rows sent here, in (source
+ * rank, source row) order, unweighted. tokens_out (optional, device, one
+ * int32 per received row, in that order; written in either mode) = each
+ * received row's token. Collective: the ranks' routings are exchanged
+ * first and checked together: a routing that does not add up (counts that
+ * disagree between ranks or with dest_rank, a destination or token out of
+ * range, sizes beyond the op's) is FO_INVALID_ARGUMENT on every rank.
+ * routing is required; a and b may be NULL when routing->rows is 0; out may
+ * be NULL when nothing is written (combine: routing->tokens 0; without:
+ * no rows received). Not under CUDA-graph capture (FO_INVALID_ARGUMENT). */
+FO_C_API fo_status fo_gemm_alltoall_run(fo_gemm_alltoall_t op, const void* a, const void* b,
+                                        const fo_alltoall_routing* routing, void* out, int64_t ld_out, int combine,
+                                        int32_t* tokens_out, void* stream);
+/* The last call's plan (e.g. "slots: waves 2,2,1 of 5 (...), predicted ...";
+ * "no call yet" before one), as text into buf (size bytes), as snprintf
+ * does (see fo_gemm_allreduce_plan). */
+FO_C_API fo_status fo_gemm_alltoall_last_plan(fo_gemm_alltoall_t op, char* buf, size_t size, size_t* needed);
+/* FO_ERROR with its message if an earlier call's wait timed out (synchronise
+ * its stream first); FO_OK otherwise. */
+FO_C_API fo_status fo_gemm_alltoall_check(fo_gemm_alltoall_t op);
+/* The op's shape and its communicator's world size; each out-pointer may be
+ * NULL (not written). */
+FO_C_API fo_status fo_gemm_alltoall_shape(fo_gemm_alltoall_t op, int64_t* max_rows, int64_t* max_tokens, int* topk,
+                                          int64_t* n, int64_t* k, fo_dtype* dtype, int* world);
+/* Waits for the op's last call's work and releases it. NULL: nothing. */
+FO_C_API fo_status fo_gemm_alltoall_destroy(fo_gemm_alltoall_t op);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -1,5 +1,5 @@
-"""FlashOverlap from Python: a Hopper GEMM overlapped with the NCCL AllReduce
-or ReduceScatter that follows it (include/flashoverlap/flashoverlap.h),
+"""FlashOverlap from Python: a Hopper GEMM overlapped with the NCCL AllReduce,
+ReduceScatter or MoE All-to-All that follows it (include/flashoverlap/flashoverlap.h),
 through the library's C ABI (flashoverlap_c.h) and ctypes, as vLLM's PyNccl
 calls NCCL: nothing is compiled against PyTorch's C++ ABI, so one install
 serves every PyTorch.
@@ -9,6 +9,8 @@ serves every PyTorch.
     y = op(x, weight)       # AllReduce(x @ weight.T) over the group, on torch's current stream
     rs = fo.GemmReduceScatter(group, max_m=8192, n=8192, k=8192, dtype=torch.bfloat16)
     y = rs(x, weight)       # this rank's rows of the sum: (m / world, n)
+    a2a = fo.GemmAllToAll(group, max_rows=8192, max_tokens=4096, topk=2, n=4096, k=8192, dtype=torch.bfloat16)
+    y = a2a(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens)  # the MoE combine: (tokens, n)
 
 Importing this package imports no torch and loads no library: the library
 (and with it libnccl.so.2) is loaded at first use (load()), after torch
@@ -32,7 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "FlashOverlapError", "InvalidArgument", "NoGpu", "library_path", "load", "nccl_version",
-    "Communicator", "GemmAllReduce", "GemmReduceScatter", "unique_id",
+    "Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id",
 ]
 
 # The C ABI's status codes (fo_status).
@@ -124,7 +126,7 @@ def nccl_version():
 
 def __getattr__(name):
     # The ctypes layer's classes, without importing it (nor loading anything) at import.
-    if name in ("Communicator", "GemmAllReduce", "GemmReduceScatter", "unique_id"):
+    if name in ("Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id"):
         from . import _capi
         return getattr(_capi, name)
     raise AttributeError(f"module 'flashoverlap' has no attribute {name!r}")

@@ -8,10 +8,10 @@ per thread). The loader checks fo_c_abi_version() against C_ABI_VERSION: a
 library whose layouts differ from these declarations is refused before any
 call.
 
-Above the raw functions, Communicator, GemmAllReduce and GemmReduceScatter
-own a handle each (destroyed by close() or by the garbage collector) and take
-device pointers and streams as integers, as torch's data_ptr() and
-cuda_stream give them.
+Above the raw functions, Communicator, GemmAllReduce, GemmReduceScatter and
+GemmAllToAll own a handle each (destroyed by close() or by the garbage
+collector) and take device pointers and streams as integers, as torch's
+data_ptr() and cuda_stream give them.
 
 NCCL: the library needs libnccl.so.2 >= 2.28 (it calls 2.28's device API and
 symmetric windows) and runs on whichever libnccl.so.2 the process has loaded
@@ -34,6 +34,7 @@ UNIQUE_ID_BYTES = 128  # FO_UNIQUE_ID_BYTES
 DTYPE_BF16, DTYPE_FP16 = 0, 1
 PATHS = {"auto": 0, "sequential": 1, "row_bands": 2, "slots": 3, "owners": 4}
 RS_PATHS = {"auto": 0, "sequential": 1, "slots": 3}  # (GemmReduceScatter's: those fo_path values)
+A2A_PATHS = dict(RS_PATHS)  # (GemmAllToAll's: the same)
 RS_LAYOUTS = {"standard": 0, "subtile": 1}
 DTYPES = {"bf16": DTYPE_BF16, "bfloat16": DTYPE_BF16, "fp16": DTYPE_FP16, "float16": DTYPE_FP16}
 
@@ -78,7 +79,41 @@ class RsOptions(ctypes.Structure):
 
 assert ctypes.sizeof(RsOptions) == 32 and RsOptions.layout.offset == 28, "fo_gemm_reducescatter_options layout"
 
-_h = c_void_p  # fo_comm_t, fo_gemm_allreduce_t, fo_gemm_reducescatter_t, void* (device pointers, streams, ncclComm_t)
+
+class A2aOptions(ctypes.Structure):
+    """fo_gemm_alltoall_options (24 bytes; c_api.cpp asserts the offsets)."""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("path", c_int32),
+        ("nccl_sms", c_int32),
+        ("wait_timeout_s", c_double),
+    ]
+
+
+assert ctypes.sizeof(A2aOptions) == 24 and A2aOptions.wait_timeout_s.offset == 16, "fo_gemm_alltoall_options layout"
+
+
+class Routing(ctypes.Structure):
+    """fo_alltoall_routing (64 bytes; c_api.cpp asserts the offsets): one
+    call's routing on this rank, its arrays in host memory."""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("rows", c_int64),
+        ("dest_rank", POINTER(c_int32)),
+        ("dest_token", POINTER(c_int32)),
+        ("gate", POINTER(c_float)),
+        ("tokens", c_int64),
+        ("send_counts", POINTER(c_int64)),
+        ("recv_counts", POINTER(c_int64)),
+    ]
+
+
+assert ctypes.sizeof(Routing) == 64 and Routing.tokens.offset == 40 and Routing.recv_counts.offset == 56, \
+    "fo_alltoall_routing layout"
+
+_h = c_void_p  # fo_comm_t, fo_gemm_*_t, void* (device pointers, streams, ncclComm_t)
 _STATUS = "status"  # restype marker: an fo_status, checked
 
 # name: (restype, argtypes), in flashoverlap_c.h's order.
@@ -117,6 +152,15 @@ _PROTOTYPES = {
     "fo_gemm_reducescatter_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int64), POINTER(c_int64), POINTER(c_int),
                                               POINTER(c_int)]),
     "fo_gemm_reducescatter_destroy": (_STATUS, [_h]),
+    "fo_gemm_alltoall_options_default": (_STATUS, [POINTER(A2aOptions), c_size_t]),
+    "fo_gemm_alltoall_create": (_STATUS, [_h, c_int64, c_int64, c_int, c_int64, c_int64, c_int, POINTER(A2aOptions),
+                                          POINTER(_h)]),
+    "fo_gemm_alltoall_run": (_STATUS, [_h, _h, _h, POINTER(Routing), _h, c_int64, c_int, POINTER(c_int32), _h]),
+    "fo_gemm_alltoall_last_plan": (_STATUS, [_h, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "fo_gemm_alltoall_check": (_STATUS, [_h]),
+    "fo_gemm_alltoall_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int64), POINTER(c_int), POINTER(c_int64),
+                                         POINTER(c_int64), POINTER(c_int), POINTER(c_int)]),
+    "fo_gemm_alltoall_destroy": (_STATUS, [_h]),
 }
 
 
@@ -415,12 +459,27 @@ def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_tim
     return o
 
 
-def _plan_text(fn, handle, m):
-    """A plan function's text (fo_gemm_*_plan: the size first, then the text)."""
+def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None):
+    """fo_gemm_alltoall_options: the library's defaults, then what is given."""
+    o = A2aOptions()
+    lib.c.fo_gemm_alltoall_options_default(byref(o), ctypes.sizeof(o))
+    if path not in A2A_PATHS:
+        raise InvalidArgument(f"path = {path!r}: one of {', '.join(map(repr, A2A_PATHS))} (GemmAllToAll's)")
+    o.path = A2A_PATHS[path]
+    if nccl_sms is not None:
+        o.nccl_sms = int(nccl_sms)
+    if wait_timeout_s is not None:
+        o.wait_timeout_s = float(wait_timeout_s)
+    return o
+
+
+def _plan_text(fn, handle, *args):
+    """A plan function's text (fo_gemm_*_plan(handle, m, ...), fo_gemm_alltoall_last_plan(handle, ...): the size
+    first, then the text)."""
     needed = c_size_t(0)
-    fn(handle, m, None, 0, byref(needed))
+    fn(handle, *args, None, 0, byref(needed))
     buf = ctypes.create_string_buffer(needed.value)
-    fn(handle, m, buf, needed.value, None)
+    fn(handle, *args, buf, needed.value, None)
     return buf.value.decode(errors="replace")
 
 
@@ -433,13 +492,21 @@ def dtype_code(dtype):
     raise InvalidArgument(f"dtype = {dtype!r}: bf16 or fp16")
 
 
-class _GemmOp(_Handle):
-    """What both ops' classes share: the C functions fo_gemm_<kind>_<name>."""
+class _GemmBase(_Handle):
+    """What every op's class shares: the C functions fo_gemm_<kind>_<name>."""
 
-    _kind = None  # "allreduce" | "reducescatter"
+    _kind = None  # "allreduce" | "reducescatter" | "alltoall"
 
     def _c(self, name):
         return getattr(self._lib.c, f"fo_gemm_{self._kind}_{name}")
+
+    def check(self):
+        """Raises the error of an earlier call whose wait timed out."""
+        self._c("check")(self.handle)
+
+
+class _GemmOp(_GemmBase):
+    """What the ops whose calls take m rows share (GemmAllReduce, GemmReduceScatter)."""
 
     def run(self, a, b, out, m, stream=None, ld_out=0):
         """The op's result for m rows of a into out, on stream (a cudaStream_t
@@ -459,10 +526,6 @@ class _GemmOp(_Handle):
     def plan(self, m):
         """The plan m runs with, as text."""
         return _plan_text(self._c("plan"), self.handle, m)
-
-    def check(self):
-        """Raises the error of an earlier call whose wait timed out."""
-        self._c("check")(self.handle)
 
 
 class GemmAllReduce(_GemmOp):
@@ -539,3 +602,81 @@ class GemmReduceScatter(_GemmOp):
         max_m, n, k, d, w = c_int64(), c_int64(), c_int64(), c_int(), c_int()
         self._lib.c.fo_gemm_reducescatter_shape(self.handle, byref(max_m), byref(n), byref(k), byref(d), byref(w))
         return max_m.value, n.value, k.value, d.value, w.value
+
+
+def _host_array(ctype, v, name, count, keep):
+    """A POINTER(ctype) to count entries of v: a ctypes pointer (to the
+    caller's array, which it keeps alive and which must have count entries),
+    or a sequence of numbers, copied into a new array (kept in keep)."""
+    if isinstance(v, ctypes._Pointer):
+        return ctypes.cast(v, POINTER(ctype))
+    try:
+        n = len(v)
+    except TypeError:
+        raise InvalidArgument(f"{name} must be a sequence of {count} numbers, not {type(v).__name__}") from None
+    if n != count:
+        raise InvalidArgument(f"{name} has {n} entries, expected {count}")
+    a = (ctype * max(n, 1))(*v)
+    keep.append(a)
+    return ctypes.cast(a, POINTER(ctype))
+
+
+def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, world):
+    """(fo_alltoall_routing, what it points to: keep it alive while the routing
+    is used) for one call: rows and tokens, and host arrays, each a sequence
+    of numbers (copied) or a ctypes pointer to an array of the C type (int32
+    dest_rank and dest_token and float gate of rows entries, int64
+    send_counts and recv_counts of world entries; the caller's, not copied).
+    gate None: NULL (not combining)."""
+    keep = []
+    r = Routing()
+    r.struct_size = ctypes.sizeof(r)
+    r.rows, r.tokens = int(rows), int(tokens)
+    r.dest_rank = _host_array(c_int32, dest_rank, "dest_rank", r.rows, keep)
+    r.dest_token = _host_array(c_int32, dest_token, "dest_token", r.rows, keep)
+    if gate is not None:
+        r.gate = _host_array(c_float, gate, "gate", r.rows, keep)
+    r.send_counts = _host_array(c_int64, send_counts, "send_counts", world, keep)
+    r.recv_counts = _host_array(c_int64, recv_counts, "recv_counts", world, keep)
+    return r, keep
+
+
+class GemmAllToAll(_GemmBase):
+    """The MoE combine (flashoverlap::GemmAllToAll): each rank's rows of a (m x
+    k) * b^T (b: n x k) back to the ranks and tokens its routing names, on
+    device pointers, overlapped with the GEMM. Construction and every call are
+    collective; each call exchanges the ranks' routings (the host waits)."""
+
+    _destroy = "fo_gemm_alltoall_destroy"
+    _kind = "alltoall"
+
+    def __init__(self, comm, max_rows, max_tokens, topk, n, k, dtype, *, path="auto", nccl_sms=None,
+                 wait_timeout_s=None):
+        lib = _lib()
+        opts = make_a2a_options(lib, path, nccl_sms, wait_timeout_s)
+        code = dtype_code(dtype)
+        out = c_void_p()
+        lib.c.fo_gemm_alltoall_create(comm.handle, max_rows, max_tokens, topk, n, k, code, byref(opts), byref(out))
+        super().__init__(lib, out)
+
+    def run(self, a, b, routing, out, ld_out=0, combine=True, tokens_out=None, stream=None):
+        """One call: routing a Routing (make_routing; a pointer to one also
+        serves); with combine, out (tokens x n) = the gated sum per token,
+        else the received rows, in (source rank, source row) order;
+        tokens_out (optional, a device int32 pointer) their tokens; on stream
+        (a cudaStream_t as an integer; None/0: the legacy default stream). a,
+        b may be 0/None without rows, out where nothing is written."""
+        ref = routing if not isinstance(routing, Routing) else byref(routing)
+        tok = ctypes.cast(c_void_p(tokens_out), POINTER(c_int32)) if tokens_out else None
+        self._c("run")(self.handle, a or None, b or None, ref, out or None, ld_out, 1 if combine else 0, tok,
+                       stream or None)
+
+    def last_plan(self):
+        """The last call's plan, as text ("no call yet" before one)."""
+        return _plan_text(self._c("last_plan"), self.handle)
+
+    def shape(self):
+        """(max_rows, max_tokens, topk, n, k, dtype code, world)."""
+        mr, mt, topk, n, k, d, w = c_int64(), c_int64(), c_int(), c_int64(), c_int64(), c_int(), c_int()
+        self._c("shape")(self.handle, byref(mr), byref(mt), byref(topk), byref(n), byref(k), byref(d), byref(w))
+        return mr.value, mt.value, topk.value, n.value, k.value, d.value, w.value

@@ -1,5 +1,5 @@
-"""FlashOverlap's GEMM + AllReduce and GEMM + ReduceScatter for PyTorch
-tensors (PyTorch >= 2.4).
+"""FlashOverlap's GEMM + AllReduce, GEMM + ReduceScatter and GEMM + All-to-All
+(the MoE combine) for PyTorch tensors (PyTorch >= 2.4).
 
     import flashoverlap.torch as fo
     op = fo.GemmAllReduce(group, max_m=8192, n=8192, k=8192, dtype=torch.bfloat16)  # collective
@@ -14,6 +14,12 @@ tensors (PyTorch >= 2.4).
     full = rs.all_gather_rows(y)         # (m, n): every rank's rows, in x's row order (the AllGather that
                                          # closes the chain; the sub-tile layout: rs.all_gather_rows(y, m))
     y = fo.gemm_reduce_scatter(x, weight, group)
+
+    a2a = fo.GemmAllToAll(group, max_rows=8192, max_tokens=4096, topk=2, n=4096, k=8192, dtype=torch.bfloat16)
+    y = a2a(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens)   # (tokens, n): each
+                                         # token's rows from every rank's expert, summed by gate
+    rows, tok = a2a(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine=False)
+    y = fo.gemm_all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, group, tokens)
 
 The library is reached through its C ABI (ctypes): nothing here is compiled
 against torch, so any torch >= 2.4 serves. torch is imported at first use,
@@ -34,9 +40,17 @@ sub-tile layout's all_gather_rows allocates at its first call with an m, which
 prepare(m) does not make: an eager all_gather_rows with that m first.) They are
 forward-only (no autograd formula is registered).
 
+GemmAllToAll's calls are custom ops too (flashoverlap::gemm_all_to_all,
+flashoverlap::gemm_all_to_all_rows): the counts are int lists, so that the
+fake implementations know the outputs' rows ((tokens, n); (sum(recv_counts),
+n) and their tokens). Each call synchronises the host (the routing goes to
+the host and the ranks exchange it), so they are not for CUDA graphs.
+
 Collective: building an op (and, the first time per group, its communicator)
 is collective over the group, and so is every call: every rank makes the
-same calls, with the same m, in the same order, as SPMD code does.
+same calls, with the same m, in the same order, as SPMD code does (the
+All-to-All's rows and tokens differ between ranks: its routing is what the
+ranks agree on).
 """
 
 import itertools
@@ -47,18 +61,19 @@ import weakref
 
 from . import FlashOverlapError, InvalidArgument, NoGpu, _capi, load
 
-__all__ = ["GemmAllReduce", "GemmReduceScatter", "gemm_all_reduce", "gemm_reduce_scatter", "clear_cache",
-           "require_torch", "MIN_TORCH"]
+__all__ = ["GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "gemm_all_reduce", "gemm_reduce_scatter",
+           "gemm_all_to_all", "clear_cache", "require_torch", "MIN_TORCH"]
 
 MIN_TORCH = (2, 4)  # torch.library.custom_op and register_fake
 
 _torch = None  # the torch module, once require_torch() has accepted it
 _lock = threading.RLock()
-_ops = weakref.WeakValueDictionary()  # handle -> GemmAllReduce | GemmReduceScatter: what the custom ops' integer names
+_ops = weakref.WeakValueDictionary()  # handle -> an op (GemmAllReduce, ...): what the custom ops' integer names
 _ids = itertools.count(1)
 _comms = {}  # (group, device index, mode) -> _capi.Communicator: one per group, shared by its ops
 _cache = {}  # the functional's ops: (group, device, dtype, n, k, options) -> GemmAllReduce
 _rs_cache = {}  # gemm_reduce_scatter's, the same way -> GemmReduceScatter
+_a2a_cache = {}  # gemm_all_to_all's: (group, device, dtype, n, k, topk, options) -> GemmAllToAll
 _registered = False
 
 
@@ -94,7 +109,7 @@ def _register_ops(torch):
     """Defines the custom ops (once). Their real implementations look the op
     up by handle and validate the tensors; the fake ones only say the output's
     shape (validating what needs no data), so that tracing runs nothing."""
-    global _registered, _lookup, _rs_lookup
+    global _registered, _lookup, _rs_lookup, _a2a_lookup
     with _lock:
         if _registered:
             return
@@ -164,10 +179,43 @@ def _register_ops(torch):
             check_gather_inputs(op, y, m, bound_m=False)
             return y.new_empty((m, op.n))
 
+        # The MoE combine: the counts are int lists (SymInt[]), so that the
+        # output's rows are known without the data: (tokens, n) combined,
+        # (sum(recv_counts), n) and the tokens of the rows not.
+        @torch.library.custom_op(
+            "flashoverlap::gemm_all_to_all", mutates_args=(),
+            schema="(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor gate, SymInt[] send_counts, "
+                   "SymInt[] recv_counts, SymInt tokens, int handle) -> Tensor")
+        def _gemm_all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+            return _op_of(handle, GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts,
+                                                     tokens, True)[0]
+
+        @_gemm_all_to_all.register_fake
+        def _(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+            op = _op_of(handle, GemmAllToAll)
+            check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, True)
+            return x.new_empty((tokens, op.n))
+
+        @torch.library.custom_op(
+            "flashoverlap::gemm_all_to_all_rows", mutates_args=(),
+            schema="(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor? gate, "
+                   "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle) -> (Tensor, Tensor)")
+        def _gemm_all_to_all_rows(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+            return _op_of(handle, GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts,
+                                                     tokens, False)
+
+        @_gemm_all_to_all_rows.register_fake
+        def _(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+            op = _op_of(handle, GemmAllToAll)
+            check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, False)
+            received = sum(recv_counts)
+            return x.new_empty((received, op.n)), x.new_empty((received,), dtype=torch.int32)
+
         # The functionals' op lookups build ops (collective, ctypes): run them
         # eagerly under torch.compile (a graph break), then trace the op call.
         _lookup = torch.compiler.disable(_cached_op)
         _rs_lookup = torch.compiler.disable(_cached_rs_op)
+        _a2a_lookup = torch.compiler.disable(_cached_a2a_op)
         _registered = True
 
 
@@ -434,10 +482,10 @@ def _communicator(torch, group, rank, world, device, mode, who="GemmAllReduce"):
 
 # ---- the ops ----
 
-class _Op:
-    """What both ops share: the group, device and communicator they are built
-    on, the handle the custom ops are given, and each call's enqueueing (the
-    op's device, torch's current stream, the CUDA-graph rule)."""
+class _OpBase:
+    """What every op shares: the group, device and communicator it is built
+    on, the handle the custom ops are given, calls on the op's device, the
+    error check and close."""
 
     def _resolve(self, torch, group, device, who):
         """The op's device and group (and its rank and size in it); registers
@@ -459,9 +507,38 @@ class _Op:
         return communicator
 
     def _publish(self):
-        self._planned = set()  # the m's with a plan: those a CUDA graph may capture
         self.handle = next(_ids)  # what the custom ops are given
         _ops[self.handle] = self
+
+    def _on_device(self, fn):
+        """fn() with the op's device current (the library launches on the current device)."""
+        torch = _torch
+        if torch.cuda.current_device() != self.device.index:
+            with torch.cuda.device(self.device):
+                return fn()
+        return fn()
+
+    def check(self):
+        """Raises the error of an earlier call whose wait timed out (synchronise
+        its stream first); after one, build the communicator and op anew."""
+        self._op.check()
+
+    def close(self):
+        """Releases the op now (waits for its last call's work); the garbage
+        collector does it otherwise. Not while a CUDA graph that captured it
+        may still be replayed."""
+        _ops.pop(self.handle, None)
+        self._op.close()
+
+
+class _Op(_OpBase):
+    """What the ops whose calls take m rows share (GemmAllReduce,
+    GemmReduceScatter): each call's enqueueing (the op's device, torch's
+    current stream, the CUDA-graph rule), prepare and plan."""
+
+    def _publish(self):
+        self._planned = set()  # the m's with a plan: those a CUDA graph may capture
+        super()._publish()
 
     def _enqueue(self, m, call, planned=None, unplanned=None):
         """call(stream) on the op's device and its current stream; under CUDA
@@ -469,12 +546,7 @@ class _Op:
         set of the m's that are ready (default: the run's plans, self._planned;
         m is added once called); unplanned: a function giving the refusal's
         message then."""
-        torch = _torch
-        if torch.cuda.current_device() != self.device.index:
-            with torch.cuda.device(self.device):
-                self._enqueue_here(m, call, planned, unplanned)
-        else:
-            self._enqueue_here(m, call, planned, unplanned)
+        self._on_device(lambda: self._enqueue_here(m, call, planned, unplanned))
 
     def _enqueue_here(self, m, call, planned=None, unplanned=None):
         torch = _torch
@@ -505,18 +577,6 @@ class _Op:
         m = self._m(m)
         with _torch.cuda.device(self.device):
             return self._op.plan(m)
-
-    def check(self):
-        """Raises the error of an earlier call whose wait timed out (synchronise
-        its stream first); after one, build the communicator and op anew."""
-        self._op.check()
-
-    def close(self):
-        """Releases the op now (waits for its last call's work); the garbage
-        collector does it otherwise. Not while a CUDA graph that captured it
-        may still be replayed."""
-        _ops.pop(self.handle, None)
-        self._op.close()
 
 
 class GemmAllReduce(_Op):
@@ -812,6 +872,244 @@ class GemmReduceScatter(_Op):
             del spare  # (after the call is enqueued, as _run's)
         return full
 
+# ---- the MoE combine: GemmAllToAll ----
+
+INT32_MAX = (1 << 31) - 1
+
+
+def _tm():
+    """The torch module (the accepted one, or, in the validation's tests under an older torch, the importable one)."""
+    if _torch is not None:
+        return _torch
+    import torch
+    return torch
+
+
+def _is_int(v):
+    """An int or a torch SymInt (not a bool)."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or isinstance(v, getattr(_tm(), "SymInt", ()))
+
+
+def _counts(torch, op, name, v):
+    """send_counts / recv_counts as a list of op.world ints: from a list or
+    tuple of ints (torch SymInts too), or from an integer tensor of world
+    entries on any device (tolist(): a device tensor syncs)."""
+    if torch.is_tensor(v):
+        if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool or v.dim() != 1:
+            raise InvalidArgument(f"{op}: {name} must be a 1-D integer tensor or a list of ints, not a tensor of "
+                                  f"dtype {v.dtype} and {_describe(v)}")
+        v = v.tolist()
+    if not isinstance(v, (list, tuple)):
+        raise InvalidArgument(f"{op}: {name} must be a list of {op.world} ints (one per rank) or a 1-D integer "
+                              f"tensor, not {type(v).__name__}")
+    if len(v) != op.world:
+        raise InvalidArgument(f"{op}: {name} has {len(v)} entries, expected the world size {op.world} (one per rank)")
+    for c in v:
+        if not _is_int(c):
+            raise InvalidArgument(f"{op}: {name} = {list(v)!r}: not a list of ints")
+    return list(v)
+
+
+def _check_index(op, name, t, rows):
+    """t: an integer tensor of rows entries (dest_rank, dest_token), 1-D, on any device."""
+    if not hasattr(t, "data_ptr") or not hasattr(t, "dtype"):
+        raise InvalidArgument(f"{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == _tm().bool:
+        raise InvalidArgument(f"{op}: {name} has dtype {t.dtype}, expected an integer dtype (int32 or int64)")
+    if t.dim() != 1 or t.shape[0] != rows:
+        raise InvalidArgument(f"{op}: {name} has shape {tuple(t.shape)}, expected ({rows},): one entry per row of x")
+
+
+def check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine):
+    """InvalidArgument unless a GemmAllToAll call's arguments have the types and
+    shapes op (anything with n, k, dtype, device and world) wants: x (rows x
+    k) and weight (n x k) of its dtype and device, contiguous; dest_rank and
+    dest_token integer tensors of rows entries and gate (required to
+    combine) a floating one, on any device; send_counts and recv_counts
+    lists of world ints; tokens an int. What the values say (ranks and
+    tokens in range, counts that add up, sizes within the op's) the library
+    checks, on every rank together."""
+    _check_tensor(op, "x", x, (None, op.k))
+    _check_tensor(op, "weight", weight, (op.n, op.k))
+    rows = x.shape[0]
+    _check_index(op, "dest_rank", dest_rank, rows)
+    _check_index(op, "dest_token", dest_token, rows)
+    if gate is None:
+        if combine:
+            raise InvalidArgument(f"{op}: gate_weight is required to combine (combine=False returns the rows "
+                                  "unweighted)")
+    else:
+        if not hasattr(gate, "data_ptr") or not hasattr(gate, "dtype"):
+            raise InvalidArgument(f"{op}: gate_weight must be a torch.Tensor, not {type(gate).__name__}")
+        if not gate.dtype.is_floating_point:
+            raise InvalidArgument(f"{op}: gate_weight has dtype {gate.dtype}, expected a floating dtype (float32)")
+        if gate.dim() != 1 or gate.shape[0] != rows:
+            raise InvalidArgument(f"{op}: gate_weight has shape {tuple(gate.shape)}, expected ({rows},): one entry "
+                                  "per row of x")
+    for name, v in (("send_counts", send_counts), ("recv_counts", recv_counts)):
+        if not isinstance(v, (list, tuple)) or len(v) != op.world:
+            raise InvalidArgument(f"{op}: {name} must be a list of the world size {op.world} ints")
+    if not _is_int(tokens):
+        raise InvalidArgument(f"{op}: tokens = {tokens!r} is not an int (this rank's tokens)")
+
+
+def _host_int32(op, name, t):
+    """t (integer, any device) as a contiguous CPU int32 tensor (a device
+    tensor is copied to the host: that syncs with its stream)."""
+    h = t.detach().to("cpu")
+    if h.dtype != _tm().int32:
+        if h.numel() and (int(h.min()) < -INT32_MAX - 1 or int(h.max()) > INT32_MAX):
+            raise InvalidArgument(f"{op}: {name} has values outside int32 (from {int(h.min())} to {int(h.max())})")
+        h = h.to(_tm().int32)
+    return h.contiguous()
+
+
+def _host_ptr(ctype, t):
+    """A ctypes pointer to a CPU tensor's data (NULL for an empty one)."""
+    import ctypes
+    return ctypes.cast(ctypes.c_void_p(t.data_ptr() if t.numel() else 0), ctypes.POINTER(ctype))
+
+
+class GemmAllToAll(_OpBase):
+    """The MoE combine of expert parallelism, the All-to-All overlapped with
+    the GEMM (flashoverlap::GemmAllToAll): each rank's expert output x @
+    weight.T (x: the rows its expert received in the dispatch; weight: its
+    expert's, n x k) goes back to the ranks of their tokens, and each token's
+    rows are summed, weighted by their gates.
+
+    GemmAllToAll(group, max_rows, max_tokens, topk, n, k, dtype, *, device=None, comm="bootstrap",
+                 path="auto", nccl_sms=None, wait_timeout_s=None)
+
+    group, n, k, dtype, device, comm: as GemmAllReduce's (collective alike:
+    every rank builds it with the same arguments). max_rows: the most rows of
+    x on any rank in a call; max_tokens: the most tokens of any rank; topk:
+    the ranks each token picks (1 <= topk <= world; a rank receives at most
+    max_tokens * topk rows). path: "auto" | "sequential" | "slots"; nccl_sms
+    (None: the library's default, 8), wait_timeout_s: GemmAllToAllOptions
+    (flashoverlap.h).
+
+    Every call is collective, and synchronises the host: the ranks' routings
+    are exchanged (the host waits for that exchange) and the call planned on
+    the host. So it is not for CUDA graphs (refused under capture). It is the
+    torch.library custom op flashoverlap::gemm_all_to_all (combine) or
+    flashoverlap::gemm_all_to_all_rows (not), with fake implementations.
+    """
+
+    def __init__(self, group, max_rows, max_tokens, topk, n, k, dtype, *, device=None, comm="bootstrap", path="auto",
+                 nccl_sms=None, wait_timeout_s=None):
+        who = "GemmAllToAll"
+        torch = require_torch()
+        for name, v in (("max_rows", max_rows), ("max_tokens", max_tokens), ("topk", topk), ("n", n), ("k", k)):
+            if not _is_int(v):
+                raise InvalidArgument(f"{who}: {name} = {v!r} is not an int")
+        if max_rows < 1 or max_tokens < 1 or max_tokens >= 1 << 30 or n < 1 or k < 8 or k % 8:
+            raise InvalidArgument(f"{who}: max_rows = {max_rows}, max_tokens = {max_tokens}, n = {n}, k = {k}: needs "
+                                  "max_rows >= 1, 1 <= max_tokens < 2^30, n >= 1 and k a positive multiple of 8 "
+                                  "(16-byte rows)")
+        code = _check_dtype(torch, dtype, who)
+        if path not in _capi.A2A_PATHS:
+            raise InvalidArgument(f"{who}: path = {path!r}: one of {', '.join(map(repr, _capi.A2A_PATHS))}")
+        self.max_rows, self.max_tokens, self.topk, self.n, self.k = max_rows, max_tokens, topk, n, k
+        self.dtype, self.path = dtype, path
+        self._resolve(torch, group, device, who)
+        if not 1 <= topk <= self.world:
+            raise InvalidArgument(f"{who}: topk = {topk}: needs 1 <= topk <= the world size {self.world} (each "
+                                  "token picks distinct ranks, one expert each)")
+        communicator = self._connect(torch, comm, who)
+        with torch.cuda.device(self.device):
+            self._op = _capi.GemmAllToAll(communicator, max_rows, max_tokens, topk, n, k, code, path=path,
+                                          nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s)
+        self._publish()
+
+    def __repr__(self):
+        dt = str(self.dtype).replace("torch.", "")
+        return (f"GemmAllToAll(max_rows={self.max_rows}, max_tokens={self.max_tokens}, topk={self.topk}, n={self.n}, "
+                f"k={self.k}, {dt}, {self.device}, world {self.world})")
+
+    def __call__(self, x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, tokens, combine=True):
+        """One call of the MoE combine, on torch's current stream.
+
+        x (rows, k): the rows this rank's expert received (rows may be 0);
+        weight (n, k): its expert's. Row i of x @ weight.T goes back to rank
+        dest_rank[i], where it is that rank's token dest_token[i], weighted
+        by gate_weight[i]. dest_rank, dest_token: integer tensors of rows
+        entries; gate_weight: a floating tensor of rows entries (used in
+        float32; None allowed with combine=False). They may be on any device:
+        they are copied to the host, which syncs with their stream (the call
+        synchronises the host anyway: the ranks' routings are exchanged).
+        send_counts[d]: the rows with dest_rank d; recv_counts[s]: the rows
+        rank s sends here (all_to_all_single's split sizes): lists of world
+        ints, or integer tensors (a device tensor syncs). tokens: this rank's
+        tokens (the combined output's rows; also the range of the tokens the
+        other ranks send here), required since no rank can infer it.
+
+        combine=True: a (tokens, n) tensor, row t = the sum of gate * row over
+        the rows of token t from every rank, in fp32 in (source rank, source
+        row) order, rounded once (zeros for a token without rows).
+        combine=False: (rows received, a (sum(recv_counts),) int32 tensor):
+        the received rows (sum(recv_counts), n), unweighted, in (source rank,
+        source row) order (what all_to_all_single of the rows sorted stably by
+        dest_rank gives), and each one's token.
+
+        A routing that does not add up (counts that disagree with dest_rank or
+        between ranks, a rank or token out of range, sizes beyond the op's)
+        raises InvalidArgument on every rank."""
+        torch = _torch
+        if not torch.is_tensor(x):
+            raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
+        send = _counts(torch, self, "send_counts", send_counts)
+        recv = _counts(torch, self, "recv_counts", recv_counts)
+        if not _is_int(tokens):
+            raise InvalidArgument(f"{self}: tokens = {tokens!r} is not an int (this rank's tokens: the combined "
+                                  "output's rows)")
+        if combine:
+            if gate_weight is None:
+                raise InvalidArgument(f"{self}: gate_weight is required to combine (combine=False returns the rows "
+                                      "unweighted)")
+            return torch.ops.flashoverlap.gemm_all_to_all(x, weight, dest_rank, dest_token, gate_weight, send, recv,
+                                                          tokens, self.handle)
+        return torch.ops.flashoverlap.gemm_all_to_all_rows(x, weight, dest_rank, dest_token, gate_weight, send, recv,
+                                                           tokens, self.handle)
+
+    def last_plan(self):
+        """The last call's plan, as text ("no call yet" before one)."""
+        return self._op.last_plan()
+
+    # (the custom ops' real implementation)
+    def _run(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine):
+        import ctypes
+        torch = _tm()
+        check_a2a_inputs(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine)
+        self._on_device(self._refuse_capture)  # (before the copies to the host, which a capture forbids too)
+        rows = x.shape[0]
+        send, recv = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+        ranks, toks = _host_int32(self, "dest_rank", dest_rank), _host_int32(self, "dest_token", dest_token)
+        gates = None if gate is None else gate.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        routing, keep = _capi.make_routing(rows, _host_ptr(ctypes.c_int32, ranks), _host_ptr(ctypes.c_int32, toks),
+                                           None if gates is None else _host_ptr(ctypes.c_float, gates), tokens, send,
+                                           recv, self.world)
+        # (a negative size is the library's refusal, on every rank: allocate nothing for it)
+        out_rows = max(int(tokens), 0) if combine else max(sum(recv), 0)
+        out = torch.empty((out_rows, self.n), dtype=self.dtype, device=self.device)
+        tokens_out = None if combine else torch.empty((out_rows,), dtype=torch.int32, device=self.device)
+
+        self._enqueue_call(lambda stream: self._op.run(
+            x.data_ptr() if rows else 0, weight.data_ptr(), routing, out.data_ptr() if out_rows else 0, 0, combine,
+            tokens_out.data_ptr() if tokens_out is not None and out_rows else None, stream))
+        del keep, ranks, toks, gates  # (read by the call, on the host: no longer needed)
+        return out, tokens_out
+
+    def _refuse_capture(self):
+        if _torch.cuda.is_current_stream_capturing():
+            raise FlashOverlapError(f"{self}: a call cannot be captured into a CUDA graph (each call exchanges the "
+                                    "ranks' routings and plans on the host)")
+
+    def _enqueue_call(self, call):
+        """call(stream) on the op's device and its current stream."""
+        self._on_device(lambda: call(_torch.cuda.current_stream(self.device).cuda_stream))
+
 
 def _flatten(op, name, t):
     if not t.is_contiguous():
@@ -895,12 +1193,86 @@ def gemm_reduce_scatter(x, weight, group=None, *, residual=None, norm_weight=Non
     return op(x, weight, residual=residual, norm_weight=norm_weight, eps=eps)
 
 
+def _cached_a2a_op(x, weight, recv_counts, tokens, group, max_rows, max_tokens, topk, options):
+    """gemm_all_to_all's op for these tensors and sizes, built or found in the
+    cache. The ranks' rows (and tokens) differ, but the op's sizes must be the
+    same on every rank, and so must the decision to build a larger one: unless
+    max_rows and max_tokens are both given, one small all_reduce (MAX) over
+    the group agrees on the largest of the call."""
+    torch = require_torch()
+    fn = "gemm_all_to_all"
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgument(f"{fn}: {name} must be a torch.Tensor, not {type(t).__name__}")
+    if weight.dim() != 2 or x.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise InvalidArgument(f"{fn}: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit: x is (rows, k), "
+                              "weight (n, k)")
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise InvalidArgument(f"{fn}: tokens = {tokens!r} is not an int (this rank's tokens: the combined output's rows)")
+    n, k = weight.shape
+    group_obj, _, world = _resolve_group(torch, group, "GemmAllToAll")
+    topk = world if topk is None else topk
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= world:
+        raise InvalidArgument(f"{fn}: topk = {topk!r}: needs 1 <= topk <= the world size {world}")
+    if torch.is_tensor(recv_counts):
+        recv_counts = recv_counts.tolist()
+    received = sum(int(c) for c in recv_counts) if isinstance(recv_counts, (list, tuple)) else 0
+    need = [max_rows or 0, max_tokens or 0]
+    if max_rows is None or max_tokens is None:
+        # (received rows: at most max_tokens * topk)
+        mine = torch.tensor([x.shape[0], tokens, -(-max(received, 0) // topk)], dtype=torch.int64,
+                            device=weight.device)
+        with torch.cuda.device(weight.device):
+            torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MAX, group=group_obj)
+        rows_all, tokens_all, recv_all = mine.tolist()
+        need = [max(need[0], rows_all), max(need[1], tokens_all, recv_all)]
+    key = (group_obj, weight.device, weight.dtype, n, k, topk, tuple(sorted(options.items())))
+    with _lock:
+        op = _a2a_cache.get(key)
+        if op is None or op.max_rows < need[0] or op.max_tokens < need[1]:
+            # (an op outgrown is dropped here and released once nothing uses it; sizes never shrink)
+            rows = round_max_m(max(need[0], op.max_rows if op else 0))
+            toks = min(round_max_m(max(need[1], op.max_tokens if op else 0)), (1 << 30) - 1)
+            op = GemmAllToAll(group_obj, rows, toks, topk, n, k, weight.dtype, device=weight.device, **options)
+            _a2a_cache[key] = op
+        return op
+
+
+_a2a_lookup = _cached_a2a_op
+
+
+def gemm_all_to_all(x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, group, tokens,
+                    combine=True, *, max_rows=None, max_tokens=None, topk=None, **options):
+    """The MoE combine (see GemmAllToAll.__call__: the (tokens, n) combined
+    output, or with combine=False the received rows and their tokens) over
+    group (None: the default group), through an op built at the first call
+    for (group, device, dtype, n, k, topk, options) and kept. topk: the
+    world size unless given (the loosest bound on the rows a rank receives:
+    max_tokens * topk). Its max_rows and max_tokens are the largest of the
+    call over the ranks (rows of x, tokens, received rows / topk), rounded up
+    to a power of two (round_max_m), or max_rows / max_tokens where given and
+    larger; a call beyond them builds a larger op.
+
+    The ranks' sizes differ (each expert receives its own rows), so unless
+    max_rows and max_tokens are both given (the same on every rank), every
+    call first agrees on them with one small all_reduce over the group (and
+    a sync): then every rank builds the same ops at the same calls (building
+    is collective). With both given nothing is exchanged, and a call beyond
+    them is refused by the library, on every rank. options:
+    GemmAllToAll's (path, nccl_sms, wait_timeout_s). Under torch.compile the
+    lookup runs eagerly (a graph break): use a GemmAllToAll for
+    fullgraph=True."""
+    op = _a2a_lookup(x, weight, recv_counts, tokens, group, max_rows, max_tokens, topk, options)
+    return op(x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, tokens, combine)
+
+
 def clear_cache():
     """Drops the functionals' ops and the bootstrapped communicators (each is
     released once no op uses it); the next call builds anew (collective)."""
     with _lock:
         _cache.clear()
         _rs_cache.clear()
+        _a2a_cache.clear()
         for comm in _comms.values():
             comm.close()  # (the ops built on a communicator keep it alive)
         _comms.clear()

@@ -35,6 +35,9 @@ struct fo_gemm_allreduce {
 struct fo_gemm_reducescatter {
   flashoverlap::GemmReduceScatter op;
 };
+struct fo_gemm_alltoall {
+  flashoverlap::GemmAllToAll op;
+};
 
 // The layout the header promises (ctypes mirrors it field by field).
 static_assert(sizeof(fo_status) == 4 && sizeof(fo_dtype) == 4 && sizeof(fo_path) == 4 && sizeof(fo_rs_layout) == 4);
@@ -52,6 +55,14 @@ static_assert(offsetof(fo_gemm_reducescatter_options, struct_size) == 0 &&
               offsetof(fo_gemm_reducescatter_options, wait_timeout_s) == 16 &&
               offsetof(fo_gemm_reducescatter_options, check_m) == 24 &&
               offsetof(fo_gemm_reducescatter_options, layout) == 28 && sizeof(fo_gemm_reducescatter_options) == 32);
+static_assert(offsetof(fo_gemm_alltoall_options, struct_size) == 0 && offsetof(fo_gemm_alltoall_options, path) == 8 &&
+              offsetof(fo_gemm_alltoall_options, nccl_sms) == 12 &&
+              offsetof(fo_gemm_alltoall_options, wait_timeout_s) == 16 && sizeof(fo_gemm_alltoall_options) == 24);
+static_assert(offsetof(fo_alltoall_routing, struct_size) == 0 && offsetof(fo_alltoall_routing, rows) == 8 &&
+              offsetof(fo_alltoall_routing, dest_rank) == 16 && offsetof(fo_alltoall_routing, dest_token) == 24 &&
+              offsetof(fo_alltoall_routing, gate) == 32 && offsetof(fo_alltoall_routing, tokens) == 40 &&
+              offsetof(fo_alltoall_routing, send_counts) == 48 && offsetof(fo_alltoall_routing, recv_counts) == 56 &&
+              sizeof(fo_alltoall_routing) == 64);
 static_assert(int(flashoverlap::DType::BF16) == FO_DTYPE_BF16 && int(flashoverlap::DType::FP16) == FO_DTYPE_FP16);
 
 namespace {
@@ -60,12 +71,16 @@ using flashoverlap::InvalidArgument;
 using Path = flashoverlap::GemmAllReduceOptions::Path;
 using RsPath = flashoverlap::GemmReduceScatterOptions::Path;
 using RsLayout = flashoverlap::GemmReduceScatterOptions::Layout;
+using A2aPath = flashoverlap::GemmAllToAllOptions::Path;
 
 // The size of the first version of fo_gemm_allreduce_options: the smallest
 // struct_size a caller may pass (fields are only ever added at the end).
 constexpr size_t kOptionsV1Size = offsetof(fo_gemm_allreduce_options, curves) + sizeof(const char*);
 // The same for fo_gemm_reducescatter_options (its first version is this one).
 constexpr size_t kRsOptionsV1Size = sizeof(fo_gemm_reducescatter_options);
+// ... for fo_gemm_alltoall_options and fo_alltoall_routing (both: this one).
+constexpr size_t kA2aOptionsV1Size = sizeof(fo_gemm_alltoall_options);
+constexpr size_t kRoutingV1Size = sizeof(fo_alltoall_routing);
 
 // This thread's last message: t_static when set (a literal, for when even
 // the message could not be allocated), t_message otherwise.
@@ -199,22 +214,34 @@ int32_t from_path(Path p) {
   return FO_PATH_AUTO;
 }
 
-// Refuses a caller's options struct whose size this library cannot read:
-// below its first version, or set bytes beyond what this library knows (a
-// caller built against a later header: what it adds must be unset).
-// fill_with names the function that fills them.
-void check_struct_size(const void* o, size_t struct_size, size_t v1_size, size_t ours, const char* fill_with) {
+// Refuses a caller's struct (its argument's name: "options", "routing")
+// whose size this library cannot read: below its first version, or set
+// bytes beyond what this library knows (a caller built against a later
+// header: what it adds must be unset). fill says how to fill it.
+void check_struct_size(const void* o, size_t struct_size, size_t v1_size, size_t ours, const char* name,
+                       const std::string& fill) {
+  const std::string field = std::string(name) + "->struct_size = " + std::to_string(struct_size);
   if (struct_size < v1_size)
-    throw InvalidArgument("options->struct_size = " + std::to_string(struct_size) + " is below " +
-                          std::to_string(v1_size) + " (fill the options with " + fill_with + "(&o, sizeof o) first)");
+    throw InvalidArgument(field + " is below " + std::to_string(v1_size) + " (" + fill + ")");
   if (struct_size > ours) {
     const auto* extra = static_cast<const unsigned char*>(o) + ours;
     for (size_t i = 0; i < struct_size - ours; ++i)
       if (extra[i] != 0)
-        throw InvalidArgument("options->struct_size = " + std::to_string(struct_size) +
-                              ": the options set fields that this library (flashoverlap " + flashoverlap::version() +
-                              ", options of " + std::to_string(ours) + " bytes) does not know");
+        throw InvalidArgument(field + ": the " + name + " set fields that this library (flashoverlap " +
+                              flashoverlap::version() + ", " + name + " of " + std::to_string(ours) +
+                              " bytes) does not know");
   }
+}
+// The options' form: filled by their _default function.
+void check_options_size(const void* o, size_t struct_size, size_t v1_size, size_t ours, const char* fill_with) {
+  check_struct_size(o, struct_size, v1_size, ours, "options",
+                    std::string("fill the options with ") + fill_with + "(&o, sizeof o) first");
+}
+// What an options _default function refuses: a struct_size below the first version.
+void check_default_size(size_t struct_size, size_t v1_size) {
+  if (struct_size < v1_size)
+    throw InvalidArgument("struct_size = " + std::to_string(struct_size) + " is below " + std::to_string(v1_size) +
+                          " (pass sizeof *options)");
 }
 
 // The C++ options a caller's struct says; InvalidArgument for a size this
@@ -222,8 +249,8 @@ void check_struct_size(const void* o, size_t struct_size, size_t v1_size, size_t
 flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o) {
   flashoverlap::GemmAllReduceOptions r;
   if (!o) return r;
-  check_struct_size(o, o->struct_size, kOptionsV1Size, sizeof(fo_gemm_allreduce_options),
-                    "fo_gemm_allreduce_options_default");
+  check_options_size(o, o->struct_size, kOptionsV1Size, sizeof(fo_gemm_allreduce_options),
+                     "fo_gemm_allreduce_options_default");
   r.path = to_path(o->path);
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;
@@ -234,26 +261,31 @@ flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o
   return r;
 }
 
-RsPath to_rs_path(int32_t p) {
+// The paths of the ops that have Auto, Sequential and Slots only
+// (GemmReduceScatter's, GemmAllToAll's: P), from an fo_path; `op` names the
+// op in the refusal.
+template <class P>
+P to_slots_path(int32_t p, const char* op) {
   switch (p) {
-    case FO_PATH_AUTO: return RsPath::Auto;
-    case FO_PATH_SEQUENTIAL: return RsPath::Sequential;
-    case FO_PATH_SLOTS: return RsPath::Slots;
+    case FO_PATH_AUTO: return P::Auto;
+    case FO_PATH_SEQUENTIAL: return P::Sequential;
+    case FO_PATH_SLOTS: return P::Slots;
     default: break;
   }
-  // (the AllReduce's other paths are fo_path values, but not ReduceScatter's)
-  const char* what = p == FO_PATH_ROW_BANDS ? " (FO_PATH_ROW_BANDS) is not a GemmReduceScatter path"
-                     : p == FO_PATH_OWNERS  ? " (FO_PATH_OWNERS) is not a GemmReduceScatter path"
-                                            : " is not an fo_path of GemmReduceScatter";
+  // (the AllReduce's other paths are fo_path values, but not this op's)
+  const std::string what = p == FO_PATH_ROW_BANDS ? std::string(" (FO_PATH_ROW_BANDS) is not a ") + op + " path"
+                           : p == FO_PATH_OWNERS  ? std::string(" (FO_PATH_OWNERS) is not a ") + op + " path"
+                                                  : std::string(" is not an fo_path of ") + op;
   throw InvalidArgument("options->path = " + std::to_string(p) + what +
                         " (FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3)");
 }
 
-int32_t from_rs_path(RsPath p) {
+template <class P>
+int32_t from_slots_path(P p) {
   switch (p) {
-    case RsPath::Auto: return FO_PATH_AUTO;
-    case RsPath::Sequential: return FO_PATH_SEQUENTIAL;
-    case RsPath::Slots: return FO_PATH_SLOTS;
+    case P::Auto: return FO_PATH_AUTO;
+    case P::Sequential: return FO_PATH_SEQUENTIAL;
+    case P::Slots: return FO_PATH_SLOTS;
   }
   return FO_PATH_AUTO;
 }
@@ -273,15 +305,46 @@ int32_t from_rs_layout(RsLayout l) { return l == RsLayout::SubTile ? FO_RS_LAYOU
 flashoverlap::GemmReduceScatterOptions to_rs_options(const fo_gemm_reducescatter_options* o) {
   flashoverlap::GemmReduceScatterOptions r;
   if (!o) return r;
-  check_struct_size(o, o->struct_size, kRsOptionsV1Size, sizeof(fo_gemm_reducescatter_options),
-                    "fo_gemm_reducescatter_options_default");
-  r.path = to_rs_path(o->path);
+  check_options_size(o, o->struct_size, kRsOptionsV1Size, sizeof(fo_gemm_reducescatter_options),
+                     "fo_gemm_reducescatter_options_default");
+  r.path = to_slots_path<RsPath>(o->path, "GemmReduceScatter");
   r.layout = to_rs_layout(o->layout);
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;
   r.check_m = o->check_m != 0;
   return r;
 }
+
+flashoverlap::GemmAllToAllOptions to_a2a_options(const fo_gemm_alltoall_options* o) {
+  flashoverlap::GemmAllToAllOptions r;
+  if (!o) return r;
+  check_options_size(o, o->struct_size, kA2aOptionsV1Size, sizeof(fo_gemm_alltoall_options),
+                     "fo_gemm_alltoall_options_default");
+  r.path = to_slots_path<A2aPath>(o->path, "GemmAllToAll");
+  r.nccl_sms = o->nccl_sms;
+  r.wait_timeout_s = o->wait_timeout_s;
+  return r;
+}
+
+// The C++ routing a caller's struct says (its arrays are the caller's: read
+// by the call). Only the struct's size is checked here: what its fields
+// say, the C++ API checks on every rank together.
+flashoverlap::AllToAllRouting to_routing(const fo_alltoall_routing* r) {
+  require(r, "routing");
+  check_struct_size(r, r->struct_size, kRoutingV1Size, sizeof(fo_alltoall_routing), "routing",
+                    "set routing->struct_size = sizeof(fo_alltoall_routing)");
+  flashoverlap::AllToAllRouting x;
+  x.rows = r->rows;
+  x.dest_rank = r->dest_rank;
+  x.dest_token = r->dest_token;
+  x.gate = r->gate;
+  x.tokens = r->tokens;
+  x.send_counts = r->send_counts;
+  x.recv_counts = r->recv_counts;
+  return x;
+}
+
+fo_dtype from_dtype(flashoverlap::DType d) { return d == flashoverlap::DType::BF16 ? FO_DTYPE_BF16 : FO_DTYPE_FP16; }
 
 // The plan's text into the caller's buffer, as snprintf does.
 void copy_text(const std::string& text, char* buf, size_t size, size_t* needed) {
@@ -293,7 +356,9 @@ void copy_text(const std::string& text, char* buf, size_t size, size_t* needed) 
   }
 }
 
-// What the ops' functions share (Op: fo_gemm_allreduce or fo_gemm_reducescatter).
+// What the ops' functions share (Op: fo_gemm_allreduce, fo_gemm_reducescatter
+// or fo_gemm_alltoall; those that take m only the first two, whose calls
+// have m rows).
 // The defaults `d` into the caller's options of struct_size bytes: a caller
 // with a later header gets its fields beyond ours zero (unset); one of an
 // earlier version what it knows.
@@ -322,19 +387,29 @@ void op_run_rmsnorm(Op* op, const void* a, const void* b, const void* residual, 
   require(out, "out");
   o.op.run_rmsnorm(a, b, residual, norm_weight, eps, out, residual_out, m, static_cast<cudaStream_t>(stream));
 }
-template <class Op>
-void op_plan(Op* op, int64_t m, char* buf, size_t size, size_t* needed) {
+// text(op) into the caller's buffer (the plan functions).
+template <class Op, class Text>
+void op_text(Op* op, char* buf, size_t size, size_t* needed, Text&& text) {
   Op& o = deref(op, "op");
   if (!buf && size > 0) throw InvalidArgument("buf is NULL with size = " + std::to_string(size) + " (not 0)");
-  copy_text(o.op.plan(m), buf, size, needed);
+  copy_text(text(o.op), buf, size, needed);
+}
+template <class Op>
+void op_plan(Op* op, int64_t m, char* buf, size_t size, size_t* needed) {
+  op_text(op, buf, size, needed, [m](auto& x) { return x.plan(m); });
+}
+// n, k and dtype of any op (those with max_m: that too).
+template <class Op>
+void op_shape(Op* op, int64_t* n, int64_t* k, fo_dtype* dtype) {
+  const Op& o = deref(op, "op");
+  if (n) *n = o.op.n();
+  if (k) *k = o.op.k();
+  if (dtype) *dtype = from_dtype(o.op.dtype());
 }
 template <class Op>
 void op_shape(Op* op, int64_t* max_m, int64_t* n, int64_t* k, fo_dtype* dtype) {
-  const Op& o = deref(op, "op");
-  if (max_m) *max_m = o.op.max_m();
-  if (n) *n = o.op.n();
-  if (k) *k = o.op.k();
-  if (dtype) *dtype = o.op.dtype() == flashoverlap::DType::BF16 ? FO_DTYPE_BF16 : FO_DTYPE_FP16;
+  op_shape(op, n, k, dtype);
+  if (max_m) *max_m = op->op.max_m();
 }
 
 }  // namespace
@@ -443,9 +518,7 @@ fo_status fo_comm_destroy(fo_comm_t comm) {
 fo_status fo_gemm_allreduce_options_default(fo_gemm_allreduce_options* options, size_t struct_size) {
   return guard("fo_gemm_allreduce_options_default", [&] {
     require(options, "options");
-    if (struct_size < kOptionsV1Size)
-      throw InvalidArgument("struct_size = " + std::to_string(struct_size) + " is below " +
-                            std::to_string(kOptionsV1Size) + " (pass sizeof *options)");
+    check_default_size(struct_size, kOptionsV1Size);
     // The defaults are GemmAllReduceOptions{}'s, by construction. (A
     // non-empty default curves directory would live in this static.)
     static const flashoverlap::GemmAllReduceOptions defaults{};
@@ -518,14 +591,12 @@ fo_status fo_gemm_allreduce_destroy(fo_gemm_allreduce_t op) {
 fo_status fo_gemm_reducescatter_options_default(fo_gemm_reducescatter_options* options, size_t struct_size) {
   return guard("fo_gemm_reducescatter_options_default", [&] {
     require(options, "options");
-    if (struct_size < kRsOptionsV1Size)
-      throw InvalidArgument("struct_size = " + std::to_string(struct_size) + " is below " +
-                            std::to_string(kRsOptionsV1Size) + " (pass sizeof *options)");
+    check_default_size(struct_size, kRsOptionsV1Size);
     // The defaults are GemmReduceScatterOptions{}'s, by construction.
     static const flashoverlap::GemmReduceScatterOptions defaults{};
     fo_gemm_reducescatter_options d{};
     d.struct_size = struct_size;
-    d.path = from_rs_path(defaults.path);
+    d.path = from_slots_path(defaults.path);
     d.nccl_sms = defaults.nccl_sms;
     d.wait_timeout_s = defaults.wait_timeout_s;
     d.check_m = defaults.check_m ? 1 : 0;
@@ -616,6 +687,78 @@ fo_status fo_gemm_reducescatter_shape(fo_gemm_reducescatter_t op, int64_t* max_m
 
 fo_status fo_gemm_reducescatter_destroy(fo_gemm_reducescatter_t op) {
   return guard("fo_gemm_reducescatter_destroy", [&] { delete op; });
+}
+
+// ---- GemmAllToAll ----
+
+fo_status fo_gemm_alltoall_options_default(fo_gemm_alltoall_options* options, size_t struct_size) {
+  return guard("fo_gemm_alltoall_options_default", [&] {
+    require(options, "options");
+    check_default_size(struct_size, kA2aOptionsV1Size);
+    // The defaults are GemmAllToAllOptions{}'s, by construction.
+    static const flashoverlap::GemmAllToAllOptions defaults{};
+    fo_gemm_alltoall_options d{};
+    d.struct_size = struct_size;
+    d.path = from_slots_path(defaults.path);
+    d.nccl_sms = defaults.nccl_sms;
+    d.wait_timeout_s = defaults.wait_timeout_s;
+    write_options(options, d, struct_size);
+  });
+}
+
+fo_status fo_gemm_alltoall_create(fo_comm_t comm, int64_t max_rows, int64_t max_tokens, int topk, int64_t n, int64_t k,
+                                  fo_dtype dtype, const fo_gemm_alltoall_options* options, fo_gemm_alltoall_t* out) {
+  return guard("fo_gemm_alltoall_create", [&] {
+    require(out, "out");
+    *out = nullptr;
+    // (the values first, then the handle: what needs no GPU is checked
+    // before what does)
+    const flashoverlap::DType d = to_dtype(dtype);
+    const flashoverlap::GemmAllToAllOptions o = to_a2a_options(options);
+    const fo_comm& c = deref(comm, "comm");
+    *out = new fo_gemm_alltoall{flashoverlap::GemmAllToAll(c.comm, max_rows, max_tokens, topk, n, k, d, o)};
+  });
+}
+
+fo_status fo_gemm_alltoall_run(fo_gemm_alltoall_t op, const void* a, const void* b, const fo_alltoall_routing* routing,
+                               void* out, int64_t ld_out, int combine, int32_t* tokens_out, void* stream) {
+  return guard("fo_gemm_alltoall_run", [&] {
+    fo_gemm_alltoall& o = deref(op, "op");
+    const flashoverlap::AllToAllRouting r = to_routing(routing);
+    // (what this rank alone refuses, as the C++ API does before the
+    // exchange; the routing's own fields are checked by every rank together)
+    if (r.rows > 0) {
+      require(a, "a");
+      require(b, "b");
+    }
+    if (combine && r.tokens > 0) require(out, "out");
+    o.op.run(a, b, r, out, static_cast<cudaStream_t>(stream), combine != 0, ld_out, tokens_out);
+  });
+}
+
+fo_status fo_gemm_alltoall_last_plan(fo_gemm_alltoall_t op, char* buf, size_t size, size_t* needed) {
+  return guard("fo_gemm_alltoall_last_plan", [&] {
+    op_text(op, buf, size, needed, [](const auto& x) { return x.last_plan(); });
+  });
+}
+
+fo_status fo_gemm_alltoall_check(fo_gemm_alltoall_t op) {
+  return guard("fo_gemm_alltoall_check", [&] { deref(op, "op").op.check(); });
+}
+
+fo_status fo_gemm_alltoall_shape(fo_gemm_alltoall_t op, int64_t* max_rows, int64_t* max_tokens, int* topk, int64_t* n,
+                                 int64_t* k, fo_dtype* dtype, int* world) {
+  return guard("fo_gemm_alltoall_shape", [&] {
+    op_shape(op, n, k, dtype);
+    if (max_rows) *max_rows = op->op.max_rows();
+    if (max_tokens) *max_tokens = op->op.max_tokens();
+    if (topk) *topk = op->op.topk();
+    if (world) *world = op->op.world();
+  });
+}
+
+fo_status fo_gemm_alltoall_destroy(fo_gemm_alltoall_t op) {
+  return guard("fo_gemm_alltoall_destroy", [&] { delete op; });
 }
 
 }  // extern "C"

@@ -1,4 +1,5 @@
 // preload.cu — loads every kernel of the library into the current context.
+#include "kernels/alltoall_tables.h"
 #include "kernels/flags.h"
 #include "kernels/gemm.h"
 #include "kernels/reorder.h"
@@ -11,6 +12,7 @@ void preload_kernels() {
   preload_gemm_kernels();
   preload_flag_kernels();
   preload_reorder_kernels();
+  preload_alltoall_table_kernels();
 }
 
 }  // namespace flashoverlap::kernels

@@ -114,13 +114,14 @@ void validate_moe_routing(const MoeRouting& r) {
                             std::to_string(token.size()) + " and " + std::to_string(gate.size()) +
                             " rows (must be equal)");
     for (size_t i = 0; i < rank.size(); ++i) {
-      const std::string row = at + " row " + std::to_string(i);
+      // (the message is made only on failure: this loop runs every call)
+      const auto row = [&] { return at + " row " + std::to_string(i); };
       if (rank[i] < 0 || rank[i] >= W)
-        throw InvalidArgument(row + ": destination rank " + std::to_string(rank[i]) + " outside [0, " + w + ")");
+        throw InvalidArgument(row() + ": destination rank " + std::to_string(rank[i]) + " outside [0, " + w + ")");
       if (token[i] < 0 || token[i] >= r.tokens[size_t(rank[i])])
-        throw InvalidArgument(row + ": token " + std::to_string(token[i]) + " outside [0, " +
+        throw InvalidArgument(row() + ": token " + std::to_string(token[i]) + " outside [0, " +
                               std::to_string(r.tokens[size_t(rank[i])]) + ") of rank " + std::to_string(rank[i]));
-      if (!std::isfinite(gate[i])) throw InvalidArgument(row + ": gate weight is not finite");
+      if (!std::isfinite(gate[i])) throw InvalidArgument(row() + ": gate weight is not finite");
     }
   }
   const std::vector<int64_t> counted = moe_send_counts(r);

@@ -33,6 +33,11 @@ struct Schedule {
   int32_t ctas = 1;        // persistent CTAs (the grid); waves are rounds
   Raster raster = Raster::AlongN;
   int32_t swizzle = 1;     // band width in tiles, >= 1
+  // The walk starts at tile row row_shift and wraps (tile row tm of the
+  // unshifted order becomes (tm + row_shift) % tiles_m): the MoE combine
+  // starts each rank's GEMM at a different destination's rows, so that the
+  // ranks' groups go to different ranks at the same time. 0 elsewhere.
+  int32_t row_shift = 0;
 
   FO_HD int32_t tiles_m() const { return (m + bm - 1) / bm; }
   FO_HD int32_t tiles_n() const { return (n + bn - 1) / bn; }
@@ -69,11 +74,14 @@ struct Schedule {
     const int32_t width = rest < swizzle ? rest : swizzle;
     const int32_t line = first_line + in_band % width;
     const int32_t step = in_band / width;
-    return along_n ? TileCoord{line, step} : TileCoord{step, line};
+    TileCoord t = along_n ? TileCoord{line, step} : TileCoord{step, line};
+    if (row_shift) t.tm = (t.tm + row_shift) % tiles_m();
+    return t;
   }
 
   // Inverse of tile_of: the schedule index of tile (tm, tn).
   FO_HD int32_t index_of_tile(TileCoord t) const {
+    if (row_shift) t.tm = (t.tm - row_shift + tiles_m()) % tiles_m();
     const bool along_n = raster == Raster::AlongN;
     const int32_t lines = along_n ? tiles_m() : tiles_n();
     const int32_t length = along_n ? tiles_n() : tiles_m();

@@ -73,6 +73,22 @@ Schedule make_expert_schedule(int64_t m, int64_t n, TileShape tile, int32_t ctas
   return s;
 }
 
+Schedule make_moe_schedule(const MoeRouting& routing, int32_t rank, int64_t n, TileShape tile, int32_t ctas) {
+  const int64_t m = routing.rows(rank);
+  const int32_t tiles_m = int32_t(std::max<int64_t>((m + tile.bm - 1) / tile.bm, 1));
+  Schedule s = make_expert_schedule(m, n, tile, ctas, Raster::AlongN, default_swizzle(ctas, tile, tiles_m));
+  const auto& dest = routing.dest_rank[size_t(rank)];
+  const int32_t W = routing.world;
+  for (int32_t k = 1; k < W && m > 0; ++k) {
+    const auto it = std::find(dest.begin(), dest.end(), (rank + k) % W);
+    if (it != dest.end()) {
+      s.row_shift = int32_t((it - dest.begin()) / tile.bm);
+      break;
+    }
+  }
+  return s;
+}
+
 std::vector<Group> make_clipped_groups(const Schedule& s, const Partition& common) {
   int64_t total = 0;
   for (int32_t size : common) total += size;
@@ -146,22 +162,15 @@ WaveCounts dest_counts(const Schedule& s, const std::vector<int32_t>& dest, int3
   return WaveCounts(s, bins, per_tile_row);
 }
 
-}  // namespace
-
-SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
-                          const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
-                          int32_t rank) {
-  const int32_t W = routing.world;
-  if (W >= 1 && (rank < 0 || rank >= W))
-    throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
-  validate_alltoall_ranks(sched_of_rank, groups_of_rank, routing);
+// The map's spans: per group, sends by destination then receives by source
+// (map.send_rows, recv_rows: the buffers' sizes).
+void add_spans(SlotMap& map, const std::vector<Schedule>& sched_of_rank,
+               const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing) {
+  const int32_t W = routing.world, rank = map.rank;
   const Schedule& s = sched_of_rank[size_t(rank)];
   const std::vector<Group>& groups = groups_of_rank[size_t(rank)];
   const size_t G = groups.size();
   const int32_t bn = s.bn;
-  SlotMap map = slot_map_base(Collective::AllToAll, s, W, rank);
-
-  // Spans: per group, sends by destination then receives by source.
   const WaveCounts out_counts = dest_counts(s, routing.dest_rank[size_t(rank)], W, -1);
   std::vector<WaveCounts> in_counts;
   for (int32_t src = 0; src < W; ++src)
@@ -182,6 +191,25 @@ SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
     call.recv.count = map.recv_rows * bn - call.recv.offset;
     map.groups.push_back(std::move(call));
   }
+
+}
+
+}  // namespace
+
+SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
+                          const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
+                          int32_t rank) {
+  const int32_t W = routing.world;
+  if (W >= 1 && (rank < 0 || rank >= W))
+    throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
+  validate_alltoall_ranks(sched_of_rank, groups_of_rank, routing);
+  const Schedule& s = sched_of_rank[size_t(rank)];
+  const std::vector<Group>& groups = groups_of_rank[size_t(rank)];
+  const size_t G = groups.size();
+  const int32_t bn = s.bn;
+  SlotMap map = slot_map_base(Collective::AllToAll, s, W, rank);
+
+  add_spans(map, sched_of_rank, groups_of_rank, routing);
 
   // Send side: this rank's rows by destination.
   const auto& my_dest = routing.dest_rank[size_t(rank)];
@@ -224,6 +252,101 @@ SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
   }
   finish_slot_map(map);
   return map;
+}
+
+AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
+                                    const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
+                                    int32_t rank) {
+  const int32_t W = routing.world;
+  if (W >= 1 && (rank < 0 || rank >= W))
+    throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
+  validate_alltoall_ranks(sched_of_rank, groups_of_rank, routing);
+  const Schedule& s = sched_of_rank[size_t(rank)];
+  SlotMap spans;  // (its spans only)
+  spans.op = Collective::AllToAll, spans.world = W, spans.rank = rank;
+  add_spans(spans, sched_of_rank, groups_of_rank, routing);
+  if (spans.send_rows > INT32_MAX || spans.recv_rows > INT32_MAX)
+    throw InvalidArgument("all-to-all rank " + std::to_string(rank) + ": " + std::to_string(spans.send_rows) +
+                          " send and " + std::to_string(spans.recv_rows) + " receive slot rows, more than int32 "
+                          "row indices address");
+  AllToAllTables t;
+  t.world = W, t.rank = rank, t.bm = s.bm, t.bn = s.bn, t.tiles_n = s.tiles_n(), t.n = s.n, t.m = s.m;
+  t.groups = std::move(spans.groups);
+  t.send_rows = spans.send_rows, t.recv_rows = spans.recv_rows;
+
+  // Send side: per tile row its rows by destination, each row's rank among them.
+  const auto& dest = routing.dest_rank[size_t(rank)];
+  t.dest = dest;
+  t.rrank.resize(dest.size());
+  std::vector<int32_t> per_tm(size_t(s.tiles_m()) * W, 0);
+  for (int64_t row = 0; row < s.m; ++row) t.rrank[size_t(row)] = per_tm[size_t(row / s.bm) * W + dest[size_t(row)]]++;
+  t.tm_of.resize(size_t(s.tiles()));
+  t.sbase.resize(size_t(s.tiles()) * W);
+  const auto& groups = groups_of_rank[size_t(rank)];
+  std::vector<int64_t> next(static_cast<size_t>(W));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int32_t d = 0; d < W; ++d) next[size_t(d)] = t.groups[g].send_to[size_t(d)].offset / s.bn;
+    for (int32_t idx = groups[g].first_tile; idx < groups[g].end_tile; ++idx) {
+      const int32_t tm = s.tile_of(idx).tm;
+      t.tm_of[size_t(idx)] = tm;
+      for (int32_t d = 0; d < W; ++d) {
+        t.sbase[size_t(idx) * W + d] = int32_t(next[size_t(d)]);
+        next[size_t(d)] += per_tm[size_t(tm) * W + d];
+      }
+    }
+  }
+
+  // Receive side, one source at a time: for each of its tiles (tm, cb), the
+  // slot of its first row to this rank less that row's output index.
+  int64_t tm_base = 0;
+  std::vector<int32_t> first;
+  for (int32_t src = 0; src < W; ++src) {
+    const Schedule& ss = sched_of_rank[size_t(src)];
+    const auto& sd = routing.dest_rank[size_t(src)];
+    first.assign(size_t(ss.tiles_m()) + 1, 0);
+    int32_t mine = 0;
+    for (int32_t tm = 0, row = 0; tm < ss.tiles_m(); ++tm) {
+      first[size_t(tm)] = mine;
+      for (; row < std::min<int64_t>(int64_t{tm + 1} * ss.bm, ss.m); ++row)
+        if (sd[size_t(row)] == rank) {
+          t.rkey.push_back(int32_t((tm_base + tm) * t.tiles_n));
+          ++mine;
+        }
+    }
+    first[size_t(ss.tiles_m())] = mine;
+    t.rtab.resize(size_t(tm_base + ss.tiles_m()) * t.tiles_n);
+    for (size_t g = 0; g < groups_of_rank[size_t(src)].size(); ++g) {
+      const Group& y = groups_of_rank[size_t(src)][g];
+      int64_t slot = t.groups[g].recv_from[size_t(src)].offset / s.bn;
+      for (int32_t idx = y.first_tile; idx < y.end_tile; ++idx) {
+        const TileCoord c = ss.tile_of(idx);
+        t.rtab[size_t(tm_base + c.tm) * t.tiles_n + c.tn] = int32_t(slot - (t.out_rows + first[size_t(c.tm)]));
+        slot += first[size_t(c.tm) + 1] - first[size_t(c.tm)];
+      }
+    }
+    t.out_rows += mine;
+    tm_base += ss.tiles_m();
+  }
+  return t;
+}
+
+std::vector<int32_t> expand_row_of(const AllToAllTables& t) {
+  std::vector<int32_t> row_of(size_t(t.tiles()) * t.bm, -1);
+  for (int32_t idx = 0; idx < t.tiles(); ++idx)
+    for (int32_t r = 0; r < t.bm; ++r) {
+      const int64_t row = int64_t{t.tm_of[size_t(idx)]} * t.bm + r;
+      if (row < t.m)
+        row_of[size_t(idx) * t.bm + r] = t.sbase[size_t(idx) * t.world + t.dest[size_t(row)]] + t.rrank[size_t(row)];
+    }
+  return row_of;
+}
+
+std::vector<int32_t> expand_slot_of_out(const AllToAllTables& t) {
+  std::vector<int32_t> slot(size_t(t.out_rows) * t.tiles_n);
+  for (int64_t i = 0; i < t.out_rows; ++i)
+    for (int32_t cb = 0; cb < t.tiles_n; ++cb)
+      slot[size_t(i) * t.tiles_n + cb] = t.rtab[size_t(t.rkey[size_t(i)]) + cb] + int32_t(i);
+  return slot;
 }
 
 CombineTable make_combine_table(const MoeRouting& routing, int32_t rank) {

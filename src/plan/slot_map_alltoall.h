@@ -68,6 +68,16 @@ SlotMap make_alltoall_map(const Schedule& s, const std::vector<Group>& groups,
 Schedule make_expert_schedule(int64_t m, int64_t n, TileShape tile, int32_t ctas, Raster raster,
                               int32_t swizzle);
 
+// The schedule of rank `rank`'s expert rows in the MoE combine (what the
+// runtime and the planner both use): make_expert_schedule along N with the
+// default swizzle for `ctas`, its walk started (Schedule::row_shift) at the
+// tile row of the first row for rank + 1 (else rank + 2, ...). With rows in
+// the dispatch's order (by destination) every rank would otherwise compute
+// the rows of the same destination at the same time, and each group would
+// be an incast to one rank; shifted, rank r sends to r+1, r+2, ... in turn,
+// all links at once.
+Schedule make_moe_schedule(const MoeRouting& routing, int32_t rank, int64_t n, TileShape tile, int32_t ctas);
+
 // Groups of a partition of a wave count common to all ranks (at least
 // s.waves(), e.g. the most waves of any rank), clipped to s's waves: group g
 // keeps the waves of [b_g, b_g+1) that s has, possibly none. The ranks' wave
@@ -94,6 +104,31 @@ void validate_alltoall_ranks(const std::vector<Schedule>& sched_of_rank,
 SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
                           const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
                           int32_t rank);
+
+// The same map in compact form, for a runtime that builds it every call (the
+// routing changes every call): O(m + tiles * world) on the send side and
+// O(sources' tiles + output rows) on the receive side, where the map's
+// row_of and slot_of_out are O(m * tiles_n) each. The device expands them
+// (kernels::expand_alltoall_tables); expand_row_of / expand_slot_of_out
+// are the same arithmetic on the host and equal the map's tables.
+struct AllToAllTables {
+  int32_t world = 1, rank = 0, bm = 0, bn = 0, tiles_n = 0;
+  int64_t n = 0, m = 0;  // this rank's rows
+  std::vector<GroupCall> groups;  // the map's spans
+  int64_t send_rows = 0, recv_rows = 0, out_rows = 0;
+  // Send side: row_of[idx * bm + r] = sbase[idx * world + dest[row]] +
+  // rrank[row] for row = tm_of[idx] * bm + r < m, else -1 (rrank: the rows
+  // before it in its tile row with the same destination).
+  std::vector<int32_t> tm_of, sbase, dest, rrank;
+  // Receive side: slot_of_out[i * tiles_n + cb] = rtab[rkey[i] + cb] + i.
+  std::vector<int32_t> rtab, rkey;
+  int32_t tiles() const { return int32_t(tm_of.size()); }
+};
+AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
+                                    const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
+                                    int32_t rank);
+std::vector<int32_t> expand_row_of(const AllToAllTables& t);
+std::vector<int32_t> expand_slot_of_out(const AllToAllTables& t);
 
 // The fused combine's tables of one rank, per output row of its map (the
 // same rows, the same order), and each token's rows in accumulation order.

@@ -49,6 +49,8 @@ void validate_schedule(const Schedule& s) {
   if (s.ctas < 1) fail("ctas must be >= 1");
   if (s.swizzle < 1) fail("swizzle must be >= 1");
   if (s.raster != Raster::AlongN && s.raster != Raster::AlongM) fail("unknown raster");
+  if (s.row_shift < 0 || int64_t{s.row_shift} >= (int64_t{s.m} + s.bm - 1) / s.bm)
+    fail("row_shift " + std::to_string(s.row_shift) + " outside [0, tile rows)");
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   const int64_t tiles_m = (int64_t{s.m} + s.bm - 1) / s.bm, tiles_n = (int64_t{s.n} + s.bn - 1) / s.bn;
   if (tiles_m * tiles_n * s.bm > kMax || int64_t{s.m} * tiles_n > kMax)

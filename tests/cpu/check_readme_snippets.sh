@@ -27,7 +27,8 @@ py=$(block "## Use it from PyTorch" python)
   echo '#include <cstdint>'
   printf '%s\n' "$cpp" | grep '^#include' || true
   echo 'void snippet(ncclComm_t nccl_comm, const void* x, const void* w, void* y, int64_t m, cudaStream_t stream,'
-  echo '             const void* residual, const void* norm_weight, void* residual_out) {'
+  echo '             const void* residual, const void* norm_weight, void* residual_out,'
+  echo '             const flashoverlap::AllToAllRouting& routing) {'
   printf '%s\n' "$cpp" | grep -v '^#include' || true
   echo '}'
 } >"$work/snippet.cpp"

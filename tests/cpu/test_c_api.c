@@ -2,11 +2,13 @@
  * library alone.
  *
  *   test_c_api        what runs without a GPU (and with one): the version,
- *                     the status strings, both ops' option defaults and
- *                     their struct_size rules (GemmReduceScatter's paths and
- *                     layouts too), NULL handles and pointers, the
- *                     per-thread message, the communicators' no-GPU status
- *                     (what stands before any op without a GPU)
+ *                     the status strings, the three ops' option defaults
+ *                     and their struct_size rules (GemmReduceScatter's and
+ *                     GemmAllToAll's paths, ReduceScatter's layouts too),
+ *                     fo_alltoall_routing's layout, NULL handles and
+ *                     pointers, the per-thread message, the communicators'
+ *                     no-GPU status (what stands before any op without a
+ *                     GPU)
  *   test_c_api --gpu  one rank on one Hopper GPU: GemmAllReduce for several
  *                     m, both dtypes, the four paths, run_rmsnorm, against a
  *                     host reference (exact: small integer inputs), and
@@ -15,7 +17,13 @@
  *                     0..m-1, both layouts, paths sequential and slots; and
  *                     all_gather_rows of its output, and of run_rmsnorm's
  *                     residual_out, is the whole m x n, rows in C's order,
- *                     nothing past m written); exits 77
+ *                     nothing past m written); and GemmAllToAll at one rank
+ *                     (every row back to rank 0, to a token of a shuffled
+ *                     permutation, some tokens without rows): the combine
+ *                     bitwise gate * row, the received rows bitwise a * b^T
+ *                     in source-row order with their tokens, both paths,
+ *                     the routing's struct_size rules and its refusals, the
+ *                     last plan; exits 77
  *                     (skipped) without a GPU, fails instead where
  *                     FO_REQUIRE_GPUS >= 1 promises one
  *
@@ -111,6 +119,18 @@ static void test_version(void) {
             offsetof(fo_gemm_reducescatter_options, check_m) == offsetof(fo_gemm_allreduce_options, check_m) &&
             offsetof(fo_gemm_reducescatter_options, layout) == 28,
         "fo_gemm_reducescatter_options' offsets");
+  CHECK(sizeof(fo_gemm_alltoall_options) == 24, "sizeof(fo_gemm_alltoall_options) = %zu",
+        sizeof(fo_gemm_alltoall_options));
+  CHECK(offsetof(fo_gemm_alltoall_options, path) == offsetof(fo_gemm_allreduce_options, path) &&
+            offsetof(fo_gemm_alltoall_options, nccl_sms) == offsetof(fo_gemm_allreduce_options, nccl_sms) &&
+            offsetof(fo_gemm_alltoall_options, wait_timeout_s) == offsetof(fo_gemm_allreduce_options, wait_timeout_s),
+        "fo_gemm_alltoall_options' offsets");
+  CHECK(sizeof(fo_alltoall_routing) == 64 && offsetof(fo_alltoall_routing, struct_size) == 0 &&
+            offsetof(fo_alltoall_routing, rows) == 8 && offsetof(fo_alltoall_routing, dest_rank) == 16 &&
+            offsetof(fo_alltoall_routing, dest_token) == 24 && offsetof(fo_alltoall_routing, gate) == 32 &&
+            offsetof(fo_alltoall_routing, tokens) == 40 && offsetof(fo_alltoall_routing, send_counts) == 48 &&
+            offsetof(fo_alltoall_routing, recv_counts) == 56,
+        "fo_alltoall_routing's layout (sizeof %zu)", sizeof(fo_alltoall_routing));
   CHECK(fo_last_error()[0] == '\0', "a fresh thread's last error: \"%s\"", fo_last_error());
 }
 
@@ -274,6 +294,86 @@ static void test_rs_options(void) {
   CHECK(op == NULL, "out not cleared on failure");
 }
 
+/* The defaults equal GemmAllToAllOptions{}'s (flashoverlap.h: Auto, 8 SMs,
+ * 30 s); struct_size's rules, as for the other options; the paths it takes
+ * (those of GemmReduceScatter). create checks its dtype and options before
+ * its communicator: with comm NULL each refusal below is the options', and
+ * acceptance shows as the communicator's refusal. */
+static void test_a2a_options(void) {
+  fo_gemm_alltoall_options o;
+  fo_gemm_alltoall_t op = (fo_gemm_alltoall_t)&o; /* (garbage: must come back NULL) */
+  memset(&o, 0xab, sizeof o);
+  EXPECT_OK(fo_gemm_alltoall_options_default(&o, sizeof o));
+  CHECK(o.struct_size == sizeof o, "struct_size = %zu", o.struct_size);
+  CHECK(o.path == FO_PATH_AUTO, "path = %d", (int)o.path);
+  CHECK(o.nccl_sms == 8, "nccl_sms = %d", (int)o.nccl_sms);
+  CHECK(o.wait_timeout_s == 30.0, "wait_timeout_s = %g", o.wait_timeout_s);
+
+  EXPECT_INVALID(fo_gemm_alltoall_options_default(NULL, sizeof o), "fo_gemm_alltoall_options_default",
+                 "options is NULL");
+  EXPECT_INVALID(fo_gemm_alltoall_options_default(&o, 8), "fo_gemm_alltoall_options_default",
+                 "struct_size = 8 is below 24 (pass sizeof *options)");
+  EXPECT_INVALID(fo_gemm_alltoall_options_default(&o, 23), "fo_gemm_alltoall_options_default", "struct_size = 23");
+  CHECK(o.struct_size == sizeof o && o.nccl_sms == 8, "a refused default wrote the options");
+
+  EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
+                 "comm is NULL");
+  CHECK(op == NULL, "out not cleared on failure");
+  {
+    /* A caller whose header has a field more (a later version). */
+    struct later {
+      fo_gemm_alltoall_options o;
+      int64_t added;
+    } l;
+    memset(&l, 0xab, sizeof l);
+    EXPECT_OK(fo_gemm_alltoall_options_default(&l.o, sizeof l));
+    CHECK(l.o.struct_size == sizeof l && l.added == 0 && l.o.nccl_sms == 8 && l.o.path == FO_PATH_AUTO,
+          "struct_size %zu, added %lld", l.o.struct_size, (long long)l.added);
+    EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &l.o, &op),
+                   "fo_gemm_alltoall_create", "comm is NULL");
+    l.added = 1;
+    EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &l.o, &op),
+                   "fo_gemm_alltoall_create",
+                   "options->struct_size = 32: the options set fields that this library (flashoverlap");
+    CHECK(strstr(fo_last_error(), "options of 24 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
+  }
+  o.struct_size = 16;
+  EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
+                 "options->struct_size = 16 is below 24 (fill the options with "
+                 "fo_gemm_alltoall_options_default(&o, sizeof o) first)");
+
+  /* the paths: AUTO, SEQUENTIAL, SLOTS; the AllReduce's others refused by name */
+  {
+    static const int ok_paths[] = {FO_PATH_AUTO, FO_PATH_SEQUENTIAL, FO_PATH_SLOTS};
+    size_t i;
+    for (i = 0; i < 3; ++i) {
+      EXPECT_OK(fo_gemm_alltoall_options_default(&o, sizeof o));
+      o.path = ok_paths[i];
+      EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_FP16, &o, &op),
+                     "fo_gemm_alltoall_create", "comm is NULL");
+    }
+  }
+  EXPECT_OK(fo_gemm_alltoall_options_default(&o, sizeof o));
+  o.path = FO_PATH_ROW_BANDS;
+  EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
+                 "options->path = 2 (FO_PATH_ROW_BANDS) is not a GemmAllToAll path (FO_PATH_AUTO 0, "
+                 "FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3)");
+  o.path = FO_PATH_OWNERS;
+  EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
+                 "options->path = 4 (FO_PATH_OWNERS) is not a GemmAllToAll path");
+  o.path = -1;
+  EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
+                 "options->path = -1 is not an fo_path of GemmAllToAll");
+  o.path = FO_PATH_AUTO;
+  EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, (fo_dtype)5, &o, &op), "fo_gemm_alltoall_create",
+                 "dtype = 5");
+  EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_FP16, NULL, &op), "fo_gemm_alltoall_create",
+                 "comm is NULL");
+  EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_FP16, NULL, NULL),
+                 "fo_gemm_alltoall_create", "out is NULL");
+  CHECK(op == NULL, "out not cleared on failure");
+}
+
 /* Every function: a NULL handle or required pointer is FO_INVALID_ARGUMENT
  * naming the function and the argument; out-handles come back NULL. */
 static void test_null_arguments(void) {
@@ -338,6 +438,31 @@ static void test_null_arguments(void) {
     EXPECT_INVALID(fo_gemm_reducescatter_shape(NULL, &i, &i, &i, &d, &w), "fo_gemm_reducescatter_shape",
                    "op is NULL");
     EXPECT_OK(fo_gemm_reducescatter_destroy(NULL));
+  }
+
+  {
+    int w = 0, topk = 0;
+    int64_t counts[1] = {0};
+    fo_alltoall_routing r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.send_counts = counts;
+    r.recv_counts = counts;
+    EXPECT_INVALID(fo_gemm_alltoall_run(NULL, buf, buf, &r, buf, 0, 1, NULL, NULL), "fo_gemm_alltoall_run",
+                   "op is NULL");
+    /* (the handle is checked first: a NULL routing and buffers too are the handle's refusal) */
+    EXPECT_INVALID(fo_gemm_alltoall_run(NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL), "fo_gemm_alltoall_run",
+                   "op is NULL");
+    CHECK(strcmp(fo_last_error(), "fo_gemm_alltoall_run: op is NULL") == 0, "message \"%s\"", fo_last_error());
+    EXPECT_INVALID(fo_gemm_alltoall_last_plan(NULL, buf, sizeof buf, &needed), "fo_gemm_alltoall_last_plan",
+                   "op is NULL");
+    EXPECT_INVALID(fo_gemm_alltoall_last_plan(NULL, NULL, 0, NULL), "fo_gemm_alltoall_last_plan", "op is NULL");
+    EXPECT_INVALID(fo_gemm_alltoall_check(NULL), "fo_gemm_alltoall_check", "op is NULL");
+    EXPECT_INVALID(fo_gemm_alltoall_shape(NULL, &i, &i, &topk, &i, &i, &d, &w), "fo_gemm_alltoall_shape",
+                   "op is NULL");
+    EXPECT_INVALID(fo_gemm_alltoall_shape(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL), "fo_gemm_alltoall_shape",
+                   "op is NULL");
+    EXPECT_OK(fo_gemm_alltoall_destroy(NULL));
   }
 }
 
@@ -452,7 +577,7 @@ static void test_from_env(void) {
     CHECK(u == FO_OK ? fo_last_error()[0] == '\0' : (u != FO_INVALID_ARGUMENT && fo_last_error()[0] != '\0'),
           "fo_unique_id: %s \"%s\"", fo_status_string(u), fo_last_error());
     if (u == FO_OK) {
-      /* the other way to a communicator, refused alike: no op of either
+      /* the other way to a communicator, refused alike: no op of any
        * kind can be built here (each needs one) */
       comm = (fo_comm_t)&dummy;
       EXPECT_STATUS(fo_comm_from_unique_id(id, sizeof id, 0, 1, &comm), FO_NO_GPU, "fo_comm_from_unique_id",
@@ -593,6 +718,7 @@ struct gpu {
   uint16_t host16[MAX_M * (N + LD_PAD)];
   CUdeviceptr da, db, dout, dres, dres_out, dweight;
   CUdeviceptr dfull; /* MAX_M x N: all_gather_rows' output */
+  CUdeviceptr dtok;  /* MAX_M int32: GemmAllToAll's tokens_out */
 };
 static struct gpu g;
 
@@ -945,6 +1071,286 @@ static void rs_part(fo_comm_t comm) {
   if (!comm_destroyed) FO(fo_comm_destroy(comm));
 }
 
+/* ---- GemmAllToAll at world 1: every row goes back to rank 0 ---- */
+
+static int32_t g_dest_rank[MAX_M + 1], g_dest_token[MAX_M + 1], g_tok[MAX_M];
+static float g_gate[MAX_M + 1];
+
+/* A routing of m rows to rank 0: row i to token g_dest_token[i] (the first
+ * m of a shuffled permutation of the tokens), gate g_gate[i] (a quarter in
+ * [0.25, 2]: gate * row is exact in fp32). */
+static void a2a_routing(fo_alltoall_routing* r, int64_t m, int64_t tokens, int64_t* send, int64_t* recv) {
+  int64_t i;
+  static int32_t perm[MAX_M + 1];
+  for (i = 0; i < tokens; ++i) perm[i] = (int32_t)i;
+  for (i = tokens - 1; i > 0; --i) {
+    const int j = rand_int(0, (int)i);
+    const int32_t t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  for (i = 0; i < m; ++i) {
+    g_dest_rank[i] = 0;
+    g_dest_token[i] = perm[i];
+    g_gate[i] = 0.25f * (float)rand_int(1, 8);
+  }
+  memset(r, 0, sizeof *r);
+  r->struct_size = sizeof *r;
+  r->rows = m;
+  r->dest_rank = g_dest_rank;
+  r->dest_token = g_dest_token;
+  r->gate = g_gate;
+  r->tokens = tokens;
+  send[0] = recv[0] = m;
+  r->send_counts = send;
+  r->recv_counts = recv;
+}
+
+/* out (g.dout, tokens x N, ld): row t = gate * row i of a * b^T for the row i
+ * of token t, zeros for a token without a row, bitwise (each product is
+ * exact, then rounded once); the pad columns untouched (0xffff). */
+static void expect_combined(fo_dtype d, const fo_alltoall_routing* r, int64_t ld, const char* what) {
+  static int64_t row_of[MAX_M + 1];
+  int64_t i, j, bad = 0, pad_bad = 0;
+  for (i = 0; i < r->tokens; ++i) row_of[i] = -1;
+  for (i = 0; i < r->rows; ++i) row_of[r->dest_token[i]] = i;
+  CU(cu.CtxSynchronize());
+  CU(cu.MemcpyDtoH(g.host16, g.dout, (size_t)(r->tokens * ld) * 2));
+  for (i = 0; i < r->tokens; ++i)
+    for (j = 0; j < ld; ++j) {
+      const uint16_t x = g.host16[i * ld + j];
+      uint16_t want;
+      if (j >= N) {
+        pad_bad += x != 0xffffu;
+        continue;
+      }
+      want = row_of[i] < 0 ? to_16(d, 0.0f) : to_16(d, r->gate[row_of[i]] * (float)g.ab[row_of[i] * N + j]);
+      if (x != want) {
+        if (!bad)
+          fprintf(stderr, "%s: combine: first difference at token %lld (row %lld), col %lld: %g (0x%04x), want %g\n",
+                  what, (long long)i, (long long)row_of[i], (long long)j, (double)from_16(d, x), x,
+                  (double)from_16(d, want));
+        ++bad;
+      }
+    }
+  CHECK(bad == 0, "%s: combine: %lld of %lld elements differ from gate * (a b^T)", what, (long long)bad,
+        (long long)(r->tokens * N));
+  CHECK(pad_bad == 0, "%s: combine: %lld elements beyond n written", what, (long long)pad_bad);
+}
+
+/* tokens_out (g.dtok) = dest_token of the received rows, in source-row order. */
+static void expect_tokens(const fo_alltoall_routing* r, const char* what) {
+  int64_t i, bad = 0;
+  CU(cu.CtxSynchronize());
+  CU(cu.MemcpyDtoH(g_tok, g.dtok, (size_t)r->rows * 4));
+  for (i = 0; i < r->rows; ++i) bad += g_tok[i] != r->dest_token[i];
+  CHECK(bad == 0, "%s: tokens_out: %lld of %lld differ from dest_token", what, (long long)bad, (long long)r->rows);
+}
+
+/* One op: the combine and the received rows for a few routings, a padded ld_out. */
+static void exercise_a2a(fo_gemm_alltoall_t op, fo_dtype d, const char* name) {
+  static const int64_t cases[][2] = {{200, 250}, {MAX_M, MAX_M}, {1, 1}, {77, 300}};
+  fo_alltoall_routing r;
+  int64_t send[1], recv[1];
+  char what[128];
+  size_t t;
+  upload_ints(d, g.da, g.a, (size_t)MAX_M * K);
+  upload_ints(d, g.db, g.b, (size_t)N * K);
+  for (t = 0; t < sizeof cases / sizeof cases[0]; ++t) {
+    a2a_routing(&r, cases[t][0], cases[t][1], send, recv);
+    snprintf(what, sizeof what, "%s, %lld rows, %lld tokens", name, (long long)cases[t][0], (long long)cases[t][1]);
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.MemsetD8(g.dtok, 0xff, (size_t)MAX_M * 4));
+    CU(cu.CtxSynchronize());
+    FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 1, (int32_t*)g.dtok,
+                            t % 2 ? NULL : g.stream));
+    expect_combined(d, &r, N, what);
+    expect_tokens(&r, what);
+    /* without the combine: the rows of a * b^T as they are, in source-row order */
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.MemsetD8(g.dtok, 0xff, (size_t)MAX_M * 4));
+    CU(cu.CtxSynchronize());
+    FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 0, (int32_t*)g.dtok,
+                            g.stream));
+    expect_gemm(d, r.rows, N, what);
+    expect_tokens(&r, what);
+  }
+  /* a padded ld_out, both forms */
+  a2a_routing(&r, 150, 160, send, recv);
+  snprintf(what, sizeof what, "%s, ld_out = n + %d", name, LD_PAD);
+  CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+  CU(cu.CtxSynchronize());
+  FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, N + LD_PAD, 1, NULL, g.stream));
+  expect_combined(d, &r, N + LD_PAD, what);
+  CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+  CU(cu.CtxSynchronize());
+  FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, N + LD_PAD, 0, NULL, g.stream));
+  expect_gemm(d, r.rows, N + LD_PAD, what);
+  /* no rows: a and b may be NULL; the combine is zeros; nothing received, nothing written (out may be NULL) */
+  a2a_routing(&r, 0, 10, send, recv);
+  snprintf(what, sizeof what, "%s, no rows", name);
+  CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+  CU(cu.CtxSynchronize());
+  FO(fo_gemm_alltoall_run(op, NULL, NULL, &r, (void*)g.dout, 0, 1, NULL, g.stream));
+  expect_combined(d, &r, N, what);
+  FO(fo_gemm_alltoall_run(op, NULL, NULL, &r, NULL, 0, 0, NULL, g.stream));
+  r.tokens = 0;
+  FO(fo_gemm_alltoall_run(op, NULL, NULL, &r, NULL, 0, 1, NULL, g.stream));
+  CU(cu.CtxSynchronize());
+  FO(fo_gemm_alltoall_check(op));
+}
+
+static void a2a_part(fo_comm_t comm) {
+  static const int paths[] = {FO_PATH_SEQUENTIAL, FO_PATH_SLOTS};
+  fo_gemm_alltoall_t op = NULL;
+  fo_gemm_alltoall_options opt;
+  fo_alltoall_routing r;
+  int64_t send[1], recv[1], mr = 0, mt = 0, nn = 0, kk = 0;
+  int topk = 0, world = 0;
+  fo_dtype dd = (fo_dtype)-1;
+  char plan[512], small[8];
+  size_t needed = 0, needed2 = 0, pi;
+  const fo_dtype d = FO_DTYPE_BF16;
+
+  FO(fo_gemm_alltoall_create(comm, MAX_M, MAX_M, 1, N, K, d, NULL, &op));
+  FO(fo_gemm_alltoall_shape(op, &mr, &mt, &topk, &nn, &kk, &dd, &world));
+  CHECK(mr == MAX_M && mt == MAX_M && topk == 1 && nn == N && kk == K && dd == d && world == 1,
+        "alltoall shape %lld %lld top-%d %lld %lld %d, world %d", (long long)mr, (long long)mt, topk, (long long)nn,
+        (long long)kk, (int)dd, world);
+  FO(fo_gemm_alltoall_shape(op, NULL, NULL, NULL, NULL, NULL, NULL, NULL));
+  FO(fo_gemm_alltoall_last_plan(op, plan, sizeof plan, &needed));
+  CHECK(strcmp(plan, "no call yet") == 0 && needed == strlen(plan) + 1, "last_plan before a call: \"%s\"", plan);
+  exercise_a2a(op, d, "alltoall bf16, auto");
+
+  FO(fo_gemm_alltoall_last_plan(op, NULL, 0, &needed));
+  CHECK(needed > 1 && needed <= sizeof plan, "alltoall last_plan needs %zu bytes", needed);
+  FO(fo_gemm_alltoall_last_plan(op, plan, sizeof plan, &needed2));
+  CHECK(needed2 == needed && strlen(plan) + 1 == needed && strstr(plan, "predicted") != NULL,
+        "alltoall last_plan \"%s\": needed %zu, then %zu", plan, needed, needed2);
+  printf("alltoall bf16, auto: last_plan = \"%s\"\n", plan);
+  FO(fo_gemm_alltoall_last_plan(op, small, sizeof small, NULL));
+  CHECK(strlen(small) == sizeof small - 1 && strncmp(small, plan, sizeof small - 1) == 0,
+        "truncated alltoall last_plan \"%s\"", small);
+  EXPECT_INVALID(fo_gemm_alltoall_last_plan(op, NULL, 4, NULL), "fo_gemm_alltoall_last_plan", "buf is NULL");
+
+  /* the routing's struct_size */
+  a2a_routing(&r, 100, 120, send, recv);
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, NULL, (void*)g.dout, 0, 1, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run", "routing is NULL");
+  r.struct_size = 8;
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run",
+                 "routing->struct_size = 8 is below 64 (set routing->struct_size = sizeof(fo_alltoall_routing))");
+  {
+    /* a caller whose header has a field more: accepted while it is zero */
+    struct later {
+      fo_alltoall_routing r;
+      int64_t added;
+    } l;
+    a2a_routing(&l.r, 100, 120, send, recv);
+    l.r.struct_size = sizeof l;
+    l.added = 0;
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.CtxSynchronize());
+    FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &l.r, (void*)g.dout, 0, 1, NULL, g.stream));
+    expect_combined(d, &l.r, N, "alltoall, a routing of a later header");
+    l.added = 1;
+    EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &l.r, (void*)g.dout, 0, 1, NULL,
+                                        g.stream),
+                   "fo_gemm_alltoall_run", "routing->struct_size = 72: the routing set fields that this library");
+    CHECK(strstr(fo_last_error(), "routing of 64 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
+  }
+  /* NULL buffers, a bad ld_out, and routings that do not add up: the C++ API's refusals */
+  a2a_routing(&r, 100, 120, send, recv);
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, NULL, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL, g.stream),
+                 "fo_gemm_alltoall_run", "a is NULL");
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, NULL, &r, (void*)g.dout, 0, 1, NULL, g.stream),
+                 "fo_gemm_alltoall_run", "b is NULL");
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, NULL, 0, 1, NULL, g.stream),
+                 "fo_gemm_alltoall_run", "out is NULL");
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, NULL, 0, 0, NULL, g.stream),
+                 "fo_gemm_alltoall_run", "null output");
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 5, 1, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run", "ld_out = 5 is below n");
+  send[0] = 101;
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run", "send_counts[0] = 101 but 100 rows go to rank 0");
+  send[0] = 100;
+  recv[0] = 99;
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run", "rank 0's recv_counts[0] = 99 but rank 0 sends it 100 rows");
+  recv[0] = 100;
+  g_dest_token[5] = 120;
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run", "token 120 outside [0, 120)");
+  g_dest_token[5] = 0;
+  g_dest_rank[3] = 1;
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run", "row 3 goes to rank 1, outside [0, 1)");
+  a2a_routing(&r, 100, 120, send, recv);
+  r.gate = NULL;
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run", "(to combine) gate must not be null");
+  r.tokens = MAX_M + 1;
+  EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 0, NULL,
+                                      g.stream),
+                 "fo_gemm_alltoall_run", "tokens = 301 is outside [0, max_tokens = 300]");
+  /* without the combine the gate may be NULL */
+  a2a_routing(&r, 100, 120, send, recv);
+  r.gate = NULL;
+  CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+  CU(cu.CtxSynchronize());
+  FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 0, (int32_t*)g.dtok,
+                          g.stream));
+  expect_gemm(d, r.rows, N, "alltoall without gates, not combining");
+  expect_tokens(&r, "alltoall without gates, not combining");
+  /* still usable after the refusals */
+  a2a_routing(&r, MAX_M, MAX_M, send, recv);
+  CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+  CU(cu.CtxSynchronize());
+  FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL, g.stream));
+  expect_combined(d, &r, N, "alltoall after the refusals");
+  FO(fo_gemm_alltoall_destroy(op));
+  op = NULL;
+
+  /* refusals the C++ API makes at create */
+  op = (fo_gemm_alltoall_t)&g;
+  EXPECT_INVALID(fo_gemm_alltoall_create(comm, MAX_M, MAX_M, 0, N, K, d, NULL, &op), "fo_gemm_alltoall_create",
+                 "topk must be in [1, world = 1]");
+  CHECK(op == NULL, "out not cleared on failure");
+  EXPECT_INVALID(fo_gemm_alltoall_create(comm, MAX_M, MAX_M, 2, N, K, d, NULL, &op), "fo_gemm_alltoall_create",
+                 "topk must be in [1, world = 1]");
+  EXPECT_INVALID(fo_gemm_alltoall_create(comm, MAX_M, 0, 1, N, K, d, NULL, &op), "fo_gemm_alltoall_create",
+                 "max_rows and max_tokens must be >= 1");
+  EXPECT_INVALID(fo_gemm_alltoall_create(comm, MAX_M, MAX_M, 1, N, 12, d, NULL, &op), "fo_gemm_alltoall_create",
+                 "k a multiple of 8");
+
+  /* each path, explicitly, and fp16 */
+  for (pi = 0; pi < 2; ++pi) {
+    char name[64];
+    fo_status c;
+    FO(fo_gemm_alltoall_options_default(&opt, sizeof opt));
+    opt.path = paths[pi];
+    c = fo_gemm_alltoall_create(comm, MAX_M, MAX_M, 1, N, K, pi ? FO_DTYPE_FP16 : FO_DTYPE_BF16, &opt, &op);
+    CHECK(c == FO_OK, "alltoall path %d: %s: %s", paths[pi], fo_status_string(c), fo_last_error());
+    if (c != FO_OK) continue;
+    snprintf(name, sizeof name, "alltoall %s, %s", pi ? "fp16" : "bf16", pi ? "slots" : "sequential");
+    exercise_a2a(op, pi ? FO_DTYPE_FP16 : FO_DTYPE_BF16, name);
+    FO(fo_gemm_alltoall_last_plan(op, plan, sizeof plan, NULL));
+    printf("%s: last_plan = \"%s\"\n", name, plan);
+    FO(fo_gemm_alltoall_destroy(op));
+    op = NULL;
+  }
+}
+
 static int gpu_part(void) {
   fo_comm_t comm = NULL;
   fo_gemm_allreduce_t op = NULL;
@@ -987,6 +1393,7 @@ static int gpu_part(void) {
   CU(cu.MemAlloc(&g.dres_out, (size_t)MAX_M * N * 2));
   CU(cu.MemAlloc(&g.dweight, (size_t)N * 2));
   CU(cu.MemAlloc(&g.dfull, (size_t)MAX_M * N * 2));
+  CU(cu.MemAlloc(&g.dtok, (size_t)MAX_M * 4));
 
   {
     const char* seed = getenv("FO_TEST_SEED");
@@ -1072,6 +1479,14 @@ static int gpu_part(void) {
     rs_part(rs_comm); /* (destroys rs_comm) */
   }
 
+  /* GemmAllToAll (a communicator of its own too) */
+  {
+    fo_comm_t a2a_comm = NULL;
+    FO(fo_comm_from_env(&a2a_comm));
+    a2a_part(a2a_comm);
+    FO(fo_comm_destroy(a2a_comm));
+  }
+
   /* each path, explicitly (one that is not available at world 1 may refuse,
    * saying so); the last one outlives its communicator's handle */
   for (p = FO_PATH_SEQUENTIAL; p <= FO_PATH_SLOTS; ++p) {
@@ -1106,6 +1521,7 @@ static int gpu_part(void) {
   CU(cu.MemFree(g.dres_out));
   CU(cu.MemFree(g.dweight));
   CU(cu.MemFree(g.dfull));
+  CU(cu.MemFree(g.dtok));
   CU(cu.StreamDestroy(g.stream));
   CU(cu.DevicePrimaryCtxRelease(dev));
   return g_failures ? 1 : 0;
@@ -1126,6 +1542,7 @@ int main(int argc, char** argv) {
   test_version();
   test_options();
   test_rs_options();
+  test_a2a_options();
   test_null_arguments();
   test_last_error_lifetime();
   test_threads();

@@ -8,6 +8,7 @@
 #include "plan/slot_map_alltoall.h"
 #include "plan/slot_map_reducescatter.h"
 #include "test_plan_util.h"
+#include "test_seed.h"
 
 namespace fo = flashoverlap::plan;
 using fo_test::uniform;
@@ -175,4 +176,54 @@ TEST(PlanSlotMaps, HalfRowsOfRunsOfWholeHalvesOnly) {
   const fo::Schedule t = fo::make_schedule(16, 4, {4, 2}, 3, fo::Raster::AlongM, 1);
   EXPECT_TRUE(fo::half_rows_of(fo::make_reducescatter_map(t, fo::make_groups(t, {t.waves()}), 2, 0,
                                                           fo::RsLayout::Standard)).empty());
+}
+
+// The compact tables the runtime builds every call expand to the map's own
+// row_of and slot_of_out, exactly, with the same spans: random routings of
+// every kind, W = 1-8, top-K, experts without rows, random common
+// partitions, both tile shapes, ragged n.
+TEST(AllToAllTables, ExpandToTheMapsTables) {
+  using namespace flashoverlap::plan;
+  FO_SEEDED_RNG(rng);
+  static const char* kinds[] = {"uniform", "zipf:1.2", "one:0", "empty:0"};
+  for (int trial = 0; trial < 60; ++trial) {
+    const int32_t world = 1 + int32_t(rng() % 8), topk = 1 + int32_t(rng() % uint64_t(std::min(world, 4)));
+    std::string kind = kinds[rng() % 4];
+    if (kind == "empty:0" && topk >= world) kind = "uniform";  // (no rank left out: K distinct of W)
+    const int64_t tokens = int64_t(rng() % 700), n = trial % 3 == 0 ? 1000 : 768;
+    const MoeRouting routing = make_moe_routing(kind, world, tokens, topk, rng());
+    const TileShape tile = rng() % 2 ? TileShape{128, 256} : TileShape{128, 128};
+    const int32_t ctas = 1 + int32_t(rng() % 20);
+    std::vector<Schedule> scheds;
+    int32_t most = 0;
+    for (int32_t r = 0; r < world; ++r) {
+      scheds.push_back(make_expert_schedule(routing.rows(r), n, tile, ctas, Raster::AlongN,
+                                                  1 + int32_t(rng() % 4)));
+      most = std::max(most, scheds.back().waves());
+    }
+    Partition common;
+    for (int32_t left = std::max(most, 1); left > 0;) {
+      const int32_t g = 1 + int32_t(rng() % uint64_t(std::min(left, 4)));
+      common.push_back(g);
+      left -= g;
+    }
+    std::vector<std::vector<Group>> groups;
+    for (const Schedule& s : scheds) groups.push_back(make_clipped_groups(s, common));
+    for (int32_t rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE(kind + ", world " + std::to_string(world) + ", top-" + std::to_string(topk) + ", rank " +
+                   std::to_string(rank));
+      const SlotMap map = make_alltoall_map(scheds, groups, routing, rank);
+      const AllToAllTables t = make_alltoall_tables(scheds, groups, routing, rank);
+      EXPECT_EQ(t.send_rows, map.send_rows);
+      EXPECT_EQ(t.recv_rows, map.recv_rows);
+      EXPECT_EQ(t.out_rows, map.out_rows);
+      ASSERT_EQ(t.groups.size(), map.groups.size());
+      for (size_t g = 0; g < t.groups.size(); ++g) {
+        EXPECT_EQ(t.groups[g].send_to, map.groups[g].send_to);
+        EXPECT_EQ(t.groups[g].recv_from, map.groups[g].recv_from);
+      }
+      EXPECT_EQ(expand_row_of(t), map.row_of);
+      EXPECT_EQ(expand_slot_of_out(t), map.slot_of_out);
+    }
+  }
 }

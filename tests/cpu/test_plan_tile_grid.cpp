@@ -86,3 +86,32 @@ TEST(PlanTileGrid, DefaultSwizzleBalancesTheWaveFootprint) {
   EXPECT_EQ(fo::default_swizzle(116, {128, 256}, 4), 4);    // never wider than the grid
   EXPECT_EQ(fo::default_swizzle(1, {256, 8}, 9), 1);
 }
+
+// A shifted walk (Schedule::row_shift, the MoE combine's) visits every tile
+// once, starts at tile row row_shift, and index_of_tile inverts it; the
+// shift only renames tile rows, so each index keeps its column and CTA.
+TEST(PlanTileGrid, RowShiftRotatesTheTileRowsOfTheWalk) {
+  using namespace flashoverlap::plan;
+  for (Raster raster : {Raster::AlongN, Raster::AlongM})
+    for (int32_t m : {1, 300, 1000, 1281})
+      for (int32_t swizzle : {1, 3, 8}) {
+        Schedule s = make_schedule(m, 700, {128, 256}, 7, raster, swizzle);
+        const Schedule plain = s;
+        for (int32_t shift = 0; shift < s.tiles_m(); ++shift) {
+          s.row_shift = shift;
+          EXPECT_NO_THROW(validate_schedule(s));
+          std::vector<int> seen(size_t(s.tiles()), 0);
+          for (int32_t idx = 0; idx < s.tiles(); ++idx) {
+            const TileCoord t = s.tile_of(idx), u = plain.tile_of(idx);
+            EXPECT_EQ(t.tn, u.tn);
+            EXPECT_EQ(t.tm, (u.tm + shift) % s.tiles_m());
+            EXPECT_EQ(s.index_of_tile(t), idx);
+            ++seen[size_t(t.tm) * s.tiles_n() + t.tn];
+          }
+          for (int v : seen) EXPECT_EQ(v, 1);
+          if (raster == Raster::AlongN) EXPECT_EQ(s.tile_of(0).tm, shift);
+        }
+        s.row_shift = s.tiles_m();
+        EXPECT_THROW(validate_schedule(s), flashoverlap::InvalidArgument);
+      }
+}

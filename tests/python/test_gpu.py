@@ -39,8 +39,22 @@ all_gather_rows (out and h) bitwise the standard layout's sequential chain
 op.rows(m); m = 0; torch.compile (fullgraph: the chain two nodes; inductor's
 output bitwise the eager chain's, m dynamic); opcheck; CUDA-graph capture
 and replay of the chain, and the sub-tile layout's refusal of an m not yet
-gathered; bad input. The data are random; the seed is printed
-(FO_TEST_SEED=<seed> replays it).
+gathered; bad input.
+
+GemmAllToAll (class AllToAll*), the MoE combine, on a random routing that
+every rank draws alike (each token picks up to topk distinct ranks, each
+expert's rows shuffled or in token order; at world 1 topk is 1, every row
+back to rank 0, some tokens without a row): combine=True against the fp32
+reference (out[t] = sum of gate * row) within a bound of the dtype's
+rounding, and against its own received rows (bitwise at world 1, where
+each token has one row: out[t] = the row times its gate, rounded once);
+combine=False: the received rows in (source rank, source row) order against
+the fp32 GEMM (and, at world 1, against F.linear) within the GEMM's bound,
+their tokens exactly; rows of no rank; the routing tensors on the GPU or
+the host, the counts as lists or tensors; both paths; the functional and
+its cache; opcheck; the refusal under CUDA-graph capture; bad input (counts
+that disagree with dest_rank or between ranks: refused on every rank). The
+data are random; the seed is printed (FO_TEST_SEED=<seed> replays it).
 """
 
 import datetime
@@ -1078,6 +1092,326 @@ class ReduceScatterAllGatherCudaGraphs(Case):
         good, worst = within(full, reference(x, w), gemm_bound(x, w, torch.bfloat16))
         self.ok(good, f"{op}: all_gather_rows after a refused capture: |diff| up to {worst}")
         op.close()
+
+
+# ---- GemmAllToAll: the MoE combine ----
+
+def moe_routing(tokens, topk, seed, shuffle=True):
+    """A random routing that every rank draws alike (a shared seed): each
+    token t of each rank s picks 0 to topk distinct ranks (experts); expert
+    e's rows are the (s, t) that picked it, shuffled or in (s, t) order, each
+    with a gate in [0.25, 1.5). Returns (rows, gates): per expert, its rows'
+    (s, t) and their gates."""
+    rng = random.Random(SEED * 31 + seed)
+    rows = [[] for _ in range(WORLD)]
+    for s in range(WORLD):
+        for t in range(tokens[s]):
+            for e in rng.sample(range(WORLD), rng.randint(0, topk)):
+                rows[e].append((s, t))
+    if shuffle:
+        for r in rows:
+            rng.shuffle(r)
+    gates = [[rng.uniform(0.25, 1.5) for _ in r] for r in rows]
+    return rows, gates
+
+
+class MoeCase:
+    """One call's data on every rank: each expert's x and weight (the same on
+    every rank, so each can compute every expert's rows), this rank's
+    routing, and the references."""
+
+    def __init__(self, tokens, topk, n, k, dtype, seed, shuffle=True):
+        self.rows, self.gates = moe_routing(tokens, topk, seed, shuffle)
+        self.tokens, self.n, self.k, self.dtype = tokens[RANK], n, k, dtype
+        self.x_of = [rand(len(self.rows[e]), k, dtype=dtype, seed=seed * 101 + e, per_rank=False) for e in range(WORLD)]
+        self.w_of = [rand(n, k, dtype=dtype, seed=seed * 103 + e + 50, per_rank=False) for e in range(WORLD)]
+        mine = self.rows[RANK]
+        self.x, self.w = self.x_of[RANK], self.w_of[RANK]
+        self.dest_rank = torch.tensor([s for s, _ in mine], dtype=torch.int32)
+        self.dest_token = torch.tensor([t for _, t in mine], dtype=torch.int32)
+        self.gate = torch.tensor(self.gates[RANK], dtype=torch.float32)
+        self.send_counts = [sum(1 for s, _ in mine if s == d) for d in range(WORLD)]
+        self.recv_counts = [sum(1 for s, _ in self.rows[e] if s == RANK) for e in range(WORLD)]
+        # what comes here, in (source rank, source row) order: (expert, row, token, gate)
+        self.received = [(e, i, t, self.gates[e][i]) for e in range(WORLD) for i, (s, t) in enumerate(self.rows[e])
+                         if s == RANK]
+        self.y32_of = [self.x_of[e].float() @ self.w_of[e].float().t() for e in range(WORLD)]
+
+    def args(self):
+        return (self.x, self.w, self.dest_rank, self.dest_token, self.gate, self.send_counts, self.recv_counts,
+                self.tokens)
+
+    def rows_ref(self):
+        """The received rows in fp32 (exact products, fp32 sums) and their tokens."""
+        rows = [self.y32_of[e][i] for e, i, _, _ in self.received]
+        ref = torch.stack(rows) if rows else torch.zeros(0, self.n, device=DEVICE)
+        return ref, torch.tensor([t for _, _, t, _ in self.received], dtype=torch.int32, device=DEVICE)
+
+    def combine_ref(self):
+        """out[t] = the sum of gate * row over token t's rows, in fp32."""
+        out = torch.zeros(self.tokens, self.n, device=DEVICE)
+        for e, i, t, g in self.received:
+            out[t] += g * self.y32_of[e][i]
+        return out
+
+    def combine_of(self, rows):
+        """The combine of the given received rows (of the dtype), in fp32 in their order, rounded once."""
+        out = torch.zeros(self.tokens, self.n, device=DEVICE)
+        for j, (_, _, t, g) in enumerate(self.received):
+            out[t] += torch.tensor(g, dtype=torch.float32) * rows[j].float()
+        return out.to(self.dtype)
+
+    def row_bound(self):
+        """|a row of ours - the fp32 GEMM|: one rounding to the dtype (u max|y|), and fp32's accumulation."""
+        ymax = max([y.abs().max().item() for y in self.y32_of if y.numel()] + [0.0])
+        return 2 * U[self.dtype] * ymax + 1e-5
+
+    def combine_bound(self, topk):
+        """|out - the fp32 combine|: each row's rounding, times its gate (< 1.5), over topk rows, then the
+        output's own rounding."""
+        ref = self.combine_ref()
+        return 1.5 * topk * self.row_bound() + 2 * U[self.dtype] * (ref.abs().max().item() if ref.numel() else 0.0)
+
+
+def a2a_topk():
+    return min(2, WORLD)
+
+
+class AllToAll(Case):
+    @staticmethod
+    def make_a2a(max_rows=1024, max_tokens=512, topk=None, n=512, k=256, dtype=None, **kw):
+        return fo.GemmAllToAll(None, max_rows, max_tokens, topk or a2a_topk(), n, k, dtype or torch.bfloat16, **kw)
+
+    def test_combine_and_rows_against_the_fp32_reference_both_dtypes(self):
+        topk = a2a_topk()
+        for dtype in (torch.bfloat16, torch.float16):
+            op = self.make_a2a(dtype=dtype)
+            for seed, tokens, shuffle in ((1, [300, 177, 64, 9][:WORLD] + [100] * max(0, WORLD - 4), True),
+                                          (2, [77] * WORLD, False), (3, [1] * WORLD, True)):
+                c = MoeCase(tokens, topk, 512, 256, dtype, seed, shuffle)
+                out = op(*c.args())
+                self.assertEqual((out.shape, out.dtype, out.device), ((c.tokens, 512), dtype, DEVICE))
+                good, worst = within(out, c.combine_ref(), c.combine_bound(topk))
+                self.ok(good, f"{op} seed {seed}: |combine - the fp32 reference| up to {worst}")
+                rows, tok = op(*c.args(), combine=False)
+                ref, ref_tok = c.rows_ref()
+                self.assertEqual((rows.shape, tok.shape, tok.dtype), ((len(c.received), 512), (len(c.received),),
+                                                                      torch.int32))
+                good, worst = within(rows, ref, c.row_bound())
+                self.ok(good, f"{op} seed {seed}: |received rows - the fp32 GEMM| up to {worst}")
+                self.ok(torch.equal(tok, ref_tok), f"{op} seed {seed}: the received rows' tokens")
+                # the combine of those very rows: bitwise where each token has one row (world 1), else within
+                # one rounding (the kernel's fma against torch's multiply, then add)
+                mine = c.combine_of(rows)
+                if WORLD == 1:
+                    self.ok(torch.equal(out, mine), f"{op} seed {seed}: the combine is not gate * row, rounded once")
+                else:
+                    good, worst = within(out, mine, 2 * U[dtype] * mine.float().abs().max().item() + 1e-6)
+                    self.ok(good, f"{op} seed {seed}: the combine against its own rows' up to {worst}")
+            if RANK == 0:
+                print(f"[test_gpu] {op}: last_plan = {op.last_plan()}", flush=True)
+            op.close()
+
+    def test_world_1_against_linear(self):
+        if WORLD != 1:
+            self.skipTest("at world 1 the received rows are F.linear(x, w)'s")
+        op = self.make_a2a(topk=1)
+        for rows, shuffle in ((300, True), (128, False), (1, True)):
+            x, w = rand(rows, 256, dtype=torch.bfloat16, seed=400 + rows), rand(512, 256, dtype=torch.bfloat16, seed=401)
+            perm = torch.randperm(rows, generator=torch.Generator().manual_seed(SEED + rows)) if shuffle \
+                else torch.arange(rows)
+            dest_rank, dest_token = torch.zeros(rows, dtype=torch.int64), perm
+            gate = torch.rand(rows, generator=torch.Generator().manual_seed(SEED + 7 * rows)) + 0.5
+            y, tok = op(x, w, dest_rank, dest_token, gate, [rows], [rows], rows, combine=False)
+            good, worst = within(y, F.linear(x, w), gemm_bound(x, w, torch.bfloat16))
+            self.ok(good, f"{op} {rows} rows: |received rows - F.linear| up to {worst}")
+            self.ok(torch.equal(tok.cpu(), perm.to(torch.int32)), f"{op} {rows} rows: tokens not in source-row order")
+            out = op(x, w, dest_rank, dest_token, gate, [rows], [rows], rows)
+            ref = torch.zeros(rows, 512, device=DEVICE)
+            ref[perm.to(DEVICE)] = gate.to(DEVICE)[:, None] * F.linear(x.float(), w.float())
+            good, worst = within(out, ref, 1.5 * gemm_bound(x, w, torch.bfloat16) + 2 * U[torch.bfloat16] *
+                                 ref.abs().max().item())
+            self.ok(good, f"{op} {rows} rows: |combine - gate * F.linear (fp32)| up to {worst}")
+            exact = torch.zeros(rows, 512, device=DEVICE)
+            exact[perm.to(DEVICE)] = gate.to(DEVICE)[:, None] * y.float()
+            self.ok(torch.equal(out, exact.to(torch.bfloat16)), f"{op} {rows} rows: combine != gate * row, rounded")
+        op.close()
+
+    def test_routing_on_any_device_and_counts_as_tensors(self):
+        op = self.make_a2a()
+        c = MoeCase([200] * WORLD, a2a_topk(), 512, 256, torch.bfloat16, 5)
+        want = op(*c.args())
+        want_rows, want_tok = op(*c.args(), combine=False)
+        x, w = c.x, c.w
+        variants = (
+            (c.dest_rank.to(DEVICE, torch.int64), c.dest_token.to(DEVICE), c.gate.to(DEVICE),
+             torch.tensor(c.send_counts, device=DEVICE), torch.tensor(c.recv_counts)),
+            (c.dest_rank.long(), c.dest_token.long(), c.gate.to(torch.float64), tuple(c.send_counts),
+             torch.tensor(c.recv_counts, dtype=torch.int32, device=DEVICE)),
+        )
+        for i, (dr, dt, g, send, recv) in enumerate(variants):
+            self.ok(torch.equal(op(x, w, dr, dt, g, send, recv, c.tokens), want), f"variant {i}: combine differs")
+            rows, tok = op(x, w, dr, dt, g, send, recv, c.tokens, combine=False)
+            self.ok(torch.equal(rows, want_rows) and torch.equal(tok, want_tok), f"variant {i}: rows differ")
+        op.close()
+
+    def test_ranks_without_rows(self):
+        op = self.make_a2a()
+        # every token picks nothing here: no rank has rows; the combine is zeros, nothing is received
+        empty = torch.zeros(0, dtype=torch.int32)
+        x, w = torch.empty(0, 256, dtype=torch.bfloat16, device=DEVICE), rand(512, 256, dtype=torch.bfloat16, seed=0)
+        out = op(x, w, empty, empty, torch.zeros(0), [0] * WORLD, [0] * WORLD, 50)
+        self.assertEqual(tuple(out.shape), (50, 512))
+        self.ok(bool((out == 0).all()), "the combine of no rows is not zeros")
+        rows, tok = op(x, w, empty, empty, None, [0] * WORLD, [0] * WORLD, 50, combine=False)
+        self.assertEqual((tuple(rows.shape), tuple(tok.shape)), ((0, 512), (0,)))
+        if WORLD > 1:  # only rank 0 has tokens: the others' combine has none, and nothing comes to them
+            c = MoeCase([40] + [0] * (WORLD - 1), 1, 512, 256, torch.bfloat16, 6)
+            out = op(*c.args())
+            self.assertEqual(tuple(out.shape), (c.tokens, 512))
+            good, worst = within(out, c.combine_ref(), c.combine_bound(1))
+            self.ok(good, f"one rank's tokens: |diff| up to {worst}")
+        op.close()
+
+    def test_each_path(self):
+        topk = a2a_topk()
+        c = MoeCase([256] * WORLD, topk, 512, 256, torch.bfloat16, 7)
+        for path in ("sequential", "slots", "auto"):
+            op = self.make_a2a(path=path)
+            out = op(*c.args())
+            plan = op.last_plan()
+            if RANK == 0:
+                print(f"[test_gpu] GemmAllToAll path {path}: {plan}", flush=True)
+            good, worst = within(out, c.combine_ref(), c.combine_bound(topk))
+            self.ok(good, f"path {path}: |combine - the fp32 reference| up to {worst}")
+            if path == "sequential":
+                self.assertTrue(plan.startswith("sequential"), plan)
+            op.check()
+            op.close()
+
+    def test_functional_builds_and_caches(self):
+        fo.clear_cache()
+        topk = a2a_topk()
+        sizes = []
+        for seed, tokens in ((8, 100), (9, 120), (10, 700), (11, 5)):
+            c = MoeCase([tokens] * WORLD, topk, 256, 128, torch.float16, seed)
+            out = fo.gemm_all_to_all(c.x, c.w, c.dest_rank, c.dest_token, c.gate, c.send_counts, c.recv_counts, None,
+                                     c.tokens, topk=topk)
+            good, worst = within(out, c.combine_ref(), c.combine_bound(topk))
+            self.ok(good, f"gemm_all_to_all tokens={tokens}: |diff| up to {worst}")
+            rows, tok = fo.gemm_all_to_all(c.x, c.w, c.dest_rank, c.dest_token, c.gate, c.send_counts, c.recv_counts,
+                                           None, c.tokens, False, topk=topk)
+            self.ok(torch.equal(tok, c.rows_ref()[1]), f"gemm_all_to_all tokens={tokens}: tokens")
+            self.assertEqual(len(fo._a2a_cache), 1)
+            op = next(iter(fo._a2a_cache.values()))
+            sizes.append((op.max_rows, op.max_tokens))
+        # (the sizes every rank agreed on: the largest of the call, rounded up to a power of two; never smaller)
+        self.assertTrue(all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(sizes, sizes[1:])), sizes)
+        self.assertEqual((sizes[0][1], sizes[2][1]), (128, 1024), sizes)
+        self.assertEqual(sizes[3], sizes[2], sizes)  # (a smaller call: the same op)
+        for rows, toks in sizes:
+            self.assertTrue(rows >= 128 and rows & (rows - 1) == 0, sizes)
+        # given sizes: no exchange, an op of those sizes
+        fo.clear_cache()
+        c = MoeCase([50] * WORLD, topk, 256, 128, torch.float16, 12)
+        fo.gemm_all_to_all(c.x, c.w, c.dest_rank, c.dest_token, c.gate, c.send_counts, c.recv_counts, None, c.tokens,
+                           max_rows=300, max_tokens=200, topk=topk)
+        op = next(iter(fo._a2a_cache.values()))
+        self.assertEqual((op.max_rows, op.max_tokens, op.topk), (512, 256, topk))
+        fo.clear_cache()
+
+    def test_opcheck(self):
+        op = self.make_a2a(max_rows=256, max_tokens=128, n=256, k=128)
+        c = MoeCase([60] * WORLD, a2a_topk(), 256, 128, torch.bfloat16, 13)
+        x, w, dr, dt, g, send, recv, tokens = c.args()
+        torch.library.opcheck(torch.ops.flashoverlap.gemm_all_to_all.default,
+                              (x, w, dr, dt, g, send, recv, tokens, op.handle),
+                              test_utils=("test_schema", "test_faketensor"))
+        torch.library.opcheck(torch.ops.flashoverlap.gemm_all_to_all_rows.default,
+                              (x, w, dr, dt, g, send, recv, tokens, op.handle),
+                              test_utils=("test_schema", "test_faketensor"))
+        op.close()
+
+    def test_capture_is_refused(self):
+        op = self.make_a2a()
+        c = MoeCase([64] * WORLD, a2a_topk(), 512, 256, torch.bfloat16, 14)
+        want = op(*c.args())
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with self.assertRaisesRegex(FlashOverlapError, "cannot be captured into a CUDA graph"):
+            with torch.cuda.graph(graph):
+                op(*c.args())
+        self.ok(torch.equal(op(*c.args()), want), "the op after a refused capture")
+        op.close()
+
+
+class AllToAllBadInput(Case):
+    def test_messages(self):
+        op = AllToAll.make_a2a(max_rows=256, max_tokens=128, n=256, k=128)
+        name = str(op)
+        c = MoeCase([60] * WORLD, a2a_topk(), 256, 128, torch.bfloat16, 20)
+        x, w, dr, dt, g, send, recv, tokens = c.args()
+        # what this rank refuses before any exchange (every rank makes the same mistake here)
+        cases = [
+            ((x.float(), w, dr, dt, g, send, recv, tokens), "x has dtype torch.float32, expected torch.bfloat16"),
+            ((x.cpu(), w, dr, dt, g, send, recv, tokens), f"x is on cpu, expected {DEVICE}"),
+            ((x, w[:, :64].contiguous(), dr, dt, g, send, recv, tokens), "weight has shape (256, 64), expected"),
+            ((x, w, dr.float(), dt, g, send, recv, tokens), "dest_rank has dtype torch.float32, expected an integer"),
+            ((x, w, dr, dt[:-1] if dt.numel() else torch.zeros(1, dtype=torch.int32), g, send, recv, tokens),
+             "dest_token has shape"),
+            ((x, w, dr, dt, None, send, recv, tokens), "gate_weight is required to combine"),
+            ((x, w, dr, dt, g, send + [0], recv, tokens), f"send_counts has {WORLD + 1} entries, expected the world"),
+            ((x, w, dr, dt, g, send, recv, float(tokens)), "tokens = "),
+        ]
+        for args, message in cases:
+            with self.assertRaises(InvalidArgument) as cm:
+                op(*args)
+            self.assertTrue(str(cm.exception).startswith(f"{name}: {message}"), str(cm.exception))
+        # what the library refuses on every rank together: send_counts that disagree with dest_rank (rank 0's)
+        bad = list(send)
+        if RANK == 0:
+            bad[0] += 1
+        e = self._last_message(op, x, w, dr, dt, g, bad, recv, tokens)  # (collective: every rank refuses it)
+        self.assertRegex(str(e), r"^fo_gemm_alltoall_run: GemmAllToAll \(rank .*: the routing of rank\(s\) 0 failed "
+                                 r"their checks")
+        if RANK == 0:
+            self.assertIn(f"here send_counts[0] = {bad[0]} but {send[0]} rows go to rank 0", str(e))
+        # recv_counts that disagree with what the ranks send
+        bad = list(recv)
+        bad[-1] += 1
+        with self.assertRaisesRegex(InvalidArgument, r"recv_counts\[\d+\] = \d+ but rank \d+ sends it \d+ rows"):
+            op(x, w, dr, dt, g, send, bad, tokens)
+        # a token out of range at its destination, a rank out of range, sizes beyond the op's
+        with self.assertRaisesRegex(InvalidArgument, "outside|failed their checks"):
+            op(x, w, dr, dt, g, send, recv, 0)  # (0 tokens here: every row sent here is out of range)
+        with self.assertRaisesRegex(InvalidArgument, r"tokens = 129 is outside \[0, max_tokens = 128\]"):
+            op(x, w, dr, dt, g, send, recv, 129)
+        # still usable after the refusals
+        good, worst = within(op(*c.args()), c.combine_ref(), c.combine_bound(a2a_topk()))
+        self.ok(good, f"{op} after the refusals: |diff| up to {worst}")
+        with self.assertRaisesRegex(InvalidArgument, "^GemmAllToAll: topk = 0: needs 1 <= topk <= the world size"):
+            fo.GemmAllToAll(None, 64, 64, 0, 32, 16, torch.bfloat16)
+        with self.assertRaisesRegex(InvalidArgument, rf"^GemmAllToAll: topk = {WORLD + 1}: needs"):
+            fo.GemmAllToAll(None, 64, 64, WORLD + 1, 32, 16, torch.bfloat16)
+        with self.assertRaisesRegex(InvalidArgument, "^GemmAllToAll: path = 'row_bands'"):
+            fo.GemmAllToAll(None, 64, 64, 1, 32, 16, torch.bfloat16, path="row_bands")
+        # a handle of another kind, given to the All-to-All's custom op
+        ar = self.make(max_m=64, n=32, k=16)
+        with self.assertRaisesRegex(FlashOverlapError, f"handle {ar.handle} is a GemmAllReduce, not a GemmAllToAll"):
+            torch.ops.flashoverlap.gemm_all_to_all(x, w, dr, dt, g, send, recv, tokens, ar.handle)
+        ar.close()
+        op.close()
+        with self.assertRaisesRegex(FlashOverlapError, "no op with handle"):
+            op(*c.args())
+
+    @staticmethod
+    def _last_message(op, *args):
+        """The InvalidArgument a call raises (collective: every rank calls it)."""
+        try:
+            op(*args)
+        except InvalidArgument as e:
+            return e
+        raise AssertionError("no InvalidArgument")
 
 
 if __name__ == "__main__":

@@ -7,16 +7,19 @@ with FLASHOVERLAP_LIBRARY naming the build's library; by hand:
 They check that importing the package imports no torch and loads nothing,
 that torch imports before and after it, the ctypes layer (every function of
 flashoverlap_c.h declared with the header's arity, the versions, NULL
-handles -> InvalidArgument with the C message, no GPU -> NoGpu, both ops'
+handles -> InvalidArgument with the C message, no GPU -> NoGpu, the ops'
 options structs, GemmReduceScatter's paths and layouts, all_gather_rows'
-prototype and what the ctypes method passes), ReduceScatter's
+prototype and what the ctypes method passes, GemmAllToAll's options, paths,
+prototypes, fo_alltoall_routing and what its ctypes methods pass), ReduceScatter's
 rows (flashoverlap.torch.rs_rows/rs_rows_out, what the fake implementations
 allocate by), the NCCL check (a stand-in libnccl.so.2 of 2.27 loaded first, as
 torch loads its own: named at load, refused at a communicator's
 construction), the wheel the build backend writes, and,
 where torch is importable (Debian's 1.13 serves), the tensor validation's
 messages (all_gather_rows' too: its default m, its refusals before any work)
-and the "needs PyTorch >= 2.4" refusal. The source tree's package
+and the "needs PyTorch >= 2.4" refusal; GemmAllToAll's argument checks
+(check_a2a_inputs, the counts, the routing's copy to the host and what a
+call hands the library, before any GPU work). The source tree's package
 is tested (python/ put first on sys.path) unless FO_TEST_INSTALLED=1, which
 tests the one the interpreter has installed.
 """
@@ -83,6 +86,7 @@ class Import(unittest.TestCase):
         out = run_python(BLOCK_TORCH + """
 import flashoverlap, flashoverlap.torch
 from flashoverlap.torch import GemmAllReduce, GemmReduceScatter, gemm_all_reduce, gemm_reduce_scatter
+from flashoverlap.torch import GemmAllToAll, gemm_all_to_all
 maps = open("/proc/self/maps").read()
 print("torch" in sys.modules, "libflashoverlap" in maps, "libnccl" in maps)
 """)
@@ -90,10 +94,12 @@ print("torch" in sys.modules, "libflashoverlap" in maps, "libnccl" in maps)
 
     def test_public_names(self):
         import flashoverlap.torch as fot
-        for name in ("GemmAllReduce", "GemmReduceScatter", "Communicator", "unique_id"):
+        for name in ("GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "Communicator", "unique_id"):
             self.assertIn(name, flashoverlap.__all__)
         self.assertIs(flashoverlap.GemmReduceScatter, _capi.GemmReduceScatter)
-        for name in ("GemmAllReduce", "GemmReduceScatter", "gemm_all_reduce", "gemm_reduce_scatter", "clear_cache"):
+        self.assertIs(flashoverlap.GemmAllToAll, _capi.GemmAllToAll)
+        for name in ("GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "gemm_all_reduce", "gemm_reduce_scatter",
+                     "gemm_all_to_all", "clear_cache"):
             self.assertIn(name, fot.__all__)
             self.assertTrue(hasattr(fot, name), name)
 
@@ -102,6 +108,7 @@ print("torch" in sys.modules, "libflashoverlap" in maps, "libnccl" in maps)
 import flashoverlap, flashoverlap.torch
 print(flashoverlap.load().version())
 assert flashoverlap.GemmReduceScatter.__name__ == "GemmReduceScatter"
+assert flashoverlap.GemmAllToAll.__name__ == "GemmAllToAll"
 try:
     flashoverlap.torch.require_torch()
 except flashoverlap.FlashOverlapError as e:
@@ -195,6 +202,7 @@ class CApi(unittest.TestCase):
         header = _header_functions()
         self.assertGreaterEqual(len(header), 32)
         self.assertTrue(any(n.startswith("fo_gemm_reducescatter_") for n in header))
+        self.assertTrue(any(n.startswith("fo_gemm_alltoall_") for n in header))
         self.assertEqual(sorted(header), sorted(_capi._PROTOTYPES))
         for name, count in header.items():
             self.assertEqual(len(_capi._PROTOTYPES[name][1]), count, name)
@@ -295,6 +303,21 @@ class CApi(unittest.TestCase):
             (lambda: self.c.fo_gemm_reducescatter_check(None), "fo_gemm_reducescatter_check: op is NULL"),
             (lambda: self.c.fo_gemm_reducescatter_shape(None, b(i64), None, None, None, b(i)),
              "fo_gemm_reducescatter_shape: op is NULL"),
+            (lambda: self.c.fo_gemm_alltoall_options_default(None, 24),
+             "fo_gemm_alltoall_options_default: options is NULL"),
+            (lambda: self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, None, b(h)),
+             "fo_gemm_alltoall_create: comm is NULL"),
+            (lambda: self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, None, None),
+             "fo_gemm_alltoall_create: out is NULL"),
+            (lambda: self.c.fo_gemm_alltoall_run(None, 1, 1, b(_capi.make_routing(0, [], [], None, 0, [0], [0], 1)[0]),
+                                                 1, 0, 1, None, None),
+             "fo_gemm_alltoall_run: op is NULL"),
+            (lambda: self.c.fo_gemm_alltoall_run(None, None, None, None, None, 0, 0, None, None),  # (the handle first)
+             "fo_gemm_alltoall_run: op is NULL"),
+            (lambda: self.c.fo_gemm_alltoall_last_plan(None, None, 0, b(sz)), "fo_gemm_alltoall_last_plan: op is NULL"),
+            (lambda: self.c.fo_gemm_alltoall_check(None), "fo_gemm_alltoall_check: op is NULL"),
+            (lambda: self.c.fo_gemm_alltoall_shape(None, b(i64), None, b(i), None, None, None, b(i)),
+             "fo_gemm_alltoall_shape: op is NULL"),
         ]
         for call, message in cases:
             with self.subTest(message):
@@ -314,6 +337,10 @@ class CApi(unittest.TestCase):
         with self.assertRaises(InvalidArgument):
             self.c.fo_gemm_reducescatter_check(None)
         self.assertEqual(self.c.fo_gemm_reducescatter_destroy(None), 0)
+        self.assertEqual(self.lib.last_error(), "")
+        with self.assertRaises(InvalidArgument):
+            self.c.fo_gemm_alltoall_check(None)
+        self.assertEqual(self.c.fo_gemm_alltoall_destroy(None), 0)
         self.assertEqual(self.lib.last_error(), "")
 
     def test_values_are_checked_before_the_handle(self):
@@ -418,6 +445,157 @@ class CApi(unittest.TestCase):
         with self.assertRaisesRegex(FlashOverlapError, "this Communicator is closed"):
             _capi.GemmReduceScatter(closed, 128, 128, 128, "bf16", layout="subtile", path="slots")
 
+    # ---- GemmAllToAll ----
+
+    def test_alltoall_prototypes(self):
+        P, i32, i64, v = ctypes.POINTER, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+        # fo_status (fo_gemm_alltoall_t op, const void* a, const void* b, const fo_alltoall_routing* routing,
+        #            void* out, int64_t ld_out, int combine, int32_t* tokens_out, void* stream)
+        self.assertEqual(_capi._PROTOTYPES["fo_gemm_alltoall_run"],
+                         (_capi._STATUS, [v, v, v, P(_capi.Routing), v, i64, ctypes.c_int, P(i32), v]))
+        self.assertEqual(_capi._PROTOTYPES["fo_gemm_alltoall_create"],
+                         (_capi._STATUS, [v, i64, i64, ctypes.c_int, i64, i64, ctypes.c_int, P(_capi.A2aOptions),
+                                          P(v)]))
+        self.assertEqual(_capi._PROTOTYPES["fo_gemm_alltoall_shape"][1],
+                         [v, P(i64), P(i64), P(ctypes.c_int), P(i64), P(i64), P(ctypes.c_int), P(ctypes.c_int)])
+        names = list(_capi._PROTOTYPES)  # (in the header's order, after GemmReduceScatter's)
+        self.assertEqual(names[names.index("fo_gemm_reducescatter_destroy") + 1:],
+                         ["fo_gemm_alltoall_options_default", "fo_gemm_alltoall_create", "fo_gemm_alltoall_run",
+                          "fo_gemm_alltoall_last_plan", "fo_gemm_alltoall_check", "fo_gemm_alltoall_shape",
+                          "fo_gemm_alltoall_destroy"])
+        for name in ("fo_gemm_alltoall_run", "fo_gemm_alltoall_create"):
+            f = getattr(self.c, name)
+            self.assertEqual((f.argtypes, f.restype), (_capi._PROTOTYPES[name][1], ctypes.c_int))
+        if os.path.isfile(HEADER):
+            with open(HEADER) as h:
+                text = re.sub(r"\s+", " ", h.read())
+            self.assertIn("FO_C_API fo_status fo_gemm_alltoall_run(fo_gemm_alltoall_t op, const void* a, const void* "
+                          "b, const fo_alltoall_routing* routing, void* out, int64_t ld_out, int combine, int32_t* "
+                          "tokens_out, void* stream);", text)
+            self.assertIn("FO_C_API fo_status fo_gemm_alltoall_create(fo_comm_t comm, int64_t max_rows, int64_t "
+                          "max_tokens, int topk, int64_t n, int64_t k, fo_dtype dtype, const "
+                          "fo_gemm_alltoall_options* options, fo_gemm_alltoall_t* out);", text)
+
+    def test_alltoall_structs(self):
+        # (the fields fo_gemm_alltoall_options shares with fo_gemm_allreduce_options at its offsets)
+        self.assertEqual(ctypes.sizeof(_capi.A2aOptions), 24)
+        for name in ("struct_size", "path", "nccl_sms", "wait_timeout_s"):
+            self.assertEqual(getattr(_capi.A2aOptions, name).offset, getattr(_capi.Options, name).offset, name)
+        self.assertEqual(ctypes.sizeof(_capi.Routing), 64)
+        self.assertEqual([getattr(_capi.Routing, f).offset for f, _ in _capi.Routing._fields_],
+                         [0, 8, 16, 24, 32, 40, 48, 56])
+        self.assertEqual([f for f, _ in _capi.Routing._fields_],
+                         ["struct_size", "rows", "dest_rank", "dest_token", "gate", "tokens", "send_counts",
+                          "recv_counts"])
+
+    def test_alltoall_options(self):
+        o = _capi.make_a2a_options(self.lib)
+        self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s), (24, 0, 8, 30.0))
+        o = _capi.make_a2a_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5)
+        self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s), (3, 16, 5.0))
+        self.assertEqual(_capi.make_a2a_options(self.lib, "sequential").path, 1)
+        for bad in ("row_bands", "owners", "rows"):
+            with self.assertRaisesRegex(InvalidArgument, f"path = '{bad}': one of 'auto', 'sequential', 'slots' "
+                                                         r"\(GemmAllToAll's\)"):
+                _capi.make_a2a_options(self.lib, bad)
+        for size in (8, 23):
+            with self.assertRaisesRegex(InvalidArgument, f"^fo_gemm_alltoall_options_default: struct_size = {size} "
+                                        "is below 24 \\(pass sizeof \\*options\\)$"):
+                self.c.fo_gemm_alltoall_options_default(ctypes.byref(_capi.A2aOptions()), size)
+
+    def test_alltoall_values_are_checked_before_the_handle(self):
+        h = ctypes.c_void_p()
+        create = lambda o: self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, o,  # noqa: E731
+                                                          ctypes.byref(h))
+        with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_alltoall_create: dtype = 7 is not an fo_dtype"):
+            self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 7, None, ctypes.byref(h))
+        cases = (
+            ("path", 2, r"^fo_gemm_alltoall_create: options->path = 2 \(FO_PATH_ROW_BANDS\) is not a GemmAllToAll "
+                        r"path \(FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3\)$"),
+            ("path", 4, r"options->path = 4 \(FO_PATH_OWNERS\) is not a GemmAllToAll path"),
+            ("path", 9, r"options->path = 9 is not an fo_path of GemmAllToAll"),
+            ("struct_size", 16, r"options->struct_size = 16 is below 24 \(fill the options with "
+                                r"fo_gemm_alltoall_options_default\(&o, sizeof o\) first\)"),
+        )
+        for field, value, message in cases:
+            with self.subTest(field=field, value=value):
+                o = _capi.make_a2a_options(self.lib)
+                setattr(o, field, value)
+                h.value = 1234  # (garbage: must come back NULL)
+                with self.assertRaisesRegex(InvalidArgument, message):
+                    create(ctypes.byref(o))
+                self.assertIsNone(h.value)
+        for path in ("auto", "sequential", "slots"):  # (accepted: the refusal is the communicator's)
+            o = _capi.make_a2a_options(self.lib, path)
+            with self.assertRaisesRegex(InvalidArgument, "^fo_gemm_alltoall_create: comm is NULL$"):
+                create(ctypes.byref(o))
+
+    def test_alltoall_options_of_a_later_header(self):
+        class Later(ctypes.Structure):
+            _fields_ = [("o", _capi.A2aOptions), ("added", ctypes.c_int64)]
+
+        later = Later()
+        ctypes.memset(ctypes.byref(later), 0xab, ctypes.sizeof(later))
+        p = ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.A2aOptions))
+        self.c.fo_gemm_alltoall_options_default(p, ctypes.sizeof(later))
+        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.path, later.added), (32, 8, 0, 0))
+        h = ctypes.c_void_p()
+        with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
+            self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, p, ctypes.byref(h))
+        later.added = 1
+        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 32: the options set fields that this "
+                                    r"library \(flashoverlap [0-9.]+, options of 24 bytes\) does not know"):
+            self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, p, ctypes.byref(h))
+
+    def test_make_routing(self):
+        r, keep = _capi.make_routing(3, [0, 1, 0], [5, 2, 7], [0.5, 1.0, 0.25], 9, [2, 1], [1, 4], 2)
+        self.assertEqual((r.struct_size, r.rows, r.tokens), (64, 3, 9))
+        self.assertEqual(([r.dest_rank[i] for i in range(3)], [r.dest_token[i] for i in range(3)],
+                          [r.gate[i] for i in range(3)]), ([0, 1, 0], [5, 2, 7], [0.5, 1.0, 0.25]))
+        self.assertEqual(([r.send_counts[i] for i in range(2)], [r.recv_counts[i] for i in range(2)]), ([2, 1], [1, 4]))
+        r, keep = _capi.make_routing(0, [], [], None, 4, [0], [0], 1)  # (no rows, no gates: NULL)
+        self.assertFalse(bool(r.gate))
+        self.assertEqual((r.rows, r.tokens, r.send_counts[0]), (0, 4, 0))
+        # the caller's arrays, through ctypes pointers: not copied
+        ranks = (ctypes.c_int32 * 2)(1, 1)
+        r, keep = _capi.make_routing(2, ctypes.cast(ranks, ctypes.POINTER(ctypes.c_int32)), [0, 1], None, 2,
+                                     [0, 2], [0, 0], 2)
+        self.assertEqual(ctypes.cast(r.dest_rank, ctypes.c_void_p).value, ctypes.addressof(ranks))
+        for args, message in (((2, [0], [0, 1], None, 2, [2], [2], 1), "dest_rank has 1 entries, expected 2"),
+                              ((1, [0], [0], [1.0, 2.0], 2, [1], [1], 1), "gate has 2 entries, expected 1"),
+                              ((1, [0], [0], None, 2, [1], [1, 0], 1), "recv_counts has 2 entries, expected 1"),
+                              ((1, [0], [0], None, 2, 1, [1], 1), "send_counts must be a sequence of 1 numbers, not int")):
+            with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(message) + "$"):
+                _capi.make_routing(*args)
+
+    def test_alltoall_methods_pass_their_arguments(self):
+        calls = []
+        record = lambda name: lambda *args: calls.append((name,) + args)  # noqa: E731
+        lib = types.SimpleNamespace(c=types.SimpleNamespace(
+            fo_gemm_alltoall_run=record("run"), fo_gemm_alltoall_check=record("check")))
+        op = object.__new__(_capi.GemmAllToAll)
+        _capi._Handle.__init__(op, lib, ctypes.c_void_p(0x1234))
+        r, keep = _capi.make_routing(1, [0], [0], [1.0], 1, [1], [1], 1)
+        op.run(0x10, 0x20, r, 0x30, 0, True, None, 0x40)
+        op.run(0, 0, r, 0x30, 512, False, 0x50)  # (no rows: a and b NULL; the legacy default stream)
+        op.check()
+        (n0, h0, a0, b0, r0, o0, ld0, c0, t0, s0), (n1, h1, a1, b1, r1, o1, ld1, c1, t1, s1), (n2, h2) = calls
+        self.assertEqual((n0, h0.value, a0, b0, o0, ld0, c0, t0, s0), ("run", 0x1234, 0x10, 0x20, 0x30, 0, 1, None, 0x40))
+        self.assertEqual((a1, b1, o1, ld1, c1, s1), (None, None, 0x30, 512, 0, None))
+        self.assertEqual(ctypes.cast(t1, ctypes.c_void_p).value, 0x50)
+        self.assertEqual(ctypes.cast(r0, ctypes.c_void_p).value, ctypes.addressof(r))  # (byref(routing))
+        self.assertEqual((n2, h2.value), ("check", 0x1234))
+        op._handle = None  # (nothing to destroy)
+
+    def test_alltoall_ctypes_class_checks_its_arguments_first(self):
+        closed = _capi.Communicator(self.lib, ctypes.c_void_p())
+        with self.assertRaisesRegex(InvalidArgument, "path = 'owners'"):
+            _capi.GemmAllToAll(closed, 128, 128, 1, 128, 128, "bf16", path="owners")
+        with self.assertRaisesRegex(InvalidArgument, "dtype = 'fp32': bf16 or fp16"):
+            _capi.GemmAllToAll(closed, 128, 128, 1, 128, 128, "fp32")
+        with self.assertRaisesRegex(FlashOverlapError, "this Communicator is closed"):
+            _capi.GemmAllToAll(closed, 128, 128, 1, 128, 128, "bf16", path="slots")
+
     def test_dtype_codes(self):
         self.assertEqual([_capi.dtype_code(d) for d in ("bf16", "BFloat16", "fp16", "float16", 0, 1)], [0, 0, 1, 1, 0, 1])
         for bad in ("fp32", 2, True, None):
@@ -444,10 +622,14 @@ class CApi(unittest.TestCase):
                 make()
             self.assertRegex(str(cm.exception), r"^fo_comm_from_(env|unique_id): .*no usable Hopper \(sm_90\) GPU")
             self.assertEqual(cm.exception.status, flashoverlap.FO_NO_GPU)
-        # (a GemmReduceScatter, as a GemmAllReduce, is built on a communicator: its refusal is that one's)
+        # (a GemmReduceScatter or GemmAllToAll, as a GemmAllReduce, is built on a communicator: its refusal is
+        # that one's)
         with self.assertRaises(NoGpu) as cm:
             _capi.GemmReduceScatter(_capi.Communicator.from_env(), 128, 128, 128, "bf16")
         self.assertRegex(str(cm.exception), r"^fo_comm_from_env: .*no usable Hopper \(sm_90\) GPU: .*(driver|device)")
+        with self.assertRaises(NoGpu) as cm:
+            _capi.GemmAllToAll(_capi.Communicator.from_env(), 128, 128, 1, 128, 128, "bf16")
+        self.assertRegex(str(cm.exception), r"^fo_comm_from_env: .*no usable Hopper \(sm_90\) GPU")
 
     def test_closed_handles(self):
         comm = _capi.Communicator(self.lib, ctypes.c_void_p())
@@ -459,6 +641,13 @@ class CApi(unittest.TestCase):
         for call in (lambda: op.rows_out(128), lambda: op.rows(128), lambda: op.plan(128), op.check, op.shape,
                      lambda: op.all_gather_rows(0x10, 0x20, 128)):
             with self.assertRaisesRegex(FlashOverlapError, "this GemmReduceScatter is closed"):
+                call()
+        op.close()
+        op = object.__new__(_capi.GemmAllToAll)
+        _capi._Handle.__init__(op, self.lib, ctypes.c_void_p())
+        r, keep = _capi.make_routing(0, [], [], None, 0, [0], [0], 1)
+        for call in (lambda: op.run(0, 0, r, 0), op.last_plan, op.check, op.shape):
+            with self.assertRaisesRegex(FlashOverlapError, "this GemmAllToAll is closed"):
                 call()
         op.close()
 
@@ -650,6 +839,14 @@ class TorchValidation(unittest.TestCase):
 
         def __str__(self):
             return f"GemmReduceScatter(max_m=64, n=32, k=16, float16, cpu, world {self.world}, {self.layout} layout)"
+
+    class A2aSpec(Spec):
+        def __init__(self, torch, world=2):
+            super().__init__(torch)
+            self.world, self.max_rows, self.max_tokens, self.topk = world, 64, 32, 2
+
+        def __str__(self):
+            return f"GemmAllToAll(max_rows=64, max_tokens=32, topk=2, n=32, k=16, float16, cpu, world {self.world})"
 
     def rs_check_fails(self, spec, message, x, w, r=None, g=None):
         with self.assertRaises(InvalidArgument) as cm:
@@ -861,6 +1058,200 @@ class TorchValidation(unittest.TestCase):
         with self.assertRaisesRegex(InvalidArgument, re.escape("all_gather_rows: m = 66: needs 0 <= m <= max_m = 64")):
             op._all_gather_rows(t.zeros(33, 32, dtype=t.float16), 66)
 
+    # ---- GemmAllToAll ----
+
+    def a2a_args(self, rows=5, **kw):
+        """A call's arguments (world 2): x (rows, 16), w (32, 16), routing tensors, counts, tokens 7, combine."""
+        t = self.torch
+        args = dict(x=t.zeros(rows, 16, dtype=t.float16), weight=t.zeros(32, 16, dtype=t.float16),
+                    dest_rank=t.tensor([i % 2 for i in range(rows)], dtype=t.int64),
+                    dest_token=t.arange(rows, dtype=t.int32), gate=t.ones(rows), send_counts=[(rows + 1) // 2, rows // 2],
+                    recv_counts=[4, 0], tokens=7, combine=True)
+        args.update(kw)
+        return args
+
+    def a2a_fails(self, message, spec=None, **kw):
+        spec = spec or self.A2aSpec(self.torch)
+        with self.assertRaises(InvalidArgument) as cm:
+            self.fot.check_a2a_inputs(spec, **self.a2a_args(**kw))
+        self.assertEqual(str(cm.exception), f"{spec}: " + message)
+        self.assertIsInstance(cm.exception, ValueError)
+
+    def test_alltoall_messages_name_the_problem(self):
+        t = self.torch
+        h = t.float16
+        spec = self.A2aSpec(t)
+        check = lambda **kw: self.fot.check_a2a_inputs(spec, **self.a2a_args(**kw))  # noqa: E731
+        check()
+        check(rows=0)  # (an expert without rows)
+        check(gate=None, combine=False)  # (the rows, unweighted: no gates needed)
+        check(gate=t.ones(5, dtype=t.bfloat16), dest_rank=t.zeros(5, dtype=t.int32), dest_token=t.zeros(5, dtype=t.int16))
+        check(dest_rank=t.zeros(5, dtype=t.int64, device="meta"), gate=t.ones(5, device="meta"))  # (any device)
+        check(send_counts=(3, 2), tokens=0)
+        self.a2a_fails("x has dtype torch.float32, expected torch.float16", x=t.zeros(5, 16))
+        self.a2a_fails("x has shape (5, 8), expected (m, 16)", x=t.zeros(5, 8, dtype=h))
+        self.a2a_fails("x is not contiguous (shape (5, 16), strides (1, 5)): the op reads row-major rows; pass "
+                       "x.contiguous()", x=t.zeros(16, 5, dtype=h).t())
+        self.a2a_fails("weight has shape (16, 16), expected (32, 16)", weight=t.zeros(16, 16, dtype=h))
+        self.a2a_fails("dest_rank must be a torch.Tensor, not list", dest_rank=[0, 1, 0, 1, 0])
+        self.a2a_fails("dest_rank has dtype torch.float32, expected an integer dtype (int32 or int64)",
+                       dest_rank=t.zeros(5))
+        self.a2a_fails("dest_rank has dtype torch.bool, expected an integer dtype (int32 or int64)",
+                       dest_rank=t.zeros(5, dtype=t.bool))
+        self.a2a_fails("dest_rank has shape (5, 1), expected (5,): one entry per row of x",
+                       dest_rank=t.zeros(5, 1, dtype=t.int64))
+        self.a2a_fails("dest_token has shape (4,), expected (5,): one entry per row of x",
+                       dest_token=t.zeros(4, dtype=t.int64))
+        self.a2a_fails("gate_weight is required to combine (combine=False returns the rows unweighted)", gate=None)
+        self.a2a_fails("gate_weight must be a torch.Tensor, not list", gate=[1.0] * 5)
+        self.a2a_fails("gate_weight has dtype torch.int64, expected a floating dtype (float32)",
+                       gate=t.ones(5, dtype=t.int64))
+        self.a2a_fails("gate_weight has shape (6,), expected (5,): one entry per row of x", gate=t.ones(6))
+        self.a2a_fails("gate_weight has shape (6,), expected (5,): one entry per row of x", gate=t.ones(6),
+                       combine=False)
+        self.a2a_fails("send_counts must be a list of the world size 2 ints", send_counts=[5])
+        self.a2a_fails("recv_counts must be a list of the world size 2 ints", recv_counts=t.tensor([4, 0]))
+        for bad in (7.0, True, "7", None):
+            self.a2a_fails(f"tokens = {bad!r} is not an int (this rank's tokens)", tokens=bad)
+
+    def test_alltoall_counts(self):
+        t = self.torch
+        spec = self.A2aSpec(t)
+        counts = lambda v: self.fot._counts(t, spec, "send_counts", v)  # noqa: E731
+        self.assertEqual(counts([3, 2]), [3, 2])
+        self.assertEqual(counts((0, 7)), [0, 7])
+        self.assertEqual(counts(t.tensor([4, 1])), [4, 1])
+        self.assertEqual(counts(t.tensor([4, 1], dtype=t.int32)), [4, 1])
+        self.assertEqual(counts([-1, 2]), [-1, 2])  # (a value the library refuses, on every rank)
+        for bad, message in (([1], "send_counts has 1 entries, expected the world size 2 (one per rank)"),
+                             ([1, 2, 3], "send_counts has 3 entries, expected the world size 2 (one per rank)"),
+                             ([1, 2.0], "send_counts = [1, 2.0]: not a list of ints"),
+                             ([True, 1], "send_counts = [True, 1]: not a list of ints"),
+                             (5, "send_counts must be a list of 2 ints (one per rank) or a 1-D integer tensor, not int"),
+                             (t.tensor([1.0, 2.0]), "send_counts must be a 1-D integer tensor or a list of ints, not a "
+                                                    "tensor of dtype torch.float32 and shape (2,), strides (1,)"),
+                             (t.tensor([[1, 2]]), "send_counts must be a 1-D integer tensor or a list of ints, not a "
+                                                  "tensor of dtype torch.int64 and shape (1, 2), strides (2, 1)")):
+            with self.assertRaises(InvalidArgument) as cm:
+                counts(bad)
+            self.assertEqual(str(cm.exception), f"{spec}: {message}")
+
+    def test_alltoall_host_copies(self):
+        t = self.torch
+        spec = self.A2aSpec(t)
+        h = self.fot._host_int32(spec, "dest_token", t.tensor([3, 0, 2 ** 31 - 1, -2 ** 31], dtype=t.int64))
+        self.assertEqual((h.dtype, h.tolist()), (t.int32, [3, 0, 2 ** 31 - 1, -2 ** 31]))
+        h = self.fot._host_int32(spec, "dest_rank", t.arange(10, dtype=t.int32)[::2])  # (a strided view: copied)
+        self.assertTrue(h.is_contiguous())
+        self.assertEqual(h.tolist(), [0, 2, 4, 6, 8])
+        self.assertEqual(self.fot._host_int32(spec, "dest_rank", t.zeros(0, dtype=t.int64)).numel(), 0)
+        for v in (2 ** 31, -2 ** 31 - 1):
+            with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(f"{spec}: dest_token has values outside "
+                                                                        "int32 (from")):
+                self.fot._host_int32(spec, "dest_token", t.tensor([1, v], dtype=t.int64))
+
+    def make_a2a_op(self, world=2):
+        t = self.torch
+        op = object.__new__(self.fot.GemmAllToAll)
+        op.max_rows, op.max_tokens, op.topk, op.n, op.k = 64, 32, 2, 32, 16
+        op.dtype, op.device, op.world, op.rank, op.handle = t.float16, t.device("cpu"), world, 0, 4322
+        return op
+
+    def test_alltoall_call_checks_before_any_work(self):
+        t = self.torch
+        fot = self.fot
+        saved = fot._torch
+        self.addCleanup(setattr, fot, "_torch", saved)
+        calls = []
+        record = lambda name: lambda *args: calls.append((name,) + args)  # noqa: E731
+        # A stand-in torch whose custom ops record what the call gives them (no torch.library here).
+        fot._torch = types.SimpleNamespace(is_tensor=t.is_tensor, bool=t.bool, ops=types.SimpleNamespace(
+            flashoverlap=types.SimpleNamespace(gemm_all_to_all=record("combine"), gemm_all_to_all_rows=record("rows"))))
+        op = self.make_a2a_op()
+        name = "GemmAllToAll(max_rows=64, max_tokens=32, topk=2, n=32, k=16, float16, cpu, world 2)"
+        self.assertEqual(str(op), name)
+        a = self.a2a_args()
+        x, w, dr, dt, g = a["x"], a["weight"], a["dest_rank"], a["dest_token"], a["gate"]
+        for call, message in (
+                (lambda: op([1.0], w, dr, dt, g, [3, 2], [4, 0], 7), "x must be a torch.Tensor, not list"),
+                (lambda: op(x, w, dr, dt, None, [3, 2], [4, 0], 7), "gate_weight is required to combine"),
+                (lambda: op(x, w, dr, dt, g, [3, 2], [4, 0], 7.5), "tokens = 7.5 is not an int"),
+                (lambda: op(x, w, dr, dt, g, [3], [4, 0], 7), "send_counts has 1 entries, expected the world size 2"),
+                (lambda: op(x, w, dr, dt, g, [3, 2], None, 7), "recv_counts must be a list of 2 ints")):
+            with self.assertRaises(InvalidArgument) as cm:
+                call()
+            self.assertTrue(str(cm.exception).startswith(f"{name}: {message}"), str(cm.exception))
+        self.assertEqual(calls, [])
+        # what reaches the custom ops: the counts as lists (from tensors too), tokens, the handle
+        op(x, w, dr, dt, g, t.tensor([3, 2]), (4, 0), 7)
+        op(x, w, dr, dt, None, [3, 2], [4, 0], 7, combine=False)
+        op(x, w, dr, dt, g, [3, 2], [4, 0], 7, False)
+        self.assertEqual([(c[0],) + tuple(c[6:]) for c in calls],
+                         [("combine", [3, 2], [4, 0], 7, 4322), ("rows", [3, 2], [4, 0], 7, 4322),
+                          ("rows", [3, 2], [4, 0], 7, 4322)])
+        self.assertEqual([c[5] is g for c in calls], [True, False, True])
+        self.assertIsNone(calls[1][5])
+
+    def test_alltoall_run_hands_the_library_the_routing(self):
+        t = self.torch
+        fot = self.fot
+        saved = fot._torch
+        fot._torch = t
+        self.addCleanup(setattr, fot, "_torch", saved)
+        op = self.make_a2a_op()
+        seen = []
+
+        class Library:  # (the ctypes GemmAllToAll's run, recording what the routing says while it runs)
+            def run(self, a, b, routing, out, ld_out, combine, tokens_out, stream):
+                r = routing
+                seen.append(dict(a=a, b=b, out=out, ld_out=ld_out, combine=combine, tokens_out=tokens_out,
+                                 stream=stream, rows=r.rows, tokens=r.tokens, struct_size=r.struct_size,
+                                 dest_rank=[r.dest_rank[i] for i in range(r.rows)],
+                                 dest_token=[r.dest_token[i] for i in range(r.rows)],
+                                 gate=[r.gate[i] for i in range(r.rows)] if r.gate else None,
+                                 send=[r.send_counts[i] for i in range(2)], recv=[r.recv_counts[i] for i in range(2)]))
+
+        op._op = Library()
+        op._on_device = lambda fn: fn()  # (no CUDA here: the call's device and stream are stand-ins)
+        op._refuse_capture = lambda: None
+        op._enqueue_call = lambda call: call(0x77)
+        x, w = t.zeros(5, 16, dtype=t.float16), t.zeros(32, 16, dtype=t.float16)
+        dr = t.tensor([1, 0, 1, 0, 1], dtype=t.int64)
+        dt = t.tensor([4, 0, 2, 6, 1], dtype=t.int64)
+        g = t.tensor([0.5, 1.0, 0.25, 2.0, 1.5], dtype=t.bfloat16)
+        out, tok = op._run(x, w, dr, dt, g, [2, 3], [1, 3], 7, True)
+        self.assertEqual((tuple(out.shape), out.dtype, tok), ((7, 32), t.float16, None))
+        s0 = seen[-1]
+        self.assertEqual((s0["a"], s0["b"], s0["out"], s0["ld_out"], s0["combine"], s0["tokens_out"], s0["stream"]),
+                         (x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, True, None, 0x77))
+        self.assertEqual((s0["struct_size"], s0["rows"], s0["tokens"], s0["dest_rank"], s0["dest_token"], s0["gate"],
+                          s0["send"], s0["recv"]),
+                         (64, 5, 7, [1, 0, 1, 0, 1], [4, 0, 2, 6, 1], [0.5, 1.0, 0.25, 2.0, 1.5], [2, 3], [1, 3]))
+        # not combining: the received rows (sum(recv_counts)) and their tokens; no gates: NULL
+        rows, tok = op._run(x, w, dr, dt, None, [2, 3], [1, 3], 7, False)
+        self.assertEqual((tuple(rows.shape), tuple(tok.shape), tok.dtype), ((4, 32), (4,), t.int32))
+        s1 = seen[-1]
+        self.assertEqual((s1["combine"], s1["gate"], s1["out"], s1["tokens_out"]),
+                         (False, None, rows.data_ptr(), tok.data_ptr()))
+        # no rows, nothing received: NULL a, out and tokens_out; the combine still has its tokens
+        e = t.zeros(0, dtype=t.int64)
+        out, _ = op._run(x[:0], w, e, e, t.zeros(0), [0, 0], [0, 0], 3, True)
+        self.assertEqual((tuple(out.shape), seen[-1]["a"], seen[-1]["rows"]), ((3, 32), 0, 0))
+        rows, tok = op._run(x[:0], w, e, e, None, [0, 0], [0, 0], 3, False)
+        self.assertEqual((tuple(rows.shape), seen[-1]["out"], seen[-1]["tokens_out"]), ((0, 32), 0, None))
+        # a negative size allocates nothing: the library refuses it (on every rank)
+        out, _ = op._run(x[:0], w, e, e, t.zeros(0), [0, 0], [0, 0], -1, True)
+        self.assertEqual((tuple(out.shape), seen[-1]["tokens"]), ((0, 32), -1))
+        # refused before the library is called
+        n = len(seen)
+        with self.assertRaisesRegex(InvalidArgument, "dest_token has values outside int32"):
+            op._run(x, w, dr, dt + 2 ** 31, g, [2, 3], [1, 3], 7, True)
+        with self.assertRaisesRegex(InvalidArgument, "gate_weight is required to combine"):
+            op._run(x, w, dr, dt, None, [2, 3], [1, 3], 7, True)
+        with self.assertRaisesRegex(InvalidArgument, r"dest_rank has shape \(4,\), expected \(5,\)"):
+            op._run(x, w, dr[:4], dt, g, [2, 3], [1, 3], 7, True)
+        self.assertEqual(len(seen), n)
+
     def test_op_handles_name_their_kind(self):
         fot = self.fot
         with self.assertRaisesRegex(FlashOverlapError, r"no op with handle 987654 \(closed or garbage-collected: keep "
@@ -871,6 +1262,8 @@ class TorchValidation(unittest.TestCase):
         self.addCleanup(fot._ops.pop, 987655, None)
         with self.assertRaisesRegex(FlashOverlapError, "handle 987655 is a GemmAllReduce, not a GemmReduceScatter"):
             fot._op_of(987655, fot.GemmReduceScatter)
+        with self.assertRaisesRegex(FlashOverlapError, "handle 987655 is a GemmAllReduce, not a GemmAllToAll"):
+            fot._op_of(987655, fot.GemmAllToAll)
         self.assertIs(fot._op_of(987655, fot.GemmAllReduce), other)
 
     def test_device_must_match(self):
@@ -909,6 +1302,16 @@ class TorchValidation(unittest.TestCase):
                 args.update(kw)
                 with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: " + re.escape(message)):
                     self.fot.GemmReduceScatter(**args)
+            for kw, message in (({"path": "owners"}, "path = 'owners': one of 'auto', 'sequential', 'slots'"),
+                                ({"dtype": t.float32}, "dtype torch.float32 is not supported"),
+                                ({"max_rows": 0}, "max_rows = 0, max_tokens = 128, n = 32, k = 16: needs"),
+                                ({"max_tokens": 1 << 30}, "1 <= max_tokens < 2^30"),
+                                ({"k": 12}, "k = 12: needs"),
+                                ({"topk": 1.0}, "topk = 1.0 is not an int")):
+                args = dict(group=None, max_rows=128, max_tokens=128, topk=1, n=32, k=16, dtype=t.bfloat16)
+                args.update(kw)
+                with self.assertRaisesRegex(InvalidArgument, "^GemmAllToAll: " + re.escape(message)):
+                    self.fot.GemmAllToAll(**args)
 
     def test_round_max_m(self):
         self.assertEqual([self.fot.round_max_m(m) for m in (0, 1, 128, 129, 4096, 5000)], [128, 128, 128, 256, 4096, 8192])
@@ -926,6 +1329,12 @@ class TorchValidation(unittest.TestCase):
             self.fot.GemmReduceScatter(None, 128, 32, 16, t.bfloat16)
         with self.assertRaisesRegex(FlashOverlapError, message):
             self.fot.gemm_reduce_scatter(t.zeros(8, 16), t.zeros(32, 16))
+        with self.assertRaisesRegex(FlashOverlapError, message):
+            self.fot.GemmAllToAll(None, 128, 128, 1, 32, 16, t.bfloat16)
+        a = self.a2a_args()
+        with self.assertRaisesRegex(FlashOverlapError, message):
+            self.fot.gemm_all_to_all(a["x"], a["weight"], a["dest_rank"], a["dest_token"], a["gate"], [3, 2], [4, 0],
+                                     None, 7)
 
     def test_no_gpu(self):
         t = self.torch
@@ -943,6 +1352,8 @@ class TorchValidation(unittest.TestCase):
                 self.fot.GemmReduceScatter(None, 128, 32, 16, t.bfloat16, layout="subtile")
             with self.assertRaisesRegex(NoGpu, "no usable GPU"):
                 self.fot.gemm_reduce_scatter(t.zeros(8, 16, dtype=t.bfloat16), t.zeros(32, 16, dtype=t.bfloat16))
+            with self.assertRaisesRegex(NoGpu, "^flashoverlap.torch.GemmAllToAll: no usable GPU"):
+                self.fot.GemmAllToAll(None, 128, 128, 1, 32, 16, t.bfloat16)
 
     def test_group_needs_torch_distributed(self):
         t = self.torch
@@ -953,6 +1364,8 @@ class TorchValidation(unittest.TestCase):
             self.fot._resolve_group(t, None)
         with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: torch.distributed is not initialised"):
             self.fot._resolve_group(t, None, "GemmReduceScatter")
+        with self.assertRaisesRegex(InvalidArgument, "^GemmAllToAll: torch.distributed is not initialised"):
+            self.fot._resolve_group(t, None, "GemmAllToAll")
 
     def test_call_checks_before_any_work(self):
         t = self.torch

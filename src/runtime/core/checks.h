@@ -28,6 +28,7 @@ namespace flashoverlap {
 
 namespace rt {
 inline ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::BF16 ? ncclBfloat16 : ncclFloat16; }
+
 }  // namespace rt
 
 }  // namespace flashoverlap
@@ -43,3 +44,18 @@ inline ncclDataType_t nccl_type(kernels::DType t) { return t == kernels::DType::
     ncclResult_t fo_r_ = (call);                                                                   \
     if (fo_r_ != ncclSuccess) ::flashoverlap::throw_nccl_error(fo_r_, #call, __FILE__, __LINE__, (ctx)); \
   } while (0)
+
+namespace flashoverlap::rt {
+// An op's rank and world: its communicator's, or those given where it has
+// none (a transport of the caller's); InvalidArgument (after `who`) for
+// neither or a rank out of range.
+inline void rank_and_world(ncclComm_t comm, bool has_transport, int& rank, int& world, const std::string& who) {
+  if (!comm && !has_transport) throw InvalidArgument(who + ": no NCCL communicator and no transport");
+  if (comm) {
+    FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), who);
+    FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &rank), who);
+  }
+  if (world < 1 || rank < 0 || rank >= world)
+    throw InvalidArgument(who + ": rank " + std::to_string(rank) + " of " + std::to_string(world));
+}
+}  // namespace flashoverlap::rt

@@ -14,6 +14,54 @@
 
 namespace flashoverlap::rt {
 
+namespace {
+
+// Polls `st` until its work is done, NCCL reports an asynchronous error on
+// `comm`, or `timeout` passes (a rank that never joins fails the others
+// instead of hanging them). Returns whether the wait failed; throws nothing.
+struct Awaited {
+  cudaError_t cuda = cudaSuccess;
+  ncclResult_t async = ncclSuccess;
+  bool timed_out = false;
+  bool failed() const { return timed_out || (async != ncclSuccess && async != ncclInProgress); }
+};
+Awaited await_stream(ncclComm_t comm, cudaStream_t st, std::chrono::milliseconds timeout) {
+  Awaited w;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto nap = std::chrono::microseconds(5);
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(st);
+    if (q != cudaErrorNotReady) {
+      w.cuda = q;
+      return w;
+    }
+    const ncclResult_t queried = ncclCommGetAsyncError(comm, &w.async);
+    if (queried != ncclSuccess) w.async = queried;  // (the query failing is an error too)
+    if (w.failed()) return w;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      w.timed_out = true;
+      return w;
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
+
+// The failure of a wait, as an Error naming `ctx` (the collective stays enqueued).
+[[noreturn]] void throw_awaited(const Awaited& w, std::chrono::milliseconds timeout, const std::string& ctx) {
+  if (w.timed_out) {
+    std::ostringstream waited;
+    waited << timeout.count() / 1000.0 << " s";
+    throw Error(ctx + ": the other ranks did not join within " + waited.str() +
+                " (a rank failed or returned before this collective step; its own error says why). The step stays "
+                "enqueued on the communicator: abort it (ncclCommAbort) unless the other ranks still join");
+  }
+  FO_NCCL_CHECK_CTX(w.async, ctx + " (asynchronous NCCL error while waiting for the other ranks)");
+  throw Error(ctx + ": the exchange failed");  // (not reached: failed() implies one of the above)
+}
+
+}  // namespace
+
 std::vector<uint8_t> gather_bytes(ncclComm_t comm, int rank, const void* mine, size_t bytes, const std::string& what,
                                   std::chrono::milliseconds timeout) {
   const std::string ctx = "rank " + std::to_string(rank) + ": " + what;
@@ -27,47 +75,57 @@ std::vector<uint8_t> gather_bytes(ncclComm_t comm, int rank, const void* mine, s
   // (on the gather's stream: a pageable copy may return before it lands)
   cudaError_t e = cudaMemcpyAsync(at, mine, bytes, cudaMemcpyHostToDevice, st);
   const ncclResult_t r = e == cudaSuccess ? ncclAllGather(at, buf.get(), bytes, ncclUint8, comm, st) : ncclSuccess;
-  // Poll rather than synchronise, so that a rank that never joins fails
-  // this one after `timeout` (and NCCL's own asynchronous errors surface).
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto nap = std::chrono::microseconds(20);
-  bool timed_out = false;
-  ncclResult_t async = ncclSuccess;
-  while (e == cudaSuccess && r == ncclSuccess) {
-    const cudaError_t q = cudaStreamQuery(st);
-    if (q != cudaErrorNotReady) {
-      e = q;
-      break;
-    }
-    const ncclResult_t queried = ncclCommGetAsyncError(comm, &async);
-    if (queried != ncclSuccess) async = queried;  // (the query failing is an error too)
-    if (async != ncclSuccess && async != ncclInProgress) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      timed_out = true;
-      break;
-    }
-    std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, std::chrono::microseconds(1000));
-  }
+  Awaited w;
+  if (e == cudaSuccess && r == ncclSuccess) w = await_stream(comm, st, timeout);
   cudaStreamDestroy(st);  // (released once its work is done, if ever)
-  if (timed_out || (async != ncclSuccess && async != ncclInProgress)) {
+  if (w.failed()) {
     // The AllGather is still enqueued and will write into buf if the other
     // ranks join: keep that memory rather than free it under the collective.
     (void)buf.release();
-    if (timed_out) {
-      std::ostringstream waited;
-      waited << timeout.count() / 1000.0 << " s";
-      throw Error(ctx + ": the other ranks did not join within " + waited.str() +
-                  " (a rank failed or returned before this collective step; its own error says why). The step stays "
-                  "enqueued on the communicator: abort it (ncclCommAbort) unless the other ranks still join");
-    }
-    FO_NCCL_CHECK_CTX(async, ctx + " (asynchronous NCCL error while waiting for the other ranks)");
+    throw_awaited(w, timeout, ctx);
   }
   FO_NCCL_CHECK_CTX(r, ctx);
   FO_CUDA_CHECK_CTX(e, ctx);
+  FO_CUDA_CHECK_CTX(w.cuda, ctx);
   std::vector<uint8_t> all(buf.bytes());
   FO_CUDA_CHECK_CTX(cudaMemcpy(all.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost), ctx);
   return all;
+}
+
+HostExchange::HostExchange(ncclComm_t comm, size_t bytes) : comm_(comm), bytes_(bytes) {
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "HostExchange");
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &rank_), "HostExchange");
+  mine_ = PinnedBuffer(std::max<size_t>(bytes, 1));
+  all_ = PinnedBuffer(std::max<size_t>(bytes * size_t(world_), 1));
+  device_ = DeviceBuffer(std::max<size_t>(bytes * size_t(world_), 1));
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+HostExchange::~HostExchange() {
+  if (!stream_) return;
+  if (stuck_) {  // (an exchange still enqueued may write them: leave them)
+    (void)device_.release(), (void)all_.release(), (void)mine_.release();
+    return;
+  }
+  cudaStreamSynchronize(stream_);
+  cudaStreamDestroy(stream_);
+}
+
+const uint8_t* HostExchange::gather(const std::string& what, std::chrono::milliseconds timeout) {
+  const std::string ctx = "rank " + std::to_string(rank_) + ": " + what;
+  if (stuck_) throw Error(ctx + ": an earlier exchange of this op failed; the ranks are out of step");
+  char* at = device_.as<char>() + bytes_ * size_t(rank_);
+  FO_CUDA_CHECK_CTX(cudaMemcpyAsync(at, mine_.get(), bytes_, cudaMemcpyHostToDevice, stream_), ctx);
+  FO_NCCL_CHECK_CTX(ncclAllGather(at, device_.get(), bytes_, ncclUint8, comm_, stream_), ctx);
+  FO_CUDA_CHECK_CTX(cudaMemcpyAsync(all_.get(), device_.get(), bytes_ * size_t(world_), cudaMemcpyDeviceToHost, stream_),
+                    ctx);
+  const Awaited w = await_stream(comm_, stream_, timeout);
+  if (w.failed()) {
+    stuck_ = true;
+    throw_awaited(w, timeout, ctx);
+  }
+  FO_CUDA_CHECK_CTX(w.cuda, ctx);
+  return all_.as<uint8_t>();
 }
 
 }  // namespace flashoverlap::rt

@@ -22,6 +22,10 @@
 #include <type_traits>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
+#include "runtime/core/buffer.h"
+
 namespace flashoverlap::rt {
 
 // How long the runtime's exchanges wait for the other ranks by default.
@@ -40,5 +44,31 @@ std::vector<T> gather_from_all(ncclComm_t comm, int rank, const T& mine, const s
   std::memcpy(static_cast<void*>(all.data()), raw.data(), raw.size());
   return all;
 }
+
+// The same exchange made again and again (every call of an op), without an
+// allocation per call: `bytes` of this rank's at mine(), gathered by rank
+// into a host buffer. Runs on a stream of its own, ordered after nothing
+// of the caller's: the host waits for the exchange alone. After a failure
+// (timeout, NCCL error) every later gather throws.
+class HostExchange {
+ public:
+  HostExchange(ncclComm_t comm, size_t bytes);
+  ~HostExchange();
+  HostExchange(const HostExchange&) = delete;
+  HostExchange& operator=(const HostExchange&) = delete;
+  void* mine() const { return mine_.get(); }  // (pinned: write it, then gather)
+  // Every rank's bytes, by rank (world x bytes), valid until the next gather.
+  const uint8_t* gather(const std::string& what, std::chrono::milliseconds timeout = kDefaultExchangeTimeout);
+  size_t bytes() const { return bytes_; }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+  size_t bytes_ = 0;
+  int world_ = 1, rank_ = 0;
+  PinnedBuffer mine_, all_;
+  DeviceBuffer device_;
+  cudaStream_t stream_ = nullptr;
+  bool stuck_ = false;
+};
 
 }  // namespace flashoverlap::rt

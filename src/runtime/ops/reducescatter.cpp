@@ -14,15 +14,8 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
   const plan::Schedule& s = opts_.sched;
   const std::string who = "OverlapReduceScatter (" + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
                           std::to_string(opts_.k) + ")";
-  if (!opts_.comm && !opts_.transport) throw InvalidArgument(who + ": no NCCL communicator and no transport");
-  if (opts_.comm) {
-    FO_NCCL_CHECK_CTX(ncclCommCount(opts_.comm, &world_), who);
-    FO_NCCL_CHECK_CTX(ncclCommUserRank(opts_.comm, &rank_), who);
-  } else {
-    world_ = opts_.world, rank_ = opts_.rank;
-  }
-  if (world_ < 1 || rank_ < 0 || rank_ >= world_)
-    throw InvalidArgument(who + ": rank " + std::to_string(rank_) + " of " + std::to_string(world_));
+  world_ = opts_.world, rank_ = opts_.rank;
+  rank_and_world(opts_.comm, bool(opts_.transport), rank_, world_, who);
   if (!(opts_.wait_timeout_s > 0 && opts_.wait_timeout_s <= 7 * 24 * 3600.0))
     throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
   if (!kernels::tile_supported(s.bm, s.bn))

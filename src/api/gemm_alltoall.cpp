@@ -1,0 +1,294 @@
+// gemm_alltoall.cpp — flashoverlap::GemmAllToAll (flashoverlap.h): the MoE
+// combine for any routing, planned per call. Built once: the communicator
+// bounded to the SMs left to NCCL, one for the routing exchange, the GEMM's
+// time per wave (max over ranks). Each call: this rank's routing checked
+// and packed into a fixed-size record, every rank's gathered (the ranks then
+// hold the same data and reach the same verdict: a bad routing throws on
+// every rank, naming the rank), the plan made from the model for each tile
+// shape (plan/moe_plan.h), and the runtime op of the faster tile run.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <sstream>
+
+#include "api/communicator_impl.h"
+#include "api/op_setup.h"
+#include "plan/moe_plan.h"
+#include "runtime/core/checks.h"
+#include "runtime/core/exchange.h"
+#include "runtime/ops/alltoall.h"
+
+namespace flashoverlap {
+namespace {
+
+// What each rank's record starts with (then dest_rank, dest_token and gate,
+// max_rows entries each).
+struct RecordHeader {
+  int64_t rows = 0, tokens = 0;
+  int64_t problem = 0;  // nonzero: this rank's input failed its own checks (the text is on that rank)
+  int64_t combine = 0;  // the receivers weight the rows by the senders' gates: every rank must agree
+};
+
+// What a call passes besides the routing (checked with it, on every rank at once).
+struct CallArgs {
+  const void *a = nullptr, *b = nullptr;
+  void* out = nullptr;
+  int64_t ld_out = 0;
+  bool combine = true;
+};
+
+}  // namespace
+
+struct GemmAllToAll::Impl {
+  std::shared_ptr<Communicator::Impl> comm;
+  rt::Communicator bounded, exchange_comm;
+  int64_t max_rows = 0, max_tokens = 0, n = 0, k = 0;
+  int topk = 1;
+  DType dtype = DType::BF16;
+  GemmAllToAllOptions opts;
+  int rank = 0, world = 1, sms = 0;
+  std::array<double, 2> wave_ms{};
+  rt::OverlapCore core;  // (before the ops)
+  std::unique_ptr<rt::HostExchange> exchange;
+  std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles() entry, made on first use
+  rt::OverlapAllToAll* last = nullptr;
+  plan::MoeRouting routing;  // the last call's, every rank's
+  std::string last_plan = "no call yet";
+
+  std::string who() const {
+    return "GemmAllToAll (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", max_rows " +
+           std::to_string(max_rows) + ", max_tokens " + std::to_string(max_tokens) + ", top-" +
+           std::to_string(topk) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ")";
+  }
+  size_t header_bytes() const { return sizeof(RecordHeader) + size_t(world) * 8 * 2; }
+  size_t record_bytes() const { return header_bytes() + size_t(max_rows) * 12; }
+
+  // This rank's own checks ("" if none fail): what it can see alone.
+  std::string problem_of(const AllToAllRouting& r, const CallArgs& c) const {
+    const bool combine = c.combine;
+    if (c.ld_out != 0 && c.ld_out < n)
+      return "ld_out = " + std::to_string(c.ld_out) + " is below n (0 means n)";
+    if (r.rows < 0 || r.rows > max_rows)
+      return "rows = " + std::to_string(r.rows) + " is outside [0, max_rows = " + std::to_string(max_rows) + "]";
+    if (r.tokens < 0 || r.tokens > max_tokens)
+      return "tokens = " + std::to_string(r.tokens) + " is outside [0, max_tokens = " + std::to_string(max_tokens) + "]";
+    if (!r.send_counts || !r.recv_counts) return "send_counts and recv_counts must not be null";
+    if (r.rows > 0 && (!r.dest_rank || !r.dest_token || (combine && !r.gate)))
+      return "dest_rank, dest_token and (to combine) gate must not be null with rows";
+    std::vector<int64_t> counted(size_t(world), 0);
+    for (int64_t i = 0; i < r.rows; ++i) {
+      if (r.dest_rank[i] < 0 || r.dest_rank[i] >= world)
+        return "row " + std::to_string(i) + " goes to rank " + std::to_string(r.dest_rank[i]) + ", outside [0, " +
+               std::to_string(world) + ")";
+      ++counted[size_t(r.dest_rank[i])];
+    }
+    int64_t received = 0;
+    for (int d = 0; d < world; ++d) {
+      if (r.send_counts[d] != counted[size_t(d)])
+        return "send_counts[" + std::to_string(d) + "] = " + std::to_string(r.send_counts[d]) + " but " +
+               std::to_string(counted[size_t(d)]) + " rows go to rank " + std::to_string(d);
+      if (r.recv_counts[d] < 0) return "recv_counts[" + std::to_string(d) + "] is negative";
+      received += r.recv_counts[d];
+    }
+    if (received > max_tokens * topk)
+      return std::to_string(received) + " rows to receive, more than max_tokens * topk = " +
+             std::to_string(max_tokens * topk);
+    if (r.rows > 0 && (!c.a || !c.b)) return "a and b must not be null with rows";
+    if (!c.out && (combine ? r.tokens : received) > 0) return "null output";
+    return "";
+  }
+
+  // Exchanges the routing; fills `routing` (every rank's) or throws on every rank.
+  void gather_routing(const AllToAllRouting& r, const CallArgs& call) {
+    const std::string mine = problem_of(r, call);
+    std::vector<uint8_t> local;
+    uint8_t* rec = nullptr;
+    if (exchange) {
+      rec = static_cast<uint8_t*>(exchange->mine());
+    } else {
+      local.resize(record_bytes());
+      rec = local.data();
+    }
+    RecordHeader h{mine.empty() ? r.rows : 0, mine.empty() ? r.tokens : 0, mine.empty() ? 0 : 1, call.combine};
+    std::memcpy(rec, &h, sizeof h);
+    int64_t* counts = reinterpret_cast<int64_t*>(rec + sizeof h);
+    for (int d = 0; d < world; ++d) {
+      counts[d] = mine.empty() ? r.send_counts[d] : 0;
+      counts[world + d] = mine.empty() ? r.recv_counts[d] : 0;
+    }
+    uint8_t* body = rec + header_bytes();
+    const size_t rows = size_t(h.rows);
+    if (rows) {
+      std::memcpy(body, r.dest_rank, rows * 4);
+      std::memcpy(body + size_t(max_rows) * 4, r.dest_token, rows * 4);
+      if (r.gate) std::memcpy(body + size_t(max_rows) * 8, r.gate, rows * 4);
+      else std::memset(body + size_t(max_rows) * 8, 0, rows * 4);
+    }
+    const uint8_t* all = exchange ? exchange->gather(who() + ": the routing exchange") : rec;
+
+    std::string bad;
+    routing = plan::MoeRouting{};
+    routing.world = world;
+    for (int s = 0; s < world; ++s) {
+      const uint8_t* x = all + size_t(s) * record_bytes();
+      RecordHeader hs;
+      std::memcpy(&hs, x, sizeof hs);
+      if (hs.problem) bad += (bad.empty() ? "" : ", ") + std::to_string(s);
+      if (hs.combine != int64_t(call.combine) && !hs.problem && mine.empty())
+        throw InvalidArgument(who() + ": rank " + std::to_string(s) + " passed combine = " +
+                              (hs.combine ? "true" : "false") + ", this rank the other: every rank must pass the "
+                              "same (the receivers weight the rows by the senders' gates)");
+      const size_t m = size_t(hs.rows);
+      const uint8_t* b = x + header_bytes();
+      routing.tokens.push_back(int32_t(hs.tokens));
+      routing.dest_rank.emplace_back(m), routing.dest_token.emplace_back(m), routing.gate.emplace_back(m);
+      std::memcpy(routing.dest_rank.back().data(), b, m * 4);
+      std::memcpy(routing.dest_token.back().data(), b + size_t(max_rows) * 4, m * 4);
+      std::memcpy(routing.gate.back().data(), b + size_t(max_rows) * 8, m * 4);
+      const int64_t* c = reinterpret_cast<const int64_t*>(x + sizeof hs);
+      routing.send_counts.insert(routing.send_counts.end(), c, c + world);
+    }
+    if (!bad.empty())
+      throw InvalidArgument(who() + ": the routing of rank(s) " + bad + " failed their checks" +
+                            (mine.empty() ? std::string(" (their own errors say why)") : ": here " + mine));
+    // What only the ranks together can check: each rank's recv_counts
+    // against its sources' send_counts, and the tokens at the destinations.
+    for (int d = 0; d < world; ++d) {
+      const int64_t* c = reinterpret_cast<const int64_t*>(all + size_t(d) * record_bytes() + sizeof(RecordHeader));
+      for (int s = 0; s < world; ++s)
+        if (c[world + s] != routing.send_count(s, d))
+          throw InvalidArgument(who() + ": rank " + std::to_string(d) + "'s recv_counts[" + std::to_string(s) +
+                                "] = " + std::to_string(c[world + s]) + " but rank " + std::to_string(s) + " sends it " +
+                                std::to_string(routing.send_count(s, d)) + " rows");
+    }
+    try {
+      plan::validate_moe_routing(routing);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(who() + ": " + e.what());
+    }
+  }
+
+  plan::MoePlan plan_with(size_t tile, std::optional<plan::Partition> partition, double min_gain) const {
+    plan::MoePlanRequest req;
+    req.routing = &routing;
+    req.n = n, req.k = k;
+    req.dtype = dtype == DType::BF16 ? plan::DType::BF16 : plan::DType::FP16;
+    req.tile = api::op_tiles()[tile];
+    req.sms = sms, req.reserve_sms = opts.nccl_sms, req.wave_ms = wave_ms[tile];
+    req.partition = std::move(partition);
+    req.min_gain = min_gain;
+    return plan::make_moe_plan(req);
+  }
+  // The plan of this call's routing, and its tile (op_tiles() index).
+  std::pair<plan::MoePlan, size_t> plan_call() const {
+    using Path = GemmAllToAllOptions::Path;
+    std::optional<std::pair<plan::MoePlan, size_t>> best;
+    const double gain = opts.path == Path::Auto ? 0.01 : opts.path == Path::Slots ? -1e9 : 1e9;
+    for (size_t t = 0; t < api::op_tiles().size(); ++t) {
+      plan::MoePlan p = plan_with(t, std::nullopt, gain);
+      if (opts.path == Path::Slots && p.common.size() < 2) {  // two groups at least, where the overlap grid has 2 waves
+        int32_t waves = 0;
+        for (int r = 0; r < world; ++r)
+          waves = std::max(waves, plan::make_moe_schedule(routing, r, n, api::op_tiles()[t], sms - opts.nccl_sms).waves());
+        if (waves >= 2) p = plan_with(t, plan::Partition{waves - 1, 1}, gain);
+      }
+      if (!best || p.predicted.total_ms < best->first.predicted.total_ms) best.emplace(std::move(p), t);
+    }
+    return *best;
+  }
+  rt::OverlapAllToAll& op_of(size_t tile) {
+    if (!ops[tile]) {
+      rt::OverlapAllToAllOptions o;
+      o.n = n, o.k = int(k), o.dtype = api::to_kernels(dtype), o.tile = api::op_tiles()[tile];
+      o.ctas = sms - opts.nccl_sms, o.sequential_ctas = sms;
+      o.max_rows = max_rows, o.max_recv_rows = max_tokens * topk, o.max_tokens = int32_t(max_tokens);
+      o.comm = bounded.get(), o.tail_comm = comm->comm.get();
+      o.wait_timeout_s = opts.wait_timeout_s;
+      o.core = &core;
+      ops[tile] = std::make_unique<rt::OverlapAllToAll>(o);
+    }
+    return *ops[tile];
+  }
+  void check_earlier_calls() const {
+    if (last && core.wait_error()->failed) last->check();
+  }
+};
+
+GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t max_tokens, int topk, int64_t n,
+                           int64_t k, DType dtype, const GemmAllToAllOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  if (!comm.impl_) throw InvalidArgument("GemmAllToAll: no communicator");
+  d.comm = comm.impl_;
+  d.max_rows = max_rows, d.max_tokens = max_tokens, d.topk = topk, d.n = n, d.k = k, d.dtype = dtype;
+  d.opts = options;
+  d.rank = comm.rank(), d.world = comm.world();
+  api::check_shape(d.who(), std::max<int64_t>(max_rows, 1), n, k);
+  if (max_rows < 1 || max_tokens < 1 || max_tokens >= (int64_t(1) << 30))
+    throw InvalidArgument(d.who() + ": max_rows and max_tokens must be >= 1 (and max_tokens below 2^30)");
+  if (topk < 1 || topk > d.world)
+    throw InvalidArgument(d.who() + ": topk must be in [1, world = " + std::to_string(d.world) +
+                          "] (each token picks distinct ranks, one expert each)");
+  d.sms = rt::current_device_sms();
+  api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
+  d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
+  if (d.world > 1) {
+    d.exchange_comm = comm.impl_->comm.split({0, 2, 1, -1});  // the routing's own: ordered after nothing of the op's
+    d.exchange = std::make_unique<rt::HostExchange>(d.exchange_comm.get(), d.record_bytes());
+  }
+  d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
+  // Scratch for the largest call (each op asks the core for what it needs).
+  size_t cols = 0;  // slot row elements per row of C, the widest of the tile shapes (ragged n pads to bn)
+  for (plan::TileShape t : api::op_tiles()) cols = std::max(cols, size_t((n + t.bn - 1) / t.bn) * size_t(t.bn));
+  d.core.reserve(0, size_t(max_rows) * cols * 2);
+  d.core.reserve(1, size_t(max_tokens * topk) * cols * 2);
+}
+
+GemmAllToAll::~GemmAllToAll() = default;
+GemmAllToAll::GemmAllToAll(GemmAllToAll&&) noexcept = default;
+GemmAllToAll& GemmAllToAll::operator=(GemmAllToAll&&) noexcept = default;
+
+void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& routing, void* out, cudaStream_t stream,
+                       bool combine, int64_t ld_out, int32_t* tokens_out) {
+  Impl& d = *impl_;
+  d.check_earlier_calls();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call exchanges its routing "
+                                    "and plans on the host)");
+  d.gather_routing(routing, CallArgs{a, b, out, ld_out, combine});  // (throws on every rank alike)
+  auto [p, tile] = d.plan_call();
+  rt::OverlapAllToAll& op = d.op_of(tile);
+  rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine};
+  op.run(a, b, call, out, ld_out == 0 ? d.n : ld_out, stream, tokens_out);
+  d.last = &op;
+  std::ostringstream os;
+  const plan::TileShape t = api::op_tiles()[tile];
+  if (p.sequential) {
+    os << "sequential (" << t.bm << "x" << t.bn << " tiles, " << d.sms << " CTAs)";
+  } else {
+    os << "slots: waves ";
+    for (size_t g = 0; g < p.common.size(); ++g) os << (g ? "," : "") << p.common[g];
+    os << " of " << p.waves() << " (" << t.bm << "x" << t.bn << " tiles, " << d.sms - d.opts.nccl_sms
+       << " CTAs, NCCL on " << d.opts.nccl_sms << " SMs)";
+  }
+  os << ", predicted " << p.predicted.total_ms << " ms against " << p.baseline_ms << " ms sequential";
+  d.last_plan = os.str();
+}
+
+std::string GemmAllToAll::last_plan() const { return impl_->last_plan; }
+
+void GemmAllToAll::check() const {
+  if (impl_->last) impl_->last->check();
+}
+
+int64_t GemmAllToAll::max_rows() const { return impl_->max_rows; }
+int64_t GemmAllToAll::max_tokens() const { return impl_->max_tokens; }
+int GemmAllToAll::topk() const { return impl_->topk; }
+int64_t GemmAllToAll::n() const { return impl_->n; }
+int64_t GemmAllToAll::k() const { return impl_->k; }
+DType GemmAllToAll::dtype() const { return impl_->dtype; }
+int GemmAllToAll::world() const { return impl_->world; }
+
+}  // namespace flashoverlap

@@ -1,0 +1,289 @@
+// alltoall.cpp — see alltoall.h.
+#include "runtime/ops/alltoall.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "flashoverlap/error.h"
+#include "kernels/alltoall_tables.h"
+#include "kernels/reorder.h"
+#include "runtime/core/checks.h"
+
+namespace flashoverlap::rt {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// The call's compact tables, in the order they are packed (alltoall.h).
+enum Table { kTmOf, kSbase, kDest, kRrank, kGroupOfTile, kRtab, kRkey, kTokenBegin, kTokenRows, kToken, kGate, kTables };
+
+}  // namespace
+
+OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opts) {
+  const std::string who = "OverlapAllToAll (n " + std::to_string(opts_.n) + ", k " + std::to_string(opts_.k) + ")";
+  world_ = opts_.world, rank_ = opts_.rank;
+  rank_and_world(opts_.comm, bool(opts_.transport), rank_, world_, who);
+  if (opts_.n < 1 || opts_.k < 8 || opts_.k % 8 != 0)
+    throw InvalidArgument(who + ": n must be >= 1 and k a positive multiple of 8");
+  if (!kernels::tile_supported(opts_.tile.bm, opts_.tile.bn))
+    throw InvalidArgument(who + ": unsupported tile " + plan::to_string(opts_.tile));
+  if (opts_.sequential_ctas == 0) opts_.sequential_ctas = opts_.ctas;
+  if (opts_.ctas < 1 || opts_.sequential_ctas < 1) throw InvalidArgument(who + ": the grids need >= 1 CTA");
+  if (opts_.max_rows < 0 || opts_.max_recv_rows < 0 || opts_.max_tokens < 0 ||
+      opts_.max_rows * ((opts_.n + opts_.tile.bn - 1) / opts_.tile.bn) > INT32_MAX ||
+      opts_.max_recv_rows * ((opts_.n + opts_.tile.bn - 1) / opts_.tile.bn) > INT32_MAX)
+    throw InvalidArgument(who + ": max_rows, max_recv_rows and max_tokens must be >= 0, and the slot rows they "
+                                "make (rows x column tiles) fit int32");
+  if (!(opts_.wait_timeout_s > 0 && opts_.wait_timeout_s <= 7 * 24 * 3600.0))
+    throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
+
+  if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
+  core_ = opts_.core ? opts_.core : own_core_.get();
+  wait_error_ = core_->wait_error();
+  kernels::preload_kernels();  // before any wait is enqueued (docs/design.md §5.4)
+
+  const int64_t tiles_n = (opts_.n + opts_.tile.bn - 1) / opts_.tile.bn;
+  const plan::Schedule most = schedule_of(std::max<int64_t>(opts_.max_rows, 1), false);
+  max_groups_ = size_t(std::max(most.waves(), 1));
+  // Every row is stored once per tile column; no padding.
+  send_bytes_ = size_t(std::max<int64_t>(opts_.max_rows, 1)) * tiles_n * opts_.tile.bn * 2;
+  recv_bytes_ = size_t(std::max<int64_t>(opts_.max_recv_rows, 1)) * tiles_n * opts_.tile.bn * 2;
+  send_ = core_->scratch(kSendScratch, send_bytes_);
+  recv_ = core_->scratch(kRecvScratch, recv_bytes_);
+  // Bounds of the compact tables: this rank's tiles (max_rows), every
+  // source's tile rows (each has at most max_rows), the rows received.
+  const size_t tiles = size_t(most.tiles()), rows = size_t(std::max<int64_t>(opts_.max_rows, 1)),
+               recv = size_t(std::max<int64_t>(opts_.max_recv_rows, 1)), W = size_t(world_),
+               src_tiles = W * size_t(most.tiles_m()) * size_t(tiles_n);
+  const size_t sizes[kTables] = {tiles * 4, tiles * W * 4, rows * 4, rows * 4, tiles * 4, src_tiles * 4, recv * 4,
+                                 (size_t(opts_.max_tokens) + 1) * 4, recv * 4, recv * 4, recv * 4};
+  offsets_.assign(kTables + 1, 0);
+  for (int t = 0; t < kTables; ++t) offsets_[size_t(t) + 1] = offsets_[size_t(t)] + aligned(sizes[t]);
+  staging_ = PinnedBuffer(offsets_.back());
+  tables_ = DeviceBuffer(offsets_.back());
+  row_of_ = DeviceBuffer(tiles * size_t(opts_.tile.bm) * 4);
+  slot_of_out_ = DeviceBuffer(recv * size_t(tiles_n) * 4);
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+  counters_ = DeviceBuffer((max_groups_ + 1) * 4);  // (+ the fault-injection sink)
+  std::vector<int32_t> iota(recv);  // the direct sequential call's slot of each received row
+  for (size_t i = 0; i < recv; ++i) iota[i] = int32_t(i);
+  iota_ = to_device(iota);
+  FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
+  if (!opts_.core) FO_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+OverlapAllToAll::~OverlapAllToAll() {
+  core_->wait_last_call();
+  if (uploaded_) cudaEventDestroy(uploaded_);
+}
+
+plan::Schedule OverlapAllToAll::schedule_of(const plan::MoeRouting& routing, int rank, bool sequential) const {
+  return plan::make_moe_schedule(routing, rank, opts_.n, opts_.tile, sequential ? opts_.sequential_ctas : opts_.ctas);
+}
+
+plan::Schedule OverlapAllToAll::schedule_of(int64_t rows, bool sequential) const {
+  const int32_t ctas = sequential ? opts_.sequential_ctas : opts_.ctas;
+  const int32_t tiles_m = int32_t(std::max<int64_t>((rows + opts_.tile.bm - 1) / opts_.tile.bm, 1));
+  return plan::make_expert_schedule(rows, opts_.n, opts_.tile, ctas, plan::Raster::AlongN,
+                                    plan::default_swizzle(ctas, opts_.tile, tiles_m));
+}
+
+void OverlapAllToAll::upload(cudaStream_t stream) {
+  // The last call's copy must be done before its staging is rewritten (the
+  // host runs at most one call ahead of the GPU here).
+  FO_CUDA_CHECK(cudaEventSynchronize(uploaded_));
+  char* host = staging_.as<char>();
+  size_t used[kTables] = {};
+  auto put = [&](Table t, const void* src, size_t bytes) {
+    if (offsets_[size_t(t)] + bytes > offsets_[size_t(t) + 1])
+      throw Error("OverlapAllToAll: table " + std::to_string(int(t)) + " outgrew its " +
+                  std::to_string(offsets_[size_t(t) + 1] - offsets_[size_t(t)]) + " bytes (internal error)");
+    if (bytes) std::memcpy(host + offsets_[size_t(t)], src, bytes);
+    used[t] = bytes;
+  };
+  const plan::AllToAllTables& t = tables_host_;
+  const std::vector<int32_t> group_of_tile =
+      direct_ ? std::vector<int32_t>{} : plan::group_of_tiles(my_groups_, t.tiles(), opts_.testing.fault_drop_group);
+  put(kTmOf, t.tm_of.data(), t.tm_of.size() * 4);
+  put(kSbase, t.sbase.data(), t.sbase.size() * 4);
+  put(kDest, t.dest.data(), t.dest.size() * 4);
+  put(kRrank, t.rrank.data(), t.rrank.size() * 4);
+  put(kGroupOfTile, group_of_tile.data(), group_of_tile.size() * 4);
+  put(kRtab, t.rtab.data(), t.rtab.size() * 4);
+  put(kRkey, t.rkey.data(), t.rkey.size() * 4);
+  put(kTokenBegin, table_.token_begin.data(), table_.token_begin.size() * 4);
+  put(kTokenRows, table_.token_rows.data(), table_.token_rows.size() * 4);
+  put(kToken, table_.token.data(), table_.token.size() * 4);
+  put(kGate, table_.gate.data(), table_.gate.size() * 4);
+  // One copy of the used prefix (the tables' ends are mostly unused space).
+  size_t last = 0;
+  for (int t = 0; t < kTables; ++t)
+    if (used[t]) last = offsets_[size_t(t)] + used[t];
+  if (last) FO_CUDA_CHECK(cudaMemcpyAsync(tables_.get(), host, last, cudaMemcpyHostToDevice, stream));
+  FO_CUDA_CHECK(cudaEventRecord(uploaded_, stream));
+  auto at = [&](Table x) { return reinterpret_cast<const int32_t*>(tables_.as<char>() + offsets_[size_t(x)]); };
+  kernels::expand_row_of(at(kTmOf), at(kSbase), at(kDest), at(kRrank), t.tiles(), t.bm, t.world, t.m,
+                         row_of_.as<int32_t>(), stream);
+  kernels::expand_slot_of_out(at(kRtab), at(kRkey), t.out_rows, t.tiles_n, slot_of_out_.as<int32_t>(), stream);
+}
+
+void OverlapAllToAll::move(const A2aGroupCall& c) {
+  if (opts_.transport) {
+    opts_.transport(c);
+    return;
+  }
+  const bool last = c.group < 0 || size_t(c.group) + 1 == calls_.size();
+  const ncclComm_t comm = last && opts_.tail_comm ? opts_.tail_comm : opts_.comm;
+  const std::string ctx =
+      "rank " + std::to_string(rank_) + (c.group < 0 ? " sequential all-to-all" : " group " + std::to_string(c.group));
+  const char* send = static_cast<const char*>(c.send);
+  char* recv = static_cast<char*>(c.recv);
+  const ncclDataType_t type = nccl_type(opts_.dtype);
+  // This rank's own rows by a copy; the peers' in one NCCL group.
+  const plan::Span& self_in = (*c.recv_from)[size_t(rank_)];
+  if (self_in.count)
+    FO_CUDA_CHECK(cudaMemcpyAsync(recv + self_in.offset * 2, send + (*c.send_to)[size_t(rank_)].offset * 2,
+                                  size_t(self_in.count) * 2, cudaMemcpyDeviceToDevice, c.stream));
+  if (world_ == 1) return;
+  FO_NCCL_CHECK_CTX(ncclGroupStart(), ctx);
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    const plan::Span& to = (*c.send_to)[size_t(p)];
+    const plan::Span& from = (*c.recv_from)[size_t(p)];
+    if (to.count) FO_NCCL_CHECK_CTX(ncclSend(send + to.offset * 2, size_t(to.count), type, p, comm, c.stream), ctx);
+    if (from.count) FO_NCCL_CHECK_CTX(ncclRecv(recv + from.offset * 2, size_t(from.count), type, p, comm, c.stream), ctx);
+  }
+  FO_NCCL_CHECK_CTX(ncclGroupEnd(), ctx);
+}
+
+void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, void* out, int64_t ld_out,
+                          cudaStream_t stream, int32_t* tokens_out) {
+  const std::string who = "OverlapAllToAll::run (rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ")";
+  if (!call.routing) throw InvalidArgument(who + ": no routing");
+  const plan::MoeRouting& routing = *call.routing;
+  if (routing.world != world_)
+    throw InvalidArgument(who + ": a routing of " + std::to_string(routing.world) + " ranks");
+  plan::validate_moe_routing(routing);
+  const int64_t rows = routing.rows(rank_);
+  int64_t recv_rows = 0;
+  for (int s = 0; s < world_; ++s) recv_rows += routing.send_count(s, rank_);
+  const int32_t tokens = routing.tokens[size_t(rank_)];
+  int64_t most_rows = 0;
+  for (int r = 0; r < world_; ++r) most_rows = std::max(most_rows, routing.rows(r));
+  if (most_rows > opts_.max_rows || recv_rows > opts_.max_recv_rows || tokens > opts_.max_tokens)
+    throw InvalidArgument(who + ": " + std::to_string(most_rows) + " rows on a rank, " + std::to_string(recv_rows) +
+                          " received rows and " + std::to_string(tokens) + " tokens exceed the op's " +
+                          std::to_string(opts_.max_rows) + ", " + std::to_string(opts_.max_recv_rows) + " and " +
+                          std::to_string(opts_.max_tokens));
+  if ((rows > 0 && (!a || !b)) || (!out && (call.combine ? tokens : recv_rows) > 0))
+    throw InvalidArgument(who + ": null input or output");
+  if (ld_out < opts_.n) throw InvalidArgument(who + ": ld_out < n");
+
+  // This call's plan: every rank's schedule and groups.
+  const bool seq = call.common.size() <= 1;
+  std::vector<plan::Schedule> scheds;
+  std::vector<std::vector<plan::Group>> groups;
+  for (int r = 0; r < world_; ++r) {
+    scheds.push_back(schedule_of(routing, r, seq));
+    groups.push_back(seq ? std::vector<plan::Group>{plan::group_spanning(scheds.back(), 0, scheds.back().waves())}
+                         : plan::make_clipped_groups(scheds.back(), call.common));
+  }
+  if (groups[size_t(rank_)].size() > max_groups_)
+    throw InvalidArgument(who + ": " + std::to_string(groups[size_t(rank_)].size()) + " groups, more than the " +
+                          std::to_string(max_groups_) + " waves of max_rows");
+  // The sequential call on rows in the dispatch's order (each destination's
+  // rows one block, on every rank: the same choice everywhere) skips the
+  // slots: our GEMM stores C whole (no row-by-row stores), each block goes
+  // as it is, and the rows arrive in (source, row) order.
+  direct_ = seq && opts_.n % 8 == 0;
+  for (int r = 0; r < world_ && direct_; ++r)
+    direct_ = std::is_sorted(routing.dest_rank[size_t(r)].begin(), routing.dest_rank[size_t(r)].end());
+  table_ = plan::make_combine_table(routing, rank_);
+  my_groups_ = groups[size_t(rank_)];
+  if (direct_) {
+    tables_host_ = plan::AllToAllTables{};
+    plan::GroupCall c;
+    int64_t sent = 0, got = 0;
+    for (int p = 0; p < world_; ++p) {
+      const int64_t out = routing.send_count(rank_, p), in = routing.send_count(p, rank_);
+      c.send_to.push_back({sent * opts_.n, out * opts_.n});
+      c.recv_from.push_back({got * opts_.n, in * opts_.n});
+      sent += out, got += in;
+    }
+    c.send = {0, sent * opts_.n}, c.recv = {0, got * opts_.n};
+    calls_ = {c};
+    recv_rows_ = got;
+    direct_elems_ = {sent * opts_.n, got * opts_.n};
+  } else {
+    tables_host_ = plan::make_alltoall_tables(scheds, groups, routing, rank_);
+    calls_ = tables_host_.groups;
+    recv_rows_ = tables_host_.out_rows;
+  }
+  target_.clear();
+  for (const plan::Group& g : my_groups_) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
+
+  core_->begin_call(stream);
+  send_ = core_->scratch(kSendScratch, send_bytes_);  // (another op of the core may have grown them)
+  recv_ = core_->scratch(kRecvScratch, recv_bytes_);
+  upload(stream);
+  const char* t = tables_.as<char>();
+  auto table = [&](Table x) { return reinterpret_cast<const int32_t*>(t + offsets_[size_t(x)]); };
+
+  const plan::Schedule& s = scheds[size_t(rank_)];
+  if (!seq) {
+    FO_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, counters_.bytes(), stream));
+    core_->fork(stream);  // the waits start no earlier than the GEMM
+  }
+  if (rows > 0 && direct_) {
+    kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n), stream);
+  } else if (rows > 0) {
+    kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+    p.store = kernels::Store::SlotRows, p.slots = send_, p.row_of = row_of_.as<int32_t>();
+    p.slot_rows = tables_host_.send_rows;
+    if (!seq) p.counters = counters_.as<uint32_t>(), p.group_of_tile = table(kGroupOfTile);
+    kernels::check_gemm_params(p);
+    kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
+  }
+  const cudaStream_t comm_stream = seq ? stream : core_->comm_stream();
+  for (size_t g = 0; g < calls_.size(); ++g) {
+    if (!seq)
+      kernels::launch_wait_counter(counter(g), counter_target(g), timeout_ns(), wait_error_, int32_t(g), comm_stream);
+    move({seq ? -1 : int32_t(g), send_, recv_, &calls_[g].send_to, &calls_[g].recv_from, comm_stream});
+  }
+  if (!seq) core_->join(stream);
+
+  const plan::Schedule& any = scheds[0];
+  if (direct_) {  // the received rows are row-major: slot rows n wide, one per row
+    if (call.combine)
+      kernels::combine_slot_rows(opts_.dtype, recv_, int32_t(opts_.n), iota_.as<int32_t>(), 1, table(kTokenBegin),
+                                 table(kTokenRows), reinterpret_cast<const float*>(t + offsets_[kGate]), tokens,
+                                 int32_t(opts_.n), out, ld_out, stream);
+    else if (recv_rows > 0)
+      FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, recv_, size_t(opts_.n) * 2, size_t(opts_.n) * 2,
+                                      size_t(recv_rows), cudaMemcpyDeviceToDevice, stream));
+  } else if (call.combine) {
+    kernels::combine_slot_rows(opts_.dtype, recv_, any.bn, slot_of_out_.as<int32_t>(), any.tiles_n(), table(kTokenBegin),
+                               table(kTokenRows), reinterpret_cast<const float*>(t + offsets_[kGate]), tokens,
+                               int32_t(opts_.n), out, ld_out, stream);
+  } else if (recv_rows > 0) {
+    kernels::gather_slot_rows(opts_.dtype, recv_, any.bn, slot_of_out_.as<int32_t>(), any.tiles_n(), int32_t(recv_rows),
+                              int32_t(opts_.n), out, ld_out, stream);
+  }
+  if (tokens_out && recv_rows > 0)
+    FO_CUDA_CHECK(cudaMemcpyAsync(tokens_out, table(kToken), size_t(recv_rows) * 4, cudaMemcpyDeviceToDevice, stream));
+  core_->end_call(stream);
+}
+
+void OverlapAllToAll::check() const {
+  if (!wait_error_->failed) return;
+  const kernels::WaitError e = *wait_error_;
+  std::ostringstream os;
+  os << "rank " << rank_ << ": group " << e.group << " of the overlapped GEMM+All-to-All (n " << opts_.n << ", k "
+     << opts_.k << ") did not complete within " << opts_.wait_timeout_s << " s: counter " << e.value << ", expected "
+     << e.expected << " (the GEMM did not signal all of the group's tiles)";
+  throw Error(os.str());
+}
+
+}  // namespace flashoverlap::rt

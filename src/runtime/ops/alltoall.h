@@ -1,0 +1,175 @@
+// alltoall.h — GEMM + All-to-All for the MoE combine, overlapped through
+// tile signals (docs/design.md §3, §11). Rank r holds A_r (m_r x k: the rows
+// its expert received in the dispatch; m_r may be 0) and its expert's weight
+// B_r (n x k); each row of Y_r = A_r B_r^T goes back to the rank and token it
+// came from. The routing changes every call, so the op is built once for
+// the largest sizes and each call takes every rank's routing (the public op
+// exchanges it; one-GPU tests hold all of it) and the groups' common wave
+// partition (plan/moe_plan.h), and enqueues:
+//
+//   host:          this call's tables in compact form (plan/slot_map_alltoall.h:
+//                  make_alltoall_tables, make_combine_table), uploaded on the
+//                  caller's stream in one copy and expanded there
+//                  (kernels/alltoall_tables.h: the GEMM's row_of, the post
+//                  step's slot_of_out)
+//   caller stream: counters zeroed; the signalling GEMM, each row stored
+//                  where its destination's part of its group's send slots
+//                  is (the pre-communication reorder), group counters +=
+//                  2 per tile
+//   comm stream:   per group g: wait(counter[g] >= target[g]); one NCCL
+//                  group of ncclSend / ncclRecv, every peer's span (zero
+//                  counts too: every rank takes part in every group)
+//   caller stream: wait(comm done); the post step: the received rows in
+//                  (source rank, source row) order (unweighted), or the
+//                  combine, out[t] = sum of gate * row over token t's rows
+//                  in that order, fp32, rounded once
+//
+// A partition of one group runs the sequential fallback: the same GEMM into
+// the slots, one all-to-all on the caller's stream, the post step; where
+// every rank's rows are by destination (the dispatch's order) and n % 8 ==
+// 0, directly: our GEMM into row-major C, each destination's block sent as
+// it is, the post step on the received rows (direct()). Calls,
+// streams and several ops on one core: as OverlapReduceScatter. Not for CUDA
+// graphs (the maps are made on the host for each call's routing).
+#pragma once
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/flags.h"
+#include "kernels/gemm.h"
+#include "plan/partition.h"
+#include "plan/routing.h"
+#include "plan/schedule.h"
+#include "plan/slot_map_alltoall.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/overlap_core.h"
+
+namespace flashoverlap::rt {
+
+// One group's exchange as the op hands it to its transport: to each peer p,
+// send_to[p] of `send`; from each, recv_from[p] into `recv` (spans in
+// elements of the slot buffers, some empty), on `stream`.
+struct A2aGroupCall {
+  int32_t group = 0;  // -1: the sequential call
+  const void* send = nullptr;
+  void* recv = nullptr;
+  const std::vector<plan::Span>* send_to = nullptr;
+  const std::vector<plan::Span>* recv_from = nullptr;
+  cudaStream_t stream = nullptr;
+};
+// What moves a group once its tiles are signalled: by default ncclSend /
+// ncclRecv in one NCCL group on the op's communicator. The one-GPU tests
+// pass their own (several ranks' ops side by side, copies by hand).
+using A2aTransport = std::function<void(const A2aGroupCall&)>;
+
+struct OverlapAllToAllOptions {
+  int64_t n = 0;
+  int k = 0;
+  kernels::DType dtype = kernels::DType::BF16;
+  plan::TileShape tile{128, 256};
+  int32_t ctas = 132;       // the GEMM's grid when it overlaps (SMs - those left to NCCL)
+  int32_t sequential_ctas = 0;  // the sequential fallback's grid (0: ctas)
+  // The largest sizes of any call: rows of A on any rank (m_r), rows this
+  // rank receives, tokens of its combine output. They size the buffers.
+  int64_t max_rows = 0, max_recv_rows = 0;
+  int32_t max_tokens = 0;
+  ncclComm_t comm = nullptr;       // the groups beside the GEMM (bounded to the SMs it leaves)
+  ncclComm_t tail_comm = nullptr;  // optional: the last group and the sequential call
+  int rank = 0, world = 1;         // where there is no communicator (a transport of one's own)
+  A2aTransport transport;          // empty: NCCL on comm
+  double wait_timeout_s = 30.0;
+  OverlapCore* core = nullptr;     // shared with other ops (nullptr: the op's own)
+  struct Testing {
+    int fault_drop_group = -1;  // this group's signals go nowhere: its wait times out
+  } testing;
+};
+
+// One call's routing: every rank's (plan::MoeRouting), and the partition
+// of the most waves of any rank into groups, the same on every rank.
+struct A2aCall {
+  const plan::MoeRouting* routing = nullptr;
+  plan::Partition common;  // one group (or no waves anywhere): sequential
+  bool combine = true;     // false: the received rows, unweighted
+};
+
+class OverlapAllToAll {
+ public:
+  explicit OverlapAllToAll(const OverlapAllToAllOptions& opts);
+  ~OverlapAllToAll();
+  OverlapAllToAll(const OverlapAllToAll&) = delete;
+  OverlapAllToAll& operator=(const OverlapAllToAll&) = delete;
+
+  // combine: out (tokens x n, ld_out) = the combine of this rank's tokens;
+  // else out (received rows x n, ld_out) = the rows sent to this rank, in
+  // (source rank, source row) order. a: m_r x k (this rank's rows), b: n x k.
+  // tokens_out (optional, device, received rows): each received row's token.
+  void run(const void* a, const void* b, const A2aCall& call, void* out, int64_t ld_out, cudaStream_t stream,
+           int32_t* tokens_out = nullptr);
+  // Throws Error naming rank and group if a wait of an earlier call timed out.
+  void check() const;
+
+  // The schedule of `rank`'s rows in a call (plan::make_moe_schedule with
+  // this op's tile and grid, as the planner's): how many waves it has, to
+  // make a common partition.
+  plan::Schedule schedule_of(const plan::MoeRouting& routing, int rank, bool sequential) const;
+  plan::Schedule schedule_of(int64_t rows, bool sequential) const;  // (rows alone: the same waves)
+  // The last call's: rows received, groups, the slot buffers' used elements.
+  int64_t recv_rows() const { return recv_rows_; }
+  int64_t send_elements() const { return direct_ ? direct_elems_[0] : tables_host_.send_rows * opts_.tile.bn; }
+  int64_t recv_elements() const { return direct_ ? direct_elems_[1] : tables_host_.recv_rows * opts_.tile.bn; }
+  // The last call went the direct way: sequential, rows by destination on
+  // every rank (the dispatch's order), n % 8 == 0: C stored whole, each
+  // destination's block sent as it is, received rows row-major.
+  bool direct() const { return direct_; }
+  size_t groups() const { return calls_.size(); }
+  bool sequential() const { return calls_.size() <= 1; }
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
+  // For transports of one's own (tests): group g's counter, its target in
+  // the last call, the wait record.
+  const uint32_t* counter(size_t g) const { return counters_.as<uint32_t>() + g; }
+  uint32_t counter_target(size_t g) const { return target_[g]; }
+  kernels::WaitError* wait_error() const { return wait_error_; }
+  uint64_t timeout_ns() const { return uint64_t(opts_.wait_timeout_s * 1e9); }
+
+ private:
+  void move(const A2aGroupCall& c);
+  void upload(cudaStream_t stream);
+
+  OverlapAllToAllOptions opts_;
+  int world_ = 1, rank_ = 0;
+  size_t max_groups_ = 0;
+  plan::AllToAllTables tables_host_;
+  plan::CombineTable table_;
+  std::vector<plan::Group> my_groups_;  // this rank's groups in the last call
+  bool direct_ = false;
+  std::array<int64_t, 2> direct_elems_{};  // the direct call's send and receive elements
+  DeviceBuffer iota_;                      // 0, 1, ...: its received rows' slots
+  std::vector<plan::GroupCall> calls_;
+  std::vector<uint32_t> target_;
+  int64_t recv_rows_ = 0;
+  // The call's compact tables, packed into one pinned staging buffer and
+  // one device buffer (one copy per call), and what they expand to.
+  std::vector<size_t> offsets_;
+  PinnedBuffer staging_;
+  DeviceBuffer tables_, row_of_, slot_of_out_;
+  cudaEvent_t uploaded_ = nullptr;  // the staging may be rewritten once the last copy is done
+  DeviceBuffer counters_;
+  size_t send_bytes_ = 0, recv_bytes_ = 0;
+  void* send_ = nullptr;
+  void* recv_ = nullptr;
+  static constexpr int kSendScratch = 0, kRecvScratch = 1;
+  kernels::WaitError* wait_error_ = nullptr;
+  std::unique_ptr<OverlapCore> own_core_;
+  OverlapCore* core_ = nullptr;
+};
+
+}  // namespace flashoverlap::rt
