@@ -86,6 +86,7 @@ struct ShapeResult {
   std::string selection;  // the finalists measured by the tuner, the pick starred
   std::string host_us;    // the host's enqueue per call, each variant (this rank, median)
   double gemm_before_ms = 0, comm_before_ms = 0;  // the components timed on their own, before the tuner
+  int topk = 0;  // alltoall: the routing's top-K (m: its most tokens on a rank)
 };
 
 inline std::vector<std::array<int64_t, 3>> shapes_of(const Options& o) {

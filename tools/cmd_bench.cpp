@@ -628,7 +628,7 @@ int run(const Options& o) {
                      {"gemm_before_ms", r.gemm_before_ms}, {"comm_before_ms", r.comm_before_ms}});
       if (a2a) {
         all.back()["routing"] = o.routing;
-        all.back()["topk"] = bench::topk_of(o, cx.rv->world());
+        all.back()["topk"] = r.topk;
         all.back()["tokens"] = r.m;
       }
       if (!r.power.empty()) all.back()["power"] = r.power;
@@ -639,7 +639,7 @@ int run(const Options& o) {
         csv << ",\"" << row.partition << "\","
             << r.gemm_ms << "," << r.comm_ms << ",\"" << row.config << "\"," << r.gemm_before_ms << ","
             << r.comm_before_ms;
-        if (a2a) csv << ",\"" << o.routing << "\"," << bench::topk_of(o, cx.rv->world()) << "," << r.m;
+        if (a2a) csv << ",\"" << o.routing << "\"," << r.topk << "," << r.m;
         csv << "\n";
       }
     }
@@ -690,7 +690,8 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--routing", o->routing,
                   "alltoall: how tokens pick ranks: uniform, zipf:S (rank i weighted 1/(i+1)^S), one:R (every "
-                  "token picks R), empty:R (none picks R: its expert gets no rows)")
+                  "token picks R), empty:R (none picks R: its expert gets no rows), file:PATH (a recorded routing, "
+                  "flashoverlap.moe_routing JSON: its tokens and top-K)")
       ->capture_default_str();
   cmd->add_option("--topk", o->topk, "alltoall: ranks each token picks (0: min(2, world))")->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "alltoall: tokens per rank for every shape (0: the shape's first number)")

@@ -52,6 +52,20 @@ struct Candidate {
   }
 };
 
+bool from_file(const Options& o) { return o.routing.rfind("file:", 0) == 0; }
+
+// The routing of a shape: drawn from the seed (the same on every rank), or the file's.
+plan::MoeRouting routing_for(const Options& o, int world, int64_t T, int64_t N, int64_t K) {
+  if (!from_file(o))
+    return plan::make_moe_routing(o.routing, world, T, topk_of(o, world),
+                                  0x5eed + uint64_t(T) * 31 + uint64_t(N) * 17 + uint64_t(K));
+  plan::MoeRouting r = plan::read_moe_routing_file(o.routing.substr(5));
+  if (r.world != world)
+    throw InvalidArgument("bench --op alltoall --routing " + o.routing + ": a routing of " + std::to_string(r.world) +
+                          " ranks, the job has " + std::to_string(world));
+  return r;
+}
+
 }  // namespace
 
 void check_alltoall_options(const Options& o, const std::vector<std::array<int64_t, 3>>& shapes) {
@@ -82,20 +96,26 @@ void check_alltoall_options(const Options& o, const std::vector<std::array<int64
                             " must be a multiple of 8 (the baseline's combine reads 8 columns at a time)");
   const auto env = rt::DistEnv::from_env();
   const int world = env ? env->world : 1;
-  (void)plan::make_moe_routing(o.routing, world, 0, topk_of(o, world));  // (kind, top-K and world: their messages)
+  if (from_file(o)) {
+    if (o.tokens != 0 || o.topk != 0)
+      throw InvalidArgument("bench --op alltoall --routing file:...: the file gives the tokens and top-K (no --tokens, --topk)");
+    (void)routing_for(o, world, 0, 0, 0);  // (the file and its world: their messages)
+  } else {
+    (void)plan::make_moe_routing(o.routing, world, 0, topk_of(o, world));  // (kind, top-K and world: their messages)
+  }
 }
 
 ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K) {
-  const int rank = cx.rv->rank(), world = cx.rv->world(), sms = cx.info.sms, topk = topk_of(o, world);
-  const int64_t T = o.tokens > 0 ? o.tokens : M;
+  const int rank = cx.rv->rank(), world = cx.rv->world(), sms = cx.info.sms;
   const int reserve = o.reserve_sms < 0 ? kDefaultReserve : o.reserve_sms;
   if (reserve < 1 || reserve >= sms)
     throw InvalidArgument("--reserve-sms " + std::to_string(reserve) + ": must be in [1, " + std::to_string(sms) + ")");
   const auto dt = cx.dtype;
   const ncclComm_t base = cx.base.get();
   const cudaStream_t st = cx.stream;
-  const plan::MoeRouting routing =
-      plan::make_moe_routing(o.routing, world, T, topk, 0x5eed + uint64_t(T) * 31 + uint64_t(N) * 17 + uint64_t(K));
+  const plan::MoeRouting routing = routing_for(o, world, o.tokens > 0 ? o.tokens : M, N, K);
+  const int topk = plan::moe_topk(routing);
+  const int64_t T = *std::max_element(routing.tokens.begin(), routing.tokens.end());  // (the CSV's tokens)
   const int64_t rows = routing.rows(rank);
   int64_t most_rows = 0;
   for (int r = 0; r < world; ++r) most_rows = std::max(most_rows, routing.rows(r));
@@ -119,6 +139,7 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   FO_CUDA_CHECK(cudaStreamSynchronize(st));
 
   ShapeResult res{T, N, K, 0, 0, 0, 0, {}, {}, 0, {}, {}, {}, {}};
+  res.topk = topk;
   auto run_gemm_alone = [&] {
     if (rows > 0) cx.cublas->run(dt, a.get(), b.get(), y.get(), int(rows), int(N), k, N, st);
   };
@@ -170,7 +191,7 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
 
     rt::OverlapAllToAllOptions ao;
     ao.n = N, ao.k = k, ao.dtype = dt, ao.tile = tile, ao.ctas = ctas, ao.sequential_ctas = sms;
-    ao.max_rows = rows, ao.max_recv_rows = recv, ao.max_tokens = int32_t(T);
+    ao.max_rows = most_rows, ao.max_recv_rows = recv, ao.max_tokens = int32_t(T);  // (max_rows: of any rank)
     ao.comm = cx.comm_for(reserve), ao.tail_comm = base;
     ao.wait_timeout_s = o.wait_timeout_s;
     ao.core = &core;

@@ -8,7 +8,10 @@
 #include <random>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "flashoverlap/error.h"
+#include "plan/json_file.h"
 
 namespace flashoverlap::plan {
 
@@ -176,18 +179,14 @@ MoeRouting make_moe_routing(std::string_view kind, int32_t world, int64_t tokens
       throw InvalidArgument("MoE routing '" + k + "': top-k " + std::to_string(topk) +
                             " distinct ranks without rank " + std::to_string(special) + " needs world > top-k");
   } else if (kind.substr(0, 5) == "file:") {
-    throw InvalidArgument("MoE routing '" + k + "': routings from files are not implemented");
+    throw InvalidArgument("MoE routing '" + k + "': a recorded routing is read with read_moe_routing_file");
   } else {
     throw InvalidArgument("unknown MoE routing '" + k + "' (expected uniform, zipf:<S>, one:<rank> or empty:<rank>)");
   }
 
   const int32_t W = world, K = topk, T = int32_t(tokens_per_rank);
-  MoeRouting r;
-  r.world = W;
-  r.tokens.assign(size_t(W), T);
-  r.dest_rank.resize(size_t(W));
-  r.dest_token.resize(size_t(W));
-  r.gate.resize(size_t(W));
+  std::vector<std::vector<std::vector<MoePick>>> picks(static_cast<size_t>(W),
+                                                       std::vector<std::vector<MoePick>>(static_cast<size_t>(T)));
   std::vector<double> weight(size_t(W), 1.0);
   if (type == Zipf)
     for (int32_t i = 0; i < W; ++i)  // kept positive: a huge S must not leave K draws nothing to pick
@@ -221,15 +220,9 @@ MoeRouting make_moe_routing(std::string_view kind, int32_t world, int64_t tokens
       }
       float sum = 0;
       for (float& x : u) sum += x = float((rng() >> 40) + 1) * 0x1p-24f;  // (0, 1]
-      for (int32_t j = 0; j < K; ++j) {
-        const size_t e = size_t(picked[size_t(j)]);
-        r.dest_rank[e].push_back(src);
-        r.dest_token[e].push_back(t);
-        r.gate[e].push_back(u[size_t(j)] / sum);
-      }
+      for (int32_t j = 0; j < K; ++j) picks[size_t(src)][size_t(t)].push_back({picked[size_t(j)], u[size_t(j)] / sum});
     }
-  r.send_counts = moe_send_counts(r);
-  return r;
+  return moe_routing_from_picks(W, picks);
 }
 
 MoeRouting moe_routing_of(const Routing& routing) {
@@ -250,6 +243,97 @@ MoeRouting moe_routing_of(const Routing& routing) {
   }
   r.send_counts = moe_send_counts(r);
   return r;
+}
+
+MoeRouting moe_routing_from_picks(int32_t world, const std::vector<std::vector<std::vector<MoePick>>>& picks) {
+  if (world < 1) throw InvalidArgument("MoE routing needs world >= 1 (world=" + std::to_string(world) + ")");
+  if (picks.size() != size_t(world))
+    throw InvalidArgument("MoE routing: picks of " + std::to_string(picks.size()) + " ranks for world " +
+                          std::to_string(world));
+  MoeRouting r;
+  r.world = world;
+  r.dest_rank.resize(size_t(world));
+  r.dest_token.resize(size_t(world));
+  r.gate.resize(size_t(world));
+  std::vector<int32_t> seen(size_t(world), -1);
+  for (int32_t src = 0; src < world; ++src) {
+    const auto& tokens = picks[size_t(src)];
+    if (tokens.size() > size_t(std::numeric_limits<int32_t>::max()))
+      throw InvalidArgument("MoE routing: rank " + std::to_string(src) + " has more than 2^31-1 tokens");
+    r.tokens.push_back(int32_t(tokens.size()));
+    std::fill(seen.begin(), seen.end(), -1);
+    for (size_t t = 0; t < tokens.size(); ++t)
+      for (const MoePick& p : tokens[t]) {
+        const auto at = [&] { return "MoE routing: rank " + std::to_string(src) + " token " + std::to_string(t); };
+        if (p.rank < 0 || p.rank >= world)
+          throw InvalidArgument(at() + " picks rank " + std::to_string(p.rank) + ", outside [0, " +
+                                std::to_string(world) + ")");
+        if (seen[size_t(p.rank)] == int32_t(t))
+          throw InvalidArgument(at() + " picks rank " + std::to_string(p.rank) + " twice");
+        if (!std::isfinite(p.gate)) throw InvalidArgument(at() + ": a gate weight that is not finite");
+        seen[size_t(p.rank)] = int32_t(t);
+      }
+  }
+  // The dispatch's order on each expert: by source rank, then token, then pick.
+  for (int32_t src = 0; src < world; ++src)
+    for (size_t t = 0; t < picks[size_t(src)].size(); ++t)
+      for (const MoePick& p : picks[size_t(src)][t]) {
+        r.dest_rank[size_t(p.rank)].push_back(src);
+        r.dest_token[size_t(p.rank)].push_back(int32_t(t));
+        r.gate[size_t(p.rank)].push_back(p.gate);
+      }
+  r.send_counts = moe_send_counts(r);
+  return r;
+}
+
+MoeRouting read_moe_routing_file(const std::string& path) {
+  const nlohmann::json j = read_json_file(path, "MoE routing");
+  auto fail = [&](const std::string& why) -> MoeRouting { throw InvalidArgument(path + ": " + why); };
+  if (!j.is_object() || j.value("format", "") != "flashoverlap.moe_routing")
+    return fail("not a flashoverlap.moe_routing file");
+  if (!j.contains("schema") || !j["schema"].is_number_integer() || j["schema"].get<int64_t>() != 1)
+    return fail("schema must be 1");
+  if (!j.contains("world") || !j["world"].is_number_integer() || j["world"].get<int64_t>() < 1 ||
+      j["world"].get<int64_t>() > 1024)
+    return fail("\"world\" must be an integer in [1, 1024]");
+  const int32_t world = j["world"].get<int32_t>();
+  if (!j.contains("picks") || !j["picks"].is_array() || j["picks"].size() != size_t(world))
+    return fail("\"picks\" must be an array of one entry per rank (" + std::to_string(world) + ")");
+  std::vector<std::vector<std::vector<MoePick>>> picks(static_cast<size_t>(world));
+  for (int32_t src = 0; src < world; ++src) {
+    const nlohmann::json& tokens = j["picks"][size_t(src)];
+    if (!tokens.is_array()) return fail("picks of rank " + std::to_string(src) + " must be an array of tokens");
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const nlohmann::json& token = tokens[t];
+      const std::string at = "rank " + std::to_string(src) + " token " + std::to_string(t);
+      if (!token.is_array()) return fail(at + ": its picks must be an array of [rank, gate] pairs");
+      std::vector<MoePick> mine;
+      for (const nlohmann::json& p : token) {
+        if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() || !p[1].is_number())
+          return fail(at + ": a pick must be [rank, gate], not " + p.dump());
+        const int64_t rank = p[0].get<int64_t>();
+        mine.push_back({int32_t(std::clamp<int64_t>(rank, -1, world)), p[1].get<float>()});
+      }
+      picks[size_t(src)].push_back(std::move(mine));
+    }
+  }
+  try {
+    return moe_routing_from_picks(world, picks);
+  } catch (const InvalidArgument& e) {
+    return fail(e.what());
+  }
+}
+
+int32_t moe_topk(const MoeRouting& r) {
+  // A token's rows are one per rank it picked: count them per (rank, token).
+  int32_t most = 0;
+  for (int32_t d = 0; d < r.world; ++d) {
+    std::vector<int32_t> rows(size_t(r.tokens[size_t(d)]), 0);
+    for (int32_t src = 0; src < r.world; ++src)
+      for (size_t i = 0; i < r.dest_rank[size_t(src)].size(); ++i)
+        if (r.dest_rank[size_t(src)][i] == d) most = std::max(most, ++rows[size_t(r.dest_token[size_t(src)][i])]);
+  }
+  return most;
 }
 
 }  // namespace flashoverlap::plan

@@ -8,6 +8,7 @@
 // combine tables of slot_map_alltoall.h).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -75,10 +76,29 @@ void validate_moe_routing(const MoeRouting& r);
 //               rows to R);
 //   "empty:R"   uniform over every rank but R (K <= world-1): expert R gets
 //               no rows (m_R = 0), its tokens still get their K rows back.
-// ("file:PATH", the bench tool's recorded routing, is not read here.)
+// ("file:PATH", a recorded routing, is read_moe_routing_file's, not this.)
 // Throws InvalidArgument for world < 1, T < 0, K outside [1, world], or a bad kind.
 MoeRouting make_moe_routing(std::string_view kind, int32_t world, int64_t tokens_per_rank, int32_t topk,
                             uint64_t seed = 1);
+
+// The combine's routing from the tokens' picks, as a dispatch delivers the
+// rows (make_moe_routing's order): picks[src][t] = the (rank, gate) pairs
+// token t of rank src chose, distinct ranks. Throws InvalidArgument naming
+// the rank and token: a rank out of range, a rank picked twice, a gate
+// that is not finite.
+struct MoePick {
+  int32_t rank = 0;
+  float gate = 0;
+};
+MoeRouting moe_routing_from_picks(int32_t world, const std::vector<std::vector<std::vector<MoePick>>>& picks);
+
+// A recorded routing (`bench --op alltoall --routing file:PATH`):
+//   {"format": "flashoverlap.moe_routing", "schema": 1, "world": W,
+//    "picks": [rank 0: [token 0: [[rank, gate], ...], token 1: ...], rank 1: ...]}
+// Throws InvalidArgument "<path>: <problem>".
+MoeRouting read_moe_routing_file(const std::string& path);
+// The most ranks any token picked (the routing's top-K).
+int32_t moe_topk(const MoeRouting& r);
 
 // A Routing as a combine that changes nothing: every row is a token of its
 // own at its destination (tokens numbered in (source rank, source row)

@@ -151,6 +151,8 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
       {"bench", "--op alltoall --shapes 100x1001x64", "N = 1001 must be a multiple of 8"},
       {"bench", "--op alltoall --layout rows --with-rmsnorm", "--layout, --with-rmsnorm are not for the all-to-all"},
       {"bench", "--op alltoall --tokens -1", "--tokens must be >= 0"},
+      {"bench", "--op alltoall --routing file:/nonexistent/r.json", "/nonexistent/r.json"},
+      {"bench", "--op alltoall --routing file:/nonexistent/r.json --topk 1", "the file gives the tokens and top-K"},
       {"bench", "--topk 1", "--routing, --topk and --tokens are for --op alltoall"},
       {"bench", "--rs-layout subtile", "--rs-layout is for --op reducescatter"},
       {"bench", "--op reducescatter --rs-layout diagonal", "--rs-layout"},

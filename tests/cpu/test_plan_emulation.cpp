@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "flashoverlap/error.h"
 #include "plan/slot_map_allreduce.h"
 #include "plan/slot_map_alltoall.h"
@@ -682,7 +684,7 @@ TEST(PlanEmulation, MoeRoutingErrorsSayWhatIsWrong) {
   expect_invalid([] { make_moe_routing("uniform", 0, 10, 1); }, "world >= 1");
   expect_invalid([] { make_moe_routing("uniform", 4, -1, 1); }, "tokens per rank -1");
   expect_invalid([] { make_moe_routing("empty:1", 4, 10, 4); }, "needs world > top-k");
-  expect_invalid([] { make_moe_routing("file:/tmp/x.json", 4, 10, 1); }, "not implemented");
+  expect_invalid([] { make_moe_routing("file:/tmp/x.json", 4, 10, 1); }, "read with read_moe_routing_file");
   for (const char* bad : {"zipf", "zipf:", "zipf:-1", "zipf:x", "zipf:1.2x", "zipf:inf", "one:4", "one:", "empty:-1", "skewed", ""})
     EXPECT_THROW(make_moe_routing(bad, 4, 10, 1), flashoverlap::InvalidArgument) << bad;
 
@@ -749,4 +751,45 @@ TEST(PlanEmulation, MoeMapInputsAreValidated) {
   std::vector<float> recv(size_t(map.recv_elements())), out(size_t(r.tokens[1]) * 64);
   expect_invalid([&] { fo::combine_reference(map, fo::make_combine_table(r, 1), recv.data(), out.data()); },
                  "does not fit the map of rank 0");
+}
+
+// A recorded routing (bench --routing file:PATH) reads back as the routing it
+// records: every kind's routing written as its tokens' picks, read, equal;
+// its top-K counted; and the file's mistakes named.
+TEST(PlanEmulation, RecordedMoeRoutingsReadBackAndSayWhatIsWrong) {
+  FO_SEEDED_RNG(rng);
+  const fo_test::TempDir dir;
+  static const char* kinds[] = {"uniform", "zipf:1.2", "one:0", "empty:1"};
+  for (int trial = 0; trial < 12; ++trial) {
+    const int32_t W = int32_t(uniform(rng, 2, 6)), K = int32_t(uniform(rng, 1, W - 1));
+    const std::string kind = kinds[trial % 4];
+    const fo::MoeRouting r = fo::make_moe_routing(kind, W, uniform(rng, 0, 300), K, rng());
+    // Its picks: token t of rank s picked expert e with gate g, for each row of e.
+    nlohmann::json picks = nlohmann::json::array();
+    for (int32_t s = 0; s < W; ++s) picks.push_back(nlohmann::json(std::vector<nlohmann::json>(size_t(r.tokens[size_t(s)]), nlohmann::json::array())));
+    for (int32_t e = 0; e < W; ++e)
+      for (size_t i = 0; i < r.dest_rank[size_t(e)].size(); ++i)
+        picks[size_t(r.dest_rank[size_t(e)][i])][size_t(r.dest_token[size_t(e)][i])].push_back(
+            nlohmann::json::array({e, r.gate[size_t(e)][i]}));
+    const nlohmann::json file = {{"format", "flashoverlap.moe_routing"}, {"schema", 1}, {"world", W}, {"picks", picks}};
+    const fo::MoeRouting back = fo::read_moe_routing_file(dir.write("r.json", file.dump()));
+    SCOPED_TRACE(kind + " W=" + std::to_string(W) + " K=" + std::to_string(K));
+    EXPECT_EQ(back.tokens, r.tokens);
+    EXPECT_EQ(back.dest_rank, r.dest_rank);
+    EXPECT_EQ(back.dest_token, r.dest_token);
+    EXPECT_EQ(back.gate, r.gate);
+    EXPECT_EQ(back.send_counts, r.send_counts);
+    if (r.tokens[0] > 0) EXPECT_EQ(fo::moe_topk(back), K);
+  }
+  auto bad = [&](const std::string& text, const std::string& needle) {
+    expect_invalid([&] { fo::read_moe_routing_file(dir.write("bad.json", text)); }, needle);
+  };
+  const std::string head = R"({"format": "flashoverlap.moe_routing", "schema": 1, )";
+  bad("[1, 2]", "not a flashoverlap.moe_routing file");
+  bad(head + R"("world": 2, "picks": [[]]})", "one entry per rank (2)");
+  bad(head + R"("world": 2, "picks": [[[[2, 0.5]]], []]})", "rank 0 token 0 picks rank 2, outside [0, 2)");
+  bad(head + R"("world": 2, "picks": [[[[1, 0.5], [1, 0.5]]], []]})", "picks rank 1 twice");
+  bad(head + R"("world": 2, "picks": [[[[1]]], []]})", "a pick must be [rank, gate]");
+  bad(head + R"("world": 0, "picks": []})", "\"world\" must be an integer in [1, 1024]");
+  expect_invalid([&] { fo::read_moe_routing_file(dir.file("missing.json")); }, "missing.json");
 }
