@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "api/communicator_impl.h"
+#include "api/op_cache.h"
 #include "api/op_setup.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
@@ -77,7 +78,7 @@ struct GemmAllReduce::Impl {
   rt::OverlapCore core;  // (before the ops: they use it until they are destroyed)
   std::map<int32_t, rt::AllReducePlan> plans;                    // by m's bucket
   std::map<int64_t, rt::AllReducePlan> picks;                    // the tuning cache's, by tile rows (rank 0's)
-  std::map<int64_t, std::unique_ptr<rt::OverlapAllReduce>> ops;  // by m
+  api::OpCache<rt::OverlapAllReduce> ops;  // by m (at most api::kOpsKept not captured)
   // Owners: one window for max_m (built with the op), one op per tile rows,
   // which runs every m of them (OverlapAllReduce::run_rows).
   std::unique_ptr<rt::OwnerWindow> owner_window;
@@ -171,7 +172,7 @@ struct GemmAllReduce::Impl {
   rt::OverlapAllReduce& op_for(int64_t m, cudaStream_t stream = nullptr, bool calling = false) {
     if (m < 1 || m > max_m)
       throw InvalidArgument(who() + ": m must be in [1, max_m], not " + std::to_string(m));
-    if (auto it = ops.find(m); it != ops.end()) return *it->second;
+    if (rt::OverlapAllReduce* op = ops.find(m)) return *op;
     if (auto it = owner_ops.find(bucket_of(m)); it != owner_ops.end()) return *it->second;
     if (calling) api::refuse_planning_under_capture(stream, m, who());
     const int32_t bucket = bucket_of(m);
@@ -187,7 +188,9 @@ struct GemmAllReduce::Impl {
     o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
     o.wait_timeout_s = opts.wait_timeout_s, o.four_stages = p.four_stages, o.fuse_sum = p.fuse_sum;
     o.core = &core;
-    return *ops.emplace(m, std::make_unique<rt::OverlapAllReduce>(o)).first->second;
+    return ops.add(m, std::make_unique<rt::OverlapAllReduce>(o), [this](int64_t, rt::OverlapAllReduce& gone) {
+      forget(gone);
+    });
   }
   // The owner op of m's tile rows: planned for their most rows, run for any of them (run_rows).
   rt::OverlapAllReduce& make_owner_op(int32_t bucket, const rt::AllReducePlan& p) {
@@ -208,6 +211,14 @@ struct GemmAllReduce::Impl {
   // without synchronising): thrown by this call, before it enqueues anything.
   void check_earlier_calls() const {
     if (last && core.wait_error()->failed) last->check();
+  }
+  // An op about to go (ops' least recently used): if it ran the last call,
+  // that call is waited for and its errors thrown now (then the op stays).
+  void forget(const rt::OverlapAllReduce& gone) {
+    if (&gone != last) return;
+    core.wait_last_call();
+    check_earlier_calls();
+    last = nullptr;
   }
   void check_same_m(int64_t m, cudaStream_t stream) {
     if (check_m) api::check_same_m(comm->comm.get(), rank, m, stream, who());
@@ -350,7 +361,10 @@ void GemmAllReduce::run_registered(const void* a, const void* b, int slot, int64
   d.last = &op;
 }
 
-void GemmAllReduce::prepare(int64_t m) { (void)impl_->op_for(m); }
+void GemmAllReduce::prepare(int64_t m) {
+  (void)impl_->op_for(m);
+  impl_->ops.pin(m);  // (kept from now on: a graph will capture it)
+}
 
 std::string GemmAllReduce::plan(int64_t m) {
   Impl& d = *impl_;

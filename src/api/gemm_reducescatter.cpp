@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "api/communicator_impl.h"
+#include "api/op_cache.h"
 #include "api/op_setup.h"
 #include "kernels/reorder.h"
 #include "plan/planner.h"
@@ -45,7 +46,7 @@ struct GemmReduceScatter::Impl {
   std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles() order (max over ranks)
   rt::OverlapCore core;              // (before the ops)
   std::map<int64_t, plan::Plan> plans;  // by m (the standard layout's parts depend on m itself)
-  std::map<int64_t, std::unique_ptr<rt::OverlapReduceScatter>> ops;
+  api::OpCache<rt::OverlapReduceScatter> ops;  // by m (at most api::kOpsKept not captured)
   rt::OverlapReduceScatter* last = nullptr;
   // all_gather_rows of the sub-tile layout: per m, where each gathered row
   // goes (-1: padding), and the padded send and receive rows.
@@ -100,7 +101,7 @@ struct GemmReduceScatter::Impl {
   }
   rt::OverlapReduceScatter& op_for(int64_t m, cudaStream_t stream = nullptr, bool calling = false) {
     check_m_value(m);
-    if (auto it = ops.find(m); it != ops.end()) return *it->second;
+    if (rt::OverlapReduceScatter* op = ops.find(m)) return *op;
     if (calling) api::refuse_planning_under_capture(stream, m, who());
     auto pit = plans.find(m);
     if (pit == plans.end()) pit = plans.emplace(m, plan_for(m)).first;
@@ -112,10 +113,21 @@ struct GemmReduceScatter::Impl {
     o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
     o.wait_timeout_s = opts.wait_timeout_s;
     o.core = &core;
-    return *ops.emplace(m, std::make_unique<rt::OverlapReduceScatter>(o)).first->second;
+    return ops.add(m, std::make_unique<rt::OverlapReduceScatter>(o), [this](int64_t gone_m, rt::OverlapReduceScatter& gone) {
+      forget(gone);
+      plans.erase(gone_m);
+    });
   }
   void check_earlier_calls() const {
     if (last && core.wait_error()->failed) last->check();
+  }
+  // An op about to go (ops' least recently used): if it ran the last call,
+  // that call is waited for and its errors thrown now (then the op stays).
+  void forget(const rt::OverlapReduceScatter& gone) {
+    if (&gone != last) return;
+    core.wait_last_call();
+    check_earlier_calls();
+    last = nullptr;
   }
   // The rows of C rank r's output holds for m, in order (they depend on m,
   // the tile height and the world only).
@@ -243,6 +255,7 @@ void GemmReduceScatter::all_gather_rows(const void* local, void* full, int64_t m
 void GemmReduceScatter::prepare(int64_t m) {
   Impl& d = *impl_;
   (void)d.op_for(m);
+  d.ops.pin(m);  // (kept from now on: a graph will capture it)
   if (d.layout() == plan::RsLayout::SubTile && d.n % 8 == 0) (void)d.prepare_gather(m);  // (all_gather_rows' too)
 }
 

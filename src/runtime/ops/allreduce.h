@@ -331,6 +331,9 @@ class OverlapAllReduce {
   // Throws Error naming rank, group, counter and expected value if a wait of
   // an earlier call timed out. Call after synchronising the stream.
   void check() const;
+  // A call was captured into a CUDA graph (which then reads this op's
+  // tables and counters for as long as it lives).
+  bool captured() const { return graph_; }
 
   const plan::Schedule& schedule() const { return opts_.sched; }
   const std::vector<plan::Group>& groups() const { return opts_.groups; }

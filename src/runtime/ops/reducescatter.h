@@ -98,6 +98,9 @@ class OverlapReduceScatter {
   // Throws Error naming rank, group, counter and expected value if a wait of
   // an earlier call timed out. Call after synchronising the stream.
   void check() const;
+  // A call was captured into a CUDA graph (which then reads this op's
+  // tables and counters for as long as it lives).
+  bool captured() const { return graph_; }
 
   int64_t out_rows() const { return out_rows_; }
   // The global rows of C this rank's output holds, in order (layout).
