@@ -116,8 +116,16 @@ void validate_moe_routing(const MoeRouting& r) {
       throw InvalidArgument(at + ": dest_rank, dest_token and gate have " + std::to_string(rank.size()) + ", " +
                             std::to_string(token.size()) + " and " + std::to_string(gate.size()) +
                             " rows (must be equal)");
+    // One pass, every call of the All-to-All: the quick test of each row
+    // first, the message only on failure.
+    const int32_t* tokens = r.tokens.data();
+    bool bad = false;
     for (size_t i = 0; i < rank.size(); ++i) {
-      // (the message is made only on failure: this loop runs every call)
+      const int32_t d = rank[i];
+      bad |= uint32_t(d) >= uint32_t(W) || uint32_t(token[i]) >= uint32_t(tokens[uint32_t(d) < uint32_t(W) ? d : 0]) ||
+             !std::isfinite(gate[i]);
+    }
+    for (size_t i = 0; bad && i < rank.size(); ++i) {
       const auto row = [&] { return at + " row " + std::to_string(i); };
       if (rank[i] < 0 || rank[i] >= W)
         throw InvalidArgument(row() + ": destination rank " + std::to_string(rank[i]) + " outside [0, " + w + ")");

@@ -108,6 +108,11 @@ std::vector<Group> make_clipped_groups(const Schedule& s, const Partition& commo
 void validate_alltoall_ranks(const std::vector<Schedule>& sched_of_rank,
                              const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing) {
   validate_moe_routing(routing);
+  validate_alltoall_plan(sched_of_rank, groups_of_rank, routing);
+}
+
+void validate_alltoall_plan(const std::vector<Schedule>& sched_of_rank,
+                            const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing) {
   const int32_t W = routing.world;
   if (sched_of_rank.size() != size_t(W) || groups_of_rank.size() != size_t(W))
     throw InvalidArgument("all-to-all: " + std::to_string(sched_of_rank.size()) + " schedules and " +
@@ -260,7 +265,7 @@ AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
   const int32_t W = routing.world;
   if (W >= 1 && (rank < 0 || rank >= W))
     throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
-  validate_alltoall_ranks(sched_of_rank, groups_of_rank, routing);
+  validate_alltoall_plan(sched_of_rank, groups_of_rank, routing);  // (the routing: the caller's to validate)
   const Schedule& s = sched_of_rank[size_t(rank)];
   SlotMap spans;  // (its spans only)
   spans.op = Collective::AllToAll, spans.world = W, spans.rank = rank;
@@ -350,8 +355,7 @@ std::vector<int32_t> expand_slot_of_out(const AllToAllTables& t) {
 }
 
 CombineTable make_combine_table(const MoeRouting& routing, int32_t rank) {
-  validate_moe_routing(routing);
-  const int32_t W = routing.world;
+  const int32_t W = routing.world;  // (the routing: the caller's to validate)
   if (rank < 0 || rank >= W)
     throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
   CombineTable t;

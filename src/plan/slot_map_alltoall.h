@@ -93,6 +93,10 @@ std::vector<Group> make_clipped_groups(const Schedule& s, const Partition& commo
 // of group_spanning.
 void validate_alltoall_ranks(const std::vector<Schedule>& sched_of_rank,
                              const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing);
+// The same without validate_moe_routing (for a routing validated already:
+// the per-call path validates it once, O(rows of every rank)).
+void validate_alltoall_plan(const std::vector<Schedule>& sched_of_rank,
+                            const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing);
 
 // The map of `rank` (layout as at the top of this file, with each source's own
 // schedule and groups): send side, group g of this rank's rows by
@@ -124,6 +128,7 @@ struct AllToAllTables {
   std::vector<int32_t> rtab, rkey;
   int32_t tiles() const { return int32_t(tm_of.size()); }
 };
+// The routing must be valid (validate_moe_routing: not checked again here).
 AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
                                     const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
                                     int32_t rank);
@@ -146,6 +151,7 @@ struct CombineTable {
   int64_t rows() const { return int64_t(token.size()); }
 };
 
+// The routing must be valid (validate_moe_routing: not checked again here).
 CombineTable make_combine_table(const MoeRouting& routing, int32_t rank);
 
 // Reference combine, fused into the post-reorder (what the combine kernel

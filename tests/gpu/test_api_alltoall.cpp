@@ -147,6 +147,14 @@ TEST(GemmAllToAllApi, BadRoutingsAreRefusedOnEveryRank) {
       local.r.tokens = max_tokens + 1;
       EXPECT_THROW(op.run(a.get(), b.get(), local.r, out.get(), nullptr), InvalidArgument);
     }
+    // A bad ld_out or a null output on one rank: refused on every rank.
+    {
+      const Local local(routing, rank);
+      EXPECT_THROW(op.run(a.get(), b.get(), local.r, out.get(), nullptr, true, rank == 0 ? n - 1 : 0), InvalidArgument);
+      EXPECT_THROW(op.run(a.get(), b.get(), local.r, rank == 0 ? nullptr : out.get(), nullptr), InvalidArgument);
+      if (world > 1)  // ranks that disagree on combining
+        EXPECT_THROW(op.run(a.get(), b.get(), local.r, out.get(), nullptr, rank == 0), InvalidArgument);
+    }
     // The op still runs a good routing after refusals.
     const Local good(routing, rank);
     op.run(a.get(), b.get(), good.r, out.get(), nullptr);
