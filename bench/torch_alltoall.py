@@ -20,6 +20,10 @@ Variants, one CSV row each:
                     out = zeros(T, N).index_add_(0, token_idx, rows * gate[:, None]),
                     all in bf16 as typical MoE code does it
   torch-unweighted  the same without the combine (F.linear + all_to_all_single)
+  flashoverlap-torch flashoverlap.torch.GemmAllToAll (path auto), the library as
+                    a user calls it: each call exchanges the ranks' routings,
+                    plans, and runs (where the package imports; checked against
+                    torch-sequential within bf16's bound)
 torch-sequential's output is checked once per shape against a float64 CPU
 reference on rank 0 (a few tokens and columns, from the experts' own A and B
 rows). Timing: per run one call between CUDA events, the median of --runs runs
@@ -112,6 +116,41 @@ def make_variants(a, b, send, recv, token_idx, gate_rows, tokens):
         return out
 
     return {"torch-sequential": sequential, "torch-unweighted": unweighted}
+
+
+def expert_rows(dest, gate, e):
+    """Expert e's rows as the dispatch delivered them (by source rank, then
+    token, then k slot): each one's destination (its source), token and gate."""
+    W, T, K = dest.shape
+    ranks, tokens, gates = [], [], []
+    for s in range(W):
+        idx = (dest[s].reshape(-1) == e).nonzero().flatten()
+        ranks.append(torch.full((idx.numel(),), s, dtype=torch.int32))
+        tokens.append((idx // K).to(torch.int32))
+        gates.append(gate[s].reshape(-1)[idx].to(torch.float32))
+    return torch.cat(ranks), torch.cat(tokens), torch.cat(gates)
+
+
+def flashoverlap_variant(a, b, dest, gate, send, recv, tokens, max_rows):
+    """The binding's GemmAllToAll, or None (with the reason) where the package is not importable."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+    why = None
+    try:
+        import flashoverlap.torch as fo
+    except Exception as e:  # (not installed, no library: the torch rows still count)
+        why = f"flashoverlap not importable ({type(e).__name__}: {e})"
+    if slowest(float(why is not None), a.device):  # (every rank runs it, or none: its calls are collective)
+        return None, why or "not importable on another rank"
+    rank = dist.get_rank()
+    W, T, K = dest.shape
+    op = fo.GemmAllToAll(None, max_rows=max(max_rows, 1), max_tokens=max(tokens, 1), topk=K, n=b.shape[0],
+                         k=b.shape[1], dtype=torch.bfloat16)
+    d_rank, d_token, d_gate = expert_rows(dest, gate, rank)
+
+    def call():
+        return op(a, b, d_rank, d_token, d_gate, send, recv, tokens=tokens)
+
+    return call, None
 
 
 def check_combine(out, a, b, dest, gate, rank, ntok=8, ncol=64):
@@ -230,7 +269,20 @@ def main():
         a = torch.rand(int(m_rows[rank]), k, device=device, dtype=torch.bfloat16, generator=g) * 2 - 1
         b = torch.rand(n, k, device=device, dtype=torch.bfloat16, generator=g) * 2 - 1
         variants = make_variants(a, b, send, recv, token_idx, gate_rows, args.tokens)
-        checked = check_combine(variants["torch-sequential"](), a, b, dest, gate, rank)
+        ref = variants["torch-sequential"]()
+        checked = check_combine(ref, a, b, dest, gate, rank)
+        fo_call, why = flashoverlap_variant(a, b, dest, gate, send, recv, args.tokens, int(m_rows.max()))
+        if fo_call is None:
+            log(f"N={n} K={k}: flashoverlap-torch skipped: {why}")
+        else:
+            got = fo_call()
+            # torch's combine rounds each product and sum to bf16, ours once from fp32: bf16's bound on the terms.
+            scale = ref.float().abs().max().item() + 1e-6
+            err = (got.float() - ref.float()).abs().max().item()
+            bad = slowest(float(err > 2.0 ** -5 * scale * max(args.topk, 1)), device)
+            log(f"N={n} K={k}: flashoverlap-torch vs torch-sequential max abs error {err:.3g} (of {scale:.3g}): "
+                f"{'ok' if not bad else 'BEYOND THE BOUND'}")
+            variants["flashoverlap-torch"] = fo_call
         if rank == 0:
             err, rel, bad = checked
             log(f"N={n} K={k}: combine vs float64 max abs error {err:.3g} (relative {rel:.3g}): "
