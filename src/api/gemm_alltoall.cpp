@@ -7,6 +7,7 @@
 // every rank, naming the rank), the plan made from the model for each tile
 // shape (plan/moe_plan.h), and the runtime op of the faster tile run.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -25,8 +26,10 @@ namespace {
 // max_rows entries each).
 struct RecordHeader {
   int64_t rows = 0, tokens = 0;
-  int64_t problem = 0;  // nonzero: this rank's input failed its own checks (the text is on that rank)
+  int64_t problem = 0;  // nonzero: this rank's input failed its own checks (the text is on that rank); 2: an
+                        // earlier call's wait timed out here
   int64_t combine = 0;  // the receivers weight the rows by the senders' gates: every rank must agree
+  int64_t call = 0;     // this op's calls so far on this rank: the same on every rank, or they are out of step
 };
 
 // What a call passes besides the routing (checked with it, on every rank at once).
@@ -61,7 +64,9 @@ struct GemmAllToAll::Impl {
            std::to_string(topk) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ")";
   }
   size_t header_bytes() const { return sizeof(RecordHeader) + size_t(world) * 8 * 2; }
-  size_t record_bytes() const { return header_bytes() + size_t(max_rows) * 12; }
+  size_t record_bytes() const { return (header_bytes() + size_t(max_rows) * 12 + 7) / 8 * 8; }  // (int64s aligned)
+  int64_t calls = 0;     // made on this rank (RecordHeader::call)
+  bool out_of_step = false;  // an exchange found the ranks at different calls: every later call throws
 
   // This rank's own checks ("" if none fail): what it can see alone.
   std::string problem_of(const AllToAllRouting& r, const CallArgs& c) const {
@@ -94,13 +99,20 @@ struct GemmAllToAll::Impl {
       return std::to_string(received) + " rows to receive, more than max_tokens * topk = " +
              std::to_string(max_tokens * topk);
     if (r.rows > 0 && (!c.a || !c.b)) return "a and b must not be null with rows";
+    if (r.rows > 0 && ((reinterpret_cast<uintptr_t>(c.a) | reinterpret_cast<uintptr_t>(c.b)) % 16 != 0))
+      return "a and b must be 16-byte aligned";
     if (!c.out && (combine ? r.tokens : received) > 0) return "null output";
     return "";
   }
 
   // Exchanges the routing; fills `routing` (every rank's) or throws on every rank.
   void gather_routing(const AllToAllRouting& r, const CallArgs& call) {
-    const std::string mine = problem_of(r, call);
+    if (out_of_step)
+      throw Error(who() + ": an earlier call found the ranks out of step (a rank failed alone); build the op anew");
+    // An earlier call's wait that timed out here goes into the record, so
+    // that every rank stops at this call rather than this rank alone.
+    const bool failed_here = last && core.wait_error()->failed;
+    const std::string mine = failed_here ? "an earlier call's wait timed out" : problem_of(r, call);
     std::vector<uint8_t> local;
     uint8_t* rec = nullptr;
     if (exchange) {
@@ -109,7 +121,8 @@ struct GemmAllToAll::Impl {
       local.resize(record_bytes());
       rec = local.data();
     }
-    RecordHeader h{mine.empty() ? r.rows : 0, mine.empty() ? r.tokens : 0, mine.empty() ? 0 : 1, call.combine};
+    RecordHeader h{mine.empty() ? r.rows : 0, mine.empty() ? r.tokens : 0, mine.empty() ? 0 : failed_here ? 2 : 1,
+                   call.combine, ++calls};
     std::memcpy(rec, &h, sizeof h);
     int64_t* counts = reinterpret_cast<int64_t*>(rec + sizeof h);
     for (int d = 0; d < world; ++d) {
@@ -133,6 +146,12 @@ struct GemmAllToAll::Impl {
       const uint8_t* x = all + size_t(s) * record_bytes();
       RecordHeader hs;
       std::memcpy(&hs, x, sizeof hs);
+      if (hs.call != h.call) {
+        out_of_step = true;
+        throw Error(who() + ": rank " + std::to_string(s) + " is at its call " + std::to_string(hs.call) +
+                    " of this op, this rank at " + std::to_string(h.call) +
+                    " (a rank failed alone earlier); build the op anew");
+      }
       if (hs.problem) bad += (bad.empty() ? "" : ", ") + std::to_string(s);
       if (hs.combine != int64_t(call.combine) && !hs.problem && mine.empty())
         throw InvalidArgument(who() + ": rank " + std::to_string(s) + " passed combine = " +
@@ -148,8 +167,9 @@ struct GemmAllToAll::Impl {
       const int64_t* c = reinterpret_cast<const int64_t*>(x + sizeof hs);
       routing.send_counts.insert(routing.send_counts.end(), c, c + world);
     }
+    if (failed_here) last->check();  // (throws this rank's timeout, with its group and counter)
     if (!bad.empty())
-      throw InvalidArgument(who() + ": the routing of rank(s) " + bad + " failed their checks" +
+      throw InvalidArgument(who() + ": the call of rank(s) " + bad + " failed their checks" +
                             (mine.empty() ? std::string(" (their own errors say why)") : ": here " + mine));
     // What only the ranks together can check: each rank's recv_counts
     // against its sources' send_counts, and the tokens at the destinations.
@@ -205,9 +225,6 @@ struct GemmAllToAll::Impl {
     }
     return *ops[tile];
   }
-  void check_earlier_calls() const {
-    if (last && core.wait_error()->failed) last->check();
-  }
 };
 
 GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t max_tokens, int topk, int64_t n,
@@ -227,6 +244,16 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
                           "] (each token picks distinct ranks, one expert each)");
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
+  // Every rank plans every call alike from the exchanged routing: also from the same SMs and options.
+  struct Agreed {
+    int32_t sms, nccl_sms, path;
+    bool operator==(const Agreed&) const = default;
+  };
+  const Agreed here{d.sms, options.nccl_sms, int32_t(options.path)};
+  for (const Agreed& x : rt::gather_from_all(comm.get(), d.rank, here, d.who() + ": the ranks' options"))
+    if (!(x == here))
+      throw InvalidArgument(d.who() + ": the ranks differ in SMs (" + std::to_string(x.sms) + " against " +
+                            std::to_string(here.sms) + "), nccl_sms or path: every rank needs the same to plan alike");
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
   if (d.world > 1) {
     d.exchange_comm = comm.impl_->comm.split({0, 2, 1, -1});  // the routing's own: ordered after nothing of the op's
@@ -247,7 +274,6 @@ GemmAllToAll& GemmAllToAll::operator=(GemmAllToAll&&) noexcept = default;
 void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& routing, void* out, cudaStream_t stream,
                        bool combine, int64_t ld_out, int32_t* tokens_out) {
   Impl& d = *impl_;
-  d.check_earlier_calls();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone)

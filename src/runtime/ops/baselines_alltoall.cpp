@@ -19,9 +19,10 @@ MoeCombineBaseline::MoeCombineBaseline(const plan::MoeRouting& routing, int rank
   if (n % 8 != 0) throw InvalidArgument("the MoE combine baseline needs n % 8 == 0, not n = " + std::to_string(n));
   const auto& dest = routing.dest_rank[size_t(rank)];
   rows_ = int64_t(dest.size());
-  if (!std::is_sorted(dest.begin(), dest.end()))
-    throw InvalidArgument("the MoE combine baseline needs rank " + std::to_string(rank) +
-                          "'s rows by destination (dispatch order)");
+  for (int r = 0; r < routing.world; ++r)  // (every rank's: the same verdict everywhere)
+    if (!std::is_sorted(routing.dest_rank[size_t(r)].begin(), routing.dest_rank[size_t(r)].end()))
+      throw InvalidArgument("the MoE combine baseline needs every rank's rows by destination (the dispatch's "
+                            "order); rank " + std::to_string(r) + "'s are not");
   block_of_.assign(size_t(world_) + 1, 0);
   from_.assign(size_t(world_) + 1, 0);
   src_block_at_.assign(size_t(world_), 0);
