@@ -1265,11 +1265,11 @@ static void a2a_part(fo_comm_t comm) {
   /* NULL buffers, a bad ld_out, and routings that do not add up: the C++ API's refusals */
   a2a_routing(&r, 100, 120, send, recv);
   EXPECT_INVALID(fo_gemm_alltoall_run(op, NULL, (const void*)g.db, &r, (void*)g.dout, 0, 1, NULL, g.stream),
-                 "fo_gemm_alltoall_run", "a is NULL");
+                 "fo_gemm_alltoall_run", "a and b must not be null with rows");
   EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, NULL, &r, (void*)g.dout, 0, 1, NULL, g.stream),
-                 "fo_gemm_alltoall_run", "b is NULL");
+                 "fo_gemm_alltoall_run", "a and b must not be null with rows");
   EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, NULL, 0, 1, NULL, g.stream),
-                 "fo_gemm_alltoall_run", "out is NULL");
+                 "fo_gemm_alltoall_run", "null output");
   EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, NULL, 0, 0, NULL, g.stream),
                  "fo_gemm_alltoall_run", "null output");
   EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &r, (void*)g.dout, 5, 1, NULL,

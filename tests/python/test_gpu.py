@@ -1372,7 +1372,7 @@ class AllToAllBadInput(Case):
         if RANK == 0:
             bad[0] += 1
         e = self._last_message(op, x, w, dr, dt, g, bad, recv, tokens)  # (collective: every rank refuses it)
-        self.assertRegex(str(e), r"^fo_gemm_alltoall_run: GemmAllToAll \(rank .*: the routing of rank\(s\) 0 failed "
+        self.assertRegex(str(e), r"^fo_gemm_alltoall_run: GemmAllToAll \(rank .*: the call of rank\(s\) 0 failed "
                                  r"their checks")
         if RANK == 0:
             self.assertIn(f"here send_counts[0] = {bad[0]} but {send[0]} rows go to rank 0", str(e))
