@@ -129,8 +129,22 @@ plan::MoeRouting random_routing(int32_t world, std::mt19937_64& rng, std::string
   const int64_t tokens = pick == 0 ? 0 : pick == 1 ? 1 + int64_t(rng() % 3) : int64_t(rng() % 801);
   const uint64_t rs = rng();
   plan::MoeRouting r = plan::make_moe_routing(kind, world, tokens, topk, rs);
-  name = kind + ", world " + std::to_string(world) + ", top-" + std::to_string(topk) + ", " + std::to_string(tokens) +
-         " tokens a rank (rows " + rows_of(r) + ")";
+  // A third of them with every expert's rows shuffled: destinations not in
+  // blocks (the slots make them contiguous per group; no direct sequential call).
+  const bool shuffled = rng() % 3 == 0;
+  if (shuffled)
+    for (int32_t e = 0; e < world; ++e) {
+      std::vector<size_t> perm(r.dest_rank[size_t(e)].size());
+      for (size_t i = 0; i < perm.size(); ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      auto permute = [&](auto& v) {
+        auto old = v;
+        for (size_t i = 0; i < perm.size(); ++i) v[i] = old[perm[i]];
+      };
+      permute(r.dest_rank[size_t(e)]), permute(r.dest_token[size_t(e)]), permute(r.gate[size_t(e)]);
+    }
+  name = kind + (shuffled ? " (rows shuffled)" : "") + ", world " + std::to_string(world) + ", top-" +
+         std::to_string(topk) + ", " + std::to_string(tokens) + " tokens a rank (rows " + rows_of(r) + ")";
   return r;
 }
 
