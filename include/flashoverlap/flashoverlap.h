@@ -273,6 +273,10 @@ struct GemmAllToAllOptions {
   Path path = Path::Auto;
   int nccl_sms = 8;              // SMs left to NCCL beside the GEMM (its communicator bounded to them)
   double wait_timeout_s = 30.0;  // as GemmAllReduceOptions
+  // Every call's routing exchange waits this long for the other ranks, then
+  // fails (a rank that failed alone, or never called): the op is then out
+  // of step with the others, and is built anew.
+  double exchange_timeout_s = 120.0;
 };
 
 // One call's routing on this rank, in host memory: what the MoE dispatch

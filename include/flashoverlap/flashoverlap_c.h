@@ -182,6 +182,7 @@ typedef struct fo_gemm_alltoall_options {
                             others are no All-to-All path: FO_INVALID_ARGUMENT) */
   int32_t nccl_sms;      /* SMs left to NCCL beside the GEMM; default 8 */
   double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
+  double exchange_timeout_s; /* a call's routing exchange waits this long for the other ranks; default 120 */
 } fo_gemm_alltoall_options;
 
 /* AllToAllRouting: one call's routing on this rank, in host memory (what

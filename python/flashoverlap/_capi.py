@@ -81,17 +81,18 @@ assert ctypes.sizeof(RsOptions) == 32 and RsOptions.layout.offset == 28, "fo_gem
 
 
 class A2aOptions(ctypes.Structure):
-    """fo_gemm_alltoall_options (24 bytes; c_api.cpp asserts the offsets)."""
+    """fo_gemm_alltoall_options (32 bytes; c_api.cpp asserts the offsets)."""
 
     _fields_ = [
         ("struct_size", c_size_t),
         ("path", c_int32),
         ("nccl_sms", c_int32),
         ("wait_timeout_s", c_double),
+        ("exchange_timeout_s", c_double),
     ]
 
 
-assert ctypes.sizeof(A2aOptions) == 24 and A2aOptions.wait_timeout_s.offset == 16, "fo_gemm_alltoall_options layout"
+assert ctypes.sizeof(A2aOptions) == 32 and A2aOptions.exchange_timeout_s.offset == 24, "fo_gemm_alltoall_options layout"
 
 
 class Routing(ctypes.Structure):
@@ -459,7 +460,7 @@ def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_tim
     return o
 
 
-def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None):
+def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None):
     """fo_gemm_alltoall_options: the library's defaults, then what is given."""
     o = A2aOptions()
     lib.c.fo_gemm_alltoall_options_default(byref(o), ctypes.sizeof(o))
@@ -470,6 +471,8 @@ def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None):
         o.nccl_sms = int(nccl_sms)
     if wait_timeout_s is not None:
         o.wait_timeout_s = float(wait_timeout_s)
+    if exchange_timeout_s is not None:
+        o.exchange_timeout_s = float(exchange_timeout_s)
     return o
 
 
@@ -651,9 +654,9 @@ class GemmAllToAll(_GemmBase):
     _kind = "alltoall"
 
     def __init__(self, comm, max_rows, max_tokens, topk, n, k, dtype, *, path="auto", nccl_sms=None,
-                 wait_timeout_s=None):
+                 wait_timeout_s=None, exchange_timeout_s=None):
         lib = _lib()
-        opts = make_a2a_options(lib, path, nccl_sms, wait_timeout_s)
+        opts = make_a2a_options(lib, path, nccl_sms, wait_timeout_s, exchange_timeout_s)
         code = dtype_code(dtype)
         out = c_void_p()
         lib.c.fo_gemm_alltoall_create(comm.handle, max_rows, max_tokens, topk, n, k, code, byref(opts), byref(out))

@@ -980,15 +980,16 @@ class GemmAllToAll(_OpBase):
     rows are summed, weighted by their gates.
 
     GemmAllToAll(group, max_rows, max_tokens, topk, n, k, dtype, *, device=None, comm="bootstrap",
-                 path="auto", nccl_sms=None, wait_timeout_s=None)
+                 path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None)
 
     group, n, k, dtype, device, comm: as GemmAllReduce's (collective alike:
     every rank builds it with the same arguments). max_rows: the most rows of
     x on any rank in a call; max_tokens: the most tokens of any rank; topk:
     the ranks each token picks (1 <= topk <= world; a rank receives at most
     max_tokens * topk rows). path: "auto" | "sequential" | "slots"; nccl_sms
-    (None: the library's default, 8), wait_timeout_s: GemmAllToAllOptions
-    (flashoverlap.h).
+    (None: the library's default, 8), wait_timeout_s, exchange_timeout_s
+    (None: 120 s, the wait of each call's routing exchange for the other
+    ranks): GemmAllToAllOptions (flashoverlap.h).
 
     Every call is collective, and synchronises the host: the ranks' routings
     are exchanged (the host waits for that exchange) and the call planned on
@@ -998,7 +999,7 @@ class GemmAllToAll(_OpBase):
     """
 
     def __init__(self, group, max_rows, max_tokens, topk, n, k, dtype, *, device=None, comm="bootstrap", path="auto",
-                 nccl_sms=None, wait_timeout_s=None):
+                 nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None):
         who = "GemmAllToAll"
         torch = require_torch()
         for name, v in (("max_rows", max_rows), ("max_tokens", max_tokens), ("topk", topk), ("n", n), ("k", k)):
@@ -1020,7 +1021,8 @@ class GemmAllToAll(_OpBase):
         communicator = self._connect(torch, comm, who)
         with torch.cuda.device(self.device):
             self._op = _capi.GemmAllToAll(communicator, max_rows, max_tokens, topk, n, k, code, path=path,
-                                          nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s)
+                                          nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s,
+                                          exchange_timeout_s=exchange_timeout_s)
         self._publish()
 
     def __repr__(self):

@@ -57,7 +57,8 @@ static_assert(offsetof(fo_gemm_reducescatter_options, struct_size) == 0 &&
               offsetof(fo_gemm_reducescatter_options, layout) == 28 && sizeof(fo_gemm_reducescatter_options) == 32);
 static_assert(offsetof(fo_gemm_alltoall_options, struct_size) == 0 && offsetof(fo_gemm_alltoall_options, path) == 8 &&
               offsetof(fo_gemm_alltoall_options, nccl_sms) == 12 &&
-              offsetof(fo_gemm_alltoall_options, wait_timeout_s) == 16 && sizeof(fo_gemm_alltoall_options) == 24);
+              offsetof(fo_gemm_alltoall_options, wait_timeout_s) == 16 &&
+              offsetof(fo_gemm_alltoall_options, exchange_timeout_s) == 24 && sizeof(fo_gemm_alltoall_options) == 32);
 static_assert(offsetof(fo_alltoall_routing, struct_size) == 0 && offsetof(fo_alltoall_routing, rows) == 8 &&
               offsetof(fo_alltoall_routing, dest_rank) == 16 && offsetof(fo_alltoall_routing, dest_token) == 24 &&
               offsetof(fo_alltoall_routing, gate) == 32 && offsetof(fo_alltoall_routing, tokens) == 40 &&
@@ -323,6 +324,7 @@ flashoverlap::GemmAllToAllOptions to_a2a_options(const fo_gemm_alltoall_options*
   r.path = to_slots_path<A2aPath>(o->path, "GemmAllToAll");
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;
+  r.exchange_timeout_s = o->exchange_timeout_s;
   return r;
 }
 
@@ -702,6 +704,7 @@ fo_status fo_gemm_alltoall_options_default(fo_gemm_alltoall_options* options, si
     d.path = from_slots_path(defaults.path);
     d.nccl_sms = defaults.nccl_sms;
     d.wait_timeout_s = defaults.wait_timeout_s;
+    d.exchange_timeout_s = defaults.exchange_timeout_s;
     write_options(options, d, struct_size);
   });
 }

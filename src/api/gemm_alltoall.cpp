@@ -7,6 +7,7 @@
 // every rank, naming the rank), the plan made from the model for each tile
 // shape (plan/moe_plan.h), and the runtime op of the faster tile run.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -137,7 +138,10 @@ struct GemmAllToAll::Impl {
       if (r.gate) std::memcpy(body + size_t(max_rows) * 8, r.gate, rows * 4);
       else std::memset(body + size_t(max_rows) * 8, 0, rows * 4);
     }
-    const uint8_t* all = exchange ? exchange->gather(who() + ": the routing exchange") : rec;
+    const uint8_t* all =
+        exchange ? exchange->gather(who() + ": the routing exchange",
+                                    std::chrono::milliseconds(int64_t(opts.exchange_timeout_s * 1000)))
+                 : rec;
 
     std::string bad;
     routing = plan::MoeRouting{};
@@ -244,6 +248,8 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
                           "] (each token picks distinct ranks, one expert each)");
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
+  if (!(options.exchange_timeout_s > 0 && options.exchange_timeout_s <= 7 * 24 * 3600.0))
+    throw InvalidArgument(d.who() + ": exchange_timeout_s must be > 0 and at most a week");
   // Every rank plans every call alike from the exchanged routing: also from the same SMs and options.
   struct Agreed {
     int32_t sms, nccl_sms, path;

@@ -119,7 +119,7 @@ static void test_version(void) {
             offsetof(fo_gemm_reducescatter_options, check_m) == offsetof(fo_gemm_allreduce_options, check_m) &&
             offsetof(fo_gemm_reducescatter_options, layout) == 28,
         "fo_gemm_reducescatter_options' offsets");
-  CHECK(sizeof(fo_gemm_alltoall_options) == 24, "sizeof(fo_gemm_alltoall_options) = %zu",
+  CHECK(sizeof(fo_gemm_alltoall_options) == 32, "sizeof(fo_gemm_alltoall_options) = %zu",
         sizeof(fo_gemm_alltoall_options));
   CHECK(offsetof(fo_gemm_alltoall_options, path) == offsetof(fo_gemm_allreduce_options, path) &&
             offsetof(fo_gemm_alltoall_options, nccl_sms) == offsetof(fo_gemm_allreduce_options, nccl_sms) &&
@@ -308,12 +308,13 @@ static void test_a2a_options(void) {
   CHECK(o.path == FO_PATH_AUTO, "path = %d", (int)o.path);
   CHECK(o.nccl_sms == 8, "nccl_sms = %d", (int)o.nccl_sms);
   CHECK(o.wait_timeout_s == 30.0, "wait_timeout_s = %g", o.wait_timeout_s);
+  CHECK(o.exchange_timeout_s == 120.0, "exchange_timeout_s = %g", o.exchange_timeout_s);
 
   EXPECT_INVALID(fo_gemm_alltoall_options_default(NULL, sizeof o), "fo_gemm_alltoall_options_default",
                  "options is NULL");
   EXPECT_INVALID(fo_gemm_alltoall_options_default(&o, 8), "fo_gemm_alltoall_options_default",
-                 "struct_size = 8 is below 24 (pass sizeof *options)");
-  EXPECT_INVALID(fo_gemm_alltoall_options_default(&o, 23), "fo_gemm_alltoall_options_default", "struct_size = 23");
+                 "struct_size = 8 is below 32 (pass sizeof *options)");
+  EXPECT_INVALID(fo_gemm_alltoall_options_default(&o, 31), "fo_gemm_alltoall_options_default", "struct_size = 31");
   CHECK(o.struct_size == sizeof o && o.nccl_sms == 8, "a refused default wrote the options");
 
   EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
@@ -334,12 +335,12 @@ static void test_a2a_options(void) {
     l.added = 1;
     EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &l.o, &op),
                    "fo_gemm_alltoall_create",
-                   "options->struct_size = 32: the options set fields that this library (flashoverlap");
-    CHECK(strstr(fo_last_error(), "options of 24 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
+                   "options->struct_size = 40: the options set fields that this library (flashoverlap");
+    CHECK(strstr(fo_last_error(), "options of 32 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
   }
   o.struct_size = 16;
   EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
-                 "options->struct_size = 16 is below 24 (fill the options with "
+                 "options->struct_size = 16 is below 32 (fill the options with "
                  "fo_gemm_alltoall_options_default(&o, sizeof o) first)");
 
   /* the paths: AUTO, SEQUENTIAL, SLOTS; the AllReduce's others refused by name */

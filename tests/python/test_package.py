@@ -478,7 +478,8 @@ class CApi(unittest.TestCase):
 
     def test_alltoall_structs(self):
         # (the fields fo_gemm_alltoall_options shares with fo_gemm_allreduce_options at its offsets)
-        self.assertEqual(ctypes.sizeof(_capi.A2aOptions), 24)
+        self.assertEqual(ctypes.sizeof(_capi.A2aOptions), 32)
+        self.assertEqual(_capi.A2aOptions.exchange_timeout_s.offset, 24)
         for name in ("struct_size", "path", "nccl_sms", "wait_timeout_s"):
             self.assertEqual(getattr(_capi.A2aOptions, name).offset, getattr(_capi.Options, name).offset, name)
         self.assertEqual(ctypes.sizeof(_capi.Routing), 64)
@@ -490,17 +491,18 @@ class CApi(unittest.TestCase):
 
     def test_alltoall_options(self):
         o = _capi.make_a2a_options(self.lib)
-        self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s), (24, 0, 8, 30.0))
-        o = _capi.make_a2a_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5)
-        self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s), (3, 16, 5.0))
+        self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s),
+                         (32, 0, 8, 30.0, 120.0))
+        o = _capi.make_a2a_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5, exchange_timeout_s=600)
+        self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s), (3, 16, 5.0, 600.0))
         self.assertEqual(_capi.make_a2a_options(self.lib, "sequential").path, 1)
         for bad in ("row_bands", "owners", "rows"):
             with self.assertRaisesRegex(InvalidArgument, f"path = '{bad}': one of 'auto', 'sequential', 'slots' "
                                                          r"\(GemmAllToAll's\)"):
                 _capi.make_a2a_options(self.lib, bad)
-        for size in (8, 23):
+        for size in (8, 31):
             with self.assertRaisesRegex(InvalidArgument, f"^fo_gemm_alltoall_options_default: struct_size = {size} "
-                                        "is below 24 \\(pass sizeof \\*options\\)$"):
+                                        "is below 32 \\(pass sizeof \\*options\\)$"):
                 self.c.fo_gemm_alltoall_options_default(ctypes.byref(_capi.A2aOptions()), size)
 
     def test_alltoall_values_are_checked_before_the_handle(self):
@@ -514,7 +516,7 @@ class CApi(unittest.TestCase):
                         r"path \(FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3\)$"),
             ("path", 4, r"options->path = 4 \(FO_PATH_OWNERS\) is not a GemmAllToAll path"),
             ("path", 9, r"options->path = 9 is not an fo_path of GemmAllToAll"),
-            ("struct_size", 16, r"options->struct_size = 16 is below 24 \(fill the options with "
+            ("struct_size", 16, r"options->struct_size = 16 is below 32 \(fill the options with "
                                 r"fo_gemm_alltoall_options_default\(&o, sizeof o\) first\)"),
         )
         for field, value, message in cases:
@@ -538,13 +540,13 @@ class CApi(unittest.TestCase):
         ctypes.memset(ctypes.byref(later), 0xab, ctypes.sizeof(later))
         p = ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.A2aOptions))
         self.c.fo_gemm_alltoall_options_default(p, ctypes.sizeof(later))
-        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.path, later.added), (32, 8, 0, 0))
+        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.path, later.added), (40, 8, 0, 0))
         h = ctypes.c_void_p()
         with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
             self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, p, ctypes.byref(h))
         later.added = 1
-        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 32: the options set fields that this "
-                                    r"library \(flashoverlap [0-9.]+, options of 24 bytes\) does not know"):
+        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 40: the options set fields that this "
+                                    r"library \(flashoverlap [0-9.]+, options of 32 bytes\) does not know"):
             self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, p, ctypes.byref(h))
 
     def test_make_routing(self):
