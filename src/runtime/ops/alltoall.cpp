@@ -9,6 +9,7 @@
 #include "kernels/alltoall_tables.h"
 #include "kernels/reorder.h"
 #include "runtime/core/checks.h"
+#include "runtime/transport/send_recv.h"
 
 namespace flashoverlap::rt {
 namespace {
@@ -136,26 +137,9 @@ void OverlapAllToAll::move(const A2aGroupCall& c) {
   }
   const bool last = c.group < 0 || size_t(c.group) + 1 == calls_.size();
   const ncclComm_t comm = last && opts_.tail_comm ? opts_.tail_comm : opts_.comm;
-  const std::string ctx =
-      "rank " + std::to_string(rank_) + (c.group < 0 ? " sequential all-to-all" : " group " + std::to_string(c.group));
-  const char* send = static_cast<const char*>(c.send);
-  char* recv = static_cast<char*>(c.recv);
-  const ncclDataType_t type = nccl_type(opts_.dtype);
-  // This rank's own rows by a copy; the peers' in one NCCL group.
-  const plan::Span& self_in = (*c.recv_from)[size_t(rank_)];
-  if (self_in.count)
-    FO_CUDA_CHECK(cudaMemcpyAsync(recv + self_in.offset * 2, send + (*c.send_to)[size_t(rank_)].offset * 2,
-                                  size_t(self_in.count) * 2, cudaMemcpyDeviceToDevice, c.stream));
-  if (world_ == 1) return;
-  FO_NCCL_CHECK_CTX(ncclGroupStart(), ctx);
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
-    const plan::Span& to = (*c.send_to)[size_t(p)];
-    const plan::Span& from = (*c.recv_from)[size_t(p)];
-    if (to.count) FO_NCCL_CHECK_CTX(ncclSend(send + to.offset * 2, size_t(to.count), type, p, comm, c.stream), ctx);
-    if (from.count) FO_NCCL_CHECK_CTX(ncclRecv(recv + from.offset * 2, size_t(from.count), type, p, comm, c.stream), ctx);
-  }
-  FO_NCCL_CHECK_CTX(ncclGroupEnd(), ctx);
+  send_recv_spans(c.send, c.recv, *c.send_to, *c.recv_from, opts_.dtype, comm, rank_, /*self_by_copy=*/true, c.stream,
+                  "rank " + std::to_string(rank_) +
+                      (c.group < 0 ? " sequential all-to-all" : " group " + std::to_string(c.group)));
 }
 
 void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, void* out, int64_t ld_out,

@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <numeric>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "flashoverlap/error.h"
 #include "kernels/reorder.h"
 #include "plan/slot_map_alltoall.h"
 #include "runtime/core/checks.h"
+#include "runtime/transport/send_recv.h"
 
 namespace flashoverlap::rt {
 
@@ -44,29 +47,24 @@ MoeCombineBaseline::MoeCombineBaseline(const plan::MoeRouting& routing, int rank
 }
 
 void MoeCombineBaseline::exchange(const void* y, void* recv, int chunk, int chunks, cudaStream_t stream) const {
-  const ncclDataType_t type = nccl_type(dtype_);
-  const size_t row = size_t(n_) * 2;
-  const std::string ctx = "the MoE combine baseline's all-to-all (rank " + std::to_string(rank_) + ")";
   auto range = [&](int64_t m) { return std::pair<int64_t, int64_t>{m * chunk / chunks, m * (chunk + 1) / chunks}; };
-  FO_NCCL_CHECK_CTX(ncclGroupStart(), ctx);
+  // Spans in elements: this rank's rows of the chunk in each destination's
+  // block; from each source, its chunk's rows of its block for this rank.
+  std::vector<plan::Span> send_to, recv_from;
   const auto [r0, r1] = range(rows_);
   for (int d = 0; d < world_; ++d) {
     const int64_t lo = std::max(r0, block_of_[size_t(d)]), hi = std::min(r1, block_of_[size_t(d) + 1]);
-    if (hi > lo)
-      FO_NCCL_CHECK_CTX(ncclSend(static_cast<const char*>(y) + size_t(lo) * row, size_t(hi - lo) * size_t(n_), type, d,
-                                 comm_, stream),
-                        ctx);
+    send_to.push_back({lo * n_, std::max<int64_t>(hi - lo, 0) * n_});
   }
   for (int s = 0; s < world_; ++s) {
     const auto [c0, c1] = range(routing_.rows(s));
     const int64_t b0 = src_block_at_[size_t(s)], b1 = b0 + routing_.send_count(s, rank_);
     const int64_t lo = std::max(c0, b0), hi = std::min(c1, b1);
-    if (hi > lo)
-      FO_NCCL_CHECK_CTX(ncclRecv(static_cast<char*>(recv) + size_t(from_[size_t(s)] + lo - b0) * row,
-                                 size_t(hi - lo) * size_t(n_), type, s, comm_, stream),
-                        ctx);
+    recv_from.push_back({(from_[size_t(s)] + lo - b0) * n_, std::max<int64_t>(hi - lo, 0) * n_});
   }
-  FO_NCCL_CHECK_CTX(ncclGroupEnd(), ctx);
+  // (this rank's own rows through NCCL too, as all_to_all_single moves them)
+  send_recv_spans(y, recv, send_to, recv_from, dtype_, comm_, rank_, /*self_by_copy=*/false, stream,
+                  "the MoE combine baseline's all-to-all (rank " + std::to_string(rank_) + ")");
 }
 
 void MoeCombineBaseline::all_to_all(const void* y, void* recv, cudaStream_t stream) const {
