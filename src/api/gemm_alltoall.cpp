@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <sstream>
 
 #include "api/communicator_impl.h"
 #include "api/op_setup.h"
@@ -291,18 +290,8 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
   rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine};
   op.run(a, b, call, out, ld_out == 0 ? d.n : ld_out, stream, tokens_out);
   d.last = &op;
-  std::ostringstream os;
-  const plan::TileShape t = api::op_tiles()[tile];
-  if (p.sequential) {
-    os << "sequential (" << t.bm << "x" << t.bn << " tiles, " << d.sms << " CTAs)";
-  } else {
-    os << "slots: waves ";
-    for (size_t g = 0; g < p.common.size(); ++g) os << (g ? "," : "") << p.common[g];
-    os << " of " << p.waves() << " (" << t.bm << "x" << t.bn << " tiles, " << d.sms - d.opts.nccl_sms
-       << " CTAs, NCCL on " << d.opts.nccl_sms << " SMs)";
-  }
-  os << ", predicted " << p.predicted.total_ms << " ms against " << p.baseline_ms << " ms sequential";
-  d.last_plan = os.str();
+  d.last_plan = p.sequential ? plan::describe(p)
+                              : "slots: " + plan::describe(p) + "; NCCL on " + std::to_string(d.opts.nccl_sms) + " SMs";
 }
 
 std::string GemmAllToAll::last_plan() const { return impl_->last_plan; }
