@@ -238,23 +238,18 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   }
   if (!seq) core_->join(stream);
 
+  // The received slot rows: bn wide, per (row, column block) through
+  // slot_of_out; in the direct call the rows themselves (n wide, one each).
   const plan::Schedule& any = scheds[0];
-  if (direct_) {  // the received rows are row-major: slot rows n wide, one per row
-    if (call.combine)
-      kernels::combine_slot_rows(opts_.dtype, recv_, int32_t(opts_.n), iota_.as<int32_t>(), 1, table(kTokenBegin),
-                                 table(kTokenRows), reinterpret_cast<const float*>(t + offsets_[kGate]), tokens,
-                                 int32_t(opts_.n), out, ld_out, stream);
-    else if (recv_rows > 0)
-      FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, recv_, size_t(opts_.n) * 2, size_t(opts_.n) * 2,
-                                      size_t(recv_rows), cudaMemcpyDeviceToDevice, stream));
-  } else if (call.combine) {
-    kernels::combine_slot_rows(opts_.dtype, recv_, any.bn, slot_of_out_.as<int32_t>(), any.tiles_n(), table(kTokenBegin),
-                               table(kTokenRows), reinterpret_cast<const float*>(t + offsets_[kGate]), tokens,
-                               int32_t(opts_.n), out, ld_out, stream);
-  } else if (recv_rows > 0) {
-    kernels::gather_slot_rows(opts_.dtype, recv_, any.bn, slot_of_out_.as<int32_t>(), any.tiles_n(), int32_t(recv_rows),
-                              int32_t(opts_.n), out, ld_out, stream);
-  }
+  const int32_t row_width = direct_ ? int32_t(opts_.n) : any.bn, blocks = direct_ ? 1 : any.tiles_n();
+  const int32_t* slot_of = direct_ ? iota_.as<int32_t>() : slot_of_out_.as<int32_t>();
+  if (call.combine)
+    kernels::combine_slot_rows(opts_.dtype, recv_, row_width, slot_of, blocks, table(kTokenBegin), table(kTokenRows),
+                               reinterpret_cast<const float*>(t + offsets_[kGate]), tokens, int32_t(opts_.n), out,
+                               ld_out, stream);
+  else if (recv_rows > 0)
+    kernels::gather_slot_rows(opts_.dtype, recv_, row_width, slot_of, blocks, int32_t(recv_rows), int32_t(opts_.n),
+                              out, ld_out, stream);
   if (tokens_out && recv_rows > 0)
     FO_CUDA_CHECK(cudaMemcpyAsync(tokens_out, table(kToken), size_t(recv_rows) * 4, cudaMemcpyDeviceToDevice, stream));
   core_->end_call(stream);
