@@ -252,7 +252,5 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
 // per rank (--tokens overrides it).
 void check_alltoall_options(const Options& o, const std::vector<std::array<int64_t, 3>>& shapes);
 ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K);
-// --topk as given, or min(2, world) for 0.
-inline int topk_of(const Options& o, int world) { return o.topk > 0 ? o.topk : std::min(2, world); }
 
 }  // namespace flashoverlap::cli::bench

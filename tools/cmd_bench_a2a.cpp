@@ -12,8 +12,9 @@
 //   sequential-ourgemm  rt::OverlapAllToAll with one group: our GEMM, one all-to-all, the combine
 //   decomposition       every rank's rows in 2/4/8 chunks: a chunk's GEMM, then its all-to-all on a
 //                       2nd stream beside the next chunk's GEMM (best)
-//   flashoverlap        rt::OverlapAllToAll: of the model's plan for each tile shape and the
-//                       sequential plans, the one measured fastest
+//   flashoverlap        rt::OverlapAllToAll: of the model's plan for each tile shape, the
+//                       sequential plans and (one GPU, or every GPU within NVLink reach) the
+//                       NVLink form on each tile shape, the one measured fastest
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "bench_shared.h"
+#include "moe_routing_args.h"
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
@@ -33,6 +35,7 @@
 #include "runtime/core/overlap_core.h"
 #include "runtime/ops/alltoall.h"
 #include "runtime/ops/baselines_alltoall.h"
+#include "runtime/transport/peers.h"
 
 namespace flashoverlap::cli::bench {
 namespace {
@@ -43,8 +46,10 @@ struct Candidate {
   plan::MoePlan plan;
   size_t tile = 0;     // index into the tiles
   bool model = false;  // the model's pick
+  bool nvlink = false;  // the NVLink form (plan: the sequential one's grid)
   std::string name(const plan::TileShape& t) const {
     std::string s = plan::to_string(t);
+    if (nvlink) return "nvlink " + s;
     if (plan.sequential) return "sequential " + s;
     s += " waves ";
     for (size_t g = 0; g < plan.common.size(); ++g) s += (g ? "," : "") + std::to_string(plan.common[g]);
@@ -52,18 +57,9 @@ struct Candidate {
   }
 };
 
-bool from_file(const Options& o) { return o.routing.rfind("file:", 0) == 0; }
-
 // The routing of a shape: drawn from the seed (the same on every rank), or the file's.
-plan::MoeRouting routing_for(const Options& o, int world, int64_t T, int64_t N, int64_t K) {
-  if (!from_file(o))
-    return plan::make_moe_routing(o.routing, world, T, topk_of(o, world),
-                                  0x5eed + uint64_t(T) * 31 + uint64_t(N) * 17 + uint64_t(K));
-  plan::MoeRouting r = plan::read_moe_routing_file(o.routing.substr(5));
-  if (r.world != world)
-    throw InvalidArgument("bench --op alltoall --routing " + o.routing + ": a routing of " + std::to_string(r.world) +
-                          " ranks, the job has " + std::to_string(world));
-  return r;
+plan::MoeRouting routing_for(const Options& o, int world, int64_t M, int64_t N, int64_t K) {
+  return moe_routing_for(o.routing, o.topk, o.tokens, world, M, N, K, "bench --op alltoall");
 }
 
 }  // namespace
@@ -96,13 +92,7 @@ void check_alltoall_options(const Options& o, const std::vector<std::array<int64
                             " must be a multiple of 8 (the baseline's combine reads 8 columns at a time)");
   const auto env = rt::DistEnv::from_env();
   const int world = env ? env->world : 1;
-  if (from_file(o)) {
-    if (o.tokens != 0 || o.topk != 0)
-      throw InvalidArgument("bench --op alltoall --routing file:...: the file gives the tokens and top-K (no --tokens, --topk)");
-    (void)routing_for(o, world, 0, 0, 0);  // (the file and its world: their messages)
-  } else {
-    (void)plan::make_moe_routing(o.routing, world, 0, topk_of(o, world));  // (kind, top-K and world: their messages)
-  }
+  check_moe_routing_args(o.routing, o.topk, o.tokens, world, "bench --op alltoall");
 }
 
 ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K) {
@@ -113,7 +103,7 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   const auto dt = cx.dtype;
   const ncclComm_t base = cx.base.get();
   const cudaStream_t st = cx.stream;
-  const plan::MoeRouting routing = routing_for(o, world, o.tokens > 0 ? o.tokens : M, N, K);
+  const plan::MoeRouting routing = routing_for(o, world, M, N, K);
   const int topk = plan::moe_topk(routing);
   const int64_t T = *std::max_element(routing.tokens.begin(), routing.tokens.end());  // (the CSV's tokens)
   const int64_t rows = routing.rows(rank);
@@ -158,6 +148,8 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   std::vector<std::unique_ptr<rt::OverlapAllToAll>> ops;  // one per tile
   std::vector<Candidate> cands;
   std::optional<size_t> model_pick;
+  // The NVLink form where every rank's GPU is within load/store reach of every other's.
+  const bool nvlink = world == 1 || (world <= 8 && cx.all_ranks(rt::all_ranks_reachable(base)));
   for (size_t t = 0; t < tiles.size(); ++t) {
     const plan::TileShape tile = tiles[t];
     // The wave time of our GEMM on the busiest rank's rows (at least a tile row).
@@ -188,6 +180,7 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
     if (better && overlaps && !pick.sequential) model_pick = cands.size() - 1;
     cands.push_back({sequential, t});
     if (better && pick.sequential) model_pick = cands.size() - 1;
+    if (nvlink) cands.push_back({sequential, t, false, true});
 
     rt::OverlapAllToAllOptions ao;
     ao.n = N, ao.k = k, ao.dtype = dt, ao.tile = tile, ao.ctas = ctas, ao.sequential_ctas = sms;
@@ -195,6 +188,7 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
     ao.comm = cx.comm_for(reserve), ao.tail_comm = base;
     ao.wait_timeout_s = o.wait_timeout_s;
     ao.core = &core;
+    ao.nvlink = nvlink;
     ops.push_back(std::make_unique<rt::OverlapAllToAll>(ao));
   }
   if (model_pick) cands[*model_pick].model = true;
@@ -202,7 +196,7 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   auto fo_call = [&](size_t i, void* out, bool combine) {
     return [&, i, out, combine] {
       const Candidate& c = cands[i];
-      const rt::A2aCall call{&routing, c.plan.sequential ? plan::Partition{1} : c.plan.common, combine};
+      const rt::A2aCall call{&routing, c.plan.sequential ? plan::Partition{1} : c.plan.common, combine, c.nvlink};
       ops[c.tile]->run(a.get(), b.get(), call, out, N, st);
     };
   };
@@ -278,14 +272,15 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   std::ostringstream cfg;
   const plan::TileShape tile = tiles[pick.tile];
   cfg << tile.bm << "x" << tile.bn << ", "
-      << (pick.plan.sequential ? std::to_string(sms) + " CTAs, sequential fallback (one all-to-all, NCCL default CTAs)"
-                               : std::to_string(pick.plan.ctas) + " CTAs, NCCL on " + std::to_string(reserve) +
-                                     " CTAs beside the GEMM")
-      << (op.direct() ? ", C stored whole, each destination's block sent as it is" : ", rows stored one by one")
+      << (pick.nvlink ? std::to_string(sms) + " CTAs, NVLink form: rows stored straight into the ranks' windows, no NCCL"
+          : pick.plan.sequential ? std::to_string(sms) + " CTAs, sequential fallback (one all-to-all, NCCL default CTAs)"
+                                 : std::to_string(pick.plan.ctas) + " CTAs, NCCL on " + std::to_string(reserve) +
+                                       " CTAs beside the GEMM")
+      << (pick.nvlink ? "" : op.direct() ? ", C stored whole, each destination's block sent as it is" : ", rows stored one by one")
       << (cands.size() > 1 ? ", fastest of " + std::to_string(cands.size()) + " plans measured" : "")
       << (pick.model ? ", the model's pick" : ", not the model's pick");
-  std::string groups = pick.plan.sequential ? "1 (sequential)" : "waves ";
-  if (!pick.plan.sequential)
+  std::string groups = pick.nvlink ? "nvlink" : pick.plan.sequential ? "1 (sequential)" : "waves ";
+  if (!pick.plan.sequential && !pick.nvlink)
     for (size_t g = 0; g < pick.plan.common.size(); ++g) groups += (g ? "," : "") + std::to_string(pick.plan.common[g]);
   res.rows.push_back({"flashoverlap", ms.back(), groups, cfg.str()});
   return res;

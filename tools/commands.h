@@ -43,7 +43,7 @@ struct PlanOptions {
   int reserve_sms = -1;          // -1: let the search pick
   std::string curve;             // bandwidth curve JSON; empty: built-in H200 curve
   std::string partition;         // "1,2,2": evaluate this partition instead of searching
-  std::string routing = "uniform";  // alltoall: uniform | skewed | empty:<rank>
+  std::string routing = "uniform";  // alltoall: uniform | zipf:S | one:R | empty:R | file:PATH (moe_routing_args.h)
   bool json = false;
 };
 void add_plan_options(CLI::App* cmd, PlanOptions& opts);

@@ -270,8 +270,17 @@ struct GemmAllToAllOptions {
   //   Slots      the paper's: each row stored where its destination's part
   //              of its group's send slots is, and per group of waves one
   //              NCCL group of ncclSend / ncclRecv on `nccl_sms` SMs the
-  //              GEMM leaves free (a call of fewer than 2 waves: sequential).
-  enum class Path { Auto, Sequential, Slots };
+  //              GEMM leaves free (a call of fewer than 2 waves: sequential);
+  //   NVLink     no collective: the GEMM, on every SM, stores each row
+  //              straight into its destination's receive window (mapped
+  //              over NVLink) as its tile finishes and counts it there; the
+  //              receiver combines once every source's count is in. Needs
+  //              every rank's GPU within load/store reach (one host), n % 8
+  //              == 0, world <= 8, and per tile shape used 2 x max_tokens x
+  //              topk x n elements of window; refused at construction
+  //              otherwise. Not yet picked by Auto (not yet measured on
+  //              several GPUs).
+  enum class Path { Auto, Sequential, Slots, NVLink };
   Path path = Path::Auto;
   int nccl_sms = 8;              // SMs left to NCCL beside the GEMM (its communicator bounded to them)
   double wait_timeout_s = 30.0;  // as GemmAllReduceOptions

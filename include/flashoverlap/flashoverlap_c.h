@@ -103,13 +103,15 @@ typedef enum fo_dtype {
 /* GemmAllReduceOptions::Path: how the AllReduce runs beside the GEMM (see
  * flashoverlap.h). GemmReduceScatterOptions::Path and
  * GemmAllToAllOptions::Path take the same values where they have them:
- * FO_PATH_AUTO, FO_PATH_SEQUENTIAL and FO_PATH_SLOTS. */
+ * FO_PATH_AUTO, FO_PATH_SEQUENTIAL and FO_PATH_SLOTS; FO_PATH_NVLINK is
+ * GemmAllToAll's alone. */
 typedef enum fo_path {
   FO_PATH_AUTO = 0,
   FO_PATH_SEQUENTIAL = 1,
   FO_PATH_ROW_BANDS = 2,
   FO_PATH_SLOTS = 3,
   FO_PATH_OWNERS = 4,
+  FO_PATH_NVLINK = 5,
   FO_PATH_FORCE_INT32_ = 0x7fffffff
 } fo_path;
 
@@ -178,8 +180,8 @@ typedef struct fo_gemm_reducescatter_options {
  * fo_gemm_allreduce_options sit at the same offsets. */
 typedef struct fo_gemm_alltoall_options {
   size_t struct_size;    /* sizeof(fo_gemm_alltoall_options), as the caller knows it */
-  int32_t path;          /* an fo_path: FO_PATH_AUTO (default), FO_PATH_SEQUENTIAL or FO_PATH_SLOTS (the
-                            others are no All-to-All path: FO_INVALID_ARGUMENT) */
+  int32_t path;          /* an fo_path: FO_PATH_AUTO (default), FO_PATH_SEQUENTIAL, FO_PATH_SLOTS or
+                            FO_PATH_NVLINK (the others are no All-to-All path: FO_INVALID_ARGUMENT) */
   int32_t nccl_sms;      /* SMs left to NCCL beside the GEMM; default 8 */
   double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
   double exchange_timeout_s; /* a call's routing exchange waits this long for the other ranks; default 120 */

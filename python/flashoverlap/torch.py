@@ -986,7 +986,9 @@ class GemmAllToAll(_OpBase):
     every rank builds it with the same arguments). max_rows: the most rows of
     x on any rank in a call; max_tokens: the most tokens of any rank; topk:
     the ranks each token picks (1 <= topk <= world; a rank receives at most
-    max_tokens * topk rows). path: "auto" | "sequential" | "slots"; nccl_sms
+    max_tokens * topk rows). path: "auto" | "sequential" | "slots" |
+    "nvlink" (rows stored straight into the ranks' windows; one host, n % 8
+    == 0, at most 8 ranks); nccl_sms
     (None: the library's default, 8), wait_timeout_s, exchange_timeout_s
     (None: 120 s, the wait of each call's routing exchange for the other
     ranks): GemmAllToAllOptions (flashoverlap.h).

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <type_traits>
 #include <new>
 #include <string>
 #include <string_view>
@@ -198,6 +199,7 @@ Path to_path(int32_t p) {
     case FO_PATH_ROW_BANDS: return Path::RowBands;
     case FO_PATH_SLOTS: return Path::Slots;
     case FO_PATH_OWNERS: return Path::Owners;
+    case FO_PATH_NVLINK: throw InvalidArgument("options->path = 5 (FO_PATH_NVLINK) is not a GemmAllReduce path");
     default: break;
   }
   throw InvalidArgument("options->path = " + std::to_string(p) +
@@ -276,18 +278,18 @@ P to_slots_path(int32_t p, const char* op) {
   // (the AllReduce's other paths are fo_path values, but not this op's)
   const std::string what = p == FO_PATH_ROW_BANDS ? std::string(" (FO_PATH_ROW_BANDS) is not a ") + op + " path"
                            : p == FO_PATH_OWNERS  ? std::string(" (FO_PATH_OWNERS) is not a ") + op + " path"
+                           : p == FO_PATH_NVLINK  ? std::string(" (FO_PATH_NVLINK) is not a ") + op + " path"
                                                   : std::string(" is not an fo_path of ") + op;
-  throw InvalidArgument("options->path = " + std::to_string(p) + what +
-                        " (FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3)");
+  throw InvalidArgument("options->path = " + std::to_string(p) + what + " (FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, " +
+                        (std::is_same_v<P, A2aPath> ? "FO_PATH_SLOTS 3, FO_PATH_NVLINK 5)" : "FO_PATH_SLOTS 3)"));
 }
 
 template <class P>
 int32_t from_slots_path(P p) {
-  switch (p) {
-    case P::Auto: return FO_PATH_AUTO;
-    case P::Sequential: return FO_PATH_SEQUENTIAL;
-    case P::Slots: return FO_PATH_SLOTS;
-  }
+  if (p == P::Sequential) return FO_PATH_SEQUENTIAL;
+  if (p == P::Slots) return FO_PATH_SLOTS;
+  if constexpr (std::is_same_v<P, A2aPath>)
+    if (p == P::NVLink) return FO_PATH_NVLINK;
   return FO_PATH_AUTO;
 }
 
@@ -321,7 +323,7 @@ flashoverlap::GemmAllToAllOptions to_a2a_options(const fo_gemm_alltoall_options*
   if (!o) return r;
   check_options_size(o, o->struct_size, kA2aOptionsV1Size, sizeof(fo_gemm_alltoall_options),
                      "fo_gemm_alltoall_options_default");
-  r.path = to_slots_path<A2aPath>(o->path, "GemmAllToAll");
+  r.path = o->path == FO_PATH_NVLINK ? A2aPath::NVLink : to_slots_path<A2aPath>(o->path, "GemmAllToAll");
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;
   r.exchange_timeout_s = o->exchange_timeout_s;

@@ -18,6 +18,7 @@
 #include "runtime/core/checks.h"
 #include "runtime/core/exchange.h"
 #include "runtime/ops/alltoall.h"
+#include "runtime/transport/peers.h"
 
 namespace flashoverlap {
 namespace {
@@ -202,6 +203,7 @@ struct GemmAllToAll::Impl {
   std::pair<plan::MoePlan, size_t> plan_call() const {
     using Path = GemmAllToAllOptions::Path;
     std::optional<std::pair<plan::MoePlan, size_t>> best;
+    // (NVLink: the sequential plan's tile and grid, the whole GPU's; its rows go as the tiles finish.)
     const double gain = opts.path == Path::Auto ? 0.01 : opts.path == Path::Slots ? -1e9 : 1e9;
     for (size_t t = 0; t < api::op_tiles().size(); ++t) {
       plan::MoePlan p = plan_with(t, std::nullopt, gain);
@@ -224,6 +226,7 @@ struct GemmAllToAll::Impl {
       o.comm = bounded.get(), o.tail_comm = comm->comm.get();
       o.wait_timeout_s = opts.wait_timeout_s;
       o.core = &core;
+      o.nvlink = opts.path == GemmAllToAllOptions::Path::NVLink;  // (collective: every rank plans the same tile)
       ops[tile] = std::make_unique<rt::OverlapAllToAll>(o);
     }
     return *ops[tile];
@@ -259,6 +262,15 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
     if (!(x == here))
       throw InvalidArgument(d.who() + ": the ranks differ in SMs (" + std::to_string(x.sms) + " against " +
                             std::to_string(here.sms) + "), nccl_sms or path: every rank needs the same to plan alike");
+  if (options.path == GemmAllToAllOptions::Path::NVLink) {  // (every rank the same verdict: the options agreed)
+    if (n % 8 != 0 || d.world > 8)
+      throw InvalidArgument(d.who() + ": Path::NVLink needs n % 8 == 0 and at most 8 ranks");
+    const int32_t mine = d.world == 1 || rt::all_ranks_reachable(comm.get()) ? 1 : 0;
+    for (int32_t x : rt::gather_from_all(comm.get(), d.rank, mine, d.who() + ": the ranks' NVLink reach"))
+      if (!x)
+        throw InvalidArgument(d.who() + ": Path::NVLink needs every rank's GPU within load/store reach of every "
+                                        "other's (NVLink, one host); some rank's is not (use Auto or Slots)");
+  }
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
   if (d.world > 1) {
     d.exchange_comm = comm.impl_->comm.split({0, 2, 1, -1});  // the routing's own: ordered after nothing of the op's
@@ -287,11 +299,20 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
   d.gather_routing(routing, CallArgs{a, b, out, ld_out, combine});  // (throws on every rank alike)
   auto [p, tile] = d.plan_call();
   rt::OverlapAllToAll& op = d.op_of(tile);
-  rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine};
+  const bool nvlink = d.opts.path == GemmAllToAllOptions::Path::NVLink;
+  rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine, nvlink};
   op.run(a, b, call, out, ld_out == 0 ? d.n : ld_out, stream, tokens_out);
   d.last = &op;
-  d.last_plan = p.sequential ? plan::describe(p)
-                              : "slots: " + plan::describe(p) + "; NCCL on " + std::to_string(d.opts.nccl_sms) + " SMs";
+  if (nvlink) {
+    const plan::Schedule& s = p.sched_of_rank[size_t(d.rank)];
+    d.last_plan = "nvlink: " + std::to_string(p.waves()) + " waves (" + std::to_string(s.bm) + "x" +
+                  std::to_string(s.bn) + ", " + std::to_string(p.ctas) +
+                  " CTAs), each row stored into its rank's window as its tile finishes, counted there";
+  } else {
+    d.last_plan = p.sequential ? plan::describe(p)
+                               : "slots: " + plan::describe(p) + "; NCCL on " + std::to_string(d.opts.nccl_sms) +
+                                     " SMs";
+  }
 }
 
 std::string GemmAllToAll::last_plan() const { return impl_->last_plan; }

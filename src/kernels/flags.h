@@ -23,6 +23,21 @@ struct WaitError {
 void launch_wait_counter(const uint32_t* counter, uint32_t target, uint64_t timeout_ns, WaitError* err,
                          int32_t group, cudaStream_t stream);
 
+// The same for up to kMaxCounters counters at once, counters[i] to reach
+// targets[i] (the All-to-All's arrivals from each source), in one launch.
+// `group` of a timeout's record: -1 - i.
+constexpr int kMaxCounters = 8;
+struct CounterTargets {
+  uint32_t target[kMaxCounters];
+};
+void launch_wait_counters(const uint32_t* counters, int32_t count, const CounterTargets& targets, uint64_t timeout_ns,
+                          WaitError* err, cudaStream_t stream);
+
+// Adds `value` with release at system scope to *counters[i], i < count
+// (device array of pointers, some on other GPUs): a rank with nothing to
+// store still counts its call at every receiver.
+void launch_signal_counters(uint32_t* const* counters, int32_t count, uint32_t value, cudaStream_t stream);
+
 void preload_flag_kernels();
 
 }  // namespace flashoverlap::kernels

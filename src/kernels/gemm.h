@@ -10,7 +10,8 @@
 //   SlotTiles the AllReduce slot layout: tile idx -> rows [idx*bm, idx*bm+bm)
 //             of a [tiles*bm x bn] buffer (one TMA store per 64-column chunk)
 //   SlotRows  tile row r of tile idx -> slot row row_of[idx*bm + r] of a
-//             [rows x bn] buffer, -1 = not stored (ReduceScatter, All-to-All)
+//             [rows x bn] buffer, -1 = not stored (ReduceScatter, All-to-All;
+//             with Scatter, into the ranks' receive rows instead)
 // With `counters` set, each tile, once its data is complete in global memory,
 // adds kSignalsPerTile (one per consumer warpgroup, each after its own half)
 // to counters[group_of_tile[idx]] with release semantics at GPU scope.
@@ -96,6 +97,21 @@ struct Push {
   uint32_t* arrivals = nullptr;               // this GPU's arrival counters, indexed like counters
   uint32_t* const* peer_arrivals = nullptr;   // device: [peers] the peers' arrival counters
   int32_t signal_every = 1;                   // 1 or 2: tiles per system fence and signal
+};
+
+// The MoE combine's NVLink form (SlotRows with row_of, no slot buffer):
+// each stored row goes straight into its destination's receive rows, rank
+// d = row_of / rows_per_rank, row row_of % rows_per_rank of rows[d] (n
+// elements per row; column tn * bn + c), by plain 16-byte stores from the
+// consumer warps (n % 8 == 0); once a 64-row half is stored everywhere, 1 is
+// added with release at system scope to arrivals[d] of every rank d (this
+// source's counter there), whether the half had rows for d or not: a
+// source's count per call is then 2 per tile, known to every receiver.
+struct Scatter {
+  int32_t world = 0;                    // 0: off; else the ranks, at most 8
+  void* const* rows = nullptr;          // device [world]: each rank's receive rows, as addressed here
+  int32_t rows_per_rank = 0;
+  uint32_t* const* arrivals = nullptr;  // device [world]: this source's arrival counter at each rank
 };
 
 // The pushed AllReduce with owners, 2 ranks: each tile is summed by one
@@ -211,6 +227,7 @@ struct GemmParams {
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
   FusedSum sum;                        // optional (gathered layouts)
   Push push;                           // optional (pushed layout; Plain store via TMA, with counters)
+  Scatter scatter;                     // optional (SlotRows by row_of to the ranks' receive rows)
   Owner owner;                         // optional (with push to 1 peer, Plain C by TMA, group_of_tile; no counters)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile

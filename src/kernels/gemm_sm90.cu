@@ -95,7 +95,8 @@ void check_gemm_params(const GemmParams& p) {
       if (p.slot_rows < int64_t(p.sched.tiles()) * p.sched.bm) fail("slot buffer has fewer than tiles*bm rows");
       break;
     case Store::SlotRows:
-      if (!p.slots || !aligned16(p.slots)) fail("slot buffer must be non-null and 16-byte aligned");
+      if (p.scatter.world == 0 && (!p.slots || !aligned16(p.slots)))
+        fail("slot buffer must be non-null and 16-byte aligned");
       if (!p.row_of && !p.half_row) fail("SlotRows needs the row_of or the half_row table");
       if (p.half_row && p.push.peers > 0) fail("half_row: no pushes besides");
       break;
@@ -132,6 +133,13 @@ void check_gemm_params(const GemmParams& p) {
   if (p.sum.groups > 0 && p.sum.consumers && (!p.sum.claims || !push_store))
     fail("fused sum by the consumer warps needs claim counters and the TMA store (slot tiles or aligned Plain C)");
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
+  const Scatter& sc = p.scatter;
+  if (sc.world < 0 || sc.world > 8) fail("scatter: world must be in [0, 8]");
+  if (sc.world > 0 && (p.store != Store::SlotRows || !p.row_of || p.half_row || p.n % 8 != 0 || !sc.rows ||
+                       !sc.arrivals || sc.rows_per_rank < 1 || p.push.peers > 0 || p.owner.rank >= 0 ||
+                       p.sum.groups > 0))
+    fail("scatter: needs SlotRows by row_of (no half_row), n % 8 == 0, the ranks' receive rows and arrival "
+         "counters, rows_per_rank >= 1, and no push, owner layout or fused sum besides");
   const Owner& o = p.owner;
   if (o.rank >= 0) {
     if (o.world < 2 || o.world > 8 || o.rank >= o.world) fail("owner layout: world must be in [2, 8], rank below it");
@@ -209,6 +217,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.group_of_tile = p.group_of_tile;
   kp.sum = p.sum;
   kp.push = p.push;
+  kp.scatter = p.scatter;
   kp.monitor_ns = p.monitor_ns;
   kp.monitor_sm = p.monitor_sm;
   kp.monitor_mma = p.monitor_mma;

@@ -318,7 +318,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int tr = cw * 64 + r;  // row inside the tile
       if (p.row_of) {
         const int32_t dst = p.row_of[static_cast<int64_t>(idx) * BM + tr];
-        if (dst >= 0) *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + int64_t(dst) * BN + c8 * 8) = v;
+        if (dst >= 0 && p.scatter.world > 0) {  // (the NVLink form: the destination's receive row, all n columns)
+          const int32_t d = dst / p.scatter.rows_per_rank, gcol = tc.tn * BN + c8 * 8;
+          if (gcol < p.sched.n)
+            *reinterpret_cast<uint4*>(static_cast<T*>(p.scatter.rows[d]) +
+                                      int64_t(dst - d * p.scatter.rows_per_rank) * p.sched.n + gcol) = v;
+        } else if (dst >= 0) {
+          *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + int64_t(dst) * BN + c8 * 8) = v;
+        }
       } else {
         const int32_t grow = tc.tm * BM + tr, gcol = tc.tn * BN + c8 * 8;
         if (grow < p.sched.m && gcol < p.sched.n) {
@@ -329,13 +336,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     }
-    if (p.counters || p.monitor_ns) {
+    if (p.counters || p.monitor_ns || p.scatter.world > 0) {
       // Every thread's stores, then one release for the half (cumulative
-      // over the barrier).
-      __threadfence();
+      // over the barrier); at system scope where they went to other GPUs.
+      if (p.scatter.world > 0)
+        __threadfence_system();
+      else
+        __threadfence();
       ptx::named_barrier_sync(1 + cw, 128);
       if (tid == 0) {
         if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_tile[idx], 1);
+        for (int d = 0; d < p.scatter.world; ++d) ptx::red_release_sys_add(p.scatter.arrivals[d], 1);
         if (p.monitor_ns) {
           p.monitor_ns[int64_t(idx) * 2 + cw] = ptx::globaltimer_ns();
           if (cw == 0) p.monitor_sm[idx] = ptx::smid();

@@ -32,6 +32,7 @@ struct GemmKernelParams {
   const int32_t* group_of_tile;
   FusedSum sum;
   Push push;
+  Scatter scatter;
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
   uint64_t* monitor_mma;

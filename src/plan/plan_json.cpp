@@ -64,6 +64,8 @@ Plan plan_from_json(const nlohmann::json& j, const std::string& source) {
   try {
     Plan p;
     p.op = parse_collective(j.at("op").get<std::string>());
+    if (p.op == Collective::AllToAll)  // (make_plan refuses it: no Plan of it exists to store)
+      return bad("op alltoall: its plans are made per call by make_moe_plan, not stored");
     p.dtype = parse_dtype(j.at("dtype").get<std::string>());
     p.world = j.at("world").get<int32_t>();
     p.k = j.at("k").get<int64_t>();

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -12,7 +11,6 @@
 #include "flashoverlap/error.h"
 #include "plan/search.h"
 #include "plan/slot_map_allreduce.h"
-#include "plan/slot_map_alltoall.h"
 
 namespace flashoverlap::plan {
 
@@ -31,6 +29,10 @@ std::string fmt(double v, int digits = 3) {
 void check_request(const PlanRequest& req) {
   if (req.op == Collective::AllGather)
     throw InvalidArgument("allgather is the transport of the gathered AllReduce layout, not a GEMM collective to plan");
+  // Every rank its own rows and a new routing every call: nothing one shape describes.
+  if (req.op == Collective::AllToAll)
+    throw InvalidArgument("alltoall is planned per call, from every rank's routing, by plan::make_moe_plan "
+                          "(plan/moe_plan.h), not by make_plan");
   if (req.m < 1 || req.n < 1 || req.k < 1)
     throw InvalidArgument("shape M=" + std::to_string(req.m) + " N=" + std::to_string(req.n) + " K=" +
                           std::to_string(req.k) + ": every dimension must be >= 1");
@@ -47,30 +49,11 @@ void check_request(const PlanRequest& req) {
     throw InvalidArgument("measured wave times are for one configuration: set the tile and the reserved SMs");
   for (double w : req.measured_wave_ms)
     if (!(w > 0) || !std::isfinite(w)) throw InvalidArgument("measured wave times must be positive and finite");
-  if (req.op == Collective::AllToAll) {
-    if (!req.routing) throw InvalidArgument("an alltoall plan needs the routing of every rank");
-    validate_routing(*req.routing, req.world, req.m);
-  }
 }
 
-// All-to-All traffic per tile row, by tile height: shared by the candidates.
-using RowLoads = std::map<int32_t, std::vector<int64_t>>;
-
 // Bytes of the send buffer of the call for waves [w0, w1) (group_bytes).
-BytesFn make_bytes_fn(const PlanRequest& req, const Schedule& s, RsLayout layout, RowLoads& row_loads) {
+BytesFn make_bytes_fn(const PlanRequest& req, const Schedule& s, RsLayout layout) {
   const double row_bytes = double(s.bn) * element_bytes(req.dtype);
-  if (req.op == Collective::AllToAll) {
-    // The busiest link's rows, as the send buffer of a uniform all-to-all
-    // with that link load (which puts (W-1)/W of its buffer on the links).
-    auto it = row_loads.find(s.bm);
-    if (it == row_loads.end()) it = row_loads.emplace(s.bm, AllToAllLoad::per_tile_row(*req.routing, s.bm)).first;
-    auto load = std::make_shared<AllToAllLoad>(s, req.world, it->second);
-    const int32_t W = req.world;
-    const double fan = W > 1 ? double(W) / (W - 1) : 0.0;
-    return [load, fan, row_bytes](int32_t w0, int32_t w1) {
-      return double(load->max_link_rows(w0, w1)) * row_bytes * fan;
-    };
-  }
   if (req.op == Collective::ReduceScatter && layout == RsLayout::Standard) {
     auto counts = std::make_shared<WaveCounts>(rs_standard_counts(s, req.world));
     return [counts, row_bytes](int32_t w0, int32_t w1) {
@@ -81,17 +64,7 @@ BytesFn make_bytes_fn(const PlanRequest& req, const Schedule& s, RsLayout layout
   return [s, tile_bytes](int32_t w0, int32_t w1) { return group_spanning(s, w0, w1).tiles() * tile_bytes; };
 }
 
-double baseline_bytes(const PlanRequest& req) {
-  const double row_bytes = double(req.n) * element_bytes(req.dtype);
-  if (req.op != Collective::AllToAll) return row_bytes * double(req.m);
-  const int32_t W = req.world;
-  if (W == 1) return 0;
-  // One "tile" column as wide as C: slot rows are then rows of C.
-  const Schedule whole = make_schedule(req.m, req.n, {128, int32_t(req.n)}, 1, Raster::AlongN, 1);
-  const int64_t most =
-      AllToAllLoad(whole, W, AllToAllLoad::per_tile_row(*req.routing, whole.bm)).max_link_rows(0, whole.waves());
-  return double(most) * row_bytes * W / (W - 1);
-}
+double baseline_bytes(const PlanRequest& req) { return double(req.n) * element_bytes(req.dtype) * double(req.m); }
 
 struct Candidate {
   Schedule schedule;
@@ -248,7 +221,6 @@ std::array<std::optional<Candidate>, 2> best_candidates(const PlanRequest& req, 
   const int64_t given_waves =
       req.partition ? std::accumulate(req.partition->begin(), req.partition->end(), int64_t{0}) : 0;
   std::string mismatch;
-  RowLoads row_loads;
   for (TileShape tile : tiles)
     for (RsLayout layout : layouts_for(req, tile))
       for (int32_t reserve : reserves_for(req, tile))
@@ -263,7 +235,7 @@ std::array<std::optional<Candidate>, 2> best_candidates(const PlanRequest& req, 
                         std::to_string(reserve) + " reserved)";
             continue;
           }
-          c.bytes = make_bytes_fn(req, c.schedule, layout, row_loads);
+          c.bytes = make_bytes_fn(req, c.schedule, layout);
           c.cost = make_cost(req, comm, c.schedule, reserve, layout, c.bytes);
           c.partition = req.partition ? *req.partition : search(c.cost);
           c.prediction = predict(c.cost, c.partition);
@@ -372,14 +344,12 @@ Plan make_plan(const PlanRequest& req) {
   return plan;
 }
 
-SlotMap make_slot_map(const Plan& plan, int32_t rank, const Routing* routing) {
+SlotMap make_slot_map(const Plan& plan, int32_t rank) {
   switch (plan.op) {
     case Collective::AllReduce: return make_allreduce_map(plan.schedule, plan.groups, plan.world);
     case Collective::ReduceScatter:
       return make_reducescatter_map(plan.schedule, plan.groups, plan.world, rank, plan.rs_layout);
-    case Collective::AllToAll:
-      if (!routing) throw InvalidArgument("the alltoall slot map needs the routing the plan was made for");
-      return make_alltoall_map(plan.schedule, plan.groups, *routing, rank);
+    case Collective::AllToAll:  // never planned here (check_request): per rank and call, make_alltoall_map
     case Collective::AllGather: break;  // a transport, never planned (check_request)
   }
   throw InvalidArgument("no slot map for " + std::string(to_string(plan.op)));

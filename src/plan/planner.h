@@ -1,12 +1,15 @@
 // planner.h — the planner's top level: for one shape and collective, pick the
 // tile shape, the SMs left to NCCL, the tile order and the wave partition
 // that the model predicts fastest, or fall back to sequential when nothing
-// beats it (docs/design.md §5.6: never slower than sequential).
+// beats it (docs/design.md §5.6: never slower than sequential). AllReduce and
+// ReduceScatter only: the All-to-All (the MoE combine, every rank its own
+// rows, a new routing every call) is planned per call by make_moe_plan
+// (plan/moe_plan.h).
 //
 // Typical use (runtime):
 //   PlanRequest req{.op = Collective::AllReduce, .m = M, .n = N, .k = K, .world = W};
 //   Plan plan = make_plan(req);                   // or TuningCache::lookup
-//   SlotMap map = make_slot_map(plan, rank);      // + &routing for AllToAll
+//   SlotMap map = make_slot_map(plan, rank);
 //   GEMM: plan.schedule, map.row_of (or the AllReduce fast path),
 //         group_of_wave(plan.groups); NCCL: map.groups[g].send/recv/send_to/recv_from;
 //   post-reorder: map.slot_of_out or scatter_tables(map), map.out_rows x N.
@@ -20,7 +23,6 @@
 #include "plan/latency_model.h"
 #include "plan/partition.h"
 #include "plan/predictor.h"
-#include "plan/routing.h"
 #include "plan/slot_map.h"
 #include "plan/slot_map_reducescatter.h"
 #include "plan/tile_grid.h"
@@ -41,8 +43,8 @@ inline constexpr int32_t kReserveCandidates[] = {8, 16, 24, 32};
 inline constexpr int32_t kMinReserve = 2, kMaxReserve = 40;
 // Above this many waves the DP runs on runs of ceil(T/kMaxSearchWaves) waves.
 inline constexpr int32_t kMaxSearchWaves = 512;
-// Largest world size planned for (a sanity bound: All-to-All maps read every
-// rank's routing, world x M entries).
+// Largest world size planned for (a sanity bound; make_moe_plan's too: its
+// maps read every rank's routing).
 inline constexpr int32_t kMaxWorld = 1024;
 // ReduceScatter: standard layout unless predicted slower than sub-tile by more.
 inline constexpr double kStandardLayoutTolerance = 0.03;
@@ -63,7 +65,6 @@ struct PlanRequest {
   std::vector<double> measured_wave_ms; // non-empty: per-wave GEMM times (needs tile and reserve set)
   std::optional<Partition> partition;   // set: evaluate it instead of searching (no fallback)
   std::optional<RsLayout> rs_layout;    // ReduceScatter; unset: choose (slot_map_reducescatter.h)
-  std::optional<Routing> routing;       // AllToAll: every rank's routing (required)
   double min_gain = 0.01;               // overlap must be predicted this much faster than sequential
 };
 
@@ -92,12 +93,12 @@ struct Plan {
 };
 
 // Throws InvalidArgument for bad requests (shape, world, tile, partition that
-// fits no candidate, curve of another collective, missing routing, ...).
+// fits no candidate, curve of another collective, op AllToAll or AllGather, ...).
 Plan make_plan(const PlanRequest& req);
 
-// The runtime's view of a plan on one rank. AllToAll needs the routing the
-// plan was made for; the others ignore it.
-SlotMap make_slot_map(const Plan& plan, int32_t rank, const Routing* routing = nullptr);
+// The runtime's view of a plan on one rank (AllReduce, ReduceScatter; the
+// All-to-All's maps are make_alltoall_map's, of a MoePlan).
+SlotMap make_slot_map(const Plan& plan, int32_t rank);
 
 // {"format": "flashoverlap.plan", "schema": 1, ...}; from_json validates
 // everything (the schedule, the partition against its waves, the groups) and

@@ -1,11 +1,9 @@
-// routing.h — MoE token routing for All-to-All: the destination rank of every
-// row of C on every source rank. The planner needs all ranks' routings (they
-// are exchanged before the GEMM): the groups' per-peer counts depend on them.
-//
-// Routing: one M on every rank, destinations only (the planner's model).
-// MoeRouting: the MoE combine (expert GEMM -> All-to-All back to the tokens),
-// per-rank row counts, each row's token and gate weight (the slot map and the
-// combine tables of slot_map_alltoall.h).
+// routing.h — MoE token routing for the All-to-All (the combine: expert GEMM
+// -> All-to-All back to the tokens): per-rank row counts, each row's
+// destination rank, token and gate weight (the slot map and the combine
+// tables of slot_map_alltoall.h, the planner of moe_plan.h). The maps need
+// all ranks' routings (they are exchanged before the GEMM): the groups'
+// per-peer counts depend on them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,25 +11,6 @@
 #include <vector>
 
 namespace flashoverlap::plan {
-
-struct Routing {
-  int32_t world = 1;
-  int64_t m = 0;                           // rows of C on every rank
-  std::vector<std::vector<int32_t>> dest;  // dest[src][row] in [0, world)
-};
-
-// Throws InvalidArgument unless there are `world` ranks of `m` rows each with
-// destinations in [0, world).
-void validate_routing(const Routing& r, int32_t world, int64_t m);
-
-// Synthetic routings (CLI, tests), deterministic for a seed:
-//   "uniform"      each row to a uniformly random rank;
-//   "skewed"       half of the rows to rank 0, the rest uniform;
-//   "empty:<k>"    uniform over every rank but k (k receives nothing; world >= 2).
-Routing make_routing(std::string_view kind, int32_t world, int64_t m, uint64_t seed = 1);
-
-// rows[src * world + dst]: how many rows src sends to dst.
-std::vector<int64_t> routing_pair_rows(const Routing& r);
 
 // The combine's routing. Rank r's expert holds m_r = rows(r) rows of A_r (one
 // per (token, k slot) it was dispatched; m_r = 0 is valid); row i of rank r
@@ -99,10 +78,5 @@ MoeRouting moe_routing_from_picks(int32_t world, const std::vector<std::vector<s
 MoeRouting read_moe_routing_file(const std::string& path);
 // The most ranks any token picked (the routing's top-K).
 int32_t moe_topk(const MoeRouting& r);
-
-// A Routing as a combine that changes nothing: every row is a token of its
-// own at its destination (tokens numbered in (source rank, source row)
-// order), gate 1. The old single-schedule map is built through it.
-MoeRouting moe_routing_of(const Routing& r);
 
 }  // namespace flashoverlap::plan

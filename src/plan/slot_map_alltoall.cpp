@@ -9,63 +9,6 @@
 
 namespace flashoverlap::plan {
 
-WaveCounts alltoall_rank_counts(const Schedule& s, const Routing& routing, int32_t rank) {
-  const int32_t W = routing.world;
-  validate_routing(routing, W, s.m);
-  std::vector<int64_t> per_tile_row(size_t(s.tiles_m()) * 2 * W, 0);
-  for (int32_t row = 0; row < s.m; ++row) ++per_tile_row[size_t(row / s.bm) * 2 * W + routing.dest[rank][row]];
-  for (int32_t src = 0; src < W; ++src)  // source-major: each routing read in order
-    for (int32_t row = 0; row < s.m; ++row)
-      per_tile_row[size_t(row / s.bm) * 2 * W + W + src] += routing.dest[src][row] == rank;
-  return WaveCounts(s, 2 * W, per_tile_row);
-}
-
-std::vector<int64_t> AllToAllLoad::per_tile_row(const Routing& routing, int32_t bm) {
-  const int32_t W = routing.world, bins = 2 * W + 1;
-  const int64_t tiles_m = (routing.m + bm - 1) / bm;
-  std::vector<int64_t> counts(size_t(tiles_m) * bins, 0);
-  for (int32_t src = 0; src < W; ++src)  // source-major: each routing read in order
-    for (int64_t row = 0; row < routing.m; ++row) {
-      int64_t* b = &counts[size_t(row / bm) * bins];
-      const int32_t d = routing.dest[src][size_t(row)];
-      b[d] += d == src;
-      ++b[W + d];
-    }
-  for (int64_t row = 0; row < routing.m; ++row) ++counts[size_t(row / bm) * bins + 2 * W];
-  return counts;
-}
-
-AllToAllLoad::AllToAllLoad(const Schedule& s, int32_t world, const std::vector<int64_t>& per_tile_row)
-    : world_(world), counts_(s, 2 * world + 1, per_tile_row) {}
-
-namespace {
-std::vector<int64_t> validated_row_load(const Schedule& s, const Routing& routing) {
-  validate_routing(routing, routing.world, s.m);
-  return AllToAllLoad::per_tile_row(routing, s.bm);
-}
-}  // namespace
-
-AllToAllLoad::AllToAllLoad(const Schedule& s, const Routing& routing)
-    : AllToAllLoad(s, routing.world, validated_row_load(s, routing)) {}
-
-int64_t AllToAllLoad::max_link_rows(int32_t w0, int32_t w1) const {
-  const int64_t rows = counts_.sum(w0, w1, 2 * world_);
-  int64_t most = 0;
-  for (int32_t x = 0; x < world_; ++x) {
-    const int64_t kept = counts_.sum(w0, w1, x);
-    most = std::max({most, rows - kept, counts_.sum(w0, w1, world_ + x) - kept});
-  }
-  return most;
-}
-
-SlotMap make_alltoall_map(const Schedule& s, const std::vector<Group>& groups, const Routing& routing,
-                          int32_t rank) {
-  validate_routing(routing, routing.world, s.m);
-  const size_t W = size_t(std::max(routing.world, 0));
-  return make_alltoall_map(std::vector<Schedule>(W, s), std::vector<std::vector<Group>>(W, groups),
-                           moe_routing_of(routing), rank);
-}
-
 Schedule make_expert_schedule(int64_t m, int64_t n, TileShape tile, int32_t ctas, Raster raster, int32_t swizzle) {
   if (m != 0) return make_schedule(m, n, tile, ctas, raster, swizzle);
   Schedule s = make_schedule(1, n, tile, ctas, raster, swizzle);  // checks the rest

@@ -358,7 +358,7 @@ static void test_a2a_options(void) {
   o.path = FO_PATH_ROW_BANDS;
   EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
                  "options->path = 2 (FO_PATH_ROW_BANDS) is not a GemmAllToAll path (FO_PATH_AUTO 0, "
-                 "FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3)");
+                 "FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3, FO_PATH_NVLINK 5)");
   o.path = FO_PATH_OWNERS;
   EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",
                  "options->path = 4 (FO_PATH_OWNERS) is not a GemmAllToAll path");

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
+#include <sstream>
 #include <tuple>
 
 #include "test_plan_util.h"
@@ -48,16 +50,27 @@ TEST(PlanCli, PrintsAPlanForEveryCollective) {
       EXPECT_NE(r.out.find(part), std::string::npos) << part << " missing in:\n" << r.out;
     EXPECT_LT(lines(r.out), 40u) << r.out;
   }
+  // The All-to-All: the MoE plan, named, and each rank's rows (an empty
+  // expert: none).
   const Result a2a = run("--op alltoall --world 4 --routing empty:1 --m 3000");
   ASSERT_EQ(a2a.rc, 0) << a2a.err;
-  EXPECT_NE(a2a.out.find("rows to each peer"), std::string::npos) << a2a.out;
-  const Result wide = run("--op alltoall --world 64 --m 4096 --routing skewed");
+  for (const char* part : {"alltoall, the MoE combine, over 4 ranks: 3000 tokens a rank, top-2 by routing empty:1",
+                           "moe plan: ", "off-rank slot rows sent / received", "busiest link slot rows"})
+    EXPECT_NE(a2a.out.find(part), std::string::npos) << part << " missing in:\n" << a2a.out;
+  const size_t row1 = a2a.out.find("\n  1 ");  // rank 1: tokens, rows, tiles, waves
+  ASSERT_NE(row1, std::string::npos) << a2a.out;
+  std::istringstream fields(a2a.out.substr(row1));
+  std::string rank, tokens, rows, tiles, waves;
+  fields >> rank >> tokens >> rows >> tiles >> waves;
+  EXPECT_EQ(tokens + " " + rows + " " + tiles + " " + waves, "3000 0 0 0") << a2a.out;
+  const Result wide = run("--op alltoall --world 64 --m 4096 --routing zipf:1.2 --topk 4");
   ASSERT_EQ(wide.rc, 0) << wide.err;
   EXPECT_LT(lines(wide.out), 40u) << wide.out;
+  EXPECT_NE(wide.out.find("... 52 more ranks (--json lists all)"), std::string::npos) << wide.out;
 }
 
 TEST(PlanCli, JsonOutputIsOneParsableObject) {
-  for (const char* op : {"allreduce", "reducescatter", "alltoall"}) {
+  for (const char* op : {"allreduce", "reducescatter"}) {
     SCOPED_TRACE(op);
     const Result r = run(std::string("--json --world 4 --m 2048 --op ") + op);
     ASSERT_EQ(r.rc, 0) << r.err;
@@ -76,14 +89,133 @@ TEST(PlanCli, JsonOutputIsOneParsableObject) {
     }
     EXPECT_EQ(at, j["slots"]["send_elements"].get<int64_t>());
     EXPECT_LE(j["predicted_ms"].get<double>(), j["baseline"]["total_ms"].get<double>());
-    if (std::string(op) == "alltoall") {
-      EXPECT_EQ(j["busiest_link_rows"].size(), partition.size());
-      EXPECT_EQ(j["slots"]["groups"][0]["send_to"].size(), 4u);
-    }
   }
   const Result fixed = run("--json --tile 128x256 --reserve-sms 16 --partition 3,3,3");
   ASSERT_EQ(fixed.rc, 0) << fixed.err;
   EXPECT_EQ(nlohmann::json::parse(fixed.out)["partition"], nlohmann::json({3, 3, 3}));
+}
+
+// A recorded routing of random picks (each rank its own token count, some
+// none; top-K random; random gates) and what `plan --op alltoall --json`
+// says of it: each rank's rows and tokens, its off-rank slot rows summed over
+// its groups, every rank's groups a run of its own waves, the busiest link
+// of each group, and the plan's own consistency.
+TEST(PlanCli, AllToAllJsonDescribesTheRoutingsPlan) {
+  FO_SEEDED_RNG(rng);
+  fo_test::TempDir dir;
+  for (int it = 0; it < 6; ++it) {
+    const int W = int(fo_test::uniform(rng, 2, 6)), K = int(fo_test::uniform(rng, 1, std::min(W, 3)));
+    const int64_t n = 256 * fo_test::uniform(rng, 1, 24) + (it % 2 ? fo_test::uniform(rng, 1, 255) : 0);
+    std::vector<int64_t> tokens(static_cast<size_t>(W)), rows(static_cast<size_t>(W), 0), sent(rows), received(rows);
+    nlohmann::json picks = nlohmann::json::array();
+    int topk = 0;
+    for (int s = 0; s < W; ++s) {
+      tokens[size_t(s)] = fo_test::uniform(rng, 0, 3) ? fo_test::uniform(rng, 1, 3000) : 0;
+      nlohmann::json mine = nlohmann::json::array();
+      for (int64_t t = 0; t < tokens[size_t(s)]; ++t) {
+        std::vector<int> ranks(static_cast<size_t>(W));
+        std::iota(ranks.begin(), ranks.end(), 0);
+        std::shuffle(ranks.begin(), ranks.end(), rng);
+        const int k = int(fo_test::uniform(rng, 1, K));
+        topk = std::max(topk, k);
+        nlohmann::json token = nlohmann::json::array();
+        for (int j = 0; j < k; ++j) {
+          const int e = ranks[size_t(j)];
+          token.push_back({e, double(fo_test::uniform(rng, 1, 1000)) / 1000});
+          ++rows[size_t(e)];  // expert e's row goes back to rank s
+          if (e != s) ++sent[size_t(e)], ++received[size_t(s)];
+        }
+        mine.push_back(token);
+      }
+      picks.push_back(mine);
+    }
+    const std::string file = dir.write("r" + std::to_string(it) + ".json",
+                                       nlohmann::json{{"format", "flashoverlap.moe_routing"}, {"schema", 1},
+                                                      {"world", W}, {"picks", picks}}.dump());
+    const std::string args = "--op alltoall --json --world " + std::to_string(W) + " --routing file:" + file +
+                             " --n " + std::to_string(n) + " --k " + std::to_string(64 * fo_test::uniform(rng, 1, 128));
+    SCOPED_TRACE(args);
+    const Result r = run(args);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(lines(r.out), 1u);
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["op"], "alltoall");
+    EXPECT_EQ(j["routing"], "file:" + file);
+    EXPECT_EQ(j["world"], W);
+    EXPECT_EQ(j["topk"], topk);
+    EXPECT_EQ(j["tokens"], *std::max_element(tokens.begin(), tokens.end()));
+    const int64_t bn = j["tile"] == "128x256" ? 256 : 128, tiles_n = (n + bn - 1) / bn;
+    const auto common = j["common"].get<std::vector<int>>();
+    const int waves = j["waves"];
+    EXPECT_EQ(std::accumulate(common.begin(), common.end(), 0), std::max(waves, 1));
+    EXPECT_EQ(j["ctas"].get<int>(), j["sequential"] ? 132 : 132 - j["reserve_sms"].get<int>());
+    EXPECT_LE(j["predicted_ms"].get<double>(), j["baseline_ms"].get<double>());
+    EXPECT_EQ(j["describe"].get<std::string>().rfind(j["sequential"] ? "sequential, " : "waves ", 0), 0u) << j["describe"];
+    ASSERT_EQ(j["groups"].size(), common.size());
+    ASSERT_EQ(j["ranks"].size(), size_t(W));
+    std::vector<int64_t> busiest(common.size(), 0);
+    int most_waves = 0;
+    for (int x = 0; x < W; ++x) {
+      SCOPED_TRACE("rank " + std::to_string(x));
+      const nlohmann::json& rank = j["ranks"][size_t(x)];
+      EXPECT_EQ(rank["tokens"], tokens[size_t(x)]);
+      EXPECT_EQ(rank["rows"], rows[size_t(x)]);
+      most_waves = std::max(most_waves, rank["waves"].get<int>());
+      ASSERT_EQ(rank["groups"].size(), common.size());
+      int64_t out = 0, in = 0, at = 0;
+      for (size_t g = 0; g < common.size(); ++g) {
+        const nlohmann::json& gr = rank["groups"][g];
+        EXPECT_EQ(gr["waves"][0].get<int64_t>(), at);
+        at = gr["waves"][1].get<int64_t>();
+        out += gr["sent_rows"].get<int64_t>();
+        in += gr["received_rows"].get<int64_t>();
+        busiest[g] = std::max({busiest[g], gr["sent_rows"].get<int64_t>(), gr["received_rows"].get<int64_t>()});
+      }
+      EXPECT_EQ(at, rank["waves"].get<int64_t>());
+      EXPECT_EQ(out, sent[size_t(x)] * tiles_n);
+      EXPECT_EQ(in, received[size_t(x)] * tiles_n);
+    }
+    EXPECT_EQ(most_waves, waves);
+    for (size_t g = 0; g < common.size(); ++g) EXPECT_EQ(j["groups"][g]["busiest_link_rows"], busiest[g]) << g;
+  }
+}
+
+// A drawn routing is the shape's (the tokens per rank: --tokens, else --m;
+// seeded as bench seeds it): --m T and --tokens T plan alike, and a forced
+// partition of the common axis is evaluated, not searched.
+TEST(PlanCli, AllToAllTokensAreTheShapesMAndPartitionsAreForced) {
+  const std::string flags = "--op alltoall --json --world 4 --topk 3 --routing zipf:1.2 --n 4096 --k 2048";
+  const Result by_m = run(flags + " --m 1500"), by_tokens = run(flags + " --m 4096 --tokens 1500");
+  ASSERT_EQ(by_m.rc, 0) << by_m.err;
+  EXPECT_EQ(by_m.out, by_tokens.out);
+  const nlohmann::json j = nlohmann::json::parse(by_m.out);
+  EXPECT_EQ(j["tokens"], 1500);
+  EXPECT_EQ(j["topk"], 3);
+  int64_t rows = 0;
+  for (const auto& rank : j["ranks"]) rows += rank["rows"].get<int64_t>();
+  EXPECT_EQ(rows, 4 * 1500 * 3);  // every token's K rows, somewhere
+  EXPECT_NE(by_m.out, run(flags + " --m 1501").out);
+  // Forced: 128x256 on 116 CTAs, the last wave its own group.
+  const Result probe = run(flags + " --m 1500 --tile 128x256 --reserve-sms 16 --partition 1000");
+  ASSERT_EQ(probe.rc, 2);
+  const std::string at = "common wave axis has T = ";
+  const size_t p = probe.err.find(at);
+  ASSERT_NE(p, std::string::npos) << probe.err;
+  const int T = std::stoi(probe.err.substr(p + at.size()));
+  ASSERT_GE(T, 2);
+  const std::string part = std::to_string(T - 1) + ",1";
+  const Result forced = run(flags + " --m 1500 --tile 128x256 --reserve-sms 16 --partition " + part);
+  ASSERT_EQ(forced.rc, 0) << forced.err;
+  const nlohmann::json f = nlohmann::json::parse(forced.out);
+  EXPECT_EQ(f["common"], nlohmann::json({T - 1, 1}));
+  EXPECT_FALSE(f["sequential"]);
+  EXPECT_EQ(f["ctas"], 116);
+  EXPECT_EQ(f["tile"], "128x256");
+  const Result text = run("--op alltoall --world 4 --topk 3 --routing zipf:1.2 --n 4096 --k 2048 --m 1500 "
+                          "--tile 128x256 --reserve-sms 16 --partition " + part);
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("moe plan: waves " + part + " of " + std::to_string(T) + " (128x256, 116 CTAs)"),
+            std::string::npos) << text.out;
 }
 
 TEST(PlanCli, BadInputIsOneLineAndExitCode2) {
@@ -103,8 +235,24 @@ TEST(PlanCli, BadInputIsOneLineAndExitCode2) {
       {"--partition 2,0,7", "group 1"},
       {"--op reducescatter --m 4000 --world 3", "world == 0"},
       {"--reserve-sms 132", "reserved SMs"},
-      {"--op alltoall --routing empty:7", "empty rank"},
-      {"--op alltoall --routing zipf", "unknown routing"},
+      {"--op alltoall --routing empty:7", "bad MoE routing 'empty:7': the rank must be in [0, 2)"},
+      {"--op alltoall --routing zipf", "unknown MoE routing 'zipf'"},
+      {"--op alltoall --routing skewed", "unknown MoE routing 'skewed'"},  // (the retired planner's)
+      {"--op alltoall --routing zipf:-1", "Zipf exponent"},
+      {"--op alltoall --topk 3", "top-k 3 outside [1, world = 2]"},
+      {"--op alltoall --world 2 --routing empty:1 --topk 2", "needs world > top-k"},
+      {"--op alltoall --topk -1", "--topk: must be a number >= 0"},
+      {"--op alltoall --tokens -1", "--tokens: must be a number >= 0"},
+      {"--op alltoall --routing file:" + dir.file("missing.json"), dir.file("missing.json")},
+      {"--op alltoall --routing file:" + dir.file("missing.json") + " --topk 1", "the file gives the tokens and top-K"},
+      {"--op alltoall --routing file:" + dir.write("w3.json", R"({"format": "flashoverlap.moe_routing", "schema": 1,
+          "world": 3, "picks": [[[[1, 1.0]]], [], []]})"), "a routing of 3 ranks, the world is 2"},
+      {"--op alltoall --tile 128x256 --partition 1,2,2", "partition 1,2,2 sums to 5 waves but the common wave axis has T = "},
+      {"--op alltoall --sms 8", "--reserve-sms -1 means 8 for alltoall"},
+      {"--op alltoall --reserve-sms 132", "reserved SMs 132"},
+      {"--topk 2", "--routing, --topk and --tokens are for --op alltoall"},
+      {"--op reducescatter --routing zipf:1", "--routing, --topk and --tokens are for --op alltoall"},
+      {"--tokens 5", "--routing, --topk and --tokens are for --op alltoall"},
       {"--curve " + dir.file("missing.json"), "cannot open"},
       {"--curve " + malformed, "missing \"collective\""},
       {"--op alltoall --curve " + [&] {  // a valid curve of another collective
@@ -208,7 +356,8 @@ TEST(BenchCli, ReduceScatterRefusesShapesTheWorldCannotSplit) {
 TEST(PlanCli, HasItsOwnHelp) {
   const Result r = run("--help");
   EXPECT_EQ(r.rc, 0);
-  for (const char* opt : {"--op", "--m", "--world", "--tile", "--reserve-sms", "--curve", "--partition", "--routing", "--json"})
+  for (const char* opt : {"--op", "--m", "--world", "--tile", "--reserve-sms", "--curve", "--partition", "--routing",
+                          "--topk", "--tokens", "--json"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 

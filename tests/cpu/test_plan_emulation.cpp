@@ -287,6 +287,31 @@ TEST(PlanEmulation, ReduceScatterGivesEachRankItsRowsSummed) {
   EXPECT_GT(refused, kCases / 20);  // (~22% of the cases: the refusal is tested too)
 }
 
+namespace {
+
+// Destinations alone as a combine that changes nothing: every row a token of
+// its own at its destination (numbered in (source rank, row) order), gate 1.
+fo::MoeRouting one_row_tokens(int32_t W, const std::vector<std::vector<int32_t>>& dest) {
+  fo::MoeRouting r;
+  r.world = W;
+  r.tokens.assign(size_t(W), 0);
+  r.dest_rank = dest;
+  r.dest_token.resize(size_t(W));
+  r.gate.resize(size_t(W));
+  for (int32_t src = 0; src < W; ++src) {
+    for (int32_t d : dest[size_t(src)]) r.dest_token[size_t(src)].push_back(r.tokens[size_t(d)]++);
+    r.gate[size_t(src)].assign(dest[size_t(src)].size(), 1.0f);
+  }
+  r.send_counts = fo::moe_send_counts(r);
+  return r;
+}
+
+}  // namespace
+
+// A regular all-to-all: every rank the same m, schedule and groups (of any
+// raster and swizzle, not the MoE's own), rows to destinations in any order
+// through the per-rank maps. With one-row tokens of gate 1 the combine is
+// the unweighted output, bit for bit.
 TEST(PlanEmulation, AllToAllMatchesSortedAllToAllSingle) {
   FO_SEEDED_RNG(rng);
   for (int it = 0; it < kCases; ++it) {
@@ -295,18 +320,27 @@ TEST(PlanEmulation, AllToAllMatchesSortedAllToAllSingle) {
     const fo::Schedule& s = w.s;
     static const char* kinds[] = {"uniform", "skewed", "empty", "one", "mixed"};
     const std::string kind = kinds[uniform(rng, 0, 4)];
-    fo::Routing routing = fo::make_routing(kind == "skewed" ? "skewed" : "uniform", W, s.m, rng());
-    if (kind == "empty" && W >= 2) routing = fo::make_routing("empty:" + std::to_string(uniform(rng, 0, W - 1)), W, s.m, rng());
-    if (kind == "one")  // everything to one rank: every other rank receives nothing
-      for (auto& d : routing.dest) std::fill(d.begin(), d.end(), int32_t(uniform(rng, 0, W - 1)));
-    if (kind == "mixed")  // each source its own skew
-      for (auto& d : routing.dest)
-        for (auto& x : d) x = uniform(rng, 0, 3) ? int32_t(uniform(rng, 0, W - 1)) : x;
+    const int32_t empty = kind == "empty" && W >= 2 ? int32_t(uniform(rng, 0, W - 1)) : -1;
+    const int32_t one = int32_t(uniform(rng, 0, W - 1));
+    std::vector<std::vector<int32_t>> dest(size_t(W), std::vector<int32_t>(size_t(s.m)));
+    for (auto& row_dest : dest) {
+      const int32_t skew = int32_t(uniform(rng, 0, W - 1));  // "mixed": each source its own
+      for (int32_t& d : row_dest) {
+        d = int32_t(uniform(rng, 0, W - 1));
+        if (kind == "skewed" && uniform(rng, 0, 1)) d = 0;
+        if (empty >= 0) d = d == empty ? (d + 1) % W : d;  // rank `empty` receives nothing
+        if (kind == "one") d = one;  // every other rank receives nothing
+        if (kind == "mixed" && uniform(rng, 0, 3) == 0) d = skew;
+      }
+    }
+    const fo::MoeRouting routing = one_row_tokens(W, dest);
+    const std::vector<fo::Schedule> sched(size_t(W), s);
+    const std::vector<std::vector<fo::Group>> groups(size_t(W), w.groups);
     SCOPED_TRACE(w.what + " routing=" + kind);
     std::vector<fo::SlotMap> maps;
     std::vector<Buffer> send, recv;
     for (int32_t k = 0; k < W; ++k) {
-      maps.push_back(fo::make_alltoall_map(s, w.groups, routing, k));
+      maps.push_back(fo::make_alltoall_map(sched, groups, routing, k));
       check_structure(maps[k], s, w.groups);
       if (HasFatalFailure()) return;
       send.push_back(gemm_into_slots(rng, maps[k], s, w.c[k]));
@@ -323,9 +357,18 @@ TEST(PlanEmulation, AllToAllMatchesSortedAllToAllSingle) {
       Buffer expect;
       for (int32_t src = 0; src < W; ++src)
         for (int64_t row = 0; row < s.m; ++row)
-          if (routing.dest[src][row] == k)
+          if (dest[src][row] == k)
             expect.insert(expect.end(), w.c[src].begin() + row * s.n, w.c[src].begin() + (row + 1) * s.n);
       ASSERT_EQ(post_reorder(rng, maps[k], recv[k]), expect) << "rank " << k;
+      if (empty >= 0 && k == empty) EXPECT_EQ(maps[k].out_rows, 0);
+      if (it % 4) continue;  // (the combine of one-row tokens: a quarter of the cases)
+      const fo::CombineTable table = fo::make_combine_table(routing, k);
+      ASSERT_EQ(table.tokens, maps[k].out_rows);
+      const std::vector<float> fr = random_values<float>(rng, maps[k].recv_elements());
+      std::vector<float> out(size_t(maps[k].out_rows * maps[k].n)), rows = out;
+      fo::post_reorder(maps[k], fr.data(), rows.data());
+      fo::combine_reference(maps[k], table, fr.data(), out.data());
+      ASSERT_TRUE(same_bits(out, rows)) << "rank " << k;
     }
   }
 }
@@ -573,31 +616,6 @@ TEST(PlanEmulation, MoeCombineSmallCaseIsHandChecked) {
   std::vector<float> out0(2, -1);
   fo::combine_reference(m0, fo::make_combine_table(r, 0), std::vector<float>{7, 8}.data(), out0.data());
   EXPECT_EQ(out0, (std::vector<float>{7, 8}));
-}
-
-// The single-schedule map is the per-rank one on a routing of one-row tokens
-// of gate 1: its combine is the unweighted output, bit for bit.
-TEST(PlanEmulation, RoutingAsMoeRoutingCombinesToTheUnweightedRows) {
-  FO_SEEDED_RNG(rng);
-  for (int it = 0; it < 40; ++it) {
-    const int32_t W = int32_t(uniform(rng, 1, 6));
-    const fo::Schedule s = fo_test::random_schedule(rng, fo_test::random_tile(rng), 20000);
-    const fo::Routing routing = fo::make_routing("skewed", W, s.m, rng());
-    const fo::MoeRouting moe = fo::moe_routing_of(routing);
-    fo::validate_moe_routing(moe);
-    EXPECT_EQ(moe.send_counts, fo::routing_pair_rows(routing));
-    const auto groups = fo::make_groups(s, fo_test::random_partition(rng, s.waves()));
-    for (int32_t k = 0; k < W; ++k) {
-      const fo::SlotMap map = fo::make_alltoall_map(s, groups, routing, k);
-      const fo::CombineTable table = fo::make_combine_table(moe, k);
-      ASSERT_EQ(table.tokens, map.out_rows);
-      const std::vector<float> recv = random_values<float>(rng, map.recv_elements());
-      std::vector<float> out(size_t(map.out_rows * map.n)), rows = out;
-      fo::post_reorder(map, recv.data(), rows.data());
-      fo::combine_reference(map, table, recv.data(), out.data());
-      ASSERT_TRUE(same_bits(out, rows)) << fo_test::describe(s) << " rank " << k;
-    }
-  }
 }
 
 TEST(PlanEmulation, MoeRoutingGeneratorsAreDispatchShaped) {

@@ -19,18 +19,44 @@ using fo_test::uniform;
 
 namespace {
 
+// Every row of every rank (`rows` each) to a random rank, or, skewed, half
+// of them to rank 0: rows interleaved, not the dispatch's blocks by source
+// (make_moe_routing's; see SourceOrderedRowsSpreadOverTheLinks), as a combine
+// of one row per token (numbered at its destination in (source rank, row)
+// order), gate 1.
+fo::MoeRouting interleaved(int32_t W, int64_t rows, uint64_t seed, bool skewed = false) {
+  std::mt19937_64 rng(seed);
+  fo::MoeRouting r;
+  r.world = W;
+  r.tokens.assign(size_t(W), 0);
+  r.dest_rank.resize(size_t(W));
+  r.dest_token.resize(size_t(W));
+  r.gate.resize(size_t(W));
+  for (int32_t src = 0; src < W; ++src)
+    for (int64_t i = 0; i < rows; ++i) {
+      const int32_t d = skewed && rng() % 2 == 0 ? 0 : int32_t(rng() % uint64_t(W));
+      r.dest_rank[size_t(src)].push_back(d);
+      r.dest_token[size_t(src)].push_back(r.tokens[size_t(d)]++);
+      r.gate[size_t(src)].push_back(1.0f);
+    }
+  r.send_counts = fo::moe_send_counts(r);
+  return r;
+}
+
 // make_moe_routing's uniform, zipf:1.2, one:0 or empty:R, top-k in [1,
 // min(W, 4)] (W-1 for empty): rows in dispatch order, by source rank. Or
-// "interleaved": make_routing's rows, each to a random rank (uniform or
-// skewed), as a combine of one row per token (moe_routing_of).
+// interleaved rows (uniform or skewed).
 fo::MoeRouting random_routing(std::mt19937_64& rng, int32_t W, int64_t max_tokens, std::string& what) {
   const int64_t kind = uniform(rng, 0, 4);
   const int64_t tokens = uniform(rng, 0, 4) == 0 ? uniform(rng, 0, 2) : uniform(rng, 0, max_tokens);
   if (kind == 4 || (kind == 3 && W == 1)) {
-    const char* how = uniform(rng, 0, 2) ? "uniform" : "skewed";
-    const int64_t rows = std::max<int64_t>(1, 2 * tokens);  // make_routing needs a row
-    what = std::string("interleaved ") + how + " W=" + std::to_string(W) + " rows=" + std::to_string(rows);
-    return fo::moe_routing_of(fo::make_routing(how, W, rows, rng()));
+    const bool skewed = !uniform(rng, 0, 2);
+    const int64_t rows = std::max<int64_t>(1, 2 * tokens);
+    what = std::string("interleaved ") + (skewed ? "skewed" : "uniform") + " W=" + std::to_string(W) +
+           " rows=" + std::to_string(rows);
+    const fo::MoeRouting r = interleaved(W, rows, rng(), skewed);
+    fo::validate_moe_routing(r);
+    return r;
   }
   const std::string name = kind == 0   ? "uniform"
                            : kind == 1 ? "zipf:1.2"
@@ -39,11 +65,6 @@ fo::MoeRouting random_routing(std::mt19937_64& rng, int32_t W, int64_t max_token
   const int32_t topk = int32_t(uniform(rng, 1, std::min(kind == 3 ? W - 1 : W, 4)));
   what = name + " W=" + std::to_string(W) + " tokens=" + std::to_string(tokens) + " top" + std::to_string(topk);
   return fo::make_moe_routing(name, W, tokens, topk, rng());
-}
-
-// Rows to random ranks, not in blocks by destination (see SourceOrderedRowsAreAnIncast).
-fo::MoeRouting interleaved(int32_t W, int64_t rows, uint64_t seed) {
-  return fo::moe_routing_of(fo::make_routing("uniform", W, rows, seed));
 }
 
 // A case that leans to overlap: interleaved rows filling the overlapped

@@ -21,7 +21,6 @@ fo::PlanRequest request(fo::Collective op, int64_t m, int64_t n, int64_t k, int3
   r.n = n;
   r.k = k;
   r.world = world;
-  if (op == fo::Collective::AllToAll) r.routing = fo::make_routing("uniform", world, m, 7);
   return r;
 }
 
@@ -58,11 +57,10 @@ void check_plan(const fo::Plan& p, const fo::PlanRequest& r) {
     EXPECT_GE(p.predicted.groups[g].comm_start, p.predicted.groups[g].compute_end);
   }
   // The slot maps of every rank agree with the plan's bytes.
-  const fo::Routing* routing = r.routing ? &*r.routing : nullptr;
   for (int32_t rank = 0; rank < p.world; ++rank) {
-    const fo::SlotMap map = fo::make_slot_map(p, rank, routing);
+    const fo::SlotMap map = fo::make_slot_map(p, rank);
     ASSERT_EQ(map.groups.size(), p.groups.size());
-    if (!p.sequential && p.op != fo::Collective::AllToAll) {
+    if (!p.sequential) {
       for (size_t g = 0; g < p.groups.size(); ++g) EXPECT_DOUBLE_EQ(map.groups[g].send.count * 2.0, p.group_bytes[g]);
     }
     if (p.op == fo::Collective::ReduceScatter && !p.sequential) {
@@ -99,18 +97,15 @@ TEST(PlanPlanner, DefaultAllReduceOverlapsAndBeatsSequential) {
 
 TEST(PlanPlanner, RandomRequestsGiveConsistentPlansNeverSlowerThanSequential) {
   FO_SEEDED_RNG(rng);
-  const fo::Collective ops[] = {fo::Collective::AllReduce, fo::Collective::ReduceScatter, fo::Collective::AllToAll};
+  const fo::Collective ops[] = {fo::Collective::AllReduce, fo::Collective::ReduceScatter};
   int sequential = 0, overlapped = 0;
   for (int it = 0; it < 60; ++it) {
-    const fo::Collective op = ops[it % 3];
+    const fo::Collective op = ops[it % 2];
     const int32_t world = int32_t(uniform(rng, 1, 8));
     int64_t m = uniform(rng, 0, 2) ? 128 * uniform(rng, 1, 64) : uniform(rng, 1, 9000);
     if (op == fo::Collective::ReduceScatter && 128 % world && m % world) m += world - m % world;
     fo::PlanRequest r = request(op, m, 256 * uniform(rng, 1, 40) + uniform(rng, 0, 1) * uniform(rng, 1, 255),
                                 64 * uniform(rng, 1, 256), world);
-    if (op == fo::Collective::AllToAll && world > 1 && uniform(rng, 0, 1))
-      r.routing = fo::make_routing(uniform(rng, 0, 1) ? "skewed" : "empty:" + std::to_string(uniform(rng, 0, world - 1)),
-                                   world, m, rng());
     SCOPED_TRACE(std::string(fo::to_string(op)) + " M=" + std::to_string(r.m) + " N=" + std::to_string(r.n) +
                  " K=" + std::to_string(r.k) + " world=" + std::to_string(world));
     const fo::Plan p = fo::make_plan(r);
@@ -194,7 +189,9 @@ TEST(PlanPlanner, RejectsBadRequests) {
   EXPECT_NE(with([](auto& r) { r.curve = fo::BandwidthCurve::builtin_h200(fo::Collective::AllToAll); })
                 .find("curve is for alltoall"),
             std::string::npos);
-  EXPECT_NE(with([](auto& r) { r.op = fo::Collective::AllToAll; }).find("routing"), std::string::npos);
+  // The All-to-All is the MoE planner's (every rank its own rows, per call).
+  EXPECT_NE(with([](auto& r) { r.op = fo::Collective::AllToAll; }).find("plan::make_moe_plan"), std::string::npos);
+  EXPECT_NE(with([](auto& r) { r.op = fo::Collective::AllGather; }).find("allgather"), std::string::npos);
   EXPECT_NE(with([](auto& r) { r.measured_wave_ms = {0.1}; }).find("set the tile"), std::string::npos);
   EXPECT_NE(with([](auto& r) {
               r.tile = fo::TileShape{128, 256};
@@ -260,4 +257,12 @@ TEST(PlanPlanner, PlanJsonIsValidatedOnRead) {
   EXPECT_NE(error([](auto& j) { j["rs_layout"] = "diagonal"; }).find("diagonal"), std::string::npos);
   EXPECT_NE(error([](auto& j) { j["groups"][0]["tiles"][1] = 3; }).find("group 0"), std::string::npos);
   EXPECT_NE(error([](auto& j) { j = nlohmann::json::array(); }).find("not a JSON object"), std::string::npos);
+  EXPECT_NE(error([](auto& j) { j["op"] = "alltoall"; }).find("make_moe_plan"), std::string::npos);
+}
+
+// make_plan refuses the All-to-All, so no Plan of it has a slot map either.
+TEST(PlanPlanner, NoSlotMapForAnAllToAllPlan) {
+  fo::Plan p = fo::make_plan(request(fo::Collective::AllReduce, 4096, 8192, 8192, 2));
+  p.op = fo::Collective::AllToAll;
+  EXPECT_THROW(fo::make_slot_map(p, 0), flashoverlap::InvalidArgument);
 }

@@ -16,7 +16,11 @@
 //    experts that get no rows, the maps of every rank's routing, the
 //    GEMM's stores, the waits and the post steps at W > 1 without NCCL,
 //    bitwise against the ranks' plain GEMMs;
-//  - a group that never completes times out (no hang) and says which;
+//  - the NVLink form (rows stored straight into the ranks' windows, counted
+//    there) at world 1 on NCCL, in turns with the slotted calls, and at W =
+//    2, 3, 4, 8 side by side (the windows on one GPU), bitwise the same;
+//  - a group that never completes times out (no hang) and says which, and
+//    so do a rank's lost arrivals in the NVLink form;
 //  - input the op refuses, and a call that works after the refusals.
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -270,7 +274,7 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
     const int64_t cap = max_t + 40 + slack_max + 1;  // (output rows: received rows or tokens, and one past them)
     DeviceBuffer a(size_t(max_t) * max_k * 2), b(size_t(max_n) * max_k * 2), y(size_t(max_t) * max_n * 2),
         out(size_t(cap) * ld_max * 2), tokens(size_t(cap) * 4);
-    int calls = 0, overlapped = 0, sequential = 0, combined = 0, mixed = 0, no_rows = 0;
+    int calls = 0, overlapped = 0, sequential = 0, combined = 0, mixed = 0, no_rows = 0, nvlinked = 0;
     for (int trial = 0; trial < 12; ++trial) {
       const int64_t n = kNs[rng() % 3], k = kKs[rng() % 2];
       const plan::TileShape tile = random_tile(rng);
@@ -297,6 +301,7 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
       base.n = n, base.k = int(k), base.tile = tile, base.comm = nccl;
       base.ctas = trial % 6 == 5 ? 132 : ctas_for(most_rows, n, tile, 5, rng);
       base.sequential_ctas = trial % 3 == 0 ? 132 : trial % 3 == 1 ? 0 : int32_t(1 + rng() % 64);
+      base.nvlink = trial % 2 == 1;  // (its window mapped over the communicator of one rank)
       const int64_t slack = trial % 2 ? 0 : int64_t(rng() % uint64_t(slack_max + 1));  // (the sizes exactly, or more)
       base.max_rows = most_rows + slack, base.max_recv_rows = most_rows + slack;
       base.max_tokens = int32_t(most_tokens + slack);
@@ -329,6 +334,7 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
         // The last call one group (the sequential fallback), the others groups where there are two waves.
         if (call == kCalls - 1 || waves < 2) c.common = waves > 0 ? plan::Partition{waves} : plan::Partition{};
         else c.common = at_least_two(waves, rng);
+        c.nvlink = o.nvlink && call % 2 == 1;  // (and the other calls of that op through the slots, in turns)
         const int64_t ld = call % 3 == 0 ? n : call % 3 == 1 ? n + 24 : n + 3;
         const bool with_tokens = rng() % 4 != 0;
         const std::string where = names[size_t(call)] + ", " + describe(o) +
@@ -354,11 +360,17 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
           ADD_FAILURE() << where << ": " << ex.what();
           continue;
         }
-        ++calls, overlapped += !op.sequential(), sequential += op.sequential(), combined += c.combine;
+        ++calls, combined += c.combine, nvlinked += c.nvlink;
+        if (!c.nvlink) overlapped += !op.sequential(), sequential += op.sequential();
         mixed += names[size_t(call)].find("random") != std::string::npos, no_rows += m == 0;
         EXPECT_EQ(op.recv_rows(), m) << where;
-        EXPECT_EQ(op.sequential(), c.common.size() <= 1) << where;
-        EXPECT_EQ(op.groups(), std::max<size_t>(c.common.size(), 1)) << where;
+        EXPECT_EQ(op.nvlink_call(), c.nvlink) << where;
+        if (c.nvlink) {
+          EXPECT_EQ(op.groups(), 0u) << where;
+        } else {
+          EXPECT_EQ(op.sequential(), c.common.size() <= 1) << where;
+          EXPECT_EQ(op.groups(), std::max<size_t>(c.common.size(), 1)) << where;
+        }
         auto name = [&](int64_t i) { return row_from(e, i); };
         if (c.combine) {
           EXPECT_TRUE(same_rows(out.get(), ld, cap, e.combined, e.tokens, n, st,
@@ -373,10 +385,13 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
       }
     }
     EXPECT_EQ(calls, 12 * 4) << "seed " << seed;
-    EXPECT_GE(overlapped, 8) << "seed " << seed;
-    EXPECT_GE(sequential, 12) << "seed " << seed;
-    std::fprintf(stderr, "%d calls: %d overlapped, %d sequential, %d combines, %d of mixed routings, %d without rows\n",
-                 calls, overlapped, sequential, combined, mixed, no_rows);
+    EXPECT_GE(overlapped, 6) << "seed " << seed;
+    EXPECT_GE(sequential, 6) << "seed " << seed;
+    EXPECT_GE(nvlinked, 6) << "seed " << seed;
+    std::fprintf(stderr,
+                 "%d calls: %d overlapped, %d sequential, %d NVLink form, %d combines, %d of mixed routings, %d "
+                 "without rows\n",
+                 calls, overlapped, sequential, nvlinked, combined, mixed, no_rows);
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }
@@ -562,6 +577,88 @@ class RanksOnOneGpu {
   std::vector<cudaStream_t> streams_;
 };
 
+// A test's calls of random routings on W ranks (random_routing), and the
+// sizes an op must be built for (the most of any call and rank).
+struct RandomCalls {
+  std::vector<plan::MoeRouting> routings;
+  std::vector<std::string> names;
+  int64_t most_rows = 0, most_recv = 0, most_tokens = 0;
+  RandomCalls(int world, int count, std::mt19937_64& rng) {
+    for (int call = 0; call < count; ++call) {
+      std::string name;
+      routings.push_back(random_routing(world, rng, name));
+      names.push_back(name);
+      const plan::MoeRouting& r = routings.back();
+      for (int32_t d = 0; d < world; ++d) {
+        int64_t recv = 0;
+        for (int32_t s = 0; s < world; ++s) recv += r.send_count(s, d);
+        most_rows = std::max(most_rows, r.rows(d)), most_recv = std::max(most_recv, recv);
+        most_tokens = std::max<int64_t>(most_tokens, r.tokens[size_t(d)]);
+      }
+    }
+  }
+};
+
+// Every rank's buffers in the side-by-side tests: per call its fresh inputs
+// and its plain GEMM (the reference of what it sends), poisoned outputs,
+// and the check of its output against the definition.
+struct RankData {
+  int world;
+  int64_t n, k, cap;  // cap: output rows (received rows or tokens) and one past them
+  std::vector<DeviceBuffer> a, b, y, out, tok;
+  std::vector<const void*> pa, pb;
+  std::vector<void*> pout;
+  std::vector<int32_t*> ptok;
+  std::vector<std::vector<uint16_t>> ys;
+  RankData(int w, int64_t n_, int64_t k_, const RandomCalls& c)
+      : world(w), n(n_), k(k_), cap(std::max(c.most_recv, c.most_tokens) + 1) {
+    const size_t rows = size_t(std::max<int64_t>(c.most_rows, 1));
+    for (int r = 0; r < world; ++r) {
+      a.emplace_back(rows * k * 2), b.emplace_back(size_t(n) * k * 2), y.emplace_back(rows * n * 2);
+      out.emplace_back(size_t(cap) * (n + 24) * 2), tok.emplace_back(size_t(cap) * 4);
+    }
+  }
+  // Rank r's inputs from seed sd + r * 100003; tokens_out on ranks with (r + call) % 3 != 0.
+  void prepare(const plan::MoeRouting& routing, int64_t ld, uint64_t sd, int call, cudaStream_t st) {
+    pa.clear(), pb.clear(), pout.clear(), ptok.clear(), ys.clear();
+    for (int r = 0; r < world; ++r) {
+      const int64_t m = routing.rows(r);
+      const uint64_t rs = sd + uint64_t(r) * 100003;
+      if (m > 0) kernels::fill_random(kBf16, a[size_t(r)].get(), m * k, rs, -1.f, 1.f, st);
+      kernels::fill_random(kBf16, b[size_t(r)].get(), n * k, rs + 5, -1.f, 1.f, st);
+      if (m > 0) {
+        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+        kernels::launch_gemm(
+            kernels::plain_gemm(kBf16, a[size_t(r)].get(), b[size_t(r)].get(), full, int(k), y[size_t(r)].get(), n),
+            st);
+      }
+      kernels::poison(out[size_t(r)].get(), cap * ld, st);
+      FO_CUDA_CHECK(cudaMemsetAsync(tok[size_t(r)].get(), 0xff, tok[size_t(r)].bytes(), st));
+      pa.push_back(a[size_t(r)].get()), pb.push_back(b[size_t(r)].get()), pout.push_back(out[size_t(r)].get());
+      ptok.push_back((r + call) % 3 ? tok[size_t(r)].as<int32_t>() : nullptr);
+    }
+    for (int r = 0; r < world; ++r)
+      ys.push_back(routing.rows(r) > 0 ? test::download(y[size_t(r)].get(), routing.rows(r), n, n, st)
+                                       : std::vector<uint16_t>{});
+    FO_CUDA_CHECK(cudaStreamSynchronize(st));
+  }
+  // Rank r's output (and tokens) against the definition from the ranks' GEMMs.
+  void check(const plan::MoeRouting& routing, int r, const rt::OverlapAllToAll& op, bool combine, int64_t ld,
+             const std::string& at, cudaStream_t st) const {
+    const Expected e = expected_on(routing, r, ys, n);
+    EXPECT_EQ(op.recv_rows(), e.received()) << at;
+    if (combine)
+      EXPECT_TRUE(same_rows(pout[size_t(r)], ld, cap, e.combined, e.tokens, n, st,
+                            [](int64_t t) { return "token " + std::to_string(t); }))
+          << at;
+    else
+      EXPECT_TRUE(
+          same_rows(pout[size_t(r)], ld, cap, e.rows, e.received(), n, st, [&](int64_t i) { return row_from(e, i); }))
+          << at;
+    if (ptok[size_t(r)]) EXPECT_TRUE(same_tokens(ptok[size_t(r)], cap, e.token, st)) << at;
+  }
+};
+
 }  // namespace
 
 TEST(AllToAllRanksOnOneGpu, MatchesTheSumOfTheRanksPlainGemmsBitwise) {
@@ -578,37 +675,18 @@ TEST(AllToAllRanksOnOneGpu, MatchesTheSumOfTheRanksPlainGemmsBitwise) {
     const plan::TileShape tile = random_tile(rng);
     // The calls' routings first: the ops are built once for their largest sizes.
     constexpr int kCalls = 3;
-    std::vector<plan::MoeRouting> routings;
-    std::vector<std::string> names;
-    int64_t most_rows = 0, most_recv = 0, most_tokens = 0;
-    for (int call = 0; call < kCalls; ++call) {
-      std::string name;
-      routings.push_back(random_routing(world, rng, name));
-      names.push_back(name);
-      const plan::MoeRouting& r = routings.back();
-      for (int32_t d = 0; d < world; ++d) {
-        int64_t recv = 0;
-        for (int32_t s = 0; s < world; ++s) recv += r.send_count(s, d);
-        most_rows = std::max(most_rows, r.rows(d)), most_recv = std::max(most_recv, recv);
-        most_tokens = std::max<int64_t>(most_tokens, r.tokens[size_t(d)]);
-      }
-    }
+    const RandomCalls calls_of(world, kCalls, rng);
     rt::OverlapAllToAllOptions o;
     o.n = n, o.k = int(k), o.tile = tile;
-    o.ctas = ctas_for(most_rows, n, tile, 4, rng);  // (the same on every rank: W GEMMs on one GPU's SMs)
+    o.ctas = ctas_for(calls_of.most_rows, n, tile, 4, rng);  // (the same on every rank: W GEMMs on one GPU's SMs)
     o.sequential_ctas = rng() % 2 ? 0 : 132;
-    o.max_rows = most_rows, o.max_recv_rows = most_recv, o.max_tokens = int32_t(most_tokens);
+    o.max_rows = calls_of.most_rows, o.max_recv_rows = calls_of.most_recv;
+    o.max_tokens = int32_t(calls_of.most_tokens);
     o.wait_timeout_s = 20;
     RanksOnOneGpu ranks(world, o);
-    const int64_t ld_max = n + 24, cap = std::max(most_recv, most_tokens) + 1;
-    std::vector<DeviceBuffer> a, b, y, out, tok;
-    for (int r = 0; r < world; ++r) {
-      a.emplace_back(size_t(std::max<int64_t>(most_rows, 1)) * k * 2), b.emplace_back(size_t(n) * k * 2);
-      y.emplace_back(size_t(std::max<int64_t>(most_rows, 1)) * n * 2);
-      out.emplace_back(size_t(cap) * ld_max * 2), tok.emplace_back(size_t(cap) * 4);
-    }
+    RankData data(world, n, k, calls_of);
     for (int call = 0; call < kCalls; ++call) {
-      const plan::MoeRouting& routing = routings[size_t(call)];
+      const plan::MoeRouting& routing = calls_of.routings[size_t(call)];
       int32_t most_waves = 0;
       for (int32_t r = 0; r < world; ++r)
         most_waves = std::max(most_waves, ranks.op(0).schedule_of(routing, r, false).waves());
@@ -620,37 +698,13 @@ TEST(AllToAllRanksOnOneGpu, MatchesTheSumOfTheRanksPlainGemmsBitwise) {
       else
         c.common = at_least_two(most_waves, rng);
       const int64_t ld = call == 0 ? n : rng() % 2 ? n + 24 : n + 3;
-      const std::string where = names[size_t(call)] + ", " + describe(o) + ", " + describe(c, ld) + ", trial " +
-                                std::to_string(trial) + " call " + std::to_string(call) + ", seed " +
+      const std::string where = calls_of.names[size_t(call)] + ", " + describe(o) + ", " + describe(c, ld) +
+                                ", trial " + std::to_string(trial) + " call " + std::to_string(call) + ", seed " +
                                 std::to_string(seed);
-      // Every rank's inputs and its plain GEMM, the reference of what it sends.
-      std::vector<const void*> pa, pb;
-      std::vector<void*> pout;
-      std::vector<int32_t*> ptok;
-      for (int r = 0; r < world; ++r) {
-        const int64_t m = routing.rows(r);
-        const uint64_t sd = seed + 1000 * uint64_t(trial) + 10 * uint64_t(call) + uint64_t(r) * 100003;
-        if (m > 0) kernels::fill_random(kBf16, a[size_t(r)].get(), m * k, sd, -1.f, 1.f, st);
-        kernels::fill_random(kBf16, b[size_t(r)].get(), n * k, sd + 5, -1.f, 1.f, st);
-        if (m > 0) {
-          const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
-          kernels::launch_gemm(kernels::plain_gemm(kBf16, a[size_t(r)].get(), b[size_t(r)].get(), full, int(k),
-                                                   y[size_t(r)].get(), n),
-                               st);
-        }
-        kernels::poison(out[size_t(r)].get(), cap * ld, st);
-        FO_CUDA_CHECK(cudaMemsetAsync(tok[size_t(r)].get(), 0xff, tok[size_t(r)].bytes(), st));
-        pa.push_back(a[size_t(r)].get()), pb.push_back(b[size_t(r)].get()), pout.push_back(out[size_t(r)].get());
-        ptok.push_back((r + call) % 3 ? tok[size_t(r)].as<int32_t>() : nullptr);
-      }
-      std::vector<std::vector<uint16_t>> ys;
-      for (int r = 0; r < world; ++r)
-        ys.push_back(routing.rows(r) > 0 ? test::download(y[size_t(r)].get(), routing.rows(r), n, n, st)
-                                         : std::vector<uint16_t>{});
-      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      data.prepare(routing, ld, seed + 1000 * uint64_t(trial) + 10 * uint64_t(call), call, st);
       std::string moved;
       try {
-        moved = ranks.run(pa, pb, c, pout, ld, ptok);
+        moved = ranks.run(data.pa, data.pb, c, data.pout, ld, data.ptok);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
       } catch (const std::exception& ex) {
         ADD_FAILURE() << where << ": " << ex.what();
@@ -669,19 +723,9 @@ TEST(AllToAllRanksOnOneGpu, MatchesTheSumOfTheRanksPlainGemmsBitwise) {
           continue;
         }
         overlapped += !op.sequential(), sequential += op.sequential(), idle += routing.rows(r) == 0;
-        const Expected e = expected_on(routing, r, ys, n);
-        EXPECT_EQ(op.recv_rows(), e.received()) << at;
         EXPECT_EQ(op.sequential(), c.common.size() <= 1) << at;
         EXPECT_EQ(op.groups(), std::max<size_t>(c.common.size(), 1)) << at;
-        if (c.combine)
-          EXPECT_TRUE(same_rows(pout[size_t(r)], ld, cap, e.combined, e.tokens, n, st,
-                                [](int64_t t) { return "token " + std::to_string(t); }))
-              << at;
-        else
-          EXPECT_TRUE(same_rows(pout[size_t(r)], ld, cap, e.rows, e.received(), n, st,
-                                [&](int64_t i) { return row_from(e, i); }))
-              << at;
-        if (ptok[size_t(r)]) EXPECT_TRUE(same_tokens(ptok[size_t(r)], cap, e.token, st)) << at;
+        data.check(routing, r, op, c.combine, ld, at, st);
       }
     }
   }
@@ -736,6 +780,147 @@ TEST(AllToAllRanksOnOneGpu, AStuckGroupTimesOutAndSaysWhich) {
   }
 }
 
+namespace {
+
+// W ranks' ops built with the NVLink form, side by side on one GPU: each
+// rank's window is device memory of this GPU, so that every op's GEMM
+// stores into the others' as it would over NVLink (connect_peers), and the
+// ranks' calls, enqueued one after another on their own streams, meet on
+// the device through the arrival counters alone (no harness moves rows).
+struct NvlinkRanks {
+  NvlinkRanks(int world, rt::OverlapAllToAllOptions o, int drop_rank = -1) {
+    o.comm = nullptr, o.tail_comm = nullptr, o.core = nullptr, o.world = world, o.nvlink = true;
+    o.transport = [](const rt::A2aGroupCall&) { throw Error("the NVLink form called a transport"); };
+    for (int r = 0; r < world; ++r) {
+      o.rank = r, o.testing.fault_drop_arrivals = r == drop_rank;
+      ops.push_back(std::make_unique<rt::OverlapAllToAll>(o));
+      cudaStream_t st;
+      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      streams.push_back(st);
+    }
+    std::vector<void*> windows;
+    for (auto& op : ops) windows.push_back(op->window());
+    for (auto& op : ops) op->connect_peers(windows);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~NvlinkRanks() {
+    ops.clear();
+    for (cudaStream_t st : streams) cudaStreamDestroy(st);
+  }
+  void run(const std::vector<const void*>& a, const std::vector<const void*>& b, const rt::A2aCall& call,
+           const std::vector<void*>& out, int64_t ld_out, const std::vector<int32_t*>& tokens_out) {
+    for (size_t r = 0; r < ops.size(); ++r) ops[r]->run(a[r], b[r], call, out[r], ld_out, streams[r], tokens_out[r]);
+  }
+  std::vector<std::unique_ptr<rt::OverlapAllToAll>> ops;
+  std::vector<cudaStream_t> streams;
+};
+
+}  // namespace
+
+// The NVLink form at W = 2, 3, 4, 8 on one GPU: every kind of routing
+// (rows in the dispatch's order or shuffled), experts without rows, several
+// calls on one set of ops (the window's halves in turn, the counters' running
+// totals), combined or not, strided outputs: bitwise the ranks' plain GEMMs
+// routed and combined on the host.
+TEST(AllToAllNvlinkOnOneGpu, MatchesTheRanksPlainGemmsBitwise) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  cudaStream_t st;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  static const int kWorlds[] = {2, 3, 4, 8};
+  int calls = 0, idle = 0, combined = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    const int world = kWorlds[trial % 4];
+    const int64_t n = kNs[rng() % 3], k = kKs[rng() % 2];
+    const plan::TileShape tile = random_tile(rng);
+    constexpr int kCalls = 5;
+    const RandomCalls calls_of(world, kCalls, rng);
+    rt::OverlapAllToAllOptions o;
+    o.n = n, o.k = int(k), o.tile = tile;
+    o.ctas = ctas_for(calls_of.most_rows, n, tile, 4, rng);
+    o.sequential_ctas = int32_t(1 + rng() % 132);  // (the NVLink form's grid; W of them share the GPU)
+    o.max_rows = calls_of.most_rows, o.max_recv_rows = calls_of.most_recv;
+    o.max_tokens = int32_t(calls_of.most_tokens);
+    o.wait_timeout_s = 20;
+    NvlinkRanks ranks(world, o);
+    RankData data(world, n, k, calls_of);
+    for (int call = 0; call < kCalls; ++call) {
+      const plan::MoeRouting& routing = calls_of.routings[size_t(call)];
+      rt::A2aCall c;
+      c.routing = &routing, c.nvlink = true, c.combine = (call + trial) % 3 != 0;
+      const int64_t ld = call == 0 ? n : rng() % 2 ? n + 24 : n + 3;
+      const std::string where = calls_of.names[size_t(call)] + ", " + describe(o) + ", NVLink form, combine " +
+                                std::to_string(c.combine) + ", ld " + std::to_string(ld) + ", trial " +
+                                std::to_string(trial) + " call " + std::to_string(call) + ", seed " +
+                                std::to_string(seed);
+      data.prepare(routing, ld, seed + 1000 * uint64_t(trial) + 10 * uint64_t(call), call, st);
+      try {
+        ranks.run(data.pa, data.pb, c, data.pout, ld, data.ptok);
+        FO_CUDA_CHECK(cudaDeviceSynchronize());
+      } catch (const std::exception& ex) {
+        ADD_FAILURE() << where << ": " << ex.what();
+        FO_CUDA_CHECK(cudaDeviceSynchronize());
+        break;  // (the ops' running totals are out of step after a refused call)
+      }
+      ++calls, combined += c.combine;
+      for (int r = 0; r < world; ++r) {
+        const std::string at = where + ", rank " + std::to_string(r);
+        rt::OverlapAllToAll& op = *ranks.ops[size_t(r)];
+        try {
+          op.check();
+        } catch (const std::exception& ex) {
+          ADD_FAILURE() << at << ": " << ex.what();
+          continue;
+        }
+        idle += routing.rows(r) == 0;
+        EXPECT_TRUE(op.nvlink_call()) << at;
+        EXPECT_EQ(op.groups(), 0u) << at;
+        data.check(routing, r, op, c.combine, ld, at, st);
+      }
+    }
+  }
+  EXPECT_EQ(calls, 12 * 5) << "seed " << seed;
+  std::fprintf(stderr, "NVLink form: %d calls (%d combines), %d rank calls of experts without rows\n", calls,
+               combined, idle);
+  FO_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// A rank whose counts never arrive (rank 1's, to every rank): every
+// receiver's wait times out (no hang) and check() names rank 1.
+TEST(AllToAllNvlinkOnOneGpu, LostArrivalsTimeOutAndSayWhose) {
+  REQUIRE_HOPPER();
+  const int64_t n = 512, k = 64, rows = 1024;
+  const plan::MoeRouting routing = plan::make_moe_routing("uniform", 3, rows / 2, 2, 11);
+  rt::OverlapAllToAllOptions o;
+  o.n = n, o.k = int(k), o.tile = {128, 128}, o.ctas = 8, o.sequential_ctas = 16;
+  o.max_rows = 2 * rows, o.max_recv_rows = 2 * rows, o.max_tokens = int32_t(rows);
+  o.wait_timeout_s = 0.5;
+  NvlinkRanks ranks(3, o, /*drop_rank=*/1);
+  DeviceBuffer a(size_t(2 * rows) * k * 2), b(size_t(n) * k * 2);
+  std::vector<DeviceBuffer> out;
+  for (int r = 0; r < 3; ++r) out.emplace_back(size_t(rows) * n * 2);
+  kernels::fill_random(kBf16, a.get(), 2 * rows * k, 1, -1.f, 1.f, nullptr);
+  kernels::fill_random(kBf16, b.get(), n * k, 2, -1.f, 1.f, nullptr);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  rt::A2aCall call;
+  call.routing = &routing, call.nvlink = true;
+  ranks.run({a.get(), a.get(), a.get()}, {b.get(), b.get(), b.get()}, call,
+            {out[0].get(), out[1].get(), out[2].get()}, n, {nullptr, nullptr, nullptr});
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int r = 0; r < 3; ++r) {
+    try {
+      ranks.ops[size_t(r)]->check();
+      ADD_FAILURE() << "rank " << r << ": the lost arrivals were not reported";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank " + std::to_string(r) + ":"), std::string::npos) << what;
+      EXPECT_NE(what.find("rows from rank 1 "), std::string::npos) << what;
+      EXPECT_NE(what.find("did not arrive within"), std::string::npos) << what;
+    }
+  }
+}
+
 // What the op refuses, before it enqueues anything: then a call that works.
 TEST(AllToAllOneGpu, BadInputThrowsInvalidArgument) {
   REQUIRE_HOPPER();
@@ -775,6 +960,8 @@ TEST(AllToAllOneGpu, BadInputThrowsInvalidArgument) {
     refused(bad, "max_rows < 0");
     bad = o, bad.wait_timeout_s = 0;
     refused(bad, "no timeout");
+    bad = o, bad.nvlink = true, bad.n = 252;
+    refused(bad, "the NVLink form with n % 8 != 0");
   }
   rt::OverlapAllToAll op(o);
   ASSERT_EQ(op.schedule_of(max_rows, false).waves(), 2);
@@ -813,6 +1000,12 @@ TEST(AllToAllOneGpu, BadInputThrowsInvalidArgument) {
   EXPECT_THROW(run(&ok, {1, 1, 1}, true, out.get(), n, a.get()), InvalidArgument)
       << "more groups than the waves of max_rows, " << where;
   EXPECT_THROW(run(&ok, {2, 0}, true, out.get(), n, a.get()), InvalidArgument) << "an empty group, " << where;
+  {
+    rt::A2aCall c;
+    c.routing = &ok, c.nvlink = true;
+    EXPECT_THROW(op.run(a.get(), b.get(), c, out.get(), n, st), InvalidArgument)
+        << "the NVLink form on an op built without it, " << where;
+  }
   // No tokens and no rows: nothing to write, no output needed.
   const plan::MoeRouting none = plan::make_moe_routing("uniform", 1, 0, 1, seed);
   EXPECT_NO_THROW(run(&none, {}, true, nullptr, n, nullptr)) << where;

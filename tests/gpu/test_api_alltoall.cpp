@@ -27,7 +27,9 @@ constexpr kernels::DType kBf16 = kernels::DType::BF16;
 namespace {
 
 using Path = GemmAllToAllOptions::Path;
-const char* name(Path p) { return p == Path::Sequential ? "sequential" : p == Path::Slots ? "slots" : "auto"; }
+const char* name(Path p) {
+  return p == Path::Sequential ? "sequential" : p == Path::Slots ? "slots" : p == Path::NVLink ? "nvlink" : "auto";
+}
 int world_here() { return std::min(rt::hopper_device_count(), 2); }
 
 // This rank's part of a routing, as the op takes it (host arrays kept here).
@@ -65,13 +67,13 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
         out(size_t(recv_max) * (n + 8) * 2), ref(size_t(recv_max) * n * 2), rows_ref(size_t(recv_max) * n * 2),
         tokens(size_t(recv_max) * 4);
     static const char* kinds[] = {"uniform", "zipf:1.2", "one:0", "empty:1"};
-    for (Path path : {Path::Sequential, Path::Slots, Path::Auto}) {
+    for (Path path : {Path::Sequential, Path::Slots, Path::Auto, Path::NVLink}) {
       GemmAllToAllOptions o;
       o.path = path;
       GemmAllToAll op(comm, max_rows, max_tokens, topk, n, k, DType::BF16, o);
       ASSERT_EQ(op.world(), world);
       std::mt19937_64 rng(seed + 10 * uint64_t(path));  // (the same routings on every rank)
-      int overlapped = 0;
+      int overlapped = 0, nvlinked = 0;
       for (int call = 0; call < 16; ++call) {
         std::string kind = kinds[rng() % 4];
         if (kind == "empty:1" && topk >= world) kind = "zipf:3";  // (K distinct of W leave no rank out)
@@ -87,7 +89,7 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
         kernels::fill_random(kBf16, b.get(), n * k, sd + 1, -1.f, 1.f, st);
         kernels::poison(out.get(), recv_max * (n + 8), st);
         op.run(a.get(), b.get(), local.r, out.get(), st, combine, ld, combine ? nullptr : tokens.as<int32_t>());
-        overlapped += op.last_plan().rfind("slots", 0) == 0;
+        overlapped += op.last_plan().rfind("slots", 0) == 0, nvlinked += op.last_plan().rfind("nvlink", 0) == 0;
         // The reference: our GEMM on the full grid, the baseline's all-to-all, its combine.
         rt::MoeCombineBaseline base(routing, rank, n, kBf16, nccl);
         if (rows > 0) {
@@ -121,6 +123,7 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
       }
       if (path == Path::Slots) EXPECT_GE(overlapped, 8) << "the slots path overlapped too rarely";
       if (path == Path::Sequential) EXPECT_EQ(overlapped, 0);
+      EXPECT_EQ(nvlinked, path == Path::NVLink ? 16 : 0) << name(path) << " path";
     }
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
@@ -164,5 +167,8 @@ TEST(GemmAllToAllApi, BadRoutingsAreRefusedOnEveryRank) {
     EXPECT_THROW(GemmAllToAll(comm, 0, 10, 1, n, k, DType::BF16), InvalidArgument);
     EXPECT_THROW(GemmAllToAll(comm, 10, 10, world + 1, n, k, DType::BF16), InvalidArgument);
     EXPECT_THROW(GemmAllToAll(comm, 10, 10, 1, n, 60, DType::BF16), InvalidArgument);
+    GemmAllToAllOptions nv;
+    nv.path = Path::NVLink;
+    EXPECT_THROW(GemmAllToAll(comm, 10, 10, 1, 1001, k, DType::BF16, nv), InvalidArgument);  // (n % 8 != 0)
   });
 }

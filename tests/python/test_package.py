@@ -351,6 +351,9 @@ class CApi(unittest.TestCase):
         o.path = 9
         with self.assertRaisesRegex(InvalidArgument, r"options->path = 9 is not an fo_path"):
             self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 0, ctypes.byref(o), ctypes.byref(h))
+        o.path = 5
+        with self.assertRaisesRegex(InvalidArgument, r"options->path = 5 \(FO_PATH_NVLINK\) is not a GemmAllReduce path"):
+            self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 0, ctypes.byref(o), ctypes.byref(h))
         self.assertIsNone(h.value)
 
     def test_reducescatter_values_are_checked_before_the_handle(self):
@@ -362,6 +365,7 @@ class CApi(unittest.TestCase):
             ("path", 2, r"^fo_gemm_reducescatter_create: options->path = 2 \(FO_PATH_ROW_BANDS\) is not a "
                         r"GemmReduceScatter path \(FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3\)$"),
             ("path", 4, r"options->path = 4 \(FO_PATH_OWNERS\) is not a GemmReduceScatter path"),
+            ("path", 5, r"options->path = 5 \(FO_PATH_NVLINK\) is not a GemmReduceScatter path"),
             ("path", 9, r"options->path = 9 is not an fo_path of GemmReduceScatter"),
             ("layout", 2, r"^fo_gemm_reducescatter_create: options->layout = 2 is not an fo_rs_layout "
                           r"\(FO_RS_LAYOUT_STANDARD 0, FO_RS_LAYOUT_SUBTILE 1\)$"),
@@ -496,9 +500,10 @@ class CApi(unittest.TestCase):
         o = _capi.make_a2a_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5, exchange_timeout_s=600)
         self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s), (3, 16, 5.0, 600.0))
         self.assertEqual(_capi.make_a2a_options(self.lib, "sequential").path, 1)
+        self.assertEqual(_capi.make_a2a_options(self.lib, "nvlink").path, 5)
         for bad in ("row_bands", "owners", "rows"):
-            with self.assertRaisesRegex(InvalidArgument, f"path = '{bad}': one of 'auto', 'sequential', 'slots' "
-                                                         r"\(GemmAllToAll's\)"):
+            with self.assertRaisesRegex(InvalidArgument, f"path = '{bad}': one of 'auto', 'sequential', 'slots', "
+                                                         r"'nvlink' \(GemmAllToAll's\)"):
                 _capi.make_a2a_options(self.lib, bad)
         for size in (8, 31):
             with self.assertRaisesRegex(InvalidArgument, f"^fo_gemm_alltoall_options_default: struct_size = {size} "
@@ -513,7 +518,7 @@ class CApi(unittest.TestCase):
             self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 7, None, ctypes.byref(h))
         cases = (
             ("path", 2, r"^fo_gemm_alltoall_create: options->path = 2 \(FO_PATH_ROW_BANDS\) is not a GemmAllToAll "
-                        r"path \(FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3\)$"),
+                        r"path \(FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3, FO_PATH_NVLINK 5\)$"),
             ("path", 4, r"options->path = 4 \(FO_PATH_OWNERS\) is not a GemmAllToAll path"),
             ("path", 9, r"options->path = 9 is not an fo_path of GemmAllToAll"),
             ("struct_size", 16, r"options->struct_size = 16 is below 32 \(fill the options with "
@@ -1299,7 +1304,7 @@ class TorchValidation(unittest.TestCase):
             for kw, message in (({"layout": "diagonal"}, "layout = 'diagonal': one of 'standard', 'subtile'"),
                                 ({"path": "row_bands"}, "path = 'row_bands': one of 'auto', 'sequential', 'slots'"),
                                 ({"dtype": t.float32}, "dtype torch.float32 is not supported"),
-                                ({"k": 12}, "k = 12: needs")):
+                                ({"k": 12}, "max_m = 128, n = 32, k = 12: needs")):
                 args = dict(group=None, max_m=128, n=32, k=16, dtype=t.bfloat16)
                 args.update(kw)
                 with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: " + re.escape(message)):
@@ -1307,8 +1312,9 @@ class TorchValidation(unittest.TestCase):
             for kw, message in (({"path": "owners"}, "path = 'owners': one of 'auto', 'sequential', 'slots'"),
                                 ({"dtype": t.float32}, "dtype torch.float32 is not supported"),
                                 ({"max_rows": 0}, "max_rows = 0, max_tokens = 128, n = 32, k = 16: needs"),
-                                ({"max_tokens": 1 << 30}, "1 <= max_tokens < 2^30"),
-                                ({"k": 12}, "k = 12: needs"),
+                                ({"max_tokens": 1 << 30}, "max_rows = 128, max_tokens = 1073741824, n = 32, k = 16: "
+                                                          "needs max_rows >= 1, 1 <= max_tokens < 2^30"),
+                                ({"k": 12}, "max_rows = 128, max_tokens = 128, n = 32, k = 12: needs"),
                                 ({"topk": 1.0}, "topk = 1.0 is not an int")):
                 args = dict(group=None, max_rows=128, max_tokens=128, topk=1, n=32, k=16, dtype=t.bfloat16)
                 args.update(kw)

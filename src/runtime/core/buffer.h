@@ -90,10 +90,16 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-// A host vector into device memory that exists (a window's flags, ...).
+// A host vector into device memory that exists (a window's flags, ...),
+// there once this returns. (cudaMemcpy from pageable memory may return
+// before its DMA lands, and a kernel on a non-blocking stream is not
+// ordered after it: a GEMM read a table half copied, a test compared with
+// a reference half there. So the copy's stream is synchronised too.)
 template <typename T>
 void copy_to_device(void* dst, const std::vector<T>& v) {
-  if (!v.empty()) FO_CUDA_CHECK(cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  if (v.empty()) return;
+  FO_CUDA_CHECK(cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  FO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 // A device copy of a host vector: the kernels' tables and pointer arrays.
 template <typename T>

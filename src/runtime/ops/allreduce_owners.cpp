@@ -81,6 +81,7 @@ void OverlapAllReduce::setup_owned() {
   owner_peer_flags_ = reinterpret_cast<uint32_t*>(peer + flags_at);
   push_peers_ = DeviceBuffer(sizeof(void*));
   FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), &peer, sizeof(void*), cudaMemcpyHostToDevice));
+  FO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // (its DMA landed: buffer.h, copy_to_device)
   owner_split_ = s.tiles() / 2;
   if (wide()) {
     const size_t w = static_cast<size_t>(world_);

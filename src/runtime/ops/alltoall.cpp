@@ -9,6 +9,8 @@
 #include "kernels/alltoall_tables.h"
 #include "kernels/reorder.h"
 #include "runtime/core/checks.h"
+#include "plan/alltoall_peers.h"
+#include "runtime/transport/peers.h"
 #include "runtime/transport/send_recv.h"
 
 namespace flashoverlap::rt {
@@ -72,7 +74,40 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
   for (size_t i = 0; i < recv; ++i) iota[i] = int32_t(i);
   iota_ = to_device(iota);
   FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
-  if (!opts_.core) FO_CUDA_CHECK(cudaDeviceSynchronize());
+  if (opts_.nvlink) {
+    if (world_ > kernels::kMaxCounters || opts_.n % 8 != 0 ||
+        int64_t{world_} * std::max<int64_t>(opts_.max_recv_rows, 1) > INT32_MAX)
+      throw InvalidArgument(who + ": the NVLink form needs world <= " + std::to_string(kernels::kMaxCounters) +
+                            ", n % 8 == 0 and world * max_recv_rows within int32");
+    half_bytes_ = aligned(size_t(std::max<int64_t>(opts_.max_recv_rows, 1)) * size_t(opts_.n) * 2);
+    window_ = DeviceBuffer(kWindowHeader + 2 * half_bytes_);
+    sink_ = DeviceBuffer(size_t(world_) * 4);
+    FO_CUDA_CHECK(cudaMemset(window_.get(), 0, kWindowHeader));
+    expected_.assign(size_t(world_), 0);
+  }
+  if (!opts_.core || opts_.nvlink) FO_CUDA_CHECK(cudaDeviceSynchronize());
+  if (opts_.nvlink && !opts_.transport) {  // every rank's window mapped here; none counts before all are zeroed
+    mapped_ = std::make_unique<PeerMappedBuffer>(opts_.comm, rank_, window_.get(), 0);
+    std::vector<void*> all;
+    for (int r = 0; r < world_; ++r) all.push_back(mapped_->of(r));
+    connect_peers(all);
+    setup_barrier(opts_.comm, rank_, "the All-to-All's receive windows");
+  }
+}
+
+void OverlapAllToAll::connect_peers(const std::vector<void*>& windows) {
+  const std::string who = "OverlapAllToAll::connect_peers (rank " + std::to_string(rank_) + ")";
+  if (!opts_.nvlink) throw InvalidArgument(who + ": the op was built without nvlink");
+  if (windows.size() != size_t(world_) || std::find(windows.begin(), windows.end(), nullptr) != windows.end())
+    throw InvalidArgument(who + ": needs " + std::to_string(world_) + " windows, none null");
+  // [0, W) half 0's rows, [W, 2W) half 1's, [2W, 3W) this source's
+  // counter at each rank, [3W, 4W) the fault sink's.
+  std::vector<void*> ptrs;
+  for (int h = 0; h < 2; ++h)
+    for (void* w : windows) ptrs.push_back(static_cast<char*>(w) + kWindowHeader + size_t(h) * half_bytes_);
+  for (void* w : windows) ptrs.push_back(static_cast<uint32_t*>(w) + rank_);
+  for (int d = 0; d < world_; ++d) ptrs.push_back(sink_.as<uint32_t>() + d);
+  peer_ptrs_ = to_device(ptrs);
 }
 
 OverlapAllToAll::~OverlapAllToAll() {
@@ -106,7 +141,7 @@ void OverlapAllToAll::upload(cudaStream_t stream) {
   };
   const plan::AllToAllTables& t = tables_host_;
   const std::vector<int32_t> group_of_tile =
-      direct_ ? std::vector<int32_t>{} : plan::group_of_tiles(my_groups_, t.tiles(), opts_.testing.fault_drop_group);
+      whole_rows() ? std::vector<int32_t>{} : plan::group_of_tiles(my_groups_, t.tiles(), opts_.testing.fault_drop_group);
   put(kTmOf, t.tm_of.data(), t.tm_of.size() * 4);
   put(kSbase, t.sbase.data(), t.sbase.size() * 4);
   put(kDest, t.dest.data(), t.dest.size() * 4);
@@ -164,6 +199,11 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   if ((rows > 0 && (!a || !b)) || (!out && (call.combine ? tokens : recv_rows) > 0))
     throw InvalidArgument(who + ": null input or output");
   if (ld_out < opts_.n) throw InvalidArgument(who + ": ld_out < n");
+  if (call.nvlink) {
+    run_nvlink(a, b, call, out, ld_out, stream, tokens_out);
+    return;
+  }
+  nvlink_call_ = false;
 
   // This call's plan: every rank's schedule and groups.
   const bool seq = call.common.size() <= 1;
@@ -199,7 +239,7 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
     c.send = {0, sent * opts_.n}, c.recv = {0, got * opts_.n};
     calls_ = {c};
     recv_rows_ = got;
-    direct_elems_ = {sent * opts_.n, got * opts_.n};
+    rows_elems_ = {sent * opts_.n, got * opts_.n};
   } else {
     tables_host_ = plan::make_alltoall_tables(scheds, groups, routing, rank_);
     calls_ = tables_host_.groups;
@@ -238,30 +278,86 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   }
   if (!seq) core_->join(stream);
 
+  post(call, recv_, out, ld_out, stream, tokens_out);
+  core_->end_call(stream);
+}
+
+void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& call, void* out, int64_t ld_out,
+                                 cudaStream_t stream, int32_t* tokens_out) {
+  const plan::MoeRouting& routing = *call.routing;
+  if (!nvlink_ready())
+    throw InvalidArgument("OverlapAllToAll::run (rank " + std::to_string(rank_) +
+                          "): the NVLink form needs the op built with nvlink and every rank's window connected");
+  // The whole grid (no SMs for NCCL), each rank's walk starting at the
+  // next rank's rows as the slotted calls' (make_moe_schedule).
+  const plan::Schedule s = schedule_of(routing, rank_, /*sequential=*/true);
+  tables_host_ = plan::make_alltoall_peer_tables(s, routing, rank_, std::max<int64_t>(opts_.max_recv_rows, 1));
+  table_ = plan::make_combine_table(routing, rank_);
+  my_groups_.clear(), calls_.clear(), target_.clear();
+  direct_ = false, nvlink_call_ = true;
+  recv_rows_ = tables_host_.out_rows;
+  rows_elems_ = {s.m * opts_.n, recv_rows_ * opts_.n};
+  kernels::CounterTargets targets{};
+  for (int src = 0; src < world_; ++src) {  // 2 per tile of every source (1 for a call with none)
+    const int32_t tiles = src == rank_ ? s.tiles() : schedule_of(routing, src, true).tiles();
+    expected_[size_t(src)] += tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u;
+    targets.target[src] = expected_[size_t(src)];
+  }
+  const size_t half = size_t(nvlink_calls_++ % 2), W = size_t(world_);
+  void* const* ptrs = peer_ptrs_.as<void*>();
+  uint32_t* const* arrivals = reinterpret_cast<uint32_t* const*>(ptrs + (opts_.testing.fault_drop_arrivals ? 3 : 2) * W);
+
+  core_->begin_call(stream);
+  upload(stream);
+  if (s.m > 0) {
+    kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+    p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
+    p.scatter.world = world_, p.scatter.rows = ptrs + half * W;
+    p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;
+    kernels::launch_gemm(p, stream);
+  } else {
+    kernels::launch_signal_counters(arrivals, world_, 1, stream);
+  }
+  kernels::launch_wait_counters(window_.as<uint32_t>(), world_, targets, timeout_ns(), wait_error_, stream);
+  post(call, window_.as<char>() + kWindowHeader + half * half_bytes_, out, ld_out, stream, tokens_out);
+  core_->end_call(stream);
+}
+
+void OverlapAllToAll::post(const A2aCall& call, const void* recv, void* out, int64_t ld_out, cudaStream_t stream,
+                           int32_t* tokens_out) {
   // The received slot rows: bn wide, per (row, column block) through
-  // slot_of_out; in the direct call the rows themselves (n wide, one each).
-  const plan::Schedule& any = scheds[0];
-  const int32_t row_width = direct_ ? int32_t(opts_.n) : any.bn, blocks = direct_ ? 1 : any.tiles_n();
-  const int32_t* slot_of = direct_ ? iota_.as<int32_t>() : slot_of_out_.as<int32_t>();
+  // slot_of_out; in the direct and NVLink calls the rows themselves (n
+  // wide, one each).
+  const char* t = tables_.as<char>();
+  auto table = [&](Table x) { return reinterpret_cast<const int32_t*>(t + offsets_[size_t(x)]); };
+  const int32_t tiles_n = int32_t((opts_.n + opts_.tile.bn - 1) / opts_.tile.bn);
+  const int32_t row_width = whole_rows() ? int32_t(opts_.n) : opts_.tile.bn, blocks = whole_rows() ? 1 : tiles_n;
+  const int32_t* slot_of = whole_rows() ? iota_.as<int32_t>() : slot_of_out_.as<int32_t>();
+  const int32_t tokens = call.routing->tokens[size_t(rank_)];
   if (call.combine)
-    kernels::combine_slot_rows(opts_.dtype, recv_, row_width, slot_of, blocks, table(kTokenBegin), table(kTokenRows),
+    kernels::combine_slot_rows(opts_.dtype, recv, row_width, slot_of, blocks, table(kTokenBegin), table(kTokenRows),
                                reinterpret_cast<const float*>(t + offsets_[kGate]), tokens, int32_t(opts_.n), out,
                                ld_out, stream);
-  else if (recv_rows > 0)
-    kernels::gather_slot_rows(opts_.dtype, recv_, row_width, slot_of, blocks, int32_t(recv_rows), int32_t(opts_.n),
+  else if (recv_rows_ > 0)
+    kernels::gather_slot_rows(opts_.dtype, recv, row_width, slot_of, blocks, int32_t(recv_rows_), int32_t(opts_.n),
                               out, ld_out, stream);
-  if (tokens_out && recv_rows > 0)
-    FO_CUDA_CHECK(cudaMemcpyAsync(tokens_out, table(kToken), size_t(recv_rows) * 4, cudaMemcpyDeviceToDevice, stream));
-  core_->end_call(stream);
+  if (tokens_out && recv_rows_ > 0)
+    FO_CUDA_CHECK(cudaMemcpyAsync(tokens_out, table(kToken), size_t(recv_rows_) * 4, cudaMemcpyDeviceToDevice, stream));
 }
 
 void OverlapAllToAll::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
-  os << "rank " << rank_ << ": group " << e.group << " of the overlapped GEMM+All-to-All (n " << opts_.n << ", k "
-     << opts_.k << ") did not complete within " << opts_.wait_timeout_s << " s: counter " << e.value << ", expected "
-     << e.expected << " (the GEMM did not signal all of the group's tiles)";
+  if (e.group < 0)  // (the NVLink form's wait: group -1 - source)
+    os << "rank " << rank_ << ": the rows from rank " << (-1 - e.group)
+       << " of the overlapped GEMM+All-to-All (NVLink form; n " << opts_.n << ", k " << opts_.k
+       << ") did not arrive within " << opts_.wait_timeout_s << " s: arrivals " << e.value << ", expected "
+       << e.expected << " (that rank's GEMM did not count all of its tiles here, or it is out of step)";
+  else
+    os << "rank " << rank_ << ": group " << e.group << " of the overlapped GEMM+All-to-All (n " << opts_.n << ", k "
+       << opts_.k << ") did not complete within " << opts_.wait_timeout_s << " s: counter " << e.value
+       << ", expected " << e.expected << " (the GEMM did not signal all of the group's tiles)";
   throw Error(os.str());
 }
 

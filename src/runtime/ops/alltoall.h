@@ -24,6 +24,21 @@
 //                  combine, out[t] = sum of gate * row over token t's rows
 //                  in that order, fp32, rounded once
 //
+// The NVLink form (A2aCall::nvlink; the op built with `nvlink`): no slots
+// and no NCCL call. Every rank's receive window (two halves of
+// max_recv_rows rows, n wide, used by calls in turn, and an arrival
+// counter per source) is mapped in every rank's process; the GEMM, on the
+// whole grid, stores each row straight into its destination's window, in
+// the (source rank, source row) order there (plan/alltoall_peers.h), and
+// counts each finished half tile at every rank (kernels::Scatter); a rank
+// with no rows counts its call once. The post step waits for every
+// source's count to reach its running total (the ranks' tiles per call are
+// known to all from the routing: counters are never reset) and reads the
+// rows where they landed. A window half is written again two calls later:
+// by then every source has seen this rank's counts of the call between,
+// which it sent after its post step of the earlier one (stream order), so
+// the half has been read.
+//
 // A partition of one group runs the sequential fallback: the same GEMM into
 // the slots, one all-to-all on the caller's stream, the post step; where
 // every rank's rows are by destination (the dispatch's order) and n % 8 ==
@@ -50,6 +65,7 @@
 #include "plan/slot_map_alltoall.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/overlap_core.h"
+#include "runtime/transport/peer_map.h"
 
 namespace flashoverlap::rt {
 
@@ -86,8 +102,14 @@ struct OverlapAllToAllOptions {
   A2aTransport transport;          // empty: NCCL on comm
   double wait_timeout_s = 30.0;
   OverlapCore* core = nullptr;     // shared with other ops (nullptr: the op's own)
+  // The NVLink form: a receive window the peers store into (2 x
+  // max_recv_rows x n elements), mapped at construction over comm (CUDA IPC
+  // or peer access); with a transport of one's own, connect_peers. world
+  // <= 8, n % 8 == 0.
+  bool nvlink = false;
   struct Testing {
     int fault_drop_group = -1;  // this group's signals go nowhere: its wait times out
+    bool fault_drop_arrivals = false;  // the NVLink form: this rank's counts go nowhere: its receivers time out
   } testing;
 };
 
@@ -97,6 +119,7 @@ struct A2aCall {
   const plan::MoeRouting* routing = nullptr;
   plan::Partition common;  // one group (or no waves anywhere): sequential
   bool combine = true;     // false: the received rows, unweighted
+  bool nvlink = false;     // the NVLink form (`common` unused); the same on every rank
 };
 
 class OverlapAllToAll {
@@ -115,6 +138,13 @@ class OverlapAllToAll {
   // Throws Error naming rank and group if a wait of an earlier call timed out.
   void check() const;
 
+  // The NVLink form's window (nullptr without `nvlink`), and, for a
+  // transport of one's own (the one-GPU tests: ranks side by side), every
+  // rank's window as this process addresses it, once before the first call.
+  void* window() const { return window_.get(); }
+  void connect_peers(const std::vector<void*>& windows);
+  bool nvlink_ready() const { return peer_ptrs_.get() != nullptr; }
+
   // The schedule of `rank`'s rows in a call (plan::make_moe_schedule with
   // this op's tile and grid, as the planner's): how many waves it has, to
   // make a common partition.
@@ -122,12 +152,13 @@ class OverlapAllToAll {
   plan::Schedule schedule_of(int64_t rows, bool sequential) const;  // (rows alone: the same waves)
   // The last call's: rows received, groups, the slot buffers' used elements.
   int64_t recv_rows() const { return recv_rows_; }
-  int64_t send_elements() const { return direct_ ? direct_elems_[0] : tables_host_.send_rows * opts_.tile.bn; }
-  int64_t recv_elements() const { return direct_ ? direct_elems_[1] : tables_host_.recv_rows * opts_.tile.bn; }
+  int64_t send_elements() const { return whole_rows() ? rows_elems_[0] : tables_host_.send_rows * opts_.tile.bn; }
+  int64_t recv_elements() const { return whole_rows() ? rows_elems_[1] : tables_host_.recv_rows * opts_.tile.bn; }
   // The last call went the direct way: sequential, rows by destination on
   // every rank (the dispatch's order), n % 8 == 0: C stored whole, each
   // destination's block sent as it is, received rows row-major.
   bool direct() const { return direct_; }
+  bool nvlink_call() const { return nvlink_call_; }  // the last call was the NVLink form
   size_t groups() const { return calls_.size(); }
   bool sequential() const { return calls_.size() <= 1; }
   int rank() const { return rank_; }
@@ -143,6 +174,12 @@ class OverlapAllToAll {
  private:
   void move(const A2aGroupCall& c);
   void upload(cudaStream_t stream);
+  void run_nvlink(const void* a, const void* b, const A2aCall& call, void* out, int64_t ld_out, cudaStream_t stream,
+                  int32_t* tokens_out);
+  void post(const A2aCall& call, const void* recv, void* out, int64_t ld_out, cudaStream_t stream,
+            int32_t* tokens_out);
+  // Rows n wide, one each (the direct and the NVLink calls), not slot rows.
+  bool whole_rows() const { return direct_ || nvlink_call_; }
 
   OverlapAllToAllOptions opts_;
   int world_ = 1, rank_ = 0;
@@ -150,8 +187,8 @@ class OverlapAllToAll {
   plan::AllToAllTables tables_host_;
   plan::CombineTable table_;
   std::vector<plan::Group> my_groups_;  // this rank's groups in the last call
-  bool direct_ = false;
-  std::array<int64_t, 2> direct_elems_{};  // the direct call's send and receive elements
+  bool direct_ = false, nvlink_call_ = false;
+  std::array<int64_t, 2> rows_elems_{};  // whole_rows(): the call's send and receive elements
   DeviceBuffer iota_;                      // 0, 1, ...: its received rows' slots
   std::vector<plan::GroupCall> calls_;
   std::vector<uint32_t> target_;
@@ -168,6 +205,17 @@ class OverlapAllToAll {
   void* recv_ = nullptr;
   static constexpr int kSendScratch = 0, kRecvScratch = 1;
   kernels::WaitError* wait_error_ = nullptr;
+  // The NVLink form: this rank's window ([kWindowHeader bytes: an arrival
+  // counter per source][half 0][half 1]), the peers' mapped (over comm),
+  // the device pointer tables (each half's rows of every rank, this
+  // source's counter at every rank, the fault sink's), each source's
+  // running total, the calls made.
+  static constexpr size_t kWindowHeader = 256;
+  DeviceBuffer window_, peer_ptrs_, sink_;
+  std::unique_ptr<PeerMappedBuffer> mapped_;
+  std::vector<uint32_t> expected_;
+  uint64_t nvlink_calls_ = 0;
+  size_t half_bytes_ = 0;
   std::unique_ptr<OverlapCore> own_core_;
   OverlapCore* core_ = nullptr;
 };

@@ -28,12 +28,14 @@ OwnerStandIn::OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int 
   flags_ = DeviceBuffer(tiles * 4);
   const std::vector<uint32_t> arrived(tiles, epoch);  // the peer's partials and finals are all here
   FO_CUDA_CHECK(cudaMemcpy(flags_.get(), arrived.data(), tiles * 4, cudaMemcpyHostToDevice));
+  FO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // (its DMA landed: buffer.h, copy_to_device)
   peer_flags_ = zeroed(tiles * 4);
   claims_ = zeroed(2 * 4);
   err_ = zeroed(sizeof(kernels::WaitError));
   peers_ = DeviceBuffer(sizeof(void*));
   void* pw = peer_window_.get();
   FO_CUDA_CHECK(cudaMemcpy(peers_.get(), &pw, sizeof(void*), cudaMemcpyHostToDevice));
+  FO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // (its DMA landed: buffer.h, copy_to_device)
   group_of_tile_ = zeroed(tiles * 4);
   FO_CUDA_CHECK(cudaDeviceSynchronize());  // (fill_random ran on the legacy stream)
 

@@ -1,0 +1,56 @@
+#include "moe_routing_args.h"
+
+#include <algorithm>
+
+#include "flashoverlap/error.h"
+
+namespace flashoverlap::cli {
+
+namespace {
+
+// What needs neither the file nor a shape.
+void check_flags(const std::string& routing, int topk, int64_t tokens, const std::string& who) {
+  if (tokens < 0) throw InvalidArgument("--tokens must be >= 0 (0: the shape's M), not " + std::to_string(tokens));
+  if (topk < 0) throw InvalidArgument("--topk must be >= 0 (0: min(2, world)), not " + std::to_string(topk));
+  if (is_moe_routing_file(routing) && (tokens != 0 || topk != 0))
+    throw InvalidArgument(who + " --routing " + routing +
+                          ": the file gives the tokens and top-K (no --tokens, --topk)");
+}
+
+plan::MoeRouting read_file(const std::string& routing, int world, const std::string& who) {
+  plan::MoeRouting r = plan::read_moe_routing_file(routing.substr(5));
+  if (r.world != world)
+    throw InvalidArgument(who + " --routing " + routing + ": a routing of " + std::to_string(r.world) +
+                          " ranks, the world is " + std::to_string(world));
+  return r;
+}
+
+}  // namespace
+
+int moe_topk_or_default(int topk, int world) { return topk > 0 ? topk : std::min(2, world); }
+
+int64_t moe_tokens_or_default(int64_t tokens, int64_t m) { return tokens > 0 ? tokens : m; }
+
+bool is_moe_routing_file(const std::string& routing) { return routing.rfind("file:", 0) == 0; }
+
+// (bench's seed before this helper: its routings stay the same.)
+uint64_t moe_routing_seed(int64_t tokens, int64_t n, int64_t k) {
+  return 0x5eed + uint64_t(tokens) * 31 + uint64_t(n) * 17 + uint64_t(k);
+}
+
+void check_moe_routing_args(const std::string& routing, int topk, int64_t tokens, int world,
+                            const std::string& who) {
+  check_flags(routing, topk, tokens, who);
+  if (is_moe_routing_file(routing)) (void)read_file(routing, world, who);
+  else (void)plan::make_moe_routing(routing, world, 0, moe_topk_or_default(topk, world));  // (kind, top-K, world)
+}
+
+plan::MoeRouting moe_routing_for(const std::string& routing, int topk, int64_t tokens, int world, int64_t m,
+                                 int64_t n, int64_t k, const std::string& who) {
+  check_flags(routing, topk, tokens, who);
+  if (is_moe_routing_file(routing)) return read_file(routing, world, who);
+  const int64_t T = moe_tokens_or_default(tokens, m);
+  return plan::make_moe_routing(routing, world, T, moe_topk_or_default(topk, world), moe_routing_seed(T, n, k));
+}
+
+}  // namespace flashoverlap::cli
