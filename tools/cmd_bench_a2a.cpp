@@ -14,7 +14,8 @@
 //                       2nd stream beside the next chunk's GEMM (best)
 //   flashoverlap        rt::OverlapAllToAll: of the model's plan for each tile shape, the
 //                       sequential plans and (one GPU, or every GPU within NVLink reach) the
-//                       NVLink form on each tile shape, the one measured fastest
+//                       NVLink form on each tile shape, and the sequential call with cuBLAS's GEMM
+//                       (rows by destination), the one measured fastest
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -47,9 +48,11 @@ struct Candidate {
   size_t tile = 0;     // index into the tiles
   bool model = false;  // the model's pick
   bool nvlink = false;  // the NVLink form (plan: the sequential one's grid)
+  bool cublas = false;  // the sequential plan with cuBLAS's GEMM (direct calls: rows by destination)
   std::string name(const plan::TileShape& t) const {
     std::string s = plan::to_string(t);
     if (nvlink) return "nvlink " + s;
+    if (cublas) return "sequential cuBLAS";
     if (plan.sequential) return "sequential " + s;
     s += " waves ";
     for (size_t g = 0; g < plan.common.size(); ++g) s += (g ? "," : "") + std::to_string(plan.common[g]);
@@ -148,6 +151,10 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   std::vector<std::unique_ptr<rt::OverlapAllToAll>> ops;  // one per tile
   std::vector<Candidate> cands;
   std::optional<size_t> model_pick;
+  // Every rank's rows by destination: the sequential call stores C whole, and may take cuBLAS's GEMM.
+  bool direct_rows = true;
+  for (int r = 0; r < world && direct_rows; ++r)
+    direct_rows = std::is_sorted(routing.dest_rank[size_t(r)].begin(), routing.dest_rank[size_t(r)].end());
   // The NVLink form where every rank's GPU is within load/store reach of every other's.
   const bool nvlink = world == 1 || (world <= 8 && cx.all_ranks(rt::all_ranks_reachable(base)));
   for (size_t t = 0; t < tiles.size(); ++t) {
@@ -181,6 +188,7 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
     cands.push_back({sequential, t});
     if (better && pick.sequential) model_pick = cands.size() - 1;
     if (nvlink) cands.push_back({sequential, t, false, true});
+    if (t == 0 && direct_rows) cands.push_back({sequential, t, false, false, true});
 
     rt::OverlapAllToAllOptions ao;
     ao.n = N, ao.k = k, ao.dtype = dt, ao.tile = tile, ao.ctas = ctas, ao.sequential_ctas = sms;
@@ -196,7 +204,8 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   auto fo_call = [&](size_t i, void* out, bool combine) {
     return [&, i, out, combine] {
       const Candidate& c = cands[i];
-      const rt::A2aCall call{&routing, c.plan.sequential ? plan::Partition{1} : c.plan.common, combine, c.nvlink};
+      const rt::A2aCall call{&routing, c.plan.sequential ? plan::Partition{1} : c.plan.common, combine, c.nvlink,
+                             c.cublas};
       ops[c.tile]->run(a.get(), b.get(), call, out, N, st);
     };
   };
@@ -240,7 +249,9 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   auto cmp = [&](const rt::DeviceBuffer& x, const rt::DeviceBuffer& ref, int64_t n_rows) {
     return n_rows > 0 ? kernels::compare(dt, x.get(), N, ref.get(), N, n_rows, N, st, tol) : kernels::CompareResult{};
   };
-  const auto fo_vs_ours = cmp(out_fo, out_ours, t_rows), rows_vs_ours = cmp(rows_fo, rows_ours, recv);
+  // (bitwise against the same GEMM's: ours, or cuBLAS's where the pick runs it)
+  const auto fo_vs_ours = cmp(out_fo, pick.cublas ? out_seq : out_ours, t_rows),
+             rows_vs_ours = cmp(rows_fo, pick.cublas ? recv_seq : rows_ours, recv);
   const auto fo_vs_seq = cmp(out_fo, out_seq, t_rows), rows_vs_seq = cmp(rows_fo, recv_seq, recv);
   const auto dec_vs_seq = cmp(out_dec, out_seq, t_rows);
   const std::vector<double> bad = rt::max_over_ranks(
@@ -250,8 +261,9 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
   std::ostringstream chk;
   chk << std::setprecision(2) << o.routing << " top-" << topk << ", " << T << " tokens a rank, " << rows
       << " expert rows and " << recv << " received on rank " << rank << " (most rows " << most_rows << "): "
-      << (bad[0] == 0 && bad[1] == 0 ? "bitwise == our GEMM + one all-to-all + our combine (combined and unweighted)"
-                                     : "NOT bitwise equal to our GEMM + one all-to-all + our combine")
+      << (bad[0] == 0 && bad[1] == 0 ? "bitwise == " : "NOT bitwise equal to ")
+      << (pick.cublas ? "cuBLAS + one all-to-all + our combine" : "our GEMM + one all-to-all + our combine")
+      << (bad[0] == 0 && bad[1] == 0 ? " (combined and unweighted)" : "")
       << "; vs cuBLAS + NCCL: " << beyond_text(bad[2]) << " combined, " << beyond_text(bad[3])
       << " unweighted (worst " << bad[6] << "x of it); NaN " << bad[4];
   if (bad[5] > 0) chk << "; decomposition vs cuBLAS+NCCL: " << beyond_text(bad[5]);
@@ -276,7 +288,10 @@ ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, 
           : pick.plan.sequential ? std::to_string(sms) + " CTAs, sequential fallback (one all-to-all, NCCL default CTAs)"
                                  : std::to_string(pick.plan.ctas) + " CTAs, NCCL on " + std::to_string(reserve) +
                                        " CTAs beside the GEMM")
-      << (pick.nvlink ? "" : op.direct() ? ", C stored whole, each destination's block sent as it is" : ", rows stored one by one")
+      << (pick.nvlink   ? ""
+          : pick.cublas ? ", cuBLAS's GEMM, each destination's block of C sent as it is"
+          : op.direct() ? ", C stored whole, each destination's block sent as it is"
+                        : ", rows stored one by one")
       << (cands.size() > 1 ? ", fastest of " + std::to_string(cands.size()) + " plans measured" : "")
       << (pick.model ? ", the model's pick" : ", not the model's pick");
   std::string groups = pick.nvlink ? "nvlink" : pick.plan.sequential ? "1 (sequential)" : "waves ";

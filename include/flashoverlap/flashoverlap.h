@@ -266,7 +266,9 @@ struct GemmAllToAllOptions {
   //              (sequential where nothing would gain);
   //   Sequential our GEMM, then one all-to-all (each destination's block
   //              of C as it is where every rank's rows are by destination,
-  //              the dispatch's order; else through the send slots);
+  //              the dispatch's order, and there cuBLAS's GEMM where it
+  //              measured faster at construction; else through the send
+  //              slots);
   //   Slots      the paper's: each row stored where its destination's part
   //              of its group's send slots is, and per group of waves one
   //              NCCL group of ncclSend / ncclRecv on `nccl_sms` SMs the

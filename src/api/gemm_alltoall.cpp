@@ -52,6 +52,7 @@ struct GemmAllToAll::Impl {
   GemmAllToAllOptions opts;
   int rank = 0, world = 1, sms = 0;
   std::array<double, 2> wave_ms{};
+  bool cublas_sequential = false;  // cuBLAS's GEMM measured faster than ours: the direct sequential calls take it
   rt::OverlapCore core;  // (before the ops)
   std::unique_ptr<rt::HostExchange> exchange;
   std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles() entry, made on first use
@@ -277,6 +278,7 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
     d.exchange = std::make_unique<rt::HostExchange>(d.exchange_comm.get(), d.record_bytes());
   }
   d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
+  d.cublas_sequential = api::cublas_gemm_faster(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
   // Scratch for the largest call (each op asks the core for what it needs).
   size_t cols = 0;  // slot row elements per row of C, the widest of the tile shapes (ragged n pads to bn)
   for (plan::TileShape t : api::op_tiles()) cols = std::max(cols, size_t((n + t.bn - 1) / t.bn) * size_t(t.bn));
@@ -300,7 +302,8 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
   auto [p, tile] = d.plan_call();
   rt::OverlapAllToAll& op = d.op_of(tile);
   const bool nvlink = d.opts.path == GemmAllToAllOptions::Path::NVLink;
-  rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine, nvlink};
+  rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine, nvlink,
+                   p.sequential && d.cublas_sequential};
   op.run(a, b, call, out, ld_out == 0 ? d.n : ld_out, stream, tokens_out);
   d.last = &op;
   if (nvlink) {
@@ -309,7 +312,7 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
                   std::to_string(s.bn) + ", " + std::to_string(p.ctas) +
                   " CTAs), each row stored into its rank's window as its tile finishes, counted there";
   } else {
-    d.last_plan = p.sequential ? plan::describe(p)
+    d.last_plan = p.sequential ? plan::describe(p) + (op.cublas_call() ? "; cuBLAS's GEMM (measured faster)" : "")
                                : "slots: " + plan::describe(p) + "; NCCL on " + std::to_string(d.opts.nccl_sms) +
                                      " SMs";
   }

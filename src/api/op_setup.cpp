@@ -10,6 +10,8 @@
 #include "kernels/check.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/exchange.h"
+#include "runtime/core/cublas.h"
+#include "runtime/tune/timing.h"
 #include "runtime/tune/tuner.h"
 
 namespace flashoverlap::api {
@@ -44,6 +46,34 @@ std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int
   for (const std::array<double, 2>& r : rt::gather_from_all(comm, rank, mine, who + ": the GEMM's wave times"))
     for (size_t i = 0; i < 2; ++i) most[i] = std::max(most[i], r[i]);
   return most;
+}
+
+bool cublas_gemm_faster(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype, int sms,
+                        const std::string& who) {
+  const int64_t m_cal = std::min<int64_t>(max_m, 4096);
+  const kernels::DType dt = to_kernels(dtype);
+  rt::DeviceBuffer a(size_t(m_cal) * k * 2), b(size_t(n) * k * 2), c_out(size_t(m_cal) * n * 2);
+  cudaStream_t st = nullptr;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  kernels::fill_random(dt, a.get(), m_cal * k, 1, -1.f, 1.f, st);
+  kernels::fill_random(dt, b.get(), n * k, 2, -1.f, 1.f, st);
+  rt::CublasGemm cublas;
+  std::array<double, 2> mine{rt::time_on_stream([&] { cublas.run(dt, a.get(), b.get(), c_out.get(), int(m_cal), int(n),
+                                                                 int(k), n, st); },
+                                                st, 2, 10).median_ms,
+                             1e30};
+  for (const plan::TileShape tile : op_tiles()) {
+    const plan::Schedule s = plan::make_schedule(m_cal, n, tile, sms, plan::Raster::AlongN,
+                                                 plan::default_swizzle(sms, tile, int32_t((m_cal + tile.bm - 1) / tile.bm)));
+    const kernels::GemmParams p = kernels::plain_gemm(dt, a.get(), b.get(), s, int(k), c_out.get(), n);
+    mine[1] = std::min(mine[1], rt::time_on_stream([&] { kernels::launch_gemm(p, st); }, st, 2, 10).median_ms);
+  }
+  FO_CUDA_CHECK(cudaStreamSynchronize(st));
+  FO_CUDA_CHECK(cudaStreamDestroy(st));
+  std::array<double, 2> most{};
+  for (const std::array<double, 2>& r : rt::gather_from_all(comm, rank, mine, who + ": cuBLAS's and our GEMM's times"))
+    for (size_t i = 0; i < 2; ++i) most[i] = std::max(most[i], r[i]);
+  return most[0] < most[1];
 }
 
 void check_shape(const std::string& who, int64_t max_m, int64_t n, int64_t k) {

@@ -37,6 +37,14 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
 std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
                                    int sms, const std::string& who);
 
+// Whether cuBLAS's GEMM is faster than ours (the faster of op_tiles(),
+// plain C on the full grid, as a sequential call runs it) on the largest m
+// up to 4096 of max_m rows, on the slowest rank (collective: every rank
+// gets the same answer). Where it is, the op's sequential calls take it:
+// never slower than what users run.
+bool cublas_gemm_faster(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype, int sms,
+                        const std::string& who);
+
 // The checks every public op makes (InvalidArgument naming `who`): its
 // shape at construction (1 <= max_m, n below 2^30, k % 8 == 0), the SMs left
 // to NCCL (in [1, sms / 2]) and the wait timeout (> 0, at most a week); a

@@ -47,6 +47,7 @@
 #include "plan/slot_map_alltoall.h"
 #include "plan/tile_grid.h"
 #include "rank_harness.h"
+#include "runtime/core/cublas.h"
 #include "runtime/ops/alltoall.h"
 
 using namespace flashoverlap;
@@ -274,7 +275,9 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
     const int64_t cap = max_t + 40 + slack_max + 1;  // (output rows: received rows or tokens, and one past them)
     DeviceBuffer a(size_t(max_t) * max_k * 2), b(size_t(max_n) * max_k * 2), y(size_t(max_t) * max_n * 2),
         out(size_t(cap) * ld_max * 2), tokens(size_t(cap) * 4);
-    int calls = 0, overlapped = 0, sequential = 0, combined = 0, mixed = 0, no_rows = 0, nvlinked = 0;
+    int calls = 0, overlapped = 0, sequential = 0, combined = 0, mixed = 0, no_rows = 0, nvlinked = 0,
+        by_cublas_calls = 0;
+    rt::CublasGemm cublas;
     for (int trial = 0; trial < 12; ++trial) {
       const int64_t n = kNs[rng() % 3], k = kKs[rng() % 2];
       const plan::TileShape tile = random_tile(rng);
@@ -335,6 +338,10 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
         if (call == kCalls - 1 || waves < 2) c.common = waves > 0 ? plan::Partition{waves} : plan::Partition{};
         else c.common = at_least_two(waves, rng);
         c.nvlink = o.nvlink && call % 2 == 1;  // (and the other calls of that op through the slots, in turns)
+        // Sequential calls on rows by destination (direct) may take cuBLAS's GEMM: then it is the reference.
+        c.cublas = !c.nvlink && c.common.size() <= 1 && rng() % 2 == 0;
+        const bool by_cublas = c.cublas && n % 8 == 0 && std::is_sorted(routing.dest_rank[0].begin(),
+                                                                         routing.dest_rank[0].end());
         const int64_t ld = call % 3 == 0 ? n : call % 3 == 1 ? n + 24 : n + 3;
         const bool with_tokens = rng() % 4 != 0;
         const std::string where = names[size_t(call)] + ", " + describe(o) +
@@ -344,7 +351,9 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
         const uint64_t sd = seed + 100 * uint64_t(trial) + uint64_t(call);
         if (m > 0) kernels::fill_random(kBf16, a.get(), m * k, sd, -1.f, 1.f, st);
         kernels::fill_random(kBf16, b.get(), n * k, sd + 1, -1.f, 1.f, st);
-        if (m > 0) {
+        if (m > 0 && by_cublas) {
+          cublas.run(kBf16, a.get(), b.get(), y.get(), int(m), int(n), int(k), n, st);
+        } else if (m > 0) {
           const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
           kernels::launch_gemm(kernels::plain_gemm(kBf16, a.get(), b.get(), full, int(k), y.get(), n), st);
         }
@@ -365,6 +374,8 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
         mixed += names[size_t(call)].find("random") != std::string::npos, no_rows += m == 0;
         EXPECT_EQ(op.recv_rows(), m) << where;
         EXPECT_EQ(op.nvlink_call(), c.nvlink) << where;
+        EXPECT_EQ(op.cublas_call(), by_cublas) << where;
+        by_cublas_calls += by_cublas;
         if (c.nvlink) {
           EXPECT_EQ(op.groups(), 0u) << where;
         } else {
@@ -389,9 +400,9 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
     EXPECT_GE(sequential, 6) << "seed " << seed;
     EXPECT_GE(nvlinked, 6) << "seed " << seed;
     std::fprintf(stderr,
-                 "%d calls: %d overlapped, %d sequential, %d NVLink form, %d combines, %d of mixed routings, %d "
-                 "without rows\n",
-                 calls, overlapped, sequential, nvlinked, combined, mixed, no_rows);
+                 "%d calls: %d overlapped, %d sequential (%d by cuBLAS), %d NVLink form, %d combines, %d of mixed "
+                 "routings, %d without rows\n",
+                 calls, overlapped, sequential, by_cublas_calls, nvlinked, combined, mixed, no_rows);
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }

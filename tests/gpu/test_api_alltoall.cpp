@@ -18,6 +18,7 @@
 #include "plan/routing.h"
 #include "plan/tile_grid.h"
 #include "rank_harness.h"
+#include "runtime/core/cublas.h"
 #include "runtime/ops/baselines_alltoall.h"
 
 using namespace flashoverlap;
@@ -67,13 +68,14 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
         out(size_t(recv_max) * (n + 8) * 2), ref(size_t(recv_max) * n * 2), rows_ref(size_t(recv_max) * n * 2),
         tokens(size_t(recv_max) * 4);
     static const char* kinds[] = {"uniform", "zipf:1.2", "one:0", "empty:1"};
+    rt::CublasGemm cublas;
     for (Path path : {Path::Sequential, Path::Slots, Path::Auto, Path::NVLink}) {
       GemmAllToAllOptions o;
       o.path = path;
       GemmAllToAll op(comm, max_rows, max_tokens, topk, n, k, DType::BF16, o);
       ASSERT_EQ(op.world(), world);
       std::mt19937_64 rng(seed + 10 * uint64_t(path));  // (the same routings on every rank)
-      int overlapped = 0, nvlinked = 0;
+      int overlapped = 0, nvlinked = 0, by_cublas_calls = 0;
       for (int call = 0; call < 16; ++call) {
         std::string kind = kinds[rng() % 4];
         if (kind == "empty:1" && topk >= world) kind = "zipf:3";  // (K distinct of W leave no rank out)
@@ -90,9 +92,14 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
         kernels::poison(out.get(), recv_max * (n + 8), st);
         op.run(a.get(), b.get(), local.r, out.get(), st, combine, ld, combine ? nullptr : tokens.as<int32_t>());
         overlapped += op.last_plan().rfind("slots", 0) == 0, nvlinked += op.last_plan().rfind("nvlink", 0) == 0;
-        // The reference: our GEMM on the full grid, the baseline's all-to-all, its combine.
+        // The reference: the op's GEMM (ours on the full grid, or cuBLAS's where its
+        // sequential call took it), the baseline's all-to-all, its combine.
         rt::MoeCombineBaseline base(routing, rank, n, kBf16, nccl);
-        if (rows > 0) {
+        const bool by_cublas = op.last_plan().find("cuBLAS") != std::string::npos;
+        by_cublas_calls += by_cublas;
+        if (rows > 0 && by_cublas) {
+          cublas.run(kBf16, a.get(), b.get(), y.get(), int(rows), int(n), int(k), n, st);
+        } else if (rows > 0) {
           const plan::Schedule s = plan::make_schedule(rows, n, {128, 256}, rt::current_device_sms(),
                                                        plan::Raster::AlongN, 8);
           kernels::launch_gemm(kernels::plain_gemm(kBf16, a.get(), b.get(), s, int(k), y.get(), n), st);
@@ -124,6 +131,7 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
       if (path == Path::Slots) EXPECT_GE(overlapped, 8) << "the slots path overlapped too rarely";
       if (path == Path::Sequential) EXPECT_EQ(overlapped, 0);
       EXPECT_EQ(nvlinked, path == Path::NVLink ? 16 : 0) << name(path) << " path";
+      if (path == Path::Sequential) std::fprintf(stderr, "sequential path: %d of 16 calls by cuBLAS\n", by_cublas_calls);
     }
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });

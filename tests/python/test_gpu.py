@@ -1276,7 +1276,7 @@ class AllToAll(Case):
     def test_each_path(self):
         topk = a2a_topk()
         c = MoeCase([256] * WORLD, topk, 512, 256, torch.bfloat16, 7)
-        for path in ("sequential", "slots", "auto"):
+        for path in ("sequential", "slots", "auto", "nvlink"):
             op = self.make_a2a(path=path)
             out = op(*c.args())
             plan = op.last_plan()
@@ -1284,8 +1284,8 @@ class AllToAll(Case):
                 print(f"[test_gpu] GemmAllToAll path {path}: {plan}", flush=True)
             good, worst = within(out, c.combine_ref(), c.combine_bound(topk))
             self.ok(good, f"path {path}: |combine - the fp32 reference| up to {worst}")
-            if path == "sequential":
-                self.assertTrue(plan.startswith("sequential"), plan)
+            if path in ("sequential", "nvlink"):
+                self.assertTrue(plan.startswith(path), plan)
             op.check()
             op.close()
 

@@ -260,7 +260,11 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
     FO_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, counters_.bytes(), stream));
     core_->fork(stream);  // the waits start no earlier than the GEMM
   }
-  if (rows > 0 && direct_) {
+  cublas_call_ = direct_ && call.cublas;
+  if (rows > 0 && cublas_call_) {
+    if (!cublas_) cublas_ = std::make_unique<CublasGemm>();
+    cublas_->run(opts_.dtype, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
+  } else if (rows > 0 && direct_) {
     kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n), stream);
   } else if (rows > 0) {
     kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
@@ -294,7 +298,7 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   tables_host_ = plan::make_alltoall_peer_tables(s, routing, rank_, std::max<int64_t>(opts_.max_recv_rows, 1));
   table_ = plan::make_combine_table(routing, rank_);
   my_groups_.clear(), calls_.clear(), target_.clear();
-  direct_ = false, nvlink_call_ = true;
+  direct_ = false, nvlink_call_ = true, cublas_call_ = false;
   recv_rows_ = tables_host_.out_rows;
   rows_elems_ = {s.m * opts_.n, recv_rows_ * opts_.n};
   kernels::CounterTargets targets{};

@@ -43,7 +43,8 @@
 // the slots, one all-to-all on the caller's stream, the post step; where
 // every rank's rows are by destination (the dispatch's order) and n % 8 ==
 // 0, directly: our GEMM into row-major C, each destination's block sent as
-// it is, the post step on the received rows (direct()). Calls,
+// it is, the post step on the received rows (direct()); there cuBLAS's
+// GEMM where the caller measured it faster (A2aCall::cublas). Calls,
 // streams and several ops on one core: as OverlapReduceScatter. Not for CUDA
 // graphs (the maps are made on the host for each call's routing).
 #pragma once
@@ -64,6 +65,7 @@
 #include "plan/schedule.h"
 #include "plan/slot_map_alltoall.h"
 #include "runtime/core/buffer.h"
+#include "runtime/core/cublas.h"
 #include "runtime/core/overlap_core.h"
 #include "runtime/transport/peer_map.h"
 
@@ -120,6 +122,7 @@ struct A2aCall {
   plan::Partition common;  // one group (or no waves anywhere): sequential
   bool combine = true;     // false: the received rows, unweighted
   bool nvlink = false;     // the NVLink form (`common` unused); the same on every rank
+  bool cublas = false;     // a direct sequential call: cuBLAS's GEMM, not ours (where it measured faster)
 };
 
 class OverlapAllToAll {
@@ -159,6 +162,7 @@ class OverlapAllToAll {
   // destination's block sent as it is, received rows row-major.
   bool direct() const { return direct_; }
   bool nvlink_call() const { return nvlink_call_; }  // the last call was the NVLink form
+  bool cublas_call() const { return cublas_call_; }  // the last call's GEMM was cuBLAS's (A2aCall::cublas, direct)
   size_t groups() const { return calls_.size(); }
   bool sequential() const { return calls_.size() <= 1; }
   int rank() const { return rank_; }
@@ -187,7 +191,8 @@ class OverlapAllToAll {
   plan::AllToAllTables tables_host_;
   plan::CombineTable table_;
   std::vector<plan::Group> my_groups_;  // this rank's groups in the last call
-  bool direct_ = false, nvlink_call_ = false;
+  bool direct_ = false, nvlink_call_ = false, cublas_call_ = false;
+  std::unique_ptr<CublasGemm> cublas_;  // made at the first call that asks for it
   std::array<int64_t, 2> rows_elems_{};  // whole_rows(): the call's send and receive elements
   DeviceBuffer iota_;                      // 0, 1, ...: its received rows' slots
   std::vector<plan::GroupCall> calls_;
