@@ -162,7 +162,8 @@ void OverlapAllToAll::upload(cudaStream_t stream) {
   auto at = [&](Table x) { return reinterpret_cast<const int32_t*>(tables_.as<char>() + offsets_[size_t(x)]); };
   kernels::expand_row_of(at(kTmOf), at(kSbase), at(kDest), at(kRrank), t.tiles(), t.bm, t.world, t.m,
                          row_of_.as<int32_t>(), stream);
-  kernels::expand_slot_of_out(at(kRtab), at(kRkey), t.out_rows, t.tiles_n, slot_of_out_.as<int32_t>(), stream);
+  if (!whole_rows())  // (the rows n wide, one each, need no slot table: the NVLink tables have none)
+    kernels::expand_slot_of_out(at(kRtab), at(kRkey), t.out_rows, t.tiles_n, slot_of_out_.as<int32_t>(), stream);
 }
 
 void OverlapAllToAll::move(const A2aGroupCall& c) {
