@@ -9,8 +9,9 @@
 //   sequential-ourgemm  our GEMM, then one ncclReduceScatter
 //   decomposition       every rank's row block in 2/4/8 chunks: a chunk's GEMMs, then its
 //                       ReduceScatter on a 2nd stream beside the next chunk's GEMMs (best)
-//   flashoverlap        rt::OverlapReduceScatter: of the model's plan for each tile shape
-//                       and the sequential plans, the one measured fastest
+//   flashoverlap        rt::OverlapReduceScatter: of the model's plan for each tile shape,
+//                       the sequential plans and (standard rows, every GPU within NVLink
+//                       reach) the NVLink form, the one measured fastest
 // The baselines always end with the standard rows (m % W != 0, sub-tile
 // only: C padded to W ceil(M/W) rows, as a caller of ncclReduceScatter pads).
 #include <cuda_runtime_api.h>
@@ -33,6 +34,7 @@
 #include "runtime/core/overlap_core.h"
 #include "runtime/ops/baselines.h"
 #include "runtime/ops/reducescatter.h"
+#include "runtime/transport/peers.h"
 
 namespace flashoverlap::cli::bench {
 namespace {
@@ -70,9 +72,11 @@ struct Candidate {
   plan::Plan plan;
   bool cublas = false;  // sequential standard plan with cuBLAS's GEMM
   bool model = false;   // the model's pick (the public op's plan for these options)
+  bool nvlink = false;  // the NVLink form (the sequential plan's tile and grid)
   std::string name() const {
     std::string s = plan::to_string(plan::TileShape{plan.schedule.bm, plan.schedule.bn});
     if (cublas) return "sequential (cuBLAS)";
+    if (nvlink) return "nvlink " + s;
     if (plan.sequential || plan.groups.size() < 2) return "sequential " + s;
     s += " waves ";
     for (size_t g = 0; g < plan.partition.size(); ++g) s += (g ? "," : "") + std::to_string(plan.partition[g]);
@@ -88,11 +92,12 @@ std::string describe(const Candidate& c, const rt::OverlapReduceScatter& op, siz
     os << "cuBLAS GEMM";
   else
     os << s.bm << "x" << s.bn << ", " << s.ctas << " CTAs, " << plan::to_string(s.raster) << " swizzle " << s.swizzle;
-  os << (op.sequential() ? ", sequential fallback (one ReduceScatter, NCCL default CTAs)"
-                         : ", NCCL on " + std::to_string(c.plan.reserve_sms) + " CTAs beside the GEMM")
+  os << (op.nvlink()       ? ", NVLink form: rows stored into their owners' windows, summed there, no NCCL"
+         : op.sequential() ? ", sequential fallback (one ReduceScatter, NCCL default CTAs)"
+                           : ", NCCL on " + std::to_string(c.plan.reserve_sms) + " CTAs beside the GEMM")
      << ", " << plan::to_string(op.layout()) << " layout";
   if (op.padding_rows() > 0) os << " (" << op.padding_rows() << " padding rows sent)";
-  if (!op.sequential()) os << (op.tiles_by_tma() ? ", tiles stored whole (TMA)" : ", stored row by row");
+  if (!op.sequential() && !op.nvlink()) os << (op.tiles_by_tma() ? ", tiles stored whole (TMA)" : ", stored row by row");
   os << (measured > 1 ? ", fastest of " + std::to_string(measured) + " plans measured" : "")
      << (c.model ? ", the model's pick" : ", not the model's pick");
   return os.str();
@@ -194,6 +199,9 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
   std::vector<Candidate> cands;
   std::optional<size_t> model_pick;  // index into cands
   std::string partition_error;
+  // The NVLink form where it applies: standard rows, every GPU within load/store reach of every other.
+  const bool nvlink = o.partition.empty() && layout == plan::RsLayout::Standard && N % 8 == 0 && world <= 8 &&
+                      (world == 1 || cx.all_ranks(rt::all_ranks_reachable(base)));
   for (const plan::TileShape tile : tiles) {
     const int ctas = sms - reserve;
     const plan::Schedule s = plan::make_schedule(M, N, tile, ctas, plan::Raster::AlongN,
@@ -231,11 +239,12 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
     if (better && picks_overlap) model_pick = cands.size() - 1;
     cands.push_back({seq});
     if (better && !picks_overlap) model_pick = cands.size() - 1;
+    if (nvlink) cands.push_back({seq, false, false, true});
   }
   if (cands.empty()) throw rt::NoPlan("bench --op reducescatter --partition " + o.partition + ": " + partition_error);
   if (model_pick) cands[*model_pick].model = true;
   if (o.partition.empty() && layout == plan::RsLayout::Standard) {  // cuBLAS's GEMM in the sequential plan
-    Candidate c{cands.back().plan, true};
+    Candidate c{cands[nvlink ? cands.size() - 2 : cands.size() - 1].plan, true};
     cands.push_back(c);
   }
   if (!o.select) {  // the model's pick alone (a forced partition: the best predicted)
@@ -254,6 +263,8 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
     ro.tail_comm = base;  // the last group, after the GEMM: NCCL's default CTAs
     ro.wait_timeout_s = o.wait_timeout_s;
     ro.fallback_cublas = c.cublas;
+    ro.nvlink = c.nvlink;
+    if (c.nvlink) ro.comm = base;  // (its windows mapped over it)
     ro.core = &core;
     ops.push_back(std::make_unique<rt::OverlapReduceScatter>(ro));
     if (ops.back()->out_rows() != out_rows)

@@ -192,8 +192,16 @@ struct GemmReduceScatterOptions {
   //              part of its group's send buffer is, one ncclReduceScatter
   //              per group on `nccl_sms` SMs the GEMM leaves free, then the
   //              received rows put in order (fused with the residual +
-  //              RMSNorm of run_rmsnorm).
-  enum class Path { Auto, Sequential, Slots };
+  //              RMSNorm of run_rmsnorm);
+  //   NVLink     no collective: the GEMM, on every SM, stores each row of C
+  //              straight into its owner's window (mapped over NVLink) and
+  //              counts it there; the owner sums its ranks' parts in rank
+  //              order (fused with run_rmsnorm's step). Standard layout, n %
+  //              8 == 0, world <= 8, every GPU within load/store reach of
+  //              every other (one host); 2 x max_m x n elements of window;
+  //              not for CUDA graphs. Refused at construction otherwise. Not
+  //              yet picked by Auto (not yet measured on several GPUs).
+  enum class Path { Auto, Sequential, Slots, NVLink };
   Path path = Path::Auto;
   // Which rows each rank ends with:
   //   Standard  rank r: rows [r m/W, (r+1) m/W) of the sum, what

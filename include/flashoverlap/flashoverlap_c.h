@@ -103,8 +103,8 @@ typedef enum fo_dtype {
 /* GemmAllReduceOptions::Path: how the AllReduce runs beside the GEMM (see
  * flashoverlap.h). GemmReduceScatterOptions::Path and
  * GemmAllToAllOptions::Path take the same values where they have them:
- * FO_PATH_AUTO, FO_PATH_SEQUENTIAL and FO_PATH_SLOTS; FO_PATH_NVLINK is
- * GemmAllToAll's alone. */
+ * FO_PATH_AUTO, FO_PATH_SEQUENTIAL and FO_PATH_SLOTS, and FO_PATH_NVLINK,
+ * theirs alone. */
 typedef enum fo_path {
   FO_PATH_AUTO = 0,
   FO_PATH_SEQUENTIAL = 1,
@@ -166,8 +166,8 @@ typedef struct fo_gemm_allreduce_options {
  * share sit at the same offsets as in fo_gemm_allreduce_options. */
 typedef struct fo_gemm_reducescatter_options {
   size_t struct_size;    /* sizeof(fo_gemm_reducescatter_options), as the caller knows it */
-  int32_t path;          /* an fo_path: FO_PATH_AUTO (default), FO_PATH_SEQUENTIAL or FO_PATH_SLOTS (the
-                            others are no ReduceScatter path: FO_INVALID_ARGUMENT) */
+  int32_t path;          /* an fo_path: FO_PATH_AUTO (default), FO_PATH_SEQUENTIAL, FO_PATH_SLOTS or
+                            FO_PATH_NVLINK (the others are no ReduceScatter path: FO_INVALID_ARGUMENT) */
   int32_t nccl_sms;      /* SMs left to NCCL beside the GEMM; default 8 */
   double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
   int32_t check_m;       /* nonzero: every call checks all ranks passed the same m; default 0 */

@@ -33,8 +33,8 @@ UNIQUE_ID_BYTES = 128  # FO_UNIQUE_ID_BYTES
 # fo_dtype, fo_path, fo_rs_layout
 DTYPE_BF16, DTYPE_FP16 = 0, 1
 PATHS = {"auto": 0, "sequential": 1, "row_bands": 2, "slots": 3, "owners": 4}
-RS_PATHS = {"auto": 0, "sequential": 1, "slots": 3}  # (GemmReduceScatter's: those fo_path values)
-A2A_PATHS = dict(RS_PATHS, nvlink=5)  # (GemmAllToAll's: those and FO_PATH_NVLINK)
+RS_PATHS = {"auto": 0, "sequential": 1, "slots": 3, "nvlink": 5}  # (GemmReduceScatter's: those fo_path values)
+A2A_PATHS = dict(RS_PATHS)  # (GemmAllToAll's: the same)
 RS_LAYOUTS = {"standard": 0, "subtile": 1}
 DTYPES = {"bf16": DTYPE_BF16, "bfloat16": DTYPE_BF16, "fp16": DTYPE_FP16, "float16": DTYPE_FP16}
 

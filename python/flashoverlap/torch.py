@@ -678,7 +678,9 @@ class GemmReduceScatter(_Op):
                       check_m=False)
 
     group, max_m, n, k, dtype, device, comm: as GemmAllReduce's (collective
-    alike). path: "auto" | "sequential" | "slots"; nccl_sms, wait_timeout_s,
+    alike). path: "auto" | "sequential" | "slots" | "nvlink" (rows stored
+    straight into their owners' windows: the standard layout, one host);
+    nccl_sms, wait_timeout_s,
     check_m: GemmReduceScatterOptions (flashoverlap.h).
 
     layout: which rows each rank ends with. "standard" (default): rank r

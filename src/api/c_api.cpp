@@ -18,7 +18,6 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <type_traits>
 #include <new>
 #include <string>
 #include <string_view>
@@ -264,9 +263,9 @@ flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o
   return r;
 }
 
-// The paths of the ops that have Auto, Sequential and Slots only
-// (GemmReduceScatter's, GemmAllToAll's: P), from an fo_path; `op` names the
-// op in the refusal.
+// The paths of the ops that have Auto, Sequential, Slots and NVLink
+// (GemmReduceScatter's, GemmAllToAll's: P), from an fo_path other than
+// FO_PATH_NVLINK; `op` names the op in the refusal.
 template <class P>
 P to_slots_path(int32_t p, const char* op) {
   switch (p) {
@@ -278,18 +277,16 @@ P to_slots_path(int32_t p, const char* op) {
   // (the AllReduce's other paths are fo_path values, but not this op's)
   const std::string what = p == FO_PATH_ROW_BANDS ? std::string(" (FO_PATH_ROW_BANDS) is not a ") + op + " path"
                            : p == FO_PATH_OWNERS  ? std::string(" (FO_PATH_OWNERS) is not a ") + op + " path"
-                           : p == FO_PATH_NVLINK  ? std::string(" (FO_PATH_NVLINK) is not a ") + op + " path"
                                                   : std::string(" is not an fo_path of ") + op;
-  throw InvalidArgument("options->path = " + std::to_string(p) + what + " (FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, " +
-                        (std::is_same_v<P, A2aPath> ? "FO_PATH_SLOTS 3, FO_PATH_NVLINK 5)" : "FO_PATH_SLOTS 3)"));
+  throw InvalidArgument("options->path = " + std::to_string(p) + what +
+                        " (FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3, FO_PATH_NVLINK 5)");
 }
 
 template <class P>
 int32_t from_slots_path(P p) {
   if (p == P::Sequential) return FO_PATH_SEQUENTIAL;
   if (p == P::Slots) return FO_PATH_SLOTS;
-  if constexpr (std::is_same_v<P, A2aPath>)
-    if (p == P::NVLink) return FO_PATH_NVLINK;
+  if (p == P::NVLink) return FO_PATH_NVLINK;
   return FO_PATH_AUTO;
 }
 
@@ -310,7 +307,7 @@ flashoverlap::GemmReduceScatterOptions to_rs_options(const fo_gemm_reducescatter
   if (!o) return r;
   check_options_size(o, o->struct_size, kRsOptionsV1Size, sizeof(fo_gemm_reducescatter_options),
                      "fo_gemm_reducescatter_options_default");
-  r.path = to_slots_path<RsPath>(o->path, "GemmReduceScatter");
+  r.path = o->path == FO_PATH_NVLINK ? RsPath::NVLink : to_slots_path<RsPath>(o->path, "GemmReduceScatter");
   r.layout = to_rs_layout(o->layout);
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;

@@ -18,6 +18,8 @@
 #include "plan/planner.h"
 #include "runtime/core/checks.h"
 #include "runtime/ops/reducescatter.h"
+#include "runtime/transport/peer_windows.h"
+#include "runtime/transport/peers.h"
 
 namespace flashoverlap {
 namespace {
@@ -29,6 +31,7 @@ const char* path_name(GemmReduceScatterOptions::Path p) {
     case GemmReduceScatterOptions::Path::Auto: return "auto";
     case GemmReduceScatterOptions::Path::Sequential: return "sequential";
     case GemmReduceScatterOptions::Path::Slots: return "slots";
+    case GemmReduceScatterOptions::Path::NVLink: return "nvlink";
   }
   return "?";
 }
@@ -46,6 +49,7 @@ struct GemmReduceScatter::Impl {
   std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles() order (max over ranks)
   rt::OverlapCore core;              // (before the ops)
   std::map<int64_t, plan::Plan> plans;  // by m (the standard layout's parts depend on m itself)
+  rt::PeerWindows windows;  // Path::NVLink: every rank's, shared by the ops of every m (before them)
   api::OpCache<rt::OverlapReduceScatter> ops;  // by m (at most api::kOpsKept not captured)
   rt::OverlapReduceScatter* last = nullptr;
   // all_gather_rows of the sub-tile layout: per m, where each gathered row
@@ -93,7 +97,8 @@ struct GemmReduceScatter::Impl {
       if (opts.path == Path::Slots && p.groups.size() < 2) continue;
       if (!best || p.predicted.total_ms < best->predicted.total_ms) best = std::move(p);
     }
-    if (opts.path == Path::Sequential || !best) {  // the sequential plan of the faster tile
+    if (opts.path == Path::Sequential || opts.path == Path::NVLink || !best) {  // the sequential plan of the faster tile
+      // (NVLink: its tile and the whole grid)
       plan::Plan a = plan_with(m, 0, std::nullopt, 1e9), b = plan_with(m, 1, std::nullopt, 1e9);
       return a.predicted.total_ms <= b.predicted.total_ms ? a : b;
     }
@@ -110,6 +115,7 @@ struct GemmReduceScatter::Impl {
     o.sched = p.schedule;
     o.groups = p.groups, o.layout = p.rs_layout, o.k = int(k), o.dtype = to_kernels(dtype);
     o.comm = p.sequential ? comm->comm.get() : bounded.get();
+    if (opts.path == GemmReduceScatterOptions::Path::NVLink) o.nvlink = true, o.peers = &windows;
     o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
     o.wait_timeout_s = opts.wait_timeout_s;
     o.core = &core;
@@ -177,6 +183,16 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
   d.check_m = api::check_m_enabled(options.check_m);
+  if (options.path == GemmReduceScatterOptions::Path::NVLink) {  // (the same verdict on every rank)
+    if (options.layout != GemmReduceScatterOptions::Layout::Standard || n % 8 != 0 || d.world > 8)
+      throw InvalidArgument(d.who() + ": Path::NVLink needs the standard layout, n % 8 == 0 and at most 8 ranks");
+    const int32_t mine = d.world == 1 || rt::all_ranks_reachable(comm.get()) ? 1 : 0;
+    for (int32_t x : rt::gather_from_all(comm.get(), d.rank, mine, d.who() + ": the ranks' NVLink reach"))
+      if (!x)
+        throw InvalidArgument(d.who() + ": Path::NVLink needs every rank's GPU within load/store reach of every "
+                                        "other's (NVLink, one host); some rank's is not (use Auto or Slots)");
+    d.windows = rt::PeerWindows(d.rank, d.world, size_t(max_m) * size_t(n) * 2, comm.get(), d.who());
+  }
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
   d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who());
   // Scratch for the largest m: the send slots (whole tiles, with the
@@ -264,6 +280,11 @@ std::string GemmReduceScatter::plan(int64_t m) {
   const rt::OverlapReduceScatter& op = d.op_for(m);
   const plan::Plan& p = d.plans.at(m);
   std::ostringstream os;
+  if (op.nvlink()) {
+    os << "nvlink, standard layout (" << p.schedule.bm << "x" << p.schedule.bn << " tiles, " << p.schedule.ctas
+       << " CTAs): each row stored into its owner's window as its tile finishes, counted there, summed by the owner";
+    return os.str();
+  }
   os << (p.sequential ? "sequential" : "slots") << ", " << plan::to_string(p.rs_layout) << " layout ("
      << p.schedule.bm << "x" << p.schedule.bn << " tiles, " << p.schedule.ctas << " CTAs"
      << (p.sequential ? "" : ", NCCL on " + std::to_string(d.opts.nccl_sms) + " SMs") << "); groups "

@@ -134,4 +134,25 @@ std::vector<int32_t> rs_rows_of_rank(const Schedule& s, int32_t world, int32_t r
   return rows;
 }
 
+std::vector<int32_t> rs_peer_row_of(const Schedule& s, int32_t world, int32_t rank) {
+  require_rs_layout(s, world, RsLayout::Standard);
+  if (rank < 0 || rank >= world)
+    throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(world));
+  const int64_t q = s.m / world;
+  if (int64_t{world} * world * q > INT32_MAX)
+    throw InvalidArgument("reducescatter (NVLink form): " + std::to_string(world) + " windows of " +
+                          std::to_string(world * q) + " rows do not fit int32 row indices");
+  std::vector<int32_t> row_of(size_t(s.tiles()) * s.bm, -1);
+  for (int32_t idx = 0; idx < s.tiles(); ++idx) {
+    const int64_t tm = s.tile_of(idx).tm;
+    for (int32_t r = 0; r < s.bm; ++r) {
+      const int64_t row = tm * s.bm + r;
+      if (row >= s.m) break;
+      const int64_t d = row / q;
+      row_of[size_t(idx) * s.bm + r] = int32_t(d * world * q + rank * q + row % q);
+    }
+  }
+  return row_of;
+}
+
 }  // namespace flashoverlap::plan

@@ -65,4 +65,13 @@ SlotMap make_reducescatter_map(const Schedule& s, const std::vector<Group>& grou
 // The global rows rank `rank` holds after the collective, in output order.
 std::vector<int32_t> rs_rows_of_rank(const Schedule& s, int32_t world, int32_t rank, RsLayout layout);
 
+// The NVLink form (standard layout, m % world == 0, q = m / world rows per
+// rank): the GEMM's row table ([tiles * bm], -1 past m) of rank `rank`,
+// each row of C sent to its owner d = row / q, into block `rank` of d's
+// window (world blocks of q rows, n wide: block s holds rank s's partial of
+// d's rows, in row order), encoded d * (world * q) + rank * q + row % q.
+// The owner sums its blocks in rank order. Throws InvalidArgument where the
+// layout does not apply or the window rows do not fit int32.
+std::vector<int32_t> rs_peer_row_of(const Schedule& s, int32_t world, int32_t rank);
+
 }  // namespace flashoverlap::plan

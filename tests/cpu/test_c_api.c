@@ -255,11 +255,11 @@ static void test_rs_options(void) {
   CHECK(strstr(fo_last_error(), "fo_gemm_reducescatter_options_default") != NULL,
         "the message does not name the function that fills the options: %s", fo_last_error());
 
-  /* the paths: AUTO, SEQUENTIAL, SLOTS; the AllReduce's others refused by name */
+  /* the paths: AUTO, SEQUENTIAL, SLOTS, NVLINK; the AllReduce's others refused by name */
   {
-    static const int ok_paths[] = {FO_PATH_AUTO, FO_PATH_SEQUENTIAL, FO_PATH_SLOTS};
+    static const int ok_paths[] = {FO_PATH_AUTO, FO_PATH_SEQUENTIAL, FO_PATH_SLOTS, FO_PATH_NVLINK};
     size_t i;
-    for (i = 0; i < 3; ++i) {
+    for (i = 0; i < 4; ++i) {
       EXPECT_OK(fo_gemm_reducescatter_options_default(&o, sizeof o));
       o.path = ok_paths[i];
       o.layout = FO_RS_LAYOUT_SUBTILE;
@@ -343,11 +343,11 @@ static void test_a2a_options(void) {
                  "options->struct_size = 16 is below 32 (fill the options with "
                  "fo_gemm_alltoall_options_default(&o, sizeof o) first)");
 
-  /* the paths: AUTO, SEQUENTIAL, SLOTS; the AllReduce's others refused by name */
+  /* the paths: AUTO, SEQUENTIAL, SLOTS, NVLINK; the AllReduce's others refused by name */
   {
-    static const int ok_paths[] = {FO_PATH_AUTO, FO_PATH_SEQUENTIAL, FO_PATH_SLOTS};
+    static const int ok_paths[] = {FO_PATH_AUTO, FO_PATH_SEQUENTIAL, FO_PATH_SLOTS, FO_PATH_NVLINK};
     size_t i;
-    for (i = 0; i < 3; ++i) {
+    for (i = 0; i < 4; ++i) {
       EXPECT_OK(fo_gemm_alltoall_options_default(&o, sizeof o));
       o.path = ok_paths[i];
       EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_FP16, &o, &op),

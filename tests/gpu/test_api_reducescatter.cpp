@@ -30,7 +30,9 @@ namespace {
 
 using Path = GemmReduceScatterOptions::Path;
 using Layout = GemmReduceScatterOptions::Layout;
-const char* name(Path p) { return p == Path::Sequential ? "sequential" : p == Path::Slots ? "slots" : "auto"; }
+const char* name(Path p) {
+  return p == Path::Sequential ? "sequential" : p == Path::Slots ? "slots" : p == Path::NVLink ? "nvlink" : "auto";
+}
 const char* name(Layout l) { return l == Layout::Standard ? "standard" : "subtile"; }
 
 int world_here() { return std::min(rt::hopper_device_count(), 2); }
@@ -59,7 +61,8 @@ TEST(GemmReduceScatterApi, AnyMOnEveryPathAndLayoutMatchesOurGemmAndNccl) {
         ref(size_t(max_m) * n * 2), residual(size_t(max_m) * n * 2), weight(size_t(n) * 2), y(size_t(max_m) * n * 2),
         h(size_t(max_m) * n * 2), y_ref(size_t(max_m) * n * 2);
     for (Layout layout : {Layout::Standard, Layout::SubTile})
-      for (Path path : {Path::Sequential, Path::Slots, Path::Auto}) {
+      for (Path path : {Path::Sequential, Path::Slots, Path::Auto, Path::NVLink}) {
+        if (path == Path::NVLink && layout != Layout::Standard) continue;  // (the standard layout's only)
         GemmReduceScatterOptions o;
         o.path = path, o.layout = layout;
         GemmReduceScatter op(comm, max_m, n, k, DType::BF16, o);
@@ -82,6 +85,7 @@ TEST(GemmReduceScatterApi, AnyMOnEveryPathAndLayoutMatchesOurGemmAndNccl) {
           op.check();
           const std::string plan = op.plan(m);
           overlapped += plan.rfind("slots", 0) == 0;
+          EXPECT_EQ(plan.rfind("nvlink", 0) == 0, path == Path::NVLink) << plan;
           const std::string where = std::string(name(path)) + "/" + name(layout) + " m=" + std::to_string(m) +
                                     " ld=" + std::to_string(ld) + " rank " + std::to_string(rank) + " (" + plan +
                                     ") seed " + std::to_string(seed);

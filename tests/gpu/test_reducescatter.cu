@@ -245,6 +245,166 @@ TEST(ReduceScatterOneGpu, RanksSideBySideMatchTheirSum) {
   FO_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
+namespace {
+
+// W ranks' ops in the NVLink form side by side on one GPU: their windows are
+// this GPU's memory, connected by hand; the ranks meet on the device through
+// their arrival counters alone (no transport runs).
+struct NvlinkRanks {
+  std::vector<std::unique_ptr<rt::OverlapReduceScatter>> ops;
+  std::vector<cudaStream_t> streams;
+  NvlinkRanks(int world, rt::OverlapReduceScatterOptions o, int drop_rank = -1) {
+    o.comm = nullptr, o.world = world, o.nvlink = true;
+    o.transport = [](const rt::RsGroupCall&) { throw Error("the NVLink form called a transport"); };
+    for (int r = 0; r < world; ++r) {
+      o.rank = r, o.testing.fault_drop_group = r == drop_rank ? 0 : -1;
+      ops.push_back(std::make_unique<rt::OverlapReduceScatter>(o));
+      cudaStream_t st;
+      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      streams.push_back(st);
+    }
+    std::vector<void*> windows;
+    for (auto& op : ops) windows.push_back(op->window());
+    for (auto& op : ops) op->connect_peers(windows);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~NvlinkRanks() {
+    ops.clear();
+    for (cudaStream_t st : streams) cudaStreamDestroy(st);
+  }
+};
+
+}  // namespace
+
+// The NVLink form at W = 2, 3, 4, 8 on one GPU: m ragged per rank (not a
+// tile multiple) or whole tiles, strided outputs, several calls per op (the
+// window's halves in turn, the counters' running totals), the RMSNorm form:
+// bitwise the sum of the ranks' plain GEMMs in rank order in fp32 rounded
+// once (NCCL's on 2 ranks).
+TEST(ReduceScatterNvlinkOnOneGpu, RanksSideBySideMatchTheirSum) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  {  // (the harness's kernel loaded before any wait spins)
+    cudaFuncAttributes fa{};
+    FO_CUDA_CHECK(cudaFuncGetAttributes(&fa, sum_ranks_kernel));
+  }
+  cudaStream_t st;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  static const int kWorlds[] = {2, 3, 4, 8};
+  int calls = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    const int world = kWorlds[trial % 4];
+    const int64_t n = 8 * (1 + int64_t(rng() % 128)), k = trial % 2 ? 128 : 64;
+    int64_t m = world * (1 + int64_t(rng() % (1200 / world)));
+    if (trial % 3 == 1) m = 128 * world * (1 + int64_t(rng() % 3));
+    rt::OverlapReduceScatterOptions o;
+    o.sched = random_schedule(m, n, int(1 + rng() % 132), plan::RsLayout::Standard, rng);
+    o.groups = plan::make_groups(o.sched, {o.sched.waves()});
+    o.k = int(k), o.wait_timeout_s = 20;
+    NvlinkRanks ranks(world, o);
+    const int64_t q = m / world, ld = trial % 2 ? n : n + 8;
+    const std::string where = describe(*ranks.ops[0]) + ", world " + std::to_string(world) + ", ld " +
+                              std::to_string(ld) + ", seed " + std::to_string(seed);
+    ASSERT_EQ(ranks.ops[0]->out_rows(), q) << where;
+    ASSERT_EQ(ranks.ops[0]->describe_groups(), "nvlink") << where;
+    std::vector<DeviceBuffer> a, b, c, out, h;
+    for (int r = 0; r < world; ++r) {
+      a.emplace_back(size_t(m) * k * 2), b.emplace_back(size_t(n) * k * 2), c.emplace_back(size_t(m) * n * 2);
+      out.emplace_back(size_t(q) * ld * 2), h.emplace_back(size_t(q) * n * 2);
+    }
+    DeviceBuffer sum(size_t(m) * n * 2), residual(size_t(q) * n * 2), weight(size_t(n) * 2);
+    for (int call = 0; call < 4; ++call) {
+      const bool norm = call == 2;
+      std::vector<const void*> cs;
+      for (int r = 0; r < world; ++r) {
+        const uint64_t sd = seed + 1000 * uint64_t(trial) + 10 * uint64_t(call) + uint64_t(r);
+        kernels::fill_random(kBf16, a[r].get(), m * k, sd, -1.f, 1.f, st);
+        kernels::fill_random(kBf16, b[r].get(), n * k, sd + 5, -1.f, 1.f, st);
+        kernels::poison(out[r].get(), q * ld, st);
+        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+        kernels::launch_gemm(kernels::plain_gemm(kBf16, a[r].get(), b[r].get(), full, int(k), c[r].get(), n), st);
+        cs.push_back(c[r].get());
+      }
+      sum_ranks(cs, m * n, sum.get(), st);
+      kernels::fill_random(kBf16, residual.get(), q * n, seed + 77 * uint64_t(call), -1.f, 1.f, st);
+      kernels::fill_random(kBf16, weight.get(), n, seed + 78 * uint64_t(call), 0.5f, 1.5f, st);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      for (int r = 0; r < world; ++r) {  // in rank order: each rank's wait spins for the later ranks' GEMMs
+        rt::OverlapReduceScatter& op = *ranks.ops[size_t(r)];
+        if (norm)  // (every rank's residual the same buffer: only read)
+          op.run_rmsnorm(a[r].get(), b[r].get(), {residual.get(), weight.get(), 1e-5f, h[r].get()}, out[r].get(),
+                         ranks.streams[size_t(r)]);
+        else
+          op.run(a[r].get(), b[r].get(), out[r].get(), ld, ranks.streams[size_t(r)]);
+      }
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      ++calls;
+      for (int r = 0; r < world; ++r) {
+        const std::string at = where + ", rank " + std::to_string(r) + ", call " + std::to_string(call);
+        try {
+          ranks.ops[size_t(r)]->check();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << at << ": " << e.what();
+          continue;
+        }
+        const char* rows = static_cast<const char*>(sum.get()) + size_t(r) * q * n * 2;
+        if (norm) {
+          const test::NormCheck nc = test::check_rmsnorm(kBf16, rows, n, residual.get(), weight.get(), 1e-5f,
+                                                         out[r].get(), h[r].get(), q, n, st);
+          EXPECT_TRUE(test::within(nc.out)) << at << " (RMSNorm)";
+          EXPECT_TRUE(test::bitwise(nc.residual_out)) << at << " (residual_out)";
+        } else {
+          EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out[r].get(), ld, rows, n, q, n, st))) << at;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(calls, 12 * 4) << "seed " << seed;
+  FO_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// A rank whose counts never arrive (rank 1's): every rank's wait times out
+// (no hang) and check() names rank 1; a CUDA graph capture is refused.
+TEST(ReduceScatterNvlinkOnOneGpu, LostCountsTimeOutAndGraphsAreRefused) {
+  REQUIRE_HOPPER();
+  const int64_t m = 768, n = 512, k = 64;
+  rt::OverlapReduceScatterOptions o;
+  o.sched = plan::make_schedule(m, n, {128, 128}, 16, plan::Raster::AlongN, 1);
+  o.groups = plan::make_groups(o.sched, {o.sched.waves()});
+  o.k = int(k), o.wait_timeout_s = 0.5;
+  NvlinkRanks ranks(3, o, /*drop_rank=*/1);
+  DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
+  kernels::fill_random(kBf16, a.get(), m * k, 1, -1.f, 1.f, nullptr);
+  kernels::fill_random(kBf16, b.get(), n * k, 2, -1.f, 1.f, nullptr);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  {
+    cudaStream_t cap;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    FO_CUDA_CHECK(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
+    EXPECT_THROW(ranks.ops[0]->run(a.get(), b.get(), out.get(), n, cap), InvalidArgument);
+    FO_CUDA_CHECK(cudaStreamEndCapture(cap, &graph));
+    if (graph) cudaGraphDestroy(graph);
+    FO_CUDA_CHECK(cudaStreamDestroy(cap));
+  }
+  for (int r = 0; r < 3; ++r)
+    ranks.ops[size_t(r)]->run(a.get(), b.get(), static_cast<char*>(out.get()) + size_t(r) * (m / 3) * n * 2, n,
+                              ranks.streams[size_t(r)]);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int r = 0; r < 3; ++r) {
+    try {
+      ranks.ops[size_t(r)]->check();
+      ADD_FAILURE() << "rank " << r << ": the lost counts were not reported";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank " + std::to_string(r) + ":"), std::string::npos) << what;
+      EXPECT_NE(what.find("partial sums from rank 1 "), std::string::npos) << what;
+      EXPECT_NE(what.find("did not arrive within"), std::string::npos) << what;
+    }
+  }
+}
+
 // A group whose signals never come: every rank's wait for it times out (no
 // hang), and check() names the group, its counter and what it waited for.
 TEST(ReduceScatterOneGpu, AStuckGroupTimesOutWithItsName) {

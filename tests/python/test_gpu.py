@@ -557,7 +557,7 @@ class ReduceScatter(Case):
         w = rand(2048, 2048, dtype=torch.bfloat16, seed=105)
         for layout in ("standard", "subtile"):
             seq = self.make_rs(path="sequential", layout=layout, **shape)
-            for path in ("slots", "auto"):
+            for path in ("slots", "auto") + (("nvlink",) if layout == "standard" else ()):
                 op = self.make_rs(path=path, layout=layout, **shape)
                 for m in multiples_of_world(2, 200, 1000, 2048) + ([] if layout == "standard" else [1, 333]):
                     x = rand(m, 2048, dtype=torch.bfloat16, seed=m + 106)

@@ -363,9 +363,9 @@ class CApi(unittest.TestCase):
             self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 7, None, ctypes.byref(h))
         cases = (
             ("path", 2, r"^fo_gemm_reducescatter_create: options->path = 2 \(FO_PATH_ROW_BANDS\) is not a "
-                        r"GemmReduceScatter path \(FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3\)$"),
+                        r"GemmReduceScatter path \(FO_PATH_AUTO 0, FO_PATH_SEQUENTIAL 1, FO_PATH_SLOTS 3, "
+                        r"FO_PATH_NVLINK 5\)$"),
             ("path", 4, r"options->path = 4 \(FO_PATH_OWNERS\) is not a GemmReduceScatter path"),
-            ("path", 5, r"options->path = 5 \(FO_PATH_NVLINK\) is not a GemmReduceScatter path"),
             ("path", 9, r"options->path = 9 is not an fo_path of GemmReduceScatter"),
             ("layout", 2, r"^fo_gemm_reducescatter_create: options->layout = 2 is not an fo_rs_layout "
                           r"\(FO_RS_LAYOUT_STANDARD 0, FO_RS_LAYOUT_SUBTILE 1\)$"),
@@ -428,6 +428,7 @@ class CApi(unittest.TestCase):
         o = _capi.make_rs_options(self.lib, "slots", "subtile", nccl_sms=16, wait_timeout_s=5, check_m=True)
         self.assertEqual((o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m), (3, 1, 16, 5.0, 1))
         self.assertEqual(_capi.make_rs_options(self.lib, "sequential").path, 1)
+        self.assertEqual(_capi.make_rs_options(self.lib, "nvlink").path, 5)
         for bad in ("row_bands", "owners", "rows"):
             with self.assertRaisesRegex(InvalidArgument, f"path = '{bad}': one of 'auto', 'sequential', 'slots'"):
                 _capi.make_rs_options(self.lib, bad)

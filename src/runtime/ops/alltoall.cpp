@@ -10,7 +10,6 @@
 #include "kernels/reorder.h"
 #include "runtime/core/checks.h"
 #include "plan/alltoall_peers.h"
-#include "runtime/transport/peers.h"
 #include "runtime/transport/send_recv.h"
 
 namespace flashoverlap::rt {
@@ -75,39 +74,12 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
   iota_ = to_device(iota);
   FO_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
   if (opts_.nvlink) {
-    if (world_ > kernels::kMaxCounters || opts_.n % 8 != 0 ||
-        int64_t{world_} * std::max<int64_t>(opts_.max_recv_rows, 1) > INT32_MAX)
-      throw InvalidArgument(who + ": the NVLink form needs world <= " + std::to_string(kernels::kMaxCounters) +
-                            ", n % 8 == 0 and world * max_recv_rows within int32");
-    half_bytes_ = aligned(size_t(std::max<int64_t>(opts_.max_recv_rows, 1)) * size_t(opts_.n) * 2);
-    window_ = DeviceBuffer(kWindowHeader + 2 * half_bytes_);
-    sink_ = DeviceBuffer(size_t(world_) * 4);
-    FO_CUDA_CHECK(cudaMemset(window_.get(), 0, kWindowHeader));
-    expected_.assign(size_t(world_), 0);
+    if (opts_.n % 8 != 0 || int64_t{world_} * std::max<int64_t>(opts_.max_recv_rows, 1) > INT32_MAX)
+      throw InvalidArgument(who + ": the NVLink form needs n % 8 == 0 and world * max_recv_rows within int32");
+    peers_ = PeerWindows(rank_, world_, size_t(std::max<int64_t>(opts_.max_recv_rows, 1)) * size_t(opts_.n) * 2,
+                         opts_.transport ? nullptr : opts_.comm, who);
   }
-  if (!opts_.core || opts_.nvlink) FO_CUDA_CHECK(cudaDeviceSynchronize());
-  if (opts_.nvlink && !opts_.transport) {  // every rank's window mapped here; none counts before all are zeroed
-    mapped_ = std::make_unique<PeerMappedBuffer>(opts_.comm, rank_, window_.get(), 0);
-    std::vector<void*> all;
-    for (int r = 0; r < world_; ++r) all.push_back(mapped_->of(r));
-    connect_peers(all);
-    setup_barrier(opts_.comm, rank_, "the All-to-All's receive windows");
-  }
-}
-
-void OverlapAllToAll::connect_peers(const std::vector<void*>& windows) {
-  const std::string who = "OverlapAllToAll::connect_peers (rank " + std::to_string(rank_) + ")";
-  if (!opts_.nvlink) throw InvalidArgument(who + ": the op was built without nvlink");
-  if (windows.size() != size_t(world_) || std::find(windows.begin(), windows.end(), nullptr) != windows.end())
-    throw InvalidArgument(who + ": needs " + std::to_string(world_) + " windows, none null");
-  // [0, W) half 0's rows, [W, 2W) half 1's, [2W, 3W) this source's
-  // counter at each rank, [3W, 4W) the fault sink's.
-  std::vector<void*> ptrs;
-  for (int h = 0; h < 2; ++h)
-    for (void* w : windows) ptrs.push_back(static_cast<char*>(w) + kWindowHeader + size_t(h) * half_bytes_);
-  for (void* w : windows) ptrs.push_back(static_cast<uint32_t*>(w) + rank_);
-  for (int d = 0; d < world_; ++d) ptrs.push_back(sink_.as<uint32_t>() + d);
-  peer_ptrs_ = to_device(ptrs);
+  if (!opts_.core) FO_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 OverlapAllToAll::~OverlapAllToAll() {
@@ -302,29 +274,28 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   direct_ = false, nvlink_call_ = true, cublas_call_ = false;
   recv_rows_ = tables_host_.out_rows;
   rows_elems_ = {s.m * opts_.n, recv_rows_ * opts_.n};
-  kernels::CounterTargets targets{};
-  for (int src = 0; src < world_; ++src) {  // 2 per tile of every source (1 for a call with none)
+  std::vector<uint32_t> counts;  // 2 per tile of every source (1 for a call with none)
+  for (int src = 0; src < world_; ++src) {
     const int32_t tiles = src == rank_ ? s.tiles() : schedule_of(routing, src, true).tiles();
-    expected_[size_t(src)] += tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u;
-    targets.target[src] = expected_[size_t(src)];
+    counts.push_back(tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u);
   }
-  const size_t half = size_t(nvlink_calls_++ % 2), W = size_t(world_);
-  void* const* ptrs = peer_ptrs_.as<void*>();
-  uint32_t* const* arrivals = reinterpret_cast<uint32_t* const*>(ptrs + (opts_.testing.fault_drop_arrivals ? 3 : 2) * W);
+  const PeerWindows::Call next = peers_.next_call(counts);
+  const int half = next.half;
+  uint32_t* const* arrivals = peers_.arrivals(opts_.testing.fault_drop_arrivals);
 
   core_->begin_call(stream);
   upload(stream);
   if (s.m > 0) {
     kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
     p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
-    p.scatter.world = world_, p.scatter.rows = ptrs + half * W;
+    p.scatter.world = world_, p.scatter.rows = peers_.rows(half);
     p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;
     kernels::launch_gemm(p, stream);
   } else {
     kernels::launch_signal_counters(arrivals, world_, 1, stream);
   }
-  kernels::launch_wait_counters(window_.as<uint32_t>(), world_, targets, timeout_ns(), wait_error_, stream);
-  post(call, window_.as<char>() + kWindowHeader + half * half_bytes_, out, ld_out, stream, tokens_out);
+  kernels::launch_wait_counters(peers_.counters(), world_, next.targets, timeout_ns(), wait_error_, stream);
+  post(call, peers_.half(half), out, ld_out, stream, tokens_out);
   core_->end_call(stream);
 }
 

@@ -67,7 +67,7 @@
 #include "runtime/core/buffer.h"
 #include "runtime/core/cublas.h"
 #include "runtime/core/overlap_core.h"
-#include "runtime/transport/peer_map.h"
+#include "runtime/transport/peer_windows.h"
 
 namespace flashoverlap::rt {
 
@@ -144,9 +144,9 @@ class OverlapAllToAll {
   // The NVLink form's window (nullptr without `nvlink`), and, for a
   // transport of one's own (the one-GPU tests: ranks side by side), every
   // rank's window as this process addresses it, once before the first call.
-  void* window() const { return window_.get(); }
-  void connect_peers(const std::vector<void*>& windows);
-  bool nvlink_ready() const { return peer_ptrs_.get() != nullptr; }
+  void* window() const { return peers_.window(); }
+  void connect_peers(const std::vector<void*>& windows) { peers_.connect(windows); }
+  bool nvlink_ready() const { return peers_.connected(); }
 
   // The schedule of `rank`'s rows in a call (plan::make_moe_schedule with
   // this op's tile and grid, as the planner's): how many waves it has, to
@@ -210,17 +210,7 @@ class OverlapAllToAll {
   void* recv_ = nullptr;
   static constexpr int kSendScratch = 0, kRecvScratch = 1;
   kernels::WaitError* wait_error_ = nullptr;
-  // The NVLink form: this rank's window ([kWindowHeader bytes: an arrival
-  // counter per source][half 0][half 1]), the peers' mapped (over comm),
-  // the device pointer tables (each half's rows of every rank, this
-  // source's counter at every rank, the fault sink's), each source's
-  // running total, the calls made.
-  static constexpr size_t kWindowHeader = 256;
-  DeviceBuffer window_, peer_ptrs_, sink_;
-  std::unique_ptr<PeerMappedBuffer> mapped_;
-  std::vector<uint32_t> expected_;
-  uint64_t nvlink_calls_ = 0;
-  size_t half_bytes_ = 0;
+  PeerWindows peers_;  // the NVLink form's windows (each half max_recv_rows x n)
   std::unique_ptr<OverlapCore> own_core_;
   OverlapCore* core_ = nullptr;
 };

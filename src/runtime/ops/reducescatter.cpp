@@ -31,7 +31,21 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
   core_ = opts_.core ? opts_.core : own_core_.get();
   wait_error_ = core_->wait_error();
   kernels::preload_kernels();  // before any wait is enqueued (docs/design.md §5.4)
-  if (plain_sequential()) {
+  if (opts_.nvlink) {
+    if (opts_.layout != plan::RsLayout::Standard || s.n % 8 != 0)
+      throw InvalidArgument(who + ": the NVLink form needs the standard layout and n % 8 == 0");
+    out_rows_ = s.m / world_;
+    row_of_ = to_device(plan::rs_peer_row_of(s, world_, rank_));
+    send_bytes_ = recv_bytes_ = 256;  // (no slots)
+    if (opts_.peers) {
+      if (opts_.peers->half_bytes() < size_t(s.m) * size_t(s.n) * 2)
+        throw InvalidArgument(who + ": the shared windows' halves are smaller than m x n");
+      peers_ = opts_.peers;
+    } else {
+      own_peers_ =
+          PeerWindows(rank_, world_, size_t(s.m) * size_t(s.n) * 2, opts_.transport ? nullptr : opts_.comm, who);
+    }
+  } else if (plain_sequential()) {
     out_rows_ = s.m / world_;
     send_bytes_ = size_t(s.m) * s.n * 2, recv_bytes_ = size_t(out_rows_) * s.n * 2;
     if (opts_.fallback_cublas) cublas_ = std::make_unique<CublasGemm>();
@@ -60,6 +74,7 @@ std::vector<int32_t> OverlapReduceScatter::rows_of_rank() const {
 }
 
 std::string OverlapReduceScatter::describe_groups() const {
+  if (opts_.nvlink) return "nvlink";
   if (sequential()) return "1 (sequential)";
   std::string out = "waves ";
   for (size_t g = 0; g < opts_.groups.size(); ++g)
@@ -70,6 +85,9 @@ std::string OverlapReduceScatter::describe_groups() const {
 void OverlapReduceScatter::begin_call(cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone && opts_.nvlink)  // (refused before anything is enqueued)
+    throw InvalidArgument("OverlapReduceScatter (rank " + std::to_string(rank_) +
+                          "): the NVLink form cannot be captured into a CUDA graph (its counters run across calls)");
   if (capture != cudaStreamCaptureStatusNone) graph_ = true;  // (every call zeroes its counters from now on)
   core_->begin_call(stream);
   // The scratch of the core, which another op of it may have grown since.
@@ -125,6 +143,24 @@ void OverlapReduceScatter::enqueue_reduced(const void* a, const void* b, void* r
   if (!seq) core_->join(stream);
 }
 
+const void* OverlapReduceScatter::enqueue_nvlink(const void* a, const void* b, cudaStream_t stream) {
+  const plan::Schedule& s = opts_.sched;
+  if (!peers_->connected())
+    throw InvalidArgument("OverlapReduceScatter (rank " + std::to_string(rank_) +
+                          "): the NVLink form needs every rank's window connected");
+  // Every source: 2 per tile (every rank has this schedule).
+  const PeerWindows::Call next =
+      peers_->next_call(std::vector<uint32_t>(size_t(world_), uint32_t(s.tiles()) * kernels::kSignalsPerTile));
+  const int half = next.half;
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+  p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
+  p.scatter.world = world_, p.scatter.rows = peers_->rows(half);
+  p.scatter.rows_per_rank = int32_t(s.m), p.scatter.arrivals = peers_->arrivals(opts_.testing.fault_drop_group >= 0);
+  kernels::launch_gemm(p, stream);
+  kernels::launch_wait_counters(peers_->counters(), world_, next.targets, timeout_ns(), wait_error_, stream);
+  return peers_->half(half);
+}
+
 void OverlapReduceScatter::check_out(const void* out, const char* call) const {
   if (!out)
     throw InvalidArgument(std::string("OverlapReduceScatter::") + call + " (rank " + std::to_string(rank_) +
@@ -136,6 +172,12 @@ void OverlapReduceScatter::run(const void* a, const void* b, void* out, int64_t 
   check_out(out, "run");
   if (ld_out < s.n) throw InvalidArgument("OverlapReduceScatter::run: ld_out < n");
   begin_call(stream);
+  if (opts_.nvlink) {  // this rank's W blocks summed in rank order
+    kernels::sum_gathered_rows(opts_.dtype, enqueue_nvlink(a, b, stream), world_, out_rows_ * s.n,
+                               int32_t(out_rows_), s.n, out, ld_out, stream);
+    core_->end_call(stream);
+    return;
+  }
   // The sequential standard plan reduces straight into a contiguous output.
   const bool direct = plain_sequential() && ld_out == s.n;
   enqueue_reduced(a, b, direct ? out : recv_, stream);
@@ -154,6 +196,13 @@ void OverlapReduceScatter::run_rmsnorm(const void* a, const void* b, const RmsNo
   check_norm_buffers(norm, out, size_t(out_rows_) * s.n * 2,
                      "OverlapReduceScatter::run_rmsnorm (rank " + std::to_string(rank_) + ")");
   begin_call(stream);
+  if (opts_.nvlink) {
+    kernels::sum_gathered_add_rmsnorm(opts_.dtype, enqueue_nvlink(a, b, stream), world_, out_rows_ * s.n,
+                                      int32_t(out_rows_), s.n, norm.residual, norm.weight, norm.eps, out,
+                                      norm.residual_out, stream);
+    core_->end_call(stream);
+    return;
+  }
   enqueue_reduced(a, b, recv_, stream);
   if (plain_sequential())
     kernels::add_rmsnorm_rows(opts_.dtype, recv_, int32_t(out_rows_), s.n, norm.residual, norm.weight, norm.eps, out,
@@ -169,6 +218,13 @@ void OverlapReduceScatter::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
+  if (e.group < 0) {  // (the NVLink form's wait: group -1 - source)
+    os << "rank " << rank_ << ": the partial sums from rank " << (-1 - e.group)
+       << " of the overlapped GEMM+ReduceScatter (NVLink form; " << opts_.sched.m << "x" << opts_.sched.n << "x"
+       << opts_.k << ") did not arrive within " << opts_.wait_timeout_s << " s: arrivals " << e.value
+       << ", expected " << e.expected << " (that rank's GEMM did not count all of its tiles here, or it is out of step)";
+    throw Error(os.str());
+  }
   os << "rank " << rank_ << ": group " << e.group << " of the overlapped GEMM+ReduceScatter (" << opts_.sched.m << "x"
      << opts_.sched.n << "x" << opts_.k << ", " << plan::to_string(opts_.layout) << " layout) did not complete within "
      << opts_.wait_timeout_s << " s: counter " << e.value << ", expected " << e.expected

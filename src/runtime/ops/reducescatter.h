@@ -16,6 +16,17 @@
 // the paper's: row slice p of every tile goes to rank p (bm % W == 0), so
 // rank r holds rows tm*bm + r*bm/W + [0, bm/W) of every tile row tm, in
 // that order (rows_of_rank()).
+// The NVLink form (`nvlink`, standard layout; groups unused): no NCCL call.
+// Every rank's window (runtime/transport/peer_windows.h: two halves of W
+// blocks of m/W rows, n wide) is mapped in every rank's process; the GEMM
+// stores each row of C straight into block `rank` of its owner's window
+// (plan::rs_peer_row_of), counting each half tile at every rank; the owner
+// waits for every source's count, then sums its W blocks in rank order in
+// fp32, rounded once (for 2 ranks bitwise ncclReduceScatter's sum), fused
+// with residual + RMSNorm when asked. (W-1)/W of C leaves each GPU and
+// nothing comes back. Halves by call, as the All-to-All's NVLink form.
+// Not for CUDA graphs (its counters run across calls: refused).
+//
 // A plan with one group runs the sequential fallback: standard, our GEMM
 // (or cuBLAS) into row-major C and one ncclReduceScatter on the caller's
 // stream; sub-tile, the slot layout with one call on the caller's stream.
@@ -38,6 +49,7 @@
 #include "runtime/core/cublas.h"
 #include "runtime/core/overlap_core.h"
 #include "runtime/ops/allreduce.h"  // RmsNormArgs
+#include "runtime/transport/peer_windows.h"
 
 namespace flashoverlap::rt {
 
@@ -70,6 +82,11 @@ struct OverlapReduceScatterOptions {
   RsTransport transport;           // empty: NCCL on comm
   double wait_timeout_s = 30.0;    // a group not complete by then fails the call (check())
   bool fallback_cublas = false;    // sequential standard plan: cuBLAS's GEMM (where it measured faster)
+  // The NVLink form (standard layout, world <= 8, n % 8 == 0; the GEMM on
+  // sched's grid, all SMs as a rule): windows mapped over comm, or with a
+  // transport of one's own connect_peers.
+  bool nvlink = false;
+  PeerWindows* peers = nullptr;    // the NVLink form: windows shared with other ops (halves >= m x n); nullptr: its own
   // Shared with other ops whose calls come in order with this one's (the
   // public op's plans for each m): streams, order of calls, wait record,
   // scratch. nullptr: the op's own.
@@ -108,7 +125,11 @@ class OverlapReduceScatter {
   const plan::Schedule& schedule() const { return opts_.sched; }
   const std::vector<plan::Group>& groups() const { return opts_.groups; }
   plan::RsLayout layout() const { return opts_.layout; }
-  bool sequential() const { return opts_.groups.size() <= 1; }
+  bool sequential() const { return !opts_.nvlink && opts_.groups.size() <= 1; }
+  bool nvlink() const { return opts_.nvlink; }
+  // The NVLink form's window, and (tests: ranks side by side) every rank's.
+  void* window() const { return peers_->window(); }
+  void connect_peers(const std::vector<void*>& windows) { peers_->connect(windows); }
   int world() const { return world_; }
   std::string describe_groups() const;  // "waves 3,2,2" or "1 (sequential)"
   int64_t padding_rows() const { return padding_rows_; }  // standard: send rows carrying nothing
@@ -129,6 +150,8 @@ class OverlapReduceScatter {
   void enqueue_reduced(const void* a, const void* b, void* rows, cudaStream_t stream);
   void move(const RsGroupCall& c);  // transport or NCCL
   bool plain_sequential() const { return sequential() && opts_.layout == plan::RsLayout::Standard; }
+  // The NVLink form's GEMM and wait; returns the half of the window read.
+  const void* enqueue_nvlink(const void* a, const void* b, cudaStream_t stream);
   void check_out(const void* out, const char* call) const;
 
   OverlapReduceScatterOptions opts_;
@@ -151,6 +174,8 @@ class OverlapReduceScatter {
   std::unique_ptr<OverlapCore> own_core_;
   OverlapCore* core_ = nullptr;
   std::unique_ptr<CublasGemm> cublas_;
+  PeerWindows own_peers_;           // the NVLink form's, where none is shared
+  PeerWindows* peers_ = &own_peers_;
 };
 
 }  // namespace flashoverlap::rt

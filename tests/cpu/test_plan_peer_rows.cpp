@@ -1,8 +1,9 @@
-// make_alltoall_peer_tables (the All-to-All's NVLink form): every row of a
-// source lands at its destination's receive row in (source rank, source
-// row) order — the order of the combine's tables there — on random
-// routings, rows in the dispatch's order or shuffled, random tiles and
-// grids; and its refusals.
+// The NVLink forms' row tables, where each row of C lands in its rank's
+// window: the All-to-All's (make_alltoall_peer_tables: at its destination's
+// receive row in (source rank, source row) order, the order of the combine's
+// tables there; random routings, rows in the dispatch's order or shuffled)
+// and the ReduceScatter's (rs_peer_row_of: each row at its owner, in the
+// block of its source); random tiles and grids; and their refusals.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "plan/alltoall_peers.h"
 #include "plan/routing.h"
 #include "plan/slot_map_alltoall.h"
+#include "plan/slot_map_reducescatter.h"
 #include "test_plan_util.h"
 
 namespace fo = flashoverlap::plan;
@@ -116,4 +118,59 @@ TEST(AllToAllPeerTables, Refusals) {
   EXPECT_THROW(fo::make_alltoall_peer_tables(s, routing, 3, 50), flashoverlap::InvalidArgument);  // no rank 3
   EXPECT_THROW(fo::make_alltoall_peer_tables(s, routing, 0, 50), flashoverlap::InvalidArgument);  // rank 1's schedule
   EXPECT_THROW(fo::make_alltoall_peer_tables(s, routing, 1, int64_t{1} << 30), flashoverlap::InvalidArgument);
+}
+
+TEST(ReduceScatterPeerRows, EveryRowGoesToItsOwnerInItsSourcesBlock) {
+  const uint64_t seed = fo_test::test_seed();
+  FO_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 300; ++iter) {
+    const int32_t W = int32_t(uniform(rng, 1, 8));
+    const fo::TileShape tile = uniform(rng, 0, 1) ? fo::TileShape{128, 256} : fo::TileShape{8, 16};
+    const int64_t m = W * uniform(rng, 1, 90), n = uniform(rng, 1, 600), q = m / W;
+    const fo::Schedule s = fo::make_schedule(m, n, tile, int32_t(uniform(rng, 1, 140)),
+                                             uniform(rng, 0, 1) ? fo::Raster::AlongN : fo::Raster::AlongM,
+                                             int32_t(uniform(rng, 1, 8)));
+    // landed[d][slot]: (source, row of C) stored there; every slot exactly once.
+    std::vector<std::vector<std::pair<int32_t, int64_t>>> landed(static_cast<size_t>(W));
+    for (auto& l : landed) l.assign(static_cast<size_t>(W * q), {-1, -1});
+    for (int32_t src = 0; src < W; ++src) {
+      const std::vector<int32_t> row_of = fo::rs_peer_row_of(s, W, src);
+      ASSERT_EQ(row_of.size(), size_t(s.tiles()) * s.bm);
+      for (int32_t idx = 0; idx < s.tiles(); ++idx) {
+        const fo::TileCoord c = s.tile_of(idx);
+        for (int32_t r = 0; r < s.bm; ++r) {
+          const int64_t row = int64_t{c.tm} * s.bm + r;
+          const int32_t dst = row_of[size_t(idx) * s.bm + r];
+          if (row >= m) {
+            EXPECT_EQ(dst, -1);
+            continue;
+          }
+          ASSERT_GE(dst, 0);
+          const int64_t d = dst / (W * q), slot = dst % (W * q);
+          ASSERT_LT(d, W);
+          auto& at = landed[size_t(d)][size_t(slot)];
+          if (c.tn == 0) {
+            EXPECT_EQ(at.first, -1) << "slot " << slot << " of rank " << d << " written twice";
+            at = {src, row};
+          } else {
+            EXPECT_EQ(at, std::make_pair(src, row));
+          }
+        }
+      }
+    }
+    // Rank d's block s, row i: source s's row d * q + i (what rank d's output row i sums).
+    for (int32_t d = 0; d < W; ++d)
+      for (int32_t src = 0; src < W; ++src)
+        for (int64_t i = 0; i < q; ++i)
+          EXPECT_EQ(landed[size_t(d)][size_t(src * q + i)], std::make_pair(src, int64_t{d} * q + i))
+              << "iter " << iter << " W " << W << " m " << m;
+  }
+}
+
+TEST(ReduceScatterPeerRows, Refusals) {
+  const fo::Schedule s = fo::make_schedule(300, 256, {128, 256}, 132, fo::Raster::AlongN, 1);
+  EXPECT_NO_THROW(fo::rs_peer_row_of(s, 3, 2));
+  EXPECT_THROW(fo::rs_peer_row_of(s, 7, 0), flashoverlap::InvalidArgument);  // 300 % 7 != 0
+  EXPECT_THROW(fo::rs_peer_row_of(s, 3, 3), flashoverlap::InvalidArgument);  // no rank 3
 }
