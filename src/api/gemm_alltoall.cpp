@@ -58,6 +58,7 @@ struct GemmAllToAll::Impl {
   std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles() entry, made on first use
   rt::OverlapAllToAll* last = nullptr;
   plan::MoeRouting routing;  // the last call's, every rank's
+  plan::MoeRowCounts counts;  // its rows per 128-row tile row and destination (the routing's one check)
   std::string last_plan = "no call yet";
 
   std::string who() const {
@@ -198,6 +199,7 @@ struct GemmAllToAll::Impl {
     req.sms = sms, req.reserve_sms = opts.nccl_sms, req.wave_ms = wave_ms[tile];
     req.partition = std::move(partition);
     req.min_gain = min_gain;
+    req.counts = &counts;
     return plan::make_moe_plan(req);
   }
   // The plan of this call's routing, and its tile (op_tiles() index).
@@ -299,11 +301,12 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
     throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call exchanges its routing "
                                     "and plans on the host)");
   d.gather_routing(routing, CallArgs{a, b, out, ld_out, combine});  // (throws on every rank alike)
+  d.counts = plan::count_moe_rows(d.routing, api::kBm);  // (the routing's check, alike on every rank; the plans' counts)
   auto [p, tile] = d.plan_call();
   rt::OverlapAllToAll& op = d.op_of(tile);
   const bool nvlink = d.opts.path == GemmAllToAllOptions::Path::NVLink;
   rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine, nvlink,
-                   p.sequential && d.cublas_sequential};
+                   p.sequential && d.cublas_sequential, &d.counts};
   op.run(a, b, call, out, ld_out == 0 ? d.n : ld_out, stream, tokens_out);
   d.last = &op;
   if (nvlink) {

@@ -24,7 +24,7 @@ std::string fmt(double v) {
   return o.str();
 }
 
-// Everything but the routing's rows (row_counts checks those).
+// Everything but the routing's rows (count_moe_rows checks those).
 void check_request(const MoePlanRequest& req) {
   if (!req.routing) throw InvalidArgument("MoE plan: no routing (every rank's routing is required)");
   if (req.routing->world < 1 || req.routing->dest_rank.size() != size_t(req.routing->world))
@@ -60,47 +60,7 @@ void check_request(const MoePlanRequest& req) {
                           ", the plan for alltoall");
 }
 
-using RowCounts = std::vector<std::vector<int64_t>>;  // [rank][tm * W + d]
-
-// Rows of each rank's tile rows by destination (the same for every grid),
-// checking the routing on the way: what validate_moe_routing checks, in one
-// pass and without its per-row message strings (~40 ns a row, most of a
-// plan's time at 10^5 rows). validate_moe_routing then runs only to say
-// what is wrong.
-RowCounts row_counts(const MoeRouting& r, int32_t bm) {
-  auto invalid = [&r]() -> RowCounts {
-    validate_moe_routing(r);
-    throw InvalidArgument("MoE plan: invalid routing");  // (not reached unless the two checks disagree)
-  };
-  const int32_t W = r.world;
-  if (r.tokens.size() != size_t(W) || r.dest_token.size() != size_t(W) || r.gate.size() != size_t(W) ||
-      r.send_counts.size() != size_t(W) * W)
-    return invalid();
-  for (int32_t t : r.tokens)
-    if (t < 0) return invalid();
-  RowCounts out(static_cast<size_t>(W));
-  std::vector<int64_t> sends(size_t(W) * W, 0);
-  for (int32_t src = 0; src < W; ++src) {
-    const auto &dest = r.dest_rank[size_t(src)], &token = r.dest_token[size_t(src)];
-    const auto& gate = r.gate[size_t(src)];
-    const size_t m = dest.size();
-    if (token.size() != m || gate.size() != m) return invalid();
-    auto& counts = out[size_t(src)];
-    counts.assign((m + bm - 1) / bm * W, 0);
-    for (size_t row0 = 0, tm = 0; row0 < m; row0 += size_t(bm), ++tm) {
-      int64_t* c = &counts[tm * W];
-      for (size_t i = row0; i < std::min(m, row0 + size_t(bm)); ++i) {
-        const int32_t d = dest[i];
-        if (uint32_t(d) >= uint32_t(W) || token[i] < 0 || token[i] >= r.tokens[size_t(d)] || !std::isfinite(gate[i]))
-          return invalid();
-        ++c[d];
-      }
-    }
-    for (size_t i = 0; i < counts.size(); ++i) sends[size_t(src) * W + i % W] += counts[i];
-  }
-  if (sends != r.send_counts) return invalid();
-  return out;
-}
+using RowCounts = std::vector<std::vector<int64_t>>;  // MoeRowCounts::counts
 
 std::vector<Schedule> schedules(const MoePlanRequest& req, int32_t ctas) {
   const MoeRouting& r = *req.routing;
@@ -221,7 +181,11 @@ int32_t MoePlan::waves() const { return most_waves(sched_of_rank); }
 MoePlan make_moe_plan(const MoePlanRequest& req) {
   check_request(req);
   const MoeRouting& routing = *req.routing;
-  const RowCounts per_tile_row = row_counts(routing, req.tile.bm);
+  // The routing's rows per tile row and destination (checking it on the way), or the caller's.
+  std::optional<MoeRowCounts> own;
+  if (!req.counts || req.counts->bm != req.tile.bm || req.counts->counts.size() != size_t(routing.world))
+    own = count_moe_rows(routing, req.tile.bm);
+  const RowCounts& per_tile_row = (own ? *own : *req.counts).counts;
   const int32_t W = routing.world;
   auto comm = std::make_shared<const CommModel>(
       req.curve ? *req.curve : BandwidthCurve::builtin_h200(Collective::AllToAll), W, req.comm_saturating_ctas);

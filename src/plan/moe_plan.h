@@ -44,6 +44,10 @@ struct MoePlanRequest {
                                 // (0: the GEMM holds every SM, so no call starts before it ends)
   double wave_ms = 0;           // measured time of one GEMM wave of this tile (0: GemmModel's estimate)
   std::optional<BandwidthCurve> curve;  // unset: BandwidthCurve::builtin_h200(Collective::AllToAll)
+  // Optional: count_moe_rows(*routing, tile.bm), made once for several plans
+  // of a call (it is the routing's one pass, and its check); of another bm
+  // or unset: counted here.
+  const MoeRowCounts* counts = nullptr;
   int32_t comm_saturating_ctas = 16;
   GemmModel gemm;
   // Set: evaluate this partition of the overlapped grid's common wave axis

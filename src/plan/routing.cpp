@@ -89,6 +89,47 @@ void validate_moe_routing(const MoeRouting& r) {
                               ", its dest_rank has " + std::to_string(counted[size_t(src) * W + d]));
 }
 
+// (One pass; validate_moe_routing runs only to say what is wrong.)
+MoeRowCounts count_moe_rows(const MoeRouting& r, int32_t bm) {
+  if (bm < 1) throw InvalidArgument("MoE routing: tile height " + std::to_string(bm) + " must be >= 1");
+  auto invalid = [&r]() -> MoeRowCounts {
+    validate_moe_routing(r);
+    throw InvalidArgument("MoE routing: invalid");  // (not reached unless the two checks disagree)
+  };
+  const int32_t W = r.world;
+  if (r.tokens.size() != size_t(W) || r.dest_token.size() != size_t(W) || r.gate.size() != size_t(W) ||
+      r.send_counts.size() != size_t(W) * W)
+    return invalid();
+  for (int32_t t : r.tokens)
+    if (t < 0) return invalid();
+  MoeRowCounts result;
+  result.bm = bm;
+  std::vector<std::vector<int64_t>>& out = result.counts;
+  out.resize(static_cast<size_t>(W));
+  std::vector<int64_t> sends(size_t(W) * W, 0);
+  for (int32_t src = 0; src < W; ++src) {
+    const auto &dest = r.dest_rank[size_t(src)], &token = r.dest_token[size_t(src)];
+    const auto& gate = r.gate[size_t(src)];
+    const size_t m = dest.size();
+    if (token.size() != m || gate.size() != m) return invalid();
+    auto& counts = out[size_t(src)];
+    counts.assign((m + bm - 1) / bm * W, 0);
+    for (size_t row0 = 0, tm = 0; row0 < m; row0 += size_t(bm), ++tm) {
+      int64_t* c = &counts[tm * W];
+      for (size_t i = row0; i < std::min(m, row0 + size_t(bm)); ++i) {
+        const int32_t d = dest[i];
+        if (uint32_t(d) >= uint32_t(W) || token[i] < 0 || token[i] >= r.tokens[size_t(d)] || !std::isfinite(gate[i]))
+          return invalid();
+        ++c[d];
+      }
+    }
+    for (size_t i = 0; i < counts.size(); ++i) sends[size_t(src) * W + i % W] += counts[i];
+  }
+  if (sends != r.send_counts) return invalid();
+  return result;
+}
+
+
 namespace {
 
 // In [0, 1) with 53 random bits.

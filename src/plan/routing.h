@@ -42,6 +42,17 @@ std::vector<int64_t> moe_send_counts(const MoeRouting& r);
 // range, a non-finite gate, or send_counts that disagree with dest_rank.
 void validate_moe_routing(const MoeRouting& r);
 
+// Every rank's rows per tile row of `bm` rows and destination: counts[r][tm
+// * world + d] = rows tm*bm .. tm*bm+bm-1 of rank r with destination d (the
+// same for every grid and tile width). Made in one pass that validates the
+// routing as validate_moe_routing does (its message where it fails): what
+// the MoE planner and the All-to-All's tables need, made once per call.
+struct MoeRowCounts {
+  int32_t bm = 0;
+  std::vector<std::vector<int64_t>> counts;
+};
+MoeRowCounts count_moe_rows(const MoeRouting& r, int32_t bm);
+
 // Synthetic MoE routings as a dispatch produces them: each of the T tokens of
 // every rank picks K distinct ranks (one expert per rank), with gates random,
 // positive, summing to 1 per token (in fp32). A_e's rows are in the order the

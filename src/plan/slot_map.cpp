@@ -84,11 +84,37 @@ WaveCounts::WaveCounts(const Schedule& s, int32_t bins, const std::vector<int64_
                 " counts, got " + std::to_string(per_tile_row.size()));
   // Each wave's tiles into row w+1 (through a histogram of the wave's tile
   // rows: a wave spans few of them, and bins may be many), then prefix sums.
+  // The histogram by band (Schedule::tile_of's order, without a tile_of per
+  // tile: the planners' hot loop): in a band of `width` lines the index
+  // walks across the lines, so a run of a band's indices gives each line
+  // run / width tiles, and the rest one more from the run's first line on.
   std::vector<int32_t> per_tm(size_t(s.tiles_m()), 0), touched;
+  const bool along_n = s.raster == Raster::AlongN;
+  const int32_t lines = along_n ? s.tiles_m() : s.tiles_n(), length = along_n ? s.tiles_n() : s.tiles_m();
+  const int32_t band_tiles = s.swizzle * length;
+  auto add = [&](int32_t tm, int32_t count) {
+    if (count == 0) return;
+    if (s.row_shift) tm = (tm + s.row_shift) % s.tiles_m();
+    if (per_tm[size_t(tm)] == 0) touched.push_back(tm);
+    per_tm[size_t(tm)] += count;
+  };
   for (int32_t w = 0; w < waves_; ++w) {
-    for (int32_t idx = w * s.ctas; idx < std::min(s.tiles(), (w + 1) * s.ctas); ++idx) {
-      const int32_t tm = s.tile_of(idx).tm;
-      if (per_tm[size_t(tm)]++ == 0) touched.push_back(tm);
+    const int32_t end = std::min(s.tiles(), (w + 1) * s.ctas);
+    for (int32_t a = w * s.ctas; a < end;) {
+      const int32_t band = a / band_tiles, first_line = band * s.swizzle;
+      const int32_t width = std::min(s.swizzle, lines - first_line);
+      const int32_t lo = a - band * band_tiles, hi = std::min(end - band * band_tiles, band_tiles);  // in the band
+      const int32_t run = hi - lo;
+      if (along_n) {  // lines are tile rows: each gets run / width, the first run % width from lo's line one more
+        for (int32_t j = 0; j < width; ++j) {
+          const int32_t from_lo = (j - lo % width + width) % width;  // j's place after lo's line
+          add(first_line + j, run / width + (from_lo < run % width ? 1 : 0));
+        }
+      } else {  // lines are tile columns: tile row = in-band index / width
+        for (int32_t tm = lo / width; tm <= (hi - 1) / width; ++tm)
+          add(tm, std::min(hi, (tm + 1) * width) - std::max(lo, tm * width));
+      }
+      a += run;
     }
     int64_t* dst = &prefix_[size_t(w + 1) * bins];
     for (int32_t tm : touched) {

@@ -112,17 +112,28 @@ WaveCounts dest_counts(const Schedule& s, const std::vector<int32_t>& dest, int3
 
 // The map's spans: per group, sends by destination then receives by source
 // (map.send_rows, recv_rows: the buffers' sizes).
+// With `counts` (count_moe_rows of the schedules' tile height), from them
+// rather than from the rows.
 void add_spans(SlotMap& map, const std::vector<Schedule>& sched_of_rank,
-               const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing) {
+               const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
+               const MoeRowCounts* counts = nullptr) {
   const int32_t W = routing.world, rank = map.rank;
   const Schedule& s = sched_of_rank[size_t(rank)];
   const std::vector<Group>& groups = groups_of_rank[size_t(rank)];
   const size_t G = groups.size();
   const int32_t bn = s.bn;
-  const WaveCounts out_counts = dest_counts(s, routing.dest_rank[size_t(rank)], W, -1);
+  auto column = [&](int32_t src) {  // counts[src]'s rows to this rank, per tile row
+    const std::vector<int64_t>& c = counts->counts[size_t(src)];
+    std::vector<int64_t> out(c.size() / size_t(W));
+    for (size_t tm = 0; tm < out.size(); ++tm) out[tm] = c[tm * size_t(W) + size_t(rank)];
+    return out;
+  };
+  const WaveCounts out_counts = counts ? WaveCounts(s, W, counts->counts[size_t(rank)])
+                                       : dest_counts(s, routing.dest_rank[size_t(rank)], W, -1);
   std::vector<WaveCounts> in_counts;
   for (int32_t src = 0; src < W; ++src)
-    in_counts.push_back(dest_counts(sched_of_rank[size_t(src)], routing.dest_rank[size_t(src)], W, rank));
+    in_counts.push_back(counts ? WaveCounts(sched_of_rank[size_t(src)], 1, column(src))
+                               : dest_counts(sched_of_rank[size_t(src)], routing.dest_rank[size_t(src)], W, rank));
   for (size_t g = 0; g < G; ++g) {
     const Group& x = groups[g];
     GroupCall call{x.first_tile, x.end_tile, {map.send_rows * bn, 0}, {map.recv_rows * bn, 0}, {}, {}};
@@ -204,7 +215,7 @@ SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
 
 AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
                                     const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
-                                    int32_t rank) {
+                                    int32_t rank, const MoeRowCounts* counts) {
   const int32_t W = routing.world;
   if (W >= 1 && (rank < 0 || rank >= W))
     throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
@@ -212,7 +223,11 @@ AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
   const Schedule& s = sched_of_rank[size_t(rank)];
   SlotMap spans;  // (its spans only)
   spans.op = Collective::AllToAll, spans.world = W, spans.rank = rank;
-  add_spans(spans, sched_of_rank, groups_of_rank, routing);
+  if (counts && (counts->bm != s.bm || counts->counts.size() != size_t(W)))
+    throw InvalidArgument("all-to-all tables: row counts of " + std::to_string(counts->bm) + "-row tiles for " +
+                          std::to_string(counts->counts.size()) + " ranks, the schedules' tiles are " +
+                          std::to_string(s.bm) + " rows and the ranks " + std::to_string(W));
+  add_spans(spans, sched_of_rank, groups_of_rank, routing, counts);
   if (spans.send_rows > INT32_MAX || spans.recv_rows > INT32_MAX)
     throw InvalidArgument("all-to-all rank " + std::to_string(rank) + ": " + std::to_string(spans.send_rows) +
                           " send and " + std::to_string(spans.recv_rows) + " receive slot rows, more than int32 "
@@ -255,6 +270,12 @@ AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
     int32_t mine = 0;
     for (int32_t tm = 0, row = 0; tm < ss.tiles_m(); ++tm) {
       first[size_t(tm)] = mine;
+      if (counts) {  // (this tile row's rows to this rank, without reading them)
+        const int64_t c = counts->counts[size_t(src)][size_t(tm) * W + rank];
+        t.rkey.insert(t.rkey.end(), size_t(c), int32_t((tm_base + tm) * t.tiles_n));
+        mine += int32_t(c);
+        continue;
+      }
       for (; row < std::min<int64_t>(int64_t{tm + 1} * ss.bm, ss.m); ++row)
         if (sd[size_t(row)] == rank) {
           t.rkey.push_back(int32_t((tm_base + tm) * t.tiles_n));

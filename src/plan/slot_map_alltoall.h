@@ -98,9 +98,12 @@ struct AllToAllTables {
   int32_t tiles() const { return int32_t(tm_of.size()); }
 };
 // The routing must be valid (validate_moe_routing: not checked again here).
+// counts (optional: count_moe_rows of the schedules' tile height, made once
+// per call for the plan too): the spans and the receive side from them, so
+// that of the other ranks' rows none is read (O(m + tiles * world) in all).
 AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
                                     const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
-                                    int32_t rank);
+                                    int32_t rank, const MoeRowCounts* counts = nullptr);
 std::vector<int32_t> expand_row_of(const AllToAllTables& t);
 std::vector<int32_t> expand_slot_of_out(const AllToAllTables& t);
 

@@ -3,6 +3,8 @@
 // of every map is in test_plan_emulation.cpp.
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "flashoverlap/error.h"
 #include "plan/slot_map_allreduce.h"
 #include "plan/slot_map_alltoall.h"
@@ -182,9 +184,22 @@ TEST(AllToAllTables, ExpandToTheMapsTables) {
     std::string kind = kinds[rng() % 4];
     if (kind == "empty:0" && topk >= world) kind = "uniform";  // (no rank left out: K distinct of W)
     const int64_t tokens = int64_t(rng() % 700), n = trial % 3 == 0 ? 1000 : 768;
-    const MoeRouting routing = make_moe_routing(kind, world, tokens, topk, rng());
+    MoeRouting routing = make_moe_routing(kind, world, tokens, topk, rng());
+    if (trial % 2) {  // every rank's rows shuffled: destinations interleaved within tile rows
+      for (int32_t r = 0; r < world; ++r) {
+        std::vector<size_t> perm(routing.dest_rank[size_t(r)].size());
+        std::iota(perm.begin(), perm.end(), size_t{0});
+        std::shuffle(perm.begin(), perm.end(), rng);
+        auto apply = [&](auto& v) {
+          auto old = v;
+          for (size_t i = 0; i < perm.size(); ++i) v[i] = old[perm[i]];
+        };
+        apply(routing.dest_rank[size_t(r)]), apply(routing.dest_token[size_t(r)]), apply(routing.gate[size_t(r)]);
+      }
+    }
     const TileShape tile = rng() % 2 ? TileShape{128, 256} : TileShape{128, 128};
     const int32_t ctas = 1 + int32_t(rng() % 20);
+    const MoeRowCounts counts = count_moe_rows(routing, tile.bm);
     std::vector<Schedule> scheds;
     int32_t most = 0;
     for (int32_t r = 0; r < world; ++r) {
@@ -215,6 +230,84 @@ TEST(AllToAllTables, ExpandToTheMapsTables) {
       }
       EXPECT_EQ(expand_row_of(t), map.row_of);
       EXPECT_EQ(expand_slot_of_out(t), map.slot_of_out);
+      // From the row counts (no other rank's rows read): the same tables.
+      const AllToAllTables c = make_alltoall_tables(scheds, groups, routing, rank, &counts);
+      EXPECT_EQ(c.send_rows, t.send_rows);
+      EXPECT_EQ(c.recv_rows, t.recv_rows);
+      EXPECT_EQ(c.out_rows, t.out_rows);
+      ASSERT_EQ(c.groups.size(), t.groups.size());
+      for (size_t g = 0; g < c.groups.size(); ++g) {
+        EXPECT_EQ(c.groups[g].send_to, t.groups[g].send_to);
+        EXPECT_EQ(c.groups[g].recv_from, t.groups[g].recv_from);
+      }
+      EXPECT_EQ(c.tm_of, t.tm_of);
+      EXPECT_EQ(c.sbase, t.sbase);
+      EXPECT_EQ(c.rrank, t.rrank);
+      EXPECT_EQ(c.rtab, t.rtab);
+      EXPECT_EQ(c.rkey, t.rkey);
     }
+    // Counts of another tile height are refused.
+    const MoeRowCounts other = count_moe_rows(routing, 64);
+    EXPECT_THROW(make_alltoall_tables(scheds, groups, routing, 0, &other), flashoverlap::InvalidArgument);
+  }
+}
+
+TEST(MoeRowCounts, CountEveryRowOnceAndValidateTheRouting) {
+  using namespace flashoverlap::plan;
+  FO_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int32_t world = 1 + int32_t(rng() % 8), bm = 1 + int32_t(rng() % 200);
+    const MoeRouting routing = make_moe_routing("zipf:1.2", world, int64_t(rng() % 500), 1, rng());
+    const MoeRowCounts c = count_moe_rows(routing, bm);
+    ASSERT_EQ(c.bm, bm);
+    ASSERT_EQ(c.counts.size(), size_t(world));
+    for (int32_t r = 0; r < world; ++r) {
+      const auto& dest = routing.dest_rank[size_t(r)];
+      std::vector<int64_t> want((dest.size() + size_t(bm) - 1) / size_t(bm) * size_t(world), 0);
+      for (size_t i = 0; i < dest.size(); ++i) ++want[i / size_t(bm) * size_t(world) + size_t(dest[i])];
+      EXPECT_EQ(c.counts[size_t(r)], want) << "rank " << r;
+    }
+    if (routing.rows(0) > 0) {  // a routing that does not add up: validate_moe_routing's message
+      MoeRouting bad = routing;
+      bad.dest_token[0][0] = -1;
+      try {
+        (void)count_moe_rows(bad, bm);
+        ADD_FAILURE() << "a negative token was not refused";
+      } catch (const flashoverlap::InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("row 0"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+// WaveCounts (its histogram by band, not by tile_of) against a count of
+// every tile through tile_of: random schedules of both rasters, swizzles,
+// ragged edges, walks shifted by rows, grids from 1 CTA to more than the tiles.
+TEST(WaveCounts, EqualTheCountThroughTileOf) {
+  using namespace flashoverlap::plan;
+  FO_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 400; ++trial) {
+    Schedule s;
+    s.bm = 1 + int32_t(rng() % 8), s.bn = 1 + int32_t(rng() % 8);
+    s.m = 1 + int32_t(rng() % 200), s.n = 1 + int32_t(rng() % 200);
+    s.ctas = 1 + int32_t(rng() % 300);
+    s.raster = rng() % 2 ? Raster::AlongN : Raster::AlongM;
+    s.swizzle = 1 + int32_t(rng() % 9);
+    if (rng() % 2) s.row_shift = int32_t(rng() % uint64_t(s.tiles_m()));
+    const int32_t bins = 1 + int32_t(rng() % 4);
+    std::vector<int64_t> per_tile_row(size_t(s.tiles_m()) * bins);
+    for (int64_t& v : per_tile_row) v = int64_t(rng() % 50);
+    const WaveCounts wc(s, bins, per_tile_row);
+    ASSERT_EQ(wc.waves(), s.waves());
+    std::vector<int64_t> want(size_t(s.waves()) * bins, 0);
+    for (int32_t idx = 0; idx < s.tiles(); ++idx)
+      for (int32_t b = 0; b < bins; ++b)
+        want[size_t(s.round_of(idx)) * bins + b] += per_tile_row[size_t(s.tile_of(idx).tm) * bins + b];
+    for (int32_t w = 0; w < s.waves(); ++w)
+      for (int32_t b = 0; b < bins; ++b)
+        ASSERT_EQ(wc.sum(w, w + 1, b), want[size_t(w) * bins + b])
+            << "trial " << trial << " wave " << w << " bin " << b << " (m " << s.m << " n " << s.n << " tile "
+            << s.bm << "x" << s.bn << " ctas " << s.ctas << " swizzle " << s.swizzle << " shift " << s.row_shift
+            << (s.raster == Raster::AlongN ? " along N)" : " along M)");
   }
 }

@@ -157,7 +157,11 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   const plan::MoeRouting& routing = *call.routing;
   if (routing.world != world_)
     throw InvalidArgument(who + ": a routing of " + std::to_string(routing.world) + " ranks");
-  plan::validate_moe_routing(routing);
+  const plan::MoeRowCounts* counts =
+      call.counts && call.counts->bm == opts_.tile.bm && call.counts->counts.size() == size_t(world_) ? call.counts
+                                                                                                     : nullptr;
+  if (!call.counts || call.counts->counts.size() != size_t(world_))  // (counts are made by the routing's check)
+    plan::validate_moe_routing(routing);
   const int64_t rows = routing.rows(rank_);
   int64_t recv_rows = 0;
   for (int s = 0; s < world_; ++s) recv_rows += routing.send_count(s, rank_);
@@ -214,7 +218,7 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
     recv_rows_ = got;
     rows_elems_ = {sent * opts_.n, got * opts_.n};
   } else {
-    tables_host_ = plan::make_alltoall_tables(scheds, groups, routing, rank_);
+    tables_host_ = plan::make_alltoall_tables(scheds, groups, routing, rank_, counts);
     calls_ = tables_host_.groups;
     recv_rows_ = tables_host_.out_rows;
   }

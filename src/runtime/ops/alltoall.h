@@ -123,6 +123,10 @@ struct A2aCall {
   bool combine = true;     // false: the received rows, unweighted
   bool nvlink = false;     // the NVLink form (`common` unused); the same on every rank
   bool cublas = false;     // a direct sequential call: cuBLAS's GEMM, not ours (where it measured faster)
+  // Optional: plan::count_moe_rows(*routing, tile height), made for the plan
+  // (which checked the routing with it): the routing is not checked again,
+  // and the tables are made from them rather than from every rank's rows.
+  const plan::MoeRowCounts* counts = nullptr;
 };
 
 class OverlapAllToAll {
