@@ -5,6 +5,8 @@
 #   main         the README's main job (build/tools/flashoverlap, all local GPUs)
 #   test         ctest (CPU + GPU tests), log to $OUT/ctest.log
 #   gemm         bench-gemm over the GEMM shape set -> $OUT/gemm-h200.csv
+#   gemm-rs      bench-gemm of the ReduceScatter epilogues (rs, rs-subtile, rs-nvlink) against plain, full grid,
+#                on the ReduceScatter issue's shapes (SHAPES overrides) -> $OUT/gemm-rs-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv (REPEAT=N: the median
 #                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more bench arguments
@@ -174,6 +176,12 @@ for s in "$@"; do
       stage bench-gemm
       $CLI bench-gemm --csv "$OUT/gemm-h200.csv" --meta "$OUT/gemm-h200.json" 2>&1 | tee "$OUT/gemm.log" || status=1
       python3 bench/plot_gemm.py "$OUT/gemm-h200.csv" "$OUT/gemm-h200.png" || echo "(plot skipped)"
+      ;;
+    gemm-rs)
+      stage "bench-gemm: the ReduceScatter epilogues (slots, sub-tile, NVLink form) against the plain GEMM"
+      $CLI bench-gemm --modes plain,rs,rs-subtile,rs-nvlink --reserve-sms 0 \
+        --shapes ${SHAPES:-4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,8192x4096x2048,4096x7168x5120} \
+        --csv "$OUT/gemm-rs-h200.csv" 2>&1 | tee "$OUT/gemm-rs.log" || status=1
       ;;
     gemm-quick)
       stage bench-gemm quick

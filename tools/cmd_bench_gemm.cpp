@@ -60,7 +60,8 @@ int run(const Options& o) {
   if (o.dtype == "bf16" || o.dtype == "both") dtypes.push_back(kernels::DType::BF16);
   if (o.dtype == "fp16" || o.dtype == "both") dtypes.push_back(kernels::DType::FP16);
   if (dtypes.empty()) throw InvalidArgument("--dtype must be bf16, fp16 or both");
-  bool do_plain = false, do_signal = false, do_owners = false, do_rs = false, do_rs_sub = false, do_rs_rows = false;
+  bool do_plain = false, do_signal = false, do_owners = false, do_rs = false, do_rs_sub = false, do_rs_rows = false,
+       do_rs_nvlink = false;
   for (const std::string& m : cli::split_list(o.modes)) {
     if (m == "plain") do_plain = true;
     else if (m == "signal") do_signal = true;
@@ -68,7 +69,10 @@ int run(const Options& o) {
     else if (m == "rs") do_rs = true;
     else if (m == "rs-subtile") do_rs_sub = true;
     else if (m == "rs-rows") do_rs_rows = true;
-    else throw InvalidArgument("--modes: unknown mode '" + m + "' (plain, signal, owners, rs, rs-subtile, rs-rows)");
+    else if (m == "rs-nvlink") do_rs_nvlink = true;
+    else
+      throw InvalidArgument("--modes: unknown mode '" + m +
+                            "' (plain, signal, owners, rs, rs-subtile, rs-rows, rs-nvlink)");
   }
 
   if (const rt::GpuProbe probe = rt::probe_gpus(); probe.hopper < 1) {
@@ -116,7 +120,7 @@ int run(const Options& o) {
         struct Config {
           int bn;
           bool four;  // ran with 4 stages
-          int mode;  // 0 plain, 1 signal, 2 owners on one GPU, 3 rs (standard), 4 rs-subtile, 5 rs-rows
+          int mode;  // 0 plain, 1 signal, 2 owners on one GPU, 3 rs (standard), 4 rs-subtile, 5 rs-rows, 6 rs-nvlink
           kernels::GemmParams p;
           double rel = -1;
           const rt::OwnerStandIn* owners = nullptr;  // mode 2
@@ -144,14 +148,37 @@ int run(const Options& o) {
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
           FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
           for (bool four : fours) {
-            for (int mode = 0; mode < 6; ++mode) {
+            for (int mode = 0; mode < 7; ++mode) {
               if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal) || (mode == 2 && !do_owners) ||
-                  (mode == 3 && !do_rs) || (mode == 4 && !do_rs_sub) || (mode == 5 && !do_rs_rows))
+                  (mode == 3 && !do_rs) || (mode == 4 && !do_rs_sub) || (mode == 5 && !do_rs_rows) ||
+                  (mode == 6 && !do_rs_nvlink))
                 continue;
               kernels::GemmParams p;
               p.dtype = dt, p.a = a.get(), p.b = b.get(), p.m = sh.m, p.n = sh.n, p.k = sh.k, p.sched = s;
               p.four_stages = four;
-              if (mode >= 3) {
+              if (mode == 6) {
+                // The ReduceScatter's NVLink form, rank 0 of 2, both ranks' windows stand-ins
+                // here (so local stores, not NVLink): each row stored into its owner's block,
+                // a system fence and a count at both ranks per half tile (kernels::Scatter).
+                if (!plan::rs_layout_applies(s, 2, plan::RsLayout::Standard) || sh.n % 8 != 0) continue;
+                keep.push_back(rt::to_device(plan::rs_peer_row_of(s, 2, 0)));
+                p.row_of = keep.back().as<int32_t>();
+                std::vector<void*> windows;
+                std::vector<uint32_t*> arrivals;
+                for (int r = 0; r < 2; ++r) {
+                  keep.emplace_back(size_t(sh.m) * sh.n * 2);
+                  windows.push_back(keep.back().get());
+                }
+                keep.emplace_back(2 * 4);
+                FO_CUDA_CHECK(cudaMemset(keep.back().get(), 0, 8));
+                for (int r = 0; r < 2; ++r) arrivals.push_back(keep.back().as<uint32_t>() + r);
+                keep.push_back(rt::to_device(windows));
+                p.scatter.rows = keep.back().as<void*>();
+                keep.push_back(rt::to_device(arrivals));
+                p.scatter.arrivals = keep.back().as<uint32_t*>();
+                p.scatter.world = 2, p.scatter.rows_per_rank = sh.m;
+                p.store = kernels::Store::SlotRows;
+              } else if (mode >= 3) {
                 // The ReduceScatter epilogue of rank 0 of 2 (a group per wave): each tile row
                 // stored to its send slot row (runtime/ops/reducescatter.h), what that store costs the GEMM.
                 const plan::RsLayout layout = mode == 4 ? plan::RsLayout::SubTile : plan::RsLayout::Standard;
@@ -217,7 +244,8 @@ int run(const Options& o) {
                               : cf.mode == 2 ? "owners"
                               : cf.mode == 3 ? "rs"
                               : cf.mode == 4 ? "rs-sub"
-                                             : "rs-rows";
+                              : cf.mode == 5 ? "rs-rows"
+                                             : "rs-nv";
           const std::string tname = "128x" + std::to_string(cf.bn) + (cf.four ? "/4st" : "");
           std::cout << std::left << std::setw(18) << shape.str() << std::setw(6) << dname
                     << std::setw(14) << tname << std::setw(8) << reserve << std::setw(8) << mname
@@ -269,7 +297,8 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
                   "peer's buffers local stand-ins: what that layout costs the GEMM itself), rs, rs-subtile (the "
                   "GEMM + ReduceScatter epilogue of rank 0 of 2, standard or sub-tile layout: each tile row stored "
                   "to its send slot row, whole tiles by TMA where the map keeps each tile's rows together, a "
-                  "signal per wave), rs-rows (the standard map stored row by row: A/B)")
+                  "signal per wave), rs-rows (the standard map stored row by row: A/B), rs-nvlink (the ReduceScatter's "
+                  "NVLink form: rows into the owners' windows, both ranks' windows local stand-ins)")
       ->capture_default_str();
   cmd->add_option("--four-stages", opts->four,
                   "The plain 128x256 store with 4 stages (its output staged in two pieces): on, off or both "
