@@ -147,6 +147,7 @@ int run(const Options& o) {
           std::vector<int32_t> group_of_tile(tiles_total);
           for (int t = 0; t < tiles_total; ++t) group_of_tile[t] = s.round_of(t);  // a group per wave: most signals
           FO_CUDA_CHECK(cudaMemcpy(got, group_of_tile.data(), size_t(tiles_total) * 4, cudaMemcpyHostToDevice));
+          FO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // (its DMA landed: buffer.h, copy_to_device)
           for (bool four : fours) {
             for (int mode = 0; mode < 7; ++mode) {
               if ((mode == 0 && !do_plain) || (mode == 1 && !do_signal) || (mode == 2 && !do_owners) ||

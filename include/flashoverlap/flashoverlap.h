@@ -198,9 +198,10 @@ struct GemmReduceScatterOptions {
   //              counts it there; the owner sums its ranks' parts in rank
   //              order (fused with run_rmsnorm's step). Standard layout, n %
   //              8 == 0, world <= 8, every GPU within load/store reach of
-  //              every other (one host); 2 x max_m x n elements of window;
-  //              not for CUDA graphs. Refused at construction otherwise. Not
-  //              yet picked by Auto (not yet measured on several GPUs).
+  //              every other (one host), refused at construction otherwise;
+  //              2 x max_m x n elements of window; a call under CUDA graph
+  //              capture is refused. Not yet picked by Auto (not yet
+  //              measured on several GPUs).
   enum class Path { Auto, Sequential, Slots, NVLink };
   Path path = Path::Auto;
   // Which rows each rank ends with:

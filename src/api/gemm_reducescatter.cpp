@@ -17,6 +17,7 @@
 #include "kernels/reorder.h"
 #include "plan/planner.h"
 #include "runtime/core/checks.h"
+#include "runtime/core/exchange.h"
 #include "runtime/ops/reducescatter.h"
 #include "runtime/transport/peer_windows.h"
 #include "runtime/transport/peers.h"
@@ -183,6 +184,16 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
   d.check_m = api::check_m_enabled(options.check_m);
+  // Every rank plans every m alike and builds the same windows: from the same SMs and options.
+  struct Agreed {
+    int32_t sms, nccl_sms, path, layout;
+    bool operator==(const Agreed&) const = default;
+  };
+  const Agreed here{d.sms, options.nccl_sms, int32_t(options.path), int32_t(options.layout)};
+  for (const Agreed& x : rt::gather_from_all(comm.get(), d.rank, here, d.who() + ": the ranks' options"))
+    if (!(x == here))
+      throw InvalidArgument(d.who() + ": the ranks differ in SMs (" + std::to_string(x.sms) + " against " +
+                            std::to_string(here.sms) + "), nccl_sms, path or layout: every rank needs the same");
   if (options.path == GemmReduceScatterOptions::Path::NVLink) {  // (the same verdict on every rank)
     if (options.layout != GemmReduceScatterOptions::Layout::Standard || n % 8 != 0 || d.world > 8)
       throw InvalidArgument(d.who() + ": Path::NVLink needs the standard layout, n % 8 == 0 and at most 8 ranks");

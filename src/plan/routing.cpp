@@ -97,8 +97,8 @@ MoeRowCounts count_moe_rows(const MoeRouting& r, int32_t bm) {
     throw InvalidArgument("MoE routing: invalid");  // (not reached unless the two checks disagree)
   };
   const int32_t W = r.world;
-  if (r.tokens.size() != size_t(W) || r.dest_token.size() != size_t(W) || r.gate.size() != size_t(W) ||
-      r.send_counts.size() != size_t(W) * W)
+  if (W < 1 || r.dest_rank.size() != size_t(W) || r.tokens.size() != size_t(W) || r.dest_token.size() != size_t(W) ||
+      r.gate.size() != size_t(W) || r.send_counts.size() != size_t(W) * W)
     return invalid();
   for (int32_t t : r.tokens)
     if (t < 0) return invalid();

@@ -269,6 +269,11 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   if (!nvlink_ready())
     throw InvalidArgument("OverlapAllToAll::run (rank " + std::to_string(rank_) +
                           "): the NVLink form needs the op built with nvlink and every rank's window connected");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    throw InvalidArgument("OverlapAllToAll::run (rank " + std::to_string(rank_) +
+                          "): the NVLink form cannot be captured into a CUDA graph (its counters run across calls)");
   // The whole grid (no SMs for NCCL), each rank's walk starting at the
   // next rank's rows as the slotted calls' (make_moe_schedule).
   const plan::Schedule s = schedule_of(routing, rank_, /*sequential=*/true);
@@ -283,22 +288,28 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
     const int32_t tiles = src == rank_ ? s.tiles() : schedule_of(routing, src, true).tiles();
     counts.push_back(tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u);
   }
+  uint32_t* const* arrivals = peers_.arrivals(opts_.testing.fault_drop_arrivals);
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+  p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
+  p.scatter.world = world_, p.scatter.rows = peers_.rows(0);
+  p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;
+  if (s.m > 0) kernels::check_gemm_params(p);  // (what can be refused, before the windows' state moves)
+
   const PeerWindows::Call next = peers_.next_call(counts);
   const int half = next.half;
-  uint32_t* const* arrivals = peers_.arrivals(opts_.testing.fault_drop_arrivals);
-
-  core_->begin_call(stream);
-  upload(stream);
-  if (s.m > 0) {
-    kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
-    p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
-    p.scatter.world = world_, p.scatter.rows = peers_.rows(half);
-    p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;
-    kernels::launch_gemm(p, stream);
-  } else {
-    kernels::launch_signal_counters(arrivals, world_, 1, stream);
+  try {
+    core_->begin_call(stream);
+    upload(stream);
+    p.scatter.rows = peers_.rows(half);
+    if (s.m > 0)
+      kernels::launch_gemm(p, stream);
+    else
+      kernels::launch_signal_counters(arrivals, world_, 1, stream);
+    kernels::launch_wait_counters(peers_.counters(), world_, next.targets, timeout_ns(), wait_error_, stream);
+  } catch (...) {
+    peers_.mark_broken();  // (the other ranks count on this call: every later one would wait in vain)
+    throw;
   }
-  kernels::launch_wait_counters(peers_.counters(), world_, next.targets, timeout_ns(), wait_error_, stream);
   post(call, peers_.half(half), out, ld_out, stream, tokens_out);
   core_->end_call(stream);
 }

@@ -148,16 +148,23 @@ const void* OverlapReduceScatter::enqueue_nvlink(const void* a, const void* b, c
   if (!peers_->connected())
     throw InvalidArgument("OverlapReduceScatter (rank " + std::to_string(rank_) +
                           "): the NVLink form needs every rank's window connected");
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+  p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
+  p.scatter.world = world_, p.scatter.rows = peers_->rows(0);
+  p.scatter.rows_per_rank = int32_t(s.m), p.scatter.arrivals = peers_->arrivals(opts_.testing.fault_drop_group >= 0);
+  kernels::check_gemm_params(p);  // (what can be refused, before the windows' state moves)
   // Every source: 2 per tile (every rank has this schedule).
   const PeerWindows::Call next =
       peers_->next_call(std::vector<uint32_t>(size_t(world_), uint32_t(s.tiles()) * kernels::kSignalsPerTile));
   const int half = next.half;
-  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
-  p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
-  p.scatter.world = world_, p.scatter.rows = peers_->rows(half);
-  p.scatter.rows_per_rank = int32_t(s.m), p.scatter.arrivals = peers_->arrivals(opts_.testing.fault_drop_group >= 0);
-  kernels::launch_gemm(p, stream);
-  kernels::launch_wait_counters(peers_->counters(), world_, next.targets, timeout_ns(), wait_error_, stream);
+  try {
+    p.scatter.rows = peers_->rows(half);
+    kernels::launch_gemm(p, stream);
+    kernels::launch_wait_counters(peers_->counters(), world_, next.targets, timeout_ns(), wait_error_, stream);
+  } catch (...) {
+    peers_->mark_broken();  // (the other ranks count on this call: every later one would wait in vain)
+    throw;
+  }
   return peers_->half(half);
 }
 

@@ -92,7 +92,8 @@ struct OverlapReduceScatterOptions {
   // scratch. nullptr: the op's own.
   OverlapCore* core = nullptr;
   struct Testing {
-    int fault_drop_group = -1;  // this group's signals go nowhere: its wait times out
+    int fault_drop_group = -1;  // this group's signals go nowhere: its wait times out (NVLink form, >= 0: all of
+                                // this rank's counts go nowhere: every rank's wait times out)
     uint32_t first_epoch = 0;   // start as if this many calls had run (the counters' wrap)
     bool rows_store = false;    // the GEMM stores row by row even where whole tiles could go by TMA (A/B)
   } testing;

@@ -20,9 +20,15 @@ PeerWindows::PeerWindows(int rank, int world, size_t half_bytes, ncclComm_t comm
   FO_CUDA_CHECK(cudaMemset(window_.get(), 0, kHeader));
   FO_CUDA_CHECK(cudaDeviceSynchronize());
   if (!comm) return;
-  mapped_ = std::make_unique<PeerMappedBuffer>(comm, rank, window_.get(), 0);
+  mapped_ = std::make_unique<PeerMappedBuffer>(comm, rank, window_.get(), int64_t(half_bytes_));
   std::vector<void*> all;
-  for (int r = 0; r < world; ++r) all.push_back(mapped_->of(r));
+  for (int r = 0; r < world; ++r) {
+    if (mapped_->ld_of(r) != int64_t(half_bytes_))  // (every rank sees the same list: all throw)
+      throw InvalidArgument(who + ": rank " + std::to_string(r) + "'s receive window halves are " +
+                            std::to_string(mapped_->ld_of(r)) + " bytes, rank " + std::to_string(rank) + "'s " +
+                            std::to_string(half_bytes_) + " (the ranks' sizes must agree)");
+    all.push_back(mapped_->of(r));
+  }
   connect(all);
   setup_barrier(comm, rank, who + ": the receive windows");
 }
@@ -50,6 +56,9 @@ PeerWindows::Call PeerWindows::next_call(const std::vector<uint32_t>& counts) {
   if (counts.size() != size_t(world_))
     throw InvalidArgument("PeerWindows::next_call: " + std::to_string(counts.size()) + " counts for " +
                           std::to_string(world_) + " ranks");
+  if (broken_)
+    throw Error("rank " + std::to_string(rank_) + ": an earlier call of the NVLink form failed after it was counted "
+                "on (its rows never went to the other ranks): the windows are out of step; build the op anew");
   Call c;
   c.half = int(calls_++ % 2);
   for (int s = 0; s < world_; ++s) c.targets.target[s] = totals_[size_t(s)] += counts[size_t(s)];  // (wraps: cyclic)

@@ -28,7 +28,8 @@ class PeerWindows {
   static constexpr size_t kHeader = 256;
   PeerWindows() = default;
   // This rank's window, its counters zeroed (world <= 8). With `comm`:
-  // collective, every rank's window mapped here, then a barrier so that no
+  // collective, every rank's window mapped here (every rank's half_bytes
+  // must be the same: else every rank throws), then a barrier so that no
   // rank counts into one not yet zeroed; without, connect() before use.
   PeerWindows(int rank, int world, size_t half_bytes, ncclComm_t comm, const std::string& who);
   ~PeerWindows();
@@ -57,13 +58,18 @@ class PeerWindows {
     int half = 0;
     kernels::CounterTargets targets{};
   };
+  // Throws Error once mark_broken was called: a call failed after its
+  // next_call (its counts were never sent), so every later one would wait
+  // in vain on some rank; the op is built anew.
   Call next_call(const std::vector<uint32_t>& counts);
+  void mark_broken() { broken_ = true; }
 
  private:
   int rank_ = 0, world_ = 1;
   size_t half_bytes_ = 0;
   DeviceBuffer window_, sink_, ptrs_;
   uint64_t calls_ = 0;
+  bool broken_ = false;
   std::vector<uint32_t> totals_;  // each source's signals so far
   std::unique_ptr<PeerMappedBuffer> mapped_;
 };
