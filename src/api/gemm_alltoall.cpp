@@ -280,7 +280,9 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
     d.exchange = std::make_unique<rt::HostExchange>(d.exchange_comm.get(), d.record_bytes());
   }
   d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
-  d.cublas_sequential = api::cublas_gemm_faster(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
+  using Path = GemmAllToAllOptions::Path;  // (the paths with sequential calls; the same on every rank: agreed above)
+  if (options.path == Path::Auto || options.path == Path::Sequential || options.path == Path::Slots)
+    d.cublas_sequential = api::cublas_gemm_faster(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
   // Scratch for the largest call (each op asks the core for what it needs).
   size_t cols = 0;  // slot row elements per row of C, the widest of the tile shapes (ragged n pads to bn)
   for (plan::TileShape t : api::op_tiles()) cols = std::max(cols, size_t((n + t.bn - 1) / t.bn) * size_t(t.bn));
