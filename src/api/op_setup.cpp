@@ -25,54 +25,75 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
   return std::string(reinterpret_cast<const char*>(all.data()), size_t(lengths[0]));
 }
 
-std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
-                                   int sms, const std::string& who) {
-  const int64_t m_cal = std::min<int64_t>(max_m, 4096);
-  rt::DeviceBuffer a(size_t(m_cal) * k * 2), b(size_t(n) * k * 2), c_out(size_t(m_cal) * n * 2);
+namespace {
+
+// What the construction-time GEMM timings run on: the largest m up to 4096
+// of max_m rows, random inputs, a stream of their own; schedule(i): tile i
+// of op_tiles() on the full grid.
+struct Calibration {
+  int64_t m, n, k;
+  kernels::DType dt;
+  int sms;
+  rt::DeviceBuffer a, b, c;
   cudaStream_t st = nullptr;
-  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  kernels::fill_random(to_kernels(dtype), a.get(), m_cal * k, 1, -1.f, 1.f, st);
-  kernels::fill_random(to_kernels(dtype), b.get(), n * k, 2, -1.f, 1.f, st);
-  std::array<double, 2> mine{};
-  for (size_t i = 0; i < op_tiles().size(); ++i) {
-    const plan::TileShape tile = op_tiles()[i];
-    const plan::Schedule s = plan::make_schedule(m_cal, n, tile, sms, plan::Raster::AlongN,
-                                                 plan::default_swizzle(sms, tile, int32_t((m_cal + tile.bm - 1) / tile.bm)));
-    mine[i] = rt::measure_gemm_ms(s, int(k), to_kernels(dtype), a.get(), b.get(), c_out.get(), st, 5) / s.waves();
+  Calibration(int64_t max_m, int64_t n_, int64_t k_, DType dtype, int sms_)
+      : m(std::min<int64_t>(max_m, 4096)), n(n_), k(k_), dt(to_kernels(dtype)), sms(sms_),
+        a(size_t(m) * size_t(k) * 2), b(size_t(n) * size_t(k) * 2), c(size_t(m) * size_t(n) * 2) {
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    kernels::fill_random(dt, a.get(), m * k, 1, -1.f, 1.f, st);
+    kernels::fill_random(dt, b.get(), n * k, 2, -1.f, 1.f, st);
   }
-  FO_CUDA_CHECK(cudaStreamSynchronize(st));
-  FO_CUDA_CHECK(cudaStreamDestroy(st));
+  ~Calibration() {
+    cudaStreamSynchronize(st);
+    cudaStreamDestroy(st);
+  }
+  plan::Schedule schedule(size_t i) const {
+    const plan::TileShape tile = op_tiles()[i];
+    return plan::make_schedule(m, n, tile, sms, plan::Raster::AlongN,
+                               plan::default_swizzle(sms, tile, int32_t((m + tile.bm - 1) / tile.bm)));
+  }
+};
+
+// Each entry's largest value over the ranks (collective).
+std::array<double, 2> max_over_ranks(ncclComm_t comm, int rank, const std::array<double, 2>& mine,
+                                     const std::string& what) {
   std::array<double, 2> most{};
-  for (const std::array<double, 2>& r : rt::gather_from_all(comm, rank, mine, who + ": the GEMM's wave times"))
+  for (const std::array<double, 2>& r : rt::gather_from_all(comm, rank, mine, what))
     for (size_t i = 0; i < 2; ++i) most[i] = std::max(most[i], r[i]);
   return most;
 }
 
+}  // namespace
+
+std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                                   int sms, const std::string& who) {
+  const Calibration cal(max_m, n, k, dtype, sms);
+  std::array<double, 2> mine{};
+  for (size_t i = 0; i < op_tiles().size(); ++i) {
+    const plan::Schedule s = cal.schedule(i);
+    mine[i] = rt::measure_gemm_ms(s, int(k), cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), cal.st, 5) / s.waves();
+  }
+  FO_CUDA_CHECK(cudaStreamSynchronize(cal.st));
+  return max_over_ranks(comm, rank, mine, who + ": the GEMM's wave times");
+}
+
 bool cublas_gemm_faster(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype, int sms,
                         const std::string& who) {
-  const int64_t m_cal = std::min<int64_t>(max_m, 4096);
-  const kernels::DType dt = to_kernels(dtype);
-  rt::DeviceBuffer a(size_t(m_cal) * k * 2), b(size_t(n) * k * 2), c_out(size_t(m_cal) * n * 2);
-  cudaStream_t st = nullptr;
-  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  kernels::fill_random(dt, a.get(), m_cal * k, 1, -1.f, 1.f, st);
-  kernels::fill_random(dt, b.get(), n * k, 2, -1.f, 1.f, st);
+  const Calibration cal(max_m, n, k, dtype, sms);
   rt::CublasGemm cublas;
-  std::array<double, 2> mine{rt::time_on_stream([&] { cublas.run(dt, a.get(), b.get(), c_out.get(), int(m_cal), int(n),
-                                                                 int(k), n, st); },
-                                                st, 2, 10).median_ms,
-                             1e30};
-  for (const plan::TileShape tile : op_tiles()) {
-    const plan::Schedule s = plan::make_schedule(m_cal, n, tile, sms, plan::Raster::AlongN,
-                                                 plan::default_swizzle(sms, tile, int32_t((m_cal + tile.bm - 1) / tile.bm)));
-    const kernels::GemmParams p = kernels::plain_gemm(dt, a.get(), b.get(), s, int(k), c_out.get(), n);
-    mine[1] = std::min(mine[1], rt::time_on_stream([&] { kernels::launch_gemm(p, st); }, st, 2, 10).median_ms);
+  std::array<double, 2> mine{  // {cuBLAS's, the faster of our tiles'}
+      rt::time_on_stream([&] { cublas.run(cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), int(cal.m), int(n), int(k),
+                                          n, cal.st); },
+                         cal.st, 2, 10)
+          .median_ms,
+      1e30};
+  for (size_t i = 0; i < op_tiles().size(); ++i) {
+    const kernels::GemmParams p =
+        kernels::plain_gemm(cal.dt, cal.a.get(), cal.b.get(), cal.schedule(i), int(k), cal.c.get(), n);
+    mine[1] = std::min(mine[1], rt::time_on_stream([&] { kernels::launch_gemm(p, cal.st); }, cal.st, 2, 10).median_ms);
   }
-  FO_CUDA_CHECK(cudaStreamSynchronize(st));
-  FO_CUDA_CHECK(cudaStreamDestroy(st));
-  std::array<double, 2> most{};
-  for (const std::array<double, 2>& r : rt::gather_from_all(comm, rank, mine, who + ": cuBLAS's and our GEMM's times"))
-    for (size_t i = 0; i < 2; ++i) most[i] = std::max(most[i], r[i]);
+  FO_CUDA_CHECK(cudaStreamSynchronize(cal.st));
+  const std::array<double, 2> most = max_over_ranks(comm, rank, mine, who + ": cuBLAS's and our GEMM's times");
   return most[0] < most[1];
 }
 

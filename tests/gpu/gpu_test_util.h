@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "flashoverlap/error.h"
 #include "kernels/check.h"
 #include "runtime/core/buffer.h"
 
@@ -69,6 +71,22 @@ inline ::testing::AssertionResult within(const kernels::CompareResult& r) {
     return ::testing::AssertionSuccess();
   }
   return ::testing::AssertionFailure() << "beyond the tolerance: " << r.describe();
+}
+
+// Every rank's check() (check(r), r < world) throws Error naming that rank
+// ("rank r:") and holding each of `parts`; `what` is what it was to report.
+inline void expect_every_check_reports(int world, const std::function<void(int)>& check,
+                                       const std::vector<std::string>& parts, const std::string& what) {
+  for (int r = 0; r < world; ++r) {
+    try {
+      check(r);
+      ADD_FAILURE() << "rank " << r << ": " << what << " was not reported";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("rank " + std::to_string(r) + ":"), std::string::npos) << msg;
+      for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg;
+    }
+  }
 }
 
 // Bitwise, 16-bit elements on the device: output row i (ld elements apart)

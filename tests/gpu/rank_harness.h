@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -74,6 +75,42 @@ inline std::vector<plan::Group> random_groups(const plan::Schedule& s, rt::ArLay
   if (p.size() == 1 && units >= 2) p = {1, units - 1};
   return rt::is_banded(layout) ? plan::band_groups(s, p) : plan::make_groups(s, p);
 }
+
+// W ops' NVLink forms side by side on one GPU (OverlapAllToAll's,
+// OverlapReduceScatter's): every rank's window is this GPU's memory,
+// connected by hand, so that each op's GEMM stores into the others' as it
+// would over NVLink, and the ranks, whose calls are enqueued one after
+// another on their own streams, meet on the device through their arrival
+// counters alone (no transport runs). each(o, r): rank r's options besides
+// its rank (a fault to inject).
+template <class Op, class Options>
+struct NvlinkRanks {
+  std::vector<std::unique_ptr<Op>> ops;
+  std::vector<cudaStream_t> streams;
+  NvlinkRanks(int world, Options o, const std::function<void(Options&, int)>& each = {}) {
+    o.comm = nullptr, o.tail_comm = nullptr, o.core = nullptr, o.world = world, o.nvlink = true;
+    o.transport = [](const auto&) { throw Error("the NVLink form called a transport"); };
+    for (int r = 0; r < world; ++r) {
+      Options x = o;
+      x.rank = r;
+      if (each) each(x, r);
+      ops.push_back(std::make_unique<Op>(x));
+      cudaStream_t st;
+      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      streams.push_back(st);
+    }
+    std::vector<void*> windows;
+    for (auto& op : ops) windows.push_back(op->window());
+    for (auto& op : ops) op->connect_peers(windows);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~NvlinkRanks() {
+    ops.clear();
+    for (cudaStream_t st : streams) cudaStreamDestroy(st);
+  }
+  NvlinkRanks(const NvlinkRanks&) = delete;
+  NvlinkRanks& operator=(const NvlinkRanks&) = delete;
+};
 
 // The gathered layouts' copy-engine communicator (NCCL_CTA_POLICY_ZERO),
 // split from comm and set as o.gather_comm; empty for the other layouts.

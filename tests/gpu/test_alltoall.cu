@@ -778,53 +778,21 @@ TEST(AllToAllRanksOnOneGpu, AStuckGroupTimesOutAndSaysWhich) {
   EXPECT_EQ(moved, "");
   EXPECT_EQ(ranks.op(1).groups(), 3u);
   EXPECT_FALSE(ranks.op(1).sequential());
-  for (int r = 0; r < 2; ++r) {
-    try {
-      ranks.op(r).check();
-      ADD_FAILURE() << "rank " << r << ": the stuck group was not reported";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("rank " + std::to_string(r) + ":"), std::string::npos) << what;
-      EXPECT_NE(what.find("group 1 "), std::string::npos) << what;
-      EXPECT_NE(what.find("did not complete within"), std::string::npos) << what;
-    }
-  }
+  test::expect_every_check_reports(
+      2, [&](int r) { ranks.op(r).check(); }, {"group 1 ", "did not complete within"}, "the stuck group");
 }
 
 namespace {
 
-// W ranks' ops built with the NVLink form, side by side on one GPU: each
-// rank's window is device memory of this GPU, so that every op's GEMM
-// stores into the others' as it would over NVLink (connect_peers), and the
-// ranks' calls, enqueued one after another on their own streams, meet on
-// the device through the arrival counters alone (no harness moves rows).
-struct NvlinkRanks {
-  NvlinkRanks(int world, rt::OverlapAllToAllOptions o, int drop_rank = -1) {
-    o.comm = nullptr, o.tail_comm = nullptr, o.core = nullptr, o.world = world, o.nvlink = true;
-    o.transport = [](const rt::A2aGroupCall&) { throw Error("the NVLink form called a transport"); };
-    for (int r = 0; r < world; ++r) {
-      o.rank = r, o.testing.fault_drop_arrivals = r == drop_rank;
-      ops.push_back(std::make_unique<rt::OverlapAllToAll>(o));
-      cudaStream_t st;
-      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-      streams.push_back(st);
-    }
-    std::vector<void*> windows;
-    for (auto& op : ops) windows.push_back(op->window());
-    for (auto& op : ops) op->connect_peers(windows);
-    FO_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  ~NvlinkRanks() {
-    ops.clear();
-    for (cudaStream_t st : streams) cudaStreamDestroy(st);
-  }
-  void run(const std::vector<const void*>& a, const std::vector<const void*>& b, const rt::A2aCall& call,
-           const std::vector<void*>& out, int64_t ld_out, const std::vector<int32_t*>& tokens_out) {
-    for (size_t r = 0; r < ops.size(); ++r) ops[r]->run(a[r], b[r], call, out[r], ld_out, streams[r], tokens_out[r]);
-  }
-  std::vector<std::unique_ptr<rt::OverlapAllToAll>> ops;
-  std::vector<cudaStream_t> streams;
-};
+// W ranks' ops in the NVLink form side by side on one GPU (rank_harness.h),
+// and their calls, one after another on their own streams.
+using NvlinkRanks = test::NvlinkRanks<rt::OverlapAllToAll, rt::OverlapAllToAllOptions>;
+void run_ranks(NvlinkRanks& ranks, const std::vector<const void*>& a, const std::vector<const void*>& b,
+               const rt::A2aCall& call, const std::vector<void*>& out, int64_t ld_out,
+               const std::vector<int32_t*>& tokens_out) {
+  for (size_t r = 0; r < ranks.ops.size(); ++r)
+    ranks.ops[r]->run(a[r], b[r], call, out[r], ld_out, ranks.streams[r], tokens_out[r]);
+}
 
 }  // namespace
 
@@ -867,7 +835,7 @@ TEST(AllToAllNvlinkOnOneGpu, MatchesTheRanksPlainGemmsBitwise) {
                                 std::to_string(seed);
       data.prepare(routing, ld, seed + 1000 * uint64_t(trial) + 10 * uint64_t(call), call, st);
       try {
-        ranks.run(data.pa, data.pb, c, data.pout, ld, data.ptok);
+        run_ranks(ranks, data.pa, data.pb, c, data.pout, ld, data.ptok);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
       } catch (const std::exception& ex) {
         ADD_FAILURE() << where << ": " << ex.what();
@@ -907,7 +875,7 @@ TEST(AllToAllNvlinkOnOneGpu, LostArrivalsTimeOutAndSayWhose) {
   o.n = n, o.k = int(k), o.tile = {128, 128}, o.ctas = 8, o.sequential_ctas = 16;
   o.max_rows = 2 * rows, o.max_recv_rows = 2 * rows, o.max_tokens = int32_t(rows);
   o.wait_timeout_s = 0.5;
-  NvlinkRanks ranks(3, o, /*drop_rank=*/1);
+  NvlinkRanks ranks(3, o, [](rt::OverlapAllToAllOptions& x, int r) { x.testing.fault_drop_arrivals = r == 1; });
   DeviceBuffer a(size_t(2 * rows) * k * 2), b(size_t(n) * k * 2);
   std::vector<DeviceBuffer> out;
   for (int r = 0; r < 3; ++r) out.emplace_back(size_t(rows) * n * 2);
@@ -916,20 +884,12 @@ TEST(AllToAllNvlinkOnOneGpu, LostArrivalsTimeOutAndSayWhose) {
   FO_CUDA_CHECK(cudaDeviceSynchronize());
   rt::A2aCall call;
   call.routing = &routing, call.nvlink = true;
-  ranks.run({a.get(), a.get(), a.get()}, {b.get(), b.get(), b.get()}, call,
+  run_ranks(ranks, {a.get(), a.get(), a.get()}, {b.get(), b.get(), b.get()}, call,
             {out[0].get(), out[1].get(), out[2].get()}, n, {nullptr, nullptr, nullptr});
   FO_CUDA_CHECK(cudaDeviceSynchronize());
-  for (int r = 0; r < 3; ++r) {
-    try {
-      ranks.ops[size_t(r)]->check();
-      ADD_FAILURE() << "rank " << r << ": the lost arrivals were not reported";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("rank " + std::to_string(r) + ":"), std::string::npos) << what;
-      EXPECT_NE(what.find("rows from rank 1 "), std::string::npos) << what;
-      EXPECT_NE(what.find("did not arrive within"), std::string::npos) << what;
-    }
-  }
+  test::expect_every_check_reports(
+      3, [&](int r) { ranks.ops[size_t(r)]->check(); }, {"rows from rank 1 ", "did not arrive within"},
+      "the lost arrivals");
 }
 
 // What the op refuses, before it enqueues anything: then a call that works.

@@ -245,36 +245,8 @@ TEST(ReduceScatterOneGpu, RanksSideBySideMatchTheirSum) {
   FO_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
-namespace {
-
-// W ranks' ops in the NVLink form side by side on one GPU: their windows are
-// this GPU's memory, connected by hand; the ranks meet on the device through
-// their arrival counters alone (no transport runs).
-struct NvlinkRanks {
-  std::vector<std::unique_ptr<rt::OverlapReduceScatter>> ops;
-  std::vector<cudaStream_t> streams;
-  NvlinkRanks(int world, rt::OverlapReduceScatterOptions o, int drop_rank = -1) {
-    o.comm = nullptr, o.world = world, o.nvlink = true;
-    o.transport = [](const rt::RsGroupCall&) { throw Error("the NVLink form called a transport"); };
-    for (int r = 0; r < world; ++r) {
-      o.rank = r, o.testing.fault_drop_group = r == drop_rank ? 0 : -1;
-      ops.push_back(std::make_unique<rt::OverlapReduceScatter>(o));
-      cudaStream_t st;
-      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-      streams.push_back(st);
-    }
-    std::vector<void*> windows;
-    for (auto& op : ops) windows.push_back(op->window());
-    for (auto& op : ops) op->connect_peers(windows);
-    FO_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  ~NvlinkRanks() {
-    ops.clear();
-    for (cudaStream_t st : streams) cudaStreamDestroy(st);
-  }
-};
-
-}  // namespace
+// W ranks' ops in the NVLink form side by side on one GPU (rank_harness.h).
+using NvlinkRanks = test::NvlinkRanks<rt::OverlapReduceScatter, rt::OverlapReduceScatterOptions>;
 
 // The NVLink form at W = 2, 3, 4, 8 on one GPU: m ragged per rank (not a
 // tile multiple) or whole tiles, strided outputs, several calls per op (the
@@ -373,7 +345,7 @@ TEST(ReduceScatterNvlinkOnOneGpu, LostCountsTimeOutAndGraphsAreRefused) {
   o.sched = plan::make_schedule(m, n, {128, 128}, 16, plan::Raster::AlongN, 1);
   o.groups = plan::make_groups(o.sched, {o.sched.waves()});
   o.k = int(k), o.wait_timeout_s = 0.5;
-  NvlinkRanks ranks(3, o, /*drop_rank=*/1);
+  NvlinkRanks ranks(3, o, [](rt::OverlapReduceScatterOptions& x, int r) { x.testing.fault_drop_group = r == 1 ? 0 : -1; });
   DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
   kernels::fill_random(kBf16, a.get(), m * k, 1, -1.f, 1.f, nullptr);
   kernels::fill_random(kBf16, b.get(), n * k, 2, -1.f, 1.f, nullptr);
@@ -392,17 +364,9 @@ TEST(ReduceScatterNvlinkOnOneGpu, LostCountsTimeOutAndGraphsAreRefused) {
     ranks.ops[size_t(r)]->run(a.get(), b.get(), static_cast<char*>(out.get()) + size_t(r) * (m / 3) * n * 2, n,
                               ranks.streams[size_t(r)]);
   FO_CUDA_CHECK(cudaDeviceSynchronize());
-  for (int r = 0; r < 3; ++r) {
-    try {
-      ranks.ops[size_t(r)]->check();
-      ADD_FAILURE() << "rank " << r << ": the lost counts were not reported";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("rank " + std::to_string(r) + ":"), std::string::npos) << what;
-      EXPECT_NE(what.find("partial sums from rank 1 "), std::string::npos) << what;
-      EXPECT_NE(what.find("did not arrive within"), std::string::npos) << what;
-    }
-  }
+  test::expect_every_check_reports(
+      3, [&](int r) { ranks.ops[size_t(r)]->check(); }, {"partial sums from rank 1 ", "did not arrive within"},
+      "the lost counts");
 }
 
 // A group whose signals never come: every rank's wait for it times out (no
@@ -421,16 +385,8 @@ TEST(ReduceScatterOneGpu, AStuckGroupTimesOutWithItsName) {
   FO_CUDA_CHECK(cudaDeviceSynchronize());
   for (int r = 0; r < 2; ++r) ranks.ops[size_t(r)]->run(a.get(), b.get(), out.get(), n, ranks.streams[size_t(r)]);
   FO_CUDA_CHECK(cudaDeviceSynchronize());
-  for (int r = 0; r < 2; ++r) {
-    try {
-      ranks.ops[size_t(r)]->check();
-      ADD_FAILURE() << "rank " << r << ": the stuck group was not reported";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("group 1 "), std::string::npos) << what;
-      EXPECT_NE(what.find("did not complete within"), std::string::npos) << what;
-    }
-  }
+  test::expect_every_check_reports(
+      2, [&](int r) { ranks.ops[size_t(r)]->check(); }, {"group 1 ", "did not complete within"}, "the stuck group");
 }
 
 // Two GPUs through NCCL: bitwise this rank's rows of our GEMM + ncclAllReduce.

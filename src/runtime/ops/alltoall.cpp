@@ -157,11 +157,9 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   const plan::MoeRouting& routing = *call.routing;
   if (routing.world != world_)
     throw InvalidArgument(who + ": a routing of " + std::to_string(routing.world) + " ranks");
-  const plan::MoeRowCounts* counts =
-      call.counts && call.counts->bm == opts_.tile.bm && call.counts->counts.size() == size_t(world_) ? call.counts
-                                                                                                     : nullptr;
-  if (!call.counts || call.counts->counts.size() != size_t(world_))  // (counts are made by the routing's check)
-    plan::validate_moe_routing(routing);
+  const bool counted = call.counts && call.counts->counts.size() == size_t(world_);
+  if (!counted) plan::validate_moe_routing(routing);  // (counts are made by the routing's check)
+  const plan::MoeRowCounts* counts = counted && call.counts->bm == opts_.tile.bm ? call.counts : nullptr;
   const int64_t rows = routing.rows(rank_);
   int64_t recv_rows = 0;
   for (int s = 0; s < world_; ++s) recv_rows += routing.send_count(s, rank_);
@@ -285,7 +283,7 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   rows_elems_ = {s.m * opts_.n, recv_rows_ * opts_.n};
   std::vector<uint32_t> counts;  // 2 per tile of every source (1 for a call with none)
   for (int src = 0; src < world_; ++src) {
-    const int32_t tiles = src == rank_ ? s.tiles() : schedule_of(routing, src, true).tiles();
+    const int32_t tiles = schedule_of(routing.rows(src), true).tiles();  // (its count: no walk, no row read)
     counts.push_back(tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u);
   }
   uint32_t* const* arrivals = peers_.arrivals(opts_.testing.fault_drop_arrivals);
