@@ -200,8 +200,11 @@ struct GemmReduceScatterOptions {
   //              8 == 0, world <= 8, every GPU within load/store reach of
   //              every other (one host), refused at construction otherwise;
   //              2 x max_m x n elements of window; a call under CUDA graph
-  //              capture is refused. Not yet picked by Auto (not yet
-  //              measured on several GPUs).
+  //              capture is refused. Every call is checked across the
+  //              ranks on the GPU, always (its number, m and plan): ranks
+  //              that disagree fail on every rank, bounded, and the op is
+  //              then built anew. Not yet picked by Auto (not yet measured
+  //              on several GPUs).
   enum class Path { Auto, Sequential, Slots, NVLink };
   Path path = Path::Auto;
   // Which rows each rank ends with:
@@ -289,8 +292,11 @@ struct GemmAllToAllOptions {
   //              every rank's GPU within load/store reach (one host), n % 8
   //              == 0, world <= 8, and per tile shape used 2 x max_tokens x
   //              topk x n elements of window; refused at construction
-  //              otherwise. Not yet picked by Auto (not yet measured on
-  //              several GPUs).
+  //              otherwise. Every call is checked across the ranks on the
+  //              GPU, always (its number, each rank's rows and plan): ranks
+  //              given different routings fail on every rank, bounded, and
+  //              the op is then built anew. Not yet picked by Auto (not yet
+  //              measured on several GPUs).
   enum class Path { Auto, Sequential, Slots, NVLink };
   Path path = Path::Auto;
   int nccl_sms = 8;              // SMs left to NCCL beside the GEMM (its communicator bounded to them)

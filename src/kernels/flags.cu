@@ -13,28 +13,42 @@ __global__ void wait_counter_kernel(const uint32_t* counter, uint32_t target, ui
 }
 
 __global__ void wait_counters_kernel(const uint32_t* counters, CounterTargets targets, uint64_t timeout_ns,
-                                     WaitError* err) {
+                                     WaitError* err, CallCheck check) {
   const int i = int(threadIdx.x);
-  bounded_wait<32, 256>(counters + i, targets.target[i], timeout_ns, err, -1 - i, 1u);
+  if (check.slots) {
+    __shared__ int failed;
+    if (i == 0) failed = 0;
+    __syncthreads();
+    if (!check_call(check, i, timeout_ns, err)) failed = 1;
+    __syncthreads();
+    if (failed) return;  // (no token: the other ranks fail too)
+    ptx::red_release_sys_add(check.tokens[i], 1);
+  }
+  if (bounded_wait<32, 256>(counters + i, targets.target[i], timeout_ns, err, -1 - i, 1u) && check.slots)
+    wait_token(check, i, timeout_ns, err);
 }
 
-__global__ void signal_counters_kernel(uint32_t* const* counters, uint32_t value) {
+__global__ void signal_counters_kernel(uint32_t* const* counters, uint32_t value, CallPublish publish) {
   __threadfence_system();  // (this stream's earlier work, e.g. the previous call's reads, is done: kernel order)
+  if (publish.slots) publish_call(publish, int(threadIdx.x));
   ptx::red_release_sys_add(counters[threadIdx.x], value);
 }
 
 }  // namespace
 
 void launch_wait_counters(const uint32_t* counters, int32_t count, const CounterTargets& targets, uint64_t timeout_ns,
-                          WaitError* err, cudaStream_t stream) {
+                          WaitError* err, cudaStream_t stream, const CallCheck& check) {
   if (count < 1 || count > kMaxCounters) throw InvalidArgument("launch_wait_counters: count must be in [1, 8]");
-  wait_counters_kernel<<<1, count, 0, stream>>>(counters, targets, timeout_ns, err);
+  if (check.slots && (!check.tokens || !check.token_counters || check.parity < 0 || check.parity > 1))
+    throw InvalidArgument("launch_wait_counters: the call check needs its token counters and a parity of 0 or 1");
+  wait_counters_kernel<<<1, count, 0, stream>>>(counters, targets, timeout_ns, err, check);
   FO_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_signal_counters(uint32_t* const* counters, int32_t count, uint32_t value, cudaStream_t stream) {
+void launch_signal_counters(uint32_t* const* counters, int32_t count, uint32_t value, cudaStream_t stream,
+                            const CallPublish& publish) {
   if (count < 1 || count > kMaxCounters) throw InvalidArgument("launch_signal_counters: count must be in [1, 8]");
-  signal_counters_kernel<<<1, count, 0, stream>>>(counters, value);
+  signal_counters_kernel<<<1, count, 0, stream>>>(counters, value, publish);
   FO_CUDA_CHECK(cudaGetLastError());
 }
 

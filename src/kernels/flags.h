@@ -9,12 +9,19 @@ namespace flashoverlap::kernels {
 // Written (once, by the first waiter that times out) into host-mapped memory
 // so that the host can report which wait failed instead of hanging.
 struct WaitError {
-  uint32_t failed;    // 0 = no failure
+  uint32_t failed;    // 0 = no failure; kCallCheckFailed: the call check below
   int32_t group;
   uint32_t value;     // counter value seen last
   uint32_t expected;  // the target it waited for
   int32_t tile = -1;  // the owner layout: the tile whose flag it was (-1: a group's counter)
+  // The call check's (group -1 - source): the source's latest call number
+  // seen, its m and plan where that is this call, and this rank's call
+  // number and expectation of them.
+  uint32_t seen_seq = 0, seen_m = 0, seen_plan = 0;
+  uint32_t want_seq = 0, want_m = 0, want_plan = 0;
+  int32_t token = 0;  // 1: the source's token did not come (seen_seq: its tokens so far)
 };
+constexpr uint32_t kCallCheckFailed = 4;
 
 // Enqueues a one-thread kernel on `stream` that spins until
 // (int32_t)(*counter - target) >= 0 (epoch counters wrap) or until
@@ -30,13 +37,50 @@ constexpr int kMaxCounters = 8;
 struct CounterTargets {
   uint32_t target[kMaxCounters];
 };
+
+// The NVLink forms' call check (docs/design.md §5.8). As its GEMM starts,
+// every source publishes its call's descriptor into its slot in every
+// rank's window header (CallPublish; the slots alternate with the calls'
+// parity). Each receiver, once its own GEMM is done and before it counts on
+// any source's rows, compares every source's descriptor with what it
+// expects of it (CallCheck), then sends each source a token (1 more on its
+// token counter there) and waits for every source's rows and for its token
+// of this call (token counters count calls, apart from the rows' counts, so
+// a later call's signals never stand in for a missing token). A source
+// therefore ends call k only after every rank has checked call k, so a
+// descriptor ahead of the receiver's call is a real disagreement (a rank
+// that skipped a call), never a race. A failure is recorded
+// (kCallCheckFailed) and the call's waits stop; no token is sent, so the
+// other ranks fail too, bounded.
+struct CallDesc {
+  uint32_t seq;   // the call's number on the windows, from 1
+  uint32_t m;     // the source's rows
+  uint32_t plan;  // its signals in the call (what a receiver counts of it)
+  uint32_t unused;
+};
+struct CallPublish {
+  CallDesc* const* slots = nullptr;  // device [world]: this source's slot at every rank; null: off
+  CallDesc desc{};
+};
+struct CallCheck {
+  const CallDesc* slots = nullptr;   // this GPU's [2][kMaxCounters] (parity, source); null: off
+  int32_t parity = 0;                // this call's
+  uint32_t seq = 0;
+  uint32_t m[kMaxCounters]{}, plan[kMaxCounters]{};  // each source's, as this rank expects them
+  uint32_t* const* tokens = nullptr;        // device [world]: this rank's token counter at every rank
+  const uint32_t* token_counters = nullptr;  // this GPU's, one per source
+};
+
+// With `check` (its slots non-null) the call check first, then the waits.
 void launch_wait_counters(const uint32_t* counters, int32_t count, const CounterTargets& targets, uint64_t timeout_ns,
-                          WaitError* err, cudaStream_t stream);
+                          WaitError* err, cudaStream_t stream, const CallCheck& check = {});
 
 // Adds `value` with release at system scope to *counters[i], i < count
 // (device array of pointers, some on other GPUs): a rank with nothing to
-// store still counts its call at every receiver.
-void launch_signal_counters(uint32_t* const* counters, int32_t count, uint32_t value, cudaStream_t stream);
+// store still counts its call at every receiver (and, with `publish`,
+// publishes its call's descriptor first).
+void launch_signal_counters(uint32_t* const* counters, int32_t count, uint32_t value, cudaStream_t stream,
+                            const CallPublish& publish = {});
 
 void preload_flag_kernels();
 

@@ -102,9 +102,11 @@ struct Push {
 // The MoE combine's NVLink form (SlotRows with row_of, no slot buffer):
 // each stored row goes straight into its destination's receive rows, rank
 // d = row_of / rows_per_rank, row row_of % rows_per_rank of rows[d] (n
-// elements per row; column tn * bn + c), by plain 16-byte stores from the
-// consumer warps (n % 8 == 0); once a 64-row half is stored everywhere, 1 is
-// added with release at system scope to arrivals[d] of every rank d (this
+// elements per row; column tn * bn + c), by plain 16-byte stores from two
+// producer warps out of the tile's staging (n % 8 == 0; gemm_scatter.cuh),
+// so the consumers go on with the next tile while the stores and their
+// system fence drain; once a 64-row half is stored everywhere, 1 is added
+// with release at system scope to arrivals[d] of every rank d (this
 // source's counter there), whether the half had rows for d or not: a
 // source's count per call is then 2 per tile, known to every receiver.
 struct Scatter {
@@ -112,6 +114,7 @@ struct Scatter {
   void* const* rows = nullptr;          // device [world]: each rank's receive rows, as addressed here
   int32_t rows_per_rank = 0;
   uint32_t* const* arrivals = nullptr;  // device [world]: this source's arrival counter at each rank
+  CallPublish publish;                  // optional: this call's descriptor, published as the GEMM starts (flags.h)
 };
 
 // The pushed AllReduce with owners, 2 ranks: each tile is summed by one

@@ -137,9 +137,9 @@ void check_gemm_params(const GemmParams& p) {
   if (sc.world < 0 || sc.world > 8) fail("scatter: world must be in [0, 8]");
   if (sc.world > 0 && (p.store != Store::SlotRows || !p.row_of || p.half_row || p.n % 8 != 0 || !sc.rows ||
                        !sc.arrivals || sc.rows_per_rank < 1 || p.push.peers > 0 || p.owner.rank >= 0 ||
-                       p.sum.groups > 0))
+                       p.sum.groups > 0 || p.counters))
     fail("scatter: needs SlotRows by row_of (no half_row), n % 8 == 0, the ranks' receive rows and arrival "
-         "counters, rows_per_rank >= 1, and no push, owner layout or fused sum besides");
+         "counters, rows_per_rank >= 1, and no counters, push, owner layout or fused sum besides");
   const Owner& o = p.owner;
   if (o.rank >= 0) {
     if (o.world < 2 || o.world > 8 || o.rank >= o.world) fail("owner layout: world must be in [2, 8], rank below it");
@@ -233,6 +233,10 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.ld_out = bn;
     kp.half_row = p.store == Store::SlotRows ? p.half_row : nullptr;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
+  } else if (p.scatter.world > 0) {  // (the storer warp stores the rows: no TMA map for C)
+    kp.tma_store = true;
+    kp.ld_out = p.n;
+    kp.row_of = p.row_of;
   } else {
     kp.tma_store = false;
     kp.out = p.store == Store::Plain ? p.c : p.slots;

@@ -33,6 +33,7 @@
 #include "kernels/gemm_owner_warps.cuh"
 #include "kernels/gemm_owners.cuh"
 #include "kernels/gemm_pieces.cuh"
+#include "kernels/gemm_scatter.cuh"
 #include "kernels/gemm_smem.cuh"
 #include "kernels/gemm_staging.cuh"
 #include "kernels/ptx.cuh"
@@ -136,6 +137,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int w = tid / 32 - 2;
       fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
                                            int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
+    } else if (tid >= 32 && tid < 96 && p.scatter.world > 0) {
+      // ---------------- storers of the Scatter: warp 1 + h stores half h ----------------
+      scatter_storer<T, BN>(p, smem + L::kC + (tid / 32 - 1) * L::kHalfCBytes, c_full, c_empty, tiles, tid / 32 - 1,
+                            tid % 32);
     } else if (tid >= 32 && tid < 64 && p.tma_store && (tid == 32 || p.push.peers > 0)) {
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the
@@ -160,8 +165,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           if (h == 1 && leader && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);
           const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
           if (leader) {
-#pragma unroll
             const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
+#pragma unroll
             for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
             ptx::tma_store_commit();
           }
@@ -318,12 +323,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const int tr = cw * 64 + r;  // row inside the tile
       if (p.row_of) {
         const int32_t dst = p.row_of[static_cast<int64_t>(idx) * BM + tr];
-        if (dst >= 0 && p.scatter.world > 0) {  // (the NVLink form: the destination's receive row, all n columns)
-          const int32_t d = dst / p.scatter.rows_per_rank, gcol = tc.tn * BN + c8 * 8;
-          if (gcol < p.sched.n)
-            *reinterpret_cast<uint4*>(static_cast<T*>(p.scatter.rows[d]) +
-                                      int64_t(dst - d * p.scatter.rows_per_rank) * p.sched.n + gcol) = v;
-        } else if (dst >= 0) {
+        if (dst >= 0) {
           *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + int64_t(dst) * BN + c8 * 8) = v;
         }
       } else {
@@ -336,17 +336,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     }
-    if (p.counters || p.monitor_ns || p.scatter.world > 0) {
+    if (p.counters || p.monitor_ns) {
       // Every thread's stores, then one release for the half (cumulative
-      // over the barrier); at system scope where they went to other GPUs.
-      if (p.scatter.world > 0)
-        __threadfence_system();
-      else
-        __threadfence();
+      // over the barrier).
+      __threadfence();
       ptx::named_barrier_sync(1 + cw, 128);
       if (tid == 0) {
         if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_tile[idx], 1);
-        for (int d = 0; d < p.scatter.world; ++d) ptx::red_release_sys_add(p.scatter.arrivals[d], 1);
         if (p.monitor_ns) {
           p.monitor_ns[int64_t(idx) * 2 + cw] = ptx::globaltimer_ns();
           if (cw == 0) p.monitor_sm[idx] = ptx::smid();

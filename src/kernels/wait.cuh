@@ -34,6 +34,73 @@ __device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t targ
   }
 }
 
+// The call check's publishing (flags.h: CallPublish), lane or thread d for
+// rank d: the descriptor's fields, then its number with release, so that a
+// receiver that acquires the number reads the fields of that call.
+__device__ __forceinline__ void publish_call(const CallPublish& pub, int d) {
+  CallDesc* slot = pub.slots[d];
+  slot->m = pub.desc.m;
+  slot->plan = pub.desc.plan;
+  ptx::st_release_sys(&slot->seq, pub.desc.seq);
+}
+
+// The call check of source s (flags.h: CallCheck), by one thread: waits
+// (bounded) until s's descriptor in this call's slot, or the other one,
+// reaches this call's number; true if it is this call with the m and plan
+// expected and the other slot is not ahead of it. Else records the failure
+// (kCallCheckFailed, group -1 - s) and returns false. The slot read is not
+// rewritten meanwhile: s's next call of this parity comes two calls later,
+// after this rank's token for this one.
+__device__ __forceinline__ bool check_call(const CallCheck& c, int s, uint64_t timeout_ns, WaitError* err) {
+  const CallDesc* mine = c.slots + c.parity * kMaxCounters + s;
+  const CallDesc* other = c.slots + (1 - c.parity) * kMaxCounters + s;
+  const auto ahead = [&](uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; };  // (wraps)
+  const uint64_t start = ptx::globaltimer_ns();
+  uint32_t backoff = 32, seq = 0, next = 0;
+  bool in_time = true;
+  while (true) {
+    seq = ptx::ld_acquire_sys(&mine->seq);
+    next = ptx::ld_acquire_sys(&other->seq);
+    if (!ahead(c.seq, seq) || ahead(next, c.seq)) break;
+    if (ptx::globaltimer_ns() - start > timeout_ns) {
+      in_time = false;
+      break;
+    }
+    __nanosleep(backoff);
+    if (backoff < 256) backoff *= 2;
+  }
+  const uint32_t m = ptx::ld_relaxed_sys(&mine->m), plan = ptx::ld_relaxed_sys(&mine->plan);
+  if (in_time && seq == c.seq && !ahead(next, c.seq) && m == c.m[s] && plan == c.plan[s]) return true;
+  if (atomicCAS(&err->failed, 0u, kCallCheckFailed) == 0u) {
+    err->group = -1 - s;
+    err->seen_seq = ahead(next, seq) ? next : seq;
+    err->seen_m = seq == c.seq ? m : 0, err->seen_plan = seq == c.seq ? plan : 0;
+    err->want_seq = c.seq, err->want_m = c.m[s], err->want_plan = c.plan[s];
+    __threadfence_system();
+  }
+  return false;
+}
+
+// The call check's token of source s for this call (bounded; a timeout is
+// recorded as the check's failure, token 1).
+__device__ __forceinline__ bool wait_token(const CallCheck& c, int s, uint64_t timeout_ns, WaitError* err) {
+  const uint64_t start = ptx::globaltimer_ns();
+  uint32_t backoff = 32;
+  while (true) {
+    const uint32_t v = ptx::ld_acquire_sys(c.token_counters + s);
+    if (static_cast<int32_t>(v - c.seq) >= 0) return true;
+    if (ptx::globaltimer_ns() - start > timeout_ns) {
+      if (atomicCAS(&err->failed, 0u, kCallCheckFailed) == 0u) {
+        err->group = -1 - s, err->token = 1, err->seen_seq = v, err->want_seq = c.seq;
+        __threadfence_system();
+      }
+      return false;
+    }
+    __nanosleep(backoff);
+    if (backoff < 256) backoff *= 2;
+  }
+}
+
 // A fused sum's group g is ready (lane or thread 0 calls this): its own
 // flag, and with `peer_ready` ([groups][world], written by each peer once its
 // copy of the group has landed here) every other rank's entry, has reached

@@ -892,6 +892,36 @@ TEST(AllToAllNvlinkOnOneGpu, LostArrivalsTimeOutAndSayWhose) {
       "the lost arrivals");
 }
 
+// Ranks whose routings of one call differ (rank 1 was given another one): the
+// call check fails on every rank at once, naming the rows that differ.
+TEST(AllToAllNvlinkOnOneGpu, RanksGivenDifferentRoutingsFailOnEveryRank) {
+  REQUIRE_HOPPER();
+  const int64_t n = 512, k = 64, rows = 1024;
+  const plan::MoeRouting mine = plan::make_moe_routing("uniform", 3, rows / 2, 2, 11);
+  const plan::MoeRouting other = plan::make_moe_routing("zipf:1.2", 3, rows / 2, 2, 12);
+  for (int r = 0; r < 3; ++r) ASSERT_NE(mine.rows(r), other.rows(r)) << "rank " << r;  // (every check fails)
+  rt::OverlapAllToAllOptions o;
+  o.n = n, o.k = int(k), o.tile = {128, 128}, o.ctas = 8, o.sequential_ctas = 16;
+  o.max_rows = 2 * rows, o.max_recv_rows = 2 * rows, o.max_tokens = int32_t(rows);
+  o.wait_timeout_s = 0.5;
+  NvlinkRanks ranks(3, o);
+  DeviceBuffer a(size_t(2 * rows) * k * 2), b(size_t(n) * k * 2);
+  std::vector<DeviceBuffer> out;
+  for (int r = 0; r < 3; ++r) out.emplace_back(size_t(2 * rows) * n * 2);
+  kernels::fill_random(kBf16, a.get(), 2 * rows * k, 1, -1.f, 1.f, nullptr);
+  kernels::fill_random(kBf16, b.get(), n * k, 2, -1.f, 1.f, nullptr);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int r = 0; r < 3; ++r) {
+    rt::A2aCall call;
+    call.routing = r == 1 ? &other : &mine, call.nvlink = true;
+    ranks.ops[size_t(r)]->run(a.get(), b.get(), call, out[size_t(r)].get(), n, ranks.streams[size_t(r)], nullptr);
+  }
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  test::expect_every_check_reports(
+      3, [&](int r) { ranks.ops[size_t(r)]->check(); }, {"'s call #1 has rows = ", "where this rank expects rows = "},
+      "the ranks' different routings");
+}
+
 // What the op refuses, before it enqueues anything: then a call that works.
 TEST(AllToAllOneGpu, BadInputThrowsInvalidArgument) {
   REQUIRE_HOPPER();

@@ -153,6 +153,11 @@ struct RanksOnOneGpu {
 
   RanksOnOneGpu(int w, const rt::OverlapReduceScatterOptions& base, int drop_rank = -1, int drop_group = -1)
       : world(w) {
+    // The hand transport's kernel loaded before any wait spins: under lazy
+    // loading (CUDA's default) its first launch would wait for the spinning
+    // waits, which then time out.
+    cudaFuncAttributes fa{};
+    FO_CUDA_CHECK(cudaFuncGetAttributes(&fa, sum_ranks_kernel));
     for (int r = 0; r < w; ++r) {
       rt::OverlapReduceScatterOptions o = base;
       o.comm = nullptr, o.rank = r, o.world = w;
@@ -191,10 +196,6 @@ TEST(ReduceScatterOneGpu, RanksSideBySideMatchTheirSum) {
   REQUIRE_HOPPER();
   const uint64_t seed = test::fresh_seed();
   std::mt19937_64 rng(seed);
-  {  // (the harness's kernel loaded before any wait spins: lazy loading would stall them)
-    cudaFuncAttributes fa{};
-    FO_CUDA_CHECK(cudaFuncGetAttributes(&fa, sum_ranks_kernel));
-  }
   cudaStream_t st;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int64_t n = 640, k = 128;
@@ -367,6 +368,67 @@ TEST(ReduceScatterNvlinkOnOneGpu, LostCountsTimeOutAndGraphsAreRefused) {
   test::expect_every_check_reports(
       3, [&](int r) { ranks.ops[size_t(r)]->check(); }, {"partial sums from rank 1 ", "did not arrive within"},
       "the lost counts");
+}
+
+// Ranks that disagree on a call, in the NVLink form (docs/design.md §5.8):
+// rank 1 built for another m (the windows shared, sized for both, as the
+// public op's are for max_m) fails the call check on every rank at once,
+// naming both m; a rank whose peer went on after a failed call (its call #2
+// published) finds it ahead and fails at once. Nothing waits unbounded.
+TEST(ReduceScatterNvlinkOnOneGpu, RanksThatDisagreeOnACallFailOnEveryRank) {
+  REQUIRE_HOPPER();
+  const int64_t m = 768, n = 512, k = 64;
+  DeviceBuffer a(size_t(2 * m) * k * 2), b(size_t(n) * k * 2), out(size_t(2 * m) * n * 2);
+  kernels::fill_random(kBf16, a.get(), 2 * m * k, 3, -1.f, 1.f, nullptr);
+  kernels::fill_random(kBf16, b.get(), n * k, 4, -1.f, 1.f, nullptr);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto options = [&](int64_t rows) {
+    rt::OverlapReduceScatterOptions o;
+    o.sched = plan::make_schedule(rows, n, {128, 128}, 16, plan::Raster::AlongN, 1);
+    o.groups = plan::make_groups(o.sched, {o.sched.waves()});
+    o.k = int(k), o.wait_timeout_s = 0.3;
+    return o;
+  };
+  const auto windows = [&](int world) {
+    std::vector<std::unique_ptr<rt::PeerWindows>> w;
+    for (int r = 0; r < world; ++r)
+      w.push_back(std::make_unique<rt::PeerWindows>(r, world, size_t(2 * m) * n * 2, nullptr, "test"));
+    return w;
+  };
+  {  // rank 1 calls with 2m where rank 0 calls with m
+    auto w = windows(2);
+    NvlinkRanks ranks(2, options(m), [&](rt::OverlapReduceScatterOptions& x, int r) {
+      if (r == 1) x.sched = options(2 * m).sched, x.groups = plan::make_groups(x.sched, {x.sched.waves()});
+      x.peers = w[size_t(r)].get();
+    });
+    for (int r = 0; r < 2; ++r) ranks.ops[size_t(r)]->run(a.get(), b.get(), out.get(), n, ranks.streams[size_t(r)]);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    test::expect_every_check_reports(
+        2, [&](int r) { ranks.ops[size_t(r)]->check(); }, {"call #1 has m = ", "where this rank expects m = "},
+        "the ranks' different m");
+    EXPECT_THROW(ranks.ops[0]->check(), Error);  // (sticky: every later call of the public op reports it)
+  }
+  {  // rank 0's call #1 times out alone; it goes on to call #2; then rank 1 makes its call #1
+    auto w = windows(2);
+    NvlinkRanks ranks(2, options(m), [&](rt::OverlapReduceScatterOptions& x, int r) { x.peers = w[size_t(r)].get(); });
+    for (int call = 0; call < 2; ++call) {
+      ranks.ops[0]->run(a.get(), b.get(), out.get(), n, ranks.streams[0]);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    ranks.ops[1]->run(a.get(), b.get(), out.get(), n, ranks.streams[1]);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    test::expect_every_check_reports(
+        1, [&](int r) { ranks.ops[size_t(r)]->check(); }, {"rank 1 did not start call #1 in time"},
+        "the missing rank");
+    try {
+      ranks.ops[1]->check();
+      ADD_FAILURE() << "rank 1: the peer's later call was not reported";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 0 is at call #2 where this rank is at #1"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // A group whose signals never come: every rank's wait for it times out (no

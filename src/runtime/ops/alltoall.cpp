@@ -281,10 +281,11 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   direct_ = false, nvlink_call_ = true, cublas_call_ = false;
   recv_rows_ = tables_host_.out_rows;
   rows_elems_ = {s.m * opts_.n, recv_rows_ * opts_.n};
-  std::vector<uint32_t> counts;  // 2 per tile of every source (1 for a call with none)
+  std::vector<uint32_t> counts, rows;  // every source's: 2 per tile (1 for a call with none); its rows
   for (int src = 0; src < world_; ++src) {
     const int32_t tiles = schedule_of(routing.rows(src), true).tiles();  // (its count: no walk, no row read)
     counts.push_back(tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u);
+    rows.push_back(uint32_t(routing.rows(src)));
   }
   uint32_t* const* arrivals = peers_.arrivals(opts_.testing.fault_drop_arrivals);
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
@@ -293,17 +294,18 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;
   if (s.m > 0) kernels::check_gemm_params(p);  // (what can be refused, before the windows' state moves)
 
-  const PeerWindows::Call next = peers_.next_call(counts);
+  const PeerWindows::Call next = peers_.next_call(counts, rows);
   const int half = next.half;
   try {
     core_->begin_call(stream);
     upload(stream);
-    p.scatter.rows = peers_.rows(half);
+    p.scatter.rows = peers_.rows(half), p.scatter.publish = next.publish;
     if (s.m > 0)
       kernels::launch_gemm(p, stream);
     else
-      kernels::launch_signal_counters(arrivals, world_, 1, stream);
-    kernels::launch_wait_counters(peers_.counters(), world_, next.targets, timeout_ns(), wait_error_, stream);
+      kernels::launch_signal_counters(arrivals, world_, 1, stream, next.publish);
+    kernels::launch_wait_counters(peers_.counters(), world_, next.targets, timeout_ns(), wait_error_, stream,
+                                  next.check);
   } catch (...) {
     peers_.mark_broken();  // (the other ranks count on this call: every later one would wait in vain)
     throw;
@@ -338,6 +340,10 @@ void OverlapAllToAll::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
+  if (e.failed == kernels::kCallCheckFailed)
+    throw Error(describe_call_check(e, rank_, "the overlapped GEMM+All-to-All (NVLink form; n " +
+                                                  std::to_string(opts_.n) + ", k " + std::to_string(opts_.k) + ")",
+                                    "rows"));
   if (e.group < 0)  // (the NVLink form's wait: group -1 - source)
     os << "rank " << rank_ << ": the rows from rank " << (-1 - e.group)
        << " of the overlapped GEMM+All-to-All (NVLink form; n " << opts_.n << ", k " << opts_.k

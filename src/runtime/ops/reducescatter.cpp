@@ -153,14 +153,16 @@ const void* OverlapReduceScatter::enqueue_nvlink(const void* a, const void* b, c
   p.scatter.world = world_, p.scatter.rows = peers_->rows(0);
   p.scatter.rows_per_rank = int32_t(s.m), p.scatter.arrivals = peers_->arrivals(opts_.testing.fault_drop_group >= 0);
   kernels::check_gemm_params(p);  // (what can be refused, before the windows' state moves)
-  // Every source: 2 per tile (every rank has this schedule).
+  // Every source: m rows, 2 signals per tile (every rank has this schedule).
   const PeerWindows::Call next =
-      peers_->next_call(std::vector<uint32_t>(size_t(world_), uint32_t(s.tiles()) * kernels::kSignalsPerTile));
+      peers_->next_call(std::vector<uint32_t>(size_t(world_), uint32_t(s.tiles()) * kernels::kSignalsPerTile),
+                        std::vector<uint32_t>(size_t(world_), uint32_t(s.m)));
   const int half = next.half;
   try {
-    p.scatter.rows = peers_->rows(half);
+    p.scatter.rows = peers_->rows(half), p.scatter.publish = next.publish;
     kernels::launch_gemm(p, stream);
-    kernels::launch_wait_counters(peers_->counters(), world_, next.targets, timeout_ns(), wait_error_, stream);
+    kernels::launch_wait_counters(peers_->counters(), world_, next.targets, timeout_ns(), wait_error_, stream,
+                                  next.check);
   } catch (...) {
     peers_->mark_broken();  // (the other ranks count on this call: every later one would wait in vain)
     throw;
@@ -225,6 +227,10 @@ void OverlapReduceScatter::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
+  if (e.failed == kernels::kCallCheckFailed)
+    throw Error(describe_call_check(e, rank_, "the overlapped GEMM+ReduceScatter (NVLink form; n " +
+                                                  std::to_string(opts_.sched.n) + ", k " + std::to_string(opts_.k) + ")",
+                                    "m"));
   if (e.group < 0) {  // (the NVLink form's wait: group -1 - source)
     os << "rank " << rank_ << ": the partial sums from rank " << (-1 - e.group)
        << " of the overlapped GEMM+ReduceScatter (NVLink form; " << opts_.sched.m << "x" << opts_.sched.n << "x"

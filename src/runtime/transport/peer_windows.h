@@ -1,9 +1,12 @@
 // peer_windows.h — the receive windows of the ops' NVLink forms (the
 // All-to-All's and the ReduceScatter's: docs/design.md §10, §11). On every
 // rank one device buffer,
-//   [kHeader bytes: an arrival counter per source rank][half 0][half 1],
+//   [kHeader bytes: an arrival counter per source rank, a token counter per
+//    source, then (at kDescOffset) each source's call descriptors, two
+//    slots][half 0][half 1],
 // that the GEMMs of every rank store rows into (kernels::Scatter) and count
-// their tiles in; calls use the halves in turn. Mapped in every rank's
+// their tiles in; calls use the halves in turn. Every call is checked
+// across the ranks (kernels::CallCheck: the same call, m and plan). Mapped in every rank's
 // process over a communicator (CUDA IPC or peer access: PeerMappedBuffer),
 // or, where the ranks are side by side in one process without one (the
 // one-GPU tests), connected by hand. Counters are never reset: a receiver
@@ -25,7 +28,9 @@ namespace flashoverlap::rt {
 
 class PeerWindows {
  public:
-  static constexpr size_t kHeader = 256;
+  static constexpr size_t kHeader = 512;
+  static constexpr size_t kTokenOffset = 64;   // [kMaxCounters] uint32_t
+  static constexpr size_t kDescOffset = 256;   // [2][kMaxCounters] kernels::CallDesc
   PeerWindows() = default;
   // This rank's window, its counters zeroed (world <= 8). With `comm`:
   // collective, every rank's window mapped here (every rank's half_bytes
@@ -51,20 +56,27 @@ class PeerWindows {
   size_t half_bytes() const { return half_bytes_; }
 
   // The next call on these windows (every op that shares them, in call
-  // order: the same on every rank): the half it uses, and what this rank's
+  // order: the same on every rank): the half it uses; what this rank's
   // counter of each source s reaches once it is done, counts[s] (s's
-  // signals in this call) added to s's running total.
+  // signals in this call) and s's token added to s's running total; this
+  // rank's descriptor for its GEMM (or signal) to publish, and the check of
+  // every source's (rows[s]: s's m; counts[s]: its plan) for the wait.
   struct Call {
     int half = 0;
     kernels::CounterTargets targets{};
+    kernels::CallPublish publish;
+    kernels::CallCheck check;
   };
   // Throws Error once mark_broken was called: a call failed after its
   // next_call (its counts were never sent), so every later one would wait
   // in vain on some rank; the op is built anew.
-  Call next_call(const std::vector<uint32_t>& counts);
+  Call next_call(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& rows);
   void mark_broken() { broken_ = true; }
 
  private:
+  static kernels::CallDesc* descs_of(void* window) {
+    return reinterpret_cast<kernels::CallDesc*>(static_cast<char*>(window) + kDescOffset);
+  }
   int rank_ = 0, world_ = 1;
   size_t half_bytes_ = 0;
   DeviceBuffer window_, sink_, ptrs_;
@@ -73,5 +85,10 @@ class PeerWindows {
   std::vector<uint32_t> totals_;  // each source's signals so far
   std::unique_ptr<PeerMappedBuffer> mapped_;
 };
+
+// The message of a failed call check (e.failed == kernels::kCallCheckFailed)
+// at `rank`: which source, which call, what differed; `rows` names what m
+// counts ("m", "rows").
+std::string describe_call_check(const kernels::WaitError& e, int rank, const std::string& op, const char* rows);
 
 }  // namespace flashoverlap::rt

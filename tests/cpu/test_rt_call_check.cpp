@@ -1,0 +1,73 @@
+// The NVLink forms' call check, host side: the message of each way it fails
+// (runtime/transport/peer_windows.h: describe_call_check) names the rank,
+// the source, the calls and what differed. The device side is tested on a
+// GPU (tests/gpu/test_reducescatter.cu, test_alltoall.cu).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include "kernels/flags.h"
+#include "runtime/transport/peer_windows.h"
+#include "test_seed.h"
+
+using namespace flashoverlap;
+
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+kernels::WaitError record(int source, uint32_t seen_seq, uint32_t want_seq) {
+  kernels::WaitError e{};
+  e.failed = kernels::kCallCheckFailed, e.group = -1 - source;
+  e.seen_seq = seen_seq, e.want_seq = want_seq;
+  return e;
+}
+
+}  // namespace
+
+TEST(CallCheckMessage, EachFailureNamesTheRanksTheCallsAndWhatDiffered) {
+  const uint64_t seed = fo_test::test_seed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (int trial = 0; trial < 50; ++trial) {
+    const int rank = int(rng() % 8), source = int(rng() % 8);
+    const uint32_t call = 1 + uint32_t(rng() % 100000);
+    const std::string who = "rank " + std::to_string(rank) + ": the op (NVLink form): ";
+    const std::string src = "rank " + std::to_string(source);
+    {  // the same call, another m
+      kernels::WaitError e = record(source, call, call);
+      e.seen_m = 1 + uint32_t(rng() % 9000), e.want_m = e.seen_m + 1 + uint32_t(rng() % 9);
+      e.seen_plan = uint32_t(rng() % 500), e.want_plan = uint32_t(rng() % 500);
+      const std::string msg = rt::describe_call_check(e, rank, "the op (NVLink form)", "m");
+      EXPECT_EQ(msg.rfind(who, 0), 0u) << msg;
+      EXPECT_TRUE(has(msg, src + "'s call #" + std::to_string(call) + " has m = " + std::to_string(e.seen_m) + " and " +
+                               std::to_string(e.seen_plan) + " signals, where this rank expects m = " +
+                               std::to_string(e.want_m) + " and " + std::to_string(e.want_plan) + " signals"))
+          << msg;
+      EXPECT_TRUE(has(msg, "build the op anew")) << msg;
+    }
+    {  // the source ahead (across the numbers' wrap too)
+      const uint32_t want = trial % 5 ? call : 0xffffffffu;
+      const kernels::WaitError e = record(source, want + 1, want);
+      const std::string msg = rt::describe_call_check(e, rank, "the op (NVLink form)", "rows");
+      EXPECT_TRUE(has(msg, src + " is at call #" + std::to_string(want + 1) + " where this rank is at #" +
+                               std::to_string(want)))
+          << msg;
+    }
+    {  // the source behind: not started in time
+      const kernels::WaitError e = record(source, call - 1, call);
+      const std::string msg = rt::describe_call_check(e, rank, "the op (NVLink form)", "m");
+      EXPECT_TRUE(has(msg, src + " did not start call #" + std::to_string(call) + " in time (its latest here: #" +
+                               std::to_string(call - 1) + ")"))
+          << msg;
+    }
+    {  // its token of the call missing
+      kernels::WaitError e = record(source, call - 1, call);
+      e.token = 1;
+      const std::string msg = rt::describe_call_check(e, rank, "the op (NVLink form)", "m");
+      EXPECT_TRUE(has(msg, src + " did not confirm call #" + std::to_string(call) + " in time")) << msg;
+      EXPECT_TRUE(has(msg, "its confirmed calls here: " + std::to_string(call - 1))) << msg;
+    }
+  }
+}
