@@ -293,9 +293,10 @@ struct GemmAllToAllOptions {
   //              == 0, world <= 8, and per tile shape used 2 x max_tokens x
   //              topk x n elements of window; refused at construction
   //              otherwise. Every call is checked across the ranks on the
-  //              GPU, always (its number, each rank's rows and plan): ranks
-  //              given different routings fail on every rank, bounded, and
-  //              the op is then built anew. Not yet picked by Auto (not yet
+  //              GPU, always (its number; each rank's rows, signals and
+  //              rows to each rank): ranks out of step fail on every rank,
+  //              bounded, and the op is then built anew (the op exchanges
+  //              the routing, so every rank plans from the same). Not yet picked by Auto (not yet
   //              measured on several GPUs).
   enum class Path { Auto, Sequential, Slots, NVLink };
   Path path = Path::Auto;

@@ -21,7 +21,7 @@ struct WaitError {
   uint32_t want_seq = 0, want_m = 0, want_plan = 0;
   int32_t token = 0;  // 1: the source's token did not come (seen_seq: its tokens so far)
 };
-constexpr uint32_t kCallCheckFailed = 4;
+constexpr uint32_t kCallCheckFailed = 8;  // (1-4: the waits' own codes; see their callers)
 
 // Enqueues a one-thread kernel on `stream` that spins until
 // (int32_t)(*counter - target) >= 0 (epoch counters wrap) or until
@@ -55,7 +55,7 @@ struct CounterTargets {
 struct CallDesc {
   uint32_t seq;   // the call's number on the windows, from 1
   uint32_t m;     // the source's rows
-  uint32_t plan;  // its signals in the call (what a receiver counts of it)
+  uint32_t plan;  // the op's digest of its plan (the signals it sends; the All-to-All's also its rows to each rank)
   uint32_t unused;
 };
 struct CallPublish {

@@ -41,9 +41,9 @@ TEST(CallCheckMessage, EachFailureNamesTheRanksTheCallsAndWhatDiffered) {
       e.seen_plan = uint32_t(rng() % 500), e.want_plan = uint32_t(rng() % 500);
       const std::string msg = rt::describe_call_check(e, rank, "the op (NVLink form)", "m");
       EXPECT_EQ(msg.rfind(who, 0), 0u) << msg;
-      EXPECT_TRUE(has(msg, src + "'s call #" + std::to_string(call) + " has m = " + std::to_string(e.seen_m) + " and " +
-                               std::to_string(e.seen_plan) + " signals, where this rank expects m = " +
-                               std::to_string(e.want_m) + " and " + std::to_string(e.want_plan) + " signals"))
+      EXPECT_TRUE(has(msg, src + "'s call #" + std::to_string(call) + " has m = " + std::to_string(e.seen_m) +
+                               " and plan " + std::to_string(e.seen_plan) + ", where this rank expects m = " +
+                               std::to_string(e.want_m) + " and plan " + std::to_string(e.want_plan)))
           << msg;
       EXPECT_TRUE(has(msg, "build the op anew")) << msg;
     }

@@ -892,19 +892,15 @@ TEST(AllToAllNvlinkOnOneGpu, LostArrivalsTimeOutAndSayWhose) {
       "the lost arrivals");
 }
 
-// Ranks whose routings of one call differ (rank 1 was given another one): the
-// call check fails on every rank at once, naming the rows that differ.
-TEST(AllToAllNvlinkOnOneGpu, RanksGivenDifferentRoutingsFailOnEveryRank) {
-  REQUIRE_HOPPER();
+// Three ranks' NVLink calls side by side, rank 1 given `rank1`'s routing and
+// the others `rest`'s (waits of 0.5 s), run to the end.
+static std::unique_ptr<NvlinkRanks> run_with_rank1_routing(const plan::MoeRouting& rest, const plan::MoeRouting& rank1) {
   const int64_t n = 512, k = 64, rows = 1024;
-  const plan::MoeRouting mine = plan::make_moe_routing("uniform", 3, rows / 2, 2, 11);
-  const plan::MoeRouting other = plan::make_moe_routing("zipf:1.2", 3, rows / 2, 2, 12);
-  for (int r = 0; r < 3; ++r) ASSERT_NE(mine.rows(r), other.rows(r)) << "rank " << r;  // (every check fails)
   rt::OverlapAllToAllOptions o;
   o.n = n, o.k = int(k), o.tile = {128, 128}, o.ctas = 8, o.sequential_ctas = 16;
   o.max_rows = 2 * rows, o.max_recv_rows = 2 * rows, o.max_tokens = int32_t(rows);
   o.wait_timeout_s = 0.5;
-  NvlinkRanks ranks(3, o);
+  auto ranks = std::make_unique<NvlinkRanks>(3, o);
   DeviceBuffer a(size_t(2 * rows) * k * 2), b(size_t(n) * k * 2);
   std::vector<DeviceBuffer> out;
   for (int r = 0; r < 3; ++r) out.emplace_back(size_t(2 * rows) * n * 2);
@@ -913,13 +909,52 @@ TEST(AllToAllNvlinkOnOneGpu, RanksGivenDifferentRoutingsFailOnEveryRank) {
   FO_CUDA_CHECK(cudaDeviceSynchronize());
   for (int r = 0; r < 3; ++r) {
     rt::A2aCall call;
-    call.routing = r == 1 ? &other : &mine, call.nvlink = true;
-    ranks.ops[size_t(r)]->run(a.get(), b.get(), call, out[size_t(r)].get(), n, ranks.streams[size_t(r)], nullptr);
+    call.routing = r == 1 ? &rank1 : &rest, call.nvlink = true;
+    ranks->ops[size_t(r)]->run(a.get(), b.get(), call, out[size_t(r)].get(), n, ranks->streams[size_t(r)], nullptr);
   }
   FO_CUDA_CHECK(cudaDeviceSynchronize());
+  return ranks;
+}
+
+// Ranks whose routings of one call differ (rank 1 was given another one): the
+// call check fails on every rank at once, naming the rows that differ.
+TEST(AllToAllNvlinkOnOneGpu, RanksGivenDifferentRoutingsFailOnEveryRank) {
+  REQUIRE_HOPPER();
+  const plan::MoeRouting mine = plan::make_moe_routing("uniform", 3, 512, 2, 11);
+  const plan::MoeRouting other = plan::make_moe_routing("zipf:1.2", 3, 512, 2, 12);
+  for (int r = 0; r < 3; ++r) ASSERT_NE(mine.rows(r), other.rows(r)) << "rank " << r;  // (every check fails)
+  const auto ranks = run_with_rank1_routing(mine, other);
   test::expect_every_check_reports(
-      3, [&](int r) { ranks.ops[size_t(r)]->check(); }, {"'s call #1 has rows = ", "where this rank expects rows = "},
+      3, [&](int r) { ranks->ops[size_t(r)]->check(); }, {"'s call #1 has rows = ", "where this rank expects rows = "},
       "the ranks' different routings");
+}
+
+// Rank 1 alone sees rank 2 send one row elsewhere (rank 2's rows the same in
+// number, one moved from rank 0 to rank 1): rank 1's check of rank 2 fails;
+// ranks 0 and 2 pass theirs, and fail on rank 1's token, which never comes.
+TEST(AllToAllNvlinkOnOneGpu, ARankWhoseCheckFailsAloneFailsTheOthersThroughItsToken) {
+  REQUIRE_HOPPER();
+  const plan::MoeRouting mine = plan::make_moe_routing("uniform", 3, 512, 2, 11);
+  plan::MoeRouting other = mine;
+  const auto& d2 = mine.dest_rank[2];
+  const size_t moved = size_t(std::find(d2.begin(), d2.end(), 0) - d2.begin());
+  ASSERT_LT(moved, d2.size());
+  other.dest_rank[2][moved] = 1, other.dest_token[2][moved] = 0;
+  other.send_counts = plan::moe_send_counts(other);
+  plan::validate_moe_routing(other);
+  const auto ranks = run_with_rank1_routing(mine, other);
+  for (int r = 0; r < 3; ++r) {
+    try {
+      ranks->ops[size_t(r)]->check();
+      ADD_FAILURE() << "rank " << r << ": the failed check was not reported";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("rank " + std::to_string(r) + ": "), std::string::npos) << msg;
+      EXPECT_NE(msg.find(r == 1 ? "rank 2's call #1 has rows = " : "rank 1 did not confirm call #1 in time"),
+                std::string::npos)
+          << msg;
+    }
+  }
 }
 
 // What the op refuses, before it enqueues anything: then a call that works.

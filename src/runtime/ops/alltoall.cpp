@@ -281,11 +281,21 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   direct_ = false, nvlink_call_ = true, cublas_call_ = false;
   recv_rows_ = tables_host_.out_rows;
   rows_elems_ = {s.m * opts_.n, recv_rows_ * opts_.n};
-  std::vector<uint32_t> counts, rows;  // every source's: 2 per tile (1 for a call with none); its rows
+  // Every source's: 2 per tile (1 for a call with none); its rows; its
+  // plan's digest for the call check (its signals and its rows to each
+  // rank, FNV-1a), so that routings that differ in where rows go differ.
+  std::vector<uint32_t> counts, rows, plans;
   for (int src = 0; src < world_; ++src) {
     const int32_t tiles = schedule_of(routing.rows(src), true).tiles();  // (its count: no walk, no row read)
     counts.push_back(tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u);
     rows.push_back(uint32_t(routing.rows(src)));
+    uint32_t h = 2166136261u;
+    const auto mix = [&h](uint64_t v) {
+      for (int b = 0; b < 8; ++b) h = (h ^ uint32_t((v >> (8 * b)) & 0xff)) * 16777619u;
+    };
+    mix(counts.back());
+    for (int d = 0; d < world_; ++d) mix(uint64_t(routing.send_count(src, d)));
+    plans.push_back(h);
   }
   uint32_t* const* arrivals = peers_.arrivals(opts_.testing.fault_drop_arrivals);
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
@@ -294,7 +304,7 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;
   if (s.m > 0) kernels::check_gemm_params(p);  // (what can be refused, before the windows' state moves)
 
-  const PeerWindows::Call next = peers_.next_call(counts, rows);
+  const PeerWindows::Call next = peers_.next_call(counts, rows, plans);
   const int half = next.half;
   try {
     core_->begin_call(stream);

@@ -58,10 +58,14 @@ void PeerWindows::connect(const std::vector<void*>& windows) {
   ptrs_ = to_device(ptrs);
 }
 
-PeerWindows::Call PeerWindows::next_call(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& rows) {
-  if (counts.size() != size_t(world_) || rows.size() != size_t(world_))
-    throw InvalidArgument("PeerWindows::next_call: " + std::to_string(counts.size()) + " counts and " +
-                          std::to_string(rows.size()) + " row counts for " + std::to_string(world_) + " ranks");
+PeerWindows::Call PeerWindows::next_call(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& rows,
+                                         const std::vector<uint32_t>& plans) {
+  if (counts.size() != size_t(world_) || rows.size() != size_t(world_) ||
+      (!plans.empty() && plans.size() != size_t(world_)))
+    throw InvalidArgument("PeerWindows::next_call: " + std::to_string(counts.size()) + " counts, " +
+                          std::to_string(rows.size()) + " row counts and " + std::to_string(plans.size()) +
+                          " plans for " + std::to_string(world_) + " ranks");
+  const std::vector<uint32_t>& plan = plans.empty() ? counts : plans;
   if (broken_)
     throw Error("rank " + std::to_string(rank_) + ": an earlier call of the NVLink form failed after it was counted "
                 "on (its rows never went to the other ranks): the windows are out of step; build the op anew");
@@ -70,11 +74,11 @@ PeerWindows::Call PeerWindows::next_call(const std::vector<uint32_t>& counts, co
   const uint32_t seq = uint32_t(calls_);  // (from 1; a header of zeros holds no call)
   for (int s = 0; s < world_; ++s) {
     c.targets.target[s] = totals_[size_t(s)] += counts[size_t(s)];  // (wraps: cyclic)
-    c.check.m[s] = rows[size_t(s)], c.check.plan[s] = counts[size_t(s)];
+    c.check.m[s] = rows[size_t(s)], c.check.plan[s] = plan[size_t(s)];
   }
   void* const* p = ptrs_.as<void*>();
   c.publish.slots = reinterpret_cast<kernels::CallDesc* const*>(p + size_t(4 + c.half) * size_t(world_));
-  c.publish.desc = {seq, rows[size_t(rank_)], counts[size_t(rank_)], 0};
+  c.publish.desc = {seq, rows[size_t(rank_)], plan[size_t(rank_)], 0};
   c.check.slots = descs_of(window_.get());
   c.check.parity = c.half, c.check.seq = seq;
   c.check.tokens = reinterpret_cast<uint32_t* const*>(p + size_t(6) * size_t(world_));
@@ -91,9 +95,8 @@ std::string describe_call_check(const kernels::WaitError& e, int rank, const std
     os << "rank " << source << " did not confirm call #" << e.want_seq << " in time (its check of the call failed, "
        << "or it did not make it; its confirmed calls here: " << e.seen_seq << ")";
   else if (e.seen_seq == e.want_seq)
-    os << "rank " << source << "'s call #" << e.want_seq << " has " << rows << " = " << e.seen_m << " and "
-       << e.seen_plan << " signals, where this rank expects " << rows << " = " << e.want_m << " and " << e.want_plan
-       << " signals";
+    os << "rank " << source << "'s call #" << e.want_seq << " has " << rows << " = " << e.seen_m << " and plan "
+       << e.seen_plan << ", where this rank expects " << rows << " = " << e.want_m << " and plan " << e.want_plan;
   else if (ahead(e.seen_seq, e.want_seq))
     os << "rank " << source << " is at call #" << e.seen_seq << " where this rank is at #" << e.want_seq
        << " (a rank skipped a call)";

@@ -31,6 +31,9 @@ class PeerWindows {
   static constexpr size_t kHeader = 512;
   static constexpr size_t kTokenOffset = 64;   // [kMaxCounters] uint32_t
   static constexpr size_t kDescOffset = 256;   // [2][kMaxCounters] kernels::CallDesc
+  static_assert(kernels::kMaxCounters * 4 <= kTokenOffset && kTokenOffset + kernels::kMaxCounters * 4 <= kDescOffset &&
+                    kDescOffset + 2 * kernels::kMaxCounters * sizeof(kernels::CallDesc) <= kHeader,
+                "the window header's regions overlap");
   PeerWindows() = default;
   // This rank's window, its counters zeroed (world <= 8). With `comm`:
   // collective, every rank's window mapped here (every rank's half_bytes
@@ -58,9 +61,10 @@ class PeerWindows {
   // The next call on these windows (every op that shares them, in call
   // order: the same on every rank): the half it uses; what this rank's
   // counter of each source s reaches once it is done, counts[s] (s's
-  // signals in this call) and s's token added to s's running total; this
-  // rank's descriptor for its GEMM (or signal) to publish, and the check of
-  // every source's (rows[s]: s's m; counts[s]: its plan) for the wait.
+  // signals in this call) added to s's running total; this rank's
+  // descriptor for its GEMM (or signal) to publish, and the check of every
+  // source's (rows[s]: s's m; plans[s]: its plan's digest, counts[s] where
+  // empty) for the wait. Tokens are counted apart (kernels::CallCheck).
   struct Call {
     int half = 0;
     kernels::CounterTargets targets{};
@@ -70,7 +74,8 @@ class PeerWindows {
   // Throws Error once mark_broken was called: a call failed after its
   // next_call (its counts were never sent), so every later one would wait
   // in vain on some rank; the op is built anew.
-  Call next_call(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& rows);
+  Call next_call(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& rows,
+                 const std::vector<uint32_t>& plans = {});
   void mark_broken() { broken_ = true; }
 
  private:
