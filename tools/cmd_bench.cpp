@@ -769,9 +769,10 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->envname("FLASHOVERLAP_CURVES");
   cmd->add_option("--tuning-cache", o->tuning_cache,
                   "File of measured picks: each shape's pick (when the tuner was free to choose: no --layout, "
-                  "--push-by, --tile, --reserve-sms, --partition or --no-select) is stored there by its tile rows, "
-                  "for flashoverlap::GemmAllReduce (GemmAllReduceOptions::tuning_cache) to look up; default: "
-                  "$FLASHOVERLAP_TUNING_CACHE (allreduce only)")
+                  "--push-by, --tile, --reserve-sms, --partition or --no-select; reducescatter: no --tile, "
+                  "--partition or --no-select, keyed by --rs-layout and stored with its --reserve-sms) is stored "
+                  "there by its tile rows, for flashoverlap::GemmAllReduce and GemmReduceScatter (their options' "
+                  "tuning_cache) to look up; default: $FLASHOVERLAP_TUNING_CACHE (allreduce and reducescatter)")
       ->envname("FLASHOVERLAP_TUNING_CACHE");
   cmd->add_flag("--json", o->json, "Print JSON instead of the table");
   cmd->add_flag("--trace", o->trace,

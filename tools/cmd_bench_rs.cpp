@@ -35,6 +35,7 @@
 #include "runtime/ops/baselines.h"
 #include "runtime/ops/reducescatter.h"
 #include "runtime/transport/peers.h"
+#include "runtime/tune/picks.h"
 
 namespace flashoverlap::cli::bench {
 namespace {
@@ -286,6 +287,23 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
   const Candidate& pick = cands[best];
   rt::OverlapReduceScatter& op = *ops[best];
   res.predicted_ms = pick.plan.predicted.total_ms;
+  // A measured pick free to choose its tile and groups: what the public op
+  // looks up by m's tile rows (GemmReduceScatterOptions::tuning_cache).
+  if (!o.tuning_cache.empty() && o.select && o.partition.empty() && o.tile == "auto" && rank == 0) {
+    using Path = rt::ReduceScatterPick::Path;
+    rt::ReduceScatterPick stored;
+    stored.path = pick.nvlink ? Path::NVLink : pick.plan.sequential ? Path::Sequential : Path::Slots;
+    stored.bm = pick.plan.schedule.bm, stored.bn = pick.plan.schedule.bn, stored.nccl_sms = reserve;
+    stored.cublas = pick.cublas, stored.predicted_ms = pick.plan.predicted.total_ms;
+    if (stored.path == Path::Slots)
+      for (const plan::Group& g : pick.plan.groups) stored.waves.push_back(g.end_wave - g.first_wave);
+    rt::PickKey key;
+    key.gpu = cx.info.name, key.sms = sms, key.world = world, key.dtype = dt;
+    key.tile_rows = rt::tile_rows_of(M), key.n = N, key.k = K, key.op = rt::reducescatter_op(layout);
+    rt::PickCache cache(o.tuning_cache);
+    cache.store(key, stored);
+    for (const std::string& w : cache.warnings()) std::cerr << "bench: " << w << "\n";
+  }
 
   // ---- correctness first: poisoned outputs, fresh random inputs ----
   const plan::Schedule full = plan::make_schedule(M, N, {128, 256}, sms, plan::Raster::AlongN,

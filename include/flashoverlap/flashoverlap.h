@@ -220,6 +220,12 @@ struct GemmReduceScatterOptions {
   int nccl_sms = 8;              // SMs left to NCCL beside the GEMM (its communicator bounded to them)
   double wait_timeout_s = 30.0;  // as GemmAllReduceOptions
   bool check_m = false;          // as GemmAllReduceOptions (also FLASHOVERLAP_CHECK_M=1)
+  // As GemmAllReduceOptions (`flashoverlap bench --op reducescatter
+  // --tuning-cache FILE` stores the measured picks; Auto only; empty: the
+  // environment's FLASHOVERLAP_TUNING_CACHE). A pick of the NVLink form
+  // builds its windows at construction where every rank reaches every
+  // other; elsewhere, or for another nccl_sms, the model's plan is taken.
+  std::string tuning_cache;
 };
 
 // This rank's rows of C = sum over the ranks of A * B^T (ReduceScatter),

@@ -1,11 +1,13 @@
 // gemm_reducescatter.cpp — flashoverlap::GemmReduceScatter (flashoverlap.h):
 // one op for any m <= max_m, built as GemmAllReduce is (gemm_allreduce.cpp):
 // the communicator bounded to the SMs left to NCCL, the scratch for max_m,
-// the GEMM's time per wave (max over ranks). A new m is planned from the
-// model (plan::make_plan: the built-in ReduceScatter curve scaled to the
-// world, the measured wave times) and its op made, sharing the core.
+// the GEMM's time per wave (max over ranks). A new m is planned from rank
+// 0's tuning cache by its tile rows (Auto), else from the model
+// (plan::make_plan: the built-in ReduceScatter curve scaled to the world,
+// the measured wave times), and its op made, sharing the core.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -20,6 +22,7 @@
 #include "runtime/core/exchange.h"
 #include "runtime/ops/reducescatter.h"
 #include "runtime/transport/peer_windows.h"
+#include "runtime/tune/picks.h"
 #include "runtime/transport/peers.h"
 
 namespace flashoverlap {
@@ -49,8 +52,14 @@ struct GemmReduceScatter::Impl {
   bool check_m = false;
   std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles() order (max over ranks)
   rt::OverlapCore core;              // (before the ops)
-  std::map<int64_t, plan::Plan> plans;  // by m (the standard layout's parts depend on m itself)
-  rt::PeerWindows windows;  // Path::NVLink: every rank's, shared by the ops of every m (before them)
+  // A planned m: the plan, and how its op runs it (the tuning cache's picks).
+  struct Planned {
+    plan::Plan plan;
+    bool nvlink = false, cublas = false, picked = false;
+  };
+  std::map<int64_t, Planned> plans;  // by m (the standard layout's parts depend on m itself)
+  std::map<int64_t, rt::ReduceScatterPick> picks;  // the tuning cache's, by tile rows (rank 0's; Auto)
+  rt::PeerWindows windows;  // the NVLink form: every rank's, shared by the ops of every m (before them)
   api::OpCache<rt::OverlapReduceScatter> ops;  // by m (at most api::kOpsKept not captured)
   rt::OverlapReduceScatter* last = nullptr;
   // all_gather_rows of the sub-tile layout: per m, where each gathered row
@@ -87,8 +96,32 @@ struct GemmReduceScatter::Impl {
     req.min_gain = min_gain;
     return plan::make_plan(req);
   }
-  plan::Plan plan_for(int64_t m) const {
+  // The tuning cache's pick for m's tile rows, where it applies (Auto).
+  std::optional<Planned> picked_for(int64_t m) const {
+    using Path = rt::ReduceScatterPick::Path;
+    const auto it = picks.find(rt::tile_rows_of(m));
+    if (opts.path != GemmReduceScatterOptions::Path::Auto || it == picks.end()) return std::nullopt;
+    const rt::ReduceScatterPick& pk = it->second;
+    if ((pk.path == Path::Slots && pk.nccl_sms != opts.nccl_sms) || (pk.path == Path::NVLink && !windows.connected()))
+      return std::nullopt;
+    size_t tile = 0;
+    while (tile < api::op_tiles().size() && !(api::op_tiles()[tile].bm == pk.bm && api::op_tiles()[tile].bn == pk.bn))
+      ++tile;
+    if (tile == api::op_tiles().size()) return std::nullopt;
+    Planned p;
+    p.picked = true;
+    if (pk.path == Path::Slots) {
+      p.plan = plan_with(m, tile, plan::Partition(pk.waves.begin(), pk.waves.end()), -1e9);
+      if (p.plan.sequential || p.plan.groups.size() != pk.waves.size()) return std::nullopt;
+    } else {
+      p.plan = plan_with(m, tile, std::nullopt, 1e9);  // (the tile's sequential plan: the NVLink form's grid too)
+      p.nvlink = pk.path == Path::NVLink, p.cublas = pk.cublas;
+    }
+    return p;
+  }
+  Planned plan_for(int64_t m) const {
     using Path = GemmReduceScatterOptions::Path;
+    if (std::optional<Planned> p = picked_for(m)) return *p;
     std::optional<plan::Plan> best;
     const double gain = opts.path == Path::Auto ? 0.01 : -1e9;  // a forced path overlaps where it can
     for (size_t t = 0; t < api::op_tiles().size(); ++t) {
@@ -101,9 +134,9 @@ struct GemmReduceScatter::Impl {
     if (opts.path == Path::Sequential || opts.path == Path::NVLink || !best) {  // the sequential plan of the faster tile
       // (NVLink: its tile and the whole grid)
       plan::Plan a = plan_with(m, 0, std::nullopt, 1e9), b = plan_with(m, 1, std::nullopt, 1e9);
-      return a.predicted.total_ms <= b.predicted.total_ms ? a : b;
+      return {a.predicted.total_ms <= b.predicted.total_ms ? a : b, opts.path == Path::NVLink};
     }
-    return *best;
+    return {*best};
   }
   rt::OverlapReduceScatter& op_for(int64_t m, cudaStream_t stream = nullptr, bool calling = false) {
     check_m_value(m);
@@ -111,12 +144,13 @@ struct GemmReduceScatter::Impl {
     if (calling) api::refuse_planning_under_capture(stream, m, who());
     auto pit = plans.find(m);
     if (pit == plans.end()) pit = plans.emplace(m, plan_for(m)).first;
-    const plan::Plan& p = pit->second;
+    const plan::Plan& p = pit->second.plan;
     rt::OverlapReduceScatterOptions o;
     o.sched = p.schedule;
     o.groups = p.groups, o.layout = p.rs_layout, o.k = int(k), o.dtype = to_kernels(dtype);
     o.comm = p.sequential ? comm->comm.get() : bounded.get();
-    if (opts.path == GemmReduceScatterOptions::Path::NVLink) o.nvlink = true, o.peers = &windows;
+    if (pit->second.nvlink) o.nvlink = true, o.peers = &windows;
+    o.fallback_cublas = pit->second.cublas;
     o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
     o.wait_timeout_s = opts.wait_timeout_s;
     o.core = &core;
@@ -194,15 +228,33 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
     if (!(x == here))
       throw InvalidArgument(d.who() + ": the ranks differ in SMs (" + std::to_string(x.sms) + " against " +
                             std::to_string(here.sms) + "), nccl_sms, path or layout: every rank needs the same");
-  if (options.path == GemmReduceScatterOptions::Path::NVLink) {  // (the same verdict on every rank)
-    if (options.layout != GemmReduceScatterOptions::Layout::Standard || n % 8 != 0 || d.world > 8)
+  // The tuning cache's picks for this machine and shape (Auto): rank 0's.
+  if (options.path == GemmReduceScatterOptions::Path::Auto) {
+    const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
+    const std::string path = !options.tuning_cache.empty() ? options.tuning_cache : env_cache ? env_cache : "";
+    rt::PickKey shape;
+    shape.gpu = api::current_gpu_name();
+    shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n,
+    shape.k = k, shape.op = rt::reducescatter_op(d.layout());
+    const std::string mine = path.empty() || d.rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
+    d.picks = rt::PickCache::parse_reducescatter_entries(
+        api::from_rank0(comm.get(), d.rank, mine, d.who() + ": the tuning cache"), shape);
+  }
+  const bool nvlink_picked = std::any_of(d.picks.begin(), d.picks.end(), [](const auto& e) {
+    return e.second.path == rt::ReduceScatterPick::Path::NVLink;
+  });
+  const bool forced = options.path == GemmReduceScatterOptions::Path::NVLink;
+  if (forced || nvlink_picked) {  // (the same verdict on every rank: the same options and picks)
+    const bool fits = options.layout == GemmReduceScatterOptions::Layout::Standard && n % 8 == 0 && d.world <= 8;
+    if (forced && !fits)
       throw InvalidArgument(d.who() + ": Path::NVLink needs the standard layout, n % 8 == 0 and at most 8 ranks");
     const int32_t mine = d.world == 1 || rt::all_ranks_reachable(comm.get()) ? 1 : 0;
-    for (int32_t x : rt::gather_from_all(comm.get(), d.rank, mine, d.who() + ": the ranks' NVLink reach"))
-      if (!x)
-        throw InvalidArgument(d.who() + ": Path::NVLink needs every rank's GPU within load/store reach of every "
-                                        "other's (NVLink, one host); some rank's is not (use Auto or Slots)");
-    d.windows = rt::PeerWindows(d.rank, d.world, size_t(max_m) * size_t(n) * 2, comm.get(), d.who());
+    bool reach = true;
+    for (int32_t x : rt::gather_from_all(comm.get(), d.rank, mine, d.who() + ": the ranks' NVLink reach")) reach &= x != 0;
+    if (forced && !reach)
+      throw InvalidArgument(d.who() + ": Path::NVLink needs every rank's GPU within load/store reach of every "
+                                      "other's (NVLink, one host); some rank's is not (use Auto or Slots)");
+    if (fits && reach) d.windows = rt::PeerWindows(d.rank, d.world, size_t(max_m) * size_t(n) * 2, comm.get(), d.who());
   }
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
   d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who());
@@ -289,11 +341,12 @@ void GemmReduceScatter::prepare(int64_t m) {
 std::string GemmReduceScatter::plan(int64_t m) {
   Impl& d = *impl_;
   const rt::OverlapReduceScatter& op = d.op_for(m);
-  const plan::Plan& p = d.plans.at(m);
+  const plan::Plan& p = d.plans.at(m).plan;
   std::ostringstream os;
   if (op.nvlink()) {
     os << "nvlink, standard layout (" << p.schedule.bm << "x" << p.schedule.bn << " tiles, " << p.schedule.ctas
-       << " CTAs): each row stored into its owner's window as its tile finishes, counted there, summed by the owner";
+       << " CTAs): each row stored into its owner's window as its tile finishes, counted there, summed by the owner"
+       << (d.plans.at(m).picked ? " (the tuning cache's pick)" : "");
     return os.str();
   }
   os << (p.sequential ? "sequential" : "slots") << ", " << plan::to_string(p.rs_layout) << " layout ("
@@ -301,8 +354,9 @@ std::string GemmReduceScatter::plan(int64_t m) {
      << (p.sequential ? "" : ", NCCL on " + std::to_string(d.opts.nccl_sms) + " SMs") << "); groups "
      << op.describe_groups();
   if (op.padding_rows() > 0) os << " (" << op.padding_rows() << " padding rows)";
+  if (d.plans.at(m).cublas) os << " (cuBLAS's GEMM)";
   os << "; predicted " << p.predicted.total_ms << " ms against " << p.baseline_ms() << " ms sequential (path "
-     << path_name(d.opts.path) << ")";
+     << path_name(d.opts.path) << (d.plans.at(m).picked ? ", the tuning cache's pick" : "") << ")";
   return os.str();
 }
 

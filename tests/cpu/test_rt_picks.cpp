@@ -125,6 +125,120 @@ TEST(Picks, StoredEntriesAreFoundByTileRowsAndShapeOnly) {
   EXPECT_TRUE(rt::PickCache::parse_entries("", key_of(1)).empty());
 }
 
+// The ReduceScatter's picks (GemmReduceScatter's tuning cache): random ones
+// round-trip for their key's shape, bad ones are refused naming the problem,
+// and the AllReduce's and the ReduceScatter's entries (and the two layouts')
+// never answer for each other, in one file.
+namespace {
+
+rt::PickKey rs_key_of(int64_t tile_rows, plan::RsLayout layout = plan::RsLayout::Standard) {
+  rt::PickKey key = key_of(tile_rows);
+  key.op = rt::reducescatter_op(layout);
+  return key;
+}
+
+rt::ReduceScatterPick random_rs_pick(std::mt19937_64& rng, const rt::PickKey& key) {
+  using Path = rt::ReduceScatterPick::Path;
+  rt::ReduceScatterPick p;
+  p.bm = 128, p.bn = rng() % 2 ? 256 : 128, p.nccl_sms = int(rng() % 24);
+  p.predicted_ms = double(rng() % 1000) / 100;
+  const plan::Schedule s = plan::make_schedule(key.tile_rows * 128, key.n, {p.bm, p.bn}, key.sms - p.nccl_sms,
+                                               plan::Raster::AlongN, 1);
+  const int kind = int(rng() % 3);
+  p.path = kind == 0 || s.waves() < 2 ? Path::Sequential
+           : kind == 1 && key.op == rt::reducescatter_op(plan::RsLayout::Standard) ? Path::NVLink
+                                                                                   : Path::Slots;
+  if (p.path == Path::Sequential) p.cublas = rng() % 2;
+  if (p.path == Path::Slots) {
+    plan::Partition part = fo_test::random_partition(rng, s.waves());
+    if (part.size() == 1) part = {s.waves() - 1, 1};
+    p.waves.assign(part.begin(), part.end());
+  }
+  return p;
+}
+
+void expect_same(const rt::ReduceScatterPick& a, const rt::ReduceScatterPick& b) {
+  EXPECT_EQ(a.path, b.path);
+  EXPECT_EQ(a.bm, b.bm);
+  EXPECT_EQ(a.bn, b.bn);
+  EXPECT_EQ(a.nccl_sms, b.nccl_sms);
+  EXPECT_EQ(a.cublas, b.cublas);
+  EXPECT_EQ(a.waves, b.waves);
+  EXPECT_DOUBLE_EQ(a.predicted_ms, b.predicted_ms);
+}
+
+}  // namespace
+
+TEST(Picks, ReduceScatterPicksRoundTripAndAreRefusedWhenTheyDoNotFit) {
+  FO_SEEDED_RNG(rng);
+  for (int i = 0; i < 300; ++i) {
+    const rt::PickKey key = rs_key_of(1 + int64_t(rng() % 64), rng() % 2 ? plan::RsLayout::Standard : plan::RsLayout::SubTile);
+    const rt::ReduceScatterPick p = random_rs_pick(rng, key);
+    expect_same(rt::reducescatter_pick_from_json(rt::to_json(p), key, "test"), p);
+  }
+  const rt::PickKey key = rs_key_of(32);
+  rt::ReduceScatterPick slots;
+  slots.path = rt::ReduceScatterPick::Path::Slots, slots.bn = 256, slots.nccl_sms = 8;
+  const int waves = plan::make_schedule(32 * 128, 8192, {128, 256}, 124, plan::Raster::AlongN, 1).waves();
+  slots.waves = {waves - 1, 1};
+  (void)rt::reducescatter_pick_from_json(rt::to_json(slots), key, "test");  // (valid: the base of the bad ones)
+  auto refused = [&](const rt::PickKey& k, const std::function<void(nlohmann::json&)>& spoil, const std::string& what) {
+    nlohmann::json j = rt::to_json(slots);
+    spoil(j);
+    try {
+      (void)rt::reducescatter_pick_from_json(j, k, "src");
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("src: ", 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(key, [](auto& j) { j["path"] = "pigeons"; }, "unknown path");
+  refused(key, [](auto& j) { j["bn"] = 96; }, "unsupported tile");
+  refused(key, [](auto& j) { j["nccl_sms"] = 132; }, "nccl_sms");
+  refused(key, [&](auto& j) { j["waves"] = nlohmann::json::array({waves}); }, "groups of waves");
+  refused(key, [&](auto& j) { j["waves"] = nlohmann::json::array({waves, 1}); }, "groups of waves");
+  refused(key, [](auto& j) { j["cublas"] = true; }, "cuBLAS");
+  refused(key, [](auto& j) { j["path"] = "sequential"; }, "groups of waves on a path without them");
+  refused(rs_key_of(32, plan::RsLayout::SubTile), [](auto& j) { j["path"] = "nvlink", j["waves"] = nlohmann::json::array(); },
+          "standard layout only");
+  refused(key_of(32), [](auto&) {}, "under an AllReduce's key");
+  refused(key, [](auto& j) { j.erase("waves"); }, "waves");
+}
+
+TEST(Picks, AllReduceAndReduceScatterEntriesNeverAnswerForEachOther) {
+  FO_SEEDED_RNG(rng);
+  fo_test::TempDir dir;
+  const std::string path = dir.file("picks.json");
+  const rt::AllReducePlan ar = random_plan(rng, key_of(8));
+  const rt::ReduceScatterPick standard = random_rs_pick(rng, rs_key_of(8));
+  const rt::ReduceScatterPick subtile = random_rs_pick(rng, rs_key_of(8, plan::RsLayout::SubTile));
+  {
+    rt::PickCache cache(path);
+    cache.store(key_of(8), ar);
+    cache.store(rs_key_of(8), standard);
+    cache.store(rs_key_of(8, plan::RsLayout::SubTile), subtile);
+    EXPECT_THROW(cache.store(key_of(9), standard), InvalidArgument);  // (no op: an AllReduce key)
+  }
+  const rt::PickCache cache(path);
+  EXPECT_TRUE(cache.warnings().empty());
+  EXPECT_EQ(cache.size(), 3u);
+  expect_same(*cache.lookup(key_of(8)), ar);
+  const auto ar_entries = rt::PickCache::parse_entries(cache.entries_for(key_of(1)), key_of(1));
+  ASSERT_EQ(ar_entries.size(), 1u);
+  expect_same(ar_entries.at(8), ar);
+  const auto std_entries =
+      rt::PickCache::parse_reducescatter_entries(cache.entries_for(rs_key_of(1)), rs_key_of(1));
+  ASSERT_EQ(std_entries.size(), 1u);
+  expect_same(std_entries.at(8), standard);
+  const rt::PickKey sub = rs_key_of(1, plan::RsLayout::SubTile);
+  const auto sub_entries = rt::PickCache::parse_reducescatter_entries(cache.entries_for(sub), sub);
+  ASSERT_EQ(sub_entries.size(), 1u);
+  expect_same(sub_entries.at(8), subtile);
+  EXPECT_TRUE(rt::PickCache::parse_reducescatter_entries(cache.entries_for(key_of(1)), rs_key_of(1)).empty());
+  EXPECT_EQ(rs_key_of(8).str(), key_of(8).str() + "|reducescatter:standard");
+}
+
 TEST(Picks, DamagedFilesReadAsEmptyAndBadEntriesAreDropped) {
   FO_SEEDED_RNG(rng);
   fo_test::TempDir dir;

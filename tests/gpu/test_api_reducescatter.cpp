@@ -7,6 +7,7 @@
 // bad arguments.
 #include <gtest/gtest.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "plan/tile_grid.h"
 #include "rank_harness.h"
 #include "runtime/ops/baselines.h"
+#include "runtime/tune/picks.h"
 
 using namespace flashoverlap;
 using rt::DeviceBuffer;
@@ -189,6 +191,81 @@ TEST(GemmReduceScatterApi, GraphReplaysMixedWithEagerCalls) {
 
 // The time to plan (and make the op of) an m not seen before, on the host.
 // Printed; asserted only as a hang guard.
+// Auto with a tuning cache (rank 0's file): each m of a stored tile rows runs
+// its pick (slots with the stored groups, the NVLink form with its windows
+// built at construction, sequential with cuBLAS's GEMM), every m of other
+// tile rows the model's plan; every output the reference's (bitwise, cuBLAS
+// within its tolerance).
+TEST(GemmReduceScatterApi, TuningCachePicksRunAsStored) {
+  REQUIRE_HOPPER();
+  const int world = world_here();
+  const int64_t max_m = 3072, n = 2048, k = 512;
+  const std::string path = "/tmp/fo_test_rs_picks_" + std::to_string(::getpid()) + ".json";
+  std::remove(path.c_str());
+  {
+    using P = rt::ReduceScatterPick::Path;
+    rt::PickKey key;
+    int dev = 0;
+    FO_CUDA_CHECK(cudaGetDevice(&dev));
+    key.gpu = rt::device_info(dev).name, key.sms = rt::current_device_sms(), key.world = world;
+    key.n = n, key.k = k, key.op = rt::reducescatter_op(plan::RsLayout::Standard);
+    rt::PickCache cache(path);
+    rt::ReduceScatterPick slots;
+    slots.path = P::Slots, slots.bm = 128, slots.bn = 128, slots.nccl_sms = 8;
+    key.tile_rows = 16;  // m in (1920, 2048]
+    const int waves = plan::make_schedule(16 * 128, n, {128, 128}, key.sms - 8, plan::Raster::AlongN, 1).waves();
+    ASSERT_GE(waves, 2);
+    slots.waves = {waves - 1, 1};
+    cache.store(key, slots);
+    rt::ReduceScatterPick nvlink;
+    nvlink.path = P::NVLink, nvlink.bn = 256;
+    key.tile_rows = 8;  // m in (896, 1024]
+    cache.store(key, nvlink);
+    rt::ReduceScatterPick cublas;
+    cublas.path = P::Sequential, cublas.bn = 256, cublas.cublas = true;
+    key.tile_rows = 24;  // m in (2944, 3072]
+    cache.store(key, cublas);
+  }
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    GemmReduceScatterOptions o;
+    o.tuning_cache = rank == 0 ? path : "/nonexistent/only-rank-0s-file-counts.json";
+    GemmReduceScatter op(comm, max_m, n, k, DType::BF16, o);
+    DeviceBuffer a(size_t(max_m) * k * 2), b(size_t(n) * k * 2), out(size_t(max_m) * n * 2), ref(size_t(max_m) * n * 2);
+    const int64_t ms[] = {2048, 1024 - 2 * world, 3072 - 4 * world, 512, 2000 / world * world, 1024};
+    for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); ++i) {
+      const int64_t m = ms[i] / world * world, rows = op.rows_out(m);
+      kernels::fill_random(kBf16, a.get(), m * k, 100 + i + 7 * uint64_t(rank), -1.f, 1.f, st);
+      kernels::fill_random(kBf16, b.get(), n * k, 200 + i + 7 * uint64_t(rank), -1.f, 1.f, st);
+      kernels::poison(out.get(), rows * n, st);
+      op.run(a.get(), b.get(), out.get(), m, st);
+      reference(a.get(), b.get(), ref.get(), m, n, k, nccl, st);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      op.check();
+      const std::string plan = op.plan(m), where = "m=" + std::to_string(m) + " rank " + std::to_string(rank) + ": " + plan;
+      const int64_t tile_rows = (m + 127) / 128;
+      const bool picked = tile_rows == 16 || tile_rows == 8 || tile_rows == 24;
+      EXPECT_EQ(plan.find("the tuning cache's pick") != std::string::npos, picked) << where;
+      if (tile_rows == 16) EXPECT_EQ(plan.rfind("slots", 0), 0u) << where;
+      if (tile_rows == 16) EXPECT_NE(plan.find("128x128 tiles"), std::string::npos) << where;
+      if (tile_rows == 8) EXPECT_EQ(plan.rfind("nvlink", 0), 0u) << where;
+      if (tile_rows == 24) EXPECT_NE(plan.find("(cuBLAS's GEMM)"), std::string::npos) << where;
+      const std::vector<int64_t> held = op.rows(m);
+      if (tile_rows == 24) {  // (cuBLAS's sums: within the GEMM's tolerance of ours)
+        const char* mine = static_cast<const char*>(ref.get()) + size_t(held.front()) * n * 2;
+        EXPECT_TRUE(kernels::compare(kBf16, out.get(), n, mine, n, rows, n, st, kernels::gemm_tolerance(kBf16, k)).within())
+            << where;
+      } else {
+        EXPECT_TRUE(test::rows_equal(out.get(), n, ref.get(), m, n, held)) << where;
+      }
+    }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+  std::remove(path.c_str());
+}
+
 TEST(GemmReduceScatterApi, PlanningANewMIsFast) {
   REQUIRE_HOPPER();
   const int world = world_here();
