@@ -61,6 +61,9 @@
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
+# TUNING_CACHE=file: the ar and rs sweeps store their measured picks there (bench --tuning-cache) and the
+# python stage's public ops read them (FLASHOVERLAP_TUNING_CACHE): the library timed as users call it, with
+# the CLI's picks. Unset: neither.
 # FO_REQUIRE_GPUS=N (exported; default: the GPUs nvidia-smi lists, 0 without it): a GPU test that needs
 # n <= N GPUs and cannot run fails instead of skipping (in every stage that runs them: test, sanitize,
 # owners-w, faults).
@@ -190,11 +193,13 @@ for s in "$@"; do
       ;;
     ar)
       stage allreduce sweep
-      OP=allreduce bash bench/sweep.sh "$OUT" --curves /tmp/fo-curves ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/allreduce.log" || status=1
+      OP=allreduce bash bench/sweep.sh "$OUT" --curves /tmp/fo-curves ${TUNING_CACHE:+--tuning-cache "$TUNING_CACHE"} \
+        ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/allreduce.log" || status=1
       ;;
     rs)
       stage "reducescatter sweep, then PyTorch's (Async-TP)"
-      OP=reducescatter bash bench/sweep.sh "$OUT" ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/reducescatter.log" || status=1
+      OP=reducescatter bash bench/sweep.sh "$OUT" ${TUNING_CACHE:+--tuning-cache "$TUNING_CACHE"} ${SWEEP_ARGS:-} 2>&1 |
+        tee "$OUT/reducescatter.log" || status=1
       if [ "$gpus" -ge 2 ]; then
         timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/torch_reducescatter.py \
           --csv "$OUT/reducescatter-torch-h200x$gpus.csv" 2>&1 | tee "$OUT/reducescatter-torch.log" || status=1
@@ -355,7 +360,7 @@ for s in "$@"; do
     python)
       stage "the Python package on the GPUs (torchrun)"
       rc=0
-      tests/python/run_gpu_tests.sh >"$OUT/python-gpu.log" 2>&1 || rc=$?
+      FLASHOVERLAP_TUNING_CACHE=${TUNING_CACHE:-} tests/python/run_gpu_tests.sh >"$OUT/python-gpu.log" 2>&1 || rc=$?
       tail -15 "$OUT/python-gpu.log"
       if [[ $rc == 77 ]] && [[ ${FO_REQUIRE_GPUS:-0} == 0 ]]; then echo "python: skipped"; elif [[ $rc != 0 ]]; then status=1; fi
       ;;
