@@ -225,6 +225,8 @@ struct GemmReduceScatterOptions {
   // environment's FLASHOVERLAP_TUNING_CACHE). A pick of the NVLink form
   // builds its windows at construction where every rank reaches every
   // other; elsewhere, or for another nccl_sms, the model's plan is taken.
+  // The m so picked refuse CUDA graph capture, as Path::NVLink does: to
+  // capture, leave the cache out or choose Slots.
   std::string tuning_cache;
 };
 
