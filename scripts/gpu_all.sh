@@ -2,12 +2,18 @@
 # gpu_all.sh — one call on the GPU machine: build, test, benchmark; results
 # under $OUT (default ./gpu-out). Stages run in the order given:
 #   build        scripts/build.sh: configure + build everything (Release) in build/
+#   build-old    the CLI of an older tree carried beside this one (OLD_SRC, default ab-old/: made before the
+#                call with `git archive <rev> | tar x -C ab-old`, untracked) built in OLD_SRC/build; OLD_CLI
+#                (if unset) becomes it, for the A/B stages below
 #   main         the README's main job (build/tools/flashoverlap, all local GPUs)
 #   test         ctest (CPU + GPU tests), log to $OUT/ctest.log
 #   gemm         bench-gemm over the GEMM shape set -> $OUT/gemm-h200.csv
 #   gemm-rs      bench-gemm of the ReduceScatter epilogues (rs, rs-subtile, rs-nvlink) against plain, full grid,
 #                on the ReduceScatter issue's shapes (SHAPES overrides) -> $OUT/gemm-rs-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
+#   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
+#                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
+#                -> gemm-ab.log, each run headed "##### <cli>"
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv (REPEAT=N: the median
 #                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more bench arguments
 #   rs           the ReduceScatter sweep the same way -> $OUT/reducescatter-h200x<W>.csv, then (2+ GPUs)
@@ -165,6 +171,35 @@ for s in "$@"; do
       stage build
       scripts/build.sh -DFO_PTXAS_VERBOSE=ON >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
       grep -E "warning|spill|instructions are serialized" "$OUT/build.log" | grep -v "0 bytes spill" | head -20
+      ;;
+    build-old)
+      stage "build of ${OLD_SRC:-ab-old} (the older tree for the A/B stages)"
+      old_src=${OLD_SRC:-ab-old}
+      if [ -f "$old_src/CMakeLists.txt" ] &&
+        (cmake -S "$old_src" -B "$old_src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+          cmake --build "$old_src/build" --target flashoverlap) >"$OUT/build-old.log" 2>&1; then
+        export OLD_CLI=${OLD_CLI:-$old_src/build/tools/flashoverlap}
+      else
+        echo "build-old: $old_src is not a tree that builds (see build-old.log)"; status=1
+      fi
+      ;;
+    gemm-ab)
+      stage "bench-gemm, OLD_CLI and this build in turns (ABBA)"
+      if [ -z "${OLD_CLI:-}" ] || [ ! -x "${OLD_CLI%% *}" ]; then
+        echo "gemm-ab: OLD_CLI names no executable (build-old first): skipped"; status=1
+      else
+        for r in $(seq "${AB_ROUNDS:-2}"); do
+          for c in ${OLD_CLI%% *} $CLI $CLI ${OLD_CLI%% *}; do
+            echo "##### $c (round $r)" >>"$OUT/gemm-ab.log"
+            "$c" bench-gemm --modes ${GEMM_AB_MODES:-plain,rs,rs-nvlink} --reserve-sms 0 \
+              --shapes ${AB_SHAPES:-4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,8192x4096x2048,4096x7168x5120} \
+              2>&1 | grep -v '^#' >>"$OUT/gemm-ab.log" || status=1
+          done
+        done
+        awk '/^#####/ {b = $2; next} NF > 8 && $5 != "mode" {k = $1 " " $3 " " $5; s[b SUBSEP k] += $6; c[b SUBSEP k]++; keys[k]}
+             END {for (k in keys) {line = k; for (bk in s) {split(bk, p, SUBSEP); if (p[2] == k) line = line "  " p[1] " " sprintf("%.3f", s[bk] / c[bk])}; print line}}' \
+          "$OUT/gemm-ab.log" | sort
+      fi
       ;;
     main)
       stage "the README's main job: build/tools/flashoverlap"
