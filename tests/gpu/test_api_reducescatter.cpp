@@ -264,6 +264,7 @@ TEST(GemmReduceScatterApi, TuningCachePicksRunAsStored) {
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
   std::remove(path.c_str());
+  std::remove((path + ".lock").c_str());
 }
 
 TEST(GemmReduceScatterApi, PlanningANewMIsFast) {
