@@ -264,13 +264,11 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
 
   // The tuning cache's picks for this machine and shape: rank 0's.
   {
-    const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
-    const std::string path = !options.tuning_cache.empty() ? options.tuning_cache : env_cache ? env_cache : "";
     rt::PickKey shape;
     shape.gpu = gpu;
     shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n, shape.k = k;
-    const std::string mine = path.empty() || d.rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
-    d.picks = rt::PickCache::parse_entries(api::from_rank0(c, d.rank, mine, d.who() + ": the tuning cache"), shape);
+    d.picks = rt::PickCache::parse_entries(api::rank0_tuning_entries(c, d.rank, options.tuning_cache, shape, d.who()),
+                                           shape);
   }
 
   // Our GEMM's time per wave for each tile shape (max over ranks).

@@ -7,7 +7,6 @@
 // the measured wave times), and its op made, sharing the core.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -104,10 +103,10 @@ struct GemmReduceScatter::Impl {
     const rt::ReduceScatterPick& pk = it->second;
     if ((pk.path == Path::Slots && pk.nccl_sms != opts.nccl_sms) || (pk.path == Path::NVLink && !windows.connected()))
       return std::nullopt;
-    size_t tile = 0;
-    while (tile < api::op_tiles().size() && !(api::op_tiles()[tile].bm == pk.bm && api::op_tiles()[tile].bn == pk.bn))
-      ++tile;
-    if (tile == api::op_tiles().size()) return std::nullopt;
+    const auto& tiles = api::op_tiles();
+    const auto at = std::find_if(tiles.begin(), tiles.end(), [&](plan::TileShape t) { return t.bm == pk.bm && t.bn == pk.bn; });
+    if (at == tiles.end()) return std::nullopt;
+    const size_t tile = size_t(at - tiles.begin());
     Planned p;
     p.picked = true;
     if (pk.path == Path::Slots) {
@@ -230,15 +229,12 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
                             std::to_string(here.sms) + "), nccl_sms, path or layout: every rank needs the same");
   // The tuning cache's picks for this machine and shape (Auto): rank 0's.
   if (options.path == GemmReduceScatterOptions::Path::Auto) {
-    const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
-    const std::string path = !options.tuning_cache.empty() ? options.tuning_cache : env_cache ? env_cache : "";
     rt::PickKey shape;
     shape.gpu = api::current_gpu_name();
     shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n,
     shape.k = k, shape.op = rt::reducescatter_op(d.layout());
-    const std::string mine = path.empty() || d.rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
     d.picks = rt::PickCache::parse_reducescatter_entries(
-        api::from_rank0(comm.get(), d.rank, mine, d.who() + ": the tuning cache"), shape);
+        api::rank0_tuning_entries(comm.get(), d.rank, options.tuning_cache, shape, d.who()), shape);
   }
   const bool nvlink_picked = std::any_of(d.picks.begin(), d.picks.end(), [](const auto& e) {
     return e.second.path == rt::ReduceScatterPick::Path::NVLink;
@@ -341,12 +337,13 @@ void GemmReduceScatter::prepare(int64_t m) {
 std::string GemmReduceScatter::plan(int64_t m) {
   Impl& d = *impl_;
   const rt::OverlapReduceScatter& op = d.op_for(m);
-  const plan::Plan& p = d.plans.at(m).plan;
+  const Impl::Planned& planned = d.plans.at(m);
+  const plan::Plan& p = planned.plan;
   std::ostringstream os;
   if (op.nvlink()) {
     os << "nvlink, standard layout (" << p.schedule.bm << "x" << p.schedule.bn << " tiles, " << p.schedule.ctas
        << " CTAs): each row stored into its owner's window as its tile finishes, counted there, summed by the owner"
-       << (d.plans.at(m).picked ? " (the tuning cache's pick)" : "");
+       << (planned.picked ? " (the tuning cache's pick)" : "");
     return os.str();
   }
   os << (p.sequential ? "sequential" : "slots") << ", " << plan::to_string(p.rs_layout) << " layout ("
@@ -354,9 +351,9 @@ std::string GemmReduceScatter::plan(int64_t m) {
      << (p.sequential ? "" : ", NCCL on " + std::to_string(d.opts.nccl_sms) + " SMs") << "); groups "
      << op.describe_groups();
   if (op.padding_rows() > 0) os << " (" << op.padding_rows() << " padding rows)";
-  if (d.plans.at(m).cublas) os << " (cuBLAS's GEMM)";
+  if (planned.cublas) os << " (cuBLAS's GEMM)";
   os << "; predicted " << p.predicted.total_ms << " ms against " << p.baseline_ms() << " ms sequential (path "
-     << path_name(d.opts.path) << (d.plans.at(m).picked ? ", the tuning cache's pick" : "") << ")";
+     << path_name(d.opts.path) << (planned.picked ? ", the tuning cache's pick" : "") << ")";
   return os.str();
 }
 

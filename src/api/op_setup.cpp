@@ -11,6 +11,7 @@
 #include "runtime/core/buffer.h"
 #include "runtime/core/exchange.h"
 #include "runtime/core/cublas.h"
+#include "runtime/tune/picks.h"
 #include "runtime/tune/timing.h"
 #include "runtime/tune/tuner.h"
 
@@ -127,6 +128,14 @@ std::string current_gpu_name() {
   int dev = 0;
   FO_CUDA_CHECK(cudaGetDevice(&dev));
   return rt::device_info(dev).name;
+}
+
+std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& option, const rt::PickKey& shape,
+                                 const std::string& who) {
+  const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
+  const std::string path = !option.empty() ? option : env_cache ? env_cache : "";
+  const std::string mine = path.empty() || rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
+  return from_rank0(comm, rank, mine, who + ": the tuning cache");
 }
 
 bool check_m_enabled(bool option) {

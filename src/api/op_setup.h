@@ -15,6 +15,10 @@
 #include "kernels/gemm.h"
 #include "plan/tile_grid.h"
 
+namespace flashoverlap::rt {
+struct PickKey;
+}
+
 namespace flashoverlap::api {
 
 inline kernels::DType to_kernels(DType d) { return d == DType::BF16 ? kernels::DType::BF16 : kernels::DType::FP16; }
@@ -57,6 +61,12 @@ void check_rmsnorm_args(const std::string& who, const void* a, const void* b, co
 
 // The name of the current device (the curves' and the tuning cache's key).
 std::string current_gpu_name();
+
+// Rank 0's tuning-cache entries of `shape` (any tile rows), on every rank
+// (PickCache::entries_for's text): the file is `option`, else
+// $FLASHOVERLAP_TUNING_CACHE, else none (""). Collective.
+std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& option, const rt::PickKey& shape,
+                                 const std::string& who);
 
 // FLASHOVERLAP_CHECK_M=1 in the environment, or the option.
 bool check_m_enabled(bool option);

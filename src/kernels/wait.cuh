@@ -14,9 +14,11 @@ namespace flashoverlap::kernels {
 // GPU time the first waiter to give up records `code`, group, last value and
 // target (and `tile`, where the flag is a tile's) in `err` and every one returns false. The sleep between polls
 // doubles from kFirstNs up to kMaxNs (a late wake-up delays the waiter).
-template <uint32_t kFirstNs, uint32_t kMaxNs>
-__device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t target, uint64_t timeout_ns,
-                                             WaitError* err, int32_t group, uint32_t code, int32_t tile = -1) {
+// The poll itself: on timeout, the first to give up records `code` and
+// calls record(v) (v: the flag's last value) to fill in the rest.
+template <uint32_t kFirstNs, uint32_t kMaxNs, class Record>
+__device__ __forceinline__ bool bounded_poll(const uint32_t* flag, uint32_t target, uint64_t timeout_ns,
+                                             WaitError* err, uint32_t code, const Record& record) {
   const uint64_t start = ptx::globaltimer_ns();
   uint32_t backoff = kFirstNs;
   while (true) {
@@ -24,7 +26,7 @@ __device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t targ
     if (static_cast<int32_t>(v - target) >= 0) return true;
     if (ptx::globaltimer_ns() - start > timeout_ns) {
       if (atomicCAS(&err->failed, 0u, code) == 0u) {
-        err->group = group, err->value = v, err->expected = target, err->tile = tile;
+        record(v);
         __threadfence_system();
       }
       return false;
@@ -32,6 +34,14 @@ __device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t targ
     __nanosleep(backoff);
     if (backoff < kMaxNs) backoff *= 2;
   }
+}
+
+template <uint32_t kFirstNs, uint32_t kMaxNs>
+__device__ __forceinline__ bool bounded_wait(const uint32_t* flag, uint32_t target, uint64_t timeout_ns,
+                                             WaitError* err, int32_t group, uint32_t code, int32_t tile = -1) {
+  return bounded_poll<kFirstNs, kMaxNs>(flag, target, timeout_ns, err, code, [&](uint32_t v) {
+    err->group = group, err->value = v, err->expected = target, err->tile = tile;
+  });
 }
 
 // The call check's publishing (flags.h: CallPublish), lane or thread d for
@@ -84,21 +94,9 @@ __device__ __forceinline__ bool check_call(const CallCheck& c, int s, uint64_t t
 // The call check's token of source s for this call (bounded; a timeout is
 // recorded as the check's failure, token 1).
 __device__ __forceinline__ bool wait_token(const CallCheck& c, int s, uint64_t timeout_ns, WaitError* err) {
-  const uint64_t start = ptx::globaltimer_ns();
-  uint32_t backoff = 32;
-  while (true) {
-    const uint32_t v = ptx::ld_acquire_sys(c.token_counters + s);
-    if (static_cast<int32_t>(v - c.seq) >= 0) return true;
-    if (ptx::globaltimer_ns() - start > timeout_ns) {
-      if (atomicCAS(&err->failed, 0u, kCallCheckFailed) == 0u) {
-        err->group = -1 - s, err->token = 1, err->seen_seq = v, err->want_seq = c.seq;
-        __threadfence_system();
-      }
-      return false;
-    }
-    __nanosleep(backoff);
-    if (backoff < 256) backoff *= 2;
-  }
+  return bounded_poll<32, 256>(c.token_counters + s, c.seq, timeout_ns, err, kCallCheckFailed, [&](uint32_t v) {
+    err->group = -1 - s, err->token = 1, err->seen_seq = v, err->want_seq = c.seq;
+  });
 }
 
 // A fused sum's group g is ready (lane or thread 0 calls this): its own
