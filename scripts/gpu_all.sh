@@ -15,7 +15,8 @@
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv (REPEAT=N: the median
-#                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more bench arguments
+#                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more bench arguments; then
+#                the model's pick against the measured best (bench/model_vs_measured.py) -> model-vs-measured.txt
 #   rs           the ReduceScatter sweep the same way -> $OUT/reducescatter-h200x<W>.csv, then (2+ GPUs)
 #                PyTorch's F.linear + reduce_scatter_tensor and Async-TP (symm_mem's fused_matmul_reduce_scatter)
 #                on the same shapes -> $OUT/reducescatter-torch-h200x<W>.csv (bench/torch_reducescatter.py)
@@ -230,6 +231,9 @@ for s in "$@"; do
       stage allreduce sweep
       OP=allreduce bash bench/sweep.sh "$OUT" --curves /tmp/fo-curves ${TUNING_CACHE:+--tuning-cache "$TUNING_CACHE"} \
         ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/allreduce.log" || status=1
+      # The model's pick against the measured best among the public op's Auto plans, then among all.
+      { python3 bench/model_vs_measured.py "$OUT/allreduce.log" --only "row bands,slots,sequential" &&
+          python3 bench/model_vs_measured.py "$OUT/allreduce.log"; } 2>&1 | tee "$OUT/model-vs-measured.txt"
       ;;
     rs)
       stage "reducescatter sweep, then PyTorch's (Async-TP)"

@@ -235,6 +235,15 @@ int run(const Options& o) {
         const auto stats =
             rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
         const double cub_ms = stats[0].median_ms, cub_tf = flop / cub_ms / 1e9;
+        for (const Config& cf : configs) {  // (a wait or call check of the owners' stand-in that failed: its times wait)
+          if (!cf.owners) continue;
+          kernels::WaitError e{};
+          FO_CUDA_CHECK(cudaMemcpy(&e, cf.owners->error().get(), sizeof(e), cudaMemcpyDeviceToHost));
+          if (e.failed)
+            wrong = true, std::cerr << "WARNING: " << sh.m << "x" << sh.n << "x" << sh.k << " tile 128x" << cf.bn
+                                    << ": the owners stand-in's wait or call check failed (code " << e.failed
+                                    << "): its time includes that wait\n";
+        }
         for (size_t i = 0; i < configs.size(); ++i) {
           const Config& cf = configs[i];
           const double ours_ms = stats[i + 1].median_ms, ours_tf = flop / ours_ms / 1e9;

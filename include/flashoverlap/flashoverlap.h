@@ -81,7 +81,11 @@ struct GemmAllReduceOptions {
   //              (2-8 ranks that reach each other's memory; the fastest on
   //              2 NVLink GPUs in the CLI's sweeps; through this op not yet
   //              measured, so Auto does not pick it). Built for it, the op
-  //              holds a window of (W-1) x 2 x max_m x n elements.
+  //              holds a window of (W-1) x 2 x max_m x n elements. Every
+  //              call is checked across the ranks on the GPU, always (its
+  //              number, m and plan): ranks that disagree fail on every
+  //              rank, reported by the next call or check(), naming the
+  //              m of each.
   enum class Path { Auto, Sequential, RowBands, Slots, Owners };
   Path path = Path::Auto;
   // SMs left to NCCL beside the GEMM on the NCCL paths (its communicator,
@@ -94,7 +98,8 @@ struct GemmAllReduceOptions {
   // exchange, synchronising the host with the stream); a mismatch throws
   // InvalidArgument on every rank. Also on with FLASHOVERLAP_CHECK_M=1.
   // Without it, ranks that disagree on m hang in NCCL, as they would in
-  // any NCCL program: the check is for debugging.
+  // any NCCL program: the check is for debugging. (The Owners path checks
+  // every call on the GPU anyway.)
   bool check_m = false;
   // A directory of bandwidth curves measured on this machine (`flashoverlap
   // tune --curves DIR`); rank 0's are used by every rank. Empty: the

@@ -51,7 +51,10 @@ struct CounterTargets {
 // descriptor ahead of the receiver's call is a real disagreement (a rank
 // that skipped a call), never a race. A failure is recorded
 // (kCallCheckFailed) and the call's waits stop; no token is sent, so the
-// other ranks fail too, bounded.
+// other ranks fail too, bounded. The AllReduce's owner layout checks
+// without tokens (CallCheck::tokens null; Owner::check): there a source
+// ends call k only on every rank's data of call k, so it can be one call
+// ahead, never two, and every rank sees every other's m.
 struct CallDesc {
   uint32_t seq;   // the call's number on the windows, from 1
   uint32_t m;     // the source's rows
@@ -67,7 +70,7 @@ struct CallCheck {
   int32_t parity = 0;                // this call's
   uint32_t seq = 0;
   uint32_t m[kMaxCounters]{}, plan[kMaxCounters]{};  // each source's, as this rank expects them
-  uint32_t* const* tokens = nullptr;        // device [world]: this rank's token counter at every rank
+  uint32_t* const* tokens = nullptr;        // device [world]: this rank's token counter at every rank; null: none
   const uint32_t* token_counters = nullptr;  // this GPU's, one per source
 };
 

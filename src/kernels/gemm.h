@@ -198,6 +198,15 @@ struct Owner {
   void* const* windows_of = nullptr;    // device [world]: each rank's window, mapped (this rank's unused)
   void* const* outs_of = nullptr;       // finals_in_c: device [world], each rank's C, mapped
   const int64_t* lds_of = nullptr;      // finals_in_c: device [world], their elements per row
+  // The call check (flags.h, without tokens; docs/design.md §5.8), CTA 0's
+  // storer warp: it publishes this call's descriptor at every rank as it
+  // starts, and checks every other rank's of this call (the same m and plan
+  // as this rank's) after its tiles, having peeked before its first wait
+  // for a peer's tile (owner_check_call). A failure is recorded in err and
+  // the call goes on (its data moves as planned, or its waits time out);
+  // null slots: off.
+  CallPublish publish;
+  CallCheck check;
 };
 
 struct GemmParams {

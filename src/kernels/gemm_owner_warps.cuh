@@ -52,7 +52,10 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
   const plan::Schedule& s = p.sched;
   const bool leader = lane == 0;
   bool failed = false;  // (lane 0) a wait timed out: later owned pieces do not wait again
+  int checked = 0;  // (lane 0 of CTA 0) the call check's state (owner_check_call)
+  owner_publish_call(o, lane);
   auto wait_flag = [&](int32_t idx) {
+    owner_check_call(o, checked, false);
     failed = failed ||
              !bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, kWide ? o.epoch * uint32_t(o.world - 1) : o.epoch,
                                                 o.timeout_ns, o.err, p.group_of_tile[idx], 3u, idx);
@@ -175,6 +178,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     }
     if (leader && next < 0) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored (pushed, if by TMA)
   }
+  if (leader) owner_check_call(o, checked, true);
 }
 
 // The owner layout with kPieces: warps 2 and 3 of the producer warpgroup
@@ -227,7 +231,10 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
   // tiles do not wait again: the consumers go on with what is in the buffer,
   // so a missing peer costs one timeout, not one per owned tile.
   bool failed = false;  // (lane 0)
+  int checked = 0;  // (lane 0 of CTA 0) the call check's state (owner_check_call)
+  owner_publish_call(o, lane);
   auto prefetch = [&](int32_t idx) {
+    owner_check_call(o, checked, false);
     const plan::TileCoord tc = p.sched.tile_of(idx);
     failed = failed ||
              !bounded_wait<64, kOwnerPollMaxNs>(o.flags + idx, o.epoch, o.timeout_ns, o.err, p.group_of_tile[idx], 3u,
@@ -284,6 +291,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
   if (leader) {
     ptx::tma_store_wait_all();
     if (int32_t(blockIdx.x) < tiles) record_phase(p.monitor_phases, 1);  // its last tile stored and pushed
+    owner_check_call(o, checked, true);
   }
 }
 

@@ -2,8 +2,9 @@
 // use it: each rank's tile order and ownership (owner_tile_at, owner_owns,
 // owner_pushed_by_tma, kOwnerPollMaxNs), a warp's 16-byte block copy
 // (warp_copy_block), the push of a tile's rows to the peer and its count
-// (owner_push_rows, owner_count), and the other ranks' partials added to a
-// consumer's accumulators (add_window_partials, more than 2 ranks).
+// (owner_push_rows, owner_count), the other ranks' partials added to a
+// consumer's accumulators (add_window_partials, more than 2 ranks), and the
+// call check (owner_publish_call, owner_check_call).
 // Separate from the warps that run the layout (gemm_owner_warps.cuh): these
 // are the pieces the storer, the pushers and the consumers share.
 #pragma once
@@ -45,6 +46,38 @@ __device__ __forceinline__ bool owner_owns(const Owner& o, int32_t idx) {
 // the pusher warps (owner_pusher): the two must agree tile by tile.
 __device__ __forceinline__ bool owner_pushed_by_tma(const Owner& o, bool last) {
   return o.push_tma == 2 || (o.push_tma == 1 && last);
+}
+
+// The call check (Owner::publish, Owner::check), by CTA 0's storer warp:
+// lane d publishes this call's descriptor at rank d as the warp starts.
+// Lane 0 peeks once before its first wait for a peer's tile (wait false:
+// a descriptor of this call already here that differs fails the call at
+// once, before a wait on tiles that will not come could time out), and
+// checks every other rank's after its tiles (wait true: bounded, as the
+// other checks). Neither holds up the tiles: a check that waited there
+// would keep this CTA's tiles from a peer. A failure is recorded (err) and
+// nothing else changes: where the ranks' m differ within one tile row
+// every wait still completes and every rank reports the other's m.
+// state (lane 0): 0 not yet, 1 peeked, 2 checked.
+__device__ __forceinline__ void owner_publish_call(const Owner& o, int lane) {
+  if (blockIdx.x == 0 && o.publish.slots && lane < o.world) publish_call(o.publish, lane);
+}
+__device__ __forceinline__ void owner_check_call(const Owner& o, int& state, bool wait) {
+  if (state == 2 || (!wait && state == 1) || blockIdx.x != 0 || !o.check.slots) return;
+  state = wait ? 2 : 1;
+  for (int s = 0; s < o.world; ++s) {
+    if (s == o.rank) continue;
+    if (!wait) {  // (the peek: only a descriptor of this call that differs)
+      const CallDesc* d = o.check.slots + o.check.parity * kMaxCounters + s;
+      if (ptx::ld_acquire_sys(&d->seq) != o.check.seq ||
+          (ptx::ld_relaxed_sys(&d->m) == o.check.m[s] && ptx::ld_relaxed_sys(&d->plan) == o.check.plan[s]))
+        continue;
+    }
+    if (!check_call(o.check, s, o.timeout_ns, o.err)) {
+      state = 2;
+      return;
+    }
+  }
 }
 
 // One warp copies a block of nrows rows x `units` 16-byte units (of kUnits

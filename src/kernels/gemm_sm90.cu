@@ -159,6 +159,9 @@ void check_gemm_params(const GemmParams& p) {
       fail("owner layout: its tiles are counted in the owner flags only (no counters, arrival counters or "
            "monitor_ns)");
     if (o.push_tma < 0 || o.push_tma > 2) fail("owner layout: push_tma must be 0, 1 or 2");
+    if ((o.publish.slots != nullptr) != (o.check.slots != nullptr) || o.check.tokens || o.check.parity < 0 ||
+        o.check.parity > 1)
+      fail("owner layout: the call check publishes and checks, both or neither, without tokens, parity 0 or 1");
     if (o.push_tma > 0 && (!o.push_window || !aligned16(o.push_window) || !gemm_four_stages(p)))
       fail("owner layout: TMA pushes need the peer's 16-byte aligned window and the 4-stage pipeline");
     if (o.world > 2 || o.wide) {
@@ -177,8 +180,8 @@ void check_gemm_params(const GemmParams& p) {
         (o.in_place || !aligned16(o.peer_out) || o.peer_ld < p.n || o.peer_ld % 8 != 0 || !gemm_four_stages(p)))
       fail("owner layout: finals into the peers' C need the 4-stage pipeline, not in place, and a 16-byte aligned "
            "peer C with ld >= n, ld % 8 == 0");
-  } else if (p.owner.push_tma != 0 || p.owner.finals_in_c) {
-    fail("push_tma and finals_in_c are for the owner layout");
+  } else if (p.owner.push_tma != 0 || p.owner.finals_in_c || p.owner.publish.slots || p.owner.check.slots) {
+    fail("push_tma, finals_in_c and the owner call check are for the owner layout");
   }
 }
 

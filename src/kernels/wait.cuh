@@ -55,23 +55,28 @@ __device__ __forceinline__ void publish_call(const CallPublish& pub, int d) {
 }
 
 // The call check of source s (flags.h: CallCheck), by one thread: waits
-// (bounded) until s's descriptor in this call's slot, or the other one,
-// reaches this call's number; true if it is this call with the m and plan
-// expected and the other slot is not ahead of it. Else records the failure
-// (kCallCheckFailed, group -1 - s) and returns false. The slot read is not
-// rewritten meanwhile: s's next call of this parity comes two calls later,
-// after this rank's token for this one.
+// (bounded) until s's descriptor in this call's slot (with tokens also the
+// other one) reaches this call's number; true if it is this call with the m
+// and plan expected and, with tokens, the other slot is not ahead of it.
+// Else records the failure (kCallCheckFailed, group -1 - s) and returns
+// false. The slot read is not rewritten meanwhile: s's next call of this
+// parity comes two calls later, after this rank's token for this one
+// (without tokens, the owner layout: after this rank's next call has
+// started, which s's next call waits for).
 __device__ __forceinline__ bool check_call(const CallCheck& c, int s, uint64_t timeout_ns, WaitError* err) {
   const CallDesc* mine = c.slots + c.parity * kMaxCounters + s;
   const CallDesc* other = c.slots + (1 - c.parity) * kMaxCounters + s;
   const auto ahead = [&](uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; };  // (wraps)
+  // Without tokens a source may be at its next call already (it ended this
+  // one on this rank's data): its other slot ahead is no disagreement.
+  const bool lead_ok = c.tokens == nullptr;
   const uint64_t start = ptx::globaltimer_ns();
   uint32_t backoff = 32, seq = 0, next = 0;
   bool in_time = true;
   while (true) {
     seq = ptx::ld_acquire_sys(&mine->seq);
     next = ptx::ld_acquire_sys(&other->seq);
-    if (!ahead(c.seq, seq) || ahead(next, c.seq)) break;
+    if (!ahead(c.seq, seq) || (!lead_ok && ahead(next, c.seq))) break;
     if (ptx::globaltimer_ns() - start > timeout_ns) {
       in_time = false;
       break;
@@ -80,10 +85,10 @@ __device__ __forceinline__ bool check_call(const CallCheck& c, int s, uint64_t t
     if (backoff < 256) backoff *= 2;
   }
   const uint32_t m = ptx::ld_relaxed_sys(&mine->m), plan = ptx::ld_relaxed_sys(&mine->plan);
-  if (in_time && seq == c.seq && !ahead(next, c.seq) && m == c.m[s] && plan == c.plan[s]) return true;
+  if (in_time && seq == c.seq && (lead_ok || !ahead(next, c.seq)) && m == c.m[s] && plan == c.plan[s]) return true;
   if (atomicCAS(&err->failed, 0u, kCallCheckFailed) == 0u) {
     err->group = -1 - s;
-    err->seen_seq = ahead(next, seq) ? next : seq;
+    err->seen_seq = ahead(next, seq) && !(lead_ok && seq == c.seq) ? next : seq;
     err->seen_m = seq == c.seq ? m : 0, err->seen_plan = seq == c.seq ? plan : 0;
     err->want_seq = c.seq, err->want_m = c.m[s], err->want_plan = c.plan[s];
     __threadfence_system();

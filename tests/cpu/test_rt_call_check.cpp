@@ -1,13 +1,16 @@
 // The NVLink forms' call check, host side: the message of each way it fails
 // (runtime/transport/peer_windows.h: describe_call_check) names the rank,
-// the source, the calls and what differed. The device side is tested on a
-// GPU (tests/gpu/test_reducescatter.cu, test_alltoall.cu).
+// the source, the calls and what differed; the owner layout's plan digest
+// (rt::owner_call_plan) tells apart the calls the ranks must agree on. The
+// device side is tested on a GPU (tests/gpu/test_reducescatter.cu,
+// test_alltoall.cu, test_gemm.cu).
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 
 #include "kernels/flags.h"
+#include "runtime/ops/allreduce.h"
 #include "runtime/transport/peer_windows.h"
 #include "test_seed.h"
 
@@ -69,5 +72,39 @@ TEST(CallCheckMessage, EachFailureNamesTheRanksTheCallsAndWhatDiffered) {
       EXPECT_TRUE(has(msg, src + " did not confirm call #" + std::to_string(call) + " in time")) << msg;
       EXPECT_TRUE(has(msg, "its confirmed calls here: " + std::to_string(call - 1))) << msg;
     }
+  }
+}
+
+// The owner layout's digest changes with each thing the ranks must agree on
+// besides m (the ranks, n, k, the tile shape, the tile rows, the split, the
+// finals into the peers' C), and not with what only orders a rank's own
+// work (its CTAs, its swizzle) or with m within its tile rows (m itself is
+// checked apart).
+TEST(OwnerCallPlan, DiffersInWhatTheRanksMustShare) {
+  const uint64_t seed = fo_test::test_seed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (int trial = 0; trial < 200; ++trial) {
+    plan::Schedule s;
+    s.m = 1 + int(rng() % 16384), s.n = 8 * (1 + int(rng() % 2048)), s.bm = 128, s.bn = rng() % 2 ? 256 : 128;
+    s.ctas = 1 + int(rng() % 132), s.swizzle = 1 + int(rng() % 8);
+    const int world = 2 + int(rng() % 7), k = 8 * (1 + int(rng() % 2048));
+    const int32_t split = s.tiles() / 2;
+    const bool into_c = rng() % 2;
+    const uint32_t h = rt::owner_call_plan(s, world, k, split, into_c);
+    plan::Schedule same = s;
+    same.ctas = 1 + int(rng() % 132), same.swizzle = 1 + int(rng() % 8);
+    same.m = (s.tiles_m() - 1) * 128 + 1 + int(rng() % 128);  // (m within its tile rows)
+    EXPECT_EQ(rt::owner_call_plan(same, world, k, split, into_c), h);
+    plan::Schedule rows = s, wide = s, tile = s;
+    rows.m = s.m + 128;
+    wide.n = s.n + 8;
+    tile.bn = s.bn == 256 ? 128 : 256;
+    for (const uint32_t other :
+         {rt::owner_call_plan(rows, world, k, split, into_c), rt::owner_call_plan(wide, world, k, split, into_c),
+          rt::owner_call_plan(tile, world, k, split, into_c), rt::owner_call_plan(s, world + 1, k, split, into_c),
+          rt::owner_call_plan(s, world, k + 8, split, into_c), rt::owner_call_plan(s, world, k, split + 1, into_c),
+          rt::owner_call_plan(s, world, k, split, !into_c)})
+      EXPECT_NE(other, h);
   }
 }

@@ -4,7 +4,8 @@
 // every path against our GEMM + one ncclAllReduce (bitwise: on at most 2
 // ranks NCCL's sum is a + b), the RMSNorm form against the host's
 // definition, CUDA graph capture and replay mixed with eager calls, the
-// time to plan a new m, m checked across ranks, and bad arguments.
+// time to plan a new m, m checked across ranks (check_m, and the owners
+// path's call check), and bad arguments.
 #include <gtest/gtest.h>
 #include <nccl.h>
 
@@ -301,6 +302,38 @@ TEST(GemmAllReduceApi, CheckMFindsRanksThatDisagree) {
     op.run(buf.a.get(), buf.b.get(), buf.out.get(), 512, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
     op.check();
+  });
+}
+
+// On the owners path the ranks' GEMMs check each call on the GPU (the call
+// check, always on): ranks whose m differ within one tile row (before the
+// check, a silently wrong sum: every tile's counts arrive) fail on every
+// rank, reported by check(), naming the other rank's m and this one's.
+TEST(GemmAllReduceApi, OwnersCallsOfAnotherMFailOnEveryRank) {
+  FO_REQUIRE_HOPPER_GPUS(2);
+  test::on_each_rank(2, [&](int rank, ncclComm_t nccl) {
+    const Communicator comm = Communicator::adopt(nccl);
+    GemmAllReduceOptions o;
+    o.path = Path::Owners;
+    o.wait_timeout_s = 5;
+    GemmAllReduce op(comm, 4096, 8192, 4096, DType::BF16, o);
+    Buffers buf(4096, 8192, 4096, 8192);
+    ASSERT_NE(op.plan(2000).find("with owners"), std::string::npos) << op.plan(2000);
+    op.run(buf.a.get(), buf.b.get(), buf.out.get(), 2000, nullptr);  // (agreed: runs)
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    op.check();
+    const int64_t m = rank == 0 ? 2000 : 2017, other = rank == 0 ? 2017 : 2000;  // (16 tile rows each)
+    op.run(buf.a.get(), buf.b.get(), buf.out.get(), m, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    try {
+      op.check();
+      ADD_FAILURE() << "rank " << rank << ": calls of m " << m << " and " << other << " passed";
+    } catch (const Error& e) {
+      const std::string want = "rank " + std::to_string(1 - rank) + "'s call #2 has m = " + std::to_string(other);
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("where this rank expects m = " + std::to_string(m)), std::string::npos)
+          << e.what();
+    }
   });
 }
 

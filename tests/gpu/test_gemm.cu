@@ -18,6 +18,8 @@
 #include "runtime/core/buffer.h"
 #include "runtime/core/cublas.h"
 #include "runtime/core/gemm_monitor.h"
+#include "runtime/ops/allreduce.h"
+#include "runtime/transport/peer_windows.h"
 #include "runtime/tune/owner_stand_in.h"
 #include "runtime/core/tile_clocks.h"
 #include "gpu_test_util.h"
@@ -904,6 +906,20 @@ struct ScopedStream {
   ScopedStream& operator=(const ScopedStream&) = delete;
 };
 
+// The owner layout's call check for W ranks side by side (kernels::Owner::
+// publish, check): each rank's descriptor slots in a buffer of its own here,
+// wired by rt::OwnerCallSlots as it wires the ranks' windows over NVLink.
+struct OwnerCallRanks {
+  DeviceBuffer descs;
+  std::vector<rt::OwnerCallSlots> slots;
+  explicit OwnerCallRanks(int world) : descs(size_t(world) * rt::OwnerCallSlots::kBytes) {
+    FO_CUDA_CHECK(cudaMemset(descs.get(), 0, descs.bytes()));
+    std::vector<char*> bases;
+    for (int r = 0; r < world; ++r) bases.push_back(descs.as<char>() + size_t(r) * rt::OwnerCallSlots::kBytes);
+    for (int r = 0; r < world; ++r) slots.emplace_back(bases, 0, r);
+  }
+};
+
 // Both ranks of the pushed AllReduce with owners on one GPU: two kernels,
 // each on its own stream and its own SMs (ctas + ctas <= SMs), wired to each
 // other's windows, flags and outputs as NCCL's window would wire two GPUs.
@@ -912,8 +928,13 @@ struct ScopedStream {
 // the pusher warps, the last three with them): each rank's C must be, bitwise,
 // round(partial 0 + partial 1) of the two ranks' own GEMMs, with no wait
 // timed out. This runs the whole owner protocol (pushes, counts, waits, the
-// deferred loads that keep the two ranks from waiting on each other) without
-// a second GPU; not its speed.
+// deferred loads that keep the two ranks from waiting on each other, the
+// call check) without a second GPU; not its speed. Then the call check's
+// failures (docs/design.md §5.8), each on both ranks, with what differed:
+// call 7 rank 1 has m - 1 rows (the same tile rows: every wait completes,
+// a sum that was silently wrong before the check), call 8 another plan,
+// call 9 rank 1 a call ahead (a rank that skipped one); call 10 agrees
+// again and sums bitwise (the windows are still in step).
 TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
   REQUIRE_HOPPER();
   constexpr uint32_t kFirstEpoch = 0xFFFFFFFDu;  // (epochs 2^32 - 2 .. 3: across the wrap, as kNearWrap's tests)
@@ -958,18 +979,26 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       const auto p0 = to_host(ranks[0].partial), p1 = to_host(ranks[1].partial);
       std::vector<uint16_t> sum(c_elems);
       for (size_t i = 0; i < c_elems; ++i) sum[i] = sum_rounded(dt, p0[i], p1[i]);
+      OwnerCallRanks calls(2);
+      const uint32_t plan = uint32_t(rng());
       const ScopedStream streams[2];  // (after the buffers: synchronised before they are freed)
-      for (uint32_t call = 1; call <= 6; ++call) {  // (calls 1-3 the storer pushes, 4-6 the pusher warps)
+      for (uint32_t call = 1; call <= 10; ++call) {  // (calls 1-3 the storer pushes, 4-6 the pusher warps)
         const uint32_t epoch = kFirstEpoch + call;
         const bool pushers = call > 3;
-        SCOPED_TRACE(pushers ? "pusher warps" : "the storer pushes");
+        const bool agree = call <= 6 || call == 10;
+        SCOPED_TRACE("call " + std::to_string(call) + (pushers ? ", pusher warps" : ", the storer pushes"));
+        if (call == 9) calls.slots[1].advance();   // (rank 1 a call ahead)
+        if (call == 10) calls.slots[0].advance();  // (in step again)
+        for (const Rank& k : ranks) FO_CUDA_CHECK(cudaMemset(k.err.get(), 0, k.err.bytes()));
         for (Rank& k : ranks) kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
         kernels::GemmParams params[2];
         for (int r : {1, 0}) {
           Rank& k = ranks[size_t(r)];
           const Rank& peer = ranks[size_t(1 - r)];
-          kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.c.get(), sh.n);
+          plan::Schedule sr = s;
+          if (call == 7 && r == 1) sr.m = s.m - 1;  // (every shape's m - 1 has its tile rows)
+          kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), sr, sh.k, k.c.get(), sh.n);
           p.group_of_tile = k.group_of_tile.as<int32_t>();
           p.push.peers = 1, p.push.peer_c = k.peers.as<void*>();
           kernels::Owner& o = p.owner;
@@ -981,14 +1010,39 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
           o.push_tma = push_tma, o.push_window = peer.window.get();
           o.finals_in_c = true, o.peer_out = peer.c.get(), o.peer_ld = sh.n;
           o.pushers = pushers;
-          o.timeout_ns = 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
+          // (call 9's check waits in vain: a shorter bound, the tiles take milliseconds)
+          o.timeout_ns = call == 9 ? 500'000'000ull : 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
+          calls.slots[size_t(r)].prepare(o, uint32_t(sr.m), call == 8 && r == 1 ? plan + 1 : plan);
           ASSERT_TRUE(kernels::gemm_four_stages(p));
           ASSERT_NO_THROW(kernels::check_gemm_params(p));
           params[r] = p;
         }
         for (int r : {1, 0}) kernels::launch_gemm(params[r], streams[r].s);  // (both checked first)
+        for (rt::OwnerCallSlots& c : calls.slots) c.advance();
         for (const ScopedStream& st : streams) FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
-        for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < 2 && !agree; ++r) {  // every rank fails, naming the other's call
+          kernels::WaitError e{};
+          FO_CUDA_CHECK(cudaMemcpy(&e, ranks[size_t(r)].err.get(), sizeof(e), cudaMemcpyDeviceToHost));
+          ASSERT_EQ(e.failed, kernels::kCallCheckFailed) << "rank " << r << ": failure code " << e.failed;
+          EXPECT_EQ(e.group, -1 - (1 - r));  // (the source: the other rank)
+          const uint32_t mine = call + (call == 9 && r == 1);  // (its number: rank 1 a call ahead at call 9)
+          EXPECT_EQ(e.want_seq, mine);
+          const std::string msg = rt::describe_call_check(e, r, "owners", "m");
+          if (call == 7) {
+            EXPECT_EQ(e.seen_seq, mine);
+            EXPECT_EQ(e.seen_m, uint32_t(r == 0 ? s.m - 1 : s.m));
+            EXPECT_EQ(e.want_m, uint32_t(r == 0 ? s.m : s.m - 1));
+          } else if (call == 8) {
+            EXPECT_EQ(e.seen_plan, r == 0 ? plan + 1 : plan);
+            EXPECT_EQ(e.want_plan, r == 0 ? plan : plan + 1);
+          } else {  // rank 0 sees rank 1 ahead; rank 1 waits in vain for rank 0's call #9
+            EXPECT_EQ(e.seen_seq, r == 0 ? 10u : 9u) << msg;
+            EXPECT_NE(msg.find(r == 0 ? "is at call #10 where this rank is at #9" : "did not start call #10 in time"),
+                      std::string::npos)
+                << msg;
+          }
+        }
+        for (int r = 0; r < 2 && agree; ++r) {
           kernels::WaitError err{};
           FO_CUDA_CHECK(cudaMemcpy(&err, ranks[size_t(r)].err.get(), sizeof(err), cudaMemcpyDeviceToHost));
           ASSERT_EQ(err.failed, 0u) << "rank " << r << " epoch " << epoch << ": a wait timed out (tile " << err.tile
@@ -1016,7 +1070,10 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
 // in slot order in fp32, rounded, plus slot 0's, rounded once); no wait may
 // time out. Epochs start at 0 (W = 4) or across the wrap. Every window is
 // poisoned before each call, so that a wait that lets a read through early
-// finds poison, not the previous call's data.
+// finds poison, not the previous call's data. Every call is checked across
+// the ranks (the call check, which passes); in a seventh the last rank has
+// one row less than the others, in the same tile rows, and every rank fails
+// the check naming another's m.
 TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
@@ -1076,11 +1133,13 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
         std::vector<std::vector<uint16_t>> part;
         for (const Rank& k : ranks) part.push_back(to_host(k.partial));
         const std::vector<uint16_t> sum = test::owner_order_sum(dt, part, s);
+        OwnerCallRanks calls(world);
         std::vector<ScopedStream> streams(w);  // (after the buffers: synchronised first)
-        for (uint32_t call = 1; call <= 6; ++call) {
+        for (uint32_t call = 1; call <= 7; ++call) {  // (call 7: the last rank has m - 1 rows, the same tile rows)
           const uint32_t epoch = first_epoch + call;
           const bool into_c = call > 3;
-          SCOPED_TRACE(into_c ? "finals into the other ranks' C" : "finals into the windows, copied");
+          SCOPED_TRACE(std::string(into_c ? "finals into the other ranks' C" : "finals into the windows, copied") +
+                       ", call " + std::to_string(call));
           for (Rank& k : ranks) {
             kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
             kernels::poison(k.window.get(), int64_t(k.window.bytes() / 2), nullptr);
@@ -1089,7 +1148,9 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
           std::vector<kernels::GemmParams> params(w);
           for (int r = world - 1; r >= 0; --r) {
             Rank& k = ranks[size_t(r)];
-            kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.c.get(), sh.n);
+            plan::Schedule sr = s;
+            if (call == 7 && r == world - 1) sr.m = s.m - 1;
+            kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), sr, sh.k, k.c.get(), sh.n);
             p.group_of_tile = k.group_of_tile.as<int32_t>();
             p.push.peers = 1, p.push.peer_c = k.peers.as<void*>();
             kernels::Owner& o = p.owner;
@@ -1104,13 +1165,31 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
             o.push_tma = 0, o.pushers = true;
             if (into_c) o.finals_in_c = true, o.outs_of = k.outs_of.as<void*>(), o.lds_of = k.lds_of.as<int64_t>();
             o.timeout_ns = 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
+            calls.slots[size_t(r)].prepare(o, uint32_t(sr.m), 0x600du);
             ASSERT_TRUE(kernels::gemm_four_stages(p));
             ASSERT_NO_THROW(kernels::check_gemm_params(p));
             params[size_t(r)] = p;
           }
           for (int r = world - 1; r >= 0; --r) kernels::launch_gemm(params[size_t(r)], streams[size_t(r)].s);
+          for (rt::OwnerCallSlots& c : calls.slots) c.advance();
           for (const ScopedStream& st : streams) FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
-          for (int r = 0; r < world; ++r) {
+          // Every rank fails: the last names one of the others (the first
+          // whose descriptor it found differing), the others name it.
+          for (int r = 0; r < world && call == 7; ++r) {
+            kernels::WaitError e{};
+            FO_CUDA_CHECK(cudaMemcpy(&e, ranks[size_t(r)].err.get(), sizeof(e), cudaMemcpyDeviceToHost));
+            ASSERT_EQ(e.failed, kernels::kCallCheckFailed) << "rank " << r << ": failure code " << e.failed;
+            const bool last = r == world - 1;
+            const int source = -1 - e.group;
+            if (last)
+              EXPECT_TRUE(source >= 0 && source < world - 1) << "rank " << r << ": source " << source;
+            else
+              EXPECT_EQ(source, world - 1) << "rank " << r;
+            EXPECT_EQ(e.seen_seq, 7u) << "rank " << r;
+            EXPECT_EQ(e.seen_m, uint32_t(last ? s.m : s.m - 1)) << "rank " << r;
+            EXPECT_EQ(e.want_m, uint32_t(last ? s.m - 1 : s.m)) << "rank " << r;
+          }
+          for (int r = 0; r < world && call < 7; ++r) {
             kernels::WaitError err{};
             FO_CUDA_CHECK(cudaMemcpy(&err, ranks[size_t(r)].err.get(), sizeof(err), cudaMemcpyDeviceToHost));
             ASSERT_EQ(err.failed, 0u) << "rank " << r << " epoch " << epoch << ": a wait timed out (tile " << err.tile

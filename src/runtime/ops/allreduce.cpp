@@ -9,6 +9,7 @@
 #include "flashoverlap/error.h"
 #include "kernels/reorder.h"
 #include "runtime/core/checks.h"
+#include "runtime/transport/peer_windows.h"
 #include "runtime/transport/stream_ops.h"
 
 namespace flashoverlap::rt {
@@ -511,6 +512,10 @@ void OverlapAllReduce::check() const {
   if (!wait_error_->failed) return;
   const kernels::WaitError e = *wait_error_;
   std::ostringstream os;
+  if (e.failed == kernels::kCallCheckFailed)  // (the owner layout's call check)
+    throw Error(describe_call_check(e, opts_.rank, "the overlapped GEMM+AllReduce (owners; n " +
+                                                     std::to_string(opts_.sched.n) + ", k " + std::to_string(opts_.k) +
+                                                     ")", "m"));
   if (is_pushed(opts_.layout)) {
     os << "rank " << opts_.rank << ": the tiles of group " << e.group << " of the overlapped GEMM+AllReduce ("
        << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)

@@ -114,6 +114,34 @@ inline bool is_owners(PushBy b) { return b == PushBy::Owners; }
 // epilogues; copies in the GEMM)" or "...; copies at the GEMM's end)".
 const char* sum_place(ArLayout l, bool fuse_sum, PushBy by);
 
+// The owner layout's call check (kernels::Owner::publish and check, without
+// tokens; docs/design.md §5.8): each rank's descriptor slots [2 parities]
+// [kMaxCounters sources] `at` bytes into every rank's copy of an owner
+// window (zeroed on every rank before the first call), and the owner calls
+// made on that window so far (every op on it counts them: the calls'
+// numbers are the window's).
+class OwnerCallSlots {
+ public:
+  static constexpr size_t kBytes = 2 * kernels::kMaxCounters * sizeof(kernels::CallDesc);
+  OwnerCallSlots() = default;
+  // bases: every rank's copy of the window as this process addresses it.
+  OwnerCallSlots(const std::vector<char*>& bases, size_t at, int rank);
+  // o's publish and check for the next call: this rank's m and plan digest
+  // (owner_call_plan), expected of every other rank too.
+  void prepare(kernels::Owner& o, uint32_t m, uint32_t plan) const;
+  void advance() { ++calls_; }  // the prepared call is enqueued
+ private:
+  DeviceBuffer publish_;  // device [2][world]: this rank's slot of each parity at every rank
+  const kernels::CallDesc* mine_ = nullptr;
+  int world_ = 0;
+  uint32_t calls_ = 0;
+};
+// The owner call check's digest of a call's plan (FNV-1a of what the ranks
+// must agree on besides m: the ranks, n, k, the tile shape, the tile rows,
+// the split and whether the finals go into the peers' C; not the CTAs,
+// which only order a rank's own work).
+uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, int32_t split, bool finals_in_c);
+
 // The owner layout's window shared by several ops (the public
 // GemmAllReduce's plans for each m's tile rows, kernels::Owner): one
 // symmetric buffer for the largest m, built once and collectively, its
@@ -132,6 +160,7 @@ struct OwnerWindow {
   size_t flags_at = 0;       // bytes into the buffer: the flag regions
   std::vector<char*> bases;  // every rank's copy of the buffer, by rank
   uint32_t parity = 0;       // owner calls enqueued so far
+  OwnerCallSlots calls;      // after the flag regions
   // Bytes into the buffer of the flags of the ops of `tile_rows` rows: the
   // regions of 1, 2, ... tile rows, max_tiles_n flags per tile row.
   size_t flags_of(int64_t tile_rows) const {
@@ -425,6 +454,7 @@ class OverlapAllReduce {
   int32_t owner_split_ = 0;                // rank 1 owns tiles [0, split), rank 0 the rest
   uint32_t* owner_flags_ = nullptr;        // [tiles] in the window
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's
+  OwnerCallSlots own_calls_;               // the call check on the op's own window (not a shared one)
   DeviceBuffer owned_scratch_;             // C for outputs TMA cannot store to (then copied)
   DeviceBuffer in_place_out_;              // run_in_place's result where C cannot stay in the window
   std::vector<GatherBlock> gather_;

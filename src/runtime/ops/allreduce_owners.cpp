@@ -55,10 +55,20 @@ void OverlapAllReduce::setup_owned() {
   } else {
     const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
     flags_at = (size_t(world_ - 1) * size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
-    gathered_ = SymmetricBuffer(comm, flags_at + size_t(s.tiles()) * sizeof(uint32_t), what);
+    const size_t descs_at = (flags_at + size_t(s.tiles()) * sizeof(uint32_t) + 255) / 256 * 256;
+    gathered_ = SymmetricBuffer(comm, descs_at + OwnerCallSlots::kBytes, what);
+    FO_CUDA_CHECK(cudaMemset(static_cast<char*>(gathered_.get()) + descs_at, 0, OwnerCallSlots::kBytes));
     gathered_rows_ = half_rows;
     at = window_peer_pointers(comm, gathered_.window(), world_);
     at[size_t(gather_rank_)] = gathered_.get();
+    std::vector<char*> bases;
+    for (int r = 0; r < world_; ++r) {
+      if (!at[size_t(r)])
+        throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " + std::to_string(r) +
+                    "'s copy of " + what);
+      bases.push_back(static_cast<char*>(at[size_t(r)]));
+    }
+    own_calls_ = OwnerCallSlots(bases, descs_at, gather_rank_);
   }
   gather_width_ = s.n;
   owner_base_ = static_cast<char*>(at[size_t(gather_rank_)]);
@@ -108,17 +118,49 @@ OwnerWindow::OwnerWindow(ncclComm_t comm, int rank, int64_t max_tile_rows_, int6
   FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), what);
   if (world < 2 || world > 8) throw InvalidArgument(what + ": the owner layout needs 2 to 8 ranks, not " + std::to_string(world));
   flags_at = (size_t(world - 1) * size_t(2 * half_rows) * size_t(n) * 2 + 255) / 256 * 256;
-  const size_t flag_bytes = flags_of(max_tile_rows + 1) - flags_at;  // (every tile rows' region)
-  buffer = SymmetricBuffer(comm, flags_at + flag_bytes, what);
-  FO_CUDA_CHECK(cudaMemset(static_cast<char*>(buffer.get()) + flags_at, 0, flag_bytes));
+  const size_t descs_at = (flags_of(max_tile_rows + 1) + 255) / 256 * 256;  // (after every tile rows' flags)
+  const size_t zeroed = descs_at + OwnerCallSlots::kBytes - flags_at;
+  buffer = SymmetricBuffer(comm, descs_at + OwnerCallSlots::kBytes, what);
+  FO_CUDA_CHECK(cudaMemset(static_cast<char*>(buffer.get()) + flags_at, 0, zeroed));
   const std::vector<void*> at = window_peer_pointers(comm, buffer.window(), world);
   for (int r = 0; r < world; ++r) {
     char* b = r == rank ? static_cast<char*>(buffer.get()) : static_cast<char*>(at[size_t(r)]);
     if (!b) throw Error(what + ": NCCL gave no address for rank " + std::to_string(r) + "'s copy of the window");
     bases.push_back(b);
   }
+  calls = OwnerCallSlots(bases, descs_at, rank);
   FO_CUDA_CHECK(cudaDeviceSynchronize());
   setup_barrier(comm, rank, what);  // every rank's flags are zero before any rank's first call
+}
+
+OwnerCallSlots::OwnerCallSlots(const std::vector<char*>& bases, size_t at, int rank) : world_(int(bases.size())) {
+  if (world_ < 2 || world_ > kernels::kMaxCounters || rank < 0 || rank >= world_)
+    throw InvalidArgument("OwnerCallSlots: rank " + std::to_string(rank) + " of " + std::to_string(world_) +
+                          " ranks (2 to " + std::to_string(kernels::kMaxCounters) + ")");
+  std::vector<void*> publish;  // [parity][rank d]: this rank's slot in d's window
+  for (int parity = 0; parity < 2; ++parity)
+    for (char* b : bases)
+      publish.push_back(reinterpret_cast<kernels::CallDesc*>(b + at) + parity * kernels::kMaxCounters + rank);
+  publish_ = to_device(publish);
+  mine_ = reinterpret_cast<const kernels::CallDesc*>(bases[size_t(rank)] + at);
+}
+
+void OwnerCallSlots::prepare(kernels::Owner& o, uint32_t m, uint32_t plan) const {
+  const int parity = int(calls_ % 2);
+  const uint32_t seq = calls_ + 1;  // (from 1: slots of zeros hold no call)
+  o.publish.slots = publish_.as<kernels::CallDesc*>() + parity * world_;
+  o.publish.desc = {seq, m, plan, 0};
+  o.check = kernels::CallCheck{};
+  o.check.slots = mine_, o.check.parity = parity, o.check.seq = seq;
+  for (int r = 0; r < world_; ++r) o.check.m[r] = m, o.check.plan[r] = plan;
+}
+
+uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, int32_t split, bool finals_in_c) {
+  uint32_t h = 2166136261u;
+  for (const int64_t v : {int64_t(world), int64_t(s.n), int64_t(k), int64_t(s.bm), int64_t(s.bn),
+                          int64_t(s.tiles_m()), int64_t(split), int64_t(finals_in_c)})
+    for (int b = 0; b < 8; ++b) h = (h ^ uint32_t((uint64_t(v) >> (8 * b)) & 0xff)) * 16777619u;
+  return h;
 }
 
 bool OverlapAllReduce::finals_into_outputs() const {
@@ -242,6 +284,8 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
     o.finals_in_c = true, o.outs_of = reg->outs_of.as<void*>(), o.lds_of = reg->lds_of.as<int64_t>();
   }
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
+  OwnerCallSlots& calls = ow ? ow->calls : own_calls_;
+  calls.prepare(o, uint32_t(s.m), owner_call_plan(s, world_, opts_.k, owner_split_, o.finals_in_c));
   o.drop_group = opts_.testing.fault_drop_group;
   o.diag_no_final_bytes = opts_.testing.diag_no_final_bytes;
   uint32_t* claims = claims_.as<uint32_t>();
@@ -251,7 +295,8 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
   launch_call_gemm(p, stream, bump);
-  if (ow) ++ow->parity;  // (the GEMM is queued: this call's half is taken)
+  calls.advance();
+  if (ow) ++ow->parity;  // (the GEMM is queued: this call's half and number are taken)
   if (tracing_) traced_ = true;  // (the GEMM's end is this call's last event: timeline() reads it and the monitors)
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),

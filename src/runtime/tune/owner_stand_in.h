@@ -17,6 +17,7 @@ namespace flashoverlap::rt {
 // and every flag is set, as if the peer had pushed all of them; what it pushes
 // lands in this GPU's stand-ins of the peer's window and (4 stages, finals
 // into the peer's C) the peer's C, and is counted in the stand-in's flags.
+// The call check runs too, the peer's descriptor of every call here already.
 // push_tma: kernels::Owner::push_tma (4 stages only, else 0); pushers as
 // the runtime's default (kernels::owner_pushers_by_k). Throws
 // InvalidArgument where check_gemm_params refuses the result (p unchanged).
@@ -35,7 +36,8 @@ class OwnerStandIn {
   bool finals_in_c() const { return finals_in_c_; }
 
  private:
-  DeviceBuffer window_, peer_window_, peer_c_, flags_, peer_flags_, claims_, err_, peers_, group_of_tile_;
+  DeviceBuffer window_, peer_window_, peer_c_, flags_, peer_flags_, claims_, err_, peers_, group_of_tile_, descs_,
+      publish_;
   int64_t row0_ = 0;
   bool finals_in_c_ = false;
 };
