@@ -178,7 +178,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     }
     if (leader && next < 0) record_phase(p.monitor_phases, 1);  // (trace) its last tile stored (pushed, if by TMA)
   }
-  if (leader) owner_check_call(o, checked, true);
+  if (leader) owner_check_call(o, checked, !failed);  // (after a timed-out wait, a peek: one timeout per call)
 }
 
 // The owner layout with kPieces: warps 2 and 3 of the producer warpgroup
@@ -291,7 +291,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
   if (leader) {
     ptx::tma_store_wait_all();
     if (int32_t(blockIdx.x) < tiles) record_phase(p.monitor_phases, 1);  // its last tile stored and pushed
-    owner_check_call(o, checked, true);
+    owner_check_call(o, checked, !failed);  // (after a timed-out wait, a peek: one timeout per call)
   }
 }
 

@@ -54,7 +54,8 @@ __device__ __forceinline__ bool owner_pushed_by_tma(const Owner& o, bool last) {
 // a descriptor of this call already here that differs fails the call at
 // once, before a wait on tiles that will not come could time out), and
 // checks every other rank's after its tiles (wait true: bounded, as the
-// other checks). Neither holds up the tiles: a check that waited there
+// other checks; after a wait of its own timed out, only a peek, so that a
+// missing peer costs one timeout). Neither holds up the tiles: a check that waited there
 // would keep this CTA's tiles from a peer. A failure is recorded (err) and
 // nothing else changes: where the ranks' m differ within one tile row
 // every wait still completes and every rank reports the other's m.

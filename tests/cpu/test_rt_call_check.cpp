@@ -76,35 +76,40 @@ TEST(CallCheckMessage, EachFailureNamesTheRanksTheCallsAndWhatDiffered) {
 }
 
 // The owner layout's digest changes with each thing the ranks must agree on
-// besides m (the ranks, n, k, the tile shape, the tile rows, the split, the
-// finals into the peers' C), and not with what only orders a rank's own
-// work (its CTAs, its swizzle) or with m within its tile rows (m itself is
-// checked apart).
+// besides m (the ranks, n, k, the dtype, the tile shape, the tile rows, the
+// tiles' numbering, the split, the registered output the finals go into),
+// and not with what only orders a rank's own work (its CTAs) or with m
+// within its tile rows (m itself is checked apart).
 TEST(OwnerCallPlan, DiffersInWhatTheRanksMustShare) {
   const uint64_t seed = fo_test::test_seed();
   std::mt19937_64 rng(seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
+  using kernels::DType;
   for (int trial = 0; trial < 200; ++trial) {
     plan::Schedule s;
     s.m = 1 + int(rng() % 16384), s.n = 8 * (1 + int(rng() % 2048)), s.bm = 128, s.bn = rng() % 2 ? 256 : 128;
     s.ctas = 1 + int(rng() % 132), s.swizzle = 1 + int(rng() % 8);
-    const int world = 2 + int(rng() % 7), k = 8 * (1 + int(rng() % 2048));
+    const int world = 2 + int(rng() % 7), k = 8 * (1 + int(rng() % 2048)), slot = int(rng() % 3) - 1;
+    const DType dt = rng() % 2 ? DType::BF16 : DType::FP16, other_dt = dt == DType::BF16 ? DType::FP16 : DType::BF16;
     const int32_t split = s.tiles() / 2;
-    const bool into_c = rng() % 2;
-    const uint32_t h = rt::owner_call_plan(s, world, k, split, into_c);
+    const uint32_t h = rt::owner_call_plan(s, world, k, dt, split, slot);
     plan::Schedule same = s;
-    same.ctas = 1 + int(rng() % 132), same.swizzle = 1 + int(rng() % 8);
+    same.ctas = 1 + int(rng() % 132);
     same.m = (s.tiles_m() - 1) * 128 + 1 + int(rng() % 128);  // (m within its tile rows)
-    EXPECT_EQ(rt::owner_call_plan(same, world, k, split, into_c), h);
-    plan::Schedule rows = s, wide = s, tile = s;
+    EXPECT_EQ(rt::owner_call_plan(same, world, k, dt, split, slot), h);
+    plan::Schedule rows = s, wide = s, tile = s, swizzled = s, rastered = s, shifted = s;
     rows.m = s.m + 128;
     wide.n = s.n + 8;
     tile.bn = s.bn == 256 ? 128 : 256;
+    swizzled.swizzle = s.swizzle + 1;
+    rastered.raster = s.raster == plan::Raster::AlongN ? plan::Raster::AlongM : plan::Raster::AlongN;
+    shifted.row_shift = s.row_shift + 1;
+    for (const plan::Schedule& o : {rows, wide, tile, swizzled, rastered, shifted})
+      EXPECT_NE(rt::owner_call_plan(o, world, k, dt, split, slot), h);
     for (const uint32_t other :
-         {rt::owner_call_plan(rows, world, k, split, into_c), rt::owner_call_plan(wide, world, k, split, into_c),
-          rt::owner_call_plan(tile, world, k, split, into_c), rt::owner_call_plan(s, world + 1, k, split, into_c),
-          rt::owner_call_plan(s, world, k + 8, split, into_c), rt::owner_call_plan(s, world, k, split + 1, into_c),
-          rt::owner_call_plan(s, world, k, split, !into_c)})
+         {rt::owner_call_plan(s, world + 1, k, dt, split, slot), rt::owner_call_plan(s, world, k + 8, dt, split, slot),
+          rt::owner_call_plan(s, world, k, other_dt, split, slot), rt::owner_call_plan(s, world, k, dt, split + 1, slot),
+          rt::owner_call_plan(s, world, k, dt, split, slot + 1)})
       EXPECT_NE(other, h);
   }
 }

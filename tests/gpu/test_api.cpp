@@ -283,6 +283,42 @@ TEST(GemmAllReduceApi, PlanningANewM) {
   });
 }
 
+// What check_m costs a call as a user makes them, back to back on one
+// stream (every local GPU up to 2): the time per call over 100 calls with
+// and without it (the check's exchange synchronises the host with the
+// stream, so calls no longer queue ahead). Printed; asserted only as a
+// hang guard and that both ran.
+TEST(GemmAllReduceApi, CheckMCostPerCall) {
+  REQUIRE_HOPPER();
+  const int world = world_here();
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const Communicator comm = Communicator::adopt(nccl);
+    constexpr int64_t kM = 2048, kN = 8192, kK = 4096;
+    Buffers buf(kM, kN, kK, kN);
+    double us[2] = {0, 0};
+    for (const bool check : {false, true}) {
+      GemmAllReduceOptions o;
+      o.check_m = check;
+      GemmAllReduce op(comm, kM, kN, kK, DType::BF16, o);
+      cudaStream_t st;
+      FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      for (int i = 0; i < 10; ++i) op.run(buf.a.get(), buf.b.get(), buf.out.get(), kM, st);  // (warm)
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 100; ++i) op.run(buf.a.get(), buf.b.get(), buf.out.get(), kM, st);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      us[check] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 100;
+      op.check();
+      FO_CUDA_CHECK(cudaStreamDestroy(st));
+    }
+    if (rank == 0)
+      std::fprintf(stderr, "check_m (%d rank(s), %lldx%lldx%lld bf16, path auto): %.1f us per call without, %.1f us "
+                   "with (+%.1f us)\n", world, (long long)kM, (long long)kN, (long long)kK, us[0], us[1], us[1] - us[0]);
+    EXPECT_GT(us[0], 0);
+    EXPECT_LT(us[1], 1e6);  // (a hang guard, not a speed bound)
+  });
+}
+
 // With check_m, ranks that pass different m throw InvalidArgument on every
 // rank, naming each rank's m, and nothing hangs; the same m runs.
 TEST(GemmAllReduceApi, CheckMFindsRanksThatDisagree) {

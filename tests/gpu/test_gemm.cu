@@ -934,7 +934,9 @@ struct OwnerCallRanks {
 // call 7 rank 1 has m - 1 rows (the same tile rows: every wait completes,
 // a sum that was silently wrong before the check), call 8 another plan,
 // call 9 rank 1 a call ahead (a rank that skipped one); call 10 agrees
-// again and sums bitwise (the windows are still in step).
+// again and sums bitwise (the windows are still in step); call 11 agrees
+// with rank 1 already at its next call; in call 12 rank 0 alone finds
+// rank 1's differing descriptor there and fails on it at once.
 TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
   REQUIRE_HOPPER();
   constexpr uint32_t kFirstEpoch = 0xFFFFFFFDu;  // (epochs 2^32 - 2 .. 3: across the wrap, as kNearWrap's tests)
@@ -982,13 +984,28 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       OwnerCallRanks calls(2);
       const uint32_t plan = uint32_t(rng());
       const ScopedStream streams[2];  // (after the buffers: synchronised before they are freed)
-      for (uint32_t call = 1; call <= 10; ++call) {  // (calls 1-3 the storer pushes, 4-6 the pusher warps)
+      // Rank 1's descriptor written by hand into rank 0's slot of `parity`.
+      const auto publish_by_hand = [&](int parity, uint32_t seq, uint32_t m) {
+        const kernels::CallDesc d{seq, m, plan, 0};
+        FO_CUDA_CHECK(cudaMemcpy(calls.descs.as<kernels::CallDesc>() + parity * kernels::kMaxCounters + 1, &d,
+                                 sizeof(d), cudaMemcpyHostToDevice));
+      };
+      for (uint32_t call = 1; call <= 12; ++call) {  // (calls 1-3 the storer pushes, 4-6 the pusher warps)
         const uint32_t epoch = kFirstEpoch + call;
         const bool pushers = call > 3;
-        const bool agree = call <= 6 || call == 10;
+        const bool agree = call <= 6 || call == 10 || call == 11;
         SCOPED_TRACE("call " + std::to_string(call) + (pushers ? ", pusher warps" : ", the storer pushes"));
         if (call == 9) calls.slots[1].advance();   // (rank 1 a call ahead)
         if (call == 10) calls.slots[0].advance();  // (in step again)
+        // Call 11 (#12): rank 1 already at its next call (#13, the other slot)
+        // where rank 0 checks #12, as a peer that ended #12 first would be:
+        // no disagreement. Call 12 (#13): rank 1's descriptor of #13, with
+        // m - 1, already there and rank 1 not running at all: rank 0 fails
+        // at once on it (the peek before its first wait for a peer's tile,
+        // or its check after its tiles where it has none), not through its
+        // waits' timeouts.
+        if (call == 11) publish_by_hand(0, 13, uint32_t(s.m));
+        if (call == 12) publish_by_hand(0, 13, uint32_t(s.m - 1));
         for (const Rank& k : ranks) FO_CUDA_CHECK(cudaMemset(k.err.get(), 0, k.err.bytes()));
         for (Rank& k : ranks) kernels::poison(k.c.get(), int64_t(c_elems), nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
@@ -1010,16 +1027,27 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
           o.push_tma = push_tma, o.push_window = peer.window.get();
           o.finals_in_c = true, o.peer_out = peer.c.get(), o.peer_ld = sh.n;
           o.pushers = pushers;
-          // (call 9's check waits in vain: a shorter bound, the tiles take milliseconds)
-          o.timeout_ns = call == 9 ? 500'000'000ull : 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
+          // (calls 9 and 12 wait in vain: a shorter bound, the tiles take milliseconds)
+          o.timeout_ns = call == 9 || call == 12 ? 500'000'000ull : 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();
           calls.slots[size_t(r)].prepare(o, uint32_t(sr.m), call == 8 && r == 1 ? plan + 1 : plan);
           ASSERT_TRUE(kernels::gemm_four_stages(p));
           ASSERT_NO_THROW(kernels::check_gemm_params(p));
           params[r] = p;
         }
-        for (int r : {1, 0}) kernels::launch_gemm(params[r], streams[r].s);  // (both checked first)
+        for (int r : {1, 0})  // (both checked first)
+          if (call != 12 || r == 0) kernels::launch_gemm(params[r], streams[r].s);
         for (rt::OwnerCallSlots& c : calls.slots) c.advance();
         for (const ScopedStream& st : streams) FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        if (call == 12) {
+          kernels::WaitError e{};
+          FO_CUDA_CHECK(cudaMemcpy(&e, ranks[0].err.get(), sizeof(e), cudaMemcpyDeviceToHost));
+          ASSERT_EQ(e.failed, kernels::kCallCheckFailed) << "failure code " << e.failed << " (3, 4: a wait's timeout)";
+          EXPECT_EQ(e.group, -2);
+          EXPECT_EQ(e.seen_seq, 13u);
+          EXPECT_EQ(e.seen_m, uint32_t(s.m - 1));
+          EXPECT_EQ(e.want_m, uint32_t(s.m));
+          continue;
+        }
         for (int r = 0; r < 2 && !agree; ++r) {  // every rank fails, naming the other's call
           kernels::WaitError e{};
           FO_CUDA_CHECK(cudaMemcpy(&e, ranks[size_t(r)].err.get(), sizeof(e), cudaMemcpyDeviceToHost));

@@ -137,10 +137,13 @@ class OwnerCallSlots {
   uint32_t calls_ = 0;
 };
 // The owner call check's digest of a call's plan (FNV-1a of what the ranks
-// must agree on besides m: the ranks, n, k, the tile shape, the tile rows,
-// the split and whether the finals go into the peers' C; not the CTAs,
-// which only order a rank's own work).
-uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, int32_t split, bool finals_in_c);
+// must agree on besides m: the ranks, n, k, the dtype, the tile shape, the
+// tile rows, the tiles' numbering (raster, swizzle, row shift: a tile's
+// flag and rows are found by its index), the split, and the registered
+// output whose peers' copies the finals go into (registered_slot; -1:
+// none); not the CTAs, which only order a rank's own work).
+uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, kernels::DType dtype, int32_t split,
+                         int registered_slot);
 
 // The owner layout's window shared by several ops (the public
 // GemmAllReduce's plans for each m's tile rows, kernels::Owner): one

@@ -155,10 +155,12 @@ void OwnerCallSlots::prepare(kernels::Owner& o, uint32_t m, uint32_t plan) const
   for (int r = 0; r < world_; ++r) o.check.m[r] = m, o.check.plan[r] = plan;
 }
 
-uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, int32_t split, bool finals_in_c) {
+uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, kernels::DType dtype, int32_t split,
+                         int registered_slot) {
   uint32_t h = 2166136261u;
-  for (const int64_t v : {int64_t(world), int64_t(s.n), int64_t(k), int64_t(s.bm), int64_t(s.bn),
-                          int64_t(s.tiles_m()), int64_t(split), int64_t(finals_in_c)})
+  for (const int64_t v : {int64_t(world), int64_t(s.n), int64_t(k), int64_t(dtype), int64_t(s.bm), int64_t(s.bn),
+                          int64_t(s.tiles_m()), int64_t(s.raster), int64_t(s.swizzle), int64_t(s.row_shift),
+                          int64_t(split), int64_t(registered_slot)})
     for (int b = 0; b < 8; ++b) h = (h ^ uint32_t((uint64_t(v) >> (8 * b)) & 0xff)) * 16777619u;
   return h;
 }
@@ -285,7 +287,8 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   }
   o.flags = owner_flags_, o.peer_flags = owner_peer_flags_, o.epoch = epoch;
   OwnerCallSlots& calls = ow ? ow->calls : own_calls_;
-  calls.prepare(o, uint32_t(s.m), owner_call_plan(s, world_, opts_.k, owner_split_, o.finals_in_c));
+  const int slot = o.finals_in_c ? int(reg - registered_.data()) : -1;  // (the peers' C this call stores into)
+  calls.prepare(o, uint32_t(s.m), owner_call_plan(s, world_, opts_.k, opts_.dtype, owner_split_, slot));
   o.drop_group = opts_.testing.fault_drop_group;
   o.diag_no_final_bytes = opts_.testing.diag_no_final_bytes;
   uint32_t* claims = claims_.as<uint32_t>();
@@ -294,9 +297,19 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
-  launch_call_gemm(p, stream, bump);
-  calls.advance();
-  if (ow) ++ow->parity;  // (the GEMM is queued: this call's half and number are taken)
+  // Once the GEMM may be queued (bump.keep), this call's half and number are
+  // taken, also when the launch then throws (the epoch stays taken too).
+  const auto taken = [&] {
+    calls.advance();
+    if (ow) ++ow->parity;
+  };
+  try {
+    launch_call_gemm(p, stream, bump);
+  } catch (...) {
+    if (bump.keep) taken();
+    throw;
+  }
+  taken();
   if (tracing_) traced_ = true;  // (the GEMM's end is this call's last event: timeline() reads it and the monitors)
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),
