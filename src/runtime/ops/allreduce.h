@@ -130,6 +130,7 @@ class OwnerCallSlots {
   // (owner_call_plan), expected of every other rank too.
   void prepare(kernels::Owner& o, uint32_t m, uint32_t plan) const;
   void advance() { ++calls_; }  // the prepared call is enqueued
+  uint32_t count() const { return calls_; }  // owner calls enqueued so far (a shared window's halves alternate by it)
  private:
   DeviceBuffer publish_;  // device [2][world]: this rank's slot of each parity at every rank
   const kernels::CallDesc* mine_ = nullptr;
@@ -149,7 +150,7 @@ uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, kernels::DTy
 // GemmAllReduce's plans for each m's tile rows, kernels::Owner): one
 // symmetric buffer for the largest m, built once and collectively, its
 // flags zero on every rank before any call. Its data halves alternate with
-// every owner call of any op on it (`parity`: a fast rank's next call never
+// every owner call of any op on it (`calls.count()`: a fast rank's next call never
 // overwrites what a slow rank still reads, whichever op made it); the flags
 // are one region per tile rows, so that the epochs of each op count its own
 // calls only. The same on every rank (every rank makes the same calls).
@@ -162,8 +163,7 @@ struct OwnerWindow {
   int64_t half_rows = 0;     // one half of a sender slot: max_tile_rows x 128 rows of n
   size_t flags_at = 0;       // bytes into the buffer: the flag regions
   std::vector<char*> bases;  // every rank's copy of the buffer, by rank
-  uint32_t parity = 0;       // owner calls enqueued so far
-  OwnerCallSlots calls;      // after the flag regions
+  OwnerCallSlots calls;      // after the flag regions; counts the owner calls (their halves alternate by it)
   // Bytes into the buffer of the flags of the ops of `tile_rows` rows: the
   // regions of 1, 2, ... tile rows, max_tiles_n flags per tile row.
   size_t flags_of(int64_t tile_rows) const {

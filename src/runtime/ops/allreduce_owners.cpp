@@ -11,6 +11,7 @@
 #include "kernels/reorder.h"
 #include "runtime/core/checks.h"
 #include "runtime/ops/allreduce.h"
+#include "runtime/transport/peer_windows.h"
 #include "runtime/transport/peers.h"
 
 namespace flashoverlap::rt {
@@ -40,7 +41,7 @@ void OverlapAllReduce::setup_owned() {
   // A shared window (OwnerWindow): its halves, of its largest tile rows, and
   // this op's tile rows' flag region; zeroed and agreed on when it was built.
   OwnerWindow* ow = opts_.owner_window;
-  std::vector<void*> at;  // every rank's copy of the window, by rank
+  std::vector<char*> bases;  // every rank's copy of the window, by rank
   size_t flags_at = 0;
   if (ow) {
     if (ow->world != world_ || s.tiles_m() > ow->max_tile_rows || s.tiles_n() > ow->max_tiles_n)
@@ -51,7 +52,7 @@ void OverlapAllReduce::setup_owned() {
       throw InvalidArgument("OverlapAllReduce: first_epoch needs the op's own window (its flags start at zero here)");
     gathered_rows_ = ow->half_rows;
     flags_at = ow->flags_of(s.tiles_m());
-    at.assign(ow->bases.begin(), ow->bases.end());
+    bases = ow->bases;
   } else {
     const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
     flags_at = (size_t(world_ - 1) * size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
@@ -59,9 +60,8 @@ void OverlapAllReduce::setup_owned() {
     gathered_ = SymmetricBuffer(comm, descs_at + OwnerCallSlots::kBytes, what);
     FO_CUDA_CHECK(cudaMemset(static_cast<char*>(gathered_.get()) + descs_at, 0, OwnerCallSlots::kBytes));
     gathered_rows_ = half_rows;
-    at = window_peer_pointers(comm, gathered_.window(), world_);
+    std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
     at[size_t(gather_rank_)] = gathered_.get();
-    std::vector<char*> bases;
     for (int r = 0; r < world_; ++r) {
       if (!at[size_t(r)])
         throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " + std::to_string(r) +
@@ -71,7 +71,7 @@ void OverlapAllReduce::setup_owned() {
     own_calls_ = OwnerCallSlots(bases, descs_at, gather_rank_);
   }
   gather_width_ = s.n;
-  owner_base_ = static_cast<char*>(at[size_t(gather_rank_)]);
+  owner_base_ = bases[size_t(gather_rank_)];
   owner_flags_ = reinterpret_cast<uint32_t*>(owner_base_ + flags_at);
   if (!ow) {
     // Per call a tile's flag counts the final of a tile another rank owns, or
@@ -85,8 +85,7 @@ void OverlapAllReduce::setup_owned() {
   }
   // 2 ranks: the peer; more: every rank's window and flags, by rank (the
   // next rank's stands in for the 2-rank fields, which the kernel checks).
-  char* peer = static_cast<char*>(at[size_t((gather_rank_ + 1) % world_)]);
-  if (!peer) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for the peer's copy of " + what);
+  char* peer = bases[size_t((gather_rank_ + 1) % world_)];
   peer_base_ = {peer};
   owner_peer_flags_ = reinterpret_cast<uint32_t*>(peer + flags_at);
   push_peers_ = DeviceBuffer(sizeof(void*));
@@ -96,12 +95,7 @@ void OverlapAllReduce::setup_owned() {
   if (wide()) {
     const size_t w = static_cast<size_t>(world_);
     std::vector<void*> windows(w), flags(w);
-    for (int r = 0; r < world_; ++r) {
-      char* base = static_cast<char*>(at[size_t(r)]);
-      if (!base) throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " + std::to_string(r) +
-                             "'s copy of " + what);
-      windows[size_t(r)] = base, flags[size_t(r)] = base + flags_at;
-    }
+    for (int r = 0; r < world_; ++r) windows[size_t(r)] = bases[size_t(r)], flags[size_t(r)] = bases[size_t(r)] + flags_at;
     windows_of_ = to_device(windows), flags_of_ = to_device(flags);
   }
   // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
@@ -157,12 +151,12 @@ void OwnerCallSlots::prepare(kernels::Owner& o, uint32_t m, uint32_t plan) const
 
 uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, kernels::DType dtype, int32_t split,
                          int registered_slot) {
-  uint32_t h = 2166136261u;
+  PlanDigest d;
   for (const int64_t v : {int64_t(world), int64_t(s.n), int64_t(k), int64_t(dtype), int64_t(s.bm), int64_t(s.bn),
                           int64_t(s.tiles_m()), int64_t(s.raster), int64_t(s.swizzle), int64_t(s.row_shift),
                           int64_t(split), int64_t(registered_slot)})
-    for (int b = 0; b < 8; ++b) h = (h ^ uint32_t((uint64_t(v) >> (8 * b)) & 0xff)) * 16777619u;
-  return h;
+    d.mix(uint64_t(v));
+  return d.h;
 }
 
 bool OverlapAllReduce::finals_into_outputs() const {
@@ -258,7 +252,7 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   EpochBump bump(epoch_);
   const uint32_t epoch = epoch_;  // this call's
   OwnerWindow* ow = opts_.owner_window;
-  const int64_t row0 = ((ow ? ow->parity : epoch) & 1) * gathered_rows_;  // (shared: every owner call alternates)
+  const int64_t row0 = ((ow ? ow->calls.count() : epoch) & 1) * gathered_rows_;  // (shared: every owner call alternates)
   void* c = in_place ? static_cast<void*>(owner_base_ + row0 * s.n * 2)
                      : direct ? out : owned_scratch_.get();
   kernels::GemmParams p =
@@ -297,19 +291,16 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
   // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
   p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
-  // Once the GEMM may be queued (bump.keep), this call's half and number are
-  // taken, also when the launch then throws (the epoch stays taken too).
-  const auto taken = [&] {
-    calls.advance();
-    if (ow) ++ow->parity;
-  };
+  // Once the GEMM may be queued (bump.keep), this call's number (and with a
+  // shared window its half) is taken, also when the launch then throws (the
+  // epoch stays taken too).
   try {
     launch_call_gemm(p, stream, bump);
   } catch (...) {
-    if (bump.keep) taken();
+    if (bump.keep) calls.advance();
     throw;
   }
-  taken();
+  calls.advance();
   if (tracing_) traced_ = true;  // (the GEMM's end is this call's last event: timeline() reads it and the monitors)
   if (!direct)
     FO_CUDA_CHECK(cudaMemcpy2DAsync(out, size_t(ld_out) * 2, c, size_t(s.n) * 2, size_t(s.n) * 2, size_t(s.m),

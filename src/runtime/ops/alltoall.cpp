@@ -289,13 +289,10 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
     const int32_t tiles = schedule_of(routing.rows(src), true).tiles();  // (its count: no walk, no row read)
     counts.push_back(tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u);
     rows.push_back(uint32_t(routing.rows(src)));
-    uint32_t h = 2166136261u;
-    const auto mix = [&h](uint64_t v) {
-      for (int b = 0; b < 8; ++b) h = (h ^ uint32_t((v >> (8 * b)) & 0xff)) * 16777619u;
-    };
-    mix(counts.back());
-    for (int d = 0; d < world_; ++d) mix(uint64_t(routing.send_count(src, d)));
-    plans.push_back(h);
+    PlanDigest h;
+    h.mix(counts.back());
+    for (int d = 0; d < world_; ++d) h.mix(uint64_t(routing.send_count(src, d)));
+    plans.push_back(h.h);
   }
   uint32_t* const* arrivals = peers_.arrivals(opts_.testing.fault_drop_arrivals);
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);

@@ -91,6 +91,14 @@ class PeerWindows {
   std::unique_ptr<PeerMappedBuffer> mapped_;
 };
 
+// The call checks' plan digests: FNV-1a over 64-bit values, byte by byte.
+struct PlanDigest {
+  uint32_t h = 2166136261u;
+  void mix(uint64_t v) {
+    for (int b = 0; b < 8; ++b) h = (h ^ uint32_t((v >> (8 * b)) & 0xff)) * 16777619u;
+  }
+};
+
 // The message of a failed call check (e.failed == kernels::kCallCheckFailed)
 // at `rank`: which source, which call, what differed; `rows` names what m
 // counts ("m", "rows").

@@ -1,7 +1,6 @@
 // owner_stand_in.cpp — see owner_stand_in.h.
 #include "runtime/tune/owner_stand_in.h"
 
-#include <utility>
 #include <vector>
 
 #include "kernels/check.h"
@@ -42,15 +41,13 @@ OwnerStandIn::OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int 
   // the peer's stand-in, every call call #1, whose descriptor from the peer
   // is here already: each call publishes and checks as on two GPUs, and passes.
   constexpr uint32_t kPlan = 0x5eedu;
-  const size_t desc_bytes = 2 * kernels::kMaxCounters * sizeof(kernels::CallDesc);
-  descs_ = zeroed(2 * desc_bytes);  // [this GPU's][the peer's stand-in]
-  auto* mine = descs_.as<kernels::CallDesc>();
-  const kernels::CallDesc from_peer{1, uint32_t(s.m), kPlan, 0};
-  FO_CUDA_CHECK(cudaMemcpy(mine + (1 - rank), &from_peer, sizeof(from_peer), cudaMemcpyHostToDevice));
-  kernels::CallDesc* slots[2] = {mine + rank, mine + 2 * kernels::kMaxCounters + rank};  // [rank d]: here, the peer's
-  if (rank == 1) std::swap(slots[0], slots[1]);
-  publish_ = DeviceBuffer(sizeof(slots));
-  FO_CUDA_CHECK(cudaMemcpy(publish_.get(), slots, sizeof(slots), cudaMemcpyHostToDevice));
+  descs_ = zeroed(2 * OwnerCallSlots::kBytes);  // [this GPU's][the peer's stand-in]
+  char* here = descs_.as<char>();
+  char* peer = here + OwnerCallSlots::kBytes;
+  calls_ = OwnerCallSlots(rank == 0 ? std::vector<char*>{here, peer} : std::vector<char*>{peer, here}, 0, rank);
+  const kernels::CallDesc from_peer{1, uint32_t(s.m), kPlan, 0};  // (call #1's, parity 0, in the peer's slot here)
+  FO_CUDA_CHECK(cudaMemcpy(reinterpret_cast<kernels::CallDesc*>(here) + (1 - rank), &from_peer, sizeof(from_peer),
+                           cudaMemcpyHostToDevice));
   FO_CUDA_CHECK(cudaDeviceSynchronize());  // (fill_random ran on the legacy stream)
 
   kernels::GemmParams q = p;  // (p changes only once the result is accepted)
@@ -63,9 +60,7 @@ OwnerStandIn::OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int 
   o.flags = flags_.as<uint32_t>(), o.peer_flags = peer_flags_.as<uint32_t>(), o.epoch = epoch;
   o.timeout_ns = 10'000'000'000ull, o.err = err_.as<kernels::WaitError>();
   o.pushers = kernels::owner_pushers_by_k(q.k);  // as the runtime's default
-  o.publish.slots = publish_.as<kernels::CallDesc*>(), o.publish.desc = from_peer;
-  o.check.slots = mine, o.check.parity = 0, o.check.seq = 1;
-  for (int r = 0; r < 2; ++r) o.check.m[r] = uint32_t(s.m), o.check.plan[r] = kPlan;
+  calls_.prepare(o, uint32_t(s.m), kPlan);  // (never advanced: every call is call #1)
   if (kernels::gemm_four_stages(q)) {  // as run_registered: the finals straight into each other's C
     o.push_tma = push_tma, o.push_window = peer_window_.get();
     o.finals_in_c = true, o.peer_out = peer_c_.get(), o.peer_ld = s.n;

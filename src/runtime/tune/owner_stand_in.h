@@ -7,6 +7,7 @@
 
 #include "kernels/gemm.h"
 #include "runtime/core/buffer.h"
+#include "runtime/ops/allreduce.h"
 
 namespace flashoverlap::rt {
 
@@ -36,8 +37,8 @@ class OwnerStandIn {
   bool finals_in_c() const { return finals_in_c_; }
 
  private:
-  DeviceBuffer window_, peer_window_, peer_c_, flags_, peer_flags_, claims_, err_, peers_, group_of_tile_, descs_,
-      publish_;
+  DeviceBuffer window_, peer_window_, peer_c_, flags_, peer_flags_, claims_, err_, peers_, group_of_tile_, descs_;
+  OwnerCallSlots calls_;  // the call check's slots: this GPU's and the peer's stand-in
   int64_t row0_ = 0;
   bool finals_in_c_ = false;
 };
