@@ -1,9 +1,12 @@
 // CPU tests of the measured picks' file (runtime/tune/picks.h): plans round
 // trip through JSON for the shape of their key, entries are looked up by
 // tile rows, bad files and entries read as empty or dropped with a warning,
+// every plan the online tuner returns or measures is one the file stores,
 // and writers in several threads keep every entry.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -13,6 +16,7 @@
 #include "plan/block_layout.h"
 #include "plan/tile_grid.h"
 #include "runtime/tune/picks.h"
+#include "runtime/tune/tuner.h"
 #include "test_plan_util.h"
 
 using namespace flashoverlap;
@@ -279,3 +283,64 @@ TEST(Picks, ConcurrentWritersKeepEveryEntry) {
 }
 
 }  // namespace
+
+// The online tuner (the public op's planning: a GEMM model, nothing
+// measured) on random shapes, world sizes and collective costs: every plan
+// it returns, and every finalist it would measure, is one the tuning cache
+// stores for its shape's key (sequential exactly when it is one group).
+// Where the AllReduce costs ~nothing (one rank) the model's best groups are
+// one: that is the sequential plan, not an overlapped plan of one group,
+// which the cache refused (bench --tuning-cache failed on one GPU).
+TEST(Picks, EveryPlanTheTunerReturnsOrMeasuresIsOneTheCacheStores) {
+  FO_SEEDED_RNG(rng);
+  int one_group_searched = 0;
+  for (int i = 0; i < 60; ++i) {
+    const int world = std::array<int, 4>{1, 2, 4, 8}[rng() % 4];
+    const int64_t m = 1 + int64_t(rng() % 16384), n = 256 * (1 + int64_t(rng() % 48)), k = 64 * (1 + int64_t(rng() % 128));
+    // NCCL's latency: fixed + bytes / bandwidth; one rank's: about nothing.
+    const double fixed_ms = world == 1 ? 1e-4 : 0.005 + 0.02 * double(rng() % 100) / 100;
+    const double gb_s = world == 1 ? 1e6 : 50 + double(rng() % 400);
+    std::vector<plan::CurveSample> samples;
+    for (double b = 1024; b <= 4e9; b *= 4) samples.push_back({b, fixed_ms + b / (gb_s * 1e6)});
+    const plan::BandwidthCurve curve(plan::Collective::AllReduce, world, samples);
+    const double tflops = 500 + double(rng() % 300);  // the GEMM's speed on all 132 SMs
+    rt::AllReduceTuning t;
+    t.world = world;
+    t.curve_for = [&](int) -> const plan::BandwidthCurve& { return curve; };
+    t.gemm_ms = [&](const plan::Schedule& s) {
+      return double(s.waves()) * s.ctas * s.bm * s.bn * 2.0 * double(k) / (tflops * 1e9 * s.ctas / 132.0);
+    };
+    t.layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots};
+    if (world >= 2 && rng() % 2) t.layouts.push_back(rt::ArLayout::Pushed), t.push_reachable = true;
+    t.reserve = rng() % 2 ? -1 : int(rng() % 24);
+    t.cublas_gemm_ms = rng() % 2 ? 0 : double(m) * n * k * 2 / (tflops * 1e9) * (0.9 + 0.2 * double(rng() % 100) / 100);
+    std::vector<rt::AllReducePlan> ranked;
+    t.ranked = &ranked;
+    const double sequential_ms = double(m) * n * k * 2 / (tflops * 1e9) * (0.8 + 0.4 * double(rng() % 100) / 100) +
+                                 curve.latency_ms(double(m) * n * 2);
+    SCOPED_TRACE(testing::Message() << "world " << world << ", " << m << "x" << n << "x" << k << ", NCCL " << fixed_ms
+                                    << " ms + " << gb_s << " GB/s, sequential " << sequential_ms << " ms");
+    rt::AllReducePlan best;
+    try {
+      best = rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, sequential_ms);
+    } catch (const rt::NoPlan& e) {
+      ADD_FAILURE() << "no plan: " << e.what();
+      continue;
+    }
+    rt::PickKey key = key_of(rt::tile_rows_of(m), n, k);
+    key.world = world;
+    std::vector<rt::AllReducePlan> check = rt::finalists_of(ranked);
+    check.push_back(best);
+    for (const rt::AllReducePlan& p : check) {
+      EXPECT_EQ(p.sequential, p.groups.size() == 1) << rt::describe(p);
+      try {
+        (void)rt::allreduce_plan_from_json(rt::to_json(p), key, "the cache");
+      } catch (const InvalidArgument& e) {
+        ADD_FAILURE() << rt::describe(p) << ": " << e.what();
+      }
+    }
+    one_group_searched += std::any_of(ranked.begin(), ranked.end(),
+                                      [](const rt::AllReducePlan& p) { return !p.sequential && p.groups.size() == 1; });
+  }
+  RecordProperty("one_group_searched", one_group_searched);  // (how often the case above came up)
+}

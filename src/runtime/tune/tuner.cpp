@@ -162,9 +162,11 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count) {
 
 std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked) {
   std::vector<AllReducePlan> out;
+  // (a plan of one group is the sequential one's work: never a finalist)
+  auto overlaps = [](const AllReducePlan& pl) { return !pl.sequential && pl.groups.size() >= 2; };
   for (ArLayout l : {ArLayout::RowBands, ArLayout::Slots, ArLayout::GatheredTiles})
     for (const auto& pl : ranked)
-      if (!pl.sequential && pl.layout == l) {
+      if (overlaps(pl) && pl.layout == l) {
         out.push_back(pl);
         break;
       }
@@ -172,7 +174,7 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
     std::vector<std::pair<int, int>> seen;  // (bn, swizzle); gathered: bn 0, any tile
     for (const auto& pl : ranked) {
       const std::pair<int, int> key{is_pushed(l) ? pl.sched.bn : 0, pl.sched.swizzle};
-      if (!pl.sequential && pl.layout == l && std::find(seen.begin(), seen.end(), key) == seen.end()) {
+      if (overlaps(pl) && pl.layout == l && std::find(seen.begin(), seen.end(), key) == seen.end()) {
         seen.push_back(key);
         out.push_back(pl);
         out.back().fuse_sum = true;
@@ -419,6 +421,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
 
   // 2. Predict each candidate with the best (or the given) groups.
   std::optional<AllReducePlan> best;
+  bool one_group = false;  // a candidate whose best (or given) groups were one: the sequential plan's
   for (Candidate& c : cands) {
     const plan::Schedule& s = c.plan.sched;
     if (is_pushed(c.plan.layout)) {  // one group per band or wave: no per-call cost, the sum starts earliest
@@ -491,19 +494,24 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     }
     c.plan.predicted_ms = plan::predict(cost, part).total_ms + (c.plan.layout == ArLayout::Slots ? reorder_ms : 0);
     c.plan.groups = slots ? plan::make_groups(s, part) : plan::band_groups(s, part);
-    if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
+    // One group is the GEMM, then one AllReduce: the sequential fallback's
+    // work, never faster (the search returns it where the collective costs
+    // ~nothing, as on one rank). Ranked (a forced path splits it), never picked.
+    if (c.plan.groups.size() < 2) one_group = true;
+    else if (!best || c.plan.predicted_ms < best->predicted_ms) best = c.plan;
     if (t.ranked) t.ranked->push_back(c.plan);
   }
   if (t.ranked)
     std::stable_sort(t.ranked->begin(), t.ranked->end(),
                      [](const AllReducePlan& x, const AllReducePlan& y) { return x.predicted_ms < y.predicted_ms; });
   if (!best && !t.group_sizes.empty())
-    throw NoPlan("group sizes " + t.group_sizes + " fit none of the candidate schedules");
-  if (!best)
+    throw NoPlan("group sizes " + t.group_sizes + (one_group ? " are one group: the sequential plan's (give two or more)"
+                                                            : " fit none of the candidate schedules"));
+  if (!best && !one_group)
     throw NoPlan("no candidate plan for the layouts asked (the gathered layouts need the AllGather curve; "
                           "the pushed ones 2-8 ranks that reach each other's memory over NVLink, and row bands "
                           "of at least 2 groups)");
-  if (t.group_sizes.empty() && (t.ranked || best->predicted_ms >= sequential_ms * 0.99)) {
+  if (t.group_sizes.empty() && (t.ranked || !best || best->predicted_ms >= sequential_ms * 0.99)) {
     // Sequential fallback: our GEMM on every SM with its fastest tile.
     std::vector<plan::Schedule> full;
     std::vector<double> full_ms;
@@ -515,7 +523,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     }
     if (!t.gemm_ms) full_ms = max_over_ranks(*t.rv, full_ms);
     const size_t i = size_t(std::min_element(full_ms.begin(), full_ms.end()) - full_ms.begin());
-    AllReducePlan seq = *best;
+    AllReducePlan seq = best ? *best : AllReducePlan{};
     seq.sequential = true;
     seq.layout = ArLayout::RowBands;
     seq.sched = full[i];
@@ -524,7 +532,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     seq.predicted_ms = sequential_ms;
     seq.fallback_cublas = t.cublas_gemm_ms > 0 && t.cublas_gemm_ms < full_ms[i];
     if (t.ranked) t.ranked->push_back(seq);
-    if (best->predicted_ms >= sequential_ms * 0.99) best = seq;
+    if (!best || best->predicted_ms >= sequential_ms * 0.99) best = seq;
   }
   return *best;
 }

@@ -197,7 +197,9 @@ std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 // size and for the pushed ones per tile shape and band size, each with the
 // sum in and after the GEMM (the model leaves out where the sum runs, what
 // the band size costs the GEMM's cache reuse and how much the pushes slow
-// the GEMM); and the sequential fallback.
+// the GEMM); and the sequential fallback. A plan of one group (the
+// sequential one's work: the model finds it best where the AllReduce costs
+// ~nothing) is none, and tune_allreduce never returns one.
 std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
 
 // The row-band plans the second round tries with owners: the pick itself
