@@ -27,6 +27,9 @@ void CublasGemm::run(kernels::DType dtype, const void* a, const void* b, void* c
   const cudaDataType_t t = dtype == kernels::DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   const float alpha = 1.f, beta = 0.f;
   FO_CUBLAS_CHECK(cublasSetStream(handle_, stream));
+  // (cublasSetStream puts the handle back on cuBLAS's default workspace
+  // pool, unconditionally: ours again, as PyTorch does for every call)
+  FO_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, workspace_bytes_));
   FO_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, b, t, k, a, t, k, &beta, c, t,
                                int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
