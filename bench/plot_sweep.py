@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 
 rows = list(csv.DictReader(open(sys.argv[1])))
 shapes = list(dict.fromkeys(f"{r['M']}x{r['N']}x{r['K']}" for r in rows))
-variants = [v for v in ["sequential-ourgemm", "decomposition", "flashoverlap"] if any(r["variant"] == v for r in rows)]
+variants = [v for v in ["sequential-ourgemm", "decomposition", "torch-async-tp", "flashoverlap"] if any(r["variant"] == v for r in rows)]
 width = 0.8 / max(1, len(variants))
 fig, ax = plt.subplots(figsize=(12, 4.5))
 for i, v in enumerate(variants):

@@ -16,10 +16,13 @@
 #                -> gemm-ab.log, each run headed "##### <cli>"
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv (REPEAT=N: the median
 #                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more bench arguments; then
-#                the model's pick against the measured best (bench/model_vs_measured.py) -> model-vs-measured.txt
-#   rs           the ReduceScatter sweep the same way -> $OUT/reducescatter-h200x<W>.csv, then (2+ GPUs)
-#                PyTorch's F.linear + reduce_scatter_tensor and Async-TP (symm_mem's fused_matmul_reduce_scatter)
-#                on the same shapes -> $OUT/reducescatter-torch-h200x<W>.csv (bench/torch_reducescatter.py)
+#                the model's pick against the measured best (bench/model_vs_measured.py) -> model-vs-measured.txt; then
+#                the binding's GemmAllReduce against F.linear + dist.all_reduce, the sweep's figures beside
+#                (bench/torch_linear.py) -> $OUT/allreduce-torch-h200x<W>.csv
+#   rs           the ReduceScatter sweep the same way -> $OUT/reducescatter-h200x<W>.csv, then PyTorch's
+#                F.linear + reduce_scatter_tensor, Async-TP (symm_mem's fused_matmul_reduce_scatter) and the
+#                binding's GemmReduceScatter on the same shapes -> $OUT/reducescatter-torch-h200x<W>.csv
+#                (bench/torch_linear.py; 2+ GPUs: the Async-TP rows also appended to the sweep's CSV)
 #   a2a          the All-to-All (MoE combine) sweep the same way -> $OUT/alltoall-h200x<W>.csv (ROUTINGS: see
 #                bench/sweep.sh), then PyTorch's F.linear + all_to_all_single + index_add on the same (N, K)
 #                (bench/torch_alltoall.py) -> $OUT/alltoall-torch-h200x<W>.csv
@@ -108,6 +111,19 @@ ab_runs() {
         grep -E "^[0-9]+x|check|flashoverlap  |sequential  |GEMM tiles overl|CTA phases|rror" | cut -c1-200 || status=1
     done
   done
+}
+# The library as a PyTorch user calls it (its binding, the tuning cache's
+# picks where TUNING_CACHE is set) against F.linear + the NCCL call in
+# torch, the op's sweep figures beside (bench/torch_linear.py), on every
+# local GPU, on the sweep's shapes (SHAPES overrides both): torch_linear OP
+# [more arguments] -> $OUT/OP-torch-h200x<W>.csv
+torch_linear() {
+  local op=$1
+  shift
+  [ "$gpus" -ge 1 ] || { echo "torch_linear $op: no GPU: skipped"; return 0; }
+  FLASHOVERLAP_TUNING_CACHE=${TUNING_CACHE:-} FLASHOVERLAP_LIBRARY=${FLASHOVERLAP_LIBRARY:-$PWD/$BUILD/src/api/libflashoverlap.so} \
+    timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/torch_linear.py --op "$op" \
+    --csv "$OUT/$op-torch-h200x$gpus.csv" --cli-csv "$OUT/$op-h200x$gpus.csv" ${SHAPES:+--shapes "$SHAPES"} "$@" 2>&1 | tee "$OUT/$op-torch.log" || status=1
 }
 # The same with the model's plan forced to owners with 128x256 tiles, --trace.
 owner_ab() {
@@ -234,15 +250,15 @@ for s in "$@"; do
       # The model's pick against the measured best among the public op's Auto plans, then among all.
       { python3 bench/model_vs_measured.py "$OUT/allreduce.log" --only "row bands,slots,sequential" &&
           python3 bench/model_vs_measured.py "$OUT/allreduce.log"; } 2>&1 | tee "$OUT/model-vs-measured.txt"
+      torch_linear allreduce
       ;;
     rs)
       stage "reducescatter sweep, then PyTorch's (Async-TP)"
       OP=reducescatter bash bench/sweep.sh "$OUT" ${TUNING_CACHE:+--tuning-cache "$TUNING_CACHE"} ${SWEEP_ARGS:-} 2>&1 |
         tee "$OUT/reducescatter.log" || status=1
-      if [ "$gpus" -ge 2 ]; then
-        timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/torch_reducescatter.py \
-          --csv "$OUT/reducescatter-torch-h200x$gpus.csv" 2>&1 | tee "$OUT/reducescatter-torch.log" || status=1
-      fi
+      torch_linear reducescatter $([ "$gpus" -ge 2 ] && echo --merge-into "$OUT/reducescatter-h200x$gpus.csv")
+      [ "$gpus" -ge 2 ] && { python3 bench/plot_sweep.py "$OUT/reducescatter-h200x$gpus.csv" \
+        "$OUT/reducescatter-h200x$gpus.png" || echo "(plot skipped)"; }
       ;;
     a2a)
       stage "alltoall (MoE combine) sweep, then PyTorch's"
