@@ -67,8 +67,7 @@ struct GemmAllReduceOptions {
   // How the AllReduce runs beside the GEMM:
   //   Auto       the fastest the model predicts for each m (sequential
   //              where nothing would gain), or the tuning cache's pick;
-  //   Sequential our GEMM, then one ncclAllReduce (cuBLAS's GEMM where it
-  //              measured faster at construction);
+  //   Sequential our GEMM, then one ncclAllReduce;
   //   RowBands   the GEMM signals as row bands of C finish; one
   //              ncclAllReduce per group of bands, in place, on `nccl_sms`
   //              SMs the GEMM leaves free (any interconnect);
@@ -191,8 +190,8 @@ struct GemmReduceScatterOptions {
   // How the ReduceScatter runs beside the GEMM:
   //   Auto       the fastest the model predicts for each m (sequential
   //              where nothing would gain);
-  //   Sequential our GEMM (or cuBLAS's where it measured faster at
-  //              construction), then one ncclReduceScatter;
+  //   Sequential our GEMM (cuBLAS's where the tuning cache's pick for m
+  //              measured it faster), then one ncclReduceScatter;
   //   Slots      the paper's: each tile row stored where its destination's
   //              part of its group's send buffer is, one ncclReduceScatter
   //              per group on `nccl_sms` SMs the GEMM leaves free, then the
