@@ -30,35 +30,12 @@
 #                its wheel's libcublas first on LD_LIBRARY_PATH), ABAB -> cublas-ab.log (AB_SHAPES overrides the shapes)
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
 #   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
-#   push-ab      pushed layouts, the GEMM's stores vs the copy engines on 1, 2, 4 copy streams (--trace)
-#   power-parts  where the overlapped call's energy goes: --power on K=64 shapes (GEMM ~free: the
-#                transfer + sum alone), pushed (both transports and sum placements) and NCCL on row bands
-#                (--no-select: the model's plan, which a measurement could replace by the sequential one)
-#   owners-ab    pushed row bands, the model's plan: each tile summed by its owner (--push-by owners) vs the
-#                GEMM's stores and a sum (--push-by gemm), ABAB, with --trace (GEMM end, tile clocks)
-#   inplace-ab   owners: result copied into the output vs left in the op's window (--in-place), ABAB; --with-rmsnorm
-#   gate-ab      the sweep's shapes with --no-gate (the host's enqueue timed too) and without (each timed
-#                run queued whole before the GPU starts it: the default), ABAB, CSVs $OUT/gate-ab-{nogate,gate}-{1,2}.csv
-#   four-ab      4 pipeline stages against 3: bench-gemm --four-stages both (plain 128x256), then bench on the
-#                shapes near the bar with and without --three-stages (owners), ABAB -> four-ab.log
-#   tma-ab       owners with 4 stages, 128x256, the model's plan: tiles pushed from C by the storer warp vs by TMA
-#                from the staging (--push-tma; TMA_MODES, default "none last"), twice, --trace -> tma-ab.log
-#   copy-ab      the same, the peer's finals copied during the GEMM by the producer's warps vs after the tiles
-#                (--no-fuse) -> copy-ab.log
-#   registered-ab the tuner's pick, run vs run_registered (--registered-output: with owners the peer's finals
-#                stored straight into the output), ABAB -> registered-ab.log
 #   cli-ab       builds of the tool in turns with registered outputs (the tuner's pick, then the owner plan forced;
 #                AB_TRACE=1: traced): OLD_CLI="path [path...]" (e.g. main's build, carried), then this build -> cli-ab.log
-#   swizzle-ab   owners forced, registered outputs, traced: the band heights of SWIZZLES (default "4 8 16") in
-#                turns (bench --band-swizzles; default shapes 4096^3, 3001x8192x8192, 4096x7168x5120) -> swizzle-ab.log
 #   owners-one   bench-gemm --modes plain,owners (the owner kernel on one GPU, its peer stand-ins), OLD_CLI (if
 #                set) then this build -> owners-one.log
-#                (four-ab, tma-ab, copy-ab, registered-ab, cli-ab, swizzle-ab, owners-one: AB_SHAPES overrides their shapes,
-#                AB_ROUNDS their 2 rounds; AB_FORCED_ONLY=1: cli-ab without the tuner's pick)
-#   rows-ab      NCCL row bands forced (the model's plan, --layout rows --no-select): the signalling GEMM with 4
-#                pipeline stages (the default) vs 3 (--three-stages), ABAB -> rows-ab.log
-#   diag-ab      owners forced, registered outputs, traced: as measured vs --diag-no-final-bytes (the finals counted
-#                at the peer but not moved: the call without their NVLink bytes; result wrong, not checked) -> diag-ab.log
+#                (cli-ab, owners-one, owners-w: AB_SHAPES overrides their shapes, AB_ROUNDS cli-ab's and
+#                owners-w's 2 rounds; AB_FORCED_ONLY=1: cli-ab without the tuner's pick)
 #   owners-w     3-8 GPUs: the world tests (owners on every GPU among them), then the tuner's pick vs owners
 #                forced (128x256, registered outputs), in turns -> owners-w.log
 #   cli-gpu      the CLI on the GPUs: bench --shapes with one shape left no plan by its options (skipped with a
@@ -126,12 +103,6 @@ torch_linear() {
   FLASHOVERLAP_TUNING_CACHE=${TUNING_CACHE:-} FLASHOVERLAP_LIBRARY=${FLASHOVERLAP_LIBRARY:-$PWD/$BUILD/src/api/libflashoverlap.so} \
     timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/torch_linear.py --op "$op" \
     --csv "$OUT/$op-torch-h200x$gpus.csv" --cli-csv "$OUT/$op-h200x$gpus.csv" ${SHAPES:+--shapes "$SHAPES"} "$@" 2>&1 | tee "$OUT/$op-torch.log" || status=1
-}
-# The same with the model's plan forced to owners with 128x256 tiles, --trace.
-owner_ab() {
-  local log=$1
-  shift
-  ab_runs "$log" "--layout pushed --push-by owners --tile 128x256 --no-select --trace" "$@"
 }
 
 # The faults stage for one fault F: build-fault-F configured as
@@ -274,47 +245,6 @@ for s in "$@"; do
       $CLI bench --shapes 4096x8192x8192,8192x4096x2048,2048x8192x8192,1024x8192x8192 --power 1 --curves /tmp/fo-curves 2>&1 | tee "$OUT/power.log" |
         grep -E "^[0-9]+x|power|W,|ideal gain|flashoverlap  |sequential  |rror" || status=1
       ;;
-    power-parts)
-      stage "power: transfer + sum without a GEMM (K=64)"
-      for args in "--layout pushed" "--layout rows"; do  # pushed: --power adds both transports, both sums
-        echo "##### $args"
-        $CLI bench --shapes 4096x8192x64,8192x4096x64,16384x8192x64 --power 1 --no-select --curves /tmp/fo-curves $args 2>&1 |
-          tee -a "$OUT/power-parts.log" | grep -E "^[0-9]+x|W,|ideal gain|flashoverlap  |sequential  |rror" || status=1
-      done
-      ;;
-    push-ab)
-      stage "pushed: GEMM stores vs copy engines"
-      for by in gemm ce1 ce2 ce4 gemm ce2; do
-        case $by in gemm) args="--push-by gemm" ;; ce*) args="--push-by copy-engines --copy-streams ${by#ce}" ;; esac
-        echo "##### $args"
-        $CLI bench --shapes 8192x4096x2048,4096x7168x5120,2048x8192x8192,4096x8192x8192 --layout pushed --trace --curves /tmp/fo-curves $args \
-          2>&1 | tee -a "$OUT/push-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM end|rror" | cut -c1-160 || status=1
-      done
-      ;;
-    owners-ab)
-      stage "pushed: owners vs GEMM stores + sum"
-      for by in owners gemm owners gemm; do
-        echo "##### --push-by $by"
-        $CLI bench --shapes 4096x8192x8192,2048x8192x8192,1024x8192x8192,4096x7168x5120,3001x8192x8192,4096x4096x4096 \
-          --layout pushed --push-by $by --no-select --trace --curves /tmp/fo-curves 2>&1 |
-          tee -a "$OUT/owners-ab.log" | grep -E "^[0-9]+x|flashoverlap  |GEMM end|GEMM tiles|rror" | cut -c1-200 || status=1
-      done
-      ;;
-    inplace-ab)
-      stage "owners: the result copied into the output vs left in place (run_in_place), ABAB; then --with-rmsnorm (in place)"
-      for ip in "" "--in-place" "" "--in-place"; do
-        echo "##### ${ip:-(copied into the output)}" | tee -a "$OUT/inplace-ab.log"
-        $CLI bench --shapes ${INPLACE_SHAPES:-1024x8192x8192,2048x8192x8192,3001x8192x8192,4096x7168x5120} \
-          --curves /tmp/fo-curves $ip 2>&1 | tee -a "$OUT/inplace-ab.log" |
-          grep -E "^[0-9]+x|flashoverlap  |sequential  |rror" | cut -c1-200 || status=1
-      done
-      $CLI bench --shapes 4096x8192x8192,8192x4096x2048 --with-rmsnorm --curves /tmp/fo-curves 2>&1 |
-        tee "$OUT/rmsnorm.log" | grep -E "^[0-9]+x|flashoverlap|RMSNorm|rmsnorm|fused|rror" | cut -c1-200 || status=1
-      ;;
-    registered-ab)
-      stage "the tuner's pick: run (the peer's finals copied into the output) vs run_registered, ABAB"
-      ab_runs registered-ab.log "" "" "--registered-output"
-      ;;
     cli-ab)
       builds=()
       for c in ${OLD_CLI:-}; do
@@ -332,13 +262,6 @@ for s in "$@"; do
       ab_runs cli-ab.log "--registered-output --layout pushed --push-by owners --tile 128x256 --no-select$([ "${AB_TRACE:-0}" = 1 ] && echo " --trace")" \
         "${builds[@]}"
       ;;
-    swizzle-ab)
-      stage "owners forced (registered outputs, traced) with each band height of SWIZZLES, in turns"
-      variants=()
-      for sw in ${SWIZZLES:-4 8 16}; do variants+=("--registered-output --band-swizzles $sw"); done
-      # (default shapes: at least 2 bands of 16 tile rows; a height that leaves one band skips that shape)
-      AB_SHAPES=${AB_SHAPES:-4096x4096x4096,3001x8192x8192,4096x7168x5120} owner_ab swizzle-ab.log "${variants[@]}"
-      ;;
     owners-one)
       stage "the owner kernel on one GPU (stand-in peer) against the plain GEMM, in turns"
       for c in ${OLD_CLI:-} $CLI; do
@@ -346,33 +269,6 @@ for s in "$@"; do
         "$c" bench-gemm --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192},8192x4096x2048 \
           --tiles 256 --modes plain,owners --reserve-sms 0 2>&1 | tee -a "$OUT/owners-one.log" || status=1
       done
-      ;;
-    gate-ab)
-      stage "timing without and with the host gate, ABAB"
-      for r in 1 2; do
-        for g in nogate gate; do
-          echo "##### $g $r" | tee -a "$OUT/gate-ab.log"
-          $CLI bench --shapes ${GATE_SHAPES:-2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192} \
-            --curves /tmp/fo-curves $([ $g = nogate ] && echo --no-gate) --csv "$OUT/gate-ab-$g-$r.csv" 2>&1 |
-            tee -a "$OUT/gate-ab.log" | grep -E "^[0-9]+x|host enqueue|flashoverlap  |sequential  |rror" | cut -c1-220 || status=1
-        done
-      done
-      ;;
-    four-ab)
-      stage "4 stages against 3"
-      $CLI bench-gemm --tiles 256 --reserve-sms 0 --modes plain --four-stages both 2>&1 | tee -a "$OUT/four-ab.log" |
-        grep -v "^#" || status=1
-      ab_runs four-ab.log "" "" "--three-stages"
-      ;;
-    tma-ab)
-      stage "owners, 4 stages: tiles pushed from C by the storer warp vs by TMA from the staging (last tile, all)"
-      modes=()
-      for m in ${TMA_MODES:-none last}; do modes+=("--push-tma $m"); done
-      owner_ab tma-ab.log "${modes[@]}"
-      ;;
-    copy-ab)
-      stage "owners, 4 stages: the peer's finals copied by the producer's warps during the GEMM vs after the tiles"
-      owner_ab copy-ab.log "" "--no-fuse"
       ;;
     cublas-ab)
       stage "bench-gemm with the system's cuBLAS and with PyTorch's own (its wheel's libcublas first on LD_LIBRARY_PATH), ABAB"
@@ -398,14 +294,6 @@ for s in "$@"; do
         echo "$tool: exit $? ($(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitize-$tool.log") clean summaries)"
         tail -3 "$OUT/sanitize-$tool.log"
       done
-      ;;
-    rows-ab)
-      stage "row bands: the signalling GEMM with 4 vs 3 pipeline stages"
-      ab_runs rows-ab.log "--layout rows --no-select --registered-output" "" "--three-stages"
-      ;;
-    diag-ab)
-      stage "owners: the call with and without the finals' NVLink bytes (--diag-no-final-bytes)"
-      owner_ab diag-ab.log "--registered-output" "--registered-output --diag-no-final-bytes"
       ;;
     owners-w)
       stage "owners on every local GPU (3-8): the world test's owner cases, then the tuner's pick vs owners forced"

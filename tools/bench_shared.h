@@ -43,15 +43,13 @@ struct Options {
   int reserve_sms = -1;
   std::string partition;
   std::string band_swizzles;  // row-band layouts: the swizzles the tuner tries (empty: its default)
-  std::string wait = "spin";
   std::string layout = "auto";
   std::string decomp = "2,4,8";
   std::string rs_layout;  // reducescatter: standard | subtile (empty: standard)
   std::string routing = "uniform";  // alltoall: uniform | zipf:S | one:R | empty:R (plan::make_moe_routing)
   int topk = 0;                     // alltoall: ranks each token picks (0: min(2, world))
   int64_t tokens = 0;               // alltoall: tokens per rank (0: the shape's M)
-  bool rmsnorm = false, json = false, trace = false, select = true, in_place = false;
-  bool diag_no_final_bytes = false;  // measurement only: owners' finals counted at the peer, not moved
+  bool rmsnorm = false, json = false, trace = false, select = true;
   bool owners_wide = false;  // testing: owners on 2 ranks through the path of 3-8
   bool registered = false;  // flashoverlap into a registered output (run_registered)
   bool gate = true;  // each timed run queued whole before the GPU starts it (host_gate.h)

@@ -196,7 +196,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.layout == "auto" || o.layout == "gathered" || o.layout == "gathered-tiles")
     tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };
   tuning.world = world;
-  tuning.gather_reserve = o.wait == "spin" ? 1 : 0;  // the spin waiter needs an SM beside the GEMM
   tuning.group_sizes = o.partition;
   tuning.cublas_gemm_ms = comp[0];
   auto options_for = [&](const rt::AllReducePlan& pl) {
@@ -205,7 +204,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.comm = cx.comm_for(pl.reserve);
     fo.tail_comm = base;
     if (rt::is_gathered(pl.layout) && !pl.sequential) fo.gather_comm = cx.ce_comm();
-    fo.wait = o.wait == "streamop" ? rt::WaitMode::StreamWaitOp : rt::WaitMode::SpinKernel;
     fo.trace = false;  // (the op timed last gets it: the trace's events cost the calls device time)
     fo.fallback_cublas = pl.fallback_cublas;
     fo.fuse_sum = pl.fuse_sum && o.fuse;
@@ -215,9 +213,6 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.push_tma = o.push_tma == "last" ? 1 : o.push_tma == "all" ? 2 : 0;
     fo.owner_pushers = o.owner_pushers == "on" ? 1 : o.owner_pushers == "off" ? 0 : -1;
     fo.wait_timeout_s = o.wait_timeout_s;
-    // (owners pushed only: OverlapAllReduce refuses it elsewhere)
-    fo.testing.diag_no_final_bytes = o.diag_no_final_bytes && !pl.sequential && rt::is_pushed(pl.layout) &&
-                             pl.push_by == rt::PushBy::Owners;
     fo.testing.owners_wide = o.owners_wide && !pl.sequential && rt::is_pushed(pl.layout) && pl.push_by == rt::PushBy::Owners &&
                      pl.sched.bn == 256 && fo.four_stages;
     return fo;
@@ -257,30 +252,21 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   // ---- correctness first: poisoned outputs, fresh random inputs ----
   auto run_seq = [&] { rt::sequential_cublas_allreduce(*cx.cublas, dt, a.get(), b.get(), out_seq.get(), m, n, k, base, cx.stream); };
   auto run_ours = [&] { rt::sequential_ours_allreduce(dt, a.get(), b.get(), out_ours.get(), full, k, base, cx.stream); };
-  const void* fo_result = out_fo.get();  // --in-place: where the op left the last call's result
   const int fo_slot = o.registered ? op.register_output(out_fo.get(), N) : -1;  // (collective)
-  auto run_fo_on = [&](const void* a_in) {
-    if (o.in_place)
-      fo_result = op.run_in_place(a_in, b.get(), cx.stream);
-    else if (o.registered)
-      op.run_registered(a_in, b.get(), fo_slot, cx.stream);
+  auto run_fo = [&] {
+    if (o.registered)
+      op.run_registered(a.get(), b.get(), fo_slot, cx.stream);
     else
-      op.run(a_in, b.get(), out_fo.get(), N, cx.stream);
+      op.run(a.get(), b.get(), out_fo.get(), N, cx.stream);
   };
-  auto run_fo = [&] { run_fo_on(a.get()); };
   auto run_ours_alone = [&] {  // --power: our GEMM without the AllReduce
     kernels::launch_gemm(kernels::plain_gemm(dt, a.get(), b.get(), full, k, out_ours.get(), N), cx.stream);
   };
   for (auto* p : {&out_seq, &out_ours, &out_fo, &out_dec}) kernels::poison(p->get(), M * N, cx.stream);
   run_seq();
   run_ours();
-  {  // several epochs; in place, the first two on other inputs, so that the
-     // half of the window the checked call uses held another result
-    rt::DeviceBuffer a_other(o.in_place ? size_t(M) * K * 2 : 0);
-    if (o.in_place) kernels::fill_random(dt, a_other.get(), M * K, seed ^ 0x1234567, -1.f, 1.f, cx.stream);
-    for (int rep = 0; rep < 3; ++rep) run_fo_on(o.in_place && rep < 2 ? a_other.get() : a.get());
-    FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
-  }
+  for (int rep = 0; rep < 3; ++rep) run_fo();  // (several epochs)
+  FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   decs.front()->run(*cx.cublas, dt, a.get(), b.get(), out_dec.get(), m, n, k, cx.stream);
   FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
   op.check();
@@ -289,9 +275,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   // rank-order fp32 sum, so within the per-element bound of the same GEMM +
   // NCCL too; against cuBLAS + NCCL, the bound of two GEMMs summed over the ranks)
   const kernels::Tolerance tol = kernels::gemm_tolerance(dt, K, world);
-  const auto vs_ours = kernels::compare(dt, fo_result, N, plan.fallback_cublas ? out_seq.get() : out_ours.get(), N,
+  const auto vs_ours = kernels::compare(dt, out_fo.get(), N, plan.fallback_cublas ? out_seq.get() : out_ours.get(), N,
                                         M, N, cx.stream, tol);
-  const auto vs_cublas = kernels::compare(dt, fo_result, N, out_seq.get(), N, M, N, cx.stream, tol);
+  const auto vs_cublas = kernels::compare(dt, out_fo.get(), N, out_seq.get(), N, M, N, cx.stream, tol);
   const auto dec_vs = kernels::compare(dt, out_dec.get(), N, out_seq.get(), N, M, N, cx.stream, tol);
   std::vector<double> bad = {double(vs_ours.mismatches), double(vs_cublas.beyond), double(vs_cublas.nan_count),
                              double(dec_vs.beyond), double(vs_ours.beyond), vs_cublas.worst_ratio};
@@ -308,9 +294,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (bad[3] > 0) chk << "; decomposition vs cuBLAS+NCCL: " << beyond(bad[3]);
   res.checks = chk.str();
   const bool ok = (world == 2 ? bad[0] == 0 : bad[4] == 0) && bad[1] == 0 && bad[2] == 0 && bad[3] == 0;
-  if (fo.testing.diag_no_final_bytes)
-    res.checks += " [--diag-no-final-bytes: the finals are not moved to the peer, so its C is wrong: timing only]";
-  else if (!ok)
+  if (!ok)
     throw Error("correctness check failed for " + std::to_string(M) + "x" + std::to_string(N) + "x" +
                        std::to_string(K) + ": " + res.checks);
 
@@ -381,12 +365,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
           : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
       << (!plan.four_stages && rt::plan_has_stage_choice(plan) ? ", 3 stages" : "")  // (the stage round's pick)
-      << ", wait " << o.wait
       << (o.registered ? (op.finals_into_outputs() ? ", registered output (the peer's finals stored straight into it); "
                                                    : ", registered output (run: this plan copies); ") + nccl_reg_note
-          : !o.in_place           ? ""
-          : op.result_in_window() ? ", result in place (run_in_place: C in the window)"
-                                  : ", result in the op's buffer (run_in_place)");
+                       : "");
   res.rows.push_back({"flashoverlap", ms.back(), op.describe_groups(), cfg.str()});
 
   if (o.power_s > 0) {
@@ -514,13 +495,9 @@ int run(const Options& o) {
     if (!kernels::tile_supported(t.bm, t.bn))
       throw InvalidArgument("--tile must be auto, 128x256 or 128x128, not " + o.tile);
   }
-  if (o.wait != "spin" && o.wait != "streamop") throw InvalidArgument("--wait must be spin or streamop");
   if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners")
     throw InvalidArgument("--push-by must be auto, gemm, copy-engines or owners" +
                           std::string(o.push_by == "owners-pull" ? " (owners-pull was never faster and was retired)" : ""));
-  if (o.diag_no_final_bytes && (o.push_by != "owners" || !o.four_stages))
-    throw InvalidArgument("--diag-no-final-bytes measures owners pushed on 4 stages: it needs --push-by owners "
-                          "(and not --three-stages)");
   if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
       o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
     throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
@@ -734,15 +711,10 @@ void add_bench_command(CLI::App& app, int& rc) {
         }
         return "";
       });
-  cmd->add_option("--wait", o->wait, "How the comm stream waits for a group: spin or streamop")->capture_default_str()->group(kExperiments);
   cmd->add_option("--decomposition", o->decomp,
                   "Chunk counts of the decomposition baseline (reducescatter: chunks of every rank's row block)")->capture_default_str()->group(kExperiments);
   cmd->add_flag("--with-rmsnorm", o->rmsnorm,
                 "Also compare the fused residual+RMSNorm path (reducescatter: on this rank's rows)");
-  cmd->add_flag("--diag-no-final-bytes", o->diag_no_final_bytes,
-                "Measurement only (owners pushed, 4 stages): the final tiles are counted at the peer but not moved "
-                "there, so the result is wrong and not checked: how long the call takes without the finals' NVLink "
-                "bytes")->group(kExperiments);
   cmd->add_flag("--owners-wide", o->owners_wide,
                 "Testing (owners, 128x256 tiles on 4 stages): on 2 ranks, the path built for 3-8 (every rank's "
                 "window and output by rank, the pusher warps, no TMA pushes); the same bits, its cost")->group(kExperiments);
@@ -750,10 +722,6 @@ void add_bench_command(CLI::App& app, int& rc) {
                 "flashoverlap runs into an output registered with the op (run_registered: with owners the peer "
                 "stores its finals straight into it, no copy); the baselines' outputs are registered with NCCL "
                 "(ncclCommRegister) in turn");
-  cmd->add_flag("--in-place", o->in_place,
-                "flashoverlap leaves its result in the op's memory (run_in_place: with owners, no copy of the peer's "
-                "tiles) instead of the output buffer")
-      ->excludes("--registered-output");
   cmd->add_option("--wait-timeout", o->wait_timeout_s,
                   "Seconds before a wait of the overlapped op for a group or tile fails the run with a message")
       ->capture_default_str()

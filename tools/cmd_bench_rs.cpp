@@ -112,9 +112,7 @@ void check_reducescatter_options(const Options& o, const std::vector<std::array<
   if (o.layout != "auto") given.push_back("--layout");
   if (o.push_by != "auto") given.push_back("--push-by");
   if (!o.band_swizzles.empty()) given.push_back("--band-swizzles");
-  if (o.wait != "spin") given.push_back("--wait " + o.wait);
   if (o.registered) given.push_back("--registered-output");
-  if (o.in_place) given.push_back("--in-place");
   if (o.trace) given.push_back("--trace");
   if (o.power_s > 0) given.push_back("--power");
   if (!o.four_stages) given.push_back("--three-stages");

@@ -174,10 +174,6 @@ struct Owner {
   // runtime picks by k, owner_pushers_by_k, unless
   // rt::OverlapAllReduceOptions::owner_pushers says otherwise).
   bool pushers = true;
-  // Measurement only: the final tiles this rank owns are counted at the peer
-  // but not stored there (4 stages; the peer's C is then wrong): the call
-  // without the finals' NVLink bytes.
-  bool diag_no_final_bytes = false;
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
   // More than 2 ranks (world > 2; at 2 the fields above, as described):

@@ -120,7 +120,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         // A final into the peer's C (Owner::finals_in_c), else into its window
         // from row0 (rows < m). After a timed-out wait (failed) an owned
         // "final" is not one: it is not stored into the peer's C at all.
-        if (tma_push && !(final_to_peer_c && failed) && !(own && o.diag_no_final_bytes))
+        if (tma_push && !(final_to_peer_c && failed))
 #pragma unroll
           for (int c = 0; c < 2; ++c)
             ptx::tma_store_2d(final_to_peer_c ? tm_q : tm_p, piece + c * 8192, col + q * 128 + c * 64,

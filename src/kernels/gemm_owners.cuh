@@ -128,7 +128,7 @@ __device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32
   const int32_t nrows = min(rows, s.m - row), units = min(BN, s.n - col) / 8;
   const T* src = static_cast<const T*>(p.out) + int64_t(row) * p.ld_out + col;
   if constexpr (!kWorld) {
-    if (!withhold && nrows > 0 && !(o.diag_no_final_bytes && own)) {
+    if (!withhold && nrows > 0) {
       const int64_t dst_ld = to_c ? o.peer_ld : s.n;
       T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
                     : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
@@ -136,7 +136,7 @@ __device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32
     }
   } else if (!withhold && nrows > 0) {  // Owner::world: a final to every other rank, a partial to its owner
     const int32_t owner = owner_of_tile(idx, s.tiles(), o.world);
-    const int32_t targets = own ? (o.diag_no_final_bytes ? 0 : o.world - 1) : 1;
+    const int32_t targets = own ? o.world - 1 : 1;
     for (int32_t k = 1; k <= targets; ++k) {
       const int32_t t = own ? (o.rank + k) % o.world : owner;
       const int32_t slot = own ? 0 : owner_slot_of_sender(o.rank, owner, o.world);

@@ -281,8 +281,6 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
       {"bench", "--band-swizzles ''", "no band heights"},
       {"bench", "--push-tma every", "--push-tma"},
       {"bench", "--owner-pushers maybe", "--owner-pushers"},
-      {"bench", "--diag-no-final-bytes", "--diag-no-final-bytes measures owners pushed on 4 stages"},
-      {"bench", "--diag-no-final-bytes --push-by owners --three-stages", "needs --push-by owners"},
       {"bench", "--iters 0", "--iters: must be a number >= 1, not 0"},
       {"bench", "--m 0", "--m: must be a number >= 1"},
       {"bench", "--warmup -1", "--warmup: must be a number >= 0"},

@@ -74,7 +74,7 @@ void OverlapAllReduce::setup_gathered() {
   stream_write_fn();
   fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 &&
              int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX &&
-             (opts_.wait == WaitMode::StreamWaitOp || s.ctas < current_device_sms());
+             s.ctas < current_device_sms();  // (the comm stream's wait kernels need an SM beside the GEMM)
   group_done_.resize(gather_.size());
   for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -121,15 +121,12 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   group_of_tile_ = to_device(plan::group_of_tiles(groups, s.tiles(), gemm_drop_group()));
   if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
   if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
-  if (opts_.testing.diag_no_final_bytes && !(owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_))
-    throw InvalidArgument("OverlapAllReduce: diag_no_final_bytes is for owners pushed on 4 stages (128x256 tiles)");
   // The signalling GEMM's 4 stages (owners: setup_owned): row bands, and
   // gathered rows unless the sum runs in the GEMM (its warps stage in the
   // 4th stage's room); kernels::gemm_four_stages decides per launch.
   if (!sequential() && (opts_.layout == ArLayout::RowBands || (opts_.layout == ArLayout::Gathered && !fuse_ok_)))
     four_stages_ = opts_.four_stages && s.bn == 256;
 
-  if (opts_.wait == WaitMode::StreamWaitOp) stream_wait_fn();
   if (opts_.fallback_cublas) {
     if (!sequential()) throw InvalidArgument("OverlapAllReduce: fallback_cublas needs the sequential plan (one group)");
     cublas_ = std::make_unique<CublasGemm>();
@@ -215,13 +212,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   for (size_t g = 0; g < groups; ++g) {
     const uint32_t target = counter_target(g);  // wraps; the compare is cyclic
     uint32_t* counter = counters_.as<uint32_t>() + g;
-    if (opts_.wait == WaitMode::SpinKernel) {
-      kernels::launch_wait_counter(counter, target, timeout_ns(), wait_error_, int32_t(g), comm_stream);
-    } else {
-      CUresult r = stream_wait_fn()(reinterpret_cast<CUstream>(comm_stream), reinterpret_cast<CUdeviceptr>(counter),
-                                    target, CU_STREAM_WAIT_VALUE_GEQ);
-      if (r != CUDA_SUCCESS) throw Error("cuStreamWaitValue32 failed (CUresult " + std::to_string(int(r)) + ")");
-    }
+    kernels::launch_wait_counter(counter, target, timeout_ns(), wait_error_, int32_t(g), comm_stream);
     if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream));
     if (is_gathered(opts_.layout)) {  // in place: this rank's block is the send buffer
       const GatherBlock& gb = gather_[g];
@@ -346,21 +337,6 @@ bool OverlapAllReduce::result_in_window() const {
   return !sequential() && owners() && opts_.push_by == PushBy::Owners;
 }
 
-const void* OverlapAllReduce::run_in_place(const void* a, const void* b, cudaStream_t stream) {
-  const plan::Schedule& s = opts_.sched;
-  const void* c = nullptr;
-  begin_call(stream);
-  if (result_in_window()) {
-    c = enqueue_owned(a, b, nullptr, s.n, nullptr, true, stream);
-  } else {
-    if (!in_place_out_.get()) in_place_out_ = DeviceBuffer(size_t(s.m) * s.n * 2);
-    enqueue_run(a, b, in_place_out_.get(), s.n, stream);
-    c = in_place_out_.get();
-  }
-  end_call(stream);
-  return c;
-}
-
 void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
@@ -368,7 +344,7 @@ void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int6
   const bool direct = ld_out == s.n;
   if (!sequential() && is_pushed(opts_.layout)) {
     if (owners())
-      enqueue_owned(a, b, out, ld_out, nullptr, false, stream);
+      enqueue_owned(a, b, out, ld_out, nullptr, stream);
     else
       enqueue_pushed(a, b, out, ld_out, nullptr, stream);
     return;
@@ -435,7 +411,7 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
   check_rmsnorm_args(norm, out, s.m);
   if (is_pushed(opts_.layout) && !sequential()) {
     if (owners())
-      enqueue_owned(a, b, out, s.n, &norm, false, stream);
+      enqueue_owned(a, b, out, s.n, &norm, stream);
     else
       enqueue_pushed(a, b, out, s.n, &norm, stream);
     return;

@@ -52,7 +52,7 @@
 //   stores the final tile into the output and the peer's window, from which
 //   the peer copies it during its GEMM. No sum pass: 3 bytes of HBM traffic
 //   per byte of C instead of 5, nothing but one wave's copy after the GEMM.
-//   In place (run_rmsnorm, run_in_place): C is the window itself, where the
+//   In place (run_rmsnorm): C is the window itself, where the
 //   peer's finals land, and nothing is copied.
 //   On 3-8 ranks (pushed, 128x256 tiles on 4 stages; kernels::Owner::world)
 //   each rank owns a contiguous range of tiles, receives the other ranks'
@@ -171,11 +171,6 @@ struct OwnerWindow {
   }
 };
 
-enum class WaitMode {
-  SpinKernel,     // 1-thread kernel polling with acquire loads, bounded by a timeout
-  StreamWaitOp,   // cuStreamWaitValue32 (GEQ), executed by the GPU front end; unbounded
-};
-
 struct OverlapAllReduceOptions {
   plan::Schedule sched;           // m = the M of every call
   // Consecutive tile ranges covering [0, tiles): plan::make_groups(sched,
@@ -193,7 +188,6 @@ struct OverlapAllReduceOptions {
   // destroying the op are collective over it.
   ncclComm_t gather_comm = nullptr;
   int rank = 0;                   // for messages
-  WaitMode wait = WaitMode::SpinKernel;
   double wait_timeout_s = 30.0;   // a group not complete by then fails the call
   // register_output's exchange with the other ranks fails after this long
   // (a rank that never calls it), rather than waiting for ever; the
@@ -218,11 +212,6 @@ struct OverlapAllReduceOptions {
     // rank's window, flags and output by rank, the pusher warps, no TMA
     // pushes), which must give the same bits; so 2 GPUs test that runtime.
     bool owners_wide = false;
-    // Measurement only (bench --diag-no-final-bytes): owners pushed, the
-    // final tiles are counted at the peer but not moved there
-    // (kernels::Owner::diag_no_final_bytes), so the peer's C is wrong: how
-    // much of the call's end the finals' NVLink bytes take.
-    bool diag_no_final_bytes = false;
   } testing;
   // Keep the trace buffers (events around the GEMM and each group, the GEMM's
   // tile and phase monitors) and trace the calls until set_tracing(false).
@@ -328,16 +317,7 @@ class OverlapAllReduce {
   void run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream);
   // out = RMSNorm(AllReduce(A B^T) + residual) * weight, rows of n (ld = n).
   void run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out, cudaStream_t stream);
-  // As run, the result (m x n, ld = n) in this op's memory: no copy into
-  // the caller's buffer. With owners (pushed; result_in_window()) it is C
-  // in this op's window, where the peer's final tiles land (nothing copied
-  // at all); other plans run into a buffer of the op. Valid for work
-  // enqueued on `stream` before this op's next call, with every call of
-  // the op ordered on that stream, and while the op lives: two calls later
-  // the peer writes that half of the window again (a peer whose waits timed
-  // out, which it reports, may do so early).
-  const void* run_in_place(const void* a, const void* b, cudaStream_t stream);
-  // Whether run_in_place and run_rmsnorm keep C in the window (owners, pushed).
+  // Whether run_rmsnorm keeps C in the window (owners, pushed).
   bool result_in_window() const;
   // Collective (every rank, in the same order, each its own buffer): makes
   // `out` (m x n, ld_out elements per row, 16-byte aligned, ld_out % 8 == 0;
@@ -434,8 +414,7 @@ class OverlapAllReduce {
   // PushBy::Owners (allreduce_owners.cpp): the window [2 halves][tiles_m * bm
   // rows][n] + per-tile flags; one call = the GEMM (then RMSNorm).
   void setup_owned();
-  // in_place (run_in_place: out unused), or norm, with the pushed owners: C
-  // in the window (kernels::Owner::in_place). Returns where C is.
+  // With norm, pushed owners keep C in the window (kernels::Owner::in_place).
   // reg: out is that registered output (finals_into_outputs()).
   struct RegisteredOutput {
     void* out;
@@ -444,8 +423,8 @@ class OverlapAllReduce {
     DeviceBuffer outs_of, lds_of;  // more than 2 ranks: every rank's C and ld, by rank (kernels::Owner::outs_of)
   };
   // m: the call's rows (0: the planned M; else of its tile rows).
-  const void* enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
-                            bool in_place, cudaStream_t stream, const RegisteredOutput* reg = nullptr, int64_t m = 0);
+  void enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
+                     cudaStream_t stream, const RegisteredOutput* reg = nullptr, int64_t m = 0);
   char* owner_base_ = nullptr;  // owners: this GPU's window (its own, or the shared one's)
   void check_rows(int64_t m, const char* call) const;  // run_rows' m: of the plan's tile rows (owners)
   // run_rmsnorm's buffers for m rows: present, not overlapping (InvalidArgument).
@@ -459,7 +438,6 @@ class OverlapAllReduce {
   uint32_t* owner_peer_flags_ = nullptr;   // the peer's
   OwnerCallSlots own_calls_;               // the call check on the op's own window (not a shared one)
   DeviceBuffer owned_scratch_;             // C for outputs TMA cannot store to (then copied)
-  DeviceBuffer in_place_out_;              // run_in_place's result where C cannot stay in the window
   std::vector<GatherBlock> gather_;
   int64_t gathered_rows_ = 0;
   int world_ = 1, gather_rank_ = 0;

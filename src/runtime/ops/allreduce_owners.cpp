@@ -201,7 +201,7 @@ void OverlapAllReduce::run_rows(const void* a, const void* b, void* out, int64_t
   if (!out) throw InvalidArgument("OverlapAllReduce::run_rows (rank " + std::to_string(opts_.rank) + "): null output");
   if (ld_out < opts_.sched.n) throw InvalidArgument("OverlapAllReduce::run_rows: ld_out < n");
   begin_call(stream);
-  enqueue_owned(a, b, out, ld_out, nullptr, false, stream, nullptr, m);
+  enqueue_owned(a, b, out, ld_out, nullptr, stream, nullptr, m);
   end_call(stream);
 }
 
@@ -210,7 +210,7 @@ void OverlapAllReduce::run_rmsnorm_rows(const void* a, const void* b, const RmsN
   check_rows(m, "run_rmsnorm_rows");
   check_rmsnorm_args(norm, out, m);
   begin_call(stream);
-  enqueue_owned(a, b, out, opts_.sched.n, &norm, false, stream, nullptr, m);
+  enqueue_owned(a, b, out, opts_.sched.n, &norm, stream, nullptr, m);
   end_call(stream);
 }
 
@@ -231,22 +231,20 @@ void OverlapAllReduce::run_registered(const void* a, const void* b, int slot, cu
   if (m > 0) check_rows(m, "run_registered");
   if (!finals_into_outputs()) return m > 0 ? run_rows(a, b, r.out, r.ld, m, stream) : run(a, b, r.out, r.ld, stream);
   begin_call(stream);
-  enqueue_owned(a, b, r.out, r.ld, nullptr, false, stream, &r, m);
+  enqueue_owned(a, b, r.out, r.ld, nullptr, stream, &r, m);
   end_call(stream);
 }
 
-const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out,
-                                           const RmsNormArgs* norm, bool in_place_asked, cudaStream_t stream,
-                                           const RegisteredOutput* reg, int64_t m) {
+void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, int64_t ld_out, const RmsNormArgs* norm,
+                                     cudaStream_t stream, const RegisteredOutput* reg, int64_t m) {
   plan::Schedule s = opts_.sched;  // (the call's rows: the same tiles, the last tile row clipped elsewhere)
   if (m > 0) s.m = int32_t(m);
   // This rank's tiles go to the peer's window, the peer's are read here (kernels::Owner).
-  // In place (pushed; asked for, or the norm reads C): C is this call's half
-  // of the window, where the peer's finals land. Else the GEMM stores C by
-  // TMA: 16-byte aligned rows; other outputs get a copy from this op's
-  // scratch (allocated at the first such call).
-  if (in_place_asked && !result_in_window()) throw Error("OverlapAllReduce: no C in place on this plan (internal)");
-  const bool in_place = result_in_window() && (in_place_asked || norm);
+  // In place (pushed, the norm reads C): C is this call's half of the
+  // window, where the peer's finals land. Else the GEMM stores C by TMA:
+  // 16-byte aligned rows; other outputs get a copy from this op's scratch
+  // (allocated at the first such call).
+  const bool in_place = result_in_window() && norm;
   const bool direct = in_place || (kernels::aligned16(out) && ld_out % 8 == 0);
   if (!direct && !owned_scratch_.get()) owned_scratch_ = DeviceBuffer(size_t(opts_.sched.m) * s.n * 2);  // (the most rows a call has)
   EpochBump bump(epoch_);
@@ -284,7 +282,6 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   const int slot = o.finals_in_c ? int(reg - registered_.data()) : -1;  // (the peers' C this call stores into)
   calls.prepare(o, uint32_t(s.m), owner_call_plan(s, world_, opts_.k, opts_.dtype, owner_split_, slot));
   o.drop_group = opts_.testing.fault_drop_group;
-  o.diag_no_final_bytes = opts_.testing.diag_no_final_bytes;
   uint32_t* claims = claims_.as<uint32_t>();
   o.claims = claims + (epoch & 1);
   o.producers = fuse_ok_;
@@ -308,7 +305,6 @@ const void* OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* 
   if (norm)  // (in place: from the window into out)
     kernels::add_rmsnorm_rows(opts_.dtype, in_place ? c : out, s.m, s.n, norm->residual, norm->weight, norm->eps,
                               out, norm->residual_out, stream);
-  return c;
 }
 
 }  // namespace flashoverlap::rt

@@ -104,8 +104,8 @@ struct AllReduceTuning {
   // The copy-engine AllGather curve (per-rank bytes); empty: no Gathered candidates.
   std::function<const plan::BandwidthCurve&()> gather_curve;
   int world = 2;  // ranks summed by the gathered layout's element-wise step
-  // SMs the gathered layout leaves free: 1 for the spin-wait kernel (bounded
-  // waits), 0 with stream wait-ops (the copy engines need none).
+  // SMs the gathered layout leaves free: 1 for the comm stream's wait
+  // kernels (bounded waits; the copy engines need none).
   int gather_reserve = 1;
   // AllGathers on the copy engines beside the GEMM, against the curve alone.
   double gather_slowdown = 1.10;
