@@ -26,8 +26,6 @@
 #   a2a          the All-to-All (MoE combine) sweep the same way -> $OUT/alltoall-h200x<W>.csv (ROUTINGS: see
 #                bench/sweep.sh), then PyTorch's F.linear + all_to_all_single + index_add on the same (N, K)
 #                (bench/torch_alltoall.py) -> $OUT/alltoall-torch-h200x<W>.csv
-#   cublas-ab    bench-gemm (128x256, plain) with the system's cuBLAS and with PyTorch's own (the one F.linear runs:
-#                its wheel's libcublas first on LD_LIBRARY_PATH), ABAB -> cublas-ab.log (AB_SHAPES overrides the shapes)
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
 #   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
 #   cli-ab       builds of the tool in turns with registered outputs (the tuner's pick, then the owner plan forced;
@@ -269,22 +267,6 @@ for s in "$@"; do
         "$c" bench-gemm --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192},8192x4096x2048 \
           --tiles 256 --modes plain,owners --reserve-sms 0 2>&1 | tee -a "$OUT/owners-one.log" || status=1
       done
-      ;;
-    cublas-ab)
-      stage "bench-gemm with the system's cuBLAS and with PyTorch's own (its wheel's libcublas first on LD_LIBRARY_PATH), ABAB"
-      tlib=$(python3 -c "import glob, os, torch; print((glob.glob(os.path.join(os.path.dirname(torch.__file__), '..', 'nvidia', 'cu*', 'lib')) + [''])[0])" 2>/dev/null)
-      if [ -z "$tlib" ] || ! ls "$tlib"/libcublas.so* >/dev/null 2>&1; then
-        echo "cublas-ab: this torch has no cuBLAS of its own: skipped"
-      else
-        for r in 1 2; do
-          for v in system torch; do
-            echo "##### $v cuBLAS ($r)" | tee -a "$OUT/cublas-ab.log"
-            LD_LIBRARY_PATH=$([ $v = torch ] && echo "$tlib:")${LD_LIBRARY_PATH:-} $CLI bench-gemm --modes plain --tiles 256 \
-              --reserve-sms 0 --shapes ${AB_SHAPES:-4096x4096x4096,8192x4096x2048,2048x8192x8192,1024x8192x8192,3001x8192x8192,8192x5120x2560,4096x7168x5120,8192x8192x8192} \
-              2>&1 | tee -a "$OUT/cublas-ab.log" | grep -E "cuBLAS|^[0-9]+x" || status=1
-          done
-        done
-      fi
       ;;
     sanitize)
       stage compute-sanitizer
