@@ -30,6 +30,7 @@
 #include "runtime/ops/allreduce.h"
 #include "runtime/tune/tuner.h"
 #include "runtime/process/bootstrap.h"
+#include "runtime/transport/peers.h"
 #include "host_reference.h"
 #include "rank_harness.h"
 
@@ -485,6 +486,31 @@ TEST(OverlapAllReduceOneGpu, NcclLayoutsMatchTheirReferences) {
       {128, 256, 64, 256, 4, DType::BF16},                       {1000, 2048, 1024, 256, 132, DType::FP16}};
   cases[cases.size() - 1].fallback = cases[cases.size() - 2].fallback = true;
   check_cases(cases, 1);
+}
+
+// NCCL_P2P_DISABLE=1 (the GPUs then talk through host memory, as on PCIe
+// machines without P2P): no rank counts as within load/store reach, so the
+// ops and the tuner leave out every NVLink path (pushed, owners, the copy
+// engines' gathers, the NVLink forms) and plan NCCL's. On one GPU, where a
+// rank reaches itself: reachable without the variable and with it at 0.
+TEST(OverlapAllReduceOneGpu, P2pDisabledLeavesNoRankWithinReach) {
+  REQUIRE_HOPPER();
+  const char* was = std::getenv("NCCL_P2P_DISABLE");
+  const std::string saved = was ? was : "";
+  bool plain = false, zero = false, disabled = true;
+  test::on_each_rank(1, [&](int, ncclComm_t comm) {
+    unsetenv("NCCL_P2P_DISABLE");
+    plain = rt::all_ranks_reachable(comm);
+    setenv("NCCL_P2P_DISABLE", "1", 1);
+    disabled = rt::all_ranks_reachable(comm) || !rt::p2p_disabled();
+    setenv("NCCL_P2P_DISABLE", "0", 1);
+    zero = rt::all_ranks_reachable(comm);
+  });
+  if (was) setenv("NCCL_P2P_DISABLE", saved.c_str(), 1);
+  else unsetenv("NCCL_P2P_DISABLE");
+  EXPECT_TRUE(plain) << "one rank on an H200 reaches its own memory";
+  EXPECT_FALSE(disabled) << "NCCL_P2P_DISABLE=1 left a rank within reach";
+  EXPECT_TRUE(zero) << "NCCL_P2P_DISABLE=0 is not disabled";
 }
 
 // The contract of allreduce.h's "Calls and streams", on one GPU

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "flashoverlap/error.h"
@@ -16,6 +17,11 @@
 
 namespace flashoverlap::rt {
 
+bool p2p_disabled() {
+  const char* v = std::getenv("NCCL_P2P_DISABLE");
+  return v && std::atoi(v) != 0;  // (read as NCCL reads it: a number, nonzero disables)
+}
+
 #ifdef FO_HAVE_NCCL_DEVICE
 namespace {
 // The window handle is NCCL's device-side description of the mapping.
@@ -25,6 +31,7 @@ __global__ void peer_pointers_kernel(ncclWindow_t win, int world, void** out) {
 }  // namespace
 
 bool all_ranks_reachable(ncclComm_t comm) {
+  if (p2p_disabled()) return false;
   int world = 0;
   FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world), "all_ranks_reachable");
   if (ncclTeamLsa(comm).nRanks != world) return false;

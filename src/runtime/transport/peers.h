@@ -21,8 +21,14 @@ std::vector<void*> window_peer_pointers(ncclComm_t comm, ncclWindow_t win, int w
 // the whole communicator and, where other GPUs are visible to this process,
 // each of them supports native P2P atomics with this one (NVLink). With a
 // single visible GPU per process only NCCL's answer is available. False
-// without NCCL's device API. Per rank: combine the ranks' answers.
+// without NCCL's device API, and where p2p_disabled(). Per rank: combine
+// the ranks' answers.
 bool all_ranks_reachable(ncclComm_t comm);
+
+// NCCL_P2P_DISABLE is set nonzero: the user keeps the GPUs from each
+// other's memory (NCCL then moves data through the host, as on PCIe
+// machines without P2P), so our NVLink paths are left out too.
+bool p2p_disabled();
 
 // After setting up counters in a window that peers write into: this GPU's
 // work is done (device sync), then every rank of `comm` meets in a
