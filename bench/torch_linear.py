@@ -181,11 +181,13 @@ def main():
     try:
         import flashoverlap.torch as fo
         import flashoverlap
+        flashoverlap.load()  # (the package loads the library lazily: a missing one shows here)
         library = flashoverlap.__version__
     except Exception as e:  # (the library not built: the torch variants still run)
         fo, library = None, "none"
-        if rank == 0:
-            print(f"flashoverlap not importable ({e}): its variant is left out", flush=True)
+        print(f"rank {rank}: flashoverlap not loadable ({e}): its variant is left out", flush=True)
+    if slowest(0.0 if fo else 1.0, device) > 0:  # (every rank leaves it out if one must: its op is collective)
+        fo, library = None, "none"
     symm = None
     if args.op == "reducescatter":
         try:
@@ -236,9 +238,11 @@ def main():
             if name == "torch-linear":
                 continue
             try:
-                y = f()
+                y, err = f(), ""
             except Exception as e:  # (a variant this torch refuses for this shape: said, left out)
-                checks.append(f"{name}: failed ({str(e)[:120]})")
+                y, err = None, str(e)[:120]
+            if slowest(1.0 if y is None else 0.0, device) > 0:  # (left out on every rank, or they would part)
+                checks.append(f"{name}: failed ({err or 'on another rank'})")
                 del variants[name]
                 continue
             bad = int(((y.float() - ref.float()).abs() > bound).sum().item())
@@ -265,7 +269,7 @@ def main():
         nccl = torch.cuda.nccl.version()
         nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         meta = (f"# gpu={torch.cuda.get_device_name(device)}; torch={torch.__version__}; nccl={nccl}; "
-                f"blas={torch.backends.cuda.preferred_blas_library()} {loaded_cublas()}; "
+                f"blas={getattr(torch.backends.cuda, 'preferred_blas_library', lambda: '?')()} {loaded_cublas()}; "
                 f"flashoverlap={library}; world={world}; op={args.op}; "
                 f"tuning_cache={os.environ.get('FLASHOVERLAP_TUNING_CACHE', '') or 'none'}; "
                 f"date={datetime.datetime.now().isoformat(timespec='seconds')}\n")

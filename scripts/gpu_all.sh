@@ -49,8 +49,8 @@
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
 # TUNING_CACHE=file: the ar and rs sweeps store their measured picks there (bench --tuning-cache) and the
-# python stage's public ops read them (FLASHOVERLAP_TUNING_CACHE): the library timed as users call it, with
-# the CLI's picks. Unset: neither.
+# public ops of their bench/torch_linear.py runs and of the python stage read them (FLASHOVERLAP_TUNING_CACHE):
+# the library timed as users call it, with the CLI's picks. Unset: neither.
 # FO_REQUIRE_GPUS=N (exported; default: the GPUs nvidia-smi lists, 0 without it): a GPU test that needs
 # n <= N GPUs and cannot run fails instead of skipping (in every stage that runs them: test, sanitize,
 # owners-w, faults).
@@ -98,6 +98,7 @@ torch_linear() {
   local op=$1
   shift
   [ "$gpus" -ge 1 ] || { echo "torch_linear $op: no GPU: skipped"; return 0; }
+  python3 -c "import torch" 2>/dev/null || { echo "torch_linear $op: no torch in python3: skipped"; return 0; }
   FLASHOVERLAP_TUNING_CACHE=${TUNING_CACHE:-} FLASHOVERLAP_LIBRARY=${FLASHOVERLAP_LIBRARY:-$PWD/$BUILD/src/api/libflashoverlap.so} \
     timeout 900 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/torch_linear.py --op "$op" \
     --csv "$OUT/$op-torch-h200x$gpus.csv" --cli-csv "$OUT/$op-h200x$gpus.csv" ${SHAPES:+--shapes "$SHAPES"} "$@" 2>&1 | tee "$OUT/$op-torch.log" || status=1
@@ -227,7 +228,9 @@ for s in "$@"; do
       stage "reducescatter sweep, then PyTorch's (Async-TP)"
       OP=reducescatter bash bench/sweep.sh "$OUT" ${TUNING_CACHE:+--tuning-cache "$TUNING_CACHE"} ${SWEEP_ARGS:-} 2>&1 |
         tee "$OUT/reducescatter.log" || status=1
-      torch_linear reducescatter $([ "$gpus" -ge 2 ] && echo --merge-into "$OUT/reducescatter-h200x$gpus.csv")
+      merge=()
+      [ "$gpus" -ge 2 ] && merge=(--merge-into "$OUT/reducescatter-h200x$gpus.csv")
+      torch_linear reducescatter "${merge[@]}"
       [ "$gpus" -ge 2 ] && { python3 bench/plot_sweep.py "$OUT/reducescatter-h200x$gpus.csv" \
         "$OUT/reducescatter-h200x$gpus.png" || echo "(plot skipped)"; }
       ;;

@@ -194,8 +194,8 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   if (o.layout == "pushed-tiles") tuning.layouts = {rt::ArLayout::PushedTiles};
   tuning.push_reachable = world > 1 && cx.all_ranks(rt::all_ranks_reachable(base));  // the same answer everywhere
   // The gathered layouts: AllGathers on the copy engines, into the peers'
-  // memory. Where the GPUs cannot reach each other's (NCCL_P2P_DISABLE=1,
-  // PCIe without P2P) auto leaves them out; asked for by name, they run.
+  // memory. Where the ranks are not all within reach (rt::all_ranks_reachable:
+  // NCCL_P2P_DISABLE=1, PCIe) auto leaves them out; asked for by name, they run.
   if ((o.layout == "auto" && (world == 1 || tuning.push_reachable)) || o.layout == "gathered" ||
       o.layout == "gathered-tiles")
     tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };

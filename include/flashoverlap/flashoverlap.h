@@ -190,8 +190,9 @@ struct GemmReduceScatterOptions {
   // How the ReduceScatter runs beside the GEMM:
   //   Auto       the fastest the model predicts for each m (sequential
   //              where nothing would gain);
-  //   Sequential our GEMM (cuBLAS's where the tuning cache's pick for m
-  //              measured it faster), then one ncclReduceScatter;
+  //   Sequential our GEMM, then one ncclReduceScatter (Auto's sequential
+  //              plans take cuBLAS's GEMM where the tuning cache's pick
+  //              for m measured it faster);
   //   Slots      the paper's: each tile row stored where its destination's
   //              part of its group's send buffer is, one ncclReduceScatter
   //              per group on `nccl_sms` SMs the GEMM leaves free, then the

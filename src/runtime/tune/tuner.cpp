@@ -433,7 +433,9 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         if (std::accumulate(part.begin(), part.end(), 0) != units) continue;
       }
       c.plan.groups = tiles ? plan::make_groups(s, part) : plan::band_groups(s, part);
-      if (c.plan.groups.size() < 2) continue;  // one group would run the sequential fallback
+      // (one group would run the sequential fallback: no pushed plan here, NoPlan
+      // below where nothing else is; a forced pushed layout's shape is then skipped)
+      if (c.plan.groups.size() < 2) continue;
       const plan::Group& last = c.plan.groups.back();
       const double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
                                      : double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
@@ -525,6 +527,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const size_t i = size_t(std::min_element(full_ms.begin(), full_ms.end()) - full_ms.begin());
     AllReducePlan seq = best ? *best : AllReducePlan{};
     seq.sequential = true;
+    seq.push_by = best ? seq.push_by : t.push_by;
     seq.layout = ArLayout::RowBands;
     seq.sched = full[i];
     seq.groups = plan::make_groups(seq.sched, {seq.sched.waves()});
