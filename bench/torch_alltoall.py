@@ -33,15 +33,15 @@ N,K,tokens,topk,routing,dtype,world,variant,ms,max_rows (max_rows: the largest m
 """
 import argparse
 import csv
-import datetime
 import math
 import os
-import statistics
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from torch_timing import machine_line, slowest, time_in_turns
 
 SHAPES = "4096,14336;7168,2048;2048,768"
 COLUMNS = ["N", "K", "tokens", "topk", "routing", "dtype", "world", "variant", "ms", "max_rows"]
@@ -189,30 +189,6 @@ def check_combine(out, a, b, dest, gate, rank, ntok=8, ncol=64):
     return float(err.max()), float((err / (scale + 1e-30)).max()), int((err > 2.0 ** -4 * scale + 1e-2).sum())
 
 
-def slowest(ms, device):
-    t = torch.tensor([ms], device=device, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def time_runs(fns, runs, warmup, device):
-    for f in fns:
-        for _ in range(warmup):
-            f()
-    torch.cuda.synchronize()
-    per = [[] for _ in fns]
-    for _ in range(runs):
-        for i, f in enumerate(fns):
-            dist.barrier()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            f()
-            e.record()
-            e.synchronize()
-            per[i].append(s.elapsed_time(e))
-    return [slowest(statistics.median(p), device) for p in per]
-
-
 def parse_shapes(text):
     shapes = [tuple(item.split(",")) for item in filter(None, (v.strip() for v in text.split(";")))]
     if not shapes or any(len(p) != 2 or not all(v.strip().isdigit() and int(v) > 0 for v in p) for p in shapes):
@@ -288,7 +264,7 @@ def main():
             log(f"N={n} K={k}: combine vs float64 max abs error {err:.3g} (relative {rel:.3g}): "
                 f"{'ok' if bad == 0 else f'{bad} elements BEYOND THE TOLERANCE'}")
         names = list(variants)
-        ms = time_runs([variants[v] for v in names], args.runs, args.warmup, device)
+        ms = time_in_turns([variants[v] for v in names], 1, args.runs, device, warmup=args.warmup)
         for v, t in zip(names, ms):
             log(f"  {v:18s} {t:8.3f} ms")
             rows.append(dict(N=n, K=k, tokens=args.tokens, topk=args.topk, routing=args.routing, dtype="bf16",
@@ -296,11 +272,8 @@ def main():
         del a, b, variants
         torch.cuda.empty_cache()
     if rank == 0:
-        nccl = torch.cuda.nccl.version()
-        nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         fh = open(args.out, "w") if args.out else sys.stdout
-        fh.write(f"# gpu={torch.cuda.get_device_name(device)}; torch={torch.__version__}; nccl={nccl}; "
-                 f"world={world}; date={datetime.datetime.now().isoformat(timespec='seconds')}\n")
+        fh.write(machine_line(device, world))
         out = csv.DictWriter(fh, fieldnames=COLUMNS, lineterminator="\n")
         out.writeheader()
         out.writerows(rows)

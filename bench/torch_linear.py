@@ -32,17 +32,15 @@ sequential row; config says it is this script's run).
 import argparse
 import csv
 import ctypes
-import datetime
 import os
-import statistics
 import sys
-
 import tempfile
 
 try:  # (not needed by --self-test)
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from torch_timing import machine_line, slowest, time_in_turns
 except ImportError:
     torch = None
 
@@ -56,31 +54,6 @@ SHAPES = {  # (bench/sweep.sh's shape sets)
 }
 CLI_VARIANT = {"torch-sequential": "sequential", "flashoverlap-torch": "flashoverlap"}
 COLUMNS = ["M", "N", "K", "dtype", "world", "variant", "ms", "speedup_vs_sequential", "plan", "cli_ms", "cli_speedup"]
-
-
-def slowest(ms, device):
-    t = torch.tensor([ms], device=device, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def time_in_turns(fns, iters, turns, device):
-    for f in fns:  # warm-up
-        for _ in range(3):
-            f()
-    torch.cuda.synchronize()
-    per = [[] for _ in fns]
-    for _ in range(turns):
-        for i, f in enumerate(fns):
-            dist.barrier()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(iters):
-                f()
-            e.record()
-            e.synchronize()
-            per[i].append(s.elapsed_time(e) / iters)
-    return [slowest(statistics.median(p), device) for p in per]
 
 
 def loaded_cublas():
@@ -266,13 +239,11 @@ def main():
         del a, w, ref, variants
         torch.cuda.empty_cache()
     if rank == 0:
-        nccl = torch.cuda.nccl.version()
-        nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-        meta = (f"# gpu={torch.cuda.get_device_name(device)}; torch={torch.__version__}; nccl={nccl}; "
-                f"blas={getattr(torch.backends.cuda, 'preferred_blas_library', lambda: '?')()} {loaded_cublas()}; "
-                f"flashoverlap={library}; world={world}; op={args.op}; "
-                f"tuning_cache={os.environ.get('FLASHOVERLAP_TUNING_CACHE', '') or 'none'}; "
-                f"date={datetime.datetime.now().isoformat(timespec='seconds')}\n")
+        meta = machine_line(device, world,
+                            blas=f"{getattr(torch.backends.cuda, 'preferred_blas_library', lambda: '?')()} "
+                                 f"{loaded_cublas()}",
+                            flashoverlap=library, op=args.op,
+                            tuning_cache=os.environ.get("FLASHOVERLAP_TUNING_CACHE", "") or "none")
         if args.csv:
             with open(args.csv, "w", newline="") as fh:
                 fh.write(meta)

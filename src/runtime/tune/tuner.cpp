@@ -527,7 +527,7 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const size_t i = size_t(std::min_element(full_ms.begin(), full_ms.end()) - full_ms.begin());
     AllReducePlan seq = best ? *best : AllReducePlan{};
     seq.sequential = true;
-    seq.push_by = best ? seq.push_by : t.push_by;
+    if (!best) seq.push_by = t.push_by;
     seq.layout = ArLayout::RowBands;
     seq.sched = full[i];
     seq.groups = plan::make_groups(seq.sched, {seq.sched.waves()});
