@@ -67,7 +67,10 @@ struct GemmAllReduceOptions {
   // How the AllReduce runs beside the GEMM:
   //   Auto       the fastest the model predicts for each m (sequential
   //              where nothing would gain), or the tuning cache's pick;
-  //   Sequential our GEMM, then one ncclAllReduce;
+  //   Sequential the faster GEMM for m, then one ncclAllReduce (every
+  //              path's sequential calls: cuBLAS's GEMM, as F.linear runs
+  //              it, unless ours measured at least 2% faster at
+  //              construction near m; plan(m) names the one taken);
   //   RowBands   the GEMM signals as row bands of C finish; one
   //              ncclAllReduce per group of bands, in place, on `nccl_sms`
   //              SMs the GEMM leaves free (any interconnect);
@@ -130,8 +133,9 @@ struct GemmAllReduceOptions {
 class GemmAllReduce {
  public:
   // Collective over `comm`: every rank, with the same arguments. Measures
-  // the GEMM once per tile shape (the model's GEMM times) and derives the
-  // bounded communicator. 1 <= max_m; n >= 1; k % 8 == 0 (16-byte rows).
+  // the GEMM once per tile shape (the model's GEMM times) and against
+  // cuBLAS's at a few m up to max_m (the sequential calls' GEMM; well under
+  // a second), and derives the bounded communicator. 1 <= max_m; n >= 1; k % 8 == 0 (16-byte rows).
   // With Path::Owners the destructor is collective too (the window's
   // deregistration): destroy the op on every rank.
   GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
@@ -190,9 +194,9 @@ struct GemmReduceScatterOptions {
   // How the ReduceScatter runs beside the GEMM:
   //   Auto       the fastest the model predicts for each m (sequential
   //              where nothing would gain);
-  //   Sequential our GEMM, then one ncclReduceScatter (Auto's sequential
-  //              plans take cuBLAS's GEMM where the tuning cache's pick
-  //              for m measured it faster);
+  //   Sequential the faster GEMM for m (as GemmAllReduceOptions says; a
+  //              tuning cache's pick keeps the GEMM it measured), then one
+  //              ncclReduceScatter;
   //   Slots      the paper's: each tile row stored where its destination's
   //              part of its group's send buffer is, one ncclReduceScatter
   //              per group on `nccl_sms` SMs the GEMM leaves free, then the
@@ -289,11 +293,11 @@ struct GemmAllToAllOptions {
   // How the All-to-All runs beside the GEMM:
   //   Auto       the fastest the model predicts for each call's routing
   //              (sequential where nothing would gain);
-  //   Sequential our GEMM, then one all-to-all (each destination's block
+  //   Sequential one GEMM, then one all-to-all (each destination's block
   //              of C as it is where every rank's rows are by destination,
-  //              the dispatch's order, and there cuBLAS's GEMM where it
-  //              measured faster at construction; else through the send
-  //              slots);
+  //              the dispatch's order, and there the faster GEMM for this
+  //              rank's rows, as GemmAllReduceOptions says; else our GEMM
+  //              through the send slots);
   //   Slots      the paper's: each row stored where its destination's part
   //              of its group's send slots is, and per group of waves one
   //              NCCL group of ncclSend / ncclRecv on `nccl_sms` SMs the

@@ -219,6 +219,28 @@ def _register_ops(torch):
         _registered = True
 
 
+def _raw_stream(torch, index):
+    """torch's current stream on device `index`, as a cudaStream_t (an int)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (what torch's own compiled code calls)
+    return get(index) if get else torch.cuda.current_stream(index).cuda_stream
+
+
+def _eager(torch, *tensors):
+    """Whether an op's call may run its implementation directly rather
+    than through torch's dispatcher: eager (not traced by torch.compile),
+    plain tensors (not fake or functional ones), no autograd to record. The
+    custom op is what compiled and traced code sees; calling it eagerly
+    would only add the dispatcher's host time to every call."""
+    compiler = getattr(torch, "compiler", None)  # (torch >= 2.4 has it; the package's CPU tests run older ones)
+    if compiler is not None and compiler.is_compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return False
+    return True
+
+
 def _op_of(handle, cls):
     """The op of a handle, a cls (GemmAllReduce or GemmReduceScatter)."""
     op = _ops.get(handle)
@@ -538,6 +560,10 @@ class _Op(_OpBase):
 
     def _publish(self):
         self._planned = set()  # the m's with a plan: those a CUDA graph may capture
+        self._index = self.device.index
+        self._weight_shape = (self.n, self.k)
+        # (bound once: a call's C entry points, the handle, torch's raw stream getter)
+        self._c_run, self._c_run_rmsnorm, self._c_handle = self._op._c("run"), self._op._c("run_rmsnorm"), self._op.handle
         super()._publish()
 
     def _enqueue(self, m, call, planned=None, unplanned=None):
@@ -546,18 +572,33 @@ class _Op(_OpBase):
         set of the m's that are ready (default: the run's plans, self._planned;
         m is added once called); unplanned: a function giving the refusal's
         message then."""
-        self._on_device(lambda: self._enqueue_here(m, call, planned, unplanned))
+        if _torch._C._cuda_getDevice() != self._index:
+            with _torch.cuda.device(self.device):
+                return self._enqueue_here(m, call, planned, unplanned)
+        return self._enqueue_here(m, call, planned, unplanned)
 
     def _enqueue_here(self, m, call, planned=None, unplanned=None):
         torch = _torch
         planned = self._planned if planned is None else planned
+        if m in planned:  # (the steady state: nothing to ask torch but its stream)
+            return call(_raw_stream(torch, self._index))
         # (check_m's exchange is skipped by the library under capture)
-        if m not in planned and torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_current_stream_capturing():
             raise FlashOverlapError(unplanned() if unplanned else (
                 f"{self}: m = {m} has no plan yet, and planning allocates, which a CUDA graph capture forbids: call "
                 f"op.prepare({m}) (or run m once) before capturing"))
-        call(torch.cuda.current_stream(self.device).cuda_stream)
+        call(_raw_stream(torch, self._index))
         planned.add(m)
+
+    def _plain(self, x, weight):
+        """Whether x (m x k, m <= max_m) and weight (n x k) are contiguous
+        tensors of the op's dtype on its device: check_inputs' common case,
+        told in a few attribute reads (anything else goes to check_inputs,
+        which names what is wrong)."""
+        dt, i = self.dtype, self._index
+        return (x.dtype is dt and weight.dtype is dt and x.dim() == 2 and x.shape[1] == self.k
+                and x.shape[0] <= self.max_m and weight.shape == self._weight_shape and x.get_device() == i
+                and weight.get_device() == i and x.is_contiguous() and weight.is_contiguous())
 
     def _m(self, m):
         if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.max_m:
@@ -631,6 +672,8 @@ class GemmAllReduce(_Op):
         h = AllReduce(x @ weight.T) + residual. x may have leading batch
         dimensions (..., k), as nn.Linear's input; the outputs then have them."""
         torch = _torch
+        if residual is None and norm_weight is None and _eager(torch, x, weight) and x.dim() == 2:
+            return self._run(x, weight)
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
         lead = None
@@ -640,20 +683,27 @@ class GemmAllReduce(_Op):
             if residual is not None:
                 residual = _flatten(self, "residual", residual)
         if residual is None and norm_weight is None:
-            y = torch.ops.flashoverlap.gemm_all_reduce(x, weight, self.handle)
+            y = (self._run(x, weight) if _eager(torch, x, weight)
+                 else torch.ops.flashoverlap.gemm_all_reduce(x, weight, self.handle))
             return y if lead is None else y.view(*lead, self.n)
         if residual is None or norm_weight is None:
             raise InvalidArgument(f"{self}: residual and norm_weight come together (the fused residual + RMSNorm form)")
-        y, h = torch.ops.flashoverlap.gemm_all_reduce_rmsnorm(x, weight, residual, norm_weight, float(eps), self.handle)
+        if _eager(torch, x, weight, residual, norm_weight):
+            y, h = self._run_rmsnorm(x, weight, residual, norm_weight, float(eps))
+        else:
+            y, h = torch.ops.flashoverlap.gemm_all_reduce_rmsnorm(x, weight, residual, norm_weight, float(eps),
+                                                                  self.handle)
         return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
 
     # (the custom ops' real implementations)
     def _run(self, x, weight):
-        check_inputs(self, x, weight)
+        if not self._plain(x, weight):
+            check_inputs(self, x, weight)
         m = x.shape[0]
         out = _torch.empty((m, self.n), dtype=self.dtype, device=self.device)
         if m:
-            self._enqueue(m, lambda s: self._op.run(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, s))
+            self._enqueue(m, lambda s: self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m,
+                                                   s, 0))
         return out
 
     def _run_rmsnorm(self, x, weight, residual, norm_weight, eps):
@@ -738,6 +788,8 @@ class GemmReduceScatter(_Op):
         dist.reduce_scatter_tensor scatters its first dimension, and the
         outputs (and residual) are (d0 / world, ..., n)."""
         torch = _torch
+        if residual is None and norm_weight is None and _eager(torch, x, weight) and x.dim() == 2:
+            return self._run(x, weight)
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
         lead = None
@@ -755,12 +807,16 @@ class GemmReduceScatter(_Op):
             if residual is not None:
                 residual = _flatten(self, "residual", residual)
         if residual is None and norm_weight is None:
-            y = torch.ops.flashoverlap.gemm_reduce_scatter(x, weight, self.handle)
+            y = (self._run(x, weight) if _eager(torch, x, weight)
+                 else torch.ops.flashoverlap.gemm_reduce_scatter(x, weight, self.handle))
             return y if lead is None else y.view(*lead, self.n)
         if residual is None or norm_weight is None:
             raise InvalidArgument(f"{self}: residual and norm_weight come together (the fused residual + RMSNorm form)")
-        y, h = torch.ops.flashoverlap.gemm_reduce_scatter_rmsnorm(x, weight, residual, norm_weight, float(eps),
-                                                                  self.handle)
+        if _eager(torch, x, weight, residual, norm_weight):
+            y, h = self._run_rmsnorm(x, weight, residual, norm_weight, float(eps))
+        else:
+            y, h = torch.ops.flashoverlap.gemm_reduce_scatter_rmsnorm(x, weight, residual, norm_weight, float(eps),
+                                                                      self.handle)
         return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
 
     def all_gather_rows(self, y, m=None):
@@ -834,11 +890,12 @@ class GemmReduceScatter(_Op):
 
     # (the custom ops' real implementations)
     def _run(self, x, weight):
-        check_rs_inputs(self, x, weight)
+        if not (self._plain(x, weight) and (self.layout != "standard" or x.shape[0] % self.world == 0)):
+            check_rs_inputs(self, x, weight)
         m = x.shape[0]
         out, out_ptr, spare = self._empty_rows(self._rows_checked(m))
         if m:
-            self._enqueue(m, lambda s: self._op.run(x.data_ptr(), weight.data_ptr(), out_ptr, m, s))
+            self._enqueue(m, lambda s: self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out_ptr, m, s, 0))
         del spare  # (after the call is enqueued: torch's allocator orders its reuse after it on this stream)
         return out
 

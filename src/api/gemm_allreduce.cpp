@@ -74,6 +74,10 @@ struct GemmAllReduce::Impl {
   int rank = 0, world = 1, sms = 0;
   bool check_m = false;
   double wave_ms[2] = {0, 0};  // our GEMM's time per wave, 128x256 and 128x128 tiles (max over ranks)
+  // The sequential calls' GEMM for each m (ours or cuBLAS's, measured), on
+  // one cuBLAS object for every m's op.
+  std::unique_ptr<rt::CublasGemm> cublas;
+  api::SequentialGemms seq;
   std::unique_ptr<plan::BandwidthCurve> curve_default, curve_bounded;
   rt::OverlapCore core;  // (before the ops: they use it until they are destroyed)
   std::map<int32_t, rt::AllReducePlan> plans;                    // by m's bucket
@@ -110,7 +114,8 @@ struct GemmAllReduce::Impl {
     const plan::Schedule other = full_grid(m, kTiles[1]);
     if (gemm_ms(other) < gemm_ms(p.sched)) p.sched = other;
     p.groups = plan::make_groups(p.sched, {p.sched.waves()});
-    p.predicted_ms = gemm_ms(p.sched) + curve_default->latency_ms(double(m) * double(n) * 2);
+    // (the faster GEMM's time: the model's times are our GEMM's)
+    p.predicted_ms = gemm_ms(p.sched) * seq.ratio(m) + curve_default->latency_ms(double(m) * double(n) * 2);
     return p;
   }
   // The model's plan for m's bucket (the paper's online phase: nothing measured).
@@ -122,10 +127,7 @@ struct GemmAllReduce::Impl {
       rt::AllReducePlan p = it->second;  // (measured: the sequential fallback with our GEMM, or an NCCL path)
       const bool runs_here = p.sequential || ((p.layout == rt::ArLayout::RowBands || p.layout == rt::ArLayout::Slots) &&
                                               p.reserve == opts.nccl_sms && p.sched.ctas == sms - opts.nccl_sms);
-      if (runs_here) {
-        p.fallback_cublas = false;
-        return p;
-      }
+      if (runs_here) return p;
     }
     rt::AllReduceTuning t;
     t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = kTiles;
@@ -183,6 +185,11 @@ struct GemmAllReduce::Impl {
     rt::OverlapAllReduceOptions o;
     o.sched = plan::make_schedule(m, n, {p.sched.bm, p.sched.bn}, p.sched.ctas, p.sched.raster, p.sched.swizzle);
     o.groups = p.groups;  // (tile ranges: the same for every m of the bucket)
+    if (p.sequential) {  // the faster GEMM at m (ours on its faster tile)
+      o.fallback_cublas = seq.cublas(m), o.cublas = cublas.get();
+      if (!o.fallback_cublas) o.sched = full_grid(m, kTiles[seq.at(m).ours_tile]);
+      o.groups = plan::make_groups(o.sched, {o.sched.waves()});
+    }
     o.layout = p.layout, o.k = int(k), o.dtype = to_kernels(dtype), o.rank = rank;
     o.comm = p.sequential ? comm->comm.get() : bounded.get();
     o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
@@ -271,10 +278,13 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
                                            shape);
   }
 
-  // Our GEMM's time per wave for each tile shape (max over ranks).
+  // Our GEMM's time per wave for each tile shape (max over ranks), and
+  // against cuBLAS's for the sequential calls.
   {
     const std::array<double, 2> w = api::gemm_wave_ms(c, d.rank, max_m, n, k, dtype, d.sms, d.who());
     d.wave_ms[0] = w[0], d.wave_ms[1] = w[1];
+    d.cublas = std::make_unique<rt::CublasGemm>();
+    d.seq = api::measure_sequential_gemms(c, d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who());
   }
   // Scratch for the largest m: row-major C, or the slot layout's tiles (whole tiles).
   size_t scratch = size_t(max_m) * size_t(n) * 2;
@@ -369,8 +379,12 @@ std::string GemmAllReduce::plan(int64_t m) {
   const rt::OverlapAllReduce& op = d.op_for(m);
   const rt::AllReducePlan& p = d.plans.at(bucket_of(m));
   std::ostringstream os;
-  os << rt::describe(p) << "; groups " << op.describe_groups() << "; predicted " << p.predicted_ms << " ms (path "
-     << path_name(d.opts.path) << ", NCCL on " << d.opts.nccl_sms << " SMs beside the GEMM)";
+  if (p.sequential)
+    os << "sequential: " << d.seq.describe(m) << ", then one ncclAllReduce";
+  else
+    os << rt::describe(p) << "; groups " << op.describe_groups();
+  os << "; predicted " << p.predicted_ms << " ms (path " << path_name(d.opts.path) << ", NCCL on " << d.opts.nccl_sms
+     << " SMs beside the GEMM)";
   return os.str();
 }
 

@@ -52,7 +52,10 @@ struct GemmAllToAll::Impl {
   GemmAllToAllOptions opts;
   int rank = 0, world = 1, sms = 0;
   std::array<double, 2> wave_ms{};
-  bool cublas_sequential = false;  // cuBLAS's GEMM measured faster than ours: the direct sequential calls take it
+  // Which GEMM the direct sequential calls run for this rank's rows (cuBLAS's
+  // unless ours measured faster), on the op's one cuBLAS object.
+  std::unique_ptr<rt::CublasGemm> cublas;
+  api::SequentialGemms seq;
   rt::OverlapCore core;  // (before the ops)
   std::unique_ptr<rt::HostExchange> exchange;
   std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles() entry, made on first use
@@ -228,7 +231,7 @@ struct GemmAllToAll::Impl {
       o.max_rows = max_rows, o.max_recv_rows = max_tokens * topk, o.max_tokens = int32_t(max_tokens);
       o.comm = bounded.get(), o.tail_comm = comm->comm.get();
       o.wait_timeout_s = opts.wait_timeout_s;
-      o.core = &core;
+      o.core = &core, o.cublas = cublas.get();
       o.nvlink = opts.path == GemmAllToAllOptions::Path::NVLink;  // (collective: every rank plans the same tile)
       ops[tile] = std::make_unique<rt::OverlapAllToAll>(o);
     }
@@ -281,8 +284,10 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   }
   d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
   using Path = GemmAllToAllOptions::Path;  // (the paths with sequential calls; the same on every rank: agreed above)
-  if (options.path == Path::Auto || options.path == Path::Sequential || options.path == Path::Slots)
-    d.cublas_sequential = api::cublas_gemm_faster(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
+  if (options.path == Path::Auto || options.path == Path::Sequential || options.path == Path::Slots) {
+    d.cublas = std::make_unique<rt::CublasGemm>();
+    d.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, *d.cublas, d.who());
+  }
   // Scratch for the largest call (each op asks the core for what it needs).
   size_t cols = 0;  // slot row elements per row of C, the widest of the tile shapes (ragged n pads to bn)
   for (plan::TileShape t : api::op_tiles()) cols = std::max(cols, size_t((n + t.bn - 1) / t.bn) * size_t(t.bn));
@@ -308,7 +313,7 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
   rt::OverlapAllToAll& op = d.op_of(tile);
   const bool nvlink = d.opts.path == GemmAllToAllOptions::Path::NVLink;
   rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine, nvlink,
-                   p.sequential && d.cublas_sequential, &d.counts};
+                   p.sequential && d.cublas && d.seq.cublas(std::max<int64_t>(routing.rows, 1)), &d.counts};
   op.run(a, b, call, out, ld_out == 0 ? d.n : ld_out, stream, tokens_out);
   d.last = &op;
   if (nvlink) {
@@ -317,7 +322,7 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
                   std::to_string(s.bn) + ", " + std::to_string(p.ctas) +
                   " CTAs), each row stored into its rank's window as its tile finishes, counted there";
   } else {
-    d.last_plan = p.sequential ? plan::describe(p) + (op.cublas_call() ? "; cuBLAS's GEMM (measured faster)" : "")
+    d.last_plan = p.sequential ? plan::describe(p) + (op.cublas_call() ? "; cuBLAS's GEMM" : "; our GEMM")
                                : "slots: " + plan::describe(p) + "; NCCL on " + std::to_string(d.opts.nccl_sms) +
                                      " SMs";
   }

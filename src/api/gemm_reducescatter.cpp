@@ -50,6 +50,10 @@ struct GemmReduceScatter::Impl {
   int rank = 0, world = 1, sms = 0;
   bool check_m = false;
   std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles() order (max over ranks)
+  // The sequential calls' GEMM for each m (ours or cuBLAS's, measured), on
+  // one cuBLAS object for every m's op.
+  std::unique_ptr<rt::CublasGemm> cublas;
+  api::SequentialGemms seq;
   rt::OverlapCore core;              // (before the ops)
   // A planned m: the plan, and how its op runs it (the tuning cache's picks).
   struct Planned {
@@ -119,8 +123,14 @@ struct GemmReduceScatter::Impl {
     return p;
   }
   Planned plan_for(int64_t m) const {
-    using Path = GemmReduceScatterOptions::Path;
     if (std::optional<Planned> p = picked_for(m)) return *p;
+    Planned out = model_plan_for(m);
+    // The standard layout's sequential calls: the faster GEMM at m.
+    out.cublas = !out.nvlink && out.plan.sequential && out.plan.rs_layout == plan::RsLayout::Standard && seq.cublas(m);
+    return out;
+  }
+  Planned model_plan_for(int64_t m) const {
+    using Path = GemmReduceScatterOptions::Path;
     std::optional<plan::Plan> best;
     const double gain = opts.path == Path::Auto ? 0.01 : -1e9;  // a forced path overlaps where it can
     for (size_t t = 0; t < api::op_tiles().size(); ++t) {
@@ -130,7 +140,13 @@ struct GemmReduceScatter::Impl {
       if (opts.path == Path::Slots && p.groups.size() < 2) continue;
       if (!best || p.predicted.total_ms < best->predicted.total_ms) best = std::move(p);
     }
-    if (opts.path == Path::Sequential || opts.path == Path::NVLink || !best) {  // the sequential plan of the faster tile
+    // Auto: an overlap must beat the sequential call with the faster GEMM
+    // (the model's sequential time is our GEMM's).
+    if (opts.path == Path::Auto && best && !best->sequential &&
+        best->predicted.total_ms * 1.01 > best->baseline_gemm_ms * seq.ratio(m) + best->baseline_comm_ms)
+      best.reset();
+    if (opts.path == Path::Sequential || opts.path == Path::NVLink || !best || best->sequential) {
+      // the sequential plan of the faster tile
       // (NVLink: its tile and the whole grid)
       plan::Plan a = plan_with(m, 0, std::nullopt, 1e9), b = plan_with(m, 1, std::nullopt, 1e9);
       return {a.predicted.total_ms <= b.predicted.total_ms ? a : b, opts.path == Path::NVLink};
@@ -149,7 +165,7 @@ struct GemmReduceScatter::Impl {
     o.groups = p.groups, o.layout = p.rs_layout, o.k = int(k), o.dtype = to_kernels(dtype);
     o.comm = p.sequential ? comm->comm.get() : bounded.get();
     if (pit->second.nvlink) o.nvlink = true, o.peers = &windows;
-    o.fallback_cublas = pit->second.cublas;
+    o.fallback_cublas = pit->second.cublas, o.cublas = cublas.get();
     o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
     o.wait_timeout_s = opts.wait_timeout_s;
     o.core = &core;
@@ -254,6 +270,8 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   }
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
   d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who());
+  d.cublas = std::make_unique<rt::CublasGemm>();
+  d.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who());
   // Scratch for the largest m: the send slots (whole tiles, with the
   // standard layout's padding: at most one tile row per destination and
   // group beyond C; bounded here by twice C's tiles) and the received rows.
@@ -351,7 +369,12 @@ std::string GemmReduceScatter::plan(int64_t m) {
      << (p.sequential ? "" : ", NCCL on " + std::to_string(d.opts.nccl_sms) + " SMs") << "); groups "
      << op.describe_groups();
   if (op.padding_rows() > 0) os << " (" << op.padding_rows() << " padding rows)";
-  if (planned.cublas) os << " (cuBLAS's GEMM)";
+  if (p.sequential && !planned.picked && p.rs_layout == plan::RsLayout::Standard)
+    os << "; " << d.seq.describe(m);
+  else if (planned.cublas)
+    os << "; cuBLAS's GEMM";
+  else
+    os << "; our GEMM";
   os << "; predicted " << p.predicted.total_ms << " ms against " << p.baseline_ms() << " ms sequential (path "
      << path_name(d.opts.path) << (planned.picked ? ", the tuning cache's pick" : "") << ")";
   return os.str();

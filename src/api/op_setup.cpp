@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 #include "kernels/check.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/exchange.h"
 #include "runtime/core/cublas.h"
+#include "plan/gemm_choice.h"
 #include "runtime/tune/picks.h"
 #include "runtime/tune/timing.h"
 #include "runtime/tune/tuner.h"
@@ -78,24 +80,72 @@ std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int
   return max_over_ranks(comm, rank, mine, who + ": the GEMM's wave times");
 }
 
-bool cublas_gemm_faster(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype, int sms,
-                        const std::string& who) {
-  const Calibration cal(max_m, n, k, dtype, sms);
-  rt::CublasGemm cublas;
-  std::array<double, 2> mine{  // {cuBLAS's, the faster of our tiles'}
-      rt::time_on_stream([&] { cublas.run(cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), int(cal.m), int(n), int(k),
-                                          n, cal.st); },
-                         cal.st, 2, 10)
-          .median_ms,
-      1e30};
-  for (size_t i = 0; i < op_tiles().size(); ++i) {
-    const kernels::GemmParams p =
-        kernels::plain_gemm(cal.dt, cal.a.get(), cal.b.get(), cal.schedule(i), int(k), cal.c.get(), n);
-    mine[1] = std::min(mine[1], rt::time_on_stream([&] { kernels::launch_gemm(p, cal.st); }, cal.st, 2, 10).median_ms);
+const SequentialGemms::Sample& SequentialGemms::at(int64_t m) const {
+  std::vector<int64_t> ms;
+  ms.reserve(samples.size());
+  for (const Sample& x : samples) ms.push_back(x.m);
+  return samples[plan::gemm_choice_sample_of(ms, m)];
+}
+
+double SequentialGemms::ratio(int64_t m) const {
+  const Sample& x = at(m);
+  return x.cublas && x.ours_ms > 0 ? std::min(1.0, x.cublas_ms / x.ours_ms) : 1.0;
+}
+
+std::string SequentialGemms::describe(int64_t m) const {
+  const Sample& x = at(m);
+  std::ostringstream os;
+  os.precision(3);
+  os << std::fixed << (x.cublas ? "cuBLAS's GEMM (" : "our GEMM (") << (x.cublas ? x.cublas_ms : x.ours_ms)
+     << " ms against " << (x.cublas ? "ours " : "cuBLAS's ") << (x.cublas ? x.ours_ms : x.cublas_ms) << " ms at m = "
+     << x.m << ")";
+  return os.str();
+}
+
+SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                                         int sms, rt::CublasGemm& cublas, const std::string& who) {
+  const std::vector<int64_t> ms = plan::gemm_choice_samples(max_m);
+  const Calibration cal(ms.back(), n, k, dtype, sms);
+  const size_t tiles = op_tiles().size();
+  std::vector<double> mine;  // per sample: cuBLAS's, then each tile's
+  for (int64_t m : ms) {
+    std::vector<std::function<void()>> fns = {[&, m] {
+      cublas.run(cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), int(m), int(n), int(k), n, cal.st);
+    }};
+    std::vector<kernels::GemmParams> params;
+    for (size_t i = 0; i < tiles; ++i) {
+      const plan::TileShape tile = op_tiles()[i];
+      const plan::Schedule s = plan::make_schedule(
+          m, n, tile, sms, plan::Raster::AlongN, plan::default_swizzle(sms, tile, int32_t((m + tile.bm - 1) / tile.bm)));
+      params.push_back(kernels::plain_gemm(cal.dt, cal.a.get(), cal.b.get(), s, int(k), cal.c.get(), n));
+    }
+    for (const kernels::GemmParams& p : params) fns.push_back([&p, &cal] { kernels::launch_gemm(p, cal.st); });
+    // (fewer runs where a call takes long: the construction stays well under a second)
+    const int iters = m <= 1024 ? 15 : 7;
+    for (const rt::TimingStats& t : rt::time_interleaved(fns, cal.st, 2, iters, {}, &rt::thread_gate()))
+      mine.push_back(t.median_ms);
   }
   FO_CUDA_CHECK(cudaStreamSynchronize(cal.st));
-  const std::array<double, 2> most = max_over_ranks(comm, rank, mine, who + ": cuBLAS's and our GEMM's times");
-  return most[0] < most[1];
+  std::vector<double> most(mine.size(), 0.0);  // (every rank times the same samples: equal lengths)
+  const std::vector<uint8_t> all =
+      rt::gather_bytes(comm, rank, mine.data(), mine.size() * sizeof(double), who + ": the sequential GEMMs' times");
+  for (size_t r = 0; r < all.size() / (mine.size() * sizeof(double)); ++r)
+    for (size_t i = 0; i < most.size(); ++i) {
+      double t = 0;
+      std::memcpy(&t, all.data() + (r * mine.size() + i) * sizeof(double), sizeof(double));
+      most[i] = std::max(most[i], t);
+    }
+  SequentialGemms out;
+  for (size_t j = 0; j < ms.size(); ++j) {
+    const double* t = &most[j * (tiles + 1)];
+    SequentialGemms::Sample x;
+    x.m = ms[j], x.cublas_ms = t[0];
+    x.ours_tile = size_t(std::min_element(t + 1, t + 1 + tiles) - (t + 1));
+    x.ours_ms = t[1 + x.ours_tile];
+    x.cublas = !(x.ours_ms < 0.98 * x.cublas_ms);
+    out.samples.push_back(x);
+  }
+  return out;
 }
 
 void check_shape(const std::string& who, int64_t max_m, int64_t n, int64_t k) {

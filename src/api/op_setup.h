@@ -17,6 +17,7 @@
 
 namespace flashoverlap::rt {
 struct PickKey;
+class CublasGemm;
 }
 
 namespace flashoverlap::api {
@@ -41,13 +42,30 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
 std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
                                    int sms, const std::string& who);
 
-// Whether cuBLAS's GEMM is faster than ours (the faster of op_tiles(),
-// plain C on the full grid, as a sequential call runs it) on the largest m
-// up to 4096 of max_m rows, on the slowest rank (collective: every rank
-// gets the same answer). Where it is, the op's sequential calls take it:
-// never slower than what users run.
-bool cublas_gemm_faster(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype, int sms,
-                        const std::string& who);
+// Our GEMM against cuBLAS's for the sequential calls, timed in turns at
+// construction at each of plan::gemm_choice_samples(max_m) (the slowest
+// rank's times: every rank chooses alike). A sequential call of m runs the
+// faster at the sample standing for m; cuBLAS's unless ours is at least 2%
+// faster (cuBLAS's is what F.linear runs: a tie goes to it).
+struct SequentialGemms {
+  struct Sample {
+    int64_t m = 0;
+    double ours_ms = 0, cublas_ms = 0;
+    size_t ours_tile = 0;  // the faster of op_tiles() at m
+    bool cublas = true;
+  };
+  std::vector<Sample> samples;
+
+  const Sample& at(int64_t m) const;
+  bool cublas(int64_t m) const { return at(m).cublas; }
+  // The chosen GEMM's time over ours at m's sample (<= 1): what the model's
+  // sequential time (our GEMM's) is scaled by.
+  double ratio(int64_t m) const;
+  // E.g. "cuBLAS's GEMM (0.031 ms against ours 0.052 ms at m = 32)".
+  std::string describe(int64_t m) const;
+};
+SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                                         int sms, rt::CublasGemm& cublas, const std::string& who);
 
 // The checks every public op makes (InvalidArgument naming `who`): its
 // shape at construction (1 <= max_m, n below 2^30, k % 8 == 0), the SMs left

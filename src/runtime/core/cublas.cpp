@@ -1,31 +1,120 @@
 // cublas.cpp — see cublas.h.
 #include "runtime/core/cublas.h"
 
+#include <string>
+
 #include "runtime/core/checks.h"
 
 namespace flashoverlap::rt {
 
-CublasGemm::CublasGemm() {
-  FO_CUBLAS_CHECK(cublasCreate(&handle_));
+// The descriptors of one shape and the algorithm the heuristic ranked first.
+struct CublasGemm::Prepared {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Prepared() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+namespace {
+// The largest power of two up to 256 dividing the address (PyTorch's rule
+// for the cuBLASLt alignment preferences).
+uint32_t alignment(const void* p) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && x % a != 0) a /= 2;
+  return a;
+}
+constexpr size_t kMaxPrepared = 512;  // shapes kept; beyond, the cache starts again
+}  // namespace
+
+CublasGemm::CublasGemm(Api api) : api_(api) {
   // cuBLAS picks its best kernels with a workspace; 32 MiB covers Hopper's.
   workspace_bytes_ = size_t(32) << 20;
   FO_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
-  FO_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, workspace_bytes_));
+  if (api_ == Api::Lt) {
+    FO_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  } else {
+    FO_CUBLAS_CHECK(cublasCreate(&handle_));
+    FO_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, workspace_bytes_));
+  }
 }
 
 CublasGemm::~CublasGemm() {
+  prepared_.clear();
   if (handle_) cublasDestroy(handle_);
+  if (lt_) cublasLtDestroy(lt_);
   if (workspace_) cudaFree(workspace_);
 }
 
-void CublasGemm::set_sm_target(int sms) { FO_CUBLAS_CHECK(cublasSetSmCountTarget(handle_, sms)); }
+void CublasGemm::set_sm_target(int sms) {
+  sm_target_ = sms;
+  if (handle_) FO_CUBLAS_CHECK(cublasSetSmCountTarget(handle_, sms));
+  prepared_.clear();  // (the algorithms were ranked for the old target)
+}
+
+const CublasGemm::Prepared& CublasGemm::prepared(kernels::DType dtype, const void* a, const void* b, const void* c,
+                                                 int m, int n, int k, int64_t ldc) {
+  const uint32_t al_a = alignment(a), al_b = alignment(b), al_c = alignment(c);
+  const Key key{int(dtype), m, n, k, ldc, al_a | (al_b << 9) | (al_c << 18)};
+  if (auto it = prepared_.find(key); it != prepared_.end()) return *it->second;
+  if (prepared_.size() >= kMaxPrepared) prepared_.clear();
+  // Row-major C = A B^T is column-major C^T (n x m, ld ldc) = B^T (B: k x n
+  // column-major, ld k, transposed) * A (k x m column-major, ld k).
+  const cudaDataType_t t = dtype == kernels::DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  auto p = std::make_unique<Prepared>();
+  {
+    FO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (sm_target_ > 0)
+      FO_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target_, sizeof(int)));
+    FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, k, n, k));
+    FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, k, m, k));
+    FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, n, m, ldc));
+    cublasLtMatmulPreference_t pref = nullptr;
+    FO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &workspace_bytes_, sizeof(workspace_bytes_));
+    // (the matrix cuBLASLt calls A is our B, its B our A)
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b, sizeof(al_b));
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof(al_a));
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c));
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    FO_CUBLAS_CHECK(s);
+    if (found < 1)
+      throw Error("cuBLASLt has no algorithm for " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                  std::to_string(k) + " (ldc " + std::to_string(ldc) + ")");
+    p->algo = result.algo;
+  }
+  return *prepared_.emplace(key, std::move(p)).first->second;
+}
 
 void CublasGemm::run(kernels::DType dtype, const void* a, const void* b, void* c, int m, int n, int k, int64_t ldc,
                      cudaStream_t stream) {
-  // Row-major C = A B^T is column-major C^T = B^T(col) ... i.e. with cuBLAS's
-  // column-major view: C^T (n x m, ld ldc) = op_T(B: k x n, ld k) * A (k x m, ld k).
-  const cudaDataType_t t = dtype == kernels::DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   const float alpha = 1.f, beta = 0.f;
+  if (api_ == Api::Lt) {
+    const Prepared& p = prepared(dtype, a, b, c, m, n, k, ldc);
+    FO_CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo, workspace_,
+                                   workspace_bytes_, stream));
+    return;
+  }
+  const cudaDataType_t t = dtype == kernels::DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   FO_CUBLAS_CHECK(cublasSetStream(handle_, stream));
   // (cublasSetStream puts the handle back on cuBLAS's default workspace
   // pool, unconditionally: ours again, as PyTorch does for every call)

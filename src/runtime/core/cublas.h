@@ -1,10 +1,15 @@
-// cublas.h — the cuBLAS GEMM users run today, as the reference and the
-// baseline: C = A * B^T with the same row-major conventions as our kernel.
+// cublas.h — the cuBLAS GEMM users run today, as the reference, the
+// baseline and the public ops' sequential GEMM where it is faster than ours:
+// C = A * B^T with the same row-major conventions as our kernel.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
 
 #include "kernels/gemm.h"
 
@@ -12,7 +17,13 @@ namespace flashoverlap::rt {
 
 class CublasGemm {
  public:
-  CublasGemm();
+  // Lt: cuBLASLt, the algorithm its heuristic ranks first for the shape and
+  // the pointers' alignment with a 32 MiB workspace (as PyTorch's cuBLASLt
+  // path asks), looked up once per shape and kept: a call is one
+  // cublasLtMatmul. GemmEx: cublasGemmEx with the default algorithm (as
+  // PyTorch's cuBLAS path calls it).
+  enum class Api { Lt, GemmEx };
+  explicit CublasGemm(Api api = Api::Lt);
   ~CublasGemm();
   CublasGemm(const CublasGemm&) = delete;
   CublasGemm& operator=(const CublasGemm&) = delete;
@@ -22,11 +33,21 @@ class CublasGemm {
            cudaStream_t stream);
   // Limits cuBLAS to `sms` SMs (0 = all), for comparisons with a reduced grid.
   void set_sm_target(int sms);
+  Api api() const { return api_; }
 
  private:
+  struct Prepared;
+  const Prepared& prepared(kernels::DType dtype, const void* a, const void* b, const void* c, int m, int n, int k,
+                           int64_t ldc);
+  Api api_;
+  int sm_target_ = 0;
   cublasHandle_t handle_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  // (dtype, m, n, k, ldc, the pointers' alignments) -> descriptors and algorithm
+  using Key = std::tuple<int, int, int, int, int64_t, uint32_t>;
+  std::map<Key, std::unique_ptr<Prepared>> prepared_;
 };
 
 }  // namespace flashoverlap::rt

@@ -129,7 +129,8 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
 
   if (opts_.fallback_cublas) {
     if (!sequential()) throw InvalidArgument("OverlapAllReduce: fallback_cublas needs the sequential plan (one group)");
-    cublas_ = std::make_unique<CublasGemm>();
+    if (!opts_.cublas) own_cublas_ = std::make_unique<CublasGemm>();
+    cublas_ = opts_.cublas ? opts_.cublas : own_cublas_.get();
   }
   if (opts_.trace) {
     trace_.resize(2 + 2 * groups.size());

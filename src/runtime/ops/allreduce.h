@@ -222,6 +222,9 @@ struct OverlapAllReduceOptions {
   // Sequential fallback only: run cuBLAS instead of our GEMM (when the tuner
   // measured it faster on this shape: never slower than what users run).
   bool fallback_cublas = false;
+  // The cuBLAS object fallback_cublas runs on, the caller's (shared by its
+  // ops: one handle and workspace); nullptr: one of the op's own.
+  CublasGemm* cublas = nullptr;
   // Gathered and Pushed: sum the groups inside the GEMM (its idle producer warps) rather
   // than in kernels after it. Taken when the output allows it (contiguous,
   // n % 8 == 0) and the wait cannot deadlock: the spin waiter needs an SM the
@@ -515,7 +518,8 @@ class OverlapAllReduce {
   GemmMonitor monitor_;  // trace: the GEMM's tile and phase monitors
   bool tracing_ = false;  // the next calls record trace_ and the monitors (set_tracing)
   bool traced_ = false;   // a call has recorded them
-  std::unique_ptr<CublasGemm> cublas_;  // fallback_cublas
+  std::unique_ptr<CublasGemm> own_cublas_;  // fallback_cublas without the caller's
+  CublasGemm* cublas_ = nullptr;
 };
 
 }  // namespace flashoverlap::rt

@@ -237,8 +237,8 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   }
   cublas_call_ = direct_ && call.cublas;
   if (rows > 0 && cublas_call_) {
-    if (!cublas_) cublas_ = std::make_unique<CublasGemm>();
-    cublas_->run(opts_.dtype, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
+    if (!opts_.cublas && !own_cublas_) own_cublas_ = std::make_unique<CublasGemm>();
+    (opts_.cublas ? opts_.cublas : own_cublas_.get())->run(opts_.dtype, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
   } else if (rows > 0 && direct_) {
     kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n), stream);
   } else if (rows > 0) {

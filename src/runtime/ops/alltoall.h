@@ -104,6 +104,7 @@ struct OverlapAllToAllOptions {
   A2aTransport transport;          // empty: NCCL on comm
   double wait_timeout_s = 30.0;
   OverlapCore* core = nullptr;     // shared with other ops (nullptr: the op's own)
+  CublasGemm* cublas = nullptr;    // A2aCall::cublas's, the caller's (nullptr: one of the op's own, made when asked)
   // The NVLink form: a receive window the peers store into (2 x
   // max_recv_rows x n elements), mapped at construction over comm (CUDA IPC
   // or peer access); with a transport of one's own, connect_peers. world
@@ -196,7 +197,7 @@ class OverlapAllToAll {
   plan::CombineTable table_;
   std::vector<plan::Group> my_groups_;  // this rank's groups in the last call
   bool direct_ = false, nvlink_call_ = false, cublas_call_ = false;
-  std::unique_ptr<CublasGemm> cublas_;  // made at the first call that asks for it
+  std::unique_ptr<CublasGemm> own_cublas_;  // without OverlapAllToAllOptions::cublas: made at the first call that asks
   std::array<int64_t, 2> rows_elems_{};  // whole_rows(): the call's send and receive elements
   DeviceBuffer iota_;                      // 0, 1, ...: its received rows' slots
   std::vector<plan::GroupCall> calls_;

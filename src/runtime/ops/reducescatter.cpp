@@ -48,7 +48,8 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
   } else if (plain_sequential()) {
     out_rows_ = s.m / world_;
     send_bytes_ = size_t(s.m) * s.n * 2, recv_bytes_ = size_t(out_rows_) * s.n * 2;
-    if (opts_.fallback_cublas) cublas_ = std::make_unique<CublasGemm>();
+    if (opts_.fallback_cublas && !opts_.cublas) own_cublas_ = std::make_unique<CublasGemm>();
+    if (opts_.fallback_cublas) cublas_ = opts_.cublas ? opts_.cublas : own_cublas_.get();
   } else {
     const plan::SlotMap map = plan::make_reducescatter_map(s, groups, world_, rank_, opts_.layout);
     out_rows_ = map.out_rows, padding_rows_ = map.padding_rows, calls_ = map.groups, send_rows_ = map.send_rows;

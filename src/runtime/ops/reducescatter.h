@@ -82,6 +82,7 @@ struct OverlapReduceScatterOptions {
   RsTransport transport;           // empty: NCCL on comm
   double wait_timeout_s = 30.0;    // a group not complete by then fails the call (check())
   bool fallback_cublas = false;    // sequential standard plan: cuBLAS's GEMM (where it measured faster)
+  CublasGemm* cublas = nullptr;    // fallback_cublas's, the caller's (shared by its ops); nullptr: the op's own
   // The NVLink form (standard layout, world <= 8, n % 8 == 0; the GEMM on
   // sched's grid, all SMs as a rule): windows mapped over comm, or with a
   // transport of one's own connect_peers.
@@ -174,7 +175,8 @@ class OverlapReduceScatter {
   kernels::WaitError* wait_error_ = nullptr;
   std::unique_ptr<OverlapCore> own_core_;
   OverlapCore* core_ = nullptr;
-  std::unique_ptr<CublasGemm> cublas_;
+  std::unique_ptr<CublasGemm> own_cublas_;  // fallback_cublas without the caller's
+  CublasGemm* cublas_ = nullptr;
   PeerWindows own_peers_;           // the NVLink form's, where none is shared
   PeerWindows* peers_ = &own_peers_;
 };
