@@ -1014,10 +1014,28 @@ def check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, re
         raise InvalidArgument(f"{op}: tokens = {tokens!r} is not an int (this rank's tokens)")
 
 
-def _host_int32(op, name, t):
-    """t (integer, any device) as a contiguous CPU int32 tensor (a device
-    tensor is copied to the host: that syncs with its stream)."""
-    h = t.detach().to("cpu")
+def _to_host(*tensors):
+    """The tensors (None passes through) on the host: a device tensor's copy
+    is queued on its stream into pinned memory, and the host waits once for
+    all of them (one wait, not one per tensor)."""
+    torch = _tm()
+    out, waits = [], set()
+    for t in tensors:
+        if t is None or t.device.type == "cpu":
+            out.append(None if t is None else t.detach())
+            continue
+        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        h.copy_(t.detach(), non_blocking=True)
+        waits.add(t.device)
+        out.append(h)
+    for d in waits:
+        torch.cuda.current_stream(d).synchronize()
+    return out
+
+
+def _host_int32(op, name, h):
+    """h (an integer CPU tensor) as a contiguous int32 one, InvalidArgument
+    for values outside int32."""
     if h.dtype != _tm().int32:
         if h.numel() and (int(h.min()) < -INT32_MAX - 1 or int(h.max()) > INT32_MAX):
             raise InvalidArgument(f"{op}: {name} has values outside int32 (from {int(h.min())} to {int(h.max())})")
@@ -1148,8 +1166,9 @@ class GemmAllToAll(_OpBase):
         self._on_device(self._refuse_capture)  # (before the copies to the host, which a capture forbids too)
         rows = x.shape[0]
         send, recv = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-        ranks, toks = _host_int32(self, "dest_rank", dest_rank), _host_int32(self, "dest_token", dest_token)
-        gates = None if gate is None else gate.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        ranks, toks, gates = _to_host(dest_rank, dest_token, gate)
+        ranks, toks = _host_int32(self, "dest_rank", ranks), _host_int32(self, "dest_token", toks)
+        gates = None if gates is None else gates.to(torch.float32).contiguous()
         routing, keep = _capi.make_routing(rows, _host_ptr(ctypes.c_int32, ranks), _host_ptr(ctypes.c_int32, toks),
                                            None if gates is None else _host_ptr(ctypes.c_float, gates), tokens, send,
                                            recv, self.world)
