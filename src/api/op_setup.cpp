@@ -30,17 +30,17 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
 
 namespace {
 
-// What the construction-time GEMM timings run on: the largest m up to 4096
-// of max_m rows, random inputs, a stream of their own; schedule(i): tile i
-// of op_tiles() on the full grid.
+// What the construction-time GEMM timings run on: m = `rows` (A: m x k, C:
+// m x n), random inputs, a stream of their own; schedule(i): tile i of
+// op_tiles() on the full grid.
 struct Calibration {
   int64_t m, n, k;
   kernels::DType dt;
   int sms;
   rt::DeviceBuffer a, b, c;
   cudaStream_t st = nullptr;
-  Calibration(int64_t max_m, int64_t n_, int64_t k_, DType dtype, int sms_)
-      : m(std::min<int64_t>(max_m, 4096)), n(n_), k(k_), dt(to_kernels(dtype)), sms(sms_),
+  Calibration(int64_t rows, int64_t n_, int64_t k_, DType dtype, int sms_)
+      : m(rows), n(n_), k(k_), dt(to_kernels(dtype)), sms(sms_),
         a(size_t(m) * size_t(k) * 2), b(size_t(n) * size_t(k) * 2), c(size_t(m) * size_t(n) * 2) {
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     kernels::fill_random(dt, a.get(), m * k, 1, -1.f, 1.f, st);
@@ -70,7 +70,7 @@ std::array<double, 2> max_over_ranks(ncclComm_t comm, int rank, const std::array
 
 std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
                                    int sms, const std::string& who) {
-  const Calibration cal(max_m, n, k, dtype, sms);
+  const Calibration cal(std::min<int64_t>(max_m, 4096), n, k, dtype, sms);
   std::array<double, 2> mine{};
   for (size_t i = 0; i < op_tiles().size(); ++i) {
     const plan::Schedule s = cal.schedule(i);
