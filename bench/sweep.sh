@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# A sweep of one op: every shape of its shape set, all variants, on all local
-# GPUs (one process each). Usage: [OP=allreduce|reducescatter|alltoall] bench/sweep.sh OUTDIR [extra bench args]
+# A sweep of one op: every shape of its shape set, all variants of
+# `flashoverlap lab-bench` (the internal variants and the measured tuner; the
+# public ops are `flashoverlap bench`'s), on all local GPUs (one process each).
+# Usage: [OP=allreduce|reducescatter|alltoall] bench/sweep.sh OUTDIR [extra lab-bench args]
 # Writes OUTDIR/<op>-h200x<W>.csv (+ a plot). REPEAT=N (default 1) runs the
 # sweep N times (OUTDIR/<op>-h200x<W>-run<i>.csv, each with its own tuner
 # picks) and writes the median of the runs (bench/median_of_sweeps.py) as the
@@ -12,6 +14,9 @@ set -eu -o pipefail
 out=${1:?output directory}
 shift
 cli=${CLI:-build/tools/flashoverlap}
+# (`bench` in a build from before the rename, e.g. an older tree's CLI for an A/B)
+sub=lab-bench
+"$cli" lab-bench --help >/dev/null 2>&1 || sub=bench
 here=$(dirname "$0")
 op=${OP:-allreduce}
 case $op in
@@ -25,7 +30,7 @@ case $op in
   *) echo "sweep.sh: OP must be allreduce, reducescatter or alltoall, not $op" >&2; exit 2 ;;
 esac
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # never NVLink multicast on these machines
-# The GPUs bench runs on: CUDA_VISIBLE_DEVICES's, else every GPU (no MIG lines).
+# The GPUs lab-bench runs on: CUDA_VISIBLE_DEVICES's, else every GPU (no MIG lines).
 if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
   world=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
 else
@@ -35,7 +40,7 @@ csv="$out/${op}-h200x${world}.csv"
 repeat=${REPEAT:-1}
 failed=()
 
-# One sweep into CSV $1 (rows appended shape by shape). If bench fails, the
+# One sweep into CSV $1 (rows appended shape by shape). If lab-bench fails, the
 # first shape it left out of the CSV is recorded as failed and the rest run
 # again, so that one failing shape does not cost the others; three failures
 # in a row without a new shape end the sweep.
@@ -43,7 +48,7 @@ sweep_into() {
   local file=$1 left=${SHAPES:-$shapes} stuck=0 s first
   shift
   while [ -n "$left" ]; do
-    if "$cli" bench --op "$op" --shapes "$left" --csv "$file" "$@"; then return 0; fi
+    if "$cli" "$sub" --op "$op" --shapes "$left" --csv "$file" "$@"; then return 0; fi
     local done_shapes rest=() progressed=0
     done_shapes=$(awk -F, 'NR > 1 { print $1 "x" $2 "x" $3 }' "$file" 2>/dev/null | sort -u)
     first=""
@@ -54,11 +59,11 @@ sweep_into() {
     [ -z "$first" ] && return 0  # every shape's rows are there
     stuck=$((progressed ? 0 : stuck + 1))
     if [ "$stuck" -ge 3 ]; then
-      echo "##### bench failed 3 times without finishing a shape: giving up on ${left}" >&2
+      echo "##### $sub failed 3 times without finishing a shape: giving up on ${left}" >&2
       failed+=("${left//,/ }")
       return 1
     fi
-    echo "##### $first failed (bench's output above says why); going on without it" >&2
+    echo "##### $first failed ($sub's output above says why); going on without it" >&2
     failed+=("$first")
     left=$(IFS=,; echo "${rest[*]}")
   done

@@ -83,7 +83,7 @@ ab_runs() {
       echo "##### ${v:-(default)} $r" | tee -a "$OUT/$log"
       if [[ $v == @* ]]; then bin=${v#@} args=""; else bin=$CLI args=$v; fi
       # shellcheck disable=SC2086  # $common, $args: several arguments
-      "$bin" bench --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
+      "$bin" "$("$bin" lab-bench --help >/dev/null 2>&1 && echo lab-bench || echo bench)" --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
         $common $args --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/$log" |
         grep -E "^[0-9]+x|check|flashoverlap  |sequential  |GEMM tiles overl|CTA phases|rror" | cut -c1-200 || status=1
     done
@@ -243,7 +243,7 @@ for s in "$@"; do
       ;;
     power)
       stage "power and clocks per variant (NVML)"
-      $CLI bench --shapes 4096x8192x8192,8192x4096x2048,2048x8192x8192,1024x8192x8192 --power 1 --curves /tmp/fo-curves 2>&1 | tee "$OUT/power.log" |
+      $CLI lab-bench --shapes 4096x8192x8192,8192x4096x2048,2048x8192x8192,1024x8192x8192 --power 1 --curves /tmp/fo-curves 2>&1 | tee "$OUT/power.log" |
         grep -E "^[0-9]+x|power|W,|ideal gain|flashoverlap  |sequential  |rror" || status=1
       ;;
     cli-ab)
@@ -290,7 +290,7 @@ for s in "$@"; do
     cli-gpu)
       stage "the CLI on the GPUs: a shape its options leave no plan is skipped, the next one runs"
       rc=0
-      $CLI bench --shapes 1024x8192x8192,4096x4096x4096 --layout pushed --band-swizzles 8 --iters 3 --warmup 1 \
+      $CLI lab-bench --shapes 1024x8192x8192,4096x4096x4096 --layout pushed --band-swizzles 8 --iters 3 --warmup 1 \
         --curves /tmp/fo-curves >"$OUT/cli-gpu.log" 2>&1 || rc=$?
       grep -E "skipped|^4096x4096x4096|flashoverlap  |rror" "$OUT/cli-gpu.log" | cut -c1-200
       if [[ $rc == 2 ]] && grep -q "1024x8192x8192: skipped" "$OUT/cli-gpu.log" && grep -q "^4096x4096x4096" "$OUT/cli-gpu.log"

@@ -1,4 +1,4 @@
-// bench_shared.h — what `flashoverlap bench` shares between its collectives
+// bench_shared.h — what `flashoverlap lab-bench` shares between its collectives
 // (cmd_bench.cpp: AllReduce and the run over shapes, tables, CSV and JSON;
 // cmd_bench_rs.cpp: ReduceScatter): the options, a shape's result rows and
 // the context that lives across shapes (process group, communicators, curves).

@@ -34,8 +34,8 @@ inline std::vector<std::array<int64_t, 3>> parse_shapes(const std::string& s) {
   return out;
 }
 
-// The GEMM shapes the kernel runs, checked alike by `plan` and `bench` so that
-// plan never shows a plan for a shape bench refuses: M, N, K are int32 in the
+// The GEMM shapes the kernel runs, checked alike by `plan`, `bench` and `lab-bench` so
+// that plan never shows a plan for a shape they refuse: M, N, K are int32 in the
 // kernel's parameters, and K % 8 == 0 because TMA loads the rows of A and B
 // (K elements of 2 bytes) with 16-byte strides. Throws InvalidArgument.
 inline void check_gemm_shape(int64_t m, int64_t n, int64_t k) {

@@ -1,5 +1,8 @@
-// flashoverlap bench — GEMM + collective, every variant in one run on all
-// ranks: correctness first, then timings (median per rank, max over ranks).
+// flashoverlap lab-bench — GEMM + collective, every internal variant in one
+// run on all ranks: correctness first, then timings (median per rank, max
+// over ranks). A lab: the variants run through the internal ops (rt::), planned
+// and measured here by the tuner, not the public ops of flashoverlap.h (those:
+// `flashoverlap bench`, cmd_bench_ops.cpp).
 // This file: the AllReduce, and the run over shapes with its table, CSV and
 // JSON for every collective (--op reducescatter: cmd_bench_rs.cpp).
 //   sequential          cuBLAS GEMM, then one ncclAllReduce (what users run today)
@@ -90,7 +93,7 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
         samples.push_back(cx.meter->sample());
       } catch (const Error& e) {
         failed = true;
-        std::cerr << "bench --power: rank " << cx.rv->rank() << ": " << e.what() << "\n";
+        std::cerr << "lab-bench --power: rank " << cx.rv->rank() << ": " << e.what() << "\n";
       }
     };
     auto run = [&](int count, bool sample) {
@@ -242,7 +245,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     key.tile_rows = rt::tile_rows_of(M), key.n = N, key.k = K;
     rt::PickCache cache(o.tuning_cache);
     cache.store(key, plan);
-    for (const std::string& w : cache.warnings()) std::cerr << "bench: " << w << "\n";
+    for (const std::string& w : cache.warnings()) std::cerr << "lab-bench: " << w << "\n";
   }
   rt::OverlapAllReduceOptions fo = options_for(plan);
   fo.trace = o.trace;
@@ -421,9 +424,9 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
           const std::vector<double> bad = rt::max_over_ranks(
               *cx.rv, {why.empty() ? 0.0 : 1.0, double(cmp.mismatches), double(cmp.nan_count), double(cmp.beyond)});
           if (bad[0] > 0)
-            throw Error("bench --power: " + rt::describe(alt) + ": " + (why.empty() ? "failed on another rank" : why));
+            throw Error("lab-bench --power: " + rt::describe(alt) + ": " + (why.empty() ? "failed on another rank" : why));
           if (bad[2] > 0 || (world == 2 ? bad[1] > 0 : bad[3] > 0))
-            throw Error("bench --power: " + rt::describe(alt) + (world == 2 ? " is not bitwise equal to" : " differs from") +
+            throw Error("lab-bench --power: " + rt::describe(alt) + (world == 2 ? " is not bitwise equal to" : " differs from") +
                         " sequential-ourgemm");
           variants.push_back({std::string("flashoverlap, ") +
                                   (by == rt::PushBy::CopyEngines ? "copy engines"
@@ -488,7 +491,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
 int run(const Options& o) {
   const bool rs = o.op == "reducescatter", a2a = o.op == "alltoall";
   if (o.op != "allreduce" && !rs && !a2a)
-    throw InvalidArgument("bench --op " + o.op + ": must be allreduce, reducescatter or alltoall");
+    throw InvalidArgument("lab-bench --op " + o.op + ": must be allreduce, reducescatter or alltoall");
   if (!rs && !a2a && !o.rs_layout.empty()) throw InvalidArgument("--rs-layout is for --op reducescatter");
   if (!a2a && (o.routing != "uniform" || o.topk != 0 || o.tokens != 0))
     throw InvalidArgument("--routing, --topk and --tokens are for --op alltoall");
@@ -511,7 +514,7 @@ int run(const Options& o) {
   const rt::GpuProbe probe = rt::probe_gpus();
   const int gpus = probe.hopper;
   if (gpus < 1) {
-    std::cerr << "bench: no Hopper (sm_90) GPU found on this machine (" << probe.reason << "); nothing to measure "
+    std::cerr << "lab-bench: no Hopper (sm_90) GPU found on this machine (" << probe.reason << "); nothing to measure "
                  "(`flashoverlap plan` shows the plan without a GPU).\n";
     return 1;
   }
@@ -531,7 +534,7 @@ int run(const Options& o) {
     char bus[32] = {};
     std::string why = "cudaDeviceGetPCIBusId failed";
     if (cudaDeviceGetPCIBusId(bus, sizeof(bus), cx.env.local_rank) == cudaSuccess) cx.meter = rt::PowerMeter::open(bus, &why);
-    if (!cx.meter) std::cerr << "bench --power: rank " << cx.rv->rank() << ": " << why << "\n";
+    if (!cx.meter) std::cerr << "lab-bench --power: rank " << cx.rv->rank() << ": " << why << "\n";
     cx.power_everywhere = cx.all_ranks(cx.meter != nullptr);
   }
   cx.base = rt::Communicator::create(*cx.rv);
@@ -566,7 +569,7 @@ int run(const Options& o) {
       // the run: it may be one rank's). One shape: the error.
       if (shapes.size() == 1) throw;
       skipped.push_back(std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]));
-      if (root) std::cerr << "bench: " << skipped.back() << ": skipped: " << e.what() << "\n";
+      if (root) std::cerr << "lab-bench: " << skipped.back() << ": skipped: " << e.what() << "\n";
       continue;
     }
     if (!root) continue;
@@ -640,7 +643,7 @@ int run(const Options& o) {
   cudaStreamDestroy(cx.stream);
   if (!skipped.empty()) {
     if (root) {
-      std::cerr << "bench: " << skipped.size() << " of " << shapes.size() << " shapes skipped (no plan with these options):";
+      std::cerr << "lab-bench: " << skipped.size() << " of " << shapes.size() << " shapes skipped (no plan with these options):";
       for (const auto& n : skipped) std::cerr << " " << n;
       std::cerr << "\n";
     }
@@ -651,18 +654,12 @@ int run(const Options& o) {
 
 }  // namespace
 
-// The main job: the default shape, flashoverlap into a registered output
-// (and the baselines' outputs registered with NCCL), as the sweep runs it.
-int run_default_bench() {
-  Options o;
-  o.registered = true;
-  return run(o);
-}
-
-void add_bench_command(CLI::App& app, int& rc) {
+void add_lab_bench_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "bench", "Overlapped GEMM + collective against the baselines, on all local GPUs (one process each)");
+      "lab-bench",
+      "lab: the internal variants and the measured tuner, for experiments; not the public ops — use `bench` for "
+      "those");
   // (A/B switches and diagnostics, apart from what a user chooses: its own group in --help)
   static const char* kExperiments = "Experiments (A/B switches and diagnostics)";
   cmd->add_option("--op", o->op,

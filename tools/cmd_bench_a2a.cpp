@@ -1,4 +1,4 @@
-// cmd_bench_a2a.cpp — `flashoverlap bench --op alltoall`: the MoE combine
+// cmd_bench_a2a.cpp — `flashoverlap lab-bench --op alltoall`: the MoE combine
 // (expert GEMM, then each row back to its token's rank, weighted and summed
 // per token), every variant in one run on all ranks, as the other
 // collectives' benches: correctness first, then timings in turns (median
@@ -62,7 +62,7 @@ struct Candidate {
 
 // The routing of a shape: drawn from the seed (the same on every rank), or the file's.
 plan::MoeRouting routing_for(const Options& o, int world, int64_t M, int64_t N, int64_t K) {
-  return moe_routing_for(o.routing, o.topk, o.tokens, world, M, N, K, "bench --op alltoall");
+  return moe_routing_for(o.routing, o.topk, o.tokens, world, M, N, K, "lab-bench --op alltoall");
 }
 
 }  // namespace
@@ -80,7 +80,7 @@ void check_alltoall_options(const Options& o, const std::vector<std::array<int64
   if (!given.empty()) {
     std::string list;
     for (const auto& g : given) list += (list.empty() ? "" : ", ") + g;
-    throw InvalidArgument("bench --op alltoall: " + list + (given.size() > 1 ? " are" : " is") +
+    throw InvalidArgument("lab-bench --op alltoall: " + list + (given.size() > 1 ? " are" : " is") +
                           " not for the all-to-all");
   }
   if (o.reserve_sms < -1) throw InvalidArgument("--reserve-sms must be -1 (default) or at least 0");
@@ -91,11 +91,11 @@ void check_alltoall_options(const Options& o, const std::vector<std::array<int64
     if (c < 1) throw InvalidArgument("--decomposition: chunk counts are at least 1, not " + std::to_string(c));
   for (const auto& s : shapes)
     if (s[1] % 8 != 0)
-      throw InvalidArgument("bench --op alltoall: N = " + std::to_string(s[1]) +
+      throw InvalidArgument("lab-bench --op alltoall: N = " + std::to_string(s[1]) +
                             " must be a multiple of 8 (the baseline's combine reads 8 columns at a time)");
   const auto env = rt::DistEnv::from_env();
   const int world = env ? env->world : 1;
-  check_moe_routing_args(o.routing, o.topk, o.tokens, world, "bench --op alltoall");
+  check_moe_routing_args(o.routing, o.topk, o.tokens, world, "lab-bench --op alltoall");
 }
 
 ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K) {

@@ -1,6 +1,6 @@
-// cmd_bench_rs.cpp — `flashoverlap bench --op reducescatter`: GEMM +
+// cmd_bench_rs.cpp — `flashoverlap lab-bench --op reducescatter`: GEMM +
 // ReduceScatter, every variant in one run on all ranks, as the AllReduce
-// bench (cmd_bench.cpp, whose run over shapes prints the rows): correctness
+// lab-bench (cmd_bench.cpp, whose run over shapes prints the rows): correctness
 // first, then timings in turns (median per rank, max over ranks). Every rank
 // holds A (M x K, M the rows on each rank) and B; rank r ends with its rows
 // of the sum over ranks of A B^T (--rs-layout: standard rows [r M/W, (r+1)
@@ -50,7 +50,7 @@ plan::RsLayout layout_of(const Options& o) {
 // What keeps the layout from running on `world` ranks at all (InvalidArgument).
 void check_world(int world, plan::RsLayout layout) {
   if (layout == plan::RsLayout::SubTile && 128 % world != 0)
-    throw InvalidArgument("bench --op reducescatter --rs-layout subtile: the world size must divide 128 (each rank "
+    throw InvalidArgument("lab-bench --op reducescatter --rs-layout subtile: the world size must divide 128 (each rank "
                           "gets 128 / world rows of every 128-row tile), not " + std::to_string(world));
 }
 
@@ -58,11 +58,11 @@ void check_world(int world, plan::RsLayout layout) {
 // the GPU (one shape: the error) and per shape (several: that shape skipped).
 std::string shape_problem(int64_t m, int world, plan::RsLayout layout) {
   if (layout == plan::RsLayout::Standard && m % world != 0)
-    return "bench --op reducescatter: M = " + std::to_string(m) + " is not a multiple of the world size " +
+    return "lab-bench --op reducescatter: M = " + std::to_string(m) + " is not a multiple of the world size " +
            std::to_string(world) + " (the standard layout gives every rank M / world rows; --rs-layout subtile "
            "takes any M)";
   if (layout == plan::RsLayout::SubTile && (world - 1) * (128 / world) >= m)
-    return "bench --op reducescatter --rs-layout subtile: M = " + std::to_string(m) + " leaves rank " +
+    return "lab-bench --op reducescatter --rs-layout subtile: M = " + std::to_string(m) + " leaves rank " +
            std::to_string(world - 1) + " no rows (its rows of each 128-row tile start at row " +
            std::to_string((world - 1) * (128 / world)) + ")";
   return "";
@@ -124,7 +124,7 @@ void check_reducescatter_options(const Options& o, const std::vector<std::array<
   if (!given.empty()) {
     std::string list;
     for (const auto& g : given) list += (list.empty() ? "" : ", ") + g;
-    throw InvalidArgument("bench --op reducescatter: " + list + (given.size() > 1 ? " are" : " is") +
+    throw InvalidArgument("lab-bench --op reducescatter: " + list + (given.size() > 1 ? " are" : " is") +
                           " for --op allreduce only");
   }
   if (o.reserve_sms < -1) throw InvalidArgument("--reserve-sms must be -1 (default) or at least 0");
@@ -240,7 +240,7 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
     if (better && !picks_overlap) model_pick = cands.size() - 1;
     if (nvlink) cands.push_back({seq, false, false, true});
   }
-  if (cands.empty()) throw rt::NoPlan("bench --op reducescatter --partition " + o.partition + ": " + partition_error);
+  if (cands.empty()) throw rt::NoPlan("lab-bench --op reducescatter --partition " + o.partition + ": " + partition_error);
   if (model_pick) cands[*model_pick].model = true;
   if (o.partition.empty() && layout == plan::RsLayout::Standard) {  // cuBLAS's GEMM in the sequential plan
     Candidate c{cands[nvlink ? cands.size() - 2 : cands.size() - 1].plan, true};
@@ -267,7 +267,7 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
     ro.core = &core;
     ops.push_back(std::make_unique<rt::OverlapReduceScatter>(ro));
     if (ops.back()->out_rows() != out_rows)
-      throw Error("bench --op reducescatter: the op holds " + std::to_string(ops.back()->out_rows()) +
+      throw Error("lab-bench --op reducescatter: the op holds " + std::to_string(ops.back()->out_rows()) +
                   " rows on rank " + std::to_string(rank) + ", expected " + std::to_string(out_rows));
   }
   auto fo_call = [&](size_t i) { return [&, i] { ops[i]->run(a.get(), b.get(), out_fo.get(), N, st); }; };
@@ -300,7 +300,7 @@ ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_
     key.tile_rows = rt::tile_rows_of(M), key.n = N, key.k = K, key.op = rt::reducescatter_op(layout);
     rt::PickCache cache(o.tuning_cache);
     cache.store(key, stored);
-    for (const std::string& w : cache.warnings()) std::cerr << "bench: " << w << "\n";
+    for (const std::string& w : cache.warnings()) std::cerr << "lab-bench: " << w << "\n";
   }
 
   // ---- correctness first: poisoned outputs, fresh random inputs ----

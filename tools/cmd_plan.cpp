@@ -1,8 +1,8 @@
 // `flashoverlap plan`: the overlap plan for one shape, from the model alone
 // (no GPU). Also printed by the default job on machines without a GPU.
 // AllReduce and ReduceScatter: plan::make_plan. All-to-All: the MoE combine's
-// plan, plan::make_moe_plan, of the routing `bench --op alltoall` draws for
-// the same flags (moe_routing_args.h) and with the request bench makes, the
+// plan, plan::make_moe_plan, of the routing `lab-bench --op alltoall` draws for
+// the same flags (moe_routing_args.h) and with the request lab-bench makes, the
 // GEMM's wave time from the model instead of measured.
 #include <algorithm>
 #include <cstdio>
@@ -48,7 +48,7 @@ struct Planned {
 };
 
 Planned plan_for(const PlanOptions& o) {
-  check_gemm_shape(o.m, o.n, o.k);  // bench's rule: no plan for a shape bench refuses
+  check_gemm_shape(o.m, o.n, o.k);  // bench's and lab-bench's rule: no plan for a shape they refuse
   fp::PlanRequest req;
   req.op = fp::parse_collective(o.op);
   req.m = o.m;
@@ -126,7 +126,7 @@ void print_text(const Planned& p, std::ostream& out) {
 
 // ---- --op alltoall: the MoE combine ----
 
-constexpr int kMoeReserve = 8;  // --reserve-sms -1: GemmAllToAllOptions::nccl_sms, as bench's
+constexpr int kMoeReserve = 8;  // --reserve-sms -1: GemmAllToAllOptions::nccl_sms, as lab-bench's
 const std::string kMoeWho = "plan --op alltoall";
 constexpr size_t kMoeShown = 12;  // ranks and groups printed (--json lists all)
 
@@ -186,7 +186,7 @@ void add_moe_notes(MoePlanned& p) {
   p.notes.push_back("GEMM model: " + strf("%.0f", req.gemm.peak_tflops) + " TFLOP/s over " +
                     std::to_string(req.gemm.peak_sms) + " SMs, a wave of " + fp::to_string(req.tile) + " tiles at K " +
                     std::to_string(req.k) + " = " + ms3(req.gemm.wave_ms(req.tile, req.k)) + " ms, x" +
-                    strf("%.2f", req.gemm.slowdown) + " while NCCL runs (bench and the op measure it)");
+                    strf("%.2f", req.gemm.slowdown) + " while NCCL runs (lab-bench and the op measure it)");
   const fp::CommModel comm(req.curve ? *req.curve : fp::BandwidthCurve::builtin_h200(fp::Collective::AllToAll),
                            p.routing.world, req.comm_saturating_ctas);
   p.notes.push_back("comm model: " + comm.describe() +
@@ -208,10 +208,10 @@ void add_moe_notes(MoePlanned& p) {
 }
 
 MoePlanned moe_plan_for(const PlanOptions& o, const MoeFlags& f) {
-  check_gemm_shape(o.m, o.n, o.k);  // (as bench: the shape's M is the tokens per rank)
+  check_gemm_shape(o.m, o.n, o.k);  // (as lab-bench: the shape's M is the tokens per rank)
   MoePlanned p;
   p.routing = moe_routing_for(o.routing, f.topk, f.tokens, o.world, o.m, o.n, o.k, kMoeWho);
-  fp::MoePlanRequest req;  // bench's request, less the measured wave time
+  fp::MoePlanRequest req;  // lab-bench's request, less the measured wave time
   req.n = o.n, req.k = o.k;
   req.dtype = fp::parse_dtype(o.dtype);
   req.sms = o.sms;
@@ -242,7 +242,7 @@ MoePlanned moe_plan_for(const PlanOptions& o, const MoeFlags& f) {
     req.partition = part;
   }
   req.routing = &p.routing;
-  for (const fp::TileShape& t : tiles) {  // the model's pick, as bench's and the op's: the lowest prediction
+  for (const fp::TileShape& t : tiles) {  // the model's pick, as lab-bench's and the op's: the lowest prediction
     req.tile = t;
     fp::MoePlan x = fp::make_moe_plan(req);
     p.tried.push_back({t, x.predicted.total_ms});
@@ -421,7 +421,7 @@ void add_plan_options(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--partition", o.partition,
                   "evaluate this partition of the waves, e.g. 1,2,2 (alltoall: of the common wave axis; default: search)");
   cmd->add_option("--routing", o.routing,
-                  "alltoall: how tokens pick ranks, uniform | zipf:S | one:R | empty:R | file:PATH (as bench)")
+                  "alltoall: how tokens pick ranks, uniform | zipf:S | one:R | empty:R | file:PATH (as lab-bench)")
       ->capture_default_str();
   cmd->add_flag("--json", o.json, "print one JSON object");
 }

@@ -1,5 +1,6 @@
-// The main job (`flashoverlap` without a subcommand): the default benchmark on
-// all local GPUs; on a machine without a GPU, the plan for the same shape.
+// The main job (`flashoverlap` without a subcommand): `bench`'s defaults on
+// all local GPUs (flashoverlap::GemmAllReduce 4096x8192x8192 bf16 against
+// cuBLAS + NCCL); on a machine without a GPU, the model's plan for the shape.
 #include <iostream>
 
 #include "commands.h"
@@ -7,17 +8,25 @@
 
 namespace flashoverlap::cli {
 
+GpuCheck check_gpus() {
+  const rt::GpuProbe p = rt::probe_gpus();
+  return {p.hopper, p.cuda_failed, p.reason};
+}
+
 int run_default_job(std::ostream& out) {
   const rt::GpuProbe gpus = rt::probe_gpus();
-  if (gpus.hopper > 0) return run_default_bench();
+  if (gpus.hopper > 0) return run_default_ops_bench();
   out << "No Hopper (sm_90) GPU on this machine (" << gpus.reason << ").\n";
   out << "Nothing can run, so here is the plan FlashOverlap would\n"
          "use for its default job (GEMM 4096x8192x8192 bf16 + AllReduce on 2 H200s), from the built-in\n"
-         "H200 model. On a GPU machine the same command runs it and the baselines.\n\n";
+         "H200 model. On a GPU machine the same command builds flashoverlap::GemmAllReduce and times it\n"
+         "against cuBLAS + NCCL (`flashoverlap bench`).\n\n";
   const int rc = print_plan(PlanOptions{}, out);
-  out << "\nThis is the paper's slot layout (host model only). On the GPU machine the tuner also predicts\n"
-         "the row-band, copy-engine (gathered) and NVLink (pushed) layouts and measures the best of each;\n"
-         "for this shape on 2 H200s it picked pushed row bands (bench/results/allreduce-h200x2.csv).\n";
+  out << "\nThis is the slot layout's plan (host model only). The op's Auto path plans row bands, slots\n"
+         "and the sequential path by the same latency model (its GEMM times measured at construction),\n"
+         "or takes the tuning cache's pick, and runs the fastest predicted; its Owners path runs only when\n"
+         "asked for (`bench --path owners`). The copy-engine and pushed layouts and the measured tuner are\n"
+         "`flashoverlap lab-bench`'s.\n";
   // A GPU machine whose CUDA does not start is a failure, not a CPU machine.
   return gpus.cuda_failed ? 1 : rc;
 }

@@ -2,7 +2,7 @@
 // GPUs, one process each) and saves it as JSON: the AllReduce curve
 // (optionally with NCCL limited to --ctas CTAs, the budget the overlap leaves
 // it; input of `plan --curve FILE`) or the copy-engine AllGather curve of the
-// gathered layouts. With --curves DIR it goes where `bench --curves DIR`
+// gathered layouts. With --curves DIR it goes where `lab-bench --curves DIR`
 // looks for it (curve_files.h).
 #include <cuda_runtime_api.h>
 
@@ -91,7 +91,7 @@ void add_tune_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--curve", o->curve, "Save the curve to this JSON file (input of `plan --curve`)");
   cmd->add_option("--curves", o->curves,
-                  "Save it under its standard name in this directory, where `bench --curves DIR` finds it");
+                  "Save it under its standard name in this directory, where `lab-bench --curves DIR` finds it");
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--ctas", o->ctas, "Limit NCCL to this many CTAs (0: NCCL's default)")->capture_default_str();
   cmd->add_option("--max-mib", o->max_mib, "Largest message in MiB")->capture_default_str();

@@ -54,12 +54,26 @@ int print_plan(const PlanOptions& opts, std::ostream& out);
 void add_plan_command(CLI::App& app, int& rc);
 void add_launch_command(CLI::App& app, int& rc);
 void add_bench_gemm_command(CLI::App& app, int& rc);
+// `bench`: the public ops (flashoverlap.h) against cuBLAS + NCCL (cmd_bench_ops.cpp).
 void add_bench_command(CLI::App& app, int& rc);
+// `lab-bench`: the internal variants and the measured tuner (cmd_bench.cpp,
+// cmd_bench_rs.cpp, cmd_bench_a2a.cpp): experiments, not the public ops.
+void add_lab_bench_command(CLI::App& app, int& rc);
 void add_tune_command(CLI::App& app, int& rc);
 
-// The main job: `bench` with its defaults (GEMM 4096x8192x8192 + AllReduce).
-int run_default_bench();
+// The main job: `bench` with its defaults (flashoverlap::GemmAllReduce,
+// 4096x8192x8192 bf16, against cuBLAS + NCCL).
+int run_default_ops_bench();
 // Without a GPU: says so and prints the default plan.
 int run_default_job(std::ostream& out);
+
+// The machine's usable Hopper GPUs (rt::probe_gpus, cmd_run.cpp), for the
+// commands that keep to the public API otherwise (cmd_bench_ops.cpp).
+struct GpuCheck {
+  int hopper = 0;            // usable Hopper (sm_90) devices
+  bool cuda_failed = false;  // a driver is installed but CUDA did not start
+  std::string reason;        // why hopper is 0
+};
+GpuCheck check_gpus();
 
 }  // namespace flashoverlap::cli

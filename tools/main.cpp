@@ -14,14 +14,16 @@
 
 namespace {
 
-// `flashoverlap`, `flashoverlap bench` and `flashoverlap tune` default to one
-// process per local GPU: unless the job was launched already (RANK set) or --nproc is given,
-// run them again under the launcher with --nproc <GPUs>.
+// `flashoverlap`, `flashoverlap bench`, `flashoverlap lab-bench` and
+// `flashoverlap tune` default to one process per local GPU: unless the job
+// was launched already (RANK set) or --nproc is given, run them again under
+// the launcher with --nproc <GPUs>.
 std::vector<std::string> default_nproc_args(int argc, char** argv, int gpus) {
   std::vector<std::string> args(argv, argv + argc);
   if (gpus < 2 || std::getenv("RANK")) return {};
   const bool main_job = argc == 1;
-  const bool multi = argc > 1 && (std::strcmp(argv[1], "bench") == 0 || std::strcmp(argv[1], "tune") == 0);
+  const bool multi = argc > 1 && (std::strcmp(argv[1], "bench") == 0 || std::strcmp(argv[1], "lab-bench") == 0 ||
+                                  std::strcmp(argv[1], "tune") == 0);
   if (!main_job && !multi) return {};
   for (const auto& a : args)
     if (a == "--nproc" || a.rfind("--nproc=", 0) == 0 || a == "-h" || a == "--help") return {};
@@ -34,15 +36,16 @@ constexpr const char* kOversubscribe = "--allow-oversubscribe";
 // The process options of every command but `launch` (which has -n/--nproc and
 // --allow-oversubscribe of its own): --nproc N starts N processes of the
 // command (rt::relaunch_with_nproc), --allow-oversubscribe lets N exceed the
-// GPUs. The main job, bench and tune take them (bench and tune declare
-// --nproc; the rest is declared here), so that a process started by another
-// launcher (RANK set), which keeps them, accepts and ignores them. A command
+// GPUs. The main job, bench, lab-bench and tune take them (bench, lab-bench
+// and tune declare --nproc; the rest is declared here), so that a process
+// started by another launcher (RANK set), which keeps them, accepts and
+// ignores them. A command
 // that runs as one process (plan, bench-gemm: no --nproc declared) refuses
 // them instead of printing the same output N times.
 void add_process_options(CLI::App& app, int& nproc) {
-  app.add_option("--nproc", nproc, "Processes, one per GPU (default: all local GPUs); also on bench and tune");
+  app.add_option("--nproc", nproc, "Processes, one per GPU (default: all local GPUs); also on bench, lab-bench and tune");
   app.add_flag(kOversubscribe)
-      ->description("With --nproc: start more processes than there are GPUs (also on bench and tune)");
+      ->description("With --nproc: start more processes than there are GPUs (also on bench, lab-bench and tune)");
   for (CLI::App* cmd : app.get_subcommands([](CLI::App*) { return true; }))
     if (cmd->get_name() != "launch" && cmd->get_option_no_throw("--nproc") &&
         !cmd->get_option_no_throw(kOversubscribe))
@@ -108,7 +111,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "FlashOverlap: a Hopper GEMM overlapped with NCCL AllReduce / ReduceScatter / "
       "All-to-All through tile signals and reordering.\n"
-      "Without a subcommand, runs the default GEMM+AllReduce benchmark on all local GPUs\n"
+      "Without a subcommand, runs the main job on all local GPUs: `bench`'s defaults,\n"
+      "flashoverlap::GemmAllReduce 4096x8192x8192 bf16 against cuBLAS + NCCL\n"
       "(or prints its plan when no GPU is present).",
       "flashoverlap"};
   app.require_subcommand(0, 1);
@@ -117,6 +121,7 @@ int main(int argc, char** argv) {
   cli::add_launch_command(app, rc);
   cli::add_bench_gemm_command(app, rc);
   cli::add_bench_command(app, rc);
+  cli::add_lab_bench_command(app, rc);
   cli::add_tune_command(app, rc);
   add_process_options(app, nproc);
   try {

@@ -33,7 +33,7 @@ int64_t moe_tokens_or_default(int64_t tokens, int64_t m) { return tokens > 0 ? t
 
 bool is_moe_routing_file(const std::string& routing) { return routing.rfind("file:", 0) == 0; }
 
-// (bench's seed before this helper: its routings stay the same.)
+// (lab-bench's seed before this helper: its routings stay the same.)
 uint64_t moe_routing_seed(int64_t tokens, int64_t n, int64_t k) {
   return 0x5eed + uint64_t(tokens) * 31 + uint64_t(n) * 17 + uint64_t(k);
 }

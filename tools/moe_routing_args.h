@@ -1,9 +1,9 @@
 // moe_routing_args.h — the routing of `--op alltoall` from the command line,
-// one rule for `plan` and `bench`: a shape M x N x K means T tokens per rank
+// one rule for `plan` and `lab-bench`: a shape M x N x K means T tokens per rank
 // (--tokens, or M when 0), each picking --topk distinct ranks (0: min(2,
 // world)) by --routing (uniform | zipf:S | one:R | empty:R, plan::
 // make_moe_routing), drawn from a seed of the shape, so that every rank of a
-// bench job, and plan, draw the same routing; or file:PATH, a recorded one
+// lab-bench job, and plan, draw the same routing; or file:PATH, a recorded one
 // (plan::read_moe_routing_file) that gives the tokens and top-K itself.
 // Plain arguments (no Options struct), so that either command passes its own.
 #pragma once

@@ -398,9 +398,9 @@ TEST(NprocCli, OneProcessCommandsRefuseIt) {
 }
 
 // Too many processes for the GPUs: the hint names --allow-oversubscribe, and
-// that option exists: with it the main job and bench start N processes.
+// that option exists: with it the main job, bench and lab-bench start N processes.
 TEST(NprocCli, OversubscribeHintNamesAnOptionThatWorks) {
-  for (const char* args : {"--nproc 2", "bench --nproc 3", "tune --nproc 2"}) {
+  for (const char* args : {"--nproc 2", "bench --nproc 3", "lab-bench --nproc 3", "tune --nproc 2"}) {
     auto r = cli(args, "CUDA_VISIBLE_DEVICES=");
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("GPUs are visible; one process per GPU (--allow-oversubscribe"), std::string::npos)
@@ -411,12 +411,14 @@ TEST(NprocCli, OversubscribeHintNamesAnOptionThatWorks) {
   EXPECT_EQ(main_job.code, 0) << main_job.output;
   EXPECT_EQ(count(main_job.output, "No Hopper (sm_90) GPU on this machine"), 2u) << main_job.output;
   EXPECT_EQ(count(main_job.output, "predicted: "), 2u) << main_job.output;
-  // bench's processes start, find no GPU and say so (exit 1), rather than
-  // refusing their arguments.
-  auto bench = cli("bench --nproc 3 --allow-oversubscribe", "CUDA_VISIBLE_DEVICES=");
-  EXPECT_EQ(bench.code, 1) << bench.output;
-  EXPECT_NE(bench.output.find("bench: no Hopper (sm_90) GPU found"), std::string::npos) << bench.output;
-  EXPECT_EQ(bench.output.find("flashoverlap: error: "), std::string::npos) << bench.output;
+  // bench's and lab-bench's processes start, find no GPU and say so (exit 1),
+  // rather than refusing their arguments.
+  for (const std::string command : {"bench", "lab-bench"}) {
+    auto bench = cli(command + " --nproc 3 --allow-oversubscribe", "CUDA_VISIBLE_DEVICES=");
+    EXPECT_EQ(bench.code, 1) << bench.output;
+    EXPECT_NE(bench.output.find(command + ": no Hopper (sm_90) GPU found"), std::string::npos) << bench.output;
+    EXPECT_EQ(bench.output.find("flashoverlap: error: "), std::string::npos) << bench.output;
+  }
 }
 
 // Under another launcher (RANK set: torchrun, mpirun) the options stay in
@@ -427,7 +429,8 @@ TEST(NprocCli, AcceptedAndIgnoredUnderAnotherLauncher) {
   EXPECT_EQ(main_job.code, 0) << main_job.output;
   EXPECT_EQ(count(main_job.output, "predicted: "), 1u) << main_job.output;  // this one process
   for (const char* args :
-       {"bench --nproc 2 --allow-oversubscribe", "tune --nproc 2 --allow-oversubscribe --curves /nonexistent"}) {
+       {"bench --nproc 2 --allow-oversubscribe", "lab-bench --nproc 2 --allow-oversubscribe",
+        "tune --nproc 2 --allow-oversubscribe --curves /nonexistent"}) {
     auto r = cli(args, env);
     EXPECT_EQ(r.code, 1) << args << "\n" << r.output;  // no GPU, not a bad argument
     EXPECT_NE(r.output.find("no Hopper (sm_90) GPU found"), std::string::npos) << args << "\n" << r.output;
@@ -435,7 +438,7 @@ TEST(NprocCli, AcceptedAndIgnoredUnderAnotherLauncher) {
 }
 
 TEST(NprocCli, HelpListsTheOptions) {
-  for (const char* args : {"--help", "bench --help", "tune --help"}) {
+  for (const char* args : {"--help", "bench --help", "lab-bench --help", "tune --help"}) {
     auto r = cli(args);
     EXPECT_EQ(r.code, 0) << args;
     EXPECT_NE(r.output.find("--nproc"), std::string::npos) << args << "\n" << r.output;

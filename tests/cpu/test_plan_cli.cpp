@@ -1,6 +1,6 @@
 // `flashoverlap plan` end to end: the built CLI for all three collectives, text
 // and JSON, and one-line errors with exit code 2 for bad input (plan's, and
-// those of bench, bench-gemm and tune that need no GPU to find).
+// those of bench, lab-bench, bench-gemm and tune that need no GPU to find).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -276,35 +276,59 @@ TEST(PlanCli, BadInputIsOneLineAndExitCode2) {
 // the same one line and exit code 2 on a machine without one.
 TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
   const std::tuple<std::string, std::string, std::string> cases[] = {
-      {"bench", "--band-swizzles 0", "--band-swizzles: a band is at least 1 tile row, not 0"},
-      {"bench", "--band-swizzles 4,x", "bad band swizzle list"},
-      {"bench", "--band-swizzles ''", "no band heights"},
-      {"bench", "--push-tma every", "--push-tma"},
-      {"bench", "--owner-pushers maybe", "--owner-pushers"},
-      {"bench", "--iters 0", "--iters: must be a number >= 1, not 0"},
-      {"bench", "--m 0", "--m: must be a number >= 1"},
-      {"bench", "--warmup -1", "--warmup: must be a number >= 0"},
-      {"bench", "--wait-timeout 0", "--wait-timeout: must be a number > 0, not 0"},
-      {"bench", "--power -2", "--power: must be a number >= 0"},
-      {"bench", "--copy-streams 9", "--copy-streams"},
+      {"lab-bench", "--band-swizzles 0", "--band-swizzles: a band is at least 1 tile row, not 0"},
+      {"lab-bench", "--band-swizzles 4,x", "bad band swizzle list"},
+      {"lab-bench", "--band-swizzles ''", "no band heights"},
+      {"lab-bench", "--push-tma every", "--push-tma"},
+      {"lab-bench", "--owner-pushers maybe", "--owner-pushers"},
+      {"lab-bench", "--iters 0", "--iters: must be a number >= 1, not 0"},
+      {"lab-bench", "--m 0", "--m: must be a number >= 1"},
+      {"lab-bench", "--warmup -1", "--warmup: must be a number >= 0"},
+      {"lab-bench", "--wait-timeout 0", "--wait-timeout: must be a number > 0, not 0"},
+      {"lab-bench", "--power -2", "--power: must be a number >= 0"},
+      {"lab-bench", "--copy-streams 9", "--copy-streams"},
+      {"lab-bench", "--shapes 1x2", "bad shape '1x2'"},
+      {"lab-bench", "--dtype fp32", "--dtype"},
+      {"lab-bench", "--tile 64x64", "--tile must be auto, 128x256 or 128x128, not 64x64"},
+      {"lab-bench", "--layout diagonal", "--layout"},
+      {"lab-bench", "--op gather", "lab-bench --op gather: must be allreduce, reducescatter or alltoall"},
+      {"lab-bench", "--op alltoall --topk 2", "top-k 2 outside [1, world = 1]"},
+      {"lab-bench", "--op alltoall --routing zipf", "unknown MoE routing 'zipf'"},
+      {"lab-bench", "--op alltoall --shapes 100x1001x64", "N = 1001 must be a multiple of 8"},
+      {"lab-bench", "--op alltoall --layout rows --with-rmsnorm", "--layout, --with-rmsnorm are not for the all-to-all"},
+      {"lab-bench", "--op alltoall --tokens -1", "--tokens must be >= 0"},
+      {"lab-bench", "--op alltoall --routing file:/nonexistent/r.json", "/nonexistent/r.json"},
+      {"lab-bench", "--op alltoall --routing file:/nonexistent/r.json --topk 1", "the file gives the tokens and top-K"},
+      {"lab-bench", "--topk 1", "--routing, --topk and --tokens are for --op alltoall"},
+      {"lab-bench", "--rs-layout subtile", "--rs-layout is for --op reducescatter"},
+      {"lab-bench", "--op reducescatter --rs-layout diagonal", "--rs-layout"},
+      {"lab-bench", "--op reducescatter --layout rows --trace", "--layout, --trace are for --op allreduce only"},
+      {"lab-bench", "--op reducescatter --decomposition 2,0", "chunk counts are at least 1, not 0"},
+      {"lab-bench", "--op reducescatter --partition 1,x", "bad partition"},
+      // bench: the public ops; its flags alone, checked before any GPU is looked for.
       {"bench", "--shapes 1x2", "bad shape '1x2'"},
-      {"bench", "--dtype fp32", "--dtype"},
-      {"bench", "--tile 64x64", "--tile must be auto, 128x256 or 128x128, not 64x64"},
-      {"bench", "--layout diagonal", "--layout"},
-      {"bench", "--op gather", "must be allreduce, reducescatter or alltoall"},
-      {"bench", "--op alltoall --topk 2", "top-k 2 outside [1, world = 1]"},
-      {"bench", "--op alltoall --routing zipf", "unknown MoE routing 'zipf'"},
-      {"bench", "--op alltoall --shapes 100x1001x64", "N = 1001 must be a multiple of 8"},
-      {"bench", "--op alltoall --layout rows --with-rmsnorm", "--layout, --with-rmsnorm are not for the all-to-all"},
-      {"bench", "--op alltoall --tokens -1", "--tokens must be >= 0"},
-      {"bench", "--op alltoall --routing file:/nonexistent/r.json", "/nonexistent/r.json"},
-      {"bench", "--op alltoall --routing file:/nonexistent/r.json --topk 1", "the file gives the tokens and top-K"},
-      {"bench", "--topk 1", "--routing, --topk and --tokens are for --op alltoall"},
-      {"bench", "--rs-layout subtile", "--rs-layout is for --op reducescatter"},
-      {"bench", "--op reducescatter --rs-layout diagonal", "--rs-layout"},
-      {"bench", "--op reducescatter --layout rows --trace", "--layout, --trace are for --op allreduce only"},
-      {"bench", "--op reducescatter --decomposition 2,0", "chunk counts are at least 1, not 0"},
-      {"bench", "--op reducescatter --partition 1,x", "bad partition"},
+      {"bench", "--shapes ''", "no shapes given"},
+      {"bench", "--shapes 4096x8192x8192,,1x8x8", "bad shape ''"},
+      {"bench", "--k 12", "bad shape 4096x8192x12: "},
+      {"bench", "--op xyz", "bench --op xyz: must be allreduce, reducescatter or alltoall"},
+      {"bench", "--iters 0", "--iters: must be a number >= 1, not 0"},
+      {"bench", "--turns 0", "--turns: must be a number >= 1, not 0"},
+      {"bench", "--warmup -1", "--warmup: must be a number >= 0"},
+      {"bench", "--m 0", "--m: must be a number >= 1"},
+      {"bench", "--nccl-sms 0", "--nccl-sms: must be a number >= 1"},
+      {"bench", "--dtype fp32", "bench --dtype fp32: must be bf16 or fp16"},
+      {"bench", "--path owner", "bench --op allreduce --path owner: must be auto, sequential, row-bands, slots, owners"},
+      {"bench", "--op reducescatter --path owners", "must be auto, sequential, slots, nvlink (GemmReduceScatterOptions"},
+      {"bench", "--op alltoall --path row-bands", "must be auto, sequential, slots, nvlink (GemmAllToAllOptions"},
+      {"bench", "--topk 1", "bench: --topk and --tokens are for --op alltoall"},
+      {"bench", "--op reducescatter --tokens 5", "bench: --topk and --tokens are for --op alltoall"},
+      {"bench", "--op alltoall --topk 2", "--topk 2 is outside [1, world = 1]"},
+      {"bench", "--op alltoall --tokens -1", "--tokens: must be a number >= 0"},
+      {"bench", "--op alltoall --tuning-cache picks.json", "GemmAllToAllOptions has no tuning cache"},
+      {"bench", "--op reducescatter --registered-output", "--registered-output is for --op allreduce"},
+      // (the lab's flags are not bench's)
+      {"bench", "--layout rows", "--layout"},
+      {"bench", "--power 1", "--power"},
       {"bench-gemm", "--iters 0", "--iters: must be a number >= 1"},
       {"tune", "--iters 0", "--iters: must be a number >= 1"},
   };
@@ -319,9 +343,10 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
   }
 }
 
-// bench --op reducescatter checks M against the world size of the job's
-// environment (a process of a launched job: RANK and WORLD_SIZE set) before
-// it looks for a GPU: one shape that the layout cannot split is an error.
+// lab-bench --op reducescatter (and bench's, the public op's) checks M against
+// the world size of the job's environment (a process of a launched job: RANK
+// and WORLD_SIZE set) before it looks for a GPU: one shape that the layout
+// cannot split is an error.
 TEST(BenchCli, ReduceScatterRefusesShapesTheWorldCannotSplit) {
   struct Env {  // RANK=0 WORLD_SIZE=<world> for the commands run while it lives
     explicit Env(int world) {
@@ -333,22 +358,75 @@ TEST(BenchCli, ReduceScatterRefusesShapesTheWorldCannotSplit) {
       unsetenv("WORLD_SIZE");
     }
   };
-  const std::tuple<int, std::string, std::string> cases[] = {
-      {2, "--m 4095", "M = 4095 is not a multiple of the world size 2"},
-      {4, "--m 4098 --rs-layout standard", "M = 4098 is not a multiple of the world size 4"},
-      {3, "--rs-layout subtile", "the world size must divide 128"},
-      {8, "--m 100 --rs-layout subtile", "M = 100 leaves rank 7 no rows"},
+  const std::tuple<std::string, int, std::string, std::string> cases[] = {
+      {"lab-bench", 2, "--m 4095", "M = 4095 is not a multiple of the world size 2"},
+      {"lab-bench", 4, "--m 4098 --rs-layout standard", "M = 4098 is not a multiple of the world size 4"},
+      {"lab-bench", 3, "--rs-layout subtile", "the world size must divide 128"},
+      {"lab-bench", 8, "--m 100 --rs-layout subtile", "M = 100 leaves rank 7 no rows"},
+      {"bench", 2, "--m 4095", "M = 4095 is not a multiple of the world size 2"},
+      {"bench", 4, "--shapes 4096x8192x8192,4098x8192x8192", "M = 4098 is not a multiple of the world size 4"},
   };
-  for (const auto& [world, args, expect] : cases) {
-    SCOPED_TRACE(std::to_string(world) + " ranks: " + args);
+  for (const auto& [command, world, args, expect] : cases) {
+    SCOPED_TRACE(command + ", " + std::to_string(world) + " ranks: " + args);
     const Env env(world);
-    const Result r = run("--op reducescatter " + args, "bench");
+    const Result r = run("--op reducescatter " + args, command);
     EXPECT_EQ(r.rc, 2) << r.out << r.err;
     EXPECT_EQ(lines(r.err), 1u) << r.err;
-    EXPECT_EQ(r.err.rfind("flashoverlap: error: bench --op reducescatter", 0), 0u) << r.err;
+    EXPECT_EQ(r.err.rfind("flashoverlap: error: " + command + " --op reducescatter", 0), 0u) << r.err;
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
+  // The public op's top-K against the job's world.
+  const Env env(4);
+  const Result r = run("--op alltoall --topk 5", "bench");
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--topk 5 is outside [1, world = 4]"), std::string::npos) << r.err;
+}
+
+// Without a GPU (none visible, whatever the machine has): bench and lab-bench
+// say so and exit 1 once their arguments are good; the main job says so,
+// prints the plan and exits 0, naming the public op it runs on a GPU.
+TEST(BenchCli, WithoutAGpuBenchSaysSoAndTheMainJobPrintsThePlan) {
+  struct NoGpu {
+    NoGpu() { setenv("CUDA_VISIBLE_DEVICES", "", 1); }
+    ~NoGpu() { unsetenv("CUDA_VISIBLE_DEVICES"); }
+  } no_gpu;
+  for (const std::string command : {"bench", "lab-bench"}) {
+    for (const std::string args : {"", "--op reducescatter --shapes 4096x8192x8192,1024x4096x4096", "--op alltoall"}) {
+      SCOPED_TRACE(command + " " + args);
+      const Result r = run(args, command);
+      EXPECT_EQ(r.rc, 1) << r.out << r.err;
+      EXPECT_EQ(r.err.rfind(command + ": no Hopper (sm_90) GPU found on this machine (", 0), 0u) << r.err;
+      EXPECT_EQ(lines(r.err), 1u) << r.err;
+      EXPECT_TRUE(r.out.empty()) << r.out;
+    }
+  }
+  const Result main_job = run("", "");
+  EXPECT_EQ(main_job.rc, 0) << main_job.err;
+  for (const char* part : {"No Hopper (sm_90) GPU on this machine", "flashoverlap::GemmAllReduce", "cuBLAS + NCCL",
+                           "predicted: ", "`flashoverlap lab-bench`"})
+    EXPECT_NE(main_job.out.find(part), std::string::npos) << part << " missing in:\n" << main_job.out;
+}
+
+// bench's help: the public ops' flags, not the lab's; lab-bench's says what it is.
+TEST(BenchCli, HelpTellsBenchFromLabBench) {
+  const Result bench = run("--help", "bench");
+  EXPECT_EQ(bench.rc, 0) << bench.err;
+  for (const char* opt : {"--op", "--m", "--shapes", "--dtype", "--path", "--nccl-sms", "--tokens", "--topk",
+                          "--warmup", "--iters", "--turns", "--csv", "--json", "--nproc", "--tuning-cache",
+                          "--registered-output", "GemmAllReduce", "lab-bench"})
+    EXPECT_NE(bench.out.find(opt), std::string::npos) << opt << " missing in:\n" << bench.out;
+  for (const char* opt : {"--layout", "--power", "--partition", "--push-by", "--routing"})
+    EXPECT_EQ(bench.out.find(opt), std::string::npos) << opt << " in:\n" << bench.out;
+  const Result lab = run("--help", "lab-bench");
+  EXPECT_EQ(lab.rc, 0) << lab.err;
+  for (const char* part : {"lab: the internal variants and the measured tuner, for experiments; not the public ops",
+                           "--layout", "--power", "--tuning-cache", "--registered-output", "--routing"})
+    EXPECT_NE(lab.out.find(part), std::string::npos) << part << " missing in:\n" << lab.out;
+  const Result top = run("--help", "");
+  EXPECT_EQ(top.rc, 0) << top.err;
+  for (const char* part : {"bench", "lab-bench", "GemmAllReduce"})
+    EXPECT_NE(top.out.find(part), std::string::npos) << part << " missing in:\n" << top.out;
 }
 
 TEST(PlanCli, HasItsOwnHelp) {
@@ -359,10 +437,10 @@ TEST(PlanCli, HasItsOwnHelp) {
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 
-// plan and bench check shapes with one rule (check_gemm_shape, cli_parse.h):
-// plan shows no plan for a shape bench refuses, and says so in bench's words.
-// bench checks shapes before it looks for a GPU, so this runs on any machine
-// (and every bench case here is refused: none starts a benchmark).
+// plan, bench and lab-bench check shapes with one rule (check_gemm_shape,
+// cli_parse.h): plan shows no plan for a shape the benches refuse, and says so
+// in their words. They check shapes before they look for a GPU, so this runs
+// on any machine (and every bench case here is refused: none starts a benchmark).
 TEST(PlanCli, RefusesTheShapesBenchRefusesWithTheSameMessage) {
   const std::pair<std::string, std::string> cases[] = {
       {"--m 4096 --n 8192 --k 8191", "4096x8192x8191"},  // K not a multiple of 8 (TMA's 16-byte rows)
@@ -375,19 +453,23 @@ TEST(PlanCli, RefusesTheShapesBenchRefusesWithTheSameMessage) {
   for (const auto& [shape, name] : cases) {
     SCOPED_TRACE(shape);
     const Result plan = run("--op allreduce --world 2 " + shape);
-    const Result bench = run(shape, "bench");
+    const Result bench = run(shape, "bench"), lab = run(shape, "lab-bench");
     EXPECT_EQ(plan.rc, 2) << plan.out << plan.err;
     EXPECT_EQ(bench.rc, 2) << bench.out << bench.err;
+    EXPECT_EQ(lab.rc, 2) << lab.out << lab.err;
+    EXPECT_EQ(plan.err, lab.err);
     EXPECT_EQ(lines(plan.err), 1u) << plan.err;
     EXPECT_EQ(plan.err.rfind("flashoverlap: error: bad shape " + name + ": ", 0), 0u) << plan.err;
     EXPECT_NE(plan.err.find("multiple of 8"), std::string::npos) << plan.err;
     EXPECT_EQ(plan.err, bench.err);
     EXPECT_TRUE(plan.out.empty()) << plan.out;
   }
-  // The same rule through bench's --shapes.
-  const Result shapes = run("--shapes 1024x8192x8192,4096x8192x8191", "bench");
-  EXPECT_EQ(shapes.rc, 2) << shapes.err;
-  EXPECT_EQ(shapes.err, run("--m 4096 --n 8192 --k 8191").err);
+  // The same rule through the benches' --shapes.
+  for (const char* command : {"bench", "lab-bench"}) {
+    const Result shapes = run("--shapes 1024x8192x8192,4096x8192x8191", command);
+    EXPECT_EQ(shapes.rc, 2) << shapes.err;
+    EXPECT_EQ(shapes.err, run("--m 4096 --n 8192 --k 8191").err);
+  }
   // What the rule lets through, plan plans: the smallest and largest K.
   for (const char* k : {"--k 8", "--k 2147483640", "--op alltoall --k 8"}) {
     SCOPED_TRACE(k);
