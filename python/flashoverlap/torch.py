@@ -230,13 +230,14 @@ def _eager(torch, *tensors):
     than through torch's dispatcher: eager (not traced by torch.compile),
     plain tensors (not fake or functional ones), no autograd to record. The
     custom op is what compiled and traced code sees; calling it eagerly
-    would only add the dispatcher's host time to every call."""
+    would only add the dispatcher's host time to every call. (A weight is
+    often an nn.Parameter: a plain tensor too.)"""
     compiler = getattr(torch, "compiler", None)  # (torch >= 2.4 has it; the package's CPU tests run older ones)
     if compiler is not None and compiler.is_compiling():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+        if (type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter) or (grad and t.requires_grad):
             return False
     return True
 
