@@ -6,6 +6,9 @@
 #                call with `git archive <rev> | tar x -C ab-old`, untracked) built in OLD_SRC/build; OLD_CLI
 #                (if unset) becomes it, for the A/B stages below
 #   main         the README's main job (build/tools/flashoverlap, all local GPUs)
+#   never-slower the public PyTorch ops against F.linear + the torch.distributed call (bench/never_slower.py:
+#                eager, graph, latency, host time; NEVER_SLOWER_ARGS: more arguments) -> never-slower-<gpu>.csv/.json
+#   bench        the CLI's bench (the public C++ ops against cuBLAS + NCCL), each op -> bench-ops.csv
 #   test         ctest (CPU + GPU tests), log to $OUT/ctest.log
 #   gemm         bench-gemm over the GEMM shape set -> $OUT/gemm-h200.csv
 #   gemm-rs      bench-gemm of the ReduceScatter epilogues (rs, rs-subtile, rs-nvlink) against plain, full grid,
@@ -15,7 +18,7 @@
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
 #   ar           the AllReduce sweep on all local GPUs -> $OUT/allreduce-h200x2.csv (REPEAT=N: the median
-#                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more bench arguments; then
+#                of N sweeps; each run's CSV goes into the pack); SWEEP_ARGS: more lab-bench arguments; then
 #                the model's pick against the measured best (bench/model_vs_measured.py) -> model-vs-measured.txt; then
 #                the binding's GemmAllReduce against F.linear + dist.all_reduce, the sweep's figures beside
 #                (bench/torch_linear.py) -> $OUT/allreduce-torch-h200x<W>.csv
@@ -27,7 +30,7 @@
 #                bench/sweep.sh), then PyTorch's F.linear + all_to_all_single + index_add on the same (N, K)
 #                (bench/torch_alltoall.py) -> $OUT/alltoall-torch-h200x<W>.csv
 #   sanitize     compute-sanitizer memcheck/racecheck/synccheck on small GEMMs
-#   power        bench --power on three shapes: each variant's power, energy, SM clock, capping
+#   power        lab-bench --power on three shapes: each variant's power, energy, SM clock, capping
 #   cli-ab       builds of the tool in turns with registered outputs (the tuner's pick, then the owner plan forced;
 #                AB_TRACE=1: traced): OLD_CLI="path [path...]" (e.g. main's build, carried), then this build -> cli-ab.log
 #   owners-one   bench-gemm --modes plain,owners (the owner kernel on one GPU, its peer stand-ins), OLD_CLI (if
@@ -36,7 +39,7 @@
 #                owners-w's 2 rounds; AB_FORCED_ONLY=1: cli-ab without the tuner's pick)
 #   owners-w     3-8 GPUs: the world tests (owners on every GPU among them), then the tuner's pick vs owners
 #                forced (128x256, registered outputs), in turns -> owners-w.log
-#   cli-gpu      the CLI on the GPUs: bench --shapes with one shape left no plan by its options (skipped with a
+#   cli-gpu      the CLI on the GPUs: lab-bench --shapes with one shape left no plan by its options (skipped with a
 #                message, the other measured, exit 2) -> cli-gpu.log
 #   faults       the tests catch real faults: for each of FAULTS (default "skip_kblock swap_rows eps_twice"), a
 #                Release build in build-fault-<fault> with -DFO_TEST_FAULT=<fault> (kernels wrong on purpose: see
@@ -48,7 +51,7 @@
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
 #   cmd:<shell>  any command, run from the repo root
 # TESTS=regex limits ctest; TEST_TIMEOUT=seconds per test (default 600).
-# TUNING_CACHE=file: the ar and rs sweeps store their measured picks there (bench --tuning-cache) and the
+# TUNING_CACHE=file: the ar and rs sweeps store their measured picks there (lab-bench --tuning-cache) and the
 # public ops of their bench/torch_linear.py runs and of the python stage read them (FLASHOVERLAP_TUNING_CACHE):
 # the library timed as users call it, with the CLI's picks. Unset: neither.
 # FO_REQUIRE_GPUS=N (exported; default: the GPUs nvidia-smi lists, 0 without it): a GPU test that needs
@@ -71,7 +74,7 @@ status=0
 
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
-# ABAB: bench on the shapes near the bar (AB_SHAPES overrides them) with the
+# ABAB: lab-bench on the shapes near the bar (AB_SHAPES overrides them) with the
 # arguments COMMON and each variant's (a string each, "" for none; "@PATH":
 # the tool at PATH instead of this build's, no more arguments), AB_ROUNDS
 # (default 2) times in turns, into $OUT/LOG: ab_runs LOG COMMON VARIANT...
@@ -193,6 +196,23 @@ for s in "$@"; do
     main)
       stage "the README's main job: build/tools/flashoverlap"
       $CLI 2>&1 | tee "$OUT/main-job.log" || status=1
+      ;;
+    never-slower)
+      stage "the public ops against PyTorch (bench/never_slower.py, every local GPU) -> never-slower-<gpu>[x<W>].csv"
+      if python3 -c "import torch" 2>/dev/null; then
+        PYTHONPATH=$PWD/python FLASHOVERLAP_LIBRARY=$PWD/$BUILD/src/api/libflashoverlap.so PYTHONUNBUFFERED=1 \
+          timeout 1200 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/never_slower.py \
+          --out-dir "$OUT" ${NEVER_SLOWER_ARGS:-} 2>&1 | tee "$OUT/never-slower.log" || status=1
+      else
+        echo "never-slower: no torch in python3: skipped"
+      fi
+      ;;
+    bench)
+      stage "the CLI's bench: the public ops against cuBLAS + NCCL, each op on the default shapes"
+      for op in allreduce reducescatter alltoall; do
+        $CLI bench --op $op --shapes ${SHAPES:-4096x8192x8192,2048x8192x8192,32x8192x8192} --csv "$OUT/bench-ops.csv" 2>&1 |
+          tee -a "$OUT/bench-ops.log" || status=1
+      done
       ;;
     test)
       stage test
