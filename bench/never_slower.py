@@ -5,7 +5,7 @@ GPU (world 1 is the main case):
 
     python3 -m torch.distributed.run --standalone --nproc-per-node=W bench/never_slower.py
         [--ops allreduce,reducescatter,alltoall] [--pairs "N,K;N,K"] [--ms 1,2,8,...] [--dtypes bf16,fp16]
-        [--modes eager,graph,latency] [--turns 7] [--quick] [--kernels] [--tuning-cache FILE]
+        [--modes eager,graph,latency] [--turns 8] [--quick] [--kernels] [--tuning-cache FILE]
         [--out-dir bench/results] [--row-budget-ms 1000]
     python3 bench/never_slower.py --self-test      # the pure helpers, on the CPU, without torch
 
@@ -50,11 +50,12 @@ Modes, a row each per (op, m, n, k, dtype):
            calls cannot queue behind a sleep, and CUDA graphs are refused by it.
   Host time per call (host_torch_us, host_ours_us; eager rows only, empty in the others): the wall
            time of enqueuing the eager turn's N calls while the GPU sleeps, / N, the median over the
-           turns (7 by default, each after a synchronize): 200 calls behind the sleep, fewer for the
+           turns (8 by default, each after a synchronize): 200 calls behind the sleep, fewer for the
            largest GEMMs (N above: a call's enqueueing costs the host the same whatever its device time).
-Turns: every measurement alternates PyTorch's and ours in turns (at least 5; the first of a turn
-swapped every turn) and reports the median over turns; with several ranks, the slowest rank's
-(bench/torch_timing.py's slowest()). All ranks run the same sequence: every branch a rank could take
+Turns: every measurement alternates PyTorch's and ours in turns (an even number, at least 6; the
+first of a turn swapped every turn, so that each goes first after the sleep equally often) and
+reports the median over turns; with several ranks, the slowest rank's (bench/torch_timing.py's
+slowest()). All ranks run the same sequence: every branch a rank could take
 alone (an error, a retried turn, N) is agreed on with an all_reduce first.
 
 Checks, first, per (op, shape, m): ours against PyTorch's output, elementwise within bf16's bound of
@@ -206,7 +207,8 @@ def parse_args(argv):
     ap.add_argument("--ms", default="", help="m values, comma-separated (default 1,2,8,32,128,512,2048,8192)")
     ap.add_argument("--dtypes", default="", help="bf16,fp16: every pair in each (default: bf16, 8192x8192 fp16 too)")
     ap.add_argument("--modes", default=",".join(MODES), help="eager,graph,latency (or a subset, or none)")
-    ap.add_argument("--turns", type=int, default=7, help="turns per measurement (>= 5)")
+    ap.add_argument("--turns", type=int, default=8,
+                    help="turns per measurement (even, >= 6: each variant goes first after the sleep in half)")
     ap.add_argument("--quick", action="store_true", help="3 pairs at m 1, 32, 2048: a smoke run")
     ap.add_argument("--kernels", action="store_true", help="list the CUDA kernels of F.linear and of ours first")
     ap.add_argument("--tuning-cache", default="", help="a tuning cache FILE for the ops")
@@ -222,8 +224,10 @@ def parse_args(argv):
         args.ms = parse_ms(args.ms) if args.ms else (QUICK_MS if args.quick else MS)
     except ValueError as e:
         ap.error(str(e))
-    if args.turns < 5:
-        ap.error("--turns must be >= 5")
+    if args.turns < 6 or args.turns % 2:
+        # (odd: one variant would go first after the sleep once more than the other, and the first run
+        # after an idle GPU meets other clocks)
+        ap.error("--turns must be even and >= 6")
     if args.row_budget_ms <= 0:
         ap.error("--row-budget-ms must be > 0")
     if dtypes:

@@ -591,6 +591,15 @@ class _Op(_OpBase):
         call(_raw_stream(torch, self._index))
         planned.add(m)
 
+    def close(self):
+        self._c_handle = None  # (the eager calls' bound handle: no call may reach the freed op)
+        super().close()
+
+    def _open(self):
+        """FlashOverlapError (as the custom ops raise it) once the op is closed."""
+        if self._c_handle is None:
+            _op_of(self.handle, type(self))
+
     def _plain(self, x, weight):
         """Whether x (m x k, m <= max_m) and weight (n x k) are contiguous
         tensors of the op's dtype on its device: check_inputs' common case,
@@ -698,6 +707,7 @@ class GemmAllReduce(_Op):
 
     # (the custom ops' real implementations)
     def _run(self, x, weight):
+        self._open()
         if not self._plain(x, weight):
             check_inputs(self, x, weight)
         m = x.shape[0]
@@ -891,6 +901,7 @@ class GemmReduceScatter(_Op):
 
     # (the custom ops' real implementations)
     def _run(self, x, weight):
+        self._open()
         if not (self._plain(x, weight) and (self.layout != "standard" or x.shape[0] % self.world == 0)):
             check_rs_inputs(self, x, weight)
         m = x.shape[0]

@@ -104,6 +104,10 @@ std::string SequentialGemms::describe(int64_t m) const {
 
 SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
                                          int sms, rt::CublasGemm& cublas, const std::string& who) {
+  // Ours must be this much faster: cuBLAS's is F.linear's own kernel, a tie
+  // by construction, and a construction-time timing can misjudge a few
+  // percent where the GPU runs at its power limit.
+  constexpr double kOursMargin = 0.04;
   const std::vector<int64_t> ms = plan::gemm_choice_samples(max_m);
   const Calibration cal(ms.back(), n, k, dtype, sms);
   const size_t tiles = op_tiles().size();
@@ -142,7 +146,7 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
     x.m = ms[j], x.cublas_ms = t[0];
     x.ours_tile = size_t(std::min_element(t + 1, t + 1 + tiles) - (t + 1));
     x.ours_ms = t[1 + x.ours_tile];
-    x.cublas = !(x.ours_ms < 0.98 * x.cublas_ms);
+    x.cublas = !(x.ours_ms < (1 - kOursMargin) * x.cublas_ms);
     out.samples.push_back(x);
   }
   return out;
