@@ -97,7 +97,7 @@ try:  # (not needed by --self-test)
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch_timing import machine_line, slowest
+    from torch_timing import join_nccl_group, machine_line, slowest
 except ImportError:
     torch = None
 
@@ -892,12 +892,7 @@ def main():
         print(f"never_slower.py: needs a Hopper (sm_90) GPU; this is {torch.cuda.get_device_name(local)}",
               file=sys.stderr)
         sys.exit(2)
-    torch.cuda.set_device(local)
-    device = torch.device("cuda", local)
-    try:
-        dist.init_process_group("nccl", device_id=device)
-    except TypeError:  # (a torch without device_id)
-        dist.init_process_group("nccl")
+    device = join_nccl_group(local)
     RANK, world = dist.get_rank(), dist.get_world_size()
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
     if args.tuning_cache:

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from torch_timing import machine_line, slowest, time_in_turns
+from torch_timing import join_nccl_group, machine_line, slowest, time_in_turns
 
 SHAPES = "4096,14336;7168,2048;2048,768"
 COLUMNS = ["N", "K", "tokens", "topk", "routing", "dtype", "world", "variant", "ms", "max_rows"]
@@ -219,12 +219,7 @@ def main():
     if not torch.cuda.is_available() or local >= torch.cuda.device_count():
         sys.exit(f"torch_alltoall.py: needs one CUDA GPU per process (NCCL); found "
                  f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no CUDA'} for local rank {local}")
-    torch.cuda.set_device(local)
-    device = torch.device("cuda", local)
-    try:
-        dist.init_process_group("nccl", device_id=device)
-    except TypeError:  # (a torch without device_id)
-        dist.init_process_group("nccl")
+    device = join_nccl_group(local)
     rank = dist.get_rank()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)
     counts, send, recv, token_idx, gate_rows = rank_plan(dest, gate, rank)

@@ -1,11 +1,22 @@
-"""What the PyTorch baseline scripts (torch_linear.py, torch_alltoall.py)
-share: the slowest rank's value, variants timed in turns, and the CSV's
-'#' line naming the machine. Needs torch with a process group set up."""
+"""What the PyTorch baseline scripts (torch_linear.py, torch_alltoall.py,
+never_slower.py) share: joining the NCCL process group, the slowest rank's
+value, variants timed in turns, and the CSV's '#' line naming the machine."""
 import datetime
 import statistics
 
 import torch
 import torch.distributed as dist
+
+
+def join_nccl_group(local):
+    """This process on GPU `local` in the default NCCL process group; its device."""
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    try:
+        dist.init_process_group("nccl", device_id=device)
+    except TypeError:  # (a torch without device_id)
+        dist.init_process_group("nccl")
+    return device
 
 
 def slowest(value, device):

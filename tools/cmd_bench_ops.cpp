@@ -416,16 +416,37 @@ void compare(Context& cx, const DeviceBuffer& ours, const DeviceBuffer& ref, siz
   row.check = s.str();
 }
 
-// Correctness, then the baseline and the op timed in turns (none if the check failed).
+// The baseline and the op timed in turns, each first in every other turn
+// (none if the check failed).
 void time_in_turns(Context& cx, const std::function<void()>& baseline, const std::function<void()>& op, Row& row) {
   if (!row.pass) return;
   std::vector<double> base_ms, op_ms;
   for (int t = 0; t < cx.o.turns; ++t) {
+    if (t % 2) op_ms.push_back(cx.time_run(op));
     base_ms.push_back(cx.time_run(baseline));
-    op_ms.push_back(cx.time_run(op));
+    if (t % 2 == 0) op_ms.push_back(cx.time_run(op));
   }
   const std::vector<double> most = cx.max_over_ranks({median(base_ms), median(op_ms)});
   row.baseline_ms = most[0], row.op_ms = most[1];
+}
+
+// Correctness first (the baseline and the op once each on poisoned outputs,
+// compared on the host), then both timed in turns; `op`'s check() reports a
+// timed-out wait of its calls, `plan` says its plan after the first call.
+template <class Op>
+void check_then_time(Context& cx, const Op& op, const std::function<void()>& baseline, const std::function<void()>& ours,
+                     const DeviceBuffer& out_op, const DeviceBuffer& out_base, size_t count, Bound bound,
+                     const std::function<std::string()>& plan, Row& row) {
+  cx.poison(out_base), cx.poison(out_op);
+  baseline();
+  ours();
+  ck(cudaStreamSynchronize(cx.stream), "cudaStreamSynchronize");
+  op.check();
+  compare(cx, out_op, out_base, count, bound, row);
+  row.plan = plan();
+  time_in_turns(cx, baseline, ours, row);
+  ck(cudaStreamSynchronize(cx.stream), "cudaStreamSynchronize");
+  op.check();
 }
 
 uint64_t shape_seed(int rank, int64_t m, int64_t n, int64_t k, uint64_t what) {
@@ -471,16 +492,8 @@ Row bench_allreduce(Context& cx, int64_t m, int64_t n, int64_t k) {
     if (cx.o.registered) op.run_registered(a->get(), b->get(), slot, m, cx.stream);
     else op.run(a->get(), b->get(), out_op.get(), m, cx.stream);
   };
-  cx.poison(out_base), cx.poison(out_op);
-  baseline();
-  ours();
-  ck(cudaStreamSynchronize(cx.stream), "cudaStreamSynchronize");
-  op.check();
-  compare(cx, out_op, out_base, count, bound_of(cx.bf16, k, cx.world), row);
-  row.plan = op.plan(m) + (cx.o.registered ? "; registered output" : "");
-  time_in_turns(cx, baseline, ours, row);
-  ck(cudaStreamSynchronize(cx.stream), "cudaStreamSynchronize");
-  op.check();
+  check_then_time(cx, op, baseline, ours, out_op, out_base, count, bound_of(cx.bf16, k, cx.world),
+                  [&] { return op.plan(m) + (cx.o.registered ? "; registered output" : ""); }, row);
   return row;
 }
 
@@ -509,16 +522,8 @@ Row bench_reducescatter(Context& cx, int64_t m, int64_t n, int64_t k) {
        "ncclReduceScatter");
   };
   auto ours = [&] { op.run(a->get(), b->get(), out_op.get(), m, cx.stream); };
-  cx.poison(out_base), cx.poison(out_op);
-  baseline();
-  ours();
-  ck(cudaStreamSynchronize(cx.stream), "cudaStreamSynchronize");
-  op.check();
-  compare(cx, out_op, out_base, count, bound_of(cx.bf16, k, cx.world), row);
-  row.plan = op.plan(m);
-  time_in_turns(cx, baseline, ours, row);
-  ck(cudaStreamSynchronize(cx.stream), "cudaStreamSynchronize");
-  op.check();
+  check_then_time(cx, op, baseline, ours, out_op, out_base, count, bound_of(cx.bf16, k, cx.world),
+                  [&] { return op.plan(m); }, row);
   return row;
 }
 
@@ -636,16 +641,8 @@ Row bench_alltoall(Context& cx, int64_t shape_m, int64_t n, int64_t k) {
     ck(cudaGetLastError(), "the combine kernel's launch");
   };
   auto ours = [&] { op.run(a->get(), b->get(), routing, out_op.get(), cx.stream); };
-  cx.poison(out_base), cx.poison(out_op);
-  baseline();
-  ours();
-  ck(cudaStreamSynchronize(cx.stream), "cudaStreamSynchronize");
-  op.check();
-  compare(cx, out_op, out_base, count, bound_of(cx.bf16, k, std::max(K, 2)), row);
-  row.plan = op.last_plan();
-  time_in_turns(cx, baseline, ours, row);
-  ck(cudaStreamSynchronize(cx.stream), "cudaStreamSynchronize");
-  op.check();
+  check_then_time(cx, op, baseline, ours, out_op, out_base, count, bound_of(cx.bf16, k, std::max(K, 2)),
+                  [&] { return op.last_plan(); }, row);
   return row;
 }
 
