@@ -20,6 +20,7 @@
 #include "kernels/check.h"
 #include "kernels/reorder.h"
 #include "plan/tile_grid.h"
+#include "host_cost.h"
 #include "op_reference.h"
 #include "rank_harness.h"
 #include "runtime/ops/baselines.h"
@@ -260,6 +261,34 @@ TEST(GemmReduceScatterApi, TuningCachePicksRunAsStored) {
   });
   std::remove(path.c_str());
   std::remove((path + ".lock").c_str());
+}
+
+// What a sequential call costs the host, against cublasGemmEx + one
+// ncclReduceScatter: at most 3 us more per call (host_cost.h), also where
+// cuBLAS splits k (two kernels: m 1 and 32 of 4096x4096).
+TEST(GemmReduceScatterApi, SequentialCallHostCost) {
+  REQUIRE_HOPPER();
+  test::on_each_rank(1, [&](int, ncclComm_t nccl) {
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const int64_t n = 4096, k = 4096, max_m = 512;
+    GemmReduceScatter op(comm, max_m, n, k, DType::BF16);
+    DeviceBuffer a(size_t(max_m) * k * 2), b(size_t(n) * k * 2), c(size_t(max_m) * n * 2), out(size_t(max_m) * n * 2),
+        out2(size_t(max_m) * n * 2);
+    rt::CublasGemm gemm_ex(rt::CublasGemm::Api::GemmEx);
+    for (int64_t m : {1, 32, 512}) {
+      const std::vector<double> us = test::host_us_per_call(
+          {[&] { rt::sequential_cublas_reducescatter(gemm_ex, kBf16, a.get(), b.get(), c.get(), out2.get(), int(m), int(n),
+                                                     int(k), nccl, st); },
+           [&] { op.run(a.get(), b.get(), out.get(), m, st); }},
+          st);
+      std::fprintf(stderr, "host per call, m %lld (%lldx%lld): cublasGemmEx + ncclReduceScatter %.2f us, GemmReduceScatter %.2f us (%s)\n",
+                   (long long)m, (long long)n, (long long)k, us[0], us[1], op.plan(m).c_str());
+      EXPECT_LE(us[1], us[0] + 3.0) << "m " << m << ": " << op.plan(m);
+    }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
 }
 
 TEST(GemmReduceScatterApi, PlanningANewMIsFast) {
