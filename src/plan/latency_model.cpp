@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 #include "flashoverlap/error.h"
@@ -20,6 +21,14 @@ BandwidthCurve::BandwidthCurve(Collective op, int32_t world, std::vector<CurveSa
     if (!(s.bytes > 0) || !std::isfinite(s.bytes) || !(s.ms > 0) || !std::isfinite(s.ms))
       throw InvalidArgument("bandwidth curve: sample " + std::to_string(i) +
                             " needs positive finite bytes and ms");
+    // (what no collective call measures: the model's sums would overflow or mean nothing)
+    if (s.bytes > kMaxCurveBytes || s.ms > kMaxCurveMs) {
+      std::ostringstream os;
+      os << std::setprecision(4) << "bandwidth curve: sample " << i << " (" << s.bytes << " bytes in " << s.ms
+         << " ms) is beyond " << kMaxCurveBytes << " bytes or " << kMaxCurveMs
+         << " ms per call: not a measured collective";
+      throw InvalidArgument(os.str());
+    }
     if (i > 0 && !(s.bytes > samples_[i - 1].bytes))
       throw InvalidArgument("bandwidth curve: bytes must increase strictly (sample " + std::to_string(i) +
                             " has " + std::to_string(s.bytes) + " after " + std::to_string(samples_[i - 1].bytes) +

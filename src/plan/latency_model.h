@@ -16,6 +16,8 @@ namespace flashoverlap::plan {
 struct CurveSample {
   double bytes = 0, ms = 0;
 };
+// A curve's samples stay within these: 2^48 bytes (256 TiB) and 100 s per call.
+inline constexpr double kMaxCurveBytes = 281474976710656.0, kMaxCurveMs = 1e5;
 
 // Latency of one NCCL call vs the bytes it covers (the send buffer), measured
 // at log-spaced sizes on `world` ranks. Measured latencies are not monotone at

@@ -507,6 +507,9 @@ TEST(PlanCli, MalformedCurveFileIsOneLineNamingTheFileAndExitCode2) {
       {curve("2", "[[4096, 0.05], [2048, 0.1]]"), "bytes must increase strictly"},
       {curve("2", "[[2048, 0.05], [2048, 0.1]]"), "bytes must increase strictly"},
       {curve("2", "[]"), "at least 2 samples"},
+      {curve("2", "[[1000, 1], [1e9, 1e308]]"), "not a measured collective"},  // (crashed the search once)
+      {curve("2", "[[1000, 1], [2000, 1e100]]"), "not a measured collective"},
+      {curve("2", "[[1e300, 1], [2e300, 2]]"), "not a measured collective"},
   };
   int n = 0;
   for (const auto& [text, problem] : cases) {
@@ -519,6 +522,11 @@ TEST(PlanCli, MalformedCurveFileIsOneLineNamingTheFileAndExitCode2) {
     EXPECT_NE(r.err.find(problem), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  for (const char* op : {"reducescatter", "alltoall"}) {  // (every collective's planner gets the curve refused)
+    const Result r = run(std::string("--op ") + op + " --curve " + dir.write("big.json", curve("2", "[[1000, 1], [1e9, 1e308]]")));
+    EXPECT_EQ(r.rc, 2) << op << ": " << r.err;
+    EXPECT_NE(r.err.find("not a measured collective"), std::string::npos) << op << ": " << r.err;
   }
   const Result d = run("--curve " + dir.path.string());  // a directory reads as nothing: say what it is
   EXPECT_EQ(d.rc, 2) << d.err;
