@@ -507,7 +507,7 @@ TEST(PlanCli, MalformedCurveFileIsOneLineNamingTheFileAndExitCode2) {
       {curve("2", "[[4096, 0.05], [2048, 0.1]]"), "bytes must increase strictly"},
       {curve("2", "[[2048, 0.05], [2048, 0.1]]"), "bytes must increase strictly"},
       {curve("2", "[]"), "at least 2 samples"},
-      {curve("2", "[[1000, 1], [1e9, 1e308]]"), "not a measured collective"},  // (crashed the search once)
+      {curve("2", "[[1000, 1], [1e9, 1e308]]"), "not a measured collective"},  // (the search's sums overflow on it)
       {curve("2", "[[1000, 1], [2000, 1e100]]"), "not a measured collective"},
       {curve("2", "[[1e300, 1], [2e300, 2]]"), "not a measured collective"},
   };
