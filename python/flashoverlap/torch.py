@@ -563,8 +563,8 @@ class _Op(_OpBase):
         self._planned = set()  # the m's with a plan: those a CUDA graph may capture
         self._index = self.device.index
         self._weight_shape = (self.n, self.k)
-        # (bound once: a call's C entry points, the handle, torch's raw stream getter)
-        self._c_run, self._c_run_rmsnorm, self._c_handle = self._op._c("run"), self._op._c("run_rmsnorm"), self._op.handle
+        # (bound once: the eager call's C entry point and the handle)
+        self._c_run, self._c_handle = self._op._c("run"), self._op.handle
         super()._publish()
 
     def _enqueue(self, m, call, planned=None, unplanned=None):

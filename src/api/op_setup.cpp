@@ -31,8 +31,8 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
 namespace {
 
 // What the construction-time GEMM timings run on: m = `rows` (A: m x k, C:
-// m x n), random inputs, a stream of their own; schedule(i): tile i of
-// op_tiles() on the full grid.
+// m x n), random inputs, a stream of their own; schedule(i, rows): tile i
+// of op_tiles() on the full grid, for `rows` (default m) of A.
 struct Calibration {
   int64_t m, n, k;
   kernels::DType dt;
@@ -50,10 +50,11 @@ struct Calibration {
     cudaStreamSynchronize(st);
     cudaStreamDestroy(st);
   }
-  plan::Schedule schedule(size_t i) const {
+  plan::Schedule schedule(size_t i, int64_t rows = 0) const {
     const plan::TileShape tile = op_tiles()[i];
-    return plan::make_schedule(m, n, tile, sms, plan::Raster::AlongN,
-                               plan::default_swizzle(sms, tile, int32_t((m + tile.bm - 1) / tile.bm)));
+    const int64_t r = rows ? rows : m;
+    return plan::make_schedule(r, n, tile, sms, plan::Raster::AlongN,
+                               plan::default_swizzle(sms, tile, int32_t((r + tile.bm - 1) / tile.bm)));
   }
 };
 
@@ -117,12 +118,8 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
       cublas.run(cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), int(m), int(n), int(k), n, cal.st);
     }};
     std::vector<kernels::GemmParams> params;
-    for (size_t i = 0; i < tiles; ++i) {
-      const plan::TileShape tile = op_tiles()[i];
-      const plan::Schedule s = plan::make_schedule(
-          m, n, tile, sms, plan::Raster::AlongN, plan::default_swizzle(sms, tile, int32_t((m + tile.bm - 1) / tile.bm)));
-      params.push_back(kernels::plain_gemm(cal.dt, cal.a.get(), cal.b.get(), s, int(k), cal.c.get(), n));
-    }
+    for (size_t i = 0; i < tiles; ++i)
+      params.push_back(kernels::plain_gemm(cal.dt, cal.a.get(), cal.b.get(), cal.schedule(i, m), int(k), cal.c.get(), n));
     for (const kernels::GemmParams& p : params) fns.push_back([&p, &cal] { kernels::launch_gemm(p, cal.st); });
     // (fewer runs where a call takes long: the construction stays well under a second)
     const int iters = m <= 1024 ? 15 : 7;
