@@ -31,8 +31,10 @@ Default (n, k): the GEMMs before tensor parallelism's AllReduce in real models (
 replace them (--dtypes: every pair in every dtype); --quick: 3 pairs (and the fp16 one), m in 1, 32, 2048.
 
 Modes, a row each per (op, m, n, k, dtype):
-  eager    device time per call: per turn one torch.cuda._sleep of >= 50 ms, then both variants' N
-           calls back to back, each variant's between CUDA events: ms = elapsed / N. The sleep's cycles
+  eager    device time per call: per turn and variant one torch.cuda._sleep of >= 50 ms, then that
+           variant's N calls back to back between CUDA events: ms = elapsed / N (one variant per sleep: a
+           stream queues about a thousand kernels and copies before the host blocks, and two variants'
+           calls behind one sleep would charge the second variant the first one's queue). The sleep's cycles
            come from the GPU's clock (torch.cuda.clock_rate(), else 2 GHz; a timed sleep's where faster;
            raised where a turn's sleep came out shorter). The GPU never waits on the host: a turn whose
            sleep ended before the host had enqueued everything is run again with a sleep twice as long.
@@ -502,51 +504,62 @@ class Timer:
 
     def behind_sleep(self, units, reps, turns):
         """units[i]() enqueues one unit of variant i (a call, a graph replay).
-        Per turn one sleep, then `reps` units of each variant between CUDA
-        events, the first variant swapped every turn. [(device ms per unit,
-        host us per unit)] per variant: the median over turns, the slowest
-        rank's; and whether a turn's GPU still woke before the host was done."""
+        Per turn and variant one sleep, then `reps` units between CUDA events,
+        the first variant swapped every turn. [(device ms per unit, host us
+        per unit)] per variant: the median over turns, the slowest rank's; and
+        whether a turn's GPU still woke before the host was done.
+
+        Each variant has its sleep to itself: a stream queues about a
+        thousand kernels and copies before its launches block the host, so
+        two variants' 200 calls of three entries each behind one sleep would
+        charge the second the first's wait."""
         dev, host = [[] for _ in units], [[] for _ in units]
         late = False
         for t in range(turns):
             order = list(range(len(units)))
             if t % 2:
                 order.reverse()
-            for attempt in range(3):
-                torch.cuda.synchronize()
-                asleep, wake = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                asleep.record()
-                self._sleep()
-                wake.record()
-                marks = {}
-                for i in order:
-                    f = units[i]
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    h0 = time.perf_counter()
-                    s.record()
-                    for _ in range(reps):
-                        f()
-                    e.record()
-                    marks[i] = (s, e, time.perf_counter() - h0)
-                woke = wake.query()  # (the GPU is past the sleep: it may have waited for the host)
-                torch.cuda.synchronize()
-                slept = asleep.elapsed_time(wake)
-                if slept < 0.95 * self.sleep_ms:  # (the clock rose since: more cycles per ms; rank-local, harmless)
-                    self.cycles_per_ms = min(self.cycles_per_ms * min(self.sleep_ms / max(slept, 1e-3), 4.0), 5e6)
-                if not slowest(float(woke), self.device):
-                    break
-                if attempt == 2 or self.sleep_ms >= MAX_SLEEP_MS:
-                    late = True
-                    self.late_turns += 1
-                    break
-                self.sleep_ms = min(2 * self.sleep_ms, MAX_SLEEP_MS)
-                log(f"  (the GPU woke before the host had enqueued a turn: sleeps of {self.sleep_ms:.0f} ms from now)")
-            for i, (s, e, h) in marks.items():
-                dev[i].append(s.elapsed_time(e) / reps)
-                host[i].append(h / reps * 1e6)
+            for i in order:
+                d, h, was_late = self._one_behind_sleep(units[i], reps)
+                dev[i].append(d)
+                host[i].append(h)
+                late = late or was_late
         res = [(slowest(statistics.median(d), self.device), slowest(statistics.median(h), self.device))
                for d, h in zip(dev, host)]
         return res, late
+
+    def _one_behind_sleep(self, f, reps):
+        """One sleep, then `reps` units of f between CUDA events: (device ms
+        per unit, host us per unit, late). A sleep that ended before the host
+        had enqueued the units is run again twice as long (at most twice)."""
+        for attempt in range(3):
+            torch.cuda.synchronize()
+            asleep, wake = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            asleep.record()
+            self._sleep()
+            wake.record()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            h0 = time.perf_counter()
+            s.record()
+            for _ in range(reps):
+                f()
+            e.record()
+            h = time.perf_counter() - h0
+            woke = wake.query()  # (the GPU is past the sleep: it may have waited for the host)
+            torch.cuda.synchronize()
+            slept = asleep.elapsed_time(wake)
+            if slept < 0.95 * self.sleep_ms:  # (the clock rose since: more cycles per ms; rank-local, harmless)
+                self.cycles_per_ms = min(self.cycles_per_ms * min(self.sleep_ms / max(slept, 1e-3), 4.0), 5e6)
+            late = False
+            if not slowest(float(woke), self.device):
+                break
+            if attempt == 2 or self.sleep_ms >= MAX_SLEEP_MS:
+                late = True
+                self.late_turns += 1
+                break
+            self.sleep_ms = min(2 * self.sleep_ms, MAX_SLEEP_MS)
+            log(f"  (the GPU woke before the host had enqueued a turn: sleeps of {self.sleep_ms:.0f} ms from now)")
+        return s.elapsed_time(e) / reps, h / reps * 1e6, late
 
     def latency_us(self, fns, turns):
         """us per call, host included, of each of fns: per turn the median of
