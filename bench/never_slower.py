@@ -43,7 +43,7 @@ Modes, a row each per (op, m, n, k, dtype):
            GEMMs, whose device time dominates.
   graph    allreduce and reducescatter: op.prepare(m) (the ops refuse to plan under capture), warm-up on a
            side stream, 10 calls captured into a torch.cuda.CUDAGraph (torch.cuda.graph), and 10 calls of
-           PyTorch's into its own; per turn R replays of each behind a sleep: ms per call = elapsed /
+           PyTorch's into its own; per turn R replays of each behind a sleep of its own (>= 10 ms): ms per call = elapsed /
            (10 R), R <= 20 by the same budget. Where PyTorch's capture fails the row records its error
            (plan column) and has no times. Ours' last replay output is checked as the eager call's.
   latency  one call, host included: synchronize; t0; f(); synchronize; per turn the median of
@@ -130,7 +130,9 @@ COLUMNS = ["op", "m", "n", "k", "dtype", "mode", "torch_us", "ours_us", "ratio",
 BARS = {"eager": 0.98, "graph": 0.98, "latency": 0.95}  # a ratio below its mode's bar: ours slower
 GRAPH_CALLS = 10  # calls captured per graph
 LATENCY_CALLS = 50  # latency samples per variant, over all turns
-MIN_SLEEP_MS, MAX_SLEEP_MS = 50.0, 800.0
+# The sleep before each variant's calls: eager's as the issue sets it; a graph turn's
+# 20 replays enqueue in well under a millisecond. Doubled (to at most MAX) where too short.
+SLEEP_MS, MAX_SLEEP_MS = {"eager": 50.0, "graph": 10.0}, 800.0
 
 
 # ---- the pure helpers (--self-test checks them) ----
@@ -461,7 +463,7 @@ class Timer:
     def __init__(self, device, world):
         self.device, self.world = device, world
         self.flag = torch.zeros(1, device=device)
-        self.sleep_ms = MIN_SLEEP_MS
+        self.sleep_ms = dict(SLEEP_MS)  # per mode, doubled where the GPU woke too soon
         self.late_turns = 0
         # The sleep spins on clock cycles: cycles per ms from the clock torch
         # reports, or from a timed sleep where the GPU runs faster (a longer
@@ -480,8 +482,8 @@ class Timer:
         sane = self.measured_mhz if 100 <= self.measured_mhz <= 5000 else 0.0
         self.cycles_per_ms = max(self.mhz, sane) * 1000
 
-    def _sleep(self):
-        torch.cuda._sleep(int(self.sleep_ms * self.cycles_per_ms))
+    def _sleep(self, ms):
+        torch.cuda._sleep(int(ms * self.cycles_per_ms))
         if self.world > 1:
             # The ranks wake together: a rank whose sleep ends first waits here, not in its first run.
             dist.all_reduce(self.flag)
@@ -502,7 +504,7 @@ class Timer:
             worst = max(worst, s.elapsed_time(e) / calls)
         return slowest(worst, self.device)
 
-    def behind_sleep(self, units, reps, turns):
+    def behind_sleep(self, units, reps, turns, mode):
         """units[i]() enqueues one unit of variant i (a call, a graph replay).
         Per turn and variant one sleep, then `reps` units between CUDA events,
         the first variant swapped every turn. [(device ms per unit, host us
@@ -520,7 +522,7 @@ class Timer:
             if t % 2:
                 order.reverse()
             for i in order:
-                d, h, was_late = self._one_behind_sleep(units[i], reps)
+                d, h, was_late = self._one_behind_sleep(units[i], reps, mode)
                 dev[i].append(d)
                 host[i].append(h)
                 late = late or was_late
@@ -528,7 +530,7 @@ class Timer:
                for d, h in zip(dev, host)]
         return res, late
 
-    def _one_behind_sleep(self, f, reps):
+    def _one_behind_sleep(self, f, reps, mode):
         """One sleep, then `reps` units of f between CUDA events: (device ms
         per unit, host us per unit, late). A sleep that ended before the host
         had enqueued the units is run again twice as long (at most twice)."""
@@ -536,7 +538,7 @@ class Timer:
             torch.cuda.synchronize()
             asleep, wake = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             asleep.record()
-            self._sleep()
+            self._sleep(self.sleep_ms[mode])
             wake.record()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             h0 = time.perf_counter()
@@ -548,17 +550,18 @@ class Timer:
             woke = wake.query()  # (the GPU is past the sleep: it may have waited for the host)
             torch.cuda.synchronize()
             slept = asleep.elapsed_time(wake)
-            if slept < 0.95 * self.sleep_ms:  # (the clock rose since: more cycles per ms; rank-local, harmless)
-                self.cycles_per_ms = min(self.cycles_per_ms * min(self.sleep_ms / max(slept, 1e-3), 4.0), 5e6)
+            if slept < 0.95 * self.sleep_ms[mode]:  # (the clock rose since: more cycles per ms; rank-local, harmless)
+                self.cycles_per_ms = min(self.cycles_per_ms * min(self.sleep_ms[mode] / max(slept, 1e-3), 4.0), 5e6)
             late = False
             if not slowest(float(woke), self.device):
                 break
-            if attempt == 2 or self.sleep_ms >= MAX_SLEEP_MS:
+            if attempt == 2 or self.sleep_ms[mode] >= MAX_SLEEP_MS:
                 late = True
                 self.late_turns += 1
                 break
-            self.sleep_ms = min(2 * self.sleep_ms, MAX_SLEEP_MS)
-            log(f"  (the GPU woke before the host had enqueued a turn: sleeps of {self.sleep_ms:.0f} ms from now)")
+            self.sleep_ms[mode] = min(2 * self.sleep_ms[mode], MAX_SLEEP_MS)
+            log(f"  (the GPU woke before the host had enqueued a {mode} turn: {mode} sleeps of {self.sleep_ms[mode]:.0f} ms "
+                "from now)")
         return s.elapsed_time(e) / reps, h / reps * 1e6, late
 
     def latency_us(self, fns, turns):
@@ -716,7 +719,7 @@ class Run:
         for mode in args.modes:
             if mode == "eager":
                 reps = clamp(budget / max(t_est, 1e-4), 10, 200)
-                got, err = agreed(lambda: timer.behind_sleep([theirs, ours], reps, args.turns), device)
+                got, err = agreed(lambda: timer.behind_sleep([theirs, ours], reps, args.turns, "eager"), device)
                 if err is not None:
                     error_rows(err, [mode])
                     continue
@@ -755,7 +758,7 @@ class Run:
             torch.cuda.synchronize()
             raise Failure(f"PyTorch's graph capture failed: {type(e).__name__}: {e}") from None
         g_o, out = capture(ours, GRAPH_CALLS)
-        res, late = self.timer.behind_sleep([g_t.replay, g_o.replay], reps, self.args.turns)
+        res, late = self.timer.behind_sleep([g_t.replay, g_o.replay], reps, self.args.turns, "graph")
         torch.cuda.synchronize()
         del g_t, g_o
         return (res[0][0] / GRAPH_CALLS, res[1][0] / GRAPH_CALLS), late, out
