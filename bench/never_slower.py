@@ -46,8 +46,9 @@ Modes, a row each per (op, m, n, k, dtype):
            PyTorch's into its own; per turn R replays of each behind a sleep of its own (>= 10 ms): ms per call = elapsed /
            (10 R), R <= 20 by the same budget. Where PyTorch's capture fails the row records its error
            (plan column) and has no times. Ours' last replay output is checked as the eager call's.
-  latency  one call, host included: synchronize; t0; f(); synchronize; per turn the median of
-           ceil(50 / turns) calls, then the median over turns, in us. The only mode of alltoall, since
+  latency  one call, host included: synchronize; t0; f(); synchronize; per turn ceil(120 / turns)
+           calls of each variant, alternating call by call, the median per turn, then the median over
+           turns, in us. The only mode of alltoall, since
            its call syncs the host (the ranks exchange their routings and plan on the host), so that
            calls cannot queue behind a sleep, and CUDA graphs are refused by it.
   Host time per call (host_torch_us, host_ours_us; eager rows only, empty in the others): the wall
@@ -129,7 +130,7 @@ COLUMNS = ["op", "m", "n", "k", "dtype", "mode", "torch_us", "ours_us", "ratio",
            "plan", "routing", "topk", "tokens"]
 BARS = {"eager": 0.98, "graph": 0.98, "latency": 0.95}  # a ratio below its mode's bar: ours slower
 GRAPH_CALLS = 10  # calls captured per graph
-LATENCY_CALLS = 50  # latency samples per variant, over all turns
+LATENCY_CALLS = 120  # latency samples per variant, over all turns
 # The sleep before each variant's calls: eager's as the issue sets it; a graph turn's
 # 20 replays enqueue in well under a millisecond. Doubled (to at most MAX) where too short.
 SLEEP_MS, MAX_SLEEP_MS = {"eager": 50.0, "graph": 10.0}, 800.0
@@ -565,24 +566,27 @@ class Timer:
         return s.elapsed_time(e) / reps, h / reps * 1e6, late
 
     def latency_us(self, fns, turns):
-        """us per call, host included, of each of fns: per turn the median of
-        ceil(LATENCY_CALLS / turns) synchronised calls, the median over turns,
-        the slowest rank's."""
+        """us per call, host included, of each of fns: per turn ceil(LATENCY_CALLS /
+        turns) synchronised calls of each, the variants alternating call by call
+        (the first swapped every turn), so that a drift of the clocks or the host
+        meets both alike; the median per turn, the median over turns, the slowest
+        rank's."""
         calls = max(1, math.ceil(LATENCY_CALLS / turns))
         per = [[] for _ in fns]
         for t in range(turns):
             order = list(range(len(fns)))
             if t % 2:
                 order.reverse()
-            for i in order:
-                f, samples = fns[i], []
-                for _ in range(calls):
+            samples = [[] for _ in fns]
+            for _ in range(calls):
+                for i in order:
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    f()
+                    fns[i]()
                     torch.cuda.synchronize()
-                    samples.append(time.perf_counter() - t0)
-                per[i].append(statistics.median(samples))
+                    samples[i].append(time.perf_counter() - t0)
+            for i in order:
+                per[i].append(statistics.median(samples[i]))
         return [slowest(statistics.median(p) * 1e6, self.device) for p in per]
 
 

@@ -8,7 +8,7 @@
 //
 // For each shape: correctness first (the op's output and the baseline's from
 // the same random inputs, compared on the host), then both timed in turns
-// (ABAB: per turn --warmup calls, then --iters calls between two CUDA events,
+// (ABBA: per turn --warmup calls, then --iters calls between two CUDA events,
 // each side; the median over turns per rank, the maximum over ranks).
 //   --op allreduce      GemmAllReduce        vs cublasGemmEx + ncclAllReduce (in place)
 //   --op reducescatter  GemmReduceScatter    vs cublasGemmEx + ncclReduceScatter
@@ -60,7 +60,7 @@ struct Options {
   int nccl_sms = 8;
   int64_t tokens = 0;  // alltoall: tokens per rank (0: the shape's M)
   int topk = 0;        // alltoall: ranks each token picks (0: min(2, world))
-  int warmup = 5, iters = 20, turns = 5;
+  int warmup = 5, iters = 20, turns = 6;
   std::string csv;
   bool json = false;
   bool registered = false;  // allreduce: register_output + run_registered; the baseline's output registered with NCCL
@@ -861,9 +861,11 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--iters", o->iters, "Calls per timed run (between two CUDA events)")
       ->capture_default_str()
       ->check(at_least_one());
-  cmd->add_option("--turns", o->turns, "Turns of baseline then op (ABAB); the median over turns is reported")
+  cmd->add_option("--turns", o->turns,
+                  "Turns of both (ABBA: each side first in half of them, as the first after a pause may meet other "
+                  "clocks); the median over turns is reported")
       ->capture_default_str()
-      ->check(at_least_one());
+      ->check(even_turns());
   cmd->add_option("--tuning-cache", o->tuning_cache,
                   "allreduce, reducescatter: the op's tuning_cache option (a file of picks `lab-bench "
                   "--tuning-cache` measured; empty: the op reads $FLASHOVERLAP_TUNING_CACHE itself)");

@@ -26,6 +26,11 @@ inline CLI::Validator number_check(bool (*ok)(double), const std::string& rule, 
       help);
 }
 inline CLI::Validator at_least_one() { return number_check([](double x) { return x >= 1; }, ">= 1", "POSITIVE"); }
+// Even and >= 2: turns that put each side first equally often.
+inline CLI::Validator even_turns() {
+  return number_check([](double x) { return x >= 2 && x == double(int64_t(x)) && int64_t(x) % 2 == 0; },
+                      "even and >= 2", "EVEN");
+}
 inline CLI::Validator above_zero() { return number_check([](double x) { return x > 0; }, "> 0", "POSITIVE"); }
 inline CLI::Validator not_negative() {
   return number_check([](double x) { return x >= 0; }, ">= 0", "NONNEGATIVE");
