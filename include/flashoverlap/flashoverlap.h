@@ -338,6 +338,14 @@ struct AllToAllRouting {
   int64_t tokens = 0;                // this rank's tokens: rows of the combined output
   const int64_t* send_counts = nullptr;  // [world]
   const int64_t* recv_counts = nullptr;  // [world]
+  // dest_rank, dest_token and gate in device memory (the counts stay on the
+  // host). At world 1 (paths Auto and Sequential, n % 8 == 0) the call then
+  // never waits for the host: the routing is checked and the combine's
+  // tables made on the GPU, and a bad row (a rank other than 0, a token out
+  // of range, a gate not finite) is left out and reported by check() and
+  // by the next call (InvalidArgument; every later call refuses). Elsewhere
+  // the call copies the arrays to the host first (it waits for `stream`).
+  bool on_device = false;
 };
 
 // The MoE combine of expert parallelism (one expert per rank): each rank's
@@ -373,12 +381,18 @@ class GemmAllToAll {
   // every rank (the receivers weight the rows by the senders' gates).
   // Throws InvalidArgument on every rank for a call that does not add up on
   // any rank (counts that disagree between ranks or with dest_rank, a token
-  // out of range, sizes beyond the op's, null pointers where data goes).
+  // out of range, sizes beyond the op's, null pointers where data goes);
+  // at world 1 with routing.on_device, what only the arrays tell (a rank
+  // other than 0, a token out of range, a gate not finite) is found on the
+  // GPU instead: that row is left out, and check() or the next call throws.
   void run(const void* a, const void* b, const AllToAllRouting& routing, void* out, cudaStream_t stream,
            bool combine = true, int64_t ld_out = 0, int32_t* tokens_out = nullptr);
   // The last call's plan, e.g. "slots: waves 2,2,1 of 5 (128x256, 124
   // CTAs), predicted 0.410 ms against 0.520 ms sequential; NCCL on 8 SMs".
   std::string last_plan() const;
+  // Error if an earlier call's wait timed out, or InvalidArgument (once)
+  // for a bad row an on_device routing's call found (synchronise its
+  // stream first).
   void check() const;
 
   int64_t max_rows() const;

@@ -211,6 +211,12 @@ typedef struct fo_alltoall_routing {
   int64_t tokens;              /* this rank's tokens: rows of the combined output */
   const int64_t* send_counts;  /* [world] */
   const int64_t* recv_counts;  /* [world] */
+  /* Added in the second version (a smaller struct_size: 0): nonzero when
+   * dest_rank, dest_token and gate are in device memory, as
+   * flashoverlap::AllToAllRouting::on_device says (at world 1 the call then
+   * never waits for the host, and a bad row is reported by
+   * fo_gemm_alltoall_check and the next call). */
+  int64_t on_device;
 } fo_alltoall_routing;
 
 /* ---- queries without a status (they never fail and never change fo_last_error) ---- */

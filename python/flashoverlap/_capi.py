@@ -96,8 +96,9 @@ assert ctypes.sizeof(A2aOptions) == 32 and A2aOptions.exchange_timeout_s.offset 
 
 
 class Routing(ctypes.Structure):
-    """fo_alltoall_routing (64 bytes; c_api.cpp asserts the offsets): one
-    call's routing on this rank, its arrays in host memory."""
+    """fo_alltoall_routing (72 bytes; c_api.cpp asserts the offsets): one
+    call's routing on this rank, its arrays in host memory, or in device
+    memory with on_device."""
 
     _fields_ = [
         ("struct_size", c_size_t),
@@ -108,11 +109,12 @@ class Routing(ctypes.Structure):
         ("tokens", c_int64),
         ("send_counts", POINTER(c_int64)),
         ("recv_counts", POINTER(c_int64)),
+        ("on_device", c_int64),
     ]
 
 
-assert ctypes.sizeof(Routing) == 64 and Routing.tokens.offset == 40 and Routing.recv_counts.offset == 56, \
-    "fo_alltoall_routing layout"
+assert ctypes.sizeof(Routing) == 72 and Routing.tokens.offset == 40 and Routing.recv_counts.offset == 56 \
+    and Routing.on_device.offset == 64, "fo_alltoall_routing layout"
 
 _h = c_void_p  # fo_comm_t, fo_gemm_*_t, void* (device pointers, streams, ncclComm_t)
 _STATUS = "status"  # restype marker: an fo_status, checked
@@ -624,13 +626,14 @@ def _host_array(ctype, v, name, count, keep):
     return ctypes.cast(a, POINTER(ctype))
 
 
-def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, world):
+def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, world, on_device=False):
     """(fo_alltoall_routing, what it points to: keep it alive while the routing
     is used) for one call: rows and tokens, and host arrays, each a sequence
     of numbers (copied) or a ctypes pointer to an array of the C type (int32
     dest_rank and dest_token and float gate of rows entries, int64
     send_counts and recv_counts of world entries; the caller's, not copied).
-    gate None: NULL (not combining)."""
+    gate None: NULL (not combining). on_device: the three arrays are ctypes
+    pointers to device memory (read by the GPU, in the call's stream)."""
     keep = []
     r = Routing()
     r.struct_size = ctypes.sizeof(r)
@@ -641,6 +644,7 @@ def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_co
         r.gate = _host_array(c_float, gate, "gate", r.rows, keep)
     r.send_counts = _host_array(c_int64, send_counts, "send_counts", world, keep)
     r.recv_counts = _host_array(c_int64, recv_counts, "recv_counts", world, keep)
+    r.on_device = 1 if on_device else 0
     return r, keep
 
 

@@ -543,7 +543,9 @@ class _OpBase:
 
     def check(self):
         """Raises the error of an earlier call whose wait timed out (synchronise
-        its stream first); after one, build the communicator and op anew."""
+        its stream first); after one, build the communicator and op anew. A
+        GemmAllToAll at world 1 with its routing on the GPU also raises
+        InvalidArgument, once, for a bad row a call found there."""
         self._op.check()
 
     def close(self):
@@ -1055,6 +1057,22 @@ def _host_int32(op, name, h):
     return h.contiguous()
 
 
+def _device_int32(t):
+    """An integer device tensor as a contiguous int32 one; values beyond
+    int32 become -1 (out of range: the library reports the row)."""
+    torch = _tm()
+    t = t.detach()
+    if t.dtype != torch.int32:
+        t = t.clamp(-1, INT32_MAX).to(torch.int32)
+    return t.contiguous()
+
+
+def _device_ptr(ctype, t):
+    """A ctypes pointer holding a device tensor's address (NULL for an empty one)."""
+    import ctypes
+    return ctypes.cast(ctypes.c_void_p(t.data_ptr() if t.numel() else 0), ctypes.POINTER(ctype))
+
+
 def _host_ptr(ctype, t):
     """A ctypes pointer to a CPU tensor's data (NULL for an empty one)."""
     import ctypes
@@ -1084,7 +1102,8 @@ class GemmAllToAll(_OpBase):
 
     Every call is collective, and synchronises the host: the ranks' routings
     are exchanged (the host waits for that exchange) and the call planned on
-    the host. So it is not for CUDA graphs (refused under capture). It is the
+    the host; at world 1 with the routing on the GPU nothing is exchanged or
+    waited for. So it is not for CUDA graphs (refused under capture). It is the
     torch.library custom op flashoverlap::gemm_all_to_all (combine) or
     flashoverlap::gemm_all_to_all_rows (not), with fake implementations.
     """
@@ -1129,9 +1148,14 @@ class GemmAllToAll(_OpBase):
         dest_rank[i], where it is that rank's token dest_token[i], weighted
         by gate_weight[i]. dest_rank, dest_token: integer tensors of rows
         entries; gate_weight: a floating tensor of rows entries (used in
-        float32; None allowed with combine=False). They may be on any device:
-        they are copied to the host, which syncs with their stream (the call
-        synchronises the host anyway: the ranks' routings are exchanged).
+        float32; None allowed with combine=False). On the op's GPU they are
+        read there: at world 1 (path "auto" or "sequential") the call then
+        never waits for the host, and a bad row in them (a rank other than
+        0, a token out of range, a gate not finite) is left out and raised,
+        once, by check() or by the next call. Elsewhere, or on another
+        device, they are copied to the host, which syncs with their stream
+        (the call synchronises the host anyway: the ranks' routings are
+        exchanged).
         send_counts[d]: the rows with dest_rank d; recv_counts[s]: the rows
         rank s sends here (all_to_all_single's split sizes): lists of world
         ints, or integer tensors (a device tensor syncs). tokens: this rank's
@@ -1157,10 +1181,13 @@ class GemmAllToAll(_OpBase):
         if not _is_int(tokens):
             raise InvalidArgument(f"{self}: tokens = {tokens!r} is not an int (this rank's tokens: the combined "
                                   "output's rows)")
+        if combine and gate_weight is None:
+            raise InvalidArgument(f"{self}: gate_weight is required to combine (combine=False returns the rows "
+                                  "unweighted)")
+        if _eager(torch, *(t for t in (x, weight, dest_rank, dest_token, gate_weight) if t is not None)):
+            out, tokens_out = self._run(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens, combine)
+            return out if combine else (out, tokens_out)
         if combine:
-            if gate_weight is None:
-                raise InvalidArgument(f"{self}: gate_weight is required to combine (combine=False returns the rows "
-                                      "unweighted)")
             return torch.ops.flashoverlap.gemm_all_to_all(x, weight, dest_rank, dest_token, gate_weight, send, recv,
                                                           tokens, self.handle)
         return torch.ops.flashoverlap.gemm_all_to_all_rows(x, weight, dest_rank, dest_token, gate_weight, send, recv,
@@ -1178,12 +1205,22 @@ class GemmAllToAll(_OpBase):
         self._on_device(self._refuse_capture)  # (before the copies to the host, which a capture forbids too)
         rows = x.shape[0]
         send, recv = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-        ranks, toks, gates = _to_host(dest_rank, dest_token, gate)
-        ranks, toks = _host_int32(self, "dest_rank", ranks), _host_int32(self, "dest_token", toks)
-        gates = None if gates is None else gates.to(torch.float32).contiguous()
-        routing, keep = _capi.make_routing(rows, _host_ptr(ctypes.c_int32, ranks), _host_ptr(ctypes.c_int32, toks),
-                                           None if gates is None else _host_ptr(ctypes.c_float, gates), tokens, send,
-                                           recv, self.world)
+        on_gpu = all(t is None or t.device == self.device for t in (dest_rank, dest_token, gate))
+        if self.device.type == "cuda" and on_gpu:
+            # On the op's GPU: passed there (at world 1 the call then never waits for the host).
+            ranks, toks = _device_int32(dest_rank), _device_int32(dest_token)
+            gates = None if gate is None else gate.detach().to(torch.float32).contiguous()
+            routing, keep = _capi.make_routing(rows, _device_ptr(ctypes.c_int32, ranks),
+                                               _device_ptr(ctypes.c_int32, toks),
+                                               None if gates is None else _device_ptr(ctypes.c_float, gates), tokens,
+                                               send, recv, self.world, on_device=True)
+        else:
+            ranks, toks, gates = _to_host(dest_rank, dest_token, gate)
+            ranks, toks = _host_int32(self, "dest_rank", ranks), _host_int32(self, "dest_token", toks)
+            gates = None if gates is None else gates.to(torch.float32).contiguous()
+            routing, keep = _capi.make_routing(rows, _host_ptr(ctypes.c_int32, ranks), _host_ptr(ctypes.c_int32, toks),
+                                               None if gates is None else _host_ptr(ctypes.c_float, gates), tokens,
+                                               send, recv, self.world)
         # (a negative size is the library's refusal, on every rank: allocate nothing for it)
         out_rows = max(int(tokens), 0) if combine else max(sum(recv), 0)
         out = torch.empty((out_rows, self.n), dtype=self.dtype, device=self.device)

@@ -63,7 +63,7 @@ static_assert(offsetof(fo_alltoall_routing, struct_size) == 0 && offsetof(fo_all
               offsetof(fo_alltoall_routing, dest_rank) == 16 && offsetof(fo_alltoall_routing, dest_token) == 24 &&
               offsetof(fo_alltoall_routing, gate) == 32 && offsetof(fo_alltoall_routing, tokens) == 40 &&
               offsetof(fo_alltoall_routing, send_counts) == 48 && offsetof(fo_alltoall_routing, recv_counts) == 56 &&
-              sizeof(fo_alltoall_routing) == 64);
+              offsetof(fo_alltoall_routing, on_device) == 64 && sizeof(fo_alltoall_routing) == 72);
 static_assert(int(flashoverlap::DType::BF16) == FO_DTYPE_BF16 && int(flashoverlap::DType::FP16) == FO_DTYPE_FP16);
 
 namespace {
@@ -79,9 +79,9 @@ using A2aPath = flashoverlap::GemmAllToAllOptions::Path;
 constexpr size_t kOptionsV1Size = offsetof(fo_gemm_allreduce_options, curves) + sizeof(const char*);
 // The same for fo_gemm_reducescatter_options (its first version is this one).
 constexpr size_t kRsOptionsV1Size = sizeof(fo_gemm_reducescatter_options);
-// ... for fo_gemm_alltoall_options and fo_alltoall_routing (both: this one).
+// ... for fo_gemm_alltoall_options (this one) and fo_alltoall_routing (up to recv_counts).
 constexpr size_t kA2aOptionsV1Size = sizeof(fo_gemm_alltoall_options);
-constexpr size_t kRoutingV1Size = sizeof(fo_alltoall_routing);
+constexpr size_t kRoutingV1Size = offsetof(fo_alltoall_routing, on_device);
 
 // This thread's last message: t_static when set (a literal, for when even
 // the message could not be allocated), t_message otherwise.
@@ -342,6 +342,7 @@ flashoverlap::AllToAllRouting to_routing(const fo_alltoall_routing* r) {
   x.tokens = r->tokens;
   x.send_counts = r->send_counts;
   x.recv_counts = r->recv_counts;
+  x.on_device = r->struct_size >= offsetof(fo_alltoall_routing, on_device) + sizeof(int64_t) && r->on_device != 0;
   return x;
 }
 

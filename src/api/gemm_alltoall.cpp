@@ -18,6 +18,7 @@
 #include "runtime/core/checks.h"
 #include "runtime/core/exchange.h"
 #include "runtime/ops/alltoall.h"
+#include "runtime/ops/one_rank_alltoall.h"
 #include "runtime/transport/peers.h"
 
 namespace flashoverlap {
@@ -60,6 +61,11 @@ struct GemmAllToAll::Impl {
   std::unique_ptr<rt::HostExchange> exchange;
   std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles() entry, made on first use
   rt::OverlapAllToAll* last = nullptr;
+  // World 1 with the routing in device memory: the whole call on the GPU.
+  std::unique_ptr<rt::OneRankAllToAll> one_rank;
+  // Elsewhere a routing in device memory lands here first (dest_rank,
+  // dest_token and gate, max_rows entries each).
+  rt::PinnedBuffer staging;
   plan::MoeRouting routing;  // the last call's, every rank's
   plan::MoeRowCounts counts;  // its rows per 128-row tile row and destination (the routing's one check)
   std::string last_plan = "no call yet";
@@ -223,6 +229,89 @@ struct GemmAllToAll::Impl {
     }
     return *best;
   }
+  // Whether a call with its routing in device memory runs on the GPU alone.
+  bool on_gpu_alone() const {
+    using Path = GemmAllToAllOptions::Path;
+    return world == 1 && (opts.path == Path::Auto || opts.path == Path::Sequential) && n % 8 == 0;
+  }
+  // What the host can check of a routing in device memory (its arrays
+  // are the GPU's to check): "" or the problem.
+  std::string device_problem_of(const AllToAllRouting& r, const CallArgs& c) const {
+    if (c.ld_out != 0 && c.ld_out < n) return "ld_out = " + std::to_string(c.ld_out) + " is below n (0 means n)";
+    if (r.rows < 0 || r.rows > max_rows)
+      return "rows = " + std::to_string(r.rows) + " is outside [0, max_rows = " + std::to_string(max_rows) + "]";
+    if (r.tokens < 0 || r.tokens > max_tokens)
+      return "tokens = " + std::to_string(r.tokens) + " is outside [0, max_tokens = " + std::to_string(max_tokens) + "]";
+    if (!r.send_counts || !r.recv_counts) return "send_counts and recv_counts must not be null";
+    if (r.rows > 0 && (!r.dest_rank || !r.dest_token || (c.combine && !r.gate)))
+      return "dest_rank, dest_token and (to combine) gate must not be null with rows";
+    if (r.send_counts[0] != r.rows)
+      return "send_counts[0] = " + std::to_string(r.send_counts[0]) + " but " + std::to_string(r.rows) +
+             " rows go to rank 0";
+    if (r.recv_counts[0] != r.rows)
+      return "recv_counts[0] = " + std::to_string(r.recv_counts[0]) + " but rank 0 sends it " +
+             std::to_string(r.rows) + " rows";
+    if (r.rows > 0 && r.tokens == 0)
+      return std::to_string(r.rows) + " rows come back to this rank, which has no tokens (tokens = 0)";
+    if (r.rows > max_tokens * topk)
+      return std::to_string(r.rows) + " rows to receive, more than max_tokens * topk = " +
+             std::to_string(max_tokens * topk);
+    if (r.rows > 0 && (!c.a || !c.b)) return "a and b must not be null with rows";
+    if (r.rows > 0 && ((reinterpret_cast<uintptr_t>(c.a) | reinterpret_cast<uintptr_t>(c.b)) % 16 != 0))
+      return "a and b must be 16-byte aligned";
+    if (!c.out && (c.combine ? r.tokens : r.rows) > 0) return "null output";
+    return "";
+  }
+  void run_on_gpu(const AllToAllRouting& r, const CallArgs& c, cudaStream_t stream, int32_t* tokens_out) {
+    if (one_rank && one_rank->failed()) one_rank->check();  // (an earlier call's bad row, before anything else)
+    if (const std::string p = device_problem_of(r, c); !p.empty())
+      throw InvalidArgument(who() + ": the call of rank(s) 0 failed their checks: here " + p);
+    if (!one_rank) {  // (made at the first such call: ops that never take one allocate nothing)
+      rt::OneRankAllToAllOptions o;
+      o.n = n, o.k = k, o.dtype = api::to_kernels(dtype), o.max_rows = max_rows, o.max_tokens = max_tokens;
+      o.core = &core;
+      one_rank = std::make_unique<rt::OneRankAllToAll>(o, stream);
+    }
+    rt::OneRankCall call;
+    call.rows = r.rows, call.tokens = r.tokens;
+    call.dest_rank = r.dest_rank, call.dest_token = r.dest_token, call.gate = r.gate, call.combine = c.combine;
+    const api::SequentialGemms::Sample& at = seq.at(std::max<int64_t>(r.rows, 1));
+    if (at.cublas) {
+      call.cublas = cublas.get();
+    } else {
+      const plan::TileShape t = api::op_tiles()[at.ours_tile];
+      const int32_t tiles_m = int32_t(std::max<int64_t>((r.rows + t.bm - 1) / t.bm, 1));
+      call.sched = plan::make_expert_schedule(r.rows, n, t, sms, plan::Raster::AlongN,
+                                              plan::default_swizzle(sms, t, tiles_m));
+    }
+    one_rank->run(c.a, c.b, call, c.out, c.ld_out == 0 ? n : c.ld_out, tokens_out, stream);
+    ++calls;
+    last_plan = "sequential on one rank, the routing checked and tabled on the GPU; " +
+                std::string(at.cublas ? "cuBLAS's GEMM" : "our GEMM");
+  }
+  // A call with its routing in host memory: exchanged, planned, run.
+  void run_planned(const void* a, const void* b, const AllToAllRouting& routing, void* out, cudaStream_t stream,
+                   bool combine, int64_t ld_out, int32_t* tokens_out);
+  // A routing in device memory copied to the host (the host waits for
+  // `stream`): the host-planned call's form.
+  AllToAllRouting to_host(const AllToAllRouting& r, cudaStream_t stream) {
+    AllToAllRouting h = r;
+    h.on_device = false;
+    if (r.rows < 0 || r.rows > max_rows) return h;  // (refused by the checks, on every rank; nothing read)
+    if (!staging.get()) staging = rt::PinnedBuffer(size_t(std::max<int64_t>(max_rows, 1)) * 12);
+    auto* base = staging.as<char>();
+    const size_t bytes = size_t(r.rows) * 4;
+    auto copy = [&](const void* src, size_t at) -> const void* {
+      if (!src) return nullptr;
+      if (bytes) FO_CUDA_CHECK(cudaMemcpyAsync(base + at, src, bytes, cudaMemcpyDeviceToHost, stream));
+      return base + at;
+    };
+    h.dest_rank = static_cast<const int32_t*>(copy(r.dest_rank, 0));
+    h.dest_token = static_cast<const int32_t*>(copy(r.dest_token, size_t(max_rows) * 4));
+    h.gate = static_cast<const float*>(copy(r.gate, size_t(max_rows) * 8));
+    FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return h;
+  }
   rt::OverlapAllToAll& op_of(size_t tile) {
     if (!ops[tile]) {
       rt::OverlapAllToAllOptions o;
@@ -307,6 +396,18 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
   if (capture != cudaStreamCaptureStatusNone)
     throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call exchanges its routing "
                                     "and plans on the host)");
+  if (routing.on_device && d.on_gpu_alone()) {
+    d.run_on_gpu(routing, CallArgs{a, b, out, ld_out, combine}, stream, tokens_out);
+    return;
+  }
+  if (d.one_rank && d.one_rank->failed()) d.one_rank->check();  // (a GPU-checked call's bad row: reported first)
+  const AllToAllRouting host = routing.on_device ? d.to_host(routing, stream) : routing;
+  d.run_planned(a, b, host, out, stream, combine, ld_out, tokens_out);
+}
+
+void GemmAllToAll::Impl::run_planned(const void* a, const void* b, const AllToAllRouting& routing, void* out,
+                                     cudaStream_t stream, bool combine, int64_t ld_out, int32_t* tokens_out) {
+  Impl& d = *this;
   d.gather_routing(routing, CallArgs{a, b, out, ld_out, combine});  // (throws on every rank alike)
   d.counts = plan::count_moe_rows(d.routing, api::kBm);  // (the routing's check, alike on every rank; the plans' counts)
   auto [p, tile] = d.plan_call();
@@ -331,6 +432,7 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
 std::string GemmAllToAll::last_plan() const { return impl_->last_plan; }
 
 void GemmAllToAll::check() const {
+  if (impl_->one_rank) impl_->one_rank->check();
   if (impl_->last) impl_->last->check();
 }
 

@@ -1,5 +1,6 @@
 // preload.cu — loads every kernel of the library into the current context.
 #include "kernels/alltoall_tables.h"
+#include "kernels/combine_tables.h"
 #include "kernels/flags.h"
 #include "kernels/gemm.h"
 #include "kernels/reorder.h"
@@ -13,6 +14,7 @@ void preload_kernels() {
   preload_flag_kernels();
   preload_reorder_kernels();
   preload_alltoall_table_kernels();
+  preload_combine_table_kernels();
 }
 
 }  // namespace flashoverlap::kernels

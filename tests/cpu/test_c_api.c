@@ -125,11 +125,11 @@ static void test_version(void) {
             offsetof(fo_gemm_alltoall_options, nccl_sms) == offsetof(fo_gemm_allreduce_options, nccl_sms) &&
             offsetof(fo_gemm_alltoall_options, wait_timeout_s) == offsetof(fo_gemm_allreduce_options, wait_timeout_s),
         "fo_gemm_alltoall_options' offsets");
-  CHECK(sizeof(fo_alltoall_routing) == 64 && offsetof(fo_alltoall_routing, struct_size) == 0 &&
+  CHECK(sizeof(fo_alltoall_routing) == 72 && offsetof(fo_alltoall_routing, struct_size) == 0 &&
             offsetof(fo_alltoall_routing, rows) == 8 && offsetof(fo_alltoall_routing, dest_rank) == 16 &&
             offsetof(fo_alltoall_routing, dest_token) == 24 && offsetof(fo_alltoall_routing, gate) == 32 &&
             offsetof(fo_alltoall_routing, tokens) == 40 && offsetof(fo_alltoall_routing, send_counts) == 48 &&
-            offsetof(fo_alltoall_routing, recv_counts) == 56,
+            offsetof(fo_alltoall_routing, recv_counts) == 56 && offsetof(fo_alltoall_routing, on_device) == 64,
         "fo_alltoall_routing's layout (sizeof %zu)", sizeof(fo_alltoall_routing));
   CHECK(fo_last_error()[0] == '\0', "a fresh thread's last error: \"%s\"", fo_last_error());
 }
@@ -1260,8 +1260,46 @@ static void a2a_part(fo_comm_t comm) {
     l.added = 1;
     EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &l.r, (void*)g.dout, 0, 1, NULL,
                                         g.stream),
-                   "fo_gemm_alltoall_run", "routing->struct_size = 72: the routing set fields that this library");
-    CHECK(strstr(fo_last_error(), "routing of 64 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
+                   "fo_gemm_alltoall_run", "routing->struct_size = 80: the routing set fields that this library");
+    CHECK(strstr(fo_last_error(), "routing of 72 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
+  }
+  {
+    /* a caller of the first version (no on_device: host arrays) */
+    struct first {
+      fo_alltoall_routing r;
+    } f;
+    a2a_routing(&f.r, 100, 120, send, recv);
+    f.r.struct_size = offsetof(fo_alltoall_routing, on_device);
+    f.r.on_device = 1; /* (beyond its struct_size: not read) */
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.CtxSynchronize());
+    FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &f.r, (void*)g.dout, 0, 1, NULL, g.stream));
+    expect_combined(d, &f.r, N, "alltoall, a routing of the first version");
+  }
+  {
+    /* the arrays in device memory (world 1: checked and tabled on the GPU): the same bits */
+    fo_alltoall_routing dr;
+    CUdeviceptr rank_d, token_d, gate_d;
+    a2a_routing(&r, 100, 120, send, recv);
+    CU(cu.MemAlloc(&rank_d, (size_t)r.rows * 4));
+    CU(cu.MemAlloc(&token_d, (size_t)r.rows * 4));
+    CU(cu.MemAlloc(&gate_d, (size_t)r.rows * 4));
+    CU(cu.MemcpyHtoD(rank_d, r.dest_rank, (size_t)r.rows * 4));
+    CU(cu.MemcpyHtoD(token_d, r.dest_token, (size_t)r.rows * 4));
+    CU(cu.MemcpyHtoD(gate_d, r.gate, (size_t)r.rows * 4));
+    dr = r;
+    dr.dest_rank = (const int32_t*)(uintptr_t)rank_d;
+    dr.dest_token = (const int32_t*)(uintptr_t)token_d;
+    dr.gate = (const float*)(uintptr_t)gate_d;
+    dr.on_device = 1;
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.CtxSynchronize());
+    FO(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &dr, (void*)g.dout, 0, 1, NULL, g.stream));
+    expect_combined(d, &r, N, "alltoall, the routing in device memory");
+    FO(fo_gemm_alltoall_check(op));
+    CU(cu.MemFree(rank_d));
+    CU(cu.MemFree(token_d));
+    CU(cu.MemFree(gate_d));
   }
   /* NULL buffers, a bad ld_out, and routings that do not add up: the C++ API's refusals */
   a2a_routing(&r, 100, 120, send, recv);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -48,6 +49,31 @@ struct Local {
     r.send_counts = send.data(), r.recv_counts = recv.data();
   }
 };
+
+// A call's GEMM operands: A (rows x k) and B (n x k).
+struct Operands {
+  const DeviceBuffer &a, &b;
+  int64_t rows, n, k;
+};
+
+// The reference of a call whose plan is `plan`: the GEMM it names (cuBLAS's,
+// or ours on the full grid) into y, the baseline's all-to-all into rows_ref
+// and its combine into ref (st synchronised: the baseline's tables go with it).
+void reference(const std::string& plan, const plan::MoeRouting& routing, int rank, ncclComm_t nccl,
+               rt::CublasGemm& cublas, const Operands& o, const DeviceBuffer& y, const DeviceBuffer& rows_ref,
+               const DeviceBuffer& ref, cudaStream_t st) {
+  rt::MoeCombineBaseline base(routing, rank, o.n, kBf16, nccl);
+  if (o.rows > 0 && plan.find("cuBLAS") != std::string::npos) {
+    cublas.run(kBf16, o.a.get(), o.b.get(), y.get(), int(o.rows), int(o.n), int(o.k), o.n, st);
+  } else if (o.rows > 0) {
+    const plan::Schedule s = plan::make_schedule(o.rows, o.n, {128, 256}, rt::current_device_sms(),
+                                                 plan::Raster::AlongN, 8);
+    kernels::launch_gemm(kernels::plain_gemm(kBf16, o.a.get(), o.b.get(), s, int(o.k), y.get(), o.n), st);
+  }
+  base.all_to_all(y.get(), rows_ref.get(), st);
+  base.combine(rows_ref.get(), ref.get(), st);
+  FO_CUDA_CHECK(cudaStreamSynchronize(st));
+}
 
 }  // namespace
 
@@ -94,18 +120,9 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
         overlapped += op.last_plan().rfind("slots", 0) == 0, nvlinked += op.last_plan().rfind("nvlink", 0) == 0;
         // The reference: the op's GEMM (ours on the full grid, or cuBLAS's where its
         // sequential call took it), the baseline's all-to-all, its combine.
-        rt::MoeCombineBaseline base(routing, rank, n, kBf16, nccl);
-        const bool by_cublas = op.last_plan().find("cuBLAS") != std::string::npos;
-        by_cublas_calls += by_cublas;
-        if (rows > 0 && by_cublas) {
-          cublas.run(kBf16, a.get(), b.get(), y.get(), int(rows), int(n), int(k), n, st);
-        } else if (rows > 0) {
-          const plan::Schedule s = plan::make_schedule(rows, n, {128, 256}, rt::current_device_sms(),
-                                                       plan::Raster::AlongN, 8);
-          kernels::launch_gemm(kernels::plain_gemm(kBf16, a.get(), b.get(), s, int(k), y.get(), n), st);
-        }
-        base.all_to_all(y.get(), rows_ref.get(), st);
-        base.combine(rows_ref.get(), ref.get(), st);
+        by_cublas_calls += op.last_plan().find("cuBLAS") != std::string::npos;
+        const Operands ops{a, b, rows, n, k};
+        reference(op.last_plan(), routing, rank, nccl, cublas, ops, y, rows_ref, ref, st);
         FO_CUDA_CHECK(cudaStreamSynchronize(st));
         op.check();
         const std::string where = std::string(name(path)) + " path, call " + std::to_string(call) + ", " + kind +
@@ -178,5 +195,124 @@ TEST(GemmAllToAllApi, BadRoutingsAreRefusedOnEveryRank) {
     GemmAllToAllOptions nv;
     nv.path = Path::NVLink;
     EXPECT_THROW(GemmAllToAll(comm, 10, 10, 1, 1001, k, DType::BF16, nv), InvalidArgument);  // (n % 8 != 0)
+  });
+}
+
+// World 1 with the routing's arrays in device memory: the call runs on the
+// GPU alone (checked and tabled there) on the Auto and Sequential paths,
+// with the bits of our GEMM or cuBLAS's (as its plan names) + the baseline's
+// all-to-all and combine, as a routing from the host gets; the Slots and
+// NVLink paths copy the arrays to the host. A bad row is left out and
+// reported once, by check() or by the next call.
+TEST(GemmAllToAllApi, ARoutingInDeviceMemoryMatchesOurGemmAndNccl) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::fprintf(stderr, "seed %llu\n", static_cast<unsigned long long>(seed));
+  test::on_each_rank(1, [&](int, ncclComm_t nccl) {
+    const int64_t max_tokens = 1500, n = 2048, k = 256, max_rows = max_tokens;
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    DeviceBuffer a(size_t(max_rows) * k * 2), b(size_t(n) * k * 2), y(size_t(max_rows) * n * 2),
+        out(size_t(max_rows) * (n + 8) * 2), ref(size_t(max_rows) * n * 2), rows_ref(size_t(max_rows) * n * 2),
+        tok(size_t(max_rows) * 4), dr(size_t(max_rows) * 4), dt(size_t(max_rows) * 4), dg(size_t(max_rows) * 4);
+    rt::CublasGemm cublas;
+    static const char* kinds[] = {"uniform", "zipf:1.2", "one:0"};
+    std::mt19937_64 rng(seed);
+    auto to_device = [&](const AllToAllRouting& r) {
+      if (r.rows > 0) {
+        FO_CUDA_CHECK(cudaMemcpyAsync(dr.get(), r.dest_rank, size_t(r.rows) * 4, cudaMemcpyHostToDevice, st));
+        FO_CUDA_CHECK(cudaMemcpyAsync(dt.get(), r.dest_token, size_t(r.rows) * 4, cudaMemcpyHostToDevice, st));
+        FO_CUDA_CHECK(cudaMemcpyAsync(dg.get(), r.gate, size_t(r.rows) * 4, cudaMemcpyHostToDevice, st));
+      }
+      AllToAllRouting d = r;
+      d.dest_rank = dr.as<int32_t>(), d.dest_token = dt.as<int32_t>(), d.gate = dg.as<float>();
+      d.on_device = true;
+      return d;
+    };
+    for (Path path : {Path::Auto, Path::Sequential, Path::Slots, Path::NVLink}) {
+      GemmAllToAllOptions o;
+      o.path = path;
+      GemmAllToAll op(comm, max_rows, max_tokens, 1, n, k, DType::BF16, o);
+      for (int call = 0; call < 8; ++call) {
+        const std::string kind = kinds[rng() % 3];
+        const int64_t t = call == 0 ? 0 : call == 1 ? max_tokens : int64_t(rng() % uint64_t(max_tokens + 1));
+        plan::MoeRouting routing = plan::make_moe_routing(kind, 1, t, 1, rng());
+        // (the rows in any token order: shuffled, so that the tables' sort has work)
+        std::vector<size_t> order(routing.dest_token[0].size());
+        std::iota(order.begin(), order.end(), size_t{0});
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<int32_t> toks(order.size());
+        std::vector<float> gates(order.size());
+        for (size_t i = 0; i < order.size(); ++i)
+          toks[i] = routing.dest_token[0][order[i]], gates[i] = routing.gate[0][order[i]];
+        routing.dest_token[0] = toks, routing.gate[0] = gates;
+        const Local local(routing, 0);
+        const int64_t rows = local.r.rows;
+        const bool combine = call % 3 != 2;
+        const int64_t ld = call % 4 == 3 ? n + 8 : n;
+        kernels::fill_random(kBf16, a.get(), std::max<int64_t>(rows, 1) * k, seed + uint64_t(call), -1.f, 1.f, st);
+        kernels::fill_random(kBf16, b.get(), n * k, seed + 99, -1.f, 1.f, st);
+        kernels::poison(out.get(), max_rows * (n + 8), st);
+        kernels::poison(tok.get(), max_rows * 2, st);
+        op.run(a.get(), b.get(), to_device(local.r), out.get(), st, combine, ld, tok.as<int32_t>());
+        const std::string plan = op.last_plan();
+        reference(plan, routing, 0, nccl, cublas, Operands{a, b, rows, n, k}, y, rows_ref, ref, st);
+        FO_CUDA_CHECK(cudaStreamSynchronize(st));
+        op.check();
+        const std::string where = std::string(name(path)) + " path, call " + std::to_string(call) + ", " + kind +
+                                  ", " + std::to_string(t) + " tokens, " + (combine ? "combined" : "unweighted") +
+                                  ", plan " + plan + ", seed " + std::to_string(seed);
+        const bool alone = path == Path::Auto || path == Path::Sequential;
+        EXPECT_EQ(plan.find("on the GPU") != std::string::npos, alone) << where;
+        const int64_t out_rows = combine ? t : rows;
+        if (out_rows > 0)
+          EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), ld, (combine ? ref : rows_ref).get(), n,
+                                                     out_rows, n, st)))
+              << where;
+        if (rows > 0) {
+          std::vector<int32_t> got(static_cast<size_t>(rows));
+          FO_CUDA_CHECK(cudaMemcpy(got.data(), tok.get(), got.size() * 4, cudaMemcpyDeviceToHost));
+          EXPECT_EQ(got, routing.dest_token[0]) << where << " (tokens_out)";
+        }
+      }
+      if (path != Path::Auto && path != Path::Sequential) continue;
+      // Bad rows: a token out of range, a rank other than 0, a gate not finite.
+      const plan::MoeRouting routing = plan::make_moe_routing("uniform", 1, 200, 1, rng());
+      const Local local(routing, 0);
+      for (int fault = 0; fault < 3; ++fault) {
+        std::vector<int32_t> ranks = routing.dest_rank[0], toks = routing.dest_token[0];
+        std::vector<float> gates = routing.gate[0];
+        const char* want = fault == 0 ? "goes to token 200, outside" : fault == 1 ? "goes to rank 1, not rank 0"
+                                                                                   : "not finite";
+        if (fault == 0) toks[17] = 200;
+        if (fault == 1) ranks[17] = 1;
+        if (fault == 2) gates[17] = std::numeric_limits<float>::quiet_NaN();
+        AllToAllRouting bad = local.r;
+        bad.dest_rank = ranks.data(), bad.dest_token = toks.data(), bad.gate = gates.data();
+        const AllToAllRouting on_dev = to_device(bad);
+        op.run(a.get(), b.get(), on_dev, out.get(), st);  // (enqueued: the GPU finds the row)
+        FO_CUDA_CHECK(cudaStreamSynchronize(st));
+        const std::string expect = "row 17 of an earlier call's routing ";
+        try {
+          if (fault == 1) {  // reported by the next call, before it runs
+            op.run(a.get(), b.get(), on_dev, out.get(), st);
+            ADD_FAILURE() << "the next call ran";
+          } else {
+            op.check();
+            ADD_FAILURE() << "check() found nothing (fault " << fault << ")";
+          }
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+        }
+        EXPECT_NO_THROW(op.check()) << "reported once";
+      }
+      // Still usable after them.
+      op.run(a.get(), b.get(), to_device(local.r), out.get(), st);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      EXPECT_NO_THROW(op.check());
+    }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }

@@ -487,12 +487,12 @@ class CApi(unittest.TestCase):
         self.assertEqual(_capi.A2aOptions.exchange_timeout_s.offset, 24)
         for name in ("struct_size", "path", "nccl_sms", "wait_timeout_s"):
             self.assertEqual(getattr(_capi.A2aOptions, name).offset, getattr(_capi.Options, name).offset, name)
-        self.assertEqual(ctypes.sizeof(_capi.Routing), 64)
+        self.assertEqual(ctypes.sizeof(_capi.Routing), 72)
         self.assertEqual([getattr(_capi.Routing, f).offset for f, _ in _capi.Routing._fields_],
-                         [0, 8, 16, 24, 32, 40, 48, 56])
+                         [0, 8, 16, 24, 32, 40, 48, 56, 64])
         self.assertEqual([f for f, _ in _capi.Routing._fields_],
                          ["struct_size", "rows", "dest_rank", "dest_token", "gate", "tokens", "send_counts",
-                          "recv_counts"])
+                          "recv_counts", "on_device"])
 
     def test_alltoall_options(self):
         o = _capi.make_a2a_options(self.lib)
@@ -557,7 +557,7 @@ class CApi(unittest.TestCase):
 
     def test_make_routing(self):
         r, keep = _capi.make_routing(3, [0, 1, 0], [5, 2, 7], [0.5, 1.0, 0.25], 9, [2, 1], [1, 4], 2)
-        self.assertEqual((r.struct_size, r.rows, r.tokens), (64, 3, 9))
+        self.assertEqual((r.struct_size, r.rows, r.tokens, r.on_device), (72, 3, 9, 0))
         self.assertEqual(([r.dest_rank[i] for i in range(3)], [r.dest_token[i] for i in range(3)],
                           [r.gate[i] for i in range(3)]), ([0, 1, 0], [5, 2, 7], [0.5, 1.0, 0.25]))
         self.assertEqual(([r.send_counts[i] for i in range(2)], [r.recv_counts[i] for i in range(2)]), ([2, 1], [1, 4]))
@@ -569,6 +569,13 @@ class CApi(unittest.TestCase):
         r, keep = _capi.make_routing(2, ctypes.cast(ranks, ctypes.POINTER(ctypes.c_int32)), [0, 1], None, 2,
                                      [0, 2], [0, 0], 2)
         self.assertEqual(ctypes.cast(r.dest_rank, ctypes.c_void_p).value, ctypes.addressof(ranks))
+        # device arrays: their addresses as pointers, and on_device set
+        at = lambda v: ctypes.cast(ctypes.c_void_p(v), ctypes.POINTER(ctypes.c_int32))  # noqa: E731
+        r, keep = _capi.make_routing(2, at(0x7000), at(0x8000), ctypes.cast(ctypes.c_void_p(0x9000),
+                                     ctypes.POINTER(ctypes.c_float)), 2, [2], [2], 1, on_device=True)
+        self.assertEqual((r.on_device, ctypes.cast(r.dest_rank, ctypes.c_void_p).value,
+                          ctypes.cast(r.dest_token, ctypes.c_void_p).value, ctypes.cast(r.gate, ctypes.c_void_p).value),
+                         (1, 0x7000, 0x8000, 0x9000))
         for args, message in (((2, [0], [0, 1], None, 2, [2], [2], 1), "dest_rank has 1 entries, expected 2"),
                               ((1, [0], [0], [1.0, 2.0], 2, [1], [1], 1), "gate has 2 entries, expected 1"),
                               ((1, [0], [0], None, 2, [1], [1, 0], 1), "recv_counts has 2 entries, expected 1"),
@@ -1172,8 +1179,11 @@ class TorchValidation(unittest.TestCase):
         self.addCleanup(setattr, fot, "_torch", saved)
         calls = []
         record = lambda name: lambda *args: calls.append((name,) + args)  # noqa: E731
-        # A stand-in torch whose custom ops record what the call gives them (no torch.library here).
-        fot._torch = types.SimpleNamespace(is_tensor=t.is_tensor, bool=t.bool, ops=types.SimpleNamespace(
+        # A stand-in torch whose custom ops record what the call gives them (no torch.library here),
+        # compiling: the call goes through the custom ops, as traced code's does (eager calls skip them).
+        fot._torch = types.SimpleNamespace(is_tensor=t.is_tensor, bool=t.bool,
+                                           compiler=types.SimpleNamespace(is_compiling=lambda: True),
+                                           ops=types.SimpleNamespace(
             flashoverlap=types.SimpleNamespace(gemm_all_to_all=record("combine"), gemm_all_to_all_rows=record("rows"))))
         op = self.make_a2a_op()
         name = "GemmAllToAll(max_rows=64, max_tokens=32, topk=2, n=32, k=16, float16, cpu, world 2)"
@@ -1234,7 +1244,7 @@ class TorchValidation(unittest.TestCase):
                          (x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, True, None, 0x77))
         self.assertEqual((s0["struct_size"], s0["rows"], s0["tokens"], s0["dest_rank"], s0["dest_token"], s0["gate"],
                           s0["send"], s0["recv"]),
-                         (64, 5, 7, [1, 0, 1, 0, 1], [4, 0, 2, 6, 1], [0.5, 1.0, 0.25, 2.0, 1.5], [2, 3], [1, 3]))
+                         (72, 5, 7, [1, 0, 1, 0, 1], [4, 0, 2, 6, 1], [0.5, 1.0, 0.25, 2.0, 1.5], [2, 3], [1, 3]))
         # not combining: the received rows (sum(recv_counts)) and their tokens; no gates: NULL
         rows, tok = op._run(x, w, dr, dt, None, [2, 3], [1, 3], 7, False)
         self.assertEqual((tuple(rows.shape), tuple(tok.shape), tok.dtype), ((4, 32), (4,), t.int32))
