@@ -671,26 +671,32 @@ void add_lab_bench_command(CLI::App& app, int& rc) {
                   "token picks R), empty:R (none picks R: its expert gets no rows), file:PATH (a recorded routing, "
                   "flashoverlap.moe_routing JSON: its tokens and top-K)")
       ->capture_default_str();
-  cmd->add_option("--topk", o->topk, "alltoall: ranks each token picks (0: min(2, world))")->capture_default_str();
+  cmd->add_option("--topk", o->topk, "alltoall: ranks each token picks (0: min(2, world))")
+      ->capture_default_str()
+      ->check(integer_at_least(0));
   cmd->add_option("--tokens", o->tokens, "alltoall: tokens per rank for every shape (0: the shape's first number)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_at_least(0));
   cmd->add_option("--rs-layout", o->rs_layout,
                   "reducescatter: standard (rank r gets rows [r M/W, (r+1) M/W), as ncclReduceScatter on C; "
                   "M % world == 0) or subtile (row slice r of every 128-row tile, the paper's; world divides 128); "
                   "default standard")
       ->check(CLI::IsMember({"standard", "subtile"}));
-  cmd->add_option("--m", o->m, "Rows of A and C (on every rank)")->capture_default_str()->check(at_least_one());
-  cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(at_least_one());
-  cmd->add_option("--k", o->k, "Inner dimension (multiple of 8)")->capture_default_str()->check(at_least_one());
+  cmd->add_option("--m", o->m, "Rows of A and C (on every rank)")->capture_default_str()->check(integer_at_least(1));
+  cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(integer_at_least(1));
+  cmd->add_option("--k", o->k, "Inner dimension (multiple of 8)")->capture_default_str()->check(integer_at_least(1));
   cmd->add_option("--shapes", o->shapes, "Several shapes MxNxK,MxNxK (overrides --m --n --k)");
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--tile", o->tile, "auto, 128x256 or 128x128")->capture_default_str();
   cmd->add_option("--reserve-sms", o->reserve_sms,
-                  "SMs left to NCCL (-1: tuned; reducescatter: 8, the public op's nccl_sms)")
-      ->capture_default_str();
+                  "SMs left to NCCL (-1: tuned; reducescatter: 8, the public op's nccl_sms; at most 66, half of a "
+                  "Hopper GPU's 132)")
+      ->capture_default_str()
+      ->check(integer_in(-1, 66));
   cmd->add_option("--partition", o->partition,
                   "Group sizes, e.g. 2,3,3: waves (slots layout, reducescatter) or row bands (rows layout); "
-                  "default: planned");
+                  "default: planned")
+      ->check(partition_check());
   cmd->add_option("--layout", o->layout,
                   "auto, rows (AllReduce in place on C's row bands), slots (tile slots + post-reorder) or gathered "
                   "(copy-engine AllGather of row bands, summed in the element-wise step) or gathered-tiles (the same "
@@ -727,8 +733,8 @@ void add_lab_bench_command(CLI::App& app, int& rc) {
                   "Seconds before a wait of the overlapped op for a group or tile fails the run with a message")
       ->capture_default_str()
       ->check(above_zero());
-  cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str()->check(not_negative());
-  cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(at_least_one());
+  cmd->add_option("--warmup", o->warmup, "Warm-up runs per variant")->capture_default_str()->check(integer_at_least(0));
+  cmd->add_option("--iters", o->iters, "Timed runs per variant (median)")->capture_default_str()->check(integer_at_least(1));
   cmd->add_option("--csv", o->csv, "Append rows to this CSV file");
   cmd->add_option("--curves", o->curves,
                   "Directory of measured bandwidth curves (written by `tune --curves DIR`): curves found there for "
@@ -788,7 +794,7 @@ void add_lab_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--copy-streams", o->copy_streams,
                   "Copy-engine pushes: streams the groups' copies take in turn (1-8)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 8))->group(kExperiments);
+      ->check(integer_in(1, 8))->group(kExperiments);
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

@@ -314,8 +314,8 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
                   "The plain 128x256 store with 4 stages (its output staged in two pieces): on, off or both "
                   "(each timed in turns; '/4st' in the tile column)")
       ->capture_default_str();
-  cmd->add_option("--warmup", opts->warmup, "Warm-up runs")->capture_default_str()->check(not_negative());
-  cmd->add_option("--iters", opts->iters, "Timed runs (median reported)")->capture_default_str()->check(at_least_one());
+  cmd->add_option("--warmup", opts->warmup, "Warm-up runs")->capture_default_str()->check(integer_at_least(0));
+  cmd->add_option("--iters", opts->iters, "Timed runs (median reported)")->capture_default_str()->check(integer_at_least(1));
   cmd->add_option("--device", opts->device, "CUDA device")->capture_default_str();
   cmd->add_option("--csv", opts->csv, "Write the table as CSV");
   cmd->add_flag("!--no-gate", opts->gate,

@@ -839,9 +839,9 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--m", o->m, "Rows of A and C (on every rank; alltoall: tokens per rank)")
       ->capture_default_str()
-      ->check(at_least_one());
-  cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(at_least_one());
-  cmd->add_option("--k", o->k, "Inner dimension (a multiple of 8)")->capture_default_str()->check(at_least_one());
+      ->check(integer_at_least(1));
+  cmd->add_option("--n", o->n, "Columns of C (rows of B)")->capture_default_str()->check(integer_at_least(1));
+  cmd->add_option("--k", o->k, "Inner dimension (a multiple of 8)")->capture_default_str()->check(integer_at_least(1));
   CLI::Option* shapes = cmd->add_option("--shapes", o->shapes, "Several shapes MxNxK,MxNxK (overrides --m --n --k)");
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--path", o->path,
@@ -850,17 +850,17 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--nccl-sms", o->nccl_sms, "SMs left to NCCL beside the GEMM (the op's nccl_sms)")
       ->capture_default_str()
-      ->check(at_least_one());
+      ->check(integer_at_least(1));
   cmd->add_option("--tokens", o->tokens, "alltoall: tokens per rank for every shape (0: the shape's first number)")
       ->capture_default_str()
-      ->check(not_negative());
+      ->check(integer_at_least(0));
   cmd->add_option("--topk", o->topk, "alltoall: ranks each token picks (0: min(2, world))")
       ->capture_default_str()
-      ->check(not_negative());
-  cmd->add_option("--warmup", o->warmup, "Calls before each timed run")->capture_default_str()->check(not_negative());
+      ->check(integer_at_least(0));
+  cmd->add_option("--warmup", o->warmup, "Calls before each timed run")->capture_default_str()->check(integer_at_least(0));
   cmd->add_option("--iters", o->iters, "Calls per timed run (between two CUDA events)")
       ->capture_default_str()
-      ->check(at_least_one());
+      ->check(integer_at_least(1));
   cmd->add_option("--turns", o->turns,
                   "Turns of both (ABBA: each side first in half of them, as the first after a pause may meet other "
                   "clocks); the median over turns is reported")

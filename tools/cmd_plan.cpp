@@ -397,29 +397,44 @@ int print_plan_with(const PlanOptions& opts, const MoeFlags& moe, std::ostream& 
 
 }  // namespace
 
+CLI::Validator partition_check() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (v.empty()) return "must not be empty (group sizes, e.g. 1,2,2)";
+        try {
+          (void)fp::parse_partition(v);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return "";
+      },
+      "LIST");
+}
+
 void add_plan_options(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--op", o.op, "collective after the GEMM")
       ->check(CLI::IsMember({"allreduce", "reducescatter", "alltoall"}))
       ->capture_default_str();
   cmd->add_option("--m", o.m, "rows of C (tokens; alltoall: tokens per rank unless --tokens)")
-      ->check(at_least_one())
+      ->check(integer_at_least(1))
       ->capture_default_str();
-  cmd->add_option("--n", o.n, "columns of C (output features)")->check(at_least_one())->capture_default_str();
+  cmd->add_option("--n", o.n, "columns of C (output features)")->check(integer_at_least(1))->capture_default_str();
   cmd->add_option("--k", o.k, "reduction dimension (input features; a multiple of 8)")
-      ->check(at_least_one())
+      ->check(integer_at_least(1))
       ->capture_default_str();
-  cmd->add_option("--world", o.world, "ranks (GPUs)")->check(CLI::Range(1, int(fp::kMaxWorld)))->capture_default_str();
+  cmd->add_option("--world", o.world, "ranks (GPUs)")->check(integer_in(1, fp::kMaxWorld))->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "element type")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
   cmd->add_option("--tile", o.tile, "GEMM tile: auto | 128x256 | 128x128")
       ->check(CLI::IsMember({"auto", "128x256", "128x128"}))
       ->capture_default_str();
-  cmd->add_option("--sms", o.sms, "SMs of the GPU")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  cmd->add_option("--sms", o.sms, "SMs of the GPU")->check(integer_in(1, 1 << 16))->capture_default_str();
   cmd->add_option("--reserve-sms", o.reserve_sms, "SMs left to NCCL (-1: search 8, 16, 24, 32; alltoall: 8)")
-      ->check(CLI::Range(-1, 1 << 16))
+      ->check(integer_in(-1, 1 << 16))
       ->capture_default_str();
   cmd->add_option("--curve", o.curve, "bandwidth curve JSON of the --op collective (default: built-in 2x H200 curve)");
   cmd->add_option("--partition", o.partition,
-                  "evaluate this partition of the waves, e.g. 1,2,2 (alltoall: of the common wave axis; default: search)");
+                  "evaluate this partition of the waves, e.g. 1,2,2 (alltoall: of the common wave axis; default: search)")
+      ->check(partition_check());
   cmd->add_option("--routing", o.routing,
                   "alltoall: how tokens pick ranks, uniform | zipf:S | one:R | empty:R | file:PATH (as lab-bench)")
       ->capture_default_str();
@@ -437,10 +452,10 @@ void add_plan_command(CLI::App& app, int& rc) {
   CLI::App* cmd = app.add_subcommand("plan", "Print the overlap plan for one shape from the model (no GPU needed)");
   add_plan_options(cmd, opts->plan);
   cmd->add_option("--topk", opts->moe.topk, "alltoall: ranks each token picks (0: min(2, world))")
-      ->check(not_negative())
+      ->check(integer_at_least(0))
       ->capture_default_str();
   cmd->add_option("--tokens", opts->moe.tokens, "alltoall: tokens per rank (0: --m)")
-      ->check(not_negative())
+      ->check(integer_at_least(0))
       ->capture_default_str();
   cmd->callback([opts, &rc] { rc = print_plan_with(opts->plan, opts->moe, std::cout); });
 }

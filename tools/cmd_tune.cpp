@@ -93,9 +93,13 @@ void add_tune_command(CLI::App& app, int& rc) {
   cmd->add_option("--curves", o->curves,
                   "Save it under its standard name in this directory, where `lab-bench --curves DIR` finds it");
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
-  cmd->add_option("--ctas", o->ctas, "Limit NCCL to this many CTAs (0: NCCL's default)")->capture_default_str();
-  cmd->add_option("--max-mib", o->max_mib, "Largest message in MiB")->capture_default_str();
-  cmd->add_option("--iters", o->iters, "Timed runs per size (median)")->capture_default_str()->check(at_least_one());
+  cmd->add_option("--ctas", o->ctas, "Limit NCCL to this many CTAs (0: NCCL's default)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1024));
+  cmd->add_option("--max-mib", o->max_mib, "Largest message in MiB (at most 65536)")
+      ->capture_default_str()
+      ->check(number_check([](double x) { return x >= 1 && x <= 65536; }, "in [1, 65536]", "MIB"));
+  cmd->add_option("--iters", o->iters, "Timed runs per size (median)")->capture_default_str()->check(integer_at_least(1));
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

@@ -25,12 +25,41 @@ inline CLI::Validator number_check(bool (*ok)(double), const std::string& rule, 
       },
       help);
 }
-inline CLI::Validator at_least_one() { return number_check([](double x) { return x >= 1; }, ">= 1", "POSITIVE"); }
+// Integers: decimal digits only (no 0x10, 1e3 or 2.5, which CLI11 would read
+// or refuse in other words), within [lo, hi].
+inline CLI::Validator integer_check(int64_t lo, int64_t hi, const std::string& rule, const std::string& help) {
+  return CLI::Validator(
+      [lo, hi, rule](std::string& v) -> std::string {
+        const size_t start = !v.empty() && v[0] == '-' ? 1 : 0;
+        bool digits = v.size() > start && v.size() - start <= 18;
+        for (size_t i = start; digits && i < v.size(); ++i) digits = v[i] >= '0' && v[i] <= '9';
+        if (digits) {
+          const int64_t x = std::stoll(v);
+          if (x >= lo && x <= hi) return "";
+        }
+        return "must be an integer " + rule + ", not " + v;
+      },
+      help);
+}
+inline CLI::Validator integer_at_least(int64_t lo) {
+  return integer_check(lo, INT64_MAX / 2, ">= " + std::to_string(lo), lo > 0 ? "POSITIVE" : "NONNEGATIVE");
+}
+inline CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return integer_check(lo, hi, "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", "INT");
+}
 // Even and >= 2: turns that put each side first equally often.
 inline CLI::Validator even_turns() {
-  return number_check([](double x) { return x >= 2 && x == double(int64_t(x)) && int64_t(x) % 2 == 0; },
-                      "even and >= 2", "EVEN");
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::string copy = v;
+        if (integer_at_least(2)(copy).empty() && std::stoll(v) % 2 == 0) return "";
+        return "must be an even integer >= 2, not " + v;
+      },
+      "EVEN");
 }
+// A partition of waves or bands, e.g. 1,2,2 (parsed as the planner does; not empty).
+CLI::Validator partition_check();
+
 inline CLI::Validator above_zero() { return number_check([](double x) { return x > 0; }, "> 0", "POSITIVE"); }
 inline CLI::Validator not_negative() {
   return number_check([](double x) { return x >= 0; }, ">= 0", "NONNEGATIVE");

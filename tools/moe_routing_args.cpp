@@ -50,7 +50,14 @@ plan::MoeRouting moe_routing_for(const std::string& routing, int topk, int64_t t
   check_flags(routing, topk, tokens, who);
   if (is_moe_routing_file(routing)) return read_file(routing, world, who);
   const int64_t T = moe_tokens_or_default(tokens, m);
-  return plan::make_moe_routing(routing, world, T, moe_topk_or_default(topk, world), moe_routing_seed(T, n, k));
+  const int K = moe_topk_or_default(topk, world);
+  // Every rank's routing is made here, on the host: bounded (~0.2 GB at the most).
+  constexpr int64_t kMaxRows = int64_t(1) << 24;
+  if (T > kMaxRows || T * K * world > kMaxRows)
+    throw InvalidArgument(who + ": " + std::to_string(T) + " tokens per rank x top-" + std::to_string(K) + " x " +
+                          std::to_string(world) + " ranks: more than " + std::to_string(kMaxRows) +
+                          " rows in all (every rank's routing is made on the host)");
+  return plan::make_moe_routing(routing, world, T, K, moe_routing_seed(T, n, k));
 }
 
 }  // namespace flashoverlap::cli
