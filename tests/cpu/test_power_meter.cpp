@@ -53,7 +53,7 @@ TEST(PowerMeter, NoSuchGpuGivesNoMeterAndAReason) {
 }
 
 // The energy bound of bench --power: one shape measured on 2xH200
-// (bench/results/NOTES.md, 4096x8192x8192), then its properties on random input.
+// (docs/results.md §2.5, 4096x8192x8192), then its properties on random input.
 TEST(PowerMeter, EnergyBoundOfAMeasuredShape) {
   const rt::EnergyBound b = rt::energy_bound(119, {0.883, 607.4, 697}, {0.278, 77.4, 278}, 1.092, {1.021, 748.8, 733});
   EXPECT_NEAR(b.ideal_ms, 0.883, 1e-12);

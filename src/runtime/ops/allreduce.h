@@ -62,7 +62,7 @@
 //   does not yet try it on 3+ ranks.
 //   (Owners pulled — each rank storing its tiles locally and the other
 //   reading them over NVLink — measured as fast or up to 5% slower, never
-//   faster, and was retired: bench/results/NOTES.md.)
+//   faster, and was retired: docs/results.md §2.7.)
 // A plan with one group runs the sequential fallback: our GEMM straight into
 // the output, then one ncclAllReduce on the caller's stream.
 #pragma once

@@ -4,7 +4,7 @@
 // only; the caller names the GPU by its PCI bus id (cudaDeviceGetPCIBusId).
 //
 // Why: on the H200s the overlapped GEMM + NVLink transfers run at the 700 W
-// cap with lowered SM clocks (bench/results/NOTES.md), so `bench --power`
+// cap with lowered SM clocks (docs/results.md §2.5), so `bench --power`
 // reports what each variant draws.
 #pragma once
 #include <cstdint>
@@ -40,7 +40,7 @@ struct CallEnergy {
 };
 
 // What the power limit allows an overlapped GEMM + collective called back to
-// back, when the GEMM alone already runs at the limit (bench/results/NOTES.md):
+// back, when the GEMM alone already runs at the limit (docs/results.md §2.5):
 // it cannot take less than max(GEMM, collective), nor less than its least
 // energy, the GEMM's plus the collective's above idle, at the GEMM's power.
 // Gains are shares of the ideal one, sequential - max(GEMM, collective)

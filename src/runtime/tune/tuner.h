@@ -218,7 +218,7 @@ std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& 
 // The second round of the choice when the measured best is pushed: that plan
 // as it is, and moved by each other transport with the sum in and after the
 // GEMM (the model does not tell the transports apart; which is faster
-// depends on the shape: bench/results/NOTES.md); then, unless the pick has
+// depends on the shape); then, unless the pick has
 // owners already, each of `owners` (owner_bases) with owners, the copy in
 // and after the GEMM. Otherwise just `best`.
 std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners);
@@ -229,7 +229,7 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
 // their epilogue (the output in pieces through half the shared memory)
 // stalls the MMAs where the memory is busy with the collective beside them
 // (4xH200, row bands forced, the same plan in turns: 4096^3 1.5% faster,
-// 16384x8192x4096 1% slower; NOTES.md, eighteenth session).
+// 16384x8192x4096 1% slower; docs/results.md §2.4).
 std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
