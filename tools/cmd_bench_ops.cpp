@@ -111,7 +111,7 @@ std::vector<std::array<int64_t, 3>> shapes_of(const Options& o) {
 
 // The --path values of each op, as its options' enum names them.
 std::vector<std::string> paths_of(const std::string& op) {
-  if (op == "allreduce") return {"auto", "sequential", "row-bands", "slots", "owners"};
+  if (op == "allreduce") return {"auto", "sequential", "row-bands", "slots", "nvlink"};
   return {"auto", "sequential", "slots", "nvlink"};
 }
 
@@ -464,7 +464,7 @@ Row bench_allreduce(Context& cx, int64_t m, int64_t n, int64_t k) {
   opts.path = p == "sequential"  ? GemmAllReduceOptions::Path::Sequential
               : p == "row-bands" ? GemmAllReduceOptions::Path::RowBands
               : p == "slots"     ? GemmAllReduceOptions::Path::Slots
-              : p == "owners"    ? GemmAllReduceOptions::Path::Owners
+              : p == "nvlink"    ? GemmAllReduceOptions::Path::NVLink
                                  : GemmAllReduceOptions::Path::Auto;
   opts.nccl_sms = cx.o.nccl_sms;
   opts.tuning_cache = cx.o.tuning_cache;

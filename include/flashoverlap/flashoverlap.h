@@ -77,7 +77,7 @@ struct GemmAllReduceOptions {
   //   Slots      the paper's layout: tiles into contiguous slots, one
   //              ncclAllReduce per group of waves, then a reorder (fused
   //              with the residual + RMSNorm of run_rmsnorm);
-  //   Owners     no collective call: each tile is summed by one rank, its
+  //   NVLink     (also named Owners) no collective call: each tile is summed by one rank, its
   //              owner, in the GEMM's epilogue, from the other ranks'
   //              partials stored over NVLink, and its final tile sent back
   //              (2-8 ranks that reach each other's memory; the fastest on
@@ -88,7 +88,7 @@ struct GemmAllReduceOptions {
   //              number, m and plan): ranks that disagree fail on every
   //              rank, reported by the next call or check(), naming the
   //              m of each.
-  enum class Path { Auto, Sequential, RowBands, Slots, Owners };
+  enum class Path { Auto, Sequential, RowBands, Slots, NVLink, Owners = NVLink };
   Path path = Path::Auto;
   // SMs left to NCCL beside the GEMM on the NCCL paths (its communicator,
   // derived from the caller's at construction, is bounded to them).
@@ -160,7 +160,7 @@ class GemmAllReduce {
   // elements per row, 0: n; 16-byte aligned, ld_out % 8 == 0; from
   // cudaMalloc where the ranks are processes of their own; it must outlive
   // the op) becomes output `slot` (the same on every rank). run_registered
-  // is run into it; on the Owners path the other ranks store their final
+  // is run into it; on the NVLink path the other ranks store their final
   // tiles straight into it (no copy of them after the GEMM: the fastest form
   // on 2 NVLink GPUs in the CLI's sweeps); on the others it is run.
   int register_output(void* out, int64_t ld_out = 0);

@@ -103,8 +103,9 @@ typedef enum fo_dtype {
 /* GemmAllReduceOptions::Path: how the AllReduce runs beside the GEMM (see
  * flashoverlap.h). GemmReduceScatterOptions::Path and
  * GemmAllToAllOptions::Path take the same values where they have them:
- * FO_PATH_AUTO, FO_PATH_SEQUENTIAL and FO_PATH_SLOTS, and FO_PATH_NVLINK,
- * theirs alone. */
+ * FO_PATH_AUTO, FO_PATH_SEQUENTIAL, FO_PATH_SLOTS and FO_PATH_NVLINK (each
+ * op's form without a collective call, over NVLink). FO_PATH_OWNERS is the
+ * AllReduce's FO_PATH_NVLINK under its former name (taken as it). */
 typedef enum fo_path {
   FO_PATH_AUTO = 0,
   FO_PATH_SEQUENTIAL = 1,
@@ -172,6 +173,9 @@ typedef struct fo_gemm_reducescatter_options {
   double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
   int32_t check_m;       /* nonzero: every call checks all ranks passed the same m; default 0 */
   int32_t layout;        /* an fo_rs_layout; default FO_RS_LAYOUT_STANDARD */
+  /* Added in the second version (a smaller struct_size: NULL): */
+  const char* tuning_cache; /* a file of measured picks (bench --op reducescatter --tuning-cache), copied at create;
+                               NULL or "": $FLASHOVERLAP_TUNING_CACHE, if set */
 } fo_gemm_reducescatter_options;
 
 /* GemmAllToAllOptions, with fo_gemm_allreduce_options' rules: fill it with
@@ -277,6 +281,16 @@ FO_C_API fo_status fo_gemm_allreduce_run(fo_gemm_allreduce_t op, const void* a, 
 FO_C_API fo_status fo_gemm_allreduce_run_rmsnorm(fo_gemm_allreduce_t op, const void* a, const void* b,
                                                  const void* residual, const void* norm_weight, float eps, void* out,
                                                  void* residual_out, int64_t m, void* stream);
+/* The registered-output form (GemmAllReduce::register_output and
+ * run_registered, flashoverlap.h). register_output is collective (every
+ * rank, in the same order, each its own buffer): out (max_m x n, ld_out
+ * elements per row, 0: n; 16-byte aligned, ld_out % 8 == 0; it must
+ * outlive the op) becomes the output *slot, the same on every rank.
+ * run_registered computes AllReduce(a * b^T) (m rows) into it; on the
+ * NVLink path the other ranks store their final tiles straight into it. */
+FO_C_API fo_status fo_gemm_allreduce_register_output(fo_gemm_allreduce_t op, void* out, int64_t ld_out, int* slot);
+FO_C_API fo_status fo_gemm_allreduce_run_registered(fo_gemm_allreduce_t op, const void* a, const void* b, int slot,
+                                                    int64_t m, void* stream);
 /* Plans m (if new) and allocates what its calls need, without running:
  * before capturing a call with this m into a CUDA graph. */
 FO_C_API fo_status fo_gemm_allreduce_prepare(fo_gemm_allreduce_t op, int64_t m);

@@ -32,7 +32,8 @@ UNIQUE_ID_BYTES = 128  # FO_UNIQUE_ID_BYTES
 
 # fo_dtype, fo_path, fo_rs_layout
 DTYPE_BF16, DTYPE_FP16 = 0, 1
-PATHS = {"auto": 0, "sequential": 1, "row_bands": 2, "slots": 3, "owners": 4}
+PATHS = {"auto": 0, "sequential": 1, "row_bands": 2, "slots": 3, "nvlink": 5, "owners": 5}  # ("owners": nvlink's
+# former name, taken as it)
 RS_PATHS = {"auto": 0, "sequential": 1, "slots": 3, "nvlink": 5}  # (GemmReduceScatter's: those fo_path values)
 A2A_PATHS = dict(RS_PATHS)  # (GemmAllToAll's: the same)
 RS_LAYOUTS = {"standard": 0, "subtile": 1}
@@ -65,7 +66,7 @@ assert ctypes.sizeof(Options) == 48 and Options.curves.offset == 32 and Options.
 
 
 class RsOptions(ctypes.Structure):
-    """fo_gemm_reducescatter_options (32 bytes; c_api.cpp asserts the offsets)."""
+    """fo_gemm_reducescatter_options (40 bytes; c_api.cpp asserts the offsets)."""
 
     _fields_ = [
         ("struct_size", c_size_t),
@@ -74,10 +75,12 @@ class RsOptions(ctypes.Structure):
         ("wait_timeout_s", c_double),
         ("check_m", c_int32),
         ("layout", c_int32),
+        ("tuning_cache", c_char_p),
     ]
 
 
-assert ctypes.sizeof(RsOptions) == 32 and RsOptions.layout.offset == 28, "fo_gemm_reducescatter_options layout"
+assert ctypes.sizeof(RsOptions) == 40 and RsOptions.layout.offset == 28 and RsOptions.tuning_cache.offset == 32, \
+    "fo_gemm_reducescatter_options layout"
 
 
 class A2aOptions(ctypes.Structure):
@@ -137,6 +140,8 @@ _PROTOTYPES = {
     "fo_gemm_allreduce_create": (_STATUS, [_h, c_int64, c_int64, c_int64, c_int, POINTER(Options), POINTER(_h)]),
     "fo_gemm_allreduce_run": (_STATUS, [_h, _h, _h, _h, c_int64, _h, c_int64]),
     "fo_gemm_allreduce_run_rmsnorm": (_STATUS, [_h, _h, _h, _h, _h, c_float, _h, _h, c_int64, _h]),
+    "fo_gemm_allreduce_register_output": (_STATUS, [_h, _h, c_int64, POINTER(ctypes.c_int)]),
+    "fo_gemm_allreduce_run_registered": (_STATUS, [_h, _h, _h, ctypes.c_int, c_int64, _h]),
     "fo_gemm_allreduce_prepare": (_STATUS, [_h, c_int64]),
     "fo_gemm_allreduce_plan": (_STATUS, [_h, c_int64, c_void_p, c_size_t, POINTER(c_size_t)]),
     "fo_gemm_allreduce_check": (_STATUS, [_h]),
@@ -444,7 +449,8 @@ def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=N
     return o
 
 
-def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_timeout_s=None, check_m=None):
+def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_timeout_s=None, check_m=None,
+                    tuning_cache=None):
     """fo_gemm_reducescatter_options: the library's defaults, then what is given."""
     o = RsOptions()
     lib.c.fo_gemm_reducescatter_options_default(byref(o), ctypes.sizeof(o))
@@ -459,6 +465,8 @@ def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_tim
         o.wait_timeout_s = float(wait_timeout_s)
     if check_m is not None:
         o.check_m = 1 if check_m else 0
+    if tuning_cache:
+        o.tuning_cache = os.fsencode(tuning_cache)
     return o
 
 
@@ -549,6 +557,18 @@ class GemmAllReduce(_GemmOp):
         lib.c.fo_gemm_allreduce_create(comm.handle, max_m, n, k, code, byref(opts), byref(out))
         super().__init__(lib, out)
 
+    def register_output(self, out, ld_out=0):
+        """Collective: out (a device pointer, max_m x n, ld_out per row, 0: n;
+        it must outlive the op) becomes an output slot, returned (the same
+        on every rank)."""
+        slot = ctypes.c_int(-1)
+        self._lib.c.fo_gemm_allreduce_register_output(self.handle, out, ld_out, byref(slot))
+        return slot.value
+
+    def run_registered(self, a, b, slot, m, stream=None):
+        """The AllReduce of m rows of a into the registered output `slot`."""
+        self._lib.c.fo_gemm_allreduce_run_registered(self.handle, a, b, slot, m, stream or None)
+
     def shape(self):
         """(max_m, n, k, dtype code)."""
         max_m, n, k, d = c_int64(), c_int64(), c_int64(), c_int()
@@ -569,9 +589,9 @@ class GemmReduceScatter(_GemmOp):
     _kind = "reducescatter"
 
     def __init__(self, comm, max_m, n, k, dtype, *, path="auto", layout="standard", nccl_sms=None,
-                 wait_timeout_s=None, check_m=None):
+                 wait_timeout_s=None, check_m=None, tuning_cache=None):
         lib = _lib()
-        opts = make_rs_options(lib, path, layout, nccl_sms, wait_timeout_s, check_m)
+        opts = make_rs_options(lib, path, layout, nccl_sms, wait_timeout_s, check_m, tuning_cache)
         code = dtype_code(dtype)
         out = c_void_p()
         lib.c.fo_gemm_reducescatter_create(comm.handle, max_m, n, k, code, byref(opts), byref(out))

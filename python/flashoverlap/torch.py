@@ -259,9 +259,10 @@ def _describe(t):
     return f"shape {tuple(t.shape)}, strides {tuple(t.stride())}"
 
 
-def _check_tensor(op, name, t, shape):
-    """t: a tensor of op's dtype and device, row-major contiguous, of `shape`
-    (None: that dimension is free)."""
+def _check_tensor(op, name, t, shape, rows_contiguous=False):
+    """t: a tensor of op's dtype and device, row-major contiguous (or, with
+    rows_contiguous, 2-D with each row contiguous and rows a stride of at
+    least their length apart), of `shape` (None: that dimension is free)."""
     if not hasattr(t, "data_ptr") or not hasattr(t, "dtype"):
         raise InvalidArgument(f"{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
     if t.dtype != op.dtype:
@@ -274,6 +275,8 @@ def _check_tensor(op, name, t, shape):
         if want is not None and got != want:
             want_s = "(" + ", ".join("m" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
             raise InvalidArgument(f"{op}: {name} has shape {tuple(t.shape)}, expected {want_s}")
+    if rows_contiguous and t.dim() == 2 and t.stride(1) == 1 and t.stride(0) >= t.shape[1]:
+        return
     if not t.is_contiguous():
         raise InvalidArgument(f"{op}: {name} is not contiguous ({_describe(t)}): the op reads row-major rows; "
                               f"pass {name}.contiguous()")
@@ -655,7 +658,7 @@ class GemmAllReduce(_Op):
     group must then outlive the op. Or a flashoverlap.Communicator.
 
     path, nccl_sms, wait_timeout_s, check_m, curves, tuning_cache: GemmAllReduceOptions
-    (flashoverlap.h): path "auto" | "sequential" | "row_bands" | "slots" | "owners".
+    (flashoverlap.h): path "auto" | "sequential" | "row_bands" | "slots" | "nvlink" ("owners": its former name).
     """
 
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", nccl_sms=None,
@@ -672,6 +675,7 @@ class GemmAllReduce(_Op):
             self._op = _capi.GemmAllReduce(communicator, max_m, n, k, code, path=path, nccl_sms=nccl_sms,
                                            wait_timeout_s=wait_timeout_s, check_m=check_m, curves=curves,
                                            tuning_cache=tuning_cache)
+        self._registered = {}  # slot -> the registered output (kept: the op writes into it)
         self._publish()
 
     def __repr__(self):
@@ -730,6 +734,36 @@ class GemmAllReduce(_Op):
                                                             h.data_ptr(), m, s))
         return out, h
 
+    def register_output(self, out):
+        """Collective (every rank, in the same order, each its own tensor):
+        out, a (max_m, n) tensor of the op's dtype on its device (rows
+        contiguous, a row stride that is a multiple of 8, 16-byte aligned),
+        becomes an output slot, returned (the same on every rank); the op
+        keeps it. run_registered writes into it; on the "nvlink" path the
+        other ranks store their final tiles straight into it
+        (GemmAllReduce::register_output). Eager calls only."""
+        self._open()
+        _check_tensor(self, "out", out, (self.max_m, self.n), rows_contiguous=True)
+        if out.stride(0) % 8 or out.data_ptr() % 16:
+            raise InvalidArgument(f"{self}: out needs a row stride that is a multiple of 8 and 16-byte alignment "
+                                  f"({_describe(out)}, address {out.data_ptr():#x})")
+        slot = self._on_device(lambda: self._op.register_output(out.data_ptr(), out.stride(0)))
+        self._registered[slot] = out
+        return slot
+
+    def run_registered(self, x, weight, slot):
+        """AllReduce(x @ weight.T) into the registered output `slot`, on
+        torch's current stream: returns its first m rows (a view). Eager
+        calls only (the registered tensor is written in place)."""
+        self._open()
+        if slot not in self._registered:
+            raise InvalidArgument(f"{self}: slot {slot!r} is not a registered output (register_output returns one)")
+        check_inputs(self, x, weight)
+        m = x.shape[0]
+        if m:
+            self._enqueue(m, lambda s: self._op.run_registered(x.data_ptr(), weight.data_ptr(), slot, m, s))
+        return self._registered[slot][:m]
+
 
 class GemmReduceScatter(_Op):
     """This rank's rows of sum over the group of x @ weight.T (ReduceScatter),
@@ -738,13 +772,13 @@ class GemmReduceScatter(_Op):
 
     GemmReduceScatter(group, max_m, n, k, dtype, *, device=None, comm="bootstrap",
                       path="auto", layout="standard", nccl_sms=None, wait_timeout_s=None,
-                      check_m=False)
+                      check_m=False, tuning_cache=None)
 
     group, max_m, n, k, dtype, device, comm: as GemmAllReduce's (collective
     alike). path: "auto" | "sequential" | "slots" | "nvlink" (rows stored
     straight into their owners' windows: the standard layout, one host);
-    nccl_sms, wait_timeout_s,
-    check_m: GemmReduceScatterOptions (flashoverlap.h).
+    nccl_sms, wait_timeout_s, check_m, tuning_cache: GemmReduceScatterOptions
+    (flashoverlap.h).
 
     layout: which rows each rank ends with. "standard" (default): rank r
     holds rows [r m/W, (r+1) m/W) of the sum (W the group's size), what
@@ -759,7 +793,7 @@ class GemmReduceScatter(_Op):
     """
 
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", layout="standard",
-                 nccl_sms=None, wait_timeout_s=None, check_m=False):
+                 nccl_sms=None, wait_timeout_s=None, check_m=False, tuning_cache=None):
         who = "GemmReduceScatter"
         torch = require_torch()
         self.max_m, self.n, self.k = _check_shape(max_m, n, k, who)
@@ -782,7 +816,8 @@ class GemmReduceScatter(_Op):
         communicator = self._connect(torch, comm, who)
         with torch.cuda.device(self.device):
             self._op = _capi.GemmReduceScatter(communicator, max_m, n, k, code, path=path, layout=layout,
-                                               nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s, check_m=check_m)
+                                               nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s, check_m=check_m,
+                                               tuning_cache=tuning_cache)
         self._publish()
 
     def __repr__(self):

@@ -54,7 +54,9 @@ static_assert(offsetof(fo_gemm_reducescatter_options, struct_size) == 0 &&
               offsetof(fo_gemm_reducescatter_options, nccl_sms) == 12 &&
               offsetof(fo_gemm_reducescatter_options, wait_timeout_s) == 16 &&
               offsetof(fo_gemm_reducescatter_options, check_m) == 24 &&
-              offsetof(fo_gemm_reducescatter_options, layout) == 28 && sizeof(fo_gemm_reducescatter_options) == 32);
+              offsetof(fo_gemm_reducescatter_options, layout) == 28 &&
+              offsetof(fo_gemm_reducescatter_options, tuning_cache) == 32 &&
+              sizeof(fo_gemm_reducescatter_options) == 40);
 static_assert(offsetof(fo_gemm_alltoall_options, struct_size) == 0 && offsetof(fo_gemm_alltoall_options, path) == 8 &&
               offsetof(fo_gemm_alltoall_options, nccl_sms) == 12 &&
               offsetof(fo_gemm_alltoall_options, wait_timeout_s) == 16 &&
@@ -78,7 +80,7 @@ using A2aPath = flashoverlap::GemmAllToAllOptions::Path;
 // struct_size a caller may pass (fields are only ever added at the end).
 constexpr size_t kOptionsV1Size = offsetof(fo_gemm_allreduce_options, curves) + sizeof(const char*);
 // The same for fo_gemm_reducescatter_options (its first version is this one).
-constexpr size_t kRsOptionsV1Size = sizeof(fo_gemm_reducescatter_options);
+constexpr size_t kRsOptionsV1Size = offsetof(fo_gemm_reducescatter_options, tuning_cache);
 // ... for fo_gemm_alltoall_options (this one) and fo_alltoall_routing (up to recv_counts).
 constexpr size_t kA2aOptionsV1Size = sizeof(fo_gemm_alltoall_options);
 constexpr size_t kRoutingV1Size = offsetof(fo_alltoall_routing, on_device);
@@ -197,12 +199,12 @@ Path to_path(int32_t p) {
     case FO_PATH_SEQUENTIAL: return Path::Sequential;
     case FO_PATH_ROW_BANDS: return Path::RowBands;
     case FO_PATH_SLOTS: return Path::Slots;
-    case FO_PATH_OWNERS: return Path::Owners;
-    case FO_PATH_NVLINK: throw InvalidArgument("options->path = 5 (FO_PATH_NVLINK) is not a GemmAllReduce path");
+    case FO_PATH_NVLINK:
+    case FO_PATH_OWNERS: return Path::NVLink;  // (its former name)
     default: break;
   }
   throw InvalidArgument("options->path = " + std::to_string(p) +
-                        " is not an fo_path (FO_PATH_AUTO 0, _SEQUENTIAL 1, _ROW_BANDS 2, _SLOTS 3, _OWNERS 4)");
+                        " is not an fo_path (FO_PATH_AUTO 0, _SEQUENTIAL 1, _ROW_BANDS 2, _SLOTS 3, _NVLINK 5)");
 }
 
 int32_t from_path(Path p) {
@@ -211,7 +213,7 @@ int32_t from_path(Path p) {
     case Path::Sequential: return FO_PATH_SEQUENTIAL;
     case Path::RowBands: return FO_PATH_ROW_BANDS;
     case Path::Slots: return FO_PATH_SLOTS;
-    case Path::Owners: return FO_PATH_OWNERS;
+    case Path::NVLink: return FO_PATH_NVLINK;
   }
   return FO_PATH_AUTO;
 }
@@ -312,6 +314,9 @@ flashoverlap::GemmReduceScatterOptions to_rs_options(const fo_gemm_reducescatter
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;
   r.check_m = o->check_m != 0;
+  if (o->struct_size >= offsetof(fo_gemm_reducescatter_options, tuning_cache) + sizeof(const char*) &&
+      o->tuning_cache)
+    r.tuning_cache = o->tuning_cache;
   return r;
 }
 
@@ -563,6 +568,25 @@ fo_status fo_gemm_allreduce_run_rmsnorm(fo_gemm_allreduce_t op, const void* a, c
                                         void* stream) {
   return guard("fo_gemm_allreduce_run_rmsnorm", [&] {
     op_run_rmsnorm(op, a, b, residual, norm_weight, eps, out, residual_out, m, stream);
+  });
+}
+
+fo_status fo_gemm_allreduce_register_output(fo_gemm_allreduce_t op, void* out, int64_t ld_out, int* slot) {
+  return guard("fo_gemm_allreduce_register_output", [&] {
+    auto& o = deref(op, "op");
+    require(out, "out");
+    require(slot, "slot");
+    *slot = o.op.register_output(out, ld_out);
+  });
+}
+
+fo_status fo_gemm_allreduce_run_registered(fo_gemm_allreduce_t op, const void* a, const void* b, int slot, int64_t m,
+                                           void* stream) {
+  return guard("fo_gemm_allreduce_run_registered", [&] {
+    auto& o = deref(op, "op");
+    require(a, "a");
+    require(b, "b");
+    o.op.run_registered(a, b, slot, m, static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -58,7 +58,7 @@ const char* path_name(GemmAllReduceOptions::Path p) {
     case GemmAllReduceOptions::Path::Sequential: return "sequential";
     case GemmAllReduceOptions::Path::RowBands: return "row bands";
     case GemmAllReduceOptions::Path::Slots: return "slots";
-    case GemmAllReduceOptions::Path::Owners: return "owners";
+    case GemmAllReduceOptions::Path::NVLink: return "nvlink";
   }
   return "?";
 }
@@ -133,7 +133,7 @@ struct GemmAllReduce::Impl {
     t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = kTiles;
     t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
     t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };  // (the model: nothing measured)
-    if (opts.path == Path::Owners) {  // the model's best owner plan (pushed row bands), or the sequential one
+    if (opts.path == Path::NVLink) {  // the model's best owner plan (pushed row bands), or the sequential one
       t.layouts = {rt::ArLayout::Pushed}, t.push_by = rt::PushBy::Owners, t.push_reachable = true;
       if (world > 2) t.tiles = {kTiles[0]};  // (owners on 3-8 ranks: 128x256 tiles on 4 stages)
       try {
@@ -293,7 +293,7 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   d.core.reserve(0, scratch);
 
   // Owners: the window for max_m, built now (collective: every rank registers it).
-  if (options.path == GemmAllReduceOptions::Path::Owners) {
+  if (options.path == GemmAllReduceOptions::Path::NVLink) {
     if (d.world < 2 || d.world > 8 || n % 8 != 0)
       throw InvalidArgument(d.who() + ": the owners path needs 2 to 8 ranks and n % 8 == 0");
     if (!rt::all_ranks_reachable(c))

@@ -109,7 +109,7 @@ static void test_version(void) {
         sizeof(fo_gemm_allreduce_options));
   CHECK(sizeof(fo_rs_layout) == 4 && FO_RS_LAYOUT_STANDARD == 0 && FO_RS_LAYOUT_SUBTILE == 1,
         "fo_rs_layout is 32-bit, standard 0, sub-tile 1");
-  CHECK(sizeof(fo_gemm_reducescatter_options) == 32, "sizeof(fo_gemm_reducescatter_options) = %zu",
+  CHECK(sizeof(fo_gemm_reducescatter_options) == 40, "sizeof(fo_gemm_reducescatter_options) = %zu",
         sizeof(fo_gemm_reducescatter_options));
   /* (the fields shared with fo_gemm_allreduce_options at the same offsets) */
   CHECK(offsetof(fo_gemm_reducescatter_options, path) == offsetof(fo_gemm_allreduce_options, path) &&
@@ -117,7 +117,8 @@ static void test_version(void) {
             offsetof(fo_gemm_reducescatter_options, wait_timeout_s) ==
                 offsetof(fo_gemm_allreduce_options, wait_timeout_s) &&
             offsetof(fo_gemm_reducescatter_options, check_m) == offsetof(fo_gemm_allreduce_options, check_m) &&
-            offsetof(fo_gemm_reducescatter_options, layout) == 28,
+            offsetof(fo_gemm_reducescatter_options, layout) == 28 &&
+            offsetof(fo_gemm_reducescatter_options, tuning_cache) == 32,
         "fo_gemm_reducescatter_options' offsets");
   CHECK(sizeof(fo_gemm_alltoall_options) == 32, "sizeof(fo_gemm_alltoall_options) = %zu",
         sizeof(fo_gemm_alltoall_options));

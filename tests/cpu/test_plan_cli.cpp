@@ -331,7 +331,7 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
       {"bench", "--m 0", "--m: must be an integer >= 1"},
       {"bench", "--nccl-sms 0", "--nccl-sms: must be an integer >= 1"},
       {"bench", "--dtype fp32", "bench --dtype fp32: must be bf16 or fp16"},
-      {"bench", "--path owner", "bench --op allreduce --path owner: must be auto, sequential, row-bands, slots, owners"},
+      {"bench", "--path owner", "bench --op allreduce --path owner: must be auto, sequential, row-bands, slots, nvlink"},
       {"bench", "--op reducescatter --path owners", "must be auto, sequential, slots, nvlink (GemmReduceScatterOptions"},
       {"bench", "--op alltoall --path row-bands", "must be auto, sequential, slots, nvlink (GemmAllToAllOptions"},
       {"bench", "--topk 1", "bench: --topk and --tokens are for --op alltoall"},

@@ -37,13 +37,13 @@ const char* name(Path p) {
   return p == Path::Sequential ? "sequential"
          : p == Path::RowBands ? "row bands"
          : p == Path::Slots    ? "slots"
-         : p == Path::Owners   ? "owners"
+         : p == Path::NVLink   ? "owners"
                                : "auto";
 }
 // Every path this world runs (owners: 2-8 ranks).
 std::vector<Path> paths_for(int world) {
   std::vector<Path> p = {Path::Sequential, Path::RowBands, Path::Slots, Path::Auto};
-  if (world >= 2) p.push_back(Path::Owners);
+  if (world >= 2) p.push_back(Path::NVLink);
   return p;
 }
 
@@ -109,7 +109,7 @@ TEST(GemmAllReduceApi, AnyMOnEveryPathMatchesOurGemmAndNccl) {
         }
       }
       // The forced paths overlap wherever m leaves two groups (most m here).
-      if (path == Path::RowBands || path == Path::Slots || path == Path::Owners) EXPECT_GT(overlapped, 100) << name(path);
+      if (path == Path::RowBands || path == Path::Slots || path == Path::NVLink) EXPECT_GT(overlapped, 100) << name(path);
       if (path == Path::Sequential) EXPECT_EQ(overlapped, 0);
     }
     FO_CUDA_CHECK(cudaStreamDestroy(st));
@@ -135,7 +135,7 @@ TEST(GemmAllReduceApi, GraphReplaysMixedWithEagerCalls) {
     Buffers buf(max_m, n, k, n);
     if (world >= 2) {  // the owner layout's epochs and halves are passed per call: refused, nothing enqueued
       GemmAllReduceOptions o;
-      o.path = Path::Owners;
+      o.path = Path::NVLink;
       GemmAllReduce op(comm, max_m, n, k, DType::BF16, o);
       op.prepare(m);
       FO_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -420,7 +420,7 @@ TEST(GemmAllReduceApi, OwnersCallsOfAnotherMFailOnEveryRank) {
   test::on_each_rank(2, [&](int rank, ncclComm_t nccl) {
     const Communicator comm = Communicator::adopt(nccl);
     GemmAllReduceOptions o;
-    o.path = Path::Owners;
+    o.path = Path::NVLink;
     o.wait_timeout_s = 5;
     GemmAllReduce op(comm, 4096, 8192, 4096, DType::BF16, o);
     Buffers buf(4096, 8192, 4096, 8192);
@@ -466,7 +466,7 @@ TEST(GemmAllReduceApi, RejectsBadArguments) {
     bad.wait_timeout_s = -1;
     throws([&] { GemmAllReduce(comm, 64, 64, 64, DType::BF16, bad); }, "wait_timeout_s");
     bad = {};
-    bad.path = Path::Owners;  // (one rank here)
+    bad.path = Path::NVLink;  // (one rank here)
     throws([&] { GemmAllReduce(comm, 64, 64, 64, DType::BF16, bad); }, "2 to 8 ranks");
     GemmAllReduce op(comm, 256, 128, 64, DType::BF16);
     Buffers buf(256, 128, 64, 128);

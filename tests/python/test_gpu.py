@@ -235,7 +235,7 @@ class Correctness(Case):
         shape = dict(max_m=2048, n=2048, k=2048)
         seq = self.make(path="sequential", **shape)
         w = rand(2048, 2048, dtype=torch.bfloat16, seed=2)
-        for path in ("auto", "row_bands", "slots") + (("owners",) if WORLD == 2 else ()):
+        for path in ("auto", "row_bands", "slots") + (("nvlink",) if WORLD == 2 else ()):
             op = self.make(path=path, **shape)
             for m in (1, 200, 1000, 2048):
                 x = rand(m, 2048, dtype=torch.bfloat16, seed=m + 3)

@@ -351,9 +351,10 @@ class CApi(unittest.TestCase):
         o.path = 9
         with self.assertRaisesRegex(InvalidArgument, r"options->path = 9 is not an fo_path"):
             self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 0, ctypes.byref(o), ctypes.byref(h))
-        o.path = 5
-        with self.assertRaisesRegex(InvalidArgument, r"options->path = 5 \(FO_PATH_NVLINK\) is not a GemmAllReduce path"):
-            self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 0, ctypes.byref(o), ctypes.byref(h))
+        for path in (4, 5):  # (FO_PATH_NVLINK, and FO_PATH_OWNERS, its former name: a path; the comm is checked next)
+            o.path = path
+            with self.assertRaisesRegex(InvalidArgument, r"comm is NULL"):
+                self.c.fo_gemm_allreduce_create(None, 128, 128, 128, 0, ctypes.byref(o), ctypes.byref(h))
         self.assertIsNone(h.value)
 
     def test_reducescatter_values_are_checked_before_the_handle(self):
@@ -394,15 +395,21 @@ class CApi(unittest.TestCase):
         ctypes.memset(ctypes.byref(later), 0xab, ctypes.sizeof(later))
         self.c.fo_gemm_reducescatter_options_default(ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.RsOptions)),
                                                      ctypes.sizeof(later))
-        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.layout, later.added), (40, 8, 0, 0))
+        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.layout, later.added), (48, 8, 0, 0))
         h = ctypes.c_void_p()
         p = ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.RsOptions))
         with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
             self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, p, ctypes.byref(h))
         later.added = 1
-        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 40: the options set fields that this "
-                                    r"library \(flashoverlap [0-9.]+, options of 32 bytes\) does not know"):
+        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 48: the options set fields that this "
+                                    r"library \(flashoverlap [0-9.]+, options of 40 bytes\) does not know"):
             self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, p, ctypes.byref(h))
+        # a caller of the first version (no tuning_cache): accepted, the field not read
+        first = _capi.make_rs_options(self.lib)
+        first.struct_size = 32
+        first.tuning_cache = b"/nonexistent/picks.json"
+        with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
+            self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, ctypes.byref(first), ctypes.byref(h))
 
     def test_options(self):
         o = _capi.make_options(self.lib)
@@ -419,14 +426,16 @@ class CApi(unittest.TestCase):
 
     def test_reducescatter_options(self):
         o = _capi.make_rs_options(self.lib)
-        self.assertEqual(ctypes.sizeof(o), 32)
-        self.assertEqual((o.struct_size, o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m),
-                         (32, 0, 0, 8, 30.0, 0))
+        self.assertEqual(ctypes.sizeof(o), 40)
+        self.assertEqual((o.struct_size, o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m, o.tuning_cache),
+                         (40, 0, 0, 8, 30.0, 0, None))
         # (the fields shared with fo_gemm_allreduce_options at its offsets)
         for name in ("path", "nccl_sms", "wait_timeout_s", "check_m"):
             self.assertEqual(getattr(_capi.RsOptions, name).offset, getattr(_capi.Options, name).offset, name)
-        o = _capi.make_rs_options(self.lib, "slots", "subtile", nccl_sms=16, wait_timeout_s=5, check_m=True)
-        self.assertEqual((o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m), (3, 1, 16, 5.0, 1))
+        o = _capi.make_rs_options(self.lib, "slots", "subtile", nccl_sms=16, wait_timeout_s=5, check_m=True,
+                                  tuning_cache="/tmp/t.json")
+        self.assertEqual((o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m, o.tuning_cache),
+                         (3, 1, 16, 5.0, 1, b"/tmp/t.json"))
         self.assertEqual(_capi.make_rs_options(self.lib, "sequential").path, 1)
         self.assertEqual(_capi.make_rs_options(self.lib, "nvlink").path, 5)
         for bad in ("row_bands", "owners", "rows"):
