@@ -341,10 +341,12 @@ struct AllToAllRouting {
   // dest_rank, dest_token and gate in device memory (the counts stay on the
   // host). At world 1 (paths Auto and Sequential, n % 8 == 0) the call then
   // never waits for the host: the routing is checked and the combine's
-  // tables made on the GPU, and a bad row (a rank other than 0, a token out
-  // of range, a gate not finite) is left out and reported by check() and
-  // by the next call (InvalidArgument; every later call refuses). Elsewhere
-  // the call copies the arrays to the host first (it waits for `stream`).
+  // tables made on the GPU, in `stream`, which reads the arrays there (keep
+  // them unchanged until it has); a bad row (a rank other than 0, a token
+  // out of range, a gate not finite) is left out of the combine and
+  // reported once, by check() or by the next call (InvalidArgument).
+  // Elsewhere the call copies the arrays to the host first (it waits for
+  // `stream`).
   bool on_device = false;
 };
 

@@ -218,8 +218,9 @@ typedef struct fo_alltoall_routing {
   /* Added in the second version (a smaller struct_size: 0): nonzero when
    * dest_rank, dest_token and gate are in device memory, as
    * flashoverlap::AllToAllRouting::on_device says (at world 1 the call then
-   * never waits for the host, and a bad row is reported by
-   * fo_gemm_alltoall_check and the next call). */
+   * never waits for the host and reads them in the stream: keep them
+   * unchanged until it has; a bad row is reported once, by
+   * fo_gemm_alltoall_check or the next call). */
   int64_t on_device;
 } fo_alltoall_routing;
 

@@ -1093,12 +1093,15 @@ def _host_int32(op, name, h):
 
 
 def _device_int32(t):
-    """An integer device tensor as a contiguous int32 one; values beyond
-    int32 become -1 (out of range: the library reports the row)."""
+    """An integer device tensor as a contiguous int32 one; int64 values
+    beyond int32 become -1 or INT32_MAX (out of range either way: the
+    library reports the row). Narrower types convert as they are."""
     torch = _tm()
     t = t.detach()
+    if t.dtype == torch.int64:
+        t = t.clamp(-1, INT32_MAX)
     if t.dtype != torch.int32:
-        t = t.clamp(-1, INT32_MAX).to(torch.int32)
+        t = t.to(torch.int32)
     return t.contiguous()
 
 
@@ -1264,7 +1267,9 @@ class GemmAllToAll(_OpBase):
         self._enqueue_call(lambda stream: self._op.run(
             x.data_ptr() if rows else 0, weight.data_ptr(), routing, out.data_ptr() if out_rows else 0, 0, combine,
             tokens_out.data_ptr() if tokens_out is not None and out_rows else None, stream))
-        del keep, ranks, toks, gates  # (read by the call, on the host: no longer needed)
+        # (no longer needed: a host routing was read by the call; a device one is read in the current stream,
+        # whose order torch's allocator keeps before reusing the memory)
+        del keep, ranks, toks, gates
         return out, tokens_out
 
     def _refuse_capture(self):

@@ -10,30 +10,33 @@ namespace flashoverlap::kernels {
 namespace {
 
 __device__ void report(RoutingError* e, uint32_t fault, int32_t row, int32_t value, float gate) {
-  if (atomicCAS(&e->failed, 0u, fault) == 0u) {
+  // (a plain read first: a routing of many bad rows costs reads, not an atomic each, over PCIe)
+  if (*reinterpret_cast<volatile uint32_t*>(&e->claimed) == 0u && atomicCAS(&e->claimed, 0u, 1u) == 0u) {
     e->row = row, e->value = value, e->gate = gate;
+    __threadfence_system();
+    *reinterpret_cast<volatile uint32_t*>(&e->failed) = fault;
     __threadfence_system();
   }
 }
 
 __global__ void combine_keys_kernel(const int32_t* dest_rank, const int32_t* dest_token, const float* gate,
-                                    int32_t rows, int32_t rank, int32_t tokens, bool check_gate, uint32_t* keys,
-                                    int32_t* tokens_out, RoutingError* error) {
-  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += gridDim.x * blockDim.x) {
+                                    int32_t rows, int32_t rank, int32_t tokens, uint32_t* keys, int32_t* tokens_out,
+                                    RoutingError* error) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows; i += int64_t(gridDim.x) * blockDim.x) {
     const int32_t d = dest_rank[i], t = dest_token[i];
     const float g = gate ? gate[i] : 0.0f;
     uint32_t fault = 0;
     if (d != rank) fault = kBadRank;
     else if (t < 0 || t >= tokens) fault = kBadToken;
-    else if (check_gate && !isfinite(g)) fault = kBadGate;
-    if (fault) report(error, fault, i, fault == kBadRank ? d : t, g);
+    else if (gate && !isfinite(g)) fault = kBadGate;
+    if (fault) report(error, fault, int32_t(i), fault == kBadRank ? d : t, g);
     keys[i] = fault ? uint32_t(tokens) : uint32_t(t);
     if (tokens_out) tokens_out[i] = t;
   }
 }
 
 __global__ void token_begins_kernel(const uint32_t* sorted, int32_t rows, int32_t tokens, int32_t* token_begin) {
-  for (int32_t t = blockIdx.x * blockDim.x + threadIdx.x; t <= tokens; t += gridDim.x * blockDim.x) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t <= tokens; t += int64_t(gridDim.x) * blockDim.x) {
     int32_t lo = 0, hi = rows;  // the first sorted key >= t
     while (lo < hi) {
       const int32_t mid = lo + (hi - lo) / 2;
@@ -54,11 +57,10 @@ int blocks_for(int64_t entries) { return int(std::clamp<int64_t>((entries + 255)
 }  // namespace
 
 void combine_keys(const int32_t* dest_rank, const int32_t* dest_token, const float* gate, int32_t rows, int32_t rank,
-                  int32_t tokens, bool check_gate, uint32_t* keys, int32_t* tokens_out, RoutingError* error,
-                  cudaStream_t stream) {
+                  int32_t tokens, uint32_t* keys, int32_t* tokens_out, RoutingError* error, cudaStream_t stream) {
   if (rows <= 0) return;
-  combine_keys_kernel<<<blocks_for(rows), 256, 0, stream>>>(dest_rank, dest_token, gate, rows, rank, tokens,
-                                                             check_gate && gate, keys, tokens_out, error);
+  combine_keys_kernel<<<blocks_for(rows), 256, 0, stream>>>(dest_rank, dest_token, gate, rows, rank, tokens, keys,
+                                                             tokens_out, error);
   FO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -11,21 +11,24 @@
 
 namespace flashoverlap::kernels {
 
+// Written by one thread: it claims the record, writes the row, then sets
+// `failed` last (the host reads `failed` first, and clears it before
+// `claimed`).
 struct RoutingError {
-  uint32_t failed;  // 0: none; else a RoutingFault
-  int32_t row;      // the first bad row found
-  int32_t value;    // its dest_rank or dest_token
+  uint32_t claimed;  // nonzero: a thread is writing (or wrote) the record
+  uint32_t failed;   // 0: none; else a RoutingFault
+  int32_t row;       // the bad row reported (a bad one, not necessarily the first)
+  int32_t value;     // its dest_rank or dest_token
   float gate;
 };
 enum RoutingFault : uint32_t { kBadRank = 1, kBadToken = 2, kBadGate = 3 };
 
 // Per row i < rows: keys[i] = dest_token[i] where dest_rank[i] == rank, the
-// token is in [0, tokens) and (check_gate) gate[i] is finite; else keys[i] =
+// token is in [0, tokens) and (gate given) gate[i] is finite; else keys[i] =
 // tokens (sorted after every token) and the fault goes into *error.
 // tokens_out (optional): dest_token[i], as the receiver reports it.
 void combine_keys(const int32_t* dest_rank, const int32_t* dest_token, const float* gate, int32_t rows, int32_t rank,
-                  int32_t tokens, bool check_gate, uint32_t* keys, int32_t* tokens_out, RoutingError* error,
-                  cudaStream_t stream);
+                  int32_t tokens, uint32_t* keys, int32_t* tokens_out, RoutingError* error, cudaStream_t stream);
 
 // Device scratch of sort_rows_by_key for up to max_rows rows.
 size_t sort_rows_temp_bytes(int32_t max_rows);

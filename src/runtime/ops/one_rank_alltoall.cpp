@@ -26,7 +26,16 @@ OneRankAllToAll::OneRankAllToAll(const OneRankAllToAllOptions& o, cudaStream_t s
   error_ = PinnedBuffer(sizeof(kernels::RoutingError));
   std::memset(error_.get(), 0, sizeof(kernels::RoutingError));
   kernels::fill_iota(iota_.as<int32_t>(), most_, stream);  // (before any call's use: in its stream)
+  // Every kernel a call may launch loads now, not within a call (a module
+  // load waits for the device): ours, and the sort's for one row and for
+  // the most (cub picks its kernels by size).
+  kernels::preload_kernels();
+  for (int32_t rows : {int32_t(1), int32_t(most_)})
+    kernels::sort_rows_by_key(sort_temp_.get(), sort_temp_bytes_, iota_.as<uint32_t>(), sorted_keys_.as<uint32_t>(),
+                              iota_.as<int32_t>(), token_rows_.as<int32_t>(), rows, 32, stream);
 }
+
+OneRankAllToAll::~OneRankAllToAll() { opts_.core->wait_last_call(); }
 
 void OneRankAllToAll::run(const void* a, const void* b, const OneRankCall& c, void* out, int64_t ld_out,
                           int32_t* tokens_out, cudaStream_t stream) {
@@ -51,7 +60,7 @@ void OneRankAllToAll::run(const void* a, const void* b, const OneRankCall& c, vo
       kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, c.sched, int32_t(opts_.k), y, n), stream);
   }
   auto* error = error_.as<kernels::RoutingError>();
-  kernels::combine_keys(c.dest_rank, c.dest_token, c.gate, rows, /*rank=*/0, tokens, c.combine, keys_.as<uint32_t>(),
+  kernels::combine_keys(c.dest_rank, c.dest_token, c.gate, rows, /*rank=*/0, tokens, keys_.as<uint32_t>(),
                         tokens_out, error, stream);
   if (c.combine) {
     // Keys run to `tokens` (a bad row's): bit_width(tokens) bits hold them.
@@ -68,11 +77,17 @@ void OneRankAllToAll::run(const void* a, const void* b, const OneRankCall& c, vo
   core.end_call(stream);
 }
 
+bool OneRankAllToAll::failed() const {
+  return reinterpret_cast<volatile const uint32_t&>(error_.as<kernels::RoutingError>()->failed) != 0;
+}
+
 void OneRankAllToAll::check() {
   auto* word = error_.as<kernels::RoutingError>();
-  const kernels::RoutingError e = *word;
-  if (!e.failed) return;
-  std::memset(word, 0, sizeof *word);  // (reported once)
+  if (!failed()) return;
+  const kernels::RoutingError e = *word;  // (complete: the GPU sets `failed` last)
+  // Reported once: `failed` cleared before `claimed`, so that a later row's report starts afresh.
+  reinterpret_cast<volatile uint32_t&>(word->failed) = 0;
+  reinterpret_cast<volatile uint32_t&>(word->claimed) = 0;
   std::string what;
   if (e.failed == kernels::kBadRank)
     what = "goes to rank " + std::to_string(e.value) + ", not rank 0 (the only rank)";
@@ -81,7 +96,7 @@ void OneRankAllToAll::check() {
   else
     what = "has the gate " + std::to_string(e.gate) + ", not finite";
   throw InvalidArgument("GemmAllToAll (world 1): row " + std::to_string(e.row) + " of an earlier call's routing " +
-                        what + ": that call left the row out of its output");
+                        what + ": that call's output does not follow its routing (a combine leaves the row out)");
 }
 
 }  // namespace flashoverlap::rt

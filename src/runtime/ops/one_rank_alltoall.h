@@ -14,8 +14,9 @@
 //
 // What the host-planned call checks before it runs (a token out of range,
 // a row not for this rank, a gate not finite) is checked here on the GPU:
-// such rows are skipped, and the first one is reported once, by check() or
-// by the next call (before it runs).
+// such rows are left out of the combine (the rows-only form copies them as
+// they are), and one of them is reported once, by check() or by the next
+// call (before it runs).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -53,6 +54,7 @@ class OneRankAllToAll {
   // Its tables' buffers, and their fixed part written in `stream` (so: the
   // first call's stream, or one ordered before it).
   OneRankAllToAll(const OneRankAllToAllOptions& o, cudaStream_t stream);
+  ~OneRankAllToAll();  // waits for the core's last call (its buffers may be in use)
   OneRankAllToAll(const OneRankAllToAll&) = delete;
   OneRankAllToAll& operator=(const OneRankAllToAll&) = delete;
 
@@ -65,7 +67,7 @@ class OneRankAllToAll {
   // InvalidArgument naming the first bad row of an earlier call, once
   // (synchronise the call's stream first to be sure of seeing it).
   void check();
-  bool failed() const { return error_.as<kernels::RoutingError>()->failed != 0; }
+  bool failed() const;
 
  private:
   OneRankAllToAllOptions opts_;
