@@ -12,7 +12,7 @@
 #   test         ctest (CPU + GPU tests), log to $OUT/ctest.log
 #   gemm         bench-gemm over the GEMM shape set -> $OUT/gemm-h200.csv
 #   gemm-rs      bench-gemm of the ReduceScatter epilogues (rs, rs-subtile, rs-nvlink) against plain, full grid,
-#                on the ReduceScatter issue's shapes (SHAPES overrides) -> $OUT/gemm-rs-h200.csv
+#                on the ReduceScatter's shape set (SHAPES overrides) -> $OUT/gemm-rs-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)

@@ -28,7 +28,7 @@
 namespace flashoverlap::cli {
 namespace {
 
-// The shape set of the GEMM issue (LLM projections, ragged M).
+// The GEMM shape set: LLM projections, and a ragged M.
 const char* kDefaultShapes =
     "2048x8192x8192,4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,4096x4096x4096,"
     "1024x8192x8192,8192x4096x2048,4096x7168x5120,3001x8192x8192";

@@ -6,7 +6,7 @@ F.linear + dist.all_reduce.
         [--out-features 8192] [--dtype bf16|fp16] [--iters 20]
 
 (with the package installed, or PYTHONPATH=python and FLASHOVERLAP_LIBRARY
-naming the library). Y = X A^T + b with A (out x in) split along its input
+naming the library; run without torchrun it is one rank). Y = X A^T + b with A (out x in) split along its input
 dimension over the ranks of the tensor-parallel group: rank r holds the
 columns [r in/W, (r+1) in/W) of A and receives the same slice of X (the
 output of a column-parallel layer before it, input_is_parallel in
@@ -14,18 +14,29 @@ Megatron's terms); Y = AllReduce(X_r A_r^T) + b. The AllReduce is what
 FlashOverlap hides behind the GEMM.
 
 Exit status 1 if the two differ by more than bf16's (fp16's) rounding
-allows.
+allows; 2 without PyTorch or the flashoverlap package (one line says
+which); 0, saying so, without a CUDA GPU (nothing to run).
 """
 
 import argparse
 import os
+import socket
 import statistics
+import sys
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-
-import flashoverlap.torch as fo
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+except ImportError as e:
+    print(f"tp_linear: needs PyTorch with CUDA (python3 -m pip install torch): {e}", file=sys.stderr)
+    sys.exit(2)
+try:
+    import flashoverlap.torch as fo
+except ImportError as e:
+    print(f"tp_linear: needs the flashoverlap package (python3 -m pip install ./python, or PYTHONPATH=python): {e}",
+          file=sys.stderr)
+    sys.exit(2)
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -79,6 +90,14 @@ def main():
     a = p.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
 
+    if not torch.cuda.is_available():
+        print("tp_linear: no CUDA GPU: nothing to run")
+        raise SystemExit(0)
+    if "RANK" not in os.environ:  # (not under torchrun: one rank)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl")

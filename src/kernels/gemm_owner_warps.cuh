@@ -108,7 +108,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
         // (a parity wait tells only even from odd), wait for a later one that
         // needs lane 0, stopped at the push's __syncwarp, and hang (seen on
         // 2xH200). Lane 0 waiting alone, the others parked at a __syncwarp,
-        // was correct but made the call 7-35% slower (measured; why, not known).
+        // is correct too but measured much slower.
         ptx::mbar_wait(&c_full[h], uint32_t(q));
         __syncwarp();
         if (!leader) continue;

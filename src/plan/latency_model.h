@@ -66,10 +66,9 @@ class BandwidthCurve {
 struct CommModel {
   BandwidthCurve curve;
   int32_t world = 2;
-  // NCCL reaches its full bandwidth with this many CTAs (channels). Fit to
-  // docs/design.md §6.2: a 64 MiB AllReduce with 2/4/8 channels took
-  // 1.71/0.90/0.55 ms against 0.28 ms with 32, i.e. its bandwidth term grows
-  // as ~16/channels below 16.
+  // NCCL reaches its full bandwidth with this many CTAs (channels); below
+  // it the bandwidth term grows as ~16/channels (fit to the channel sweep
+  // of docs/design.md §6.2).
   int32_t saturating_ctas = 16;
 
   // Throws InvalidArgument when the curve cannot be scaled to `world` (a

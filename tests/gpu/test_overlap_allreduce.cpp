@@ -1163,8 +1163,8 @@ TEST(AllReduceTuner, StageFinalistsAreThePickAndItsThreeStageTwin) {
 // Which row-band plans the second round tries with owners: the pick when it
 // is row bands (else the fastest of its tile shape), the fastest of that tile
 // shape with another swizzle, then the fastest of the other tile shape.
-// First a case written out (3001x8192x8192 in v33: the pick row bands with
-// swizzle 2, where owners ran faster with swizzle 8), then random ones
+// First a case written out (3001x8192x8192, where the pick was row bands
+// with swizzle 2 and owners ran faster with swizzle 8), then random ones
 // against a brute force.
 TEST(AllReduceTuner, OwnerBasesAreThePickAnotherSwizzleAndTheOtherTile) {
   {

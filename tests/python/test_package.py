@@ -774,6 +774,35 @@ class OlderNccl(unittest.TestCase):
 
 @unittest.skipIf(os.environ.get("FO_TEST_INSTALLED") or not os.path.isfile(os.path.join(REPO, "python", "_build_backend.py")),
                  "the build backend is tested from the source tree")
+class PythonExample(unittest.TestCase):
+    """examples/python/tp_linear.py where it cannot run: one line and an exit code, no traceback."""
+
+    EXAMPLE = os.path.join(REPO, "examples", "python", "tp_linear.py")
+
+    def run_example(self, pythonpath, block_torch=False):
+        e = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=pythonpath, CUDA_VISIBLE_DEVICES="")
+        code = (BLOCK_TORCH if block_torch else "") + f"import runpy; runpy.run_path({self.EXAMPLE!r}, run_name='__main__')"
+        return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=120)
+
+    def test_without_torch(self):
+        r = self.run_example(os.path.dirname(os.path.dirname(flashoverlap.__file__)), block_torch=True)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertRegex(r.stderr, r"^tp_linear: needs PyTorch with CUDA")
+        self.assertNotIn("Traceback", r.stderr)
+
+    @unittest.skipUnless(HAVE_TORCH, "no torch in this interpreter")
+    def test_without_the_package(self):
+        r = self.run_example(tempfile.gettempdir())
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertRegex(r.stderr, r"^tp_linear: needs the flashoverlap package")
+        self.assertNotIn("Traceback", r.stderr)
+
+    @unittest.skipUnless(HAVE_TORCH, "no torch in this interpreter")
+    def test_without_a_gpu(self):
+        r = self.run_example(os.path.dirname(os.path.dirname(flashoverlap.__file__)))
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "tp_linear: no CUDA GPU: nothing to run"), r.stderr)
+
+
 class Wheel(unittest.TestCase):
     def setUp(self):
         sys.path.insert(0, os.path.join(REPO, "python"))

@@ -232,7 +232,7 @@ struct OverlapAllReduceOptions {
   bool fuse_sum = true;
   // Pushed: tiles per system-scope fence and signal of the GEMM's storer
   // warp (1 or 2). The fence waits an NVLink round trip with no copy in
-  // flight; 2 halves those gaps (8192x4096x2048 on 2xH200: 0.339 vs 0.352 ms,
+  // flight; 2 halves those gaps (faster where the pushes bound the call,
   // neutral on GEMM-bound shapes) and holds a tile's signal at most one tile.
   int push_signal_every = 2;
   // 128x256 tiles: the GEMM with 4 pipeline stages, its output staged in
@@ -245,17 +245,14 @@ struct OverlapAllReduceOptions {
   // from the GEMM's staging (kernels::Owner::push_tma): 0 none (every tile
   // pushed from C by the storer warp), 1 each CTA's last tile, 2 all (A/B).
   // 1: the last wave's pushes decide the GEMM's end and TMA moves them
-  // faster than the storer warp's loads and stores (2xH200: 4096^3 0.232 vs
-  // 0.238 ms, 1024x8192x8192 0.229 vs 0.234-0.238); on every tile it holds
-  // the TMA unit from the operand loads (0.248-0.254 ms on 4096^3).
+  // faster than the storer warp's loads and stores; on every tile it would
+  // hold the TMA unit from the operand loads (slower: docs/results.md §2.3).
   int push_tma = 1;
   // Owners pushed with 4 stages: the tiles pushed from C by warps 2 and 3,
   // so that the storer warp goes on with the next tile's pieces
   // (kernels::Owner::pushers): 1 on, 0 off (the storer pushes each tile
-  // before the next one's pieces), -1 by k: on where k <= 4096. On 2xH200
-  // (fifteenth session, the tuner's pick, ms off / on): 8192x4096x2048
-  // 0.284 (copy engines; owners 0.309) / 0.254, 4096^3 0.222 / 0.220;
-  // 2048x8192x8192 0.387 / 0.395, 4096x7168x5120 0.438 / 0.443.
+  // before the next one's pieces), -1 by k: on where k <= 4096, where it
+  // measured faster (docs/results.md, the AllReduce's kept levers).
   int owner_pushers = -1;
   // Pushed: the GEMM's stores, or the copy engines (the GEMM stores here
   // only; per group a copy stream waits for its tiles with a stream memory

@@ -112,11 +112,11 @@ struct AllReduceTuning {
   // The GEMM beside copy-engine traffic (memory contention only).
   double gather_gemm_slowdown = 1.02;
   std::string group_sizes;  // given: evaluate these (waves for Slots, bands for RowBands) instead of searching
-  // GEMM under concurrent NCCL: measured 1.03-1.04 with the row-band layout
-  // on 2x H200 (trace of 4096x8192x8192: GEMM end 0.814 ms vs 0.786 alone).
+  // The GEMM beside concurrent NCCL calls runs slower than alone (a trace
+  // of the row-band layout on 2 GPUs: 3-4%).
   double slowdown = 1.05;
-  // NCCL calls beside the GEMM take longer than the curve measured alone:
-  // 1-band groups of 16384x8192x4096 took 0.075 ms against 0.06 predicted.
+  // NCCL calls beside the GEMM take longer than the curve measured alone
+  // (small groups the most).
   double comm_slowdown = 1.25;
   double cublas_gemm_ms = 0;  // > 0: the fallback may use cuBLAS when it is faster than ours
   // Optional: every candidate evaluated, fastest predicted first, and the
@@ -151,8 +151,7 @@ struct AllReduceTuning {
   int select_iters = 12;
   // Finalists within runoff_within of the fastest (at most 3) are timed
   // again in turns, runoff_iters runs each, and the fastest of that run is
-  // taken: 12 runs told plans 3% apart in the wrong order (4096x8192x8192,
-  // bench v24: 0.831 vs 0.854 ms in the round, 0.800 vs 0.782 timed after).
+  // taken: 12 runs can tell plans 3% apart in the wrong order.
   double runoff_within = 0.04;
   int runoff_iters = 36;
   std::string* selection = nullptr;
@@ -208,9 +207,7 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
 // tile shape with another swizzle; then the fastest of the other tile shape.
 // Owners move the last wave's final tiles after the MMAs end, so a smaller
 // tile can win where the larger one computes faster; and the swizzle that
-// was best for the pushes need not be for owners (3001x8192x8192 on 2xH200:
-// swizzle 2 picked for the pushes, with owners 0.595 ms against 0.576 with
-// swizzle 8 in the next sweep).
+// was best for the pushes need not be for owners.
 // The pointers point into `finalists` and at `best`: keep both alive.
 std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
                                               const std::vector<double>& ms, const AllReducePlan& best);
@@ -228,8 +225,7 @@ std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const 
 // the same plan with a 3-stage GEMM. 4 stages compute faster alone, but
 // their epilogue (the output in pieces through half the shared memory)
 // stalls the MMAs where the memory is busy with the collective beside them
-// (4xH200, row bands forced, the same plan in turns: 4096^3 1.5% faster,
-// 16384x8192x4096 1% slower; docs/results.md §2.4).
+// (docs/results.md §2.4: which wins depends on the shape).
 std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
