@@ -8,7 +8,7 @@
 //
 // Typical use (runtime):
 //   PlanRequest req{.op = Collective::AllReduce, .m = M, .n = N, .k = K, .world = W};
-//   Plan plan = make_plan(req);                   // or TuningCache::lookup
+//   Plan plan = make_plan(req);
 //   SlotMap map = make_slot_map(plan, rank);
 //   GEMM: plan.schedule, map.row_of (or the AllReduce fast path),
 //         group_of_wave(plan.groups); NCCL: map.groups[g].send/recv/send_to/recv_from;

@@ -1,15 +1,14 @@
 // The planner's JSON reader (plan/json_file.h): whatever is wrong with a file
 // comes out as InvalidArgument naming the file and the problem, never as one
 // of nlohmann's exceptions (which the CLI would report raw, as a failure), so
-// that the tuning cache, which must never stop a run, reads such a file as empty.
+// that the picks file (runtime/tune/picks.h), which must never stop a run,
+// reads such a file as empty (tests/cpu/test_rt_picks.cpp).
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 
 #include "flashoverlap/error.h"
 #include "plan/json_file.h"
-#include "plan/tuning_cache.h"
 #include "test_plan_util.h"
 
 namespace fo = flashoverlap::plan;
@@ -51,14 +50,3 @@ TEST(PlanJsonFile, EveryProblemIsAnInvalidArgumentNamingTheFile) {
   EXPECT_EQ(fo::read_json_file(dir.write("ok.json", "{\"a\": [1e308, -2]}"), "thing")["a"][0].get<double>(), 1e308);
 }
 
-// The cache's contract: reading never throws; a file that is no cache reads
-// as empty, with a warning naming it.
-TEST(PlanJsonFile, TuningCacheReadsAnOverflowingFileAsEmpty) {
-  fo_test::TempDir dir;
-  const std::string path = dir.write("cache.json", R"({"format": "flashoverlap.tuning_cache", "schema": 1e999})");
-  std::unique_ptr<fo::TuningCache> cache;
-  ASSERT_NO_THROW(cache = std::make_unique<fo::TuningCache>(path));
-  EXPECT_EQ(cache->size(), 0u);
-  ASSERT_EQ(cache->warnings().size(), 1u);
-  EXPECT_EQ(cache->warnings()[0], "tuning cache " + path + ": number overflow parsing '1e999'; ignoring it");
-}

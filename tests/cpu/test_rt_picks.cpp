@@ -247,6 +247,7 @@ TEST(Picks, DamagedFilesReadAsEmptyAndBadEntriesAreDropped) {
   FO_SEEDED_RNG(rng);
   fo_test::TempDir dir;
   for (const std::string text : {"", "not json", "{\"format\": \"x\"}", "[1, 2]",
+                                 "{\"format\": \"flashoverlap.picks\", \"schema\": 1e999}",  // (no overflow thrown)
                                  "{\"format\": \"flashoverlap.picks\", \"schema\": 9, \"entries\": {}}",
                                  "{\"format\": \"flashoverlap.picks\", \"schema\": 1}"}) {
     const rt::PickCache cache(dir.write("bad.json", text));

@@ -8,9 +8,8 @@
 // keyed by GPU name, SMs, world size, dtype, tile rows (of 128), N and K,
 // and for the ReduceScatter its layout ("reducescatter:standard", ...).
 //
-// As the planner's tuning cache (plan/tuning_cache.h): reading never throws
-// (a damaged or foreign file reads as empty, a bad entry is dropped, each
-// with a warning); store() holds an flock on "<path>.lock" across its
+// Reading never throws (a damaged or foreign file reads as empty, a bad
+// entry is dropped, each with a warning); store() holds an flock on "<path>.lock" across its
 // re-read, merge and atomic rename, so concurrent writers keep every entry.
 #pragma once
 #include <nlohmann/json.hpp>
