@@ -26,7 +26,8 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))  # python/ (or <prefix>/python)
 NAME = "flashoverlap"
 LIB = "libflashoverlap.so"
-SUMMARY = "FlashOverlap: a Hopper GEMM overlapped with its NCCL AllReduce, for PyTorch (ctypes over the C ABI)"
+SUMMARY = ("FlashOverlap: a Hopper GEMM overlapped with the NCCL AllReduce, ReduceScatter or MoE All-to-All after it, "
+           "for PyTorch (ctypes over the C ABI)")
 
 
 def version():

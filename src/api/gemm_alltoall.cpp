@@ -66,6 +66,7 @@ struct GemmAllToAll::Impl {
   // Elsewhere a routing in device memory lands here first (dest_rank,
   // dest_token and gate, max_rows entries each).
   rt::PinnedBuffer staging;
+  std::vector<uint8_t> local_record;  // world 1: this rank's record, which no exchange holds
   plan::MoeRouting routing;  // the last call's, every rank's
   plan::MoeRowCounts counts;  // its rows per 128-row tile row and destination (the routing's one check)
   std::string last_plan = "no call yet";
@@ -125,13 +126,12 @@ struct GemmAllToAll::Impl {
     // that every rank stops at this call rather than this rank alone.
     const bool failed_here = last && core.wait_error()->failed;
     const std::string mine = failed_here ? "an earlier call's wait timed out" : problem_of(r, call);
-    std::vector<uint8_t> local;
     uint8_t* rec = nullptr;
     if (exchange) {
       rec = static_cast<uint8_t*>(exchange->mine());
     } else {
-      local.resize(record_bytes());
-      rec = local.data();
+      if (local_record.size() != record_bytes()) local_record.resize(record_bytes());  // (once: kept)
+      rec = local_record.data();
     }
     RecordHeader h{mine.empty() ? r.rows : 0, mine.empty() ? r.tokens : 0, mine.empty() ? 0 : failed_here ? 2 : 1,
                    call.combine, ++calls};
@@ -155,8 +155,10 @@ struct GemmAllToAll::Impl {
                  : rec;
 
     std::string bad;
-    routing = plan::MoeRouting{};
+    // (the vectors keep their memory across calls: resized, not rebuilt)
     routing.world = world;
+    routing.tokens.clear(), routing.send_counts.clear();
+    routing.dest_rank.resize(size_t(world)), routing.dest_token.resize(size_t(world)), routing.gate.resize(size_t(world));
     for (int s = 0; s < world; ++s) {
       const uint8_t* x = all + size_t(s) * record_bytes();
       RecordHeader hs;
@@ -175,10 +177,10 @@ struct GemmAllToAll::Impl {
       const size_t m = size_t(hs.rows);
       const uint8_t* b = x + header_bytes();
       routing.tokens.push_back(int32_t(hs.tokens));
-      routing.dest_rank.emplace_back(m), routing.dest_token.emplace_back(m), routing.gate.emplace_back(m);
-      std::memcpy(routing.dest_rank.back().data(), b, m * 4);
-      std::memcpy(routing.dest_token.back().data(), b + size_t(max_rows) * 4, m * 4);
-      std::memcpy(routing.gate.back().data(), b + size_t(max_rows) * 8, m * 4);
+      routing.dest_rank[size_t(s)].resize(m), routing.dest_token[size_t(s)].resize(m), routing.gate[size_t(s)].resize(m);
+      std::memcpy(routing.dest_rank[size_t(s)].data(), b, m * 4);
+      std::memcpy(routing.dest_token[size_t(s)].data(), b + size_t(max_rows) * 4, m * 4);
+      std::memcpy(routing.gate[size_t(s)].data(), b + size_t(max_rows) * 8, m * 4);
       const int64_t* c = reinterpret_cast<const int64_t*>(x + sizeof hs);
       routing.send_counts.insert(routing.send_counts.end(), c, c + world);
     }

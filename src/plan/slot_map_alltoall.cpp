@@ -319,10 +319,16 @@ std::vector<int32_t> expand_slot_of_out(const AllToAllTables& t) {
 }
 
 CombineTable make_combine_table(const MoeRouting& routing, int32_t rank) {
+  CombineTable t;
+  fill_combine_table(routing, rank, t);
+  return t;
+}
+
+void fill_combine_table(const MoeRouting& routing, int32_t rank, CombineTable& t) {
   const int32_t W = routing.world;  // (the routing: the caller's to validate)
   if (rank < 0 || rank >= W)
     throw InvalidArgument("rank " + std::to_string(rank) + " out of range for world size " + std::to_string(W));
-  CombineTable t;
+  t.src_rank.clear(), t.src_row.clear(), t.token.clear(), t.gate.clear();
   t.rank = rank;
   t.tokens = routing.tokens[size_t(rank)];
   int64_t rows = 0;
@@ -330,6 +336,8 @@ CombineTable make_combine_table(const MoeRouting& routing, int32_t rank) {
   if (rows > std::numeric_limits<int32_t>::max())
     throw InvalidArgument("combine: rank " + std::to_string(rank) + " receives " + std::to_string(rows) +
                           " rows, more than int32 row indices address");
+  for (auto* v : {&t.src_rank, &t.src_row, &t.token}) v->reserve(size_t(rows));
+  t.gate.reserve(size_t(rows));
   for (int32_t src = 0; src < W; ++src) {
     const auto& dest = routing.dest_rank[size_t(src)];
     for (size_t i = 0; i < dest.size(); ++i)
@@ -345,9 +353,11 @@ CombineTable make_combine_table(const MoeRouting& routing, int32_t rank) {
   for (int32_t x : t.token) ++t.token_begin[size_t(x) + 1];
   for (int32_t x = 0; x < t.tokens; ++x) t.token_begin[size_t(x) + 1] += t.token_begin[size_t(x)];
   t.token_rows.resize(t.token.size());
-  std::vector<int32_t> next(t.token_begin.begin(), t.token_begin.end() - 1);
-  for (size_t row = 0; row < t.token.size(); ++row) t.token_rows[size_t(next[size_t(t.token[row])]++)] = int32_t(row);
-  return t;
+  // (the placement counters: token_begin shifted by one, restored after)
+  for (size_t row = 0; row < t.token.size(); ++row)
+    t.token_rows[size_t(t.token_begin[size_t(t.token[row])]++)] = int32_t(row);
+  for (int32_t x = t.tokens; x > 0; --x) t.token_begin[size_t(x)] = t.token_begin[size_t(x) - 1];
+  t.token_begin[0] = 0;
 }
 
 }  // namespace flashoverlap::plan

@@ -125,6 +125,9 @@ struct CombineTable {
 
 // The routing must be valid (validate_moe_routing: not checked again here).
 CombineTable make_combine_table(const MoeRouting& routing, int32_t rank);
+// The same into `t`, whose vectors keep their memory: a call per routing
+// grows nothing once the largest has been seen.
+void fill_combine_table(const MoeRouting& routing, int32_t rank, CombineTable& t);
 
 // Reference combine, fused into the post-reorder (what the combine kernel
 // does): out (tokens x N, row-major), out[t] = sum over token t's rows of

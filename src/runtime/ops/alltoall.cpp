@@ -199,7 +199,7 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   direct_ = seq && opts_.n % 8 == 0;
   for (int r = 0; r < world_ && direct_; ++r)
     direct_ = std::is_sorted(routing.dest_rank[size_t(r)].begin(), routing.dest_rank[size_t(r)].end());
-  table_ = plan::make_combine_table(routing, rank_);
+  plan::fill_combine_table(routing, rank_, table_);  // (its memory kept across calls)
   my_groups_ = groups[size_t(rank_)];
   if (direct_) {
     tables_host_ = plan::AllToAllTables{};
@@ -276,7 +276,7 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   // next rank's rows as the slotted calls' (make_moe_schedule).
   const plan::Schedule s = schedule_of(routing, rank_, /*sequential=*/true);
   tables_host_ = plan::make_alltoall_peer_tables(s, routing, rank_, std::max<int64_t>(opts_.max_recv_rows, 1));
-  table_ = plan::make_combine_table(routing, rank_);
+  plan::fill_combine_table(routing, rank_, table_);  // (its memory kept across calls)
   my_groups_.clear(), calls_.clear(), target_.clear();
   direct_ = false, nvlink_call_ = true, cublas_call_ = false;
   recv_rows_ = tables_host_.out_rows;
