@@ -201,14 +201,15 @@ struct GemmAllToAll::Impl {
     // (The rest, tokens in range and finite gates: the planner's and the runtime op's checks, alike on every rank.)
   }
 
-  plan::MoePlan plan_with(size_t tile, std::optional<plan::Partition> partition, double min_gain) const {
+  // (partition: none, the search's; a pointer, not a moved optional, which GCC 12 misreads as uninitialized)
+  plan::MoePlan plan_with(size_t tile, const plan::Partition* partition, double min_gain) const {
     plan::MoePlanRequest req;
     req.routing = &routing;
     req.n = n, req.k = k;
     req.dtype = dtype == DType::BF16 ? plan::DType::BF16 : plan::DType::FP16;
     req.tile = api::op_tiles()[tile];
     req.sms = sms, req.reserve_sms = opts.nccl_sms, req.wave_ms = wave_ms[tile];
-    req.partition = std::move(partition);
+    if (partition) req.partition = *partition;
     req.min_gain = min_gain;
     req.counts = &counts;
     return plan::make_moe_plan(req);
@@ -220,12 +221,13 @@ struct GemmAllToAll::Impl {
     // (NVLink: the sequential plan's tile and grid, the whole GPU's; its rows go as the tiles finish.)
     const double gain = opts.path == Path::Auto ? 0.01 : opts.path == Path::Slots ? -1e9 : 1e9;
     for (size_t t = 0; t < api::op_tiles().size(); ++t) {
-      plan::MoePlan p = plan_with(t, std::nullopt, gain);
+      plan::MoePlan p = plan_with(t, nullptr, gain);
       if (opts.path == Path::Slots && p.common.size() < 2) {  // two groups at least, where the overlap grid has 2 waves
         int32_t waves = 0;
         for (int r = 0; r < world; ++r)
           waves = std::max(waves, plan::make_moe_schedule(routing, r, n, api::op_tiles()[t], sms - opts.nccl_sms).waves());
-        if (waves >= 2) p = plan_with(t, plan::Partition{waves - 1, 1}, gain);
+        const plan::Partition two{waves - 1, 1};
+        if (waves >= 2) p = plan_with(t, &two, gain);
       }
       if (!best || p.predicted.total_ms < best->first.predicted.total_ms) best.emplace(std::move(p), t);
     }
