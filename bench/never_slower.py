@@ -53,7 +53,7 @@ Modes, a row each per (op, m, n, k, dtype):
            calls cannot queue behind a sleep, and CUDA graphs are refused by it.
   Host time per call (host_torch_us, host_ours_us; eager rows only, empty in the others): the wall
            time of enqueuing the eager turn's N calls while the GPU sleeps, / N, the median over the
-           turns (8 by default, each after a synchronize): 200 calls behind the sleep, fewer for the
+           turns (6 by default, each after a synchronize): 200 calls behind the sleep, fewer for the
            largest GEMMs (N above: a call's enqueueing costs the host the same whatever its device time).
 Turns: every measurement alternates PyTorch's and ours in turns (an even number, at least 6; the
 first of a turn swapped every turn, so that each goes first after the sleep equally often) and
@@ -78,8 +78,8 @@ row and the rows below the bar (eager and graph 0.98, latency 0.95); per op the 
 host_torch_us. --kernels first lists the CUDA kernels one F.linear call and one call of each dense op
 runs, for a few (n, k, m), into never-slower-kernels-<gpu>.txt (--modes none: only that).
 
-Budget: the default run (498 rows) is sized for about 4.5 minutes on one H100 at world 1, half of it
-the eager and graph turns' sleeps (an estimate, not yet measured); --quick about a minute.
+Budget: the AllReduce and ReduceScatter rows of the default run (480) took 177 s on one H200 at world 1
+(6 turns, --row-budget-ms 250: the defaults), the All-to-All's 18 rows 12 s; --quick about a minute.
 Needs torch with CUDA and a Hopper GPU (exit 2 otherwise, with a one-line reason).
 """
 import argparse
@@ -212,13 +212,13 @@ def parse_args(argv):
     ap.add_argument("--ms", default="", help="m values, comma-separated (default 1,2,8,32,128,512,2048,8192)")
     ap.add_argument("--dtypes", default="", help="bf16,fp16: every pair in each (default: bf16, 8192x8192 fp16 too)")
     ap.add_argument("--modes", default=",".join(MODES), help="eager,graph,latency (or a subset, or none)")
-    ap.add_argument("--turns", type=int, default=8,
+    ap.add_argument("--turns", type=int, default=6,
                     help="turns per measurement (even, >= 6: each variant goes first after the sleep in half)")
     ap.add_argument("--quick", action="store_true", help="3 pairs at m 1, 32, 2048: a smoke run")
     ap.add_argument("--kernels", action="store_true", help="list the CUDA kernels of F.linear and of ours first")
     ap.add_argument("--tuning-cache", default="", help="a tuning cache FILE for the ops")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
-    ap.add_argument("--row-budget-ms", type=float, default=1000.0,
+    ap.add_argument("--row-budget-ms", type=float, default=250.0,
                     help="device time per eager or graph row, both variants, all turns (sets N and R)")
     args = ap.parse_args(argv)
     try:
