@@ -5,7 +5,7 @@ GPU (world 1 is the main case):
 
     python3 -m torch.distributed.run --standalone --nproc-per-node=W bench/never_slower.py
         [--ops allreduce,reducescatter,alltoall] [--pairs "N,K;N,K"] [--ms 1,2,8,...] [--dtypes bf16,fp16]
-        [--modes eager,graph,latency] [--turns 8] [--quick] [--kernels] [--tuning-cache FILE]
+        [--modes eager,graph,latency] [--turns 6] [--quick] [--kernels] [--tuning-cache FILE]
         [--out-dir bench/results] [--row-budget-ms 1000]
     python3 bench/never_slower.py --self-test      # the pure helpers, on the CPU, without torch
 
