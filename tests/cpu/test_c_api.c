@@ -412,6 +412,13 @@ static void test_null_arguments(void) {
   EXPECT_INVALID(fo_gemm_allreduce_run_rmsnorm(NULL, buf, buf, buf, buf, 1e-5f, buf, NULL, 1, NULL),
                  "fo_gemm_allreduce_run_rmsnorm", "op is NULL");
   EXPECT_INVALID(fo_gemm_allreduce_prepare(NULL, 1), "fo_gemm_allreduce_prepare", "op is NULL");
+  {
+    int slot = 0;
+    EXPECT_INVALID(fo_gemm_allreduce_register_output(NULL, buf, 0, &slot), "fo_gemm_allreduce_register_output",
+                   "op is NULL");
+    EXPECT_INVALID(fo_gemm_allreduce_run_registered(NULL, buf, buf, 0, 1, NULL), "fo_gemm_allreduce_run_registered",
+                   "op is NULL");
+  }
   EXPECT_INVALID(fo_gemm_allreduce_plan(NULL, 1, buf, sizeof buf, &needed), "fo_gemm_allreduce_plan", "op is NULL");
   EXPECT_INVALID(fo_gemm_allreduce_check(NULL), "fo_gemm_allreduce_check", "op is NULL");
   EXPECT_INVALID(fo_gemm_allreduce_shape(NULL, &i, &i, &i, &d), "fo_gemm_allreduce_shape", "op is NULL");
@@ -861,6 +868,22 @@ static void exercise(fo_gemm_allreduce_t op, fo_dtype d, const char* name) {
   FO(fo_gemm_allreduce_run(op, (const void*)g.da, (const void*)g.db, (void*)g.dout, 77, g.stream, N + LD_PAD));
   snprintf(what, sizeof what, "%s, m = 77, ld_out = n + %d", name, LD_PAD);
   expect_gemm(d, 77, N + LD_PAD, what);
+
+  /* the registered-output form: g.dout (it outlives the op) as a slot, then a call into it */
+  {
+    int slot = -1;
+    FO(fo_gemm_allreduce_register_output(op, (void*)g.dout, N + LD_PAD, &slot));
+    CHECK(slot >= 0, "%s: register_output gave slot %d", name, slot);
+    CU(cu.MemsetD8(g.dout, 0xff, (size_t)MAX_M * (N + LD_PAD) * 2));
+    CU(cu.CtxSynchronize());
+    FO(fo_gemm_allreduce_run_registered(op, (const void*)g.da, (const void*)g.db, slot, 128, g.stream));
+    snprintf(what, sizeof what, "%s, run_registered, m = 128, ld_out = n + %d", name, LD_PAD);
+    expect_gemm(d, 128, N + LD_PAD, what);
+    EXPECT_INVALID(fo_gemm_allreduce_register_output(op, NULL, 0, &slot), "fo_gemm_allreduce_register_output",
+                   "out is NULL");
+    EXPECT_INVALID(fo_gemm_allreduce_run_registered(op, (const void*)g.da, NULL, slot, 128, g.stream),
+                   "fo_gemm_allreduce_run_registered", "b is NULL");
+  }
 
   /* run_rmsnorm: h = ab + residual exactly; out against h's RMSNorm */
   {
