@@ -646,6 +646,34 @@ def _host_array(ctype, v, name, count, keep):
     return ctypes.cast(a, POINTER(ctype))
 
 
+class RoutingSlot:
+    """One op's fo_alltoall_routing and count arrays, filled in place for
+    each call (the library reads them during the call only): a call builds
+    no ctypes objects. The arrays' pointers are ctypes pointers (device
+    memory with on_device), or None for a NULL gate."""
+
+    def __init__(self, world):
+        self.world = int(world)
+        self.send = (c_int64 * max(self.world, 1))()
+        self.recv = (c_int64 * max(self.world, 1))()
+        self.r = Routing()
+        self.r.struct_size = ctypes.sizeof(self.r)
+        self.r.send_counts = ctypes.cast(self.send, POINTER(c_int64))
+        self.r.recv_counts = ctypes.cast(self.recv, POINTER(c_int64))
+
+    def fill(self, rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, on_device=False):
+        if len(send_counts) != self.world or len(recv_counts) != self.world:
+            raise InvalidArgument(f"send_counts and recv_counts need {self.world} entries, not {len(send_counts)} and "
+                                  f"{len(recv_counts)}")
+        r = self.r
+        r.rows, r.tokens = int(rows), int(tokens)
+        r.dest_rank, r.dest_token, r.gate = dest_rank, dest_token, gate
+        self.send[:self.world] = send_counts
+        self.recv[:self.world] = recv_counts
+        r.on_device = 1 if on_device else 0
+        return r
+
+
 def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, world, on_device=False):
     """(fo_alltoall_routing, what it points to: keep it alive while the routing
     is used) for one call: rows and tokens, and host arrays, each a sequence

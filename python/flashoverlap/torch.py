@@ -1171,6 +1171,7 @@ class GemmAllToAll(_OpBase):
             self._op = _capi.GemmAllToAll(communicator, max_rows, max_tokens, topk, n, k, code, path=path,
                                           nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s,
                                           exchange_timeout_s=exchange_timeout_s)
+        self._routing = _capi.RoutingSlot(self.world)  # (each call's routing struct, filled in place)
         self._publish()
 
     def __repr__(self):
@@ -1248,10 +1249,10 @@ class GemmAllToAll(_OpBase):
             # On the op's GPU: passed there (at world 1 the call then never waits for the host).
             ranks, toks = _device_int32(dest_rank), _device_int32(dest_token)
             gates = None if gate is None else gate.detach().to(torch.float32).contiguous()
-            routing, keep = _capi.make_routing(rows, _device_ptr(ctypes.c_int32, ranks),
+            routing, keep = self._routing.fill(rows, _device_ptr(ctypes.c_int32, ranks),
                                                _device_ptr(ctypes.c_int32, toks),
                                                None if gates is None else _device_ptr(ctypes.c_float, gates), tokens,
-                                               send, recv, self.world, on_device=True)
+                                               send, recv, on_device=True), None
         else:
             ranks, toks, gates = _to_host(dest_rank, dest_token, gate)
             ranks, toks = _host_int32(self, "dest_rank", ranks), _host_int32(self, "dest_token", toks)

@@ -578,6 +578,16 @@ class CApi(unittest.TestCase):
         r, keep = _capi.make_routing(2, ctypes.cast(ranks, ctypes.POINTER(ctypes.c_int32)), [0, 1], None, 2,
                                      [0, 2], [0, 0], 2)
         self.assertEqual(ctypes.cast(r.dest_rank, ctypes.c_void_p).value, ctypes.addressof(ranks))
+        # one op's slot, filled in place call after call (no ctypes objects made per call)
+        slot = _capi.RoutingSlot(2)
+        for rows, send in ((3, [2, 1]), (5, [0, 5])):
+            r = slot.fill(rows, ctypes.cast(ranks, ctypes.POINTER(ctypes.c_int32)), None, None, 7, send, [1, 4])
+            self.assertIs(r, slot.r)
+            self.assertEqual((r.rows, r.tokens, r.on_device, bool(r.gate), [r.send_counts[i] for i in range(2)],
+                              [r.recv_counts[i] for i in range(2)]), (rows, 7, 0, False, send, [1, 4]))
+        self.assertEqual(slot.fill(0, None, None, None, 0, [0, 0], [0, 0], on_device=True).on_device, 1)
+        with self.assertRaisesRegex(InvalidArgument, "send_counts and recv_counts need 2 entries, not 1 and 2"):
+            slot.fill(1, None, None, None, 1, [1], [0, 1])
         # device arrays: their addresses as pointers, and on_device set
         at = lambda v: ctypes.cast(ctypes.c_void_p(v), ctypes.POINTER(ctypes.c_int32))  # noqa: E731
         r, keep = _capi.make_routing(2, at(0x7000), at(0x8000), ctypes.cast(ctypes.c_void_p(0x9000),
