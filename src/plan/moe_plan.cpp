@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <numeric>
 #include <sstream>
 
 #include "flashoverlap/error.h"
@@ -153,22 +152,6 @@ CostModel make_cost(const MoePlanRequest& req, std::shared_ptr<const CommModel> 
   return cost;
 }
 
-// search_dp, on runs of `step` waves when T exceeds kMaxSearchWaves (as make_plan).
-Partition search(const CostModel& fine) {
-  const int32_t T = fine.waves(), step = (T + kMaxSearchWaves - 1) / kMaxSearchWaves;
-  if (step == 1) return search_dp(fine).partition;
-  CostModel coarse;
-  coarse.comm_not_before_ms = fine.comm_not_before_ms;
-  for (int32_t w = 0; w < T; w += step)
-    coarse.wave_ms.push_back(
-        std::accumulate(fine.wave_ms.begin() + w, fine.wave_ms.begin() + std::min(w + step, T), 0.0));
-  coarse.comm_ms = [&fine, step, T](int32_t c0, int32_t c1) { return fine.comm_ms(c0 * step, std::min(c1 * step, T)); };
-  Partition p = search_dp(coarse).partition;
-  for (int32_t& size : p) size *= step;
-  p.back() -= int32_t(coarse.wave_ms.size()) * step - T;
-  return p;
-}
-
 void set_groups(MoePlan& p) {
   p.groups_of_rank.clear();
   for (const Schedule& s : p.sched_of_rank) p.groups_of_rank.push_back(make_clipped_groups(s, p.common));
@@ -219,7 +202,7 @@ MoePlan make_moe_plan(const MoePlanRequest& req) {
   // forced path, a benchmark's candidates); >= 1, never.
   if (T >= 1 && (req.partition || (W > 1 && T >= 2))) {
     const CostModel cost = make_cost(req, comm, overlap, per_tile_row, wave);
-    Partition p = req.partition ? *req.partition : search(cost);
+    Partition p = req.partition ? *req.partition : search_coarsened(cost, kMaxSearchWaves);
     Prediction pred = predict(cost, p);
     if (req.partition || (pred.total_ms <= plan.baseline_ms * (1 - req.min_gain) &&
                           (req.min_gain < 0 || pred.total_ms < plan.baseline_ms))) {

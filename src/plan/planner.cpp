@@ -110,21 +110,6 @@ CostModel make_cost(const PlanRequest& req, const CommModel& comm, const Schedul
   return cost;
 }
 
-// search_dp, on runs of `step` waves when T exceeds kMaxSearchWaves.
-Partition search(const CostModel& fine) {
-  const int32_t T = fine.waves(), step = (T + kMaxSearchWaves - 1) / kMaxSearchWaves;
-  if (step == 1) return search_dp(fine).partition;
-  CostModel coarse;
-  coarse.comm_not_before_ms = fine.comm_not_before_ms;
-  for (int32_t w = 0; w < T; w += step)
-    coarse.wave_ms.push_back(std::accumulate(fine.wave_ms.begin() + w, fine.wave_ms.begin() + std::min(w + step, T), 0.0));
-  coarse.comm_ms = [&fine, step, T](int32_t c0, int32_t c1) { return fine.comm_ms(c0 * step, std::min(c1 * step, T)); };
-  Partition p = search_dp(coarse).partition;
-  for (int32_t& size : p) size *= step;
-  p.back() -= int32_t(coarse.wave_ms.size()) * step - T;
-  return p;
-}
-
 Schedule schedule_for(const PlanRequest& req, TileShape tile, int32_t ctas, Raster raster, int32_t swizzle) {
   const int32_t tiles_m = int32_t((req.m + tile.bm - 1) / tile.bm);
   return make_schedule(req.m, req.n, tile, ctas, raster,
@@ -237,7 +222,7 @@ std::array<std::optional<Candidate>, 2> best_candidates(const PlanRequest& req, 
           }
           c.bytes = make_bytes_fn(req, c.schedule, layout);
           c.cost = make_cost(req, comm, c.schedule, reserve, layout, c.bytes);
-          c.partition = req.partition ? *req.partition : search(c.cost);
+          c.partition = req.partition ? *req.partition : search_coarsened(c.cost, kMaxSearchWaves);
           c.prediction = predict(c.cost, c.partition);
           auto& slot = best[size_t(layout)];
           if (!slot || c.prediction.total_ms < slot->prediction.total_ms) slot = std::move(c);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "flashoverlap/error.h"
 
@@ -64,6 +65,22 @@ SearchResult search_exhaustive(const CostModel& model) {
     if (better(t_m, p.size(), r.total_ms, r.partition.size())) r = {p, t_m};
   });
   return r;
+}
+
+Partition search_coarsened(const CostModel& fine, int32_t max_waves) {
+  if (max_waves < 1) throw InvalidArgument("search_coarsened: max_waves " + std::to_string(max_waves) + " < 1");
+  const int32_t T = fine.waves(), step = (T + max_waves - 1) / max_waves;
+  if (step <= 1) return search_dp(fine).partition;
+  CostModel coarse;
+  coarse.comm_not_before_ms = fine.comm_not_before_ms;
+  for (int32_t w = 0; w < T; w += step)
+    coarse.wave_ms.push_back(
+        std::accumulate(fine.wave_ms.begin() + w, fine.wave_ms.begin() + std::min(w + step, T), 0.0));
+  coarse.comm_ms = [&fine, step, T](int32_t c0, int32_t c1) { return fine.comm_ms(c0 * step, std::min(c1 * step, T)); };
+  Partition p = search_dp(coarse).partition;
+  for (int32_t& size : p) size *= step;
+  p.back() -= int32_t(coarse.wave_ms.size()) * step - T;
+  return p;
 }
 
 }  // namespace flashoverlap::plan

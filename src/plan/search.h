@@ -24,4 +24,9 @@ struct SearchResult {
 SearchResult search_dp(const CostModel& model);
 SearchResult search_exhaustive(const CostModel& model);  // throws InvalidArgument for T > 20
 
+// search_dp's partition, on runs of ceil(T / max_waves) waves where T
+// exceeds max_waves (the DP's O(T^2) bounded): every group but the last a
+// multiple of the run, the last what is left. What every planner searches.
+Partition search_coarsened(const CostModel& fine, int32_t max_waves);
+
 }  // namespace flashoverlap::plan

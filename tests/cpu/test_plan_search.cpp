@@ -113,3 +113,31 @@ TEST(PlanSearch, ExhaustiveRefusesLargeT) {
   EXPECT_EQ(fo::search_dp(m).partition.size() > 0, true);
   EXPECT_THROW(fo::search_dp(fo::CostModel{{}, m.comm_ms, 0}), flashoverlap::InvalidArgument);
 }
+
+// The coarsened search every planner calls: the DP itself up to max_waves;
+// above, groups of whole runs of ceil(T / max_waves) waves (the last what is
+// left) summing to T, and never worse than the coarse DP's own optimum on
+// the fine model (the coarse model prices exactly those partitions).
+TEST(PlanSearch, CoarsenedSearchIsTheDpOrWholeRuns) {
+  FO_SEEDED_RNG(rng);
+  for (int it = 0; it < 200; ++it) {
+    const int32_t T = int32_t(uniform(rng, 1, 60)), max_waves = int32_t(uniform(rng, 1, 20));
+    std::string what;
+    const fo::CostModel m = random_model(rng, T, what);
+    SCOPED_TRACE("case " + std::to_string(it) + ": T=" + std::to_string(T) + " max " + std::to_string(max_waves) +
+                 " " + what);
+    const fo::Partition p = fo::search_coarsened(m, max_waves);
+    EXPECT_EQ(std::accumulate(p.begin(), p.end(), 0), T) << fo::to_string(p);
+    if (T <= max_waves) {
+      EXPECT_EQ(p, fo::search_dp(m).partition);
+      continue;
+    }
+    const int32_t step = (T + max_waves - 1) / max_waves;
+    EXPECT_LE(int32_t(p.size()), max_waves) << fo::to_string(p);
+    for (size_t g = 0; g + 1 < p.size(); ++g) EXPECT_EQ(p[g] % step, 0) << fo::to_string(p);
+    // One group of everything is among the coarse partitions: the pick is no slower than it.
+    EXPECT_LE(fo::predict(m, p).total_ms, fo::predict(m, fo::Partition{T}).total_ms * (1 + 1e-12));
+  }
+  EXPECT_THROW(fo::search_coarsened(fo::CostModel{{0.1}, [](int32_t, int32_t) { return 0.0; }, 0}, 0),
+               flashoverlap::InvalidArgument);
+}
