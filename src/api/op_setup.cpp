@@ -82,9 +82,6 @@ std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int
 }
 
 const SequentialGemms::Sample& SequentialGemms::at(int64_t m) const {
-  std::vector<int64_t> ms;
-  ms.reserve(samples.size());
-  for (const Sample& x : samples) ms.push_back(x.m);
   return samples[plan::gemm_choice_sample_of(ms, m)];
 }
 
@@ -146,6 +143,7 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
     x.cublas = !(x.ours_ms < (1 - kOursMargin) * x.cublas_ms);
     out.samples.push_back(x);
   }
+  out.ms = ms;
   return out;
 }
 

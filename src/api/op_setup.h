@@ -55,6 +55,7 @@ struct SequentialGemms {
     bool cublas = true;
   };
   std::vector<Sample> samples;
+  std::vector<int64_t> ms;  // each sample's m, in order: at()'s lookup (calls look up m, so no copy per call)
 
   const Sample& at(int64_t m) const;
   bool cublas(int64_t m) const { return at(m).cublas; }
