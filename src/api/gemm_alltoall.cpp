@@ -81,18 +81,11 @@ struct GemmAllToAll::Impl {
   int64_t calls = 0;     // made on this rank (RecordHeader::call)
   bool out_of_step = false;  // an exchange found the ranks at different calls: every later call throws
 
-  // This rank's own checks ("" if none fail): what it can see alone.
+  // This rank's own checks ("" if none fail): what it can see alone. The
+  // sizes and pointers first (sizes_problem_of), then the routing's arrays
+  // on the host, then what the received rows need (received_problem_of).
   std::string problem_of(const AllToAllRouting& r, const CallArgs& c) const {
-    const bool combine = c.combine;
-    if (c.ld_out != 0 && c.ld_out < n)
-      return "ld_out = " + std::to_string(c.ld_out) + " is below n (0 means n)";
-    if (r.rows < 0 || r.rows > max_rows)
-      return "rows = " + std::to_string(r.rows) + " is outside [0, max_rows = " + std::to_string(max_rows) + "]";
-    if (r.tokens < 0 || r.tokens > max_tokens)
-      return "tokens = " + std::to_string(r.tokens) + " is outside [0, max_tokens = " + std::to_string(max_tokens) + "]";
-    if (!r.send_counts || !r.recv_counts) return "send_counts and recv_counts must not be null";
-    if (r.rows > 0 && (!r.dest_rank || !r.dest_token || (combine && !r.gate)))
-      return "dest_rank, dest_token and (to combine) gate must not be null with rows";
+    if (std::string p = sizes_problem_of(r, c); !p.empty()) return p;
     std::vector<int64_t> counted(size_t(world), 0);
     for (int64_t i = 0; i < r.rows; ++i) {
       if (r.dest_rank[i] < 0 || r.dest_rank[i] >= world)
@@ -108,13 +101,28 @@ struct GemmAllToAll::Impl {
       if (r.recv_counts[d] < 0) return "recv_counts[" + std::to_string(d) + "] is negative";
       received += r.recv_counts[d];
     }
+    return received_problem_of(r, c, received);
+  }
+  std::string sizes_problem_of(const AllToAllRouting& r, const CallArgs& c) const {
+    if (c.ld_out != 0 && c.ld_out < n)
+      return "ld_out = " + std::to_string(c.ld_out) + " is below n (0 means n)";
+    if (r.rows < 0 || r.rows > max_rows)
+      return "rows = " + std::to_string(r.rows) + " is outside [0, max_rows = " + std::to_string(max_rows) + "]";
+    if (r.tokens < 0 || r.tokens > max_tokens)
+      return "tokens = " + std::to_string(r.tokens) + " is outside [0, max_tokens = " + std::to_string(max_tokens) + "]";
+    if (!r.send_counts || !r.recv_counts) return "send_counts and recv_counts must not be null";
+    if (r.rows > 0 && (!r.dest_rank || !r.dest_token || (c.combine && !r.gate)))
+      return "dest_rank, dest_token and (to combine) gate must not be null with rows";
+    return "";
+  }
+  std::string received_problem_of(const AllToAllRouting& r, const CallArgs& c, int64_t received) const {
     if (received > max_tokens * topk)
       return std::to_string(received) + " rows to receive, more than max_tokens * topk = " +
              std::to_string(max_tokens * topk);
     if (r.rows > 0 && (!c.a || !c.b)) return "a and b must not be null with rows";
     if (r.rows > 0 && ((reinterpret_cast<uintptr_t>(c.a) | reinterpret_cast<uintptr_t>(c.b)) % 16 != 0))
       return "a and b must be 16-byte aligned";
-    if (!c.out && (combine ? r.tokens : received) > 0) return "null output";
+    if (!c.out && (c.combine ? r.tokens : received) > 0) return "null output";
     return "";
   }
 
@@ -241,14 +249,7 @@ struct GemmAllToAll::Impl {
   // What the host can check of a routing in device memory (its arrays
   // are the GPU's to check): "" or the problem.
   std::string device_problem_of(const AllToAllRouting& r, const CallArgs& c) const {
-    if (c.ld_out != 0 && c.ld_out < n) return "ld_out = " + std::to_string(c.ld_out) + " is below n (0 means n)";
-    if (r.rows < 0 || r.rows > max_rows)
-      return "rows = " + std::to_string(r.rows) + " is outside [0, max_rows = " + std::to_string(max_rows) + "]";
-    if (r.tokens < 0 || r.tokens > max_tokens)
-      return "tokens = " + std::to_string(r.tokens) + " is outside [0, max_tokens = " + std::to_string(max_tokens) + "]";
-    if (!r.send_counts || !r.recv_counts) return "send_counts and recv_counts must not be null";
-    if (r.rows > 0 && (!r.dest_rank || !r.dest_token || (c.combine && !r.gate)))
-      return "dest_rank, dest_token and (to combine) gate must not be null with rows";
+    if (std::string p = sizes_problem_of(r, c); !p.empty()) return p;
     if (r.send_counts[0] != r.rows)
       return "send_counts[0] = " + std::to_string(r.send_counts[0]) + " but " + std::to_string(r.rows) +
              " rows go to rank 0";
@@ -257,17 +258,9 @@ struct GemmAllToAll::Impl {
              std::to_string(r.rows) + " rows";
     if (r.rows > 0 && r.tokens == 0)
       return std::to_string(r.rows) + " rows come back to this rank, which has no tokens (tokens = 0)";
-    if (r.rows > max_tokens * topk)
-      return std::to_string(r.rows) + " rows to receive, more than max_tokens * topk = " +
-             std::to_string(max_tokens * topk);
-    if (r.rows > 0 && (!c.a || !c.b)) return "a and b must not be null with rows";
-    if (r.rows > 0 && ((reinterpret_cast<uintptr_t>(c.a) | reinterpret_cast<uintptr_t>(c.b)) % 16 != 0))
-      return "a and b must be 16-byte aligned";
-    if (!c.out && (c.combine ? r.tokens : r.rows) > 0) return "null output";
-    return "";
+    return received_problem_of(r, c, r.rows);  // (world 1: what it sends comes back)
   }
   void run_on_gpu(const AllToAllRouting& r, const CallArgs& c, cudaStream_t stream, int32_t* tokens_out) {
-    if (one_rank && one_rank->failed()) one_rank->check();  // (an earlier call's bad row, before anything else)
     if (const std::string p = device_problem_of(r, c); !p.empty())
       throw InvalidArgument(who() + ": the call of rank(s) 0 failed their checks: here " + p);
     if (!one_rank) {  // (made at the first such call: ops that never take one allocate nothing)
@@ -400,11 +393,11 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
   if (capture != cudaStreamCaptureStatusNone)
     throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call exchanges its routing "
                                     "and plans on the host)");
+  if (d.one_rank && d.one_rank->failed()) d.one_rank->check();  // (a GPU-checked call's bad row: reported first)
   if (routing.on_device && d.on_gpu_alone()) {
     d.run_on_gpu(routing, CallArgs{a, b, out, ld_out, combine}, stream, tokens_out);
     return;
   }
-  if (d.one_rank && d.one_rank->failed()) d.one_rank->check();  // (a GPU-checked call's bad row: reported first)
   const AllToAllRouting host = routing.on_device ? d.to_host(routing, stream) : routing;
   d.run_planned(a, b, host, out, stream, combine, ld_out, tokens_out);
 }
