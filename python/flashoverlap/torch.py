@@ -1105,14 +1105,8 @@ def _device_int32(t):
     return t.contiguous()
 
 
-def _device_ptr(ctype, t):
-    """A ctypes pointer holding a device tensor's address (NULL for an empty one)."""
-    import ctypes
-    return ctypes.cast(ctypes.c_void_p(t.data_ptr() if t.numel() else 0), ctypes.POINTER(ctype))
-
-
-def _host_ptr(ctype, t):
-    """A ctypes pointer to a CPU tensor's data (NULL for an empty one)."""
+def _data_ptr(ctype, t):
+    """A ctypes pointer holding a tensor's data address, host or device (NULL for an empty one)."""
     import ctypes
     return ctypes.cast(ctypes.c_void_p(t.data_ptr() if t.numel() else 0), ctypes.POINTER(ctype))
 
@@ -1244,22 +1238,18 @@ class GemmAllToAll(_OpBase):
         self._on_device(self._refuse_capture)  # (before the copies to the host, which a capture forbids too)
         rows = x.shape[0]
         send, recv = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-        on_gpu = all(t is None or t.device == self.device for t in (dest_rank, dest_token, gate))
-        if self.device.type == "cuda" and on_gpu:
-            # On the op's GPU: passed there (at world 1 the call then never waits for the host).
+        on_gpu = self.device.type == "cuda" and all(t is None or t.device == self.device
+                                                    for t in (dest_rank, dest_token, gate))
+        if on_gpu:  # passed where they are (at world 1 the call then never waits for the host)
             ranks, toks = _device_int32(dest_rank), _device_int32(dest_token)
             gates = None if gate is None else gate.detach().to(torch.float32).contiguous()
-            routing, keep = self._routing.fill(rows, _device_ptr(ctypes.c_int32, ranks),
-                                               _device_ptr(ctypes.c_int32, toks),
-                                               None if gates is None else _device_ptr(ctypes.c_float, gates), tokens,
-                                               send, recv, on_device=True), None
         else:
             ranks, toks, gates = _to_host(dest_rank, dest_token, gate)
             ranks, toks = _host_int32(self, "dest_rank", ranks), _host_int32(self, "dest_token", toks)
             gates = None if gates is None else gates.to(torch.float32).contiguous()
-            routing, keep = _capi.make_routing(rows, _host_ptr(ctypes.c_int32, ranks), _host_ptr(ctypes.c_int32, toks),
-                                               None if gates is None else _host_ptr(ctypes.c_float, gates), tokens,
-                                               send, recv, self.world)
+        routing = self._routing.fill(rows, _data_ptr(ctypes.c_int32, ranks), _data_ptr(ctypes.c_int32, toks),
+                                     None if gates is None else _data_ptr(ctypes.c_float, gates), tokens, send, recv,
+                                     on_device=on_gpu)
         # (a negative size is the library's refusal, on every rank: allocate nothing for it)
         out_rows = max(int(tokens), 0) if combine else max(sum(recv), 0)
         out = torch.empty((out_rows, self.n), dtype=self.dtype, device=self.device)
@@ -1270,7 +1260,7 @@ class GemmAllToAll(_OpBase):
             tokens_out.data_ptr() if tokens_out is not None and out_rows else None, stream))
         # (no longer needed: a host routing was read by the call; a device one is read in the current stream,
         # whose order torch's allocator keeps before reusing the memory)
-        del keep, ranks, toks, gates
+        del ranks, toks, gates
         return out, tokens_out
 
     def _refuse_capture(self):

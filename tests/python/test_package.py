@@ -1218,6 +1218,7 @@ class TorchValidation(unittest.TestCase):
         op = object.__new__(self.fot.GemmAllToAll)
         op.max_rows, op.max_tokens, op.topk, op.n, op.k = 64, 32, 2, 32, 16
         op.dtype, op.device, op.world, op.rank, op.handle = t.float16, t.device("cpu"), world, 0, 4322
+        op._routing = self.fot._capi.RoutingSlot(world)  # (as __init__ makes it)
         return op
 
     def test_alltoall_call_checks_before_any_work(self):
