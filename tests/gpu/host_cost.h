@@ -4,10 +4,13 @@
 // rounds, the alternatives in turns (each first in every other round).
 #pragma once
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda_check.h"
@@ -39,6 +42,20 @@ inline std::vector<double> host_us_per_call(const std::vector<std::function<void
     median.push_back(v[v.size() / 2]);
   }
   return median;
+}
+
+// For each m: the op's call (ours(m)) costs the host at most 3 us more than
+// what a C++ user runs instead (theirs(m)); both printed with the op's plan.
+inline void expect_host_cost_within_3us(const char* theirs_name, const char* ours_name, std::vector<int64_t> ms,
+                                        const std::function<void(int64_t)>& theirs,
+                                        const std::function<void(int64_t)>& ours,
+                                        const std::function<std::string(int64_t)>& plan, cudaStream_t stream) {
+  for (int64_t m : ms) {
+    const std::vector<double> us = host_us_per_call({[&] { theirs(m); }, [&] { ours(m); }}, stream);
+    std::fprintf(stderr, "host per call, m %lld: %s %.2f us, %s %.2f us (%s)\n", (long long)m, theirs_name, us[0],
+                 ours_name, us[1], plan(m).c_str());
+    EXPECT_LE(us[1], us[0] + 3.0) << "m " << m << ": " << plan(m);
+  }
 }
 
 }  // namespace flashoverlap::test

@@ -313,15 +313,12 @@ TEST(GemmAllReduceApi, SequentialCallHostCost) {
     GemmAllReduce op(comm, max_m, n, k, DType::BF16);
     DeviceBuffer a(size_t(max_m) * k * 2), b(size_t(n) * k * 2), c(size_t(max_m) * n * 2), out(size_t(max_m) * n * 2);
     rt::CublasGemm gemm_ex(rt::CublasGemm::Api::GemmEx);
-    for (int64_t m : {1, 32, 512}) {
-      const std::vector<double> us = test::host_us_per_call(
-          {[&] { rt::sequential_cublas_allreduce(gemm_ex, kBf16, a.get(), b.get(), c.get(), int(m), int(n), int(k), nccl, st); },
-           [&] { op.run(a.get(), b.get(), out.get(), m, st); }},
-          st);
-      std::fprintf(stderr, "host per call, m %lld (%lldx%lld): cublasGemmEx + ncclAllReduce %.2f us, GemmAllReduce %.2f us (%s)\n",
-                   (long long)m, (long long)n, (long long)k, us[0], us[1], op.plan(m).c_str());
-      EXPECT_LE(us[1], us[0] + 3.0) << "m " << m << ": " << op.plan(m);
-    }
+    test::expect_host_cost_within_3us(
+        "cublasGemmEx + ncclAllReduce", "GemmAllReduce", {1, 32, 512},
+        [&](int64_t m) {
+          rt::sequential_cublas_allreduce(gemm_ex, kBf16, a.get(), b.get(), c.get(), int(m), int(n), int(k), nccl, st);
+        },
+        [&](int64_t m) { op.run(a.get(), b.get(), out.get(), m, st); }, [&](int64_t m) { return op.plan(m); }, st);
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }
