@@ -660,18 +660,26 @@ class RoutingSlot:
         self.r.struct_size = ctypes.sizeof(self.r)
         self.r.send_counts = ctypes.cast(self.send, POINTER(c_int64))
         self.r.recv_counts = ctypes.cast(self.recv, POINTER(c_int64))
+        # (dest_rank, dest_token and gate as three void*: an address is stored without a ctypes cast)
+        self._arrays = (c_void_p * 3).from_buffer(self.r, Routing.dest_rank.offset)
 
     def fill(self, rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, on_device=False):
+        """dest_rank, dest_token, gate: ctypes pointers, addresses (ints) or None (NULL)."""
         if len(send_counts) != self.world or len(recv_counts) != self.world:
             raise InvalidArgument(f"send_counts and recv_counts need {self.world} entries, not {len(send_counts)} and "
                                   f"{len(recv_counts)}")
-        r = self.r
+        r, a = self.r, self._arrays
         r.rows, r.tokens = int(rows), int(tokens)
-        r.dest_rank, r.dest_token, r.gate = dest_rank, dest_token, gate
+        a[0], a[1], a[2] = _address(dest_rank), _address(dest_token), _address(gate)
         self.send[:self.world] = send_counts
         self.recv[:self.world] = recv_counts
         r.on_device = 1 if on_device else 0
         return r
+
+
+def _address(p):
+    """A ctypes pointer's address, or p itself (an int or None)."""
+    return p if p is None or type(p) is int else ctypes.cast(p, c_void_p).value
 
 
 def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, world, on_device=False):

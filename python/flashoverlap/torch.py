@@ -53,6 +53,7 @@ All-to-All's rows and tokens differ between ranks: its routing is what the
 ranks agree on).
 """
 
+import ctypes
 import itertools
 import os
 import re
@@ -559,6 +560,14 @@ class _OpBase:
         self._op.close()
 
 
+# An eager call's output up to this size is allocated after the call is
+# enqueued, for the next call of the same rows on the same stream: its
+# allocation is then off the next call's way to the GPU (torch.empty costs a
+# few microseconds, which a synced decode-sized call waits for). An op holds
+# at most one such tensor.
+_AHEAD_BYTES = 8 << 20
+
+
 class _Op(_OpBase):
     """What the ops whose calls take m rows share (GemmAllReduce,
     GemmReduceScatter): each call's enqueueing (the op's device, torch's
@@ -570,6 +579,8 @@ class _Op(_OpBase):
         self._weight_shape = (self.n, self.k)
         # (bound once: the eager call's C entry point and the handle)
         self._c_run, self._c_handle = self._op._c("run"), self._op.handle
+        self._ahead = None  # (rows, stream, tensor): the next call's output, allocated ahead
+        self._ahead_rows = _AHEAD_BYTES // (self.n * (_torch.finfo(self.dtype).bits // 8))
         super()._publish()
 
     def _enqueue(self, m, call, planned=None, unplanned=None):
@@ -598,7 +609,27 @@ class _Op(_OpBase):
 
     def close(self):
         self._c_handle = None  # (the eager calls' bound handle: no call may reach the freed op)
+        self._ahead = None
         super().close()
+
+    def _steady_call(self, x, weight, m, rows):
+        """An eager call in the steady state (m planned, the op's device
+        current, no capture): enqueued, its (rows, n) output returned; None
+        where the state is not steady (the caller then takes the general way)."""
+        torch = _torch
+        if m not in self._planned or torch._C._cuda_getDevice() != self._index or \
+                torch.cuda.is_current_stream_capturing():
+            return None
+        stream = _raw_stream(torch, self._index)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == rows and ahead[1] == stream:
+            out = ahead[2]
+        else:
+            out = torch.empty((rows, self.n), dtype=self.dtype, device=self.device)
+        self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
+        if rows <= self._ahead_rows:  # (allocated on this stream, for a call on it: as torch.empty then would be)
+            self._ahead = (rows, stream, torch.empty((rows, self.n), dtype=self.dtype, device=self.device))
+        return out
 
     def _open(self):
         """FlashOverlapError (as the custom ops raise it) once the op is closed."""
@@ -717,6 +748,10 @@ class GemmAllReduce(_Op):
         if not self._plain(x, weight):
             check_inputs(self, x, weight)
         m = x.shape[0]
+        if m:
+            out = self._steady_call(x, weight, m, m)
+            if out is not None:
+                return out
         out = _torch.empty((m, self.n), dtype=self.dtype, device=self.device)
         if m:
             self._enqueue(m, lambda s: self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m,
@@ -942,7 +977,12 @@ class GemmReduceScatter(_Op):
         if not (self._plain(x, weight) and (self.layout != "standard" or x.shape[0] % self.world == 0)):
             check_rs_inputs(self, x, weight)
         m = x.shape[0]
-        out, out_ptr, spare = self._empty_rows(self._rows_checked(m))
+        rows = self._rows_checked(m)
+        if rows:
+            out = self._steady_call(x, weight, m, rows)
+            if out is not None:
+                return out
+        out, out_ptr, spare = self._empty_rows(rows)
         if m:
             self._enqueue(m, lambda s: self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out_ptr, m, s, 0))
         del spare  # (after the call is enqueued: torch's allocator orders its reuse after it on this stream)
@@ -1004,6 +1044,8 @@ def _counts(torch, op, name, v):
     """send_counts / recv_counts as a list of op.world ints: from a list or
     tuple of ints (torch SymInts too), or from an integer tensor of world
     entries on any device (tolist(): a device tensor syncs)."""
+    if type(v) is list and len(v) == op.world and all(type(c) is int for c in v):  # (the common case, told fast)
+        return v
     if torch.is_tensor(v):
         if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool or v.dim() != 1:
             raise InvalidArgument(f"{op}: {name} must be a 1-D integer tensor or a list of ints, not a tensor of "
@@ -1105,10 +1147,9 @@ def _device_int32(t):
     return t.contiguous()
 
 
-def _data_ptr(ctype, t):
-    """A ctypes pointer holding a tensor's data address, host or device (NULL for an empty one)."""
-    import ctypes
-    return ctypes.cast(ctypes.c_void_p(t.data_ptr() if t.numel() else 0), ctypes.POINTER(ctype))
+def _address_of(t):
+    """A tensor's data address, host or device (None: NULL, for an empty one or None)."""
+    return t.data_ptr() if t is not None and t.numel() else None
 
 
 class GemmAllToAll(_OpBase):
@@ -1166,6 +1207,10 @@ class GemmAllToAll(_OpBase):
                                           nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s,
                                           exchange_timeout_s=exchange_timeout_s)
         self._routing = _capi.RoutingSlot(self.world)  # (each call's routing struct, filled in place)
+        # (bound once for the eager calls: the C entry point, the handle, the routing's pointer)
+        self._index, self._weight_shape = self.device.index, (n, k)
+        self._c_run, self._c_handle = self._op._c("run"), self._op.handle
+        self._routing_ptr = ctypes.pointer(self._routing.r)
         self._publish()
 
     def __repr__(self):
@@ -1218,6 +1263,10 @@ class GemmAllToAll(_OpBase):
             raise InvalidArgument(f"{self}: gate_weight is required to combine (combine=False returns the rows "
                                   "unweighted)")
         if _eager(torch, *(t for t in (x, weight, dest_rank, dest_token, gate_weight) if t is not None)):
+            if self._c_handle is None:
+                _op_of(self.handle, GemmAllToAll)  # (closed: the custom op's message)
+            if combine and self._plain(x, weight, dest_rank, dest_token, gate_weight):
+                return self._run_plain(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens)
             out, tokens_out = self._run(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens, combine)
             return out if combine else (out, tokens_out)
         if combine:
@@ -1230,9 +1279,46 @@ class GemmAllToAll(_OpBase):
         """The last call's plan, as text ("no call yet" before one)."""
         return self._op.last_plan()
 
+    def close(self):
+        self._c_handle = None  # (the eager calls' bound handle: no call may reach the freed op)
+        super().close()
+
+    def _plain(self, x, weight, dest_rank, dest_token, gate):
+        """Whether a combining call's tensors are what the op reads as they
+        are: x and weight contiguous of its dtype, dest_rank and dest_token
+        contiguous int32 and gate contiguous float32 of x's rows, all on the
+        op's GPU (anything else takes _run, which checks and converts)."""
+        i, dt, i32 = self._index, self.dtype, _torch.int32
+        if i is None or gate is None:
+            return False
+        rows = x.shape[0] if x.dim() == 2 else -1
+        return (rows >= 0 and x.dtype is dt and weight.dtype is dt and x.shape[1] == self.k and weight.shape == self._weight_shape
+                and dest_rank.dtype is i32 and dest_token.dtype is i32 and gate.dtype is _torch.float32
+                and dest_rank.dim() == 1 and dest_rank.shape[0] == rows and dest_token.dim() == 1
+                and dest_token.shape[0] == rows and gate.dim() == 1 and gate.shape[0] == rows
+                and x.get_device() == i and weight.get_device() == i and dest_rank.get_device() == i
+                and dest_token.get_device() == i and gate.get_device() == i and x.is_contiguous()
+                and weight.is_contiguous() and dest_rank.is_contiguous() and dest_token.is_contiguous()
+                and gate.is_contiguous())
+
+    def _run_plain(self, x, weight, dest_rank, dest_token, gate, send, recv, tokens):
+        """_run for plain tensors (_plain): the routing read where it is, on the
+        GPU, and the C call made with nothing converted."""
+        torch = _torch
+        if torch._C._cuda_getDevice() != self._index:
+            with torch.cuda.device(self.device):
+                return self._run_plain(x, weight, dest_rank, dest_token, gate, send, recv, tokens)
+        self._refuse_capture()
+        rows = x.shape[0]
+        self._routing.fill(rows, dest_rank.data_ptr() if rows else None, dest_token.data_ptr() if rows else None,
+                           gate.data_ptr() if rows else None, tokens, send, recv, on_device=True)
+        out = torch.empty((max(int(tokens), 0), self.n), dtype=self.dtype, device=self.device)
+        self._c_run(self._c_handle, x.data_ptr() if rows else None, weight.data_ptr(), self._routing_ptr,
+                    out.data_ptr() if tokens > 0 else None, 0, 1, None, _raw_stream(torch, self._index))
+        return out
+
     # (the custom ops' real implementation)
     def _run(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine):
-        import ctypes
         torch = _tm()
         check_a2a_inputs(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine)
         self._on_device(self._refuse_capture)  # (before the copies to the host, which a capture forbids too)
@@ -1247,9 +1333,8 @@ class GemmAllToAll(_OpBase):
             ranks, toks, gates = _to_host(dest_rank, dest_token, gate)
             ranks, toks = _host_int32(self, "dest_rank", ranks), _host_int32(self, "dest_token", toks)
             gates = None if gates is None else gates.to(torch.float32).contiguous()
-        routing = self._routing.fill(rows, _data_ptr(ctypes.c_int32, ranks), _data_ptr(ctypes.c_int32, toks),
-                                     None if gates is None else _data_ptr(ctypes.c_float, gates), tokens, send, recv,
-                                     on_device=on_gpu)
+        routing = self._routing.fill(rows, _address_of(ranks), _address_of(toks), _address_of(gates), tokens, send,
+                                     recv, on_device=on_gpu)
         # (a negative size is the library's refusal, on every rank: allocate nothing for it)
         out_rows = max(int(tokens), 0) if combine else max(sum(recv), 0)
         out = torch.empty((out_rows, self.n), dtype=self.dtype, device=self.device)
