@@ -244,6 +244,35 @@ class Correctness(Case):
                     print(f"[test_gpu] {path}, m={m}: {op.plan(m)}", flush=True)
                 self.ok(same, f"path {path}, m={m}: not bitwise the sequential path's")
 
+    def test_outputs_kept_across_calls_are_each_their_own(self):
+        # A small output is allocated ahead, after the call before: every
+        # call's output must still be a tensor of its own, holding its own
+        # result while later calls run, on another stream or at another m too.
+        for make, ref, rows_of in ((self.make, reference, lambda m: m),
+                                   (self.make_rs, rs_reference, lambda m: m // WORLD)):
+            op = make(max_m=256, n=512, k=256)
+            w = rand(512, 256, dtype=torch.bfloat16, seed=7)
+            side = torch.cuda.Stream()
+            kept = []
+            for i, (m, on_side) in enumerate([(64, False)] * 4 + [(64, True), (64, False), (128, False), (64, False)]):
+                m = max(WORLD, m - m % WORLD)
+                x = rand(m, 256, dtype=torch.bfloat16, seed=500 + i)
+                if on_side:
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        y = op(x, w)
+                    torch.cuda.current_stream().wait_stream(side)
+                else:
+                    y = op(x, w)
+                self.assertEqual(tuple(y.shape), (rows_of(m), 512))
+                kept.append((x, y))
+            ptrs = [y.data_ptr() for _, y in kept]
+            self.assertEqual(len(set(ptrs)), len(ptrs), f"{op}: outputs share memory")
+            for i, (x, y) in enumerate(kept):
+                good, worst = within(y, ref(x, w), gemm_bound(x, w, torch.bfloat16))
+                self.ok(good, f"{op}: call {i}'s output, read after the later calls: |diff| up to {worst}")
+            op.close()
+
     def test_1000_calls_in_a_row_with_random_m(self):
         op = self.make(max_m=1024, n=1024, k=512)
         w = rand(1024, 512, dtype=torch.bfloat16, seed=4)
