@@ -30,9 +30,10 @@ serves a process).
 The ops are torch.library custom ops (flashoverlap::gemm_all_reduce,
 flashoverlap::gemm_all_reduce_rmsnorm, flashoverlap::gemm_reduce_scatter,
 flashoverlap::gemm_reduce_scatter_rmsnorm,
-flashoverlap::gemm_reduce_scatter_all_gather_rows) taking the op object as an
-integer handle, with fake implementations: torch.compile keeps them whole (one node
-each) and traces through without running them. They run on torch's current
+flashoverlap::gemm_reduce_scatter_all_gather_rows; _custom_ops.py) taking the
+op object as an integer handle, with fake implementations: torch.compile keeps
+them whole (one node each) and traces through without running them. An eager
+call skips torch's dispatcher and calls the library directly. They run on torch's current
 stream of the op's device, and may be captured into CUDA graphs for an m the
 op has planned (an eager call with that m, or op.prepare(m), first: planning
 allocates); an unplanned m under capture is refused with a message. (The
@@ -43,8 +44,9 @@ forward-only (no autograd formula is registered).
 GemmAllToAll's calls are custom ops too (flashoverlap::gemm_all_to_all,
 flashoverlap::gemm_all_to_all_rows): the counts are int lists, so that the
 fake implementations know the outputs' rows ((tokens, n); (sum(recv_counts),
-n) and their tokens). Each call synchronises the host (the routing goes to
-the host and the ranks exchange it), so they are not for CUDA graphs.
+n) and their tokens). At world > 1 each call synchronises the host (the
+ranks exchange their routings there); at world 1 a routing on the op's GPU
+is read there and nothing waits. They are not for CUDA graphs.
 
 Collective: building an op (and, the first time per group, its communicator)
 is collective over the group, and so is every call: every rank makes the
@@ -60,7 +62,11 @@ import re
 import threading
 import weakref
 
-from . import FlashOverlapError, InvalidArgument, NoGpu, _capi, load
+from . import FlashOverlapError, InvalidArgument, _capi, load
+from ._checks import (INT32_MAX, RS_TILE_ROWS, _check_dtype, _check_shape, _check_tensor,  # noqa: F401
+                      _counts, _describe, _flatten, _host_int32, _is_int, _require_gpu, _resolve_device,
+                      _resolve_group, _tm, check_a2a_inputs, check_gather_inputs, check_inputs, check_rs_inputs,
+                      rs_rows, rs_rows_out)
 
 __all__ = ["GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "gemm_all_reduce", "gemm_reduce_scatter",
            "gemm_all_to_all", "clear_cache", "require_torch", "MIN_TORCH"]
@@ -107,111 +113,14 @@ def _v(t):
 
 
 def _register_ops(torch):
-    """Defines the custom ops (once). Their real implementations look the op
-    up by handle and validate the tensors; the fake ones only say the output's
-    shape (validating what needs no data), so that tracing runs nothing."""
+    """Defines the custom ops (once: _custom_ops) and the functionals' op
+    lookups."""
     global _registered, _lookup, _rs_lookup, _a2a_lookup
     with _lock:
         if _registered:
             return
-
-        @torch.library.custom_op("flashoverlap::gemm_all_reduce", mutates_args=(),
-                                 schema="(Tensor x, Tensor weight, int handle) -> Tensor")
-        def _gemm_all_reduce(x, weight, handle):
-            return _op_of(handle, GemmAllReduce)._run(x, weight)
-
-        @_gemm_all_reduce.register_fake
-        def _(x, weight, handle):
-            op = _ops.get(handle) if isinstance(handle, int) else None
-            if isinstance(op, GemmAllReduce):
-                check_inputs(op, x, weight, bound_m=False)
-            return x.new_empty((x.shape[0], weight.shape[0]))
-
-        @torch.library.custom_op(
-            "flashoverlap::gemm_all_reduce_rmsnorm", mutates_args=(),
-            schema="(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, int handle) -> (Tensor, Tensor)")
-        def _gemm_all_reduce_rmsnorm(x, weight, residual, norm_weight, eps, handle):
-            return _op_of(handle, GemmAllReduce)._run_rmsnorm(x, weight, residual, norm_weight, eps)
-
-        @_gemm_all_reduce_rmsnorm.register_fake
-        def _(x, weight, residual, norm_weight, eps, handle):
-            op = _ops.get(handle) if isinstance(handle, int) else None
-            if isinstance(op, GemmAllReduce):
-                check_inputs(op, x, weight, residual, norm_weight, bound_m=False)
-            return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
-
-        # ReduceScatter: the output's rows depend on the op (its world, rank
-        # and layout), so the fake implementations need it; rs_rows_out says
-        # them for a symbolic m too (torch.compile's dynamic shapes).
-        @torch.library.custom_op("flashoverlap::gemm_reduce_scatter", mutates_args=(),
-                                 schema="(Tensor x, Tensor weight, int handle) -> Tensor")
-        def _gemm_reduce_scatter(x, weight, handle):
-            return _op_of(handle, GemmReduceScatter)._run(x, weight)
-
-        @_gemm_reduce_scatter.register_fake
-        def _(x, weight, handle):
-            op = _op_of(handle, GemmReduceScatter)
-            check_rs_inputs(op, x, weight, bound_m=False)
-            return x.new_empty((rs_rows_out(x.shape[0], op.world, op.rank, op.layout), weight.shape[0]))
-
-        @torch.library.custom_op(
-            "flashoverlap::gemm_reduce_scatter_rmsnorm", mutates_args=(),
-            schema="(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, int handle) -> (Tensor, Tensor)")
-        def _gemm_reduce_scatter_rmsnorm(x, weight, residual, norm_weight, eps, handle):
-            return _op_of(handle, GemmReduceScatter)._run_rmsnorm(x, weight, residual, norm_weight, eps)
-
-        @_gemm_reduce_scatter_rmsnorm.register_fake
-        def _(x, weight, residual, norm_weight, eps, handle):
-            op = _op_of(handle, GemmReduceScatter)
-            check_rs_inputs(op, x, weight, residual, norm_weight, bound_m=False)
-            return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
-
-        # The AllGather that closes the chain: m is an argument (SymInt: the
-        # standard layout's default, rows * world, is symbolic under dynamic
-        # shapes), the output (m, n).
-        @torch.library.custom_op("flashoverlap::gemm_reduce_scatter_all_gather_rows", mutates_args=(),
-                                 schema="(Tensor y, SymInt m, int handle) -> Tensor")
-        def _gemm_reduce_scatter_all_gather_rows(y, m, handle):
-            return _op_of(handle, GemmReduceScatter)._all_gather_rows(y, m)
-
-        @_gemm_reduce_scatter_all_gather_rows.register_fake
-        def _(y, m, handle):
-            op = _op_of(handle, GemmReduceScatter)
-            check_gather_inputs(op, y, m, bound_m=False)
-            return y.new_empty((m, op.n))
-
-        # The MoE combine: the counts are int lists (SymInt[]), so that the
-        # output's rows are known without the data: (tokens, n) combined,
-        # (sum(recv_counts), n) and the tokens of the rows not.
-        @torch.library.custom_op(
-            "flashoverlap::gemm_all_to_all", mutates_args=(),
-            schema="(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor gate, SymInt[] send_counts, "
-                   "SymInt[] recv_counts, SymInt tokens, int handle) -> Tensor")
-        def _gemm_all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
-            return _op_of(handle, GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts,
-                                                     tokens, True)[0]
-
-        @_gemm_all_to_all.register_fake
-        def _(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
-            op = _op_of(handle, GemmAllToAll)
-            check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, True)
-            return x.new_empty((tokens, op.n))
-
-        @torch.library.custom_op(
-            "flashoverlap::gemm_all_to_all_rows", mutates_args=(),
-            schema="(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor? gate, "
-                   "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle) -> (Tensor, Tensor)")
-        def _gemm_all_to_all_rows(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
-            return _op_of(handle, GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts,
-                                                     tokens, False)
-
-        @_gemm_all_to_all_rows.register_fake
-        def _(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
-            op = _op_of(handle, GemmAllToAll)
-            check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, False)
-            received = sum(recv_counts)
-            return x.new_empty((received, op.n)), x.new_empty((received,), dtype=torch.int32)
-
+        from . import _custom_ops
+        _custom_ops.register(torch)
         # The functionals' op lookups build ops (collective, ctypes): run them
         # eagerly under torch.compile (a graph break), then trace the op call.
         _lookup = torch.compiler.disable(_cached_op)
@@ -252,196 +161,6 @@ def _op_of(handle, cls):
     if not isinstance(op, cls):
         raise FlashOverlapError(f"flashoverlap: handle {handle} is a {type(op).__name__}, not a {cls.__name__}")
     return op
-
-
-# ---- validation: messages that name the argument, what it is and what the op wants ----
-
-def _describe(t):
-    return f"shape {tuple(t.shape)}, strides {tuple(t.stride())}"
-
-
-def _check_tensor(op, name, t, shape, rows_contiguous=False):
-    """t: a tensor of op's dtype and device, row-major contiguous (or, with
-    rows_contiguous, 2-D with each row contiguous and rows a stride of at
-    least their length apart), of `shape` (None: that dimension is free)."""
-    if not hasattr(t, "data_ptr") or not hasattr(t, "dtype"):
-        raise InvalidArgument(f"{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
-    if t.dtype != op.dtype:
-        raise InvalidArgument(f"{op}: {name} has dtype {t.dtype}, expected {op.dtype}")
-    if t.device != op.device:
-        raise InvalidArgument(f"{op}: {name} is on {t.device}, expected {op.device}")
-    if t.dim() != len(shape):
-        raise InvalidArgument(f"{op}: {name} has {t.dim()} dimensions ({_describe(t)}), expected {len(shape)}")
-    for got, want in zip(t.shape, shape):
-        if want is not None and got != want:
-            want_s = "(" + ", ".join("m" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
-            raise InvalidArgument(f"{op}: {name} has shape {tuple(t.shape)}, expected {want_s}")
-    if rows_contiguous and t.dim() == 2 and t.stride(1) == 1 and t.stride(0) >= t.shape[1]:
-        return
-    if not t.is_contiguous():
-        raise InvalidArgument(f"{op}: {name} is not contiguous ({_describe(t)}): the op reads row-major rows; "
-                              f"pass {name}.contiguous()")
-
-
-def check_inputs(op, x, weight, residual=None, norm_weight=None, bound_m=True):
-    """InvalidArgument unless x (m x k), weight (n x k) and, for the RMSNorm
-    form, residual (m x n) and norm_weight (n) fit op (anything with max_m,
-    n, k, dtype and device): dtype, device, shape, contiguity, m <= max_m."""
-    _check_tensor(op, "x", x, (None, op.k))
-    _check_tensor(op, "weight", weight, (op.n, op.k))
-    m = x.shape[0]
-    if bound_m and m > op.max_m:
-        raise InvalidArgument(f"{op}: x has m = {m} rows, more than the op's max_m = {op.max_m} "
-                              "(build the op with a larger max_m)")
-    if residual is not None or norm_weight is not None:
-        if residual is None or norm_weight is None:
-            raise InvalidArgument(f"{op}: residual and norm_weight come together (the fused residual + RMSNorm form)")
-        _check_tensor(op, "residual", residual, (m, op.n))
-        _check_tensor(op, "norm_weight", norm_weight, (op.n,))
-
-
-# ---- ReduceScatter's rows ----
-
-RS_TILE_ROWS = 128  # the sub-tile layout's tile rows (every tile shape's height)
-
-
-def _clamp(v, lo, hi):
-    """min(max(v, lo), hi), for a torch SymInt too (without a guard on it)."""
-    if isinstance(v, int):
-        return min(max(v, lo), hi)
-    return _torch.sym_min(_torch.sym_max(v, lo), hi)
-
-
-def rs_rows_out(m, world, rank, layout):
-    """How many rows of the sum rank `rank` of `world` holds for m (as
-    GemmReduceScatter::rows_out; m may be a torch SymInt): standard, m /
-    world; sub-tile, 128 / world of every 128-row tile row (fewer in the last,
-    partial one)."""
-    if layout == "standard":
-        return m // world
-    h = RS_TILE_ROWS // world
-    return (m // RS_TILE_ROWS) * h + _clamp(m % RS_TILE_ROWS - rank * h, 0, h)
-
-
-def rs_rows(m, world, rank, layout):
-    """Which rows of the sum rank `rank` holds for m, in order (a list; as
-    GemmReduceScatter::rows)."""
-    if layout == "standard":
-        return list(range(rank * (m // world), (rank + 1) * (m // world)))
-    h = RS_TILE_ROWS // world
-    return [t + rank * h + i for t in range(0, m, RS_TILE_ROWS) for i in range(h) if t + rank * h + i < m]
-
-
-def check_rs_inputs(op, x, weight, residual=None, norm_weight=None, bound_m=True):
-    """check_inputs for a GemmReduceScatter (anything with max_m, n, k, dtype,
-    device, world, rank and layout): x (m x k), weight (n x k), m <= max_m, m
-    a multiple of the world size for the standard layout, and, for the
-    RMSNorm form, residual (rows_out(m) x n: this rank's rows) and
-    norm_weight (n)."""
-    _check_tensor(op, "x", x, (None, op.k))
-    _check_tensor(op, "weight", weight, (op.n, op.k))
-    m = x.shape[0]
-    if bound_m and m > op.max_m:
-        raise InvalidArgument(f"{op}: x has m = {m} rows, more than the op's max_m = {op.max_m} "
-                              "(build the op with a larger max_m)")
-    if op.layout == "standard" and isinstance(m, int) and m % op.world:
-        raise InvalidArgument(f"{op}: x has m = {m} rows, not a multiple of the world size {op.world} (the "
-                              "standard layout gives every rank m / world rows: pad x, or use layout='subtile')")
-    if residual is not None or norm_weight is not None:
-        if residual is None or norm_weight is None:
-            raise InvalidArgument(f"{op}: residual and norm_weight come together (the fused residual + RMSNorm form)")
-        _check_tensor(op, "residual", residual, (rs_rows_out(m, op.world, op.rank, op.layout), op.n))
-        _check_tensor(op, "norm_weight", norm_weight, (op.n,))
-
-
-def check_gather_inputs(op, y, m, bound_m=True):
-    """InvalidArgument unless y fits an all_gather_rows of m rows on op (a
-    GemmReduceScatter, or anything with its attributes): y this rank's rows,
-    rows_out(m) x n (what the op's call gives for m rows, or a row-wise step's
-    output of it), of the op's dtype and device, row-major contiguous; 0 <= m
-    <= max_m, a multiple of the world size for the standard layout; n % 8 ==
-    0 for the sub-tile layout (its row exchange moves 16-byte pieces). m may
-    be a torch SymInt (the fake implementation): what would guard on its
-    value is checked for ints only."""
-    _check_tensor(op, "y", y, (None, None))
-    if isinstance(m, int):
-        if m < 0 or (bound_m and m > op.max_m):
-            raise InvalidArgument(f"{op}: all_gather_rows: m = {m}: needs 0 <= m <= max_m = {op.max_m}")
-        if op.layout == "standard" and m % op.world:
-            raise InvalidArgument(f"{op}: all_gather_rows: m = {m} is not a multiple of the world size {op.world} "
-                                  "(the standard layout gives every rank m / world rows)")
-    if op.layout != "standard" and op.n % 8:
-        raise InvalidArgument(f"{op}: all_gather_rows: the sub-tile layout's row exchange needs n % 8 == 0, not "
-                              f"n = {op.n}")
-    rows = rs_rows_out(m, op.world, op.rank, op.layout)
-    if y.shape[0] != rows or y.shape[1] != op.n:
-        raise InvalidArgument(f"{op}: all_gather_rows: y has shape {tuple(y.shape)}, expected ({rows}, {op.n}): "
-                              f"this rank's rows_out(m) = {rows} rows of the sum for m = {m}, as the op's output "
-                              "gives them")
-
-
-def _check_shape(max_m, n, k, who="GemmAllReduce"):
-    for name, v in (("max_m", max_m), ("n", n), ("k", k)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise InvalidArgument(f"{who}: {name} = {v!r} is not an int")
-    if max_m < 1 or n < 1 or k < 8 or k % 8:
-        raise InvalidArgument(f"{who}: max_m = {max_m}, n = {n}, k = {k}: needs max_m >= 1, n >= 1 and k a "
-                              "positive multiple of 8 (16-byte rows)")
-    return max_m, n, k
-
-
-def _check_dtype(torch, dtype, who="GemmAllReduce"):
-    codes = {torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_FP16}
-    if dtype not in codes:
-        raise InvalidArgument(f"{who}: dtype {dtype} is not supported: torch.bfloat16 or torch.float16")
-    return codes[dtype]
-
-
-def _require_gpu(torch, device, who="GemmAllReduce"):
-    """NoGpu unless device is a CUDA device of compute capability 9.0 (Hopper)."""
-    if not torch.cuda.is_available():
-        raise NoGpu(f"flashoverlap.torch.{who}: no usable GPU: torch.cuda.is_available() is False"
-                    + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
-                       if "CUDA_VISIBLE_DEVICES" in os.environ else ""))
-    cc = torch.cuda.get_device_capability(device)
-    if cc != (9, 0):
-        raise NoGpu(f"flashoverlap.torch.{who}: {device} ({torch.cuda.get_device_name(device)}) is "
-                    f"sm_{cc[0]}{cc[1]}, not a Hopper (sm_90) GPU")
-
-
-def _resolve_device(torch, device, who="GemmAllReduce"):
-    """The op's device, with its index; InvalidArgument for a non-CUDA one,
-    NoGpu where it is no Hopper GPU."""
-    device = torch.device("cuda") if device is None else torch.device(device)
-    if device.type != "cuda":
-        raise InvalidArgument(f"{who}: device {device} is not a CUDA device")
-    if not torch.cuda.is_available():
-        _require_gpu(torch, device, who)
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    _require_gpu(torch, device, who)
-    return device
-
-
-def _resolve_group(torch, group, who="GemmAllReduce"):
-    """(group, rank in it, its size); InvalidArgument without torch.distributed
-    or for a group this process is not in."""
-    dist = torch.distributed
-    if not dist.is_available() or not dist.is_initialized():
-        raise InvalidArgument(f"{who}: torch.distributed is not initialised: call "
-                              "torch.distributed.init_process_group first (the op is collective over a process group)")
-    if group is None:
-        group = dist.group.WORLD
-    elif not isinstance(group, dist.ProcessGroup) and group == getattr(dist.GroupMember, "NON_GROUP_MEMBER", object()):
-        # (what new_group returns to the processes it leaves out)
-        raise InvalidArgument(f"{who}: this process (global rank {dist.get_rank()}) is not a member of the group")
-    elif not isinstance(group, dist.ProcessGroup):
-        raise InvalidArgument(f"{who}: group must be a torch.distributed ProcessGroup or None (the default "
-                              f"group), not {type(group).__name__}")
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise InvalidArgument(f"{who}: this process (global rank {dist.get_rank()}) is not a member of the group")
-    return group, rank, dist.get_world_size(group)
 
 
 # ---- communicators ----
@@ -1022,88 +741,6 @@ class GemmReduceScatter(_Op):
 
 # ---- the MoE combine: GemmAllToAll ----
 
-INT32_MAX = (1 << 31) - 1
-
-
-def _tm():
-    """The torch module (the accepted one, or, in the validation's tests under an older torch, the importable one)."""
-    if _torch is not None:
-        return _torch
-    import torch
-    return torch
-
-
-def _is_int(v):
-    """An int or a torch SymInt (not a bool)."""
-    if isinstance(v, bool):
-        return False
-    return isinstance(v, int) or isinstance(v, getattr(_tm(), "SymInt", ()))
-
-
-def _counts(torch, op, name, v):
-    """send_counts / recv_counts as a list of op.world ints: from a list or
-    tuple of ints (torch SymInts too), or from an integer tensor of world
-    entries on any device (tolist(): a device tensor syncs)."""
-    if type(v) is list and len(v) == op.world and all(type(c) is int for c in v):  # (the common case, told fast)
-        return v
-    if torch.is_tensor(v):
-        if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool or v.dim() != 1:
-            raise InvalidArgument(f"{op}: {name} must be a 1-D integer tensor or a list of ints, not a tensor of "
-                                  f"dtype {v.dtype} and {_describe(v)}")
-        v = v.tolist()
-    if not isinstance(v, (list, tuple)):
-        raise InvalidArgument(f"{op}: {name} must be a list of {op.world} ints (one per rank) or a 1-D integer "
-                              f"tensor, not {type(v).__name__}")
-    if len(v) != op.world:
-        raise InvalidArgument(f"{op}: {name} has {len(v)} entries, expected the world size {op.world} (one per rank)")
-    for c in v:
-        if not _is_int(c):
-            raise InvalidArgument(f"{op}: {name} = {list(v)!r}: not a list of ints")
-    return list(v)
-
-
-def _check_index(op, name, t, rows):
-    """t: an integer tensor of rows entries (dest_rank, dest_token), 1-D, on any device."""
-    if not hasattr(t, "data_ptr") or not hasattr(t, "dtype"):
-        raise InvalidArgument(f"{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == _tm().bool:
-        raise InvalidArgument(f"{op}: {name} has dtype {t.dtype}, expected an integer dtype (int32 or int64)")
-    if t.dim() != 1 or t.shape[0] != rows:
-        raise InvalidArgument(f"{op}: {name} has shape {tuple(t.shape)}, expected ({rows},): one entry per row of x")
-
-
-def check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine):
-    """InvalidArgument unless a GemmAllToAll call's arguments have the types and
-    shapes op (anything with n, k, dtype, device and world) wants: x (rows x
-    k) and weight (n x k) of its dtype and device, contiguous; dest_rank and
-    dest_token integer tensors of rows entries and gate (required to
-    combine) a floating one, on any device; send_counts and recv_counts
-    lists of world ints; tokens an int. What the values say (ranks and
-    tokens in range, counts that add up, sizes within the op's) the library
-    checks, on every rank together."""
-    _check_tensor(op, "x", x, (None, op.k))
-    _check_tensor(op, "weight", weight, (op.n, op.k))
-    rows = x.shape[0]
-    _check_index(op, "dest_rank", dest_rank, rows)
-    _check_index(op, "dest_token", dest_token, rows)
-    if gate is None:
-        if combine:
-            raise InvalidArgument(f"{op}: gate_weight is required to combine (combine=False returns the rows "
-                                  "unweighted)")
-    else:
-        if not hasattr(gate, "data_ptr") or not hasattr(gate, "dtype"):
-            raise InvalidArgument(f"{op}: gate_weight must be a torch.Tensor, not {type(gate).__name__}")
-        if not gate.dtype.is_floating_point:
-            raise InvalidArgument(f"{op}: gate_weight has dtype {gate.dtype}, expected a floating dtype (float32)")
-        if gate.dim() != 1 or gate.shape[0] != rows:
-            raise InvalidArgument(f"{op}: gate_weight has shape {tuple(gate.shape)}, expected ({rows},): one entry "
-                                  "per row of x")
-    for name, v in (("send_counts", send_counts), ("recv_counts", recv_counts)):
-        if not isinstance(v, (list, tuple)) or len(v) != op.world:
-            raise InvalidArgument(f"{op}: {name} must be a list of the world size {op.world} ints")
-    if not _is_int(tokens):
-        raise InvalidArgument(f"{op}: tokens = {tokens!r} is not an int (this rank's tokens)")
-
 
 def _to_host(*tensors):
     """The tensors (None passes through) on the host: a device tensor's copy
@@ -1122,16 +759,6 @@ def _to_host(*tensors):
     for d in waits:
         torch.cuda.current_stream(d).synchronize()
     return out
-
-
-def _host_int32(op, name, h):
-    """h (an integer CPU tensor) as a contiguous int32 one, InvalidArgument
-    for values outside int32."""
-    if h.dtype != _tm().int32:
-        if h.numel() and (int(h.min()) < -INT32_MAX - 1 or int(h.max()) > INT32_MAX):
-            raise InvalidArgument(f"{op}: {name} has values outside int32 (from {int(h.min())} to {int(h.max())})")
-        h = h.to(_tm().int32)
-    return h.contiguous()
 
 
 def _device_int32(t):
@@ -1356,13 +983,6 @@ class GemmAllToAll(_OpBase):
     def _enqueue_call(self, call):
         """call(stream) on the op's device and its current stream."""
         self._on_device(lambda: call(_torch.cuda.current_stream(self.device).cuda_stream))
-
-
-def _flatten(op, name, t):
-    if not t.is_contiguous():
-        raise InvalidArgument(f"{op}: {name} is not contiguous ({_describe(t)}): the op reads row-major rows; "
-                              f"pass {name}.contiguous()")
-    return t.view(-1, t.shape[-1])
 
 
 # ---- the functionals ----

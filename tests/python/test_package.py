@@ -741,6 +741,112 @@ class RsRows(unittest.TestCase):
                     self.assertEqual(sorted(sum(per_rank, [])), list(range(m)), (world, layout, m))
 
 
+class CustomOps(unittest.TestCase):
+    """flashoverlap.torch's custom ops as torch.library is given them (a
+    stand-in library here: torch >= 2.4 is on the GPU machine only): every
+    op's name and schema, the real implementations reaching the op of the
+    handle, the fakes' shapes."""
+
+    SCHEMAS = {
+        "gemm_all_reduce": "(Tensor x, Tensor weight, int handle) -> Tensor",
+        "gemm_all_reduce_rmsnorm": "(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, "
+                                   "int handle) -> (Tensor, Tensor)",
+        "gemm_reduce_scatter": "(Tensor x, Tensor weight, int handle) -> Tensor",
+        "gemm_reduce_scatter_rmsnorm": "(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, "
+                                       "int handle) -> (Tensor, Tensor)",
+        "gemm_reduce_scatter_all_gather_rows": "(Tensor y, SymInt m, int handle) -> Tensor",
+        "gemm_all_to_all": "(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor gate, "
+                           "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle) -> Tensor",
+        "gemm_all_to_all_rows": "(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor? gate, "
+                                "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle) -> "
+                                "(Tensor, Tensor)",
+    }
+
+    @classmethod
+    def setUpClass(cls):
+        import flashoverlap.torch as fot
+        from flashoverlap import _custom_ops
+        cls.fot, cls.defined = fot, {}
+
+        class Defined:
+            def __init__(self, schema, real):
+                self.schema, self.real, self.fake = schema, real, None
+
+            def register_fake(self, fake):
+                self.fake = fake
+                return fake
+
+        def custom_op(name, mutates_args, schema):
+            assert mutates_args == () and name not in cls.defined, name
+            return lambda real: cls.defined.setdefault(name, Defined(schema, real))
+
+        _custom_ops.register(types.SimpleNamespace(library=types.SimpleNamespace(custom_op=custom_op)))
+
+    def test_names_and_schemas(self):
+        self.assertEqual({n: d.schema for n, d in self.defined.items()},
+                         {"flashoverlap::" + n: s for n, s in self.SCHEMAS.items()})
+        self.assertTrue(all(d.fake is not None for d in self.defined.values()))
+
+    def test_real_implementations_reach_the_op_of_the_handle(self):
+        fot, seen = self.fot, []
+        record = lambda name: lambda *args: seen.append((name,) + args) or (name, "second")  # noqa: E731
+        made = []
+        for cls, methods in ((fot.GemmAllReduce, ("_run", "_run_rmsnorm")),
+                             (fot.GemmReduceScatter, ("_run", "_run_rmsnorm", "_all_gather_rows")),
+                             (fot.GemmAllToAll, ("_run",))):
+            op = object.__new__(cls)
+            for m in methods:
+                setattr(op, m, record(f"{cls.__name__}.{m}"))
+            op.handle = 987000 + len(made)
+            fot._ops[op.handle] = op
+            made.append(op)
+        self.addCleanup(lambda: [fot._ops.pop(op.handle, None) for op in made])
+        ar, rs, a2a = (op.handle for op in made)
+        call = lambda name, *args: self.defined["flashoverlap::" + name].real(*args)  # noqa: E731
+        call("gemm_all_reduce", "x", "w", ar)
+        call("gemm_all_reduce_rmsnorm", "x", "w", "r", "g", 1e-6, ar)
+        call("gemm_reduce_scatter", "x", "w", rs)
+        call("gemm_reduce_scatter_rmsnorm", "x", "w", "r", "g", 1e-5, rs)
+        call("gemm_reduce_scatter_all_gather_rows", "y", 64, rs)
+        self.assertEqual(call("gemm_all_to_all", "x", "w", "dr", "dt", "g", [1], [2], 3, a2a), "GemmAllToAll._run")
+        self.assertEqual(call("gemm_all_to_all_rows", "x", "w", "dr", "dt", None, [1], [2], 3, a2a),
+                         ("GemmAllToAll._run", "second"))
+        self.assertEqual(seen, [
+            ("GemmAllReduce._run", "x", "w"), ("GemmAllReduce._run_rmsnorm", "x", "w", "r", "g", 1e-6),
+            ("GemmReduceScatter._run", "x", "w"), ("GemmReduceScatter._run_rmsnorm", "x", "w", "r", "g", 1e-5),
+            ("GemmReduceScatter._all_gather_rows", "y", 64),
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True),
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", None, [1], [2], 3, False)])
+        # a handle of another kind, or none
+        with self.assertRaisesRegex(FlashOverlapError, f"handle {ar} is a GemmAllReduce, not a GemmReduceScatter"):
+            call("gemm_reduce_scatter", "x", "w", ar)
+        with self.assertRaisesRegex(FlashOverlapError, "no op with handle 986999"):
+            call("gemm_all_reduce", "x", "w", 986999)
+
+    def test_fakes_say_the_shapes(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed: the fakes' shapes are not tested")
+        fot = self.fot
+        fake = lambda name, *args: self.defined["flashoverlap::" + name].fake(*args)  # noqa: E731
+        x, w = torch.zeros(6, 16, dtype=torch.float16), torch.zeros(32, 16, dtype=torch.float16)
+        r = torch.zeros(6, 32, dtype=torch.float16)
+        # the AllReduce's shape needs no op: an unknown handle is no error for its fakes
+        self.assertEqual(tuple(fake("gemm_all_reduce", x, w, 986999).shape), (6, 32))
+        self.assertEqual([tuple(t.shape) for t in fake("gemm_all_reduce_rmsnorm", x, w, r, r[0], 1e-6, 986999)],
+                         [(6, 32), (6, 32)])
+        rs = object.__new__(fot.GemmReduceScatter)
+        rs.max_m, rs.n, rs.k, rs.dtype, rs.device = 64, 32, 16, torch.float16, torch.device("cpu")
+        rs.world, rs.rank, rs.layout, rs.handle = 2, 1, "standard", 987100
+        fot._ops[rs.handle] = rs
+        self.addCleanup(fot._ops.pop, rs.handle, None)
+        self.assertEqual(tuple(fake("gemm_reduce_scatter", x, w, rs.handle).shape), (3, 32))
+        self.assertEqual(tuple(fake("gemm_reduce_scatter_all_gather_rows", r[:3], 6, rs.handle).shape), (6, 32))
+        with self.assertRaisesRegex(FlashOverlapError, "no op with handle 986999"):
+            fake("gemm_reduce_scatter", x, w, 986999)
+
+
 @unittest.skipUnless(shutil.which("cc") and shutil.which("nm"), "no C compiler or nm: no stand-in NCCL")
 class OlderNccl(unittest.TestCase):
     """A libnccl.so.2 older than 2.28 loaded first (as torch loads its own)

@@ -1,0 +1,130 @@
+"""The torch.library custom ops of flashoverlap.torch: what traced and
+compiled code (and torch.compile's graphs) call. Each op is one row of
+_OPS: its name, its schema, its real implementation (the op object looked
+up by the integer handle every schema ends with, then its method) and its
+fake one (the output's shape from what needs no data, after the checks
+that need none), so that tracing runs nothing. Registered once, by
+register()."""
+
+from . import torch as ops
+from ._checks import check_a2a_inputs, check_gather_inputs, check_inputs, check_rs_inputs, rs_rows_out
+
+
+def _lenient(handle, cls):
+    """The op of a handle where it names one of cls, else None: the
+    AllReduce's output shape needs no op, so its fakes check only when they
+    find it."""
+    op = ops._ops.get(handle) if isinstance(handle, int) else None
+    return op if isinstance(op, cls) else None
+
+
+# ---- GemmAllReduce: (m, n), and the residual + RMSNorm form's two (m, n) ----
+
+def _all_reduce(x, weight, handle):
+    return ops._op_of(handle, ops.GemmAllReduce)._run(x, weight)
+
+
+def _all_reduce_fake(x, weight, handle):
+    op = _lenient(handle, ops.GemmAllReduce)
+    if op is not None:
+        check_inputs(op, x, weight, bound_m=False)
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _all_reduce_rmsnorm(x, weight, residual, norm_weight, eps, handle):
+    return ops._op_of(handle, ops.GemmAllReduce)._run_rmsnorm(x, weight, residual, norm_weight, eps)
+
+
+def _all_reduce_rmsnorm_fake(x, weight, residual, norm_weight, eps, handle):
+    op = _lenient(handle, ops.GemmAllReduce)
+    if op is not None:
+        check_inputs(op, x, weight, residual, norm_weight, bound_m=False)
+    return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
+
+
+# ---- GemmReduceScatter: the output's rows depend on the op (world, rank,
+# layout); rs_rows_out says them for a symbolic m too (dynamic shapes) ----
+
+def _reduce_scatter(x, weight, handle):
+    return ops._op_of(handle, ops.GemmReduceScatter)._run(x, weight)
+
+
+def _reduce_scatter_fake(x, weight, handle):
+    op = ops._op_of(handle, ops.GemmReduceScatter)
+    check_rs_inputs(op, x, weight, bound_m=False)
+    return x.new_empty((rs_rows_out(x.shape[0], op.world, op.rank, op.layout), weight.shape[0]))
+
+
+def _reduce_scatter_rmsnorm(x, weight, residual, norm_weight, eps, handle):
+    return ops._op_of(handle, ops.GemmReduceScatter)._run_rmsnorm(x, weight, residual, norm_weight, eps)
+
+
+def _reduce_scatter_rmsnorm_fake(x, weight, residual, norm_weight, eps, handle):
+    op = ops._op_of(handle, ops.GemmReduceScatter)
+    check_rs_inputs(op, x, weight, residual, norm_weight, bound_m=False)
+    return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
+
+
+# The AllGather that closes the chain: m is an argument (a SymInt: the
+# standard layout's default, rows * world, is symbolic under dynamic shapes).
+def _all_gather_rows(y, m, handle):
+    return ops._op_of(handle, ops.GemmReduceScatter)._all_gather_rows(y, m)
+
+
+def _all_gather_rows_fake(y, m, handle):
+    op = ops._op_of(handle, ops.GemmReduceScatter)
+    check_gather_inputs(op, y, m, bound_m=False)
+    return y.new_empty((m, op.n))
+
+
+# ---- GemmAllToAll: the counts are int lists (SymInt[]), so the outputs' rows
+# are known without the data: (tokens, n) combined; (sum(recv_counts), n) and
+# the rows' tokens not ----
+
+def _all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+    return ops._op_of(handle, ops.GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts,
+                                                     recv_counts, tokens, True)[0]
+
+
+def _all_to_all_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+    op = ops._op_of(handle, ops.GemmAllToAll)
+    check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, True)
+    return x.new_empty((tokens, op.n))
+
+
+def _all_to_all_rows(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+    return ops._op_of(handle, ops.GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts,
+                                                     recv_counts, tokens, False)
+
+
+def _all_to_all_rows_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+    op = ops._op_of(handle, ops.GemmAllToAll)
+    check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, False)
+    received = sum(recv_counts)
+    return x.new_empty((received, op.n)), x.new_empty((received,), dtype=ops._tm().int32)
+
+
+_RMSNORM_ARGS = "(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, int handle)"
+_A2A_ARGS = ("(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor{gate} gate, SymInt[] send_counts, "
+             "SymInt[] recv_counts, SymInt tokens, int handle)")
+
+# name (in the flashoverlap namespace), schema, real implementation, fake implementation
+_OPS = (
+    ("gemm_all_reduce", "(Tensor x, Tensor weight, int handle) -> Tensor", _all_reduce, _all_reduce_fake),
+    ("gemm_all_reduce_rmsnorm", _RMSNORM_ARGS + " -> (Tensor, Tensor)", _all_reduce_rmsnorm,
+     _all_reduce_rmsnorm_fake),
+    ("gemm_reduce_scatter", "(Tensor x, Tensor weight, int handle) -> Tensor", _reduce_scatter, _reduce_scatter_fake),
+    ("gemm_reduce_scatter_rmsnorm", _RMSNORM_ARGS + " -> (Tensor, Tensor)", _reduce_scatter_rmsnorm,
+     _reduce_scatter_rmsnorm_fake),
+    ("gemm_reduce_scatter_all_gather_rows", "(Tensor y, SymInt m, int handle) -> Tensor", _all_gather_rows,
+     _all_gather_rows_fake),
+    ("gemm_all_to_all", _A2A_ARGS.format(gate="") + " -> Tensor", _all_to_all, _all_to_all_fake),
+    ("gemm_all_to_all_rows", _A2A_ARGS.format(gate="?") + " -> (Tensor, Tensor)", _all_to_all_rows,
+     _all_to_all_rows_fake),
+)
+
+
+def register(torch):
+    """Defines every op of _OPS in torch.library (once per process: the caller keeps that)."""
+    for name, schema, real, fake in _OPS:
+        torch.library.custom_op(f"flashoverlap::{name}", mutates_args=(), schema=schema)(real).register_fake(fake)
