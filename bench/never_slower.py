@@ -48,9 +48,9 @@ Modes, a row each per (op, m, n, k, dtype):
            (plan column) and has no times. Ours' last replay output is checked as the eager call's.
   latency  one call, host included: synchronize; t0; f(); synchronize; per turn ceil(120 / turns)
            calls of each variant, alternating call by call, the median per turn, then the median over
-           turns, in us. The only mode of alltoall, since
-           its call syncs the host (the ranks exchange their routings and plan on the host), so that
-           calls cannot queue behind a sleep, and CUDA graphs are refused by it.
+           turns, in us. alltoall: latency, and eager at world 1 only: at W > 1 its call syncs the host
+           (the ranks exchange their routings and plan on the host), so that calls cannot queue behind a
+           sleep; at world 1 with the routing on the GPU nothing waits. CUDA graphs are refused by it.
   Host time per call (host_torch_us, host_ours_us; eager rows only, empty in the others): the wall
            time of enqueuing the eager turn's N calls while the GPU sleeps, / N, the median over the
            turns (6 by default, each after a synchronize): 200 calls behind the sleep, fewer for the
@@ -817,14 +817,30 @@ class Run:
                 else:
                     note = ""
                 del ref, y
-                got, err = agreed(lambda: self.timer.latency_us([theirs, ours], args.turns), device)
-                if err is not None:
-                    self.our_errors.append(f"alltoall n={n} k={k} {dt} {routing} tokens={tokens}: {error_text(err)}")
-                    self.add(make_row("alltoall", int(m_rows.max()), n, k, dt, "latency",
-                                      plan=f"error: {error_text(err)}", **row))
-                    continue
-                self.add(make_row("alltoall", int(m_rows.max()), n, k, dt, "latency", got[0], got[1],
-                                  plan=op.last_plan() + note, **row))
+                m = int(m_rows.max())
+                for mode in [md for md in args.modes if md == "latency" or (md == "eager" and world == 1)]:
+                    if mode == "latency":
+                        got, err = agreed(lambda: self.timer.latency_us([theirs, ours], args.turns), device)
+                    else:
+                        t_est, err = agreed(lambda: self.timer.estimate_ms([theirs, ours]), device)
+                        if err is None:
+                            # (<= 100: a call of either queues up to ~10 kernels, and a stream ~1,020)
+                            reps = clamp(args.row_budget_ms / (2 * args.turns) / max(t_est, 1e-4), 10, 100)
+                            got, err = agreed(lambda: self.timer.behind_sleep([theirs, ours], reps, args.turns,
+                                                                              "eager"), device)
+                    if err is not None:
+                        self.our_errors.append(f"alltoall n={n} k={k} {dt} {routing} tokens={tokens} {mode}: "
+                                               f"{error_text(err)}")
+                        self.add(make_row("alltoall", m, n, k, dt, mode, plan=f"error: {error_text(err)}", **row))
+                        continue
+                    if mode == "latency":
+                        self.add(make_row("alltoall", m, n, k, dt, mode, got[0], got[1],
+                                          plan=op.last_plan() + note, **row))
+                    else:
+                        ((t_ms, t_host), (o_ms, o_host)), late = got
+                        self.add(make_row("alltoall", m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, (t_host, o_host),
+                                          op.last_plan() + note + ("; the GPU waited on the host in a turn" if late
+                                                                   else ""), **row), f"  (N={reps})")
         finally:
             torch.cuda.synchronize()
             op.close()
@@ -963,8 +979,8 @@ def main():
                     run.dense(opname, n, k, dt)
                     run.write_json(False)
         if "alltoall" in args.ops:
-            if "latency" not in args.modes:
-                log("alltoall: latency mode only (its call syncs the host): not in --modes, left out")
+            if "latency" not in args.modes and not ("eager" in args.modes and world == 1):
+                log("alltoall: latency mode (and eager at world 1) only: its call syncs the host; left out")
             else:
                 pairs = args.a2a_pairs or a2a.parse_shapes(a2a.SHAPES)
                 if args.quick and not args.a2a_pairs:
