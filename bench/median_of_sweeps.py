@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Median of several sweeps (AllReduce or ReduceScatter) (CSVs written by `flashoverlap lab-bench --csv`).
+"""Median of several sweeps (AllReduce or ReduceScatter) (CSVs written by `flashoverlap-lab lab-bench --csv`).
 
 Usage: median_of_sweeps.py OUT.csv RUN1.csv RUN2.csv ...   |   median_of_sweeps.py --self-test
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The latency model's pick against the measured best, from `flashoverlap lab-bench` logs.
+"""The latency model's pick against the measured best, from `flashoverlap-lab lab-bench` logs.
 
 For each shape the bench's tuner times its finalists (the plans the model
 ranks best, each with its predicted ms) and prints them on its "tuner's

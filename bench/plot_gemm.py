@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Our GEMM vs cuBLAS from `flashoverlap bench-gemm --csv`: the ratio of
+"""Our GEMM vs cuBLAS from `flashoverlap-lab bench-gemm --csv`: the ratio of
 TFLOP/s per shape, best tile, for each reserved-SM count (plain) and for the
 signal epilogue at full grid. Usage: plot_gemm.py CSV PNG"""
 import csv

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Speedup over sequential (cuBLAS + NCCL) per shape and variant, from the
-CSV written by `flashoverlap lab-bench --csv` (AllReduce or ReduceScatter: the
+CSV written by `flashoverlap-lab lab-bench --csv` (AllReduce or ReduceScatter: the
 collective is read from the file's name). Usage: plot_sweep.py CSV PNG"""
 import csv
 import os

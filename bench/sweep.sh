@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A sweep of one op: every shape of its shape set, all variants of
-# `flashoverlap lab-bench` (the internal variants and the measured tuner; the
+# `flashoverlap-lab lab-bench` (the internal variants and the measured tuner; the
 # public ops are `flashoverlap bench`'s), on all local GPUs (one process each).
 # Usage: [OP=allreduce|reducescatter|alltoall] bench/sweep.sh OUTDIR [extra lab-bench args]
 # Writes OUTDIR/<op>-h200x<W>.csv (+ a plot). REPEAT=N (default 1) runs the
@@ -13,7 +13,9 @@
 set -eu -o pipefail
 out=${1:?output directory}
 shift
-cli=${CLI:-build/tools/flashoverlap}
+# The lab tool: LAB, else CLI (an older tree's flashoverlap for an A/B, from
+# before the lab split), else this build's flashoverlap-lab.
+cli=${LAB:-${CLI:-build/tools/flashoverlap-lab}}
 # (`bench` in a build from before the rename, e.g. an older tree's CLI for an A/B)
 sub=lab-bench
 "$cli" lab-bench --help >/dev/null 2>&1 || sub=bench

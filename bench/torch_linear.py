@@ -22,7 +22,7 @@ K-scaled absolute term), then all are timed in turns: per turn a run of
 slowest rank's. The CSV starts with a "#" line (GPU, torch, NCCL, library,
 world, date), then M,N,K,dtype,world,variant,ms,speedup_vs_sequential (over
 torch-sequential), plan (flashoverlap-torch: the op's plan for M), cli_ms and
-cli_speedup: with --cli-csv, the sweep's (flashoverlap lab-bench) figure for the
+cli_speedup: with --cli-csv, the sweep's (flashoverlap-lab lab-bench) figure for the
 same shape and variant (torch-sequential beside "sequential", cuBLAS + NCCL;
 flashoverlap-torch beside "flashoverlap"), so the library as called from
 Python stands next to the CLI's measurement of it. --merge-into appends a

@@ -2,9 +2,10 @@
 # gpu_all.sh — one call on the GPU machine: build, test, benchmark; results
 # under $OUT (default ./gpu-out). Stages run in the order given:
 #   build        scripts/build.sh: configure + build everything (Release) in build/
-#   build-old    the CLI of an older tree carried beside this one (OLD_SRC, default ab-old/: made before the
-#                call with `git archive <rev> | tar x -C ab-old`, untracked) built in OLD_SRC/build; OLD_CLI
-#                (if unset) becomes it, for the A/B stages below
+#   build-old    the lab tool of an older tree carried beside this one (OLD_SRC, default ab-old/: made before
+#                the call with `git archive <rev> | tar x -C ab-old`, untracked) built in OLD_SRC/build
+#                (flashoverlap-lab, or flashoverlap in a tree from before the lab split); OLD_CLI (if unset)
+#                becomes it, for the A/B stages below (this build's side: flashoverlap-lab)
 #   main         the README's main job (build/tools/flashoverlap, all local GPUs)
 #   never-slower the public PyTorch ops against F.linear + the torch.distributed call (bench/never_slower.py:
 #                eager, graph, latency, host time; NEVER_SLOWER_ARGS: more arguments) -> never-slower-<gpu>.csv/.json
@@ -70,6 +71,7 @@ export FO_REQUIRE_GPUS=${FO_REQUIRE_GPUS:-$gpus}
 echo "FO_REQUIRE_GPUS=$FO_REQUIRE_GPUS (nvidia-smi lists $gpus GPUs): GPU tests needing at most that many fail, not skip"
 BUILD=build
 CLI=$BUILD/tools/flashoverlap
+LAB=$BUILD/tools/flashoverlap-lab  # (lab-bench, bench-gemm: the experiments on internal paths)
 status=0
 
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
@@ -84,7 +86,7 @@ ab_runs() {
   for ((r = 1; r <= ${AB_ROUNDS:-2}; r++)); do
     for v in "$@"; do
       echo "##### ${v:-(default)} $r" | tee -a "$OUT/$log"
-      if [[ $v == @* ]]; then bin=${v#@} args=""; else bin=$CLI args=$v; fi
+      if [[ $v == @* ]]; then bin=${v#@} args=""; else bin=$LAB args=$v; fi
       # shellcheck disable=SC2086  # $common, $args: several arguments
       "$bin" "$("$bin" lab-bench --help >/dev/null 2>&1 && echo lab-bench || echo bench)" --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192} \
         $common $args --curves /tmp/fo-curves 2>&1 | tee -a "$OUT/$log" |
@@ -169,8 +171,12 @@ for s in "$@"; do
       old_src=${OLD_SRC:-ab-old}
       if [ -f "$old_src/CMakeLists.txt" ] &&
         (cmake -S "$old_src" -B "$old_src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-          cmake --build "$old_src/build" --target flashoverlap) >"$OUT/build-old.log" 2>&1; then
-        export OLD_CLI=${OLD_CLI:-$old_src/build/tools/flashoverlap}
+          { cmake --build "$old_src/build" --target flashoverlap-lab ||
+            cmake --build "$old_src/build" --target flashoverlap; }) >"$OUT/build-old.log" 2>&1; then
+        # (its lab commands: flashoverlap-lab, or, in a tree from before that split, flashoverlap)
+        old_lab=$old_src/build/tools/flashoverlap-lab
+        [ -x "$old_lab" ] || old_lab=$old_src/build/tools/flashoverlap
+        export OLD_CLI=${OLD_CLI:-$old_lab}
       else
         echo "build-old: $old_src is not a tree that builds (see build-old.log)"; status=1
       fi
@@ -181,7 +187,7 @@ for s in "$@"; do
         echo "gemm-ab: OLD_CLI names no executable (build-old first): skipped"; status=1
       else
         for r in $(seq "${AB_ROUNDS:-2}"); do
-          for c in ${OLD_CLI%% *} $CLI $CLI ${OLD_CLI%% *}; do
+          for c in ${OLD_CLI%% *} $LAB $LAB ${OLD_CLI%% *}; do
             echo "##### $c (round $r)" >>"$OUT/gemm-ab.log"
             "$c" bench-gemm --modes ${GEMM_AB_MODES:-plain,rs,rs-nvlink} --reserve-sms 0 \
               --shapes ${AB_SHAPES:-4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,8192x4096x2048,4096x7168x5120} \
@@ -221,18 +227,18 @@ for s in "$@"; do
       ;;
     gemm)
       stage bench-gemm
-      $CLI bench-gemm --csv "$OUT/gemm-h200.csv" --meta "$OUT/gemm-h200.json" 2>&1 | tee "$OUT/gemm.log" || status=1
+      $LAB bench-gemm --csv "$OUT/gemm-h200.csv" --meta "$OUT/gemm-h200.json" 2>&1 | tee "$OUT/gemm.log" || status=1
       python3 bench/plot_gemm.py "$OUT/gemm-h200.csv" "$OUT/gemm-h200.png" || echo "(plot skipped)"
       ;;
     gemm-rs)
       stage "bench-gemm: the ReduceScatter epilogues (slots, sub-tile, NVLink form) against the plain GEMM"
-      $CLI bench-gemm --modes plain,rs,rs-subtile,rs-nvlink --reserve-sms 0 \
+      $LAB bench-gemm --modes plain,rs,rs-subtile,rs-nvlink --reserve-sms 0 \
         --shapes ${SHAPES:-4096x8192x8192,8192x8192x8192,4096x8192x14336,16384x8192x4096,8192x4096x2048,4096x7168x5120} \
         --csv "$OUT/gemm-rs-h200.csv" 2>&1 | tee "$OUT/gemm-rs.log" || status=1
       ;;
     gemm-quick)
       stage bench-gemm quick
-      $CLI bench-gemm --shapes 4096x8192x8192,8192x8192x8192,4096x4096x4096,3001x8192x8192 --reserve-sms 0 \
+      $LAB bench-gemm --shapes 4096x8192x8192,8192x8192x8192,4096x4096x4096,3001x8192x8192 --reserve-sms 0 \
         2>&1 | tee "$OUT/gemm-quick.log" || status=1
       ;;
     ar)
@@ -263,7 +269,7 @@ for s in "$@"; do
       ;;
     power)
       stage "power and clocks per variant (NVML)"
-      $CLI lab-bench --shapes 4096x8192x8192,8192x4096x2048,2048x8192x8192,1024x8192x8192 --power 1 --curves /tmp/fo-curves 2>&1 | tee "$OUT/power.log" |
+      $LAB lab-bench --shapes 4096x8192x8192,8192x4096x2048,2048x8192x8192,1024x8192x8192 --power 1 --curves /tmp/fo-curves 2>&1 | tee "$OUT/power.log" |
         grep -E "^[0-9]+x|power|W,|ideal gain|flashoverlap  |sequential  |rror" || status=1
       ;;
     cli-ab)
@@ -276,7 +282,7 @@ for s in "$@"; do
         status=1
         continue
       fi
-      builds+=("@$CLI")
+      builds+=("@$LAB")
       stage "builds in turns, registered outputs: ${builds[*]}, the tuner's pick, then the owner plan forced"
       [ "${AB_FORCED_ONLY:-0}" = 1 ] || ab_runs cli-ab.log "--registered-output" "${builds[@]}"
       # (AB_TRACE=1: --trace too; builds before 9561bda then time traced calls, 6-15 us slower each)
@@ -285,7 +291,7 @@ for s in "$@"; do
       ;;
     owners-one)
       stage "the owner kernel on one GPU (stand-in peer) against the plain GEMM, in turns"
-      for c in ${OLD_CLI:-} $CLI; do
+      for c in ${OLD_CLI:-} $LAB; do
         echo "##### $c" | tee -a "$OUT/owners-one.log"
         "$c" bench-gemm --shapes ${AB_SHAPES:-2048x8192x8192,3001x8192x8192,4096x4096x4096,4096x7168x5120,1024x8192x8192},8192x4096x2048 \
           --tiles 256 --modes plain,owners --reserve-sms 0 2>&1 | tee -a "$OUT/owners-one.log" || status=1
@@ -310,7 +316,7 @@ for s in "$@"; do
     cli-gpu)
       stage "the CLI on the GPUs: a shape its options leave no plan is skipped, the next one runs"
       rc=0
-      $CLI lab-bench --shapes 1024x8192x8192,4096x4096x4096 --layout pushed --band-swizzles 8 --iters 3 --warmup 1 \
+      $LAB lab-bench --shapes 1024x8192x8192,4096x4096x4096 --layout pushed --band-swizzles 8 --iters 3 --warmup 1 \
         --curves /tmp/fo-curves >"$OUT/cli-gpu.log" 2>&1 || rc=$?
       grep -E "skipped|^4096x4096x4096|flashoverlap  |rror" "$OUT/cli-gpu.log" | cut -c1-200
       if [[ $rc == 2 ]] && grep -q "1024x8192x8192: skipped" "$OUT/cli-gpu.log" && grep -q "^4096x4096x4096" "$OUT/cli-gpu.log"

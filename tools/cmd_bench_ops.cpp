@@ -4,7 +4,7 @@
 // launcher; rank and world from the environment, Communicator::from_env()).
 // Every figure it prints is the product's: this file includes the public
 // header and CUDA's, cuBLAS's and NCCL's, nothing of src/ (the internal
-// variants and the tuner's own plans are `lab-bench`, cmd_bench.cpp).
+// variants and the tuner's own plans are `lab-bench`, cmd_lab_bench.cpp).
 //
 // For each shape: correctness first (the op's output and the baseline's from
 // the same random inputs, compared on the host), then both timed in turns
@@ -867,7 +867,7 @@ void add_bench_command(CLI::App& app, int& rc) {
       ->capture_default_str()
       ->check(even_turns());
   cmd->add_option("--tuning-cache", o->tuning_cache,
-                  "allreduce, reducescatter: the op's tuning_cache option (a file of picks `lab-bench "
+                  "allreduce, reducescatter: the op's tuning_cache option (a file of picks `flashoverlap-lab lab-bench "
                   "--tuning-cache` measured; empty: the op reads $FLASHOVERLAP_TUNING_CACHE itself)");
   cmd->add_flag("--registered-output", o->registered,
                 "allreduce: the op writes into an output registered with it (register_output, run_registered), "
@@ -877,7 +877,7 @@ void add_bench_command(CLI::App& app, int& rc) {
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->footer(
       "Without a Hopper GPU it says so and exits 1 (`flashoverlap plan` shows the plan). The internal variants, the "
-      "measured tuner and the diagnostics: `flashoverlap lab-bench`.");
+      "measured tuner and the diagnostics: `flashoverlap-lab lab-bench`.");
   cmd->callback([o, shapes, &rc] {
     o->shapes_given = shapes->count() > 0;
     rc = run(*o);

@@ -397,20 +397,6 @@ int print_plan_with(const PlanOptions& opts, const MoeFlags& moe, std::ostream& 
 
 }  // namespace
 
-CLI::Validator partition_check() {
-  return CLI::Validator(
-      [](std::string& v) -> std::string {
-        if (v.empty()) return "must not be empty (group sizes, e.g. 1,2,2)";
-        try {
-          (void)fp::parse_partition(v);
-        } catch (const std::exception& e) {
-          return e.what();
-        }
-        return "";
-      },
-      "LIST");
-}
-
 void add_plan_options(CLI::App* cmd, PlanOptions& o) {
   cmd->add_option("--op", o.op, "collective after the GEMM")
       ->check(CLI::IsMember({"allreduce", "reducescatter", "alltoall"}))

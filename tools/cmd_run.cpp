@@ -26,7 +26,7 @@ int run_default_job(std::ostream& out) {
          "and the sequential path by the same latency model (its GEMM times measured at construction),\n"
          "or takes the tuning cache's pick, and runs the fastest predicted; its Owners path runs only when\n"
          "asked for (`bench --path owners`). The copy-engine and pushed layouts and the measured tuner are\n"
-         "`flashoverlap lab-bench`'s.\n";
+         "`flashoverlap-lab lab-bench`'s.\n";
   // A GPU machine whose CUDA does not start is a failure, not a CPU machine.
   return gpus.cuda_failed ? 1 : rc;
 }

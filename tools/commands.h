@@ -87,12 +87,8 @@ int print_plan(const PlanOptions& opts, std::ostream& out);
 
 void add_plan_command(CLI::App& app, int& rc);
 void add_launch_command(CLI::App& app, int& rc);
-void add_bench_gemm_command(CLI::App& app, int& rc);
 // `bench`: the public ops (flashoverlap.h) against cuBLAS + NCCL (cmd_bench_ops.cpp).
 void add_bench_command(CLI::App& app, int& rc);
-// `lab-bench`: the internal variants and the measured tuner (cmd_bench.cpp,
-// cmd_bench_rs.cpp, cmd_bench_a2a.cpp): experiments, not the public ops.
-void add_lab_bench_command(CLI::App& app, int& rc);
 void add_tune_command(CLI::App& app, int& rc);
 
 // The main job: `bench` with its defaults (flashoverlap::GemmAllReduce,

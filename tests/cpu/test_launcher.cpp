@@ -332,9 +332,11 @@ struct CliRun {
   std::string output;
 };
 
-// Runs `env_prefix flashoverlap args` through the shell, stderr included.
+// Runs `env_prefix flashoverlap args` through the shell, stderr included
+// (flashoverlap-lab for lab-bench and bench-gemm).
 CliRun cli(const std::string& args, const std::string& env_prefix = "") {
-  std::string cmd = env_prefix + " '" FO_CLI_PATH "' " + args + " 2>&1";
+  const bool lab = args.rfind("lab-bench", 0) == 0 || args.rfind("bench-gemm", 0) == 0;
+  std::string cmd = env_prefix + " '" + (lab ? FO_LAB_PATH : FO_CLI_PATH) + "' " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -388,7 +390,8 @@ TEST(NprocCli, OneProcessCommandsRefuseIt) {
     auto r = cli(args, "CUDA_VISIBLE_DEVICES=");
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
     EXPECT_EQ(lines(r.output), 1u) << args << "\n" << r.output;
-    EXPECT_EQ(r.output.rfind("flashoverlap: error: `", 0), 0u) << args << "\n" << r.output;
+    const std::string name = std::string(args).rfind("bench-gemm", 0) == 0 ? "flashoverlap-lab" : "flashoverlap";
+    EXPECT_EQ(r.output.rfind(name + ": error: `", 0), 0u) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("runs as one process"), std::string::npos) << args << "\n" << r.output;
   }
   // Before `launch` it would start N launchers: launch takes -n itself.
@@ -417,7 +420,7 @@ TEST(NprocCli, OversubscribeHintNamesAnOptionThatWorks) {
     auto bench = cli(command + " --nproc 3 --allow-oversubscribe", "CUDA_VISIBLE_DEVICES=");
     EXPECT_EQ(bench.code, 1) << bench.output;
     EXPECT_NE(bench.output.find(command + ": no Hopper (sm_90) GPU found"), std::string::npos) << bench.output;
-    EXPECT_EQ(bench.output.find("flashoverlap: error: "), std::string::npos) << bench.output;
+    EXPECT_EQ(bench.output.find(": error: "), std::string::npos) << bench.output;
   }
 }
 

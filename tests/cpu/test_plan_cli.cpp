@@ -27,16 +27,22 @@ std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// `flashoverlap <command> <args>` (command "plan" unless given).
-Result run(const std::string& args, const std::string& command = "plan") {
+// `flashoverlap <command> <args>` (command "plan" unless given; lab-bench and
+// bench-gemm: flashoverlap-lab's).
+Result run(const std::string& args, const std::string& command = "plan", const char* binary = nullptr) {
   fo_test::TempDir dir;
+  const bool lab = command == "lab-bench" || command == "bench-gemm";
+  if (!binary) binary = lab ? FO_LAB_PATH : FO_CLI_PATH;
   const std::string cmd =
-      std::string(FO_CLI_PATH) + " " + command + " " + args + " >" + dir.file("out") + " 2>" + dir.file("err");
+      std::string(binary) + " " + command + " " + args + " >" + dir.file("out") + " 2>" + dir.file("err");
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir.file("out")), slurp(dir.file("err"))};
 }
 
 size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+// A line of flashoverlap's ("flashoverlap: ...") as flashoverlap-lab prints it.
+std::string as_lab(const std::string& line) { return "flashoverlap-lab" + line.substr(std::string("flashoverlap").size()); }
 
 }  // namespace
 
@@ -353,7 +359,8 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
     const Result r = run(args, command);
     EXPECT_EQ(r.rc, 2) << r.out << r.err;
     EXPECT_EQ(lines(r.err), 1u) << r.err;
-    EXPECT_EQ(r.err.rfind("flashoverlap: error: ", 0), 0u) << r.err;
+    const bool lab = command == "lab-bench" || command == "bench-gemm";
+    EXPECT_EQ(r.err.rfind(lab ? "flashoverlap-lab: error: " : "flashoverlap: error: ", 0), 0u) << r.err;
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
@@ -388,7 +395,8 @@ TEST(BenchCli, ReduceScatterRefusesShapesTheWorldCannotSplit) {
     const Result r = run("--op reducescatter " + args, command);
     EXPECT_EQ(r.rc, 2) << r.out << r.err;
     EXPECT_EQ(lines(r.err), 1u) << r.err;
-    EXPECT_EQ(r.err.rfind("flashoverlap: error: " + command + " --op reducescatter", 0), 0u) << r.err;
+    const std::string name = command == "lab-bench" ? "flashoverlap-lab" : "flashoverlap";
+    EXPECT_EQ(r.err.rfind(name + ": error: " + command + " --op reducescatter", 0), 0u) << r.err;
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
@@ -420,7 +428,7 @@ TEST(BenchCli, WithoutAGpuBenchSaysSoAndTheMainJobPrintsThePlan) {
   const Result main_job = run("", "");
   EXPECT_EQ(main_job.rc, 0) << main_job.err;
   for (const char* part : {"No Hopper (sm_90) GPU on this machine", "flashoverlap::GemmAllReduce", "cuBLAS + NCCL",
-                           "predicted: ", "`flashoverlap lab-bench`"})
+                           "predicted: ", "`flashoverlap-lab lab-bench`"})
     EXPECT_NE(main_job.out.find(part), std::string::npos) << part << " missing in:\n" << main_job.out;
 }
 
@@ -441,8 +449,16 @@ TEST(BenchCli, HelpTellsBenchFromLabBench) {
     EXPECT_NE(lab.out.find(part), std::string::npos) << part << " missing in:\n" << lab.out;
   const Result top = run("--help", "");
   EXPECT_EQ(top.rc, 0) << top.err;
-  for (const char* part : {"bench", "lab-bench", "GemmAllReduce"})
+  for (const char* part : {"bench", "plan", "tune", "launch", "GemmAllReduce"})
     EXPECT_NE(top.out.find(part), std::string::npos) << part << " missing in:\n" << top.out;
+  // The installed tool has no lab commands; flashoverlap-lab has them.
+  for (const char* part : {"lab-bench", "bench-gemm"})
+    EXPECT_EQ(top.out.find(part), std::string::npos) << part << " in:\n" << top.out;
+  for (const char* command : {"lab-bench", "bench-gemm"}) {
+    const Result gone = run("", command, FO_CLI_PATH);
+    EXPECT_EQ(gone.rc, 2) << gone.err;
+    EXPECT_NE(gone.err.find("flashoverlap: error: "), std::string::npos) << gone.err;
+  }
 }
 
 TEST(PlanCli, HasItsOwnHelp) {
@@ -473,7 +489,7 @@ TEST(PlanCli, RefusesTheShapesBenchRefusesWithTheSameMessage) {
     EXPECT_EQ(plan.rc, 2) << plan.out << plan.err;
     EXPECT_EQ(bench.rc, 2) << bench.out << bench.err;
     EXPECT_EQ(lab.rc, 2) << lab.out << lab.err;
-    EXPECT_EQ(plan.err, lab.err);
+    EXPECT_EQ(as_lab(plan.err), lab.err);
     EXPECT_EQ(lines(plan.err), 1u) << plan.err;
     EXPECT_EQ(plan.err.rfind("flashoverlap: error: bad shape " + name + ": ", 0), 0u) << plan.err;
     EXPECT_NE(plan.err.find("multiple of 8"), std::string::npos) << plan.err;
@@ -484,7 +500,8 @@ TEST(PlanCli, RefusesTheShapesBenchRefusesWithTheSameMessage) {
   for (const char* command : {"bench", "lab-bench"}) {
     const Result shapes = run("--shapes 1024x8192x8192,4096x8192x8191", command);
     EXPECT_EQ(shapes.rc, 2) << shapes.err;
-    EXPECT_EQ(shapes.err, run("--m 4096 --n 8192 --k 8191").err);
+    const std::string plan_err = run("--m 4096 --n 8192 --k 8191").err;
+    EXPECT_EQ(shapes.err, std::string(command) == "lab-bench" ? as_lab(plan_err) : plan_err);
   }
   // What the rule lets through, plan plans: the smallest and largest K.
   for (const char* k : {"--k 8", "--k 2147483640", "--op alltoall --k 8"}) {

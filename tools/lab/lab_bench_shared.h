@@ -1,6 +1,6 @@
-// bench_shared.h — what `flashoverlap lab-bench` shares between its collectives
-// (cmd_bench.cpp: AllReduce and the run over shapes, tables, CSV and JSON;
-// cmd_bench_rs.cpp: ReduceScatter): the options, a shape's result rows and
+// lab_bench_shared.h — what `flashoverlap-lab lab-bench` shares between its collectives
+// (cmd_lab_bench.cpp: AllReduce and the run over shapes, tables, CSV and JSON;
+// cmd_lab_bench_rs.cpp: ReduceScatter): the options, a shape's result rows and
 // the context that lives across shapes (process group, communicators, curves).
 #pragma once
 #include <cuda_runtime_api.h>
@@ -238,7 +238,7 @@ inline size_t fastest_in_turns(Context& cx, const Options& o, const std::vector<
   return best;
 }
 
-// --op reducescatter (cmd_bench_rs.cpp). Its options, checked before any GPU
+// --op reducescatter (cmd_lab_bench_rs.cpp). Its options, checked before any GPU
 // is looked for (the world size from the job's environment, where set):
 // throws InvalidArgument.
 void check_reducescatter_options(const Options& o, const std::vector<std::array<int64_t, 3>>& shapes);
@@ -246,7 +246,7 @@ void check_reducescatter_options(const Options& o, const std::vector<std::array<
 // (the same on every rank) for a shape these options cannot run.
 ShapeResult bench_reducescatter(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K);
 
-// --op alltoall (cmd_bench_a2a.cpp), the same way: a shape's M is the tokens
+// --op alltoall (cmd_lab_bench_a2a.cpp), the same way: a shape's M is the tokens
 // per rank (--tokens overrides it).
 void check_alltoall_options(const Options& o, const std::vector<std::array<int64_t, 3>>& shapes);
 ShapeResult bench_alltoall(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K);

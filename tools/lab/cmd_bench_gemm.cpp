@@ -1,4 +1,4 @@
-// flashoverlap bench-gemm — our signalling GEMM against cuBLAS in one run:
+// flashoverlap-lab bench-gemm — our signalling GEMM against cuBLAS in one run:
 // TFLOP/s per shape, tile configuration, reserved SMs and epilogue mode.
 #include <cuda_runtime_api.h>
 
@@ -15,6 +15,7 @@
 
 #include "cli_parse.h"
 #include "commands.h"
+#include "lab/lab.h"
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"

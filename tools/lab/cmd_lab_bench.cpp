@@ -1,10 +1,10 @@
-// flashoverlap lab-bench — GEMM + collective, every internal variant in one
+// flashoverlap-lab lab-bench — GEMM + collective, every internal variant in one
 // run on all ranks: correctness first, then timings (median per rank, max
 // over ranks). A lab: the variants run through the internal ops (rt::), planned
 // and measured here by the tuner, not the public ops of flashoverlap.h (those:
 // `flashoverlap bench`, cmd_bench_ops.cpp).
 // This file: the AllReduce, and the run over shapes with its table, CSV and
-// JSON for every collective (--op reducescatter: cmd_bench_rs.cpp).
+// JSON for every collective (--op reducescatter: cmd_lab_bench_rs.cpp).
 //   sequential          cuBLAS GEMM, then one ncclAllReduce (what users run today)
 //   sequential-ourgemm  our GEMM, then one ncclAllReduce
 //   decomposition       M in 2/4/8 chunks of cuBLAS GEMMs, AllReduce per chunk on a 2nd stream (best)
@@ -27,9 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "bench_shared.h"
+#include "lab/lab_bench_shared.h"
 #include "cli_parse.h"
 #include "commands.h"
+#include "lab/lab.h"
 #include "plan/curve_files.h"
 #include "flashoverlap/error.h"
 #include "kernels/check.h"

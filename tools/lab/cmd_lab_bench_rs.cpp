@@ -1,6 +1,6 @@
-// cmd_bench_rs.cpp — `flashoverlap lab-bench --op reducescatter`: GEMM +
+// cmd_lab_bench_rs.cpp — `flashoverlap-lab lab-bench --op reducescatter`: GEMM +
 // ReduceScatter, every variant in one run on all ranks, as the AllReduce
-// lab-bench (cmd_bench.cpp, whose run over shapes prints the rows): correctness
+// lab-bench (cmd_lab_bench.cpp, whose run over shapes prints the rows): correctness
 // first, then timings in turns (median per rank, max over ranks). Every rank
 // holds A (M x K, M the rows on each rank) and B; rank r ends with its rows
 // of the sum over ranks of A B^T (--rs-layout: standard rows [r M/W, (r+1)
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_shared.h"
+#include "lab/lab_bench_shared.h"
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"

@@ -1,4 +1,4 @@
-// cmd_bench_a2a.cpp — `flashoverlap lab-bench --op alltoall`: the MoE combine
+// cmd_lab_bench_a2a.cpp — `flashoverlap-lab lab-bench --op alltoall`: the MoE combine
 // (expert GEMM, then each row back to its token's rank, weighted and summed
 // per token), every variant in one run on all ranks, as the other
 // collectives' benches: correctness first, then timings in turns (median
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_shared.h"
+#include "lab/lab_bench_shared.h"
 #include "moe_routing_args.h"
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
