@@ -9,8 +9,8 @@
 
 #include "commands.h"
 #include "flashoverlap/error.h"
+#include "flashoverlap/flashoverlap.h"
 #include "plan/partition.h"
-#include "runtime/core/buffer.h"
 #include "runtime/process/launcher.h"
 
 namespace flashoverlap::cli {
@@ -153,7 +153,7 @@ int run_command_line(CLI::App& app, int argc, char** argv, int& rc, const std::f
     // Help is printed once, by this process, whatever else is given.
     const ProcessOptions process = wants_help(given) ? ProcessOptions{false} : check_process_options(app, given);
     if (process.relaunch) {
-      const int gpus = rt::hopper_device_count();
+      const int gpus = local_gpus().hopper;
       std::vector<std::string> args = default_nproc_args(app, given, gpus, bool(main_job));
       if (args.empty()) args = given;
       std::vector<char*> argp;

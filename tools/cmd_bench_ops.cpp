@@ -779,7 +779,7 @@ void append_csv(const std::vector<Row>& rows, const Options& o, int world, const
 
 int run(const Options& o) {
   const auto shapes = check_options(o);  // (before the GPU: what the CPU tests see)
-  const GpuCheck gpus = check_gpus();
+  const LocalGpus gpus = local_gpus();
   if (gpus.hopper < 1) {
     std::cerr << "bench: no Hopper (sm_90) GPU found on this machine (" << gpus.reason
               << "); nothing to measure (`flashoverlap plan` shows the plan without a GPU).\n";

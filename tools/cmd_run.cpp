@@ -4,17 +4,12 @@
 #include <iostream>
 
 #include "commands.h"
-#include "runtime/core/buffer.h"
+#include "flashoverlap/flashoverlap.h"
 
 namespace flashoverlap::cli {
 
-GpuCheck check_gpus() {
-  const rt::GpuProbe p = rt::probe_gpus();
-  return {p.hopper, p.cuda_failed, p.reason};
-}
-
 int run_default_job(std::ostream& out) {
-  const rt::GpuProbe gpus = rt::probe_gpus();
+  const LocalGpus gpus = local_gpus();
   if (gpus.hopper > 0) return run_default_ops_bench();
   out << "No Hopper (sm_90) GPU on this machine (" << gpus.reason << ").\n";
   out << "Nothing can run, so here is the plan FlashOverlap would\n"

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "plan/curve_files.h"
 #include "flashoverlap/error.h"
+#include "flashoverlap/flashoverlap.h"
 #include "kernels/gemm.h"
 #include "runtime/process/bootstrap.h"
 #include "runtime/core/buffer.h"
@@ -40,7 +41,7 @@ int run(const Options& o) {
   if (o.max_mib < 1) throw InvalidArgument("--max-mib must be >= 1");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
   if (o.op == "allgather" && o.ctas > 0) throw InvalidArgument("--ctas: the AllGather curve runs on the copy engines");
-  const rt::GpuProbe probe = rt::probe_gpus();
+  const LocalGpus probe = local_gpus();
   const int gpus = probe.hopper;
   if (gpus < 1) {
     std::cerr << "tune: no Hopper (sm_90) GPU found on this machine (" << probe.reason << "); nothing to measure.\n";

@@ -97,13 +97,4 @@ int run_default_ops_bench();
 // Without a GPU: says so and prints the default plan.
 int run_default_job(std::ostream& out);
 
-// The machine's usable Hopper GPUs (rt::probe_gpus, cmd_run.cpp), for the
-// commands that keep to the public API otherwise (cmd_bench_ops.cpp).
-struct GpuCheck {
-  int hopper = 0;            // usable Hopper (sm_90) devices
-  bool cuda_failed = false;  // a driver is installed but CUDA did not start
-  std::string reason;        // why hopper is 0
-};
-GpuCheck check_gpus();
-
 }  // namespace flashoverlap::cli

@@ -26,6 +26,18 @@ namespace flashoverlap {
 // The library's version, "MAJOR.MINOR.PATCH".
 const char* version();
 
+// The GPUs of this process the ops run on (Hopper, sm_90, among those
+// CUDA_VISIBLE_DEVICES leaves), or why there are none. Never throws.
+struct LocalGpus {
+  int hopper = 0;            // usable Hopper devices
+  bool cuda_failed = false;  // a driver is there but CUDA did not start or answer: not a machine without GPUs
+  // Why hopper is 0: "no NVIDIA driver (libcuda.so.1 not found)", "no CUDA
+  // device", "no Hopper (sm_90) GPU among 1 device (NVIDIA A100 ...)" or
+  // "CUDA failed to start: ..."; "" where there is one.
+  std::string reason;
+};
+LocalGpus local_gpus();
+
 enum class DType { BF16, FP16 };
 
 // The NCCL communicator the ops run on. Copies share it; the ops built on

@@ -237,6 +237,15 @@ FO_C_API const char* fo_status_string(fo_status status);
  * function that returns an fo_status. */
 FO_C_API const char* fo_last_error(void);
 
+/* ---- this machine ---- */
+
+/* The GPUs of this process the ops run on (flashoverlap::local_gpus()):
+ * *hopper = the usable Hopper (sm_90) devices; *cuda_failed (optional) = 1
+ * where a driver is there but CUDA did not start or answer; the reason there
+ * are none, as text, into reason (size bytes) as fo_gemm_allreduce_plan
+ * writes its text ("" where there is one). */
+FO_C_API fo_status fo_local_gpus(int* hopper, int* cuda_failed, char* reason, size_t size, size_t* needed);
+
 /* ---- communicators ---- */
 
 /* A communicator the caller owns (a ncclComm_t: PyTorch's, vLLM's, ...):

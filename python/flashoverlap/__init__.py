@@ -33,7 +33,7 @@ import threading
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "FlashOverlapError", "InvalidArgument", "NoGpu", "library_path", "load", "nccl_version",
+    "__version__", "FlashOverlapError", "InvalidArgument", "NoGpu", "library_path", "load", "local_gpus", "nccl_version",
     "Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id",
 ]
 
@@ -117,6 +117,13 @@ def load():
             from . import _capi
             _library = _capi.Library(library_path())
         return _library
+
+
+def local_gpus():
+    """(hopper, cuda_failed, reason): the GPUs of this process the ops run on
+    (Hopper, sm_90), whether CUDA failed to start or answer, and why there
+    are none (flashoverlap::local_gpus(); loads the library)."""
+    return load().local_gpus()
 
 
 def nccl_version():

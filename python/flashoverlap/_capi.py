@@ -19,6 +19,7 @@ first: one library of that name serves a process. Library.nccl_version() and
 nccl_file() say which; Communicator's constructors refuse an unsupported one.
 """
 
+import collections
 import ctypes
 import os
 import re
@@ -119,6 +120,9 @@ class Routing(ctypes.Structure):
 assert ctypes.sizeof(Routing) == 72 and Routing.tokens.offset == 40 and Routing.recv_counts.offset == 56 \
     and Routing.on_device.offset == 64, "fo_alltoall_routing layout"
 
+# flashoverlap::LocalGpus: the GPUs of this process the ops run on, or why none.
+LocalGpus = collections.namedtuple("LocalGpus", ["hopper", "cuda_failed", "reason"])
+
 _h = c_void_p  # fo_comm_t, fo_gemm_*_t, void* (device pointers, streams, ncclComm_t)
 _STATUS = "status"  # restype marker: an fo_status, checked
 
@@ -128,6 +132,7 @@ _PROTOTYPES = {
     "fo_c_abi_version": (c_uint32, []),
     "fo_status_string": (c_char_p, [c_int]),
     "fo_last_error": (c_char_p, []),
+    "fo_local_gpus": (_STATUS, [POINTER(c_int), POINTER(c_int), c_char_p, c_size_t, POINTER(c_size_t)]),
     "fo_comm_adopt": (_STATUS, [_h, POINTER(_h)]),
     "fo_comm_from_env": (_STATUS, [POINTER(_h)]),
     "fo_comm_from_unique_id": (_STATUS, [c_void_p, c_size_t, c_int, c_int, POINTER(_h)]),
@@ -300,6 +305,14 @@ class Library:
 
     def last_error(self):
         return self.c.fo_last_error().decode(errors="replace")
+
+    def local_gpus(self):
+        """fo_local_gpus(): (usable Hopper GPUs, whether CUDA failed, why there are none)."""
+        hopper, failed, needed = c_int(0), c_int(0), c_size_t(0)
+        self.c.fo_local_gpus(byref(hopper), byref(failed), None, 0, byref(needed))
+        buf = ctypes.create_string_buffer(needed.value)
+        self.c.fo_local_gpus(byref(hopper), byref(failed), buf, needed.value, None)
+        return LocalGpus(hopper.value, bool(failed.value), buf.value.decode(errors="replace"))
 
     def nccl_version(self):
         """(major, minor, patch) of the NCCL the library's calls go to."""

@@ -447,6 +447,17 @@ const char* fo_last_error(void) { return t_static ? t_static : t_message.c_str()
 
 // ---- communicators ----
 
+fo_status fo_local_gpus(int* hopper, int* cuda_failed, char* reason, size_t size, size_t* needed) {
+  return guard("fo_local_gpus", [&] {
+    require(hopper, "hopper");
+    if (size > 0) require(reason, "reason");
+    const flashoverlap::LocalGpus g = flashoverlap::local_gpus();
+    *hopper = g.hopper;
+    if (cuda_failed) *cuda_failed = g.cuda_failed ? 1 : 0;
+    copy_text(g.reason, reason, size, needed);
+  });
+}
+
 fo_status fo_comm_adopt(void* nccl_comm, fo_comm_t* out) {
   return guard("fo_comm_adopt", [&] {
     require(out, "out");

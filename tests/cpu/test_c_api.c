@@ -135,6 +135,33 @@ static void test_version(void) {
   CHECK(fo_last_error()[0] == '\0', "a fresh thread's last error: \"%s\"", fo_last_error());
 }
 
+/* fo_local_gpus: a count and its reason that agree (none: why; some: ""),
+ * the text's size first as the plan functions give it, then cut to a short
+ * buffer; NULL where a pointer is needed refused. Any machine. */
+static void test_local_gpus(void) {
+  int hopper = -1, failed = -1;
+  size_t needed = 0;
+  CHECK(fo_local_gpus(&hopper, &failed, NULL, 0, &needed) == FO_OK, "fo_local_gpus: %s", fo_last_error());
+  CHECK(hopper >= 0 && (failed == 0 || failed == 1) && needed >= 1, "hopper %d, cuda_failed %d, needed %zu", hopper,
+        failed, needed);
+  char* reason = (char*)malloc(needed);
+  CHECK(fo_local_gpus(&hopper, NULL, reason, needed, NULL) == FO_OK, "fo_local_gpus: %s", fo_last_error());
+  CHECK(strlen(reason) + 1 == needed, "the reason \"%s\" is %zu bytes with its NUL, needed said %zu", reason,
+        strlen(reason) + 1, needed);
+  CHECK((hopper == 0) == (reason[0] != '\0'), "%d Hopper GPUs and the reason \"%s\"", hopper, reason);
+  if (needed > 4) {
+    char shorter[4];
+    CHECK(fo_local_gpus(&hopper, NULL, shorter, sizeof shorter, NULL) == FO_OK && strlen(shorter) == 3 &&
+              strncmp(shorter, reason, 3) == 0,
+          "a 4-byte buffer holds the reason's first 3 characters: \"%s\"", shorter);
+  }
+  free(reason);
+  CHECK(fo_local_gpus(NULL, NULL, NULL, 0, NULL) == FO_INVALID_ARGUMENT && strstr(fo_last_error(), "hopper"),
+        "NULL hopper: %s", fo_last_error());
+  CHECK(fo_local_gpus(&hopper, NULL, NULL, 8, NULL) == FO_INVALID_ARGUMENT && strstr(fo_last_error(), "reason"),
+        "NULL reason with a size: %s", fo_last_error());
+}
+
 /* The defaults equal GemmAllReduceOptions{}'s (flashoverlap.h: Auto, 8 SMs,
  * 30 s, no m check, no curves, no tuning cache); struct_size's rules. */
 static void test_options(void) {
@@ -1438,6 +1465,12 @@ static int gpu_part(void) {
   FO(fo_comm_world(comm, &world));
   FO(fo_comm_nccl(comm, &nccl));
   CHECK(rank == 0 && world == 1 && nccl != NULL, "rank %d, world %d, nccl %p", rank, world, nccl);
+  {  /* where a communicator came up, the machine has a Hopper GPU and says so */
+    int hopper = 0;
+    char reason[256];
+    FO(fo_local_gpus(&hopper, NULL, reason, sizeof reason, NULL));
+    CHECK(hopper >= 1 && reason[0] == '\0', "fo_local_gpus on a GPU machine: %d, \"%s\"", hopper, reason);
+  }
 
   if (!load_driver()) {
     fprintf(stderr, "a GPU communicator, but libcuda.so.1 does not load: %s\n", dlerror());
@@ -1603,6 +1636,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   test_version();
+  test_local_gpus();
   test_options();
   test_rs_options();
   test_a2a_options();

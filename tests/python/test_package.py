@@ -212,6 +212,15 @@ class CApi(unittest.TestCase):
     def test_abi_version(self):
         self.assertEqual(self.lib.abi_version(), _capi.C_ABI_VERSION)
 
+    def test_local_gpus(self):
+        # (any machine: a count and its reason that agree)
+        g = flashoverlap.local_gpus()
+        self.assertEqual(g, self.lib.local_gpus())
+        self.assertIsInstance(g.hopper, int)
+        self.assertIsInstance(g.cuda_failed, bool)
+        self.assertGreaterEqual(g.hopper, 0)
+        self.assertEqual(g.hopper == 0, g.reason != "", g)
+
     def test_all_gather_rows_prototype(self):
         # fo_status (fo_gemm_reducescatter_t op, const void* local, void* full, int64_t m, void* stream)
         restype, argtypes = _capi._PROTOTYPES["fo_gemm_reducescatter_all_gather_rows"]
