@@ -11,7 +11,7 @@
 #include "flashoverlap/error.h"
 #include "flashoverlap/flashoverlap.h"
 #include "plan/partition.h"
-#include "runtime/process/launcher.h"
+#include "process/launcher.h"
 
 namespace flashoverlap::cli {
 namespace {

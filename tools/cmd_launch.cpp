@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "commands.h"
-#include "runtime/process/launcher.h"
+#include "process/launcher.h"
 
 namespace flashoverlap::cli {
 

@@ -16,7 +16,7 @@
 #include "flashoverlap/error.h"
 #include "flashoverlap/flashoverlap.h"
 #include "kernels/gemm.h"
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/communicator.h"
 #include "runtime/tune/tuner.h"

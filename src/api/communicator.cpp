@@ -8,7 +8,7 @@
 #include "kernels/cuda_check.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/checks.h"
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 
 namespace flashoverlap {
 namespace {

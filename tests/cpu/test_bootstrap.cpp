@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "flashoverlap/error.h"
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 #include "test_seed.h"
 
 namespace flashoverlap::rt {

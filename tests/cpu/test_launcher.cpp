@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "flashoverlap/error.h"
-#include "runtime/process/bootstrap.h"
-#include "runtime/process/launcher.h"
+#include "process/bootstrap.h"
+#include "process/launcher.h"
 
 extern char** environ;
 

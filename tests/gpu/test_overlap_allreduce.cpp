@@ -30,7 +30,7 @@
 #include "runtime/core/exchange.h"
 #include "runtime/ops/allreduce.h"
 #include "runtime/tune/tuner.h"
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 #include "runtime/transport/peers.h"
 #include "host_reference.h"
 #include "rank_harness.h"

@@ -37,7 +37,7 @@
 #include "kernels/gemm.h"
 #include "kernels/reorder.h"
 #include "plan/planner.h"
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 #include "runtime/tune/ideal_gain.h"
 #include "runtime/ops/baselines.h"
 #include "runtime/core/buffer.h"

@@ -28,7 +28,7 @@
 #include "runtime/core/buffer.h"
 #include "runtime/core/communicator.h"
 #include "runtime/core/cublas.h"
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 #include "runtime/tune/power_meter.h"
 #include "runtime/tune/tuner.h"
 

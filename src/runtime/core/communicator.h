@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 
 namespace flashoverlap::rt {
 

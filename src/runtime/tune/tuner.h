@@ -11,7 +11,7 @@
 #include "kernels/gemm.h"
 #include "plan/latency_model.h"
 #include "plan/schedule.h"
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 #include "runtime/tune/timing.h"
 #include "runtime/core/tile_clocks.h"
 

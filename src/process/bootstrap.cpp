@@ -5,7 +5,7 @@
 // non-blocking and every wait goes through poll() with the step's deadline,
 // so nothing blocks past the timeout. Sockets are close-on-exec, so processes
 // started later (the launcher, NCCL's helpers) do not inherit them.
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

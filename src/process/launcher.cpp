@@ -7,7 +7,7 @@
 // check the deadlines. Handlers, unlike a blocked-signal mask, are
 // process-wide, so a signal taken by another thread (the CUDA driver starts
 // some) still wakes us.
-#include "runtime/process/launcher.h"
+#include "process/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -31,7 +31,7 @@
 #include <string_view>
 
 #include "flashoverlap/error.h"
-#include "runtime/process/bootstrap.h"
+#include "process/bootstrap.h"
 
 extern char** environ;
 
