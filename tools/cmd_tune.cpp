@@ -1,25 +1,19 @@
-// flashoverlap tune — measures a bandwidth curve on this machine (all local
-// GPUs, one process each) and saves it as JSON: the AllReduce curve
-// (optionally with NCCL limited to --ctas CTAs, the budget the overlap leaves
-// it; input of `plan --curve FILE`) or the copy-engine AllGather curve of the
-// gathered layouts. With --curves DIR it goes where `lab-bench --curves DIR`
-// looks for it (curve_files.h).
-#include <cuda_runtime_api.h>
-
+// flashoverlap tune — measures NCCL's AllReduce bandwidth curve on this
+// machine (all local GPUs, one process each), optionally with NCCL limited to
+// --ctas CTAs (the budget the overlap leaves it), and saves it as JSON: the
+// input of `plan --curve FILE`, or, with --curves DIR, where
+// GemmAllReduceOptions::curves = DIR finds it. On the public API
+// (flashoverlap::measure_allreduce_curve).
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
-#include "plan/curve_files.h"
 #include "flashoverlap/error.h"
 #include "flashoverlap/flashoverlap.h"
-#include "kernels/gemm.h"
-#include "process/bootstrap.h"
-#include "runtime/core/buffer.h"
-#include "runtime/core/communicator.h"
-#include "runtime/tune/tuner.h"
 
 namespace flashoverlap::cli {
 namespace {
@@ -34,51 +28,35 @@ struct Options {
 };
 
 int run(const Options& o) {
-  if (o.op != "allreduce" && o.op != "allgather")
-    throw InvalidArgument("tune --op " + o.op + ": allreduce or allgather (copy engines) curves are measured so far");
+  if (o.op != "allreduce")
+    throw InvalidArgument("tune --op " + o.op + ": the AllReduce's curve is what the ops read (the copy-engine "
+                          "AllGather's, for the lab's gathered layouts, `flashoverlap-lab lab-bench --curves DIR` "
+                          "measures where it is missing)");
   if (o.curve.empty() == o.curves.empty())
     throw InvalidArgument("tune needs one of --curve FILE or --curves DIR (where to save the curve)");
-  if (o.max_mib < 1) throw InvalidArgument("--max-mib must be >= 1");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");
-  if (o.op == "allgather" && o.ctas > 0) throw InvalidArgument("--ctas: the AllGather curve runs on the copy engines");
-  const LocalGpus probe = local_gpus();
-  const int gpus = probe.hopper;
-  if (gpus < 1) {
-    std::cerr << "tune: no Hopper (sm_90) GPU found on this machine (" << probe.reason << "); nothing to measure.\n";
+  const LocalGpus gpus = local_gpus();
+  if (gpus.hopper < 1) {
+    std::cerr << "tune: no Hopper (sm_90) GPU found on this machine (" << gpus.reason << "); nothing to measure.\n";
     return 1;
   }
-  const rt::DistEnv env = rt::DistEnv::from_env().value_or(rt::DistEnv{});
-  FO_CUDA_CHECK(cudaSetDevice(env.local_rank));
-  rt::Rendezvous rv(env);
-  rt::Communicator base = rt::Communicator::create(rv);
-  rt::Communicator limited;
-  if (o.op == "allgather") limited = base.split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
-  else if (o.ctas > 0) limited = base.split({o.ctas, o.ctas, 1});
-  cudaStream_t stream;
-  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const rt::DeviceInfo info = rt::device_info(env.local_rank);
-  const auto dt = o.dtype == "fp16" ? kernels::DType::FP16 : kernels::DType::BF16;
-  const ncclComm_t comm = limited ? limited.get() : base.get();
-  const double max_bytes = o.max_mib * (1 << 20);
-  const plan::BandwidthCurve curve =
-      o.op == "allgather" ? rt::measure_gather_curve(rv, comm, dt, stream, max_bytes, o.iters, info.name)
-                          : rt::measure_allreduce_curve(rv, comm, dt, stream, max_bytes, o.iters, info.name);
-  if (rv.rank() == 0) {
-    const std::string path = !o.curve.empty()       ? o.curve
-                             : o.op == "allgather" ? plan::allgather_curve_file(o.curves, rv.world(), o.dtype)
-                                                   : plan::allreduce_curve_file(o.curves, o.ctas, rv.world(), o.dtype);
-    if (!o.curves.empty()) std::filesystem::create_directories(o.curves);
-    curve.save(path);
-    std::cout << (o.op == "allgather" ? "AllGather (copy engines, bytes per rank)" : "AllReduce") << " curve, "
-              << rv.world() << " ranks"
-              << (o.op == "allgather" ? "" : ", NCCL " + (o.ctas > 0 ? std::to_string(o.ctas) : "default") + " CTAs")
-              << " (" << info.summary() << "):\n";
-    for (const auto& s : curve.samples())
-      std::cout << "  " << std::setw(12) << std::fixed << std::setprecision(0) << s.bytes << " B  " << std::setprecision(4)
-                << s.ms << " ms  " << std::setprecision(1) << s.bytes / s.ms / 1e6 << " GB/s\n";
+  const Communicator comm = Communicator::from_env();
+  const DType dt = o.dtype == "fp16" ? DType::FP16 : DType::BF16;
+  const std::string path =
+      !o.curve.empty() ? o.curve : allreduce_curve_path(o.curves, o.ctas, comm.world(), dt);
+  if (!o.curves.empty() && comm.rank() == 0) std::filesystem::create_directories(o.curves);
+  const nlohmann::json curve = nlohmann::json::parse(measure_allreduce_curve(comm, dt, o.ctas, o.max_mib, o.iters, path));
+  if (comm.rank() == 0) {
+    std::cout << "AllReduce curve, " << comm.world() << " ranks, NCCL "
+              << (o.ctas > 0 ? std::to_string(o.ctas) : "default") << " CTAs, " << o.dtype << " ("
+              << curve.value("gpu", std::string("this GPU")) << "):\n";
+    for (const auto& s : curve.at("samples")) {
+      const double bytes = s.at(0).get<double>(), ms = s.at(1).get<double>();
+      std::cout << "  " << std::setw(12) << std::fixed << std::setprecision(0) << bytes << " B  " << std::setprecision(4)
+                << ms << " ms  " << std::setprecision(1) << bytes / ms / 1e6 << " GB/s\n";
+    }
     std::cout << "saved to " << path << "\n";
   }
-  cudaStreamDestroy(stream);
   return 0;
 }
 
@@ -88,11 +66,12 @@ void add_tune_command(CLI::App& app, int& rc) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "tune", "Measure this machine's bandwidth curves (all local GPUs): what the tuner predicts overlap with");
-  cmd->add_option("--op", o->op, "allreduce (NCCL on SMs) or allgather (copy engines, the gathered layouts)")
+  cmd->add_option("--op", o->op, "allreduce (NCCL's AllReduce on SMs: the curve the ops plan with)")
       ->capture_default_str();
   cmd->add_option("--curve", o->curve, "Save the curve to this JSON file (input of `plan --curve`)");
   cmd->add_option("--curves", o->curves,
-                  "Save it under its standard name in this directory, where `lab-bench --curves DIR` finds it");
+                  "Save it under its standard name in this directory, where the ops' curves option (and "
+                  "`flashoverlap-lab lab-bench --curves DIR`) finds it");
   cmd->add_option("--dtype", o->dtype, "bf16 or fp16")->capture_default_str();
   cmd->add_option("--ctas", o->ctas, "Limit NCCL to this many CTAs (0: NCCL's default)")
       ->capture_default_str()

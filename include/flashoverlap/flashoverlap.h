@@ -75,6 +75,19 @@ class Communicator {
   friend class GemmAllToAll;
 };
 
+// NCCL's AllReduce measured over comm's ranks (collective; each rank on its
+// current device), messages of 64 KiB to max_mib MiB, with NCCL on nccl_ctas
+// CTAs (0: its default): the bandwidth curve GemmAllReduce plans with (the
+// slowest rank's median time per size), as JSON. Rank 0 also writes it to
+// `path` where given: allreduce_curve_path(dir, ...) puts it where
+// GemmAllReduceOptions::curves = dir finds it. The op reads two per world
+// and dtype: nccl_ctas 0 and its nccl_sms (`flashoverlap tune` measures them).
+std::string measure_allreduce_curve(const Communicator& comm, DType dtype, int nccl_ctas = 0, double max_mib = 256,
+                                    int iters = 10, const std::string& path = {});
+// The file under a curves directory that GemmAllReduce reads for that CTA
+// budget, world size and dtype.
+std::string allreduce_curve_path(const std::string& dir, int nccl_ctas, int world, DType dtype);
+
 struct GemmAllReduceOptions {
   // How the AllReduce runs beside the GEMM:
   //   Auto       the fastest the model predicts for each m (sequential
@@ -119,7 +132,7 @@ struct GemmAllReduceOptions {
   // tune --curves DIR`); rank 0's are used by every rank. Empty: the
   // built-in H200 model.
   std::string curves;
-  // A file of picks measured on this machine (`flashoverlap bench
+  // A file of picks measured on this machine (`flashoverlap-lab lab-bench
   // --tuning-cache FILE`), looked up by m's tile rows before the model
   // (Auto only); rank 0's file serves every rank. Empty: the environment's
   // FLASHOVERLAP_TUNING_CACHE, if set. A pick of a path this op does not run

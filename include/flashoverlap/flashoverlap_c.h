@@ -248,6 +248,18 @@ FO_C_API fo_status fo_local_gpus(int* hopper, int* cuda_failed, char* reason, si
 
 /* ---- communicators ---- */
 
+/* NCCL's AllReduce measured over comm's ranks (collective), written by rank 0
+ * to path as JSON (flashoverlap::measure_allreduce_curve): messages of 64 KiB
+ * to max_mib MiB, NCCL on nccl_ctas CTAs (0: its default), iters timed runs
+ * per size. */
+FO_C_API fo_status fo_measure_allreduce_curve(fo_comm_t comm, fo_dtype dtype, int nccl_ctas, double max_mib, int iters,
+                                              const char* path);
+/* Where GemmAllReduce's curves directory holds that curve
+ * (flashoverlap::allreduce_curve_path), as text into buf as
+ * fo_gemm_allreduce_plan writes its text. */
+FO_C_API fo_status fo_allreduce_curve_path(const char* dir, int nccl_ctas, int world, fo_dtype dtype, char* buf,
+                                           size_t size, size_t* needed);
+
 /* A communicator the caller owns (a ncclComm_t: PyTorch's, vLLM's, ...):
  * never destroyed here, so it must outlive the handle and every op built on
  * it. */

@@ -34,7 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "FlashOverlapError", "InvalidArgument", "NoGpu", "library_path", "load", "local_gpus", "nccl_version",
-    "Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id",
+    "Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id", "allreduce_curve_path",
 ]
 
 # The C ABI's status codes (fo_status).
@@ -133,7 +133,8 @@ def nccl_version():
 
 def __getattr__(name):
     # The ctypes layer's classes, without importing it (nor loading anything) at import.
-    if name in ("Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id"):
+    if name in ("Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id",
+                "allreduce_curve_path"):
         from . import _capi
         return getattr(_capi, name)
     raise AttributeError(f"module 'flashoverlap' has no attribute {name!r}")

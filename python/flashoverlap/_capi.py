@@ -133,6 +133,8 @@ _PROTOTYPES = {
     "fo_status_string": (c_char_p, [c_int]),
     "fo_last_error": (c_char_p, []),
     "fo_local_gpus": (_STATUS, [POINTER(c_int), POINTER(c_int), c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fo_measure_allreduce_curve": (_STATUS, [_h, c_int, c_int, c_double, c_int, c_char_p]),
+    "fo_allreduce_curve_path": (_STATUS, [c_char_p, c_int, c_int, c_int, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fo_comm_adopt": (_STATUS, [_h, POINTER(_h)]),
     "fo_comm_from_env": (_STATUS, [POINTER(_h)]),
     "fo_comm_from_unique_id": (_STATUS, [c_void_p, c_size_t, c_int, c_int, POINTER(_h)]),
@@ -440,6 +442,24 @@ class Communicator(_Handle):
         v = c_void_p()
         self._lib.c.fo_comm_nccl(self.handle, byref(v))
         return v.value or 0
+
+    def measure_allreduce_curve(self, path, dtype="bf16", nccl_ctas=0, max_mib=256, iters=10):
+        """Collective: NCCL's AllReduce measured over the ranks, written by rank
+        0 to path as JSON (flashoverlap::measure_allreduce_curve; where
+        allreduce_curve_path(dir, ...) says, GemmAllReduce's curves=dir reads it)."""
+        self._lib.c.fo_measure_allreduce_curve(self.handle, dtype_code(dtype), int(nccl_ctas), float(max_mib),
+                                               int(iters), os.fsencode(path))
+
+
+def allreduce_curve_path(directory, nccl_ctas, world, dtype="bf16"):
+    """The file under a curves directory that GemmAllReduce reads for that CTA
+    budget (0: NCCL's default), world size and dtype."""
+    c, d, needed = _lib().c, os.fsencode(directory), c_size_t(0)
+    code = dtype_code(dtype)
+    c.fo_allreduce_curve_path(d, int(nccl_ctas), int(world), code, None, 0, byref(needed))
+    buf = ctypes.create_string_buffer(needed.value)
+    c.fo_allreduce_curve_path(d, int(nccl_ctas), int(world), code, buf, needed.value, None)
+    return os.fsdecode(buf.value)
 
 
 def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None, curves=None, tuning_cache=None):

@@ -458,6 +458,24 @@ fo_status fo_local_gpus(int* hopper, int* cuda_failed, char* reason, size_t size
   });
 }
 
+fo_status fo_measure_allreduce_curve(fo_comm_t comm, fo_dtype dtype, int nccl_ctas, double max_mib, int iters,
+                                     const char* path) {
+  return guard("fo_measure_allreduce_curve", [&] {
+    require(path, "path");
+    const flashoverlap::DType d = to_dtype(dtype);
+    (void)flashoverlap::measure_allreduce_curve(deref(comm, "comm").comm, d, nccl_ctas, max_mib, iters, path);
+  });
+}
+
+fo_status fo_allreduce_curve_path(const char* dir, int nccl_ctas, int world, fo_dtype dtype, char* buf, size_t size,
+                                  size_t* needed) {
+  return guard("fo_allreduce_curve_path", [&] {
+    require(dir, "dir");
+    if (size > 0) require(buf, "buf");
+    copy_text(flashoverlap::allreduce_curve_path(dir, nccl_ctas, world, to_dtype(dtype)), buf, size, needed);
+  });
+}
+
 fo_status fo_comm_adopt(void* nccl_comm, fo_comm_t* out) {
   return guard("fo_comm_adopt", [&] {
     require(out, "out");

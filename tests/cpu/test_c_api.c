@@ -162,6 +162,33 @@ static void test_local_gpus(void) {
         "NULL reason with a size: %s", fo_last_error());
 }
 
+/* fo_allreduce_curve_path: the name GemmAllReduce's curves directory holds
+ * for a CTA budget, world and dtype; fo_measure_allreduce_curve's checks that
+ * come before any GPU work. */
+static void test_curves(void) {
+  char buf[128];
+  size_t needed = 0;
+  CHECK(fo_allreduce_curve_path("dir", 8, 4, FO_DTYPE_BF16, buf, sizeof buf, &needed) == FO_OK, "%s", fo_last_error());
+  CHECK(strcmp(buf, "dir/allreduce-ctas8-w4-bf16.json") == 0 && needed == strlen(buf) + 1, "\"%s\", needed %zu", buf,
+        needed);
+  CHECK(fo_allreduce_curve_path("d", 0, 2, FO_DTYPE_FP16, buf, sizeof buf, NULL) == FO_OK, "%s", fo_last_error());
+  CHECK(strcmp(buf, "d/allreduce-ctasdefault-w2-fp16.json") == 0, "\"%s\"", buf);
+  CHECK(fo_allreduce_curve_path("d", -1, 2, FO_DTYPE_BF16, buf, sizeof buf, NULL) == FO_INVALID_ARGUMENT &&
+            strstr(fo_last_error(), "nccl_ctas = -1"),
+        "a negative CTA budget: %s", fo_last_error());
+  CHECK(fo_allreduce_curve_path(NULL, 0, 2, FO_DTYPE_BF16, buf, sizeof buf, NULL) == FO_INVALID_ARGUMENT &&
+            strstr(fo_last_error(), "dir"),
+        "NULL dir: %s", fo_last_error());
+  CHECK(fo_allreduce_curve_path("d", 0, 2, (fo_dtype)7, buf, sizeof buf, NULL) == FO_INVALID_ARGUMENT,
+        "a bad dtype: %s", fo_last_error());
+  CHECK(fo_measure_allreduce_curve(NULL, FO_DTYPE_BF16, 0, 256, 10, "x.json") == FO_INVALID_ARGUMENT &&
+            strstr(fo_last_error(), "comm"),
+        "NULL comm: %s", fo_last_error());
+  CHECK(fo_measure_allreduce_curve(NULL, FO_DTYPE_BF16, 0, 256, 10, NULL) == FO_INVALID_ARGUMENT &&
+            strstr(fo_last_error(), "path"),
+        "NULL path: %s", fo_last_error());
+}
+
 /* The defaults equal GemmAllReduceOptions{}'s (flashoverlap.h: Auto, 8 SMs,
  * 30 s, no m check, no curves, no tuning cache); struct_size's rules. */
 static void test_options(void) {
@@ -1637,6 +1664,7 @@ int main(int argc, char** argv) {
   }
   test_version();
   test_local_gpus();
+  test_curves();
   test_options();
   test_rs_options();
   test_a2a_options();

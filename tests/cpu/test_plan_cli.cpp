@@ -351,6 +351,7 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
       {"bench", "--power 1", "--power"},
       {"bench-gemm", "--iters 0", "--iters: must be an integer >= 1"},
       {"tune", "--iters 0", "--iters: must be an integer >= 1"},
+      {"tune", "--op allgather --curve x.json", "tune --op allgather: the AllReduce's curve is what the ops read"},
       {"tune", "--max-mib -1", "--max-mib: must be a number in [1, 65536], not -1"},
       {"tune", "--ctas -5", "--ctas: must be an integer in [0, 1024], not -5"},
   };

@@ -212,6 +212,12 @@ class CApi(unittest.TestCase):
     def test_abi_version(self):
         self.assertEqual(self.lib.abi_version(), _capi.C_ABI_VERSION)
 
+    def test_allreduce_curve_path(self):
+        self.assertEqual(flashoverlap.allreduce_curve_path("dir", 8, 4, "bf16"), "dir/allreduce-ctas8-w4-bf16.json")
+        self.assertEqual(_capi.allreduce_curve_path("d", 0, 2, "fp16"), "d/allreduce-ctasdefault-w2-fp16.json")
+        with self.assertRaisesRegex(InvalidArgument, "nccl_ctas = -1"):
+            _capi.allreduce_curve_path("d", -1, 2)
+
     def test_local_gpus(self):
         # (any machine: a count and its reason that agree)
         g = flashoverlap.local_gpus()
