@@ -1380,6 +1380,60 @@ class TorchValidation(unittest.TestCase):
         self.assertEqual([c[5] is g for c in calls], [True, False, True])
         self.assertIsNone(calls[1][5])
 
+    def test_steady_call_takes_the_output_allocated_ahead(self):
+        # An eager call in the steady state returns the output the call before
+        # allocated after itself (same rows, same stream), and allocates the
+        # next one; anything else gets a fresh tensor, and nothing is kept
+        # ahead under capture, off the op's device, for an unplanned m or
+        # past the size cap. (A stand-in torch: CUDA's calls are not needed.)
+        t, fot = self.torch, self.fot
+        state = dict(stream=0x10, capturing=False, device=0)
+        made = []
+
+        def empty(shape, dtype, device):
+            made.append(t.empty(shape, dtype=dtype))
+            return made[-1]
+
+        saved = fot._torch
+        fot._torch = types.SimpleNamespace(
+            _C=types.SimpleNamespace(_cuda_getDevice=lambda: state["device"],
+                                     _cuda_getCurrentRawStream=lambda index: state["stream"]),
+            cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: state["capturing"]), empty=empty)
+        self.addCleanup(setattr, fot, "_torch", saved)
+        op = object.__new__(fot.GemmAllReduce)
+        op.n, op.dtype, op.device, op._index, op._c_handle = 32, t.float16, t.device("cpu"), 0, 7
+        op._planned, op._ahead, op._ahead_rows = {4, 8, 100}, None, 64
+        calls = []
+        op._c_run = lambda handle, a, b, out, m, stream, ld: calls.append((handle, out, m, stream))
+        x, w = t.zeros(8, 16, dtype=t.float16), t.zeros(32, 16, dtype=t.float16)
+
+        y1 = op._steady_call(x, w, 4, 4)
+        self.assertEqual((tuple(y1.shape), len(made)), ((4, 32), 2))  # (its own, then the next one's)
+        self.assertEqual(calls[-1], (7, y1.data_ptr(), 4, 0x10))
+        y2 = op._steady_call(x, w, 4, 4)
+        self.assertIs(y2, made[1])  # the one allocated ahead
+        self.assertEqual((len(made), calls[-1][1]), (3, y2.data_ptr()))
+        state["stream"] = 0x20  # another stream: a fresh output, and the next one's for that stream
+        y3 = op._steady_call(x, w, 4, 4)
+        self.assertIs(y3, made[3])
+        self.assertEqual((len(made), op._ahead[:2]), (5, (4, 0x20)))
+        y4 = op._steady_call(x, w, 8, 8)  # other rows: fresh
+        self.assertIs(y4, made[5])
+        self.assertEqual(op._ahead[0], 8)
+        self.assertEqual(len({y.data_ptr() for y in (y1, y2, y3, y4)}), 4)
+        # not the steady state: nothing called, nothing allocated
+        n_calls, n_made = len(calls), len(made)
+        state["capturing"] = True
+        self.assertIsNone(op._steady_call(x, w, 8, 8))
+        state["capturing"], state["device"] = False, 1
+        self.assertIsNone(op._steady_call(x, w, 8, 8))
+        state["device"] = 0
+        self.assertIsNone(op._steady_call(x, w, 5, 5))  # m 5 not planned
+        self.assertEqual((len(calls), len(made)), (n_calls, n_made))
+        # past the cap: called with a fresh output, nothing kept ahead
+        big = op._steady_call(t.zeros(100, 16, dtype=t.float16), w, 100, 100)
+        self.assertEqual((tuple(big.shape), op._ahead, len(made)), ((100, 32), None, n_made + 1))
+
     def test_alltoall_run_hands_the_library_the_routing(self):
         t = self.torch
         fot = self.fot
