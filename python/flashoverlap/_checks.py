@@ -48,16 +48,27 @@ def check_inputs(op, x, weight, residual=None, norm_weight=None, bound_m=True):
     """InvalidArgument unless x (m x k), weight (n x k) and, for the RMSNorm
     form, residual (m x n) and norm_weight (n) fit op (anything with max_m,
     n, k, dtype and device): dtype, device, shape, contiguity, m <= max_m."""
+    m = _check_x_and_weight(op, x, weight, bound_m)
+    _check_rmsnorm(op, residual, norm_weight, m)
+
+
+def _check_x_and_weight(op, x, weight, bound_m):
+    """x (m x k) and weight (n x k) of op, m <= max_m where bound_m; m."""
     _check_tensor(op, "x", x, (None, op.k))
     _check_tensor(op, "weight", weight, (op.n, op.k))
     m = x.shape[0]
     if bound_m and m > op.max_m:
         raise InvalidArgument(f"{op}: x has m = {m} rows, more than the op's max_m = {op.max_m} "
                               "(build the op with a larger max_m)")
+    return m
+
+
+def _check_rmsnorm(op, residual, norm_weight, rows):
+    """The RMSNorm form's residual (rows x n) and norm_weight (n), given together, or neither."""
     if residual is not None or norm_weight is not None:
         if residual is None or norm_weight is None:
             raise InvalidArgument(f"{op}: residual and norm_weight come together (the fused residual + RMSNorm form)")
-        _check_tensor(op, "residual", residual, (m, op.n))
+        _check_tensor(op, "residual", residual, (rows, op.n))
         _check_tensor(op, "norm_weight", norm_weight, (op.n,))
 
 
@@ -98,20 +109,12 @@ def check_rs_inputs(op, x, weight, residual=None, norm_weight=None, bound_m=True
     a multiple of the world size for the standard layout, and, for the
     RMSNorm form, residual (rows_out(m) x n: this rank's rows) and
     norm_weight (n)."""
-    _check_tensor(op, "x", x, (None, op.k))
-    _check_tensor(op, "weight", weight, (op.n, op.k))
-    m = x.shape[0]
-    if bound_m and m > op.max_m:
-        raise InvalidArgument(f"{op}: x has m = {m} rows, more than the op's max_m = {op.max_m} "
-                              "(build the op with a larger max_m)")
+    m = _check_x_and_weight(op, x, weight, bound_m)
     if op.layout == "standard" and isinstance(m, int) and m % op.world:
         raise InvalidArgument(f"{op}: x has m = {m} rows, not a multiple of the world size {op.world} (the "
                               "standard layout gives every rank m / world rows: pad x, or use layout='subtile')")
     if residual is not None or norm_weight is not None:
-        if residual is None or norm_weight is None:
-            raise InvalidArgument(f"{op}: residual and norm_weight come together (the fused residual + RMSNorm form)")
-        _check_tensor(op, "residual", residual, (rs_rows_out(m, op.world, op.rank, op.layout), op.n))
-        _check_tensor(op, "norm_weight", norm_weight, (op.n,))
+        _check_rmsnorm(op, residual, norm_weight, rs_rows_out(m, op.world, op.rank, op.layout))
 
 
 def check_gather_inputs(op, y, m, bound_m=True):
