@@ -84,7 +84,7 @@ struct ProcessOptions {
 // Checks the process options of `args` (before any "--") against the command
 // they are given to. Throws InvalidArgument for process options on a
 // one-process command.
-ProcessOptions check_process_options(const CLI::App& app, const std::vector<std::string>& args) {
+ProcessOptions check_process_options(const CLI::App& app, const std::vector<std::string>& args, bool has_main_job) {
   bool nproc = false, oversubscribe = false;
   const CLI::App* command = nullptr;  // null: the main job
   for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
@@ -101,6 +101,7 @@ ProcessOptions check_process_options(const CLI::App& app, const std::vector<std:
       command = named.front();
     }
   }
+  if (!command && !has_main_job) return {false};  // (no command: CLI11 says so, once)
   if (!nproc && !oversubscribe) return {};
   const std::string given = nproc ? "--nproc" : kOversubscribe;
   if (command && command->get_name() == "launch")
@@ -151,7 +152,7 @@ int run_command_line(CLI::App& app, int argc, char** argv, int& rc, const std::f
   try {
     const std::vector<std::string> given(argv, argv + argc);
     // Help is printed once, by this process, whatever else is given.
-    const ProcessOptions process = wants_help(given) ? ProcessOptions{false} : check_process_options(app, given);
+    const ProcessOptions process = wants_help(given) ? ProcessOptions{false} : check_process_options(app, given, bool(main_job));
     if (process.relaunch) {
       const int gpus = local_gpus().hopper;
       std::vector<std::string> args = default_nproc_args(app, given, gpus, bool(main_job));

@@ -52,7 +52,13 @@ Collective: building an op (and, the first time per group, its communicator)
 is collective over the group, and so is every call: every rank makes the
 same calls, with the same m, in the same order, as SPMD code does (the
 All-to-All's rows and tokens differ between ranks: its routing is what the
-ranks agree on).
+ranks agree on). An op is called by one thread at a time, as its C++ object.
+
+An eager call goes straight to the library (torch's dispatcher is for traced
+and compiled code); an AllReduce or ReduceScatter output of at most 8 MiB is
+allocated after the call, for the next eager call with the same rows on the
+same stream and memory pool, so that its allocation is off that call's way to
+the GPU: each op holds at most one such tensor.
 """
 
 import ctypes
@@ -133,6 +139,13 @@ def _raw_stream(torch, index):
     """torch's current stream on device `index`, as a cudaStream_t (an int)."""
     get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (what torch's own compiled code calls)
     return get(index) if get else torch.cuda.current_stream(index).cuda_stream
+
+
+def _pool_of(torch):
+    """The id of the memory pool torch allocates from now (torch.cuda.use_mem_pool), None for the default."""
+    context = getattr(torch.cuda, "MemPoolContext", None)
+    pool = context.active_pool() if context is not None else None
+    return None if pool is None else pool.id
 
 
 def _eager(torch, *tensors):
@@ -332,22 +345,25 @@ class _Op(_OpBase):
         super().close()
 
     def _steady_call(self, x, weight, m, rows):
-        """An eager call in the steady state (m planned, the op's device
-        current, no capture): enqueued, its (rows, n) output returned; None
-        where the state is not steady (the caller then takes the general way)."""
+        """A direct eager call (not the custom op's: compiled code's graphs
+        own their outputs' memory) in the steady state (m planned, the op's
+        device current, no capture): enqueued, its (rows, n) output returned;
+        None where the state is not steady (the caller then takes the general
+        way). The output allocated ahead serves only a call of the same rows,
+        stream and memory pool as its allocation."""
         torch = _torch
         if m not in self._planned or torch._C._cuda_getDevice() != self._index or \
                 torch.cuda.is_current_stream_capturing():
             return None
-        stream = _raw_stream(torch, self._index)
+        stream, pool = _raw_stream(torch, self._index), _pool_of(torch)
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == rows and ahead[1] == stream:
-            out = ahead[2]
+        if ahead is not None and ahead[:3] == (rows, stream, pool):
+            out = ahead[3]
         else:
             out = torch.empty((rows, self.n), dtype=self.dtype, device=self.device)
         self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
         if rows <= self._ahead_rows:  # (allocated on this stream, for a call on it: as torch.empty then would be)
-            self._ahead = (rows, stream, torch.empty((rows, self.n), dtype=self.dtype, device=self.device))
+            self._ahead = (rows, stream, pool, torch.empty((rows, self.n), dtype=self.dtype, device=self.device))
         return out
 
     def _open(self):
@@ -439,7 +455,7 @@ class GemmAllReduce(_Op):
         dimensions (..., k), as nn.Linear's input; the outputs then have them."""
         torch = _torch
         if residual is None and norm_weight is None and _eager(torch, x, weight) and x.dim() == 2:
-            return self._run(x, weight)
+            return self._run(x, weight, ahead=True)
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
         lead = None
@@ -449,7 +465,7 @@ class GemmAllReduce(_Op):
             if residual is not None:
                 residual = _flatten(self, "residual", residual)
         if residual is None and norm_weight is None:
-            y = (self._run(x, weight) if _eager(torch, x, weight)
+            y = (self._run(x, weight, ahead=True) if _eager(torch, x, weight)
                  else torch.ops.flashoverlap.gemm_all_reduce(x, weight, self.handle))
             return y if lead is None else y.view(*lead, self.n)
         if residual is None or norm_weight is None:
@@ -462,12 +478,12 @@ class GemmAllReduce(_Op):
         return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
 
     # (the custom ops' real implementations)
-    def _run(self, x, weight):
+    def _run(self, x, weight, ahead=False):
         self._open()
         if not self._plain(x, weight):
             check_inputs(self, x, weight)
         m = x.shape[0]
-        if m:
+        if m and ahead:
             out = self._steady_call(x, weight, m, m)
             if out is not None:
                 return out
@@ -591,7 +607,7 @@ class GemmReduceScatter(_Op):
         outputs (and residual) are (d0 / world, ..., n)."""
         torch = _torch
         if residual is None and norm_weight is None and _eager(torch, x, weight) and x.dim() == 2:
-            return self._run(x, weight)
+            return self._run(x, weight, ahead=True)
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
         lead = None
@@ -609,7 +625,7 @@ class GemmReduceScatter(_Op):
             if residual is not None:
                 residual = _flatten(self, "residual", residual)
         if residual is None and norm_weight is None:
-            y = (self._run(x, weight) if _eager(torch, x, weight)
+            y = (self._run(x, weight, ahead=True) if _eager(torch, x, weight)
                  else torch.ops.flashoverlap.gemm_reduce_scatter(x, weight, self.handle))
             return y if lead is None else y.view(*lead, self.n)
         if residual is None or norm_weight is None:
@@ -691,13 +707,13 @@ class GemmReduceScatter(_Op):
         return t, spare.data_ptr(), spare
 
     # (the custom ops' real implementations)
-    def _run(self, x, weight):
+    def _run(self, x, weight, ahead=False):
         self._open()
         if not (self._plain(x, weight) and (self.layout != "standard" or x.shape[0] % self.world == 0)):
             check_rs_inputs(self, x, weight)
         m = x.shape[0]
         rows = self._rows_checked(m)
-        if rows:
+        if rows and ahead:
             out = self._steady_call(x, weight, m, rows)
             if out is not None:
                 return out

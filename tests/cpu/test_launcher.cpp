@@ -400,6 +400,19 @@ TEST(NprocCli, OneProcessCommandsRefuseIt) {
   EXPECT_NE(r.output.find("--nproc before `launch`"), std::string::npos) << r.output;
 }
 
+// flashoverlap-lab has no main job: --nproc without a command is one error
+// line, not N processes of it.
+TEST(NprocCli, TheLabWithoutACommandSaysSoOnce) {
+  FILE* p = ::popen("CUDA_VISIBLE_DEVICES= '" FO_LAB_PATH "' --nproc 2 --allow-oversubscribe 2>&1", "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status << "\n" << out;
+  EXPECT_EQ(lines(out), 1u) << out;
+  EXPECT_EQ(out.rfind("flashoverlap-lab: error: ", 0), 0u) << out;
+}
+
 // Too many processes for the GPUs: the hint names --allow-oversubscribe, and
 // that option exists: with it the main job, bench and lab-bench start N processes.
 TEST(NprocCli, OversubscribeHintNamesAnOptionThatWorks) {

@@ -1387,7 +1387,7 @@ class TorchValidation(unittest.TestCase):
         # ahead under capture, off the op's device, for an unplanned m or
         # past the size cap. (A stand-in torch: CUDA's calls are not needed.)
         t, fot = self.torch, self.fot
-        state = dict(stream=0x10, capturing=False, device=0)
+        state = dict(stream=0x10, capturing=False, device=0, pool=None)
         made = []
 
         def empty(shape, dtype, device):
@@ -1398,7 +1398,10 @@ class TorchValidation(unittest.TestCase):
         fot._torch = types.SimpleNamespace(
             _C=types.SimpleNamespace(_cuda_getDevice=lambda: state["device"],
                                      _cuda_getCurrentRawStream=lambda index: state["stream"]),
-            cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: state["capturing"]), empty=empty)
+            cuda=types.SimpleNamespace(
+                is_current_stream_capturing=lambda: state["capturing"],
+                MemPoolContext=types.SimpleNamespace(active_pool=lambda: state["pool"] and types.SimpleNamespace(
+                    id=state["pool"]))), empty=empty)
         self.addCleanup(setattr, fot, "_torch", saved)
         op = object.__new__(fot.GemmAllReduce)
         op.n, op.dtype, op.device, op._index, op._c_handle = 32, t.float16, t.device("cpu"), 0, 7
@@ -1421,6 +1424,12 @@ class TorchValidation(unittest.TestCase):
         self.assertIs(y4, made[5])
         self.assertEqual(op._ahead[0], 8)
         self.assertEqual(len({y.data_ptr() for y in (y1, y2, y3, y4)}), 4)
+        state["pool"] = (1, 2)  # a memory pool made current (torch.cuda.use_mem_pool): fresh, from it
+        y5 = op._steady_call(x, w, 8, 8)
+        self.assertIs(y5, made[7])
+        self.assertEqual(op._ahead[:3], (8, 0x20, (1, 2)))
+        self.assertIs(op._steady_call(x, w, 8, 8), made[8])  # (then the one allocated ahead in it)
+        state["pool"] = None
         # not the steady state: nothing called, nothing allocated
         n_calls, n_made = len(calls), len(made)
         state["capturing"] = True
