@@ -16,6 +16,7 @@
 #include "cli_parse.h"
 #include "commands.h"
 #include "flashoverlap/error.h"
+#include "flashoverlap/flashoverlap.h"
 #include "moe_routing_args.h"
 #include "plan/moe_plan.h"
 #include "plan/planner.h"
@@ -385,8 +386,25 @@ int print_plan_with(const PlanOptions& opts, const MoeFlags& moe, std::ostream& 
     if (opts.routing != PlanOptions{}.routing || moe.topk != 0 || moe.tokens != 0)
       throw InvalidArgument("--routing, --topk and --tokens are for --op alltoall");
     const Planned p = plan_for(opts);
-    if (opts.json) out << plan_json(p).dump() << "\n";
-    else print_text(p, out);
+    // What the public op runs for these inputs: the same planning code as
+    // GemmAllReduce's, on the model's stand-ins for what it measures when built.
+    std::string op_plan;
+    if (opts.op == "allreduce") {
+      GemmAllReduceOptions ar;
+      if (opts.reserve_sms > 0) ar.nccl_sms = opts.reserve_sms;
+      op_plan = plan_gemm_allreduce(opts.m, opts.n, opts.k, opts.world,
+                                    opts.dtype == "fp16" ? DType::FP16 : DType::BF16, ar, opts.sms);
+    }
+    if (opts.json) {
+      nlohmann::json j = plan_json(p);
+      if (!op_plan.empty()) j["op_plan"] = op_plan;
+      out << j.dump() << "\n";
+    } else {
+      print_text(p, out);
+      if (!op_plan.empty())
+        out << "GemmAllReduce (path auto, NCCL on " << (opts.reserve_sms > 0 ? opts.reserve_sms : 8)
+            << " SMs) runs: " << op_plan << "\n";
+    }
     return 0;
   }
   const MoePlanned p = moe_plan_for(opts, moe);

@@ -17,11 +17,11 @@ int run_default_job(std::ostream& out) {
          "H200 model. On a GPU machine the same command builds flashoverlap::GemmAllReduce and times it\n"
          "against cuBLAS + NCCL (`flashoverlap bench`).\n\n";
   const int rc = print_plan(PlanOptions{}, out);
-  out << "\nThis is the slot layout's plan (host model only). The op's Auto path plans row bands, slots\n"
-         "and the sequential path by the same latency model (its GEMM times measured at construction),\n"
-         "or takes the tuning cache's pick, and runs the fastest predicted; its Owners path runs only when\n"
-         "asked for (`bench --path owners`). The copy-engine and pushed layouts and the measured tuner are\n"
-         "`flashoverlap-lab lab-bench`'s.\n";
+  out << "\nAbove: the slot layout's plan from the host model, then the plan GemmAllReduce runs: its Auto\n"
+         "path plans row bands, slots and the sequential path by the same latency model (on a GPU, from its\n"
+         "GEMM's times measured when built), or takes the tuning cache's pick; its Owners path runs only\n"
+         "when asked for (`bench --path owners`). The copy-engine and pushed layouts and the measured tuner\n"
+         "are `flashoverlap-lab lab-bench`'s.\n";
   // A GPU machine whose CUDA does not start is a failure, not a CPU machine.
   return gpus.cuda_failed ? 1 : rc;
 }

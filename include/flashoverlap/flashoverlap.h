@@ -140,6 +140,17 @@ struct GemmAllReduceOptions {
   std::string tuning_cache;
 };
 
+// The plan GemmAllReduce runs for m, as GemmAllReduce::plan(m) words it, from
+// the model alone (no GPU, nothing measured; `flashoverlap plan` prints it):
+// our GEMM's time per wave from the built-in model, the AllReduce curves
+// from options.curves or the built-in H200 model, the tuning cache's picks
+// (options.tuning_cache, else $FLASHOVERLAP_TUNING_CACHE) for the GPU named
+// `gpu` with `sms` SMs. The op plans with the same code on what it measures
+// when built (its GEMM's times, cuBLAS's for the sequential calls).
+std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DType dtype,
+                                const GemmAllReduceOptions& options = {}, int sms = 132,
+                                const std::string& gpu = "NVIDIA H200");
+
 // C = A * B^T summed over the ranks of a communicator (AllReduce), with A
 // (m x k, row-major), B (n x k, row-major: nn.Linear's weight), C (m x n),
 // bf16 or fp16, fp32 accumulation, overlapped as the plan for m says. On 2

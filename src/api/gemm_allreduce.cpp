@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "api/allreduce_planner.h"
 #include "api/communicator_impl.h"
 #include "api/op_cache.h"
 #include "api/op_setup.h"
@@ -41,28 +42,6 @@ using api::kBm;
 using api::to_kernels;
 const std::vector<plan::TileShape>& kTiles = api::op_tiles();
 
-
-// The AllReduce curve of the built-in H200 model on `world` ranks and
-// `ctas` CTAs (0: NCCL's default), at the model's sizes.
-plan::BandwidthCurve model_curve(int world, int ctas) {
-  const plan::BandwidthCurve base = plan::BandwidthCurve::builtin_h200(plan::Collective::AllReduce);
-  const plan::CommModel model(base, world);
-  std::vector<plan::CurveSample> samples;
-  for (const plan::CurveSample& x : base.samples()) samples.push_back({x.bytes, model.ms(x.bytes, ctas)});
-  return plan::BandwidthCurve(plan::Collective::AllReduce, world, samples, "the built-in H200 model");
-}
-
-const char* path_name(GemmAllReduceOptions::Path p) {
-  switch (p) {
-    case GemmAllReduceOptions::Path::Auto: return "auto";
-    case GemmAllReduceOptions::Path::Sequential: return "sequential";
-    case GemmAllReduceOptions::Path::RowBands: return "row bands";
-    case GemmAllReduceOptions::Path::Slots: return "slots";
-    case GemmAllReduceOptions::Path::NVLink: return "nvlink";
-  }
-  return "?";
-}
-
 }  // namespace
 
 struct GemmAllReduce::Impl {
@@ -73,15 +52,13 @@ struct GemmAllReduce::Impl {
   GemmAllReduceOptions opts;
   int rank = 0, world = 1, sms = 0;
   bool check_m = false;
-  double wave_ms[2] = {0, 0};  // our GEMM's time per wave, 128x256 and 128x128 tiles (max over ranks)
-  // The sequential calls' GEMM for each m (ours or cuBLAS's, measured), on
-  // one cuBLAS object for every m's op.
+  // What each m is planned from (wave times and sequential GEMMs measured,
+  // rank 0's curves and picks): the model, without a GPU.
+  api::AllReducePlanner planner;
+  // The sequential calls' cuBLAS GEMM, one object for every m's op.
   std::unique_ptr<rt::CublasGemm> cublas;
-  api::SequentialGemms seq;
-  std::unique_ptr<plan::BandwidthCurve> curve_default, curve_bounded;
   rt::OverlapCore core;  // (before the ops: they use it until they are destroyed)
   std::map<int32_t, rt::AllReducePlan> plans;                    // by m's bucket
-  std::map<int64_t, rt::AllReducePlan> picks;                    // the tuning cache's, by tile rows (rank 0's)
   api::OpCache<rt::OverlapAllReduce> ops;  // by m (at most api::kOpsKept not captured)
   // Owners: one window for max_m (built with the op), one op per tile rows,
   // which runs every m of them (OverlapAllReduce::run_rows).
@@ -101,75 +78,6 @@ struct GemmAllReduce::Impl {
     return "GemmAllReduce (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", max_m " +
            std::to_string(max_m) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ")";
   }
-  double gemm_ms(const plan::Schedule& s) const { return wave_ms[s.bn == 256 ? 0 : 1] * s.waves(); }
-  plan::Schedule full_grid(int64_t m, plan::TileShape tile) const {
-    return plan::make_schedule(m, n, tile, sms, plan::Raster::AlongN,
-                               plan::default_swizzle(sms, tile, int32_t((m + tile.bm - 1) / tile.bm)));
-  }
-  rt::AllReducePlan sequential_plan(int64_t m) const {
-    rt::AllReducePlan p;
-    p.sequential = true;
-    p.layout = rt::ArLayout::RowBands;
-    p.sched = full_grid(m, kTiles[0]);
-    const plan::Schedule other = full_grid(m, kTiles[1]);
-    if (gemm_ms(other) < gemm_ms(p.sched)) p.sched = other;
-    p.groups = plan::make_groups(p.sched, {p.sched.waves()});
-    // (the faster GEMM's time: the model's times are our GEMM's)
-    p.predicted_ms = gemm_ms(p.sched) * seq.ratio(m) + curve_default->latency_ms(double(m) * double(n) * 2);
-    return p;
-  }
-  // The model's plan for m's bucket (the paper's online phase: nothing measured).
-  rt::AllReducePlan plan_for(int64_t m) const {
-    using Path = GemmAllReduceOptions::Path;
-    const rt::AllReducePlan seq = sequential_plan(m);
-    if (opts.path == Path::Sequential) return seq;
-    if (auto it = picks.find(bucket_of(m)); opts.path == Path::Auto && it != picks.end()) {
-      rt::AllReducePlan p = it->second;  // (measured: the sequential fallback with our GEMM, or an NCCL path)
-      const bool runs_here = p.sequential || ((p.layout == rt::ArLayout::RowBands || p.layout == rt::ArLayout::Slots) &&
-                                              p.reserve == opts.nccl_sms && p.sched.ctas == sms - opts.nccl_sms);
-      if (runs_here) return p;
-    }
-    rt::AllReduceTuning t;
-    t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = kTiles;
-    t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
-    t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };  // (the model: nothing measured)
-    if (opts.path == Path::NVLink) {  // the model's best owner plan (pushed row bands), or the sequential one
-      t.layouts = {rt::ArLayout::Pushed}, t.push_by = rt::PushBy::Owners, t.push_reachable = true;
-      if (world > 2) t.tiles = {kTiles[0]};  // (owners on 3-8 ranks: 128x256 tiles on 4 stages)
-      try {
-        return rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, 1e30);
-      } catch (const rt::NoPlan&) {
-        return seq;  // (one band of tile rows: nothing to overlap)
-      }
-    }
-    t.layouts = opts.path == Path::RowBands ? std::vector<rt::ArLayout>{rt::ArLayout::RowBands}
-                : opts.path == Path::Slots  ? std::vector<rt::ArLayout>{rt::ArLayout::Slots}
-                                            : std::vector<rt::ArLayout>{rt::ArLayout::RowBands, rt::ArLayout::Slots};
-    std::vector<rt::AllReducePlan> ranked;
-    t.ranked = &ranked;  // (every candidate, fastest predicted first, the sequential plan among them)
-    try {
-      const rt::AllReducePlan best = rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, seq.predicted_ms);
-      if (opts.path == Path::Auto) return best;
-    } catch (const rt::NoPlan&) {
-      return seq;  // (e.g. one band of tile rows: nothing to overlap)
-    }
-    // A forced path overlaps where the shape lets it: the fastest predicted
-    // candidate with two units (bands, waves) or more, in two groups at
-    // least (the model may find one group best: e.g. on one rank, whose
-    // AllReduce moves nothing); one unit only: the sequential plan.
-    for (rt::AllReducePlan p : ranked) {
-      if (p.sequential) continue;
-      const bool bands = p.layout == rt::ArLayout::RowBands;
-      const int units = bands ? plan::band_count(p.sched) : p.sched.waves();
-      if (units < 2) continue;
-      if (p.groups.size() < 2) {
-        const plan::Partition two = {units - 1, 1};  // (a small last group: what follows the GEMM)
-        p.groups = bands ? plan::band_groups(p.sched, two) : plan::make_groups(p.sched, two);
-      }
-      return p;
-    }
-    return seq;
-  }
   // (stream: the call's; a new m cannot be planned while it is being captured: planning allocates)
   rt::OverlapAllReduce& op_for(int64_t m, cudaStream_t stream = nullptr, bool calling = false) {
     if (m < 1 || m > max_m)
@@ -179,15 +87,15 @@ struct GemmAllReduce::Impl {
     if (calling) api::refuse_planning_under_capture(stream, m, who());
     const int32_t bucket = bucket_of(m);
     auto pit = plans.find(bucket);
-    if (pit == plans.end()) pit = plans.emplace(bucket, plan_for(m)).first;
+    if (pit == plans.end()) pit = plans.emplace(bucket, planner.plan_for(m)).first;
     const rt::AllReducePlan& p = pit->second;
     if (rt::is_owners(p.push_by) && rt::is_pushed(p.layout) && !p.sequential) return make_owner_op(bucket, p);
     rt::OverlapAllReduceOptions o;
     o.sched = plan::make_schedule(m, n, {p.sched.bm, p.sched.bn}, p.sched.ctas, p.sched.raster, p.sched.swizzle);
     o.groups = p.groups;  // (tile ranges: the same for every m of the bucket)
     if (p.sequential) {  // the faster GEMM at m (ours on its faster tile)
-      o.fallback_cublas = seq.cublas(m), o.cublas = cublas.get();
-      if (!o.fallback_cublas) o.sched = full_grid(m, kTiles[seq.at(m).ours_tile]);
+      o.fallback_cublas = planner.seq.cublas(m), o.cublas = cublas.get();
+      if (!o.fallback_cublas) o.sched = planner.full_grid(m, kTiles[planner.seq.at(m).ours_tile]);
       o.groups = plan::make_groups(o.sched, {o.sched.waves()});
     }
     o.layout = p.layout, o.k = int(k), o.dtype = to_kernels(dtype), o.rank = rank;
@@ -263,18 +171,20 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
     }
     const std::string text = api::from_rank0(c, d.rank, mine, d.who() + ": the AllReduce curve");
     return std::make_unique<plan::BandwidthCurve>(
-        text.empty() ? model_curve(d.world, ctas)
+        text.empty() ? api::model_allreduce_curve(d.world, ctas)
                      : plan::BandwidthCurve::from_json(nlohmann::json::parse(text), "rank 0's curve"));
   };
-  d.curve_default = curve(0);
-  d.curve_bounded = curve(options.nccl_sms);
+  d.planner.n = n, d.planner.k = k, d.planner.world = d.world, d.planner.sms = d.sms, d.planner.dtype = dtype;
+  d.planner.opts = options;
+  d.planner.curve_default = curve(0);
+  d.planner.curve_bounded = curve(options.nccl_sms);
 
   // The tuning cache's picks for this machine and shape: rank 0's.
   {
     rt::PickKey shape;
     shape.gpu = gpu;
     shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n, shape.k = k;
-    d.picks = rt::PickCache::parse_entries(api::rank0_tuning_entries(c, d.rank, options.tuning_cache, shape, d.who()),
+    d.planner.picks = rt::PickCache::parse_entries(api::rank0_tuning_entries(c, d.rank, options.tuning_cache, shape, d.who()),
                                            shape);
   }
 
@@ -282,9 +192,9 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   // against cuBLAS's for the sequential calls.
   {
     const std::array<double, 2> w = api::gemm_wave_ms(c, d.rank, max_m, n, k, dtype, d.sms, d.who());
-    d.wave_ms[0] = w[0], d.wave_ms[1] = w[1];
+    d.planner.wave_ms[0] = w[0], d.planner.wave_ms[1] = w[1];
     d.cublas = std::make_unique<rt::CublasGemm>();
-    d.seq = api::measure_sequential_gemms(c, d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who());
+    d.planner.seq = api::measure_sequential_gemms(c, d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who());
   }
   // Scratch for the largest m: row-major C, or the slot layout's tiles (whole tiles).
   size_t scratch = size_t(max_m) * size_t(n) * 2;
@@ -376,16 +286,8 @@ void GemmAllReduce::prepare(int64_t m) {
 
 std::string GemmAllReduce::plan(int64_t m) {
   Impl& d = *impl_;
-  const rt::OverlapAllReduce& op = d.op_for(m);
-  const rt::AllReducePlan& p = d.plans.at(bucket_of(m));
-  std::ostringstream os;
-  if (p.sequential)
-    os << "sequential: " << d.seq.describe(m) << ", then one ncclAllReduce";
-  else
-    os << rt::describe(p) << "; groups " << op.describe_groups();
-  os << "; predicted " << p.predicted_ms << " ms (path " << path_name(d.opts.path) << ", NCCL on " << d.opts.nccl_sms
-     << " SMs beside the GEMM)";
-  return os.str();
+  (void)d.op_for(m);  // (planned, its op made)
+  return d.planner.describe(m, d.plans.at(bucket_of(m)));
 }
 
 void GemmAllReduce::check() const {

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "flashoverlap/flashoverlap.h"
 #include "test_plan_util.h"
 
 namespace {
@@ -460,6 +461,50 @@ TEST(BenchCli, HelpTellsBenchFromLabBench) {
     EXPECT_EQ(gone.rc, 2) << gone.err;
     EXPECT_NE(gone.err.find("flashoverlap: error: "), std::string::npos) << gone.err;
   }
+}
+
+// plan --op allreduce prints what GemmAllReduce runs for the same inputs:
+// flashoverlap::plan_gemm_allreduce, the op's own planning code on the model's
+// stand-ins for what it measures when built (text and JSON alike).
+TEST(PlanCli, PrintsThePlanTheAllReduceOpRuns) {
+  using flashoverlap::DType;
+  struct Case {
+    int64_t m, n, k;
+    int world, reserve;
+  };
+  for (const Case& c : {Case{4096, 8192, 8192, 2, -1}, Case{32, 8192, 8192, 1, -1}, Case{8192, 5120, 13824, 8, 16},
+                        Case{300, 4096, 4096, 4, -1}}) {
+    const std::string args = "--op allreduce --m " + std::to_string(c.m) + " --n " + std::to_string(c.n) + " --k " +
+                             std::to_string(c.k) + " --world " + std::to_string(c.world) +
+                             (c.reserve > 0 ? " --reserve-sms " + std::to_string(c.reserve) : "");
+    SCOPED_TRACE(args);
+    flashoverlap::GemmAllReduceOptions o;
+    if (c.reserve > 0) o.nccl_sms = c.reserve;
+    const std::string expect = flashoverlap::plan_gemm_allreduce(c.m, c.n, c.k, c.world, DType::BF16, o);
+    const Result text = run(args);
+    ASSERT_EQ(text.rc, 0) << text.err;
+    EXPECT_NE(text.out.find(") runs: " + expect + "\n"), std::string::npos) << text.out;
+    const Result json = run(args + " --json");
+    ASSERT_EQ(json.rc, 0) << json.err;
+    EXPECT_EQ(nlohmann::json::parse(json.out).at("op_plan").get<std::string>(), expect);
+    // One rank has nothing to overlap: the sequential path, whatever the shape.
+    if (c.world == 1) EXPECT_EQ(expect.rfind("sequential: ", 0), 0u) << expect;
+  }
+  {  // where the AllReduce costs a quarter of the time, the op overlaps
+    const std::string big = flashoverlap::plan_gemm_allreduce(4096, 8192, 8192, 2, DType::BF16);
+    EXPECT_EQ(big.rfind("sequential", 0), std::string::npos) << big;
+  }
+  // A path forced where the shape has several bands overlaps; the inputs are checked.
+  flashoverlap::GemmAllReduceOptions bands;
+  bands.path = flashoverlap::GemmAllReduceOptions::Path::RowBands;
+  const std::string forced = flashoverlap::plan_gemm_allreduce(8192, 8192, 8192, 2, DType::BF16, bands);
+  EXPECT_NE(forced.find("row bands"), std::string::npos) << forced;
+  EXPECT_NE(forced.find("(path row bands"), std::string::npos) << forced;
+  EXPECT_THROW(flashoverlap::plan_gemm_allreduce(0, 8192, 8192, 2, DType::BF16), flashoverlap::InvalidArgument);
+  EXPECT_THROW(flashoverlap::plan_gemm_allreduce(64, 8192, 8191, 2, DType::BF16), flashoverlap::InvalidArgument);
+  flashoverlap::GemmAllReduceOptions owners;
+  owners.path = flashoverlap::GemmAllReduceOptions::Path::NVLink;
+  EXPECT_THROW(flashoverlap::plan_gemm_allreduce(64, 8192, 8192, 1, DType::BF16, owners), flashoverlap::InvalidArgument);
 }
 
 TEST(PlanCli, HasItsOwnHelp) {

@@ -1,0 +1,46 @@
+// allreduce_planner.h — how GemmAllReduce plans each m, without a GPU: from
+// what the op measured at construction (its GEMM's time per wave, the
+// sequential GEMM's choice per m, rank 0's curves and tuning-cache picks),
+// or the built-in model's stand-ins, to the plan of m's bucket and its text.
+// The op plans with it; flashoverlap::plan_gemm_allreduce (and so
+// `flashoverlap plan`) with the same object on the model's inputs.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "api/op_setup.h"
+#include "flashoverlap/flashoverlap.h"
+#include "plan/latency_model.h"
+#include "plan/schedule.h"
+#include "runtime/tune/tuner.h"
+
+namespace flashoverlap::api {
+
+struct AllReducePlanner {
+  int64_t n = 0, k = 0;
+  int world = 1, sms = 132;
+  DType dtype = DType::BF16;
+  GemmAllReduceOptions opts;
+  double wave_ms[2] = {0, 0};  // our GEMM's time per wave, 128x256 and 128x128 tiles
+  // The sequential calls' GEMM per m (ours or cuBLAS's), measured; empty:
+  // not measured (the model's plan), our GEMM's time stands for it.
+  SequentialGemms seq;
+  std::unique_ptr<plan::BandwidthCurve> curve_default, curve_bounded;  // NCCL's default CTAs, nccl_sms CTAs
+  std::map<int64_t, rt::AllReducePlan> picks;                          // the tuning cache's, by tile rows
+
+  double gemm_ms(const plan::Schedule& s) const { return wave_ms[s.bn == 256 ? 0 : 1] * s.waves(); }
+  plan::Schedule full_grid(int64_t m, plan::TileShape tile) const;
+  rt::AllReducePlan sequential_plan(int64_t m) const;
+  // The model's plan for m's bucket (the paper's online phase: nothing measured).
+  rt::AllReducePlan plan_for(int64_t m) const;
+  // GemmAllReduce::plan(m)'s text for p, m's plan.
+  std::string describe(int64_t m, const rt::AllReducePlan& p) const;
+};
+
+// The AllReduce curve of the built-in H200 model on `world` ranks and
+// `ctas` CTAs (0: NCCL's default), at the model's sizes.
+plan::BandwidthCurve model_allreduce_curve(int world, int ctas);
+
+}  // namespace flashoverlap::api
