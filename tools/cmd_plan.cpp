@@ -389,11 +389,15 @@ int print_plan_with(const PlanOptions& opts, const MoeFlags& moe, std::ostream& 
     // What the public op runs for these inputs: the same planning code as
     // GemmAllReduce's, on the model's stand-ins for what it measures when built.
     std::string op_plan;
+    const DType dt = opts.dtype == "fp16" ? DType::FP16 : DType::BF16;
     if (opts.op == "allreduce") {
       GemmAllReduceOptions ar;
       if (opts.reserve_sms > 0) ar.nccl_sms = opts.reserve_sms;
-      op_plan = plan_gemm_allreduce(opts.m, opts.n, opts.k, opts.world,
-                                    opts.dtype == "fp16" ? DType::FP16 : DType::BF16, ar, opts.sms);
+      op_plan = plan_gemm_allreduce(opts.m, opts.n, opts.k, opts.world, dt, ar, opts.sms);
+    } else if (opts.m % opts.world == 0) {  // (the standard layout's rule, which the op keeps)
+      GemmReduceScatterOptions rs;
+      if (opts.reserve_sms > 0) rs.nccl_sms = opts.reserve_sms;
+      op_plan = plan_gemm_reducescatter(opts.m, opts.n, opts.k, opts.world, dt, rs, opts.sms);
     }
     if (opts.json) {
       nlohmann::json j = plan_json(p);
@@ -402,8 +406,9 @@ int print_plan_with(const PlanOptions& opts, const MoeFlags& moe, std::ostream& 
     } else {
       print_text(p, out);
       if (!op_plan.empty())
-        out << "GemmAllReduce (path auto, NCCL on " << (opts.reserve_sms > 0 ? opts.reserve_sms : 8)
-            << " SMs) runs: " << op_plan << "\n";
+        out << (opts.op == "allreduce" ? "GemmAllReduce" : "GemmReduceScatter (rank 0, standard layout)")
+            << " (path auto, NCCL on " << (opts.reserve_sms > 0 ? opts.reserve_sms : 8) << " SMs) runs: " << op_plan
+            << "\n";
     }
     return 0;
   }

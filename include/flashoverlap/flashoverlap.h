@@ -275,6 +275,14 @@ struct GemmReduceScatterOptions {
   std::string tuning_cache;
 };
 
+// The plan GemmReduceScatter runs for m on rank `rank`, as
+// GemmReduceScatter::plan(m) words it, from the model alone (no GPU, nothing
+// measured; `flashoverlap plan` prints it): as plan_gemm_allreduce, with the
+// tuning cache's ReduceScatter picks. The op plans with the same code.
+std::string plan_gemm_reducescatter(int64_t m, int64_t n, int64_t k, int world, DType dtype,
+                                    const GemmReduceScatterOptions& options = {}, int sms = 132,
+                                    const std::string& gpu = "NVIDIA H200", int rank = 0);
+
 // This rank's rows of C = sum over the ranks of A * B^T (ReduceScatter),
 // A (m x k) and B (n x k) row-major, bf16 or fp16, fp32 accumulation; the
 // GEMM + ReduceScatter of sequence-parallel and FSDP layers. The output

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "api/communicator_impl.h"
+#include "api/reducescatter_planner.h"
 #include "api/op_cache.h"
 #include "api/op_setup.h"
 #include "kernels/reorder.h"
@@ -29,16 +30,6 @@ namespace {
 
 using api::to_kernels;
 
-const char* path_name(GemmReduceScatterOptions::Path p) {
-  switch (p) {
-    case GemmReduceScatterOptions::Path::Auto: return "auto";
-    case GemmReduceScatterOptions::Path::Sequential: return "sequential";
-    case GemmReduceScatterOptions::Path::Slots: return "slots";
-    case GemmReduceScatterOptions::Path::NVLink: return "nvlink";
-  }
-  return "?";
-}
-
 }  // namespace
 
 struct GemmReduceScatter::Impl {
@@ -49,19 +40,14 @@ struct GemmReduceScatter::Impl {
   GemmReduceScatterOptions opts;
   int rank = 0, world = 1, sms = 0;
   bool check_m = false;
-  std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles() order (max over ranks)
-  // The sequential calls' GEMM for each m (ours or cuBLAS's, measured), on
-  // one cuBLAS object for every m's op.
+  // What each m is planned from (wave times and sequential GEMMs measured,
+  // rank 0's picks): the model, without a GPU.
+  api::ReduceScatterPlanner planner;
+  // The sequential calls' cuBLAS GEMM, one object for every m's op.
   std::unique_ptr<rt::CublasGemm> cublas;
-  api::SequentialGemms seq;
   rt::OverlapCore core;              // (before the ops)
-  // A planned m: the plan, and how its op runs it (the tuning cache's picks).
-  struct Planned {
-    plan::Plan plan;
-    bool nvlink = false, cublas = false, picked = false;
-  };
+  using Planned = api::ReduceScatterPlanner::Planned;
   std::map<int64_t, Planned> plans;  // by m (the standard layout's parts depend on m itself)
-  std::map<int64_t, rt::ReduceScatterPick> picks;  // the tuning cache's, by tile rows (rank 0's; Auto)
   rt::PeerWindows windows;  // the NVLink form: every rank's, shared by the ops of every m (before them)
   api::OpCache<rt::OverlapReduceScatter> ops;  // by m (at most api::kOpsKept not captured)
   rt::OverlapReduceScatter* last = nullptr;
@@ -74,91 +60,19 @@ struct GemmReduceScatter::Impl {
     return "GemmReduceScatter (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", max_m " +
            std::to_string(max_m) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ")";
   }
-  plan::RsLayout layout() const {
-    return opts.layout == GemmReduceScatterOptions::Layout::Standard ? plan::RsLayout::Standard
-                                                                     : plan::RsLayout::SubTile;
-  }
+  plan::RsLayout layout() const { return planner.layout(); }
   void check_m_value(int64_t m) const {
     if (m < 1 || m > max_m) throw InvalidArgument(who() + ": m must be in [1, max_m], not " + std::to_string(m));
     if (layout() == plan::RsLayout::Standard && m % world != 0)
       throw InvalidArgument(who() + ": m = " + std::to_string(m) + " is not a multiple of the world size " +
                             std::to_string(world) + " (the standard layout gives every rank m / world rows)");
   }
-  // The model's plan for one tile shape, NCCL on nccl_sms SMs (partition: forced).
-  plan::Plan plan_with(int64_t m, size_t tile, std::optional<plan::Partition> partition, double min_gain) const {
-    plan::PlanRequest req;
-    req.op = plan::Collective::ReduceScatter;
-    req.m = m, req.n = n, req.k = k, req.world = world;
-    req.dtype = dtype == DType::BF16 ? plan::DType::BF16 : plan::DType::FP16;
-    req.tile = api::op_tiles()[tile];
-    req.sms = sms, req.reserve_sms = opts.nccl_sms, req.rs_layout = layout();
-    const int64_t tiles = (m + req.tile->bm - 1) / req.tile->bm * ((n + req.tile->bn - 1) / req.tile->bn);
-    const int64_t waves = (tiles + (sms - opts.nccl_sms) - 1) / (sms - opts.nccl_sms);
-    req.measured_wave_ms.assign(size_t(waves), wave_ms[tile]);
-    req.partition = std::move(partition);
-    req.min_gain = min_gain;
-    return plan::make_plan(req);
-  }
-  // The tuning cache's pick for m's tile rows, where it applies (Auto).
-  std::optional<Planned> picked_for(int64_t m) const {
-    using Path = rt::ReduceScatterPick::Path;
-    const auto it = picks.find(rt::tile_rows_of(m));
-    if (opts.path != GemmReduceScatterOptions::Path::Auto || it == picks.end()) return std::nullopt;
-    const rt::ReduceScatterPick& pk = it->second;
-    if ((pk.path == Path::Slots && pk.nccl_sms != opts.nccl_sms) || (pk.path == Path::NVLink && !windows.connected()))
-      return std::nullopt;
-    const auto& tiles = api::op_tiles();
-    const auto at = std::find_if(tiles.begin(), tiles.end(), [&](plan::TileShape t) { return t.bm == pk.bm && t.bn == pk.bn; });
-    if (at == tiles.end()) return std::nullopt;
-    const size_t tile = size_t(at - tiles.begin());
-    Planned p;
-    p.picked = true;
-    if (pk.path == Path::Slots) {
-      p.plan = plan_with(m, tile, plan::Partition(pk.waves.begin(), pk.waves.end()), -1e9);
-      if (p.plan.sequential || p.plan.groups.size() != pk.waves.size()) return std::nullopt;
-    } else {
-      p.plan = plan_with(m, tile, std::nullopt, 1e9);  // (the tile's sequential plan: the NVLink form's grid too)
-      p.nvlink = pk.path == Path::NVLink, p.cublas = pk.cublas;
-    }
-    return p;
-  }
-  Planned plan_for(int64_t m) const {
-    if (std::optional<Planned> p = picked_for(m)) return *p;
-    Planned out = model_plan_for(m);
-    // The standard layout's sequential calls: the faster GEMM at m.
-    out.cublas = !out.nvlink && out.plan.sequential && out.plan.rs_layout == plan::RsLayout::Standard && seq.cublas(m);
-    return out;
-  }
-  Planned model_plan_for(int64_t m) const {
-    using Path = GemmReduceScatterOptions::Path;
-    std::optional<plan::Plan> best;
-    const double gain = opts.path == Path::Auto ? 0.01 : -1e9;  // a forced path overlaps where it can
-    for (size_t t = 0; t < api::op_tiles().size(); ++t) {
-      plan::Plan p = plan_with(m, t, std::nullopt, gain);
-      if (opts.path == Path::Slots && !p.sequential && p.groups.size() < 2 && p.schedule.waves() >= 2)
-        p = plan_with(m, t, plan::Partition{p.schedule.waves() - 1, 1}, gain);  // (two groups at least)
-      if (opts.path == Path::Slots && p.groups.size() < 2) continue;
-      if (!best || p.predicted.total_ms < best->predicted.total_ms) best = std::move(p);
-    }
-    // Auto: an overlap must beat the sequential call with the faster GEMM
-    // (the model's sequential time is our GEMM's).
-    if (opts.path == Path::Auto && best && !best->sequential &&
-        best->predicted.total_ms * 1.01 > best->baseline_gemm_ms * seq.ratio(m) + best->baseline_comm_ms)
-      best.reset();
-    if (opts.path == Path::Sequential || opts.path == Path::NVLink || !best || best->sequential) {
-      // the sequential plan of the faster tile
-      // (NVLink: its tile and the whole grid)
-      plan::Plan a = plan_with(m, 0, std::nullopt, 1e9), b = plan_with(m, 1, std::nullopt, 1e9);
-      return {a.predicted.total_ms <= b.predicted.total_ms ? a : b, opts.path == Path::NVLink};
-    }
-    return {*best};
-  }
   rt::OverlapReduceScatter& op_for(int64_t m, cudaStream_t stream = nullptr, bool calling = false) {
     check_m_value(m);
     if (rt::OverlapReduceScatter* op = ops.find(m)) return *op;
     if (calling) api::refuse_planning_under_capture(stream, m, who());
     auto pit = plans.find(m);
-    if (pit == plans.end()) pit = plans.emplace(m, plan_for(m)).first;
+    if (pit == plans.end()) pit = plans.emplace(m, planner.plan_for(m)).first;
     const plan::Plan& p = pit->second.plan;
     rt::OverlapReduceScatterOptions o;
     o.sched = p.schedule;
@@ -233,6 +147,8 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
   d.check_m = api::check_m_enabled(options.check_m);
+  d.planner.n = n, d.planner.k = k, d.planner.world = d.world, d.planner.sms = d.sms, d.planner.dtype = dtype;
+  d.planner.opts = options;
   // Every rank plans every m alike and builds the same windows: from the same SMs and options.
   struct Agreed {
     int32_t sms, nccl_sms, path, layout;
@@ -249,10 +165,10 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
     shape.gpu = api::current_gpu_name();
     shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n,
     shape.k = k, shape.op = rt::reducescatter_op(d.layout());
-    d.picks = rt::PickCache::parse_reducescatter_entries(
+    d.planner.picks = rt::PickCache::parse_reducescatter_entries(
         api::rank0_tuning_entries(comm.get(), d.rank, options.tuning_cache, shape, d.who()), shape);
   }
-  const bool nvlink_picked = std::any_of(d.picks.begin(), d.picks.end(), [](const auto& e) {
+  const bool nvlink_picked = std::any_of(d.planner.picks.begin(), d.planner.picks.end(), [](const auto& e) {
     return e.second.path == rt::ReduceScatterPick::Path::NVLink;
   });
   const bool forced = options.path == GemmReduceScatterOptions::Path::NVLink;
@@ -268,10 +184,11 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
                                       "other's (NVLink, one host); some rank's is not (use Auto or Slots)");
     if (fits && reach) d.windows = rt::PeerWindows(d.rank, d.world, size_t(max_m) * size_t(n) * 2, comm.get(), d.who());
   }
+  d.planner.nvlink_ready = d.windows.connected();
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
-  d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who());
+  d.planner.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who());
   d.cublas = std::make_unique<rt::CublasGemm>();
-  d.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who());
+  d.planner.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who());
   // Scratch for the largest m: the send slots (whole tiles, with the
   // standard layout's padding: at most one tile row per destination and
   // group beyond C; bounded here by twice C's tiles) and the received rows.
@@ -354,30 +271,8 @@ void GemmReduceScatter::prepare(int64_t m) {
 
 std::string GemmReduceScatter::plan(int64_t m) {
   Impl& d = *impl_;
-  const rt::OverlapReduceScatter& op = d.op_for(m);
-  const Impl::Planned& planned = d.plans.at(m);
-  const plan::Plan& p = planned.plan;
-  std::ostringstream os;
-  if (op.nvlink()) {
-    os << "nvlink, standard layout (" << p.schedule.bm << "x" << p.schedule.bn << " tiles, " << p.schedule.ctas
-       << " CTAs): each row stored into its owner's window as its tile finishes, counted there, summed by the owner"
-       << (planned.picked ? " (the tuning cache's pick)" : "");
-    return os.str();
-  }
-  os << (p.sequential ? "sequential" : "slots") << ", " << plan::to_string(p.rs_layout) << " layout ("
-     << p.schedule.bm << "x" << p.schedule.bn << " tiles, " << p.schedule.ctas << " CTAs"
-     << (p.sequential ? "" : ", NCCL on " + std::to_string(d.opts.nccl_sms) + " SMs") << "); groups "
-     << op.describe_groups();
-  if (op.padding_rows() > 0) os << " (" << op.padding_rows() << " padding rows)";
-  if (p.sequential && !planned.picked && p.rs_layout == plan::RsLayout::Standard)
-    os << "; " << d.seq.describe(m);
-  else if (planned.cublas)
-    os << "; cuBLAS's GEMM";
-  else
-    os << "; our GEMM";
-  os << "; predicted " << p.predicted.total_ms << " ms against " << p.baseline_ms() << " ms sequential (path "
-     << path_name(d.opts.path) << (planned.picked ? ", the tuning cache's pick" : "") << ")";
-  return os.str();
+  (void)d.op_for(m);  // (planned, its op made)
+  return d.planner.describe(m, d.plans.at(m), d.rank);
 }
 
 void GemmReduceScatter::check() const {

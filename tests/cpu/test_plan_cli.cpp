@@ -463,10 +463,11 @@ TEST(BenchCli, HelpTellsBenchFromLabBench) {
   }
 }
 
-// plan --op allreduce prints what GemmAllReduce runs for the same inputs:
-// flashoverlap::plan_gemm_allreduce, the op's own planning code on the model's
+// plan --op allreduce (reducescatter) prints what GemmAllReduce
+// (GemmReduceScatter) runs for the same inputs: flashoverlap::plan_gemm_allreduce
+// (plan_gemm_reducescatter), the op's own planning code on the model's
 // stand-ins for what it measures when built (text and JSON alike).
-TEST(PlanCli, PrintsThePlanTheAllReduceOpRuns) {
+TEST(PlanCli, PrintsThePlanTheOpRuns) {
   using flashoverlap::DType;
   struct Case {
     int64_t m, n, k;
@@ -500,6 +501,32 @@ TEST(PlanCli, PrintsThePlanTheAllReduceOpRuns) {
   const std::string forced = flashoverlap::plan_gemm_allreduce(8192, 8192, 8192, 2, DType::BF16, bands);
   EXPECT_NE(forced.find("row bands"), std::string::npos) << forced;
   EXPECT_NE(forced.find("(path row bands"), std::string::npos) << forced;
+  // The ReduceScatter's likewise (rank 0, the standard layout).
+  for (const Case& c : {Case{4096, 8192, 8192, 2, -1}, Case{32, 8192, 8192, 1, -1}, Case{8192, 5120, 13824, 8, 16}}) {
+    const std::string args = "--op reducescatter --m " + std::to_string(c.m) + " --n " + std::to_string(c.n) +
+                             " --k " + std::to_string(c.k) + " --world " + std::to_string(c.world) +
+                             (c.reserve > 0 ? " --reserve-sms " + std::to_string(c.reserve) : "");
+    SCOPED_TRACE(args);
+    flashoverlap::GemmReduceScatterOptions o;
+    if (c.reserve > 0) o.nccl_sms = c.reserve;
+    const std::string expect = flashoverlap::plan_gemm_reducescatter(c.m, c.n, c.k, c.world, DType::BF16, o);
+    const Result text = run(args);
+    ASSERT_EQ(text.rc, 0) << text.err;
+    EXPECT_NE(text.out.find(") runs: " + expect + "\n"), std::string::npos) << text.out;
+    EXPECT_EQ(nlohmann::json::parse(run(args + " --json").out).at("op_plan").get<std::string>(), expect);
+    if (c.world == 1) EXPECT_EQ(expect.rfind("sequential, standard layout", 0), 0u) << expect;
+  }
+  flashoverlap::GemmReduceScatterOptions subtile;
+  subtile.layout = flashoverlap::GemmReduceScatterOptions::Layout::SubTile;
+  for (int rank = 0; rank < 2; ++rank) {  // (a sub-tile plan names its layout on every rank)
+    const std::string sub = flashoverlap::plan_gemm_reducescatter(200, 4096, 4096, 2, DType::BF16, subtile, 132,
+                                                                  "NVIDIA H200", rank);
+    EXPECT_NE(sub.find("sub"), std::string::npos) << sub;
+  }
+  EXPECT_THROW(flashoverlap::plan_gemm_reducescatter(4095, 8192, 8192, 2, DType::BF16),
+               flashoverlap::InvalidArgument);  // (the standard layout: m a multiple of the world size)
+  EXPECT_THROW(flashoverlap::plan_gemm_reducescatter(4096, 8192, 8192, 2, DType::BF16, {}, 132, "NVIDIA H200", 2),
+               flashoverlap::InvalidArgument);
   EXPECT_THROW(flashoverlap::plan_gemm_allreduce(0, 8192, 8192, 2, DType::BF16), flashoverlap::InvalidArgument);
   EXPECT_THROW(flashoverlap::plan_gemm_allreduce(64, 8192, 8191, 2, DType::BF16), flashoverlap::InvalidArgument);
   flashoverlap::GemmAllReduceOptions owners;
