@@ -45,10 +45,15 @@ TimingStats time_collective(const std::function<void()>& enqueue, cudaStream_t s
 std::vector<TimingStats> time_collective_interleaved(const std::vector<std::function<void()>>& fns,
                                                      cudaStream_t stream, ncclComm_t sync_comm, int warmup, int iters,
                                                      bool gate) {
-  static thread_local DeviceBuffer token(256);
+  // (one token per device: a thread may time communicators of several GPUs)
+  static thread_local std::map<int, DeviceBuffer> tokens;
+  int device = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&device));
+  auto it = tokens.find(device);
+  if (it == tokens.end()) it = tokens.emplace(device, DeviceBuffer(256)).first;
+  void* token = it->second.get();
   auto sync = [&] {
-    FO_NCCL_CHECK_CTX(ncclAllReduce(token.get(), token.get(), 1, ncclFloat, ncclSum, sync_comm, stream),
-                      "timing sync");
+    FO_NCCL_CHECK_CTX(ncclAllReduce(token, token, 1, ncclFloat, ncclSum, sync_comm, stream), "timing sync");
   };
   return time_interleaved(fns, stream, warmup, iters, sync, gate ? &thread_gate() : nullptr);
 }
