@@ -2,7 +2,6 @@
 #include "api/allreduce_planner.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <sstream>
 #include <vector>
 
@@ -23,22 +22,6 @@ const char* path_name(GemmAllReduceOptions::Path p) {
     case GemmAllReduceOptions::Path::NVLink: return "nvlink";
   }
   return "?";
-}
-
-// The groups as the op that runs p reports them (OverlapAllReduce::describe_groups).
-std::string groups_text(const rt::AllReducePlan& p) {
-  if (p.sequential) return "1 (sequential)";
-  const plan::Schedule& s = p.sched;
-  const bool waves = !rt::is_banded(p.layout);
-  std::ostringstream out;
-  out << (waves ? "waves " : "bands ");
-  for (size_t g = 0; g < p.groups.size(); ++g) {
-    const plan::Group& gr = p.groups[g];
-    const int size = waves ? gr.end_wave - gr.first_wave
-                           : (gr.end_tile - gr.first_tile + s.swizzle * s.tiles_n() - 1) / (s.swizzle * s.tiles_n());
-    out << (g ? "," : "") << size;
-  }
-  return out.str();
 }
 
 }  // namespace
@@ -130,7 +113,7 @@ std::string AllReducePlanner::describe(int64_t m, const rt::AllReducePlan& p) co
        << (seq.samples.empty() ? "the faster of cuBLAS's GEMM and ours (timed when the op is built)" : seq.describe(m))
        << ", then one ncclAllReduce";
   else
-    os << rt::describe(p) << "; groups " << groups_text(p);
+    os << rt::describe(p) << "; groups " << rt::describe_groups(p.layout, p.sched, p.groups);
   os << "; predicted " << p.predicted_ms << " ms (path " << path_name(opts.path) << ", NCCL on " << opts.nccl_sms
      << " SMs beside the GEMM)";
   return os.str();
@@ -153,8 +136,8 @@ std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DTyp
     throw InvalidArgument(who + ": the owners path needs 2 to 8 ranks and n % 8 == 0");
   api::AllReducePlanner p;
   p.n = n, p.k = k, p.world = world, p.sms = sms, p.dtype = dtype, p.opts = options;
-  const plan::GemmModel model;
-  for (size_t t = 0; t < 2; ++t) p.wave_ms[t] = model.wave_ms(api::op_tiles()[t], k);
+  const std::array<double, 2> waves = api::model_wave_ms(k);
+  p.wave_ms[0] = waves[0], p.wave_ms[1] = waves[1];
   const std::string dt = dtype == DType::BF16 ? "bf16" : "fp16";
   auto curve = [&](int ctas) {
     if (!options.curves.empty()) {
@@ -167,8 +150,7 @@ std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DTyp
   };
   p.curve_default = curve(0);
   p.curve_bounded = curve(options.nccl_sms);
-  const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
-  const std::string cache = !options.tuning_cache.empty() ? options.tuning_cache : env_cache ? env_cache : "";
+  const std::string cache = api::tuning_cache_path(options.tuning_cache);
   if (!cache.empty()) {
     rt::PickKey shape;
     shape.gpu = gpu, shape.sms = sms, shape.world = world, shape.dtype = api::to_kernels(dtype), shape.tile_rows = 1;

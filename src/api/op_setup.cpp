@@ -13,6 +13,7 @@
 #include "runtime/core/exchange.h"
 #include "runtime/core/cublas.h"
 #include "plan/gemm_choice.h"
+#include "plan/latency_model.h"
 #include "runtime/tune/picks.h"
 #include "runtime/tune/timing.h"
 #include "runtime/tune/tuner.h"
@@ -179,10 +180,19 @@ std::string current_gpu_name() {
   return rt::device_info(dev).name;
 }
 
+std::string tuning_cache_path(const std::string& option) {
+  const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
+  return !option.empty() ? option : env_cache ? env_cache : "";
+}
+
+std::array<double, 2> model_wave_ms(int64_t k) {
+  const plan::GemmModel model;
+  return {model.wave_ms(op_tiles()[0], k), model.wave_ms(op_tiles()[1], k)};
+}
+
 std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& option, const rt::PickKey& shape,
                                  const std::string& who) {
-  const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
-  const std::string path = !option.empty() ? option : env_cache ? env_cache : "";
+  const std::string path = tuning_cache_path(option);
   const std::string mine = path.empty() || rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
   return from_rank0(comm, rank, mine, who + ": the tuning cache");
 }

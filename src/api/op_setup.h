@@ -81,6 +81,13 @@ void check_rmsnorm_args(const std::string& who, const void* a, const void* b, co
 // The name of the current device (the curves' and the tuning cache's key).
 std::string current_gpu_name();
 
+// The tuning cache a process reads: the option's file, else
+// $FLASHOVERLAP_TUNING_CACHE's, else none ("").
+std::string tuning_cache_path(const std::string& option);
+// The built-in model's time per wave of our GEMM for each of op_tiles():
+// what the GPU-free planning calls take for the measured ones.
+std::array<double, 2> model_wave_ms(int64_t k);
+
 // Rank 0's tuning-cache entries of `shape` (any tile rows), on every rank
 // (PickCache::entries_for's text): the file is `option`, else
 // $FLASHOVERLAP_TUNING_CACHE, else none (""). Collective.

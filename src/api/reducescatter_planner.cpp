@@ -2,11 +2,10 @@
 #include "api/reducescatter_planner.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <sstream>
 
-#include "plan/latency_model.h"
 #include "plan/slot_map_reducescatter.h"
+#include "runtime/ops/reducescatter.h"
 
 namespace flashoverlap::api {
 namespace {
@@ -106,22 +105,15 @@ std::string ReduceScatterPlanner::describe(int64_t m, const Planned& planned, in
        << (planned.picked ? " (the tuning cache's pick)" : "");
     return os.str();
   }
-  // The groups and the padding rows as the op that runs p reports them
-  // (OverlapReduceScatter::describe_groups, padding_rows).
+  // The padding rows as the op that runs p counts them (OverlapReduceScatter::padding_rows).
   const bool one_group = p.groups.size() <= 1;
-  std::ostringstream groups;
-  if (one_group) {
-    groups << "1 (sequential)";
-  } else {
-    groups << "waves ";
-    for (size_t g = 0; g < p.groups.size(); ++g) groups << (g ? "," : "") << p.groups[g].end_wave - p.groups[g].first_wave;
-  }
   const int64_t padding = one_group && p.rs_layout == plan::RsLayout::Standard
                               ? 0
                               : plan::make_reducescatter_map(p.schedule, p.groups, world, rank, p.rs_layout).padding_rows;
   os << (p.sequential ? "sequential" : "slots") << ", " << plan::to_string(p.rs_layout) << " layout ("
      << p.schedule.bm << "x" << p.schedule.bn << " tiles, " << p.schedule.ctas << " CTAs"
-     << (p.sequential ? "" : ", NCCL on " + std::to_string(opts.nccl_sms) + " SMs") << "); groups " << groups.str();
+     << (p.sequential ? "" : ", NCCL on " + std::to_string(opts.nccl_sms) + " SMs") << "); groups "
+     << rt::describe_rs_groups(false, p.groups);
   if (padding > 0) os << " (" << padding << " padding rows)";
   if (p.sequential && !planned.picked && p.rs_layout == plan::RsLayout::Standard)
     os << "; " << (seq.samples.empty() ? "the faster of cuBLAS's GEMM and ours (timed when the op is built)"
@@ -161,10 +153,8 @@ std::string plan_gemm_reducescatter(int64_t m, int64_t n, int64_t k, int world, 
   api::ReduceScatterPlanner p;
   p.n = n, p.k = k, p.world = world, p.sms = sms, p.dtype = dtype, p.opts = options;
   p.nvlink_ready = standard && n % 8 == 0 && world <= 8;  // (one host's NVLink: every rank within reach)
-  const plan::GemmModel model;
-  for (size_t t = 0; t < 2; ++t) p.wave_ms[t] = model.wave_ms(api::op_tiles()[t], k);
-  const char* env_cache = std::getenv("FLASHOVERLAP_TUNING_CACHE");
-  const std::string cache = !options.tuning_cache.empty() ? options.tuning_cache : env_cache ? env_cache : "";
+  p.wave_ms = api::model_wave_ms(k);
+  const std::string cache = api::tuning_cache_path(options.tuning_cache);
   if (!cache.empty() && options.path == GemmReduceScatterOptions::Path::Auto) {
     rt::PickKey shape;
     shape.gpu = gpu, shape.sms = sms, shape.world = world, shape.dtype = api::to_kernels(dtype), shape.tile_rows = 1;

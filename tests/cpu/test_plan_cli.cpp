@@ -473,23 +473,30 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
     int64_t m, n, k;
     int world, reserve;
   };
-  for (const Case& c : {Case{4096, 8192, 8192, 2, -1}, Case{32, 8192, 8192, 1, -1}, Case{8192, 5120, 13824, 8, 16},
-                        Case{300, 4096, 4096, 4, -1}}) {
-    const std::string args = "--op allreduce --m " + std::to_string(c.m) + " --n " + std::to_string(c.n) + " --k " +
-                             std::to_string(c.k) + " --world " + std::to_string(c.world) +
-                             (c.reserve > 0 ? " --reserve-sms " + std::to_string(c.reserve) : "");
-    SCOPED_TRACE(args);
-    flashoverlap::GemmAllReduceOptions o;
-    if (c.reserve > 0) o.nccl_sms = c.reserve;
-    const std::string expect = flashoverlap::plan_gemm_allreduce(c.m, c.n, c.k, c.world, DType::BF16, o);
-    const Result text = run(args);
-    ASSERT_EQ(text.rc, 0) << text.err;
-    EXPECT_NE(text.out.find(") runs: " + expect + "\n"), std::string::npos) << text.out;
-    const Result json = run(args + " --json");
-    ASSERT_EQ(json.rc, 0) << json.err;
-    EXPECT_EQ(nlohmann::json::parse(json.out).at("op_plan").get<std::string>(), expect);
-    // One rank has nothing to overlap: the sequential path, whatever the shape.
-    if (c.world == 1) EXPECT_EQ(expect.rfind("sequential: ", 0), 0u) << expect;
+  // (the ReduceScatter's: rank 0, the standard layout)
+  for (const std::string op : {"allreduce", "reducescatter"}) {
+    for (const Case& c : {Case{4096, 8192, 8192, 2, -1}, Case{32, 8192, 8192, 1, -1},
+                          Case{8192, 5120, 13824, 8, 16}, Case{300, 4096, 4096, 4, -1}}) {
+      const std::string args = "--op " + op + " --m " + std::to_string(c.m) + " --n " + std::to_string(c.n) +
+                               " --k " + std::to_string(c.k) + " --world " + std::to_string(c.world) +
+                               (c.reserve > 0 ? " --reserve-sms " + std::to_string(c.reserve) : "");
+      SCOPED_TRACE(args);
+      flashoverlap::GemmAllReduceOptions ar;
+      flashoverlap::GemmReduceScatterOptions rs;
+      if (c.reserve > 0) ar.nccl_sms = rs.nccl_sms = c.reserve;
+      const std::string expect = op == "allreduce"
+                                     ? flashoverlap::plan_gemm_allreduce(c.m, c.n, c.k, c.world, DType::BF16, ar)
+                                     : flashoverlap::plan_gemm_reducescatter(c.m, c.n, c.k, c.world, DType::BF16, rs);
+      const Result text = run(args);
+      ASSERT_EQ(text.rc, 0) << text.err;
+      EXPECT_NE(text.out.find(") runs: " + expect + "\n"), std::string::npos) << text.out;
+      const Result json = run(args + " --json");
+      ASSERT_EQ(json.rc, 0) << json.err;
+      EXPECT_EQ(nlohmann::json::parse(json.out).at("op_plan").get<std::string>(), expect);
+      // One rank has nothing to overlap: the sequential path, whatever the shape.
+      if (c.world == 1)
+        EXPECT_EQ(expect.rfind(op == "allreduce" ? "sequential: " : "sequential, standard layout", 0), 0u) << expect;
+    }
   }
   {  // where the AllReduce costs a quarter of the time, the op overlaps
     const std::string big = flashoverlap::plan_gemm_allreduce(4096, 8192, 8192, 2, DType::BF16);
@@ -501,21 +508,6 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
   const std::string forced = flashoverlap::plan_gemm_allreduce(8192, 8192, 8192, 2, DType::BF16, bands);
   EXPECT_NE(forced.find("row bands"), std::string::npos) << forced;
   EXPECT_NE(forced.find("(path row bands"), std::string::npos) << forced;
-  // The ReduceScatter's likewise (rank 0, the standard layout).
-  for (const Case& c : {Case{4096, 8192, 8192, 2, -1}, Case{32, 8192, 8192, 1, -1}, Case{8192, 5120, 13824, 8, 16}}) {
-    const std::string args = "--op reducescatter --m " + std::to_string(c.m) + " --n " + std::to_string(c.n) +
-                             " --k " + std::to_string(c.k) + " --world " + std::to_string(c.world) +
-                             (c.reserve > 0 ? " --reserve-sms " + std::to_string(c.reserve) : "");
-    SCOPED_TRACE(args);
-    flashoverlap::GemmReduceScatterOptions o;
-    if (c.reserve > 0) o.nccl_sms = c.reserve;
-    const std::string expect = flashoverlap::plan_gemm_reducescatter(c.m, c.n, c.k, c.world, DType::BF16, o);
-    const Result text = run(args);
-    ASSERT_EQ(text.rc, 0) << text.err;
-    EXPECT_NE(text.out.find(") runs: " + expect + "\n"), std::string::npos) << text.out;
-    EXPECT_EQ(nlohmann::json::parse(run(args + " --json").out).at("op_plan").get<std::string>(), expect);
-    if (c.world == 1) EXPECT_EQ(expect.rfind("sequential, standard layout", 0), 0u) << expect;
-  }
   flashoverlap::GemmReduceScatterOptions subtile;
   subtile.layout = flashoverlap::GemmReduceScatterOptions::Layout::SubTile;
   for (int rank = 0; rank < 2; ++rank) {  // (a sub-tile plan names its layout on every rank)

@@ -154,19 +154,22 @@ std::pair<int64_t, int64_t> OverlapAllReduce::group_elements(size_t g) const {
   return {r0 * s.n, (r1 - r0) * s.n};
 }
 
-std::string OverlapAllReduce::describe_groups() const {
-  const plan::Schedule& s = opts_.sched;
-  if (sequential()) return "1 (sequential)";
-  const bool waves = !is_banded(opts_.layout);
+std::string describe_groups(ArLayout layout, const plan::Schedule& s, const std::vector<plan::Group>& groups) {
+  if (groups.size() <= 1) return "1 (sequential)";
+  const bool waves = !is_banded(layout);
   std::string out = waves ? "waves " : "bands ";
-  for (size_t g = 0; g < opts_.groups.size(); ++g) {
-    const auto& gr = opts_.groups[g];
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& gr = groups[g];
     const int size = waves
                          ? gr.end_wave - gr.first_wave
                          : (gr.end_tile - gr.first_tile + s.swizzle * s.tiles_n() - 1) / (s.swizzle * s.tiles_n());
     out += (g ? "," : "") + std::to_string(size);
   }
   return out;
+}
+
+std::string OverlapAllReduce::describe_groups() const {
+  return rt::describe_groups(opts_.layout, opts_.sched, opts_.groups);
 }
 
 OverlapAllReduce::~OverlapAllReduce() {

@@ -94,6 +94,10 @@ namespace flashoverlap::rt {
 enum class ArLayout { Slots, RowBands, Gathered, GatheredTiles, Pushed, PushedTiles };
 // "slots", "row bands", "gathered", "gathered tiles", "pushed", "pushed tiles"
 const char* layout_name(ArLayout l);
+// "waves 3,2,2" or "bands 2,1,1": the group sizes in the layout's unit (the
+// schedule's); "1 (sequential)" for one group. What the op running them and
+// the planner's text (api::AllReducePlanner) say.
+std::string describe_groups(ArLayout layout, const plan::Schedule& s, const std::vector<plan::Group>& groups);
 // Where the ranks' blocks are summed, for messages: " (sum in the GEMM)", ...;
 // "" for the layouts NCCL sums.
 const char* sum_place(ArLayout l, bool fuse_sum);

@@ -74,14 +74,15 @@ std::vector<int32_t> OverlapReduceScatter::rows_of_rank() const {
   return plan::rs_rows_of_rank(opts_.sched, world_, rank_, opts_.layout);
 }
 
-std::string OverlapReduceScatter::describe_groups() const {
-  if (opts_.nvlink) return "nvlink";
-  if (sequential()) return "1 (sequential)";
+std::string describe_rs_groups(bool nvlink, const std::vector<plan::Group>& groups) {
+  if (nvlink) return "nvlink";
+  if (groups.size() <= 1) return "1 (sequential)";
   std::string out = "waves ";
-  for (size_t g = 0; g < opts_.groups.size(); ++g)
-    out += (g ? "," : "") + std::to_string(opts_.groups[g].end_wave - opts_.groups[g].first_wave);
+  for (size_t g = 0; g < groups.size(); ++g) out += (g ? "," : "") + std::to_string(groups[g].end_wave - groups[g].first_wave);
   return out;
 }
+
+std::string OverlapReduceScatter::describe_groups() const { return describe_rs_groups(opts_.nvlink, opts_.groups); }
 
 void OverlapReduceScatter::begin_call(cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

@@ -102,6 +102,10 @@ struct OverlapReduceScatterOptions {
 
 // Calls, streams, several ops, destruction: as OverlapAllReduce (allreduce.h).
 // CUDA graphs: calls may be captured (the counters are then zeroed per call).
+// "waves 3,2,2", "1 (sequential)" for one group, or "nvlink": what the op
+// running the groups and the planner's text (api::ReduceScatterPlanner) say.
+std::string describe_rs_groups(bool nvlink, const std::vector<plan::Group>& groups);
+
 class OverlapReduceScatter {
  public:
   explicit OverlapReduceScatter(const OverlapReduceScatterOptions& opts);
