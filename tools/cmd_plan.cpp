@@ -142,6 +142,11 @@ struct MoePlanned {
   // (the load the model prices group g's call by).
   std::vector<int64_t> sent, received, busiest;
   std::vector<std::string> notes;
+  // What GemmAllToAll runs for this routing on rank 0 (path auto, NCCL on
+  // --reserve-sms SMs or the option's default), plan_gemm_alltoall's text;
+  // empty where the reserve is not an option the op takes.
+  std::string op_plan;
+  int op_nccl_sms = 0;
 };
 
 int32_t common_waves(const fp::MoeRouting& r, int64_t n, fp::TileShape tile, int32_t ctas) {
@@ -253,6 +258,14 @@ MoePlanned moe_plan_for(const PlanOptions& o, const MoeFlags& f) {
     }
   }
   p.req.routing = nullptr;
+  GemmAllToAllOptions op;
+  if (o.reserve_sms > 0) op.nccl_sms = o.reserve_sms;
+  if (op.nccl_sms <= o.sms / 2) {  // (the op takes [1, sms / 2])
+    std::vector<int64_t> recv;
+    p.op_plan = plan_gemm_alltoall(public_routings(p.routing, recv), o.n, o.k,
+                                   o.dtype == "fp16" ? DType::FP16 : DType::BF16, op, o.sms);
+    p.op_nccl_sms = op.nccl_sms;
+  }
   p.overlap_waves = common_waves(p.routing, o.n, p.req.tile, ctas);
   add_link_loads(p);
   add_moe_notes(p);
@@ -302,6 +315,7 @@ nlohmann::json moe_plan_json(const MoePlanned& p, const PlanOptions& o) {
                    {"speedup", plan.speedup()},
                    {"describe", fp::describe(plan)},
                    {"notes", p.notes}};
+  if (!p.op_plan.empty()) j["op_plan"] = p.op_plan;
   j["groups"] = nlohmann::json::array();
   for (size_t g = 0, w = 0; g < plan.common.size(); w += size_t(plan.common[g]), ++g) {
     const fp::GroupTiming& t = plan.predicted.groups[g];
@@ -379,6 +393,8 @@ void print_moe_text(const MoePlanned& p, const PlanOptions& o, std::ostream& out
   out << strf("predicted: %.3f ms vs sequential %.3f ms: speedup %.2fx\n", plan.predicted.total_ms, plan.baseline_ms,
               plan.speedup());
   for (const std::string& note : p.notes) out << "  - " << note << "\n";
+  if (!p.op_plan.empty())
+    out << "GemmAllToAll (rank 0, path auto, NCCL on " << p.op_nccl_sms << " SMs) runs: " << p.op_plan << "\n";
 }
 
 int print_plan_with(const PlanOptions& opts, const MoeFlags& moe, std::ostream& out) {

@@ -60,4 +60,19 @@ plan::MoeRouting moe_routing_for(const std::string& routing, int topk, int64_t t
   return plan::make_moe_routing(routing, world, T, K, moe_routing_seed(T, n, k));
 }
 
+std::vector<AllToAllRouting> public_routings(const plan::MoeRouting& r, std::vector<int64_t>& recv) {
+  const size_t W = size_t(r.world);
+  recv.assign(W * W, 0);
+  std::vector<AllToAllRouting> out(W);
+  for (size_t d = 0; d < W; ++d) {
+    for (size_t s = 0; s < W; ++s) recv[d * W + s] = r.send_count(int32_t(s), int32_t(d));
+    AllToAllRouting& x = out[d];
+    x.rows = r.rows(int32_t(d));
+    x.dest_rank = r.dest_rank[d].data(), x.dest_token = r.dest_token[d].data(), x.gate = r.gate[d].data();
+    x.tokens = r.tokens[d];
+    x.send_counts = r.send_counts.data() + d * W, x.recv_counts = recv.data() + d * W;
+  }
+  return out;
+}
+
 }  // namespace flashoverlap::cli

@@ -9,7 +9,9 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "flashoverlap/flashoverlap.h"
 #include "plan/routing.h"
 
 namespace flashoverlap::cli {
@@ -35,5 +37,10 @@ void check_moe_routing_args(const std::string& routing, int topk, int64_t tokens
 // `world` ranks). Throws InvalidArgument as check_moe_routing_args.
 plan::MoeRouting moe_routing_for(const std::string& routing, int topk, int64_t tokens, int world, int64_t m,
                                  int64_t n, int64_t k, const std::string& who);
+
+// Each rank's routing as the public calls take it (plan_gemm_alltoall):
+// views of r's arrays, the recv_counts in `recv` (world x world, kept alive
+// by the caller with r).
+std::vector<AllToAllRouting> public_routings(const plan::MoeRouting& r, std::vector<int64_t>& recv);
 
 }  // namespace flashoverlap::cli

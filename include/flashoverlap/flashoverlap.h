@@ -455,4 +455,15 @@ class GemmAllToAll {
   std::unique_ptr<Impl> impl_;
 };
 
+// The plan GemmAllToAll runs for a call on rank `rank`, as
+// GemmAllToAll::last_plan() words it, from the model alone (no GPU, nothing
+// measured; `flashoverlap plan --op alltoall` prints it): every rank's
+// routing (routings[r] is rank r's, host arrays; gate may be null), checked
+// as the op checks a call, our GEMM's time per wave from the built-in model.
+// The op plans with the same code on what it measures when built (its
+// GEMM's times, cuBLAS's for the sequential calls: where the model says our
+// GEMM, the op may say cuBLAS's).
+std::string plan_gemm_alltoall(const std::vector<AllToAllRouting>& routings, int64_t n, int64_t k, DType dtype,
+                               const GemmAllToAllOptions& options = {}, int sms = 132, int rank = 0);
+
 }  // namespace flashoverlap

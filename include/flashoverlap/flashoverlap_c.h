@@ -246,6 +246,24 @@ FO_C_API const char* fo_last_error(void);
  * writes its text ("" where there is one). */
 FO_C_API fo_status fo_local_gpus(int* hopper, int* cuda_failed, char* reason, size_t size, size_t* needed);
 
+/* ---- planning without a GPU ---- */
+
+/* The plan each op runs, from the model alone (flashoverlap::plan_gemm_allreduce,
+ * plan_gemm_reducescatter, plan_gemm_alltoall: no GPU, nothing measured), as
+ * text into buf as fo_gemm_allreduce_plan writes its text. options: NULL for
+ * the defaults; gpu: NULL for "NVIDIA H200" (the tuning cache's key).
+ * fo_plan_gemm_alltoall takes every rank's routing (routings[r]: rank r's,
+ * host arrays, each with the same struct_size), world of them. */
+FO_C_API fo_status fo_plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, fo_dtype dtype,
+                                          const fo_gemm_allreduce_options* options, int sms, const char* gpu,
+                                          char* buf, size_t size, size_t* needed);
+FO_C_API fo_status fo_plan_gemm_reducescatter(int64_t m, int64_t n, int64_t k, int world, fo_dtype dtype,
+                                              const fo_gemm_reducescatter_options* options, int sms, const char* gpu,
+                                              int rank, char* buf, size_t size, size_t* needed);
+FO_C_API fo_status fo_plan_gemm_alltoall(const fo_alltoall_routing* routings, int world, int64_t n, int64_t k,
+                                         fo_dtype dtype, const fo_gemm_alltoall_options* options, int sms, int rank,
+                                         char* buf, size_t size, size_t* needed);
+
 /* ---- communicators ---- */
 
 /* NCCL's AllReduce measured over comm's ranks (collective), written by rank 0

@@ -135,6 +135,12 @@ _PROTOTYPES = {
     "fo_local_gpus": (_STATUS, [POINTER(c_int), POINTER(c_int), c_char_p, c_size_t, POINTER(c_size_t)]),
     "fo_measure_allreduce_curve": (_STATUS, [_h, c_int, c_int, c_double, c_int, c_char_p]),
     "fo_allreduce_curve_path": (_STATUS, [c_char_p, c_int, c_int, c_int, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fo_plan_gemm_allreduce": (_STATUS, [c_int64, c_int64, c_int64, c_int, c_int, POINTER(Options), c_int, c_char_p,
+                                         c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fo_plan_gemm_reducescatter": (_STATUS, [c_int64, c_int64, c_int64, c_int, c_int, POINTER(RsOptions), c_int,
+                                             c_char_p, c_int, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fo_plan_gemm_alltoall": (_STATUS, [POINTER(Routing), c_int, c_int64, c_int64, c_int, POINTER(A2aOptions), c_int,
+                                        c_int, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fo_comm_adopt": (_STATUS, [_h, POINTER(_h)]),
     "fo_comm_from_env": (_STATUS, [POINTER(_h)]),
     "fo_comm_from_unique_id": (_STATUS, [c_void_p, c_size_t, c_int, c_int, POINTER(_h)]),
@@ -460,6 +466,53 @@ def allreduce_curve_path(directory, nccl_ctas, world, dtype="bf16"):
     buf = ctypes.create_string_buffer(needed.value)
     c.fo_allreduce_curve_path(d, int(nccl_ctas), int(world), code, buf, needed.value, None)
     return os.fsdecode(buf.value)
+
+
+def _text(fn, *args):
+    """A free function's text (fo_plan_gemm_*, ...: the size first, then the text)."""
+    needed = c_size_t(0)
+    fn(*args, None, 0, byref(needed))
+    buf = ctypes.create_string_buffer(needed.value)
+    fn(*args, buf, needed.value, None)
+    return buf.value.decode(errors="replace")
+
+
+def plan_gemm_allreduce(m, n, k, world, dtype="bf16", *, sms=132, gpu="NVIDIA H200", **options):
+    """The plan GemmAllReduce runs for m, from the model alone (no GPU;
+    flashoverlap::plan_gemm_allreduce). options: GemmAllReduce's keywords
+    (path, nccl_sms, curves, tuning_cache, ...)."""
+    lib = _lib()
+    opts = make_options(lib, **options)
+    return _text(lib.c.fo_plan_gemm_allreduce, m, n, k, world, dtype_code(dtype), byref(opts), sms, gpu.encode())
+
+
+def plan_gemm_reducescatter(m, n, k, world, dtype="bf16", *, sms=132, gpu="NVIDIA H200", rank=0, **options):
+    """The plan GemmReduceScatter runs for m on `rank`, from the model alone
+    (flashoverlap::plan_gemm_reducescatter). options: GemmReduceScatter's keywords."""
+    lib = _lib()
+    opts = make_rs_options(lib, **options)
+    return _text(lib.c.fo_plan_gemm_reducescatter, m, n, k, world, dtype_code(dtype), byref(opts), sms, gpu.encode(),
+                 rank)
+
+
+def plan_gemm_alltoall(routings, n, k, dtype="bf16", *, sms=132, rank=0, **options):
+    """The plan GemmAllToAll runs for a call on `rank`, from the model alone
+    (flashoverlap::plan_gemm_alltoall). routings: one per rank, each a dict of
+    dest_rank, dest_token, gate (optional), tokens, send_counts and
+    recv_counts (host sequences, as make_routing takes them). options:
+    GemmAllToAll's keywords."""
+    lib = _lib()
+    opts = make_a2a_options(lib, **options)
+    world = len(routings)
+    if world < 1:
+        raise InvalidArgument("routings: one per rank, at least one")
+    array, keep = (Routing * world)(), []
+    for i, r in enumerate(routings):
+        rows = len(r["dest_rank"])
+        array[i], kept = make_routing(rows, r["dest_rank"], r["dest_token"], r.get("gate"), r["tokens"],
+                                      r["send_counts"], r["recv_counts"], world)
+        keep.append(kept)
+    return _text(lib.c.fo_plan_gemm_alltoall, array, world, n, k, dtype_code(dtype), byref(opts), sms, rank)
 
 
 def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None, curves=None, tuning_cache=None):

@@ -476,6 +476,47 @@ fo_status fo_allreduce_curve_path(const char* dir, int nccl_ctas, int world, fo_
   });
 }
 
+// ---- planning without a GPU ----
+
+fo_status fo_plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, fo_dtype dtype,
+                                 const fo_gemm_allreduce_options* options, int sms, const char* gpu, char* buf,
+                                 size_t size, size_t* needed) {
+  return guard("fo_plan_gemm_allreduce", [&] {
+    if (size > 0) require(buf, "buf");
+    copy_text(flashoverlap::plan_gemm_allreduce(m, n, k, world, to_dtype(dtype), to_options(options), sms,
+                                                gpu ? gpu : "NVIDIA H200"),
+              buf, size, needed);
+  });
+}
+
+fo_status fo_plan_gemm_reducescatter(int64_t m, int64_t n, int64_t k, int world, fo_dtype dtype,
+                                     const fo_gemm_reducescatter_options* options, int sms, const char* gpu, int rank,
+                                     char* buf, size_t size, size_t* needed) {
+  return guard("fo_plan_gemm_reducescatter", [&] {
+    if (size > 0) require(buf, "buf");
+    copy_text(flashoverlap::plan_gemm_reducescatter(m, n, k, world, to_dtype(dtype), to_rs_options(options), sms,
+                                                    gpu ? gpu : "NVIDIA H200", rank),
+              buf, size, needed);
+  });
+}
+
+fo_status fo_plan_gemm_alltoall(const fo_alltoall_routing* routings, int world, int64_t n, int64_t k, fo_dtype dtype,
+                                const fo_gemm_alltoall_options* options, int sms, int rank, char* buf, size_t size,
+                                size_t* needed) {
+  return guard("fo_plan_gemm_alltoall", [&] {
+    if (size > 0) require(buf, "buf");
+    if (world < 1 || world > 1024) throw InvalidArgument("world = " + std::to_string(world) + " is outside [1, 1024]");
+    require(routings, "routings");
+    // (an array of the caller's structs: its stride is their struct_size, which the first's check admits)
+    std::vector<flashoverlap::AllToAllRouting> all{to_routing(routings)};
+    const auto* base = reinterpret_cast<const unsigned char*>(routings);
+    for (int r = 1; r < world; ++r)
+      all.push_back(to_routing(reinterpret_cast<const fo_alltoall_routing*>(base + size_t(r) * routings->struct_size)));
+    copy_text(flashoverlap::plan_gemm_alltoall(all, n, k, to_dtype(dtype), to_a2a_options(options), sms, rank), buf,
+              size, needed);
+  });
+}
+
 fo_status fo_comm_adopt(void* nccl_comm, fo_comm_t* out) {
   return guard("fo_comm_adopt", [&] {
     require(out, "out");

@@ -13,8 +13,8 @@
 #include <memory>
 
 #include "api/communicator_impl.h"
+#include "api/alltoall_planner.h"
 #include "api/op_setup.h"
-#include "plan/moe_plan.h"
 #include "runtime/core/checks.h"
 #include "runtime/core/exchange.h"
 #include "runtime/ops/alltoall.h"
@@ -52,11 +52,10 @@ struct GemmAllToAll::Impl {
   DType dtype = DType::BF16;
   GemmAllToAllOptions opts;
   int rank = 0, world = 1, sms = 0;
-  std::array<double, 2> wave_ms{};
-  // Which GEMM the direct sequential calls run for this rank's rows (cuBLAS's
-  // unless ours measured faster), on the op's one cuBLAS object.
+  // Plans each call (its wave times and sequential GEMMs measured at construction).
+  api::AllToAllPlanner planner;
+  // The direct sequential calls' cuBLAS GEMM (where planner.seq says so).
   std::unique_ptr<rt::CublasGemm> cublas;
-  api::SequentialGemms seq;
   rt::OverlapCore core;  // (before the ops)
   std::unique_ptr<rt::HostExchange> exchange;
   std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles() entry, made on first use
@@ -209,38 +208,6 @@ struct GemmAllToAll::Impl {
     // (The rest, tokens in range and finite gates: the planner's and the runtime op's checks, alike on every rank.)
   }
 
-  // (partition: none, the search's; a pointer, not a moved optional, which GCC 12 misreads as uninitialized)
-  plan::MoePlan plan_with(size_t tile, const plan::Partition* partition, double min_gain) const {
-    plan::MoePlanRequest req;
-    req.routing = &routing;
-    req.n = n, req.k = k;
-    req.dtype = dtype == DType::BF16 ? plan::DType::BF16 : plan::DType::FP16;
-    req.tile = api::op_tiles()[tile];
-    req.sms = sms, req.reserve_sms = opts.nccl_sms, req.wave_ms = wave_ms[tile];
-    if (partition) req.partition = *partition;
-    req.min_gain = min_gain;
-    req.counts = &counts;
-    return plan::make_moe_plan(req);
-  }
-  // The plan of this call's routing, and its tile (op_tiles() index).
-  std::pair<plan::MoePlan, size_t> plan_call() const {
-    using Path = GemmAllToAllOptions::Path;
-    std::optional<std::pair<plan::MoePlan, size_t>> best;
-    // (NVLink: the sequential plan's tile and grid, the whole GPU's; its rows go as the tiles finish.)
-    const double gain = opts.path == Path::Auto ? 0.01 : opts.path == Path::Slots ? -1e9 : 1e9;
-    for (size_t t = 0; t < api::op_tiles().size(); ++t) {
-      plan::MoePlan p = plan_with(t, nullptr, gain);
-      if (opts.path == Path::Slots && p.common.size() < 2) {  // two groups at least, where the overlap grid has 2 waves
-        int32_t waves = 0;
-        for (int r = 0; r < world; ++r)
-          waves = std::max(waves, plan::make_moe_schedule(routing, r, n, api::op_tiles()[t], sms - opts.nccl_sms).waves());
-        const plan::Partition two{waves - 1, 1};
-        if (waves >= 2) p = plan_with(t, &two, gain);
-      }
-      if (!best || p.predicted.total_ms < best->first.predicted.total_ms) best.emplace(std::move(p), t);
-    }
-    return *best;
-  }
   // Whether a call with its routing in device memory runs on the GPU alone.
   bool on_gpu_alone() const {
     using Path = GemmAllToAllOptions::Path;
@@ -272,7 +239,7 @@ struct GemmAllToAll::Impl {
     rt::OneRankCall call;
     call.rows = r.rows, call.tokens = r.tokens;
     call.dest_rank = r.dest_rank, call.dest_token = r.dest_token, call.gate = r.gate, call.combine = c.combine;
-    const api::SequentialGemms::Sample& at = seq.at(std::max<int64_t>(r.rows, 1));
+    const api::SequentialGemms::Sample& at = planner.seq.at(std::max<int64_t>(r.rows, 1));
     if (at.cublas) {
       call.cublas = cublas.get();
     } else {
@@ -368,11 +335,13 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
     d.exchange_comm = comm.impl_->comm.split({0, 2, 1, -1});  // the routing's own: ordered after nothing of the op's
     d.exchange = std::make_unique<rt::HostExchange>(d.exchange_comm.get(), d.record_bytes());
   }
-  d.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
+  api::AllToAllPlanner& p = d.planner;
+  p.n = n, p.k = k, p.world = d.world, p.sms = d.sms, p.dtype = dtype, p.opts = options;
+  p.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
   using Path = GemmAllToAllOptions::Path;  // (the paths with sequential calls; the same on every rank: agreed above)
   if (options.path == Path::Auto || options.path == Path::Sequential || options.path == Path::Slots) {
     d.cublas = std::make_unique<rt::CublasGemm>();
-    d.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, *d.cublas, d.who());
+    p.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, *d.cublas, d.who());
   }
   // Scratch for the largest call (each op asks the core for what it needs).
   size_t cols = 0;  // slot row elements per row of C, the widest of the tile shapes (ragged n pads to bn)
@@ -407,23 +376,14 @@ void GemmAllToAll::Impl::run_planned(const void* a, const void* b, const AllToAl
   Impl& d = *this;
   d.gather_routing(routing, CallArgs{a, b, out, ld_out, combine});  // (throws on every rank alike)
   d.counts = plan::count_moe_rows(d.routing, api::kBm);  // (the routing's check, alike on every rank; the plans' counts)
-  auto [p, tile] = d.plan_call();
-  rt::OverlapAllToAll& op = d.op_of(tile);
+  const api::AllToAllPlanner::Planned p = d.planner.plan_for(d.routing, d.counts, d.rank);
+  rt::OverlapAllToAll& op = d.op_of(p.tile);
   const bool nvlink = d.opts.path == GemmAllToAllOptions::Path::NVLink;
-  rt::A2aCall call{&d.routing, p.sequential ? plan::Partition{1} : p.common, combine, nvlink,
-                   p.sequential && d.cublas && d.seq.cublas(std::max<int64_t>(routing.rows, 1)), &d.counts};
+  rt::A2aCall call{&d.routing, p.plan.sequential ? plan::Partition{1} : p.plan.common, combine, nvlink, p.cublas,
+                   &d.counts};
   op.run(a, b, call, out, ld_out == 0 ? d.n : ld_out, stream, tokens_out);
   d.last = &op;
-  if (nvlink) {
-    const plan::Schedule& s = p.sched_of_rank[size_t(d.rank)];
-    d.last_plan = "nvlink: " + std::to_string(p.waves()) + " waves (" + std::to_string(s.bm) + "x" +
-                  std::to_string(s.bn) + ", " + std::to_string(p.ctas) +
-                  " CTAs), each row stored into its rank's window as its tile finishes, counted there";
-  } else {
-    d.last_plan = p.sequential ? plan::describe(p) + (op.cublas_call() ? "; cuBLAS's GEMM" : "; our GEMM")
-                               : "slots: " + plan::describe(p) + "; NCCL on " + std::to_string(d.opts.nccl_sms) +
-                                     " SMs";
-  }
+  d.last_plan = d.planner.describe(p, d.rank);
 }
 
 std::string GemmAllToAll::last_plan() const { return impl_->last_plan; }

@@ -25,6 +25,12 @@ std::vector<int64_t> MoeRouting::output_splits(int32_t rank) const {
   return in;
 }
 
+bool in_dispatch_order(const MoeRouting& r) {
+  for (const std::vector<int32_t>& d : r.dest_rank)
+    if (!std::is_sorted(d.begin(), d.end())) return false;
+  return true;
+}
+
 std::vector<int64_t> moe_send_counts(const MoeRouting& r) {
   std::vector<int64_t> counts(size_t(r.world) * r.world, 0);
   for (int32_t src = 0; src < r.world; ++src)

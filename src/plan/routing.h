@@ -34,6 +34,10 @@ struct MoeRouting {
   std::vector<int64_t> output_splits(int32_t rank) const;
 };
 
+// Every rank's rows sorted by destination (the dispatch's order): the
+// sequential call then sends each destination's block of C as it is.
+bool in_dispatch_order(const MoeRouting& r);
+
 // send_counts from dest_rank alone (what validate_moe_routing compares with).
 std::vector<int64_t> moe_send_counts(const MoeRouting& r);
 

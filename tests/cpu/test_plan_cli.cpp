@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -524,6 +525,101 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
   flashoverlap::GemmAllReduceOptions owners;
   owners.path = flashoverlap::GemmAllReduceOptions::Path::NVLink;
   EXPECT_THROW(flashoverlap::plan_gemm_allreduce(64, 8192, 8192, 1, DType::BF16, owners), flashoverlap::InvalidArgument);
+}
+
+// The All-to-All's line: fresh random picks written as a routing file, which
+// the CLI reads; the expected text from the public planning call on the
+// ranks' routings built here from the same picks, as a dispatch delivers
+// the rows (rank e's rows: by source rank, then token, then pick).
+TEST(PlanCli, PrintsTheAllToAllPlanTheOpRuns) {
+  using flashoverlap::AllToAllRouting;
+  FO_SEEDED_RNG(rng);
+  fo_test::TempDir dir;
+  for (int round = 0; round < 6; ++round) {
+    const int world = std::array{1, 2, 4, 8}[rng() % 4];
+    const int topk = 1 + int(rng() % std::min(2, world));
+    const int64_t tokens = 1 + int64_t(rng() % 3000), n = 1024 * (1 + int64_t(rng() % 7)), k = 8 * (64 + rng() % 1000);
+    struct Row {
+      int32_t rank, token;
+      float gate;
+    };
+    std::vector<std::vector<Row>> rows(static_cast<size_t>(world));  // by expert rank
+    nlohmann::json picks = nlohmann::json::array();
+    for (int src = 0; src < world; ++src) {
+      nlohmann::json mine = nlohmann::json::array();
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<int> ranks(static_cast<size_t>(world));
+        std::iota(ranks.begin(), ranks.end(), 0);
+        std::shuffle(ranks.begin(), ranks.end(), rng);
+        nlohmann::json token = nlohmann::json::array();
+        for (int j = 0; j < topk; ++j) {
+          const float gate = float(rng() % 1000) / 1000.f;
+          token.push_back(nlohmann::json::array({ranks[size_t(j)], gate}));
+          rows[size_t(ranks[size_t(j)])].push_back({src, int32_t(t), gate});
+        }
+        mine.push_back(token);
+      }
+      picks.push_back(mine);
+    }
+    const std::string file = dir.file("routing" + std::to_string(round) + ".json");
+    std::ofstream(file) << nlohmann::json{{"format", "flashoverlap.moe_routing"}, {"schema", 1}, {"world", world},
+                                          {"picks", picks}}.dump();
+    // rank e's rows sorted by source (stable: token, pick order kept).
+    std::vector<std::vector<int32_t>> dest(static_cast<size_t>(world)), token(static_cast<size_t>(world));
+    std::vector<std::vector<float>> gate(static_cast<size_t>(world));
+    std::vector<int64_t> send(static_cast<size_t>(world * world), 0), recv(static_cast<size_t>(world * world), 0);
+    std::vector<AllToAllRouting> routings(static_cast<size_t>(world));
+    for (int e = 0; e < world; ++e) {
+      std::stable_sort(rows[size_t(e)].begin(), rows[size_t(e)].end(),
+                       [](const Row& a, const Row& b) { return a.rank < b.rank; });
+      for (const Row& r : rows[size_t(e)]) {
+        dest[size_t(e)].push_back(r.rank), token[size_t(e)].push_back(r.token), gate[size_t(e)].push_back(r.gate);
+        ++send[size_t(e * world + r.rank)], ++recv[size_t(r.rank * world + e)];
+      }
+    }
+    for (int e = 0; e < world; ++e) {
+      AllToAllRouting& x = routings[size_t(e)];
+      x.rows = int64_t(dest[size_t(e)].size()), x.tokens = tokens;
+      x.dest_rank = dest[size_t(e)].data(), x.dest_token = token[size_t(e)].data(), x.gate = gate[size_t(e)].data();
+      x.send_counts = send.data() + e * world, x.recv_counts = recv.data() + e * world;
+    }
+    const int reserve = rng() % 2 ? 16 : -1;
+    const std::string args = "--op alltoall --m " + std::to_string(tokens) + " --n " + std::to_string(n) + " --k " +
+                             std::to_string(k) + " --world " + std::to_string(world) + " --routing file:" + file +
+                             (reserve > 0 ? " --reserve-sms 16" : "");
+    SCOPED_TRACE(args);
+    flashoverlap::GemmAllToAllOptions options;
+    if (reserve > 0) options.nccl_sms = reserve;
+    const std::string expect = flashoverlap::plan_gemm_alltoall(routings, n, k, flashoverlap::DType::BF16, options);
+    const Result text = run(args);
+    ASSERT_EQ(text.rc, 0) << text.err;
+    EXPECT_NE(text.out.find("GemmAllToAll (rank 0, path auto, NCCL on " + std::to_string(options.nccl_sms) +
+                            " SMs) runs: " + expect + "\n"),
+              std::string::npos)
+        << text.out;
+    const Result json = run(args + " --json");
+    ASSERT_EQ(json.rc, 0) << json.err;
+    EXPECT_EQ(nlohmann::json::parse(json.out).at("op_plan").get<std::string>(), expect);
+    // Sequential on the model's GEMM (ours), or slots; one rank has nothing to overlap.
+    const bool sequential = expect.rfind("sequential", 0) == 0;
+    EXPECT_TRUE(sequential ? expect.ends_with("; our GEMM") : expect.rfind("slots: waves ", 0) == 0) << expect;
+    if (world == 1) EXPECT_TRUE(sequential) << expect;
+    // A routing that does not add up is refused as the op refuses it, naming the rank.
+    if (world > 1) {
+      std::vector<int64_t> bad = recv;
+      ++bad[1];  // rank 0 claims one more row from rank 1 than rank 1 sends it
+      std::vector<AllToAllRouting> off = routings;
+      off[0].recv_counts = bad.data();
+      try {
+        flashoverlap::plan_gemm_alltoall(off, n, k, flashoverlap::DType::BF16);
+        ADD_FAILURE() << "a recv count off by one was accepted";
+      } catch (const flashoverlap::InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 0's recv_counts[1]"), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_THROW(flashoverlap::plan_gemm_alltoall({}, 4096, 4096, flashoverlap::DType::BF16),
+               flashoverlap::InvalidArgument);  // (no rank)
 }
 
 TEST(PlanCli, HasItsOwnHelp) {

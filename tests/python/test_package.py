@@ -28,7 +28,9 @@ import ctypes
 import hashlib
 import base64
 import importlib.util
+import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -217,6 +219,57 @@ class CApi(unittest.TestCase):
         self.assertEqual(_capi.allreduce_curve_path("d", 0, 2, "fp16"), "d/allreduce-ctasdefault-w2-fp16.json")
         with self.assertRaisesRegex(InvalidArgument, "nccl_ctas = -1"):
             _capi.allreduce_curve_path("d", -1, 2)
+
+    def test_planning_calls(self):
+        # The plan each op runs, from the model, as the CLI prints it (the same C++ call underneath).
+        cli = os.environ.get("FLASHOVERLAP_CLI")
+        rng = random.Random()
+        m, n, k, world = 128 * rng.randint(1, 64), 1024 * rng.randint(1, 8), 8 * rng.randint(64, 1024), 2
+        for op, plan in (("allreduce", flashoverlap.plan_gemm_allreduce),
+                         ("reducescatter", flashoverlap.plan_gemm_reducescatter)):
+            with self.subTest(op=op, m=m, n=n, k=k):
+                text = plan(m, n, k, world)
+                self.assertTrue(text)
+                self.assertEqual(plan(m, n, k, 1).split(",")[0].split(":")[0], "sequential")
+                if cli:
+                    out = subprocess.run([cli, "plan", "--op", op, "--m", str(m), "--n", str(n), "--k", str(k),
+                                          "--world", str(world), "--json"], capture_output=True, text=True, check=True)
+                    self.assertEqual(json.loads(out.stdout)["op_plan"], text)
+        with self.assertRaisesRegex(InvalidArgument, "m must be >= 1"):
+            flashoverlap.plan_gemm_allreduce(0, 4096, 4096, 2)
+        with self.assertRaisesRegex(InvalidArgument, "path"):
+            flashoverlap.plan_gemm_reducescatter(4096, 4096, 4096, 2, path="row_bands")
+        # All-to-All: two ranks, each token of each rank picks one rank at random.
+        tokens = rng.randint(1, 2000)
+        rows = [[], []]  # by expert rank: (source rank, token, gate), in the dispatch's order
+        for src in range(2):
+            for t in range(tokens):
+                rows[rng.randrange(2)].append((src, t, rng.random()))
+        routings = []
+        for e in range(2):
+            send = [sum(1 for r in rows[e] if r[0] == d) for d in range(2)]
+            recv = [sum(1 for r in rows[s] if r[0] == e) for s in range(2)]
+            routings.append({"dest_rank": [r[0] for r in rows[e]], "dest_token": [r[1] for r in rows[e]],
+                             "gate": [r[2] for r in rows[e]], "tokens": tokens, "send_counts": send,
+                             "recv_counts": recv})
+        text = flashoverlap.plan_gemm_alltoall(routings, n, k)
+        self.assertRegex(text, r"^(sequential, .*; our GEMM|slots: waves .*)$")
+        if cli:
+            picks = [[[] for _ in range(tokens)] for _ in range(2)]
+            for e in range(2):
+                for src, t, gate in rows[e]:
+                    picks[src][t].append([e, gate])
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "routing.json")
+                with open(path, "w") as f:
+                    json.dump({"format": "flashoverlap.moe_routing", "schema": 1, "world": 2, "picks": picks}, f)
+                out = subprocess.run([cli, "plan", "--op", "alltoall", "--m", str(tokens), "--n", str(n), "--k", str(k),
+                                      "--world", "2", "--routing", "file:" + path, "--json"], capture_output=True,
+                                     text=True, check=True)
+            self.assertEqual(json.loads(out.stdout)["op_plan"], text)
+        routings[0]["recv_counts"] = [routings[0]["recv_counts"][0], routings[0]["recv_counts"][1] + 1]
+        with self.assertRaisesRegex(InvalidArgument, r"rank 0's recv_counts\[1\]"):
+            flashoverlap.plan_gemm_alltoall(routings, n, k)
 
     def test_local_gpus(self):
         # (any machine: a count and its reason that agree)

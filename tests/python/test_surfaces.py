@@ -107,6 +107,23 @@ class Surfaces(unittest.TestCase):
                     self.assertTrue(hasattr(py, PYTHON_NAMES.get(call, call)),
                                     f"{name}::{call} has no flashoverlap.torch.{name}.{PYTHON_NAMES.get(call, call)}")
 
+    def test_every_free_function_exists_on_every_surface(self):
+        # flashoverlap::<name>(...) at namespace level: fo_<name> in C, flashoverlap.<name> in Python (the
+        # package's names, resolved lazily; a call on a communicator is a Communicator method there).
+        body = strip_comments(self.header)
+        names = set(re.findall(r"^[A-Za-z_:<>]+[ *&]+([a-z_]+)\(", body, flags=re.M))
+        self.assertGreaterEqual(names, {"local_gpus", "allreduce_curve_path", "plan_gemm_allreduce",
+                                        "plan_gemm_reducescatter", "plan_gemm_alltoall"})
+        c = set(re.findall(r"FO_C_API \w+\*? ?(fo_\w+)\(", self.c_header))
+        import flashoverlap
+        for name in sorted(names):
+            with self.subTest(function=name):
+                self.assertIn(f"fo_{name}", c, f"flashoverlap::{name} has no fo_{name}")
+                if name == "measure_allreduce_curve":
+                    self.assertTrue(hasattr(fot._capi.Communicator, name), name)
+                else:
+                    self.assertIn(name, flashoverlap.__all__, f"flashoverlap::{name} is not flashoverlap.{name}")
+
     def test_the_nvlink_path_has_one_name(self):
         # (the C enum keeps FO_PATH_OWNERS as the AllReduce's former name for it)
         for op, name in OPS.items():

@@ -196,9 +196,7 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   // rows one block, on every rank: the same choice everywhere) skips the
   // slots: our GEMM stores C whole (no row-by-row stores), each block goes
   // as it is, and the rows arrive in (source, row) order.
-  direct_ = seq && opts_.n % 8 == 0;
-  for (int r = 0; r < world_ && direct_; ++r)
-    direct_ = std::is_sorted(routing.dest_rank[size_t(r)].begin(), routing.dest_rank[size_t(r)].end());
+  direct_ = seq && opts_.n % 8 == 0 && plan::in_dispatch_order(routing);
   plan::fill_combine_table(routing, rank_, table_);  // (its memory kept across calls)
   my_groups_ = groups[size_t(rank_)];
   if (direct_) {
