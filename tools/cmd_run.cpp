@@ -20,8 +20,7 @@ int run_default_job(std::ostream& out) {
   out << "\nAbove: the slot layout's plan from the host model, then the plan GemmAllReduce runs: its Auto\n"
          "path plans row bands, slots and the sequential path by the same latency model (on a GPU, from its\n"
          "GEMM's times measured when built), or takes the tuning cache's pick; its Owners path runs only\n"
-         "when asked for (`bench --path owners`). The copy-engine and pushed layouts and the measured tuner\n"
-         "are `flashoverlap-lab lab-bench`'s.\n";
+         "when asked for (`bench --path owners`). The measured tuner is `flashoverlap-lab lab-bench`'s.\n";
   // A GPU machine whose CUDA does not start is a failure, not a CPU machine.
   return gpus.cuda_failed ? 1 : rc;
 }

@@ -29,9 +29,7 @@ struct Options {
 
 int run(const Options& o) {
   if (o.op != "allreduce")
-    throw InvalidArgument("tune --op " + o.op + ": the AllReduce's curve is what the ops read (the copy-engine "
-                          "AllGather's, for the lab's gathered layouts, `flashoverlap-lab lab-bench --curves DIR` "
-                          "measures where it is missing)");
+    throw InvalidArgument("tune --op " + o.op + ": the AllReduce's curve is what the ops read (allreduce)");
   if (o.curve.empty() == o.curves.empty())
     throw InvalidArgument("tune needs one of --curve FILE or --curves DIR (where to save the curve)");
   if (o.dtype != "bf16" && o.dtype != "fp16") throw InvalidArgument("--dtype must be bf16 or fp16");

@@ -68,8 +68,8 @@ rt::AllReducePlan AllReducePlanner::plan_for(int64_t m) const {
   t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = op_tiles();
   t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
   t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };  // (the model: nothing measured)
-  if (opts.path == Path::NVLink) {  // the model's best owner plan (pushed row bands), or the sequential one
-    t.layouts = {rt::ArLayout::Pushed}, t.push_by = rt::PushBy::Owners, t.push_reachable = true;
+  if (opts.path == Path::NVLink) {  // the model's best owner plan, or the sequential one
+    t.layouts = {rt::ArLayout::Owners}, t.push_reachable = true;
     if (world > 2) t.tiles = {op_tiles()[0]};  // (owners on 3-8 ranks: 128x256 tiles on 4 stages)
     try {
       return rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, 1e30);

@@ -89,7 +89,7 @@ struct GemmAllReduce::Impl {
     auto pit = plans.find(bucket);
     if (pit == plans.end()) pit = plans.emplace(bucket, planner.plan_for(m)).first;
     const rt::AllReducePlan& p = pit->second;
-    if (rt::is_owners(p.push_by) && rt::is_pushed(p.layout) && !p.sequential) return make_owner_op(bucket, p);
+    if (p.layout == rt::ArLayout::Owners && !p.sequential) return make_owner_op(bucket, p);
     rt::OverlapAllReduceOptions o;
     o.sched = plan::make_schedule(m, n, {p.sched.bm, p.sched.bn}, p.sched.ctas, p.sched.raster, p.sched.swizzle);
     o.groups = p.groups;  // (tile ranges: the same for every m of the bucket)
@@ -101,7 +101,7 @@ struct GemmAllReduce::Impl {
     o.layout = p.layout, o.k = int(k), o.dtype = to_kernels(dtype), o.rank = rank;
     o.comm = p.sequential ? comm->comm.get() : bounded.get();
     o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
-    o.wait_timeout_s = opts.wait_timeout_s, o.four_stages = p.four_stages, o.fuse_sum = p.fuse_sum;
+    o.wait_timeout_s = opts.wait_timeout_s, o.four_stages = p.four_stages;
     o.core = &core;
     return ops.add(m, std::make_unique<rt::OverlapAllReduce>(o), [this](int64_t, rt::OverlapAllReduce& gone) {
       forget(gone);
@@ -112,9 +112,9 @@ struct GemmAllReduce::Impl {
     rt::OverlapAllReduceOptions o;
     o.sched = plan::make_schedule(int64_t(bucket) * kBm, n, {p.sched.bm, p.sched.bn}, p.sched.ctas, p.sched.raster,
                                   p.sched.swizzle);
-    o.groups = p.groups, o.layout = p.layout, o.push_by = p.push_by, o.k = int(k), o.dtype = to_kernels(dtype);
+    o.groups = p.groups, o.layout = p.layout, o.k = int(k), o.dtype = to_kernels(dtype);
     o.rank = rank, o.comm = comm->comm.get(), o.wait_timeout_s = opts.wait_timeout_s;
-    o.four_stages = p.four_stages, o.fuse_sum = p.fuse_sum;
+    o.four_stages = p.four_stages, o.owner_copy_in_gemm = p.copy_in_gemm;
     o.core = &core, o.owner_window = owner_window.get();
     return *owner_ops.emplace(bucket, std::make_unique<rt::OverlapAllReduce>(o)).first->second;
   }

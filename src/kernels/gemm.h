@@ -35,70 +35,6 @@ constexpr int kSignalsPerTile = 2;
 constexpr int kGemmThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kPhaseSlots = 6;     // GemmParams::monitor_phases: values per CTA
 
-// The gathered AllReduce layouts' sum, done inside the GEMM by the idle warps
-// of its producer warpgroup (DRAM bandwidth the tensor cores leave unused):
-// once group g's blocks have all arrived (ready[g] reaches epoch * per_epoch:
-// set to the epoch by the comm stream after its AllGather, or counted up by
-// every rank's pushed tiles), C rows [row0, row0 + rows) of `out` = sum over
-// ranks w of gathered rows src_row + w * block_rows + (0..rows), in rank
-// order in fp32 with one rounding (as reorder.h's sum_gathered_rows).
-struct SumGroup {
-  int64_t src_row = 0, block_rows = 0;
-  int32_t row0 = 0, rows = 0;
-  uint32_t per_epoch = 1;  // how far ready[g] moves per call
-};
-struct FusedSum {
-  int32_t groups = 0;               // groups 0..groups-1 are summed in the kernel; 0: off
-  const SumGroup* table = nullptr;  // device, [groups]
-  const uint32_t* ready = nullptr;  // device, [groups]; cyclic compare with epoch
-  uint32_t epoch = 0;
-  int32_t world = 1;
-  const void* gathered = nullptr;   // n elements per row (tiles: bn)
-  bool tiles = false;               // blocks hold tile slots (SumGroup: row0 = first tile, rows = tiles)
-  void* out = nullptr;
-  int64_t ld_out = 0;
-  uint64_t timeout_ns = 0;          // a group not ready by then: err is set and the sum stops
-  WaitError* err = nullptr;
-  // Who sums, and how chunks are shared out. Without claims, the producer's
-  // two idle warps of every CTA take fixed chunks. With claims (one counter
-  // per group, zero at launch), each warp takes the next chunk of a group
-  // with an atomic add, so that warps can join late: with consumers, every
-  // consumer warp joins once its CTA's last tile is stored (then nothing
-  // is left for a kernel after the GEMM), and without producers only they sum.
-  uint32_t* claims = nullptr;       // device, [groups]
-  bool producers = true;
-  bool consumers = false;           // needs claims
-  // Zeroed by block 0 at launch (the next call's claims: a call's GEMM has
-  // finished before the next call's starts, so each call zeroes the other
-  // half of a two-call ring).
-  uint32_t* claims_reset = nullptr;
-  int32_t claims_reset_count = 0;
-  // Optional, [groups][world]: besides ready[g], a group waits until every
-  // other rank w's entry peer_ready[g * world + w] reaches epoch (cyclic),
-  // written by rank w once its copy of the group has landed here (the
-  // pushed layouts moved by the copy engines). Entry `rank` is not read.
-  const uint32_t* peer_ready = nullptr;
-  int32_t rank = 0;
-};
-
-// The pushed AllReduce layout: besides its own store, every tile is copied
-// into each peer GPU's copy of the output buffer (same rows and columns: the
-// peers' buffers are one symmetric window, mapped over NVLink) by the
-// storer's warp with plain 16-byte stores (TMA stores to a peer hold the SM's
-// TMA unit for the length of the NVLink transfer and starve the GEMM's
-// loads), and once the tile is complete everywhere, 1 is added with release
-// at system scope to its group's arrival counter on this GPU and every peer.
-// The copies are not clipped to the buffer's rows (TMA stores are, at
-// c_rows): every tile's rows, after row_shift, must lie inside the peers'
-// buffers (OverlapAllReduce pads each block to whole tiles).
-struct Push {
-  int32_t peers = 0;                          // 0: off
-  void* const* peer_c = nullptr;              // device: [peers] the peers' copies of C (same ldc)
-  uint32_t* arrivals = nullptr;               // this GPU's arrival counters, indexed like counters
-  uint32_t* const* peer_arrivals = nullptr;   // device: [peers] the peers' arrival counters
-  int32_t signal_every = 1;                   // 1 or 2: tiles per system fence and signal
-};
-
 // The MoE combine's NVLink form (SlotRows with row_of, no slot buffer):
 // each stored row goes straight into its destination's receive rows, rank
 // d = row_of / rows_per_rank, row row_of % rows_per_rank of rows[d] (n
@@ -117,11 +53,11 @@ struct Scatter {
   CallPublish publish;                  // optional: this call's descriptor, published as the GEMM starts (flags.h)
 };
 
-// The pushed AllReduce with owners, 2 ranks: each tile is summed by one
+// The AllReduce with owners, 2 ranks: each tile is summed by one
 // rank, its owner (rank 1 owns tiles [0, split), rank 0 [split, tiles)).
 // Each rank walks its tiles it does not own first (rank 1 starts at tile
 // `split`, rank 0 at tile 0): those partials are stored only into the
-// owner's window (Push, to the peer, ld n) and counted in its flags. Then
+// owner's window (peer_window, ld n) and counted in its flags. Then
 // its own: before such a tile's epilogue the storer warp waits (bounded)
 // for the peer's partial, long since arrived, and loads it by TMA into the
 // tile's staging buffer; the consumers add their rounded accumulators to it
@@ -131,7 +67,7 @@ struct Scatter {
 // after its CTA's last tile) copy the peer's final tiles from this GPU's
 // window into C as they arrive. Two calls in flight use the two halves of
 // the window (row0); the flags count one arrival per tile and call.
-// In place (pushed only): C is this call's half of this GPU's window, so the
+// In place: C is this call's half of this GPU's window, so the
 // peer's final tiles land where they belong and nothing is copied; the
 // copy warps only wait until every one of them has arrived (the kernel's
 // end then means C is complete).
@@ -139,6 +75,7 @@ struct Owner {
   int32_t rank = -1;                // -1: off; else 0 or 1
   int32_t split = 0;
   const void* window = nullptr;     // the window read from, [window_rows x n], n elements per row
+  void* peer_window = nullptr;      // the peer's window (2 ranks), as addressed here: where this rank's tiles go
   int64_t window_rows = 0;
   int32_t row0 = 0;                 // this call's half: window rows [row0, row0 + tiles_m * 128)
   uint32_t* flags = nullptr;        // this GPU's [tiles] arrival counters
@@ -146,10 +83,14 @@ struct Owner {
   uint32_t epoch = 0;               // this call: every flag reaches epoch (cyclic compare)
   int32_t drop_group = -1;          // testing: this group's tiles are never counted (their waits time out)
   uint32_t* claims = nullptr;       // [1], zero at launch: the copy's chunks
+  // Zeroed by block 0 at launch: the next call's claims (a call's GEMM has
+  // finished before the next call's starts, so each call zeroes the other
+  // of two).
+  uint32_t* claims_reset = nullptr;
   bool producers = true;            // the producer's idle warps copy during the GEMM
-  bool in_place = false;            // C is the window at row0 (pushed only: this GPU's window): wait for the peer's finals, no copy
-  // 4 stages, pushed only: a tile goes to the peer's window (push_window, the
-  // address Push::peer_c[0] holds, rows like `window`; rows from row0 + m on
+  bool in_place = false;            // C is the window at row0 (this GPU's window): wait for the peer's finals, no copy
+  // 4 stages: a tile goes to the peer's window (push_window, the address
+  // peer_window holds, rows like `window`; rows from row0 + m on
   // are not written) by TMA stores straight
   // from the staging pieces, instead of from C by the storer warp's loads and
   // stores. 0: never; 1: each CTA's last tile (its operand loads are done, so
@@ -157,7 +98,7 @@ struct Owner {
   // wave's push decides the GEMM's end); 2: every tile (measurement).
   int32_t push_tma = 0;
   const void* push_window = nullptr;
-  // 4 stages, pushed only: the final tiles this rank owns go straight into
+  // 4 stages: the final tiles this rank owns go straight into
   // the peer's C (peer_out: its address here, peer_ld elements per row), not
   // into its window, and the peer's finals land in this rank's C the same
   // way (finals_in_c), so the copy only waits for them. Each rank's C then
@@ -215,12 +156,6 @@ struct GemmParams {
   Store store = Store::Plain;
   void* c = nullptr;        // Plain: output, ldc elements per row (>= n)
   int64_t ldc = 0;
-  // Plain and SlotTiles, optional: tile rows of group g go `row_shift[g]`
-  // rows further down C or the slot buffer (each rank's partial of a group in
-  // its own block of a gathered buffer); c_rows = rows of C's allocation
-  // (0: m), which bounds TMA stores.
-  const int32_t* row_shift = nullptr;  // indexed like counters (needs group_of_tile)
-  int64_t c_rows = 0;
   void* slots = nullptr;    // SlotTiles / SlotRows: [slot_rows x bn]
   int64_t slot_rows = 0;
   const int32_t* row_of = nullptr;  // SlotRows: [tiles * bm]
@@ -233,10 +168,8 @@ struct GemmParams {
 
   uint32_t* counters = nullptr;        // non-null: signal each group
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
-  FusedSum sum;                        // optional (gathered layouts)
-  Push push;                           // optional (pushed layout; Plain store via TMA, with counters)
   Scatter scatter;                     // optional (SlotRows by row_of to the ranks' receive rows)
-  Owner owner;                         // optional (with push to 1 peer, Plain C by TMA, group_of_tile; no counters)
+  Owner owner;                         // optional (Plain C by TMA, group_of_tile; no counters)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
   // Non-null: [tiles * 2] = {globaltimer ns, SM cycle count} when the tile's
@@ -252,9 +185,9 @@ struct GemmParams {
   // MMAs done (consumer warpgroup 0's, before the epilogue's waits)}. Where
   // the GEMM's end goes (rt::summarize_phases).
   uint64_t* monitor_phases = nullptr;
-  // 128x256 tiles, Plain C stored by TMA, alone, signalling (counters, row
-  // shift) or with the owner layout (no tile-end monitor, other pushes or
-  // sum; the MMA and phase monitors may be on; gemm_four_stages says whether
+  // 128x256 tiles, Plain C stored by TMA, alone, signalling (counters) or
+  // with the owner layout (no tile-end monitor; the MMA and phase monitors
+  // may be on; gemm_four_stages says whether
   // a launch qualifies): 4 pipeline stages instead of 3,
   // each consumer staging its output half in two pieces in half the shared
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).

@@ -10,7 +10,6 @@
 #include <cstdint>
 
 #include "kernels/gemm.h"
-#include "kernels/gemm_fused_sum.cuh"
 #include "kernels/gemm_owners.cuh"
 #include "kernels/gemm_smem.cuh"
 #include "kernels/ptx.cuh"
@@ -184,7 +183,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
 // The owner layout with kPieces: warps 2 and 3 of the producer warpgroup
 // push each tile that owner_piece_storer hands them (in the CTA's tile
 // order, those not pushed by TMA) from C, where it sits in L2, to the peer
-// (Push::peer_c, or its C for a final under Owner::finals_in_c), 64 rows
+// (Owner::peer_window, or its C for a final under Owner::finals_in_c), 64 rows
 // each, with 16-byte loads and stores; then one count in the peer's flags.
 // So the storer warp is free for the next tile's pieces while the tile
 // crosses NVLink: when it pushed each tile itself, the next tile's second
@@ -216,7 +215,7 @@ __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const Pu
 }
 
 // The owner layout's storer warp: per tile, every lane copies both halves to
-// Push::peer_c (the peer's window: a partial, or the
+// Owner::peer_window (the peer's window: a partial, or the
 // final tile), lane 0 stores a final tile into C by TMA and counts the tile
 // in the peer's flags; before handing
 // the staging halves back, lane 0 loads the peer's partial of the CTA's next
@@ -275,7 +274,7 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
         for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(tm_c, half + c * 8192, col + c * 64, row + h * 64);
         ptx::tma_store_commit();
       }
-      push_half<T, BN>(half, p.push, p.sched.n, o.row0 + row + h * 64, col, p.sched.n, lane);
+      push_half<T, BN>(half, static_cast<T*>(o.peer_window), p.sched.n, o.row0 + row + h * 64, col, p.sched.n, lane);
     }
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
     __syncwarp();

@@ -1,8 +1,8 @@
 // gemm_owners.cuh — the owner layout (gemm.h: Owner) as the GEMM's warps
 // use it: each rank's tile order and ownership (owner_tile_at, owner_owns,
 // owner_pushed_by_tma, kOwnerPollMaxNs), a warp's 16-byte block copy
-// (warp_copy_block), the push of a tile's rows to the peer and its count
-// (owner_push_rows, owner_count), the other ranks' partials added to a
+// (warp_copy_block), a staged half's push to the peer (push_half), the push
+// of a tile's rows to the peer and its count (owner_push_rows, owner_count), the other ranks' partials added to a
 // consumer's accumulators (add_window_partials, more than 2 ranks), and the
 // call check (owner_publish_call, owner_check_call).
 // Separate from the warps that run the layout (gemm_owner_warps.cuh): these
@@ -24,6 +24,25 @@ namespace flashoverlap::kernels {
 // memory: a poll costs no NVLink traffic). 256 ns measured the same as 1024
 // (the traced call's end within 1 us on 1024x8192x8192 and 4096^3, 3 rounds).
 constexpr uint32_t kOwnerPollMaxNs = 1024;
+
+// One 64 x BN half of a finished tile (in shared memory, TMA's 128-byte
+// swizzle) copied by one warp to rows [row, row+64), columns [col, col+BN) of
+// `dst` (ld elements per row), 16 bytes per lane per row step (a whole
+// 512-byte row of 256 columns per warp instruction); columns from n on are
+// not stored.
+template <typename T, int BN>
+__device__ __forceinline__ void push_half(const uint8_t* half, T* dst_base, int64_t ld, int32_t row, int32_t col,
+                                          int32_t n, int lane) {
+  constexpr int kUnits = BN / 8;  // 16-byte units per row
+  T* dst = dst_base + int64_t(row) * ld + col;
+#pragma unroll 2
+  for (int i = lane; i < 64 * kUnits; i += 32) {
+    const int r = i / kUnits, c8 = i % kUnits;
+    if (col + c8 * 8 >= n) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(half + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
+    *reinterpret_cast<uint4*>(dst + int64_t(r) * ld + c8 * 8) = v;
+  }
+}
 
 // The owner layout (gemm.h: Owner): rank r's i-th tile slot holds tile
 // (i + rot) mod tiles, rot = split on rank 1, so that each rank walks the
@@ -131,7 +150,7 @@ __device__ __forceinline__ bool owner_push_rows(const GemmKernelParams& p, int32
     if (!withhold && nrows > 0) {
       const int64_t dst_ld = to_c ? o.peer_ld : s.n;
       T* dst = to_c ? static_cast<T*>(o.peer_out) + int64_t(row) * dst_ld + col
-                    : static_cast<T*>(p.push.peer_c[0]) + int64_t(o.row0 + row) * s.n + col;
+                    : static_cast<T*>(o.peer_window) + int64_t(o.row0 + row) * s.n + col;
       warp_copy_block<T, BN / 8, 4>(src, p.ld_out, dst, dst_ld, nrows, units, lane);  // (dst and src may alias)
     }
   } else if (!withhold && nrows > 0) {  // Owner::world: a final to every other rank, a partial to its owner

@@ -44,18 +44,16 @@ __device__ __forceinline__ void write_pieces(const float (&acc)[128], uint32_t m
 // consumers write them (piece 0 of both halves, then piece 1), stores each by
 // TMA and hands the buffer back once the TMA has read it. Each buffer
 // completes twice per tile, so piece q's wait is on parity q. With counters
-// (signalling: the NCCL and gathered layouts) it then waits for the tile's
+// (signalling: the NCCL layouts) it then waits for the tile's
 // stores to complete and adds 2 to its group's counter, as the 3-stage
-// storer does (the consumers are by then in the next tile's mainloop);
-// row_shift moves the tile's rows as there.
+// storer does (the consumers are by then in the next tile's mainloop).
 template <int BN, int kPieceBytes>
 __device__ __forceinline__ void piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c, uint8_t* c_smem,
                                              uint64_t* c_full, uint64_t* c_empty, int32_t tiles) {
   ptx::tma_prefetch_desc(tm_c);
   for (int32_t idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
-    const int32_t row = tc.tm * 128 + shift, col = tc.tn * BN;
+    const int32_t row = tc.tm * 128, col = tc.tn * BN;
 #pragma unroll
     for (int q = 0; q < 2; ++q)
 #pragma unroll

@@ -87,8 +87,6 @@ void check_gemm_params(const GemmParams& p) {
     case Store::Plain:
       if (!p.c) fail("C must be non-null");
       if (p.ldc < p.n) fail("ldc must be >= n");
-      if (p.c_rows != 0 && p.c_rows < p.m) fail("c_rows must be 0 or >= m");
-      if (p.row_shift && !p.group_of_tile) fail("row_shift needs group_of_tile");
       break;
     case Store::SlotTiles:
       if (!p.slots || !aligned16(p.slots)) fail("slot buffer must be non-null and 16-byte aligned");
@@ -98,54 +96,24 @@ void check_gemm_params(const GemmParams& p) {
       if (p.scatter.world == 0 && (!p.slots || !aligned16(p.slots)))
         fail("slot buffer must be non-null and 16-byte aligned");
       if (!p.row_of && !p.half_row) fail("SlotRows needs the row_of or the half_row table");
-      if (p.half_row && p.push.peers > 0) fail("half_row: no pushes besides");
       break;
     default:
       fail("unknown store mode");
   }
   if (p.counters && !p.group_of_tile) fail("signalling needs group_of_tile");
-  if (p.row_shift && p.store == Store::SlotRows) fail("row_shift applies to the Plain and SlotTiles stores");
-  if (p.row_shift && !p.group_of_tile) fail("row_shift needs group_of_tile");
-  if (p.sum.groups < 0) fail("fused sum: negative group count");
-  if (p.sum.groups > 0 && (!p.sum.table || !p.sum.ready || !p.sum.gathered || !p.sum.out || !p.sum.err ||
-                           p.sum.world < 1 || p.sum.ld_out < p.n))
-    fail("fused sum needs its table, ready flags, gathered buffer, output (ld >= n), error slot and world >= 1");
-  if (p.sum.groups > 0 && (p.n % 8 != 0 || (p.sum.tiles ? p.sum.ld_out % 8 != 0 : p.sum.ld_out != p.n) ||
-                           !aligned16(p.sum.out) || !aligned16(p.sum.gathered)))
-    fail("fused sum needs n % 8 == 0 and a 16-byte aligned output, contiguous (rows) or with ld % 8 == 0 (tiles)");
-  if (p.sum.groups > 0 && p.sum.tiles && p.store != Store::SlotTiles) fail("fused sum of tiles needs slot tiles");
-  if (p.sum.groups > 0 && (p.sum.world > 8 || p.sum.world < 1)) fail("fused sum: world must be in [1, 8]");
-  if (p.sum.groups > 0 && !p.sum.claims && !p.sum.producers) fail("fused sum: nobody sums (no producers, no claims)");
-  if (p.sum.groups > 0 && p.sum.peer_ready && (p.sum.rank < 0 || p.sum.rank >= p.sum.world))
-    fail("fused sum: rank outside [0, world) with peer_ready flags");
-  if (p.sum.claims_reset_count < 0 || (p.sum.claims_reset_count > 0 && !p.sum.claims_reset))
-    fail("fused sum: claims_reset_count without claims_reset");
-  if (p.sum.groups > 0 && int64_t(p.sched.tiles()) * p.sched.bm * p.sched.bn >= INT32_MAX)
-    fail("fused sum: C has 2^31 elements or more");
-  if (p.push.peers < 0 || p.push.peers > 7) fail("push: peers must be in [0, 7]");
-  if (p.push.signal_every < 1 || p.push.signal_every > 2) fail("push: signal_every must be 1 or 2");
-  const bool push_store = p.store == Store::SlotTiles ||
-                          (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && p.n % 8 == 0);
-  if (p.push.peers > 0 && p.owner.rank < 0 &&
-      (!push_store || !p.counters || !p.push.peer_c || !p.push.arrivals || !p.push.peer_arrivals))
-    fail("push needs slot tiles or Plain C by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0), signals, the peers' "
-         "buffers and arrival counters");
-  if (p.sum.groups > 0 && p.sum.consumers && (!p.sum.claims || !push_store))
-    fail("fused sum by the consumer warps needs claim counters and the TMA store (slot tiles or aligned Plain C)");
+  const bool tma_c = p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && p.n % 8 == 0;
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
   const Scatter& sc = p.scatter;
   if (sc.world < 0 || sc.world > 8) fail("scatter: world must be in [0, 8]");
   if (sc.world > 0 && (p.store != Store::SlotRows || !p.row_of || p.half_row || p.n % 8 != 0 || !sc.rows ||
-                       !sc.arrivals || sc.rows_per_rank < 1 || p.push.peers > 0 || p.owner.rank >= 0 ||
-                       p.sum.groups > 0 || p.counters))
+                       !sc.arrivals || sc.rows_per_rank < 1 || p.owner.rank >= 0 || p.counters))
     fail("scatter: needs SlotRows by row_of (no half_row), n % 8 == 0, the ranks' receive rows and arrival "
-         "counters, rows_per_rank >= 1, and no counters, push, owner layout or fused sum besides");
+         "counters, rows_per_rank >= 1, and no counters or owner layout besides");
   const Owner& o = p.owner;
   if (o.rank >= 0) {
     if (o.world < 2 || o.world > 8 || o.rank >= o.world) fail("owner layout: world must be in [2, 8], rank below it");
-    if (p.store != Store::Plain || !push_store)
-      fail("owner layout: needs Plain C stored by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0)");
-    if (p.push.peers != 1 || !p.push.peer_c) fail("owner layout: needs the peer's window (push to 1 peer)");
+    if (!tma_c) fail("owner layout: needs Plain C stored by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0)");
+    if (!o.peer_window) fail("owner layout: needs the peer's window");
     if (!o.window || !aligned16(o.window) || !o.flags || !o.peer_flags || !o.claims || !o.err || !p.group_of_tile)
       fail("owner layout: needs its 16-byte aligned window, both ranks' flags, claims, an error slot and "
            "group_of_tile");
@@ -154,10 +122,8 @@ void check_gemm_params(const GemmParams& p) {
       fail("owner layout: this call's rows lie outside the window");
     if (o.in_place && (p.c != static_cast<const char*>(o.window) + o.row0 * int64_t(p.n) * 2 || p.ldc != p.n))
       fail("owner layout in place: C must be the window at row0, n elements per row");
-    if (p.sum.groups > 0 || p.row_shift) fail("owner layout: no fused sum or row shift besides");
-    if (p.counters || p.monitor_ns || p.push.arrivals || p.push.peer_arrivals)
-      fail("owner layout: its tiles are counted in the owner flags only (no counters, arrival counters or "
-           "monitor_ns)");
+    if (p.counters || p.monitor_ns)
+      fail("owner layout: its tiles are counted in the owner flags only (no counters or monitor_ns)");
     if (o.push_tma < 0 || o.push_tma > 2) fail("owner layout: push_tma must be 0, 1 or 2");
     if ((o.publish.slots != nullptr) != (o.check.slots != nullptr) || o.check.tokens || o.check.parity < 0 ||
         o.check.parity > 1)
@@ -180,22 +146,21 @@ void check_gemm_params(const GemmParams& p) {
         (o.in_place || !aligned16(o.peer_out) || o.peer_ld < p.n || o.peer_ld % 8 != 0 || !gemm_four_stages(p)))
       fail("owner layout: finals into the peers' C need the 4-stage pipeline, not in place, and a 16-byte aligned "
            "peer C with ld >= n, ld % 8 == 0");
-  } else if (p.owner.push_tma != 0 || p.owner.finals_in_c || p.owner.publish.slots || p.owner.check.slots) {
-    fail("push_tma, finals_in_c and the owner call check are for the owner layout");
+  } else if (p.owner.push_tma != 0 || p.owner.finals_in_c || p.owner.publish.slots || p.owner.check.slots ||
+             p.owner.claims_reset || p.owner.peer_window) {
+    fail("push_tma, finals_in_c, the peer's window, the claims and the owner call check are for the owner layout");
   }
 }
 
 void preload_gemm_kernels();
 
 bool gemm_four_stages(const GemmParams& p) {
-  // The plain store, signalling or not, rows shifted or not (piece_storer);
-  // or the owner layout (push to its one peer; the peer's finals are copied
-  // through registers, no shared memory to spare). Not: the tile-end
-  // monitor, a fused sum (its warps stage in the 4th stage's room).
-  const bool plain = p.push.peers == 0 && p.owner.rank < 0;
-  const bool owner = p.owner.rank >= 0 && p.push.peers == 1 && !p.counters && !p.row_shift;
+  // The plain store, signalling or not (piece_storer); or the owner layout
+  // (the peer's finals are copied through registers, no shared memory to
+  // spare). Not: the tile-end monitor.
+  const bool owner_ok = p.owner.rank < 0 || !p.counters;  // (owner: n % 8 == 0 checked already)
   return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&
-         !p.monitor_ns && (plain || owner) && p.sum.groups == 0;  // (owner: n % 8 == 0 checked already)
+         !p.monitor_ns && owner_ok;
 }
 
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
@@ -218,8 +183,6 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.store = static_cast<int32_t>(p.store);
   kp.counters = p.counters;
   kp.group_of_tile = p.group_of_tile;
-  kp.sum = p.sum;
-  kp.push = p.push;
   kp.scatter = p.scatter;
   kp.monitor_ns = p.monitor_ns;
   kp.monitor_sm = p.monitor_sm;
@@ -230,7 +193,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
     kp.ld_out = p.ldc;
-    mc = make_map(p.c, p.c_rows ? p.c_rows : p.m, p.n, p.ldc, 64, dt, "C");
+    mc = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C");
   } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.half_row)) {
     kp.tma_store = true;
     kp.ld_out = bn;
@@ -246,7 +209,6 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     kp.ld_out = p.store == Store::Plain ? p.ldc : bn;
     kp.row_of = p.store == Store::SlotRows ? p.row_of : nullptr;
   }
-  kp.row_shift = p.store != Store::SlotRows ? p.row_shift : nullptr;
   // The owner layout: the peer's partials are loaded from the window read
   // from (Owner::window: this GPU's) into the
   // staging buffer (the same box and swizzle as C's stores), and its copy of

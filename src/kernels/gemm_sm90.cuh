@@ -13,11 +13,10 @@
 // This header holds the kernel itself (producer, MMA main loop, epilogue
 // dispatch); the parts it calls are in headers of their own:
 //   gemm_smem.cuh         GemmKernelParams, GemmSmem, record_phase, pack2, sw128_offset
-//   gemm_fused_sum.cuh    fused_sum_rows, push_half (gathered and pushed layouts)
 //   gemm_staging.cuh      add_pack2, stage_columns, stage_accumulators, stage_piece
 //   gemm_pieces.cuh       write_pieces, piece_storer (the 4-stage plain store)
 //   gemm_owners.cuh       the owner layout's helpers: owner_tile_at, owner_owns,
-//                         owner_pushed_by_tma, warp_copy_block, owner_push_rows,
+//                         owner_pushed_by_tma, push_half, warp_copy_block, owner_push_rows,
 //                         owner_count, add_window_partials
 //   gemm_owner_warps.cuh  PushRing, owner_piece_storer, owner_pusher, owner_storer,
 //                         copy_peer_tiles
@@ -29,7 +28,6 @@
 #include <cstdint>
 
 #include "kernels/gemm.h"
-#include "kernels/gemm_fused_sum.cuh"
 #include "kernels/gemm_owner_warps.cuh"
 #include "kernels/gemm_owners.cuh"
 #include "kernels/gemm_pieces.cuh"
@@ -41,6 +39,18 @@
 #include "plan/schedule.h"
 
 namespace flashoverlap::kernels {
+
+// Registers per thread of the producer and of each consumer warpgroup: 4
+// stages (the output in pieces) 88 / 208; 3 stages at 128x256 56 / 224; 5
+// stages at 128x128 64 / 216 (its accumulators are half as many).
+template <int BN, bool kPieces>
+constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : 64;
+template <int BN, bool kPieces>
+constexpr int kConsumerRegs = kPieces ? 208 : BN == 256 ? 224 : 216;
+static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <= kGemmThreads * 168 &&
+                  128 * kProducerRegs<256, false> + 256 * kConsumerRegs<256, false> <= kGemmThreads * 168 &&
+                  128 * kProducerRegs<128, false> + 256 * kConsumerRegs<128, false> <= kGemmThreads * 168,
+              "the warpgroups' registers exceed the launch's");
 
 template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
@@ -70,30 +80,27 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_init(&c_full[h], 1);
       ptx::mbar_init(&c_empty[h], 1);
-      ptx::mbar_init(&c_empty[2 + h], 1);  // the sum warps' staging buffers
+      ptx::mbar_init(&c_empty[2 + h], 1);  // the copy warps' staging buffers
       ptx::mbar_init(&c_empty[4 + h], 1);
     }
-    // The consumer warps' (joining the sum); kPieces: the push ring's (full, then empty: one arrive per pusher).
+    // The consumer warps' (joining the copy); kPieces: the push ring's (full, then empty: one arrive per pusher).
     for (int i = 0; i < 16; ++i) ptx::mbar_init(&c_empty[6 + i], kPieces && i >= kPushRing && i < 2 * kPushRing ? 2 : 1);
     if constexpr (kPieces) *reinterpret_cast<int32_t*>(smem + L::kPushFailed) = 0;
     for (int h = 0; h < 2; ++h) ptx::mbar_init(&p_ready[h], 1);
     ptx::fence_barrier_init();
   }
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < p.sum.claims_reset_count; i += blockDim.x) p.sum.claims_reset[i] = 0;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && p.owner.claims_reset) *p.owner.claims_reset = 0;
   __syncthreads();
 
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
   if (wg == 0) {
-    // kPieces: 80 registers for the producer warpgroup (the owner's push
-    // keeps 4 loads in flight; at 40, 56 and 64 ptxas spilled 236/624, 92/236
-    // and 24/60 bytes), 208 for each consumer (no spills either): 128 x 80 +
-    // 256 x 208 = 63488 of the launch's 384 x 168 = 64512. kWide: 88 (its
-    // pushes to W ranks spilled 28/208 bytes at 80): 64512.
-    if constexpr (kWide) ptx::setmaxnreg_dec<88>();
-    else if constexpr (kPieces) ptx::setmaxnreg_dec<80>();
-    else ptx::setmaxnreg_dec<40>();
+    // The producer warpgroup's registers (setmaxnreg takes multiples of 8;
+    // 128 x producer + 256 x consumer <= the launch's 384 x 168 = 64512):
+    // what its warps' owner-layout work (the storer's loads and pushes, the
+    // copy, 4 loads in flight) needs without spilling, the rest to the
+    // consumers' accumulators (kProducerRegs, kConsumerRegs).
+    ptx::setmaxnreg_dec<kProducerRegs<BN, kPieces>>();
     if (tid == 0) {
       // ---------------- producer: TMA loads into the ring ----------------
       ptx::tma_prefetch_desc(&tm_a);
@@ -132,95 +139,55 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     } else if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
       // ---------------- storer of the owner layout ----------------
       owner_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles, tid - 32);
-    } else if (tid >= 64 && p.sum.groups > 0 && p.sum.producers) {
-      // ---------------- warps 2-3: the fused sum during the GEMM ----------------
-      const int w = tid / 32 - 2;
-      fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w,
-                                           int32_t(blockIdx.x) * 2 + w, int32_t(gridDim.x) * 2);
     } else if (tid >= 32 && tid < 96 && p.scatter.world > 0) {
       // ---------------- storers of the Scatter: warp 1 + h stores half h ----------------
       scatter_storer<T, BN>(p, smem + L::kC + (tid / 32 - 1) * L::kHalfCBytes, c_full, c_empty, tiles, tid / 32 - 1,
                             tid % 32);
-    } else if (tid >= 32 && tid < 64 && p.tma_store && (tid == 32 || p.push.peers > 0)) {
+    } else if (tid == 32 && p.tma_store) {
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the
       // tensor cores busy while the tile's data drains to global memory.
-      // Lane 0 issues the TMA stores; with peers, the whole warp also copies
-      // each half to the peers' buffers (see gemm.h: Push).
-      const bool leader = tid == 32;
-      const bool push = p.push.peers > 0;
-      if (leader) ptx::tma_prefetch_desc(&tm_c);
+      ptx::tma_prefetch_desc(&tm_c);
       const bool plain = p.store == static_cast<int32_t>(Store::Plain);
-      int32_t pending[2], npending = 0;  // pushed tiles stored but not yet signalled
       uint32_t t = 0;
       for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
         const plan::TileCoord tc = p.sched.tile_of(idx);
         // Plain: rows of C; SlotTiles: rows idx*BM.. of the slot buffer.
-        const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;
-        const int32_t row = (plain ? tc.tm * BM : idx * BM) + shift;
+        const int32_t row = plain ? tc.tm * BM : idx * BM;
         const int32_t col = plain ? tc.tn * BN : 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           ptx::mbar_wait(&c_full[h], t & 1);
-          if (h == 1 && leader && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);
+          if (h == 1 && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);
           const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
-          if (leader) {
-            const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
+          const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
 #pragma unroll
-            for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
-            ptx::tma_store_commit();
-          }
-          if (push) push_half<T, BN>(half, p.push, p.ld_out, row + h * 64, col, plain ? p.sched.n : BN, tid - 32);
+          for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
+          ptx::tma_store_commit();
         }
-        if (push) __syncwarp();  // every lane's reads of both halves are done
-        if (leader) {
-          ptx::tma_store_wait_read();
-          ptx::mbar_arrive(&c_empty[0]);
-          ptx::mbar_arrive(&c_empty[1]);
-        }
+        ptx::tma_store_wait_read();
+        ptx::mbar_arrive(&c_empty[0]);
+        ptx::mbar_arrive(&c_empty[1]);
         if (p.counters || p.monitor_ns) {
-          // With push, the fence below waits an NVLink round trip with no
-          // copy in flight; signal_every = 2 pays it once per two tiles
-          // (a tile's signal waits at most one more tile; the last is never held).
-          if (push) {
-            pending[npending++] = idx;
-            if (npending < p.push.signal_every && idx + int32_t(gridDim.x) < tiles) continue;
-            __threadfence_system();  // each lane's peer stores are visible system-wide before the releases below
-            __syncwarp();
+          ptx::tma_store_wait_all();        // the tile is complete in global memory,
+          ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
+          if (p.counters) ptx::red_release_gpu_add(p.counters + p.group_of_tile[idx], 2);
+          if (p.monitor_ns) {
+            const uint64_t now = ptx::globaltimer_ns();
+            p.monitor_ns[int64_t(idx) * 2] = now;
+            p.monitor_ns[int64_t(idx) * 2 + 1] = now;
+            p.monitor_sm[idx] = ptx::smid();
           }
-          if (leader) {
-            ptx::tma_store_wait_all();        // the tiles are complete in global memory,
-            ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
-            for (int q = 0; q < (push ? npending : 1); ++q) {
-              const int32_t ti = push ? pending[q] : idx;
-              const int32_t grp = p.group_of_tile[ti];
-              if (p.counters) ptx::red_release_gpu_add(p.counters + grp, 2);
-              if (push) {  // every copy of the tile is complete: count it where each is summed
-                ptx::red_release_sys_add(p.push.arrivals + grp, 1);
-                for (int j = 0; j < p.push.peers; ++j) ptx::red_release_sys_add(p.push.peer_arrivals[j] + grp, 1);
-              }
-              if (p.monitor_ns) {
-                const uint64_t now = ptx::globaltimer_ns();
-                p.monitor_ns[int64_t(ti) * 2] = now;
-                p.monitor_ns[int64_t(ti) * 2 + 1] = now;
-                p.monitor_sm[ti] = ptx::smid();
-              }
-            }
-          }
-          npending = 0;
         }
       }
-      if (leader) {
-        ptx::tma_store_wait_all();
-        record_phase(p.monitor_phases, 1);
-      }
+      ptx::tma_store_wait_all();
+      record_phase(p.monitor_phases, 1);
     }
     return;
   }
 
   // ---------------- consumers ----------------
-  if constexpr (kPieces) ptx::setmaxnreg_inc<208>();
-  else ptx::setmaxnreg_inc<232>();
+  ptx::setmaxnreg_inc<kConsumerRegs<BN, kPieces>>();
   const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // [BN/64 chunks][64 rows][128 B]
@@ -316,7 +283,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // (3') Rows epilogue: 16-byte units, consecutive threads along a row.
     ptx::named_barrier_sync(1 + cw, 128);
     constexpr int kUnits = BN / 8;
-    const int32_t shift = p.row_shift ? p.row_shift[p.group_of_tile[idx]] : 0;  // once per tile
     for (int i = tid; i < 64 * kUnits; i += 128) {
       const int r = i / kUnits, c8 = i % kUnits;
       const uint4 v = *reinterpret_cast<const uint4*>(my_c + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
@@ -329,7 +295,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       } else {
         const int32_t grow = tc.tm * BM + tr, gcol = tc.tn * BN + c8 * 8;
         if (grow < p.sched.m && gcol < p.sched.n) {
-          T* dst = static_cast<T*>(p.out) + int64_t(grow + shift) * p.ld_out + gcol;
+          T* dst = static_cast<T*>(p.out) + int64_t(grow) * p.ld_out + gcol;
           const T* src = reinterpret_cast<const T*>(&v);
           const int valid = p.sched.n - gcol < 8 ? p.sched.n - gcol : 8;
           for (int e = 0; e < valid; ++e) dst[e] = src[e];
@@ -352,9 +318,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }  // (not kPieces)
   }
 
-  // The consumer warps join the sum (the owner layout's copy) once the
-  // storer has read this warpgroup's last half tile: my_c becomes 4 staging
-  // buffers, one per warp.
+  // The consumer warps join the owner layout's copy once the storer has
+  // read this warpgroup's last half tile: my_c becomes 4 staging buffers,
+  // one per warp.
   if constexpr (kPieces) {
     // The owner layout's copy, through registers (no shared memory).
     if (p.owner.rank >= 0) copy_peer_tiles<T, L::kSumWarpBytes, BN, true, kWide>(p, nullptr, nullptr);
@@ -362,14 +328,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (p.owner.rank >= 0) {
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
       copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
-    }
-    // (Never both in one launch: check_gemm_params refuses a fused sum with
-    // owners. Both count the same barriers' phases from 0; one after the
-    // other they would need their own barriers.)
-    if (p.sum.groups > 0 && p.sum.consumers) {
-      ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-      fused_sum_rows<T, L::kSumWarpBytes, BN>(p.sum, p.sched, my_c + warp * L::kSumWarpBytes,
-                                               c_empty + 6 + (cw * 4 + warp) * 2, 0, 1);
     }
   }
 }

@@ -2,7 +2,7 @@
 // shares: the kernel's parameters (GemmKernelParams), its shared-memory
 // layout (GemmSmem), the phase trace (record_phase), and the packing and
 // swizzle of staged output (pack2, sw128_offset). Separate so that the
-// epilogue's headers (gemm_fused_sum, gemm_staging, gemm_pieces,
+// epilogue's headers (gemm_staging, gemm_pieces,
 // gemm_owners, gemm_owner_warps) each read on their own; host code
 // (gemm_sm90.cu) sizes the launch's shared memory from GemmSmem.
 #pragma once
@@ -24,14 +24,11 @@ struct GemmKernelParams {
   int32_t store;           // Store
   bool tma_store;          // epilogue via TMA (Plain with aligned C, SlotTiles)
   void* out;               // rows epilogue: C (Plain) or the slot buffer (SlotRows)
-  int64_t ld_out;          // elements per output row (also of the peers' buffers when pushing)
+  int64_t ld_out;          // elements per output row
   const int32_t* row_of;   // SlotRows
-  const int32_t* row_shift;  // Plain / SlotTiles: per group, added to the tile's rows
   const int32_t* half_row;   // SlotTiles from SlotRows: the slot row of each 64-row half's first row (else idx*BM + h*64)
   uint32_t* counters;
   const int32_t* group_of_tile;
-  FusedSum sum;
-  Push push;
   Scatter scatter;
   uint64_t* monitor_ns;
   uint32_t* monitor_sm;
@@ -48,7 +45,8 @@ __device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
 
 // kPieces: the plain store with 4 stages (gemm.h: GemmParams::four_stages):
 // each consumer stages its output half in two pieces of 128 columns, one
-// after the other, in 16 KB instead of 32 KB; no buffers for the sums.
+// after the other, in 16 KB instead of 32 KB; no staging buffers for the
+// owner layout's copy (it goes through registers).
 template <int BN, int STAGES, bool kPieces = false>
 struct GemmSmem {
   static constexpr int kBM = 128, kBK = 64;
@@ -59,12 +57,12 @@ struct GemmSmem {
   static constexpr int kB = kA + STAGES * kABytes;
   static constexpr int kC = kB + STAGES * kBBytes;
   static constexpr int kBars = kC + 2 * kHalfCBytes;
-  // ring, C halves, 2 buffers of each producer sum warp, 2 of each consumer warp
+  // ring, C halves, 2 buffers of each producer copy warp, 2 of each consumer warp
   // (+2: the owner layout's peer partial loaded into each C half)
   static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2;
-  // Staging of the fused sum (gathered and pushed layouts): 8 KB per producer sum warp.
+  // Staging of the owner layout's copy (3 stages): 8 KB per producer copy warp.
   static constexpr int kSumStageBytes = kPieces ? 0 : 8192;
-  // What each summing warp stages (producer or consumer; the same for all, as
+  // What each copying warp stages (producer or consumer; the same for all, as
   // claimed chunks must be the same size): a consumer warp uses a quarter of
   // its half of C.
   static constexpr int kSumWarpBytes =

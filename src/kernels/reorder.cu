@@ -9,7 +9,6 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/reorder.h"
-#include "kernels/wait.cuh"
 
 namespace flashoverlap::kernels {
 namespace {
@@ -214,25 +213,6 @@ __global__ void add_rmsnorm_kernel(Src src, int32_t m, int32_t n, const T* resid
   }
 }
 
-// Tiles first..first+tiles of the gathered tile layout: rank w's copy of tile
-// first+t at elements w*block + t*bm*bn (bn wide rows) -> their place in C.
-template <typename T>
-__global__ void sum_gathered_tiles_kernel(const T* g, int32_t world, int64_t block, plan::Schedule s, int32_t first,
-                                          int32_t tiles, T* out, int64_t ld) {
-  const int32_t row_units = s.bn / 8, tile_units = s.bm * row_units;
-  const int64_t total = int64_t(tiles) * tile_units;
-  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < total; u += int64_t(gridDim.x) * blockDim.x) {
-    const int32_t t = int32_t(u / tile_units), rem = int32_t(u - int64_t(t) * tile_units);
-    const int32_t r = rem / row_units, c = (rem - r * row_units) * 8;
-    const plan::TileCoord tc = s.tile_of(first + t);
-    const int32_t row = tc.tm * s.bm + r, col = tc.tn * s.bn + c;
-    if (row >= s.m || col >= s.n) continue;
-    const T* p = g + (int64_t(t) * s.bm + r) * s.bn + c;
-    const GatherSource<T> src{p, 0, block, world};
-    store8(out + row * ld + col, src.load(0, 0, 8), s.n - col);
-  }
-}
-
 template <typename T>
 __global__ void scatter_slot_rows_kernel(const T* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
                                          const int32_t* dst_col, T* out, int64_t ld_out, int32_t n_cols) {
@@ -246,49 +226,6 @@ __global__ void scatter_slot_rows_kernel(const T* slots, int64_t slot_rows, int3
     const int32_t col = dst_col[srow] + c8;
     if (col >= n_cols) continue;
     store8(out + r * ld_out + col, load8(slots + srow * bn + c8, 8), n_cols - col);
-  }
-}
-
-// FusedSum's work after the GEMM, on the whole GPU: for each group in
-// order, one thread per block waits (bounded) for its ready flag, then the
-// grid sums its rows or tiles (any n, any ld_out).
-template <typename T>
-__global__ void sum_groups_kernel(const FusedSum f, const plan::Schedule s) {
-  __shared__ int ok;
-  const int32_t width = f.tiles ? s.bn : s.n;  // elements per row of a block
-  const int32_t units_per_row = (width + 7) / 8;
-  for (int32_t g = 0; g < f.groups; ++g) {
-    const SumGroup sg = f.table[g];
-    if (threadIdx.x == 0)
-      ok = wait_group_ready<64, 1024>(f.ready, f.peer_ready, f.world, f.rank, g, f.epoch * sg.per_epoch, f.epoch,
-                                      f.timeout_ns, f.err);
-    __syncthreads();
-    if (!ok) return;
-    const GatherSource<T> src{static_cast<const T*>(f.gathered) + sg.src_row * width, width, sg.block_rows * width,
-                              f.world};
-    T* out = static_cast<T*>(f.out);
-    if (!f.tiles) {
-      const int64_t units = int64_t(sg.rows) * units_per_row;
-      for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
-           u += int64_t(gridDim.x) * blockDim.x) {
-        const int32_t i = int32_t(u / units_per_row), col = int32_t(u % units_per_row) * 8, valid = width - col;
-        store8(out + (sg.row0 + i) * f.ld_out + col, src.load(i, col, valid), valid);
-      }
-    } else {  // a block per quarter tile: the tile's place in C once, not per element
-      constexpr int kParts = 4;
-      const int32_t part_rows = s.bm / kParts;
-      for (int32_t item = blockIdx.x; item < sg.rows * kParts; item += gridDim.x) {
-        const int32_t t = item / kParts, r0 = (item % kParts) * part_rows;
-        const plan::TileCoord tc = s.tile_of(sg.row0 + t);
-        const int32_t row_c = tc.tm * s.bm + r0, col_c = tc.tn * s.bn;
-        for (int32_t v = threadIdx.x; v < part_rows * units_per_row; v += blockDim.x) {
-          const int32_t r = v / units_per_row, col = (v % units_per_row) * 8;
-          if (row_c + r >= s.m || col_c + col >= s.n) continue;  // padding of a partial tile
-          store8(out + (row_c + r) * f.ld_out + col_c + col, src.load(t * s.bm + r0 + r, col, 8), s.n - col_c - col);
-        }
-      }
-    }
-    __syncthreads();  // `ok` is rewritten for the next group
   }
 }
 
@@ -418,35 +355,6 @@ void sum_gathered_add_rmsnorm(DType dtype, const void* gathered, int32_t world, 
   });
 }
 
-void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_t block_elems,
-                        const plan::Schedule& s, int32_t first_tile, int32_t tiles, void* out, int64_t ld_out,
-                        cudaStream_t stream) {
-  const int64_t total = int64_t(tiles) * s.bm * (s.bn / 8);
-  if (total == 0) return;
-  const int threads = 256;
-  const int grid = int(std::min<int64_t>((total + threads - 1) / threads, 132 * 16));
-  with_type(dtype, [&](auto t) {
-    using T = decltype(t);
-    sum_gathered_tiles_kernel<T><<<grid, threads, 0, stream>>>(static_cast<const T*>(gathered), world, block_elems, s,
-                                                               first_tile, tiles, static_cast<T*>(out), ld_out);
-  });
-  FO_CUDA_CHECK(cudaGetLastError());
-}
-
-void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, cudaStream_t stream) {
-  if (f.groups < 1) return;
-  if (!f.table || !f.ready || !f.gathered || !f.out || !f.err || f.world < 1 || f.ld_out < sched.n)
-    throw InvalidArgument("sum_groups: needs its table, ready flags, gathered buffer, output (ld >= n), error slot");
-  int dev = 0, sms = 0;
-  FO_CUDA_CHECK(cudaGetDevice(&dev));
-  FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  with_type(dtype, [&](auto t) {
-    using T = decltype(t);
-    sum_groups_kernel<T><<<sms * 4, 256, 0, stream>>>(f, sched);
-  });
-  FO_CUDA_CHECK(cudaGetLastError());
-}
-
 void scatter_slot_rows(DType dtype, const void* slots, int64_t slot_rows, int32_t bn, const int32_t* dst_row,
                        const int32_t* dst_col, void* out, int64_t ld_out, int32_t n_cols, cudaStream_t stream) {
   const int threads = 256;
@@ -485,8 +393,6 @@ void preload_type() {
   }
   cudaFuncAttributes a{};
   FO_CUDA_CHECK(cudaFuncGetAttributes(&a, scatter_slot_rows_kernel<T>));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, sum_gathered_tiles_kernel<T>));
-  FO_CUDA_CHECK(cudaFuncGetAttributes(&a, sum_groups_kernel<T>));
 }
 }  // namespace
 

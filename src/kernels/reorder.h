@@ -30,29 +30,16 @@ void reorder_add_rmsnorm(DType dtype, const void* slots, const plan::Schedule& s
 void add_rmsnorm_rows(DType dtype, const void* x, int32_t m, int32_t n, const void* residual, const void* weight,
                       float eps, void* out, void* residual_out, cudaStream_t stream);
 
-// The gathered layout (one block per rank, `block_elems` apart, each m x n
-// row-major): x = sum of the `world` blocks, in rank order in fp32, rounded
-// once (for 2 ranks bitwise what ncclAllReduce's sum gives). Then
+// The ranks' blocks of a gathered buffer (one block per rank, `block_elems`
+// apart, each m x n row-major; the ReduceScatter's NVLink form): x = sum of
+// the `world` blocks, in rank order in fp32, rounded once (for 2 ranks
+// bitwise what an NCCL sum gives). Then
 // out (ld_out per row) = x, or the residual + RMSNorm step above.
 void sum_gathered_rows(DType dtype, const void* gathered, int32_t world, int64_t block_elems, int32_t m, int32_t n,
                        void* out, int64_t ld_out, cudaStream_t stream);
 void sum_gathered_add_rmsnorm(DType dtype, const void* gathered, int32_t world, int64_t block_elems, int32_t m,
                               int32_t n, const void* residual, const void* weight, float eps, void* out,
                               void* residual_out, cudaStream_t stream);
-
-// The gathered tile layout: tiles first_tile.. of the schedule, rank w's copy
-// of the t-th at elements w * block_elems + t * bm * bn (rows bn wide), summed
-// as above and written to their place in row-major C (ld_out per row).
-void sum_gathered_tiles(DType dtype, const void* gathered, int32_t world, int64_t block_elems,
-                        const plan::Schedule& sched, int32_t first_tile, int32_t tiles, void* out, int64_t ld_out,
-                        cudaStream_t stream);
-
-// The GEMM's FusedSum (gemm.h), all its groups, done after the
-// GEMM by the whole GPU in one launch: group by group, each waited for
-// (bounded; a timeout is recorded in f.err with code 2, as inside the GEMM,
-// and the kernel stops), then its rows (or tiles, f.tiles) of out = sum of
-// the ranks' blocks as above. Any n and ld_out.
-void sum_groups(DType dtype, const FusedSum& f, const plan::Schedule& sched, cudaStream_t stream);
 
 // Generic gather for the ReduceScatter / All-to-All layouts: slot row s
 // (bn wide) goes to output row dst_row[s], columns [dst_col[s], +bn) clipped

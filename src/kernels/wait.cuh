@@ -104,20 +104,4 @@ __device__ __forceinline__ bool wait_token(const CallCheck& c, int s, uint64_t t
   });
 }
 
-// A fused sum's group g is ready (lane or thread 0 calls this): its own
-// flag, and with `peer_ready` ([groups][world], written by each peer once its
-// copy of the group has landed here) every other rank's entry, has reached
-// its target. Returns false after a timeout (recorded in err).
-template <uint32_t kFirstNs, uint32_t kMaxNs>
-__device__ __forceinline__ bool wait_group_ready(const uint32_t* ready, const uint32_t* peer_ready, int32_t world,
-                                                 int32_t rank, int32_t g, uint32_t target, uint32_t epoch,
-                                                 uint64_t timeout_ns, WaitError* err) {
-  if (!bounded_wait<kFirstNs, kMaxNs>(ready + g, target, timeout_ns, err, g, 2u)) return false;
-  if (peer_ready)
-    for (int32_t w = 0; w < world; ++w)
-      if (w != rank && !bounded_wait<kFirstNs, kMaxNs>(peer_ready + int64_t(g) * world + w, epoch, timeout_ns, err, g, 2u))
-        return false;
-  return true;
-}
-
 }  // namespace flashoverlap::kernels

@@ -6,8 +6,8 @@
 
 namespace flashoverlap::plan {
 
-// AllGather is not planned on its own: it is the copy-engine transport of the
-// gathered AllReduce layout, and its bandwidth curve is tagged with it.
+// AllGather is not planned on its own (the ReduceScatter's sub-tile chain
+// ends with one, after the op); a curve may still be tagged with it.
 enum class Collective : int32_t { AllReduce = 0, ReduceScatter = 1, AllToAll = 2, AllGather = 3 };
 
 // Element types of C. Both are 2 bytes; the type matters for the cache key and

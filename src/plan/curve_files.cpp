@@ -14,10 +14,6 @@ std::string allreduce_curve_file(const std::string& dir, int ctas, int world, co
          std::to_string(world) + "-" + dtype + ".json";
 }
 
-std::string allgather_curve_file(const std::string& dir, int world, const std::string& dtype) {
-  return dir + "/allgather-ce-w" + std::to_string(world) + "-" + dtype + ".json";
-}
-
 std::optional<BandwidthCurve> load_fitting_curve(const std::string& path, Collective op, const std::string& gpu,
                                                  int world, std::ostream& log) {
   std::error_code ec;

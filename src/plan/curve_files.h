@@ -2,7 +2,6 @@
 // per curve in a directory (`tune --curves DIR` writes them, `bench --curves
 // DIR` reads them and measures only what is missing):
 //   DIR/allreduce-ctas<N|default>-w<world>-<dtype>.json  (NCCL on SMs)
-//   DIR/allgather-ce-w<world>-<dtype>.json               (copy engines)
 #pragma once
 #include <functional>
 #include <iosfwd>
@@ -15,7 +14,6 @@ namespace flashoverlap::plan {
 
 // ctas <= 0: NCCL's default CTAs.
 std::string allreduce_curve_file(const std::string& dir, int ctas, int world, const std::string& dtype);
-std::string allgather_curve_file(const std::string& dir, int world, const std::string& dtype);
 
 // The curve in `path` when the file exists and holds a curve of `op`
 // measured on a `gpu` with `world` ranks; otherwise nullopt, with the reason

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <numeric>
+#include <string>
 
 #include "flashoverlap/error.h"
 
@@ -82,6 +83,29 @@ Group group_spanning(const Schedule& s, int32_t first_wave, int32_t end_wave) {
   const int64_t T = s.tiles();
   return Group{first_wave, end_wave, int32_t(std::min<int64_t>(int64_t{first_wave} * s.ctas, T)),
                int32_t(std::min<int64_t>(int64_t{end_wave} * s.ctas, T))};
+}
+
+int band_count(const Schedule& s) { return (s.tiles_m() + s.swizzle - 1) / s.swizzle; }
+
+std::vector<Group> band_groups(const Schedule& s, const std::vector<int>& band_counts) {
+  if (s.raster != Raster::AlongN) throw InvalidArgument("row-band groups need the AlongN raster");
+  const int bands = band_count(s), band_tiles = s.swizzle * s.tiles_n();
+  std::vector<Group> out;
+  int b = 0;
+  for (int c : band_counts) {
+    if (c < 1) throw InvalidArgument("row-band groups: a group of " + std::to_string(c) + " bands");
+    Group g;
+    g.first_tile = b * band_tiles;
+    b += c;
+    g.end_tile = std::min(b * band_tiles, s.tiles());
+    g.first_wave = s.round_of(g.first_tile);
+    g.end_wave = s.round_of(g.end_tile - 1) + 1;
+    out.push_back(g);
+  }
+  if (b != bands)
+    throw InvalidArgument("row-band groups cover " + std::to_string(b) + " bands, the schedule has " +
+                          std::to_string(bands));
+  return out;
 }
 
 std::vector<Group> make_groups(const Schedule& s, const Partition& p) {

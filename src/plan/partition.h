@@ -46,6 +46,13 @@ Group group_spanning(const Schedule& s, int32_t first_wave, int32_t end_wave);
 // The groups of a validated partition of s.waves().
 std::vector<Group> make_groups(const Schedule& s, const Partition& p);
 
+// Row bands: `swizzle` tile rows each, walked along N (the AllReduce's
+// row-band and owner layouts).
+int band_count(const Schedule& s);  // ceil(tiles_m / swizzle)
+// Groups of whole bands: band_counts[g] bands in group g (they must cover
+// every band). Throws InvalidArgument otherwise, or for a raster along M.
+std::vector<Group> band_groups(const Schedule& s, const std::vector<int>& band_counts);
+
 // Group index of each wave (the kernel's signal counter of a tile is
 // group_of_wave[round_of(idx)]).
 std::vector<int32_t> group_of_wave(const std::vector<Group>& groups);

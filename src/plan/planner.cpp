@@ -28,7 +28,7 @@ std::string fmt(double v, int digits = 3) {
 
 void check_request(const PlanRequest& req) {
   if (req.op == Collective::AllGather)
-    throw InvalidArgument("allgather is the transport of the gathered AllReduce layout, not a GEMM collective to plan");
+    throw InvalidArgument("allgather is not a GEMM collective to plan (allreduce, reducescatter or alltoall)");
   // Every rank its own rows and a new routing every call: nothing one shape describes.
   if (req.op == Collective::AllToAll)
     throw InvalidArgument("alltoall is planned per call, from every rank's routing, by plan::make_moe_plan "

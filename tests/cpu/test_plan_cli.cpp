@@ -307,7 +307,7 @@ TEST(BenchCli, BadArgumentsAreOneLineAndExitCode2) {
       {"lab-bench", "--warmup -1", "--warmup: must be an integer >= 0"},
       {"lab-bench", "--wait-timeout 0", "--wait-timeout: must be a number > 0, not 0"},
       {"lab-bench", "--power -2", "--power: must be a number >= 0"},
-      {"lab-bench", "--copy-streams 9", "--copy-streams"},
+      {"lab-bench", "--layout gathered", "the gathered and pushed layouts were retired"},
       {"lab-bench", "--shapes 1x2", "bad shape '1x2'"},
       {"lab-bench", "--dtype fp32", "--dtype"},
       {"lab-bench", "--tile 64x64", "--tile must be auto, 128x256 or 128x128, not 64x64"},

@@ -37,7 +37,6 @@ void expect_same(const fo::BandwidthCurve& a, const fo::BandwidthCurve& b) {
 TEST(PlanCurveFiles, NamesSayOpCtasWorldAndType) {
   EXPECT_EQ(fo::allreduce_curve_file("d", 0, 2, "bf16"), "d/allreduce-ctasdefault-w2-bf16.json");
   EXPECT_EQ(fo::allreduce_curve_file("d", 16, 8, "fp16"), "d/allreduce-ctas16-w8-fp16.json");
-  EXPECT_EQ(fo::allgather_curve_file("d", 4, "bf16"), "d/allgather-ce-w4-bf16.json");
 }
 
 TEST(PlanCurveFiles, UsesOnlyACurveOfThisOpGpuAndWorld) {

@@ -110,3 +110,45 @@ TEST(PlanPartition, TileGroupsAreCheckedAndIndexed) {
   EXPECT_EQ(fo::group_of_tiles(ok, 5), (std::vector<int32_t>{0, 0, 0, 1, 1}));
   EXPECT_EQ(fo::group_of_tiles(ok, 5, 0), (std::vector<int32_t>{2, 2, 2, 1, 1}));  // (group 0 to the sink)
 }
+
+// Row-band groups (the AllReduce's row-band and owner layouts): each group is
+// whole bands of `swizzle` tile rows, so its tiles are whole rows of C; the
+// groups cover every tile once, in order, and their waves are those of their
+// first and last tiles.
+TEST(PlanPartition, BandGroupsAreWholeRowsOfC) {
+  FO_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 300; ++trial) {
+    fo::Schedule s = fo_test::random_schedule(rng, fo_test::random_tile(rng), 1 << 22);
+    s = fo::make_schedule(s.m, s.n, {s.bm, s.bn}, s.ctas, fo::Raster::AlongN, s.swizzle);
+    SCOPED_TRACE(fo_test::describe(s));
+    const int bands = fo::band_count(s);
+    ASSERT_EQ(bands, (s.tiles_m() + s.swizzle - 1) / s.swizzle);
+    const fo::Partition part = fo_test::random_partition(rng, bands);
+    const std::vector<fo::Group> groups = fo::band_groups(s, part);
+    ASSERT_EQ(groups.size(), part.size());
+    int32_t tile = 0, band = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const fo::Group& x = groups[g];
+      EXPECT_EQ(x.first_tile, tile);
+      band += part[g];
+      EXPECT_EQ(x.end_tile, std::min(band * s.swizzle * s.tiles_n(), s.tiles()));
+      // whole tile rows: every tile of the group has its row's other tiles with it
+      EXPECT_EQ(x.first_tile % s.tiles_n(), 0);
+      EXPECT_TRUE(x.end_tile % s.tiles_n() == 0 || x.end_tile == s.tiles());
+      for (int32_t t = x.first_tile; t < x.end_tile; ++t) {
+        const fo::TileCoord c = s.tile_of(t);
+        EXPECT_GE(c.tm, (band - part[g]) * s.swizzle);
+        EXPECT_LT(c.tm, band * s.swizzle);
+      }
+      EXPECT_EQ(x.first_wave, s.round_of(x.first_tile));
+      EXPECT_EQ(x.end_wave, s.round_of(x.end_tile - 1) + 1);
+      tile = x.end_tile;
+    }
+    EXPECT_EQ(tile, s.tiles());
+  }
+  const fo::Schedule s = fo::make_schedule(1000, 512, {128, 256}, 8, fo::Raster::AlongN, 2);  // 8 tile rows: 4 bands
+  EXPECT_NE(error_of([&] { fo::band_groups(s, {1, 2}); }).find("cover 3 bands, the schedule has 4"), std::string::npos);
+  EXPECT_NE(error_of([&] { fo::band_groups(s, {2, 0, 2}); }).find("a group of 0 bands"), std::string::npos);
+  const fo::Schedule m = fo::make_schedule(1000, 512, {128, 256}, 8, fo::Raster::AlongM, 2);
+  EXPECT_NE(error_of([&] { fo::band_groups(m, {4}); }).find("AlongN"), std::string::npos);
+}

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "flashoverlap/error.h"
-#include "plan/block_layout.h"
+#include "plan/partition.h"
 #include "plan/tile_grid.h"
 #include "runtime/tune/picks.h"
 #include "runtime/tune/tuner.h"
@@ -31,10 +31,9 @@ rt::PickKey key_of(int64_t tile_rows, int64_t n = 8192, int64_t k = 4096) {
 
 // A random valid plan for key's shape: any layout, tile, grid and groups.
 rt::AllReducePlan random_plan(std::mt19937_64& rng, const rt::PickKey& key) {
-  const rt::ArLayout layouts[] = {rt::ArLayout::Slots,  rt::ArLayout::RowBands,  rt::ArLayout::Gathered,
-                                  rt::ArLayout::GatheredTiles, rt::ArLayout::Pushed, rt::ArLayout::PushedTiles};
+  const rt::ArLayout layouts[] = {rt::ArLayout::Slots, rt::ArLayout::RowBands, rt::ArLayout::Owners};
   rt::AllReducePlan p;
-  p.layout = layouts[rng() % 6];
+  p.layout = layouts[rng() % 3];
   p.sequential = rng() % 5 == 0;
   const plan::TileShape tile{128, rng() % 2 ? 256 : 128};
   p.sched = plan::make_schedule(key.tile_rows * 128, key.n, tile, int32_t(100 + rng() % 33),
@@ -46,8 +45,8 @@ rt::AllReducePlan random_plan(std::mt19937_64& rng, const rt::PickKey& key) {
   if (!p.sequential && part.size() == 1 && units > 1) part = {units - 1, 1};
   if (!p.sequential && part.size() == 1) p.sequential = true;
   p.groups = bands ? plan::band_groups(p.sched, part) : plan::make_groups(p.sched, part);
-  p.reserve = int(rng() % 20), p.fuse_sum = rng() % 2, p.four_stages = rng() % 2, p.fallback_cublas = p.sequential && rng() % 2;
-  p.push_by = rt::is_pushed(p.layout) ? rt::PushBy(rng() % 3) : rt::PushBy::Gemm;
+  p.reserve = int(rng() % 20), p.copy_in_gemm = rng() % 2, p.four_stages = rng() % 2;
+  p.fallback_cublas = p.sequential && rng() % 2;
   p.predicted_ms = double(rng() % 1000) / 100;
   return p;
 }
@@ -58,9 +57,8 @@ void expect_same(const rt::AllReducePlan& a, const rt::AllReducePlan& b) {
   EXPECT_EQ(a.sched.ctas, b.sched.ctas);
   EXPECT_EQ(a.sched.raster, b.sched.raster);
   EXPECT_EQ(a.reserve, b.reserve);
-  EXPECT_EQ(a.fuse_sum, b.fuse_sum);
+  EXPECT_EQ(a.copy_in_gemm, b.copy_in_gemm);
   EXPECT_EQ(a.four_stages, b.four_stages);
-  EXPECT_EQ(a.push_by, b.push_by);
   EXPECT_EQ(a.sequential, b.sequential);
   EXPECT_EQ(a.fallback_cublas, b.fallback_cublas);
   EXPECT_EQ(a.predicted_ms, b.predicted_ms);
@@ -96,7 +94,19 @@ TEST(Picks, MalformedPlansAreRefusedNamingTheProblem) {
   refused([](auto& j) { j["units"].push_back(1); }, "do not cover");
   refused([](auto& j) { j["units"] = nlohmann::json::array(); }, "do not cover");
   refused([](auto& j) { j.erase("swizzle"); }, "swizzle");
-  refused([](auto& j) { j["push_by"] = "pigeons"; }, "push_by");
+  refused([](auto& j) { j.erase("copy_in_gemm"); }, "fuse_sum");  // (neither key: the older one is named)
+  // The layouts of blocks (gathered, pushed) were retired: their picks are refused, saying so; an owner pick
+  // written before ("pushed" moved by owners) is read as owners.
+  refused([](auto& j) { j["layout"] = "gathered"; }, "retired");
+  refused([](auto& j) { j["layout"] = "pushed", j["push_by"] = "gemm"; }, "retired");
+  for (int i = 0; i < 50; ++i) {
+    const rt::AllReducePlan p = random_plan(rng, key);
+    if (p.layout != rt::ArLayout::Owners) continue;
+    nlohmann::json old = rt::to_json(p);
+    old["layout"] = "pushed", old["push_by"] = "owners", old["fuse_sum"] = old["copy_in_gemm"];
+    old.erase("copy_in_gemm");
+    expect_same(rt::allreduce_plan_from_json(old, key, "an older cache"), p);
+  }
 }
 
 TEST(Picks, StoredEntriesAreFoundByTileRowsAndShapeOnly) {
@@ -312,7 +322,7 @@ TEST(Picks, EveryPlanTheTunerReturnsOrMeasuresIsOneTheCacheStores) {
       return double(s.waves()) * s.ctas * s.bm * s.bn * 2.0 * double(k) / (tflops * 1e9 * s.ctas / 132.0);
     };
     t.layouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots};
-    if (world >= 2 && rng() % 2) t.layouts.push_back(rt::ArLayout::Pushed), t.push_reachable = true;
+    if (world >= 2 && rng() % 2) t.layouts.push_back(rt::ArLayout::Owners), t.push_reachable = true;
     t.reserve = rng() % 2 ? -1 : int(rng() % 24);
     t.cublas_gemm_ms = rng() % 2 ? 0 : double(m) * n * k * 2 / (tflops * 1e9) * (0.9 + 0.2 * double(rng() % 100) / 100);
     std::vector<rt::AllReducePlan> ranked;

@@ -112,16 +112,4 @@ struct NvlinkRanks {
   NvlinkRanks& operator=(const NvlinkRanks&) = delete;
 };
 
-// The gathered layouts' copy-engine communicator (NCCL_CTA_POLICY_ZERO),
-// split from comm and set as o.gather_comm; empty for the other layouts.
-// It must outlive the op, which registers its buffer on it.
-inline rt::Communicator gather_comm_for(rt::OverlapAllReduceOptions& o, ncclComm_t comm) {
-  rt::Communicator ce;
-  if (rt::is_gathered(o.layout)) {
-    ce = rt::Communicator::adopt(comm).split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
-    o.gather_comm = ce.get();
-  }
-  return ce;
-}
-
 }  // namespace flashoverlap::test

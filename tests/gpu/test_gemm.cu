@@ -14,7 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/ptx.cuh"
 #include "kernels/reorder.h"
-#include "plan/block_layout.h"
+#include "plan/partition.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/cublas.h"
 #include "runtime/core/gemm_monitor.h"
@@ -287,26 +287,15 @@ TEST(Gemm, RejectsBadInput) {
   p.ldc = 32;
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // ldc < n
   p.ldc = 64;
-  // A fused sum that nobody runs, or consumer warps without claim counters.
-  DeviceBuffer table(sizeof(kernels::SumGroup));
-  kernels::FusedSum f;
-  f.groups = 1, f.table = table.as<kernels::SumGroup>(), f.ready = static_cast<const uint32_t*>(buf.get());
-  f.gathered = buf.get(), f.out = buf.get(), f.ld_out = 64, f.err = static_cast<kernels::WaitError*>(buf.get());
-  f.world = 2;
-  f.producers = false;
-  p.sum = f;
-  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // nobody sums
-  p.sum.consumers = true;
-  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // consumers without claims
-  p.sum = kernels::FusedSum{};
-  p.sum.claims_reset_count = 2;
-  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // a count without the counters
-  p.sum = kernels::FusedSum{};
-  p.push.signal_every = 3;
-  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // tiles per push signal: 1 or 2
-  p.push.signal_every = 1;
+  // The owner layout's fields without it.
   p.owner.push_tma = 1;
-  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // TMA pushes without the owner layout
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // TMA pushes
+  p.owner.push_tma = 0;
+  p.owner.claims_reset = static_cast<uint32_t*>(buf.get());
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // claims to reset
+  p.owner.claims_reset = nullptr;
+  p.owner.peer_window = buf.get();
+  EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // a peer's window
 }
 
 // ---------------------------------------------------------------------------
@@ -542,98 +531,6 @@ TEST(GemmSignal, FourStageRowBandsAreCompleteWhenReleased) {
   }
 }
 
-// The fused sum with claimed chunks on one GPU (world 1: the "sum" of a
-// group is its tiles copied from the slot buffer to their places in C):
-// random tile groups, summed by the producer warps during the GEMM and/or the
-// consumer warps after their tiles. C must equal our plain GEMM bitwise on
-// every call, and each call zeroes the claims of the next. (Runs under
-// compute-sanitizer: no second GPU or NCCL window needed.)
-TEST(GemmFusedSum, ClaimedChunksRestoreC) {
-  REQUIRE_HOPPER();
-  const uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  kernels::WaitError* err = nullptr;
-  FO_CUDA_CHECK(cudaMallocHost(&err, sizeof(kernels::WaitError)));
-  for (auto [m, n, k, bn, ctas, producers] : std::vector<std::tuple<int, int, int, int, int, bool>>{
-           {3001, 4096, 512, 256, 132, true}, {1000, 1024, 256, 128, 60, false}, {2048, 2048, 1024, 256, 132, false},
-           {777, 640, 128, 128, 132, true}}) {
-    const uint32_t first_epoch = m == 3001 || m == 2048 ? kNearWrap : 0u;  // (each sum placement from both starts)
-    const int swizzles[] = {1, 2, 4, 8, 16};
-    const plan::Schedule s = make_sched(m, n, 128, bn, ctas, plan::Raster::AlongN, swizzles[rng() % 5]);
-    const int tiles = s.tiles();
-    const DType dt = rng() % 2 ? DType::BF16 : DType::FP16;
-    Problem pr(dt, m, n, k, seed, false);
-    DeviceBuffer ours(size_t(m) * n * 2), c(size_t(m) * n * 2), slots(size_t(tiles) * 128 * bn * 2);
-    kernels::GemmParams p;
-    p.dtype = dt, p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k, p.sched = s;
-    p.store = kernels::Store::Plain, p.c = ours.get(), p.ldc = n;
-    kernels::launch_gemm(p, nullptr);
-
-    // Up to 8 groups of consecutive tiles, cut at random.
-    const int groups = 1 + int(rng() % std::min(8, tiles));
-    std::vector<int> cuts{0, tiles};
-    while (int(cuts.size()) < groups + 1) {  // groups <= tiles: cuts in [1, tiles) exist
-      const int c0 = 1 + int(rng() % (tiles - 1));
-      if (std::find(cuts.begin(), cuts.end(), c0) == cuts.end()) cuts.push_back(c0);
-    }
-    std::sort(cuts.begin(), cuts.end());
-    std::vector<int32_t> group_of_tile(tiles);
-    std::vector<kernels::SumGroup> table;
-    for (size_t g = 0; g + 1 < cuts.size(); ++g) {
-      const int t0 = cuts[g], t1 = cuts[g + 1];
-      for (int t = t0; t < t1; ++t) group_of_tile[t] = int32_t(g);
-      table.push_back({int64_t(t0) * 128, int64_t(t1 - t0) * 128, t0, t1 - t0,
-                       uint32_t(t1 - t0) * kernels::kSignalsPerTile});
-    }
-    const int G = int(table.size());
-    DeviceBuffer d_got(size_t(tiles) * 4), d_table(table.size() * sizeof(kernels::SumGroup)), counters(size_t(G) * 4),
-        claims(size_t(2 * G) * 4);
-    FO_CUDA_CHECK(cudaMemcpy(d_got.get(), group_of_tile.data(), d_got.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemcpy(d_table.get(), table.data(), d_table.bytes(), cudaMemcpyHostToDevice));
-    std::vector<uint32_t> per_call;
-    for (const kernels::SumGroup& g : table) per_call.push_back(g.per_epoch);
-    const std::vector<uint32_t> start = counters_after(first_epoch, per_call);
-    FO_CUDA_CHECK(cudaMemcpy(counters.get(), start.data(), counters.bytes(), cudaMemcpyHostToDevice));
-    FO_CUDA_CHECK(cudaMemset(claims.get(), 0xff, claims.bytes()));  // garbage: the first call's half is zeroed below
-    FO_CUDA_CHECK(cudaMemset(claims.as<uint32_t>() + size_t((first_epoch + 1) & 1) * G, 0, size_t(G) * 4));
-    for (uint32_t epoch = first_epoch + 1; epoch != first_epoch + 4; ++epoch) {
-      SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " bn=" + std::to_string(bn) +
-                   " ctas=" + std::to_string(ctas) + " swizzle=" + std::to_string(s.swizzle) +
-                   " groups=" + std::to_string(G) + " producers=" + std::to_string(producers) +
-                   " epoch=" + std::to_string(epoch) + " seed=" + std::to_string(seed));
-      *err = kernels::WaitError{};
-      kernels::poison(c.get(), int64_t(m) * n, nullptr);
-      kernels::poison(slots.get(), int64_t(tiles) * 128 * bn, nullptr);
-      kernels::GemmParams q = p;
-      q.store = kernels::Store::SlotTiles, q.c = nullptr, q.slots = slots.get(), q.slot_rows = int64_t(tiles) * 128;
-      q.counters = counters.as<uint32_t>(), q.group_of_tile = d_got.as<int32_t>();
-      kernels::FusedSum& f = q.sum;
-      f.groups = G, f.table = d_table.as<kernels::SumGroup>(), f.ready = counters.as<uint32_t>(), f.epoch = epoch;
-      f.world = 1, f.gathered = slots.get(), f.tiles = true, f.out = c.get(), f.ld_out = n;
-      f.timeout_ns = 10'000'000'000ull, f.err = err;
-      f.claims = claims.as<uint32_t>() + size_t(epoch & 1) * G, f.producers = producers, f.consumers = true;
-      f.claims_reset = claims.as<uint32_t>() + size_t((epoch + 1) & 1) * G, f.claims_reset_count = G;
-      kernels::launch_gemm(q, nullptr);
-      FO_CUDA_CHECK(cudaDeviceSynchronize());
-      EXPECT_EQ(err->failed, 0u) << "group " << err->group << " counter " << err->value << " of " << err->expected;
-      EXPECT_TRUE(test::bitwise(kernels::compare(dt, c.get(), n, ours.get(), n, m, n, nullptr)));
-      std::vector<uint32_t> cl(size_t(2 * G));
-      FO_CUDA_CHECK(cudaMemcpy(cl.data(), claims.get(), claims.bytes(), cudaMemcpyDeviceToHost));
-      for (int g = 0; g < G; ++g) {
-        EXPECT_EQ(cl[size_t((epoch + 1) & 1) * G + g], 0u) << "the next call's claim of group " << g << " not zeroed";
-        EXPECT_GT(cl[size_t(epoch & 1) * G + g], 0u) << "group " << g << " was never claimed";
-      }
-    }
-  }
-  cudaFreeHost(err);
-}
-
-// The residual + RMSNorm step (the pushed layouts' and the sequential path's
-// post step) against its definition, computed on the host: out within
-// rmsnorm_tolerance and residual_out bitwise, for an eps that matters and
-// the usual 1e-6; and in place (x is out, as the pushed layouts norm their
-// summed output) the same bits as out of place. Rows kept in shared memory
-// and rows too long for it, odd rows (element-wise edges), more rows than CTAs.
 TEST(RmsNorm, MatchesItsDefinitionInAndOutOfPlace) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
@@ -956,14 +853,14 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
       const int64_t half_rows = int64_t(s.tiles_m()) * 128;
       struct Rank {
         Problem pr;
-        DeviceBuffer partial, c, window, flags, claims, err, peers, group_of_tile;
+        DeviceBuffer partial, c, window, flags, claims, err, group_of_tile;
       };
       std::vector<Rank> ranks;
       for (int r = 0; r < 2; ++r) {
         ranks.push_back({Problem(dt, sh.m, sh.n, sh.k, seed + 7 * r + sh.m, false), DeviceBuffer(c_elems * 2),
                          DeviceBuffer(c_elems * 2), DeviceBuffer(size_t(2 * half_rows) * sh.n * 2),
                          DeviceBuffer(tiles * 4), DeviceBuffer(8), DeviceBuffer(sizeof(kernels::WaitError)),
-                         DeviceBuffer(sizeof(void*)), DeviceBuffer(tiles * 4)});
+                         DeviceBuffer(tiles * 4)});
         Rank& k = ranks.back();
         for (const DeviceBuffer* b : {&k.claims, &k.err, &k.group_of_tile})
           FO_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
@@ -972,10 +869,6 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
         FO_CUDA_CHECK(cudaMemcpy(k.flags.get(), flags.data(), k.flags.bytes(), cudaMemcpyHostToDevice));
         kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), s, sh.k, k.partial.get(), sh.n);
         kernels::launch_gemm(p, nullptr);  // this rank's partial
-      }
-      for (int r = 0; r < 2; ++r) {  // each rank's "peer_c": the other's window
-        void* w = ranks[size_t(1 - r)].window.get();
-        FO_CUDA_CHECK(cudaMemcpy(ranks[size_t(r)].peers.get(), &w, sizeof(void*), cudaMemcpyHostToDevice));
       }
       // The expected sum, on the host.
       const auto p0 = to_host(ranks[0].partial), p1 = to_host(ranks[1].partial);
@@ -1017,13 +910,13 @@ TEST(GemmOwners, TwoRanksOnOneGpuSumBitwise) {
           if (call == 7 && r == 1) sr.m = s.m - 1;  // (every shape's m - 1 has its tile rows)
           kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), sr, sh.k, k.c.get(), sh.n);
           p.group_of_tile = k.group_of_tile.as<int32_t>();
-          p.push.peers = 1, p.push.peer_c = k.peers.as<void*>();
           kernels::Owner& o = p.owner;
           o.rank = r, o.split = s.tiles() / 2;
-          o.window = k.window.get(), o.window_rows = 2 * half_rows, o.row0 = int32_t((epoch & 1) * half_rows);
+          o.window = k.window.get(), o.peer_window = peer.window.get(), o.window_rows = 2 * half_rows;
+          o.row0 = int32_t((epoch & 1) * half_rows);
           o.flags = k.flags.as<uint32_t>(), o.peer_flags = peer.flags.as<uint32_t>(), o.epoch = epoch;
           o.claims = k.claims.as<uint32_t>() + (epoch & 1);
-          p.sum.claims_reset = k.claims.as<uint32_t>() + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
+          o.claims_reset = k.claims.as<uint32_t>() + ((epoch + 1) & 1);
           o.push_tma = push_tma, o.push_window = peer.window.get();
           o.finals_in_c = true, o.peer_out = peer.c.get(), o.peer_ld = sh.n;
           o.pushers = pushers;
@@ -1119,15 +1012,14 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
         const int64_t half_rows = int64_t(s.tiles_m()) * 128, window_rows = 2 * half_rows;
         struct Rank {
           Problem pr;
-          DeviceBuffer partial, c, window, flags, claims, err, peers, group_of_tile, flags_of, windows_of, outs_of,
-              lds_of;
+          DeviceBuffer partial, c, window, flags, claims, err, group_of_tile, flags_of, windows_of, outs_of, lds_of;
         };
         std::vector<Rank> ranks;
         for (int r = 0; r < world; ++r) {
           ranks.push_back({Problem(dt, sh.m, sh.n, sh.k, seed + 7 * r + sh.m, false), DeviceBuffer(c_elems * 2),
                            DeviceBuffer(c_elems * 2), DeviceBuffer(size_t(world - 1) * window_rows * sh.n * 2),
                            DeviceBuffer(tiles * 4), DeviceBuffer(8), DeviceBuffer(sizeof(kernels::WaitError)),
-                           DeviceBuffer(sizeof(void*)), DeviceBuffer(tiles * 4), DeviceBuffer(world * sizeof(void*)),
+                           DeviceBuffer(tiles * 4), DeviceBuffer(world * sizeof(void*)),
                            DeviceBuffer(world * sizeof(void*)), DeviceBuffer(world * sizeof(void*)),
                            DeviceBuffer(world * sizeof(int64_t))});
           Rank& k = ranks.back();
@@ -1154,8 +1046,6 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
           FO_CUDA_CHECK(cudaMemcpy(k.windows_of.get(), windows_of.data(), k.windows_of.bytes(), cudaMemcpyHostToDevice));
           FO_CUDA_CHECK(cudaMemcpy(k.outs_of.get(), outs_of.data(), k.outs_of.bytes(), cudaMemcpyHostToDevice));
           FO_CUDA_CHECK(cudaMemcpy(k.lds_of.get(), lds_of.data(), k.lds_of.bytes(), cudaMemcpyHostToDevice));
-          void* next = windows_of[size_t((r + 1) % world)];  // (Push::peer_c: unused beyond 2 ranks, but set)
-          FO_CUDA_CHECK(cudaMemcpy(k.peers.get(), &next, sizeof(void*), cudaMemcpyHostToDevice));
         }
         // The expected result, on the host: each tile as its owner sums it (host_reference.h).
         std::vector<std::vector<uint16_t>> part;
@@ -1180,8 +1070,8 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
             if (call == 7 && r == world - 1) sr.m = s.m - 1;
             kernels::GemmParams p = kernels::plain_gemm(dt, k.pr.a.get(), k.pr.b.get(), sr, sh.k, k.c.get(), sh.n);
             p.group_of_tile = k.group_of_tile.as<int32_t>();
-            p.push.peers = 1, p.push.peer_c = k.peers.as<void*>();
             kernels::Owner& o = p.owner;
+            o.peer_window = ranks[size_t((r + 1) % world)].window.get();  // (unused beyond 2 ranks, but set)
             o.rank = r, o.world = world, o.split = s.tiles() / 2;
             o.own_begin = kernels::owned_begin(r, s.tiles(), world), o.own_end = kernels::owned_end(r, s.tiles(), world);
             o.window = k.window.get(), o.window_rows = window_rows, o.row0 = int32_t((epoch & 1) * half_rows);
@@ -1189,7 +1079,7 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
             o.flags_of = k.flags_of.as<uint32_t*>(), o.windows_of = k.windows_of.as<void*>();
             o.epoch = epoch;
             o.claims = k.claims.as<uint32_t>() + (epoch & 1);
-            p.sum.claims_reset = k.claims.as<uint32_t>() + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
+            o.claims_reset = k.claims.as<uint32_t>() + ((epoch + 1) & 1);
             o.push_tma = 0, o.pushers = true;
             if (into_c) o.finals_in_c = true, o.outs_of = k.outs_of.as<void*>(), o.lds_of = k.lds_of.as<int64_t>();
             o.timeout_ns = 3'000'000'000ull, o.err = k.err.as<kernels::WaitError>();

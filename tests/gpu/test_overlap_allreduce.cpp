@@ -57,13 +57,11 @@ struct Case {
   int m, n, k, bn, ctas;
   DType dt;
   rt::ArLayout layout = rt::ArLayout::Slots;
-  bool fuse_sum = true;  // gathered, pushed: sum inside the GEMM where the op can
-  bool misaligned_out = false;  // both outputs 2 bytes off 16-byte alignment: the sums run after the GEMM
-  rt::PushBy push_by = rt::PushBy::Gemm;
-  int copy_streams = 2;  // push_by copy engines
+  bool copy_in_gemm = true;  // owners: the producer warps copy the peer's finals during the GEMM
+  bool misaligned_out = false;  // both outputs 2 bytes off 16-byte alignment (owners: through the op's scratch)
   bool four_stages = true;  // 128x256 tiles: 4 stages, the output in pieces, where the store qualifies (false: 3)
   bool trace = false;        // the op's trace on (phase and tile monitors); checked after the calls
-  // owners pushed, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
+  // owners, 4 stages: the tiles sent by TMA from the staging (0 none, 1 each CTA's last, 2 all)
   int push_tma = rt::OverlapAllReduceOptions{}.push_tma;
   bool owners_wide = false;  // owners: the path of 3-8 ranks at 2 (OverlapAllReduceOptions::testing.owners_wide)
   bool fallback = false;     // one group: the sequential fallback (else the op must overlap)
@@ -105,7 +103,7 @@ void check_case(const Case& c, uint64_t seed, int world = kWorld) {
     const size_t cb = size_t(c.m) * c.n * 2;
     DeviceBuffer a(size_t(c.m) * c.k * 2), b(size_t(c.n) * c.k * 2), ref(cb), cub(cb), residual(cb),
         weight(size_t(c.n) * 2), y_buf(cb + 16), h_out(cb), first(cb);
-    // The outputs; 2 bytes in (misaligned_out), the GEMM cannot sum into them: sum_groups / per-group sums after it
+    // The outputs; 2 bytes in (misaligned_out), the GEMM cannot store them by TMA: through the op's scratch
     void* const y = static_cast<char*>(y_buf.get()) + (c.misaligned_out ? 2 : 0);
     DeviceBuffer out_buf(cb + 16);
     void* const outp = static_cast<char*>(out_buf.get()) + (c.misaligned_out ? 2 : 0);
@@ -114,16 +112,12 @@ void check_case(const Case& c, uint64_t seed, int world = kWorld) {
     rt::OverlapAllReduceOptions o;
     o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
     o.wait_timeout_s = 5;  // a missing flag fails the case in seconds (a call takes milliseconds)
-    o.fuse_sum = c.fuse_sum;
-    o.push_by = c.push_by, o.copy_streams = c.copy_streams, o.four_stages = c.four_stages;
+    o.owner_copy_in_gemm = c.copy_in_gemm;
+    o.four_stages = c.four_stages;
     o.trace = c.trace;
     o.push_tma = c.push_tma;
     o.testing.owners_wide = c.owners_wide;
     o.testing.first_epoch = first_epoch;
-    const rt::Communicator ce = test::gather_comm_for(o, comm);
-    // Gathered, even M: the last group is AllReduced by NCCL into the output;
-    // odd M: gathered and summed like the rest.
-    if (rt::is_gathered(c.layout) && c.m % 2 == 0) o.tail_comm = comm;
     rt::OverlapAllReduce op(o);
     ASSERT_EQ(op.sequential(), c.fallback) << where << (c.fallback ? "" : ": the overlapped case took the fallback");
     EXPECT_EQ(op.epoch(), first_epoch) << where;
@@ -188,7 +182,7 @@ void check_case(const Case& c, uint64_t seed, int world = kWorld) {
       }
     }
     EXPECT_EQ(op.epoch(), op.sequential() ? first_epoch : first_epoch + 9u);  // (3 calls, 3 rounds)
-    if (c.trace && rt::is_owners(c.push_by)) {  // the traced call's phases: every CTA with a tile staged, stored, copied
+    if (c.trace && c.layout == rt::ArLayout::Owners) {  // the traced call's phases: every CTA with a tile staged, stored, copied
       EXPECT_EQ(op.four_stages(), c.four_stages && c.bn == 256) << where;
       const rt::Timeline tl = op.timeline();
       EXPECT_EQ(tl.phases.ctas, std::min(c.ctas, s.tiles())) << where;
@@ -229,81 +223,41 @@ TEST(OverlapAllReduce, RowBandsMatchSequentialBitwise) {
       {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::RowBands}});
 }
 
-// Copy-engine AllGather of each rank's block, summed in the element-wise step.
-TEST(OverlapAllReduce, GatheredMatchesSequentialBitwise) {
-  REQUIRE_TWO_GPUS();
-  check_cases({
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Gathered},
-      {3001, 7168, 2048, 128, 132, DType::BF16, rt::ArLayout::Gathered},
-      {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Gathered},
-      {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Gathered},
-      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Gathered},
-      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::Gathered}});  // odd n: the rows epilogue
-}
-
-// The same transport on tile slots: groups of waves, any raster.
-TEST(OverlapAllReduce, GatheredTilesMatchSequentialBitwise) {
-  REQUIRE_TWO_GPUS();
-  check_cases({
-      {4096, 8192, 4096, 256, 131, DType::BF16, rt::ArLayout::GatheredTiles},
-      {3001, 7168, 2048, 128, 120, DType::BF16, rt::ArLayout::GatheredTiles},
-      {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::GatheredTiles},
-      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::GatheredTiles}});
-}
-
-// Tiles stored into the peer's buffer by the GEMM itself (row bands or tile
-// slots), summed inside the GEMM kernel (run: by the producer and consumer
-// warps, or with fuse_sum off by the consumers only) or after it (row bands
-// with run_rmsnorm, odd n); calls alternate between the two halves of the buffer.
-TEST(OverlapAllReduce, PushedMatchesSequentialBitwise) {
-  REQUIRE_TWO_GPUS();
-  check_cases({
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed},
-      {3001, 7168, 2048, 128, 132, DType::BF16, rt::ArLayout::Pushed},
-      {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed},
-      {777, 4104, 512, 128, 100, DType::FP16, rt::ArLayout::Pushed, false},
-      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed},
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, false},
-      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true},  // misaligned: sums after the GEMM
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles},
-      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::PushedTiles},
-      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false},
-      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles}});  // odd n: the sum after, scalar edges
-}
-
-// The owner cases, for both transports: both dtypes, ragged M and N, 7 CTAs,
-// a misaligned output (through the op's scratch), T < CTAs.
-std::vector<Case> owner_cases(rt::PushBy by) {
-  return {{4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},
-          {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by},
-          {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::Pushed, true, false, by},
-          {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, by},
-          {2048, 4096, 8192, 256, 124, DType::FP16, rt::ArLayout::Pushed, true, false, by},
-          {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, by},  // misaligned output
-          {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},   // 128 tiles on 132 CTAs
-          {1024, 2048, 256, 128, 132, DType::BF16, rt::ArLayout::Pushed, false, false, by},
+// The owner cases: both dtypes, ragged M and N, 7 CTAs, a misaligned
+// output (through the op's scratch), T < CTAs, the copy of the peer's
+// finals in the GEMM and after it.
+std::vector<Case> owner_cases() {
+  constexpr auto O = rt::ArLayout::Owners;
+  return {{4096, 8192, 4096, 256, 132, DType::BF16, O, true, false},
+          {3001, 7168, 2048, 128, 132, DType::FP16, O, false, false},
+          {777, 4104, 512, 128, 100, DType::BF16, O, true, false},
+          {1000, 1000, 1000, 128, 7, DType::BF16, O, true, false},
+          {2048, 4096, 8192, 256, 124, DType::FP16, O, true, false},
+          {2048, 4096, 1024, 256, 132, DType::BF16, O, true, true},  // misaligned output
+          {1024, 2048, 256, 128, 132, DType::BF16, O, true, false},   // 128 tiles on 132 CTAs
+          {1024, 2048, 256, 128, 132, DType::BF16, O, false, false},
           // 128x256 with 3 stages (the output pushed from shared memory) beside the 4-stage cases above
-          {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, false},
-          {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by, 2, false},
-          {3001, 4104, 1024, 256, 132, DType::FP16, rt::ArLayout::Pushed, false, false, by},  // ragged, 4 stages
+          {4096, 8192, 4096, 256, 132, DType::BF16, O, true, false, false},
+          {3001, 4104, 1024, 256, 132, DType::FP16, O, false, false, false},
+          {3001, 4104, 1024, 256, 132, DType::FP16, O, false, false},  // ragged, 4 stages
           // tiles = 2 x CTAs: each CTA's two tiles are computed by the peer in the other order
-          {1408, 6144, 512, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by},
+          {1408, 6144, 512, 256, 132, DType::BF16, O, true, false},
           // traced (the phase monitor), on 4 and on 3 stages
-          {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, true, true},
-          {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, by, 2, false, true}};
+          {2048, 4096, 1024, 256, 132, DType::BF16, O, true, false, true, true},
+          {2048, 4096, 1024, 256, 132, DType::BF16, O, true, false, false, true}};
 }
 
 // Row bands on 2 ranks with owners: each tile summed in its owner's epilogue
 // (the peer's partial loaded into the staging buffer), the final stored into
 // the output and the peer's window, copied into the peer's output during its
-// GEMM (fuse_sum: by the producer's warps too) or, for a misaligned output,
-// through the op's scratch.
-TEST(OverlapAllReduce, PushedWithOwnersMatchesSequentialBitwise) {
+// GEMM (owner_copy_in_gemm: by the producer's warps too) or, for a
+// misaligned output, through the op's scratch.
+TEST(OverlapAllReduce, OwnersMatchSequentialBitwise) {
   REQUIRE_TWO_GPUS();
-  check_cases(owner_cases(rt::PushBy::Owners));
+  check_cases(owner_cases());
 }
 
-// Registered outputs (run_registered): with owners pushed on 4 stages the
+// Registered outputs (run_registered): with owners on 4 stages the
 // peer stores its finals straight into this rank's output, which then needs
 // no copy; bitwise our GEMM + one ncclAllReduce, in two registered buffers
 // used in turns and again (the same buffer in consecutive calls), one of
@@ -326,7 +280,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
     const uint64_t seed = fresh_seed();
     std::mt19937_64 rng(seed);
     const plan::Schedule s = sched_for(sh.m, sh.n, sh.bn, 132, 1 + int(rng() % 4));
-    const std::vector<plan::Group> groups = random_groups(s, rt::ArLayout::Pushed, rng);
+    const std::vector<plan::Group> groups = random_groups(s, rt::ArLayout::Owners, rng);
     const std::string where = std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k) +
                               " tile 128x" + std::to_string(sh.bn) + " push_tma=" + std::to_string(sh.push_tma) +
                               (sh.wide ? " wide" : "") + " seed=" + std::to_string(seed);
@@ -338,8 +292,8 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
       cudaStream_t st;
       FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
       rt::OverlapAllReduceOptions o;
-      o.sched = s, o.groups = groups, o.layout = rt::ArLayout::Pushed, o.k = sh.k, o.dtype = sh.dt, o.comm = comm;
-      o.rank = rank, o.push_by = rt::PushBy::Owners, o.wait_timeout_s = 5, o.push_tma = sh.push_tma;
+      o.sched = s, o.groups = groups, o.layout = rt::ArLayout::Owners, o.k = sh.k, o.dtype = sh.dt, o.comm = comm;
+      o.rank = rank, o.wait_timeout_s = 5, o.push_tma = sh.push_tma;
       o.testing.owners_wide = sh.wide;
       rt::OverlapAllReduce op(o);
       EXPECT_EQ(op.finals_into_outputs(), sh.bn == 256) << where;
@@ -404,15 +358,15 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
   }
 }
 
-// Owners pushed with 4 stages and the push modes besides the default (each
+// Owners with 4 stages and the push modes besides the default (each
 // CTA's last tile by TMA from the staging): every tile from C by the storer
 // warp, every tile by TMA. The 128x256 owner cases above (ragged, fp16, 124
 // CTAs, misaligned, tiles = 2 x CTAs, traced).
-TEST(OverlapAllReduce, PushedWithOwnersOtherPushModesMatchSequentialBitwise) {
+TEST(OverlapAllReduce, OwnersOtherPushModesMatchSequentialBitwise) {
   REQUIRE_TWO_GPUS();
   std::vector<Case> cases;
   for (int mode : {0, 2})
-    for (Case c : owner_cases(rt::PushBy::Owners))
+    for (Case c : owner_cases())
       if (c.bn == 256 && c.four_stages) {
         c.push_tma = mode;
         cases.push_back(c);
@@ -425,30 +379,15 @@ TEST(OverlapAllReduce, PushedWithOwnersOtherPushModesMatchSequentialBitwise) {
 // rank", the pusher warps, no TMA pushes): the same bits as the 2-rank
 // path, so 2 GPUs test that runtime (window pointers, registered outputs
 // by rank) across processes. The 128x256 owner cases above.
-TEST(OverlapAllReduce, PushedWithOwnersWidePathMatchesSequentialBitwise) {
+TEST(OverlapAllReduce, OwnersWidePathMatchesSequentialBitwise) {
   REQUIRE_TWO_GPUS();
   std::vector<Case> cases;
-  for (Case c : owner_cases(rt::PushBy::Owners))
+  for (Case c : owner_cases())
     if (c.bn == 256 && c.four_stages) {
       c.owners_wide = true;
       cases.push_back(c);
     }
   check_cases(cases);
-}
-
-// The same layouts with the blocks moved by the copy engines (one copy and
-// one flag write per group and peer, the groups taking 1-4 copy streams in turn).
-TEST(OverlapAllReduce, PushedByCopyEnginesMatchesSequentialBitwise) {
-  REQUIRE_TWO_GPUS();
-  constexpr auto CE = rt::PushBy::CopyEngines;
-  check_cases({
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, false, CE},
-      {3001, 7168, 2048, 128, 132, DType::FP16, rt::ArLayout::Pushed, false, false, CE, 1},
-      {1000, 1000, 1000, 128, 7, DType::BF16, rt::ArLayout::Pushed, true, false, CE, 3},
-      {2048, 4096, 1024, 256, 132, DType::BF16, rt::ArLayout::Pushed, true, true, CE},  // misaligned: sums after
-      {4096, 8192, 4096, 256, 132, DType::BF16, rt::ArLayout::PushedTiles, true, false, CE, 4},
-      {777, 4104, 512, 128, 100, DType::BF16, rt::ArLayout::PushedTiles, false, false, CE},
-      {513, 1001, 256, 128, 60, DType::BF16, rt::ArLayout::PushedTiles, true, false, CE}});
 }
 
 // One group (a plan the model finds no gain in, or one tile): our GEMM into
@@ -479,7 +418,7 @@ TEST(OverlapAllReduce, SequentialFallbackMatches) {
 }
 
 // What one GPU can test of the op: the layouts NCCL moves at world 1 (each
-// AllReduce or AllGather a copy), so the signalling GEMM, the groups' waits,
+// AllReduce a copy), so the signalling GEMM, the groups' waits,
 // the slot reorder and the element-wise steps (plain, residual + RMSNorm),
 // checked as check_case checks them on 2 GPUs; the fallback too.
 TEST(OverlapAllReduceOneGpu, NcclLayoutsMatchTheirReferences) {
@@ -488,9 +427,7 @@ TEST(OverlapAllReduceOneGpu, NcclLayoutsMatchTheirReferences) {
   std::vector<Case> cases = {
       {4096, 8192, 2048, 256, 116, DType::BF16, L::Slots},       {3001, 7168, 1024, 128, 120, DType::FP16, L::Slots},
       {777, 4104, 512, 128, 100, DType::BF16, L::Slots},         {4096, 8192, 2048, 256, 114, DType::BF16, L::RowBands},
-      {3001, 7168, 1024, 128, 120, DType::FP16, L::RowBands},    {4096, 8192, 2048, 256, 132, DType::BF16, L::Gathered},
-      {513, 1001, 256, 128, 60, DType::BF16, L::Gathered},       {2048, 4096, 1024, 256, 124, DType::FP16, L::Gathered},
-      {3001, 7168, 1024, 128, 120, DType::BF16, L::GatheredTiles}, {777, 4104, 512, 128, 100, DType::FP16, L::GatheredTiles},
+      {3001, 7168, 1024, 128, 120, DType::FP16, L::RowBands},    {777, 4104, 512, 128, 100, DType::FP16, L::RowBands},
       {128, 256, 64, 256, 4, DType::BF16},                       {1000, 2048, 1024, 256, 132, DType::FP16}};
   cases[cases.size() - 1].fallback = cases[cases.size() - 2].fallback = true;
   check_cases(cases, 1);
@@ -498,8 +435,8 @@ TEST(OverlapAllReduceOneGpu, NcclLayoutsMatchTheirReferences) {
 
 // NCCL_P2P_DISABLE=1 (the GPUs then talk through host memory, as on PCIe
 // machines without P2P): no rank counts as within load/store reach, so the
-// ops and the tuner leave out every NVLink path (pushed, owners, the copy
-// engines' gathers, the NVLink forms) and plan NCCL's. On one GPU, where a
+// ops and the tuner leave out every NVLink path (owners, the NVLink forms)
+// and plan NCCL's. On one GPU, where a
 // rank reaches itself without the variable.
 TEST(OverlapAllReduceOneGpu, P2pDisabledLeavesNoRankWithinReach) {
   REQUIRE_HOPPER();
@@ -603,10 +540,10 @@ TEST(OverlapAllReduceOneGpu, CallsOnTwoStreamsTwoOpsAndDestroyInFlight) {
 // Runs one call of the op that options_for(rank, comm) describes, on every
 // rank, 2048x4096x512 with a group made to never complete
 // (fault_drop_group = 1, 0.25 s bound), and returns what check() threw on
-// each rank and the seconds it all took. check_fuse: the op must sum where
-// the options ask it to (layouts with a sum).
+// each rank and the seconds it all took. check_copy: the op must copy where
+// the options ask it to (owners).
 std::pair<std::vector<std::string>, double> stuck_group_messages(
-    const std::function<rt::OverlapAllReduceOptions(int, ncclComm_t)>& options_for, bool check_fuse) {
+    const std::function<rt::OverlapAllReduceOptions(int, ncclComm_t)>& options_for, bool check_copy) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> messages(kWorld);
   on_each_rank([&](int rank, ncclComm_t comm) {
@@ -616,7 +553,7 @@ std::pair<std::vector<std::string>, double> stuck_group_messages(
     o.wait_timeout_s = 0.25;
     o.testing.fault_drop_group = 1;
     rt::OverlapAllReduce op(o);
-    if (check_fuse) EXPECT_EQ(op.fuses_sum(), o.fuse_sum);
+    if (check_copy) EXPECT_EQ(op.owner_copy_in_gemm(), o.owner_copy_in_gemm);
     DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(size_t(m) * n * 2);
     kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
     kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, 2, -1.f, 1.f, nullptr);
@@ -701,23 +638,19 @@ TEST(RankExchange, ARankThatDoesNotJoinFailsTheOthersInBoundedTime) {
 // Back-to-back calls with no host sync between them, one rank held back
 // before every other call by extra work on its stream: each call's output
 // must still be exactly our GEMM + one ncclAllReduce of that call's inputs
-// (the two halves of the pushed buffer keep a fast rank's next call from
-// overwriting blocks a slow rank is still summing).
-TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
+// (the two halves of the owners' window keep a fast rank's next call from
+// overwriting tiles a slow rank still reads).
+TEST(OverlapAllReduce, OwnersBackToBackCallsWithASlowRank) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
-  for (const auto [layout, by] : {std::pair{rt::ArLayout::Pushed, rt::PushBy::Gemm},
-                                   std::pair{rt::ArLayout::PushedTiles, rt::PushBy::Gemm},
-                                   std::pair{rt::ArLayout::Pushed, rt::PushBy::Owners}}) {
+  for (const int bn : {256, 128}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 2048, n = 4096, k = 1024, calls = 8;
       std::mt19937_64 rng(seed);  // the same schedule on both ranks
-      const plan::Schedule s = sched_for(m, n, 256, 132, 1 << int(rng() % 3));
-      const bool tiles = layout == rt::ArLayout::PushedTiles;
+      const plan::Schedule s = sched_for(m, n, bn, 132, 1 << int(rng() % 3));
       rt::OverlapAllReduceOptions o;
-      o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank, o.push_by = by;
-      o.groups = tiles ? plan::make_groups(s, plan::Partition(size_t(s.waves()), 1))
-                       : plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
+      o.sched = s, o.layout = rt::ArLayout::Owners, o.k = k, o.comm = comm, o.rank = rank;
+      o.groups = plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
       ASSERT_GE(o.groups.size(), 2u);
       rt::OverlapAllReduce op(o);
       ASSERT_FALSE(op.sequential());
@@ -744,8 +677,7 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
         kernels::poison(ref.get(), int64_t(m) * n, st);
         rt::sequential_ours_allreduce(DType::BF16, as[c].get(), b.get(), ref.get(), s, k, comm, st);
         EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, outs[c].get(), n, ref.get(), n, m, n, st)))
-            << rt::layout_name(layout) << " transport " << int(by) << " rank " << rank << " call " << c << " seed "
-            << seed;
+            << "tile 128x" << bn << " rank " << rank << " call " << c << " seed " << seed;
       }
       cudaStreamDestroy(st);
     });
@@ -759,15 +691,12 @@ TEST(OverlapAllReduce, PushedBackToBackCallsWithASlowRank) {
 TEST(OverlapAllReduce, CallThatThrowsKeepsTheEpoch) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
-  for (const auto [layout, by, ctas] : {std::tuple{rt::ArLayout::Pushed, rt::PushBy::Gemm, 132},
-                                        std::tuple{rt::ArLayout::Pushed, rt::PushBy::CopyEngines, 132},
-                                        std::tuple{rt::ArLayout::Pushed, rt::PushBy::Owners, 132},
-                                        std::tuple{rt::ArLayout::RowBands, rt::PushBy::Gemm, 120}}) {
+  for (const auto [layout, ctas] : {std::pair{rt::ArLayout::Owners, 132}, std::pair{rt::ArLayout::RowBands, 120}}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 1024, n = 2048, k = 512;
       const plan::Schedule s = sched_for(m, n, 256, ctas, 2);
       rt::OverlapAllReduceOptions o;
-      o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank, o.push_by = by;
+      o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank;
       o.groups = plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
       rt::OverlapAllReduce op(o);
       ASSERT_FALSE(op.sequential());
@@ -778,16 +707,15 @@ TEST(OverlapAllReduce, CallThatThrowsKeepsTheEpoch) {
       kernels::fill_random(DType::BF16, b.get(), int64_t(n) * k, seed + 1 + 7 * rank, -1.f, 1.f, st);
       kernels::poison(out.get(), int64_t(m) * n, st);
       const void* bad_a = static_cast<const char*>(a.get()) + 2;
-      EXPECT_THROW(op.run(bad_a, b.get(), out.get(), n, st), InvalidArgument)
-          << rt::layout_name(layout) << " transport " << int(by);
-      EXPECT_EQ(op.epoch(), 0u) << rt::layout_name(layout) << " transport " << int(by);
+      EXPECT_THROW(op.run(bad_a, b.get(), out.get(), n, st), InvalidArgument) << rt::layout_name(layout);
+      EXPECT_EQ(op.epoch(), 0u) << rt::layout_name(layout);
       op.run(a.get(), b.get(), out.get(), n, st);
       EXPECT_EQ(op.epoch(), 1u);
       FO_CUDA_CHECK(cudaStreamSynchronize(st));
       op.check();
       rt::sequential_ours_allreduce(DType::BF16, a.get(), b.get(), ref.get(), s, k, comm, st);
       EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, out.get(), n, ref.get(), n, m, n, st)))
-          << rt::layout_name(layout) << " transport " << int(by) << " rank " << rank << " seed " << seed;
+          << rt::layout_name(layout) << " rank " << rank << " seed " << seed;
       cudaStreamDestroy(st);
     });
   }
@@ -799,15 +727,15 @@ TEST(OverlapAllReduce, CallThatThrowsKeepsTheEpoch) {
 // buffers run.
 TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
   REQUIRE_TWO_GPUS();
-  for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::Owners}) {
+  for (rt::ArLayout layout : {rt::ArLayout::RowBands, rt::ArLayout::Owners}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 1024, n = 2048, k = 256;
-      const plan::Schedule s = sched_for(m, n, 256, 132, 2);
+      const plan::Schedule s = sched_for(m, n, 256, layout == rt::ArLayout::Owners ? 132 : 120, 2);
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.groups = plan::band_groups(s, {2, 2}), o.k = k, o.comm = comm, o.rank = rank;
-      o.layout = rt::ArLayout::Pushed, o.push_by = by;
+      o.layout = layout;
       rt::OverlapAllReduce op(o);
-      EXPECT_EQ(op.result_in_window(), by == rt::PushBy::Owners);
+      EXPECT_EQ(op.result_in_window(), layout == rt::ArLayout::Owners);
       const size_t cb = size_t(m) * n * 2;
       DeviceBuffer a(size_t(m) * k * 2), b(size_t(n) * k * 2), out(cb), residual(cb), h(cb), weight(size_t(n) * 2);
       kernels::fill_random(DType::BF16, a.get(), int64_t(m) * k, 1, -1.f, 1.f, nullptr);
@@ -863,14 +791,13 @@ TEST(AllReduceTuner, MeasuredChoiceIsTheSameOnEveryRankAndRuns) {
       rt::AllReduceTuning t;
       t.rv = &rv, t.stream = st, t.world = kWorld, t.push_reachable = true;
       t.curve_for = [&](int) -> const plan::BandwidthCurve& { return curve; };
-      // Registered: pushed plans only, so that the second round always times
-      // owner plans (the ones run_registered stores into straight).
-      t.layouts = registered ? std::vector<rt::ArLayout>{rt::ArLayout::Pushed}
-                             : std::vector<rt::ArLayout>{rt::ArLayout::RowBands, rt::ArLayout::Pushed};
+      // Registered: owner plans only (the ones run_registered stores into straight).
+      t.layouts = registered ? std::vector<rt::ArLayout>{rt::ArLayout::Owners}
+                             : std::vector<rt::ArLayout>{rt::ArLayout::RowBands, rt::ArLayout::Owners};
       t.options_for = [&](const rt::AllReducePlan& pl) {
         rt::OverlapAllReduceOptions o;
         o.sched = pl.sched, o.groups = pl.groups, o.layout = pl.layout, o.k = k, o.comm = comm, o.tail_comm = comm;
-        o.rank = rank, o.fuse_sum = pl.fuse_sum, o.push_by = pl.push_by, o.fallback_cublas = pl.fallback_cublas;
+        o.rank = rank, o.owner_copy_in_gemm = pl.copy_in_gemm, o.fallback_cublas = pl.fallback_cublas;
         return o;
       };
       t.sync_comm = comm, t.selection = &selections[rank];
@@ -897,26 +824,22 @@ TEST(AllReduceTuner, MeasuredChoiceIsTheSameOnEveryRankAndRuns) {
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_NE(selections[r].find("runoff (4 runs)"), std::string::npos) << selections[r];
       EXPECT_NE(selections[r].find("* "), std::string::npos) << selections[r];
-      // (a second round follows a pushed pick; the sequential fallback could win the first)
-      if (registered && selections[r].find("then the transports") != std::string::npos)
-        EXPECT_NE(selections[r].find("with owners"), std::string::npos) << selections[r];
+      if (registered) EXPECT_NE(selections[r].find("owners"), std::string::npos) << selections[r];
     }
   }
 }
 
-// Pushed: a group whose tiles never arrive fails inside the GEMM's sum (and
-// in the waits before the sums after it) with the arrival counter, not a hang.
-TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
+// Owners: a group whose tiles never arrive fails inside the GEMM's waits
+// with the arrival counter, not a hang (the copy in the GEMM or after it).
+TEST(OverlapAllReduce, OwnersStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
-  for (const auto by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners})
-  for (const bool fuse : {true, false}) {
+  for (const bool copy : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
       const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.groups = plan::band_groups(s, {1, 1, 2});
-      o.layout = rt::ArLayout::Pushed;
-      o.fuse_sum = fuse;
-      o.push_by = by;
+      o.layout = rt::ArLayout::Owners;
+      o.owner_copy_in_gemm = copy;
       return o;
     }, true);
     for (int r = 0; r < kWorld; ++r) {
@@ -924,7 +847,7 @@ TEST(OverlapAllReduce, PushedStuckGroupFailsWithMessage) {
       EXPECT_NE(messages[r].find("group 1"), std::string::npos) << messages[r];
       EXPECT_NE(messages[r].find("arrival counter"), std::string::npos) << messages[r];
     }
-    EXPECT_LT(secs, 60.0) << "fuse " << fuse << " transport " << int(by);  // (as in StuckGroupFails...)
+    EXPECT_LT(secs, 60.0) << "copy in the GEMM " << copy;  // (as in StuckGroupFails...)
   }
 }
 
@@ -969,13 +892,11 @@ TEST(OverlapAllReduceOptions, RejectsBadGroupsAndOutOfRangeKnobs) {
 }
 
 // Every layout, for the tuner's host tests.
-const std::vector<rt::ArLayout> kAllLayouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots,
-                                               rt::ArLayout::Gathered, rt::ArLayout::GatheredTiles,
-                                               rt::ArLayout::Pushed,   rt::ArLayout::PushedTiles};
+const std::vector<rt::ArLayout> kAllLayouts = {rt::ArLayout::RowBands, rt::ArLayout::Slots, rt::ArLayout::Owners};
 
 // Host logic of the final choice: which ranked plans are measured (a plan
 // of one group, the sequential one's work, never is).
-TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback) {
+TEST(AllReduceTuner, FinalistsAreEachLayoutsBestOwnersPerTileAndBandSizeAndTheFallback) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -986,7 +907,7 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback
     p.layout = layouts[rng() % layouts.size()];
     p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 132, 1 << (rng() % 4));
     p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
-    p.fuse_sum = rng() % 2 == 0;
+    p.copy_in_gemm = rng() % 2 == 0;
     p.groups = rng() % 4 == 0 ? plan::make_groups(p.sched, {p.sched.waves()}) : random_groups(p.sched, p.layout, rng);
     ranked.push_back(p);
   }
@@ -1001,10 +922,9 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback
   EXPECT_EQ(std::count_if(f.begin(), f.end(), [](auto& p) { return p.sequential; }), 1);
   for (const auto& p : f) EXPECT_TRUE(p.sequential || p.groups.size() >= 2) << rt::describe(p);
   for (rt::ArLayout l : layouts) {
-    const bool per_swizzle = l == rt::ArLayout::Gathered || rt::is_pushed(l);
-    // (bn, swizzle) of the ranked plans of l, in rank order, first time seen;
-    // the tile shape counts for the pushed layouts only.
-    auto key_of = [&](const rt::AllReducePlan& p) { return std::make_pair(rt::is_pushed(l) ? p.sched.bn : 0, p.sched.swizzle); };
+    const bool per_key = l == rt::ArLayout::Owners;
+    // (bn, swizzle) of the ranked plans of l, in rank order, first time seen.
+    auto key_of = [](const rt::AllReducePlan& p) { return std::make_pair(p.sched.bn, p.sched.swizzle); };
     std::vector<std::pair<int, int>> keys;
     double best = 1e9;
     for (const auto& p : ranked)
@@ -1019,17 +939,17 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback
       EXPECT_TRUE(of_l.empty());
       continue;
     }
-    if (!per_swizzle) {  // the single best predicted
+    if (!per_key) {  // the single best predicted
       ASSERT_EQ(of_l.size(), 1u) << rt::layout_name(l);
       EXPECT_EQ(of_l[0].predicted_ms, best);
       continue;
     }
     ASSERT_EQ(of_l.size(), 2 * keys.size()) << rt::layout_name(l);
-    for (size_t i = 0; i < keys.size(); ++i) {  // best of each (tile and) band size, sum in and after the GEMM
+    for (size_t i = 0; i < keys.size(); ++i) {  // best of each tile and band size, the copy in and after the GEMM
       EXPECT_EQ(key_of(of_l[2 * i]), keys[i]);
       EXPECT_EQ(key_of(of_l[2 * i + 1]), keys[i]);
-      EXPECT_TRUE(of_l[2 * i].fuse_sum);
-      EXPECT_FALSE(of_l[2 * i + 1].fuse_sum);
+      EXPECT_TRUE(of_l[2 * i].copy_in_gemm);
+      EXPECT_FALSE(of_l[2 * i + 1].copy_in_gemm);
       double best_key = 1e9;
       for (const auto& p : ranked)
         if (overlaps(p) && p.layout == l && key_of(p) == keys[i]) best_key = std::min(best_key, p.predicted_ms);
@@ -1037,7 +957,6 @@ TEST(AllReduceTuner, FinalistsAreEachLayoutsBestPerTileAndBandSizeAndTheFallback
     }
   }
 }
-
 // The runoff: the values within the tolerance of the smallest, smallest
 // first, capped; on random lists against a direct count.
 TEST(AllReduceTuner, RunoffTakesTheCloseOnesFastestFirst) {
@@ -1069,60 +988,7 @@ TEST(AllReduceTuner, RunoffTakesTheCloseOnesFastestFirst) {
   EXPECT_EQ(rt::runoff_candidates({0.5, 0.3, 0.35}, 0.04, 3), (std::vector<size_t>{1}));
 }
 
-// The second round of the choice: a pushed pick against the other transport.
-TEST(AllReduceTuner, TransportFinalistsAreThePickAndTheOtherTransportsBothSums) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const std::vector<rt::ArLayout>& layouts = kAllLayouts;
-  const std::vector<rt::PushBy> transports = {rt::PushBy::Gemm, rt::PushBy::CopyEngines, rt::PushBy::Owners};
-  for (int i = 0; i < 60; ++i) {
-    rt::AllReducePlan p;
-    p.layout = layouts[rng() % layouts.size()];
-    p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 132, 1 << (rng() % 4));
-    p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
-    p.fuse_sum = rng() % 2 == 0;
-    p.push_by = transports[rng() % (p.layout == rt::ArLayout::Pushed ? 3 : 2)];
-    p.sequential = rng() % 5 == 0;
-    // The row-band plans for owners: none, one (the pick, or another), or two.
-    rt::AllReducePlan rows = p, rows2 = p;
-    rows.layout = rt::ArLayout::Pushed, rows.sched.swizzle = 1 << (rng() % 4), rows.predicted_ms += 1;
-    rows2.layout = rt::ArLayout::Pushed, rows2.sched.bn = 384 - p.sched.bn, rows2.predicted_ms += 2;
-    const int which = int(rng() % 4);
-    std::vector<const rt::AllReducePlan*> owners;
-    if (which == 1) owners = {p.layout == rt::ArLayout::Pushed ? &p : &rows};
-    if (which == 2) owners = {&rows};
-    if (which == 3) owners = {&rows, &rows2};
-    const std::vector<rt::AllReducePlan> f = rt::transport_finalists(p, owners);
-    ASSERT_FALSE(f.empty());
-    EXPECT_EQ(rt::describe(f[0]), rt::describe(p));  // the pick itself, first
-    EXPECT_EQ(f[0].push_by, p.push_by);
-    if (p.sequential || !rt::is_pushed(p.layout)) {
-      EXPECT_EQ(f.size(), 1u);
-      continue;
-    }
-    // The pick with each other transport but owners, both sums; then the
-    // owners' plan with owners, both copy placements (unless the pick has them).
-    std::vector<std::pair<rt::PushBy, const rt::AllReducePlan*>> want;
-    for (rt::PushBy by : {rt::PushBy::Gemm, rt::PushBy::CopyEngines})
-      if (by != p.push_by) want.push_back({by, &p});
-    if (p.push_by != rt::PushBy::Owners)
-      for (const rt::AllReducePlan* o : owners) want.push_back({rt::PushBy::Owners, o});
-    ASSERT_EQ(f.size(), 1 + 2 * want.size());
-    for (size_t j = 1; j < f.size(); ++j) {
-      const auto& [by, base] = want[(j - 1) / 2];
-      EXPECT_EQ(f[j].push_by, by);
-      EXPECT_EQ(f[j].fuse_sum, j % 2 == 1);
-      EXPECT_EQ(f[j].layout, base->layout);
-      EXPECT_EQ(f[j].sched.bn, base->sched.bn);
-      EXPECT_EQ(f[j].sched.swizzle, base->sched.swizzle);
-      EXPECT_EQ(f[j].predicted_ms, base->predicted_ms);
-    }
-  }
-}
-
-// The second round for a pick that is not pushed: the pick, then (NCCL row
-// bands, or gathered rows summed after the GEMM, with 128x256 tiles) the
+// The second round: the pick, then (NCCL row bands with 128x256 tiles) the
 // same plan with the other pipeline depth; nothing else changes.
 TEST(AllReduceTuner, StageFinalistsAreThePickAndItsThreeStageTwin) {
   const uint64_t seed = fresh_seed();
@@ -1134,7 +1000,7 @@ TEST(AllReduceTuner, StageFinalistsAreThePickAndItsThreeStageTwin) {
     rt::AllReducePlan p;
     p.layout = layouts[rng() % layouts.size()];
     p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 114, 1 << (rng() % 4));
-    p.fuse_sum = rng() % 2 == 0;
+    p.copy_in_gemm = rng() % 2 == 0;
     p.sequential = rng() % 6 == 0;
     p.reserve = int(rng() % 20);
     p.predicted_ms = 0.5 + double(rng() % 1000) / 1000;
@@ -1143,8 +1009,7 @@ TEST(AllReduceTuner, StageFinalistsAreThePickAndItsThreeStageTwin) {
     ASSERT_FALSE(f.empty());
     EXPECT_EQ(rt::describe(f[0]), rt::describe(p));
     EXPECT_TRUE(f[0].four_stages);
-    const bool choice = !p.sequential && p.sched.bn == 256 && p.groups.size() >= 2 &&
-                        (p.layout == rt::ArLayout::RowBands || (p.layout == rt::ArLayout::Gathered && !p.fuse_sum));
+    const bool choice = !p.sequential && p.sched.bn == 256 && p.groups.size() >= 2 && p.layout == rt::ArLayout::RowBands;
     ASSERT_EQ(f.size(), choice ? 2u : 1u) << rt::describe(p);
     if (!choice) continue;
     ++twins;
@@ -1154,86 +1019,10 @@ TEST(AllReduceTuner, StageFinalistsAreThePickAndItsThreeStageTwin) {
     EXPECT_EQ(f[1].layout, p.layout);
     EXPECT_EQ(f[1].sched.swizzle, p.sched.swizzle);
     EXPECT_EQ(f[1].reserve, p.reserve);
-    EXPECT_EQ(f[1].fuse_sum, p.fuse_sum);
+    EXPECT_EQ(f[1].copy_in_gemm, p.copy_in_gemm);
     EXPECT_EQ(f[1].predicted_ms, p.predicted_ms);
   }
   EXPECT_GT(twins, 0) << "no case had the choice (seed " << seed << ")";
-}
-
-// Which row-band plans the second round tries with owners: the pick when it
-// is row bands (else the fastest of its tile shape), the fastest of that tile
-// shape with another swizzle, then the fastest of the other tile shape.
-// First a case written out (3001x8192x8192, where the pick was row bands
-// with swizzle 2 and owners ran faster with swizzle 8), then random ones
-// against a brute force.
-TEST(AllReduceTuner, OwnerBasesAreThePickAnotherSwizzleAndTheOtherTile) {
-  {
-    auto plan = [](rt::ArLayout layout, int bn, int swizzle) {
-      rt::AllReducePlan p;
-      p.layout = layout;
-      p.sched = sched_for(3001, 8192, bn, 132, swizzle);
-      return p;
-    };
-    const std::vector<rt::AllReducePlan> fin = {
-        plan(rt::ArLayout::Pushed, 256, 2),    // 0: the pick
-        plan(rt::ArLayout::Pushed, 256, 2),    // 1: the same swizzle again (other bands): not a base
-        plan(rt::ArLayout::Gathered, 256, 8),  // 2: not row bands
-        plan(rt::ArLayout::Pushed, 256, 8),    // 3: slower than 4
-        plan(rt::ArLayout::Pushed, 256, 4),    // 4: the fastest of 256 with another swizzle
-        plan(rt::ArLayout::Pushed, 128, 8),    // 5: the fastest of 128
-        plan(rt::ArLayout::Pushed, 128, 4)};
-    const std::vector<double> ms = {0.670, 0.671, 0.640, 0.690, 0.684, 0.700, 0.720};
-    const std::vector<const rt::AllReducePlan*> got = rt::owner_bases(fin, ms, fin[0]);
-    EXPECT_EQ(got, (std::vector<const rt::AllReducePlan*>{&fin[0], &fin[4], &fin[5]}));
-    // A gathered pick: its tile shape's fastest row bands first.
-    const std::vector<const rt::AllReducePlan*> got2 = rt::owner_bases(fin, ms, fin[2]);
-    EXPECT_EQ(got2, (std::vector<const rt::AllReducePlan*>{&fin[0], &fin[4], &fin[5]}));
-  }
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const std::vector<rt::ArLayout> layouts = {rt::ArLayout::RowBands, rt::ArLayout::Gathered, rt::ArLayout::Pushed,
-                                             rt::ArLayout::PushedTiles};
-  for (int i = 0; i < 200; ++i) {
-    std::vector<rt::AllReducePlan> fin(1 + rng() % 10);
-    std::vector<double> ms;
-    for (auto& p : fin) {
-      p.layout = layouts[rng() % layouts.size()];
-      p.sched = sched_for(4096, 8192, rng() % 2 ? 256 : 128, 132, 1 << (rng() % 4));
-      p.sequential = rng() % 6 == 0;
-      ms.push_back(0.3 + double(rng() % 1000) / 1000);
-    }
-    const size_t best_i = rng() % fin.size();
-    const rt::AllReducePlan& best = fin[best_i];
-    const std::vector<const rt::AllReducePlan*> got = rt::owner_bases(fin, ms, best);
-    // Expected, by brute force over the row-band finalists sorted by time.
-    std::vector<size_t> rows;
-    for (size_t j = 0; j < fin.size(); ++j)
-      if (!fin[j].sequential && fin[j].layout == rt::ArLayout::Pushed) rows.push_back(j);
-    std::stable_sort(rows.begin(), rows.end(), [&](size_t x, size_t y) { return ms[x] < ms[y]; });
-    auto first_where = [&](auto pred) -> const rt::AllReducePlan* {
-      for (size_t j : rows)
-        if (pred(fin[j])) return &fin[j];
-      return nullptr;
-    };
-    std::vector<const rt::AllReducePlan*> want;
-    const int bn = best.sched.bn;
-    const bool pick_rows = best.layout == rt::ArLayout::Pushed && !best.sequential;
-    const rt::AllReducePlan* head = pick_rows ? &best : first_where([&](const auto& q) { return q.sched.bn == bn; });
-    if (head) {
-      want.push_back(head);
-      if (const auto* f = first_where([&](const auto& q) { return q.sched.bn == bn && q.sched.swizzle != head->sched.swizzle; }))
-        want.push_back(f);
-    }
-    if (const auto* f = first_where([&](const auto& q) { return q.sched.bn == 384 - bn; })) want.push_back(f);
-    EXPECT_EQ(got, want) << "case " << i;
-    ASSERT_LE(got.size(), 3u);
-    for (const auto* g : got) EXPECT_EQ(g->layout, rt::ArLayout::Pushed);
-    for (size_t x = 0; x < got.size(); ++x)
-      for (size_t y = x + 1; y < got.size(); ++y)
-        EXPECT_FALSE(got[x]->sched.bn == got[y]->sched.bn && got[x]->sched.swizzle == got[y]->sched.swizzle)
-            << "case " << i << ": the same tile and swizzle twice";
-  }
 }
 
 }  // namespace

@@ -3,14 +3,12 @@
 // them, are in test_overlap_allreduce). Skipped visibly with fewer than 3.
 //
 // At world > 2 NCCL's ring sums in its own order, rounding at each step, so
-// the layouts are checked against what each is built to give: the gathered
-// and pushed layouts sum every rank's partial in rank order in fp32 and
-// round once (bitwise against that reference, built here from our GEMM, an
-// ncclAllGather and sum_gathered_rows); owners sum each tile in its owner's
-// order (bitwise against the host's sum by that definition,
-// test::owner_order_sum); the NCCL layouts (row bands, slots) within the
-// per-element bound of the same GEMM + one ncclAllReduce. The RMSNorm path
-// against the host's norm of the op's own sum.
+// the layouts are checked against what each is built to give: owners sum
+// each tile in its owner's order (bitwise against the host's sum by that
+// definition, test::owner_order_sum); the NCCL layouts (row bands, slots)
+// within the per-element bound of the same GEMM + one ncclAllReduce, and of
+// the rank-order sum (our GEMM, an ncclAllGather and sum_gathered_rows). The
+// RMSNorm path against the host's norm of the op's own sum.
 #include <gtest/gtest.h>
 #include <nccl.h>
 
@@ -48,24 +46,15 @@ struct WorldCase {
   int m, n, k, bn, ctas;
   DType dt;
   rt::ArLayout layout;
-  rt::PushBy push_by = rt::PushBy::Gemm;
-  bool fuse_sum = true;
-  bool registered = false;  // run_registered into an output registered with the op (owners: finals straight into it)
+  bool copy_in_gemm = true;  // owners: the producer warps copy the other ranks' finals during the GEMM
+  bool registered = false;   // run_registered into an output registered with the op (owners: finals straight into it)
 };
-
-// (Owners sum each tile in its owner's slot order, not in rank order.)
-bool rank_order_sum(const WorldCase& c) {
-  return (rt::is_gathered(c.layout) || rt::is_pushed(c.layout)) && c.push_by != rt::PushBy::Owners;
-}
 
 std::string describe(const WorldCase& c, int world) {
   return std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k) + " tile 128x" +
          std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " " + rt::layout_name(c.layout) +
-         (c.push_by == rt::PushBy::CopyEngines ? " by the copy engines"
-          : c.push_by == rt::PushBy::Owners    ? " with owners"
-                                               : "") +
-         (c.fuse_sum ? "" : " sum after") + (c.registered ? " registered output" : "") +
-         " world " + std::to_string(world);
+         (c.copy_in_gemm ? "" : " copy after") + (c.registered ? " registered output" : "") + " world " +
+         std::to_string(world);
 }
 
 // Three calls with fresh inputs (epochs), run and run_rmsnorm, on every rank.
@@ -89,13 +78,13 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     rt::OverlapAllReduceOptions o;
     o.sched = s, o.groups = groups, o.layout = c.layout, o.k = c.k, o.dtype = c.dt, o.comm = comm, o.rank = rank;
-    o.wait_timeout_s = 5, o.fuse_sum = c.fuse_sum, o.push_by = c.push_by;
-    o.tail_comm = comm;  // (used on 2 ranks only: here the last group is gathered like the rest)
-    const rt::Communicator ce = test::gather_comm_for(o, comm);
+    o.wait_timeout_s = 5, o.owner_copy_in_gemm = c.copy_in_gemm;
+    o.tail_comm = comm;
+    const bool owners = c.layout == rt::ArLayout::Owners;
     rt::OverlapAllReduce op(o);
-    if (c.push_by == rt::PushBy::Owners) ASSERT_FALSE(op.sequential()) << where;
+    if (owners) ASSERT_FALSE(op.sequential()) << where;
     const int slot = c.registered ? op.register_output(out.get(), c.n) : -1;  // (collective)
-    if (c.registered && c.push_by == rt::PushBy::Owners) EXPECT_TRUE(op.finals_into_outputs()) << where;
+    if (c.registered && owners) EXPECT_TRUE(op.finals_into_outputs()) << where;
     plan::Schedule full = s;
     full.ctas = 132;
     for (int call = 0; call < 3; ++call) {
@@ -130,16 +119,13 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
           << at << " (against our GEMM + NCCL)";
       if (op.sequential()) {
         EXPECT_TRUE(test::bitwise(kernels::compare(c.dt, out.get(), c.n, nccl_ref.get(), c.n, c.m, c.n, st))) << at;
-      } else if (c.push_by == rt::PushBy::Owners) {  // each tile in its owner's order, by the host
+      } else if (owners) {  // each tile in its owner's order, by the host
         const std::vector<uint16_t> all = test::download(gathered.get(), world, elems, elems, st);
         std::vector<std::vector<uint16_t>> parts;
         for (int w = 0; w < world; ++w) parts.emplace_back(all.begin() + w * elems, all.begin() + (w + 1) * elems);
         const DeviceBuffer want = rt::to_device(test::owner_order_sum(c.dt, parts, s));
         EXPECT_TRUE(test::bitwise(kernels::compare(c.dt, out.get(), c.n, want.get(), c.n, c.m, c.n, st)))
             << at << " (the owners' order)";
-      } else if (rank_order_sum(c)) {
-        EXPECT_TRUE(test::bitwise(kernels::compare(c.dt, out.get(), c.n, ref.get(), c.n, c.m, c.n, st)))
-            << at << " (rank-order sum)";
       } else {
         EXPECT_TRUE(test::within(kernels::compare(c.dt, out.get(), c.n, ref.get(), c.n, c.m, c.n, st,
                                                   kernels::gemm_tolerance(c.dt, c.k, world))))
@@ -155,20 +141,15 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
   });
 }
 
-// Every layout that runs on more than 2 ranks (owners: the next test), on
-// 128x256 and ragged 128x128 shapes; the pushed layouts also by the copy
-// engines and with the sum after the GEMM.
+// The layouts NCCL moves on more than 2 ranks (owners: the next test), on
+// 128x256 and ragged 128x128 shapes.
 TEST(OverlapAllReduceWorld, EachLayoutMatchesItsReferenceOnEveryGpu) {
   REQUIRE_WORLD_OVER_TWO();
   using L = rt::ArLayout;
   std::vector<WorldCase> cases;
-  for (L l : {L::RowBands, L::Slots, L::Gathered, L::GatheredTiles, L::Pushed, L::PushedTiles}) {
+  for (L l : {L::RowBands, L::Slots}) {
     cases.push_back({2048, 4096, 1024, 256, 124, DType::BF16, l});
     cases.push_back({777, 4104, 512, 128, 100, DType::FP16, l});
-  }
-  for (L l : {L::Pushed, L::PushedTiles}) {
-    cases.push_back({2048, 4096, 1024, 256, 124, DType::BF16, l, rt::PushBy::CopyEngines});
-    cases.push_back({2048, 4096, 1024, 256, 124, DType::BF16, l, rt::PushBy::Gemm, false});
   }
   for (const WorldCase& c : cases) check_world_case(c, test::fresh_seed());
 }
@@ -181,12 +162,11 @@ TEST(OverlapAllReduceWorld, EachLayoutMatchesItsReferenceOnEveryGpu) {
 // fp16, a one-wave grid, fewer CTAs.
 TEST(OverlapAllReduceWorld, OwnersOnEveryGpuSumInTheirOrder) {
   REQUIRE_WORLD_OVER_TWO();
-  const rt::PushBy by = rt::PushBy::Owners;
-  const rt::ArLayout l = rt::ArLayout::Pushed;
+  const rt::ArLayout l = rt::ArLayout::Owners;
   const std::vector<WorldCase> cases = {
-      {2048, 4096, 1024, 256, 132, DType::BF16, l, by},       {2048, 4096, 1024, 256, 132, DType::BF16, l, by, true, true},
-      {3001, 4104, 1024, 256, 132, DType::FP16, l, by, false}, {3001, 4104, 1024, 256, 116, DType::FP16, l, by, true, true},
-      {1000, 2048, 512, 256, 132, DType::BF16, l, by},        {1024, 8192, 2048, 256, 132, DType::BF16, l, by, true, true}};
+      {2048, 4096, 1024, 256, 132, DType::BF16, l},       {2048, 4096, 1024, 256, 132, DType::BF16, l, true, true},
+      {3001, 4104, 1024, 256, 132, DType::FP16, l, false}, {3001, 4104, 1024, 256, 116, DType::FP16, l, true, true},
+      {1000, 2048, 512, 256, 132, DType::BF16, l},        {1024, 8192, 2048, 256, 132, DType::BF16, l, true, true}};
   for (const WorldCase& c : cases) check_world_case(c, test::fresh_seed());
 }
 

@@ -133,8 +133,8 @@ std::string power_table(Context& cx, const Options& o, const std::vector<PowerVa
 
 ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N, int64_t K) {
   const int m = int(M), n = int(N), k = int(K), rank = cx.rv->rank(), world = cx.rv->world();
-  if (world > 2 && o.push_by == "owners" && !o.four_stages)  // (every rank alike: the same world)
-    throw InvalidArgument("--push-by owners on more than 2 ranks runs on 4 pipeline stages: not with --three-stages");
+  if (world > 2 && o.layout == "owners" && !o.four_stages)  // (every rank alike: the same world)
+    throw InvalidArgument("--layout owners on more than 2 ranks runs on 4 pipeline stages: not with --three-stages");
   const auto dt = cx.dtype;
   const size_t c_bytes = size_t(M) * N * 2;
   rt::DeviceBuffer a(size_t(M) * K * 2), b(size_t(N) * K * 2), out_seq(c_bytes), out_ours(c_bytes), out_fo(c_bytes),
@@ -192,17 +192,11 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   tuning.registered_output = o.registered;  // the finalists timed as the flashoverlap row will run
   if (o.layout == "rows") tuning.layouts = {rt::ArLayout::RowBands};
   if (o.layout == "slots") tuning.layouts = {rt::ArLayout::Slots};
-  if (o.layout == "gathered") tuning.layouts = {rt::ArLayout::Gathered};
-  if (o.layout == "gathered-tiles") tuning.layouts = {rt::ArLayout::GatheredTiles};
-  if (o.layout == "pushed") tuning.layouts = {rt::ArLayout::Pushed};
-  if (o.layout == "pushed-tiles") tuning.layouts = {rt::ArLayout::PushedTiles};
+  if (o.layout == "owners") tuning.layouts = {rt::ArLayout::Owners};
   tuning.push_reachable = world > 1 && cx.all_ranks(rt::all_ranks_reachable(base));  // the same answer everywhere
-  // The gathered layouts: AllGathers on the copy engines, into the peers'
-  // memory. Where the ranks are not all within reach (rt::all_ranks_reachable:
-  // NCCL_P2P_DISABLE=1, PCIe) auto leaves them out; asked for by name, they run.
-  if ((o.layout == "auto" && (world == 1 || tuning.push_reachable)) || o.layout == "gathered" ||
-      o.layout == "gathered-tiles")
-    tuning.gather_curve = [&cx]() -> const plan::BandwidthCurve& { return cx.gather(); };
+  // Auto: owners too on 2 ranks within reach (on more, only asked for: not
+  // yet measured against NCCL's layouts on 3+ GPUs).
+  if (o.layout == "auto" && world == 2 && tuning.push_reachable) tuning.layouts.push_back(rt::ArLayout::Owners);
   tuning.world = world;
   tuning.group_sizes = o.partition;
   tuning.cublas_gemm_ms = comp[0];
@@ -211,35 +205,27 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     fo.sched = pl.sched, fo.groups = pl.groups, fo.layout = pl.layout, fo.k = k, fo.dtype = dt, fo.rank = rank;
     fo.comm = cx.comm_for(pl.reserve);
     fo.tail_comm = base;
-    if (rt::is_gathered(pl.layout) && !pl.sequential) fo.gather_comm = cx.ce_comm();
     fo.trace = false;  // (the op timed last gets it: the trace's events cost the calls device time)
     fo.fallback_cublas = pl.fallback_cublas;
-    fo.fuse_sum = pl.fuse_sum && o.fuse;
-    fo.push_by = pl.push_by;  // a forced --push-by reaches the plans through tuning.push_by
-    fo.copy_streams = o.copy_streams;
+    fo.owner_copy_in_gemm = pl.copy_in_gemm && o.owner_copy_in_gemm;
     fo.four_stages = o.four_stages && pl.four_stages;  // (--three-stages, or the tuner's stage round)
     fo.push_tma = o.push_tma == "last" ? 1 : o.push_tma == "all" ? 2 : 0;
     fo.owner_pushers = o.owner_pushers == "on" ? 1 : o.owner_pushers == "off" ? 0 : -1;
     fo.wait_timeout_s = o.wait_timeout_s;
-    fo.testing.owners_wide = o.owners_wide && !pl.sequential && rt::is_pushed(pl.layout) && pl.push_by == rt::PushBy::Owners &&
-                     pl.sched.bn == 256 && fo.four_stages;
+    fo.testing.owners_wide =
+        o.owners_wide && !pl.sequential && pl.layout == rt::ArLayout::Owners && pl.sched.bn == 256 && fo.four_stages;
     return fo;
   };
   // The model ranks; a short measurement (separate runs from the timings
   // below) picks among the finalists, unless --no-select.
   if (o.select) tuning.options_for = options_for, tuning.sync_comm = base, tuning.selection = &res.selection;
   tuning.host_gate = o.gate;
-  tuning.transport_round = o.push_by == "auto";
   tuning.stage_round = o.four_stages;  // (--three-stages: no choice)
-  tuning.push_by = o.push_by == "copy-engines" ? rt::PushBy::CopyEngines
-                   : o.push_by == "owners"     ? rt::PushBy::Owners
-                                               : rt::PushBy::Gemm;
   const rt::AllReducePlan plan =
       rt::tune_allreduce(tuning, M, N, K, a.get(), b.get(), scratch.get(), comp[0] + comp[1]);
   res.predicted_ms = plan.predicted_ms;
   // A measured pick free to choose anything: what the public op looks up by m's tile rows.
-  const bool free_pick = o.select && o.layout == "auto" && o.push_by == "auto" && o.partition.empty() &&
-                         o.tile == "auto" && o.reserve_sms < 0;
+  const bool free_pick = o.select && o.layout == "auto" && o.partition.empty() && o.tile == "auto" && o.reserve_sms < 0;
   if (!o.tuning_cache.empty() && free_pick && rank == 0) {
     rt::PickKey key;
     key.gpu = cx.info.name, key.sms = cx.info.sms, key.world = world, key.dtype = dt;
@@ -354,7 +340,7 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
     for (size_t g = 0; g < tl.comm_end.size(); ++g)
       tr << "\n    group " << g << " (tiles " << op.groups()[g].first_tile << "-" << op.groups()[g].end_tile
          << "): wait done " << tl.wait_end[g]
-         << ", " << (rt::is_gathered(op.layout()) ? "AllGather" : rt::is_pushed(op.layout()) ? "copies" : "AllReduce")
+         << ", AllReduce"
          << " done " << tl.comm_end[g];
     res.trace = tr.str();
   }
@@ -362,16 +348,14 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
   cfg << op.schedule().bm << "x" << op.schedule().bn << ", " << op.schedule().ctas << " CTAs, swizzle "
       << op.schedule().swizzle << ", NCCL "
       << (plan.sequential ? "default CTAs"
-          : rt::is_gathered(plan.layout)            ? "on the copy engines"
-          : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::CopyEngines
-              ? "window (blocks copied to the peers by the copy engines, " + std::to_string(o.copy_streams) +
-                    " streams)"
-          : rt::is_pushed(plan.layout) && fo.push_by == rt::PushBy::Owners
+          : plan.layout == rt::ArLayout::Owners
               ? std::string("window (each tile summed by its owner rank, stored over NVLink by the GEMM)")
-          : rt::is_pushed(plan.layout) ? "window (tiles stored over NVLink by the GEMM)"
-                                                    : std::to_string(plan.reserve) + " CTAs")
+              : std::to_string(plan.reserve) + " CTAs")
       << (plan.sequential ? (plan.fallback_cublas ? ", sequential fallback (cuBLAS)" : ", sequential fallback")
-          : std::string(", ") + rt::layout_name(op.layout()) + rt::sum_place(op.layout(), op.fuses_sum(), fo.push_by))
+          : std::string(", ") + rt::layout_name(op.layout()) +
+                (op.layout() != rt::ArLayout::Owners ? ""
+                 : op.owner_copy_in_gemm()           ? " (copies in the GEMM)"
+                                                     : " (copies at the GEMM's end)"))
       << (!plan.four_stages && rt::plan_has_stage_choice(plan) ? ", 3 stages" : "")  // (the stage round's pick)
       << (o.registered ? (op.finals_into_outputs() ? ", registered output (the peer's finals stored straight into it); "
                                                    : ", registered output (run: this plan copies); ") + nccl_reg_note
@@ -389,54 +373,35 @@ ShapeResult bench_allreduce(Context& cx, const Options& o, int64_t M, int64_t N,
         {"AllReduce alone", run_ar_alone, comp[1]},
         {"sequential", run_seq, ms[0]},
         {"flashoverlap", run_fo, ms.back()}};
-    // A pushed pick (transport chosen by the tuner): the same plan with the
-    // other transport and sum placements too, checked bitwise first, so that
-    // their energies compare in one run.
-    std::vector<std::unique_ptr<rt::OverlapAllReduce>> alts;
-    if (o.push_by == "auto" && !plan.sequential && rt::is_pushed(plan.layout)) {
+    // An owner pick: the same plan with the copy of the peer's finals at the
+    // other place too, checked bitwise first, so that their energies compare
+    // in one run.
+    std::unique_ptr<rt::OverlapAllReduce> alt_op;
+    if (!plan.sequential && plan.layout == rt::ArLayout::Owners && o.owner_copy_in_gemm) {
       run_ours();  // the reference again (the GEMM-alone timing above wrote over it)
-      std::vector<std::pair<rt::PushBy, bool>> seen{{fo.push_by, op.fuses_sum()}};  // (transport, sums in the GEMM)
-      std::vector<rt::PushBy> transports{rt::PushBy::Gemm, rt::PushBy::CopyEngines};
-      if (world == 2 && plan.layout == rt::ArLayout::Pushed && N % 8 == 0) transports.push_back(rt::PushBy::Owners);
-      for (rt::PushBy by : transports)
-        for (bool fuse : {true, false}) {
-          if (std::find(seen.begin(), seen.end(), std::make_pair(by, fuse)) != seen.end()) continue;
-          rt::AllReducePlan alt = plan;
-          alt.push_by = by, alt.fuse_sum = fuse;
-          // Built before deciding (construction is collective): where the
-          // shape cannot sum in the GEMM, the op sums at its end, maybe a
-          // combination already in the table (the same on every rank).
-          auto built = std::make_unique<rt::OverlapAllReduce>(options_for(alt));
-          const std::pair<rt::PushBy, bool> got{by, built->fuses_sum()};
-          if (std::find(seen.begin(), seen.end(), got) != seen.end()) continue;
-          seen.push_back(got);
-          alts.push_back(std::move(built));
-          rt::OverlapAllReduce* p = alts.back().get();
-          kernels::poison(out_fo.get(), M * N, cx.stream);
-          for (int rep = 0; rep < 2; ++rep) p->run(a.get(), b.get(), out_fo.get(), N, cx.stream);
-          FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
-          std::string why;  // every rank learns of a failure on any (none may be left in a collective)
-          try {
-            p->check();
-          } catch (const Error& e) {
-            why = e.what();
-          }
-          const auto cmp = kernels::compare(dt, out_fo.get(), N, out_ours.get(), N, M, N, cx.stream, tol);
-          const std::vector<double> bad = rt::max_over_ranks(
-              *cx.rv, {why.empty() ? 0.0 : 1.0, double(cmp.mismatches), double(cmp.nan_count), double(cmp.beyond)});
-          if (bad[0] > 0)
-            throw Error("lab-bench --power: " + rt::describe(alt) + ": " + (why.empty() ? "failed on another rank" : why));
-          if (bad[2] > 0 || (world == 2 ? bad[1] > 0 : bad[3] > 0))
-            throw Error("lab-bench --power: " + rt::describe(alt) + (world == 2 ? " is not bitwise equal to" : " differs from") +
-                        " sequential-ourgemm");
-          variants.push_back({std::string("flashoverlap, ") +
-                                  (by == rt::PushBy::CopyEngines ? "copy engines"
-                                   : by == rt::PushBy::Owners    ? "owners"
-                                                                 : "GEMM stores") +
-                                  (by == rt::PushBy::Owners ? (got.second ? ", copy in" : ", copy at end")
-                                                            : (got.second ? ", sum in" : ", sum at end")),
-                              [&, p] { p->run(a.get(), b.get(), out_fo.get(), N, cx.stream); }, ms.back()});
-        }
+      rt::AllReducePlan alt = plan;
+      alt.copy_in_gemm = !op.owner_copy_in_gemm();
+      alt_op = std::make_unique<rt::OverlapAllReduce>(options_for(alt));  // (collective: every rank builds it)
+      rt::OverlapAllReduce* p = alt_op.get();
+      kernels::poison(out_fo.get(), M * N, cx.stream);
+      for (int rep = 0; rep < 2; ++rep) p->run(a.get(), b.get(), out_fo.get(), N, cx.stream);
+      FO_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+      std::string why;  // every rank learns of a failure on any (none may be left in a collective)
+      try {
+        p->check();
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      const auto cmp = kernels::compare(dt, out_fo.get(), N, out_ours.get(), N, M, N, cx.stream, tol);
+      const std::vector<double> bad = rt::max_over_ranks(
+          *cx.rv, {why.empty() ? 0.0 : 1.0, double(cmp.mismatches), double(cmp.nan_count), double(cmp.beyond)});
+      if (bad[0] > 0)
+        throw Error("lab-bench --power: " + rt::describe(alt) + ": " + (why.empty() ? "failed on another rank" : why));
+      if (bad[2] > 0 || (world == 2 ? bad[1] > 0 : bad[3] > 0))
+        throw Error("lab-bench --power: " + rt::describe(alt) + (world == 2 ? " is not bitwise equal to" : " differs from") +
+                    " sequential-ourgemm");
+      variants.push_back({std::string("flashoverlap, owners") + (p->owner_copy_in_gemm() ? ", copy in" : ", copy at end"),
+                          [&, p] { p->run(a.get(), b.get(), out_fo.get(), N, cx.stream); }, ms.back()});
     }
     std::vector<rt::CallEnergy> e;
     res.power = power_table(cx, o, variants, &e);
@@ -503,12 +468,12 @@ int run(const Options& o) {
     if (!kernels::tile_supported(t.bm, t.bn))
       throw InvalidArgument("--tile must be auto, 128x256 or 128x128, not " + o.tile);
   }
-  if (o.push_by != "auto" && o.push_by != "gemm" && o.push_by != "copy-engines" && o.push_by != "owners")
-    throw InvalidArgument("--push-by must be auto, gemm, copy-engines or owners" +
-                          std::string(o.push_by == "owners-pull" ? " (owners-pull was never faster and was retired)" : ""));
-  if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "gathered" &&
-      o.layout != "gathered-tiles" && o.layout != "pushed" && o.layout != "pushed-tiles")
-    throw InvalidArgument("--layout must be auto, rows, slots, gathered, gathered-tiles, pushed or pushed-tiles");
+  if (o.layout != "auto" && o.layout != "rows" && o.layout != "slots" && o.layout != "owners")
+    throw InvalidArgument("--layout must be auto, rows, slots or owners" +
+                          std::string(o.layout == "gathered" || o.layout == "gathered-tiles" || o.layout == "pushed" ||
+                                              o.layout == "pushed-tiles"
+                                          ? " (the gathered and pushed layouts were retired: docs/results.md)"
+                                          : ""));
   const auto shapes = shapes_of(o);
   if (rs) bench::check_reducescatter_options(o, shapes);  // (before the GPU: what the CPU tests see)
   if (a2a) bench::check_alltoall_options(o, shapes);
@@ -640,7 +605,6 @@ int run(const Options& o) {
               << "\n";
   }
   cx.curves.clear();
-  cx.gather_curve.reset();
   cudaStreamDestroy(cx.stream);
   if (!skipped.empty()) {
     if (root) {
@@ -699,14 +663,14 @@ void add_lab_bench_command(CLI::App& app, int& rc) {
                   "default: planned")
       ->check(partition_check());
   cmd->add_option("--layout", o->layout,
-                  "auto, rows (AllReduce in place on C's row bands), slots (tile slots + post-reorder) or gathered "
-                  "(copy-engine AllGather of row bands, summed in the element-wise step) or gathered-tiles (the same "
-                  "on tile slots) or pushed (the GEMM stores each tile into every peer's copy over NVLink, no "
-                  "NCCL call; needs all ranks in one NVLink domain) or pushed-tiles (the same on tile slots)")
+                  "auto (rows and slots; owners too on 2 ranks within NVLink reach), rows (AllReduce in place on C's "
+                  "row bands), slots (tile slots + post-reorder) or owners (row bands, each tile summed by one rank "
+                  "in its epilogue, the final tile stored into the others' copies, no NCCL call; needs all ranks in "
+                  "one NVLink domain; 2 ranks, or 3-8 with 128x256 tiles)")
       ->capture_default_str();
   cmd->add_option("--band-swizzles", o->band_swizzles,
-                  "Row-band layouts (rows, gathered, pushed, owners): the band heights in tile rows the tuner tries, "
-                  "e.g. 8 or 4,8,16 (default: 2,4,8; a height over the tile rows is skipped, and the pushed layouts "
+                  "Row-band layouts (rows, owners): the band heights in tile rows the tuner tries, "
+                  "e.g. 8 or 4,8,16 (default: 2,4,8; a height over the tile rows is skipped, and owners "
                   "skip one that leaves a single band; with several shapes, one left with no plan is skipped with a message and the run goes on, exit code 2 at the end; one shape: the error)")
       ->check([](const std::string& v) -> std::string {
         try {
@@ -745,7 +709,7 @@ void add_lab_bench_command(CLI::App& app, int& rc) {
       ->envname("FLASHOVERLAP_CURVES");
   cmd->add_option("--tuning-cache", o->tuning_cache,
                   "File of measured picks: each shape's pick (when the tuner was free to choose: no --layout, "
-                  "--push-by, --tile, --reserve-sms, --partition or --no-select; reducescatter: no --tile, "
+                  "--tile, --reserve-sms, --partition or --no-select; reducescatter: no --tile, "
                   "--partition or --no-select, keyed by --rs-layout and stored with its --reserve-sms) is stored "
                   "there by its tile rows, for flashoverlap::GemmAllReduce and GemmReduceScatter (their options' "
                   "tuning_cache) to look up; default: $FLASHOVERLAP_TUNING_CACHE (allreduce and reducescatter)")
@@ -758,7 +722,7 @@ void add_lab_bench_command(CLI::App& app, int& rc) {
                 "run untraced: the trace's events cost a call 6-15 us)");
   cmd->add_flag("!--three-stages", o->four_stages,
                 "128x256 tiles: the GEMM with 3 pipeline stages (the default is 4, the output staged in pieces): "
-                "owners (then pushed from shared memory), row bands and gathered rows summed after the GEMM")->group(kExperiments);
+                "owners (then pushed from shared memory) and row bands")->group(kExperiments);
   cmd->add_option("--push-tma", o->push_tma,
                   "Owners with 4 stages: the tiles sent to the peer by TMA straight from the GEMM's staging instead "
                   "of from this GPU's memory by the pusher or storer warps: none, last (each CTA's last tile: its operand loads are done), all")
@@ -769,9 +733,9 @@ void add_lab_bench_command(CLI::App& app, int& rc) {
                   "warp goes on with the next tile: on, off, or auto (on where k <= 4096)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str()->group(kExperiments);
-  cmd->add_flag("!--no-fuse", o->fuse,
-                "Every sum (gathered, pushed layouts) or copy of the peer's finals (owners) after the GEMM's tiles, "
-                "not in the GEMM by its producer warps as the plan may say (A/B)")->group(kExperiments);
+  cmd->add_flag("!--owner-copy-at-end", o->owner_copy_in_gemm,
+                "Owners: the copy of the peer's finals after the GEMM's tiles, not in the GEMM by its producer "
+                "warps as the plan may say (A/B)")->group(kExperiments);
   cmd->add_flag("!--no-gate", o->gate,
                 "Time the host's enqueue too: by default the stream is held before each timed run until the host "
                 "has queued it, so that only device time is timed (not launches, tensor maps, NCCL's enqueue)")->group(kExperiments);
@@ -780,22 +744,10 @@ void add_lab_bench_command(CLI::App& app, int& rc) {
                 "(reducescatter: of each tile shape and the sequential plans)");
   cmd->add_option("--power", o->power_s,
                   "Seconds: after the timings, stay idle, then run the cuBLAS GEMM, our GEMM, the AllReduce, "
-                  "sequential and flashoverlap (a pushed pick also with the other transports and sum placements, "
-                  "with --push-by auto) back to back this long each, and report ms per call, power, energy per "
+                  "sequential and flashoverlap (an owner pick also with the copy at the other place) back to back "
+                  "this long each, and report ms per call, power, energy per "
                   "call, SM clock and power capping (NVML)")
       ->check(not_negative());
-  cmd->add_option("--push-by", o->push_by,
-                  "Pushed layouts: gemm (the GEMM stores each tile into the peers' copies), copy-engines (per group, "
-                  "copies of this rank's block once its tiles are stored), owners (row bands: each tile summed by "
-                  "one rank in its epilogue, the final tile stored into the others' copies; 2 ranks, or 3-8 with "
-                  "128x256 tiles) or auto (gemm, "
-                  "and when the measured choice picks a pushed plan, that plan is measured again with the other "
-                  "transports)")
-      ->capture_default_str();
-  cmd->add_option("--copy-streams", o->copy_streams,
-                  "Copy-engine pushes: streams the groups' copies take in turn (1-8)")
-      ->capture_default_str()
-      ->check(integer_in(1, 8))->group(kExperiments);
   cmd->add_option("--nproc", o->nproc, "Processes (GPUs); default: all local GPUs");
   cmd->callback([o, &rc] { rc = run(*o); });
 }

@@ -70,7 +70,6 @@ plan::MoeRouting routing_for(const Options& o, int world, int64_t M, int64_t N, 
 void check_alltoall_options(const Options& o, const std::vector<std::array<int64_t, 3>>& shapes) {
   std::vector<std::string> given;
   if (o.layout != "auto") given.push_back("--layout");
-  if (o.push_by != "auto") given.push_back("--push-by");
   if (!o.rs_layout.empty()) given.push_back("--rs-layout");
   if (o.rmsnorm) given.push_back("--with-rmsnorm");
   if (o.registered) given.push_back("--registered-output");

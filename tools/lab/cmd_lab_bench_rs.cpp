@@ -110,7 +110,6 @@ void check_reducescatter_options(const Options& o, const std::vector<std::array<
   // The AllReduce's layouts, transports and diagnostics: not this op's.
   std::vector<std::string> given;
   if (o.layout != "auto") given.push_back("--layout");
-  if (o.push_by != "auto") given.push_back("--push-by");
   if (!o.band_swizzles.empty()) given.push_back("--band-swizzles");
   if (o.registered) given.push_back("--registered-output");
   if (o.trace) given.push_back("--trace");
@@ -118,8 +117,7 @@ void check_reducescatter_options(const Options& o, const std::vector<std::array<
   if (!o.four_stages) given.push_back("--three-stages");
   if (o.push_tma != "last") given.push_back("--push-tma");
   if (o.owner_pushers != "auto") given.push_back("--owner-pushers");
-  if (!o.fuse) given.push_back("--no-fuse");
-  if (o.copy_streams != 2) given.push_back("--copy-streams");
+  if (!o.owner_copy_in_gemm) given.push_back("--owner-copy-at-end");
   if (o.owners_wide) given.push_back("--owners-wide");
   if (!given.empty()) {
     std::string list;

@@ -56,12 +56,10 @@ struct Options {
   bool four_stages = true;  // 128x256 tiles: 4 pipeline stages where the store qualifies (false: --three-stages)
   std::string push_tma = "last";  // owners, 4 stages: tiles pushed by TMA from the staging (none, last, all)
   std::string owner_pushers = "auto";  // owners, 4 stages: warps 2-3 push the tiles from C (auto: k <= 4096, on, off)
-  bool fuse = true;  // the sum (or the owners' copy) inside the GEMM where the plan says so
+  bool owner_copy_in_gemm = true;  // owners: the copy of the peer's finals inside the GEMM where the plan says so
   double wait_timeout_s = 30;  // a bounded wait of the overlapped op fails the call after this long
   double power_s = 0;  // > 0: each variant run this long again while NVML samples power and clocks
   int warmup = 5, iters = 20, nproc = 0;
-  std::string push_by = "auto";
-  int copy_streams = 2;
   std::string csv;
   std::string curves;  // measured curves kept here between runs (curve_files.h); empty: measure each run
   std::string tuning_cache;  // the measured picks stored here (runtime/tune/picks.h), for the public op
@@ -101,8 +99,6 @@ struct Context {
   rt::Communicator base;  // NCCL's defaults: baselines, the overlap's last group
   std::map<int, rt::Communicator> narrow;       // by max CTAs
   std::map<int, plan::BandwidthCurve> curves;   // by max CTAs (0 = base)
-  rt::Communicator ce;                          // zero-CTA policy: copy-engine AllGather (gathered layout)
-  std::optional<plan::BandwidthCurve> gather_curve;
   rt::DeviceInfo info;
   std::unique_ptr<rt::PowerMeter> meter;  // --power: this rank's GPU (null: no NVML)
   bool power_everywhere = false;          // every rank has a meter
@@ -116,10 +112,6 @@ struct Context {
     if (it == narrow.end()) it = narrow.emplace(ctas, base.split({ctas, ctas, 1})).first;
     return it->second.get();
   }
-  ncclComm_t ce_comm() {
-    if (!ce) ce = base.split({0, 0, 1, NCCL_CTA_POLICY_ZERO});
-    return ce.get();
-  }
   std::string curves_dir, dtype_name;  // curve files (curve_files.h); empty: measured in this run only
 
   bool all_ranks(bool mine) { return rt::max_over_ranks(*rv, {mine ? 0.0 : 1.0})[0] == 0.0; }
@@ -130,15 +122,6 @@ struct Context {
                   rv->broadcast(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
               return std::string(bytes.begin(), bytes.end());
             }};
-  }
-  const plan::BandwidthCurve& gather() {
-    if (!gather_curve)
-      gather_curve = plan::cached_curve(
-          curves_dir.empty() ? "" : plan::allgather_curve_file(curves_dir, rv->world(), dtype_name), plan::Collective::AllGather,
-          info.name, rv->world(), rv->rank() == 0, agreement(),
-          [&] { return rt::measure_gather_curve(*rv, ce_comm(), dtype, stream, 256.0 * (1 << 20), 5, info.name); },
-          std::cerr);
-    return *gather_curve;
   }
   const plan::BandwidthCurve& curve_for(int ctas) {
     auto it = curves.find(ctas);

@@ -18,65 +18,9 @@ const char* layout_name(ArLayout l) {
   switch (l) {
     case ArLayout::Slots: return "slots";
     case ArLayout::RowBands: return "row bands";
-    case ArLayout::Gathered: return "gathered";
-    case ArLayout::GatheredTiles: return "gathered tiles";
-    case ArLayout::Pushed: return "pushed";
-    case ArLayout::PushedTiles: return "pushed tiles";
+    case ArLayout::Owners: return "owners";
   }
   return "?";
-}
-
-const char* sum_place(ArLayout l, bool fuse_sum) {
-  if (is_pushed(l)) return fuse_sum ? " (sum in the GEMM)" : " (sum at the GEMM's end)";
-  if (l == ArLayout::Gathered) return fuse_sum ? " (sum in the GEMM)" : " (sum after)";
-  return l == ArLayout::GatheredTiles ? " (sum after)" : "";
-}
-
-const char* sum_place(ArLayout l, bool fuse_sum, PushBy by) {
-  if (is_pushed(l) && by == PushBy::Owners)
-    return fuse_sum ? " (summed in the epilogues; copies in the GEMM)"
-                    : " (summed in the epilogues; copies at the GEMM's end)";
-  return sum_place(l, fuse_sum);
-}
-
-void OverlapAllReduce::setup_blocks(int64_t parities) {
-  const plan::Schedule& s = opts_.sched;
-  const bool tiles = opts_.layout == ArLayout::GatheredTiles || opts_.layout == ArLayout::PushedTiles;
-  const plan::BlockLayout L =
-      plan::block_layout(s, opts_.groups, tiles, world_, gather_rank_, int(parities), gemm_drop_group());
-  gather_width_ = L.width, gather_ = L.groups, gathered_rows_ = L.rows;
-  row_shift_ = to_device(L.row_shift);
-  // The GEMM's fused sum: where each group's rows come from and go to, and
-  // how far its ready flag moves per call.
-  std::vector<kernels::SumGroup> table;
-  for (size_t g = 0; g < gather_.size(); ++g) {
-    const GatherBlock& b = gather_[g];
-    table.push_back({b.block0, b.pad_rows, int32_t(b.row0), int32_t(b.rows), per_epoch_.empty() ? 1u : per_epoch_[g]});
-  }
-  sum_table_ = to_device(table);
-}
-
-void OverlapAllReduce::bind_world(ncclComm_t comm, const char* which) {
-  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), which);
-  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &gather_rank_), which);
-}
-
-void OverlapAllReduce::setup_gathered() {
-  const plan::Schedule& s = opts_.sched;
-  const ncclComm_t comm = opts_.gather_comm;
-  if (!comm) throw InvalidArgument("OverlapAllReduce: the gathered layout needs gather_comm (NCCL_CTA_POLICY_ZERO)");
-  bind_world(comm, "gather_comm");
-  setup_blocks(1);
-  gathered_ = SymmetricBuffer(comm, size_t(gathered_rows_) * gather_width_ * 2,
-                              "the gathered layout of " + std::to_string(s.m) + "x" + std::to_string(s.n));
-  // The flags the comm stream sets once a group's gather is complete.
-  ready_ = to_device(counts_after(opts_.testing.first_epoch, std::vector<uint32_t>(gather_.size(), 1)));  // (set to the epoch)
-  stream_write_fn();
-  fuse_ok_ = opts_.fuse_sum && opts_.layout == ArLayout::Gathered && s.n % 8 == 0 &&
-             int64_t(s.tiles()) * s.bm * s.bn < INT32_MAX &&
-             s.ctas < current_device_sms();  // (the comm stream's wait kernels need an SM beside the GEMM)
-  group_done_.resize(gather_.size());
-  for (auto& e : group_done_) FO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(opts), epoch_(opts.testing.first_epoch) {
@@ -110,22 +54,19 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
   wait_error_ = core_->wait_error();
   kernels::preload_kernels();  // before any wait is enqueued (docs/design.md §5.4)
   // Slots: the tile buffer; otherwise row-major scratch for strided outputs and
-  // RMSNorm, which the gathered row and pushed layouts never need (they sum into the output).
+  // RMSNorm, which owners never need (their own scratch, or the window).
   if (opts_.layout == ArLayout::Slots && !sequential())
     slots_ = core_->scratch(kSlotsScratch, size_t(s.tiles()) * s.bm * s.bn * 2);
-  else if ((opts_.layout != ArLayout::Gathered && !is_pushed(opts_.layout)) || sequential())
+  else if (!owners() || sequential())
     slots_ = core_->scratch(kSlotsScratch, size_t(s.m) * s.n * 2);
   std::vector<uint32_t> counters = counts_after(epoch_, target_);
   counters.push_back(0);  // the fault-injection sink
   counters_ = to_device(counters);
   group_of_tile_ = to_device(plan::group_of_tiles(groups, s.tiles(), gemm_drop_group()));
-  if (is_gathered(opts_.layout) && !sequential()) setup_gathered();
-  if (is_pushed(opts_.layout) && !sequential()) owners() ? setup_owned() : setup_pushed();
-  // The signalling GEMM's 4 stages (owners: setup_owned): row bands, and
-  // gathered rows unless the sum runs in the GEMM (its warps stage in the
-  // 4th stage's room); kernels::gemm_four_stages decides per launch.
-  if (!sequential() && (opts_.layout == ArLayout::RowBands || (opts_.layout == ArLayout::Gathered && !fuse_ok_)))
-    four_stages_ = opts_.four_stages && s.bn == 256;
+  if (owners() && !sequential()) setup_owned();
+  // The signalling GEMM's 4 stages (owners: setup_owned): row bands;
+  // kernels::gemm_four_stages decides per launch.
+  if (!sequential() && opts_.layout == ArLayout::RowBands) four_stages_ = opts_.four_stages && s.bn == 256;
 
   if (opts_.fallback_cublas) {
     if (!sequential()) throw InvalidArgument("OverlapAllReduce: fallback_cublas needs the sequential plan (one group)");
@@ -174,19 +115,12 @@ std::string OverlapAllReduce::describe_groups() const {
 
 OverlapAllReduce::~OverlapAllReduce() {
   // The last call's work (a shared core's: the latest call of any op on it),
-  // before this op's buffers go; then the copies into the peers' windows.
+  // before this op's buffers go.
   core_->wait_last_call();
-  for (cudaStream_t cs : copy_streams_) {  // the copies into the peers' windows end before the windows go
-    cudaStreamSynchronize(cs);
-    cudaStreamDestroy(cs);
-  }
-  for (auto e : copies_done_) cudaEventDestroy(e);
   for (auto e : trace_) cudaEventDestroy(e);
-  for (auto e : group_done_) cudaEventDestroy(e);
 }
 
-void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream,
-                                          const FusedOut* fused) {
+void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   EpochBump bump(epoch_);
   const cudaStream_t comm_stream = core_->comm_stream();
@@ -200,14 +134,6 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   if (opts_.layout == ArLayout::Slots)
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = slots_, p.slot_rows = int64_t(s.tiles()) * s.bm;
   const size_t groups = opts_.groups.size();
-  if (opts_.layout == ArLayout::Gathered) {
-    p.c = gathered_.get(), p.c_rows = gathered_rows_, p.row_shift = row_shift_.as<int32_t>();
-    if (fused && fused->sum_in_gemm)
-      p.sum = fused_sum(int32_t(groups) - 1, ready_.as<uint32_t>(), gathered_.get(), fused->out, fused->ld_out);
-  }
-  if (opts_.layout == ArLayout::GatheredTiles)
-    p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = gathered_.get(), p.slot_rows = gathered_rows_,
-    p.row_shift = row_shift_.as<int32_t>();
   p.counters = counters_.as<uint32_t>(), p.group_of_tile = group_of_tile_.as<int32_t>();
   p.four_stages = opts_.four_stages;  // (where the store qualifies: kernels::gemm_four_stages)
   launch_call_gemm(p, stream, bump);  // in host order before the waits (lazy-loading hazard)
@@ -218,29 +144,6 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     uint32_t* counter = counters_.as<uint32_t>() + g;
     kernels::launch_wait_counter(counter, target, timeout_ns(), wait_error_, int32_t(g), comm_stream);
     if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[2 + 2 * g], comm_stream));
-    if (is_gathered(opts_.layout)) {  // in place: this rank's block is the send buffer
-      const GatherBlock& gb = gather_[g];
-      char* block0 = static_cast<char*>(gathered_.get()) + gb.block0 * gather_width_ * 2;
-      const size_t count = size_t(gb.pad_rows) * gather_width_;
-      char* mine = block0 + size_t(gather_rank_) * count * 2;
-      // (the context strings are built only if a call fails)
-      if (fused && fused->tail_allreduce && g + 1 == groups) {  // NCCL on all SMs, the GEMM is done
-        char* dst = static_cast<char*>(fused->out) + gb.row0 * s.n * 2;
-        FO_NCCL_CHECK_CTX(ncclAllReduce(mine, dst, size_t(gb.rows) * s.n, nccl_type(opts_.dtype), ncclSum,
-                                        opts_.tail_comm, comm_stream),
-                          "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (last group)");
-      } else {
-        FO_NCCL_CHECK_CTX(ncclAllGather(mine, block0, count, nccl_type(opts_.dtype), opts_.gather_comm, comm_stream),
-                          "rank " + std::to_string(opts_.rank) + " group " + std::to_string(g) + " (gather)");
-        // Release the group to the GEMM's fused sum (the write is fenced after the gather).
-        CUresult r = stream_write_fn()(reinterpret_cast<CUstream>(comm_stream),
-                                       reinterpret_cast<CUdeviceptr>(ready_.as<uint32_t>() + g), epoch_, 0);
-        if (r != CUDA_SUCCESS) throw Error("cuStreamWriteValue32 failed (CUresult " + std::to_string(int(r)) + ")");
-      }
-      FO_CUDA_CHECK(cudaEventRecord(group_done_[g], comm_stream));
-      if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream));
-      continue;
-    }
     const auto [offset, count] = group_elements(g);
     void* data = base + offset * 2;
     const ncclComm_t comm = (g + 1 == groups && opts_.tail_comm) ? opts_.tail_comm : opts_.comm;
@@ -249,46 +152,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
     if (tracing_) FO_CUDA_CHECK(cudaEventRecord(trace_[3 + 2 * g], comm_stream));
   }
   if (tracing_) traced_ = true;  // (its events all recorded: timeline() reads them and the monitors)
-  // Gathered: the caller's stream waits per group, in enqueue_gathered_post.
-  if (is_gathered(opts_.layout)) return;
   core_->join(stream);
-}
-
-kernels::FusedSum OverlapAllReduce::fused_sum(int32_t groups, const uint32_t* ready, const void* gathered, void* out,
-                                              int64_t ld_out) const {
-  kernels::FusedSum f;
-  f.groups = groups, f.table = sum_table_.as<kernels::SumGroup>(), f.ready = ready, f.epoch = epoch_, f.world = world_;
-  f.gathered = gathered, f.out = out, f.ld_out = ld_out, f.timeout_ns = timeout_ns(), f.err = wait_error_;
-  return f;
-}
-
-void OverlapAllReduce::enqueue_gathered_post(size_t g, void* out, int64_t ld_out, const RmsNormArgs* norm,
-                                             cudaStream_t stream) {
-  const plan::Schedule& s = opts_.sched;
-  const GatherBlock& gb = gather_[g];
-  const bool pushed = is_pushed(opts_.layout);
-  if (pushed)  // every rank's tiles of g are here
-    wait_pushed_group(g, stream);
-  else
-    FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[g], 0));
-  const char* src = (pushed ? pushed_half() : static_cast<const char*>(gathered_.get())) + gb.block0 * gather_width_ * 2;
-  const int64_t block = gb.pad_rows * gather_width_;
-  if (opts_.layout == ArLayout::GatheredTiles) {  // plain rows only: run_rmsnorm norms the whole result after
-    kernels::sum_gathered_tiles(opts_.dtype, src, world_, block, s, int32_t(gb.row0), int32_t(gb.rows), out, ld_out,
-                                stream);
-    return;
-  }
-  auto rows_at = [&](const void* base, int64_t ld) -> const char* {
-    return base ? static_cast<const char*>(base) + gb.row0 * ld * 2 : nullptr;
-  };
-  if (!norm) {
-    kernels::sum_gathered_rows(opts_.dtype, src, world_, block, int32_t(gb.rows), s.n,
-                               const_cast<char*>(rows_at(out, ld_out)), ld_out, stream);
-    return;
-  }
-  kernels::sum_gathered_add_rmsnorm(opts_.dtype, src, world_, block, int32_t(gb.rows), s.n, rows_at(norm->residual, s.n),
-                                    norm->weight, norm->eps, const_cast<char*>(rows_at(out, s.n)),
-                                    const_cast<char*>(rows_at(norm->residual_out, s.n)), stream);
 }
 
 void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, cudaStream_t stream) {
@@ -311,9 +175,9 @@ void OverlapAllReduce::begin_call(cudaStream_t stream) {
   FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone && !graph_) {
     // A replay repeats the launch arguments captured: the epochs the host
-    // passes per call (the pushed and owner layouts' flags and buffer
-    // halves, the gathered layout's ready flags) would be frozen.
-    if (!sequential() && opts_.layout != ArLayout::Slots && opts_.layout != ArLayout::RowBands)
+    // passes per call (the owner layout's flags and window halves) would be
+    // frozen.
+    if (!sequential() && owners())
       throw InvalidArgument("OverlapAllReduce (rank " + std::to_string(opts_.rank) + ", " + std::to_string(opts_.sched.m) +
                             "x" + std::to_string(opts_.sched.n) + "): the " + layout_name(opts_.layout) +
                             " layout cannot be captured into a CUDA graph (its epochs are passed per call); the "
@@ -337,41 +201,15 @@ void OverlapAllReduce::run_rmsnorm(const void* a, const void* b, const RmsNormAr
   end_call(stream);
 }
 
-bool OverlapAllReduce::result_in_window() const {
-  return !sequential() && owners() && opts_.push_by == PushBy::Owners;
-}
+bool OverlapAllReduce::result_in_window() const { return !sequential() && owners(); }
 
 void OverlapAllReduce::enqueue_run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   if (ld_out < s.n) throw InvalidArgument("OverlapAllReduce::run: ld_out < n");
   if (!out) throw InvalidArgument("OverlapAllReduce::run (rank " + std::to_string(opts_.rank) + "): null output");
   const bool direct = ld_out == s.n;
-  if (!sequential() && is_pushed(opts_.layout)) {
-    if (owners())
-      enqueue_owned(a, b, out, ld_out, nullptr, stream);
-    else
-      enqueue_pushed(a, b, out, ld_out, nullptr, stream);
-    return;
-  }
-  if (!sequential() && is_gathered(opts_.layout)) {
-    // The last group straight into the output rows by NCCL (row layout,
-    // contiguous output; 2 ranks, where NCCL's sum is the rank-order sum the
-    // other groups and run_rmsnorm get: with more, its ring order and
-    // rounding at each step would differ from theirs).
-    const bool tail_ar = opts_.tail_comm && opts_.layout == ArLayout::Gathered && direct && world_ == 2;
-    const bool in_gemm = fuse_ok_ && direct && kernels::aligned16(out);
-    const FusedOut fused{out, ld_out, tail_ar, in_gemm};
-    enqueue_overlapped(a, b, nullptr, stream, tail_ar || in_gemm ? &fused : nullptr);
-    const size_t last = gather_.size() - 1;
-    // (Not one sum_groups launch spinning on the ready flags, as for Pushed:
-    // tried, its blocks spinning on every SM kept the comm stream's gathers
-    // from completing, and they timed out. Stream event waits take no SM.)
-    if (!in_gemm)
-      for (size_t g = 0; g < last; ++g) enqueue_gathered_post(g, out, ld_out, nullptr, stream);
-    if (tail_ar)
-      FO_CUDA_CHECK(cudaStreamWaitEvent(stream, group_done_[last], 0));
-    else
-      enqueue_gathered_post(last, out, ld_out, nullptr, stream);
+  if (!sequential() && owners()) {
+    enqueue_owned(a, b, out, ld_out, nullptr, stream);
     return;
   }
   if (!sequential() && opts_.layout == ArLayout::Slots) {
@@ -413,23 +251,8 @@ void OverlapAllReduce::enqueue_run_rmsnorm(const void* a, const void* b, const R
                                            cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
   check_rmsnorm_args(norm, out, s.m);
-  if (is_pushed(opts_.layout) && !sequential()) {
-    if (owners())
-      enqueue_owned(a, b, out, s.n, &norm, stream);
-    else
-      enqueue_pushed(a, b, out, s.n, &norm, stream);
-    return;
-  }
-  if (opts_.layout == ArLayout::Gathered && !sequential()) {
-    enqueue_overlapped(a, b, nullptr, stream);
-    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, out, s.n, &norm, stream);
-    return;
-  }
-  if (opts_.layout == ArLayout::GatheredTiles && !sequential()) {  // rows are whole only at the end
-    enqueue_overlapped(a, b, nullptr, stream);
-    for (size_t g = 0; g < gather_.size(); ++g) enqueue_gathered_post(g, slots_, s.n, nullptr, stream);
-    kernels::add_rmsnorm_rows(opts_.dtype, slots_, s.m, s.n, norm.residual, norm.weight, norm.eps, out,
-                              norm.residual_out, stream);
+  if (owners() && !sequential()) {
+    enqueue_owned(a, b, out, s.n, &norm, stream);
     return;
   }
   if (opts_.layout == ArLayout::Slots && !sequential()) {
@@ -480,7 +303,7 @@ Timeline OverlapAllReduce::timeline() const {
   t.gemm_end = at(trace_[1]);
   const GemmMonitor::Reading r = monitor_.read();
   t.clocks = r.clocks, t.phases = r.phases;
-  if (is_pushed(opts_.layout) && !copy_engines()) return t;  // no communication calls: the GEMM does it
+  if (owners()) return t;  // no communication calls: the GEMM does it
   for (size_t g = 0; g < opts_.groups.size(); ++g) {
     t.wait_end.push_back(at(trace_[2 + 2 * g]));
     t.comm_end.push_back(at(trace_[3 + 2 * g]));
@@ -496,7 +319,7 @@ void OverlapAllReduce::check() const {
     throw Error(describe_call_check(e, opts_.rank, "the overlapped GEMM+AllReduce (owners; n " +
                                                      std::to_string(opts_.sched.n) + ", k " + std::to_string(opts_.k) +
                                                      ")", "m"));
-  if (is_pushed(opts_.layout)) {
+  if (owners()) {
     os << "rank " << opts_.rank << ": the tiles of group " << e.group << " of the overlapped GEMM+AllReduce ("
        << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ", " << layout_name(opts_.layout)
        << " layout) did not all arrive within "
@@ -511,15 +334,7 @@ void OverlapAllReduce::check() const {
       os << " (tile " << e.tile << ": "
          << (e.failed == 3 ? "the peer's partial of a tile this rank owns" : "the peer's final of a tile it owns")
          << ")";
-    os << (copy_engines() ? " (this GEMM's tile signals, or a peer's flag for its copy of the group)" : "")
-       << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
-    throw Error(os.str());
-  }
-  if (e.failed == 2) {
-    os << "rank " << opts_.rank << ": the AllGather of group " << e.group << " of the overlapped GEMM+AllReduce ("
-       << opts_.sched.m << "x" << opts_.sched.n << "x" << opts_.k << ") did not complete within " << opts_.wait_timeout_s
-       << " s: ready flag " << e.value << ", expected " << e.expected
-       << " (a rank did not reach this group, or NCCL failed: see ncclCommGetAsyncError)";
+    os << " (a rank did not run this call, or its GEMM did not store all of the group's tiles)";
     throw Error(os.str());
   }
   os << "rank " << opts_.rank << ": group " << e.group << " of the overlapped GEMM+AllReduce ("

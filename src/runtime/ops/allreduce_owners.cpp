@@ -1,5 +1,5 @@
-// allreduce_owners.cpp — the pushed row-band layout with owners
-// (PushBy::Owners, 2-8 ranks; see allreduce.h and kernels::Owner):
+// allreduce_owners.cpp — the owner layout of OverlapAllReduce (row bands,
+// 2-8 ranks; see allreduce.h and kernels::Owner):
 // setup of the symmetric window and the per-tile flags; one call = the GEMM,
 // which sums, stores and exchanges every tile itself (then RMSNorm).
 #include <algorithm>
@@ -19,15 +19,13 @@ namespace flashoverlap::rt {
 void OverlapAllReduce::setup_owned() {
   const plan::Schedule& s = opts_.sched;
   const ncclComm_t comm = opts_.comm;
-  bind_world(comm, "comm");
-  const std::string what = "the pushed layout with owners of " + std::to_string(s.m) + "x" + std::to_string(s.n);
+  FO_NCCL_CHECK_CTX(ncclCommCount(comm, &world_), "comm");
+  FO_NCCL_CHECK_CTX(ncclCommUserRank(comm, &comm_rank_), "comm");
+  const std::string what = "the owner layout of " + std::to_string(s.m) + "x" + std::to_string(s.n);
   if (world_ < 2 || world_ > 8)
     throw InvalidArgument("OverlapAllReduce: " + what + " needs 2 to 8 ranks, not " + std::to_string(world_));
   if (wide() && !(opts_.four_stages && s.bn == 256))
     throw InvalidArgument("OverlapAllReduce: " + what + ": owners on more than 2 ranks need 128x256 tiles on 4 stages");
-  if (opts_.layout != ArLayout::Pushed)
-    throw InvalidArgument("OverlapAllReduce: owners reduce row bands (the pushed layout), not " +
-                          std::string(layout_name(opts_.layout)));
   if (s.n % 8 != 0) throw InvalidArgument("OverlapAllReduce: " + what + " needs n % 8 == 0 (rows by TMA)");
   // Every CTA resident at once: a CTA's storer and copy warps wait for tiles
   // that other CTAs (here and on the peer) compute.
@@ -50,47 +48,42 @@ void OverlapAllReduce::setup_owned() {
                             std::to_string(ow->max_tiles_n) + " tiles at most");
     if (opts_.testing.first_epoch != 0)
       throw InvalidArgument("OverlapAllReduce: first_epoch needs the op's own window (its flags start at zero here)");
-    gathered_rows_ = ow->half_rows;
+    owner_half_rows_ = ow->half_rows;
     flags_at = ow->flags_of(s.tiles_m());
     bases = ow->bases;
   } else {
     const int64_t half_rows = int64_t(s.tiles_m()) * s.bm;
     flags_at = (size_t(world_ - 1) * size_t(2 * half_rows) * s.n * 2 + 255) / 256 * 256;
     const size_t descs_at = (flags_at + size_t(s.tiles()) * sizeof(uint32_t) + 255) / 256 * 256;
-    gathered_ = SymmetricBuffer(comm, descs_at + OwnerCallSlots::kBytes, what);
-    FO_CUDA_CHECK(cudaMemset(static_cast<char*>(gathered_.get()) + descs_at, 0, OwnerCallSlots::kBytes));
-    gathered_rows_ = half_rows;
-    std::vector<void*> at = window_peer_pointers(comm, gathered_.window(), world_);
-    at[size_t(gather_rank_)] = gathered_.get();
+    owner_window_ = SymmetricBuffer(comm, descs_at + OwnerCallSlots::kBytes, what);
+    FO_CUDA_CHECK(cudaMemset(static_cast<char*>(owner_window_.get()) + descs_at, 0, OwnerCallSlots::kBytes));
+    owner_half_rows_ = half_rows;
+    std::vector<void*> at = window_peer_pointers(comm, owner_window_.window(), world_);
+    at[size_t(comm_rank_)] = owner_window_.get();
     for (int r = 0; r < world_; ++r) {
       if (!at[size_t(r)])
         throw Error("rank " + std::to_string(opts_.rank) + ": NCCL gave no address for rank " + std::to_string(r) +
                     "'s copy of " + what);
       bases.push_back(static_cast<char*>(at[size_t(r)]));
     }
-    own_calls_ = OwnerCallSlots(bases, descs_at, gather_rank_);
+    own_calls_ = OwnerCallSlots(bases, descs_at, comm_rank_);
   }
-  gather_width_ = s.n;
-  owner_base_ = bases[size_t(gather_rank_)];
+  owner_base_ = bases[size_t(comm_rank_)];
   owner_flags_ = reinterpret_cast<uint32_t*>(owner_base_ + flags_at);
   if (!ow) {
     // Per call a tile's flag counts the final of a tile another rank owns, or
     // the W - 1 partials of a tile this rank owns (2 ranks: one either way).
     std::vector<uint32_t> per_call(size_t(s.tiles()), 1);
     if (wide())
-      for (int32_t t = kernels::owned_begin(gather_rank_, s.tiles(), world_);
-           t < kernels::owned_end(gather_rank_, s.tiles(), world_); ++t)
+      for (int32_t t = kernels::owned_begin(comm_rank_, s.tiles(), world_);
+           t < kernels::owned_end(comm_rank_, s.tiles(), world_); ++t)
         per_call[size_t(t)] = uint32_t(world_ - 1);
     copy_to_device(owner_flags_, counts_after(epoch_, per_call));
   }
   // 2 ranks: the peer; more: every rank's window and flags, by rank (the
   // next rank's stands in for the 2-rank fields, which the kernel checks).
-  char* peer = bases[size_t((gather_rank_ + 1) % world_)];
-  peer_base_ = {peer};
-  owner_peer_flags_ = reinterpret_cast<uint32_t*>(peer + flags_at);
-  push_peers_ = DeviceBuffer(sizeof(void*));
-  FO_CUDA_CHECK(cudaMemcpy(push_peers_.get(), &peer, sizeof(void*), cudaMemcpyHostToDevice));
-  FO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // (its DMA landed: buffer.h, copy_to_device)
+  owner_peer_base_ = bases[size_t((comm_rank_ + 1) % world_)];
+  owner_peer_flags_ = reinterpret_cast<uint32_t*>(owner_peer_base_ + flags_at);
   owner_split_ = s.tiles() / 2;
   if (wide()) {
     const size_t w = static_cast<size_t>(world_);
@@ -100,9 +93,9 @@ void OverlapAllReduce::setup_owned() {
   }
   // 4 stages (kernels::GemmParams::four_stages): 128x256 tiles (traced too).
   four_stages_ = opts_.four_stages && s.bn == 256;
-  fuse_ok_ = opts_.fuse_sum;  // (here: the producer's warps copy the peer's finals during the GEMM)
-  claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
-  FO_CUDA_CHECK(cudaMemset(claims_.get(), 0, claims_.bytes()));
+  owner_producers_ = opts_.owner_copy_in_gemm;
+  owner_claims_ = DeviceBuffer(2 * sizeof(uint32_t));  // [call parity]
+  FO_CUDA_CHECK(cudaMemset(owner_claims_.get(), 0, owner_claims_.bytes()));
   if (!ow) setup_barrier(comm, opts_.rank, what);  // every rank's flags are zero before any rank's first call
 }
 
@@ -159,9 +152,7 @@ uint32_t owner_call_plan(const plan::Schedule& s, int world, int k, kernels::DTy
   return d.h;
 }
 
-bool OverlapAllReduce::finals_into_outputs() const {
-  return owners() && !sequential() && opts_.push_by == PushBy::Owners && four_stages_;
-}
+bool OverlapAllReduce::finals_into_outputs() const { return owners() && !sequential() && four_stages_; }
 
 int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
   const plan::Schedule& s = opts_.sched;
@@ -174,7 +165,7 @@ int OverlapAllReduce::register_output(void* out, int64_t ld_out) {
   PeerMappedBuffer mapped;
   if (finals_into_outputs()) {
     try {
-      mapped = PeerMappedBuffer(opts_.comm, gather_rank_, out, ld_out, ok,
+      mapped = PeerMappedBuffer(opts_.comm, comm_rank_, out, ld_out, ok,
                                 std::chrono::milliseconds(std::max<int64_t>(1, int64_t(opts_.exchange_timeout_s * 1e3))));
     } catch (const Error&) {
       if (!ok) throw InvalidArgument(why);
@@ -240,7 +231,7 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   plan::Schedule s = opts_.sched;  // (the call's rows: the same tiles, the last tile row clipped elsewhere)
   if (m > 0) s.m = int32_t(m);
   // This rank's tiles go to the peer's window, the peer's are read here (kernels::Owner).
-  // In place (pushed, the norm reads C): C is this call's half of the
+  // In place (the norm reads C): C is this call's half of the
   // window, where the peer's finals land. Else the GEMM stores C by TMA:
   // 16-byte aligned rows; other outputs get a copy from this op's scratch
   // (allocated at the first such call).
@@ -250,29 +241,28 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   EpochBump bump(epoch_);
   const uint32_t epoch = epoch_;  // this call's
   OwnerWindow* ow = opts_.owner_window;
-  const int64_t row0 = ((ow ? ow->calls.count() : epoch) & 1) * gathered_rows_;  // (shared: every owner call alternates)
+  const int64_t row0 = ((ow ? ow->calls.count() : epoch) & 1) * owner_half_rows_;  // (shared: every owner call alternates)
   void* c = in_place ? static_cast<void*>(owner_base_ + row0 * s.n * 2)
                      : direct ? out : owned_scratch_.get();
   kernels::GemmParams p =
       kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, direct && !in_place ? ld_out : s.n);
   p.group_of_tile = group_of_tile_.as<int32_t>();
   p.four_stages = four_stages_;
-  p.push.peers = 1, p.push.peer_c = push_peers_.as<void*>();
   kernels::Owner& o = p.owner;
-  o.rank = gather_rank_, o.split = owner_split_;
-  o.window = owner_base_, o.window_rows = 2 * gathered_rows_;
+  o.rank = comm_rank_, o.split = owner_split_;
+  o.window = owner_base_, o.peer_window = owner_peer_base_, o.window_rows = 2 * owner_half_rows_;
   o.row0 = int32_t(row0);
   o.in_place = in_place;
-  if (four_stages_ && !wide()) o.push_tma = opts_.push_tma, o.push_window = peer_base_[0];
+  if (four_stages_ && !wide()) o.push_tma = opts_.push_tma, o.push_window = owner_peer_base_;
   o.pushers = opts_.owner_pushers < 0 ? kernels::owner_pushers_by_k(opts_.k) : opts_.owner_pushers != 0;
   if (wide()) {  // (kernels::Owner::world: no TMA pushes, the pusher warps push)
     o.world = world_, o.wide = opts_.testing.owners_wide, o.pushers = true;
-    o.own_begin = kernels::owned_begin(gather_rank_, s.tiles(), world_);
-    o.own_end = kernels::owned_end(gather_rank_, s.tiles(), world_);
+    o.own_begin = kernels::owned_begin(comm_rank_, s.tiles(), world_);
+    o.own_end = kernels::owned_end(comm_rank_, s.tiles(), world_);
     o.flags_of = flags_of_.as<uint32_t*>(), o.windows_of = windows_of_.as<void*>();
   }
   if (reg && !wide()) {  // the peer's finals into this C, this rank's into the peer's (run_registered)
-    const int peer = 1 - gather_rank_;
+    const int peer = 1 - comm_rank_;
     o.finals_in_c = true, o.peer_out = reg->mapped.of(peer), o.peer_ld = reg->mapped.ld_of(peer);
   } else if (reg) {  // every other rank's C
     o.finals_in_c = true, o.outs_of = reg->outs_of.as<void*>(), o.lds_of = reg->lds_of.as<int64_t>();
@@ -282,12 +272,11 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   const int slot = o.finals_in_c ? int(reg - registered_.data()) : -1;  // (the peers' C this call stores into)
   calls.prepare(o, uint32_t(s.m), owner_call_plan(s, world_, opts_.k, opts_.dtype, owner_split_, slot));
   o.drop_group = opts_.testing.fault_drop_group;
-  uint32_t* claims = claims_.as<uint32_t>();
+  uint32_t* claims = owner_claims_.as<uint32_t>();
   o.claims = claims + (epoch & 1);
-  o.producers = fuse_ok_;
+  o.claims_reset = claims + ((epoch + 1) & 1);  // (this call's were zeroed by the last)
+  o.producers = owner_producers_;
   o.timeout_ns = timeout_ns(), o.err = wait_error_;
-  // Block 0 zeroes the next call's claims (this call's were zeroed by the last).
-  p.sum.claims_reset = claims + ((epoch + 1) & 1), p.sum.claims_reset_count = 1;
   // Once the GEMM may be queued (bump.keep), this call's number (and with a
   // shared window its half) is taken, also when the launch then throws (the
   // epoch stays taken too).

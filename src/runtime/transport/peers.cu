@@ -53,7 +53,7 @@ bool all_ranks_reachable(ncclComm_t comm) {
 std::vector<void*> window_peer_pointers(ncclComm_t comm, ncclWindow_t win, int world) {
   const ncclTeam_t lsa = ncclTeamLsa(comm);
   if (lsa.nRanks != world)
-    throw InvalidArgument("the pushed layout needs every rank's memory mapped on this GPU (NVLink): " +
+    throw InvalidArgument("the NVLink paths need every rank's memory mapped on this GPU: " +
                           std::to_string(lsa.nRanks) + " of " + std::to_string(world) + " ranks are");
   DeviceBuffer ptrs(size_t(world) * sizeof(void*));
   peer_pointers_kernel<<<1, 32>>>(win, world, ptrs.as<void*>());
@@ -65,7 +65,7 @@ std::vector<void*> window_peer_pointers(ncclComm_t comm, ncclWindow_t win, int w
 #else
 bool all_ranks_reachable(ncclComm_t) { return false; }
 std::vector<void*> window_peer_pointers(ncclComm_t, ncclWindow_t, int) {
-  throw InvalidArgument("the pushed layout needs NCCL's device API (nccl_device.h, NCCL >= 2.28)");
+  throw InvalidArgument("the NVLink paths need NCCL's device API (nccl_device.h, NCCL >= 2.28)");
 }
 #endif
 

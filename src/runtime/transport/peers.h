@@ -17,7 +17,7 @@ namespace flashoverlap::rt {
 std::vector<void*> window_peer_pointers(ncclComm_t comm, ncclWindow_t win, int world);
 
 // Whether every rank of `comm` is load/store accessible from this GPU with
-// native atomics (what the pushed layout needs): NCCL's load/store team is
+// native atomics (what the NVLink paths need): NCCL's load/store team is
 // the whole communicator and, where other GPUs are visible to this process,
 // each of them supports native P2P atomics with this one (NVLink). With a
 // single visible GPU per process only NCCL's answer is available. False

@@ -1,8 +1,7 @@
-// symmetric.h — a device buffer that NCCL can drive with the copy engines:
+// symmetric.h — a device buffer every rank of a communicator can address:
 // allocated with ncclMemAlloc (CUDA VMM) and registered as a symmetric window
-// on one communicator (same size and offsets on every rank). With a
-// communicator whose CTA policy is NCCL_CTA_POLICY_ZERO, ncclAllGather on it
-// runs on the copy engines and takes no SM from the GEMM.
+// on one communicator (same size and offsets on every rank), so that the
+// peers' copies are mapped here (window_peer_pointers) for the NVLink paths.
 #pragma once
 #include <nccl.h>
 

@@ -32,10 +32,6 @@ OwnerStandIn::OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int 
   peer_flags_ = zeroed(tiles * 4);
   claims_ = zeroed(2 * 4);
   err_ = zeroed(sizeof(kernels::WaitError));
-  peers_ = DeviceBuffer(sizeof(void*));
-  void* pw = peer_window_.get();
-  FO_CUDA_CHECK(cudaMemcpy(peers_.get(), &pw, sizeof(void*), cudaMemcpyHostToDevice));
-  FO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // (its DMA landed: buffer.h, copy_to_device)
   group_of_tile_ = zeroed(tiles * 4);
   // The call check (kernels::Owner::publish, check): this GPU's slots and
   // the peer's stand-in, every call call #1, whose descriptor from the peer
@@ -52,11 +48,10 @@ OwnerStandIn::OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int 
 
   kernels::GemmParams q = p;  // (p changes only once the result is accepted)
   q.group_of_tile = group_of_tile_.as<int32_t>();
-  q.push.peers = 1, q.push.peer_c = peers_.as<void*>();
   kernels::Owner& o = q.owner;
   o = kernels::Owner{};
   o.rank = rank, o.split = s.tiles() / 2;
-  o.window = window_.get(), o.window_rows = window_rows, o.row0 = int32_t(row0_);
+  o.window = window_.get(), o.peer_window = peer_window_.get(), o.window_rows = window_rows, o.row0 = int32_t(row0_);
   o.flags = flags_.as<uint32_t>(), o.peer_flags = peer_flags_.as<uint32_t>(), o.epoch = epoch;
   o.timeout_ns = 10'000'000'000ull, o.err = err_.as<kernels::WaitError>();
   o.pushers = kernels::owner_pushers_by_k(q.k);  // as the runtime's default
@@ -74,7 +69,7 @@ OwnerStandIn::OwnerStandIn(kernels::GemmParams& p, int rank, int row0_half, int 
 void OwnerStandIn::prepare_call(kernels::GemmParams& p, uint32_t call) const {
   uint32_t* claims = claims_.as<uint32_t>();
   p.owner.claims = claims + (call & 1);
-  p.sum.claims_reset = claims + ((call + 1) & 1), p.sum.claims_reset_count = 1;
+  p.owner.claims_reset = claims + ((call + 1) & 1);
 }
 
 }  // namespace flashoverlap::rt

@@ -13,7 +13,7 @@ namespace flashoverlap::rt {
 
 // Sets up `p` (a Plain GEMM, C 16-byte aligned, n % 8 == 0; with 128x256
 // tiles on 4 stages as run_registered runs it, else as run does)
-// as rank `rank` of the pushed AllReduce with owners: its window holds the
+// as rank `rank` of the AllReduce with owners: its window holds the
 // peer's partials (random, for this call's half `row0_half` of the window)
 // and every flag is set, as if the peer had pushed all of them; what it pushes
 // lands in this GPU's stand-ins of the peer's window and (4 stages, finals
@@ -37,7 +37,7 @@ class OwnerStandIn {
   bool finals_in_c() const { return finals_in_c_; }
 
  private:
-  DeviceBuffer window_, peer_window_, peer_c_, flags_, peer_flags_, claims_, err_, peers_, group_of_tile_, descs_;
+  DeviceBuffer window_, peer_window_, peer_c_, flags_, peer_flags_, claims_, err_, group_of_tile_, descs_;
   OwnerCallSlots calls_;  // the call check's slots: this GPU's and the peer's stand-in
   int64_t row0_ = 0;
   bool finals_in_c_ = false;

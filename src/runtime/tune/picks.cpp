@@ -7,19 +7,13 @@
 
 #include "flashoverlap/error.h"
 #include "kernels/gemm.h"
-#include "plan/block_layout.h"
 #include "plan/json_file.h"
 #include "plan/tile_grid.h"
 
 namespace flashoverlap::rt {
 namespace {
 
-const ArLayout kLayouts[] = {ArLayout::Slots,  ArLayout::RowBands, ArLayout::Gathered, ArLayout::GatheredTiles,
-                             ArLayout::Pushed, ArLayout::PushedTiles};
-
-const char* push_by_name(PushBy b) {
-  return b == PushBy::CopyEngines ? "copy-engines" : b == PushBy::Owners ? "owners" : "gemm";
-}
+const ArLayout kLayouts[] = {ArLayout::Slots, ArLayout::RowBands, ArLayout::Owners};
 
 // The sizes of the plan's groups in its layout's units.
 std::vector<int> unit_sizes(const AllReducePlan& p) {
@@ -78,8 +72,7 @@ nlohmann::json to_json(const AllReducePlan& p) {
           {"reserve", p.reserve},
           {"sequential", p.sequential},
           {"fallback_cublas", p.fallback_cublas},
-          {"fuse_sum", p.fuse_sum},
-          {"push_by", push_by_name(p.push_by)},
+          {"copy_in_gemm", p.copy_in_gemm},
           {"four_stages", p.four_stages},
           {"predicted_ms", p.predicted_ms}};
 }
@@ -92,7 +85,9 @@ AllReducePlan allreduce_plan_from_json(const nlohmann::json& j, const PickKey& k
     bool known = false;
     for (ArLayout l : kLayouts)
       if (layout == layout_name(l)) p.layout = l, known = true;
-    if (!known) throw bad("unknown layout '" + layout + "'");
+    // (entries written before the layouts of blocks were retired: owners were "pushed" moved by owners)
+    if (layout == "pushed" && j.value("push_by", "") == "owners") p.layout = ArLayout::Owners, known = true;
+    if (!known) throw bad("unknown layout '" + layout + "' (a retired layout's pick: tune the shape again)");
     const int bm = j.at("bm").get<int>(), bn = j.at("bn").get<int>(), ctas = j.at("ctas").get<int>();
     const int swizzle = j.at("swizzle").get<int>();
     if (!kernels::tile_supported(bm, bn)) throw bad("unsupported tile " + std::to_string(bm) + "x" + std::to_string(bn));
@@ -102,10 +97,8 @@ AllReducePlan allreduce_plan_from_json(const nlohmann::json& j, const PickKey& k
                                   j.at("along_m").get<bool>() ? plan::Raster::AlongM : plan::Raster::AlongN, swizzle);
     p.reserve = j.at("reserve").get<int>();
     p.sequential = j.at("sequential").get<bool>(), p.fallback_cublas = j.at("fallback_cublas").get<bool>();
-    p.fuse_sum = j.at("fuse_sum").get<bool>(), p.four_stages = j.at("four_stages").get<bool>();
-    const std::string by = j.at("push_by").get<std::string>();
-    p.push_by = by == "owners" ? PushBy::Owners : by == "copy-engines" ? PushBy::CopyEngines : PushBy::Gemm;
-    if (by != "owners" && by != "copy-engines" && by != "gemm") throw bad("unknown push_by '" + by + "'");
+    p.copy_in_gemm = (j.contains("copy_in_gemm") ? j.at("copy_in_gemm") : j.at("fuse_sum")).get<bool>();
+    p.four_stages = j.at("four_stages").get<bool>();
     p.predicted_ms = j.at("predicted_ms").get<double>();
     const std::vector<int> units = j.at("units").get<std::vector<int>>();
     const bool bands = is_banded(p.layout) && !p.sequential;

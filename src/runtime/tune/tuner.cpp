@@ -18,7 +18,6 @@
 #include "runtime/core/buffer.h"
 #include "runtime/core/checks.h"
 #include "runtime/core/gemm_monitor.h"
-#include "runtime/transport/symmetric.h"
 
 namespace flashoverlap::rt {
 
@@ -88,24 +87,13 @@ plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, ke
   });
 }
 
-plan::BandwidthCurve measure_gather_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
-                                          double max_bytes, int iters, const std::string& gpu) {
-  SymmetricBuffer buf(comm, size_t(max_bytes) * rv.world(), "the AllGather curve");
-  FO_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes()));
-  char* base = static_cast<char*>(buf.get());
-  return sample_curve(rv, plan::Collective::AllGather, comm, stream, max_bytes, iters, gpu, [&](size_t count) {
-    FO_NCCL_CHECK_CTX(ncclAllGather(base + size_t(rv.rank()) * count * 2, base, count, nccl_type(dt), comm, stream),
-                      "AllGather curve sample");
-  });
-}
-
 double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,
                        cudaStream_t stream, int iters) {
   kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
-  // The model's GEMM per wave: 3 stages, as the slot, pushed and fused-sum
-  // layouts run it (its slowdown factors were fitted to those; row bands and
-  // gathered rows summed after may run 4 stages, ~1-2% faster than this:
-  // stage_finalists); the measured choice decides.
+  // The model's GEMM per wave: 3 stages, as the slot layout runs it (its
+  // slowdown factors were fitted to 3 stages; row bands and owners may run
+  // 4 stages, ~1-2% faster than this: stage_finalists); the measured choice
+  // decides.
   p.four_stages = false;
   return time_on_stream([&] { kernels::launch_gemm(p, stream); }, stream, 2, iters).median_ms;
 }
@@ -141,10 +129,9 @@ std::string describe(const AllReducePlan& p) {
                     std::to_string(p.sched.ctas) + " CTAs, swizzle " + std::to_string(p.sched.swizzle) + ", ";
   if (p.sequential) return out + (p.fallback_cublas ? "sequential (cuBLAS)" : "sequential (ours)");
   out += layout_name(p.layout);
-  if (is_pushed(p.layout) && p.push_by == PushBy::CopyEngines) out += " by the copy engines";
-  if (is_pushed(p.layout) && p.push_by == PushBy::Owners) out += " with owners";
-  if (is_gathered(p.layout) || is_pushed(p.layout))
-    out += sum_place(p.layout, p.fuse_sum, p.push_by);
+  if (p.layout == ArLayout::Owners)
+    out += p.copy_in_gemm ? " (summed in the epilogues; copies in the GEMM)"
+                          : " (summed in the epilogues; copies at the GEMM's end)";
   else
     out += ", NCCL " + std::to_string(p.reserve) + " CTAs";
   if (!p.four_stages && plan_has_stage_choice(p)) out += ", 3 stages";
@@ -169,22 +156,20 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
   std::vector<AllReducePlan> out;
   // (a plan of one group is the sequential one's work: never a finalist)
   auto overlaps = [](const AllReducePlan& pl) { return !pl.sequential && pl.groups.size() >= 2; };
-  for (ArLayout l : {ArLayout::RowBands, ArLayout::Slots, ArLayout::GatheredTiles})
+  for (ArLayout l : {ArLayout::RowBands, ArLayout::Slots})
     for (const auto& pl : ranked)
       if (overlaps(pl) && pl.layout == l) {
         out.push_back(pl);
         break;
       }
-  for (ArLayout l : {ArLayout::Gathered, ArLayout::Pushed, ArLayout::PushedTiles}) {
-    std::vector<std::pair<int, int>> seen;  // (bn, swizzle); gathered: bn 0, any tile
-    for (const auto& pl : ranked) {
-      const std::pair<int, int> key{is_pushed(l) ? pl.sched.bn : 0, pl.sched.swizzle};
-      if (overlaps(pl) && pl.layout == l && std::find(seen.begin(), seen.end(), key) == seen.end()) {
-        seen.push_back(key);
+  std::vector<std::pair<int, int>> seen;  // owners: (bn, swizzle)
+  for (const auto& pl : ranked) {
+    const std::pair<int, int> key{pl.sched.bn, pl.sched.swizzle};
+    if (overlaps(pl) && pl.layout == ArLayout::Owners && std::find(seen.begin(), seen.end(), key) == seen.end()) {
+      seen.push_back(key);
+      for (bool copy : {true, false}) {
         out.push_back(pl);
-        out.back().fuse_sum = true;
-        out.push_back(pl);
-        out.back().fuse_sum = false;
+        out.back().copy_in_gemm = copy;
       }
     }
   }
@@ -193,51 +178,10 @@ std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked
   return out;
 }
 
-std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
-                                              const std::vector<double>& ms, const AllReducePlan& best) {
-  // The fastest row-band finalist of tile width bn, with a swizzle other than `not_swizzle` (0: any).
-  auto fastest = [&](int bn, int not_swizzle) -> const AllReducePlan* {
-    const AllReducePlan* f = nullptr;
-    double f_ms = 0;
-    for (size_t i = 0; i < finalists.size() && i < ms.size(); ++i) {
-      const AllReducePlan& pl = finalists[i];
-      if (pl.sequential || pl.layout != ArLayout::Pushed || pl.sched.bn != bn || pl.sched.swizzle == not_swizzle)
-        continue;
-      if (!f || ms[i] < f_ms) f = &pl, f_ms = ms[i];
-    }
-    return f;
-  };
-  std::vector<const AllReducePlan*> out;
-  const int bn = best.sched.bn;
-  if (best.layout == ArLayout::Pushed && !best.sequential) out.push_back(&best);
-  else if (const AllReducePlan* f = fastest(bn, 0)) out.push_back(f);
-  if (!out.empty())
-    if (const AllReducePlan* f = fastest(bn, out.front()->sched.swizzle)) out.push_back(f);
-  if (const AllReducePlan* f = fastest(bn == 256 ? 128 : 256, 0)) out.push_back(f);
-  return out;
-}
-
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners) {
-  std::vector<AllReducePlan> out{best};
-  if (best.sequential || !is_pushed(best.layout)) return out;
-  auto both_sums = [&out](AllReducePlan p, PushBy by) {
-    p.push_by = by;
-    for (bool fuse : {true, false}) {
-      p.fuse_sum = fuse;
-      out.push_back(p);
-    }
-  };
-  for (PushBy by : {PushBy::Gemm, PushBy::CopyEngines})
-    if (by != best.push_by) both_sums(best, by);
-  if (best.push_by != PushBy::Owners)
-    for (const AllReducePlan* o : owners) both_sums(*o, PushBy::Owners);
-  return out;
-}
-
 bool plan_has_stage_choice(const AllReducePlan& p) {
   // (one group: the op runs the sequential GEMM, on 4 stages where it can)
   if (p.sched.bn != 256 || p.sched.n % 8 != 0 || p.sequential || p.groups.size() < 2) return false;
-  return p.layout == ArLayout::RowBands || (p.layout == ArLayout::Gathered && !p.fuse_sum);
+  return p.layout == ArLayout::RowBands;
 }
 
 std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best) {
@@ -284,7 +228,7 @@ std::vector<double> time_ops(const AllReduceTuning& t, const std::vector<std::fu
 
 // The fastest of `finalists`, measured (see AllReduceTuning::options_for).
 AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllReducePlan>& finalists, int64_t n,
-                                const void* a, const void* b, void* out, std::vector<double>* ms_out = nullptr) {
+                                const void* a, const void* b, void* out) {
   if (!t.sync_comm) throw InvalidArgument("tune_allreduce: choosing by measurement needs sync_comm");
   std::vector<std::unique_ptr<OverlapAllReduce>> ops;
   std::vector<std::function<void()>> fns;
@@ -303,7 +247,6 @@ AllReducePlan measure_finalists(const AllReduceTuning& t, const std::vector<AllR
   std::vector<OverlapAllReduce*> all;
   for (auto& op : ops) all.push_back(op.get());
   const std::vector<double> ms = time_ops(t, fns, all, t.select_iters);
-  if (ms_out) *ms_out = ms;
   size_t pick = size_t(std::min_element(ms.begin(), ms.end()) - ms.begin());
   // Close ones again, longer (the same on every rank: ms is the max over ranks).
   const std::vector<size_t> close = runoff_candidates(ms, t.runoff_within, 3);
@@ -345,40 +288,27 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     if (!rank_only.ranked) rank_only.ranked = &local;
     tune_allreduce(rank_only, m, n, k, a, b, scratch, sequential_ms);
     const std::vector<AllReducePlan> first_round = finalists_of(*rank_only.ranked);
-    std::vector<double> first_ms;
-    const AllReducePlan best = measure_finalists(t, first_round, n, a, b, scratch, &first_ms);  // (the same on every rank)
-    // Owners (2 ranks, row bands) on owner_bases: the pick's tile shape, another swizzle, the other shape.
-    // (More ranks: owners only where asked for, push_by; not yet measured against NCCL's layouts on 3+ GPUs.)
-    std::vector<const AllReducePlan*> owners;
-    if (t.world == 2 && n % 8 == 0 && t.push_reachable) owners = owner_bases(first_round, first_ms, best);
-    // Pushed: the transports (and owners); otherwise the GEMM's stages.
-    const bool pushed = is_pushed(best.layout) && !best.sequential;
-    const std::vector<AllReducePlan> second = pushed ? transport_finalists(best, owners) : stage_finalists(best);
-    if (second.size() == 1 || !(pushed ? t.transport_round : t.stage_round)) return best;
+    const AllReducePlan best = measure_finalists(t, first_round, n, a, b, scratch);  // (the same on every rank)
+    const std::vector<AllReducePlan> second = stage_finalists(best);  // (row bands: the GEMM's stages)
+    if (second.size() == 1 || !t.stage_round) return best;
     const std::string first = t.selection ? *t.selection : "";
     const AllReducePlan pick = measure_finalists(t, second, n, a, b, scratch);
-    if (t.selection) *t.selection = first + (pushed ? "; then the transports: " : "; then the stages: ") + *t.selection;
+    if (t.selection) *t.selection = first + "; then the stages: " + *t.selection;
     return pick;
   }
   // 1. Candidate schedules and their measured GEMM times (max over ranks).
-  // The gathered layout leaves no SM to NCCL (copy engines): one grid only.
   std::vector<Candidate> cands;
   std::map<std::tuple<int, int, int, int>, double> gemm_ms_of;  // (bm, bn, ctas, swizzle)
   for (plan::TileShape tile : t.tiles) {
     const int64_t tiles = ((m + tile.bm - 1) / tile.bm) * ((n + tile.bn - 1) / tile.bn);
     const int32_t tiles_m = int32_t((m + tile.bm - 1) / tile.bm);
     for (ArLayout layout : t.layouts) {
-      if (is_gathered(layout) && !t.gather_curve) continue;
-      if (is_pushed(layout) &&
-          (!t.push_reachable || t.world < 2 || t.world > 8 || (layout == ArLayout::Pushed && n % 8 != 0)))
-        continue;
-      if (is_pushed(layout) && is_owners(t.push_by) &&
-          (layout != ArLayout::Pushed || (t.world != 2 && tile.bn != 256)))
-        continue;  // owners: row bands; more than 2 ranks: pushed, 128x256 tiles (4 stages)
-      const std::vector<int> reserves = is_pushed(layout) ? std::vector<int>{0}  // no waiter, no NCCL
-                                        : is_gathered(layout)      ? std::vector<int>{t.gather_reserve}
-                                        : t.reserve >= 0            ? std::vector<int>{t.reserve}
-                                                                    : whole_wave_reserves(tiles, t.sms);
+      const bool owners = layout == ArLayout::Owners;
+      if (owners && (!t.push_reachable || t.world < 2 || t.world > 8 || n % 8 != 0 || (t.world != 2 && tile.bn != 256)))
+        continue;  // more than 2 ranks: 128x256 tiles (4 stages)
+      const std::vector<int> reserves = owners            ? std::vector<int>{0}  // no waiter, no NCCL
+                                        : t.reserve >= 0 ? std::vector<int>{t.reserve}
+                                                         : whole_wave_reserves(tiles, t.sms);
       for (int r : reserves) {
         std::vector<int> swizzles;
         if (!is_banded(layout)) swizzles = {plan::default_swizzle(t.sms - r, tile, tiles_m)};
@@ -388,7 +318,6 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         for (int sw : swizzles) {
           Candidate c;
           c.plan.layout = layout;
-          c.plan.push_by = t.push_by;
           c.plan.reserve = r;
           c.plan.sched = plan::make_schedule(m, n, tile, t.sms - r, plan::Raster::AlongN, sw);
           const auto key = std::make_tuple(tile.bm, tile.bn, t.sms - r, sw);
@@ -429,21 +358,19 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
   bool one_group = false;  // a candidate whose best (or given) groups were one: the sequential plan's
   for (Candidate& c : cands) {
     const plan::Schedule& s = c.plan.sched;
-    if (is_pushed(c.plan.layout)) {  // one group per band or wave: no per-call cost, the sum starts earliest
-      const bool tiles = c.plan.layout == ArLayout::PushedTiles;
-      const int units = tiles ? s.waves() : plan::band_count(s);
+    if (c.plan.layout == ArLayout::Owners) {  // one group per band: no per-call cost
+      const int units = plan::band_count(s);
       plan::Partition part(size_t(units), 1);
       if (!t.group_sizes.empty()) {
         part = plan::parse_partition(t.group_sizes);
         if (std::accumulate(part.begin(), part.end(), 0) != units) continue;
       }
-      c.plan.groups = tiles ? plan::make_groups(s, part) : plan::band_groups(s, part);
-      // (one group would run the sequential fallback: no pushed plan here, NoPlan
-      // below where nothing else is; a forced pushed layout's shape is then skipped)
+      c.plan.groups = plan::band_groups(s, part);
+      // (one group would run the sequential fallback: no owner plan here, NoPlan
+      // below where nothing else is; a forced owner layout's shape is then skipped)
       if (c.plan.groups.size() < 2) continue;
       const plan::Group& last = c.plan.groups.back();
-      const double last_rows = tiles ? double(last.tiles()) * s.bm * s.bn / s.n
-                                     : double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
+      const double last_rows = double(s.m) - double(last.first_tile / s.tiles_n()) * s.bm;
       const double push_ms = double(s.m) * s.n * 2 * (t.world - 1) / (t.push_gb_s * 1e6);
       // The last wave's tiles are copied after they are computed: after the
       // GEMM when it is the bound; inside push_ms when the copies are.
@@ -455,12 +382,10 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
       if (t.ranked) t.ranked->push_back(c.plan);
       continue;
     }
-    const bool gathered = is_gathered(c.plan.layout);
-    const plan::BandwidthCurve& curve = gathered ? t.gather_curve() : t.curve_for(c.plan.reserve);
-    // The last group: after the GEMM, an AllReduce with NCCL's defaults (the
-    // gathered layout's other groups are summed inside the GEMM).
+    const plan::BandwidthCurve& curve = t.curve_for(c.plan.reserve);
+    // The last group: after the GEMM, an AllReduce with NCCL's defaults.
     const plan::BandwidthCurve& tail_curve = t.curve_for(0);
-    const double wave_ms = c.gemm_ms / s.waves() * (gathered ? t.gather_gemm_slowdown : t.slowdown);
+    const double wave_ms = c.gemm_ms / s.waves() * t.slowdown;
     plan::CostModel cost;
     std::function<int64_t(int)> unit_end_tile;  // tiles done when unit i is done
     if (!is_banded(c.plan.layout)) {
@@ -488,8 +413,6 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
         bytes = double(r1 - r0) * s.n * 2;
       }
       const bool tail = u1 == int32_t(cost.wave_ms.size());
-      if (gathered && !tail) return curve.latency_ms(bytes) * t.gather_slowdown;
-      if (c.plan.layout == ArLayout::GatheredTiles) return curve.latency_ms(bytes);  // the last one gathered too
       return tail ? tail_curve.latency_ms(bytes) : curve.latency_ms(bytes) * t.comm_slowdown;
     };
     plan::Partition part;
@@ -515,9 +438,8 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     throw NoPlan("group sizes " + t.group_sizes + (one_group ? " are one group: the sequential plan's (give two or more)"
                                                             : " fit none of the candidate schedules"));
   if (!best && !one_group)
-    throw NoPlan("no candidate plan for the layouts asked (the gathered layouts need the AllGather curve; "
-                          "the pushed ones 2-8 ranks that reach each other's memory over NVLink, and row bands "
-                          "of at least 2 groups)");
+    throw NoPlan("no candidate plan for the layouts asked (owners need 2-8 ranks that reach each other's memory "
+                 "over NVLink, n % 8 == 0, 128x256 tiles on more than 2 ranks, and row bands of at least 2 groups)");
   if (t.group_sizes.empty() && (t.ranked || !best || best->predicted_ms >= sequential_ms * 0.99)) {
     // Sequential fallback: our GEMM on every SM with its fastest tile.
     std::vector<plan::Schedule> full;
@@ -532,7 +454,6 @@ AllReducePlan tune_allreduce(const AllReduceTuning& t, int64_t m, int64_t n, int
     const size_t i = size_t(std::min_element(full_ms.begin(), full_ms.end()) - full_ms.begin());
     AllReducePlan seq = best ? *best : AllReducePlan{};
     seq.sequential = true;
-    if (!best) seq.push_by = t.push_by;
     seq.layout = ArLayout::RowBands;
     seq.sched = full[i];
     seq.groups = plan::make_groups(seq.sched, {seq.sched.waves()});

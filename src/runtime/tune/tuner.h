@@ -41,12 +41,6 @@ plan::BandwidthCurve measure_allreduce_curve(Rendezvous& rv, ncclComm_t comm, ke
                                              cudaStream_t stream, double max_bytes, int iters,
                                              const std::string& gpu);
 
-// In-place ncclAllGather latency on `comm` (max over ranks) at log-spaced
-// per-rank sizes from 64 KiB to `max_bytes`, on a symmetric-window buffer:
-// with a zero-CTA communicator, what the gathered layout's transfers cost.
-plan::BandwidthCurve measure_gather_curve(Rendezvous& rv, ncclComm_t comm, kernels::DType dt, cudaStream_t stream,
-                                          double max_bytes, int iters, const std::string& gpu);
-
 // Median time of our plain GEMM on `sched` (its grid), in ms.
 double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, const void* a, const void* b, void* c,
                        cudaStream_t stream, int iters);
@@ -89,28 +83,21 @@ struct AllReduceTuning {
   std::function<const plan::BandwidthCurve&(int ctas)> curve_for;
   std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
   int reserve = -1;  // SMs left to NCCL; -1: the whole-wave candidates
-  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots,  ArLayout::Gathered,
-                                   ArLayout::GatheredTiles, ArLayout::Pushed, ArLayout::PushedTiles};
-  // Pushed layouts: only when every rank is load/store reachable (rt::all_ranks_reachable).
-  // Its prediction: max(GEMM on all SMs x push_gemm_slowdown + the copies
-  // of the last wave's tiles, which start only when they are computed (with
-  // 128x128 tiles about half the bytes of 128x256), the (W-1) C bytes each
-  // rank pushes, both at push_gb_s) + the last group's sum at sum_gb_s.
+  // Owners: only where asked for (2 ranks: where every rank is load/store
+  // reachable, rt::all_ranks_reachable; more: 128x256 tiles, not yet
+  // measured against NCCL's layouts on 3+ GPUs).
+  std::vector<ArLayout> layouts = {ArLayout::RowBands, ArLayout::Slots};
+  // Owners' prediction: max(GEMM on all SMs x push_gemm_slowdown + the
+  // copies of the last wave's tiles, which start only when they are computed
+  // (with 128x128 tiles about half the bytes of 128x256), the (W-1) C bytes
+  // each rank pushes, both at push_gb_s) + the last band's pass over C at
+  // sum_gb_s.
   bool push_reachable = false;
   double push_gemm_slowdown = 1.03;
   double push_gb_s = 300;
   double sum_gb_s = 1500;
   std::vector<int> band_swizzles = {2, 4, 8};
-  // The copy-engine AllGather curve (per-rank bytes); empty: no Gathered candidates.
-  std::function<const plan::BandwidthCurve&()> gather_curve;
-  int world = 2;  // ranks summed by the gathered layout's element-wise step
-  // SMs the gathered layout leaves free: 1 for the comm stream's wait
-  // kernels (bounded waits; the copy engines need none).
-  int gather_reserve = 1;
-  // AllGathers on the copy engines beside the GEMM, against the curve alone.
-  double gather_slowdown = 1.10;
-  // The GEMM beside copy-engine traffic (memory contention only).
-  double gather_gemm_slowdown = 1.02;
+  int world = 2;  // ranks (owners: the bytes each pushes)
   std::string group_sizes;  // given: evaluate these (waves for Slots, bands for RowBands) instead of searching
   // The GEMM beside concurrent NCCL calls runs slower than alone (a trace
   // of the row-band layout on 2 GPUs: 3-4%).
@@ -126,15 +113,11 @@ struct AllReduceTuning {
   // (communicators are the caller's). When set (and group_sizes is empty),
   // tune_allreduce builds an op for each of finalists_of(ranked), times them
   // in turns on a and b (max over ranks, runs started together through a
-  // one-element AllReduce on sync_comm) and, with transport_round,
-  // when the fastest is pushed, those of transport_finalists(the fastest),
-  // with stage_round, when it is not, those of stage_finalists(the fastest);
-  // it returns the fastest; `selection` (optional) receives the finalists
-  // with their times, the pick starred.
+  // one-element AllReduce on sync_comm) and, with stage_round, those of
+  // stage_finalists(the fastest); it returns the fastest; `selection`
+  // (optional) receives the finalists with their times, the pick starred.
   std::function<OverlapAllReduceOptions(const AllReducePlan&)> options_for;
-  bool transport_round = true;
   bool stage_round = true;
-  PushBy push_by = PushBy::Gemm;  // the transport of every pushed plan generated (before the second round)
   ncclComm_t sync_comm = nullptr;
   bool host_gate = true;  // time each run queued whole (host_gate.h)
   // The finalists timed as a caller with a registered output runs them:
@@ -168,8 +151,7 @@ struct AllReducePlan {
   int reserve = 0;
   bool sequential = false;
   bool fallback_cublas = false;  // sequential, with cuBLAS's GEMM
-  bool fuse_sum = true;          // gathered, pushed: sum inside the GEMM
-  PushBy push_by = PushBy::Gemm;  // pushed: who moves the tiles to the peers
+  bool copy_in_gemm = true;      // owners: the producer warps copy the peer's finals during the GEMM
   // The GEMM with 4 pipeline stages where its store qualifies
   // (OverlapAllReduceOptions::four_stages); false: 3 (stage_finalists).
   bool four_stages = true;
@@ -177,10 +159,9 @@ struct AllReducePlan {
 };
 
 // Whether the tuner chooses the plan's pipeline depth (stage_finalists):
-// the signalling GEMM of row bands and of gathered rows summed after it,
-// where the 4-stage store qualifies (kernels::gemm_four_stages: 128x256
-// tiles, n % 8 == 0); not a plan of one group, which runs the sequential
-// GEMM, nor owners (their second round is the transports'; 4 stages).
+// the signalling GEMM of row bands, where the 4-stage store qualifies
+// (kernels::gemm_four_stages: 128x256 tiles, n % 8 == 0); not a plan of one
+// group, which runs the sequential GEMM, nor owners (4 stages).
 bool plan_has_stage_choice(const AllReducePlan& p);
 
 // The plan as the op's options (comms and the rest are the caller's).
@@ -192,40 +173,21 @@ std::string describe(const AllReducePlan& p);
 std::vector<int> whole_wave_reserves(int64_t tiles, int sms, int max_count = 5);
 
 // The plans worth measuring among `ranked` (fastest predicted first): the
-// best predicted of each layout; for the gathered layout the best per band
-// size and for the pushed ones per tile shape and band size, each with the
-// sum in and after the GEMM (the model leaves out where the sum runs, what
-// the band size costs the GEMM's cache reuse and how much the pushes slow
-// the GEMM); and the sequential fallback. A plan of one group (the
-// sequential one's work: the model finds it best where the AllReduce costs
-// ~nothing) is none, and tune_allreduce never returns one.
+// best predicted of row bands and of slots; of owners the best per tile
+// shape and band size, each with the copy of the peer's finals in and after
+// the GEMM (the model leaves out what the band size costs the GEMM's cache
+// reuse and how much the pushes slow the GEMM); and the sequential
+// fallback. A plan of one group (the sequential one's work: the model finds
+// it best where the AllReduce costs ~nothing) is none, and tune_allreduce
+// never returns one.
 std::vector<AllReducePlan> finalists_of(const std::vector<AllReducePlan>& ranked);
 
-// The row-band plans the second round tries with owners: the pick itself
-// when it is row bands (pushed), else the row-band finalist of its tile shape
-// measured fastest (ms[i] is finalists[i]'s time); then the fastest of that
-// tile shape with another swizzle; then the fastest of the other tile shape.
-// Owners move the last wave's final tiles after the MMAs end, so a smaller
-// tile can win where the larger one computes faster; and the swizzle that
-// was best for the pushes need not be for owners.
-// The pointers point into `finalists` and at `best`: keep both alive.
-std::vector<const AllReducePlan*> owner_bases(const std::vector<AllReducePlan>& finalists,
-                                              const std::vector<double>& ms, const AllReducePlan& best);
-
-// The second round of the choice when the measured best is pushed: that plan
-// as it is, and moved by each other transport with the sum in and after the
-// GEMM (the model does not tell the transports apart; which is faster
-// depends on the shape); then, unless the pick has
-// owners already, each of `owners` (owner_bases) with owners, the copy in
-// and after the GEMM. Otherwise just `best`.
-std::vector<AllReducePlan> transport_finalists(const AllReducePlan& best, const std::vector<const AllReducePlan*>& owners);
-
-// The second round when the measured best is not pushed: that plan, and
-// with NCCL on row bands or the gathered rows summed after the GEMM also
-// the same plan with a 3-stage GEMM. 4 stages compute faster alone, but
-// their epilogue (the output in pieces through half the shared memory)
-// stalls the MMAs where the memory is busy with the collective beside them
-// (docs/results.md §2.4: which wins depends on the shape).
+// The second round when the measured best is row bands: that plan and the
+// same plan with a 3-stage GEMM. 4 stages compute faster alone, but their
+// epilogue (the output in pieces through half the shared memory) stalls the
+// MMAs where the memory is busy with the collective beside them
+// (docs/results.md §2.4: which wins depends on the shape). Otherwise just
+// `best`.
 std::vector<AllReducePlan> stage_finalists(const AllReducePlan& best);
 
 // Measures the candidates (GEMM per grid, max over ranks; curves through
