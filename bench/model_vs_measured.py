@@ -7,8 +7,8 @@ finalists:" line. The model alone (what the public GemmAllReduce's Auto runs
 for an m it has not measured) would take the finalist with the least
 predicted time; this script reads those lines and reports, per shape, that
 plan's measured time against the fastest finalist's, both from the same
-timing round (the first stage: layouts and tiles; later stages, such as the
-transports of a pushed plan, are not modelled apart and are left out).
+timing round (the first stage: layouts and tiles; the later stage, a
+row-band pick's 3-stage twin, is not modelled apart and is left out).
 
   bench/model_vs_measured.py LOG [LOG ...] [--within 3] [--only "row bands,slots,sequential"]
 
