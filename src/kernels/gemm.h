@@ -146,6 +146,22 @@ struct Owner {
   CallCheck check;
 };
 
+// The grouped GEMM (plan/grouped.h: several experts' rows and weights in
+// one launch): tile row tm of the schedule reads A's rows a_row0[tm] .. and
+// B's rows b_row0[tm] + tn * bn .. (B: the experts' n x k weights stacked,
+// b_rows rows in all), and of its bm rows the first rows[tm] are stored:
+// row tm * bm + r of the schedule's C is row a_row0[tm] + r of C (Plain,
+// a_rows rows; by the consumers' row stores, masked), or slot row
+// row_of[idx * bm + r] (SlotRows; the host marks the rows past rows[tm] -1).
+// The schedule's m is tile rows x bm. Off where a_row0 is null.
+struct Grouped {
+  const int32_t* a_row0 = nullptr;  // device [tiles_m]
+  const int32_t* b_row0 = nullptr;  // device [tiles_m]
+  const int32_t* rows = nullptr;    // device [tiles_m], 1..bm
+  int64_t a_rows = 0;               // rows of A (and of Plain C)
+  int64_t b_rows = 0;               // rows of B
+};
+
 struct GemmParams {
   DType dtype = DType::BF16;
   const void* a = nullptr;  // m x k
@@ -170,6 +186,7 @@ struct GemmParams {
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
   Scatter scatter;                     // optional (SlotRows by row_of to the ranks' receive rows)
   Owner owner;                         // optional (Plain C by TMA, group_of_tile; no counters)
+  Grouped grouped;                     // optional (Plain C by rows, or SlotRows by row_of)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
   // Non-null: [tiles * 2] = {globaltimer ns, SM cycle count} when the tile's

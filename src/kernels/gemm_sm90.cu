@@ -103,6 +103,15 @@ void check_gemm_params(const GemmParams& p) {
   if (p.counters && !p.group_of_tile) fail("signalling needs group_of_tile");
   const bool tma_c = p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && p.n % 8 == 0;
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
+  const Grouped& g = p.grouped;
+  if (g.a_row0 || g.b_row0 || g.rows) {
+    if (!g.a_row0 || !g.b_row0 || !g.rows) fail("grouped: needs its three tables (a_row0, b_row0, rows)");
+    if (g.a_rows < 1 || g.a_rows > INT32_MAX || g.b_rows < p.n || g.b_rows > INT32_MAX)
+      fail("grouped: a_rows in [1, 2^31) and b_rows in [n, 2^31)");
+    if (!(p.store == Store::Plain || (p.store == Store::SlotRows && p.row_of && !p.half_row)))
+      fail("grouped: Plain C (its rows stored by the consumers) or SlotRows by row_of");
+    if (p.owner.rank >= 0) fail("grouped: not with the owner layout");
+  }
   const Scatter& sc = p.scatter;
   if (sc.world < 0 || sc.world > 8) fail("scatter: world must be in [0, 8]");
   if (sc.world > 0 && (p.store != Store::SlotRows || !p.row_of || p.half_row || p.n % 8 != 0 || !sc.rows ||
@@ -160,7 +169,7 @@ bool gemm_four_stages(const GemmParams& p) {
   // spare). Not: the tile-end monitor.
   const bool owner_ok = p.owner.rank < 0 || !p.counters;  // (owner: n % 8 == 0 checked already)
   return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&
-         !p.monitor_ns && owner_ok;
+         !p.monitor_ns && owner_ok && !p.grouped.a_row0;
 }
 
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
@@ -174,8 +183,9 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const CUtensorMapDataType dt =
       p.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const int bn = p.sched.bn;
-  const CUtensorMap ma = make_map(p.a, p.m, p.k, p.k, 128, dt, "A");
-  const CUtensorMap mb = make_map(p.b, p.n, p.k, p.k, bn, dt, "B");
+  const bool grouped = p.grouped.a_row0 != nullptr;  // (A's and B's rows: the experts', all of them)
+  const CUtensorMap ma = make_map(p.a, grouped ? p.grouped.a_rows : p.m, p.k, p.k, 128, dt, "A");
+  const CUtensorMap mb = make_map(p.b, grouped ? p.grouped.b_rows : p.n, p.k, p.k, bn, dt, "B");
 
   GemmKernelParams kp{};
   kp.sched = p.sched;
@@ -189,8 +199,9 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.monitor_mma = p.monitor_mma;
   kp.monitor_phases = p.monitor_phases;
   kp.owner = p.owner;
+  kp.grouped = p.grouped;
   CUtensorMap mc{};
-  if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
+  if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && !grouped) {
     kp.tma_store = true;
     kp.ld_out = p.ldc;
     mc = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C");

@@ -108,6 +108,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       int it = 0;
       for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
         const plan::TileCoord tc = p.sched.tile_of(owner_tile_at<kWide>(p.owner, i, tiles));
+        // (grouped: the tile row's rows of A and its expert's rows of B)
+        const int32_t a_row = p.grouped.a_row0 ? p.grouped.a_row0[tc.tm] : tc.tm * BM;
+        const int32_t b_row = (p.grouped.a_row0 ? p.grouped.b_row0[tc.tm] : 0) + tc.tn * BN;
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
@@ -117,8 +120,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
           }
           ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
-          ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, tc.tm * BM);
-          ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, tc.tn * BN);
+          ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row);
+          ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, b_row);
         }
       }
     } else if constexpr (kPieces) {
@@ -283,6 +286,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // (3') Rows epilogue: 16-byte units, consecutive threads along a row.
     ptx::named_barrier_sync(1 + cw, 128);
     constexpr int kUnits = BN / 8;
+    // Plain C: the tile's rows of C and how many of them exist (grouped: its tile row's rows of A).
+    const bool grouped = p.grouped.a_row0 != nullptr;
+    const int32_t row0 = grouped ? p.grouped.a_row0[tc.tm] : tc.tm * BM;
+    const int32_t nrows = grouped ? p.grouped.rows[tc.tm] : p.sched.m - tc.tm * BM;
     for (int i = tid; i < 64 * kUnits; i += 128) {
       const int r = i / kUnits, c8 = i % kUnits;
       const uint4 v = *reinterpret_cast<const uint4*>(my_c + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
@@ -293,9 +300,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + int64_t(dst) * BN + c8 * 8) = v;
         }
       } else {
-        const int32_t grow = tc.tm * BM + tr, gcol = tc.tn * BN + c8 * 8;
-        if (grow < p.sched.m && gcol < p.sched.n) {
-          T* dst = static_cast<T*>(p.out) + int64_t(grow) * p.ld_out + gcol;
+        const int32_t gcol = tc.tn * BN + c8 * 8;
+        if (tr < nrows && gcol < p.sched.n) {
+          T* dst = static_cast<T*>(p.out) + int64_t(row0 + tr) * p.ld_out + gcol;
           const T* src = reinterpret_cast<const T*>(&v);
           const int valid = p.sched.n - gcol < 8 ? p.sched.n - gcol : 8;
           for (int e = 0; e < valid; ++e) dst[e] = src[e];

@@ -35,6 +35,7 @@ struct GemmKernelParams {
   uint64_t* monitor_mma;
   uint64_t* monitor_phases;  // GemmParams::monitor_phases
   Owner owner;
+  Grouped grouped;
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.

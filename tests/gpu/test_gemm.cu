@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "kernels/gemm.h"
 #include "kernels/ptx.cuh"
 #include "kernels/reorder.h"
+#include "plan/grouped.h"
 #include "plan/partition.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/cublas.h"
@@ -529,6 +531,110 @@ TEST(GemmSignal, FourStageRowBandsAreCompleteWhenReleased) {
     const std::vector<uint32_t> counters = SignalCheck::to_host<uint32_t>(sc.counters);
     for (int g = 0; g < ngroups; ++g) EXPECT_EQ(counters[g], (first_epoch + 3) * target[g]) << "group " << g;
   }
+}
+
+// The grouped GEMM (plan/grouped.h, kernels::Grouped): several experts'
+// rows of A, each expert's rows times its own weight of a stacked [E, n, k]
+// B, in one launch. Each expert's rows must equal our plain GEMM of those
+// rows and that weight bitwise (the same MMAs per element; the tile rows
+// past an expert's end are computed and dropped), on random counts (0,
+// ragged, one row), both tiles, strided C, with and without signals; then
+// the same into slot rows by row_of (SlotRows), row by row on the host.
+TEST(GroupedGemm, EachExpertsRowsMatchItsOwnGemmBitwise) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 10; ++trial) {
+    const DType dt = trial % 3 == 2 ? DType::FP16 : DType::BF16;
+    const int experts = std::vector<int>{1, 3, 8, 16}[rng() % 4];
+    const int n = 8 * int(1 + rng() % 400) + (trial % 4 == 3 ? 4 : 0);  // (a ragged n now and then)
+    const int k = 64 * int(1 + rng() % 24) + (trial % 5 == 4 ? 8 : 0);
+    const int bn = rng() % 2 ? 256 : 128, ctas = trial % 4 == 0 ? int(1 + rng() % 40) : 132;
+    std::vector<int64_t> counts(static_cast<size_t>(experts));
+    for (auto& c : counts) c = rng() % 4 == 0 ? 0 : rng() % 5 == 0 ? 1 : int64_t(rng() % 700);
+    const int64_t total = std::max<int64_t>(std::accumulate(counts.begin(), counts.end(), int64_t(0)), 1);
+    const int64_t ldc = n + (trial % 2 ? 8 : 0);
+    const std::string where = "trial " + std::to_string(trial) + ": " + std::to_string(experts) + " experts, n " +
+                              std::to_string(n) + ", k " + std::to_string(k) + ", tile 128x" + std::to_string(bn) +
+                              ", " + std::to_string(ctas) + " CTAs, seed " + std::to_string(seed);
+    SCOPED_TRACE(where);
+    DeviceBuffer a(size_t(total) * k * 2), b(size_t(experts) * n * k * 2), c(size_t(total) * ldc * 2),
+        ref(size_t(total) * ldc * 2);
+    kernels::fill_random(dt, a.get(), total * k, seed + trial, -1.f, 1.f, nullptr);
+    kernels::fill_random(dt, b.get(), int64_t(experts) * n * k, seed + trial + 1, -1.f, 1.f, nullptr);
+    kernels::poison(c.get(), total * ldc, nullptr);
+    kernels::poison(ref.get(), total * ldc, nullptr);
+    // The reference: our plain GEMM of each expert's rows and weight.
+    const std::vector<plan::RowSegment> segs = plan::expert_segments(counts);
+    for (const plan::RowSegment& sg : segs) {
+      if (sg.rows == 0) continue;
+      const plan::Schedule se = plan::make_schedule(sg.rows, n, {128, bn}, 132, plan::Raster::AlongN, 2);
+      kernels::launch_gemm(kernels::plain_gemm(dt, static_cast<const char*>(a.get()) + sg.a_row0 * k * 2,
+                                               static_cast<const char*>(b.get()) + int64_t(sg.expert) * n * k * 2, se,
+                                               k, static_cast<char*>(ref.get()) + sg.a_row0 * ldc * 2, ldc),
+                           nullptr);
+    }
+    const plan::GroupedTileRows g = plan::make_grouped_tile_rows(segs, experts, n, 128);
+    if (g.tile_rows() == 0) continue;  // (no rows anywhere: nothing to launch)
+    const plan::Schedule s =
+        plan::make_grouped_schedule(g, n, {128, bn}, ctas, plan::Raster::AlongN, 1 + int(rng() % 8));
+    const DeviceBuffer a_row0 = rt::to_device(g.a_row0), b_row0 = rt::to_device(g.b_row0), rows = rt::to_device(g.rows);
+    kernels::GemmParams p = kernels::plain_gemm(dt, a.get(), b.get(), s, k, c.get(), ldc);
+    p.grouped = {a_row0.as<int32_t>(), b_row0.as<int32_t>(), rows.as<int32_t>(), total, int64_t(experts) * n};
+    // Signals on every other trial: groups of waves, each counted 2 per tile.
+    plan::Partition part;
+    for (int left = s.waves(); left > 0; left -= part.back()) part.push_back(1 + int(rng() % uint64_t(std::min(left, 3))));
+    const std::vector<plan::Group> groups = plan::make_groups(s, part);
+    const DeviceBuffer counters = rt::to_device(std::vector<uint32_t>(groups.size(), 0u)),
+                       group_of_tile = rt::to_device(plan::group_of_tiles(groups, s.tiles()));
+    if (trial % 2) p.counters = counters.as<uint32_t>(), p.group_of_tile = group_of_tile.as<int32_t>();
+    ASSERT_FALSE(kernels::gemm_four_stages(p));
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(test::bitwise(kernels::compare(dt, c.get(), ldc, ref.get(), ldc, total, n, nullptr)));
+    if (p.counters) {
+      std::vector<uint32_t> got(groups.size());
+      FO_CUDA_CHECK(cudaMemcpy(got.data(), counters.get(), got.size() * 4, cudaMemcpyDeviceToHost));
+      for (size_t gi = 0; gi < groups.size(); ++gi)
+        EXPECT_EQ(got[gi], uint32_t(groups[gi].tiles()) * kernels::kSignalsPerTile) << "group " << gi;
+    }
+    // SlotRows: tile (tm, tn)'s row r to slot row (a_row0[tm] + r) * tiles_n + tn, -1 past its rows.
+    const int32_t tiles_n = s.tiles_n();
+    std::vector<int32_t> row_of(size_t(s.tiles()) * 128, -1);
+    for (int32_t idx = 0; idx < s.tiles(); ++idx) {
+      const plan::TileCoord tc = s.tile_of(idx);
+      for (int32_t r = 0; r < g.rows[size_t(tc.tm)]; ++r)
+        row_of[size_t(idx) * 128 + r] = (g.a_row0[size_t(tc.tm)] + r) * tiles_n + tc.tn;
+    }
+    const DeviceBuffer d_row_of = rt::to_device(row_of);
+    DeviceBuffer slots(size_t(total) * tiles_n * bn * 2);
+    kernels::poison(slots.get(), total * tiles_n * bn, nullptr);
+    kernels::GemmParams q = p;
+    q.store = kernels::Store::SlotRows, q.c = nullptr, q.slots = slots.get(), q.slot_rows = total * tiles_n;
+    q.row_of = d_row_of.as<int32_t>(), q.counters = nullptr, q.group_of_tile = nullptr;
+    kernels::launch_gemm(q, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> hs = to_host(slots), hr = to_host(ref);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < total; ++r)
+      for (int32_t col = 0; col < n; ++col)
+        bad += hs[size_t((r * tiles_n + col / bn) * bn + col % bn)] != hr[size_t(r * ldc + col)];
+    EXPECT_EQ(bad, 0) << "elements of the slot rows that differ from the expert's GEMM";
+  }
+  // The checks: all three tables or none, no owner layout, no TMA store of C by tiles.
+  DeviceBuffer buf(1 << 20);
+  kernels::GemmParams p = kernels::plain_gemm(DType::BF16, buf.get(), buf.get(),
+                                              plan::make_schedule(128, 256, {128, 256}, 8, plan::Raster::AlongN, 1),
+                                              64, buf.get(), 256);
+  p.grouped.a_row0 = static_cast<const int32_t*>(buf.get());
+  EXPECT_THROW(kernels::check_gemm_params(p), InvalidArgument);  // (two tables missing)
+  p.grouped.b_row0 = p.grouped.rows = p.grouped.a_row0, p.grouped.a_rows = 128, p.grouped.b_rows = 256;
+  EXPECT_NO_THROW(kernels::check_gemm_params(p));
+  p.grouped.b_rows = 255;  // fewer rows of B than n
+  EXPECT_THROW(kernels::check_gemm_params(p), InvalidArgument);
+  p.grouped.b_rows = 256;
+  p.store = kernels::Store::SlotTiles, p.slots = buf.get(), p.slot_rows = 128;
+  EXPECT_THROW(kernels::check_gemm_params(p), InvalidArgument);
 }
 
 TEST(RmsNorm, MatchesItsDefinitionInAndOutOfPlace) {
