@@ -139,6 +139,7 @@ typedef struct fo_gemm_allreduce* fo_gemm_allreduce_t;
 typedef struct fo_gemm_reducescatter* fo_gemm_reducescatter_t;
 /* One GemmAllToAll op (flashoverlap::GemmAllToAll). */
 typedef struct fo_gemm_alltoall* fo_gemm_alltoall_t;
+typedef struct fo_gemm_grouped* fo_gemm_grouped_t;
 
 /* The bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
 #define FO_UNIQUE_ID_BYTES 128
@@ -190,6 +191,14 @@ typedef struct fo_gemm_alltoall_options {
   double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
   double exchange_timeout_s; /* a call's routing exchange waits this long for the other ranks; default 120 */
 } fo_gemm_alltoall_options;
+
+/* GroupedGemmOptions, with fo_gemm_allreduce_options' rules: fill it with
+ * fo_gemm_grouped_options_default first, then change fields. */
+typedef struct fo_gemm_grouped_options {
+  size_t struct_size;    /* sizeof(fo_gemm_grouped_options), as the caller knows it */
+  int32_t path;          /* FO_GROUPED_AUTO (default), FO_GROUPED_OURS or FO_GROUPED_CUBLAS */
+} fo_gemm_grouped_options;
+enum { FO_GROUPED_AUTO = 0, FO_GROUPED_OURS = 1, FO_GROUPED_CUBLAS = 2 };
 
 /* AllToAllRouting: one call's routing on this rank, in host memory (what
  * the MoE dispatch produced). Row i of a (and of a * b^T) goes back to rank
@@ -462,6 +471,31 @@ FO_C_API fo_status fo_gemm_alltoall_shape(fo_gemm_alltoall_t op, int64_t* max_ro
                                           int64_t* n, int64_t* k, fo_dtype* dtype, int* world);
 /* Waits for the op's last call's work and releases it. NULL: nothing. */
 FO_C_API fo_status fo_gemm_alltoall_destroy(fo_gemm_alltoall_t op);
+
+/* ---- GroupedGemm: the experts' GEMM of a mixture of experts, no communication ---- */
+
+/* The defaults (equal to GroupedGemmOptions{}'s), writing struct_size bytes
+ * of *options: pass sizeof *options. */
+FO_C_API fo_status fo_gemm_grouped_options_default(fo_gemm_grouped_options* options, size_t struct_size);
+/* On the current device (no communicator). options: NULL for the defaults.
+ * max_rows: the most rows of a in a call (>= 1); experts >= 1; n >= 1;
+ * k % 8 == 0. With FO_GROUPED_AUTO it times ours against cuBLAS's here. */
+FO_C_API fo_status fo_gemm_grouped_create(int64_t max_rows, int experts, int64_t n, int64_t k, fo_dtype dtype,
+                                          const fo_gemm_grouped_options* options, fo_gemm_grouped_t* out);
+/* One call on stream: out (rows x n, ld_out elements per row, 0: n) = each
+ * expert's counts[e] rows of a (expert after expert, rows x k) times its
+ * weight of b ([experts, n, k]) transposed. counts: host, experts entries
+ * (>= 0, summing to at most max_rows). Not under CUDA-graph capture. */
+FO_C_API fo_status fo_gemm_grouped_run(fo_gemm_grouped_t op, const void* a, const void* b, const int64_t* counts,
+                                       void* out, int64_t ld_out, void* stream);
+/* The last call's GEMM and why, as text into buf as fo_gemm_allreduce_plan
+ * writes its text. */
+FO_C_API fo_status fo_gemm_grouped_last_plan(fo_gemm_grouped_t op, char* buf, size_t size, size_t* needed);
+/* The op's shape; each out-pointer may be NULL (not written). */
+FO_C_API fo_status fo_gemm_grouped_shape(fo_gemm_grouped_t op, int64_t* max_rows, int* experts, int64_t* n,
+                                         int64_t* k, fo_dtype* dtype);
+/* Waits for the op's last call and releases it. NULL: nothing. */
+FO_C_API fo_status fo_gemm_grouped_destroy(fo_gemm_grouped_t op);
 
 #ifdef __cplusplus
 }  /* extern "C" */

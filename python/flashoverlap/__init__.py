@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__", "FlashOverlapError", "InvalidArgument", "NoGpu", "library_path", "load", "local_gpus", "nccl_version",
     "Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id", "allreduce_curve_path",
-    "plan_gemm_allreduce", "plan_gemm_reducescatter", "plan_gemm_alltoall",
+    "plan_gemm_allreduce", "plan_gemm_reducescatter", "plan_gemm_alltoall", "GroupedGemm",
 ]
 
 # The C ABI's status codes (fo_status).
@@ -135,7 +135,8 @@ def nccl_version():
 def __getattr__(name):
     # The ctypes layer's classes, without importing it (nor loading anything) at import.
     if name in ("Communicator", "GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "unique_id",
-                "allreduce_curve_path", "plan_gemm_allreduce", "plan_gemm_reducescatter", "plan_gemm_alltoall"):
+                "allreduce_curve_path", "plan_gemm_allreduce", "plan_gemm_reducescatter", "plan_gemm_alltoall",
+                "GroupedGemm"):
         from . import _capi
         return getattr(_capi, name)
     raise AttributeError(f"module 'flashoverlap' has no attribute {name!r}")

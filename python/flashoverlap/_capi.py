@@ -99,6 +99,18 @@ class A2aOptions(ctypes.Structure):
 assert ctypes.sizeof(A2aOptions) == 32 and A2aOptions.exchange_timeout_s.offset == 24, "fo_gemm_alltoall_options layout"
 
 
+class GroupedOptions(ctypes.Structure):
+    """fo_gemm_grouped_options (16 bytes; c_api.cpp asserts the offsets)."""
+
+    _fields_ = [("struct_size", c_size_t), ("path", c_int32)]
+
+
+assert ctypes.sizeof(GroupedOptions) == 16 and GroupedOptions.path.offset == 8, "fo_gemm_grouped_options layout"
+
+# GroupedGemmOptions::Path, by name.
+GROUPED_PATHS = {"auto": 0, "ours": 1, "cublas": 2}
+
+
 class Routing(ctypes.Structure):
     """fo_alltoall_routing (72 bytes; c_api.cpp asserts the offsets): one
     call's routing on this rank, its arrays in host memory, or in device
@@ -182,6 +194,14 @@ _PROTOTYPES = {
     "fo_gemm_alltoall_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int64), POINTER(c_int), POINTER(c_int64),
                                          POINTER(c_int64), POINTER(c_int), POINTER(c_int)]),
     "fo_gemm_alltoall_destroy": (_STATUS, [_h]),
+    "fo_gemm_grouped_options_default": (_STATUS, [POINTER(GroupedOptions), c_size_t]),
+    "fo_gemm_grouped_create": (_STATUS, [c_int64, c_int, c_int64, c_int64, c_int, POINTER(GroupedOptions),
+                                         POINTER(_h)]),
+    "fo_gemm_grouped_run": (_STATUS, [_h, _h, _h, POINTER(c_int64), _h, c_int64, _h]),
+    "fo_gemm_grouped_last_plan": (_STATUS, [_h, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "fo_gemm_grouped_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int), POINTER(c_int64), POINTER(c_int64),
+                                        POINTER(c_int)]),
+    "fo_gemm_grouped_destroy": (_STATUS, [_h]),
 }
 
 
@@ -829,3 +849,53 @@ class GemmAllToAll(_GemmBase):
         mr, mt, topk, n, k, d, w = c_int64(), c_int64(), c_int(), c_int64(), c_int64(), c_int(), c_int()
         self._c("shape")(self.handle, byref(mr), byref(mt), byref(topk), byref(n), byref(k), byref(d), byref(w))
         return mr.value, mt.value, topk.value, n.value, k.value, d.value, w.value
+
+
+def make_grouped_options(lib, path="auto"):
+    """fo_gemm_grouped_options: the library's defaults, then what is given."""
+    o = GroupedOptions()
+    lib.c.fo_gemm_grouped_options_default(byref(o), ctypes.sizeof(o))
+    if path not in GROUPED_PATHS:
+        raise InvalidArgument(f"path = {path!r}: one of {', '.join(map(repr, GROUPED_PATHS))} (GroupedGemm's)")
+    o.path = GROUPED_PATHS[path]
+    return o
+
+
+class GroupedGemm(_Handle):
+    """The experts' GEMM of a mixture of experts (flashoverlap::GroupedGemm),
+    on the current device, no communication: each expert's rows of a times
+    its weight of b ([experts, n, k]), on device pointers."""
+
+    _destroy = "fo_gemm_grouped_destroy"
+
+    def _c(self, name):
+        return getattr(self._lib.c, f"fo_gemm_grouped_{name}")
+
+    def __init__(self, max_rows, experts, n, k, dtype, *, path="auto"):
+        lib = _lib()
+        opts = make_grouped_options(lib, path)
+        out = c_void_p()
+        lib.c.fo_gemm_grouped_create(max_rows, experts, n, k, dtype_code(dtype), byref(opts), byref(out))
+        super().__init__(lib, out)
+        self.experts = int(experts)
+        self._counts = (c_int64 * self.experts)()  # (filled in place each call: no ctypes object per call)
+
+    def run(self, a, b, counts, out, ld_out=0, stream=None):
+        """out (sum(counts) x n) = each expert's counts[e] rows of a (expert
+        after expert) times its weight of b, on stream (a cudaStream_t as an
+        integer; None/0: the legacy default stream)."""
+        if len(counts) != self.experts:
+            raise InvalidArgument(f"counts has {len(counts)} entries, the op {self.experts} experts")
+        for i, c in enumerate(counts):
+            self._counts[i] = int(c)
+        self._c("run")(self.handle, a or None, b or None, self._counts, out or None, ld_out, stream or None)
+
+    def last_plan(self):
+        """The last call's GEMM and why, as text ("no call yet" before one)."""
+        return _plan_text(self._c("last_plan"), self.handle)
+
+    def shape(self):
+        """(max_rows, experts, n, k, dtype code)."""
+        mr, e, n, k, d = c_int64(), c_int(), c_int64(), c_int64(), c_int()
+        self._c("shape")(self.handle, byref(mr), byref(e), byref(n), byref(k), byref(d))
+        return mr.value, e.value, n.value, k.value, d.value

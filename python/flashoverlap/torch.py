@@ -74,8 +74,8 @@ from ._checks import (INT32_MAX, RS_TILE_ROWS, _check_dtype, _check_shape, _chec
                       _resolve_group, _tm, check_a2a_inputs, check_gather_inputs, check_inputs, check_rs_inputs,
                       rs_rows, rs_rows_out)
 
-__all__ = ["GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "gemm_all_reduce", "gemm_reduce_scatter",
-           "gemm_all_to_all", "clear_cache", "require_torch", "MIN_TORCH"]
+__all__ = ["GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "GroupedGemm", "gemm_all_reduce",
+           "gemm_reduce_scatter", "gemm_all_to_all", "clear_cache", "require_torch", "MIN_TORCH"]
 
 MIN_TORCH = (2, 4)  # torch.library.custom_op and register_fake
 
@@ -1002,6 +1002,74 @@ class GemmAllToAll(_OpBase):
 
 
 # ---- the functionals ----
+
+class GroupedGemm:
+    """The experts' GEMM of a mixture of experts, no communication
+    (flashoverlap::GroupedGemm): each expert's rows of x times its own weight.
+
+    GroupedGemm(max_rows, experts, n, k, dtype, *, device=None, path="auto")
+
+    op(x, weight, counts, out=None) -> out: x [rows, k] holds the experts'
+    rows expert after expert (counts[e] rows of expert e, as a dispatch
+    sorts them), weight [experts, n, k] the experts' nn.Linear weights
+    stacked, counts the rows per expert (ints, or a CPU integer tensor; their
+    sum is rows <= max_rows); out [rows, n] (allocated where not given) =
+    each row of x times its expert's weight transposed. path: "auto" (the
+    faster of ours and cuBLAS's per-expert GEMMs at the call's mean rows per
+    expert, timed at construction), "ours" or "cublas". Eager calls on the
+    current stream (not yet a custom op: not for torch.compile or CUDA graphs).
+    """
+
+    def __init__(self, max_rows, experts, n, k, dtype, *, device=None, path="auto"):
+        who = "GroupedGemm"
+        torch = require_torch()
+        for name, v in (("max_rows", max_rows), ("experts", experts), ("n", n), ("k", k)):
+            if not _is_int(v):
+                raise InvalidArgument(f"{who}: {name} = {v!r} is not an int")
+        if max_rows < 1 or experts < 1 or n < 1 or k < 8 or k % 8:
+            raise InvalidArgument(f"{who}: max_rows = {max_rows}, experts = {experts}, n = {n}, k = {k}: needs "
+                                  "max_rows, experts and n >= 1 and k a positive multiple of 8 (16-byte rows)")
+        code = _check_dtype(torch, dtype, who)
+        if path not in _capi.GROUPED_PATHS:
+            raise InvalidArgument(f"{who}: path = {path!r}: one of {', '.join(map(repr, _capi.GROUPED_PATHS))}")
+        self.device = _resolve_device(torch, device, who)
+        self.max_rows, self.experts, self.n, self.k, self.dtype, self.path = max_rows, experts, n, k, dtype, path
+        with torch.cuda.device(self.device):
+            self._op = _capi.GroupedGemm(max_rows, experts, n, k, code, path=path)
+
+    def __repr__(self):
+        dt = str(self.dtype).replace("torch.", "")
+        return (f"GroupedGemm(max_rows={self.max_rows}, experts={self.experts}, n={self.n}, k={self.k}, {dt}, "
+                f"path={self.path!r}, {self.device})")
+
+    def __str__(self):
+        return repr(self)
+
+    def __call__(self, x, weight, counts, out=None):
+        torch = require_torch()
+        counts = [int(c) for c in (counts.tolist() if hasattr(counts, "tolist") else counts)]
+        if len(counts) != self.experts:
+            raise InvalidArgument(f"{self}: counts has {len(counts)} entries, expected {self.experts}")
+        if any(c < 0 for c in counts):
+            raise InvalidArgument(f"{self}: counts must be >= 0, not {counts}")
+        rows = sum(counts)
+        if rows > self.max_rows:
+            raise InvalidArgument(f"{self}: the counts sum to {rows} rows, more than max_rows = {self.max_rows}")
+        _check_tensor(self, "x", x, (rows, self.k))
+        _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
+        if out is None:
+            out = torch.empty(rows, self.n, dtype=self.dtype, device=self.device)
+        else:
+            _check_tensor(self, "out", out, (rows, self.n), rows_contiguous=True)
+        if rows:
+            self._op.run(x.data_ptr(), weight.data_ptr(), counts, out.data_ptr(), out.stride(0),
+                         _raw_stream(torch, self.device.index))
+        return out
+
+    def last_plan(self):
+        """The last call's GEMM and why, as text."""
+        return self._op.last_plan()
+
 
 def round_max_m(m):
     """The max_m the functional builds for m rows: the next power of two, at

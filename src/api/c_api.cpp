@@ -38,6 +38,9 @@ struct fo_gemm_reducescatter {
 struct fo_gemm_alltoall {
   flashoverlap::GemmAllToAll op;
 };
+struct fo_gemm_grouped {
+  flashoverlap::GroupedGemm op;
+};
 
 // The layout the header promises (ctypes mirrors it field by field).
 static_assert(sizeof(fo_status) == 4 && sizeof(fo_dtype) == 4 && sizeof(fo_path) == 4 && sizeof(fo_rs_layout) == 4);
@@ -83,6 +86,9 @@ constexpr size_t kOptionsV1Size = offsetof(fo_gemm_allreduce_options, curves) + 
 constexpr size_t kRsOptionsV1Size = offsetof(fo_gemm_reducescatter_options, tuning_cache);
 // ... for fo_gemm_alltoall_options (this one) and fo_alltoall_routing (up to recv_counts).
 constexpr size_t kA2aOptionsV1Size = sizeof(fo_gemm_alltoall_options);
+constexpr size_t kGroupedOptionsV1Size = sizeof(fo_gemm_grouped_options);
+static_assert(offsetof(fo_gemm_grouped_options, path) == 8 && sizeof(fo_gemm_grouped_options) == 16,
+              "fo_gemm_grouped_options layout");
 constexpr size_t kRoutingV1Size = offsetof(fo_alltoall_routing, on_device);
 
 // This thread's last message: t_static when set (a literal, for when even
@@ -329,6 +335,23 @@ flashoverlap::GemmAllToAllOptions to_a2a_options(const fo_gemm_alltoall_options*
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;
   r.exchange_timeout_s = o->exchange_timeout_s;
+  return r;
+}
+
+flashoverlap::GroupedGemmOptions to_grouped_options(const fo_gemm_grouped_options* o) {
+  flashoverlap::GroupedGemmOptions r;
+  if (!o) return r;
+  check_options_size(o, o->struct_size, kGroupedOptionsV1Size, sizeof(fo_gemm_grouped_options),
+                     "fo_gemm_grouped_options_default");
+  using P = flashoverlap::GroupedGemmOptions::Path;
+  switch (o->path) {
+    case FO_GROUPED_AUTO: r.path = P::Auto; break;
+    case FO_GROUPED_OURS: r.path = P::Ours; break;
+    case FO_GROUPED_CUBLAS: r.path = P::Cublas; break;
+    default:
+      throw InvalidArgument("options->path = " + std::to_string(o->path) +
+                            " is not a grouped GEMM path (FO_GROUPED_AUTO 0, FO_GROUPED_OURS 1, FO_GROUPED_CUBLAS 2)");
+  }
   return r;
 }
 
@@ -850,6 +873,57 @@ fo_status fo_gemm_alltoall_shape(fo_gemm_alltoall_t op, int64_t* max_rows, int64
 
 fo_status fo_gemm_alltoall_destroy(fo_gemm_alltoall_t op) {
   return guard("fo_gemm_alltoall_destroy", [&] { delete op; });
+}
+
+// ---- GroupedGemm ----
+
+fo_status fo_gemm_grouped_options_default(fo_gemm_grouped_options* options, size_t struct_size) {
+  return guard("fo_gemm_grouped_options_default", [&] {
+    require(options, "options");
+    check_default_size(struct_size, kGroupedOptionsV1Size);
+    fo_gemm_grouped_options d{};
+    d.struct_size = struct_size;
+    d.path = FO_GROUPED_AUTO;  // (GroupedGemmOptions{}'s)
+    write_options(options, d, struct_size);
+  });
+}
+
+fo_status fo_gemm_grouped_create(int64_t max_rows, int experts, int64_t n, int64_t k, fo_dtype dtype,
+                                 const fo_gemm_grouped_options* options, fo_gemm_grouped_t* out) {
+  return guard("fo_gemm_grouped_create", [&] {
+    require(out, "out");
+    *out = nullptr;
+    const flashoverlap::DType d = to_dtype(dtype);
+    const flashoverlap::GroupedGemmOptions o = to_grouped_options(options);
+    *out = new fo_gemm_grouped{flashoverlap::GroupedGemm(max_rows, experts, n, k, d, o)};
+  });
+}
+
+fo_status fo_gemm_grouped_run(fo_gemm_grouped_t op, const void* a, const void* b, const int64_t* counts, void* out,
+                              int64_t ld_out, void* stream) {
+  return guard("fo_gemm_grouped_run", [&] {
+    require(counts, "counts");
+    deref(op, "op").op.run(a, b, counts, out, static_cast<cudaStream_t>(stream), ld_out);
+  });
+}
+
+fo_status fo_gemm_grouped_last_plan(fo_gemm_grouped_t op, char* buf, size_t size, size_t* needed) {
+  return guard("fo_gemm_grouped_last_plan", [&] {
+    op_text(op, buf, size, needed, [](const auto& x) { return x.last_plan(); });
+  });
+}
+
+fo_status fo_gemm_grouped_shape(fo_gemm_grouped_t op, int64_t* max_rows, int* experts, int64_t* n, int64_t* k,
+                                fo_dtype* dtype) {
+  return guard("fo_gemm_grouped_shape", [&] {
+    op_shape(op, n, k, dtype);
+    if (max_rows) *max_rows = op->op.max_rows();
+    if (experts) *experts = op->op.experts();
+  });
+}
+
+fo_status fo_gemm_grouped_destroy(fo_gemm_grouped_t op) {
+  return guard("fo_gemm_grouped_destroy", [&] { delete op; });
 }
 
 }  // extern "C"

@@ -19,6 +19,9 @@
 #include "flashoverlap/flashoverlap.h"
 #include "host_reference.h"
 #include "kernels/check.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/cublas.h"
+#include "kernels/gemm.h"
 #include "plan/tile_grid.h"
 #include "host_cost.h"
 #include "op_reference.h"
@@ -478,6 +481,86 @@ TEST(GemmAllReduceApi, RejectsBadArguments) {
     EXPECT_EQ(op.n(), 128);
     EXPECT_EQ(op.k(), 64);
   });
+}
+
+// The public grouped GEMM on fresh random counts (0, ragged, one row, all
+// rows to one expert): each path's output equals its definition, expert by
+// expert — ours bitwise our plain GEMM of the expert's rows, cuBLAS's
+// bitwise its own GEMM of them, Auto one of the two (its last_plan says
+// which) — and within the bound of cuBLAS's for every path; strided output;
+// bad calls refused before anything runs.
+TEST(ApiGroupedGemm, EachPathComputesEveryExpertsRows) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int experts = 6;
+  const int64_t n = 8 * int64_t(1 + rng() % 300), k = 64 * int64_t(1 + rng() % 16), max_rows = 3000;
+  SCOPED_TRACE("n " + std::to_string(n) + ", k " + std::to_string(k) + ", seed " + std::to_string(seed));
+  using GPath = GroupedGemmOptions::Path;
+  for (GPath path : {GPath::Ours, GPath::Cublas, GPath::Auto}) {
+    GroupedGemmOptions o;
+    o.path = path;
+    GroupedGemm op(max_rows, experts, n, k, DType::BF16, o);
+    EXPECT_EQ(op.last_plan(), "no call yet");
+    for (int call = 0; call < 4; ++call) {
+      std::vector<int64_t> counts(static_cast<size_t>(experts));
+      for (auto& c : counts) c = rng() % 3 == 0 ? 0 : rng() % 4 == 0 ? 1 : int64_t(rng() % 500);
+      if (call == 3) std::fill(counts.begin(), counts.end(), 0), counts[rng() % experts] = max_rows;
+      int64_t rows = 0;
+      for (int64_t c : counts) rows += c;
+      const int64_t ld = n + 8 * (call % 2);
+      DeviceBuffer a(size_t(std::max<int64_t>(rows, 1)) * k * 2), b(size_t(experts) * n * k * 2),
+          out(size_t(std::max<int64_t>(rows, 1)) * ld * 2), ours(size_t(std::max<int64_t>(rows, 1)) * n * 2),
+          theirs(size_t(std::max<int64_t>(rows, 1)) * n * 2);
+      kernels::fill_random(kernels::DType::BF16, a.get(), rows * k, seed + call, -1.f, 1.f, nullptr);
+      kernels::fill_random(kernels::DType::BF16, b.get(), int64_t(experts) * n * k, seed + call + 9, -1.f, 1.f, nullptr);
+      kernels::poison(out.get(), std::max<int64_t>(rows, 1) * ld, nullptr);
+      rt::CublasGemm gemm_ex(rt::CublasGemm::Api::GemmEx);
+      int64_t row = 0;
+      for (int e = 0; e < experts; ++e) {  // each expert's rows, by our plain GEMM and by cuBLAS's
+        if (counts[size_t(e)] > 0) {
+          const char* ae = static_cast<const char*>(a.get()) + row * k * 2;
+          const char* be = static_cast<const char*>(b.get()) + int64_t(e) * n * k * 2;
+          const plan::Schedule s = plan::make_schedule(counts[size_t(e)], n, {128, 256}, 132, plan::Raster::AlongN, 2);
+          kernels::launch_gemm(kernels::plain_gemm(kernels::DType::BF16, ae, be, s, int32_t(k),
+                                                   static_cast<char*>(ours.get()) + row * n * 2, n), nullptr);
+          gemm_ex.run(kernels::DType::BF16, ae, be, static_cast<char*>(theirs.get()) + row * n * 2,
+                      int(counts[size_t(e)]), int(n), int(k), n, nullptr);
+        }
+        row += counts[size_t(e)];
+      }
+      op.run(a.get(), b.get(), counts.data(), out.get(), nullptr, ld);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::string plan = op.last_plan();
+      SCOPED_TRACE("call " + std::to_string(call) + ": " + plan);
+      if (rows == 0) {
+        EXPECT_EQ(plan, "nothing to compute (0 rows)");
+        continue;
+      }
+      const bool by_cublas = plan.rfind("cuBLAS", 0) == 0;
+      EXPECT_EQ(by_cublas, path == GPath::Cublas || (path == GPath::Auto && by_cublas));
+      EXPECT_EQ(plan.rfind("ours: ", 0) == 0, !by_cublas);
+      if (!by_cublas || ld == n)  // (cuBLAS may choose another kernel for another ld)
+        EXPECT_TRUE(test::bitwise(kernels::compare(kernels::DType::BF16, out.get(), ld,
+                                                   by_cublas ? theirs.get() : ours.get(), n, rows, n, nullptr)));
+      EXPECT_TRUE(test::within(kernels::compare(kernels::DType::BF16, out.get(), ld, theirs.get(), n, rows, n, nullptr,
+                                                kernels::gemm_tolerance(kernels::DType::BF16, k))));
+    }
+    if (path == GPath::Auto) EXPECT_NE(op.last_plan().find(" rows per expert: ours "), std::string::npos);
+    std::vector<int64_t> bad(static_cast<size_t>(experts), 0);
+    bad[0] = -1;
+    DeviceBuffer any(1 << 20);
+    EXPECT_THROW(op.run(any.get(), any.get(), bad.data(), any.get(), nullptr), InvalidArgument);
+    bad[0] = max_rows + 1;
+    EXPECT_THROW(op.run(any.get(), any.get(), bad.data(), any.get(), nullptr), InvalidArgument);
+    bad[0] = 1;
+    EXPECT_THROW(op.run(any.get(), any.get(), bad.data(), any.get(), nullptr, n - 1), InvalidArgument);  // ld_out
+    EXPECT_THROW(op.run(static_cast<char*>(any.get()) + 2, any.get(), bad.data(), any.get(), nullptr),
+                 InvalidArgument);  // misaligned a
+    EXPECT_THROW(op.run(any.get(), any.get(), nullptr, any.get(), nullptr), InvalidArgument);
+  }
+  EXPECT_THROW(GroupedGemm(64, 0, 64, 64, DType::BF16), InvalidArgument);
+  EXPECT_THROW(GroupedGemm(64, 2, 64, 60, DType::BF16), InvalidArgument);
 }
 
 }  // namespace

@@ -529,6 +529,31 @@ class CApi(unittest.TestCase):
 
     # ---- GemmAllToAll ----
 
+    def test_grouped_gemm_surface(self):
+        # The C calls as the header declares them, the options' defaults and paths, and the values checked
+        # before any GPU is touched (the GPU tests run the op itself).
+        v, i64, P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER
+        self.assertEqual(_capi._PROTOTYPES["fo_gemm_grouped_run"], (_capi._STATUS, [v, v, v, P(i64), v, i64, v]))
+        self.assertEqual(_capi._PROTOTYPES["fo_gemm_grouped_create"],
+                         (_capi._STATUS, [i64, ctypes.c_int, i64, i64, ctypes.c_int, P(_capi.GroupedOptions), P(v)]))
+        self.assertEqual(_capi.make_grouped_options(self.lib).path, 0)
+        self.assertEqual(_capi.make_grouped_options(self.lib, "cublas").path, 2)
+        with self.assertRaisesRegex(InvalidArgument, "GroupedGemm's"):
+            _capi.make_grouped_options(self.lib, "sideways")
+        for args, message in (((0, 4, 64, 64), "max_m"), ((64, 0, 64, 64), "experts must be in"),
+                              ((64, 4, 64, 60), "k a multiple of 8")):
+            with self.subTest(args=args), self.assertRaisesRegex(InvalidArgument, message):
+                flashoverlap.GroupedGemm(*args, "bf16")
+        bad = _capi.GroupedOptions()
+        self.lib.c.fo_gemm_grouped_options_default(ctypes.byref(bad), ctypes.sizeof(bad))
+        bad.path = 7
+        out = ctypes.c_void_p()
+        with self.assertRaisesRegex(InvalidArgument, "not a grouped GEMM path"):
+            self.lib.c.fo_gemm_grouped_create(64, 4, 64, 64, 0, ctypes.byref(bad), ctypes.byref(out))
+        if not self.gpu:
+            with self.assertRaises(flashoverlap.FlashOverlapError):  # (NoGpu, or CUDA's error)
+                flashoverlap.GroupedGemm(64, 4, 64, 64, "bf16")
+
     def test_alltoall_prototypes(self):
         P, i32, i64, v = ctypes.POINTER, ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
         # fo_status (fo_gemm_alltoall_t op, const void* a, const void* b, const fo_alltoall_routing* routing,
@@ -541,7 +566,7 @@ class CApi(unittest.TestCase):
         self.assertEqual(_capi._PROTOTYPES["fo_gemm_alltoall_shape"][1],
                          [v, P(i64), P(i64), P(ctypes.c_int), P(i64), P(i64), P(ctypes.c_int), P(ctypes.c_int)])
         names = list(_capi._PROTOTYPES)  # (in the header's order, after GemmReduceScatter's)
-        self.assertEqual(names[names.index("fo_gemm_reducescatter_destroy") + 1:],
+        self.assertEqual(names[names.index("fo_gemm_reducescatter_destroy") + 1:names.index("fo_gemm_alltoall_destroy") + 1],
                          ["fo_gemm_alltoall_options_default", "fo_gemm_alltoall_create", "fo_gemm_alltoall_run",
                           "fo_gemm_alltoall_last_plan", "fo_gemm_alltoall_check", "fo_gemm_alltoall_shape",
                           "fo_gemm_alltoall_destroy"])

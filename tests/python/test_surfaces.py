@@ -17,11 +17,13 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import flashoverlap.torch as fot  # noqa: E402  (imports without torch: the classes are plain Python)
 
-OPS = {"allreduce": "GemmAllReduce", "reducescatter": "GemmReduceScatter", "alltoall": "GemmAllToAll"}
+OPS = {"allreduce": "GemmAllReduce", "reducescatter": "GemmReduceScatter", "alltoall": "GemmAllToAll",
+       "grouped": "GroupedGemm"}
+COLLECTIVES = {op: name for op, name in OPS.items() if op != "grouped"}  # (the ops with an NVLink path)
 
 # C++ calls a surface spells otherwise: {call: (C function suffix or None, Python name or None)}; None: the
 # surface's idiom stands for it, named in the reason.
-ACCESSORS = {"max_m", "n", "k", "dtype", "world", "max_rows", "max_tokens", "topk"}  # C: fo_gemm_<op>_shape; Python: attributes
+ACCESSORS = {"max_m", "n", "k", "dtype", "world", "max_rows", "max_tokens", "topk", "experts"}  # C: fo_gemm_<op>_shape; Python: attributes
 PYTHON_NAMES = {"run": "__call__", "run_rmsnorm": "__call__"}  # (op(x, w) and op(x, w, residual=, norm_weight=))
 
 
@@ -126,7 +128,7 @@ class Surfaces(unittest.TestCase):
 
     def test_the_nvlink_path_has_one_name(self):
         # (the C enum keeps FO_PATH_OWNERS as the AllReduce's former name for it)
-        for op, name in OPS.items():
+        for op, name in COLLECTIVES.items():
             with self.subTest(op=op):
                 paths = block(self.header, f"struct {name}Options {{")
                 self.assertRegex(paths, r"enum class Path \{[^}]*\bNVLink\b")

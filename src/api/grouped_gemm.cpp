@@ -1,0 +1,217 @@
+// grouped_gemm.cpp — flashoverlap::GroupedGemm (flashoverlap.h): ours (the
+// signalling kernel's grouped tile rows, plan/grouped.h, in one launch) or
+// cuBLAS's one GEMM per expert, by the call's mean rows per expert and the
+// times taken at construction.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <sstream>
+
+#include "api/op_setup.h"
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "plan/gemm_choice.h"
+#include "plan/grouped.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/cublas.h"
+#include "runtime/tune/host_gate.h"
+#include "runtime/tune/timing.h"
+
+namespace flashoverlap {
+
+struct GroupedGemm::Impl {
+  int64_t max_rows = 0, n = 0, k = 0;
+  int experts = 0, sms = 0;
+  DType dtype = DType::BF16;
+  GroupedGemmOptions opts;
+  // (made once the arguments are checked; GemmEx: no per-shape state, and every call's counts differ)
+  std::unique_ptr<rt::CublasGemm> cublas;
+  // Path::Auto: per sample of mean rows per expert, the two GEMMs' times.
+  struct Sample {
+    int64_t rows = 0;
+    double ours_ms = 0, cublas_ms = 0;
+    size_t tile = 0;  // ours: the faster of op_tiles()
+    bool cublas = false;
+  };
+  std::vector<Sample> samples;
+  std::vector<int64_t> sample_rows;
+  rt::DeviceBuffer tables;  // [3][max tile rows]: a_row0, b_row0, rows
+  int32_t max_tile_rows = 0;
+  cudaEvent_t done = nullptr;  // the last call's end (a call on another stream waits for it)
+  cudaStream_t last_stream = nullptr;
+  bool called = false;
+  std::string last_plan = "no call yet";
+
+  std::string who() const {
+    return "GroupedGemm (max_rows " + std::to_string(max_rows) + ", " + std::to_string(experts) + " experts, n " +
+           std::to_string(n) + ", k " + std::to_string(k) + ")";
+  }
+  // Our GEMM of these counts (tables already on the device for run; here built for the timing).
+  kernels::GemmParams ours(const plan::GroupedTileRows& g, size_t tile, const void* a, const void* b, void* out,
+                           int64_t ld, const int32_t* device_tables, int64_t a_rows) const {
+    const plan::TileShape t = api::op_tiles()[tile];
+    const plan::Schedule s = plan::make_grouped_schedule(g, n, t, sms, plan::Raster::AlongN,
+                                                         plan::default_swizzle(sms, t, g.tile_rows()));
+    kernels::GemmParams p = kernels::plain_gemm(api::to_kernels(dtype), a, b, s, int32_t(k), out, ld);
+    p.grouped = {device_tables, device_tables + max_tile_rows, device_tables + 2 * int64_t(max_tile_rows), a_rows,
+                 int64_t(experts) * n};
+    return p;
+  }
+  void upload(const plan::GroupedTileRows& g, int32_t* device_tables, cudaStream_t stream) const {
+    // (pageable: the copies take the host vectors when they are queued, which may then go)
+    const size_t bytes = size_t(g.tile_rows()) * 4;
+    FO_CUDA_CHECK(cudaMemcpyAsync(device_tables, g.a_row0.data(), bytes, cudaMemcpyHostToDevice, stream));
+    FO_CUDA_CHECK(cudaMemcpyAsync(device_tables + max_tile_rows, g.b_row0.data(), bytes, cudaMemcpyHostToDevice, stream));
+    FO_CUDA_CHECK(cudaMemcpyAsync(device_tables + 2 * int64_t(max_tile_rows), g.rows.data(), bytes,
+                                  cudaMemcpyHostToDevice, stream));
+  }
+  void cublas_loop(const void* a, const void* b, const int64_t* counts, void* out, int64_t ld, cudaStream_t stream) {
+    const auto* pa = static_cast<const char*>(a);
+    const auto* pb = static_cast<const char*>(b);
+    auto* pc = static_cast<char*>(out);
+    int64_t row = 0;
+    for (int e = 0; e < experts; ++e) {
+      if (counts[e] > 0)
+        cublas->run(api::to_kernels(dtype), pa + row * k * 2, pb + int64_t(e) * n * k * 2, pc + row * ld * 2,
+                   int(counts[e]), int(n), int(k), ld, stream);
+      row += counts[e];
+    }
+  }
+  void measure();
+};
+
+// The two GEMMs timed in turns at each sample of mean rows per expert, with
+// uniform counts, on at most 8 experts (both scale alike with the experts:
+// each reads every weight once), so that the calibration's weights stay small.
+void GroupedGemm::Impl::measure() {
+  const int e_cal = std::min(experts, 8);
+  const std::vector<int64_t> rows = plan::gemm_choice_samples(std::max<int64_t>(max_rows / experts, 1));
+  const int64_t most = rows.back() * e_cal;
+  const kernels::DType dt = api::to_kernels(dtype);
+  rt::DeviceBuffer a(size_t(most) * k * 2), b(size_t(e_cal) * n * k * 2), c(size_t(most) * n * 2),
+      cal_tables(size_t(3) * max_tile_rows * 4);
+  cudaStream_t st = nullptr;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  kernels::fill_random(dt, a.get(), most * k, 1, -1.f, 1.f, st);
+  kernels::fill_random(dt, b.get(), int64_t(e_cal) * n * k, 2, -1.f, 1.f, st);
+  constexpr double kOursMargin = 0.04;  // a near tie goes to cuBLAS's, as for the plain GEMM
+  const int saved = experts;
+  experts = e_cal;  // (the helpers read it: the calibration's experts)
+  for (int64_t r : rows) {
+    const std::vector<int64_t> counts(size_t(e_cal), r);
+    const plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(counts), e_cal, n, 128);
+    upload(g, cal_tables.as<int32_t>(), st);
+    std::vector<kernels::GemmParams> ps;
+    for (size_t t = 0; t < api::op_tiles().size(); ++t)
+      ps.push_back(ours(g, t, a.get(), b.get(), c.get(), n, cal_tables.as<int32_t>(), r * e_cal));
+    std::vector<std::function<void()>> fns = {[&] { cublas_loop(a.get(), b.get(), counts.data(), c.get(), n, st); }};
+    for (const kernels::GemmParams& p : ps) fns.push_back([&p, st] { kernels::launch_gemm(p, st); });
+    const std::vector<rt::TimingStats> t = rt::time_interleaved(fns, st, 2, r <= 256 ? 15 : 7, {}, &rt::thread_gate());
+    Sample x;
+    x.rows = r, x.cublas_ms = t[0].median_ms;
+    x.tile = t[2].median_ms < t[1].median_ms ? 1 : 0;
+    x.ours_ms = t[1 + x.tile].median_ms;
+    x.cublas = !(x.ours_ms < (1 - kOursMargin) * x.cublas_ms);
+    samples.push_back(x);
+  }
+  experts = saved;
+  FO_CUDA_CHECK(cudaStreamSynchronize(st));
+  FO_CUDA_CHECK(cudaStreamDestroy(st));
+  sample_rows = rows;
+}
+
+GroupedGemm::GroupedGemm(int64_t max_rows, int experts, int64_t n, int64_t k, DType dtype,
+                         const GroupedGemmOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  d.max_rows = max_rows, d.experts = experts, d.n = n, d.k = k, d.dtype = dtype, d.opts = options;
+  api::check_shape(d.who(), max_rows, n, k);
+  if (experts < 1 || experts > 4096 || int64_t(experts) * n > INT32_MAX)
+    throw InvalidArgument(d.who() + ": experts must be in [1, 4096], and experts x n below 2^31 (B's rows)");
+  if (options.path != GroupedGemmOptions::Path::Auto && options.path != GroupedGemmOptions::Path::Ours &&
+      options.path != GroupedGemmOptions::Path::Cublas)
+    throw InvalidArgument(d.who() + ": unknown path");
+  d.sms = rt::current_device_sms();
+  d.cublas = std::make_unique<rt::CublasGemm>(rt::CublasGemm::Api::GemmEx);
+  // Each expert's rows in tile rows of their own: at most one ragged tile row per expert.
+  d.max_tile_rows = int32_t(std::min<int64_t>((max_rows + 127) / 128 + experts, INT32_MAX / 3));
+  d.tables = rt::DeviceBuffer(size_t(3) * d.max_tile_rows * 4);
+  FO_CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
+  if (options.path == GroupedGemmOptions::Path::Auto) d.measure();
+}
+
+GroupedGemm::~GroupedGemm() {
+  if (impl_ && impl_->done) {
+    cudaEventSynchronize(impl_->done);  // (its last call reads the tables)
+    cudaEventDestroy(impl_->done);
+  }
+}
+GroupedGemm::GroupedGemm(GroupedGemm&&) noexcept = default;
+GroupedGemm& GroupedGemm::operator=(GroupedGemm&&) noexcept = default;
+
+void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void* out, cudaStream_t stream,
+                      int64_t ld_out) {
+  Impl& d = *impl_;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call uploads its counts' tables)");
+  if (!counts) throw InvalidArgument(d.who() + ": counts must not be null (" + std::to_string(d.experts) + " entries)");
+  int64_t rows = 0;
+  for (int e = 0; e < d.experts; ++e) {
+    if (counts[e] < 0 || counts[e] > d.max_rows)
+      throw InvalidArgument(d.who() + ": counts[" + std::to_string(e) + "] = " + std::to_string(counts[e]) +
+                            " is outside [0, max_rows]");
+    rows += counts[e];
+  }
+  if (rows > d.max_rows)
+    throw InvalidArgument(d.who() + ": the counts sum to " + std::to_string(rows) + " rows, more than max_rows");
+  if (ld_out != 0 && ld_out < d.n)
+    throw InvalidArgument(d.who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n)");
+  const int64_t ld = ld_out == 0 ? d.n : ld_out;
+  if (rows == 0) {
+    d.last_plan = "nothing to compute (0 rows)";
+    return;
+  }
+  if (!a || !b || !out) throw InvalidArgument(d.who() + ": a, b and out must not be null with rows");
+  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 != 0)
+    throw InvalidArgument(d.who() + ": a and b must be 16-byte aligned");
+  if (d.called && stream != d.last_stream) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, d.done, 0));
+  const int64_t mean = std::max<int64_t>(rows / d.experts, 1);
+  using Path = GroupedGemmOptions::Path;
+  const Impl::Sample* at = d.samples.empty() ? nullptr : &d.samples[plan::gemm_choice_sample_of(d.sample_rows, mean)];
+  const bool use_cublas = d.opts.path == Path::Cublas || (d.opts.path == Path::Auto && at->cublas);
+  std::ostringstream why;
+  if (at) {
+    why.precision(3);
+    why << std::fixed << " (mean " << mean << " rows per expert: ours " << at->ours_ms << " ms against cuBLAS's "
+        << at->cublas_ms << " ms at " << at->rows << ")";
+  }
+  if (use_cublas) {
+    d.cublas_loop(a, b, counts, out, ld, stream);
+    d.last_plan = "cuBLAS's GEMM per expert" + why.str();
+  } else {
+    const std::vector<int64_t> c(counts, counts + d.experts);
+    const plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(c), d.experts, d.n, 128);
+    const size_t tile = at ? at->tile : d.n > 128 ? 0 : 1;
+    d.upload(g, d.tables.as<int32_t>(), stream);
+    const kernels::GemmParams p = d.ours(g, tile, a, b, out, ld, d.tables.as<int32_t>(), rows);
+    kernels::launch_gemm(p, stream);
+    d.last_plan = "ours: " + std::to_string(g.tile_rows()) + " tile rows of 128x" +
+                  std::to_string(api::op_tiles()[tile].bn) + " on " + std::to_string(p.sched.ctas) + " CTAs" +
+                  why.str();
+  }
+  FO_CUDA_CHECK(cudaEventRecord(d.done, stream));
+  d.called = true, d.last_stream = stream;
+}
+
+std::string GroupedGemm::last_plan() const { return impl_->last_plan; }
+int64_t GroupedGemm::max_rows() const { return impl_->max_rows; }
+int GroupedGemm::experts() const { return impl_->experts; }
+int64_t GroupedGemm::n() const { return impl_->n; }
+int64_t GroupedGemm::k() const { return impl_->k; }
+DType GroupedGemm::dtype() const { return impl_->dtype; }
+
+}  // namespace flashoverlap
