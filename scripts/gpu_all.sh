@@ -9,6 +9,8 @@
 #   main         the README's main job (build/tools/flashoverlap, all local GPUs)
 #   never-slower the public PyTorch ops against F.linear + the torch.distributed call (bench/never_slower.py:
 #                eager, graph, latency, host time; NEVER_SLOWER_ARGS: more arguments) -> never-slower-<gpu>.csv/.json
+#   grouped      the public grouped GEMM against torch._grouped_mm and a cuBLAS loop on the experts of four
+#                models (bench/grouped_gemm.py; GROUPED_ARGS: more arguments) -> grouped-gemm-<gpu>.csv
 #   bench        the CLI's bench (the public C++ ops against cuBLAS + NCCL), each op -> bench-ops.csv
 #   test         ctest (CPU + GPU tests), log to $OUT/ctest.log
 #   gemm         bench-gemm over the GEMM shape set -> $OUT/gemm-h200.csv
@@ -212,6 +214,13 @@ for s in "$@"; do
       else
         echo "never-slower: no torch in python3: skipped"
       fi
+      ;;
+    grouped)
+      stage "the grouped GEMM against torch._grouped_mm and a cuBLAS loop (bench/grouped_gemm.py) -> grouped-gemm-<gpu>.csv"
+      tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
+      PYTHONPATH=$PWD/python FLASHOVERLAP_LIBRARY=$PWD/$BUILD/src/api/libflashoverlap.so PYTHONUNBUFFERED=1 \
+        timeout 900 python3 bench/grouped_gemm.py --out "$OUT/grouped-gemm-${tag:-gpu}.csv" ${GROUPED_ARGS:-} 2>&1 |
+        tee "$OUT/grouped.log" || status=1
       ;;
     bench)
       stage "the CLI's bench: the public ops against cuBLAS + NCCL, each op on the default shapes"
