@@ -151,8 +151,9 @@ struct Owner {
 // B's rows b_row0[tm] + tn * bn .. (B: the experts' n x k weights stacked,
 // b_rows rows in all), and of its bm rows the first rows[tm] are stored:
 // row tm * bm + r of the schedule's C is row a_row0[tm] + r of C (Plain,
-// a_rows rows; by the consumers' row stores, masked), or slot row
-// row_of[idx * bm + r] (SlotRows; the host marks the rows past rows[tm] -1).
+// a_rows rows: a whole tile row's tiles by TMA where C allows, a ragged
+// one's rows by the consumers, masked), or slot row row_of[idx * bm + r]
+// (SlotRows; the host marks the rows past rows[tm] -1).
 // The schedule's m is tile rows x bm. Off where a_row0 is null.
 struct Grouped {
   const int32_t* a_row0 = nullptr;  // device [tiles_m]

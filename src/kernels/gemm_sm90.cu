@@ -109,7 +109,7 @@ void check_gemm_params(const GemmParams& p) {
     if (g.a_rows < 1 || g.a_rows > INT32_MAX || g.b_rows < p.n || g.b_rows > INT32_MAX)
       fail("grouped: a_rows in [1, 2^31) and b_rows in [n, 2^31)");
     if (!(p.store == Store::Plain || (p.store == Store::SlotRows && p.row_of && !p.half_row)))
-      fail("grouped: Plain C (its rows stored by the consumers) or SlotRows by row_of");
+      fail("grouped: Plain C or SlotRows by row_of");
     if (p.owner.rank >= 0) fail("grouped: not with the owner layout");
   }
   const Scatter& sc = p.scatter;
@@ -201,10 +201,11 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.owner = p.owner;
   kp.grouped = p.grouped;
   CUtensorMap mc{};
-  if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && !grouped) {
+  if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
     kp.ld_out = p.ldc;
-    mc = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C");
+    kp.out = p.c;  // (grouped: the ragged tile rows' rows, which the consumers store)
+    mc = make_map(p.c, grouped ? p.grouped.a_rows : p.m, p.n, p.ldc, 64, dt, "C");
   } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.half_row)) {
     kp.tma_store = true;
     kp.ld_out = bn;

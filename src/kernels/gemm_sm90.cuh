@@ -152,11 +152,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // tensor cores busy while the tile's data drains to global memory.
       ptx::tma_prefetch_desc(&tm_c);
       const bool plain = p.store == static_cast<int32_t>(Store::Plain);
-      uint32_t t = 0;
-      for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
+      const bool grouped = p.grouped.a_row0 != nullptr;
+      uint32_t t = 0;  // tiles stored here (grouped: a ragged tile row's tiles are the consumers' to store)
+      for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
         const plan::TileCoord tc = p.sched.tile_of(idx);
-        // Plain: rows of C; SlotTiles: rows idx*BM.. of the slot buffer.
-        const int32_t row = plain ? tc.tm * BM : idx * BM;
+        if (grouped && p.grouped.rows[tc.tm] < BM) continue;
+        // Plain: rows of C (grouped: its tile row's rows of A); SlotTiles: rows idx*BM.. of the slot buffer.
+        const int32_t row = plain ? (grouped ? p.grouped.a_row0[tc.tm] : tc.tm * BM) : idx * BM;
         const int32_t col = plain ? tc.tn * BN : 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -182,6 +184,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             p.monitor_sm[idx] = ptx::smid();
           }
         }
+        ++t;
       }
       ptx::tma_store_wait_all();
       record_phase(p.monitor_phases, 1);
@@ -199,6 +202,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   float acc[BN / 2];
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
+  uint32_t tt = 0;  // tiles handed to the storer (c_empty[cw]'s phases): all but the grouped GEMM's ragged ones
   for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
     const int idx = owner_tile_at<kWide>(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
@@ -258,12 +262,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                       owned_tiles, tid, warp, lane, cw);
     } else {  // (the rest of the loop body is compiled without kPieces only)
 
-    // Epilogue. (1) my_c must be free: the storer has read the previous tile
-    // (TMA path), or every thread of this warpgroup is done with it (rows path).
-    if (p.tma_store)
-      ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-    else
-      ptx::named_barrier_sync(1 + cw, 128);
+    // Epilogue. (1) my_c must be free: the storer has read the last half
+    // handed to it (TMA path), and every thread of this warpgroup is done
+    // with it (rows path). The grouped GEMM's ragged tile rows of a Plain C
+    // take the rows path beside TMA tiles, so it takes both.
+    const bool grouped = p.grouped.a_row0 != nullptr;
+    const bool mixed = grouped && p.tma_store && p.store == static_cast<int32_t>(Store::Plain);
+    const bool rows_tile = !p.tma_store || (mixed && p.grouped.rows[tc.tm] < BM);
+    if (p.tma_store) ptx::mbar_wait(&c_empty[cw], (tt & 1) ^ 1);
+    if (!p.tma_store || mixed) ptx::named_barrier_sync(1 + cw, 128);
 
     // (2) Accumulators -> shared memory (stage_accumulators); a tile this
     // rank owns (owner layout) once the peer's partial is loaded there.
@@ -275,11 +282,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       stage_accumulators<T, BN, false>(acc, my_c_addr, warp, lane);
     }
 
-    if (p.tma_store) {
+    if (!rows_tile) {
       // (3) Hand the half to the storer warp.
       ptx::fence_proxy_async_smem();
       ptx::named_barrier_sync(1 + cw, 128);
       if (tid == 0) ptx::mbar_arrive(&c_full[cw]);
+      ++tt;
       continue;
     }
 
@@ -287,7 +295,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     ptx::named_barrier_sync(1 + cw, 128);
     constexpr int kUnits = BN / 8;
     // Plain C: the tile's rows of C and how many of them exist (grouped: its tile row's rows of A).
-    const bool grouped = p.grouped.a_row0 != nullptr;
     const int32_t row0 = grouped ? p.grouped.a_row0[tc.tm] : tc.tm * BM;
     const int32_t nrows = grouped ? p.grouped.rows[tc.tm] : p.sched.m - tc.tm * BM;
     for (int i = tid; i < 64 * kUnits; i += 128) {
