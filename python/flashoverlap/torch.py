@@ -1062,9 +1062,16 @@ class GroupedGemm:
         else:
             _check_tensor(self, "out", out, (rows, self.n), rows_contiguous=True)
         if rows:
-            self._op.run(x.data_ptr(), weight.data_ptr(), counts, out.data_ptr(), out.stride(0),
-                         _raw_stream(torch, self.device.index))
+            if torch._C._cuda_getDevice() != self.device.index:  # (the op's device current for the call, as the others)
+                with torch.cuda.device(self.device):
+                    self._run(torch, x, weight, counts, out)
+            else:
+                self._run(torch, x, weight, counts, out)
         return out
+
+    def _run(self, torch, x, weight, counts, out):
+        self._op.run(x.data_ptr(), weight.data_ptr(), counts, out.data_ptr(), out.stride(0),
+                     _raw_stream(torch, self.device.index))
 
     def last_plan(self):
         """The last call's GEMM and why, as text."""

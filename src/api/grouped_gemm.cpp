@@ -37,54 +37,85 @@ struct GroupedGemm::Impl {
   };
   std::vector<Sample> samples;
   std::vector<int64_t> sample_rows;
-  rt::DeviceBuffer tables;  // [3][max tile rows]: a_row0, b_row0, rows
+  // A call's tables, [a_row0 | b_row0 | rows] of its tile rows: built in one
+  // of two pinned host buffers (in turns; a buffer is written again once its
+  // copy of two calls before is done), copied in one piece to the device.
   int32_t max_tile_rows = 0;
+  rt::DeviceBuffer tables;
+  rt::PinnedBuffer staging[2];
+  cudaEvent_t staged[2] = {nullptr, nullptr};  // each buffer's last copy queued
+  int turn = 0;
   cudaEvent_t done = nullptr;  // the last call's end (a call on another stream waits for it)
   cudaStream_t last_stream = nullptr;
   bool called = false;
   std::string last_plan = "no call yet";
 
+  ~Impl() {
+    if (done) cudaEventSynchronize(done);  // (its last call reads the tables)
+    for (cudaEvent_t e : {done, staged[0], staged[1]})
+      if (e) cudaEventDestroy(e);
+  }
   std::string who() const {
     return "GroupedGemm (max_rows " + std::to_string(max_rows) + ", " + std::to_string(experts) + " experts, n " +
            std::to_string(n) + ", k " + std::to_string(k) + ")";
   }
-  // Our GEMM of these counts (tables already on the device for run; here built for the timing).
+  // Our GEMM of these tile rows, their tables at device_tables.
   kernels::GemmParams ours(const plan::GroupedTileRows& g, size_t tile, const void* a, const void* b, void* out,
-                           int64_t ld, const int32_t* device_tables, int64_t a_rows) const {
+                           int64_t ld, const int32_t* device_tables, int64_t a_rows, int e) const {
     const plan::TileShape t = api::op_tiles()[tile];
     const plan::Schedule s = plan::make_grouped_schedule(g, n, t, sms, plan::Raster::AlongN,
                                                          plan::default_swizzle(sms, t, g.tile_rows()));
     kernels::GemmParams p = kernels::plain_gemm(api::to_kernels(dtype), a, b, s, int32_t(k), out, ld);
-    p.grouped = {device_tables, device_tables + max_tile_rows, device_tables + 2 * int64_t(max_tile_rows), a_rows,
-                 int64_t(experts) * n};
+    const int64_t v = g.tile_rows();
+    p.grouped = {device_tables, device_tables + v, device_tables + 2 * v, a_rows, int64_t(e) * n};
     return p;
   }
-  void upload(const plan::GroupedTileRows& g, int32_t* device_tables, cudaStream_t stream) const {
-    // (pageable: the copies take the host vectors when they are queued, which may then go)
-    const size_t bytes = size_t(g.tile_rows()) * 4;
-    FO_CUDA_CHECK(cudaMemcpyAsync(device_tables, g.a_row0.data(), bytes, cudaMemcpyHostToDevice, stream));
-    FO_CUDA_CHECK(cudaMemcpyAsync(device_tables + max_tile_rows, g.b_row0.data(), bytes, cudaMemcpyHostToDevice, stream));
-    FO_CUDA_CHECK(cudaMemcpyAsync(device_tables + 2 * int64_t(max_tile_rows), g.rows.data(), bytes,
-                                  cudaMemcpyHostToDevice, stream));
+  // The tables of g into the device's, on stream.
+  void upload(const plan::GroupedTileRows& g, int32_t* device_tables, cudaStream_t stream) {
+    const size_t v = size_t(g.tile_rows());
+    FO_CUDA_CHECK(cudaEventSynchronize(staged[turn]));  // (its copy of two calls before: long done)
+    int32_t* host = staging[turn].as<int32_t>();
+    std::copy(g.a_row0.begin(), g.a_row0.end(), host);
+    std::copy(g.b_row0.begin(), g.b_row0.end(), host + v);
+    std::copy(g.rows.begin(), g.rows.end(), host + 2 * v);
+    FO_CUDA_CHECK(cudaMemcpyAsync(device_tables, host, 3 * v * 4, cudaMemcpyHostToDevice, stream));
+    FO_CUDA_CHECK(cudaEventRecord(staged[turn], stream));
+    turn ^= 1;
   }
-  void cublas_loop(const void* a, const void* b, const int64_t* counts, void* out, int64_t ld, cudaStream_t stream) {
+  void cublas_loop(const void* a, const void* b, const int64_t* counts, void* out, int64_t ld, int e_count,
+                   cudaStream_t stream) {
     const auto* pa = static_cast<const char*>(a);
     const auto* pb = static_cast<const char*>(b);
     auto* pc = static_cast<char*>(out);
     int64_t row = 0;
-    for (int e = 0; e < experts; ++e) {
+    for (int e = 0; e < e_count; ++e) {
       if (counts[e] > 0)
         cublas->run(api::to_kernels(dtype), pa + row * k * 2, pb + int64_t(e) * n * k * 2, pc + row * ld * 2,
-                   int(counts[e]), int(n), int(k), ld, stream);
+                    int(counts[e]), int(n), int(k), ld, stream);
       row += counts[e];
     }
   }
   void measure();
 };
 
+namespace {
+struct ScopedStream {
+  cudaStream_t s = nullptr;
+  ScopedStream() { FO_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~ScopedStream() {
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }
+  ScopedStream(const ScopedStream&) = delete;
+  ScopedStream& operator=(const ScopedStream&) = delete;
+};
+}  // namespace
+
 // The two GEMMs timed in turns at each sample of mean rows per expert, with
-// uniform counts, on at most 8 experts (both scale alike with the experts:
-// each reads every weight once), so that the calibration's weights stay small.
+// uniform counts, as a call runs them (ours with its tables' upload), on at
+// most 8 experts so that the calibration's weights stay small (both scale
+// with the experts alike but for our one launch against cuBLAS's one per
+// expert: the fewer experts, the closer a call's choice leans to cuBLAS's).
 void GroupedGemm::Impl::measure() {
   const int e_cal = std::min(experts, 8);
   const std::vector<int64_t> rows = plan::gemm_choice_samples(std::max<int64_t>(max_rows / experts, 1));
@@ -92,23 +123,25 @@ void GroupedGemm::Impl::measure() {
   const kernels::DType dt = api::to_kernels(dtype);
   rt::DeviceBuffer a(size_t(most) * k * 2), b(size_t(e_cal) * n * k * 2), c(size_t(most) * n * 2),
       cal_tables(size_t(3) * max_tile_rows * 4);
-  cudaStream_t st = nullptr;
-  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  kernels::fill_random(dt, a.get(), most * k, 1, -1.f, 1.f, st);
-  kernels::fill_random(dt, b.get(), int64_t(e_cal) * n * k, 2, -1.f, 1.f, st);
+  const ScopedStream st;
+  kernels::fill_random(dt, a.get(), most * k, 1, -1.f, 1.f, st.s);
+  kernels::fill_random(dt, b.get(), int64_t(e_cal) * n * k, 2, -1.f, 1.f, st.s);
   constexpr double kOursMargin = 0.04;  // a near tie goes to cuBLAS's, as for the plain GEMM
-  const int saved = experts;
-  experts = e_cal;  // (the helpers read it: the calibration's experts)
   for (int64_t r : rows) {
     const std::vector<int64_t> counts(size_t(e_cal), r);
     const plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(counts), e_cal, n, 128);
-    upload(g, cal_tables.as<int32_t>(), st);
     std::vector<kernels::GemmParams> ps;
     for (size_t t = 0; t < api::op_tiles().size(); ++t)
-      ps.push_back(ours(g, t, a.get(), b.get(), c.get(), n, cal_tables.as<int32_t>(), r * e_cal));
-    std::vector<std::function<void()>> fns = {[&] { cublas_loop(a.get(), b.get(), counts.data(), c.get(), n, st); }};
-    for (const kernels::GemmParams& p : ps) fns.push_back([&p, st] { kernels::launch_gemm(p, st); });
-    const std::vector<rt::TimingStats> t = rt::time_interleaved(fns, st, 2, r <= 256 ? 15 : 7, {}, &rt::thread_gate());
+      ps.push_back(ours(g, t, a.get(), b.get(), c.get(), n, cal_tables.as<int32_t>(), r * e_cal, e_cal));
+    std::vector<std::function<void()>> fns = {
+        [&] { cublas_loop(a.get(), b.get(), counts.data(), c.get(), n, e_cal, st.s); }};
+    for (const kernels::GemmParams& p : ps)
+      fns.push_back([&, &p = p] {
+        upload(g, cal_tables.as<int32_t>(), st.s);
+        kernels::launch_gemm(p, st.s);
+      });
+    const std::vector<rt::TimingStats> t =
+        rt::time_interleaved(fns, st.s, 2, r <= 256 ? 15 : 7, {}, &rt::thread_gate());
     Sample x;
     x.rows = r, x.cublas_ms = t[0].median_ms;
     x.tile = t[2].median_ms < t[1].median_ms ? 1 : 0;
@@ -116,9 +149,6 @@ void GroupedGemm::Impl::measure() {
     x.cublas = !(x.ours_ms < (1 - kOursMargin) * x.cublas_ms);
     samples.push_back(x);
   }
-  experts = saved;
-  FO_CUDA_CHECK(cudaStreamSynchronize(st));
-  FO_CUDA_CHECK(cudaStreamDestroy(st));
   sample_rows = rows;
 }
 
@@ -138,16 +168,15 @@ GroupedGemm::GroupedGemm(int64_t max_rows, int experts, int64_t n, int64_t k, DT
   // Each expert's rows in tile rows of their own: at most one ragged tile row per expert.
   d.max_tile_rows = int32_t(std::min<int64_t>((max_rows + 127) / 128 + experts, INT32_MAX / 3));
   d.tables = rt::DeviceBuffer(size_t(3) * d.max_tile_rows * 4);
+  for (int i = 0; i < 2; ++i) {
+    d.staging[i] = rt::PinnedBuffer(size_t(3) * d.max_tile_rows * 4);
+    FO_CUDA_CHECK(cudaEventCreateWithFlags(&d.staged[i], cudaEventDisableTiming));
+  }
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
   if (options.path == GroupedGemmOptions::Path::Auto) d.measure();
 }
 
-GroupedGemm::~GroupedGemm() {
-  if (impl_ && impl_->done) {
-    cudaEventSynchronize(impl_->done);  // (its last call reads the tables)
-    cudaEventDestroy(impl_->done);
-  }
-}
+GroupedGemm::~GroupedGemm() = default;
 GroupedGemm::GroupedGemm(GroupedGemm&&) noexcept = default;
 GroupedGemm& GroupedGemm::operator=(GroupedGemm&&) noexcept = default;
 
@@ -168,8 +197,8 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
   }
   if (rows > d.max_rows)
     throw InvalidArgument(d.who() + ": the counts sum to " + std::to_string(rows) + " rows, more than max_rows");
-  if (ld_out != 0 && ld_out < d.n)
-    throw InvalidArgument(d.who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n)");
+  if (ld_out != 0 && (ld_out < d.n || ld_out > INT32_MAX))
+    throw InvalidArgument(d.who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n) or past 2^31 - 1");
   const int64_t ld = ld_out == 0 ? d.n : ld_out;
   if (rows == 0) {
     d.last_plan = "nothing to compute (0 rows)";
@@ -189,22 +218,33 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
     why << std::fixed << " (mean " << mean << " rows per expert: ours " << at->ours_ms << " ms against cuBLAS's "
         << at->cublas_ms << " ms at " << at->rows << ")";
   }
-  if (use_cublas) {
-    d.cublas_loop(a, b, counts, out, ld, stream);
-    d.last_plan = "cuBLAS's GEMM per expert" + why.str();
-  } else {
-    const std::vector<int64_t> c(counts, counts + d.experts);
-    const plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(c), d.experts, d.n, 128);
-    const size_t tile = at ? at->tile : d.n > 128 ? 0 : 1;
-    d.upload(g, d.tables.as<int32_t>(), stream);
-    const kernels::GemmParams p = d.ours(g, tile, a, b, out, ld, d.tables.as<int32_t>(), rows);
-    kernels::launch_gemm(p, stream);
-    d.last_plan = "ours: " + std::to_string(g.tile_rows()) + " tile rows of 128x" +
-                  std::to_string(api::op_tiles()[tile].bn) + " on " + std::to_string(p.sched.ctas) + " CTAs" +
-                  why.str();
+  // (once anything is queued the call's end is recorded, also where a later step throws: the next call on
+  // another stream then waits for what this one queued)
+  auto ended = [&] {
+    FO_CUDA_CHECK(cudaEventRecord(d.done, stream));
+    d.called = true, d.last_stream = stream;
+  };
+  try {
+    if (use_cublas) {
+      d.cublas_loop(a, b, counts, out, ld, d.experts, stream);
+      d.last_plan = "cuBLAS's GEMM per expert" + why.str();
+    } else {
+      const std::vector<int64_t> c(counts, counts + d.experts);
+      const plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(c), d.experts, d.n, 128);
+      const size_t tile = at ? at->tile : d.n > 128 ? 0 : 1;
+      const kernels::GemmParams p = d.ours(g, tile, a, b, out, ld, d.tables.as<int32_t>(), rows, d.experts);
+      kernels::check_gemm_params(p);  // (before the upload: a refused call queues nothing)
+      d.upload(g, d.tables.as<int32_t>(), stream);
+      kernels::launch_gemm(p, stream);
+      d.last_plan = "ours: " + std::to_string(g.tile_rows()) + " tile rows of 128x" +
+                    std::to_string(api::op_tiles()[tile].bn) + " on " + std::to_string(p.sched.ctas) + " CTAs" +
+                    why.str();
+    }
+  } catch (...) {
+    ended();
+    throw;
   }
-  FO_CUDA_CHECK(cudaEventRecord(d.done, stream));
-  d.called = true, d.last_stream = stream;
+  ended();
 }
 
 std::string GroupedGemm::last_plan() const { return impl_->last_plan; }

@@ -187,7 +187,7 @@ struct GemmParams {
   const int32_t* group_of_tile = nullptr;  // [tiles] -> counter index (any contiguous tile ranges)
   Scatter scatter;                     // optional (SlotRows by row_of to the ranks' receive rows)
   Owner owner;                         // optional (Plain C by TMA, group_of_tile; no counters)
-  Grouped grouped;                     // optional (Plain C by rows, or SlotRows by row_of)
+  Grouped grouped;                     // optional (Plain C, or SlotRows by row_of)
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
   // Non-null: [tiles * 2] = {globaltimer ns, SM cycle count} when the tile's

@@ -111,6 +111,7 @@ void check_gemm_params(const GemmParams& p) {
     if (!(p.store == Store::Plain || (p.store == Store::SlotRows && p.row_of && !p.half_row)))
       fail("grouped: Plain C or SlotRows by row_of");
     if (p.owner.rank >= 0) fail("grouped: not with the owner layout");
+    if (p.monitor_phases) fail("grouped: no phase monitor (a ragged tile row's tiles are stored by the consumers)");
   }
   const Scatter& sc = p.scatter;
   if (sc.world < 0 || sc.world > 8) fail("scatter: world must be in [0, 8]");
@@ -122,7 +123,9 @@ void check_gemm_params(const GemmParams& p) {
   if (o.rank >= 0) {
     if (o.world < 2 || o.world > 8 || o.rank >= o.world) fail("owner layout: world must be in [2, 8], rank below it");
     if (!tma_c) fail("owner layout: needs Plain C stored by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0)");
-    if (!o.peer_window) fail("owner layout: needs the peer's window");
+    if (!o.peer_window || !aligned16(o.peer_window)) fail("owner layout: needs the peer's 16-byte aligned window");
+    if (o.claims_reset && o.claims_reset == o.claims)
+      fail("owner layout: the claims reset are the next call's, not this call's");
     if (!o.window || !aligned16(o.window) || !o.flags || !o.peer_flags || !o.claims || !o.err || !p.group_of_tile)
       fail("owner layout: needs its 16-byte aligned window, both ranks' flags, claims, an error slot and "
            "group_of_tile");
