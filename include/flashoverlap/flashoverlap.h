@@ -490,6 +490,18 @@ class GroupedGemm {
   // ([experts, n, k]), device pointers, 16-byte aligned; counts: host,
   // `experts` entries >= 0 summing to rows <= max_rows (0 rows: nothing runs).
   void run(const void* a, const void* b, const int64_t* counts, void* out, cudaStream_t stream, int64_t ld_out = 0);
+  // The same with the experts' row offsets in device memory (int32,
+  // `experts` entries: offsets[e] = the rows of experts 0..e, as
+  // torch._grouped_mm's offs) and the call's rows (a's, <= max_rows) given:
+  // the host waits for nothing, and our GEMM runs (cuBLAS's, one GEMM per
+  // expert, would need the counts on the host). Offsets that decrease or
+  // pass `rows` are found on the GPU: that expert's rows and every later
+  // one's are left out, and check() throws InvalidArgument (once).
+  void run_offsets(const void* a, const void* b, const int32_t* offsets, int64_t rows, void* out, cudaStream_t stream,
+                   int64_t ld_out = 0);
+  // InvalidArgument naming the expert if an earlier run_offsets call's
+  // offsets were bad (synchronise its stream first); then clear.
+  void check() const;
   // The last call's GEMM and why, e.g. "ours: 9 tile rows of 128x256 on 132
   // CTAs (mean 40 rows per expert: ours 0.031 ms against cuBLAS's 0.052 ms)".
   std::string last_plan() const;

@@ -488,6 +488,17 @@ FO_C_API fo_status fo_gemm_grouped_create(int64_t max_rows, int experts, int64_t
  * (>= 0, summing to at most max_rows). Not under CUDA-graph capture. */
 FO_C_API fo_status fo_gemm_grouped_run(fo_gemm_grouped_t op, const void* a, const void* b, const int64_t* counts,
                                        void* out, int64_t ld_out, void* stream);
+/* The same with the experts' row offsets in device memory (int32, experts
+ * entries: offsets[e] = the rows of experts 0..e) and the call's rows given
+ * (GroupedGemm::run_offsets): the host waits for nothing; bad offsets are
+ * found on the GPU and reported by fo_gemm_grouped_check. */
+FO_C_API fo_status fo_gemm_grouped_run_offsets(fo_gemm_grouped_t op, const void* a, const void* b,
+                                               const int32_t* offsets, int64_t rows, void* out, int64_t ld_out,
+                                               void* stream);
+/* FO_INVALID_ARGUMENT with its message if an earlier run_offsets call's
+ * offsets were bad (synchronise its stream first; reported once); FO_OK
+ * otherwise. */
+FO_C_API fo_status fo_gemm_grouped_check(fo_gemm_grouped_t op);
 /* The last call's GEMM and why, as text into buf as fo_gemm_allreduce_plan
  * writes its text. */
 FO_C_API fo_status fo_gemm_grouped_last_plan(fo_gemm_grouped_t op, char* buf, size_t size, size_t* needed);

@@ -198,6 +198,8 @@ _PROTOTYPES = {
     "fo_gemm_grouped_create": (_STATUS, [c_int64, c_int, c_int64, c_int64, c_int, POINTER(GroupedOptions),
                                          POINTER(_h)]),
     "fo_gemm_grouped_run": (_STATUS, [_h, _h, _h, POINTER(c_int64), _h, c_int64, _h]),
+    "fo_gemm_grouped_run_offsets": (_STATUS, [_h, _h, _h, _h, c_int64, _h, c_int64, _h]),
+    "fo_gemm_grouped_check": (_STATUS, [_h]),
     "fo_gemm_grouped_last_plan": (_STATUS, [_h, c_void_p, c_size_t, POINTER(c_size_t)]),
     "fo_gemm_grouped_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int), POINTER(c_int64), POINTER(c_int64),
                                         POINTER(c_int)]),
@@ -889,6 +891,16 @@ class GroupedGemm(_Handle):
         for i, c in enumerate(counts):
             self._counts[i] = int(c)
         self._c("run")(self.handle, a or None, b or None, self._counts, out or None, ld_out, stream or None)
+
+    def run_offsets(self, a, b, offsets, rows, out, ld_out=0, stream=None):
+        """The same with the experts' row offsets in device memory (an int32 pointer: offsets[e] = the rows of
+        experts 0..e) and the call's rows given: the host waits for nothing."""
+        self._c("run_offsets")(self.handle, a or None, b or None, offsets or None, rows, out or None, ld_out,
+                               stream or None)
+
+    def check(self):
+        """InvalidArgument if an earlier run_offsets call's offsets were bad (reported once)."""
+        self._c("check")(self.handle)
 
     def last_plan(self):
         """The last call's GEMM and why, as text ("no call yet" before one)."""

@@ -1014,7 +1014,12 @@ class GroupedGemm:
     sorts them), weight [experts, n, k] the experts' nn.Linear weights
     stacked, counts the rows per expert (ints, or a CPU integer tensor; their
     sum is rows <= max_rows); out [rows, n] (allocated where not given) =
-    each row of x times its expert's weight transposed. path: "auto" (the
+    each row of x times its expert's weight transposed. op(x, weight,
+    offs=offs): the experts' row offsets instead, an int32 tensor on the
+    op's device (offs[e] = the rows of experts 0..e, as torch._grouped_mm
+    takes them): the host then waits for nothing and our GEMM runs; offsets
+    that decrease or pass x's rows leave that expert's rows and every later
+    one's out, and op.check() raises InvalidArgument (once). path: "auto" (the
     faster of ours and cuBLAS's per-expert GEMMs at the call's mean rows per
     expert, timed at construction), "ours" or "cublas". Eager calls on the
     current stream (not yet a custom op: not for torch.compile or CUDA graphs).
@@ -1045,8 +1050,12 @@ class GroupedGemm:
     def __str__(self):
         return repr(self)
 
-    def __call__(self, x, weight, counts, out=None):
+    def __call__(self, x, weight, counts=None, out=None, *, offs=None):
         torch = require_torch()
+        if (counts is None) == (offs is None):
+            raise InvalidArgument(f"{self}: pass counts (host) or offs (the GPU's), one of them")
+        if offs is not None:
+            return self._call_offs(torch, x, weight, offs, out)
         counts = [int(c) for c in (counts.tolist() if hasattr(counts, "tolist") else counts)]
         if len(counts) != self.experts:
             raise InvalidArgument(f"{self}: counts has {len(counts)} entries, expected {self.experts}")
@@ -1072,6 +1081,37 @@ class GroupedGemm:
     def _run(self, torch, x, weight, counts, out):
         self._op.run(x.data_ptr(), weight.data_ptr(), counts, out.data_ptr(), out.stride(0),
                      _raw_stream(torch, self.device.index))
+
+    def _call_offs(self, torch, x, weight, offs, out):
+        if not hasattr(offs, "dtype") or offs.dtype != torch.int32 or offs.device != self.device or offs.dim() != 1 \
+                or offs.shape[0] != self.experts or not offs.is_contiguous():
+            raise InvalidArgument(f"{self}: offs must be a contiguous int32 tensor of {self.experts} entries on "
+                                  f"{self.device}")
+        if not hasattr(x, "shape") or x.dim() != 2:
+            raise InvalidArgument(f"{self}: x must be a 2-D tensor (rows, k)")
+        rows = int(x.shape[0])
+        if rows > self.max_rows:
+            raise InvalidArgument(f"{self}: x has {rows} rows, more than max_rows = {self.max_rows}")
+        _check_tensor(self, "x", x, (rows, self.k))
+        _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
+        if out is None:
+            out = torch.empty(rows, self.n, dtype=self.dtype, device=self.device)
+        else:
+            _check_tensor(self, "out", out, (rows, self.n), rows_contiguous=True)
+        if rows:
+            def run():
+                self._op.run_offsets(x.data_ptr(), weight.data_ptr(), offs.data_ptr(), rows, out.data_ptr(),
+                                     out.stride(0), _raw_stream(torch, self.device.index))
+            if torch._C._cuda_getDevice() != self.device.index:
+                with torch.cuda.device(self.device):
+                    run()
+            else:
+                run()
+        return out
+
+    def check(self):
+        """InvalidArgument if an earlier call's offs were bad (synchronise its stream first; raised once)."""
+        self._op.check()
 
     def last_plan(self):
         """The last call's GEMM and why, as text."""

@@ -907,6 +907,18 @@ fo_status fo_gemm_grouped_run(fo_gemm_grouped_t op, const void* a, const void* b
   });
 }
 
+fo_status fo_gemm_grouped_run_offsets(fo_gemm_grouped_t op, const void* a, const void* b, const int32_t* offsets,
+                                      int64_t rows, void* out, int64_t ld_out, void* stream) {
+  return guard("fo_gemm_grouped_run_offsets", [&] {
+    require(offsets, "offsets");
+    deref(op, "op").op.run_offsets(a, b, offsets, rows, out, static_cast<cudaStream_t>(stream), ld_out);
+  });
+}
+
+fo_status fo_gemm_grouped_check(fo_gemm_grouped_t op) {
+  return guard("fo_gemm_grouped_check", [&] { deref(op, "op").op.check(); });
+}
+
 fo_status fo_gemm_grouped_last_plan(fo_gemm_grouped_t op, char* buf, size_t size, size_t* needed) {
   return guard("fo_gemm_grouped_last_plan", [&] {
     op_text(op, buf, size, needed, [](const auto& x) { return x.last_plan(); });

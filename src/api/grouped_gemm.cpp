@@ -12,6 +12,7 @@
 #include "api/op_setup.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "kernels/grouped_tables.h"
 #include "plan/gemm_choice.h"
 #include "plan/grouped.h"
 #include "runtime/core/buffer.h"
@@ -46,6 +47,7 @@ struct GroupedGemm::Impl {
   cudaEvent_t staged[2] = {nullptr, nullptr};  // each buffer's last copy queued
   int turn = 0;
   cudaEvent_t done = nullptr;  // the last call's end (a call on another stream waits for it)
+  rt::PinnedBuffer bad;  // host-mapped (made once the arguments are checked): run_offsets' first bad expert + 1
   cudaStream_t last_stream = nullptr;
   bool called = false;
   std::string last_plan = "no call yet";
@@ -173,6 +175,8 @@ GroupedGemm::GroupedGemm(int64_t max_rows, int experts, int64_t n, int64_t k, DT
     FO_CUDA_CHECK(cudaEventCreateWithFlags(&d.staged[i], cudaEventDisableTiming));
   }
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
+  d.bad = rt::PinnedBuffer(sizeof(int32_t));
+  *d.bad.as<int32_t>() = 0;
   if (options.path == GroupedGemmOptions::Path::Auto) d.measure();
 }
 
@@ -245,6 +249,64 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
     throw;
   }
   ended();
+}
+
+void GroupedGemm::run_offsets(const void* a, const void* b, const int32_t* offsets, int64_t rows, void* out,
+                              cudaStream_t stream, int64_t ld_out) {
+  Impl& d = *impl_;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone)
+    throw InvalidArgument(d.who() + ": run_offsets cannot be captured into a CUDA graph yet");
+  if (rows < 0 || rows > d.max_rows)
+    throw InvalidArgument(d.who() + ": rows = " + std::to_string(rows) + " is outside [0, max_rows]");
+  if (ld_out != 0 && (ld_out < d.n || ld_out > INT32_MAX))
+    throw InvalidArgument(d.who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n) or past 2^31 - 1");
+  if (!offsets) throw InvalidArgument(d.who() + ": offsets must not be null");
+  if (rows == 0) {
+    d.last_plan = "nothing to compute (0 rows)";
+    return;
+  }
+  if (!a || !b || !out) throw InvalidArgument(d.who() + ": a, b and out must not be null with rows");
+  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 != 0)
+    throw InvalidArgument(d.who() + ": a and b must be 16-byte aligned");
+  const int64_t ld = ld_out == 0 ? d.n : ld_out;
+  // Tables for the most tile rows the experts' rows can take (the GEMM skips those left empty).
+  plan::GroupedTileRows most;
+  most.a_row0.assign(size_t(std::min<int64_t>((rows + 127) / 128 + d.experts, d.max_tile_rows)), 0);
+  const size_t tile = [&] {
+    if (d.samples.empty()) return size_t(d.n > 128 ? 0 : 1);
+    return d.samples[plan::gemm_choice_sample_of(d.sample_rows, std::max<int64_t>(rows / d.experts, 1))].tile;
+  }();
+  int32_t* t = d.tables.as<int32_t>();
+  const int32_t v = most.tile_rows();
+  const kernels::GemmParams p = d.ours(most, tile, a, b, out, ld, t, rows, d.experts);
+  kernels::check_gemm_params(p);
+  if (d.called && stream != d.last_stream) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, d.done, 0));
+  auto ended = [&] {
+    FO_CUDA_CHECK(cudaEventRecord(d.done, stream));
+    d.called = true, d.last_stream = stream;
+  };
+  try {
+    kernels::build_grouped_tables(offsets, d.experts, rows, d.n, 128, v, t, t + v, t + 2 * int64_t(v),
+                                  d.bad.as<int32_t>(), stream);
+    kernels::launch_gemm(p, stream);
+  } catch (...) {
+    ended();
+    throw;
+  }
+  ended();
+  d.last_plan = "ours, offsets on the GPU: up to " + std::to_string(v) + " tile rows of 128x" +
+                std::to_string(api::op_tiles()[tile].bn) + " on " + std::to_string(p.sched.ctas) + " CTAs";
+}
+
+void GroupedGemm::check() const {
+  int32_t* bad = impl_->bad.as<int32_t>();
+  const int32_t e = *reinterpret_cast<volatile int32_t*>(bad);
+  if (e == 0) return;
+  *bad = 0;
+  throw InvalidArgument(impl_->who() + ": an earlier run_offsets call's offsets[" + std::to_string(e - 1) +
+                        "] decreased or passed its rows: that expert's rows and every later one's were left out");
 }
 
 std::string GroupedGemm::last_plan() const { return impl_->last_plan; }

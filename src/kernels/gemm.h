@@ -153,7 +153,9 @@ struct Owner {
 // row tm * bm + r of the schedule's C is row a_row0[tm] + r of C (Plain,
 // a_rows rows: a whole tile row's tiles by TMA where C allows, a ragged
 // one's rows by the consumers, masked), or slot row row_of[idx * bm + r]
-// (SlotRows; the host marks the rows past rows[tm] -1).
+// (SlotRows; the host marks the rows past rows[tm] -1). A tile row with
+// rows[tm] = 0 is skipped by every warp (tables built on the device for up
+// to so many tile rows: grouped_tables.h); its tiles are not signalled.
 // The schedule's m is tile rows x bm. Off where a_row0 is null.
 struct Grouped {
   const int32_t* a_row0 = nullptr;  // device [tiles_m]

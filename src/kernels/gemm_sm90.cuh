@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       int it = 0;
       for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
         const plan::TileCoord tc = p.sched.tile_of(owner_tile_at<kWide>(p.owner, i, tiles));
+        if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) continue;  // (an empty tile row: skipped by all)
         // (grouped: the tile row's rows of A and its expert's rows of B)
         const int32_t a_row = p.grouped.a_row0 ? p.grouped.a_row0[tc.tm] : tc.tm * BM;
         const int32_t b_row = (p.grouped.a_row0 ? p.grouped.b_row0[tc.tm] : 0) + tc.tn * BN;
@@ -206,6 +207,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
     const int idx = owner_tile_at<kWide>(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
+    if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) continue;  // (an empty tile row: skipped by all)
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.

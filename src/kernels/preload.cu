@@ -3,6 +3,7 @@
 #include "kernels/combine_tables.h"
 #include "kernels/flags.h"
 #include "kernels/gemm.h"
+#include "kernels/grouped_tables.h"
 #include "kernels/reorder.h"
 
 namespace flashoverlap::kernels {
@@ -15,6 +16,7 @@ void preload_kernels() {
   preload_reorder_kernels();
   preload_alltoall_table_kernels();
   preload_combine_table_kernels();
+  preload_grouped_table_kernels();
 }
 
 }  // namespace flashoverlap::kernels

@@ -545,6 +545,32 @@ TEST(ApiGroupedGemm, EachPathComputesEveryExpertsRows) {
                                                    by_cublas ? theirs.get() : ours.get(), n, rows, n, nullptr)));
       EXPECT_TRUE(test::within(kernels::compare(kernels::DType::BF16, out.get(), ld, theirs.get(), n, rows, n, nullptr,
                                                 kernels::gemm_tolerance(kernels::DType::BF16, k))));
+      // The offsets on the GPU: our GEMM, bitwise, the host waiting for nothing.
+      std::vector<int32_t> offs;
+      int64_t end = 0;
+      for (int64_t c : counts) offs.push_back(int32_t(end += c));
+      const DeviceBuffer d_offs = rt::to_device(offs);
+      kernels::poison(out.get(), rows * ld, nullptr);
+      op.run_offsets(a.get(), b.get(), d_offs.as<int32_t>(), rows, out.get(), nullptr, ld);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_NO_THROW(op.check());
+      EXPECT_EQ(op.last_plan().rfind("ours, offsets on the GPU", 0), 0u) << op.last_plan();
+      EXPECT_TRUE(test::bitwise(kernels::compare(kernels::DType::BF16, out.get(), ld, ours.get(), n, rows, n, nullptr)))
+          << "run_offsets";
+    }
+    {  // offsets that decrease: found on the GPU, reported once by check()
+      const std::vector<int32_t> offs = {10, 5, 20, 20, 30, 40};
+      const DeviceBuffer d_offs = rt::to_device(offs);
+      DeviceBuffer a(size_t(40) * k * 2), b(size_t(experts) * n * k * 2), out(size_t(40) * n * 2);
+      op.run_offsets(a.get(), b.get(), d_offs.as<int32_t>(), 40, out.get(), nullptr);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      try {
+        op.check();
+        ADD_FAILURE() << "bad offsets not reported";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("offsets[1]"), std::string::npos) << e.what();
+      }
+      EXPECT_NO_THROW(op.check());  // (once)
     }
     if (path == GPath::Auto) EXPECT_NE(op.last_plan().find(" rows per expert: ours "), std::string::npos);
     std::vector<int64_t> bad(static_cast<size_t>(experts), 0);

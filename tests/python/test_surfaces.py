@@ -24,7 +24,7 @@ COLLECTIVES = {op: name for op, name in OPS.items() if op != "grouped"}  # (the 
 # C++ calls a surface spells otherwise: {call: (C function suffix or None, Python name or None)}; None: the
 # surface's idiom stands for it, named in the reason.
 ACCESSORS = {"max_m", "n", "k", "dtype", "world", "max_rows", "max_tokens", "topk", "experts"}  # C: fo_gemm_<op>_shape; Python: attributes
-PYTHON_NAMES = {"run": "__call__", "run_rmsnorm": "__call__"}  # (op(x, w) and op(x, w, residual=, norm_weight=))
+PYTHON_NAMES = {"run": "__call__", "run_rmsnorm": "__call__", "run_offsets": "__call__"}  # (offs=)  # (op(x, w) and op(x, w, residual=, norm_weight=))
 
 
 def read(path):
