@@ -17,14 +17,15 @@ x are grouped by expert, as a dispatch sorts them; x and the stacked weights
 
 Variants, timed in turns (per turn --runs calls between CUDA events; the
 median over 5 turns): ours (GroupedGemm, path auto: its pick), ours-kernel
-(path ours: our GEMM whatever the measurement), torch._grouped_mm(x,
+(path ours: our GEMM whatever the measurement), ours-offs (our GEMM with the
+offsets on the GPU, as torch._grouped_mm takes them), torch._grouped_mm(x,
 w.transpose(-2, -1), offs=<int32 cumulative rows>) where this torch has it,
 and a loop of cuBLAS GEMMs (torch.mm per expert into the output's rows).
 Checked first: ours and ours-kernel within bf16's bound of the cuBLAS loop.
 
 The CSV (--out, or stdout) starts with a "#" line (GPU, torch, date), then
 config,experts,tokens,load,mean_rows_per_expert,n,k,ours_ms,ours_kernel_ms,
-torch_grouped_ms,cublas_loop_ms,ratio_vs_torch,pick
+ours_offs_ms,torch_grouped_ms,cublas_loop_ms,ratio_vs_torch,pick
 (ratio_vs_torch: torch_grouped_ms / ours_ms, or cublas_loop_ms / ours_ms
 where torch has no _grouped_mm; pick: ours' last_plan).
 """
@@ -44,7 +45,7 @@ CONFIGS = {
     "deepseek-v3-ep8": (32, 7168, 2048, (256, 4096, 16384)),
 }
 COLUMNS = ["config", "experts", "tokens", "load", "mean_rows_per_expert", "n", "k", "ours_ms", "ours_kernel_ms",
-           "torch_grouped_ms", "cublas_loop_ms", "ratio_vs_torch", "pick"]
+           "ours_offs_ms", "torch_grouped_ms", "cublas_loop_ms", "ratio_vs_torch", "pick"]
 
 
 def draw_counts(load, experts, rows, gen):
@@ -117,6 +118,7 @@ def main():
                 offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(dev)
                 y_ours = torch.empty(rows, n, dtype=torch.bfloat16, device=dev)
                 y_kernel = torch.empty_like(y_ours)
+                y_offs = torch.empty_like(y_ours)
                 y_loop = torch.empty_like(y_ours)
                 starts = [0]
                 for c in counts:
@@ -128,24 +130,25 @@ def main():
                             torch.mm(x[starts[e]:starts[e + 1]], weight[e].t(), out=y_loop[starts[e]:starts[e + 1]])
 
                 fns = [lambda: auto(x, weight, counts, out=y_ours), lambda: ours_kernel(x, weight, counts, out=y_kernel),
-                       loop]
+                       loop, lambda: ours_kernel(x, weight, out=y_offs, offs=offs)]
                 if grouped_mm is not None:
                     fns.append(lambda: grouped_mm(x, weight.transpose(-2, -1), offs=offs))
                 for f in fns:  # (once, then checked)
                     f()
                 torch.cuda.synchronize()
                 scale = y_loop.float().abs().max().item() + 1e-6
-                for label, y in (("ours", y_ours), ("ours-kernel", y_kernel)):
+                for label, y in (("ours", y_ours), ("ours-kernel", y_kernel), ("ours-offs", y_offs)):
                     err = (y.float() - y_loop.float()).abs().max().item()
                     if err > 2e-2 * scale:
                         sys.exit(f"grouped_gemm.py: {name} rows {rows} {load}: {label} differs from the cuBLAS loop "
                                  f"by {err} (max |y| {scale})")
                 ms = time_turns(fns, a.runs, a.warmup)
-                ours_ms, kernel_ms, loop_ms = ms[0], ms[1], ms[2]
-                torch_ms = ms[3] if grouped_mm is not None else float("nan")
+                ours_ms, kernel_ms, loop_ms, offs_ms = ms[0], ms[1], ms[2], ms[3]
+                torch_ms = ms[4] if grouped_mm is not None else float("nan")
                 base = torch_ms if grouped_mm is not None else loop_ms
                 w.writerow([name, experts, rows, load, f"{rows / experts:.1f}", n, k, f"{ours_ms:.4f}",
-                            f"{kernel_ms:.4f}", f"{torch_ms:.4f}", f"{loop_ms:.4f}", f"{base / ours_ms:.3f}",
+                            f"{kernel_ms:.4f}", f"{offs_ms:.4f}", f"{torch_ms:.4f}", f"{loop_ms:.4f}",
+                            f"{base / ours_ms:.3f}",
                             auto.last_plan()])
                 out.flush()
     if a.out:
