@@ -496,7 +496,8 @@ class GroupedGemm {
   // the host waits for nothing, and our GEMM runs (cuBLAS's, one GEMM per
   // expert, would need the counts on the host). Offsets that decrease or
   // pass `rows` are found on the GPU: that expert's rows and every later
-  // one's are left out, and check() throws InvalidArgument (once).
+  // one's are left out, and check() throws InvalidArgument (once). Rows past
+  // the last offset belong to no expert: their rows of out are not written.
   void run_offsets(const void* a, const void* b, const int32_t* offsets, int64_t rows, void* out, cudaStream_t stream,
                    int64_t ld_out = 0);
   // InvalidArgument naming the expert if an earlier run_offsets call's

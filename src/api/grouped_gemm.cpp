@@ -166,6 +166,7 @@ GroupedGemm::GroupedGemm(int64_t max_rows, int experts, int64_t n, int64_t k, DT
       options.path != GroupedGemmOptions::Path::Cublas)
     throw InvalidArgument(d.who() + ": unknown path");
   d.sms = rt::current_device_sms();
+  kernels::preload_kernels();  // (the tables' kernel too: a lazy load at a call would synchronise the context)
   d.cublas = std::make_unique<rt::CublasGemm>(rt::CublasGemm::Api::GemmEx);
   // Each expert's rows in tile rows of their own: at most one ragged tile row per expert.
   d.max_tile_rows = int32_t(std::min<int64_t>((max_rows + 127) / 128 + experts, INT32_MAX / 3));
@@ -262,7 +263,8 @@ void GroupedGemm::run_offsets(const void* a, const void* b, const int32_t* offse
     throw InvalidArgument(d.who() + ": rows = " + std::to_string(rows) + " is outside [0, max_rows]");
   if (ld_out != 0 && (ld_out < d.n || ld_out > INT32_MAX))
     throw InvalidArgument(d.who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n) or past 2^31 - 1");
-  if (!offsets) throw InvalidArgument(d.who() + ": offsets must not be null");
+  if (!offsets || reinterpret_cast<uintptr_t>(offsets) % 4 != 0)
+    throw InvalidArgument(d.who() + ": offsets must be a 4-byte aligned int32 pointer in device memory");
   if (rows == 0) {
     d.last_plan = "nothing to compute (0 rows)";
     return;
