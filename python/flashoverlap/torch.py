@@ -1056,16 +1056,20 @@ class GroupedGemm:
             raise InvalidArgument(f"{self}: pass counts (host) or offs (the GPU's), one of them")
         if offs is not None:
             return self._call_offs(torch, x, weight, offs, out)
-        counts = [int(c) for c in (counts.tolist() if hasattr(counts, "tolist") else counts)]
+        if hasattr(counts, "tolist"):
+            counts = counts.tolist()
         if len(counts) != self.experts:
             raise InvalidArgument(f"{self}: counts has {len(counts)} entries, expected {self.experts}")
-        if any(c < 0 for c in counts):
-            raise InvalidArgument(f"{self}: counts must be >= 0, not {counts}")
-        rows = sum(counts)
+        rows = sum(counts)  # (each count is checked by the library, which refuses a negative one)
         if rows > self.max_rows:
             raise InvalidArgument(f"{self}: the counts sum to {rows} rows, more than max_rows = {self.max_rows}")
-        _check_tensor(self, "x", x, (rows, self.k))
-        _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
+        dt, i = self.dtype, self.device.index
+        if not (type(x) is torch.Tensor and x.dtype is dt and x.dim() == 2 and x.shape[0] == rows
+                and x.shape[1] == self.k and x.get_device() == i and x.is_contiguous()):
+            _check_tensor(self, "x", x, (rows, self.k))
+        if not (hasattr(weight, "get_device") and weight.dtype is dt and weight.shape == (self.experts, self.n, self.k) and weight.get_device() == i
+                and weight.is_contiguous()):
+            _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
         if out is None:
             out = torch.empty(rows, self.n, dtype=self.dtype, device=self.device)
         else:

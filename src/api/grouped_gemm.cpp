@@ -50,7 +50,14 @@ struct GroupedGemm::Impl {
   rt::PinnedBuffer bad;  // host-mapped (made once the arguments are checked): run_offsets' first bad expert + 1
   cudaStream_t last_stream = nullptr;
   bool called = false;
-  std::string last_plan = "no call yet";
+  // The last call, told by last_plan() (its text is made there, not per call).
+  struct Last {
+    enum Kind { None, Empty, Cublas, Ours, Offsets } kind = None;
+    int64_t mean = 0, tile_rows = 0;
+    size_t tile = 0;
+    int32_t ctas = 0;
+    const Sample* at = nullptr;
+  } last;
 
   ~Impl() {
     if (done) cudaEventSynchronize(done);  // (its last call reads the tables)
@@ -206,7 +213,7 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
     throw InvalidArgument(d.who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n) or past 2^31 - 1");
   const int64_t ld = ld_out == 0 ? d.n : ld_out;
   if (rows == 0) {
-    d.last_plan = "nothing to compute (0 rows)";
+    d.last = {Impl::Last::Empty};
     return;
   }
   if (!a || !b || !out) throw InvalidArgument(d.who() + ": a, b and out must not be null with rows");
@@ -217,12 +224,6 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
   using Path = GroupedGemmOptions::Path;
   const Impl::Sample* at = d.samples.empty() ? nullptr : &d.samples[plan::gemm_choice_sample_of(d.sample_rows, mean)];
   const bool use_cublas = d.opts.path == Path::Cublas || (d.opts.path == Path::Auto && at->cublas);
-  std::ostringstream why;
-  if (at) {
-    why.precision(3);
-    why << std::fixed << " (mean " << mean << " rows per expert: ours " << at->ours_ms << " ms against cuBLAS's "
-        << at->cublas_ms << " ms at " << at->rows << ")";
-  }
   // (once anything is queued the call's end is recorded, also where a later step throws: the next call on
   // another stream then waits for what this one queued)
   auto ended = [&] {
@@ -232,7 +233,7 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
   try {
     if (use_cublas) {
       d.cublas_loop(a, b, counts, out, ld, d.experts, stream);
-      d.last_plan = "cuBLAS's GEMM per expert" + why.str();
+      d.last = {Impl::Last::Cublas, mean, 0, 0, 0, at};
     } else {
       const std::vector<int64_t> c(counts, counts + d.experts);
       const plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(c), d.experts, d.n, 128);
@@ -241,9 +242,7 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
       kernels::check_gemm_params(p);  // (before the upload: a refused call queues nothing)
       d.upload(g, d.tables.as<int32_t>(), stream);
       kernels::launch_gemm(p, stream);
-      d.last_plan = "ours: " + std::to_string(g.tile_rows()) + " tile rows of 128x" +
-                    std::to_string(api::op_tiles()[tile].bn) + " on " + std::to_string(p.sched.ctas) + " CTAs" +
-                    why.str();
+      d.last = {Impl::Last::Ours, mean, g.tile_rows(), tile, p.sched.ctas, at};
     }
   } catch (...) {
     ended();
@@ -266,7 +265,7 @@ void GroupedGemm::run_offsets(const void* a, const void* b, const int32_t* offse
   if (!offsets || reinterpret_cast<uintptr_t>(offsets) % 4 != 0)
     throw InvalidArgument(d.who() + ": offsets must be a 4-byte aligned int32 pointer in device memory");
   if (rows == 0) {
-    d.last_plan = "nothing to compute (0 rows)";
+    d.last = {Impl::Last::Empty};
     return;
   }
   if (!a || !b || !out) throw InvalidArgument(d.who() + ": a, b and out must not be null with rows");
@@ -298,8 +297,7 @@ void GroupedGemm::run_offsets(const void* a, const void* b, const int32_t* offse
     throw;
   }
   ended();
-  d.last_plan = "ours, offsets on the GPU: up to " + std::to_string(v) + " tile rows of 128x" +
-                std::to_string(api::op_tiles()[tile].bn) + " on " + std::to_string(p.sched.ctas) + " CTAs";
+  d.last = {Impl::Last::Offsets, 0, v, tile, p.sched.ctas, nullptr};
 }
 
 void GroupedGemm::check() const {
@@ -311,7 +309,26 @@ void GroupedGemm::check() const {
                         "] decreased or passed its rows: that expert's rows and every later one's were left out");
 }
 
-std::string GroupedGemm::last_plan() const { return impl_->last_plan; }
+std::string GroupedGemm::last_plan() const {
+  const Impl::Last& l = impl_->last;
+  std::ostringstream os;
+  os.precision(3);
+  os << std::fixed;
+  switch (l.kind) {
+    case Impl::Last::None: return "no call yet";
+    case Impl::Last::Empty: return "nothing to compute (0 rows)";
+    case Impl::Last::Cublas: os << "cuBLAS's GEMM per expert"; break;
+    case Impl::Last::Ours:
+    case Impl::Last::Offsets:
+      os << (l.kind == Impl::Last::Ours ? "ours: " : "ours, offsets on the GPU: up to ") << l.tile_rows
+         << " tile rows of 128x" << api::op_tiles()[l.tile].bn << " on " << l.ctas << " CTAs";
+      break;
+  }
+  if (l.at)
+    os << " (mean " << l.mean << " rows per expert: ours " << l.at->ours_ms << " ms against cuBLAS's "
+       << l.at->cublas_ms << " ms at " << l.at->rows << ")";
+  return os.str();
+}
 int64_t GroupedGemm::max_rows() const { return impl_->max_rows; }
 int GroupedGemm::experts() const { return impl_->experts; }
 int64_t GroupedGemm::n() const { return impl_->n; }
