@@ -241,6 +241,15 @@ def _communicator(torch, group, rank, world, device, mode, who="GemmAllReduce"):
 
 # ---- the ops ----
 
+def _on_device(device, fn):
+    """fn() with device current (the library launches on the current device)."""
+    torch = _torch
+    if torch._C._cuda_getDevice() != device.index:  # (current_device() without its init check: CUDA is up by now)
+        with torch.cuda.device(device):
+            return fn()
+    return fn()
+
+
 class _OpBase:
     """What every op shares: the group, device and communicator it is built
     on, the handle the custom ops are given, calls on the op's device, the
@@ -270,12 +279,7 @@ class _OpBase:
         _ops[self.handle] = self
 
     def _on_device(self, fn):
-        """fn() with the op's device current (the library launches on the current device)."""
-        torch = _torch
-        if torch.cuda.current_device() != self.device.index:
-            with torch.cuda.device(self.device):
-                return fn()
-        return fn()
+        return _on_device(self.device, fn)
 
     def check(self):
         """Raises the error of an earlier call whose wait timed out (synchronise
@@ -1070,21 +1074,18 @@ class GroupedGemm:
         if not (hasattr(weight, "get_device") and weight.dtype is dt and weight.shape == (self.experts, self.n, self.k) and weight.get_device() == i
                 and weight.is_contiguous()):
             _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
-        if out is None:
-            out = torch.empty(rows, self.n, dtype=self.dtype, device=self.device)
-        else:
-            _check_tensor(self, "out", out, (rows, self.n), rows_contiguous=True)
+        out = self._out(torch, out, rows)
         if rows:
-            if torch._C._cuda_getDevice() != self.device.index:  # (the op's device current for the call, as the others)
-                with torch.cuda.device(self.device):
-                    self._run(torch, x, weight, counts, out)
-            else:
-                self._run(torch, x, weight, counts, out)
+            _on_device(self.device, lambda: self._op.run(x.data_ptr(), weight.data_ptr(), counts, out.data_ptr(),
+                                                          out.stride(0), _raw_stream(torch, self.device.index)))
         return out
 
-    def _run(self, torch, x, weight, counts, out):
-        self._op.run(x.data_ptr(), weight.data_ptr(), counts, out.data_ptr(), out.stride(0),
-                     _raw_stream(torch, self.device.index))
+    def _out(self, torch, out, rows):
+        """out checked, or a new one of rows rows."""
+        if out is None:
+            return torch.empty(rows, self.n, dtype=self.dtype, device=self.device)
+        _check_tensor(self, "out", out, (rows, self.n), rows_contiguous=True)
+        return out
 
     def _call_offs(self, torch, x, weight, offs, out):
         if not hasattr(offs, "dtype") or offs.dtype != torch.int32 or offs.device != self.device or offs.dim() != 1 \
@@ -1098,19 +1099,11 @@ class GroupedGemm:
             raise InvalidArgument(f"{self}: x has {rows} rows, more than max_rows = {self.max_rows}")
         _check_tensor(self, "x", x, (rows, self.k))
         _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
-        if out is None:
-            out = torch.empty(rows, self.n, dtype=self.dtype, device=self.device)
-        else:
-            _check_tensor(self, "out", out, (rows, self.n), rows_contiguous=True)
+        out = self._out(torch, out, rows)
         if rows:
-            def run():
-                self._op.run_offsets(x.data_ptr(), weight.data_ptr(), offs.data_ptr(), rows, out.data_ptr(),
-                                     out.stride(0), _raw_stream(torch, self.device.index))
-            if torch._C._cuda_getDevice() != self.device.index:
-                with torch.cuda.device(self.device):
-                    run()
-            else:
-                run()
+            _on_device(self.device, lambda: self._op.run_offsets(x.data_ptr(), weight.data_ptr(), offs.data_ptr(),
+                                                                  rows, out.data_ptr(), out.stride(0),
+                                                                  _raw_stream(torch, self.device.index)))
         return out
 
     def check(self):

@@ -104,6 +104,39 @@ struct GroupedGemm::Impl {
       row += counts[e];
     }
   }
+  // Both entry points' refusals, worded alike: a capture (the call runs host work), ld_out, and operands.
+  void refuse_capture(cudaStream_t stream, const std::string& why) const {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) throw InvalidArgument(who() + ": " + why);
+  }
+  int64_t ld_of(int64_t ld_out) const {
+    if (ld_out != 0 && (ld_out < n || ld_out > INT32_MAX))
+      throw InvalidArgument(who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n) or past 2^31 - 1");
+    return ld_out == 0 ? n : ld_out;
+  }
+  void check_operands(const void* a, const void* b, const void* out) const {
+    if (!a || !b || !out) throw InvalidArgument(who() + ": a, b and out must not be null with rows");
+    if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 != 0)
+      throw InvalidArgument(who() + ": a and b must be 16-byte aligned");
+  }
+  // Queues work on stream after this op's last call, and records the call's end once anything is queued, also
+  // where work throws: the next call on another stream then waits for what this one queued.
+  template <class Work>
+  void enqueue(cudaStream_t stream, Work&& work) {
+    if (called && stream != last_stream) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, done, 0));
+    auto ended = [&] {
+      FO_CUDA_CHECK(cudaEventRecord(done, stream));
+      called = true, last_stream = stream;
+    };
+    try {
+      work();
+    } catch (...) {
+      ended();
+      throw;
+    }
+    ended();
+  }
   void measure();
 };
 
@@ -195,10 +228,7 @@ GroupedGemm& GroupedGemm::operator=(GroupedGemm&&) noexcept = default;
 void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void* out, cudaStream_t stream,
                       int64_t ld_out) {
   Impl& d = *impl_;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone)
-    throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call uploads its counts' tables)");
+  d.refuse_capture(stream, "run cannot be captured into a CUDA graph (each call uploads its counts' tables)");
   if (!counts) throw InvalidArgument(d.who() + ": counts must not be null (" + std::to_string(d.experts) + " entries)");
   int64_t rows = 0;
   for (int e = 0; e < d.experts; ++e) {
@@ -209,28 +239,17 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
   }
   if (rows > d.max_rows)
     throw InvalidArgument(d.who() + ": the counts sum to " + std::to_string(rows) + " rows, more than max_rows");
-  if (ld_out != 0 && (ld_out < d.n || ld_out > INT32_MAX))
-    throw InvalidArgument(d.who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n) or past 2^31 - 1");
-  const int64_t ld = ld_out == 0 ? d.n : ld_out;
+  const int64_t ld = d.ld_of(ld_out);
   if (rows == 0) {
     d.last = {Impl::Last::Empty};
     return;
   }
-  if (!a || !b || !out) throw InvalidArgument(d.who() + ": a, b and out must not be null with rows");
-  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 != 0)
-    throw InvalidArgument(d.who() + ": a and b must be 16-byte aligned");
-  if (d.called && stream != d.last_stream) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, d.done, 0));
+  d.check_operands(a, b, out);
   const int64_t mean = std::max<int64_t>(rows / d.experts, 1);
   using Path = GroupedGemmOptions::Path;
   const Impl::Sample* at = d.samples.empty() ? nullptr : &d.samples[plan::gemm_choice_sample_of(d.sample_rows, mean)];
   const bool use_cublas = d.opts.path == Path::Cublas || (d.opts.path == Path::Auto && at->cublas);
-  // (once anything is queued the call's end is recorded, also where a later step throws: the next call on
-  // another stream then waits for what this one queued)
-  auto ended = [&] {
-    FO_CUDA_CHECK(cudaEventRecord(d.done, stream));
-    d.called = true, d.last_stream = stream;
-  };
-  try {
+  d.enqueue(stream, [&] {
     if (use_cublas) {
       d.cublas_loop(a, b, counts, out, ld, d.experts, stream);
       d.last = {Impl::Last::Cublas, mean, 0, 0, 0, at};
@@ -244,34 +263,23 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
       kernels::launch_gemm(p, stream);
       d.last = {Impl::Last::Ours, mean, g.tile_rows(), tile, p.sched.ctas, at};
     }
-  } catch (...) {
-    ended();
-    throw;
-  }
-  ended();
+  });
 }
 
 void GroupedGemm::run_offsets(const void* a, const void* b, const int32_t* offsets, int64_t rows, void* out,
                               cudaStream_t stream, int64_t ld_out) {
   Impl& d = *impl_;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone)
-    throw InvalidArgument(d.who() + ": run_offsets cannot be captured into a CUDA graph yet");
+  d.refuse_capture(stream, "run_offsets cannot be captured into a CUDA graph yet");
   if (rows < 0 || rows > d.max_rows)
     throw InvalidArgument(d.who() + ": rows = " + std::to_string(rows) + " is outside [0, max_rows]");
-  if (ld_out != 0 && (ld_out < d.n || ld_out > INT32_MAX))
-    throw InvalidArgument(d.who() + ": ld_out = " + std::to_string(ld_out) + " is below n (0 means n) or past 2^31 - 1");
+  const int64_t ld = d.ld_of(ld_out);
   if (!offsets || reinterpret_cast<uintptr_t>(offsets) % 4 != 0)
     throw InvalidArgument(d.who() + ": offsets must be a 4-byte aligned int32 pointer in device memory");
   if (rows == 0) {
     d.last = {Impl::Last::Empty};
     return;
   }
-  if (!a || !b || !out) throw InvalidArgument(d.who() + ": a, b and out must not be null with rows");
-  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) % 16 != 0)
-    throw InvalidArgument(d.who() + ": a and b must be 16-byte aligned");
-  const int64_t ld = ld_out == 0 ? d.n : ld_out;
+  d.check_operands(a, b, out);
   // Tables for the most tile rows the experts' rows can take (the GEMM skips those left empty).
   plan::GroupedTileRows most;
   most.a_row0.assign(size_t(std::min<int64_t>((rows + 127) / 128 + d.experts, d.max_tile_rows)), 0);
@@ -283,20 +291,11 @@ void GroupedGemm::run_offsets(const void* a, const void* b, const int32_t* offse
   const int32_t v = most.tile_rows();
   const kernels::GemmParams p = d.ours(most, tile, a, b, out, ld, t, rows, d.experts);
   kernels::check_gemm_params(p);
-  if (d.called && stream != d.last_stream) FO_CUDA_CHECK(cudaStreamWaitEvent(stream, d.done, 0));
-  auto ended = [&] {
-    FO_CUDA_CHECK(cudaEventRecord(d.done, stream));
-    d.called = true, d.last_stream = stream;
-  };
-  try {
+  d.enqueue(stream, [&] {
     kernels::build_grouped_tables(offsets, d.experts, rows, d.n, 128, v, t, t + v, t + 2 * int64_t(v),
                                   d.bad.as<int32_t>(), stream);
     kernels::launch_gemm(p, stream);
-  } catch (...) {
-    ended();
-    throw;
-  }
-  ended();
+  });
   d.last = {Impl::Last::Offsets, 0, v, tile, p.sched.ctas, nullptr};
 }
 
