@@ -303,20 +303,43 @@ class _OpBase:
 # at most one such tensor.
 _AHEAD_BYTES = 8 << 20
 
+# torch's calls an eager call's fast way makes, bound once (_bind_fast): the
+# tensor types taken as plain, whether torch.compile is tracing, whether
+# autograd records, the current device, whether the current stream is being
+# captured, the current stream (a cudaStream_t) of a device, the current
+# memory pool's id (None: the default pool).
+_Tensor = _Parameter = _is_compiling = _grad_enabled = _get_device = _capturing = _current_stream = _pool_id = None
+
+
+def _bind_fast(torch):
+    global _Tensor, _Parameter, _is_compiling, _grad_enabled, _get_device, _capturing, _current_stream, _pool_id
+    if _Tensor is None:
+        _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+        _is_compiling, _grad_enabled = torch.compiler.is_compiling, torch.is_grad_enabled
+        _get_device, _capturing = torch._C._cuda_getDevice, torch._C._cuda_isCurrentStreamCapturing
+        _current_stream = lambda index, torch=torch: _raw_stream(torch, index)  # noqa: E731
+        getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if getter is not None:
+            _current_stream = getter
+        _pool_id = lambda torch=torch: _pool_of(torch)  # noqa: E731
+
 
 class _Op(_OpBase):
     """What the ops whose calls take m rows share (GemmAllReduce,
     GemmReduceScatter): each call's enqueueing (the op's device, torch's
-    current stream, the CUDA-graph rule), prepare and plan."""
+    current stream, the CUDA-graph rule), the eager call's fast way, prepare
+    and plan."""
 
     def _publish(self):
         self._planned = set()  # the m's with a plan: those a CUDA graph may capture
+        self._steady = {}  # m -> its output's rows (> 0): the m's planned and checked, which the fast way takes
         self._index = self.device.index
         self._weight_shape = (self.n, self.k)
         # (bound once: the eager call's C entry point and the handle)
         self._c_run, self._c_handle = self._op._c("run"), self._op.handle
-        self._ahead = None  # (rows, stream, tensor): the next call's output, allocated ahead
+        self._ahead = None  # (rows, stream, pool, tensor): the next call's output, allocated ahead
         self._ahead_rows = _AHEAD_BYTES // (self.n * (_torch.finfo(self.dtype).bits // 8))
+        _bind_fast(_torch)
         super()._publish()
 
     def _enqueue(self, m, call, planned=None, unplanned=None):
@@ -345,29 +368,42 @@ class _Op(_OpBase):
 
     def close(self):
         self._c_handle = None  # (the eager calls' bound handle: no call may reach the freed op)
+        self._steady = {}  # (no fast way: a call goes the general way, which refuses the closed op)
         self._ahead = None
         super().close()
 
-    def _steady_call(self, x, weight, m, rows):
-        """A direct eager call (not the custom op's: compiled code's graphs
-        own their outputs' memory) in the steady state (m planned, the op's
-        device current, no capture): enqueued, its (rows, n) output returned;
-        None where the state is not steady (the caller then takes the general
-        way). The output allocated ahead serves only a call of the same rows,
-        stream and memory pool as its allocation."""
-        torch = _torch
-        if m not in self._planned or torch._C._cuda_getDevice() != self._index or \
-                torch.cuda.is_current_stream_capturing():
+    def _fast(self, x, weight):
+        """An eager call's common case, enqueued in one go: plain contiguous
+        tensors of the op's dtype on its device, that device current, an m
+        called before (planned and checked), no capture, no autograd to
+        record, not traced by torch.compile. Returns the (rows, n) output, or
+        None for anything else (the general way then checks the call and
+        names what is wrong). Kept flat: all of it precedes the GEMM's
+        launch, which a synced call waits for. The output allocated ahead
+        serves only a call of the same rows, stream and memory pool as its
+        allocation."""
+        if (type(x) is not _Tensor or (type(weight) is not _Tensor and type(weight) is not _Parameter)
+                or _is_compiling() or ((x.requires_grad or weight.requires_grad) and _grad_enabled())):
             return None
-        stream, pool = _raw_stream(torch, self._index), _pool_of(torch)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[:3] == (rows, stream, pool):
-            out = ahead[3]
+        dt = self.dtype
+        if x.dtype is not dt or weight.dtype is not dt or x.dim() != 2:
+            return None
+        m, k = x.shape
+        rows = self._steady.get(m)
+        i = self._index
+        if (rows is None or k != self.k or weight.shape != self._weight_shape or x.get_device() != i
+                or weight.get_device() != i or not x.is_contiguous() or not weight.is_contiguous()
+                or _get_device() != i or _capturing()):
+            return None
+        stream = _current_stream(i)
+        ahead = self._ahead
+        if ahead is not None and ahead[0] == rows and ahead[1] == stream and ahead[2] == _pool_id():
+            out, self._ahead = ahead[3], None
         else:
-            out = torch.empty((rows, self.n), dtype=self.dtype, device=self.device)
+            out = x.new_empty((rows, self.n))  # (x's dtype and device: the op's)
         self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
         if rows <= self._ahead_rows:  # (allocated on this stream, for a call on it: as torch.empty then would be)
-            self._ahead = (rows, stream, pool, torch.empty((rows, self.n), dtype=self.dtype, device=self.device))
+            self._ahead = (rows, stream, _pool_id(), x.new_empty((rows, self.n)))
         return out
 
     def _open(self):
@@ -457,9 +493,11 @@ class GemmAllReduce(_Op):
         residual (m x n) and norm_weight (n): (RMSNorm(h) * norm_weight, h),
         h = AllReduce(x @ weight.T) + residual. x may have leading batch
         dimensions (..., k), as nn.Linear's input; the outputs then have them."""
+        if residual is None and norm_weight is None:
+            y = self._fast(x, weight)
+            if y is not None:
+                return y
         torch = _torch
-        if residual is None and norm_weight is None and _eager(torch, x, weight) and x.dim() == 2:
-            return self._run(x, weight, ahead=True)
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
         lead = None
@@ -469,7 +507,7 @@ class GemmAllReduce(_Op):
             if residual is not None:
                 residual = _flatten(self, "residual", residual)
         if residual is None and norm_weight is None:
-            y = (self._run(x, weight, ahead=True) if _eager(torch, x, weight)
+            y = (self._run(x, weight) if _eager(torch, x, weight)
                  else torch.ops.flashoverlap.gemm_all_reduce(x, weight, self.handle))
             return y if lead is None else y.view(*lead, self.n)
         if residual is None or norm_weight is None:
@@ -482,19 +520,16 @@ class GemmAllReduce(_Op):
         return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
 
     # (the custom ops' real implementations)
-    def _run(self, x, weight, ahead=False):
+    def _run(self, x, weight):
         self._open()
         if not self._plain(x, weight):
             check_inputs(self, x, weight)
         m = x.shape[0]
-        if m and ahead:
-            out = self._steady_call(x, weight, m, m)
-            if out is not None:
-                return out
         out = _torch.empty((m, self.n), dtype=self.dtype, device=self.device)
         if m:
             self._enqueue(m, lambda s: self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m,
                                                    s, 0))
+            self._steady[m] = m
         return out
 
     def _run_rmsnorm(self, x, weight, residual, norm_weight, eps):
@@ -609,9 +644,11 @@ class GemmReduceScatter(_Op):
         k), d0 a multiple of the world size: the sum is scattered along d0, as
         dist.reduce_scatter_tensor scatters its first dimension, and the
         outputs (and residual) are (d0 / world, ..., n)."""
+        if residual is None and norm_weight is None:
+            y = self._fast(x, weight)
+            if y is not None:
+                return y
         torch = _torch
-        if residual is None and norm_weight is None and _eager(torch, x, weight) and x.dim() == 2:
-            return self._run(x, weight, ahead=True)
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
         lead = None
@@ -629,7 +666,7 @@ class GemmReduceScatter(_Op):
             if residual is not None:
                 residual = _flatten(self, "residual", residual)
         if residual is None and norm_weight is None:
-            y = (self._run(x, weight, ahead=True) if _eager(torch, x, weight)
+            y = (self._run(x, weight) if _eager(torch, x, weight)
                  else torch.ops.flashoverlap.gemm_reduce_scatter(x, weight, self.handle))
             return y if lead is None else y.view(*lead, self.n)
         if residual is None or norm_weight is None:
@@ -711,19 +748,17 @@ class GemmReduceScatter(_Op):
         return t, spare.data_ptr(), spare
 
     # (the custom ops' real implementations)
-    def _run(self, x, weight, ahead=False):
+    def _run(self, x, weight):
         self._open()
         if not (self._plain(x, weight) and (self.layout != "standard" or x.shape[0] % self.world == 0)):
             check_rs_inputs(self, x, weight)
         m = x.shape[0]
         rows = self._rows_checked(m)
-        if rows and ahead:
-            out = self._steady_call(x, weight, m, rows)
-            if out is not None:
-                return out
         out, out_ptr, spare = self._empty_rows(rows)
         if m:
             self._enqueue(m, lambda s: self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out_ptr, m, s, 0))
+            if rows:
+                self._steady[m] = rows
         del spare  # (after the call is enqueued: torch's allocator orders its reuse after it on this stream)
         return out
 

@@ -1458,68 +1458,82 @@ class TorchValidation(unittest.TestCase):
         self.assertEqual([c[5] is g for c in calls], [True, False, True])
         self.assertIsNone(calls[1][5])
 
-    def test_steady_call_takes_the_output_allocated_ahead(self):
-        # An eager call in the steady state returns the output the call before
-        # allocated after itself (same rows, same stream), and allocates the
-        # next one; anything else gets a fresh tensor, and nothing is kept
-        # ahead under capture, off the op's device, for an unplanned m or
-        # past the size cap. (A stand-in torch: CUDA's calls are not needed.)
+    def test_fast_way_takes_the_output_allocated_ahead(self):
+        # An eager call in the steady state (an m called before, plain
+        # contiguous tensors of the op's dtype on its device, no capture, no
+        # autograd, not traced) is enqueued by _fast and returns the output
+        # the call before allocated after itself (same rows, stream and
+        # pool), allocating the next one; other rows, streams or pools get a
+        # fresh tensor; anything else is left to the general way (None),
+        # nothing called or allocated. (CPU tensors, device index -1; torch's
+        # CUDA calls stood in for.)
         t, fot = self.torch, self.fot
-        state = dict(stream=0x10, capturing=False, device=0, pool=None)
-        made = []
-
-        def empty(shape, dtype, device):
-            made.append(t.empty(shape, dtype=dtype))
-            return made[-1]
-
-        saved = fot._torch
-        fot._torch = types.SimpleNamespace(
-            _C=types.SimpleNamespace(_cuda_getDevice=lambda: state["device"],
-                                     _cuda_getCurrentRawStream=lambda index: state["stream"]),
-            cuda=types.SimpleNamespace(
-                is_current_stream_capturing=lambda: state["capturing"],
-                MemPoolContext=types.SimpleNamespace(active_pool=lambda: state["pool"] and types.SimpleNamespace(
-                    id=state["pool"]))), empty=empty)
-        self.addCleanup(setattr, fot, "_torch", saved)
+        state = dict(stream=0x10, capturing=False, device=-1, pool=None, compiling=False)
+        stand_ins = dict(_Tensor=t.Tensor, _Parameter=t.nn.Parameter, _is_compiling=lambda: state["compiling"],
+                         _grad_enabled=t.is_grad_enabled, _get_device=lambda: state["device"],
+                         _capturing=lambda: state["capturing"], _current_stream=lambda index: state["stream"],
+                         _pool_id=lambda: state["pool"])
+        for name, value in stand_ins.items():
+            self.addCleanup(setattr, fot, name, getattr(fot, name))
+            setattr(fot, name, value)
         op = object.__new__(fot.GemmAllReduce)
-        op.n, op.dtype, op.device, op._index, op._c_handle = 32, t.float16, t.device("cpu"), 0, 7
-        op._planned, op._ahead, op._ahead_rows = {4, 8, 100}, None, 64
+        op.n, op.k, op.dtype, op._index, op._c_handle = 32, 16, t.float16, -1, 7
+        op._weight_shape, op._steady, op._ahead, op._ahead_rows = (32, 16), {4: 4, 8: 8, 100: 100}, None, 64
         calls = []
-        op._c_run = lambda handle, a, b, out, m, stream, ld: calls.append((handle, out, m, stream))
-        x, w = t.zeros(8, 16, dtype=t.float16), t.zeros(32, 16, dtype=t.float16)
+        op._c_run = lambda handle, a, b, out, m, stream, ld: calls.append((handle, a, b, out, m, stream, ld))
+        x4, x8 = t.randn(4, 16).half(), t.randn(8, 16).half()
+        w = t.nn.Parameter(t.randn(32, 16).half(), requires_grad=False)
 
-        y1 = op._steady_call(x, w, 4, 4)
-        self.assertEqual((tuple(y1.shape), len(made)), ((4, 32), 2))  # (its own, then the next one's)
-        self.assertEqual(calls[-1], (7, y1.data_ptr(), 4, 0x10))
-        y2 = op._steady_call(x, w, 4, 4)
-        self.assertIs(y2, made[1])  # the one allocated ahead
-        self.assertEqual((len(made), calls[-1][1]), (3, y2.data_ptr()))
+        y1 = op._fast(x4, w)
+        self.assertEqual((tuple(y1.shape), y1.dtype), ((4, 32), t.float16))
+        self.assertEqual(calls[-1], (7, x4.data_ptr(), w.data_ptr(), y1.data_ptr(), 4, 0x10, 0))
+        self.assertEqual(op._ahead[:3], (4, 0x10, None))
+        nxt = op._ahead[3]
+        y2 = op._fast(x4, w)
+        self.assertIs(y2, nxt)  # the one allocated ahead
+        self.assertEqual(calls[-1][3], y2.data_ptr())
         state["stream"] = 0x20  # another stream: a fresh output, and the next one's for that stream
-        y3 = op._steady_call(x, w, 4, 4)
-        self.assertIs(y3, made[3])
-        self.assertEqual((len(made), op._ahead[:2]), (5, (4, 0x20)))
-        y4 = op._steady_call(x, w, 8, 8)  # other rows: fresh
-        self.assertIs(y4, made[5])
-        self.assertEqual(op._ahead[0], 8)
-        self.assertEqual(len({y.data_ptr() for y in (y1, y2, y3, y4)}), 4)
-        state["pool"] = (1, 2)  # a memory pool made current (torch.cuda.use_mem_pool): fresh, from it
-        y5 = op._steady_call(x, w, 8, 8)
-        self.assertIs(y5, made[7])
+        nxt = op._ahead[3]
+        y3 = op._fast(x4, w)
+        self.assertIsNot(y3, nxt)
+        self.assertEqual(op._ahead[:2], (4, 0x20))
+        y4 = op._fast(x8, w)  # other rows: fresh
+        self.assertEqual((tuple(y4.shape), op._ahead[0]), ((8, 32), 8))
+        state["pool"] = (1, 2)  # a memory pool made current (torch.cuda.use_mem_pool): fresh, and the next from it
+        nxt = op._ahead[3]
+        y5 = op._fast(x8, w)
+        self.assertIsNot(y5, nxt)
         self.assertEqual(op._ahead[:3], (8, 0x20, (1, 2)))
-        self.assertIs(op._steady_call(x, w, 8, 8), made[8])  # (then the one allocated ahead in it)
+        nxt = op._ahead[3]
+        self.assertIs(op._fast(x8, w), nxt)
         state["pool"] = None
-        # not the steady state: nothing called, nothing allocated
-        n_calls, n_made = len(calls), len(made)
-        state["capturing"] = True
-        self.assertIsNone(op._steady_call(x, w, 8, 8))
-        state["capturing"], state["device"] = False, 1
-        self.assertIsNone(op._steady_call(x, w, 8, 8))
-        state["device"] = 0
-        self.assertIsNone(op._steady_call(x, w, 5, 5))  # m 5 not planned
-        self.assertEqual((len(calls), len(made)), (n_calls, n_made))
-        # past the cap: called with a fresh output, nothing kept ahead
-        big = op._steady_call(t.zeros(100, 16, dtype=t.float16), w, 100, 100)
-        self.assertEqual((tuple(big.shape), op._ahead, len(made)), ((100, 32), None, n_made + 1))
+        self.assertEqual(len({y.data_ptr() for y in (y1, y2, y3, y4, y5)}), 5)
+
+        # not the steady state: the general way's (None), nothing called, the output ahead kept
+        n_calls, ahead = len(calls), op._ahead
+        for key, value in (("capturing", True), ("device", 0), ("compiling", True)):
+            state[key], saved = value, state[key]
+            self.assertIsNone(op._fast(x8, w), key)
+            state[key] = saved
+        x8_grad = x8.clone().requires_grad_()
+        not_fast = [(t.randn(5, 16).half(), w),  # m 5 not called before
+                    (x8.float(), w), (x8, w.float()),  # another dtype
+                    (x8.view(2, 4, 16), w), (t.randn(16, 8).half().t(), w),  # 3-D; not contiguous
+                    (t.randn(8, 8).half(), w), (x8, t.randn(16, 16).half()),  # other k; other n
+                    (x8, t.randn(16, 32).half().t()),  # weight not contiguous
+                    (t.nn.Parameter(x8), w),  # x a Parameter: not a plain tensor
+                    (x8_grad, w)]  # autograd would record
+        for i, (x, weight) in enumerate(not_fast):
+            self.assertIsNone(op._fast(x, weight), i)
+        with t.no_grad():  # (no autograd: the fast way)
+            self.assertIsNotNone(op._fast(x8_grad, w))
+        self.assertEqual(len(calls), n_calls + 1)
+        self.assertIsNot(op._ahead, ahead)  # (it took the one ahead and allocated the next)
+        ahead = op._ahead
+        # past the cap: called with a fresh output, nothing allocated ahead for it (the one held is kept)
+        big = op._fast(t.randn(100, 16).half(), w)
+        self.assertEqual((tuple(big.shape), len(calls)), ((100, 32), n_calls + 2))
+        self.assertIs(op._ahead, ahead)
 
     def test_alltoall_run_hands_the_library_the_routing(self):
         t = self.torch
