@@ -357,9 +357,7 @@ GemmAllToAll& GemmAllToAll::operator=(GemmAllToAll&&) noexcept = default;
 void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& routing, void* out, cudaStream_t stream,
                        bool combine, int64_t ld_out, int32_t* tokens_out) {
   Impl& d = *impl_;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone)
+  if (capturing(stream))
     throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call exchanges its routing "
                                     "and plans on the host)");
   if (d.one_rank && d.one_rank->failed()) d.one_rank->check();  // (a GPU-checked call's bad row: reported first)

@@ -249,9 +249,7 @@ void GemmReduceScatter::all_gather_rows(const void* local, void* full, int64_t m
     FO_NCCL_CHECK_CTX(ncclAllGather(local, full, size_t(m / d.world) * d.n, type, c, stream), ctx);
     return;
   }
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone && !d.gather_rows_of.count(m))
+  if (capturing(stream) && !d.gather_rows_of.count(m))
     throw InvalidArgument(ctx + ": the row exchange of this m is not set up yet, and setting it up allocates, which a "
                           "CUDA graph capture forbids: call prepare(m) before capturing");
   const auto it = d.prepare_gather(m);

@@ -106,9 +106,7 @@ struct GroupedGemm::Impl {
   }
   // Both entry points' refusals, worded alike: a capture (the call runs host work), ld_out, and operands.
   void refuse_capture(cudaStream_t stream, const std::string& why) const {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) throw InvalidArgument(who() + ": " + why);
+    if (capturing(stream)) throw InvalidArgument(who() + ": " + why);
   }
   int64_t ld_of(int64_t ld_out) const {
     if (ld_out != 0 && (ld_out < n || ld_out > INT32_MAX))

@@ -203,9 +203,7 @@ bool check_m_enabled(bool option) {
 }
 
 void check_same_m(ncclComm_t comm, int rank, int64_t m, cudaStream_t stream, const std::string& who) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return;
+  if (capturing(stream)) return;
   const std::vector<int64_t> all = rt::gather_from_all(comm, rank, m, who + ": checking m");
   if (std::all_of(all.begin(), all.end(), [&](int64_t x) { return x == all[0]; })) return;
   std::ostringstream os;
@@ -216,9 +214,7 @@ void check_same_m(ncclComm_t comm, int rank, int64_t m, cudaStream_t stream, con
 }
 
 void refuse_planning_under_capture(cudaStream_t stream, int64_t m, const std::string& who) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone)
+  if (capturing(stream))
     throw InvalidArgument(who + ": m = " + std::to_string(m) +
                           " is not planned yet, and planning allocates, which a CUDA graph capture forbids: call "
                           "prepare(m) (or run m once) before capturing");

@@ -40,6 +40,14 @@ Fn driver_entry_point(const char* name, int version);
   } while (0)
 
 namespace flashoverlap {
+// Whether stream is being captured into a CUDA graph (a capture forbids
+// allocation and host waits, and freezes launch arguments).
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  return capture != cudaStreamCaptureStatusNone;
+}
+
 template <typename Fn>
 Fn driver_entry_point(const char* name, int version) {
   void* f = nullptr;

@@ -31,9 +31,7 @@ OverlapCore::~OverlapCore() {
 }
 
 void OverlapCore::begin_call(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (called_ && stream != last_stream_ && capture == cudaStreamCaptureStatusNone)
+  if (called_ && stream != last_stream_ && !capturing(stream))
     FO_CUDA_CHECK(cudaStreamWaitEvent(stream, call_done_, 0));
 }
 
@@ -42,9 +40,7 @@ void OverlapCore::end_call(cudaStream_t stream) {
   // in a capture is a node of that graph, and waiting on it from a stream
   // outside the capture is an error (cudaErrorInvalidValue). Replays are
   // ordered by the caller's stream, as any captured work is.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return;
+  if (capturing(stream)) return;
   FO_CUDA_CHECK(cudaEventRecord(call_done_, stream));
   called_ = true, last_stream_ = stream;
 }

@@ -171,9 +171,7 @@ void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, voi
 }
 
 void OverlapAllReduce::begin_call(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone && !graph_) {
+  if (capturing(stream) && !graph_) {
     // A replay repeats the launch arguments captured: the epochs the host
     // passes per call (the owner layout's flags and window halves) would be
     // frozen.

@@ -265,9 +265,7 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   if (!nvlink_ready())
     throw InvalidArgument("OverlapAllToAll::run (rank " + std::to_string(rank_) +
                           "): the NVLink form needs the op built with nvlink and every rank's window connected");
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone)
+  if (capturing(stream))
     throw InvalidArgument("OverlapAllToAll::run (rank " + std::to_string(rank_) +
                           "): the NVLink form cannot be captured into a CUDA graph (its counters run across calls)");
   // The whole grid (no SMs for NCCL), each rank's walk starting at the

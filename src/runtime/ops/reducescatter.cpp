@@ -85,12 +85,11 @@ std::string describe_rs_groups(bool nvlink, const std::vector<plan::Group>& grou
 std::string OverlapReduceScatter::describe_groups() const { return describe_rs_groups(opts_.nvlink, opts_.groups); }
 
 void OverlapReduceScatter::begin_call(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone && opts_.nvlink)  // (refused before anything is enqueued)
+  const bool capture = capturing(stream);
+  if (capture && opts_.nvlink)  // (refused before anything is enqueued)
     throw InvalidArgument("OverlapReduceScatter (rank " + std::to_string(rank_) +
                           "): the NVLink form cannot be captured into a CUDA graph (its counters run across calls)");
-  if (capture != cudaStreamCaptureStatusNone) graph_ = true;  // (every call zeroes its counters from now on)
+  if (capture) graph_ = true;  // (every call zeroes its counters from now on)
   core_->begin_call(stream);
   // The scratch of the core, which another op of it may have grown since.
   send_ = core_->scratch(kSendScratch, send_bytes_);
