@@ -372,40 +372,6 @@ class _Op(_OpBase):
         self._ahead = None
         super().close()
 
-    def _fast(self, x, weight):
-        """An eager call's common case, enqueued in one go: plain contiguous
-        tensors of the op's dtype on its device, that device current, an m
-        called before (planned and checked), no capture, no autograd to
-        record, not traced by torch.compile. Returns the (rows, n) output, or
-        None for anything else (the general way then checks the call and
-        names what is wrong). Kept flat: all of it precedes the GEMM's
-        launch, which a synced call waits for. The output allocated ahead
-        serves only a call of the same rows, stream and memory pool as its
-        allocation."""
-        if (type(x) is not _Tensor or (type(weight) is not _Tensor and type(weight) is not _Parameter)
-                or _is_compiling() or ((x.requires_grad or weight.requires_grad) and _grad_enabled())):
-            return None
-        dt = self.dtype
-        if x.dtype is not dt or weight.dtype is not dt or x.dim() != 2:
-            return None
-        m, k = x.shape
-        rows = self._steady.get(m)
-        i = self._index
-        if (rows is None or k != self.k or weight.shape != self._weight_shape or x.get_device() != i
-                or weight.get_device() != i or not x.is_contiguous() or not weight.is_contiguous()
-                or _get_device() != i or _capturing()):
-            return None
-        stream = _current_stream(i)
-        ahead = self._ahead
-        if ahead is not None and ahead[0] == rows and ahead[1] == stream and ahead[2] == _pool_id():
-            out, self._ahead = ahead[3], None
-        else:
-            out = x.new_empty((rows, self.n))  # (x's dtype and device: the op's)
-        self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
-        if rows <= self._ahead_rows:  # (allocated on this stream, for a call on it: as torch.empty then would be)
-            self._ahead = (rows, stream, _pool_id(), x.new_empty((rows, self.n)))
-        return out
-
     def _open(self):
         """FlashOverlapError (as the custom ops raise it) once the op is closed."""
         if self._c_handle is None:
@@ -439,6 +405,45 @@ class _Op(_OpBase):
         m = self._m(m)
         with _torch.cuda.device(self.device):
             return self._op.plan(m)
+
+
+def _fast_call(general):
+    """An op's __call__ (GemmAllReduce's, GemmReduceScatter's): an eager call
+    in its steady state enqueued in one go (plain contiguous tensors of the
+    op's dtype on its device, that device current, an m called before, so
+    planned and checked; no residual, no capture, no autograd to record, not
+    traced by torch.compile), the (rows, n) output returned; anything else
+    goes to the op's call written out, general (its _call, which checks the
+    call and names what is wrong), whose docstring it takes. Kept flat, in one frame:
+    all of it precedes the GEMM's launch, which a synced call waits for. The
+    output allocated ahead serves only a call of the same rows, stream and
+    memory pool as its allocation."""
+    def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
+        if (residual is not None or norm_weight is not None or type(x) is not _Tensor
+                or (type(weight) is not _Tensor and type(weight) is not _Parameter) or _is_compiling()
+                or ((x.requires_grad or weight.requires_grad) and _grad_enabled())):
+            return self._call(x, weight, residual, norm_weight, eps)
+        dt, i = self.dtype, self._index
+        if x.dtype is not dt or weight.dtype is not dt or x.dim() != 2:
+            return self._call(x, weight, residual, norm_weight, eps)
+        m, k = x.shape
+        rows = self._steady.get(m)
+        if (rows is None or k != self.k or weight.shape != self._weight_shape or x.get_device() != i
+                or weight.get_device() != i or not x.is_contiguous() or not weight.is_contiguous()
+                or _get_device() != i or _capturing()):
+            return self._call(x, weight, residual, norm_weight, eps)
+        stream = _current_stream(i)
+        ahead = self._ahead
+        if ahead is not None and ahead[0] == rows and ahead[1] == stream and ahead[2] == _pool_id():
+            out, self._ahead = ahead[3], None
+        else:
+            out = x.new_empty((rows, self.n))  # (x's dtype and device: the op's)
+        self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
+        if rows <= self._ahead_rows:  # (allocated on this stream, for a call on it: as torch.empty then would be)
+            self._ahead = (rows, stream, _pool_id(), x.new_empty((rows, self.n)))
+        return out
+    __call__.__doc__ = general.__doc__
+    return __call__
 
 
 class GemmAllReduce(_Op):
@@ -488,15 +493,11 @@ class GemmAllReduce(_Op):
         dt = str(self.dtype).replace("torch.", "")
         return f"GemmAllReduce(max_m={self.max_m}, n={self.n}, k={self.k}, {dt}, {self.device}, world {self.world})"
 
-    def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
+    def _call(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
         """AllReduce(x @ weight.T) (m x n) on torch's current stream; with
         residual (m x n) and norm_weight (n): (RMSNorm(h) * norm_weight, h),
         h = AllReduce(x @ weight.T) + residual. x may have leading batch
         dimensions (..., k), as nn.Linear's input; the outputs then have them."""
-        if residual is None and norm_weight is None:
-            y = self._fast(x, weight)
-            if y is not None:
-                return y
         torch = _torch
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
@@ -518,6 +519,8 @@ class GemmAllReduce(_Op):
             y, h = torch.ops.flashoverlap.gemm_all_reduce_rmsnorm(x, weight, residual, norm_weight, float(eps),
                                                                   self.handle)
         return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
+
+    __call__ = _fast_call(_call)
 
     # (the custom ops' real implementations)
     def _run(self, x, weight):
@@ -634,7 +637,7 @@ class GemmReduceScatter(_Op):
         return (f"GemmReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, {dt}, {self.device}, world "
                 f"{self.world}, {self.layout} layout)")
 
-    def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
+    def _call(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
         """This rank's rows of the sum over the group of x @ weight.T, on torch's
         current stream: (rows_out(m), n) for x (m, k). With residual (this
         rank's rows: rows_out(m) x n) and norm_weight (n): (RMSNorm(h) *
@@ -644,10 +647,6 @@ class GemmReduceScatter(_Op):
         k), d0 a multiple of the world size: the sum is scattered along d0, as
         dist.reduce_scatter_tensor scatters its first dimension, and the
         outputs (and residual) are (d0 / world, ..., n)."""
-        if residual is None and norm_weight is None:
-            y = self._fast(x, weight)
-            if y is not None:
-                return y
         torch = _torch
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
@@ -677,6 +676,8 @@ class GemmReduceScatter(_Op):
             y, h = torch.ops.flashoverlap.gemm_reduce_scatter_rmsnorm(x, weight, residual, norm_weight, float(eps),
                                                                       self.handle)
         return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
+
+    __call__ = _fast_call(_call)
 
     def all_gather_rows(self, y, m=None):
         """The AllGather that closes a ReduceScatter -> row-wise step ->

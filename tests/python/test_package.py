@@ -1461,11 +1461,12 @@ class TorchValidation(unittest.TestCase):
     def test_fast_way_takes_the_output_allocated_ahead(self):
         # An eager call in the steady state (an m called before, plain
         # contiguous tensors of the op's dtype on its device, no capture, no
-        # autograd, not traced) is enqueued by _fast and returns the output
+        # autograd, not traced) is enqueued by the op's __call__ itself
+        # (_fast_call) and returns the output
         # the call before allocated after itself (same rows, stream and
         # pool), allocating the next one; other rows, streams or pools get a
-        # fresh tensor; anything else is left to the general way (None),
-        # nothing called or allocated. (CPU tensors, device index -1; torch's
+        # fresh tensor; anything else is left to the general way (_call),
+        # nothing called or allocated there. (CPU tensors, device index -1; torch's
         # CUDA calls stood in for.)
         t, fot = self.torch, self.fot
         state = dict(stream=0x10, capturing=False, device=-1, pool=None, compiling=False)
@@ -1481,39 +1482,41 @@ class TorchValidation(unittest.TestCase):
         op._weight_shape, op._steady, op._ahead, op._ahead_rows = (32, 16), {4: 4, 8: 8, 100: 100}, None, 64
         calls = []
         op._c_run = lambda handle, a, b, out, m, stream, ld: calls.append((handle, a, b, out, m, stream, ld))
+        op._call = lambda *args: None  # (the general way: None here)
         x4, x8 = t.randn(4, 16).half(), t.randn(8, 16).half()
         w = t.nn.Parameter(t.randn(32, 16).half(), requires_grad=False)
 
-        y1 = op._fast(x4, w)
+        y1 = op(x4, w)
         self.assertEqual((tuple(y1.shape), y1.dtype), ((4, 32), t.float16))
         self.assertEqual(calls[-1], (7, x4.data_ptr(), w.data_ptr(), y1.data_ptr(), 4, 0x10, 0))
         self.assertEqual(op._ahead[:3], (4, 0x10, None))
         nxt = op._ahead[3]
-        y2 = op._fast(x4, w)
+        y2 = op(x4, w)
         self.assertIs(y2, nxt)  # the one allocated ahead
         self.assertEqual(calls[-1][3], y2.data_ptr())
         state["stream"] = 0x20  # another stream: a fresh output, and the next one's for that stream
         nxt = op._ahead[3]
-        y3 = op._fast(x4, w)
+        y3 = op(x4, w)
         self.assertIsNot(y3, nxt)
         self.assertEqual(op._ahead[:2], (4, 0x20))
-        y4 = op._fast(x8, w)  # other rows: fresh
+        y4 = op(x8, w)  # other rows: fresh
         self.assertEqual((tuple(y4.shape), op._ahead[0]), ((8, 32), 8))
         state["pool"] = (1, 2)  # a memory pool made current (torch.cuda.use_mem_pool): fresh, and the next from it
         nxt = op._ahead[3]
-        y5 = op._fast(x8, w)
+        y5 = op(x8, w)
         self.assertIsNot(y5, nxt)
         self.assertEqual(op._ahead[:3], (8, 0x20, (1, 2)))
         nxt = op._ahead[3]
-        self.assertIs(op._fast(x8, w), nxt)
+        self.assertIs(op(x8, w), nxt)
         state["pool"] = None
         self.assertEqual(len({y.data_ptr() for y in (y1, y2, y3, y4, y5)}), 5)
 
-        # not the steady state: the general way's (None), nothing called, the output ahead kept
+        # not the steady state: the general way's (None), nothing called, the output ahead kept (and with
+        # a residual: the fused form's, always the general way)
         n_calls, ahead = len(calls), op._ahead
         for key, value in (("capturing", True), ("device", 0), ("compiling", True)):
             state[key], saved = value, state[key]
-            self.assertIsNone(op._fast(x8, w), key)
+            self.assertIsNone(op(x8, w), key)
             state[key] = saved
         x8_grad = x8.clone().requires_grad_()
         not_fast = [(t.randn(5, 16).half(), w),  # m 5 not called before
@@ -1524,14 +1527,15 @@ class TorchValidation(unittest.TestCase):
                     (t.nn.Parameter(x8), w),  # x a Parameter: not a plain tensor
                     (x8_grad, w)]  # autograd would record
         for i, (x, weight) in enumerate(not_fast):
-            self.assertIsNone(op._fast(x, weight), i)
+            self.assertIsNone(op(x, weight), i)
+        self.assertIsNone(op(x8, w, t.zeros(8, 32).half(), t.ones(32).half()))
         with t.no_grad():  # (no autograd: the fast way)
-            self.assertIsNotNone(op._fast(x8_grad, w))
+            self.assertIsNotNone(op(x8_grad, w))
         self.assertEqual(len(calls), n_calls + 1)
         self.assertIsNot(op._ahead, ahead)  # (it took the one ahead and allocated the next)
         ahead = op._ahead
         # past the cap: called with a fresh output, nothing allocated ahead for it (the one held is kept)
-        big = op._fast(t.randn(100, 16).half(), w)
+        big = op(t.randn(100, 16).half(), w)
         self.assertEqual((tuple(big.shape), len(calls)), ((100, 32), n_calls + 2))
         self.assertIs(op._ahead, ahead)
 
