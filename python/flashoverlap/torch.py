@@ -55,10 +55,13 @@ All-to-All's rows and tokens differ between ranks: its routing is what the
 ranks agree on). An op is called by one thread at a time, as its C++ object.
 
 An eager call goes straight to the library (torch's dispatcher is for traced
-and compiled code); an AllReduce or ReduceScatter output of at most 8 MiB is
-allocated after the call, for the next eager call with the same rows on the
-same stream and memory pool, so that its allocation is off that call's way to
-the GPU: each op holds at most one such tensor.
+and compiled code). The AllReduce's and ReduceScatter's next output is
+allocated after the call, so that its allocation is off the next call's way
+to the GPU: up to 8 MiB, one per op, for its next eager call with the same
+rows on the same stream and memory pool; above, one per thread, for the next
+eager call of any op with that output's shape, device, stream and pool (the
+ops of a model's layers share their output's shape: the memory held is then
+one output, not one per op; clear_cache() drops it).
 """
 
 import ctypes
@@ -299,9 +302,11 @@ class _OpBase:
 # An eager call's output up to this size is allocated after the call is
 # enqueued, for the next call of the same rows on the same stream: its
 # allocation is then off the next call's way to the GPU (torch.empty costs a
-# few microseconds, which a synced decode-sized call waits for). An op holds
-# at most one such tensor.
+# few microseconds, which a synced call waits for). An op holds at most one
+# such tensor. A bigger output's next one is held per thread (_big.ahead:
+# (rows, n, dtype, device index, stream), pool, tensor), for any op's call.
 _AHEAD_BYTES = 8 << 20
+_big = threading.local()
 
 # torch's calls an eager call's fast way makes, bound once (_bind_fast): the
 # tensor types taken as plain, whether torch.compile is tracing, whether
@@ -432,15 +437,24 @@ def _fast_call(general):
                 or weight.get_device() != i or not x.is_contiguous() or not weight.is_contiguous()
                 or _get_device() != i or _capturing()):
             return self._call(x, weight, residual, norm_weight, eps)
-        stream = _current_stream(i)
-        ahead = self._ahead
-        if ahead is not None and ahead[0] == rows and ahead[1] == stream and ahead[2] == _pool_id():
-            out, self._ahead = ahead[3], None
+        stream, n = _current_stream(i), self.n
+        # (the next output allocated on this stream, for a call on it: as torch.empty then would be)
+        if rows <= self._ahead_rows:
+            ahead = self._ahead
+            if ahead is not None and ahead[0] == rows and ahead[1] == stream and ahead[2] == _pool_id():
+                out, self._ahead = ahead[3], None
+            else:
+                out = x.new_empty((rows, n))  # (x's dtype and device: the op's)
+            self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
+            self._ahead = (rows, stream, _pool_id(), x.new_empty((rows, n)))
+            return out
+        key, ahead = (rows, n, dt, i, stream), getattr(_big, "ahead", None)
+        if ahead is not None and ahead[0] == key and ahead[1] == _pool_id():
+            out, _big.ahead = ahead[2], None
         else:
-            out = x.new_empty((rows, self.n))  # (x's dtype and device: the op's)
+            out = x.new_empty((rows, n))
         self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
-        if rows <= self._ahead_rows:  # (allocated on this stream, for a call on it: as torch.empty then would be)
-            self._ahead = (rows, stream, _pool_id(), x.new_empty((rows, self.n)))
+        _big.ahead = (key, _pool_id(), x.new_empty((rows, n)))
         return out
     __call__.__doc__ = general.__doc__
     return __call__
@@ -1299,7 +1313,10 @@ def gemm_all_to_all(x, weight, dest_rank, dest_token, gate_weight, send_counts, 
 
 def clear_cache():
     """Drops the functionals' ops and the bootstrapped communicators (each is
-    released once no op uses it); the next call builds anew (collective)."""
+    released once no op uses it), and this thread's output allocated ahead
+    (the eager calls' outputs above 8 MiB); the next call builds anew
+    (collective)."""
+    _big.ahead = None
     with _lock:
         _cache.clear()
         _rs_cache.clear()

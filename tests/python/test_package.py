@@ -1534,10 +1534,31 @@ class TorchValidation(unittest.TestCase):
         self.assertEqual(len(calls), n_calls + 1)
         self.assertIsNot(op._ahead, ahead)  # (it took the one ahead and allocated the next)
         ahead = op._ahead
-        # past the cap: called with a fresh output, nothing allocated ahead for it (the one held is kept)
-        big = op(t.randn(100, 16).half(), w)
-        self.assertEqual((tuple(big.shape), len(calls)), ((100, 32), n_calls + 2))
+        # past the cap: the next output is held per thread, for any op's call with its shape, dtype, device,
+        # stream and pool (the op's own small one is kept)
+        self.addCleanup(setattr, fot._big, "ahead", None)
+        fot._big.ahead = None
+        x100 = t.randn(100, 16).half()
+        big = op(x100, w)
+        self.assertEqual((tuple(big.shape), len(calls), calls[-1][3]), ((100, 32), n_calls + 2, big.data_ptr()))
         self.assertIs(op._ahead, ahead)
+        self.assertEqual(fot._big.ahead[:2], ((100, 32, t.float16, -1, 0x20), None))
+        twin = object.__new__(fot.GemmAllReduce)  # another op of the same shape: it takes that output
+        twin.__dict__.update(op.__dict__)
+        twin._ahead, nxt = None, fot._big.ahead[2]
+        self.assertIs(twin(x100, w), nxt)
+        for key, value in (("stream", 0x30), ("pool", (3, 4))):  # another stream or pool: a fresh one
+            state[key], saved, nxt = value, state[key], fot._big.ahead[2]
+            self.assertIsNot(op(x100, w), nxt, key)
+            self.assertEqual(fot._big.ahead[0][4] if key == "stream" else fot._big.ahead[1], value)
+            state[key] = saved
+        wide = object.__new__(fot.GemmAllReduce)  # another n: a fresh one
+        wide.__dict__.update(op.__dict__)
+        wide.n, wide._weight_shape, nxt = 48, (48, 16), fot._big.ahead[2]
+        self.assertIsNot(wide(x100, t.randn(48, 16).half()), nxt)
+        self.assertEqual(fot._big.ahead[0][:2], (100, 48))
+        fot.clear_cache()  # drops it
+        self.assertIsNone(fot._big.ahead)
 
     def test_alltoall_run_hands_the_library_the_routing(self):
         t = self.torch

@@ -110,12 +110,15 @@ void OverlapReduceScatter::move(const RsGroupCall& c) {
 
 void OverlapReduceScatter::enqueue_reduced(const void* a, const void* b, void* rows, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
-  if (plain_sequential()) {  // row-major C, one call: this rank's rows of it into recv_
+  if (plain_sequential()) {  // row-major C, one call: this rank's rows of it into `rows`
+    // One rank's ReduceScatter is the identity: C goes straight where its rows go.
+    const bool alone = world_ == 1 && !opts_.transport;
+    void* c = alone ? rows : send_;
     if (cublas_)
-      cublas_->run(opts_.dtype, a, b, send_, s.m, s.n, opts_.k, s.n, stream);
+      cublas_->run(opts_.dtype, a, b, c, s.m, s.n, opts_.k, s.n, stream);
     else
-      kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, s.n), stream);
-    move({-1, send_, rows, size_t(out_rows_) * s.n, stream});
+      kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n), stream);
+    if (!alone) move({-1, send_, rows, size_t(out_rows_) * s.n, stream});
     return;
   }
   const bool seq = sequential();
