@@ -461,7 +461,9 @@ struct GroupedGemmOptions {
   //           cuBLAS's (one GEMM per expert), as timed at construction, in
   //           turns, at the call's mean rows per expert (uniform counts at
   //           each power of two up to 128 rows and each tile-row count above,
-  //           up to max_rows / experts); a near tie goes to cuBLAS's;
+  //           up to max_rows / experts, on at most 8 of the experts); a
+  //           near tie goes to cuBLAS's where every expert was timed, to
+  //           ours where more run (cuBLAS's launches grow with them);
   //   Ours    always ours;  Cublas  always cuBLAS's.
   enum class Path { Auto, Ours, Cublas };
   Path path = Path::Auto;
