@@ -725,6 +725,130 @@ TEST(PlanEmulation, MoeRoutingErrorsSayWhatIsWrong) {
   broken([](fo::MoeRouting& r) { r.world = 0; }, "world 0");
 }
 
+namespace {
+// Each row's local expert, from the (source, expert) blocks of expert_rows
+// (every row expert 0 with one expert per rank).
+std::vector<int32_t> experts_of_rows(const fo::MoeRouting& r, int32_t rank) {
+  std::vector<int32_t> e(size_t(r.rows(rank)), 0);
+  if (r.experts == 1) return e;
+  size_t row = 0;
+  for (size_t i = 0; i < r.expert_rows[size_t(rank)].size(); ++i)
+    for (int64_t j = 0; j < r.expert_rows[size_t(rank)][i]; ++j) e.at(row++) = int32_t(i % size_t(r.experts));
+  EXPECT_EQ(row, e.size());
+  return e;
+}
+}  // namespace
+
+// With E experts per rank each token picks K distinct experts of the world's
+// W * E (K may pass W: several rows of one token go to one rank), and each
+// rank's rows come by (source rank, local expert), then token: the blocks
+// of expert_rows, whose segments (moe_segments) cover the rows in order.
+TEST(PlanEmulation, MoeRoutingWithExpertsIsDispatchShaped) {
+  FO_SEEDED_RNG(rng);
+  for (int it = 0; it < 60; ++it) {
+    const int32_t W = int32_t(uniform(rng, 1, 6)), E = int32_t(uniform(rng, 1, 5));
+    const int32_t K = int32_t(uniform(rng, 1, std::min(W * E, 9)));
+    const int64_t T = uniform(rng, 0, 120);
+    std::vector<std::string> kinds{"uniform", "zipf:1.2", "one:" + std::to_string(uniform(rng, 0, W - 1))};
+    if (K <= (W - 1) * E) kinds.push_back("empty:" + std::to_string(uniform(rng, 0, W - 1)));
+    for (const std::string& kind : kinds) {
+      SCOPED_TRACE(kind + " W " + std::to_string(W) + " E " + std::to_string(E) + " T " + std::to_string(T) + " K " +
+                   std::to_string(K));
+      const fo::MoeRouting r = fo::make_moe_routing(kind, W, T, K, rng(), E);
+      fo::validate_moe_routing(r);
+      ASSERT_EQ(r.experts, E);
+      ASSERT_EQ(r.expert_rows.size(), E == 1 ? 0u : size_t(W));
+      std::map<std::pair<int32_t, int32_t>, std::vector<std::pair<int32_t, float>>> picks;  // (home, token) -> (g, gate)
+      for (int32_t rank = 0; rank < W; ++rank) {
+        const std::vector<int32_t> expert = experts_of_rows(r, rank);
+        for (int64_t i = 0; i < r.rows(rank); ++i) {
+          const int32_t s = r.dest_rank[size_t(rank)][size_t(i)], t = r.dest_token[size_t(rank)][size_t(i)];
+          picks[{s, t}].push_back({rank * E + expert[size_t(i)], r.gate[size_t(rank)][size_t(i)]});
+          if (i > 0) {  // by source, then expert, then token
+            const auto key = [&](int64_t j) {
+              return std::tuple(r.dest_rank[size_t(rank)][size_t(j)], expert[size_t(j)], r.dest_token[size_t(rank)][size_t(j)]);
+            };
+            ASSERT_LT(key(i - 1), key(i)) << "rank " << rank << " row " << i;
+          }
+        }
+        // The segments: A's rows in order, one expert each, none empty, neighbours of one expert merged.
+        const std::vector<fo::RowSegment> seg = fo::moe_segments(r, rank);
+        int64_t row = 0;
+        for (size_t j = 0; j < seg.size(); ++j) {
+          ASSERT_EQ(seg[j].a_row0, row);
+          ASSERT_GT(seg[j].rows, 0);
+          if (j > 0) EXPECT_NE(seg[j].expert, seg[j - 1].expert);
+          for (int64_t i = row; i < row + seg[j].rows; ++i) ASSERT_EQ(expert[size_t(i)], seg[j].expert);
+          row += seg[j].rows;
+        }
+        EXPECT_EQ(row, r.rows(rank));
+      }
+      ASSERT_EQ(int64_t(picks.size()), W * T);
+      for (const auto& [token, mine] : picks) {
+        ASSERT_EQ(mine.size(), size_t(K));
+        std::set<int32_t> experts;
+        double sum = 0;
+        for (const auto& [g, gate] : mine) {
+          experts.insert(g);
+          EXPECT_GT(gate, 0.0f);
+          sum += gate;
+          if (kind.rfind("empty:", 0) == 0) EXPECT_NE(g / E, std::stoi(kind.substr(6)));
+        }
+        EXPECT_EQ(experts.size(), size_t(K)) << "a token picked an expert twice";
+        EXPECT_NEAR(sum, 1.0, 1e-5);
+        if (kind.rfind("one:", 0) == 0)
+          EXPECT_TRUE(std::any_of(experts.begin(), experts.end(), [&](int32_t g) { return g / E == std::stoi(kind.substr(4)); }));
+      }
+      if (T > 0) EXPECT_EQ(fo::moe_topk(r), K);
+    }
+  }
+}
+
+TEST(PlanEmulation, MoeRoutingWithExpertsErrorsSayWhatIsWrong) {
+  using fo::make_moe_routing;
+  expect_invalid([] { make_moe_routing("uniform", 2, 10, 9, 1, 4); }, "top-k 9 outside [1, world x experts = 8]");
+  expect_invalid([] { make_moe_routing("empty:0", 3, 10, 5, 1, 2); }, "needs (world - 1) x experts >= top-k");
+  expect_invalid([] { make_moe_routing("uniform", 2, 10, 1, 1, 0); }, "0 experts per rank");
+  EXPECT_NO_THROW(make_moe_routing("empty:0", 3, 10, 4, 1, 2));
+  // Top-1 to one rank with experts: every row on it, spread over its experts.
+  const fo::MoeRouting one = make_moe_routing("one:1", 3, 300, 1, 5, 4);
+  EXPECT_EQ(one.rows(1), 900);
+  for (int32_t e = 0; e < 4; ++e) {
+    int64_t rows = 0;
+    for (int32_t s = 0; s < 3; ++s) rows += one.expert_rows[1][size_t(s) * 4 + e];
+    EXPECT_GT(rows, 100) << "expert " << e;
+  }
+  // Several rows of one token to one rank are fine; one expert twice is not.
+  using P = fo::MoePick;
+  const fo::MoeRouting two = fo::moe_routing_from_picks(2, {{{P{1, 0.5f, 0}, P{1, 0.5f, 1}}}, {}}, 2);
+  EXPECT_EQ(two.rows(1), 2);
+  EXPECT_EQ(two.expert_rows[1], (std::vector<int64_t>{1, 1, 0, 0}));
+  EXPECT_EQ(fo::moe_topk(two), 2);
+  expect_invalid([] { fo::moe_routing_from_picks(2, {{{P{1, 0.5f, 1}, P{1, 0.5f, 1}}}, {}}, 2); },
+                 "rank 0 token 0 picks expert 1 of rank 1 twice");
+  expect_invalid([] { fo::moe_routing_from_picks(2, {{{P{1, 0.5f, 2}}}, {}}, 2); }, "picks expert 2 of rank 1, outside [0, 2)");
+  // The tables of the All-to-All take one expert per rank.
+  expect_invalid([&] { fo::count_moe_rows(two, 128); }, "2 experts per rank");
+
+  const fo::MoeRouting good = make_moe_routing("uniform", 3, 30, 4, 5, 3);
+  auto broken = [&](auto edit, const std::string& needle) {
+    fo::MoeRouting r = good;
+    edit(r);
+    expect_invalid([&] { fo::validate_moe_routing(r); }, needle);
+  };
+  broken([](fo::MoeRouting& r) { r.expert_rows.pop_back(); }, "expert_rows has 2 ranks' counts, expected world 3");
+  broken([](fo::MoeRouting& r) { r.expert_rows[2].pop_back(); }, "rank 2: expert_rows has 8 counts, expected world x experts = 9");
+  broken([](fo::MoeRouting& r) { r.expert_rows[0][0] += 1; }, "rank 0: expert_rows gives");
+  broken([](fo::MoeRouting& r) { r.expert_rows[0][1] = -1 - r.expert_rows[0][1]; }, "rows from rank 0 for expert 1");
+  broken([](fo::MoeRouting& r) { r.experts = 0; }, "0 experts per rank");
+  broken([](fo::MoeRouting& r) {  // a row of source 2's block swapped with one of source 0's: the counts still add up
+        auto& d = r.dest_rank[1];
+        const size_t first = 0, last = d.size() - 1;
+        std::swap(d[first], d[last]), std::swap(r.dest_token[1][first], r.dest_token[1][last]);
+      },
+      "rank 1 row 0: in rank 0's block of expert_rows");
+}
+
 TEST(PlanEmulation, MoeMapInputsAreValidated) {
   const fo::MoeRouting r = fo::make_moe_routing("uniform", 3, 40, 2, 9);
   auto sched_of = [&](int64_t n, fo::TileShape t) {
@@ -810,4 +934,42 @@ TEST(PlanEmulation, RecordedMoeRoutingsReadBackAndSayWhatIsWrong) {
   bad(head + R"("world": 2, "picks": [[[[1]]], []]})", "a pick must be [rank, gate]");
   bad(head + R"("world": 0, "picks": []})", "\"world\" must be an integer in [1, 1024]");
   expect_invalid([&] { fo::read_moe_routing_file(dir.file("missing.json")); }, "missing.json");
+}
+
+// With experts per rank a recorded routing is schema 2: [rank, expert, gate]
+// picks, read back as the routing they record.
+TEST(PlanEmulation, RecordedMoeRoutingsWithExpertsReadBack) {
+  FO_SEEDED_RNG(rng);
+  const fo_test::TempDir dir;
+  for (int trial = 0; trial < 8; ++trial) {
+    const int32_t W = int32_t(uniform(rng, 1, 4)), E = int32_t(uniform(rng, 2, 4)), K = int32_t(uniform(rng, 1, W * E));
+    const fo::MoeRouting r = fo::make_moe_routing(trial % 2 ? "zipf:1.2" : "uniform", W, uniform(rng, 0, 100), K, rng(), E);
+    nlohmann::json picks = nlohmann::json::array();
+    for (int32_t s = 0; s < W; ++s)
+      picks.push_back(nlohmann::json(std::vector<nlohmann::json>(size_t(r.tokens[size_t(s)]), nlohmann::json::array())));
+    // (each token's picks in the order the rows list them: by rank, then expert; the rows come back in that order)
+    for (int32_t rank = 0; rank < W; ++rank) {
+      const std::vector<int32_t> expert = experts_of_rows(r, rank);
+      for (size_t i = 0; i < r.dest_rank[size_t(rank)].size(); ++i)
+        picks[size_t(r.dest_rank[size_t(rank)][i])][size_t(r.dest_token[size_t(rank)][i])].push_back(
+            nlohmann::json::array({rank, expert[i], r.gate[size_t(rank)][i]}));
+    }
+    const nlohmann::json file = {{"format", "flashoverlap.moe_routing"}, {"schema", 2}, {"world", W}, {"experts", E},
+                                 {"picks", picks}};
+    const fo::MoeRouting back = fo::read_moe_routing_file(dir.write("r.json", file.dump()));
+    EXPECT_EQ(back.experts, E);
+    EXPECT_EQ(back.expert_rows, r.expert_rows);
+    EXPECT_EQ(back.dest_rank, r.dest_rank);
+    EXPECT_EQ(back.dest_token, r.dest_token);
+    EXPECT_EQ(back.gate, r.gate);
+  }
+  auto bad = [&](const std::string& text, const std::string& needle) {
+    expect_invalid([&] { fo::read_moe_routing_file(dir.write("bad.json", text)); }, needle);
+  };
+  const std::string head = R"({"format": "flashoverlap.moe_routing", "schema": 2, "world": 2, )";
+  bad(head + R"("picks": [[], []]})", "\"experts\" must be an integer");
+  bad(head + R"("experts": 2, "picks": [[[[1, 0.5]]], []]})", "a pick must be [rank, expert, gate]");
+  bad(head + R"("experts": 2, "picks": [[[[1, 2, 0.5]]], []]})", "picks expert 2 of rank 1, outside [0, 2)");
+  bad(head + R"("experts": 2, "picks": [[[[1, 1, 0.5], [1, 1, 0.5]]], []]})", "picks expert 1 of rank 1 twice");
+  bad(R"({"format": "flashoverlap.moe_routing", "schema": 3, "world": 1, "picks": [[]]})", "schema must be 1");
 }
