@@ -20,7 +20,9 @@ namespace flashoverlap::plan {
 //   (rows every rank s < rank sends d) + (rows of `rank` before i with destination d)
 // of d, encoded d * rows_per_rank + that. No groups, no slot rows;
 // out_rows = the rows `rank` receives. The routing must be valid
-// (validate_moe_routing); s is `rank`'s schedule (routing.rows(rank) rows).
+// (validate_moe_routing); s is `rank`'s schedule (moe_schedule_rows: with
+// several experts the grouped GEMM's, tm_of its virtual tile rows and
+// a_row0 / rows_of set, so idle rows map to -1).
 // Throws InvalidArgument when some rank receives more than rows_per_rank
 // rows or world * rows_per_rank does not fit int32.
 AllToAllTables make_alltoall_peer_tables(const Schedule& s, const MoeRouting& routing, int32_t rank,

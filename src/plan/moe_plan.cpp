@@ -164,7 +164,8 @@ int32_t MoePlan::waves() const { return most_waves(sched_of_rank); }
 MoePlan make_moe_plan(const MoePlanRequest& req) {
   check_request(req);
   const MoeRouting& routing = *req.routing;
-  // The routing's rows per tile row and destination (checking it on the way), or the caller's.
+  // The routing's rows per tile row and destination (checking it on the way), or the caller's:
+  // per virtual tile row of the grouped GEMM with several experts, as make_moe_schedule walks them.
   std::optional<MoeRowCounts> own;
   if (!req.counts || req.counts->bm != req.tile.bm || req.counts->counts.size() != size_t(routing.world))
     own = count_moe_rows(routing, req.tile.bm);

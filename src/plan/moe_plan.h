@@ -62,7 +62,8 @@ struct MoePlanRequest {
 struct MoePlan {
   bool sequential = false;      // one group, GEMM on all sms, then one all-to-all
   int32_t ctas = 0;             // the GEMM's grid (sms when sequential, else sms - reserve_sms)
-  // make_expert_schedule(rows(r), n, tile, ctas, Raster::AlongN, default_swizzle) per rank.
+  // make_moe_schedule(routing, r, n, tile, ctas) per rank: with several
+  // experts the grouped GEMM's, whose waves count its virtual tile rows.
   std::vector<Schedule> sched_of_rank;
   // Of the common wave axis: sums to waves(), or is {1} when no rank has
   // rows (every rank then has one empty group).

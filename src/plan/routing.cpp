@@ -164,16 +164,14 @@ std::vector<RowSegment> moe_segments(const MoeRouting& r, int32_t rank) {
 // (One pass; validate_moe_routing runs only to say what is wrong.)
 MoeRowCounts count_moe_rows(const MoeRouting& r, int32_t bm) {
   if (bm < 1) throw InvalidArgument("MoE routing: tile height " + std::to_string(bm) + " must be >= 1");
-  if (r.experts != 1)
-    throw InvalidArgument("MoE routing: " + std::to_string(r.experts) +
-                          " experts per rank: the All-to-All's tables take one expert per rank");
   auto invalid = [&r]() -> MoeRowCounts {
     validate_moe_routing(r);
     throw InvalidArgument("MoE routing: invalid");  // (not reached unless the two checks disagree)
   };
-  const int32_t W = r.world;
+  const int32_t W = r.world, E = r.experts;
   if (W < 1 || r.dest_rank.size() != size_t(W) || r.tokens.size() != size_t(W) || r.dest_token.size() != size_t(W) ||
-      r.gate.size() != size_t(W) || r.send_counts.size() != size_t(W) * W)
+      r.gate.size() != size_t(W) || r.send_counts.size() != size_t(W) * W || E < 1 ||
+      (E > 1 && r.expert_rows.size() != size_t(W)))
     return invalid();
   for (int32_t t : r.tokens)
     if (t < 0) return invalid();
@@ -181,17 +179,31 @@ MoeRowCounts count_moe_rows(const MoeRouting& r, int32_t bm) {
   result.bm = bm;
   std::vector<std::vector<int64_t>>& out = result.counts;
   out.resize(static_cast<size_t>(W));
+  result.tile_rows.resize(static_cast<size_t>(W));
   std::vector<int64_t> sends(size_t(W) * W, 0);
   for (int32_t src = 0; src < W; ++src) {
     const auto &dest = r.dest_rank[size_t(src)], &token = r.dest_token[size_t(src)];
     const auto& gate = r.gate[size_t(src)];
     const size_t m = dest.size();
     if (token.size() != m || gate.size() != m) return invalid();
+    if (E > 1) {  // the segments must cover A's rows before they are cut into tile rows
+      const std::vector<int64_t>& c = r.expert_rows[size_t(src)];
+      if (c.size() != size_t(W) * E) return invalid();
+      int64_t sum = 0;
+      for (int64_t x : c) {
+        if (x < 0) return invalid();
+        sum += x;
+      }
+      if (sum != int64_t(m)) return invalid();
+    }
+    // With one expert: one segment of every row, so tile row v is rows v*bm.. as ever.
+    const GroupedTileRows& g = result.tile_rows[size_t(src)] = make_grouped_tile_rows(moe_segments(r, src), E, 1, bm);
     auto& counts = out[size_t(src)];
-    counts.assign((m + bm - 1) / bm * W, 0);
-    for (size_t row0 = 0, tm = 0; row0 < m; row0 += size_t(bm), ++tm) {
-      int64_t* c = &counts[tm * W];
-      for (size_t i = row0; i < std::min(m, row0 + size_t(bm)); ++i) {
+    counts.assign(size_t(g.tile_rows()) * W, 0);
+    for (int32_t v = 0; v < g.tile_rows(); ++v) {
+      int64_t* c = &counts[size_t(v) * W];
+      const size_t row0 = size_t(g.a_row0[size_t(v)]);
+      for (size_t i = row0; i < row0 + size_t(g.rows[size_t(v)]); ++i) {
         const int32_t d = dest[i];
         if (uint32_t(d) >= uint32_t(W) || token[i] < 0 || token[i] >= r.tokens[size_t(d)] || !std::isfinite(gate[i]))
           return invalid();
@@ -201,9 +213,9 @@ MoeRowCounts count_moe_rows(const MoeRouting& r, int32_t bm) {
     for (size_t i = 0; i < counts.size(); ++i) sends[size_t(src) * W + i % W] += counts[i];
   }
   if (sends != r.send_counts) return invalid();
+  validate_expert_rows(r);  // (each source's block its own rows: O(rows), with experts only)
   return result;
 }
-
 
 namespace {
 

@@ -67,16 +67,20 @@ void validate_moe_routing(const MoeRouting& r);
 // (none without rows). The routing is validate_moe_routing's to check.
 std::vector<RowSegment> moe_segments(const MoeRouting& r, int32_t rank);
 
-// Every rank's rows per tile row of `bm` rows and destination: counts[r][tm
-// * world + d] = rows tm*bm .. tm*bm+bm-1 of rank r with destination d (the
-// same for every grid and tile width). Made in one pass that validates the
-// routing as validate_moe_routing does (its message where it fails): what
-// the MoE planner and the All-to-All's tables need, made once per call. One
-// expert per rank only (InvalidArgument otherwise): several are the grouped
-// GEMM's tile rows, which the tables do not take yet.
+// Every rank's rows per tile row and destination: counts[r][v * world + d] =
+// rows of rank r's virtual tile row v with destination d (the same for every
+// grid and tile width). The tile rows are the grouped GEMM's (grouped.h) of
+// moe_segments: each segment cut into tile rows of bm rows, the last ragged;
+// with one expert, tile row v is rows v*bm .. v*bm+bm-1 (row / bm). Made in
+// one pass that validates the routing as validate_moe_routing does (its
+// message where it fails): what the MoE planner and the All-to-All's tables
+// need, made once per call.
 struct MoeRowCounts {
   int32_t bm = 0;
   std::vector<std::vector<int64_t>> counts;
+  // [world]: rank r's tile rows (b_row0 = the expert: made with n = 1, so
+  // times n for B's first row); counts[r] has tile_rows[r].tile_rows() * world.
+  std::vector<GroupedTileRows> tile_rows;
 };
 MoeRowCounts count_moe_rows(const MoeRouting& r, int32_t bm);
 

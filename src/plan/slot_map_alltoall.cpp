@@ -16,7 +16,48 @@ Schedule make_expert_schedule(int64_t m, int64_t n, TileShape tile, int32_t ctas
   return s;
 }
 
+GroupedTileRows moe_tile_rows(const MoeRouting& routing, int32_t rank, int64_t n, int32_t bm) {
+  if (rank < 0 || rank >= routing.world)
+    throw InvalidArgument("MoE tile rows: rank " + std::to_string(rank) + " out of range for world size " +
+                          std::to_string(routing.world));
+  if (routing.experts > 1 && (routing.expert_rows.size() != size_t(routing.world) ||
+                              routing.expert_rows[size_t(rank)].size() != size_t(routing.world) * routing.experts))
+    throw InvalidArgument("MoE tile rows of rank " + std::to_string(rank) + ": expert_rows is not world x (world x " +
+                          std::to_string(routing.experts) + " experts)");
+  return make_grouped_tile_rows(moe_segments(routing, rank), routing.experts, n, bm);
+}
+
+int64_t moe_schedule_rows(const MoeRouting& routing, int32_t rank, int32_t bm) {
+  if (routing.experts == 1) return routing.rows(rank);
+  if (bm < 1) throw InvalidArgument("MoE schedule: tile height " + std::to_string(bm) + " must be >= 1");
+  if (routing.expert_rows.size() != size_t(routing.world))
+    throw InvalidArgument("MoE schedule: expert_rows has " + std::to_string(routing.expert_rows.size()) +
+                          " ranks' counts, expected world " + std::to_string(routing.world));
+  int64_t tile_rows = 0;
+  for (const RowSegment& x : moe_segments(routing, rank)) tile_rows += (x.rows + bm - 1) / bm;
+  return tile_rows * bm;
+}
+
 Schedule make_moe_schedule(const MoeRouting& routing, int32_t rank, int64_t n, TileShape tile, int32_t ctas) {
+  if (routing.experts > 1) {
+    // The grouped GEMM's virtual tile rows. Rows are in blocks by source
+    // rank, so the next rank's first row, and the tile row holding it, come
+    // from the counts alone.
+    const GroupedTileRows g = moe_tile_rows(routing, rank, 1, tile.bm);
+    const int32_t V = g.tile_rows();
+    Schedule s = make_expert_schedule(int64_t{V} * tile.bm, n, tile, ctas, Raster::AlongN,
+                                      default_swizzle(ctas, tile, std::max(V, 1)));
+    const int32_t W = routing.world;
+    for (int32_t k = 1; k < W && V > 0; ++k) {
+      const int32_t d = (rank + k) % W;
+      if (routing.send_count(rank, d) == 0) continue;
+      int64_t first = 0;
+      for (int32_t x = 0; x < d; ++x) first += routing.send_count(rank, x);
+      s.row_shift = int32_t(std::upper_bound(g.a_row0.begin(), g.a_row0.end(), first) - g.a_row0.begin()) - 1;
+      break;
+    }
+    return s;
+  }
   const int64_t m = routing.rows(rank);
   const int32_t tiles_m = int32_t(std::max<int64_t>((m + tile.bm - 1) / tile.bm, 1));
   Schedule s = make_expert_schedule(m, n, tile, ctas, Raster::AlongN, default_swizzle(ctas, tile, tiles_m));
@@ -66,9 +107,13 @@ void validate_alltoall_plan(const std::vector<Schedule>& sched_of_rank,
   for (int32_t r = 0; r < W; ++r) {
     const Schedule& s = sched_of_rank[size_t(r)];
     const std::string at = "all-to-all rank " + std::to_string(r) + ": ";
-    if (s.m != routing.rows(r))
+    const int64_t want = moe_schedule_rows(routing, r, s.bm);
+    if (s.m != want)
       throw InvalidArgument(at + "schedule of " + std::to_string(s.m) + " rows, the routing gives it " +
-                            std::to_string(routing.rows(r)));
+                            std::to_string(want) +
+                            (routing.experts > 1 ? " (the tile rows of its " + std::to_string(routing.rows(r)) +
+                                                       " rows by expert)"
+                                                 : std::string()));
     if (s.n != first.n || s.bm != first.bm || s.bn != first.bn)
       throw InvalidArgument(at + "N " + std::to_string(s.n) + " tile " + std::to_string(s.bm) + "x" +
                             std::to_string(s.bn) + " differ from rank 0's N " + std::to_string(first.n) + " tile " +
@@ -97,16 +142,29 @@ void validate_alltoall_plan(const std::vector<Schedule>& sched_of_rank,
 
 namespace {
 
+// Every rank's tile rows: the counts' (made once per call) where given, else
+// made into `own`.
+const std::vector<GroupedTileRows>& ranks_tile_rows(const MoeRouting& routing, int32_t bm, const MoeRowCounts* counts,
+                                                    std::vector<GroupedTileRows>& own) {
+  if (counts && counts->bm == bm && counts->tile_rows.size() == size_t(routing.world)) return counts->tile_rows;
+  own.clear();
+  for (int32_t r = 0; r < routing.world; ++r) own.push_back(moe_tile_rows(routing, r, 1, bm));
+  return own;
+}
+
 // counts.sum(w0, w1, b) for rank `src`'s waves: rows to destination b (bins:
-// world), or only rows to `only` (1 bin) when only >= 0.
-WaveCounts dest_counts(const Schedule& s, const std::vector<int32_t>& dest, int32_t world, int32_t only) {
+// world), or only rows to `only` (1 bin) when only >= 0; rows binned by
+// their tile row of g (s's tile rows).
+WaveCounts dest_counts(const Schedule& s, const GroupedTileRows& g, const std::vector<int32_t>& dest, int32_t world,
+                       int32_t only) {
   const int32_t bins = only >= 0 ? 1 : world;
   std::vector<int64_t> per_tile_row(size_t(s.tiles_m()) * bins, 0);
-  for (int32_t row = 0; row < s.m; ++row) {
-    const int32_t d = dest[size_t(row)];
-    if (only < 0) ++per_tile_row[size_t(row / s.bm) * bins + d];
-    else per_tile_row[size_t(row / s.bm)] += d == only;
-  }
+  for (int32_t v = 0; v < g.tile_rows(); ++v)
+    for (int32_t row = g.a_row0[size_t(v)]; row < g.a_row0[size_t(v)] + g.rows[size_t(v)]; ++row) {
+      const int32_t d = dest[size_t(row)];
+      if (only < 0) ++per_tile_row[size_t(v) * bins + d];
+      else per_tile_row[size_t(v)] += d == only;
+    }
   return WaveCounts(s, bins, per_tile_row);
 }
 
@@ -116,7 +174,7 @@ WaveCounts dest_counts(const Schedule& s, const std::vector<int32_t>& dest, int3
 // rather than from the rows.
 void add_spans(SlotMap& map, const std::vector<Schedule>& sched_of_rank,
                const std::vector<std::vector<Group>>& groups_of_rank, const MoeRouting& routing,
-               const MoeRowCounts* counts = nullptr) {
+               const std::vector<GroupedTileRows>& tile_rows, const MoeRowCounts* counts = nullptr) {
   const int32_t W = routing.world, rank = map.rank;
   const Schedule& s = sched_of_rank[size_t(rank)];
   const std::vector<Group>& groups = groups_of_rank[size_t(rank)];
@@ -128,12 +186,14 @@ void add_spans(SlotMap& map, const std::vector<Schedule>& sched_of_rank,
     for (size_t tm = 0; tm < out.size(); ++tm) out[tm] = c[tm * size_t(W) + size_t(rank)];
     return out;
   };
-  const WaveCounts out_counts = counts ? WaveCounts(s, W, counts->counts[size_t(rank)])
-                                       : dest_counts(s, routing.dest_rank[size_t(rank)], W, -1);
+  const WaveCounts out_counts =
+      counts ? WaveCounts(s, W, counts->counts[size_t(rank)])
+             : dest_counts(s, tile_rows[size_t(rank)], routing.dest_rank[size_t(rank)], W, -1);
   std::vector<WaveCounts> in_counts;
   for (int32_t src = 0; src < W; ++src)
     in_counts.push_back(counts ? WaveCounts(sched_of_rank[size_t(src)], 1, column(src))
-                               : dest_counts(sched_of_rank[size_t(src)], routing.dest_rank[size_t(src)], W, rank));
+                               : dest_counts(sched_of_rank[size_t(src)], tile_rows[size_t(src)],
+                                             routing.dest_rank[size_t(src)], W, rank));
   for (size_t g = 0; g < G; ++g) {
     const Group& x = groups[g];
     GroupCall call{x.first_tile, x.end_tile, {map.send_rows * bn, 0}, {map.recv_rows * bn, 0}, {}, {}};
@@ -167,15 +227,23 @@ SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
   const size_t G = groups.size();
   const int32_t bn = s.bn;
   SlotMap map = slot_map_base(Collective::AllToAll, s, W, rank);
+  std::vector<GroupedTileRows> own;
+  const std::vector<GroupedTileRows>& tile_rows = ranks_tile_rows(routing, s.bm, nullptr, own);
 
-  add_spans(map, sched_of_rank, groups_of_rank, routing);
+  add_spans(map, sched_of_rank, groups_of_rank, routing, tile_rows);
 
-  // Send side: this rank's rows by destination.
+  // Send side: this rank's rows by destination; place_rows_by_bucket's row
+  // tm * bm + r is row r of tile row tm, A's row a_row0[tm] + r unless idle.
   const auto& my_dest = routing.dest_rank[size_t(rank)];
+  const GroupedTileRows& mine_g = tile_rows[size_t(rank)];
+  auto dest_of = [&](int32_t row) {
+    const int32_t v = row / s.bm, r = row - v * s.bm;
+    return r < mine_g.rows[size_t(v)] ? my_dest[size_t(mine_g.a_row0[size_t(v)] + r)] : -1;
+  };
   for (size_t g = 0; g < G; ++g) {
     std::vector<int64_t> starts;
     for (const Span& to : map.groups[g].send_to) starts.push_back(to.offset / bn);
-    place_rows_by_bucket(s, groups[g], [&](int32_t row) { return my_dest[size_t(row)]; }, starts,
+    place_rows_by_bucket(s, groups[g], dest_of, starts,
                          [&](int32_t, int32_t idx, TileCoord, int32_t r, int64_t slot) {
                            map.row_of[size_t(idx) * s.bm + r] = int32_t(slot);
                          });
@@ -189,12 +257,13 @@ SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
   std::vector<int32_t> mine, first;
   for (int32_t src = 0; src < W; ++src) {
     const Schedule& ss = sched_of_rank[size_t(src)];
+    const GroupedTileRows& sg = tile_rows[size_t(src)];
     const auto& dest = routing.dest_rank[size_t(src)];
     mine.clear();
     first.assign(size_t(ss.tiles_m()) + 1, 0);
-    for (int32_t tm = 0, row = 0; tm < ss.tiles_m(); ++tm) {
+    for (int32_t tm = 0; tm < ss.tiles_m(); ++tm) {
       first[size_t(tm)] = int32_t(mine.size());
-      for (; row < std::min<int64_t>(int64_t{tm + 1} * ss.bm, ss.m); ++row)
+      for (int32_t row = sg.a_row0[size_t(tm)]; row < sg.a_row0[size_t(tm)] + sg.rows[size_t(tm)]; ++row)
         if (dest[size_t(row)] == rank) mine.push_back(row);
     }
     first[size_t(ss.tiles_m())] = int32_t(mine.size());
@@ -227,22 +296,28 @@ AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
     throw InvalidArgument("all-to-all tables: row counts of " + std::to_string(counts->bm) + "-row tiles for " +
                           std::to_string(counts->counts.size()) + " ranks, the schedules' tiles are " +
                           std::to_string(s.bm) + " rows and the ranks " + std::to_string(W));
-  add_spans(spans, sched_of_rank, groups_of_rank, routing, counts);
+  std::vector<GroupedTileRows> own;
+  const std::vector<GroupedTileRows>& tile_rows = ranks_tile_rows(routing, s.bm, counts, own);
+  add_spans(spans, sched_of_rank, groups_of_rank, routing, tile_rows, counts);
   if (spans.send_rows > INT32_MAX || spans.recv_rows > INT32_MAX)
     throw InvalidArgument("all-to-all rank " + std::to_string(rank) + ": " + std::to_string(spans.send_rows) +
                           " send and " + std::to_string(spans.recv_rows) + " receive slot rows, more than int32 "
                           "row indices address");
   AllToAllTables t;
-  t.world = W, t.rank = rank, t.bm = s.bm, t.bn = s.bn, t.tiles_n = s.tiles_n(), t.n = s.n, t.m = s.m;
+  t.world = W, t.rank = rank, t.bm = s.bm, t.bn = s.bn, t.tiles_n = s.tiles_n(), t.n = s.n, t.m = routing.rows(rank);
   t.groups = std::move(spans.groups);
   t.send_rows = spans.send_rows, t.recv_rows = spans.recv_rows;
 
   // Send side: per tile row its rows by destination, each row's rank among them.
+  const GroupedTileRows& g_mine = tile_rows[size_t(rank)];
+  if (routing.experts > 1) t.a_row0 = g_mine.a_row0, t.rows_of = g_mine.rows;
   const auto& dest = routing.dest_rank[size_t(rank)];
   t.dest = dest;
   t.rrank.resize(dest.size());
   std::vector<int32_t> per_tm(size_t(s.tiles_m()) * W, 0);
-  for (int64_t row = 0; row < s.m; ++row) t.rrank[size_t(row)] = per_tm[size_t(row / s.bm) * W + dest[size_t(row)]]++;
+  for (int32_t v = 0; v < g_mine.tile_rows(); ++v)
+    for (int32_t row = g_mine.a_row0[size_t(v)]; row < g_mine.a_row0[size_t(v)] + g_mine.rows[size_t(v)]; ++row)
+      t.rrank[size_t(row)] = per_tm[size_t(v) * W + dest[size_t(row)]]++;
   t.tm_of.resize(size_t(s.tiles()));
   t.sbase.resize(size_t(s.tiles()) * W);
   const auto& groups = groups_of_rank[size_t(rank)];
@@ -265,10 +340,11 @@ AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
   std::vector<int32_t> first;
   for (int32_t src = 0; src < W; ++src) {
     const Schedule& ss = sched_of_rank[size_t(src)];
+    const GroupedTileRows& sg = tile_rows[size_t(src)];
     const auto& sd = routing.dest_rank[size_t(src)];
     first.assign(size_t(ss.tiles_m()) + 1, 0);
     int32_t mine = 0;
-    for (int32_t tm = 0, row = 0; tm < ss.tiles_m(); ++tm) {
+    for (int32_t tm = 0; tm < ss.tiles_m(); ++tm) {
       first[size_t(tm)] = mine;
       if (counts) {  // (this tile row's rows to this rank, without reading them)
         const int64_t c = counts->counts[size_t(src)][size_t(tm) * W + rank];
@@ -276,7 +352,7 @@ AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
         mine += int32_t(c);
         continue;
       }
-      for (; row < std::min<int64_t>(int64_t{tm + 1} * ss.bm, ss.m); ++row)
+      for (int32_t row = sg.a_row0[size_t(tm)]; row < sg.a_row0[size_t(tm)] + sg.rows[size_t(tm)]; ++row)
         if (sd[size_t(row)] == rank) {
           t.rkey.push_back(int32_t((tm_base + tm) * t.tiles_n));
           ++mine;
@@ -301,12 +377,15 @@ AllToAllTables make_alltoall_tables(const std::vector<Schedule>& sched_of_rank,
 
 std::vector<int32_t> expand_row_of(const AllToAllTables& t) {
   std::vector<int32_t> row_of(size_t(t.tiles()) * t.bm, -1);
-  for (int32_t idx = 0; idx < t.tiles(); ++idx)
+  const bool grouped = !t.a_row0.empty();
+  for (int32_t idx = 0; idx < t.tiles(); ++idx) {
+    const int32_t tm = t.tm_of[size_t(idx)];
     for (int32_t r = 0; r < t.bm; ++r) {
-      const int64_t row = int64_t{t.tm_of[size_t(idx)]} * t.bm + r;
-      if (row < t.m)
+      const int64_t row = grouped ? int64_t{t.a_row0[size_t(tm)]} + r : int64_t{tm} * t.bm + r;
+      if (grouped ? r < t.rows_of[size_t(tm)] : row < t.m)
         row_of[size_t(idx) * t.bm + r] = t.sbase[size_t(idx) * t.world + t.dest[size_t(row)]] + t.rrank[size_t(row)];
     }
+  }
   return row_of;
 }
 

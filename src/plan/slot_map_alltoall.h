@@ -13,7 +13,9 @@
 // differs between ranks.
 //
 // Every rank has its own schedule (m_r rows, possibly none; the same n and
-// tile everywhere) and the same number G of groups on every rank, group g's
+// tile everywhere; with several experts per rank, the grouped GEMM's: its
+// tile rows are the virtual ones of moe_tile_rows, whose idle rows past a
+// segment's end are never stored) and the same number G of groups on every rank, group g's
 // call moving group g of every rank. Groups may be EMPTY (no waves):
 // a rank with fewer waves than G (m_r = 0: no waves at all) still takes part
 // in every call, with zero-count spans. The output rows and the combine's
@@ -37,10 +39,22 @@ namespace flashoverlap::plan {
 Schedule make_expert_schedule(int64_t m, int64_t n, TileShape tile, int32_t ctas, Raster raster,
                               int32_t swizzle);
 
+// Rank `rank`'s tile rows of bm rows in the combine's GEMM:
+// make_grouped_tile_rows of moe_segments (b_row0 = expert * n). With one
+// expert, tile row v is rows v*bm .. of every row (the plain GEMM's). The
+// routing must be valid; throws InvalidArgument for a rank out of range or
+// expert_rows of the wrong shape.
+GroupedTileRows moe_tile_rows(const MoeRouting& routing, int32_t rank, int64_t n, int32_t bm);
+// The m of rank `rank`'s schedule for tiles of bm rows, in O(segments): its
+// rows with one expert (the plain GEMM's), tile rows * bm with several (the
+// grouped GEMM's, make_grouped_schedule).
+int64_t moe_schedule_rows(const MoeRouting& routing, int32_t rank, int32_t bm);
+
 // The schedule of rank `rank`'s expert rows in the MoE combine (what the
-// runtime and the planner both use): make_expert_schedule along N with the
-// default swizzle for `ctas`, its walk started (Schedule::row_shift) at the
-// tile row of the first row for rank + 1 (else rank + 2, ...). With rows in
+// runtime and the planner both use): make_expert_schedule of
+// moe_schedule_rows along N with the default swizzle for `ctas`, its walk
+// started (Schedule::row_shift) at the tile row of the first row for
+// rank + 1 (else rank + 2, ...). With rows in
 // the dispatch's order (by destination) every rank would otherwise compute
 // the rows of the same destination at the same time, and each group would
 // be an incast to one rank; shifted, rank r sends to r+1, r+2, ... in turn,
@@ -55,7 +69,8 @@ Schedule make_moe_schedule(const MoeRouting& routing, int32_t rank, int64_t n, T
 std::vector<Group> make_clipped_groups(const Schedule& s, const Partition& common);
 
 // Throws InvalidArgument unless there is one schedule and one groups vector
-// per rank of the routing, schedule r has routing.rows(r) rows, all have the
+// per rank of the routing, schedule r has moe_schedule_rows(routing, r, bm)
+// rows (routing.rows(r) with one expert), all have the
 // n and tile of rank 0's, each is valid (m = 0 allowed), every rank has the
 // same number (>= 1) of groups, and rank r's groups are consecutive runs of
 // its waves covering [0, waves) exactly (empty runs allowed), with the tiles
@@ -69,7 +84,8 @@ void validate_alltoall_plan(const std::vector<Schedule>& sched_of_rank,
 
 // The map of `rank` (layout as at the top of this file, with each source's own
 // schedule and groups): send side, group g of this rank's rows by
-// destination, each destination's rows contiguous, in (tile idx, row) order;
+// destination, each destination's rows contiguous, in (tile idx, row) order
+// (row r of virtual tile row v: A's row a_row0[v] + r, -1 past rows[v]);
 // receive side, group g's region holds for s = 0..W-1 the rows of s's group g
 // with destination `rank`, in s's (tile idx, row) order; output row i = the
 // i-th row with destination `rank` in (source rank, source row) order (the
@@ -86,13 +102,16 @@ SlotMap make_alltoall_map(const std::vector<Schedule>& sched_of_rank,
 // are the same arithmetic on the host and equal the map's tables.
 struct AllToAllTables {
   int32_t world = 1, rank = 0, bm = 0, bn = 0, tiles_n = 0;
-  int64_t n = 0, m = 0;  // this rank's rows
+  int64_t n = 0, m = 0;  // this rank's rows (of A: dest's size)
   std::vector<GroupCall> groups;  // the map's spans
   int64_t send_rows = 0, recv_rows = 0, out_rows = 0;
   // Send side: row_of[idx * bm + r] = sbase[idx * world + dest[row]] +
   // rrank[row] for row = tm_of[idx] * bm + r < m, else -1 (rrank: the rows
-  // before it in its tile row with the same destination).
+  // before it in its tile row with the same destination). With several
+  // experts (a_row0 not empty) tm_of is the virtual tile row v and row =
+  // a_row0[v] + r for r < rows_of[v], else -1: idle rows are never stored.
   std::vector<int32_t> tm_of, sbase, dest, rrank;
+  std::vector<int32_t> a_row0, rows_of;  // [tile rows] of moe_tile_rows; empty with one expert (or no tiles)
   // Receive side: slot_of_out[i * tiles_n + cb] = rtab[rkey[i] + cb] + i.
   std::vector<int32_t> rtab, rkey;
   int32_t tiles() const { return int32_t(tm_of.size()); }

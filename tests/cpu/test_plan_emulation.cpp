@@ -78,7 +78,10 @@ template <class V>
 }
 
 // Structural invariants of one rank's map.
-void check_structure(const fo::SlotMap& map, const fo::Schedule& s, const std::vector<fo::Group>& groups) {
+// rows_of (several experts): the rows of each tile row that are stored, the
+// rest idle; else every row inside M.
+void check_structure(const fo::SlotMap& map, const fo::Schedule& s, const std::vector<fo::Group>& groups,
+                     const std::vector<int32_t>* rows_of = nullptr) {
   ASSERT_EQ(map.row_of.size(), size_t(s.tiles()) * s.bm);
   ASSERT_EQ(map.groups.size(), groups.size());
   ASSERT_EQ(map.target_of_slot.size(), size_t(map.recv_rows));
@@ -119,9 +122,11 @@ void check_structure(const fo::SlotMap& map, const fo::Schedule& s, const std::v
       for (int32_t r = 0; r < s.bm; ++r) {
         const int32_t slot = map.slot_row(idx, r);
         if (slot < 0) {
-          EXPECT_GE(s.tile_of(idx).tm * s.bm + r, s.m) << "a row inside M is not stored";
+          if (rows_of) EXPECT_GE(r, (*rows_of)[size_t(s.tile_of(idx).tm)]) << "a row of a segment is not stored";
+          else EXPECT_GE(s.tile_of(idx).tm * s.bm + r, s.m) << "a row inside M is not stored";
           continue;
         }
+        if (rows_of) EXPECT_LT(r, (*rows_of)[size_t(s.tile_of(idx).tm)]) << "an idle row is stored";
         ASSERT_GE(int64_t{slot} * map.bn, call.send.offset) << "tile " << idx << " row " << r;
         ASSERT_LE(int64_t{slot + 1} * map.bn, call.send.end()) << "tile " << idx << " row " << r;
         ASSERT_FALSE(used[size_t(slot)]) << "slot row " << slot << " written twice";
@@ -145,20 +150,22 @@ void check_structure(const fo::SlotMap& map, const fo::Schedule& s, const std::v
   }
 }
 
-// Each rank's GEMM output C_r stored into its send buffer; unwritten slots poisoned.
+// Each rank's GEMM output C_r stored into its send buffer; unwritten slots
+// poisoned. a_row0 (several experts): row r of tile row tm is C's row
+// a_row0[tm] + r (C has rows, not s.m, rows).
 template <class V>
 std::vector<V> gemm_into_slots(std::mt19937_64& rng, const fo::SlotMap& map, const fo::Schedule& s,
-                               const std::vector<V>& c) {
+                               const std::vector<V>& c, const std::vector<int32_t>* a_row0 = nullptr) {
   std::vector<V> send = random_values<V>(rng, map.send_elements());
   for (int32_t idx = 0; idx < s.tiles(); ++idx) {
     const fo::TileCoord t = s.tile_of(idx);
     for (int32_t r = 0; r < s.bm; ++r) {
       const int32_t slot = map.slot_row(idx, r);
       if (slot < 0) continue;
-      const int64_t row = int64_t{t.tm} * s.bm + r;
+      const int64_t row = a_row0 ? int64_t{(*a_row0)[size_t(t.tm)]} + r : int64_t{t.tm} * s.bm + r;
       for (int32_t col = 0; col < s.bn; ++col) {
         const int64_t gc = int64_t{t.tn} * s.bn + col;
-        send[size_t(slot) * s.bn + col] = row < s.m && gc < s.n ? c[size_t(row * s.n + gc)] : V{};
+        send[size_t(slot) * s.bn + col] = (a_row0 || row < s.m) && gc < s.n ? c[size_t(row * s.n + gc)] : V{};
       }
     }
   }
@@ -420,17 +427,20 @@ MoeCase random_moe_case(std::mt19937_64& rng) {
   const int32_t W = int32_t(uniform(rng, 1, 8));
   const fo::TileShape tile = fo_test::random_tile(rng);
   c.n = uniform(rng, 0, 2) == 0 ? uniform(rng, 1, tile.bn) : tile.bn * uniform(rng, 0, 6) + uniform(rng, 1, tile.bn);
-  const int32_t K = uniform(rng, 0, 1) ? 1 : int32_t(uniform(rng, 1, W));
+  // Several experts per rank in a third of the cases: the grouped GEMM's tile rows.
+  const int32_t E = uniform(rng, 0, 2) == 0 ? int32_t(uniform(rng, 2, 4)) : 1;
+  const int32_t K = uniform(rng, 0, 1) ? 1 : int32_t(uniform(rng, 1, std::min(W * E, 8)));
   const int64_t rows = std::max<int64_t>(1, kMoeElems / c.n);  // over all ranks
   const int64_t T = uniform(rng, 0, 6) == 0 ? 0 : uniform(rng, 1, std::max<int64_t>(1, rows / (int64_t{W} * K)));
   static const char* kinds[] = {"uniform", "zipf:1.2", "zipf:3", "one:", "empty:", "arbitrary"};
   std::string kind = kinds[uniform(rng, 0, 5)];
   if (kind == "one:" || kind == "empty:") kind += std::to_string(uniform(rng, 0, W - 1));
-  if (kind.rfind("empty:", 0) == 0 && K > W - 1) kind = "uniform";  // (K distinct ranks of W - 1)
+  if (kind.rfind("empty:", 0) == 0 && K > (W - 1) * E) kind = "uniform";  // (K distinct experts off one rank)
+  if (kind == "arbitrary" && E > 1) kind = "zipf:1.2";  // (rows by source block: a dispatch's)
   c.routing = kind == "arbitrary" ? arbitrary_moe_routing(rng, W, rows / W)
-                                  : fo::make_moe_routing(kind, W, T, K, rng());
-  std::vector<int64_t> ms;
-  for (int32_t r = 0; r < W; ++r) ms.push_back(c.routing.rows(r));
+                                  : fo::make_moe_routing(kind, W, T, K, rng(), E);
+  std::vector<int64_t> ms;  // the schedules' m: the tile rows * bm with several experts
+  for (int32_t r = 0; r < W; ++r) ms.push_back(fo::moe_schedule_rows(c.routing, r, tile.bm));
   c.sched = fo_test::random_rank_schedules(rng, tile, c.n, ms);
   int32_t most = 1;
   for (const fo::Schedule& s : c.sched) most = std::max(most, s.waves());
@@ -439,10 +449,11 @@ MoeCase random_moe_case(std::mt19937_64& rng) {
   const int32_t G = int32_t(uniform(rng, 1, 6));
   for (const fo::Schedule& s : c.sched)
     c.groups.push_back(clipped ? fo::make_clipped_groups(s, common) : fo_test::random_groups_with_empty(rng, s, G));
-  c.what = "world=" + std::to_string(W) + " routing=" + kind + " T=" + std::to_string(T) + " K=" + std::to_string(K) +
+  c.what = "world=" + std::to_string(W) + " E=" + std::to_string(E) + " routing=" + kind + " T=" + std::to_string(T) + " K=" + std::to_string(K) +
            " N=" + std::to_string(c.n) + " tile " + fo::to_string(tile) + (clipped ? " clipped" : " random") +
            " groups=" + std::to_string(c.groups[0].size()) + " rows:";
-  for (int32_t r = 0; r < W; ++r) c.what += " " + std::to_string(ms[size_t(r)]) + "/" + std::to_string(c.sched[size_t(r)].waves()) + "w";
+  for (int32_t r = 0; r < W; ++r)
+    c.what += " " + std::to_string(c.routing.rows(r)) + "/" + std::to_string(c.sched[size_t(r)].waves()) + "w";
   return c;
 }
 
@@ -457,18 +468,22 @@ void run_moe_case(std::mt19937_64& rng, const MoeCase& c) {
   const int64_t n = c.n;
   std::vector<std::vector<V>> C, send, recv;
   std::vector<fo::SlotMap> maps;
+  // Each rank's tile rows (with one expert row r of tile row tm is tm * bm + r).
+  std::vector<fo::GroupedTileRows> tiles;
+  for (int32_t r = 0; r < W; ++r) tiles.push_back(fo::moe_tile_rows(routing, r, n, c.sched[0].bm));
+  const bool grouped = routing.experts > 1;
   for (int32_t r = 0; r < W; ++r) C.push_back(random_values<V>(rng, routing.rows(r) * n));
   for (int32_t k = 0; k < W; ++k) {
     maps.push_back(fo::make_alltoall_map(c.sched, c.groups, routing, k));
     const fo::SlotMap& map = maps.back();
-    check_structure(map, c.sched[size_t(k)], c.groups[size_t(k)]);
+    check_structure(map, c.sched[size_t(k)], c.groups[size_t(k)], grouped ? &tiles[size_t(k)].rows : nullptr);
     if (::testing::Test::HasFatalFailure()) return;
     int64_t in = 0;
     for (int32_t s = 0; s < W; ++s) in += routing.send_count(s, k);
     ASSERT_EQ(map.send_rows, routing.rows(k) * map.tiles_n);
     ASSERT_EQ(map.out_rows, in);
     ASSERT_EQ(map.recv_rows, in * map.tiles_n);
-    send.push_back(gemm_into_slots(rng, map, c.sched[size_t(k)], C[size_t(k)]));
+    send.push_back(gemm_into_slots(rng, map, c.sched[size_t(k)], C[size_t(k)], grouped ? &tiles[size_t(k)].a_row0 : nullptr));
     recv.push_back(random_values<V>(rng, map.recv_elements()));
   }
   const int32_t bn = c.sched[0].bn;
@@ -479,7 +494,9 @@ void run_moe_case(std::mt19937_64& rng, const MoeCase& c) {
       std::vector<int64_t> rows(size_t(W), 0);  // src's group g slot rows per destination
       for (int32_t idx = x.first_tile; idx < x.end_tile; ++idx) {
         const fo::TileCoord t = s.tile_of(idx);
-        for (int32_t r = 0; r < s.rows_of(t); ++r) ++rows[size_t(routing.dest_rank[size_t(src)][size_t(t.tm * s.bm + r)])];
+        const fo::GroupedTileRows& g = tiles[size_t(src)];
+        for (int32_t r = 0; r < g.rows[size_t(t.tm)]; ++r)
+          ++rows[size_t(routing.dest_rank[size_t(src)][size_t(g.a_row0[size_t(t.tm)] + r)])];
       }
       for (int32_t dst = 0; dst < W; ++dst) {
         const fo::Span from = maps[size_t(src)].groups[g].send_to[size_t(dst)];
@@ -546,12 +563,15 @@ void expect_invalid(F f, const std::string& needle) {
 TEST(PlanEmulation, MoeCombineMatchesAllToAllSingleAndDirectSum) {
   FO_SEEDED_RNG(rng);
   int no_rows = 0, receives_nothing = 0, idle_tokens = 0, empty_groups = 0, fewer_waves_than_groups = 0, worlds[9] = {};
+  int experts = 0, idle_rows = 0;
   for (int it = 0; it < kCases; ++it) {
     const MoeCase c = random_moe_case(rng);
     SCOPED_TRACE(c.what);
     const int32_t W = c.routing.world;
     ++worlds[W];
+    experts += c.routing.experts > 1;
     for (int32_t r = 0; r < W; ++r) {
+      if (c.routing.experts > 1) idle_rows += c.sched[size_t(r)].m > c.routing.rows(r);
       no_rows += c.routing.rows(r) == 0;
       int64_t in = 0;
       for (int32_t s = 0; s < W; ++s) in += c.routing.send_count(s, r);
@@ -571,6 +591,8 @@ TEST(PlanEmulation, MoeCombineMatchesAllToAllSingleAndDirectSum) {
   EXPECT_GT(idle_tokens, kCases / 40);
   EXPECT_GT(empty_groups, kCases / 4);
   EXPECT_GT(fewer_waves_than_groups, kCases / 10);
+  EXPECT_GT(experts, kCases / 5);
+  EXPECT_GT(idle_rows, kCases / 10);
 }
 
 // World 2; rank 0: 3 rows (2x2 tiles, one CTA: two waves), rank 1 none (two
@@ -827,8 +849,11 @@ TEST(PlanEmulation, MoeRoutingWithExpertsErrorsSayWhatIsWrong) {
   expect_invalid([] { fo::moe_routing_from_picks(2, {{{P{1, 0.5f, 1}, P{1, 0.5f, 1}}}, {}}, 2); },
                  "rank 0 token 0 picks expert 1 of rank 1 twice");
   expect_invalid([] { fo::moe_routing_from_picks(2, {{{P{1, 0.5f, 2}}}, {}}, 2); }, "picks expert 2 of rank 1, outside [0, 2)");
-  // The tables of the All-to-All take one expert per rank.
-  expect_invalid([&] { fo::count_moe_rows(two, 128); }, "2 experts per rank");
+  // The All-to-All's counts take several experts: rank 1's two rows are one
+  // tile row each (two experts' segments).
+  const fo::MoeRowCounts counted = fo::count_moe_rows(two, 128);
+  EXPECT_EQ(counted.counts[1], (std::vector<int64_t>{1, 0, 1, 0}));
+  EXPECT_EQ(counted.tile_rows[1].a_row0, (std::vector<int32_t>{0, 1}));
 
   const fo::MoeRouting good = make_moe_routing("uniform", 3, 30, 4, 5, 3);
   auto broken = [&](auto edit, const std::string& needle) {

@@ -118,18 +118,29 @@ double bytes_of(int64_t link_rows, const fo::MoePlanRequest& r) {
   return W > 1 ? double(link_rows) * r.tile.bn * 2.0 * W / (W - 1) : 0.0;
 }
 
+// With several experts the grouped GEMM's: m = its tile rows * bm
+// (fo_test::brute_tile_rows), tile row tm holding its rows only.
 std::vector<fo::Schedule> expected_schedules(const fo::MoePlanRequest& r, int32_t ctas) {
   std::vector<fo::Schedule> out;
   for (int32_t rank = 0; rank < r.routing->world; ++rank) {
-    const int64_t m = r.routing->rows(rank);
+    const auto tile_rows = fo_test::brute_tile_rows(*r.routing, rank, r.tile.bm);
+    const bool grouped = r.routing->experts > 1;
+    const int64_t m = grouped ? int64_t(tile_rows.size()) * r.tile.bm : r.routing->rows(rank);
+    const int32_t swizzle_rows = grouped ? std::max<int32_t>(int32_t(tile_rows.size()), 1)
+                                         : int32_t((m + r.tile.bm - 1) / r.tile.bm);
     out.push_back(fo::make_expert_schedule(m, r.n, r.tile, ctas, fo::Raster::AlongN,
-                                           fo::default_swizzle(ctas, r.tile, int32_t((m + r.tile.bm - 1) / r.tile.bm))));
+                                           fo::default_swizzle(ctas, r.tile, swizzle_rows)));
     // The walk starts at the tile row of the first row for rank + 1 (else + 2, ...).
     const auto& dest = r.routing->dest_rank[size_t(rank)];
+    auto tile_row_of = [&](int32_t row) {
+      int32_t v = 0;
+      while (tile_rows[size_t(v)].first + tile_rows[size_t(v)].second <= row) ++v;
+      return v;
+    };
     bool found = false;
     for (int32_t k = 1; k < r.routing->world && !found; ++k)
       for (size_t i = 0; i < dest.size() && !found; ++i)
-        if (dest[i] == (rank + k) % r.routing->world) out.back().row_shift = int32_t(i) / r.tile.bm, found = true;
+        if (dest[i] == (rank + k) % r.routing->world) out.back().row_shift = tile_row_of(int32_t(i)), found = true;
     EXPECT_EQ(out.back().row_shift, fo::make_moe_schedule(*r.routing, rank, r.n, r.tile, ctas).row_shift);
   }
   return out;
@@ -152,9 +163,11 @@ fo::CostModel brute_cost(const fo::MoePlanRequest& r) {
   auto recv = sent;
   for (int32_t src = 0; src < W; ++src) {
     const fo::Schedule& s = sched[size_t(src)];
+    const auto tile_rows = fo_test::brute_tile_rows(routing, src, s.bm);
     for (int32_t idx = 0; idx < s.tiles(); ++idx) {
       const fo::TileCoord t = s.tile_of(idx);
-      for (int32_t row = t.tm * s.bm; row < std::min(s.m, (t.tm + 1) * s.bm); ++row) {
+      const auto [first, rows] = tile_rows[size_t(t.tm)];
+      for (int32_t row = first; row < first + rows; ++row) {
         const int32_t d = routing.dest_rank[size_t(src)][size_t(row)];
         if (d == src) continue;
         ++sent[size_t(src)][size_t(s.round_of(idx))];
@@ -358,6 +371,120 @@ TEST(MoePlan, ForcedPartitionIsEvaluatedOnTheModel) {
       EXPECT_NEAR(p.predicted.groups[g].compute_end, want.groups[g].compute_end, 1e-12 * want.total_ms);
       EXPECT_NEAR(p.predicted.groups[g].comm_start, want.groups[g].comm_start, 1e-12 * want.total_ms);
       EXPECT_NEAR(p.predicted.groups[g].comm_end, want.groups[g].comm_end, 1e-12 * want.total_ms);
+    }
+  }
+}
+
+// Several experts per rank: the grouped GEMM's schedules (virtual tile rows,
+// idle rows priced as whole tiles), the maps build and their spans give the
+// calls' times, and a forced partition's prediction is the brute-force model's.
+TEST(MoePlan, SeveralExpertsPlanTheGroupedGemmsWaves) {
+  FO_SEEDED_RNG(rng);
+  int overlapped = 0;
+  for (int it = 0; it < 40; ++it) {
+    const int32_t W = int32_t(uniform(rng, 1, 8)), E = int32_t(uniform(rng, 2, 4));
+    const int64_t kind = uniform(rng, 0, W >= 2 ? 3 : 2);
+    const std::string R = std::to_string(uniform(rng, 0, W - 1));
+    const std::string name = kind == 0 ? "uniform" : kind == 1 ? "zipf:1.2" : kind == 2 ? "one:" + R : "empty:" + R;
+    const int32_t K = int32_t(uniform(rng, 1, std::min(kind == 3 ? (W - 1) * E : W * E, 8)));
+    const int64_t tokens = uniform(rng, 0, 4) == 0 ? uniform(rng, 0, 2) : uniform(rng, 1, 3000);
+    std::string what = name + " W=" + std::to_string(W) + " E=" + std::to_string(E) + " K=" + std::to_string(K) +
+                       " tokens=" + std::to_string(tokens);
+    const fo::MoeRouting routing = fo::make_moe_routing(name, W, tokens, K, rng(), E);
+    fo::MoePlanRequest r = random_request(rng, routing, what);
+    SCOPED_TRACE(what);
+    const fo::MoePlan p = fo::make_moe_plan(r);
+    SCOPED_TRACE(fo::describe(p));
+    check_plan(p, r);
+    overlapped += !p.sequential;
+    const fo::CostModel cost = brute_cost(r);
+    if (cost.waves() == 0) continue;
+    r.partition = fo_test::random_partition(rng, cost.waves());
+    const fo::MoePlan forced = fo::make_moe_plan(r);
+    check_plan(forced, r);
+    const fo::Prediction want = fo::predict(cost, *r.partition);
+    EXPECT_NEAR(forced.predicted.total_ms, want.total_ms, 1e-12 * want.total_ms);
+  }
+  EXPECT_GT(overlapped, 0);
+}
+
+// W = 2, E = 4: rank 0 holds 100 and 30 rows per expert alternately from
+// each source (8 segments, 520 rows). The grouped GEMM has 8 tile rows of
+// 128 (not the 5 of 520 rows), so 8 tile columns on 16 CTAs take 4 waves, not 3.
+TEST(MoePlan, SeveralExpertsPayForTheirIdleRows) {
+  using P = fo::MoePick;
+  std::vector<std::vector<std::vector<P>>> picks(2);
+  for (int32_t src = 0; src < 2; ++src)
+    for (int32_t t = 0; t < 100; ++t) {  // experts 0 and 2 of rank 0: every token; 1 and 3: the first 30
+      std::vector<P> p{P{0, 0.25f, 0}, P{0, 0.25f, 2}};
+      if (t < 30) p.push_back(P{0, 0.25f, 1}), p.push_back(P{0, 0.25f, 3});
+      picks[size_t(src)].push_back(p);
+    }
+  const fo::MoeRouting routing = fo::moe_routing_from_picks(2, picks, 4);
+  ASSERT_EQ(routing.expert_rows[0], (std::vector<int64_t>{100, 30, 100, 30, 100, 30, 100, 30}));
+  ASSERT_EQ(routing.rows(0), 520);
+  ASSERT_EQ(routing.rows(1), 0);
+  const fo::MoeRowCounts counts = fo::count_moe_rows(routing, 128);
+  const fo::GroupedTileRows& g = counts.tile_rows[0];
+  EXPECT_EQ(g.a_row0, (std::vector<int32_t>{0, 100, 130, 230, 260, 360, 390, 490}));
+  EXPECT_EQ(g.rows, (std::vector<int32_t>{100, 30, 100, 30, 100, 30, 100, 30}));
+  EXPECT_EQ(g.b_row0, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3}));
+  // Tile rows 0-3 hold source 0's rows (back to rank 0), 4-7 source 1's.
+  EXPECT_EQ(counts.counts[0], (std::vector<int64_t>{100, 0, 30, 0, 100, 0, 30, 0, 0, 100, 0, 30, 0, 100, 0, 30}));
+  EXPECT_TRUE(counts.counts[1].empty());
+  fo::MoePlanRequest r;
+  r.routing = &routing;
+  r.n = 8 * 256;
+  r.k = 1024;
+  r.sms = 16;
+  r.min_gain = 1;  // sequential: the GEMM on all 16 SMs
+  const fo::MoePlan p = fo::make_moe_plan(r);
+  ASSERT_TRUE(p.sequential);
+  EXPECT_EQ(p.sched_of_rank[0].m, 8 * 128);
+  EXPECT_EQ(p.sched_of_rank[0].tiles(), 64);
+  EXPECT_EQ(p.waves(), 4);
+  EXPECT_EQ(p.sched_of_rank[0].row_shift, 4);  // the first tile row for rank 1
+  EXPECT_EQ(p.sched_of_rank[1].waves(), 0);
+  // The same rows as one expert: 5 tile rows, 3 waves.
+  fo::MoeRouting one = routing;
+  one.experts = 1;
+  one.expert_rows.clear();
+  EXPECT_EQ(fo::make_moe_plan({.routing = &one, .n = r.n, .k = r.k, .sms = 16, .min_gain = 1}).waves(), 3);
+  EXPECT_NEAR(p.baseline_ms - fo::make_moe_plan({.routing = &one, .n = r.n, .k = r.k, .sms = 16, .min_gain = 1}).baseline_ms,
+              r.gemm.wave_ms(r.tile, r.k), 1e-12);
+  for (int32_t rank = 0; rank < 2; ++rank) EXPECT_NO_THROW(fo::make_alltoall_map(p.sched_of_rank, p.groups_of_rank, routing, rank));
+}
+
+// One expert: the plan is the one of the counts per row / bm (the binning
+// before the grouped GEMM's tile rows), field for field.
+TEST(MoePlan, OneExpertPlansAreThoseOfRowOverBmCounts) {
+  FO_SEEDED_RNG(rng);
+  for (int it = 0; it < 30; ++it) {
+    std::string what;
+    const fo::MoeRouting routing = random_routing(rng, int32_t(uniform(rng, 1, 8)), 3000, what);
+    fo::MoePlanRequest r = random_request(rng, routing, what);
+    SCOPED_TRACE(what);
+    fo::MoeRowCounts brute;
+    brute.bm = r.tile.bm;
+    for (int32_t x = 0; x < routing.world; ++x) {
+      const auto& dest = routing.dest_rank[size_t(x)];
+      brute.counts.emplace_back((dest.size() + size_t(r.tile.bm) - 1) / size_t(r.tile.bm) * size_t(routing.world), 0);
+      for (size_t i = 0; i < dest.size(); ++i) ++brute.counts.back()[i / size_t(r.tile.bm) * size_t(routing.world) + size_t(dest[i])];
+    }
+    EXPECT_EQ(fo::count_moe_rows(routing, r.tile.bm).counts, brute.counts);
+    const fo::MoePlan mine = fo::make_moe_plan(r);
+    r.counts = &brute;
+    const fo::MoePlan want = fo::make_moe_plan(r);
+    EXPECT_EQ(mine.sequential, want.sequential);
+    EXPECT_EQ(mine.ctas, want.ctas);
+    EXPECT_EQ(mine.common, want.common);
+    EXPECT_EQ(mine.groups_of_rank, want.groups_of_rank);
+    EXPECT_EQ(mine.predicted.total_ms, want.predicted.total_ms);
+    EXPECT_EQ(mine.baseline_ms, want.baseline_ms);
+    ASSERT_EQ(mine.sched_of_rank.size(), want.sched_of_rank.size());
+    for (size_t x = 0; x < mine.sched_of_rank.size(); ++x) {
+      EXPECT_EQ(mine.sched_of_rank[x].m, routing.rows(int32_t(x)));
+      EXPECT_EQ(mine.sched_of_rank[x].row_shift, want.sched_of_rank[x].row_shift);
     }
   }
 }

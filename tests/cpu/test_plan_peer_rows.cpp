@@ -21,14 +21,16 @@ using fo_test::uniform;
 
 namespace {
 
-// A dispatch's routing, its rows shuffled on some ranks (the op takes any order).
-fo::MoeRouting random_routing(std::mt19937_64& rng, int32_t W) {
+// A dispatch's routing of E experts per rank, its rows shuffled on some
+// ranks with one expert (the op takes any order; with several, A's rows are
+// by (source, expert)).
+fo::MoeRouting random_routing(std::mt19937_64& rng, int32_t W, int32_t E = 1) {
   static const char* kinds[] = {"uniform", "zipf:1.2", "one:0", "empty:0"};
   const int kind = int(uniform(rng, 0, W >= 2 ? 3 : 2));
-  const int32_t topk = int32_t(uniform(rng, 1, std::min(kind == 3 ? W - 1 : W, 4)));
-  fo::MoeRouting r = fo::make_moe_routing(kinds[kind], W, uniform(rng, 0, 300), topk, rng());
+  const int32_t topk = int32_t(uniform(rng, 1, std::min(kind == 3 ? (W - 1) * E : W * E, 4)));
+  fo::MoeRouting r = fo::make_moe_routing(kinds[kind], W, uniform(rng, 0, 300), topk, rng(), E);
   for (int32_t s = 0; s < W; ++s) {
-    if (uniform(rng, 0, 1)) continue;
+    if (E > 1 || uniform(rng, 0, 1)) continue;
     std::vector<size_t> perm(r.dest_rank[size_t(s)].size());
     std::iota(perm.begin(), perm.end(), size_t{0});
     std::shuffle(perm.begin(), perm.end(), rng);
@@ -49,8 +51,8 @@ TEST(AllToAllPeerTables, EveryRowLandsWhereTheCombineReadsIt) {
   FO_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
   for (int iter = 0; iter < 200; ++iter) {
-    const int32_t W = int32_t(uniform(rng, 1, 8));
-    const fo::MoeRouting routing = random_routing(rng, W);
+    const int32_t W = int32_t(uniform(rng, 1, 8)), E = iter % 3 == 2 ? int32_t(uniform(rng, 2, 4)) : 1;
+    const fo::MoeRouting routing = random_routing(rng, W, E);
     const fo::TileShape tile = uniform(rng, 0, 1) ? fo::TileShape{128, 256} : fo::TileShape{16, 8};
     const int64_t n = tile.bn * uniform(rng, 1, 3) - uniform(rng, 0, 1) * 3;
     int64_t most = 1;  // the most rows any rank receives, plus slack
@@ -71,12 +73,16 @@ TEST(AllToAllPeerTables, EveryRowLandsWhereTheCombineReadsIt) {
       for (int32_t x = 0; x < W; ++x) received += routing.send_count(x, src);
       EXPECT_EQ(t.out_rows, received);
       const std::vector<int32_t> row_of = fo::expand_row_of(t);
+      // Tile row tm holds rows a .. a + k - 1 (with several experts the grouped GEMM's; the rest idle).
+      const auto tile_rows = fo_test::brute_tile_rows(routing, src, s.bm);
+      ASSERT_EQ(size_t(s.tiles_m()), tile_rows.size());
+      EXPECT_EQ(t.a_row0.size(), E == 1 ? 0 : tile_rows.size());
       for (int32_t idx = 0; idx < s.tiles(); ++idx) {
         const fo::TileCoord c = s.tile_of(idx);
         for (int32_t r = 0; r < s.bm; ++r) {
-          const int64_t row = int64_t{c.tm} * s.bm + r;
+          const int64_t row = int64_t{tile_rows[size_t(c.tm)].first} + r;
           const int32_t dst = row_of[size_t(idx) * s.bm + r];
-          if (row >= s.m) {
+          if (r >= tile_rows[size_t(c.tm)].second) {
             EXPECT_EQ(dst, -1);
             continue;
           }
@@ -118,6 +124,14 @@ TEST(AllToAllPeerTables, Refusals) {
   EXPECT_THROW(fo::make_alltoall_peer_tables(s, routing, 3, 50), flashoverlap::InvalidArgument);  // no rank 3
   EXPECT_THROW(fo::make_alltoall_peer_tables(s, routing, 0, 50), flashoverlap::InvalidArgument);  // rank 1's schedule
   EXPECT_THROW(fo::make_alltoall_peer_tables(s, routing, 1, int64_t{1} << 30), flashoverlap::InvalidArgument);
+  // With 2 experts the schedule is the grouped GEMM's (a tile row per (source, expert) here), not the rows'.
+  const fo::MoeRouting two = fo::make_moe_routing("one:1", 3, 50, 1, 7, 2);
+  const fo::Schedule g = fo::make_moe_schedule(two, 1, 256, {128, 256}, 132);
+  ASSERT_EQ(g.m, 128 * int32_t(fo::moe_segments(two, 1).size()));
+  ASSERT_GT(g.m, 256);
+  EXPECT_NO_THROW(fo::make_alltoall_peer_tables(g, two, 1, 50));
+  const fo::Schedule plain = fo::make_expert_schedule(two.rows(1), 256, {128, 256}, 132, fo::Raster::AlongN, 1);
+  EXPECT_THROW(fo::make_alltoall_peer_tables(plain, two, 1, 50), flashoverlap::InvalidArgument);
 }
 
 TEST(ReduceScatterPeerRows, EveryRowGoesToItsOwnerInItsSourcesBlock) {

@@ -230,6 +230,15 @@ TEST(AllToAllTables, ExpandToTheMapsTables) {
       }
       EXPECT_EQ(expand_row_of(t), map.row_of);
       EXPECT_EQ(expand_slot_of_out(t), map.slot_of_out);
+      // One expert: the plain form (no virtual tile rows), rows binned by row / bm.
+      EXPECT_TRUE(t.a_row0.empty() && t.rows_of.empty());
+      EXPECT_EQ(t.m, routing.rows(rank));
+      {
+        const auto& dest = routing.dest_rank[size_t(rank)];
+        std::vector<int32_t> before(size_t(scheds[size_t(rank)].tiles_m()) * world, 0), rrank;
+        for (size_t i = 0; i < dest.size(); ++i) rrank.push_back(before[i / size_t(tile.bm) * world + dest[i]]++);
+        EXPECT_EQ(t.rrank, rrank);
+      }
       // From the row counts (no other rank's rows read): the same tables.
       const AllToAllTables c = make_alltoall_tables(scheds, groups, routing, rank, &counts);
       EXPECT_EQ(c.send_rows, t.send_rows);
@@ -310,4 +319,246 @@ TEST(WaveCounts, EqualTheCountThroughTileOf) {
             << s.bm << "x" << s.bn << " ctas " << s.ctas << " swizzle " << s.swizzle << " shift " << s.row_shift
             << (s.raster == Raster::AlongN ? " along N)" : " along M)");
   }
+}
+
+namespace {
+
+// A routing of E experts per rank as a dispatch delivers it, the ragged
+// cases among them: uniform, zipf:1.2, one:R (top-1: every row to R),
+// empty:R (R gets no rows), no tokens, or one local expert no token picks.
+fo::MoeRouting random_expert_routing(std::mt19937_64& rng, int32_t W, int32_t E, std::string& what) {
+  const int64_t T = uniform(rng, 0, 5) == 0 ? uniform(rng, 0, 2) : uniform(rng, 1, 300);
+  const int64_t kind = uniform(rng, 0, W >= 2 ? 4 : 3);
+  if (kind == 3) {  // local expert `skip` of every rank gets no rows
+    const int32_t skip = int32_t(uniform(rng, 0, E - 1));
+    const int32_t K = int32_t(uniform(rng, 1, std::min(W * (E - 1), 4)));
+    std::vector<std::vector<std::vector<fo::MoePick>>> picks(static_cast<size_t>(W));
+    for (auto& tokens : picks)
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<fo::MoePick> p;
+        while (int32_t(p.size()) < K) {
+          const fo::MoePick x{int32_t(uniform(rng, 0, W - 1)), 1.0f / float(K), int32_t(uniform(rng, 0, E - 1))};
+          if (x.expert == skip) continue;
+          if (std::none_of(p.begin(), p.end(), [&](const fo::MoePick& y) { return y.rank == x.rank && y.expert == x.expert; }))
+            p.push_back(x);
+        }
+        tokens.push_back(p);
+      }
+    what = "skip expert " + std::to_string(skip) + " W=" + std::to_string(W) + " E=" + std::to_string(E) +
+           " T=" + std::to_string(T) + " K=" + std::to_string(K);
+    return fo::moe_routing_from_picks(W, picks, E);
+  }
+  const std::string R = std::to_string(uniform(rng, 0, W - 1));
+  const std::string name = kind == 0 ? "uniform" : kind == 1 ? "zipf:1.2" : kind == 2 ? "one:" + R : "empty:" + R;
+  const int32_t most = kind == 4 ? (W - 1) * E : W * E;
+  const int32_t K = kind == 2 && uniform(rng, 0, 1) ? 1 : int32_t(uniform(rng, 1, std::min(most, 4)));
+  what = name + " W=" + std::to_string(W) + " E=" + std::to_string(E) + " T=" + std::to_string(T) +
+         " K=" + std::to_string(K);
+  return fo::make_moe_routing(name, W, T, K, rng(), E);
+}
+
+}  // namespace
+
+// With one expert the tile rows are the plain GEMM's (v*bm, make_grouped_tile_rows
+// of one segment from row 0) and the schedule is the plain one, shifted to
+// the first row for the next rank: the tables are what row / bm gave.
+TEST(MoeRowCounts, OneExpertTileRowsAreThePlainOnes) {
+  FO_SEEDED_RNG(rng);
+  static const char* kinds[] = {"uniform", "zipf:1.2", "one:0"};
+  for (int trial = 0; trial < 60; ++trial) {
+    const int32_t W = int32_t(uniform(rng, 1, 6)), bm = int32_t(uniform(rng, 1, 200));
+    const fo::MoeRouting routing =
+        fo::make_moe_routing(kinds[uniform(rng, 0, 2)], W, uniform(rng, 0, 400), int32_t(uniform(rng, 1, W)), rng());
+    const fo::MoeRowCounts c = fo::count_moe_rows(routing, bm);
+    ASSERT_EQ(c.tile_rows.size(), size_t(W));
+    const int64_t n = uniform(rng, 1, 3000);
+    const fo::TileShape tile{bm, int32_t(uniform(rng, 1, 256))};
+    const int32_t ctas = int32_t(uniform(rng, 1, 140));
+    for (int32_t r = 0; r < W; ++r) {
+      SCOPED_TRACE("world " + std::to_string(W) + " rank " + std::to_string(r) + " bm " + std::to_string(bm));
+      const int64_t m = routing.rows(r);
+      const fo::GroupedTileRows& g = c.tile_rows[size_t(r)];
+      ASSERT_EQ(g.tile_rows(), (m + bm - 1) / bm);
+      for (int32_t v = 0; v < g.tile_rows(); ++v) {
+        EXPECT_EQ(g.a_row0[size_t(v)], v * bm);
+        EXPECT_EQ(g.rows[size_t(v)], std::min<int64_t>(bm, m - int64_t{v} * bm));
+        EXPECT_EQ(g.b_row0[size_t(v)], 0);
+      }
+      const fo::GroupedTileRows one = fo::make_grouped_tile_rows({{0, m, 0}}, 1, n, bm);
+      const fo::GroupedTileRows mine = fo::moe_tile_rows(routing, r, n, bm);
+      EXPECT_EQ(mine.a_row0, one.a_row0);
+      EXPECT_EQ(mine.b_row0, one.b_row0);
+      EXPECT_EQ(mine.rows, one.rows);
+      EXPECT_EQ(g.a_row0, one.a_row0);
+      EXPECT_EQ(fo::moe_schedule_rows(routing, r, bm), m);
+      // The schedule: plain, its walk at the tile row (row / bm) of the first row for r + 1, r + 2, ...
+      fo::Schedule want = fo::make_expert_schedule(m, n, tile, ctas, fo::Raster::AlongN,
+                                                   fo::default_swizzle(ctas, tile, int32_t(std::max<int64_t>((m + bm - 1) / bm, 1))));
+      const auto& dest = routing.dest_rank[size_t(r)];
+      for (int32_t k = 1; k < W && want.row_shift == 0; ++k) {
+        const auto it = std::find(dest.begin(), dest.end(), (r + k) % W);
+        if (it != dest.end()) {
+          want.row_shift = int32_t(it - dest.begin()) / bm;
+          break;
+        }
+      }
+      const fo::Schedule s = fo::make_moe_schedule(routing, r, n, tile, ctas);
+      EXPECT_EQ(s.m, want.m);
+      EXPECT_EQ(s.swizzle, want.swizzle);
+      EXPECT_EQ(s.row_shift, want.row_shift);
+      EXPECT_EQ(s.tiles(), want.tiles());
+    }
+  }
+}
+
+// With several experts the rows are binned by the grouped GEMM's tile rows
+// (a tile row never holds two experts' rows), against the rows walked one
+// by one: every row in exactly one tile row, the counts per (tile row,
+// destination), and the schedule's m = tile rows * bm.
+TEST(MoeRowCounts, SeveralExpertsCountByVirtualTileRow) {
+  FO_SEEDED_RNG(rng);
+  int ragged = 0, more_than_plain = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    const int32_t W = int32_t(uniform(rng, 1, 6)), E = int32_t(uniform(rng, 2, 4));
+    const int32_t bm = uniform(rng, 0, 2) ? 128 : int32_t(uniform(rng, 1, 64));
+    std::string what;
+    const fo::MoeRouting routing = random_expert_routing(rng, W, E, what);
+    SCOPED_TRACE(what + " bm " + std::to_string(bm));
+    const fo::MoeRowCounts c = fo::count_moe_rows(routing, bm);
+    ASSERT_EQ(c.bm, bm);
+    ASSERT_EQ(c.tile_rows.size(), size_t(W));
+    for (int32_t r = 0; r < W; ++r) {
+      const auto brute = fo_test::brute_tile_rows(routing, r, bm);
+      const fo::GroupedTileRows& g = c.tile_rows[size_t(r)];
+      ASSERT_EQ(size_t(g.tile_rows()), brute.size()) << "rank " << r;
+      std::vector<int64_t> want(brute.size() * size_t(W), 0);
+      std::vector<int> seen(size_t(routing.rows(r)), 0);
+      for (size_t v = 0; v < brute.size(); ++v) {
+        EXPECT_EQ(g.a_row0[v], brute[v].first) << "rank " << r << " tile row " << v;
+        EXPECT_EQ(g.rows[v], brute[v].second) << "rank " << r << " tile row " << v;
+        ragged += brute[v].second < bm;
+        for (int32_t row = brute[v].first; row < brute[v].first + brute[v].second; ++row) {
+          ++seen[size_t(row)];
+          ++want[v * size_t(W) + size_t(routing.dest_rank[size_t(r)][size_t(row)])];
+        }
+      }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int x) { return x == 1; })) << "rank " << r;
+      EXPECT_EQ(c.counts[size_t(r)], want) << "rank " << r;
+      EXPECT_EQ(fo::moe_schedule_rows(routing, r, bm), int64_t(brute.size()) * bm);
+      more_than_plain += int64_t(brute.size()) > (routing.rows(r) + bm - 1) / bm;
+      EXPECT_EQ(fo::moe_tile_rows(routing, r, 1, bm).a_row0, g.a_row0);
+    }
+  }
+  EXPECT_GT(ragged, 100);
+  EXPECT_GT(more_than_plain, 50);
+  // The routing's checks with experts: a count that does not add up, a row in another rank's block.
+  const fo::MoeRouting good = fo::make_moe_routing("uniform", 3, 30, 4, 5, 3);
+  fo::MoeRouting bad = good;
+  bad.expert_rows[0][0] += 1;
+  EXPECT_THROW(fo::count_moe_rows(bad, 128), flashoverlap::InvalidArgument);
+  bad = good;
+  std::swap(bad.dest_rank[1].front(), bad.dest_rank[1].back());
+  try {
+    (void)fo::count_moe_rows(bad, 128);
+    ADD_FAILURE() << "a row in another rank's block was not refused";
+  } catch (const flashoverlap::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("block of expert_rows"), std::string::npos) << e.what();
+  }
+  bad = good;
+  bad.expert_rows.pop_back();
+  EXPECT_THROW(fo::count_moe_rows(bad, 128), flashoverlap::InvalidArgument);
+  EXPECT_THROW(fo::moe_tile_rows(bad, 2, 1, 128), flashoverlap::InvalidArgument);
+}
+
+// The compact tables with several experts: virtual tile rows, idle rows of a
+// ragged tile row -1, every real row stored once per tile column into its
+// destination's span of its group, the same as the map's, and from the
+// counts the same again.
+TEST(AllToAllTables, SeveralExpertsExpandToTheMapsTables) {
+  FO_SEEDED_RNG(rng);
+  static const fo::TileShape tiles[] = {{128, 256}, {128, 128}, {16, 8}, {5, 3}};
+  int idle = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    const int32_t W = int32_t(uniform(rng, 1, 6)), E = int32_t(uniform(rng, 2, 4));
+    std::string what;
+    const fo::MoeRouting routing = random_expert_routing(rng, W, E, what);
+    const fo::TileShape tile = tiles[uniform(rng, 0, 3)];
+    const int64_t n = uniform(rng, 1, 700);
+    const int32_t ctas = int32_t(uniform(rng, 1, 30));
+    const bool own = uniform(rng, 0, 1);  // make_moe_schedule, or any raster and swizzle
+    SCOPED_TRACE(what + " tile " + fo::to_string(tile) + " n " + std::to_string(n) + (own ? " moe" : " any"));
+    std::vector<fo::Schedule> scheds;
+    int32_t most = 1;
+    for (int32_t r = 0; r < W; ++r) {
+      scheds.push_back(own ? fo::make_moe_schedule(routing, r, n, tile, ctas)
+                           : fo::make_grouped_schedule(fo::moe_tile_rows(routing, r, n, tile.bm), n, tile, ctas,
+                                                       uniform(rng, 0, 1) ? fo::Raster::AlongM : fo::Raster::AlongN,
+                                                       int32_t(uniform(rng, 1, 4))));
+      most = std::max(most, scheds.back().waves());
+    }
+    const fo::Partition common = fo_test::random_partition(rng, most);
+    std::vector<std::vector<fo::Group>> groups;
+    for (const fo::Schedule& s : scheds) groups.push_back(fo::make_clipped_groups(s, common));
+    const fo::MoeRowCounts counts = fo::count_moe_rows(routing, tile.bm);
+    for (int32_t rank = 0; rank < W; ++rank) {
+      SCOPED_TRACE("rank " + std::to_string(rank));
+      const fo::Schedule& s = scheds[size_t(rank)];
+      const fo::SlotMap map = fo::make_alltoall_map(scheds, groups, routing, rank);
+      const fo::AllToAllTables t = fo::make_alltoall_tables(scheds, groups, routing, rank);
+      const fo::AllToAllTables c = fo::make_alltoall_tables(scheds, groups, routing, rank, &counts);
+      const auto brute = fo_test::brute_tile_rows(routing, rank, tile.bm);
+      EXPECT_EQ(t.m, routing.rows(rank));
+      ASSERT_EQ(t.a_row0.size(), brute.size());
+      ASSERT_EQ(t.rows_of.size(), brute.size());
+      for (size_t v = 0; v < brute.size(); ++v) {
+        EXPECT_EQ(t.a_row0[v], brute[v].first);
+        EXPECT_EQ(t.rows_of[v], brute[v].second);
+      }
+      const std::vector<int32_t> row_of = fo::expand_row_of(t);
+      EXPECT_EQ(row_of, map.row_of);
+      EXPECT_EQ(fo::expand_row_of(c), map.row_of);
+      EXPECT_EQ(fo::expand_slot_of_out(t), map.slot_of_out);
+      EXPECT_EQ(fo::expand_slot_of_out(c), map.slot_of_out);
+      EXPECT_EQ(t.send_rows, map.send_rows);
+      EXPECT_EQ(t.recv_rows, map.recv_rows);
+      EXPECT_EQ(c.recv_rows, map.recv_rows);
+      EXPECT_EQ(t.out_rows, map.out_rows);
+      EXPECT_EQ(c.rkey, t.rkey);
+      EXPECT_EQ(c.rtab, t.rtab);
+      EXPECT_EQ(c.rrank, t.rrank);
+      ASSERT_EQ(map.groups.size(), groups[size_t(rank)].size());
+      for (size_t g = 0; g < map.groups.size(); ++g) {
+        EXPECT_EQ(t.groups[g].send_to, map.groups[g].send_to);
+        EXPECT_EQ(c.groups[g].recv_from, map.groups[g].recv_from);
+      }
+      // Brute force: each tile's rows by destination into that destination's span of its group, once.
+      EXPECT_EQ(map.send_rows, routing.rows(rank) * s.tiles_n());
+      std::vector<int> used(size_t(map.send_rows), 0);
+      for (size_t g = 0; g < map.groups.size(); ++g) {
+        const fo::Group& x = groups[size_t(rank)][g];
+        std::vector<int64_t> per_dest(size_t(W), 0);
+        for (int32_t idx = x.first_tile; idx < x.end_tile; ++idx) {
+          const int32_t v = s.tile_of(idx).tm;
+          ASSERT_EQ(t.tm_of[size_t(idx)], v);
+          for (int32_t r = 0; r < s.bm; ++r) {
+            const int32_t slot = row_of[size_t(idx) * s.bm + r];
+            if (r >= brute[size_t(v)].second) {
+              EXPECT_EQ(slot, -1) << "idle row " << r << " of tile row " << v;
+              ++idle;
+              continue;
+            }
+            const int32_t d = routing.dest_rank[size_t(rank)][size_t(brute[size_t(v)].first + r)];
+            ++per_dest[size_t(d)];
+            const fo::Span to = map.groups[g].send_to[size_t(d)];
+            ASSERT_GE(int64_t{slot} * s.bn, to.offset) << "tile " << idx << " row " << r;
+            ASSERT_LT(int64_t{slot} * s.bn, to.end()) << "tile " << idx << " row " << r;
+            ASSERT_EQ(used[size_t(slot)]++, 0) << "slot row " << slot << " twice";
+          }
+        }
+        for (int32_t d = 0; d < W; ++d) EXPECT_EQ(map.groups[g].send_to[size_t(d)].count, per_dest[size_t(d)] * s.bn);
+      }
+      EXPECT_TRUE(std::all_of(used.begin(), used.end(), [](int u) { return u == 1; })) << "a slot row not stored";
+    }
+  }
+  EXPECT_GT(idle, 1000);
 }

@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plan/partition.h"
@@ -115,6 +116,27 @@ struct TempDir {
     return file(name);
   }
 };
+
+// Rank `rank`'s tile rows of the combine's GEMM from the rows themselves (not
+// moe_segments): a tile row ends after bm rows or where the next row's local
+// expert differs (empty blocks and neighbours of one expert join). With one
+// expert: rows v*bm .. v*bm+bm-1. {first row, rows} per tile row.
+inline std::vector<std::pair<int32_t, int32_t>> brute_tile_rows(const flashoverlap::plan::MoeRouting& r,
+                                                                int32_t rank, int32_t bm) {
+  std::vector<int32_t> expert(size_t(r.rows(rank)), 0);
+  if (r.experts > 1) {
+    size_t row = 0;
+    for (size_t i = 0; i < r.expert_rows[size_t(rank)].size(); ++i)
+      for (int64_t k = 0; k < r.expert_rows[size_t(rank)][i]; ++k) expert[row++] = int32_t(i % size_t(r.experts));
+  }
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (int32_t row = 0; row < int32_t(expert.size()); ++row) {
+    if (out.empty() || out.back().second == bm || expert[size_t(row)] != expert[size_t(row) - 1])
+      out.push_back({row, 0});
+    ++out.back().second;
+  }
+  return out;
+}
 
 inline std::string describe(const flashoverlap::plan::Schedule& s) {
   std::ostringstream o;
