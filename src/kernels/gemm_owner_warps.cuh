@@ -39,7 +39,7 @@ struct PushRing {
 // the tile's flag first). Once all four pieces are in C, it hands the tile
 // to the pusher warps (owner_pusher), which copy it to the peer from there,
 // and is free for the next tile's pieces (Owner::pushers; else this warp
-// copies it). So the shared buffer is held ~0.5 µs per piece, not for the
+// copies it). So the shared buffer is held for a piece's store, not for the
 // NVLink transfer.
 template <typename T, int BN, int kPieceBytes, bool kWide>
 __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, const CUtensorMap* tm_c,

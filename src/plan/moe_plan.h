@@ -80,8 +80,8 @@ struct MoePlan {
 // validate_moe_routing rejects), n or k < 1, reserve_sms outside [0, sms), a
 // tile GemmModel has no estimate for (unless wave_ms > 0), wave_ms < 0,
 // a min_gain that is not finite, a curve of another collective, or a partition of
-// the wrong wave count. About 1.5 ns a routing row plus a few ns a tile
-// (0.5 ms for 8 ranks of 16k rows, N = 7168); the search is O(T^2 W).
+// the wrong wave count. Linear in the routing's rows and the tiles, plus the
+// search's O(T^2 W): made on the host for every call.
 MoePlan make_moe_plan(const MoePlanRequest& req);
 
 // One line: "waves 3,2,2 of 7 (128x256, 124 CTAs), predicted 0.410 ms against

@@ -171,9 +171,8 @@ struct OverlapAllReduceOptions {
   } testing;
   // Keep the trace buffers (events around the GEMM and each group, the GEMM's
   // tile and phase monitors) and trace the calls until set_tracing(false).
-  // The events cost each traced call device time (2xH200, owners: 6 us on
-  // 4096^3, 15 us on 3001x8192x8192; the monitors nothing measurable), so
-  // time calls untraced and trace one more (see timeline()).
+  // The events cost each traced call device time (docs/results.md §2.6), so time
+  // calls untraced and trace one more (see timeline()).
   bool trace = false;
   // Sequential fallback only: run cuBLAS instead of our GEMM (when the tuner
   // measured it faster on this shape: never slower than what users run).

@@ -123,7 +123,7 @@ struct AllReduceTuning {
   // The finalists timed as a caller with a registered output runs them:
   // `scratch` registered with each op (OverlapAllReduce::register_output),
   // run_registered. With owners on 4 stages that takes the copy of the
-  // peer's tiles out of the call (2-5 us), which run would time in.
+  // peer's tiles out of the call, which run would time in.
   bool registered_output = false;
   // Online planning (the paper's online phase: nothing measured): the
   // GEMM's time on a schedule from this model, the same on every rank, and
