@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "flashoverlap/error.h"
 #include "kernels/cuda_check.h"
 
 namespace flashoverlap::kernels {
@@ -10,10 +11,11 @@ namespace {
 
 __global__ void expand_row_of_kernel(const int32_t* tm_of, const int32_t* sbase, const int32_t* dest,
                                      const int32_t* rrank, int64_t entries, int32_t bm, int32_t world, int64_t m,
-                                     int32_t* row_of) {
+                                     const int32_t* a_row0, const int32_t* rows_of, int32_t* row_of) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < entries; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t idx = e / bm, row = int64_t(tm_of[idx]) * bm + (e - idx * bm);
-    row_of[e] = row < m ? sbase[idx * world + dest[row]] + rrank[row] : -1;
+    const int64_t idx = e / bm, r = e - idx * bm, v = tm_of[idx];
+    const int64_t row = a_row0 ? a_row0[v] + r : v * bm + r;
+    row_of[e] = (a_row0 ? r < rows_of[v] : row < m) ? sbase[idx * world + dest[row]] + rrank[row] : -1;
   }
 }
 
@@ -30,11 +32,13 @@ int blocks_for(int64_t entries) { return int(std::clamp<int64_t>((entries + 255)
 }  // namespace
 
 void expand_row_of(const int32_t* tm_of, const int32_t* sbase, const int32_t* dest, const int32_t* rrank,
-                   int32_t tiles, int32_t bm, int32_t world, int64_t m, int32_t* row_of, cudaStream_t stream) {
+                   int32_t tiles, int32_t bm, int32_t world, int64_t m, int32_t* row_of, cudaStream_t stream,
+                   const int32_t* a_row0, const int32_t* rows_of) {
+  if (!a_row0 != !rows_of) throw InvalidArgument("expand_row_of: a_row0 and rows_of come together");
   const int64_t entries = int64_t(tiles) * bm;
   if (entries <= 0) return;
   expand_row_of_kernel<<<blocks_for(entries), 256, 0, stream>>>(tm_of, sbase, dest, rrank, entries, bm, world, m,
-                                                                 row_of);
+                                                                 a_row0, rows_of, row_of);
   FO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "host_reference.h"
+#include "kernels/alltoall_tables.h"
 #include "kernels/check.h"
 #include "kernels/flags.h"
 #include "plan/routing.h"
@@ -264,6 +265,57 @@ std::string row_from(const Expected& e, int64_t i) {
 }  // namespace
 
 // One rank on NCCL: its rows come back to itself, Y = A B^T in row order.
+// The device's expansion of the send side's row table equals the host's
+// (plan::expand_row_of), with one expert per rank (plain tile rows) and with
+// several (the grouped GEMM's tile rows: each real row once, a ragged tile
+// row's idle rows -1), on fresh random routings.
+TEST(AllToAllTables, DeviceExpansionEqualsTheHosts) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  cudaStream_t st;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  static const char* kinds[] = {"uniform", "zipf:1.2", "one:0"};
+  int grouped = 0, idle = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const int32_t W = 1 + int32_t(rng() % 4), E = 1 + int32_t(rng() % 4);
+    const int32_t K = 1 + int32_t(rng() % uint64_t(std::min(W * E, 8)));
+    const plan::MoeRouting r = plan::make_moe_routing(kinds[trial % 3], W, 1 + int64_t(rng() % 400), K, rng(), E);
+    const plan::TileShape tile = random_tile(rng);
+    const int32_t ctas = 4 + int32_t(rng() % 60);
+    std::vector<plan::Schedule> scheds;
+    int32_t most = 1;
+    for (int32_t rank = 0; rank < W; ++rank) {
+      scheds.push_back(plan::make_moe_schedule(r, rank, kNs[rng() % 3], tile, ctas));
+      most = std::max(most, scheds.back().waves());
+    }
+    std::vector<std::vector<plan::Group>> groups;
+    for (const plan::Schedule& s : scheds) groups.push_back(plan::make_clipped_groups(s, {most}));
+    for (int32_t rank = 0; rank < W; ++rank) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial) + " rank " + std::to_string(rank));
+      const plan::AllToAllTables t = plan::make_alltoall_tables(scheds, groups, r, rank);
+      const std::vector<int32_t> host = plan::expand_row_of(t);
+      if (host.empty()) continue;
+      const DeviceBuffer tm_of = rt::to_device(t.tm_of), sbase = rt::to_device(t.sbase), dest = rt::to_device(t.dest),
+                         rrank = rt::to_device(t.rrank), a_row0 = rt::to_device(t.a_row0),
+                         rows_of = rt::to_device(t.rows_of), row_of(host.size() * 4);
+      const bool g = !t.a_row0.empty();
+      kernels::expand_row_of(tm_of.as<int32_t>(), sbase.as<int32_t>(), dest.as<int32_t>(), rrank.as<int32_t>(),
+                             t.tiles(), t.bm, t.world, t.m, row_of.as<int32_t>(), st,
+                             g ? a_row0.as<int32_t>() : nullptr, g ? rows_of.as<int32_t>() : nullptr);
+      std::vector<int32_t> got(host.size());
+      FO_CUDA_CHECK(cudaMemcpyAsync(got.data(), row_of.get(), got.size() * 4, cudaMemcpyDeviceToHost, st));
+      FO_CUDA_CHECK(cudaStreamSynchronize(st));
+      ASSERT_EQ(got, host);
+      grouped += g;
+      idle += g && std::count(host.begin(), host.end(), -1) > 0;
+    }
+  }
+  EXPECT_GT(grouped, 0);
+  EXPECT_GT(idle, 0);  // (ragged tile rows of several experts were expanded)
+  FO_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
 TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
   REQUIRE_HOPPER();
   const uint64_t seed = test::fresh_seed();
