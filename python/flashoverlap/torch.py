@@ -419,10 +419,11 @@ def _fast_call(general):
     planned and checked; no residual, no capture, no autograd to record, not
     traced by torch.compile), the (rows, n) output returned; anything else
     goes to the op's call written out, general (its _call, which checks the
-    call and names what is wrong), whose docstring it takes. Kept flat, in one frame:
-    all of it precedes the GEMM's launch, which a synced call waits for. The
-    output allocated ahead serves only a call of the same rows, stream and
-    memory pool as its allocation."""
+    call and names what is wrong), whose docstring it takes. Kept flat, in
+    one frame: all of it precedes the GEMM's launch, which a synced call
+    waits for. An output allocated ahead (the op's up to 8 MiB, the
+    thread's above) serves only a call of its shape, stream and memory
+    pool."""
     def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
         if (residual is not None or norm_weight is not None or type(x) is not _Tensor
                 or (type(weight) is not _Tensor and type(weight) is not _Parameter) or _is_compiling()
