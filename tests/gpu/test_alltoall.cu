@@ -124,20 +124,21 @@ plan::MoeRouting one_rank_routing(int64_t rows, bool mixed, std::mt19937_64& rng
 
 // A routing of `world` ranks as a dispatch makes them: every kind, top-1 to
 // top-min(world, 4), 0 to 800 tokens a rank (often none or a few).
-plan::MoeRouting random_routing(int32_t world, std::mt19937_64& rng, std::string& name) {
+plan::MoeRouting random_routing(int32_t world, std::mt19937_64& rng, std::string& name, int32_t experts = 1) {
   static const char* kinds[] = {"uniform", "zipf:1.2", "one:", "empty:"};
-  std::string kind = kinds[rng() % 4];
-  int32_t most_k = std::min(world, 4);
+  std::string kind = kinds[rng() % (world > 1 ? 4 : 3)];
+  int32_t most_k = std::min(world * experts, 4 + 2 * (experts > 1));
   if (kind == "one:") kind += std::to_string(rng() % uint64_t(world));
-  if (kind == "empty:") kind += std::to_string(rng() % uint64_t(world)), most_k = std::min(world - 1, 4);
+  if (kind == "empty:") kind += std::to_string(rng() % uint64_t(world)), most_k = std::min(most_k, (world - 1) * experts);
   const int32_t topk = 1 + int32_t(rng() % uint64_t(most_k));
   const uint64_t pick = rng() % 8;
   const int64_t tokens = pick == 0 ? 0 : pick == 1 ? 1 + int64_t(rng() % 3) : int64_t(rng() % 801);
   const uint64_t rs = rng();
-  plan::MoeRouting r = plan::make_moe_routing(kind, world, tokens, topk, rs);
-  // A third of them with every expert's rows shuffled: destinations not in
-  // blocks (the slots make them contiguous per group; no direct sequential call).
-  const bool shuffled = rng() % 3 == 0;
+  plan::MoeRouting r = plan::make_moe_routing(kind, world, tokens, topk, rs, experts);
+  // A third of them (one expert per rank) with every rank's rows shuffled:
+  // destinations not in blocks (the slots make them contiguous per group; no
+  // direct sequential call). Several experts take the rows by (source, expert).
+  const bool shuffled = experts == 1 && rng() % 3 == 0;
   if (shuffled)
     for (int32_t e = 0; e < world; ++e) {
       std::vector<size_t> perm(r.dest_rank[size_t(e)].size());
@@ -149,7 +150,8 @@ plan::MoeRouting random_routing(int32_t world, std::mt19937_64& rng, std::string
       };
       permute(r.dest_rank[size_t(e)]), permute(r.dest_token[size_t(e)]), permute(r.gate[size_t(e)]);
     }
-  name = kind + (shuffled ? " (rows shuffled)" : "") + ", world " + std::to_string(world) + ", top-" +
+  name = kind + (shuffled ? " (rows shuffled)" : "") + ", world " + std::to_string(world) +
+         (experts > 1 ? ", " + std::to_string(experts) + " experts a rank" : "") + ", top-" +
          std::to_string(topk) + ", " + std::to_string(tokens) + " tokens a rank (rows " + rows_of(r) + ")";
   return r;
 }
@@ -646,10 +648,10 @@ struct RandomCalls {
   std::vector<plan::MoeRouting> routings;
   std::vector<std::string> names;
   int64_t most_rows = 0, most_recv = 0, most_tokens = 0;
-  RandomCalls(int world, int count, std::mt19937_64& rng) {
+  RandomCalls(int world, int count, std::mt19937_64& rng, int32_t experts = 1) {
     for (int call = 0; call < count; ++call) {
       std::string name;
-      routings.push_back(random_routing(world, rng, name));
+      routings.push_back(random_routing(world, rng, name, experts));
       names.push_back(name);
       const plan::MoeRouting& r = routings.back();
       for (int32_t d = 0; d < world; ++d) {
@@ -663,10 +665,12 @@ struct RandomCalls {
 };
 
 // Every rank's buffers in the side-by-side tests: per call its fresh inputs
-// and its plain GEMM (the reference of what it sends), poisoned outputs,
-// and the check of its output against the definition.
+// and its plain GEMM of each segment (one expert's rows: the reference of
+// what it sends), poisoned outputs, and the check of its output against the
+// definition.
 struct RankData {
   int world;
+  int32_t experts;
   int64_t n, k, cap;  // cap: output rows (received rows or tokens) and one past them
   std::vector<DeviceBuffer> a, b, y, out, tok;
   std::vector<const void*> pa, pb;
@@ -674,10 +678,11 @@ struct RankData {
   std::vector<int32_t*> ptok;
   std::vector<std::vector<uint16_t>> ys;
   RankData(int w, int64_t n_, int64_t k_, const RandomCalls& c)
-      : world(w), n(n_), k(k_), cap(std::max(c.most_recv, c.most_tokens) + 1) {
+      : world(w), experts(c.routings.empty() ? 1 : c.routings[0].experts), n(n_), k(k_),
+        cap(std::max(c.most_recv, c.most_tokens) + 1) {
     const size_t rows = size_t(std::max<int64_t>(c.most_rows, 1));
     for (int r = 0; r < world; ++r) {
-      a.emplace_back(rows * k * 2), b.emplace_back(size_t(n) * k * 2), y.emplace_back(rows * n * 2);
+      a.emplace_back(rows * k * 2), b.emplace_back(size_t(experts) * n * k * 2), y.emplace_back(rows * n * 2);
       out.emplace_back(size_t(cap) * (n + 24) * 2), tok.emplace_back(size_t(cap) * 4);
     }
   }
@@ -688,12 +693,13 @@ struct RankData {
       const int64_t m = routing.rows(r);
       const uint64_t rs = sd + uint64_t(r) * 100003;
       if (m > 0) kernels::fill_random(kBf16, a[size_t(r)].get(), m * k, rs, -1.f, 1.f, st);
-      kernels::fill_random(kBf16, b[size_t(r)].get(), n * k, rs + 5, -1.f, 1.f, st);
-      if (m > 0) {
-        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
-        kernels::launch_gemm(
-            kernels::plain_gemm(kBf16, a[size_t(r)].get(), b[size_t(r)].get(), full, int(k), y[size_t(r)].get(), n),
-            st);
+      kernels::fill_random(kBf16, b[size_t(r)].get(), experts * n * k, rs + 5, -1.f, 1.f, st);
+      for (const plan::RowSegment& seg : plan::moe_segments(routing, r)) {  // (one expert: every row at once)
+        const plan::Schedule full = plan::make_schedule(seg.rows, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+        kernels::launch_gemm(kernels::plain_gemm(kBf16, a[size_t(r)].as<char>() + seg.a_row0 * k * 2,
+                                                 b[size_t(r)].as<char>() + int64_t{seg.expert} * n * k * 2, full,
+                                                 int(k), y[size_t(r)].as<char>() + seg.a_row0 * n * 2, n),
+                             st);
       }
       kernels::poison(out[size_t(r)].get(), cap * ld, st);
       FO_CUDA_CHECK(cudaMemsetAsync(tok[size_t(r)].get(), 0xff, tok[size_t(r)].bytes(), st));
@@ -722,6 +728,81 @@ struct RankData {
   }
 };
 
+// `trials` trials of 3 calls of random routings on W ranks side by side (W
+// = worlds[trial % size], `experts` per rank), the ops built once per trial
+// for its calls; every rank's output and tokens checked against the
+// definition from its plain GEMMs. Counts what ran.
+struct SideBySide {
+  int calls = 0, combined = 0, overlapped = 0, sequential = 0, direct = 0, idle = 0;
+  void run(const std::vector<int>& worlds, int trials, const std::function<int32_t(std::mt19937_64&)>& experts_of,
+           uint64_t seed, std::mt19937_64& rng, cudaStream_t st) {
+    for (int trial = 0; trial < trials; ++trial) {
+      const int world = worlds[size_t(trial) % worlds.size()];
+      const int32_t experts = experts_of(rng);
+      const int64_t n = kNs[rng() % 3], k = kKs[rng() % 2];
+      const plan::TileShape tile = random_tile(rng);
+      // The calls' routings first: the ops are built once for their largest sizes.
+      constexpr int kCalls = 3;
+      const RandomCalls calls_of(world, kCalls, rng, experts);
+      rt::OverlapAllToAllOptions o;
+      o.n = n, o.k = int(k), o.tile = tile, o.experts = experts;
+      o.ctas = ctas_for(calls_of.most_rows, n, tile, 4, rng);  // (the same on every rank: W GEMMs on one GPU's SMs)
+      o.sequential_ctas = rng() % 2 ? 0 : 132;
+      o.max_rows = calls_of.most_rows, o.max_recv_rows = calls_of.most_recv;
+      o.max_tokens = int32_t(calls_of.most_tokens);
+      o.wait_timeout_s = 20;
+      RanksOnOneGpu ranks(world, o);
+      RankData data(world, n, k, calls_of);
+      for (int call = 0; call < kCalls; ++call) {
+        const plan::MoeRouting& routing = calls_of.routings[size_t(call)];
+        int32_t most_waves = 0;
+        for (int32_t r = 0; r < world; ++r)
+          most_waves = std::max(most_waves, ranks.op(0).schedule_of(routing, r, false).waves());
+        rt::A2aCall c;
+        c.routing = &routing;
+        c.combine = call != 1;
+        if (most_waves < 2 || (call == 2 && trial % 2 == 0))  // (one group: the sequential fallback)
+          c.common = most_waves > 0 ? plan::Partition{most_waves} : plan::Partition{};
+        else
+          c.common = at_least_two(most_waves, rng);
+        const int64_t ld = call == 0 ? n : rng() % 2 ? n + 24 : n + 3;
+        const std::string where = calls_of.names[size_t(call)] + ", " + describe(o) + ", " + describe(c, ld) +
+                                  ", trial " + std::to_string(trial) + " call " + std::to_string(call) + ", seed " +
+                                  std::to_string(seed);
+        data.prepare(routing, ld, seed + 1000 * uint64_t(trial) + 10 * uint64_t(call), call, st);
+        std::string moved;
+        try {
+          moved = ranks.run(data.pa, data.pb, c, data.pout, ld, data.ptok);
+          FO_CUDA_CHECK(cudaDeviceSynchronize());
+        } catch (const std::exception& ex) {
+          ADD_FAILURE() << where << ": " << ex.what();
+          FO_CUDA_CHECK(cudaDeviceSynchronize());
+          continue;
+        }
+        EXPECT_EQ(moved, "") << where;
+        ++calls, combined += c.combine;
+        for (int r = 0; r < world; ++r) {
+          const std::string at = where + ", rank " + std::to_string(r);
+          rt::OverlapAllToAll& op = ranks.op(r);
+          try {
+            op.check();
+          } catch (const std::exception& ex) {
+            ADD_FAILURE() << at << ": " << ex.what();
+            continue;
+          }
+          overlapped += !op.sequential(), sequential += op.sequential(), direct += op.direct();
+          idle += routing.rows(r) == 0;
+          EXPECT_EQ(op.sequential(), c.common.size() <= 1) << at;
+          EXPECT_EQ(op.groups(), std::max<size_t>(c.common.size(), 1)) << at;
+          data.check(routing, r, op, c.combine, ld, at, st);
+        }
+      }
+    }
+    std::fprintf(stderr, "%d calls (%d combines): %d rank calls overlapped, %d sequential (%d direct), %d of ranks "
+                 "without rows\n", calls, combined, overlapped, sequential, direct, idle);
+  }
+};
+
 }  // namespace
 
 TEST(AllToAllRanksOnOneGpu, MatchesTheSumOfTheRanksPlainGemmsBitwise) {
@@ -730,73 +811,46 @@ TEST(AllToAllRanksOnOneGpu, MatchesTheSumOfTheRanksPlainGemmsBitwise) {
   std::mt19937_64 rng(seed);
   cudaStream_t st;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  static const int kWorlds[] = {2, 3, 4, 8};
-  int calls = 0, overlapped = 0, sequential = 0, idle = 0, combined = 0;
-  for (int trial = 0; trial < 16; ++trial) {
-    const int world = kWorlds[trial % 4];
-    const int64_t n = kNs[rng() % 3], k = kKs[rng() % 2];
-    const plan::TileShape tile = random_tile(rng);
-    // The calls' routings first: the ops are built once for their largest sizes.
-    constexpr int kCalls = 3;
-    const RandomCalls calls_of(world, kCalls, rng);
-    rt::OverlapAllToAllOptions o;
-    o.n = n, o.k = int(k), o.tile = tile;
-    o.ctas = ctas_for(calls_of.most_rows, n, tile, 4, rng);  // (the same on every rank: W GEMMs on one GPU's SMs)
-    o.sequential_ctas = rng() % 2 ? 0 : 132;
-    o.max_rows = calls_of.most_rows, o.max_recv_rows = calls_of.most_recv;
-    o.max_tokens = int32_t(calls_of.most_tokens);
-    o.wait_timeout_s = 20;
-    RanksOnOneGpu ranks(world, o);
-    RankData data(world, n, k, calls_of);
-    for (int call = 0; call < kCalls; ++call) {
-      const plan::MoeRouting& routing = calls_of.routings[size_t(call)];
-      int32_t most_waves = 0;
-      for (int32_t r = 0; r < world; ++r)
-        most_waves = std::max(most_waves, ranks.op(0).schedule_of(routing, r, false).waves());
-      rt::A2aCall c;
-      c.routing = &routing;
-      c.combine = call != 1;
-      if (most_waves < 2 || (call == 2 && trial % 2 == 0))  // (one group: the sequential fallback)
-        c.common = most_waves > 0 ? plan::Partition{most_waves} : plan::Partition{};
-      else
-        c.common = at_least_two(most_waves, rng);
-      const int64_t ld = call == 0 ? n : rng() % 2 ? n + 24 : n + 3;
-      const std::string where = calls_of.names[size_t(call)] + ", " + describe(o) + ", " + describe(c, ld) +
-                                ", trial " + std::to_string(trial) + " call " + std::to_string(call) + ", seed " +
-                                std::to_string(seed);
-      data.prepare(routing, ld, seed + 1000 * uint64_t(trial) + 10 * uint64_t(call), call, st);
-      std::string moved;
-      try {
-        moved = ranks.run(data.pa, data.pb, c, data.pout, ld, data.ptok);
-        FO_CUDA_CHECK(cudaDeviceSynchronize());
-      } catch (const std::exception& ex) {
-        ADD_FAILURE() << where << ": " << ex.what();
-        FO_CUDA_CHECK(cudaDeviceSynchronize());
-        continue;
-      }
-      EXPECT_EQ(moved, "") << where;
-      ++calls, combined += c.combine;
-      for (int r = 0; r < world; ++r) {
-        const std::string at = where + ", rank " + std::to_string(r);
-        rt::OverlapAllToAll& op = ranks.op(r);
-        try {
-          op.check();
-        } catch (const std::exception& ex) {
-          ADD_FAILURE() << at << ": " << ex.what();
-          continue;
-        }
-        overlapped += !op.sequential(), sequential += op.sequential(), idle += routing.rows(r) == 0;
-        EXPECT_EQ(op.sequential(), c.common.size() <= 1) << at;
-        EXPECT_EQ(op.groups(), std::max<size_t>(c.common.size(), 1)) << at;
-        data.check(routing, r, op, c.combine, ld, at, st);
-      }
-    }
+  SideBySide ran;
+  ran.run({2, 3, 4, 8}, 16, [](std::mt19937_64&) { return 1; }, seed, rng, st);
+  EXPECT_EQ(ran.calls, 16 * 3) << "seed " << seed;
+  EXPECT_GT(ran.overlapped, 0) << "seed " << seed;
+  EXPECT_GT(ran.sequential, 0) << "seed " << seed;
+  FO_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// Several experts per rank: each rank's rows by (source rank, expert), the
+// grouped GEMM over the segments on every path but NVLink (sequential,
+// direct and slotted, and groups beside the GEMM), each rank's output
+// bitwise what our plain GEMM of each segment gives, moved by hand and
+// combined; ragged cases (experts or ranks without rows, all to one rank,
+// several rows of one token from one rank) among the random routings.
+TEST(AllToAllRanksOnOneGpu, SeveralExpertsMatchEachSegmentsPlainGemmBitwise) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  cudaStream_t st;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  SideBySide ran;
+  ran.run({2, 3, 4}, 12, [](std::mt19937_64& g) { return 2 + int32_t(g() % 3); }, seed, rng, st);
+  EXPECT_EQ(ran.calls, 12 * 3) << "seed " << seed;
+  EXPECT_GT(ran.overlapped, 0) << "seed " << seed;
+  EXPECT_GT(ran.direct, 0) << "seed " << seed;
+  // A routing of another expert count is refused; the NVLink form takes one expert.
+  rt::OverlapAllToAllOptions o;
+  o.n = 256, o.k = 64, o.experts = 2, o.max_rows = 64, o.max_recv_rows = 64, o.max_tokens = 64;
+  RanksOnOneGpu ranks(2, o);
+  const plan::MoeRouting one = plan::make_moe_routing("uniform", 2, 8, 1, 3);
+  rt::A2aCall c;
+  c.routing = &one;
+  EXPECT_THROW(ranks.op(0).run(nullptr, nullptr, c, nullptr, 256, st), InvalidArgument);
+  o.nvlink = true, o.world = 2, o.transport = [](const rt::A2aGroupCall&) {};
+  try {
+    rt::OverlapAllToAll refused(o);
+    ADD_FAILURE() << "the NVLink form took 2 experts per rank";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the NVLink form takes one expert per rank"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(calls, 16 * 3) << "seed " << seed;
-  EXPECT_GT(overlapped, 0) << "seed " << seed;
-  EXPECT_GT(sequential, 0) << "seed " << seed;
-  std::fprintf(stderr, "%d calls (%d combines): %d rank calls overlapped, %d sequential, %d of experts without rows\n",
-               calls, combined, overlapped, sequential, idle);
   FO_CUDA_CHECK(cudaStreamDestroy(st));
 }
 

@@ -19,7 +19,11 @@ constexpr size_t kAlign = 256;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // The call's compact tables, in the order they are packed (alltoall.h).
-enum Table { kTmOf, kSbase, kDest, kRrank, kGroupOfTile, kRtab, kRkey, kTokenBegin, kTokenRows, kToken, kGate, kTables };
+enum Table {
+  kTmOf, kSbase, kDest, kRrank, kGroupOfTile, kRtab, kRkey, kTokenBegin, kTokenRows, kToken, kGate,
+  kARow0, kBRow0, kRowsOf,  // (several experts: the grouped GEMM's tile rows)
+  kTables
+};
 
 }  // namespace
 
@@ -40,6 +44,10 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
                                 "make (rows x column tiles) fit int32");
   if (!(opts_.wait_timeout_s > 0 && opts_.wait_timeout_s <= 7 * 24 * 3600.0))
     throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
+  if (opts_.experts < 1 || int64_t{opts_.experts} * opts_.n > INT32_MAX)
+    throw InvalidArgument(who + ": experts must be >= 1, and experts x n (the rows of b) fit int32");
+  if (opts_.experts > 1 && opts_.nvlink)
+    throw InvalidArgument(who + ": the NVLink form takes one expert per rank");
 
   if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
   core_ = opts_.core ? opts_.core : own_core_.get();
@@ -47,7 +55,12 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
   kernels::preload_kernels();  // before any wait is enqueued (docs/design.md §5.4)
 
   const int64_t tiles_n = (opts_.n + opts_.tile.bn - 1) / opts_.tile.bn;
-  const plan::Schedule most = schedule_of(std::max<int64_t>(opts_.max_rows, 1), false);
+  // With several experts the GEMM's tile rows are the segments' (each ragged
+  // at its end): at most one more per (source, expert) segment.
+  const int64_t bm = opts_.tile.bm, rows_most = std::max<int64_t>(opts_.max_rows, 1);
+  const int64_t tile_rows_most =
+      (rows_most + bm - 1) / bm + (opts_.experts > 1 ? std::min<int64_t>(int64_t{world_} * opts_.experts, rows_most) : 0);
+  const plan::Schedule most = schedule_of(opts_.experts > 1 ? tile_rows_most * bm : rows_most, false);
   max_groups_ = size_t(std::max(most.waves(), 1));
   // Every row is stored once per tile column; no padding.
   send_bytes_ = size_t(std::max<int64_t>(opts_.max_rows, 1)) * tiles_n * opts_.tile.bn * 2;
@@ -59,8 +72,10 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
   const size_t tiles = size_t(most.tiles()), rows = size_t(std::max<int64_t>(opts_.max_rows, 1)),
                recv = size_t(std::max<int64_t>(opts_.max_recv_rows, 1)), W = size_t(world_),
                src_tiles = W * size_t(most.tiles_m()) * size_t(tiles_n);
+  const size_t grouped = opts_.experts > 1 ? size_t(tile_rows_most) * 4 : 0;
   const size_t sizes[kTables] = {tiles * 4, tiles * W * 4, rows * 4, rows * 4, tiles * 4, src_tiles * 4, recv * 4,
-                                 (size_t(opts_.max_tokens) + 1) * 4, recv * 4, recv * 4, recv * 4};
+                                 (size_t(opts_.max_tokens) + 1) * 4, recv * 4, recv * 4, recv * 4,
+                                 grouped, grouped, grouped};
   offsets_.assign(kTables + 1, 0);
   for (int t = 0; t < kTables; ++t) offsets_[size_t(t) + 1] = offsets_[size_t(t)] + aligned(sizes[t]);
   staging_ = PinnedBuffer(offsets_.back());
@@ -125,6 +140,10 @@ void OverlapAllToAll::upload(cudaStream_t stream) {
   put(kTokenRows, table_.token_rows.data(), table_.token_rows.size() * 4);
   put(kToken, table_.token.data(), table_.token.size() * 4);
   put(kGate, table_.gate.data(), table_.gate.size() * 4);
+  const plan::GroupedTileRows& g = grouped_host_;
+  put(kARow0, g.a_row0.data(), g.a_row0.size() * 4);
+  put(kBRow0, g.b_row0.data(), g.b_row0.size() * 4);
+  put(kRowsOf, g.rows.data(), g.rows.size() * 4);
   // One copy of the used prefix (the tables' ends are mostly unused space).
   size_t last = 0;
   for (int t = 0; t < kTables; ++t)
@@ -132,8 +151,9 @@ void OverlapAllToAll::upload(cudaStream_t stream) {
   if (last) FO_CUDA_CHECK(cudaMemcpyAsync(tables_.get(), host, last, cudaMemcpyHostToDevice, stream));
   FO_CUDA_CHECK(cudaEventRecord(uploaded_, stream));
   auto at = [&](Table x) { return reinterpret_cast<const int32_t*>(tables_.as<char>() + offsets_[size_t(x)]); };
+  const bool grouped = !t.a_row0.empty();  // (the slot tables' tile rows: grouped_host_'s)
   kernels::expand_row_of(at(kTmOf), at(kSbase), at(kDest), at(kRrank), t.tiles(), t.bm, t.world, t.m,
-                         row_of_.as<int32_t>(), stream);
+                         row_of_.as<int32_t>(), stream, grouped ? at(kARow0) : nullptr, grouped ? at(kRowsOf) : nullptr);
   if (!whole_rows())  // (the rows n wide, one each, need no slot table: the NVLink tables have none)
     kernels::expand_slot_of_out(at(kRtab), at(kRkey), t.out_rows, t.tiles_n, slot_of_out_.as<int32_t>(), stream);
 }
@@ -157,6 +177,9 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   const plan::MoeRouting& routing = *call.routing;
   if (routing.world != world_)
     throw InvalidArgument(who + ": a routing of " + std::to_string(routing.world) + " ranks");
+  if (routing.experts != opts_.experts)
+    throw InvalidArgument(who + ": a routing of " + std::to_string(routing.experts) + " experts per rank, the op has " +
+                          std::to_string(opts_.experts));
   const bool counted = call.counts && call.counts->counts.size() == size_t(world_);
   if (!counted) plan::validate_moe_routing(routing);  // (counts are made by the routing's check)
   const plan::MoeRowCounts* counts = counted && call.counts->bm == opts_.tile.bm ? call.counts : nullptr;
@@ -199,6 +222,7 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   direct_ = seq && opts_.n % 8 == 0 && plan::in_dispatch_order(routing);
   plan::fill_combine_table(routing, rank_, table_);  // (its memory kept across calls)
   my_groups_ = groups[size_t(rank_)];
+  grouped_host_ = opts_.experts > 1 ? plan::moe_tile_rows(routing, rank_, opts_.n, opts_.tile.bm) : plan::GroupedTileRows{};
   if (direct_) {
     tables_host_ = plan::AllToAllTables{};
     plan::GroupCall c;
@@ -233,17 +257,25 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
     FO_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, counters_.bytes(), stream));
     core_->fork(stream);  // the waits start no earlier than the GEMM
   }
-  cublas_call_ = direct_ && call.cublas;
+  cublas_call_ = direct_ && call.cublas && opts_.experts == 1;
+  // Several experts: every GEMM is the grouped one over this rank's segments (C's rows those of A).
+  auto grouped = [&](kernels::GemmParams& p) {
+    if (opts_.experts > 1)
+      p.grouped = {table(kARow0), table(kBRow0), table(kRowsOf), rows, int64_t{opts_.experts} * opts_.n};
+  };
   if (rows > 0 && cublas_call_) {
     if (!opts_.cublas && !own_cublas_) own_cublas_ = std::make_unique<CublasGemm>();
     (opts_.cublas ? opts_.cublas : own_cublas_.get())->run(opts_.dtype, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
   } else if (rows > 0 && direct_) {
-    kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n), stream);
+    kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n);
+    grouped(p);
+    kernels::launch_gemm(p, stream);
   } else if (rows > 0) {
     kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
     p.store = kernels::Store::SlotRows, p.slots = send_, p.row_of = row_of_.as<int32_t>();
     p.slot_rows = tables_host_.send_rows;
     if (!seq) p.counters = counters_.as<uint32_t>(), p.group_of_tile = table(kGroupOfTile);
+    grouped(p);
     kernels::check_gemm_params(p);
     kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
   }

@@ -90,6 +90,11 @@ using A2aTransport = std::function<void(const A2aGroupCall&)>;
 struct OverlapAllToAllOptions {
   int64_t n = 0;
   int k = 0;
+  // Experts per rank: b is [experts, n, k], and every call's routing has as
+  // many (plan::MoeRouting::experts): A's rows by (source rank, expert), the
+  // GEMM the grouped one over the segments (plan::moe_segments). More than
+  // one: not with the NVLink form, nor cuBLAS's GEMM.
+  int32_t experts = 1;
   kernels::DType dtype = kernels::DType::BF16;
   plan::TileShape tile{128, 256};
   int32_t ctas = 132;       // the GEMM's grid when it overlaps (SMs - those left to NCCL)
@@ -139,7 +144,8 @@ class OverlapAllToAll {
 
   // combine: out (tokens x n, ld_out) = the combine of this rank's tokens;
   // else out (received rows x n, ld_out) = the rows sent to this rank, in
-  // (source rank, source row) order. a: m_r x k (this rank's rows), b: n x k.
+  // (source rank, source row) order. a: m_r x k (this rank's rows), b:
+  // experts x n x k.
   // tokens_out (optional, device, received rows): each received row's token.
   void run(const void* a, const void* b, const A2aCall& call, void* out, int64_t ld_out, cudaStream_t stream,
            int32_t* tokens_out = nullptr);
@@ -194,6 +200,7 @@ class OverlapAllToAll {
   int world_ = 1, rank_ = 0;
   size_t max_groups_ = 0;
   plan::AllToAllTables tables_host_;
+  plan::GroupedTileRows grouped_host_;  // with several experts: this call's tile rows (b_row0 = expert * n)
   plan::CombineTable table_;
   std::vector<plan::Group> my_groups_;  // this rank's groups in the last call
   bool direct_ = false, nvlink_call_ = false, cublas_call_ = false;
