@@ -1,8 +1,9 @@
 // alltoall.h — GEMM + All-to-All for the MoE combine, overlapped through
 // tile signals (docs/design.md §3, §11). Rank r holds A_r (m_r x k: the rows
-// its expert received in the dispatch; m_r may be 0) and its expert's weight
-// B_r (n x k); each row of Y_r = A_r B_r^T goes back to the rank and token it
-// came from. The routing changes every call, so the op is built once for
+// its experts received in the dispatch; m_r may be 0) and their weights B_r
+// (experts x n x k; with several, A_r's rows by (source rank, expert) and the
+// GEMM the grouped one, §12); each row of Y_r goes back to the rank and token
+// it came from. The routing changes every call, so the op is built once for
 // the largest sizes and each call takes every rank's routing (the public op
 // exchanges it; one-GPU tests hold all of it) and the groups' common wave
 // partition (plan/moe_plan.h), and enqueues:
