@@ -25,12 +25,6 @@ namespace {
 
 const char* dtype_name(DType d) { return d == DType::BF16 ? "bf16" : "fp16"; }
 
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { FO_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
-
 }  // namespace
 
 std::string measure_allreduce_curve(const Communicator& comm, DType dtype, int nccl_ctas, double max_mib, int iters,
@@ -45,7 +39,7 @@ std::string measure_allreduce_curve(const Communicator& comm, DType dtype, int n
   // (NCCL on nccl_ctas CTAs in clusters of 1: as the op's bounded communicator runs beside the GEMM)
   const rt::Communicator limited = nccl_ctas > 0 ? adopted.split({nccl_ctas, nccl_ctas, 1}) : rt::Communicator{};
   const ncclComm_t c = limited ? limited.get() : adopted.get();
-  const Stream stream;
+  const rt::ScopedStream stream;
   const double max_bytes = max_mib * (1 << 20);
   rt::DeviceBuffer buf{static_cast<size_t>(max_bytes)};
   FO_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes()));

@@ -138,18 +138,6 @@ struct GroupedGemm::Impl {
   void measure();
 };
 
-namespace {
-struct ScopedStream {
-  cudaStream_t s = nullptr;
-  ScopedStream() { FO_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~ScopedStream() {
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-  }
-  ScopedStream(const ScopedStream&) = delete;
-  ScopedStream& operator=(const ScopedStream&) = delete;
-};
-}  // namespace
 
 // The two GEMMs timed in turns at each sample of mean rows per expert, with
 // uniform counts, as a call runs them (ours with its tables' upload), on at
@@ -164,7 +152,7 @@ void GroupedGemm::Impl::measure() {
   const kernels::DType dt = api::to_kernels(dtype);
   rt::DeviceBuffer a(size_t(most) * k * 2), b(size_t(e_cal) * n * k * 2), c(size_t(most) * n * 2),
       cal_tables(size_t(3) * max_tile_rows * 4);
-  const ScopedStream st;
+  const rt::ScopedStream st;
   kernels::fill_random(dt, a.get(), most * k, 1, -1.f, 1.f, st.s);
   kernels::fill_random(dt, b.get(), int64_t(e_cal) * n * k, 2, -1.f, 1.f, st.s);
   constexpr double kMargin = 0.04;  // what a near tie is

@@ -39,17 +39,13 @@ struct Calibration {
   kernels::DType dt;
   int sms;
   rt::DeviceBuffer a, b, c;
-  cudaStream_t st = nullptr;
+  rt::ScopedStream stream;  // (after the buffers: synchronised before they are freed)
+  cudaStream_t st = stream.s;
   Calibration(int64_t rows, int64_t n_, int64_t k_, DType dtype, int sms_)
       : m(rows), n(n_), k(k_), dt(to_kernels(dtype)), sms(sms_),
         a(size_t(m) * size_t(k) * 2), b(size_t(n) * size_t(k) * 2), c(size_t(m) * size_t(n) * 2) {
-    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     kernels::fill_random(dt, a.get(), m * k, 1, -1.f, 1.f, st);
     kernels::fill_random(dt, b.get(), n * k, 2, -1.f, 1.f, st);
-  }
-  ~Calibration() {
-    cudaStreamSynchronize(st);
-    cudaStreamDestroy(st);
   }
   plan::Schedule schedule(size_t i, int64_t rows = 0) const {
     const plan::TileShape tile = op_tiles()[i];

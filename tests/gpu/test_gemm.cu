@@ -896,18 +896,7 @@ TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
     }
 }
 
-// A non-blocking stream, synchronised and destroyed with its scope (also
-// when an ASSERT returns early: no kernel outlives the buffers it uses).
-struct ScopedStream {
-  cudaStream_t s = nullptr;
-  ScopedStream() { FO_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~ScopedStream() {
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-  }
-  ScopedStream(const ScopedStream&) = delete;
-  ScopedStream& operator=(const ScopedStream&) = delete;
-};
+using rt::ScopedStream;
 
 // The owner layout's call check for W ranks side by side (kernels::Owner::
 // publish, check): each rank's descriptor slots in a buffer of its own here,

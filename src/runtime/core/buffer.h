@@ -90,6 +90,20 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
+// A non-blocking stream, synchronised and destroyed with its scope: declared
+// after the buffers its work uses, no kernel outlives them (an exception or
+// a test's early return included).
+struct ScopedStream {
+  cudaStream_t s = nullptr;
+  ScopedStream() { FO_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~ScopedStream() {
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }
+  ScopedStream(const ScopedStream&) = delete;
+  ScopedStream& operator=(const ScopedStream&) = delete;
+};
+
 // A host vector into device memory that exists (a window's flags, ...),
 // there once this returns. (cudaMemcpy from pageable memory may return
 // before its DMA lands, and a kernel on a non-blocking stream is not
