@@ -662,6 +662,16 @@ struct RandomCalls {
       }
     }
   }
+  // An op's options for these calls (the same on every rank): n, k, tile,
+  // a grid for W GEMMs sharing one GPU's SMs, the sizes, a 20 s bound.
+  rt::OverlapAllToAllOptions options(int64_t n, int64_t k, plan::TileShape tile, std::mt19937_64& rng) const {
+    rt::OverlapAllToAllOptions o;
+    o.n = n, o.k = int(k), o.tile = tile;
+    o.ctas = ctas_for(most_rows, n, tile, 4, rng);
+    o.max_rows = most_rows, o.max_recv_rows = most_recv, o.max_tokens = int32_t(most_tokens);
+    o.wait_timeout_s = 20;
+    return o;
+  }
 };
 
 // Every rank's buffers in the side-by-side tests: per call its fresh inputs
@@ -744,13 +754,8 @@ struct SideBySide {
       // The calls' routings first: the ops are built once for their largest sizes.
       constexpr int kCalls = 3;
       const RandomCalls calls_of(world, kCalls, rng, experts);
-      rt::OverlapAllToAllOptions o;
-      o.n = n, o.k = int(k), o.tile = tile, o.experts = experts;
-      o.ctas = ctas_for(calls_of.most_rows, n, tile, 4, rng);  // (the same on every rank: W GEMMs on one GPU's SMs)
-      o.sequential_ctas = rng() % 2 ? 0 : 132;
-      o.max_rows = calls_of.most_rows, o.max_recv_rows = calls_of.most_recv;
-      o.max_tokens = int32_t(calls_of.most_tokens);
-      o.wait_timeout_s = 20;
+      rt::OverlapAllToAllOptions o = calls_of.options(n, k, tile, rng);
+      o.experts = experts, o.sequential_ctas = rng() % 2 ? 0 : 132;
       RanksOnOneGpu ranks(world, o);
       RankData data(world, n, k, calls_of);
       for (int call = 0; call < kCalls; ++call) {
@@ -921,13 +926,8 @@ TEST(AllToAllNvlinkOnOneGpu, MatchesTheRanksPlainGemmsBitwise) {
     const plan::TileShape tile = random_tile(rng);
     constexpr int kCalls = 5;
     const RandomCalls calls_of(world, kCalls, rng);
-    rt::OverlapAllToAllOptions o;
-    o.n = n, o.k = int(k), o.tile = tile;
-    o.ctas = ctas_for(calls_of.most_rows, n, tile, 4, rng);
+    rt::OverlapAllToAllOptions o = calls_of.options(n, k, tile, rng);
     o.sequential_ctas = int32_t(1 + rng() % 132);  // (the NVLink form's grid; W of them share the GPU)
-    o.max_rows = calls_of.most_rows, o.max_recv_rows = calls_of.most_recv;
-    o.max_tokens = int32_t(calls_of.most_tokens);
-    o.wait_timeout_s = 20;
     NvlinkRanks ranks(world, o);
     RankData data(world, n, k, calls_of);
     for (int call = 0; call < kCalls; ++call) {
