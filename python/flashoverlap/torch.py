@@ -303,10 +303,17 @@ class _OpBase:
 # enqueued, for the next call of the same rows on the same stream: its
 # allocation is then off the next call's way to the GPU (torch.empty costs a
 # few microseconds, which a synced call waits for). An op holds at most one
-# such tensor. A bigger output's next one is held per thread (_big.ahead:
-# (rows, n, dtype, device index, stream), pool, tensor), for any op's call.
+# such tensor. A bigger output's next one is held per thread (_big), for
+# any op's call. Either holder's _ahead: ((rows, n, dtype, device index,
+# stream), pool, tensor), or None.
 _AHEAD_BYTES = 8 << 20
-_big = threading.local()
+
+
+class _ThreadAhead(threading.local):
+    _ahead = None  # (each thread's own once set)
+
+
+_big = _ThreadAhead()
 
 # torch's calls an eager call's fast way makes, bound once (_bind_fast): the
 # tensor types taken as plain, whether torch.compile is tracing, whether
@@ -342,7 +349,7 @@ class _Op(_OpBase):
         self._weight_shape = (self.n, self.k)
         # (bound once: the eager call's C entry point and the handle)
         self._c_run, self._c_handle = self._op._c("run"), self._op.handle
-        self._ahead = None  # (rows, stream, pool, tensor): the next call's output, allocated ahead
+        self._ahead = None  # (key, pool, tensor): the next call's output up to 8 MiB, allocated ahead (_fast_call)
         self._ahead_rows = _AHEAD_BYTES // (self.n * (_torch.finfo(self.dtype).bits // 8))
         _bind_fast(_torch)
         super()._publish()
@@ -438,24 +445,17 @@ def _fast_call(general):
                 or weight.get_device() != i or not x.is_contiguous() or not weight.is_contiguous()
                 or _get_device() != i or _capturing()):
             return self._call(x, weight, residual, norm_weight, eps)
-        stream, n = _current_stream(i), self.n
-        # (the next output allocated on this stream, for a call on it: as torch.empty then would be)
-        if rows <= self._ahead_rows:
-            ahead = self._ahead
-            if ahead is not None and ahead[0] == rows and ahead[1] == stream and ahead[2] == _pool_id():
-                out, self._ahead = ahead[3], None
-            else:
-                out = x.new_empty((rows, n))  # (x's dtype and device: the op's)
-            self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
-            self._ahead = (rows, stream, _pool_id(), x.new_empty((rows, n)))
-            return out
-        key, ahead = (rows, n, dt, i, stream), getattr(_big, "ahead", None)
-        if ahead is not None and ahead[0] == key and ahead[1] == _pool_id():
-            out, _big.ahead = ahead[2], None
+        n, stream = self.n, _current_stream(i)
+        # (the next output allocated on this stream, for a call on it, as torch.empty then would be: held by the
+        # op up to 8 MiB, by the thread above)
+        holder = self if rows <= self._ahead_rows else _big
+        key, pool, ahead = (rows, n, dt, i, stream), _pool_id(), holder._ahead
+        if ahead is not None and ahead[0] == key and ahead[1] == pool:
+            out, holder._ahead = ahead[2], None
         else:
-            out = x.new_empty((rows, n))
+            out = x.new_empty((rows, n))  # (x's dtype and device: the op's)
         self._c_run(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, stream, 0)
-        _big.ahead = (key, _pool_id(), x.new_empty((rows, n)))
+        holder._ahead = (key, pool, x.new_empty((rows, n)))
         return out
     __call__.__doc__ = general.__doc__
     return __call__
@@ -1317,7 +1317,7 @@ def clear_cache():
     released once no op uses it), and this thread's output allocated ahead
     (the eager calls' outputs above 8 MiB); the next call builds anew
     (collective)."""
-    _big.ahead = None
+    _big._ahead = None
     with _lock:
         _cache.clear()
         _rs_cache.clear()

@@ -1489,24 +1489,24 @@ class TorchValidation(unittest.TestCase):
         y1 = op(x4, w)
         self.assertEqual((tuple(y1.shape), y1.dtype), ((4, 32), t.float16))
         self.assertEqual(calls[-1], (7, x4.data_ptr(), w.data_ptr(), y1.data_ptr(), 4, 0x10, 0))
-        self.assertEqual(op._ahead[:3], (4, 0x10, None))
-        nxt = op._ahead[3]
+        self.assertEqual(op._ahead[:2], ((4, 32, t.float16, -1, 0x10), None))
+        nxt = op._ahead[2]
         y2 = op(x4, w)
         self.assertIs(y2, nxt)  # the one allocated ahead
         self.assertEqual(calls[-1][3], y2.data_ptr())
         state["stream"] = 0x20  # another stream: a fresh output, and the next one's for that stream
-        nxt = op._ahead[3]
+        nxt = op._ahead[2]
         y3 = op(x4, w)
         self.assertIsNot(y3, nxt)
-        self.assertEqual(op._ahead[:2], (4, 0x20))
+        self.assertEqual(op._ahead[0], (4, 32, t.float16, -1, 0x20))
         y4 = op(x8, w)  # other rows: fresh
-        self.assertEqual((tuple(y4.shape), op._ahead[0]), ((8, 32), 8))
+        self.assertEqual((tuple(y4.shape), op._ahead[0][0]), ((8, 32), 8))
         state["pool"] = (1, 2)  # a memory pool made current (torch.cuda.use_mem_pool): fresh, and the next from it
-        nxt = op._ahead[3]
+        nxt = op._ahead[2]
         y5 = op(x8, w)
         self.assertIsNot(y5, nxt)
-        self.assertEqual(op._ahead[:3], (8, 0x20, (1, 2)))
-        nxt = op._ahead[3]
+        self.assertEqual((op._ahead[0][0], op._ahead[0][4], op._ahead[1]), (8, 0x20, (1, 2)))
+        nxt = op._ahead[2]
         self.assertIs(op(x8, w), nxt)
         state["pool"] = None
         self.assertEqual(len({y.data_ptr() for y in (y1, y2, y3, y4, y5)}), 5)
@@ -1536,29 +1536,29 @@ class TorchValidation(unittest.TestCase):
         ahead = op._ahead
         # past the cap: the next output is held per thread, for any op's call with its shape, dtype, device,
         # stream and pool (the op's own small one is kept)
-        self.addCleanup(setattr, fot._big, "ahead", None)
-        fot._big.ahead = None
+        self.addCleanup(setattr, fot._big, "_ahead", None)
+        fot._big._ahead = None
         x100 = t.randn(100, 16).half()
         big = op(x100, w)
         self.assertEqual((tuple(big.shape), len(calls), calls[-1][3]), ((100, 32), n_calls + 2, big.data_ptr()))
         self.assertIs(op._ahead, ahead)
-        self.assertEqual(fot._big.ahead[:2], ((100, 32, t.float16, -1, 0x20), None))
+        self.assertEqual(fot._big._ahead[:2], ((100, 32, t.float16, -1, 0x20), None))
         twin = object.__new__(fot.GemmAllReduce)  # another op of the same shape: it takes that output
         twin.__dict__.update(op.__dict__)
-        twin._ahead, nxt = None, fot._big.ahead[2]
+        twin._ahead, nxt = None, fot._big._ahead[2]
         self.assertIs(twin(x100, w), nxt)
         for key, value in (("stream", 0x30), ("pool", (3, 4))):  # another stream or pool: a fresh one
-            state[key], saved, nxt = value, state[key], fot._big.ahead[2]
+            state[key], saved, nxt = value, state[key], fot._big._ahead[2]
             self.assertIsNot(op(x100, w), nxt, key)
-            self.assertEqual(fot._big.ahead[0][4] if key == "stream" else fot._big.ahead[1], value)
+            self.assertEqual(fot._big._ahead[0][4] if key == "stream" else fot._big._ahead[1], value)
             state[key] = saved
         wide = object.__new__(fot.GemmAllReduce)  # another n: a fresh one
         wide.__dict__.update(op.__dict__)
-        wide.n, wide._weight_shape, nxt = 48, (48, 16), fot._big.ahead[2]
+        wide.n, wide._weight_shape, nxt = 48, (48, 16), fot._big._ahead[2]
         self.assertIsNot(wide(x100, t.randn(48, 16).half()), nxt)
-        self.assertEqual(fot._big.ahead[0][:2], (100, 48))
+        self.assertEqual(fot._big._ahead[0][:2], (100, 48))
         fot.clear_cache()  # drops it
-        self.assertIsNone(fot._big.ahead)
+        self.assertIsNone(fot._big._ahead)
 
     def test_alltoall_run_hands_the_library_the_routing(self):
         t = self.torch
