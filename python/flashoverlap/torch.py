@@ -329,10 +329,8 @@ def _bind_fast(torch):
         _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
         _is_compiling, _grad_enabled = torch.compiler.is_compiling, torch.is_grad_enabled
         _get_device, _capturing = torch._C._cuda_getDevice, torch._C._cuda_isCurrentStreamCapturing
-        _current_stream = lambda index, torch=torch: _raw_stream(torch, index)  # noqa: E731
-        getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if getter is not None:
-            _current_stream = getter
+        _current_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                           or (lambda index, torch=torch: _raw_stream(torch, index)))
         _pool_id = lambda torch=torch: _pool_of(torch)  # noqa: E731
 
 
