@@ -151,7 +151,7 @@ void OverlapAllToAll::upload(cudaStream_t stream) {
   if (last) FO_CUDA_CHECK(cudaMemcpyAsync(tables_.get(), host, last, cudaMemcpyHostToDevice, stream));
   FO_CUDA_CHECK(cudaEventRecord(uploaded_, stream));
   auto at = [&](Table x) { return reinterpret_cast<const int32_t*>(tables_.as<char>() + offsets_[size_t(x)]); };
-  const bool grouped = !t.a_row0.empty();  // (the slot tables' tile rows: grouped_host_'s)
+  const bool grouped = opts_.experts > 1;  // (the tile rows put above: grouped_host_'s)
   kernels::expand_row_of(at(kTmOf), at(kSbase), at(kDest), at(kRrank), t.tiles(), t.bm, t.world, t.m,
                          row_of_.as<int32_t>(), stream, grouped ? at(kARow0) : nullptr, grouped ? at(kRowsOf) : nullptr);
   if (!whole_rows())  // (the rows n wide, one each, need no slot table: the NVLink tables have none)
