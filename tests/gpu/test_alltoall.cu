@@ -285,10 +285,11 @@ TEST(AllToAllTables, DeviceExpansionEqualsTheHosts) {
     const plan::MoeRouting r = plan::make_moe_routing(kinds[trial % 3], W, 1 + int64_t(rng() % 400), K, rng(), E);
     const plan::TileShape tile = random_tile(rng);
     const int32_t ctas = 4 + int32_t(rng() % 60);
+    const int64_t n = kNs[rng() % 3];  // (one N for every rank, as the op's)
     std::vector<plan::Schedule> scheds;
     int32_t most = 1;
     for (int32_t rank = 0; rank < W; ++rank) {
-      scheds.push_back(plan::make_moe_schedule(r, rank, kNs[rng() % 3], tile, ctas));
+      scheds.push_back(plan::make_moe_schedule(r, rank, n, tile, ctas));
       most = std::max(most, scheds.back().waves());
     }
     std::vector<std::vector<plan::Group>> groups;
