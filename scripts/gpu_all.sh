@@ -49,6 +49,7 @@
 #                FO_TEST_FAULT in CMakeLists.txt) of the GPU tests only, whose cases (ctest -R '^gpu\.') must fail
 #                at least once -> faults-<fault>.log (build: faults-<fault>-build.log); one line per fault,
 #                "caught by N test(s): ..." or "NOT CAUGHT" (status 1, as a failed build); build/ is not touched
+#                (FAULT_FIRST=1: each fault's ctest stops at its first failing test)
 #   python       the Python package's GPU tests under torchrun (tests/python/run_gpu_tests.sh: world 1, 2, all
 #                GPUs, then examples/python/tp_linear.py) -> python-gpu.log
 #   pack         tar the logs into $OUT/logs.tar.gz (the device tool returns at most 8 files)
@@ -127,6 +128,7 @@ fault_run() {
     name=${src##*/}
     targets+=("gpu_${name%.*}")
   done
+  targets+=(cpu_test_c_api)  # (gpu.c_api: the C ABI's test executable run with --gpu)
   if [ ${#targets[@]} -eq 0 ]; then
     echo "fault $f: no tests/gpu/test_*.cpp or .cu: nothing can catch it"
     return 1
@@ -137,11 +139,20 @@ fault_run() {
     echo "fault $f: BUILD FAILED (log: faults-$f-build.log)"
     return 1
   fi
-  ctest --test-dir "$dir" -R '^gpu\.' --output-on-failure -j 1 --timeout "${TEST_TIMEOUT:-600}" >"$log" 2>&1
+  # (FAULT_FIRST=1: stop at the first test that fails, enough to show the fault caught, in a fraction of the time)
+  ctest --test-dir "$dir" -R '^gpu\.' --output-on-failure -j 1 --timeout "${TEST_TIMEOUT:-600}" \
+    ${FAULT_FIRST:+--stop-on-failure} >"$log" 2>&1
   grep -E "tests passed|No tests were found" "$log" | sed 's/^/  ctest: /'
   # ctest's list after "The following tests FAILED:", lines "  12 - gpu.Suite.Case (Failed)"
   mapfile -t failed < <(sed -n '/^The following tests FAILED:/,$p' "$log" |
     sed -nE 's/^[[:space:]]*[0-9]+ - ([^ ]+) \((.*)\)[[:space:]]*$/\1 (\2)/p' | sed 's/ (Failed)$//')
+  # A test whose executable was not built proves nothing: an error of this stage, not a catch.
+  local notrun=() t
+  for t in "${failed[@]}"; do [[ $t == *"(Not Run)" ]] && notrun+=("$t"); done
+  if [ ${#notrun[@]} -gt 0 ]; then
+    echo "fault $f: ${#notrun[@]} test(s) not built by this stage: ${notrun[*]}"
+    return 1
+  fi
   # A test that failed in this call's clean run (the test stage's ctest.log) proves nothing here.
   if [ -f "$OUT/ctest.log" ] && [ ${#failed[@]} -gt 0 ]; then
     local kept=() t
