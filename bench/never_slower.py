@@ -131,7 +131,7 @@ COLUMNS = ["op", "m", "n", "k", "dtype", "mode", "torch_us", "ours_us", "ratio",
 BARS = {"eager": 0.98, "graph": 0.98, "latency": 0.95}  # a ratio below its mode's bar: ours slower
 GRAPH_CALLS = 10  # calls captured per graph
 LATENCY_CALLS = 120  # latency samples per variant, over all turns
-# The sleep before each variant's calls: eager's as the issue sets it; a graph turn's
+# The sleep before each variant's calls: eager's at least 50 ms, so that the GPU never waits on the host; a graph turn's
 # 20 replays enqueue in well under a millisecond. Doubled (to at most MAX) where too short.
 SLEEP_MS, MAX_SLEEP_MS = {"eager": 50.0, "graph": 10.0}, 800.0
 
