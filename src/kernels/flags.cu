@@ -34,7 +34,20 @@ __global__ void signal_counters_kernel(uint32_t* const* counters, uint32_t value
   ptx::red_release_sys_add(counters[threadIdx.x], value);
 }
 
+__global__ void uncount_group_kernel(uint32_t* flags, const int32_t* group_of_tile, int32_t tiles, int32_t group) {
+  for (int32_t t = int32_t(blockIdx.x * blockDim.x + threadIdx.x); t < tiles; t += int32_t(gridDim.x * blockDim.x))
+    if (group_of_tile[t] == group) atomicSub(flags + t, 1u);
+}
+
 }  // namespace
+
+void launch_uncount_group(uint32_t* flags, const int32_t* group_of_tile, int32_t tiles, int32_t group,
+                          cudaStream_t stream) {
+  if (tiles < 1) return;
+  uncount_group_kernel<<<(tiles + 255) / 256 < 64 ? (tiles + 255) / 256 : 64, 256, 0, stream>>>(flags, group_of_tile,
+                                                                                                tiles, group);
+  FO_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_wait_counters(const uint32_t* counters, int32_t count, const CounterTargets& targets, uint64_t timeout_ns,
                           WaitError* err, cudaStream_t stream, const CallCheck& check) {
@@ -63,6 +76,7 @@ void preload_flag_kernels() {
   FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, wait_counter_kernel));
   FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, wait_counters_kernel));
   FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, signal_counters_kernel));
+  FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, uncount_group_kernel));
 }
 
 }  // namespace flashoverlap::kernels

@@ -85,6 +85,12 @@ void launch_wait_counters(const uint32_t* counters, int32_t count, const Counter
 void launch_signal_counters(uint32_t* const* counters, int32_t count, uint32_t value, cudaStream_t stream,
                             const CallPublish& publish = {});
 
+// A fault for tests: takes 1 from flags[t] of every tile t of `group`
+// (group_of_tile, `tiles` of them), so that a wait for those flags at this
+// call's epoch never completes and times out, naming the group.
+void launch_uncount_group(uint32_t* flags, const int32_t* group_of_tile, int32_t tiles, int32_t group,
+                          cudaStream_t stream);
+
 void preload_flag_kernels();
 
 }  // namespace flashoverlap::kernels

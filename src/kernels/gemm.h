@@ -53,6 +53,10 @@ struct Scatter {
   CallPublish publish;                  // optional: this call's descriptor, published as the GEMM starts (flags.h)
 };
 
+// Which owner walk a launch takes: Pair (2 ranks, `split`) or Ranges
+// (owner_ranges.h, any world; its own kernel).
+enum class OwnerWalk : uint8_t { Pair = 0, Ranges = 1 };
+
 // The AllReduce with owners, 2 ranks: each tile is summed by one
 // rank, its owner (rank 1 owns tiles [0, split), rank 0 [split, tiles)).
 // Each rank walks its tiles it does not own first (rank 1 starts at tile
@@ -81,7 +85,6 @@ struct Owner {
   uint32_t* flags = nullptr;        // this GPU's [tiles] arrival counters
   uint32_t* peer_flags = nullptr;   // the peer's, mapped
   uint32_t epoch = 0;               // this call: every flag reaches epoch (cyclic compare)
-  int32_t drop_group = -1;          // testing: this group's tiles are never counted (their waits time out)
   uint32_t* claims = nullptr;       // [1], zero at launch: the copy's chunks
   // Zeroed by block 0 at launch: the next call's claims (a call's GEMM has
   // finished before the next call's starts, so each call zeroes the other
@@ -117,9 +120,9 @@ struct Owner {
   bool pushers = true;
   uint64_t timeout_ns = 0;
   WaitError* err = nullptr;
-  // More than 2 ranks (world > 2; at 2 the fields above, as described):
-  // the ranges and walks of owner_ranges.h (rank = 0..world-1, split
-  // unused). Each partial goes to its owner's window, slot
+  // The walk of any world (walk = Ranges; needed where world > 2, and at
+  // 2 it runs too; Pair: the 2-rank walk above): the ranges and walks of
+  // owner_ranges.h (rank = 0..world-1, split unused). Each partial goes to its owner's window, slot
   // owner_slot_of_sender (the windows hold world - 1 slots of window_rows
   // rows, slot 0 first), each final to every other rank (its C under
   // finals_in_c, else slot 0 of its window), counted in that rank's flags:
@@ -129,7 +132,7 @@ struct Owner {
   // slot order, after rounding their own sum: within rounding of NCCL's
   // ring, not bitwise). 4 stages, push_tma 0.
   int32_t world = 2;
-  bool wide = false;                    // testing: the path of more ranks (its fields) at world 2
+  OwnerWalk walk = OwnerWalk::Pair;
   int32_t own_begin = 0, own_end = 0;   // world > 2: this rank's tiles (owned_begin, owned_end)
   uint32_t* const* flags_of = nullptr;  // device [world]: each rank's flags, mapped (this rank's unused)
   void* const* windows_of = nullptr;    // device [world]: each rank's window, mapped (this rank's unused)

@@ -148,7 +148,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
     }
     __syncwarp();
     if (tma_push) {
-      if (leader && !(final_to_peer_c && failed) && p.group_of_tile[idx] != o.drop_group) {
+      if (leader && !(final_to_peer_c && failed)) {
         // (after a timed-out wait an owned tile is not counted: owner_push_rows)
         __threadfence_system();
         ptx::red_release_sys_add(o.peer_flags + idx, 1);
@@ -165,7 +165,7 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
       ptx::fence_proxy_async_global();
       const bool withhold = owner_push_rows<T, BN>(p, idx, 0, 128, __shfl_sync(0xffffffffu, failed, 0), lane);
       __syncwarp();
-      if (leader && !withhold && p.group_of_tile[idx] != o.drop_group) owner_count<false>(p, idx);  // (2 ranks)
+      if (leader && !withhold) owner_count<false>(p, idx);  // (2 ranks)
     }
     __syncwarp();
     if (leader && !own && next_own) {  // deferred (above): the next tile's piece 0, then both buffers back
@@ -207,7 +207,7 @@ __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const Pu
     ptx::fence_proxy_async_global();  // the storer's TMA stores into C before the loads below
     const bool withhold = owner_push_rows<T, BN, kWide>(p, idx, w * 64, 64, *ring.failed != 0, lane);
     ptx::named_barrier_sync(kPushBarrier, 64);
-    if (w == 0 && lane == 0 && !withhold && p.group_of_tile[idx] != o.drop_group) owner_count<kWide>(p, idx);
+    if (w == 0 && lane == 0 && !withhold) owner_count<kWide>(p, idx);
     if (lane == 0) ptx::mbar_arrive(&ring.empty[slot]);
   }
   // (trace) the CTA's pushes done: its last tiles may leave after the storer's record
@@ -279,9 +279,11 @@ __device__ __forceinline__ void owner_storer(const GemmKernelParams& p, const CU
     __threadfence_system();  // every lane's stores to the peer are visible system-wide before the count below
     __syncwarp();
     if (leader) {
-      if (p.group_of_tile[idx] != o.drop_group) ptx::red_release_sys_add(o.peer_flags + idx, 1);
-      if (own) ptx::tma_store_wait_read();  // the staging halves are read
       const int32_t next = i + int32_t(gridDim.x) < tiles ? owner_tile_at(o, i + int32_t(gridDim.x), tiles) : -1;
+      // (an owned final made without the peer's partial, its wait timed out, is not counted, so the peer's
+      // wait for it fails too, as under the 4-stage storer)
+      if (!(own && failed)) ptx::red_release_sys_add(o.peer_flags + idx, 1);
+      if (own) ptx::tma_store_wait_read();  // the staging halves are read
       if (next >= 0 && owner_owns(o, next)) prefetch(next);
       ptx::mbar_arrive(&c_empty[0]);
       ptx::mbar_arrive(&c_empty[1]);

@@ -122,6 +122,8 @@ void check_gemm_params(const GemmParams& p) {
   const Owner& o = p.owner;
   if (o.rank >= 0) {
     if (o.world < 2 || o.world > 8 || o.rank >= o.world) fail("owner layout: world must be in [2, 8], rank below it");
+    if (o.walk != OwnerWalk::Pair && o.walk != OwnerWalk::Ranges) fail("owner layout: unknown walk");
+    if (o.walk == OwnerWalk::Pair && o.world != 2) fail("owner layout: the pair walk is for 2 ranks (more: Ranges)");
     if (!tma_c) fail("owner layout: needs Plain C stored by TMA (16-byte aligned, ldc % 8 == 0, n % 8 == 0)");
     if (!o.peer_window || !aligned16(o.peer_window)) fail("owner layout: needs the peer's 16-byte aligned window");
     if (o.claims_reset && o.claims_reset == o.claims)
@@ -142,19 +144,19 @@ void check_gemm_params(const GemmParams& p) {
       fail("owner layout: the call check publishes and checks, both or neither, without tokens, parity 0 or 1");
     if (o.push_tma > 0 && (!o.push_window || !aligned16(o.push_window) || !gemm_four_stages(p)))
       fail("owner layout: TMA pushes need the peer's 16-byte aligned window and the 4-stage pipeline");
-    if (o.world > 2 || o.wide) {
+    if (o.walk == OwnerWalk::Ranges) {
       const int32_t tiles = p.sched.tiles();
       if (!gemm_four_stages(p) || !o.pushers || o.push_tma != 0)
-        fail("owner layout on more than 2 ranks: needs the 4-stage pipeline and the pusher warps, no TMA pushes");
+        fail("owner layout, walk of any world: needs the 4-stage pipeline and the pusher warps, no TMA pushes");
       if (!o.flags_of || !o.windows_of || (o.finals_in_c && (!o.outs_of || !o.lds_of)))
-        fail("owner layout on more than 2 ranks: needs every rank's flags and window (and C, finals_in_c)");
+        fail("owner layout, walk of any world: needs every rank's flags and window (and C, finals_in_c)");
       if (o.own_begin != owned_begin(o.rank, tiles, o.world) || o.own_end != owned_end(o.rank, tiles, o.world))
-        fail("owner layout on more than 2 ranks: own_begin, own_end must be this rank's range (owner_ranges.h)");
-      if (int64_t(tiles) * o.world >= INT32_MAX) fail("owner layout on more than 2 ranks: too many tiles");
+        fail("owner layout, walk of any world: own_begin, own_end must be this rank's range (owner_ranges.h)");
+      if (int64_t(tiles) * o.world >= INT32_MAX) fail("owner layout, walk of any world: too many tiles");
       if (o.in_place && o.finals_in_c) fail("owner layout: in place or finals into the peers' C, not both");
     } else if ((o.peer_out != nullptr) != o.finals_in_c)
       fail("owner layout: finals into the peer's C (peer_out) go with the peer's finals into this C (finals_in_c)");
-    if (o.world <= 2 && !o.wide && o.finals_in_c &&  // (more ranks: the runtime checks each rank's C when it registers it)
+    if (o.walk == OwnerWalk::Pair && o.finals_in_c &&  // (more ranks: the runtime checks each rank's C when it registers it)
         (o.in_place || !aligned16(o.peer_out) || o.peer_ld < p.n || o.peer_ld % 8 != 0 || !gemm_four_stages(p)))
       fail("owner layout: finals into the peers' C need the 4-stage pipeline, not in place, and a 16-byte aligned "
            "peer C with ld >= n, ld % 8 == 0");
@@ -241,7 +243,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
-  if (gemm_four_stages(p) && p.owner.rank >= 0 && (p.owner.world > 2 || p.owner.wide)) {  // (more than 2 ranks)
+  if (gemm_four_stages(p) && p.owner.rank >= 0 && p.owner.walk == OwnerWalk::Ranges) {
     if (p.dtype == DType::BF16)
       pieces_kernel<__nv_bfloat16, true>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
     else

@@ -159,12 +159,12 @@ struct OverlapAllReduceOptions {
   OwnerWindow* owner_window = nullptr;
   // Switches for tests and measurements, never for users' calls.
   struct Testing {
-    int fault_drop_group = -1;  // this group's signals go nowhere (owners: its tiles' flag counts)
+    int fault_drop_group = -1;  // this group's signals go nowhere (owners: this rank's waits for its tiles fail)
     // The op starts as if `first_epoch` calls had run (epoch(), every counter
     // and flag where they would have left them), so that tests cross the
     // counters' 2^32 wrap. The same on every rank.
     uint32_t first_epoch = 0;
-    // Owners on 2 ranks take the path of 3-8 (kernels::Owner::wide: every
+    // Owners on 2 ranks take the path of 3-8 (kernels::OwnerWalk::Ranges: every
     // rank's window, flags and output by rank, the pusher warps, no TMA
     // pushes), which must give the same bits; so 2 GPUs test that runtime.
     bool owners_wide = false;
@@ -352,7 +352,7 @@ class OverlapAllReduce {
   bool four_stages_ = false;
   DeviceBuffer owner_claims_;              // owners: [2 calls] the copy's chunk claims
   // fault_drop_group as the GEMM sees it: its signals go to a sink. (Owners:
-  // the GEMM's flag counts for the group are skipped instead, kernels::Owner::drop_group.)
+  // this rank's flags of the group's tiles are left one short instead, kernels::launch_uncount_group.)
   int gemm_drop_group() const { return owners() ? -1 : opts_.testing.fault_drop_group; }
 
   OverlapAllReduceOptions opts_;

@@ -256,7 +256,7 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   if (four_stages_ && !wide()) o.push_tma = opts_.push_tma, o.push_window = owner_peer_base_;
   o.pushers = opts_.owner_pushers < 0 ? kernels::owner_pushers_by_k(opts_.k) : opts_.owner_pushers != 0;
   if (wide()) {  // (kernels::Owner::world: no TMA pushes, the pusher warps push)
-    o.world = world_, o.wide = opts_.testing.owners_wide, o.pushers = true;
+    o.world = world_, o.walk = kernels::OwnerWalk::Ranges, o.pushers = true;
     o.own_begin = kernels::owned_begin(comm_rank_, s.tiles(), world_);
     o.own_end = kernels::owned_end(comm_rank_, s.tiles(), world_);
     o.flags_of = flags_of_.as<uint32_t*>(), o.windows_of = windows_of_.as<void*>();
@@ -271,7 +271,6 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   OwnerCallSlots& calls = ow ? ow->calls : own_calls_;
   const int slot = o.finals_in_c ? int(reg - registered_.data()) : -1;  // (the peers' C this call stores into)
   calls.prepare(o, uint32_t(s.m), owner_call_plan(s, world_, opts_.k, opts_.dtype, owner_split_, slot));
-  o.drop_group = opts_.testing.fault_drop_group;
   uint32_t* claims = owner_claims_.as<uint32_t>();
   o.claims = claims + (epoch & 1);
   o.claims_reset = claims + ((epoch + 1) & 1);  // (this call's were zeroed by the last)
@@ -281,6 +280,8 @@ void OverlapAllReduce::enqueue_owned(const void* a, const void* b, void* out, in
   // shared window its half) is taken, also when the launch then throws (the
   // epoch stays taken too).
   try {
+    if (opts_.testing.fault_drop_group >= 0)  // (a test's fault: this rank's waits for the group time out)
+      kernels::launch_uncount_group(owner_flags_, p.group_of_tile, s.tiles(), opts_.testing.fault_drop_group, stream);
     launch_call_gemm(p, stream, bump);
   } catch (...) {
     if (bump.keep) calls.advance();
