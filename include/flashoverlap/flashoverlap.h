@@ -358,9 +358,14 @@ struct GemmAllToAllOptions {
   //              rows to each rank): ranks out of step fail on every rank,
   //              bounded, and the op is then built anew (the op exchanges
   //              the routing, so every rank plans from the same). Not yet picked by Auto (not yet
-  //              measured on several GPUs).
+  //              measured on several GPUs); one expert per rank only.
   enum class Path { Auto, Sequential, Slots, NVLink };
   Path path = Path::Auto;
+  // Experts per rank (E >= 1): b holds their weights stacked, [E, n, k] (each
+  // an nn.Linear weight), and each call's rows come by (source rank,
+  // expert) (AllToAllRouting::expert_counts); the GEMM is then the grouped
+  // one, each expert's rows times its own weight. The same on every rank.
+  int experts = 1;
   int nccl_sms = 8;              // SMs left to NCCL beside the GEMM (its communicator bounded to them)
   double wait_timeout_s = 30.0;  // as GemmAllReduceOptions
   // Every call's routing exchange waits this long for the other ranks, then
@@ -389,14 +394,25 @@ struct AllToAllRouting {
   // them unchanged until it has); a bad row (a rank other than 0, a token
   // out of range, a gate not finite) is left out of the combine and
   // reported once, by check() or by the next call (InvalidArgument).
-  // Elsewhere the call copies the arrays to the host first (it waits for
-  // `stream`).
+  // Elsewhere (and with several experts per rank) the call copies the
+  // arrays to the host first (it waits for `stream`).
   bool on_device = false;
+  // With E = GemmAllToAllOptions::experts > 1 (null with one): host,
+  // [world * E], expert_counts[s * E + e] = the rows of A from rank s for
+  // local expert e. A's rows come in that order, source after source and
+  // within a source expert after expert: what all_to_all_single delivers
+  // when every rank sends its rows sorted by global expert (rank * E + e),
+  // so no permutation is needed. A source's counts sum to send_counts[s]
+  // (its rows go back to it: dest_rank s), and a token may have several
+  // rows here, one per expert of this rank it picked; each comes back as
+  // its own row (none is summed before the All-to-All).
+  const int64_t* expert_counts = nullptr;
 };
 
-// The MoE combine of expert parallelism (one expert per rank): each rank's
-// expert output A * B^T (A: m x k, the rows its expert received; B: n x k)
-// goes back to the ranks of its tokens, overlapped with the GEMM. With
+// The MoE combine of expert parallelism: each rank's expert output A * B^T
+// (A: m x k, the rows its experts received; B: n x k, or [E, n, k] with E
+// experts per rank, each row times its expert's weight) goes back to the
+// ranks of its tokens, overlapped with the GEMM. With
 // combine, out (tokens x n) row t = the sum of gate * row over the rows of
 // token t, in fp32 in (source rank, source row) order, rounded once;
 // without, out (received rows x n) = the received rows in (source rank,
@@ -412,9 +428,9 @@ class GemmAllToAll {
  public:
   // Collective over `comm`, with the same arguments on every rank.
   // max_rows: the most rows of A on any rank in a call; max_tokens: the most
-  // tokens of any rank; topk: the ranks each token picks (each token gets
-  // topk rows back: at most max_tokens * topk received). 1 <= topk <= world;
-  // n >= 1; k % 8 == 0.
+  // tokens of any rank; topk: the experts each token picks (each token gets
+  // topk rows back: at most max_tokens * topk received). 1 <= topk <= world
+  // * options.experts; n >= 1; k % 8 == 0.
   GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t max_tokens, int topk, int64_t n, int64_t k,
                DType dtype, const GemmAllToAllOptions& options = {});
   ~GemmAllToAll();
@@ -444,6 +460,7 @@ class GemmAllToAll {
   int64_t max_rows() const;
   int64_t max_tokens() const;
   int topk() const;
+  int experts() const;
   int64_t n() const;
   int64_t k() const;
   DType dtype() const;

@@ -190,6 +190,10 @@ typedef struct fo_gemm_alltoall_options {
   int32_t nccl_sms;      /* SMs left to NCCL beside the GEMM; default 8 */
   double wait_timeout_s; /* a group's wait longer than this fails; default 30 */
   double exchange_timeout_s; /* a call's routing exchange waits this long for the other ranks; default 120 */
+  /* Added in the second version (a smaller struct_size: 1): experts per
+   * rank, as GemmAllToAllOptions::experts (b is then [experts, n, k]; each
+   * call's routing gives expert_counts). */
+  int32_t experts;
 } fo_gemm_alltoall_options;
 
 /* GroupedGemmOptions, with fo_gemm_allreduce_options' rules: fill it with
@@ -231,6 +235,12 @@ typedef struct fo_alltoall_routing {
    * unchanged until it has; a bad row is reported once, by
    * fo_gemm_alltoall_check or the next call). */
   int64_t on_device;
+  /* Added in the third version (a smaller struct_size: NULL): with several
+   * experts per rank, host, [world * experts]: expert_counts[s * experts +
+   * e] = the rows of a from rank s for local expert e, a's rows source after
+   * source and expert after expert, as AllToAllRouting::expert_counts says;
+   * NULL with one expert per rank. */
+  const int64_t* expert_counts;
 } fo_alltoall_routing;
 
 /* ---- queries without a status (they never fail and never change fo_last_error) ---- */

@@ -41,7 +41,9 @@ AllToAllPlanner::Planned AllToAllPlanner::plan_for(const plan::MoeRouting& routi
     if (!best || p.predicted.total_ms < best->plan.predicted.total_ms) best = Planned{std::move(p), t, false};
   }
   // The direct sequential call (rows in the dispatch's order everywhere) runs the faster GEMM for this rank's rows.
-  best->cublas = best->plan.sequential && opts.path != Path::NVLink && !seq.samples.empty() && n % 8 == 0 &&
+  // (Several experts: the grouped GEMM, ours.)
+  best->cublas = best->plan.sequential && opts.path != Path::NVLink && routing.experts == 1 && !seq.samples.empty() &&
+                 n % 8 == 0 &&
                  plan::in_dispatch_order(routing) && seq.cublas(std::max<int64_t>(routing.rows(rank), 1));
   return std::move(*best);
 }
@@ -75,9 +77,14 @@ std::string plan_gemm_alltoall(const std::vector<AllToAllRouting>& routings, int
   api::check_op_options(who, sms, options.nccl_sms, options.wait_timeout_s);
   if (options.path == GemmAllToAllOptions::Path::NVLink && (n % 8 != 0 || world > 8))
     throw InvalidArgument(who + ": Path::NVLink needs n % 8 == 0 and at most 8 ranks");
+  const int E = options.experts;
+  if (E < 1 || E > 4096 || int64_t(E) * n > INT32_MAX)
+    throw InvalidArgument(who + ": experts must be in [1, 4096], and experts x n (the weights' rows) below 2^31");
+  if (options.path == GemmAllToAllOptions::Path::NVLink && E > 1)
+    throw InvalidArgument(who + ": Path::NVLink takes one expert per rank");
   // Every rank's routing as the op gathers it (host arrays); count_moe_rows checks the rest.
   plan::MoeRouting all;
-  all.world = world;
+  all.world = world, all.experts = E;
   for (int s = 0; s < world; ++s) {
     const AllToAllRouting& r = routings[size_t(s)];
     const std::string at = who + ": rank " + std::to_string(s) + "'s routing: ";
@@ -87,6 +94,10 @@ std::string plan_gemm_alltoall(const std::vector<AllToAllRouting>& routings, int
     if (!r.send_counts || !r.recv_counts) throw InvalidArgument(at + "send_counts and recv_counts must not be null");
     if (r.rows > 0 && (!r.dest_rank || !r.dest_token))
       throw InvalidArgument(at + "dest_rank and dest_token must not be null with rows");
+    if ((E > 1) != (r.expert_counts != nullptr))
+      throw InvalidArgument(at + (E > 1 ? "expert_counts must not be null with several experts per rank"
+                                        : "expert_counts is for several experts per rank (one here)"));
+    if (E > 1) all.expert_rows.emplace_back(r.expert_counts, r.expert_counts + size_t(world) * size_t(E));
     const size_t rows = size_t(r.rows);
     all.tokens.push_back(int32_t(r.tokens));
     all.dest_rank.emplace_back(r.dest_rank, r.dest_rank + rows);

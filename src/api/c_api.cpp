@@ -63,12 +63,14 @@ static_assert(offsetof(fo_gemm_reducescatter_options, struct_size) == 0 &&
 static_assert(offsetof(fo_gemm_alltoall_options, struct_size) == 0 && offsetof(fo_gemm_alltoall_options, path) == 8 &&
               offsetof(fo_gemm_alltoall_options, nccl_sms) == 12 &&
               offsetof(fo_gemm_alltoall_options, wait_timeout_s) == 16 &&
-              offsetof(fo_gemm_alltoall_options, exchange_timeout_s) == 24 && sizeof(fo_gemm_alltoall_options) == 32);
+              offsetof(fo_gemm_alltoall_options, exchange_timeout_s) == 24 &&
+              offsetof(fo_gemm_alltoall_options, experts) == 32 && sizeof(fo_gemm_alltoall_options) == 40);
 static_assert(offsetof(fo_alltoall_routing, struct_size) == 0 && offsetof(fo_alltoall_routing, rows) == 8 &&
               offsetof(fo_alltoall_routing, dest_rank) == 16 && offsetof(fo_alltoall_routing, dest_token) == 24 &&
               offsetof(fo_alltoall_routing, gate) == 32 && offsetof(fo_alltoall_routing, tokens) == 40 &&
               offsetof(fo_alltoall_routing, send_counts) == 48 && offsetof(fo_alltoall_routing, recv_counts) == 56 &&
-              offsetof(fo_alltoall_routing, on_device) == 64 && sizeof(fo_alltoall_routing) == 72);
+              offsetof(fo_alltoall_routing, on_device) == 64 &&
+              offsetof(fo_alltoall_routing, expert_counts) == 72 && sizeof(fo_alltoall_routing) == 80);
 static_assert(int(flashoverlap::DType::BF16) == FO_DTYPE_BF16 && int(flashoverlap::DType::FP16) == FO_DTYPE_FP16);
 
 namespace {
@@ -85,7 +87,7 @@ constexpr size_t kOptionsV1Size = offsetof(fo_gemm_allreduce_options, curves) + 
 // The same for fo_gemm_reducescatter_options (its first version is this one).
 constexpr size_t kRsOptionsV1Size = offsetof(fo_gemm_reducescatter_options, tuning_cache);
 // ... for fo_gemm_alltoall_options (this one) and fo_alltoall_routing (up to recv_counts).
-constexpr size_t kA2aOptionsV1Size = sizeof(fo_gemm_alltoall_options);
+constexpr size_t kA2aOptionsV1Size = offsetof(fo_gemm_alltoall_options, experts);
 constexpr size_t kGroupedOptionsV1Size = sizeof(fo_gemm_grouped_options);
 static_assert(offsetof(fo_gemm_grouped_options, path) == 8 && sizeof(fo_gemm_grouped_options) == 16,
               "fo_gemm_grouped_options layout");
@@ -335,6 +337,7 @@ flashoverlap::GemmAllToAllOptions to_a2a_options(const fo_gemm_alltoall_options*
   r.nccl_sms = o->nccl_sms;
   r.wait_timeout_s = o->wait_timeout_s;
   r.exchange_timeout_s = o->exchange_timeout_s;
+  if (o->struct_size >= offsetof(fo_gemm_alltoall_options, experts) + sizeof(int32_t)) r.experts = o->experts;
   return r;
 }
 
@@ -371,6 +374,8 @@ flashoverlap::AllToAllRouting to_routing(const fo_alltoall_routing* r) {
   x.send_counts = r->send_counts;
   x.recv_counts = r->recv_counts;
   x.on_device = r->struct_size >= offsetof(fo_alltoall_routing, on_device) + sizeof(int64_t) && r->on_device != 0;
+  if (r->struct_size >= offsetof(fo_alltoall_routing, expert_counts) + sizeof(const int64_t*))
+    x.expert_counts = r->expert_counts;
   return x;
 }
 
@@ -822,6 +827,7 @@ fo_status fo_gemm_alltoall_options_default(fo_gemm_alltoall_options* options, si
     d.nccl_sms = defaults.nccl_sms;
     d.wait_timeout_s = defaults.wait_timeout_s;
     d.exchange_timeout_s = defaults.exchange_timeout_s;
+    d.experts = defaults.experts;
     write_options(options, d, struct_size);
   });
 }

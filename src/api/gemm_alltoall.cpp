@@ -6,6 +6,8 @@
 // hold the same data and reach the same verdict: a bad routing throws on
 // every rank, naming the rank), the plan made from the model for each tile
 // shape (plan/moe_plan.h), and the runtime op of the faster tile run.
+// With several experts per rank the routing carries each source's rows per
+// expert, and the op's GEMM is the grouped one over those segments.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -24,8 +26,9 @@
 namespace flashoverlap {
 namespace {
 
-// What each rank's record starts with (then dest_rank, dest_token and gate,
-// max_rows entries each).
+// What each rank's record starts with (then its send and receive counts,
+// world each, its expert counts, world * experts where experts > 1, and
+// dest_rank, dest_token and gate, max_rows entries each).
 struct RecordHeader {
   int64_t rows = 0, tokens = 0;
   int64_t problem = 0;  // nonzero: this rank's input failed its own checks (the text is on that rank); 2: an
@@ -48,7 +51,7 @@ struct GemmAllToAll::Impl {
   std::shared_ptr<Communicator::Impl> comm;
   rt::Communicator bounded, exchange_comm;
   int64_t max_rows = 0, max_tokens = 0, n = 0, k = 0;
-  int topk = 1;
+  int topk = 1, experts = 1;
   DType dtype = DType::BF16;
   GemmAllToAllOptions opts;
   int rank = 0, world = 1, sms = 0;
@@ -73,9 +76,12 @@ struct GemmAllToAll::Impl {
   std::string who() const {
     return "GemmAllToAll (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", max_rows " +
            std::to_string(max_rows) + ", max_tokens " + std::to_string(max_tokens) + ", top-" +
-           std::to_string(topk) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ")";
+           std::to_string(topk) + (experts > 1 ? ", " + std::to_string(experts) + " experts per rank" : std::string()) +
+           ", n " + std::to_string(n) + ", k " + std::to_string(k) + ")";
   }
-  size_t header_bytes() const { return sizeof(RecordHeader) + size_t(world) * 8 * 2; }
+  // (expert counts: only where several experts)
+  size_t expert_entries() const { return experts > 1 ? size_t(world) * size_t(experts) : 0; }
+  size_t header_bytes() const { return sizeof(RecordHeader) + (size_t(world) * 2 + expert_entries()) * 8; }
   size_t record_bytes() const { return (header_bytes() + size_t(max_rows) * 12 + 7) / 8 * 8; }  // (int64s aligned)
   int64_t calls = 0;     // made on this rank (RecordHeader::call)
   bool out_of_step = false;  // an exchange found the ranks at different calls: every later call throws
@@ -100,7 +106,29 @@ struct GemmAllToAll::Impl {
       if (r.recv_counts[d] < 0) return "recv_counts[" + std::to_string(d) + "] is negative";
       received += r.recv_counts[d];
     }
+    if (std::string p = expert_counts_problem_of(r); !p.empty()) return p;
     return received_problem_of(r, c, received);
+  }
+  // Several experts: each source's rows per expert, summing to the rows that
+  // go back to it (their dest_rank, the segments': count_moe_rows checks).
+  std::string expert_counts_problem_of(const AllToAllRouting& r) const {
+    if (experts == 1) return "";
+    for (int s = 0; s < world; ++s) {
+      int64_t sum = 0;
+      for (int e = 0; e < experts; ++e) {
+        const int64_t x = r.expert_counts[s * experts + e];
+        if (x < 0 || x > max_rows)
+          return "expert_counts[" + std::to_string(s * experts + e) + "] = " + std::to_string(x) +
+                 " is outside [0, max_rows]";
+        sum += x;
+      }
+      if (sum != r.send_counts[s])
+        return "expert_counts of rank " + std::to_string(s) + "'s rows (entries " + std::to_string(s * experts) +
+               " to " + std::to_string(s * experts + experts - 1) + ") sum to " + std::to_string(sum) +
+               ", but send_counts[" + std::to_string(s) + "] = " + std::to_string(r.send_counts[s]) +
+               " rows go back to it";
+    }
+    return "";
   }
   std::string sizes_problem_of(const AllToAllRouting& r, const CallArgs& c) const {
     if (c.ld_out != 0 && c.ld_out < n)
@@ -110,6 +138,9 @@ struct GemmAllToAll::Impl {
     if (r.tokens < 0 || r.tokens > max_tokens)
       return "tokens = " + std::to_string(r.tokens) + " is outside [0, max_tokens = " + std::to_string(max_tokens) + "]";
     if (!r.send_counts || !r.recv_counts) return "send_counts and recv_counts must not be null";
+    if (experts > 1 && !r.expert_counts)
+      return "expert_counts must not be null with " + std::to_string(experts) + " experts per rank";
+    if (experts == 1 && r.expert_counts) return "expert_counts is for several experts per rank (this op has one)";
     if (r.rows > 0 && (!r.dest_rank || !r.dest_token || (c.combine && !r.gate)))
       return "dest_rank, dest_token and (to combine) gate must not be null with rows";
     return "";
@@ -148,6 +179,7 @@ struct GemmAllToAll::Impl {
       counts[d] = mine.empty() ? r.send_counts[d] : 0;
       counts[world + d] = mine.empty() ? r.recv_counts[d] : 0;
     }
+    for (size_t i = 0; i < expert_entries(); ++i) counts[2 * size_t(world) + i] = mine.empty() ? r.expert_counts[i] : 0;
     uint8_t* body = rec + header_bytes();
     const size_t rows = size_t(h.rows);
     if (rows) {
@@ -163,7 +195,8 @@ struct GemmAllToAll::Impl {
 
     std::string bad;
     // (the vectors keep their memory across calls: resized, not rebuilt)
-    routing.world = world;
+    routing.world = world, routing.experts = experts;
+    routing.expert_rows.resize(expert_entries() ? size_t(world) : 0);
     routing.tokens.clear(), routing.send_counts.clear();
     routing.dest_rank.resize(size_t(world)), routing.dest_token.resize(size_t(world)), routing.gate.resize(size_t(world));
     for (int s = 0; s < world; ++s) {
@@ -190,6 +223,7 @@ struct GemmAllToAll::Impl {
       std::memcpy(routing.gate[size_t(s)].data(), b + size_t(max_rows) * 8, m * 4);
       const int64_t* c = reinterpret_cast<const int64_t*>(x + sizeof hs);
       routing.send_counts.insert(routing.send_counts.end(), c, c + world);
+      if (expert_entries()) routing.expert_rows[size_t(s)].assign(c + 2 * world, c + 2 * world + expert_entries());
     }
     if (failed_here) last->check();  // (throws this rank's timeout, with its group and counter)
     if (!bad.empty())
@@ -211,7 +245,7 @@ struct GemmAllToAll::Impl {
   // Whether a call with its routing in device memory runs on the GPU alone.
   bool on_gpu_alone() const {
     using Path = GemmAllToAllOptions::Path;
-    return world == 1 && (opts.path == Path::Auto || opts.path == Path::Sequential) && n % 8 == 0;
+    return world == 1 && experts == 1 && (opts.path == Path::Auto || opts.path == Path::Sequential) && n % 8 == 0;
   }
   // What the host can check of a routing in device memory (its arrays
   // are the GPU's to check): "" or the problem.
@@ -280,6 +314,7 @@ struct GemmAllToAll::Impl {
     if (!ops[tile]) {
       rt::OverlapAllToAllOptions o;
       o.n = n, o.k = int(k), o.dtype = api::to_kernels(dtype), o.tile = api::op_tiles()[tile];
+      o.experts = int32_t(experts);
       o.ctas = sms - opts.nccl_sms, o.sequential_ctas = sms;
       o.max_rows = max_rows, o.max_recv_rows = max_tokens * topk, o.max_tokens = int32_t(max_tokens);
       o.comm = bounded.get(), o.tail_comm = comm->comm.get();
@@ -300,30 +335,39 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   d.comm = comm.impl_;
   d.max_rows = max_rows, d.max_tokens = max_tokens, d.topk = topk, d.n = n, d.k = k, d.dtype = dtype;
   d.opts = options;
+  d.experts = options.experts;
   d.rank = comm.rank(), d.world = comm.world();
   api::check_shape(d.who(), std::max<int64_t>(max_rows, 1), n, k);
   if (max_rows < 1 || max_tokens < 1 || max_tokens >= (int64_t(1) << 30))
     throw InvalidArgument(d.who() + ": max_rows and max_tokens must be >= 1 (and max_tokens below 2^30)");
-  if (topk < 1 || topk > d.world)
-    throw InvalidArgument(d.who() + ": topk must be in [1, world = " + std::to_string(d.world) +
-                          "] (each token picks distinct ranks, one expert each)");
+  if (options.experts < 1 || options.experts > 4096 || int64_t(options.experts) * n > INT32_MAX)
+    throw InvalidArgument(d.who() + ": experts must be in [1, 4096], and experts x n (the weights' rows) below 2^31");
+  if (topk < 1 || topk > int64_t(d.world) * d.experts)
+    throw InvalidArgument(d.who() + ": topk must be in [1, world x experts = " +
+                          std::to_string(int64_t(d.world) * d.experts) + "] (the distinct experts each token picks)");
+  // (a token's rows come back one per expert it picked: max_tokens x topk of them at most)
+  if (max_tokens * topk > (int64_t(1) << 31) - 1)
+    throw InvalidArgument(d.who() + ": max_tokens x topk (the most rows a rank receives) must be below 2^31");
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
   if (!(options.exchange_timeout_s > 0 && options.exchange_timeout_s <= 7 * 24 * 3600.0))
     throw InvalidArgument(d.who() + ": exchange_timeout_s must be > 0 and at most a week");
   // Every rank plans every call alike from the exchanged routing: also from the same SMs and options.
   struct Agreed {
-    int32_t sms, nccl_sms, path;
+    int32_t sms, nccl_sms, path, experts;
     bool operator==(const Agreed&) const = default;
   };
-  const Agreed here{d.sms, options.nccl_sms, int32_t(options.path)};
+  const Agreed here{d.sms, options.nccl_sms, int32_t(options.path), options.experts};
   for (const Agreed& x : rt::gather_from_all(comm.get(), d.rank, here, d.who() + ": the ranks' options"))
     if (!(x == here))
       throw InvalidArgument(d.who() + ": the ranks differ in SMs (" + std::to_string(x.sms) + " against " +
-                            std::to_string(here.sms) + "), nccl_sms or path: every rank needs the same to plan alike");
+                            std::to_string(here.sms) + "), nccl_sms, path or experts (" + std::to_string(x.experts) +
+                            " against " + std::to_string(here.experts) + "): every rank needs the same to plan alike");
   if (options.path == GemmAllToAllOptions::Path::NVLink) {  // (every rank the same verdict: the options agreed)
     if (n % 8 != 0 || d.world > 8)
       throw InvalidArgument(d.who() + ": Path::NVLink needs n % 8 == 0 and at most 8 ranks");
+    if (d.experts > 1)
+      throw InvalidArgument(d.who() + ": Path::NVLink takes one expert per rank (use Auto, Sequential or Slots)");
     const int32_t mine = d.world == 1 || rt::all_ranks_reachable(comm.get()) ? 1 : 0;
     for (int32_t x : rt::gather_from_all(comm.get(), d.rank, mine, d.who() + ": the ranks' NVLink reach"))
       if (!x)
@@ -339,7 +383,8 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   p.n = n, p.k = k, p.world = d.world, p.sms = d.sms, p.dtype = dtype, p.opts = options;
   p.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
   using Path = GemmAllToAllOptions::Path;  // (the paths with sequential calls; the same on every rank: agreed above)
-  if (options.path == Path::Auto || options.path == Path::Sequential || options.path == Path::Slots) {
+  if ((options.path == Path::Auto || options.path == Path::Sequential || options.path == Path::Slots) &&
+      d.experts == 1) {  // (several experts: the grouped GEMM, ours)
     d.cublas = std::make_unique<rt::CublasGemm>();
     p.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, *d.cublas, d.who());
   }
@@ -394,6 +439,7 @@ void GemmAllToAll::check() const {
 int64_t GemmAllToAll::max_rows() const { return impl_->max_rows; }
 int64_t GemmAllToAll::max_tokens() const { return impl_->max_tokens; }
 int GemmAllToAll::topk() const { return impl_->topk; }
+int GemmAllToAll::experts() const { return impl_->experts; }
 int64_t GemmAllToAll::n() const { return impl_->n; }
 int64_t GemmAllToAll::k() const { return impl_->k; }
 DType GemmAllToAll::dtype() const { return impl_->dtype; }

@@ -120,13 +120,14 @@ static void test_version(void) {
             offsetof(fo_gemm_reducescatter_options, layout) == 28 &&
             offsetof(fo_gemm_reducescatter_options, tuning_cache) == 32,
         "fo_gemm_reducescatter_options' offsets");
-  CHECK(sizeof(fo_gemm_alltoall_options) == 32, "sizeof(fo_gemm_alltoall_options) = %zu",
-        sizeof(fo_gemm_alltoall_options));
+  CHECK(sizeof(fo_gemm_alltoall_options) == 40 && offsetof(fo_gemm_alltoall_options, experts) == 32,
+        "sizeof(fo_gemm_alltoall_options) = %zu", sizeof(fo_gemm_alltoall_options));
   CHECK(offsetof(fo_gemm_alltoall_options, path) == offsetof(fo_gemm_allreduce_options, path) &&
             offsetof(fo_gemm_alltoall_options, nccl_sms) == offsetof(fo_gemm_allreduce_options, nccl_sms) &&
             offsetof(fo_gemm_alltoall_options, wait_timeout_s) == offsetof(fo_gemm_allreduce_options, wait_timeout_s),
         "fo_gemm_alltoall_options' offsets");
-  CHECK(sizeof(fo_alltoall_routing) == 72 && offsetof(fo_alltoall_routing, struct_size) == 0 &&
+  CHECK(sizeof(fo_alltoall_routing) == 80 && offsetof(fo_alltoall_routing, expert_counts) == 72 &&
+            offsetof(fo_alltoall_routing, struct_size) == 0 &&
             offsetof(fo_alltoall_routing, rows) == 8 && offsetof(fo_alltoall_routing, dest_rank) == 16 &&
             offsetof(fo_alltoall_routing, dest_token) == 24 && offsetof(fo_alltoall_routing, gate) == 32 &&
             offsetof(fo_alltoall_routing, tokens) == 40 && offsetof(fo_alltoall_routing, send_counts) == 48 &&
@@ -364,6 +365,17 @@ static void test_a2a_options(void) {
   CHECK(o.nccl_sms == 8, "nccl_sms = %d", (int)o.nccl_sms);
   CHECK(o.wait_timeout_s == 30.0, "wait_timeout_s = %g", o.wait_timeout_s);
   CHECK(o.exchange_timeout_s == 120.0, "exchange_timeout_s = %g", o.exchange_timeout_s);
+  CHECK(o.experts == 1, "experts = %d", (int)o.experts);
+  {
+    /* A caller of the first version (no experts field): its 32 bytes written, nothing past them; accepted. */
+    unsigned char v1[40];
+    memset(v1, 0xab, sizeof v1);
+    EXPECT_OK(fo_gemm_alltoall_options_default((fo_gemm_alltoall_options*)v1, 32));
+    CHECK(v1[32] == 0xab && v1[39] == 0xab && ((fo_gemm_alltoall_options*)v1)->nccl_sms == 8,
+          "the first version's default wrote past its 32 bytes");
+    EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, (fo_gemm_alltoall_options*)v1, &op),
+                   "fo_gemm_alltoall_create", "comm is NULL");
+  }
 
   EXPECT_INVALID(fo_gemm_alltoall_options_default(NULL, sizeof o), "fo_gemm_alltoall_options_default",
                  "options is NULL");
@@ -390,8 +402,8 @@ static void test_a2a_options(void) {
     l.added = 1;
     EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &l.o, &op),
                    "fo_gemm_alltoall_create",
-                   "options->struct_size = 40: the options set fields that this library (flashoverlap");
-    CHECK(strstr(fo_last_error(), "options of 32 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
+                   "options->struct_size = 48: the options set fields that this library (flashoverlap");
+    CHECK(strstr(fo_last_error(), "options of 40 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
   }
   o.struct_size = 16;
   EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",

@@ -622,6 +622,52 @@ TEST(PlanCli, PrintsTheAllToAllPlanTheOpRuns) {
                flashoverlap::InvalidArgument);  // (no rank)
 }
 
+// The planning call with several experts per rank: their rows by (source,
+// expert), each source's counts given; at world 1 with every row on one
+// expert the grouped GEMM's tile rows are the plain ones, so the plan is one
+// expert's; what does not add up is refused naming the rank.
+TEST(PlanGemmAllToAll, SeveralExpertsPlanTheGroupedRowsAndRefuseCountsThatDoNotAddUp) {
+  using flashoverlap::AllToAllRouting;
+  FO_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 8; ++trial) {
+    const int64_t rows = 1 + int64_t(rng() % 3000), n = 4096, k = 2048;
+    const int E = 2 + int(rng() % 6);
+    std::vector<int32_t> dest(size_t(rows), 0), token(static_cast<size_t>(rows));
+    std::vector<float> gate(size_t(rows), 0.5f);
+    for (int64_t i = 0; i < rows; ++i) token[size_t(i)] = int32_t(i);
+    std::vector<int64_t> send{rows}, recv{rows}, counts(size_t(E), 0);
+    const int on = int(rng() % uint64_t(E));
+    counts[size_t(on)] = rows;
+    AllToAllRouting r;
+    r.rows = rows, r.tokens = rows, r.dest_rank = dest.data(), r.dest_token = token.data(), r.gate = gate.data();
+    r.send_counts = send.data(), r.recv_counts = recv.data();
+    const std::string one = flashoverlap::plan_gemm_alltoall({r}, n, k, flashoverlap::DType::BF16);
+    flashoverlap::GemmAllToAllOptions o;
+    o.experts = E;
+    AllToAllRouting g = r;
+    g.expert_counts = counts.data();
+    EXPECT_EQ(flashoverlap::plan_gemm_alltoall({g}, n, k, flashoverlap::DType::BF16, o), one) << "E " << E;
+    auto refused = [&](const AllToAllRouting& x, const flashoverlap::GemmAllToAllOptions& opts, const std::string& what) {
+      try {
+        flashoverlap::plan_gemm_alltoall({x}, n, k, flashoverlap::DType::BF16, opts);
+        ADD_FAILURE() << "accepted: " << what;
+      } catch (const flashoverlap::InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      }
+    };
+    refused(r, o, "expert_counts must not be null");
+    refused(g, {}, "expert_counts is for several experts per rank");
+    std::vector<int64_t> short_counts = counts;
+    short_counts[size_t(on)] -= 1;  // (one row of the source's block in no expert)
+    g.expert_counts = short_counts.data();
+    refused(g, o, "rank 0");
+    g.expert_counts = counts.data();
+    flashoverlap::GemmAllToAllOptions nv = o;
+    nv.path = flashoverlap::GemmAllToAllOptions::Path::NVLink;
+    refused(g, nv, "Path::NVLink takes one expert per rank");
+  }
+}
+
 TEST(PlanCli, HasItsOwnHelp) {
   const Result r = run("--help");
   EXPECT_EQ(r.rc, 0);

@@ -16,6 +16,7 @@
 
 #include "flashoverlap/flashoverlap.h"
 #include "kernels/check.h"
+#include "plan/grouped.h"
 #include "plan/routing.h"
 #include "plan/tile_grid.h"
 #include "rank_harness.h"
@@ -34,13 +35,15 @@ const char* name(Path p) {
 }
 int world_here() { return std::min(rt::hopper_device_count(), 2); }
 
-// This rank's part of a routing, as the op takes it (host arrays kept here).
+// This rank's part of a routing, as the op takes it (host arrays kept here;
+// with several experts, its rows per (source, expert)).
 struct Local {
   std::vector<int64_t> send, recv;
   AllToAllRouting r;
   Local(const plan::MoeRouting& routing, int rank) {
     for (int d = 0; d < routing.world; ++d) send.push_back(routing.send_count(rank, d));
     for (int s = 0; s < routing.world; ++s) recv.push_back(routing.send_count(s, rank));
+    if (routing.experts > 1) r.expert_counts = routing.expert_rows[size_t(rank)].data();
     r.rows = routing.rows(rank);
     r.dest_rank = routing.dest_rank[size_t(rank)].data();
     r.dest_token = routing.dest_token[size_t(rank)].data();
@@ -150,6 +153,103 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
       EXPECT_EQ(nvlinked, path == Path::NVLink ? 16 : 0) << name(path) << " path";
       if (path == Path::Sequential) std::fprintf(stderr, "sequential path: %d of 16 calls by cuBLAS\n", by_cublas_calls);
     }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+}
+
+// Several experts per rank (b of [E, n, k], rows by (source, expert)): on
+// the Sequential, Slots and Auto paths, combined and unweighted, each
+// segment's rows times its expert's weight by our plain GEMM + the
+// baseline's all-to-all and combine, bitwise; ragged cases (experts without
+// rows, every row to one rank) among the routings; bad expert counts refused.
+TEST(GemmAllToAllApi, SeveralExpertsPerRankMatchEachExpertsGemmAndNccl) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  const int world = world_here();
+  std::fprintf(stderr, "world %d, seed %llu\n", world, static_cast<unsigned long long>(seed));
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const int64_t max_tokens = 900, n = 2048, k = 256;
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    static const char* kinds[] = {"uniform", "zipf:1.2", "one:0"};
+    int calls = 0, overlapped = 0, idle_experts = 0;
+    for (int E : {2, 3, 4}) {
+      const int topk = std::min(world * E, 4);
+      const int64_t max_rows = max_tokens * topk * world, recv_max = max_tokens * topk;
+      DeviceBuffer a(size_t(max_rows) * k * 2), b(size_t(E) * n * k * 2), y(size_t(max_rows) * n * 2),
+          out(size_t(recv_max) * (n + 8) * 2), ref(size_t(recv_max) * n * 2), rows_ref(size_t(recv_max) * n * 2),
+          tokens(size_t(recv_max) * 4);
+      for (Path path : {Path::Sequential, Path::Slots, Path::Auto}) {
+        GemmAllToAllOptions o;
+        o.path = path, o.experts = E;
+        GemmAllToAll op(comm, max_rows, max_tokens, topk, n, k, DType::BF16, o);
+        ASSERT_EQ(op.experts(), E);
+        std::mt19937_64 rng(seed + 10 * uint64_t(path) + 1000 * uint64_t(E));  // (the same routings on every rank)
+        for (int call = 0; call < 6; ++call, ++calls) {
+          const std::string kind = kinds[rng() % 3];
+          const int64_t t = call % 2 == 0 ? max_tokens : int64_t(rng() % uint64_t(max_tokens + 1));
+          const plan::MoeRouting routing = plan::make_moe_routing(kind, world, t, topk, rng(), E);
+          const Local local(routing, rank);
+          for (int64_t c : routing.expert_rows[size_t(rank)]) idle_experts += c == 0;
+          const int64_t rows = local.r.rows, recv = std::accumulate(local.recv.begin(), local.recv.end(), int64_t{0});
+          const bool combine = call % 3 != 1;
+          const int64_t ld = call % 4 == 3 ? n + 8 : n;
+          const uint64_t sd = seed + 1000 * uint64_t(call) + 17 * uint64_t(rank);
+          kernels::fill_random(kBf16, a.get(), std::max<int64_t>(rows, 1) * k, sd, -1.f, 1.f, st);
+          kernels::fill_random(kBf16, b.get(), E * n * k, sd + 1, -1.f, 1.f, st);
+          kernels::poison(out.get(), recv_max * (n + 8), st);
+          op.run(a.get(), b.get(), local.r, out.get(), st, combine, ld, combine ? nullptr : tokens.as<int32_t>());
+          overlapped += op.last_plan().rfind("slots", 0) == 0;
+          // The reference: each segment's rows times its expert's weight (our GEMM, full grid), then the baseline.
+          for (const plan::RowSegment& seg : plan::moe_segments(routing, rank)) {
+            const plan::Schedule full = plan::make_schedule(seg.rows, n, {128, 256}, rt::current_device_sms(),
+                                                            plan::Raster::AlongN, 8);
+            kernels::launch_gemm(kernels::plain_gemm(kBf16, a.as<char>() + seg.a_row0 * k * 2,
+                                                     b.as<char>() + int64_t{seg.expert} * n * k * 2, full, int(k),
+                                                     y.as<char>() + seg.a_row0 * n * 2, n),
+                                 st);
+          }
+          rt::MoeCombineBaseline base(routing, rank, n, kBf16, nccl);
+          base.all_to_all(y.get(), rows_ref.get(), st);
+          base.combine(rows_ref.get(), ref.get(), st);
+          FO_CUDA_CHECK(cudaStreamSynchronize(st));
+          op.check();
+          const std::string where = std::string(name(path)) + " path, " + std::to_string(E) + " experts, call " +
+                                    std::to_string(call) + ", " + kind + ", " + std::to_string(t) + " tokens, rank " +
+                                    std::to_string(rank) + " (" + std::to_string(rows) + " rows, " +
+                                    std::to_string(recv) + " received), " + (combine ? "combined" : "unweighted") +
+                                    ", plan " + op.last_plan() + ", seed " + std::to_string(seed);
+          const int64_t out_rows = combine ? t : recv;
+          if (out_rows > 0)
+            EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), ld, (combine ? ref : rows_ref).get(), n,
+                                                       out_rows, n, st)))
+                << where;
+        }
+        // Counts that do not add up, or none: refused on every rank, the op runs on.
+        const plan::MoeRouting routing = plan::make_moe_routing("uniform", world, 64, topk, seed, E);
+        Local bad(routing, rank);
+        std::vector<int64_t> counts = routing.expert_rows[size_t(rank)];
+        if (rank == 0) counts[0] += 1;
+        bad.r.expert_counts = counts.data();
+        EXPECT_THROW(op.run(a.get(), b.get(), bad.r, out.get(), st), InvalidArgument);
+        if (rank == 0) bad.r.expert_counts = nullptr;
+        EXPECT_THROW(op.run(a.get(), b.get(), bad.r, out.get(), st), InvalidArgument);
+        const Local good(routing, rank);
+        op.run(a.get(), b.get(), good.r, out.get(), st);
+        FO_CUDA_CHECK(cudaStreamSynchronize(st));
+        op.check();
+      }
+      GemmAllToAllOptions nv;
+      nv.path = Path::NVLink, nv.experts = E;
+      EXPECT_THROW(GemmAllToAll(comm, 64, 64, 1, n, k, DType::BF16, nv), InvalidArgument);
+      GemmAllToAllOptions many;
+      many.experts = E;
+      EXPECT_THROW(GemmAllToAll(comm, 64, 64, world * E + 1, n, k, DType::BF16, many), InvalidArgument);
+    }
+    EXPECT_GT(idle_experts, 0);  // (experts without rows came up)
+    if (world > 1) EXPECT_GT(overlapped, 0);
+    std::fprintf(stderr, "rank %d: %d calls, %d overlapped\n", rank, calls, overlapped);
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }
