@@ -65,6 +65,8 @@ struct GemmAllToAll::Impl {
   rt::OverlapAllToAll* last = nullptr;
   // World 1 with the routing in device memory: the whole call on the GPU.
   std::unique_ptr<rt::OneRankAllToAll> one_rank;
+  // There, with several experts: their GEMM (the faster of ours and cuBLAS's per expert, timed at construction).
+  std::unique_ptr<GroupedGemm> grouped;
   // Elsewhere a routing in device memory lands here first (dest_rank,
   // dest_token and gate, max_rows entries each).
   rt::PinnedBuffer staging;
@@ -245,7 +247,7 @@ struct GemmAllToAll::Impl {
   // Whether a call with its routing in device memory runs on the GPU alone.
   bool on_gpu_alone() const {
     using Path = GemmAllToAllOptions::Path;
-    return world == 1 && experts == 1 && (opts.path == Path::Auto || opts.path == Path::Sequential) && n % 8 == 0;
+    return world == 1 && (opts.path == Path::Auto || opts.path == Path::Sequential) && n % 8 == 0;
   }
   // What the host can check of a routing in device memory (its arrays
   // are the GPU's to check): "" or the problem.
@@ -259,6 +261,7 @@ struct GemmAllToAll::Impl {
              std::to_string(r.rows) + " rows";
     if (r.rows > 0 && r.tokens == 0)
       return std::to_string(r.rows) + " rows come back to this rank, which has no tokens (tokens = 0)";
+    if (std::string p = expert_counts_problem_of(r); !p.empty()) return p;
     return received_problem_of(r, c, r.rows);  // (world 1: what it sends comes back)
   }
   void run_on_gpu(const AllToAllRouting& r, const CallArgs& c, cudaStream_t stream, int32_t* tokens_out) {
@@ -273,6 +276,14 @@ struct GemmAllToAll::Impl {
     rt::OneRankCall call;
     call.rows = r.rows, call.tokens = r.tokens;
     call.dest_rank = r.dest_rank, call.dest_token = r.dest_token, call.gate = r.gate, call.combine = c.combine;
+    if (grouped) {  // (the experts' rows are one source's: the grouped GEMM of its counts)
+      call.gemm = [&](void* y, cudaStream_t s) { grouped->run(c.a, c.b, r.expert_counts, y, s); };
+      one_rank->run(c.a, c.b, call, c.out, c.ld_out == 0 ? n : c.ld_out, tokens_out, stream);
+      ++calls;
+      last_plan = "sequential on one rank, the routing checked and tabled on the GPU; the experts' " +
+                  grouped->last_plan();
+      return;
+    }
     const api::SequentialGemms::Sample& at = planner.seq.at(std::max<int64_t>(r.rows, 1));
     if (at.cublas) {
       call.cublas = cublas.get();
@@ -388,6 +399,8 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
     d.cublas = std::make_unique<rt::CublasGemm>();
     p.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, *d.cublas, d.who());
   }
+  if (d.experts > 1 && d.on_gpu_alone())  // (timed now: a first call must not take the calibration's time)
+    d.grouped = std::make_unique<GroupedGemm>(max_rows, d.experts, n, k, dtype);
   // Scratch for the largest call (each op asks the core for what it needs).
   size_t cols = 0;  // slot row elements per row of C, the widest of the tile shapes (ragged n pads to bn)
   for (plan::TileShape t : api::op_tiles()) cols = std::max(cols, size_t((n + t.bn - 1) / t.bn) * size_t(t.bn));

@@ -173,6 +173,7 @@ TEST(GemmAllToAllApi, SeveralExpertsPerRankMatchEachExpertsGemmAndNccl) {
     cudaStream_t st;
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     static const char* kinds[] = {"uniform", "zipf:1.2", "one:0"};
+    rt::CublasGemm cublas_ex(rt::CublasGemm::Api::GemmEx);  // (the grouped GEMM's per-expert loop's)
     int calls = 0, overlapped = 0, idle_experts = 0;
     for (int E : {2, 3, 4}) {
       const int topk = std::min(world * E, 4);
@@ -201,30 +202,53 @@ TEST(GemmAllToAllApi, SeveralExpertsPerRankMatchEachExpertsGemmAndNccl) {
           kernels::poison(out.get(), recv_max * (n + 8), st);
           op.run(a.get(), b.get(), local.r, out.get(), st, combine, ld, combine ? nullptr : tokens.as<int32_t>());
           overlapped += op.last_plan().rfind("slots", 0) == 0;
-          // The reference: each segment's rows times its expert's weight (our GEMM, full grid), then the baseline.
-          for (const plan::RowSegment& seg : plan::moe_segments(routing, rank)) {
-            const plan::Schedule full = plan::make_schedule(seg.rows, n, {128, 256}, rt::current_device_sms(),
-                                                            plan::Raster::AlongN, 8);
-            kernels::launch_gemm(kernels::plain_gemm(kBf16, a.as<char>() + seg.a_row0 * k * 2,
-                                                     b.as<char>() + int64_t{seg.expert} * n * k * 2, full, int(k),
-                                                     y.as<char>() + seg.a_row0 * n * 2, n),
-                                 st);
+          // The reference: each segment's rows times its expert's weight (the GEMM the plan names: ours on the
+          // full grid, or cuBLAS's per expert), then the baseline's all-to-all and combine; out against it.
+          auto expect_reference = [&](const std::string& what) {
+            const bool by_cublas = op.last_plan().find("cuBLAS's GEMM per expert") != std::string::npos;
+            for (const plan::RowSegment& seg : plan::moe_segments(routing, rank)) {
+              const char* pa = a.as<char>() + seg.a_row0 * k * 2;
+              const char* pb = b.as<char>() + int64_t{seg.expert} * n * k * 2;
+              char* py = y.as<char>() + seg.a_row0 * n * 2;
+              if (by_cublas) {
+                cublas_ex.run(kBf16, pa, pb, py, int(seg.rows), int(n), int(k), n, st);
+              } else {
+                const plan::Schedule full = plan::make_schedule(seg.rows, n, {128, 256}, rt::current_device_sms(),
+                                                                plan::Raster::AlongN, 8);
+                kernels::launch_gemm(kernels::plain_gemm(kBf16, pa, pb, full, int(k), py, n), st);
+              }
+            }
+            rt::MoeCombineBaseline base(routing, rank, n, kBf16, nccl);
+            base.all_to_all(y.get(), rows_ref.get(), st);
+            base.combine(rows_ref.get(), ref.get(), st);
+            FO_CUDA_CHECK(cudaStreamSynchronize(st));
+            op.check();
+            const std::string where = std::string(name(path)) + " path, " + what + ", " + std::to_string(E) +
+                                      " experts, call " + std::to_string(call) + ", " + kind + ", " +
+                                      std::to_string(t) + " tokens, rank " + std::to_string(rank) + " (" +
+                                      std::to_string(rows) + " rows, " + std::to_string(recv) + " received), " +
+                                      (combine ? "combined" : "unweighted") + ", plan " + op.last_plan() + ", seed " +
+                                      std::to_string(seed);
+            const int64_t out_rows = combine ? t : recv;
+            if (out_rows > 0)
+              EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), ld, (combine ? ref : rows_ref).get(), n,
+                                                         out_rows, n, st)))
+                  << where;
+          };
+          expect_reference("routing on the host");
+          // World 1, the routing's arrays on the GPU: the call runs there alone (Auto, Sequential) with the
+          // experts' grouped GEMM, or copies them to the host (Slots).
+          if (world == 1) {
+            const DeviceBuffer dr = rt::to_device(routing.dest_rank[0]), dt = rt::to_device(routing.dest_token[0]);
+            const DeviceBuffer dg = rt::to_device(routing.gate[0]);
+            AllToAllRouting on = local.r;
+            on.on_device = true;
+            on.dest_rank = dr.as<int32_t>(), on.dest_token = dt.as<int32_t>(), on.gate = dg.as<float>();
+            kernels::poison(out.get(), recv_max * (n + 8), st);
+            op.run(a.get(), b.get(), on, out.get(), st, combine, ld, combine ? nullptr : tokens.as<int32_t>());
+            if (path != Path::Slots) EXPECT_NE(op.last_plan().find("on the GPU"), std::string::npos) << op.last_plan();
+            expect_reference("routing on the GPU");
           }
-          rt::MoeCombineBaseline base(routing, rank, n, kBf16, nccl);
-          base.all_to_all(y.get(), rows_ref.get(), st);
-          base.combine(rows_ref.get(), ref.get(), st);
-          FO_CUDA_CHECK(cudaStreamSynchronize(st));
-          op.check();
-          const std::string where = std::string(name(path)) + " path, " + std::to_string(E) + " experts, call " +
-                                    std::to_string(call) + ", " + kind + ", " + std::to_string(t) + " tokens, rank " +
-                                    std::to_string(rank) + " (" + std::to_string(rows) + " rows, " +
-                                    std::to_string(recv) + " received), " + (combine ? "combined" : "unweighted") +
-                                    ", plan " + op.last_plan() + ", seed " + std::to_string(seed);
-          const int64_t out_rows = combine ? t : recv;
-          if (out_rows > 0)
-            EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), ld, (combine ? ref : rows_ref).get(), n,
-                                                       out_rows, n, st)))
-                << where;
         }
         // Counts that do not add up, or none: refused on every rank, the op runs on.
         const plan::MoeRouting routing = plan::make_moe_routing("uniform", world, 64, topk, seed, E);

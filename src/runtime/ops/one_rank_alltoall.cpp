@@ -54,7 +54,9 @@ void OneRankAllToAll::run(const void* a, const void* b, const OneRankCall& c, vo
   core.begin_call(stream);
   void* y = core.scratch(0, size_t(std::max<int64_t>(c.rows, 1)) * size_t(n) * 2);
   if (rows > 0) {
-    if (c.cublas)
+    if (c.gemm)
+      c.gemm(y, stream);
+    else if (c.cublas)
       c.cublas->run(opts_.dtype, a, b, y, rows, n, int(opts_.k), n, stream);
     else
       kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, c.sched, int32_t(opts_.k), y, n), stream);

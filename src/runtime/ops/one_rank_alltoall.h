@@ -4,6 +4,7 @@
 // step, in the caller's stream:
 //
 //   GEMM      Y = A B^T (m x n, row-major) into scratch: cuBLAS's or ours
+//             (or the caller's: a grouped GEMM of several experts)
 //   keys      per row its token, or `tokens` where the routing is bad (the
 //             row is then left out, and the fault recorded: check())
 //   combine:  the rows sorted by token, stably (cub's radix sort), each
@@ -21,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "kernels/combine_tables.h"
 #include "kernels/gemm.h"
@@ -47,6 +49,8 @@ struct OneRankCall {
   bool combine = true;
   CublasGemm* cublas = nullptr;  // set: cuBLAS's GEMM; else ours on `sched`
   plan::Schedule sched;
+  // Set: the GEMM instead, Y (rows x n, ld n) in `stream` (several experts: the caller's grouped GEMM).
+  std::function<void(void* y, cudaStream_t stream)> gemm;
 };
 
 class OneRankAllToAll {
