@@ -24,6 +24,12 @@ Ops, ours | PyTorch's (x: m x k, w: n x k, random in [-1, 1), different on every
                  1 every routing sends every row to the one rank, so both rows measure the same thing (both
                  are emitted all the same). Shapes: torch_alltoall.py's expert GEMMs (--pairs replaces
                  them); m = the largest expert's rows.
+                 Then, at world 1 (without --pairs), several experts per rank: GemmAllToAll(..., experts=E)
+                 with a [E, n, k] weight and each call's expert_counts | torch._grouped_mm + all_to_all_single
+                 + the weighted index_add_, on the experts a rank holds in Mixtral-8x7B at EP 2 (4 of n 4096,
+                 k 14336, top-2), Qwen3-30B-A3B (16 of 2048 x 768, top-8) and DeepSeek-V3 (32 of 7168 x 2048,
+                 top-8) at EP 8, 128, 1024 and 4096 tokens, uniform and Zipf(1.2) loads (A2A_EXPERTS); m =
+                 the rows.
 max_m (max_rows, max_tokens) is the largest of the run: one op per (op, n, k, dtype), closed after it.
 
 Default (n, k): the GEMMs before tensor parallelism's AllReduce in real models (PAIRS below), bf16, and
@@ -125,6 +131,10 @@ QUICK_PAIRS = [(4096, 4096), (8192, 8192), (5000, 8192)]
 QUICK_MS = [1, 32, 2048]
 A2A_TOKENS = [128, 1024, 8192]
 A2A_ROUTINGS = ["uniform", "zipf:1.2"]
+# Several experts per rank (world 1): (n, k, experts per rank, top-k) of the experts a rank holds in
+# Mixtral-8x7B at EP 2, Qwen3-30B-A3B and DeepSeek-V3 at EP 8, and the tokens of a call.
+A2A_EXPERTS = [(4096, 14336, 4, 2), (2048, 768, 16, 8), (7168, 2048, 32, 8)]
+A2A_EXPERT_TOKENS = [128, 1024, 4096]
 KERNEL_SHAPES = [(8192, 8192, 1), (8192, 8192, 32), (8192, 8192, 512), (8192, 8192, 4096), (5120, 13824, 8)]
 COLUMNS = ["op", "m", "n", "k", "dtype", "mode", "torch_us", "ours_us", "ratio", "host_torch_us", "host_ours_us",
            "plan", "routing", "topk", "tokens"]
@@ -445,6 +455,23 @@ def a2a_beyond(got, ref, topk):
     scale = ref.float().abs().max().item() + 1e-6 if ref.numel() else 1e-6
     err = (got.float() - ref.float()).abs().max().item() if ref.numel() else 0.0
     return err, scale, not err <= 2.0 ** -5 * scale * max(topk, 1)
+
+
+def expert_routing(kind, experts, tokens, topk, seed):
+    """One rank's tokens each picking topk distinct of `experts` (uniform or zipf:S weights), the rows
+    by expert (then token, then slot), as the dispatch delivers them at world 1: each row's token and
+    gate (gates of a token summing to 1), and the rows per expert."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.ones(experts, dtype=torch.float64)
+    if kind.startswith("zipf:"):
+        weight = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64) ** float(kind[5:])
+    pick = torch.multinomial(weight.expand(tokens, experts).contiguous(), topk, replacement=False, generator=g) \
+        if tokens else torch.zeros(0, topk, dtype=torch.int64)
+    u = 1 - torch.rand(tokens, topk, generator=g, dtype=torch.float64)
+    gate = (u / u.sum(-1, keepdim=True)).reshape(-1)
+    order = torch.sort(pick.reshape(-1), stable=True).indices
+    counts = torch.bincount(pick.reshape(-1), minlength=experts).tolist()
+    return order // topk, gate[order], counts
 
 
 def clock_mhz(device):
@@ -817,30 +844,102 @@ class Run:
                 else:
                     note = ""
                 del ref, y
-                m = int(m_rows.max())
-                for mode in [md for md in args.modes if md == "latency" or (md == "eager" and world == 1)]:
-                    if mode == "latency":
-                        got, err = agreed(lambda: self.timer.latency_us([theirs, ours], args.turns), device)
+                self.a2a_modes(theirs, ours, op, int(m_rows.max()), n, k, dt, row, note)
+        finally:
+            torch.cuda.synchronize()
+            op.close()
+            torch.cuda.empty_cache()
+
+    def a2a_modes(self, theirs, ours, op, m, n, k, dt, row, note):
+        """An All-to-All case's rows: latency, and eager at world 1 (at W > 1 its call syncs the host)."""
+        args, device, world = self.args, self.device, self.world
+        what = f"alltoall n={n} k={k} {dt} {row['routing']} tokens={row['tokens']}"
+        for mode in [md for md in args.modes if md == "latency" or (md == "eager" and world == 1)]:
+            if mode == "latency":
+                got, err = agreed(lambda: self.timer.latency_us([theirs, ours], args.turns), device)
+            else:
+                t_est, err = agreed(lambda: self.timer.estimate_ms([theirs, ours]), device)
+                if err is None:
+                    # (<= 100: a call of either queues up to ~10 kernels, and a stream ~1,020)
+                    reps = clamp(args.row_budget_ms / (2 * args.turns) / max(t_est, 1e-4), 10, 100)
+                    got, err = agreed(lambda: self.timer.behind_sleep([theirs, ours], reps, args.turns, "eager"),
+                                      device)
+            if err is not None:
+                self.our_errors.append(f"{what} {mode}: {error_text(err)}")
+                self.add(make_row("alltoall", m, n, k, dt, mode, plan=f"error: {error_text(err)}", **row))
+                continue
+            if mode == "latency":
+                self.add(make_row("alltoall", m, n, k, dt, mode, got[0], got[1], plan=op.last_plan() + note, **row))
+            else:
+                ((t_ms, t_host), (o_ms, o_host)), late = got
+                self.add(make_row("alltoall", m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, (t_host, o_host),
+                                  op.last_plan() + note + ("; the GPU waited on the host in a turn" if late else ""),
+                                  **row), f"  (N={reps})")
+
+    def alltoall_experts(self, n, k, experts, topk, dt):
+        """The combine with several experts per rank, at world 1: each token's topk distinct experts of E
+        (uniform or Zipf(1.2) loads), its rows by expert, against PyTorch's pipeline: torch._grouped_mm (a loop
+        of F.linear without it) + all_to_all_single + the weighted index_add_."""
+        fo, device, args = self.fo, self.device, self.args
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        grouped_mm = getattr(torch, "_grouped_mm", None) if dtype == torch.bfloat16 else None
+        cases = []
+        for tokens in A2A_EXPERT_TOKENS:
+            for routing in A2A_ROUTINGS:
+                cases.append((tokens, routing) + expert_routing(routing, experts, tokens, topk, 7 + tokens))
+        max_rows = max(len(c[2]) for c in cases)
+        log(f"[{time.perf_counter() - self.t0:5.0f} s] alltoall n={n} k={k} {dt}: {experts} experts, top-{topk}, "
+            f"max_rows {max_rows}")
+        op, err = agreed(lambda: fo.GemmAllToAll(None, max_rows, max(A2A_EXPERT_TOKENS), topk, n, k, dtype,
+                                                 experts=experts), device)
+        if err is not None:
+            self.our_errors.append(f"alltoall n={n} k={k} {dt} {experts} experts: {error_text(err)}")
+            return
+        try:
+            w = rand((experts, n, k), dtype, device, 13 + n + k)
+            for tokens, routing, token_idx, gate_rows, counts in cases:
+                rows = len(token_idx)
+                x = rand((rows, k), dtype, device, tokens + k)
+                d_token = token_idx.to(device, torch.int32)
+                d_rank = torch.zeros_like(d_token)
+                d_gate = gate_rows.to(device, torch.float32)
+                gate_t = gate_rows.to(device, dtype)
+                tok = token_idx.to(device)
+                offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(device, torch.int32)
+                starts = [0]
+                for c in counts:
+                    starts.append(starts[-1] + c)
+
+                def theirs():
+                    if grouped_mm is not None:
+                        y = grouped_mm(x, w.transpose(-2, -1), offs=offs)
                     else:
-                        t_est, err = agreed(lambda: self.timer.estimate_ms([theirs, ours]), device)
-                        if err is None:
-                            # (<= 100: a call of either queues up to ~10 kernels, and a stream ~1,020)
-                            reps = clamp(args.row_budget_ms / (2 * args.turns) / max(t_est, 1e-4), 10, 100)
-                            got, err = agreed(lambda: self.timer.behind_sleep([theirs, ours], reps, args.turns,
-                                                                              "eager"), device)
-                    if err is not None:
-                        self.our_errors.append(f"alltoall n={n} k={k} {dt} {routing} tokens={tokens} {mode}: "
-                                               f"{error_text(err)}")
-                        self.add(make_row("alltoall", m, n, k, dt, mode, plan=f"error: {error_text(err)}", **row))
-                        continue
-                    if mode == "latency":
-                        self.add(make_row("alltoall", m, n, k, dt, mode, got[0], got[1],
-                                          plan=op.last_plan() + note, **row))
-                    else:
-                        ((t_ms, t_host), (o_ms, o_host)), late = got
-                        self.add(make_row("alltoall", m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, (t_host, o_host),
-                                          op.last_plan() + note + ("; the GPU waited on the host in a turn" if late
-                                                                   else ""), **row), f"  (N={reps})")
+                        y = torch.cat([F.linear(x[starts[e]:starts[e + 1]], w[e]) for e in range(experts)])
+                    back = torch.empty_like(y)
+                    dist.all_to_all_single(back, y, output_split_sizes=[rows], input_split_sizes=[rows])
+                    out = torch.zeros(tokens, n, device=device, dtype=back.dtype)
+                    out.index_add_(0, tok, back * gate_t[:, None])
+                    return out
+
+                def ours():
+                    return op(x, w, d_rank, d_token, d_gate, [rows], [rows], tokens, expert_counts=counts)
+
+                row = dict(routing=f"{routing}, {experts} experts", topk=topk, tokens=tokens)
+                got, err = agreed(lambda: (theirs(), ours()), device)
+                if err is not None:
+                    self.our_errors.append(f"alltoall n={n} k={k} {dt} {experts} experts {routing} tokens={tokens}: "
+                                           f"{error_text(err)}")
+                    self.add(make_row("alltoall", rows, n, k, dt, "latency", plan=f"error: {error_text(err)}", **row))
+                    continue
+                ref, y = got
+                err_abs, scale, bad = a2a_beyond(y, ref, topk)
+                note = ""
+                if bad:
+                    self.failed_check(f"alltoall n={n} k={k} {dt} {experts} experts {routing} tokens={tokens}: max "
+                                      f"error {err_abs:.3g} of {scale:.3g} beyond the bound")
+                    note = "; CHECK FAILED"
+                del ref, y
+                self.a2a_modes(theirs, ours, op, rows, n, k, dt, row, note)
         finally:
             torch.cuda.synchronize()
             op.close()
@@ -988,6 +1087,12 @@ def main():
                 for n, k in pairs:
                     for dt in args.a2a_dtypes:
                         run.alltoall(n, k, dt, a2a)
+                        run.write_json(False)
+                if world > 1:
+                    log("alltoall with several experts per rank: at world 1 only in this table")
+                elif not args.a2a_pairs:
+                    for n, k, experts, topk in A2A_EXPERTS[:1] if args.quick else A2A_EXPERTS:
+                        run.alltoall_experts(n, k, experts, topk, "bf16")
                         run.write_json(False)
     run.write_json(True)
     out.close()
