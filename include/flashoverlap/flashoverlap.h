@@ -394,8 +394,9 @@ struct AllToAllRouting {
   // them unchanged until it has); a bad row (a rank other than 0, a token
   // out of range, a gate not finite) is left out of the combine and
   // reported once, by check() or by the next call (InvalidArgument).
-  // Elsewhere (and with several experts per rank) the call copies the
-  // arrays to the host first (it waits for `stream`).
+  // (With several experts per rank too: the experts' GEMM is then a
+  // GroupedGemm's.) Elsewhere the call copies the arrays to the host first
+  // (it waits for `stream`).
   bool on_device = false;
   // With E = GemmAllToAllOptions::experts > 1 (null with one): host,
   // [world * E], expert_counts[s * E + e] = the rows of A from rank s for

@@ -85,7 +85,9 @@ assert ctypes.sizeof(RsOptions) == 40 and RsOptions.layout.offset == 28 and RsOp
 
 
 class A2aOptions(ctypes.Structure):
-    """fo_gemm_alltoall_options (32 bytes; c_api.cpp asserts the offsets)."""
+    """fo_gemm_alltoall_options (40 bytes; c_api.cpp asserts the offsets).
+    experts is appended after the first version's fields (a struct_size of 32
+    reads as one expert per rank)."""
 
     _fields_ = [
         ("struct_size", c_size_t),
@@ -93,10 +95,12 @@ class A2aOptions(ctypes.Structure):
         ("nccl_sms", c_int32),
         ("wait_timeout_s", c_double),
         ("exchange_timeout_s", c_double),
+        ("experts", c_int32),
     ]
 
 
-assert ctypes.sizeof(A2aOptions) == 32 and A2aOptions.exchange_timeout_s.offset == 24, "fo_gemm_alltoall_options layout"
+assert ctypes.sizeof(A2aOptions) == 40 and A2aOptions.exchange_timeout_s.offset == 24 \
+    and A2aOptions.experts.offset == 32, "fo_gemm_alltoall_options layout"
 
 
 class GroupedOptions(ctypes.Structure):
@@ -112,9 +116,11 @@ GROUPED_PATHS = {"auto": 0, "ours": 1, "cublas": 2}
 
 
 class Routing(ctypes.Structure):
-    """fo_alltoall_routing (72 bytes; c_api.cpp asserts the offsets): one
+    """fo_alltoall_routing (80 bytes; c_api.cpp asserts the offsets): one
     call's routing on this rank, its arrays in host memory, or in device
-    memory with on_device."""
+    memory with on_device. expert_counts (host, world * experts entries;
+    NULL with one expert per rank) is appended last (a struct_size without
+    it reads as NULL)."""
 
     _fields_ = [
         ("struct_size", c_size_t),
@@ -126,11 +132,12 @@ class Routing(ctypes.Structure):
         ("send_counts", POINTER(c_int64)),
         ("recv_counts", POINTER(c_int64)),
         ("on_device", c_int64),
+        ("expert_counts", POINTER(c_int64)),
     ]
 
 
-assert ctypes.sizeof(Routing) == 72 and Routing.tokens.offset == 40 and Routing.recv_counts.offset == 56 \
-    and Routing.on_device.offset == 64, "fo_alltoall_routing layout"
+assert ctypes.sizeof(Routing) == 80 and Routing.tokens.offset == 40 and Routing.recv_counts.offset == 56 \
+    and Routing.on_device.offset == 64 and Routing.expert_counts.offset == 72, "fo_alltoall_routing layout"
 
 # flashoverlap::LocalGpus: the GPUs of this process the ops run on, or why none.
 LocalGpus = collections.namedtuple("LocalGpus", ["hopper", "cuda_failed", "reason"])
@@ -520,19 +527,22 @@ def plan_gemm_reducescatter(m, n, k, world, dtype="bf16", *, sms=132, gpu="NVIDI
 def plan_gemm_alltoall(routings, n, k, dtype="bf16", *, sms=132, rank=0, **options):
     """The plan GemmAllToAll runs for a call on `rank`, from the model alone
     (flashoverlap::plan_gemm_alltoall). routings: one per rank, each a dict of
-    dest_rank, dest_token, gate (optional), tokens, send_counts and
-    recv_counts (host sequences, as make_routing takes them). options:
-    GemmAllToAll's keywords."""
+    dest_rank, dest_token, gate (optional), tokens, send_counts, recv_counts
+    and, with several experts per rank, expert_counts (host sequences, as
+    make_routing takes them). options: GemmAllToAll's keywords (experts
+    among them)."""
     lib = _lib()
     opts = make_a2a_options(lib, **options)
     world = len(routings)
     if world < 1:
         raise InvalidArgument("routings: one per rank, at least one")
+    experts = options.get("experts") or 1
     array, keep = (Routing * world)(), []
     for i, r in enumerate(routings):
         rows = len(r["dest_rank"])
         array[i], kept = make_routing(rows, r["dest_rank"], r["dest_token"], r.get("gate"), r["tokens"],
-                                      r["send_counts"], r["recv_counts"], world)
+                                      r["send_counts"], r["recv_counts"], world,
+                                      expert_counts=r.get("expert_counts"), experts=experts)
         keep.append(kept)
     return _text(lib.c.fo_plan_gemm_alltoall, array, world, n, k, dtype_code(dtype), byref(opts), sms, rank)
 
@@ -578,13 +588,26 @@ def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_tim
     return o
 
 
-def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None):
-    """fo_gemm_alltoall_options: the library's defaults, then what is given."""
+def check_experts(experts, who=""):
+    """experts as an int >= 1 (experts per rank), else InvalidArgument."""
+    if isinstance(experts, bool) or not isinstance(experts, int):
+        raise InvalidArgument(f"{who}experts = {experts!r} is not an int (experts per rank)")
+    if experts < 1:
+        raise InvalidArgument(f"{who}experts = {experts}: needs experts >= 1 (experts per rank)")
+    return experts
+
+
+def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None, experts=None):
+    """fo_gemm_alltoall_options: the library's defaults, then what is given.
+    experts None or 1 keeps the default (one expert per rank), which leaves
+    the field unset for a library that does not know it."""
     o = A2aOptions()
     lib.c.fo_gemm_alltoall_options_default(byref(o), ctypes.sizeof(o))
     if path not in A2A_PATHS:
         raise InvalidArgument(f"path = {path!r}: one of {', '.join(map(repr, A2A_PATHS))} (GemmAllToAll's)")
     o.path = A2A_PATHS[path]
+    if experts is not None and check_experts(experts) != 1:
+        o.experts = experts
     if nccl_sms is not None:
         o.nccl_sms = int(nccl_sms)
     if wait_timeout_s is not None:
@@ -758,24 +781,41 @@ class RoutingSlot:
     """One op's fo_alltoall_routing and count arrays, filled in place for
     each call (the library reads them during the call only): a call builds
     no ctypes objects. The arrays' pointers are ctypes pointers (device
-    memory with on_device), or None for a NULL gate."""
+    memory with on_device), or None for a NULL gate. With several experts
+    per rank the routing's expert_counts points to an array of world *
+    experts entries, filled by each call; with one it stays NULL."""
 
-    def __init__(self, world):
-        self.world = int(world)
+    def __init__(self, world, experts=1):
+        self.world, self.experts = int(world), int(experts)
         self.send = (c_int64 * max(self.world, 1))()
         self.recv = (c_int64 * max(self.world, 1))()
         self.r = Routing()
         self.r.struct_size = ctypes.sizeof(self.r)
         self.r.send_counts = ctypes.cast(self.send, POINTER(c_int64))
         self.r.recv_counts = ctypes.cast(self.recv, POINTER(c_int64))
+        self.expert = None
+        if self.experts > 1:
+            self.expert = (c_int64 * (self.world * self.experts))()
+            self.r.expert_counts = ctypes.cast(self.expert, POINTER(c_int64))
         # (dest_rank, dest_token and gate as three void*: an address is stored without a ctypes cast)
         self._arrays = (c_void_p * 3).from_buffer(self.r, Routing.dest_rank.offset)
 
-    def fill(self, rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, on_device=False):
-        """dest_rank, dest_token, gate: ctypes pointers, addresses (ints) or None (NULL)."""
+    def fill(self, rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, on_device=False,
+             expert_counts=None):
+        """dest_rank, dest_token, gate: ctypes pointers, addresses (ints) or None (NULL); expert_counts:
+        world * experts ints with several experts per rank, None with one."""
         if len(send_counts) != self.world or len(recv_counts) != self.world:
             raise InvalidArgument(f"send_counts and recv_counts need {self.world} entries, not {len(send_counts)} and "
                                   f"{len(recv_counts)}")
+        if self.expert is not None:
+            want = self.world * self.experts
+            if expert_counts is None or len(expert_counts) != want:
+                got = "none" if expert_counts is None else len(expert_counts)
+                raise InvalidArgument(f"expert_counts needs {want} entries (world {self.world} x {self.experts} "
+                                      f"experts), not {got}")
+            self.expert[:want] = expert_counts
+        elif expert_counts is not None:
+            raise InvalidArgument("expert_counts is for several experts per rank; this routing has one (pass None)")
         r, a = self.r, self._arrays
         r.rows, r.tokens = int(rows), int(tokens)
         a[0], a[1], a[2] = _address(dest_rank), _address(dest_token), _address(gate)
@@ -790,14 +830,17 @@ def _address(p):
     return p if p is None or type(p) is int else ctypes.cast(p, c_void_p).value
 
 
-def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, world, on_device=False):
+def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_counts, world, on_device=False,
+                 expert_counts=None, experts=1):
     """(fo_alltoall_routing, what it points to: keep it alive while the routing
     is used) for one call: rows and tokens, and host arrays, each a sequence
     of numbers (copied) or a ctypes pointer to an array of the C type (int32
     dest_rank and dest_token and float gate of rows entries, int64
-    send_counts and recv_counts of world entries; the caller's, not copied).
-    gate None: NULL (not combining). on_device: the three arrays are ctypes
-    pointers to device memory (read by the GPU, in the call's stream)."""
+    send_counts and recv_counts of world entries, int64 expert_counts of
+    world * experts; the caller's, not copied). gate None: NULL (not
+    combining); expert_counts None: NULL (one expert per rank). on_device:
+    the three arrays are ctypes pointers to device memory (read by the GPU,
+    in the call's stream)."""
     keep = []
     r = Routing()
     r.struct_size = ctypes.sizeof(r)
@@ -809,12 +852,16 @@ def make_routing(rows, dest_rank, dest_token, gate, tokens, send_counts, recv_co
     r.send_counts = _host_array(c_int64, send_counts, "send_counts", world, keep)
     r.recv_counts = _host_array(c_int64, recv_counts, "recv_counts", world, keep)
     r.on_device = 1 if on_device else 0
+    if expert_counts is not None:
+        r.expert_counts = _host_array(c_int64, expert_counts, "expert_counts", world * int(experts), keep)
     return r, keep
 
 
 class GemmAllToAll(_GemmBase):
     """The MoE combine (flashoverlap::GemmAllToAll): each rank's rows of a (m x
-    k) * b^T (b: n x k) back to the ranks and tokens its routing names, on
+    k) * b^T (b: n x k; with experts > 1, [experts, n, k] and each row times
+    its expert's, a's rows by (source rank, expert) as the routing's
+    expert_counts say) back to the ranks and tokens its routing names, on
     device pointers, overlapped with the GEMM. Construction and every call are
     collective; each call exchanges the ranks' routings (the host waits)."""
 
@@ -822,13 +869,15 @@ class GemmAllToAll(_GemmBase):
     _kind = "alltoall"
 
     def __init__(self, comm, max_rows, max_tokens, topk, n, k, dtype, *, path="auto", nccl_sms=None,
-                 wait_timeout_s=None, exchange_timeout_s=None):
+                 wait_timeout_s=None, exchange_timeout_s=None, experts=None):
         lib = _lib()
-        opts = make_a2a_options(lib, path, nccl_sms, wait_timeout_s, exchange_timeout_s)
+        opts = make_a2a_options(lib, path, nccl_sms, wait_timeout_s, exchange_timeout_s, experts)
         code = dtype_code(dtype)
         out = c_void_p()
         lib.c.fo_gemm_alltoall_create(comm.handle, max_rows, max_tokens, topk, n, k, code, byref(opts), byref(out))
         super().__init__(lib, out)
+        # (the C ABI has no accessor for it: the options say it)
+        self.experts = 1 if experts is None else experts
 
     def run(self, a, b, routing, out, ld_out=0, combine=True, tokens_out=None, stream=None):
         """One call: routing a Routing (make_routing; a pointer to one also

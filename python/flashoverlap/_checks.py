@@ -239,6 +239,103 @@ def _counts(torch, op, name, v):
     return list(v)
 
 
+def _expert_counts(torch, op, v):
+    """expert_counts as a list of op.world * op.experts ints (None passes
+    through): from a flat list or tuple of them, a nested one (world lists
+    of experts ints), or an integer tensor of world * experts entries, 1-D
+    or (world, experts), on any device (tolist(): a device tensor syncs).
+    What the values say is check_expert_counts'."""
+    if v is None:
+        return None
+    world, experts = op.world, op.experts
+    want = world * experts
+    if torch.is_tensor(v):
+        if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool or \
+                tuple(v.shape) not in ((want,), (world, experts)):
+            raise InvalidArgument(f"{op}: expert_counts must be an integer tensor of shape ({want},) or ({world}, "
+                                  f"{experts}) (world x experts), or a list of ints, not a tensor of dtype {v.dtype} "
+                                  f"and {_describe(v)}")
+        return v.reshape(-1).tolist()
+    if not isinstance(v, (list, tuple)):
+        raise InvalidArgument(f"{op}: expert_counts must be a list of {want} ints (world {world} x {experts} experts, "
+                              f"source-major), {world} lists of {experts}, or an integer tensor, not "
+                              f"{type(v).__name__}")
+    if v and all(isinstance(c, (list, tuple)) for c in v):
+        if len(v) != world or any(len(c) != experts for c in v):
+            raise InvalidArgument(f"{op}: expert_counts has {len(v)} lists of {[len(c) for c in v]} entries, expected "
+                                  f"the world size {world} lists of {experts} (one per expert of this rank)")
+        v = [c for per_source in v for c in per_source]
+    for c in v:
+        if not _is_int(c):
+            raise InvalidArgument(f"{op}: expert_counts = {list(v)!r}: not a list of ints")
+    return list(v)
+
+
+def check_expert_counts(op, expert_counts, send_counts):
+    """InvalidArgument unless expert_counts fits op: None with one expert per
+    rank; with several, world * experts ints (expert_counts[s * experts + e]
+    = the rows of x from rank s for expert e), and at world 1 none negative,
+    each source's summing to its send_counts entry (its rows go back to it;
+    at world > 1 the library checks these on every rank at once). Values that
+    are torch SymInts (a fake call) are not compared, so as not to guard on
+    them."""
+    world, experts = op.world, op.experts
+    if experts == 1:
+        if expert_counts is not None:
+            raise InvalidArgument(f"{op}: expert_counts is for several experts per rank; this op has one (pass None: "
+                                  "send_counts say the rows)")
+        return
+    want = world * experts
+    if expert_counts is None:
+        raise InvalidArgument(f"{op}: expert_counts is required with {experts} experts per rank: the rows of x from "
+                              f"each rank for each expert, {want} ints (world x experts, source-major)")
+    if not isinstance(expert_counts, (list, tuple)):
+        raise InvalidArgument(f"{op}: expert_counts must be a list of world x experts = {world} x {experts} = {want} "
+                              f"ints, not {type(expert_counts).__name__}")
+    if len(expert_counts) != want:
+        raise InvalidArgument(f"{op}: expert_counts has {len(expert_counts)} entries, expected world x experts = "
+                              f"{world} x {experts} = {want} ints")
+    for c in expert_counts:
+        if not _is_int(c):
+            raise InvalidArgument(f"{op}: expert_counts = {list(expert_counts)!r}: not a list of ints")
+    # The values against each other: here only where this rank is every rank; with more, the library refuses
+    # them on every rank together (a refusal on one rank alone would leave the others in the routing exchange).
+    if world > 1:
+        return
+    for i, c in enumerate(expert_counts):
+        if type(c) is int and c < 0:
+            raise InvalidArgument(f"{op}: expert_counts[{i}] = {c} (rank {i // experts}, expert {i % experts}) is "
+                                  "negative")
+    for s in range(min(world, len(send_counts))):
+        mine, sent = expert_counts[s * experts:(s + 1) * experts], send_counts[s]
+        if type(sent) is int and all(type(c) is int for c in mine) and sum(mine) != sent:
+            raise InvalidArgument(f"{op}: expert_counts of rank {s} ({list(mine)}) sum to {sum(mine)}, but "
+                                  f"send_counts[{s}] = {sent}: rank {s}'s rows, expert after expert, are the rows that "
+                                  "go back to it")
+
+
+def _a2a_weight_shape(op, weight):
+    """The weight's shape op takes: (n, k) with one expert per rank (or
+    (1, n, k)), (experts, n, k) with several: the experts' nn.Linear weights
+    stacked."""
+    if op.experts == 1 and not (hasattr(weight, "dim") and weight.dim() == 3):
+        return (op.n, op.k)
+    return (op.experts, op.n, op.k)
+
+
+def _check_a2a_weight(op, weight):
+    shape = _a2a_weight_shape(op, weight)
+    if hasattr(weight, "data_ptr") and hasattr(weight, "dtype") and weight.dtype == op.dtype \
+            and weight.device == op.device and weight.dim() != len(shape):
+        # (named by the shape wanted: a 2-D weight with several experts is the common slip)
+        if op.experts == 1:
+            want = f"({op.n}, {op.k}) (or (1, {op.n}, {op.k}))"
+        else:
+            want = f"{shape}: the {op.experts} experts' weights stacked (experts, n, k)"
+        raise InvalidArgument(f"{op}: weight has shape {tuple(weight.shape)}, expected {want}")
+    _check_tensor(op, "weight", weight, shape)
+
+
 def _check_index(op, name, t, rows):
     """t: an integer tensor of rows entries (dest_rank, dest_token), 1-D, on any device."""
     if not hasattr(t, "data_ptr") or not hasattr(t, "dtype"):
@@ -249,17 +346,21 @@ def _check_index(op, name, t, rows):
         raise InvalidArgument(f"{op}: {name} has shape {tuple(t.shape)}, expected ({rows},): one entry per row of x")
 
 
-def check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine):
+def check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine,
+                     expert_counts=None):
     """InvalidArgument unless a GemmAllToAll call's arguments have the types and
-    shapes op (anything with n, k, dtype, device and world) wants: x (rows x
-    k) and weight (n x k) of its dtype and device, contiguous; dest_rank and
+    shapes op (anything with n, k, dtype, device, world and experts) wants:
+    x (rows x k) and weight (n x k, or (1, n, k); with several experts per
+    rank (experts, n, k)) of its dtype and device, contiguous; dest_rank and
     dest_token integer tensors of rows entries and gate (required to
     combine) a floating one, on any device; send_counts and recv_counts
-    lists of world ints; tokens an int. What the values say (ranks and
-    tokens in range, counts that add up, sizes within the op's) the library
-    checks, on every rank together."""
+    lists of world ints; tokens an int; expert_counts as
+    check_expert_counts says (None with one expert). What the values say
+    (ranks and tokens in range, counts that add up between ranks and with
+    dest_rank, sizes within the op's) the library checks, on every rank
+    together."""
     _check_tensor(op, "x", x, (None, op.k))
-    _check_tensor(op, "weight", weight, (op.n, op.k))
+    _check_a2a_weight(op, weight)
     rows = x.shape[0]
     _check_index(op, "dest_rank", dest_rank, rows)
     _check_index(op, "dest_token", dest_token, rows)
@@ -280,6 +381,7 @@ def check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, re
             raise InvalidArgument(f"{op}: {name} must be a list of the world size {op.world} ints")
     if not _is_int(tokens):
         raise InvalidArgument(f"{op}: tokens = {tokens!r} is not an int (this rank's tokens)")
+    check_expert_counts(op, expert_counts, send_counts)
 
 
 def _host_int32(op, name, h):

@@ -1,10 +1,10 @@
 """The torch.library custom ops of flashoverlap.torch: what traced and
 compiled code (and torch.compile's graphs) call. Each op is one row of
 _OPS: its name, its schema, its real implementation (the op object looked
-up by the integer handle every schema ends with, then its method) and its
-fake one (the output's shape from what needs no data, after the checks
-that need none), so that tracing runs nothing. Registered once, by
-register()."""
+up by the integer handle that ends every schema's required arguments,
+then its method) and its fake one (the output's shape from what needs no
+data, after the checks that need none), so that tracing runs nothing.
+Registered once, by register()."""
 
 from . import torch as ops
 from ._checks import check_a2a_inputs, check_gather_inputs, check_inputs, check_rs_inputs, rs_rows_out
@@ -79,34 +79,41 @@ def _all_gather_rows_fake(y, m, handle):
 
 # ---- GemmAllToAll: the counts are int lists (SymInt[]), so the outputs' rows
 # are known without the data: (tokens, n) combined; (sum(recv_counts), n) and
-# the rows' tokens not ----
+# the rows' tokens not. expert_counts (several experts per rank; None with
+# one) comes after the handle, with a default, so that the calls of one
+# expert per rank leave it out; it changes no output's shape ----
 
-def _all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+def _all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle, expert_counts=None):
     return ops._op_of(handle, ops.GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts,
-                                                     recv_counts, tokens, True)[0]
+                                                     recv_counts, tokens, True, expert_counts)[0]
 
 
-def _all_to_all_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+def _all_to_all_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle,
+                     expert_counts=None):
     op = ops._op_of(handle, ops.GemmAllToAll)
-    check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, True)
+    check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, True,
+                     expert_counts)
     return x.new_empty((tokens, op.n))
 
 
-def _all_to_all_rows(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+def _all_to_all_rows(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle,
+                     expert_counts=None):
     return ops._op_of(handle, ops.GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts,
-                                                     recv_counts, tokens, False)
+                                                     recv_counts, tokens, False, expert_counts)
 
 
-def _all_to_all_rows_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle):
+def _all_to_all_rows_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle,
+                          expert_counts=None):
     op = ops._op_of(handle, ops.GemmAllToAll)
-    check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, False)
+    check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, False,
+                     expert_counts)
     received = sum(recv_counts)
     return x.new_empty((received, op.n)), x.new_empty((received,), dtype=ops._tm().int32)
 
 
 _RMSNORM_ARGS = "(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, int handle)"
 _A2A_ARGS = ("(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor{gate} gate, SymInt[] send_counts, "
-             "SymInt[] recv_counts, SymInt tokens, int handle)")
+             "SymInt[] recv_counts, SymInt tokens, int handle, SymInt[]? expert_counts=None)")
 
 # name (in the flashoverlap namespace), schema, real implementation, fake implementation
 _OPS = (

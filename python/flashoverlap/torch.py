@@ -20,6 +20,10 @@
                                          # token's rows from every rank's expert, summed by gate
     rows, tok = a2a(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine=False)
     y = fo.gemm_all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, group, tokens)
+    moe = fo.GemmAllToAll(group, 8192, 4096, topk=8, n=4096, k=8192, dtype=torch.bfloat16, experts=4)
+    y = moe(x, w4, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, expert_counts=counts)
+                                         # w4: (4, n, k), the rank's 4 experts; x's rows by (source rank,
+                                         # expert): counts[s * 4 + e] of them from rank s for expert e
 
 The library is reached through its C ABI (ctypes): nothing here is compiled
 against torch, so any torch >= 2.4 serves. torch is imported at first use,
@@ -44,9 +48,11 @@ forward-only (no autograd formula is registered).
 GemmAllToAll's calls are custom ops too (flashoverlap::gemm_all_to_all,
 flashoverlap::gemm_all_to_all_rows): the counts are int lists, so that the
 fake implementations know the outputs' rows ((tokens, n); (sum(recv_counts),
-n) and their tokens). At world > 1 each call synchronises the host (the
-ranks exchange their routings there); at world 1 a routing on the op's GPU
-is read there and nothing waits. They are not for CUDA graphs.
+n) and their tokens), and so are, with several experts per rank, each
+call's expert_counts (an optional last argument). At world > 1 each call
+synchronises the host (the ranks exchange their routings there); at world 1
+a routing on the op's GPU is read there and nothing waits. They are not for
+CUDA graphs.
 
 Collective: building an op (and, the first time per group, its communicator)
 is collective over the group, and so is every call: every rank makes the
@@ -73,9 +79,9 @@ import weakref
 
 from . import FlashOverlapError, InvalidArgument, _capi, load
 from ._checks import (INT32_MAX, RS_TILE_ROWS, _check_dtype, _check_shape, _check_tensor,  # noqa: F401
-                      _counts, _describe, _flatten, _host_int32, _is_int, _require_gpu, _resolve_device,
-                      _resolve_group, _tm, check_a2a_inputs, check_gather_inputs, check_inputs, check_rs_inputs,
-                      rs_rows, rs_rows_out)
+                      _counts, _describe, _expert_counts, _flatten, _host_int32, _is_int, _require_gpu,
+                      _resolve_device, _resolve_group, _tm, check_a2a_inputs,
+                      check_expert_counts, check_gather_inputs, check_inputs, check_rs_inputs, rs_rows, rs_rows_out)
 
 __all__ = ["GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "GroupedGemm", "gemm_all_reduce",
            "gemm_reduce_scatter", "gemm_all_to_all", "clear_cache", "require_torch", "MIN_TORCH"]
@@ -89,7 +95,7 @@ _ids = itertools.count(1)
 _comms = {}  # (group, device index, mode) -> _capi.Communicator: one per group, shared by its ops
 _cache = {}  # the functional's ops: (group, device, dtype, n, k, options) -> GemmAllReduce
 _rs_cache = {}  # gemm_reduce_scatter's, the same way -> GemmReduceScatter
-_a2a_cache = {}  # gemm_all_to_all's: (group, device, dtype, n, k, topk, options) -> GemmAllToAll
+_a2a_cache = {}  # gemm_all_to_all's: (group, device, dtype, n, k, topk, options with experts) -> GemmAllToAll
 _registered = False
 
 
@@ -851,20 +857,25 @@ def _address_of(t):
 class GemmAllToAll(_OpBase):
     """The MoE combine of expert parallelism, the All-to-All overlapped with
     the GEMM (flashoverlap::GemmAllToAll): each rank's expert output x @
-    weight.T (x: the rows its expert received in the dispatch; weight: its
-    expert's, n x k) goes back to the ranks of their tokens, and each token's
-    rows are summed, weighted by their gates.
+    weight.T (x: the rows its experts received in the dispatch; weight: its
+    expert's, n x k, or with several experts per rank theirs stacked,
+    (experts, n, k), each row times its own expert's) goes back to the ranks
+    of their tokens, and each token's rows are summed, weighted by their
+    gates.
 
-    GemmAllToAll(group, max_rows, max_tokens, topk, n, k, dtype, *, device=None, comm="bootstrap",
-                 path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None)
+    GemmAllToAll(group, max_rows, max_tokens, topk, n, k, dtype, *, experts=1, device=None,
+                 comm="bootstrap", path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None)
 
     group, n, k, dtype, device, comm: as GemmAllReduce's (collective alike:
     every rank builds it with the same arguments). max_rows: the most rows of
     x on any rank in a call; max_tokens: the most tokens of any rank; topk:
-    the ranks each token picks (1 <= topk <= world; a rank receives at most
-    max_tokens * topk rows). path: "auto" | "sequential" | "slots" |
-    "nvlink" (rows stored straight into the ranks' windows; one host, n % 8
-    == 0, at most 8 ranks); nccl_sms
+    the experts each token picks (1 <= topk <= world * experts; each token
+    gets topk rows back, so a rank receives at most max_tokens * topk rows).
+    experts: the experts on each rank (the same on every rank): the weight
+    is then (experts, n, k) and each call says how many of x's rows each
+    expert has (__call__'s expert_counts). path: "auto" | "sequential" |
+    "slots" | "nvlink" (rows stored straight into the ranks' windows; one
+    host, n % 8 == 0, at most 8 ranks, one expert per rank); nccl_sms
     (None: the library's default, 8), wait_timeout_s, exchange_timeout_s
     (None: 120 s, the wait of each call's routing exchange for the other
     ranks): GemmAllToAllOptions (flashoverlap.h).
@@ -877,8 +888,8 @@ class GemmAllToAll(_OpBase):
     flashoverlap::gemm_all_to_all_rows (not), with fake implementations.
     """
 
-    def __init__(self, group, max_rows, max_tokens, topk, n, k, dtype, *, device=None, comm="bootstrap", path="auto",
-                 nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None):
+    def __init__(self, group, max_rows, max_tokens, topk, n, k, dtype, *, experts=1, device=None, comm="bootstrap",
+                 path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None):
         who = "GemmAllToAll"
         torch = require_torch()
         for name, v in (("max_rows", max_rows), ("max_tokens", max_tokens), ("topk", topk), ("n", n), ("k", k)):
@@ -888,37 +899,44 @@ class GemmAllToAll(_OpBase):
             raise InvalidArgument(f"{who}: max_rows = {max_rows}, max_tokens = {max_tokens}, n = {n}, k = {k}: needs "
                                   "max_rows >= 1, 1 <= max_tokens < 2^30, n >= 1 and k a positive multiple of 8 "
                                   "(16-byte rows)")
+        experts = _capi.check_experts(experts, f"{who}: ")
         code = _check_dtype(torch, dtype, who)
         if path not in _capi.A2A_PATHS:
             raise InvalidArgument(f"{who}: path = {path!r}: one of {', '.join(map(repr, _capi.A2A_PATHS))}")
         self.max_rows, self.max_tokens, self.topk, self.n, self.k = max_rows, max_tokens, topk, n, k
-        self.dtype, self.path = dtype, path
+        self.experts, self.dtype, self.path = experts, dtype, path
         self._resolve(torch, group, device, who)
-        if not 1 <= topk <= self.world:
-            raise InvalidArgument(f"{who}: topk = {topk}: needs 1 <= topk <= the world size {self.world} (each "
-                                  "token picks distinct ranks, one expert each)")
+        if not 1 <= topk <= self.world * experts:
+            bound = f"the world size {self.world}" if experts == 1 else \
+                f"the world size {self.world} x {experts} experts per rank = {self.world * experts}"
+            raise InvalidArgument(f"{who}: topk = {topk}: needs 1 <= topk <= {bound} (each token picks distinct "
+                                  "experts)")
         communicator = self._connect(torch, comm, who)
         with torch.cuda.device(self.device):
             self._op = _capi.GemmAllToAll(communicator, max_rows, max_tokens, topk, n, k, code, path=path,
                                           nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s,
-                                          exchange_timeout_s=exchange_timeout_s)
-        self._routing = _capi.RoutingSlot(self.world)  # (each call's routing struct, filled in place)
+                                          exchange_timeout_s=exchange_timeout_s, experts=experts)
+        self._routing = _capi.RoutingSlot(self.world, experts)  # (each call's routing struct, filled in place)
         # (bound once for the eager calls: the C entry point, the handle, the routing's pointer)
-        self._index, self._weight_shape = self.device.index, (n, k)
+        self._index, self._weight_shape = self.device.index, (n, k) if experts == 1 else (experts, n, k)
         self._c_run, self._c_handle = self._op._c("run"), self._op.handle
         self._routing_ptr = ctypes.pointer(self._routing.r)
         self._publish()
 
     def __repr__(self):
         dt = str(self.dtype).replace("torch.", "")
-        return (f"GemmAllToAll(max_rows={self.max_rows}, max_tokens={self.max_tokens}, topk={self.topk}, n={self.n}, "
-                f"k={self.k}, {dt}, {self.device}, world {self.world})")
+        experts = f"experts={self.experts}, " if self.experts > 1 else ""
+        return (f"GemmAllToAll(max_rows={self.max_rows}, max_tokens={self.max_tokens}, topk={self.topk}, {experts}"
+                f"n={self.n}, k={self.k}, {dt}, {self.device}, world {self.world})")
 
-    def __call__(self, x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, tokens, combine=True):
+    def __call__(self, x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, tokens, combine=True,
+                 *, expert_counts=None):
         """One call of the MoE combine, on torch's current stream.
 
-        x (rows, k): the rows this rank's expert received (rows may be 0);
-        weight (n, k): its expert's. Row i of x @ weight.T goes back to rank
+        x (rows, k): the rows this rank's experts received (rows may be 0);
+        weight (n, k): its expert's (also (1, n, k)); with experts > 1,
+        (experts, n, k): the experts' nn.Linear weights stacked, contiguous.
+        Row i of x @ weight.T (its expert's weight) goes back to rank
         dest_rank[i], where it is that rank's token dest_token[i], weighted
         by gate_weight[i]. dest_rank, dest_token: integer tensors of rows
         entries; gate_weight: a floating tensor of rows entries (used in
@@ -935,6 +953,19 @@ class GemmAllToAll(_OpBase):
         ints, or integer tensors (a device tensor syncs). tokens: this rank's
         tokens (the combined output's rows; also the range of the tokens the
         other ranks send here), required since no rank can infer it.
+
+        expert_counts (experts > 1 only; None, the default, with one expert):
+        x's rows come source after source and, within a source, expert after
+        expert, as all_to_all_single delivers them when every rank sends its
+        rows sorted by global expert (rank * experts + e), and
+        expert_counts[s * experts + e] = the rows from rank s for expert e:
+        a list of world * experts ints, world lists of experts ints, or an
+        integer tensor of world * experts entries (1-D or (world, experts))
+        on any device (copied to the host: a device tensor syncs). None
+        negative, and a source's sum to its send_counts entry (its rows go
+        back to it). A token may have several rows here, one per expert of
+        this rank it picked: each comes back as its own row, none summed
+        before the All-to-All.
 
         combine=True: a (tokens, n) tensor, row t = the sum of gate * row over
         the rows of token t from every rank, in fp32 in (source rank, source
@@ -958,18 +989,23 @@ class GemmAllToAll(_OpBase):
         if combine and gate_weight is None:
             raise InvalidArgument(f"{self}: gate_weight is required to combine (combine=False returns the rows "
                                   "unweighted)")
+        by_expert = _expert_counts(torch, self, expert_counts)
+        check_expert_counts(self, by_expert, send)  # (here too: the eager way below checks nothing else of them)
         if _eager(torch, *(t for t in (x, weight, dest_rank, dest_token, gate_weight) if t is not None)):
             if self._c_handle is None:
                 _op_of(self.handle, GemmAllToAll)  # (closed: the custom op's message)
             if combine and self._plain(x, weight, dest_rank, dest_token, gate_weight):
-                return self._run_plain(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens)
-            out, tokens_out = self._run(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens, combine)
+                return self._run_plain(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens, by_expert)
+            out, tokens_out = self._run(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens, combine,
+                                        by_expert)
             return out if combine else (out, tokens_out)
+        # (one expert: the argument left to its default, so that such a call's graph has no expert_counts)
+        extra = () if by_expert is None else (by_expert,)
         if combine:
             return torch.ops.flashoverlap.gemm_all_to_all(x, weight, dest_rank, dest_token, gate_weight, send, recv,
-                                                          tokens, self.handle)
+                                                          tokens, self.handle, *extra)
         return torch.ops.flashoverlap.gemm_all_to_all_rows(x, weight, dest_rank, dest_token, gate_weight, send, recv,
-                                                           tokens, self.handle)
+                                                           tokens, self.handle, *extra)
 
     def last_plan(self):
         """The last call's plan, as text ("no call yet" before one)."""
@@ -981,7 +1017,8 @@ class GemmAllToAll(_OpBase):
 
     def _plain(self, x, weight, dest_rank, dest_token, gate):
         """Whether a combining call's tensors are what the op reads as they
-        are: x and weight contiguous of its dtype, dest_rank and dest_token
+        are: x and weight (of the op's weight shape: (n, k), or (experts, n,
+        k)) contiguous of its dtype, dest_rank and dest_token
         contiguous int32 and gate contiguous float32 of x's rows, all on the
         op's GPU (anything else takes _run, which checks and converts)."""
         i, dt, i32 = self._index, self.dtype, _torch.int32
@@ -997,29 +1034,34 @@ class GemmAllToAll(_OpBase):
                 and weight.is_contiguous() and dest_rank.is_contiguous() and dest_token.is_contiguous()
                 and gate.is_contiguous())
 
-    def _run_plain(self, x, weight, dest_rank, dest_token, gate, send, recv, tokens):
+    def _run_plain(self, x, weight, dest_rank, dest_token, gate, send, recv, tokens, expert_counts=None):
         """_run for plain tensors (_plain): the routing read where it is, on the
-        GPU, and the C call made with nothing converted."""
+        GPU, and the C call made with nothing converted (expert_counts:
+        checked, a list or None)."""
         torch = _torch
         if torch._C._cuda_getDevice() != self._index:
             with torch.cuda.device(self.device):
-                return self._run_plain(x, weight, dest_rank, dest_token, gate, send, recv, tokens)
+                return self._run_plain(x, weight, dest_rank, dest_token, gate, send, recv, tokens, expert_counts)
         self._refuse_capture()
         rows = x.shape[0]
         self._routing.fill(rows, dest_rank.data_ptr() if rows else None, dest_token.data_ptr() if rows else None,
-                           gate.data_ptr() if rows else None, tokens, send, recv, on_device=True)
+                           gate.data_ptr() if rows else None, tokens, send, recv, on_device=True,
+                           expert_counts=expert_counts)
         out = torch.empty((max(int(tokens), 0), self.n), dtype=self.dtype, device=self.device)
         self._c_run(self._c_handle, x.data_ptr() if rows else None, weight.data_ptr(), self._routing_ptr,
                     out.data_ptr() if tokens > 0 else None, 0, 1, None, _raw_stream(torch, self._index))
         return out
 
     # (the custom ops' real implementation)
-    def _run(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine):
+    def _run(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine,
+             expert_counts=None):
         torch = _tm()
-        check_a2a_inputs(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine)
+        check_a2a_inputs(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine,
+                         expert_counts)
         self._on_device(self._refuse_capture)  # (before the copies to the host, which a capture forbids too)
         rows = x.shape[0]
         send, recv = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+        by_expert = None if expert_counts is None else [int(c) for c in expert_counts]
         on_gpu = self.device.type == "cuda" and all(t is None or t.device == self.device
                                                     for t in (dest_rank, dest_token, gate))
         if on_gpu:  # passed where they are (at world 1 the call then never waits for the host)
@@ -1030,7 +1072,7 @@ class GemmAllToAll(_OpBase):
             ranks, toks = _host_int32(self, "dest_rank", ranks), _host_int32(self, "dest_token", toks)
             gates = None if gates is None else gates.to(torch.float32).contiguous()
         routing = self._routing.fill(rows, _address_of(ranks), _address_of(toks), _address_of(gates), tokens, send,
-                                     recv, on_device=on_gpu)
+                                     recv, on_device=on_gpu, expert_counts=by_expert)
         # (a negative size is the library's refusal, on every rank: allocate nothing for it)
         out_rows = max(int(tokens), 0) if combine else max(sum(recv), 0)
         out = torch.empty((out_rows, self.n), dtype=self.dtype, device=self.device)
@@ -1248,16 +1290,23 @@ def _cached_a2a_op(x, weight, recv_counts, tokens, group, max_rows, max_tokens, 
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise InvalidArgument(f"{fn}: {name} must be a torch.Tensor, not {type(t).__name__}")
-    if weight.dim() != 2 or x.dim() != 2 or x.shape[1] != weight.shape[1]:
+    if weight.dim() not in (2, 3) or x.dim() != 2 or x.shape[1] != weight.shape[-1]:
         raise InvalidArgument(f"{fn}: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit: x is (rows, k), "
-                              "weight (n, k)")
+                              "weight (n, k) or (experts, n, k)")
     if isinstance(tokens, bool) or not isinstance(tokens, int):
         raise InvalidArgument(f"{fn}: tokens = {tokens!r} is not an int (this rank's tokens: the combined output's rows)")
-    n, k = weight.shape
+    n, k = weight.shape[-2:]
+    # (the experts per rank: a 3-D weight's first dimension; they are part of the op, so of its key)
+    experts = options.get("experts", weight.shape[0] if weight.dim() == 3 else 1)
+    if weight.dim() == 3 and experts != weight.shape[0]:
+        raise InvalidArgument(f"{fn}: experts = {experts!r}, but weight {tuple(weight.shape)} holds "
+                              f"{weight.shape[0]} experts' weights")
+    options = dict(options, experts=_capi.check_experts(experts, f"{fn}: "))
     group_obj, _, world = _resolve_group(torch, group, "GemmAllToAll")
-    topk = world if topk is None else topk
-    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= world:
-        raise InvalidArgument(f"{fn}: topk = {topk!r}: needs 1 <= topk <= the world size {world}")
+    topk = world * experts if topk is None else topk
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= world * experts:
+        raise InvalidArgument(f"{fn}: topk = {topk!r}: needs 1 <= topk <= the world size {world}"
+                              + ("" if experts == 1 else f" x {experts} experts per rank = {world * experts}"))
     if torch.is_tensor(recv_counts):
         recv_counts = recv_counts.tolist()
     received = sum(int(c) for c in recv_counts) if isinstance(recv_counts, (list, tuple)) else 0
@@ -1286,16 +1335,19 @@ _a2a_lookup = _cached_a2a_op
 
 
 def gemm_all_to_all(x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, group, tokens,
-                    combine=True, *, max_rows=None, max_tokens=None, topk=None, **options):
+                    combine=True, *, expert_counts=None, max_rows=None, max_tokens=None, topk=None, **options):
     """The MoE combine (see GemmAllToAll.__call__: the (tokens, n) combined
     output, or with combine=False the received rows and their tokens) over
     group (None: the default group), through an op built at the first call
-    for (group, device, dtype, n, k, topk, options) and kept. topk: the
-    world size unless given (the loosest bound on the rows a rank receives:
-    max_tokens * topk). Its max_rows and max_tokens are the largest of the
-    call over the ranks (rows of x, tokens, received rows / topk), rounded up
-    to a power of two (round_max_m), or max_rows / max_tokens where given and
-    larger; a call beyond them builds a larger op.
+    for (group, device, dtype, n, k, topk, options) and kept. A 3-D weight
+    (experts, n, k) is several experts per rank (their number joins the
+    options; expert_counts as GemmAllToAll.__call__ takes them). topk: the
+    world size times the experts per rank unless given (the loosest bound
+    on the rows a rank receives: max_tokens * topk). Its max_rows and
+    max_tokens are the largest of the call over the ranks (rows of x,
+    tokens, received rows / topk), rounded up to a power of two
+    (round_max_m), or max_rows / max_tokens where given and larger; a call
+    beyond them builds a larger op.
 
     The ranks' sizes differ (each expert receives its own rows), so unless
     max_rows and max_tokens are both given (the same on every rank), every
@@ -1303,11 +1355,12 @@ def gemm_all_to_all(x, weight, dest_rank, dest_token, gate_weight, send_counts, 
     a sync): then every rank builds the same ops at the same calls (building
     is collective). With both given nothing is exchanged, and a call beyond
     them is refused by the library, on every rank. options:
-    GemmAllToAll's (path, nccl_sms, wait_timeout_s). Under torch.compile the
-    lookup runs eagerly (a graph break): use a GemmAllToAll for
-    fullgraph=True."""
+    GemmAllToAll's (path, nccl_sms, wait_timeout_s, experts). Under
+    torch.compile the lookup runs eagerly (a graph break): use a
+    GemmAllToAll for fullgraph=True."""
     op = _a2a_lookup(x, weight, recv_counts, tokens, group, max_rows, max_tokens, topk, options)
-    return op(x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, tokens, combine)
+    return op(x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, tokens, combine,
+              expert_counts=expert_counts)
 
 
 def clear_cache():

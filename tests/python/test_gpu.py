@@ -55,6 +55,18 @@ the host, the counts as lists or tensors; both paths; the functional and
 its cache; opcheck; the refusal under CUDA-graph capture; bad input (counts
 that disagree with dest_rank or between ranks: refused on every rank). The
 data are random; the seed is printed (FO_TEST_SEED=<seed> replays it).
+
+GemmAllToAll with several experts per rank (class AllToAllExperts), at
+world 1: 2 and 3 experts, a 3-D weight, random rows per expert (some
+experts without any), x's rows expert after expert: combine=True against
+the fp32 reference (row i times its expert's weight, then out[t] = the sum
+of gate * row over token t's rows) and against its own received rows;
+combine=False against the fp32 grouped GEMM, the tokens exactly; the
+routing on the GPU or the host, on each path; expert_counts as a list,
+nested lists or tensors on either device, alike; one expert with a 2-D or
+(1, n, k) weight, alike; the functional with a 3-D weight and its cache;
+opcheck with expert_counts; bad input (the weight's shape, expert_counts
+missing, short, negative or not adding up, the NVLink path refused).
 """
 
 import datetime
@@ -1478,6 +1490,221 @@ class AllToAllBadInput(Case):
         except InvalidArgument as e:
             return e
         raise AssertionError("no InvalidArgument")
+
+
+# ---- GemmAllToAll with several experts per rank (world 1) ----
+
+class ExpertsCase:
+    """One call's data at world 1 with `experts` experts: each token picks 0
+    to topk distinct experts (none of `empty`, which get no rows), with a
+    gate in [0.25, 1.5) each; x's rows come expert after expert (each
+    expert's rows shuffled), counts[e] of them for expert e; every row goes
+    back to rank 0. weight: (experts, n, k)."""
+
+    def __init__(self, tokens, experts, topk, n, k, dtype, seed, empty=()):
+        rng = random.Random(SEED * 37 + seed)
+        allowed = [e for e in range(experts) if e not in empty]
+        picks = [[] for _ in range(experts)]
+        for t in range(tokens):
+            for e in rng.sample(allowed, rng.randint(0, min(topk, len(allowed)))):
+                picks[e].append((t, rng.uniform(0.25, 1.5)))
+        for p in picks:
+            rng.shuffle(p)
+        self.tokens, self.experts, self.n, self.k, self.dtype = tokens, experts, n, k, dtype
+        self.counts = [len(p) for p in picks]
+        self.expert_of = [e for e in range(experts) for _ in picks[e]]  # (each row's expert, in x's order)
+        rows = [r for p in picks for r in p]
+        self.rows = len(rows)
+        self.x = rand(self.rows, k, dtype=dtype, seed=seed * 101, per_rank=False)
+        self.w = rand(experts, n, k, dtype=dtype, seed=seed * 103 + 50, per_rank=False)
+        self.dest_rank = torch.zeros(self.rows, dtype=torch.int32)
+        self.dest_token = torch.tensor([t for t, _ in rows], dtype=torch.int32)
+        self.gate = torch.tensor([g for _, g in rows], dtype=torch.float32)
+        # row i times its expert's weight, exactly in fp32
+        starts = [sum(self.counts[:e]) for e in range(experts + 1)]
+        parts = [self.x[starts[e]:starts[e + 1]].float() @ self.w[e].float().t() for e in range(experts)]
+        self.y32 = torch.cat(parts) if parts else torch.zeros(0, n, device=DEVICE)
+
+    def args(self, routing_on=None):
+        """The call's arguments (expert_counts aside); routing_on: the device of dest_rank, dest_token and gate
+        (None: the host's)."""
+        on = (lambda t: t) if routing_on is None else (lambda t: t.to(routing_on))
+        return (self.x, self.w, on(self.dest_rank), on(self.dest_token), on(self.gate), [self.rows], [self.rows],
+                self.tokens)
+
+    def combine_ref(self):
+        """out[t] = the sum of gate * row over token t's rows, in fp32."""
+        out = torch.zeros(self.tokens, self.n, device=DEVICE)
+        out.index_add_(0, self.dest_token.to(DEVICE, torch.int64), self.gate.to(DEVICE)[:, None] * self.y32)
+        return out
+
+    def combine_of(self, rows):
+        """The combine of the given received rows (of the dtype), in fp32 in their order, rounded once."""
+        out = torch.zeros(self.tokens, self.n, device=DEVICE)
+        for i, (t, g) in enumerate(zip(self.dest_token.tolist(), self.gate.tolist())):
+            out[t] += torch.tensor(g, dtype=torch.float32) * rows[i].float()
+        return out.to(self.dtype)
+
+    def row_bound(self):
+        """|a row of ours - the fp32 GEMM|: one rounding to the dtype, and fp32's accumulation."""
+        ymax = self.y32.abs().max().item() if self.y32.numel() else 0.0
+        return 2 * U[self.dtype] * ymax + 1e-5
+
+    def combine_bound(self, topk):
+        """|out - the fp32 combine|: each row's rounding, times its gate (< 1.5), over topk rows, then the
+        output's own rounding."""
+        ref = self.combine_ref()
+        return 1.5 * topk * self.row_bound() + 2 * U[self.dtype] * (ref.abs().max().item() if ref.numel() else 0.0)
+
+
+class AllToAllExperts(Case):
+    def setUp(self):
+        if WORLD != 1:
+            self.skipTest("world 1 only (every row goes back to rank 0)")
+
+    @staticmethod
+    def make_moe(experts, topk=None, max_rows=1024, max_tokens=512, n=512, k=256, dtype=None, **kw):
+        return fo.GemmAllToAll(None, max_rows, max_tokens, topk or experts, n, k, dtype or torch.bfloat16,
+                               experts=experts, **kw)
+
+    def test_against_the_fp32_reference(self):
+        for experts, dtype in ((2, torch.bfloat16), (3, torch.bfloat16), (3, torch.float16)):
+            topk = 2
+            op = self.make_moe(experts, topk, dtype=dtype)
+            self.assertEqual((op.experts, op.topk), (experts, topk))
+            for seed, tokens, empty in ((1, 300, ()), (2, 77, (0,)), (3, 120, (experts - 1,)), (4, 1, ()),
+                                        (5, 40, tuple(range(1, experts)))):
+                c = ExpertsCase(tokens, experts, topk, 512, 256, dtype, seed, empty)
+                what = f"{op} seed {seed}, counts {c.counts}"
+                for on in (DEVICE, None):
+                    out = op(*c.args(on), expert_counts=c.counts)
+                    self.assertEqual((out.shape, out.dtype, out.device), ((tokens, 512), dtype, DEVICE))
+                    good, worst = within(out, c.combine_ref(), c.combine_bound(topk))
+                    self.ok(good, f"{what}, the routing on {on or 'the host'}: |combine - the fp32 reference| up "
+                                  f"to {worst} ({op.last_plan()})")
+                    rows, tok = op(*c.args(on), combine=False, expert_counts=c.counts)
+                    self.assertEqual((rows.shape, tok.shape, tok.dtype), ((c.rows, 512), (c.rows,), torch.int32))
+                    good, worst = within(rows, c.y32, c.row_bound())
+                    self.ok(good, f"{what}: |received rows - the fp32 grouped GEMM| up to {worst}")
+                    self.ok(torch.equal(tok.cpu(), c.dest_token), f"{what}: the received rows' tokens")
+                    # (the combine of those very rows, each token's in x's order: within one rounding)
+                    mine = c.combine_of(rows)
+                    good, worst = within(out, mine, 2 * U[dtype] * mine.float().abs().max().item() + 1e-6)
+                    self.ok(good, f"{what}: the combine against its own rows' up to {worst}")
+            if RANK == 0:
+                print(f"[test_gpu] {op}: last_plan = {op.last_plan()}", flush=True)
+            op.close()
+
+    def test_each_path(self):
+        c = ExpertsCase(256, 3, 2, 512, 256, torch.bfloat16, 7, (1,))
+        for path in ("sequential", "slots", "auto"):
+            op = self.make_moe(3, 2, path=path)
+            for on in (DEVICE, None):
+                out = op(*c.args(on), expert_counts=c.counts)
+                good, worst = within(out, c.combine_ref(), c.combine_bound(2))
+                self.ok(good, f"path {path}, the routing on {on or 'the host'}: |combine - the fp32 reference| up "
+                              f"to {worst} ({op.last_plan()})")
+            op.check()
+            op.close()
+
+    def test_expert_counts_in_any_form(self):
+        op = self.make_moe(3, 2)
+        c = ExpertsCase(200, 3, 2, 512, 256, torch.bfloat16, 8, (2,))
+        want = op(*c.args(), expert_counts=c.counts)
+        want_rows, want_tok = op(*c.args(), combine=False, expert_counts=c.counts)
+        for form in (tuple(c.counts), [c.counts], torch.tensor(c.counts), torch.tensor(c.counts, device=DEVICE),
+                     torch.tensor([c.counts], dtype=torch.int32, device=DEVICE), torch.tensor([c.counts])):
+            what = f"expert_counts as {type(form).__name__} {getattr(form, 'device', '')}"
+            self.ok(torch.equal(op(*c.args(), expert_counts=form), want), f"{what}: the combine differs")
+            rows, tok = op(*c.args(), combine=False, expert_counts=form)
+            self.ok(torch.equal(rows, want_rows) and torch.equal(tok, want_tok), f"{what}: the rows differ")
+        op.close()
+
+    def test_one_expert_with_a_2d_or_3d_weight(self):
+        op = fo.GemmAllToAll(None, 1024, 512, 1, 512, 256, torch.bfloat16)
+        self.assertEqual(op.experts, 1)
+        c = ExpertsCase(300, 1, 1, 512, 256, torch.bfloat16, 9)
+        w2 = c.w[0]
+        for on in (DEVICE, None):
+            out2 = op(c.x, w2, *c.args(on)[2:])
+            out3 = op(*c.args(on))  # ((1, n, k))
+            self.ok(torch.equal(out2, out3), f"routing on {on or 'the host'}: (n, k) and (1, n, k) weights differ")
+            good, worst = within(out2, c.combine_ref(), c.combine_bound(1))
+            self.ok(good, f"one expert, routing on {on or 'the host'}: |combine - the fp32 reference| up to {worst}")
+            rows2, tok2 = op(c.x, w2, *c.args(on)[2:], combine=False)
+            rows3, tok3 = op(*c.args(on), combine=False)
+            self.ok(torch.equal(rows2, rows3) and torch.equal(tok2, tok3), "(n, k) and (1, n, k): the rows differ")
+            good, worst = within(rows2, F.linear(c.x, w2), gemm_bound(c.x, w2, torch.bfloat16))
+            self.ok(good, f"one expert: |received rows - F.linear| up to {worst}")
+        with self.assertRaisesRegex(InvalidArgument, "expert_counts is for several experts per rank; this op has one"):
+            op(*c.args(), expert_counts=[c.rows])
+        op.close()
+
+    def test_functional_with_a_3d_weight(self):
+        fo.clear_cache()
+        c = ExpertsCase(100, 2, 2, 256, 128, torch.float16, 10, (1,))
+        for _ in range(2):
+            out = fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, expert_counts=c.counts)
+            good, worst = within(out, c.combine_ref(), c.combine_bound(2))
+            self.ok(good, f"gemm_all_to_all with 2 experts: |diff| up to {worst}")
+        self.assertEqual(len(fo._a2a_cache), 1)
+        op = next(iter(fo._a2a_cache.values()))
+        self.assertEqual((op.experts, op.topk, op.world), (2, 2, 1))  # (topk: world x experts unless given)
+        rows, tok = fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, False, expert_counts=c.counts)
+        self.ok(torch.equal(tok.cpu(), c.dest_token), "gemm_all_to_all with 2 experts: tokens")
+        # one expert's weight, 2-D: another op (the experts are part of its key)
+        one = ExpertsCase(100, 1, 1, 256, 128, torch.float16, 11)
+        fo.gemm_all_to_all(one.x, one.w[0], *one.args()[2:7], None, one.tokens)
+        self.assertEqual(sorted(op.experts for op in fo._a2a_cache.values()), [1, 2])
+        with self.assertRaisesRegex(InvalidArgument, r"^gemm_all_to_all: experts = 3, but weight \(2, 256, 128\) "
+                                                     "holds 2 experts' weights"):
+            fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, expert_counts=c.counts, experts=3)
+        fo.clear_cache()
+
+    def test_opcheck(self):
+        op = self.make_moe(2, 2, max_rows=256, max_tokens=128, n=256, k=128)
+        c = ExpertsCase(60, 2, 2, 256, 128, torch.bfloat16, 12)
+        x, w, dr, dt, g, send, recv, tokens = c.args()
+        for name in ("gemm_all_to_all", "gemm_all_to_all_rows"):
+            torch.library.opcheck(getattr(torch.ops.flashoverlap, name).default,
+                                  (x, w, dr, dt, g, send, recv, tokens, op.handle, c.counts),
+                                  test_utils=("test_schema", "test_faketensor"))
+        op.close()
+
+    def test_bad_input(self):
+        op = self.make_moe(2, 2, max_rows=256, max_tokens=128, n=256, k=128)
+        name = str(op)
+        c = ExpertsCase(60, 2, 2, 256, 128, torch.bfloat16, 13)
+        x, w, dr, dt, g, send, recv, tokens = c.args()
+        a, b = c.counts
+        # (refused here before any work: the same on every rank)
+        for weight, counts, message in (
+                (w[0], c.counts, "weight has shape (256, 128), expected (2, 256, 128): the 2 experts' weights "
+                                 "stacked (experts, n, k)"),
+                (w[:1].contiguous(), c.counts, "weight has shape (1, 256, 128), expected (2, 256, 128)"),
+                (w.transpose(1, 2).contiguous().transpose(1, 2), c.counts, "weight is not contiguous"),
+                (w, None, "expert_counts is required with 2 experts per rank"),
+                (w, [a + b], "expert_counts has 1 entries, expected world x experts = 1 x 2 = 2 ints"),
+                (w, [a + b + 1, -1], "expert_counts[1] = -1 (rank 0, expert 1) is negative"),
+                (w, [a, b + 1], f"expert_counts of rank 0 ([{a}, {b + 1}]) sum to {a + b + 1}, but send_counts[0] = "
+                                f"{a + b}"),
+                (w, torch.tensor([a, b], dtype=torch.float32), "expert_counts must be an integer tensor")):
+            with self.assertRaises(InvalidArgument) as cm:
+                op(x, weight, dr, dt, g, send, recv, tokens, expert_counts=counts)
+            self.assertTrue(str(cm.exception).startswith(f"{name}: {message}"), str(cm.exception))
+        # still usable after the refusals
+        good, worst = within(op(*c.args(), expert_counts=c.counts), c.combine_ref(), c.combine_bound(2))
+        self.ok(good, f"{op} after the refusals: |diff| up to {worst}")
+        op.close()
+        for kw, message in (({"experts": 0}, "^GemmAllToAll: experts = 0: needs experts >= 1"),
+                            ({"experts": 2, "topk": 3}, r"^GemmAllToAll: topk = 3: needs 1 <= topk <= the world size 1 "
+                                                        "x 2 experts per rank = 2"),
+                            ({"experts": 2, "topk": 2, "path": "nvlink"}, "one expert per rank")):
+            args = dict(topk=1)
+            args.update(kw)
+            topk = args.pop("topk")
+            with self.assertRaisesRegex(InvalidArgument, message):
+                fo.GemmAllToAll(None, 256, 128, topk, 256, 128, torch.bfloat16, **args)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ where torch is importable (Debian's 1.13 serves), the tensor validation's
 messages (all_gather_rows' too: its default m, its refusals before any work)
 and the "needs PyTorch >= 2.4" refusal; GemmAllToAll's argument checks
 (check_a2a_inputs, the counts, the routing's copy to the host and what a
-call hands the library, before any GPU work). The source tree's package
+call hands the library, before any GPU work), with several experts per rank
+too (the 3-D weight, expert_counts in each form, the constructor's experts
+and topk, the custom ops' optional argument and fakes, the planning call). The source tree's package
 is tested (python/ put first on sys.path) unless FO_TEST_INSTALLED=1, which
 tests the one the interpreter has installed.
 """
@@ -270,6 +272,35 @@ class CApi(unittest.TestCase):
         routings[0]["recv_counts"] = [routings[0]["recv_counts"][0], routings[0]["recv_counts"][1] + 1]
         with self.assertRaisesRegex(InvalidArgument, r"rank 0's recv_counts\[1\]"):
             flashoverlap.plan_gemm_alltoall(routings, n, k)
+
+    def test_planning_with_several_experts(self):
+        # The planning call with experts in the options and each routing's expert_counts (the ctypes structs'
+        # appended fields): at world 1 with every row on one expert the plan is one expert's; what does not add up
+        # is the library's refusal, named.
+        rng = random.Random()
+        for _ in range(4):
+            rows, experts, n, k = rng.randint(1, 3000), rng.randint(2, 7), 4096, 2048
+            on = rng.randrange(experts)
+            counts = [rows if e == on else 0 for e in range(experts)]
+            r = {"dest_rank": [0] * rows, "dest_token": list(range(rows)), "gate": [0.5] * rows, "tokens": rows,
+                 "send_counts": [rows], "recv_counts": [rows]}
+            one = flashoverlap.plan_gemm_alltoall([r], n, k)
+            with self.subTest(rows=rows, experts=experts):
+                self.assertEqual(flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=counts)], n, k,
+                                                                 experts=experts), one)
+                with self.assertRaisesRegex(InvalidArgument, "expert_counts must not be null"):
+                    flashoverlap.plan_gemm_alltoall([r], n, k, experts=experts)
+                with self.assertRaisesRegex(InvalidArgument, "expert_counts is for several experts per rank"):
+                    flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=[rows])], n, k)
+                short = [c - 1 if e == on else c for e, c in enumerate(counts)]
+                with self.assertRaisesRegex(InvalidArgument, "rank 0"):
+                    flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=short)], n, k, experts=experts)
+                with self.assertRaisesRegex(InvalidArgument, "Path::NVLink takes one expert per rank"):
+                    flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=counts)], n, k, experts=experts,
+                                                    path="nvlink")
+                with self.assertRaisesRegex(InvalidArgument, f"^expert_counts has {experts - 1} entries, expected "
+                                                             f"{experts}$"):
+                    flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=counts[1:])], n, k, experts=experts)
 
     def test_local_gpus(self):
         # (any machine: a count and its reason that agree)
@@ -584,24 +615,40 @@ class CApi(unittest.TestCase):
                           "fo_gemm_alltoall_options* options, fo_gemm_alltoall_t* out);", text)
 
     def test_alltoall_structs(self):
-        # (the fields fo_gemm_alltoall_options shares with fo_gemm_allreduce_options at its offsets)
-        self.assertEqual(ctypes.sizeof(_capi.A2aOptions), 32)
-        self.assertEqual(_capi.A2aOptions.exchange_timeout_s.offset, 24)
+        # (the fields fo_gemm_alltoall_options shares with fo_gemm_allreduce_options at its offsets; experts and
+        # expert_counts appended, as the C header has them)
+        self.assertEqual(ctypes.sizeof(_capi.A2aOptions), 40)
+        self.assertEqual((_capi.A2aOptions.exchange_timeout_s.offset, _capi.A2aOptions.experts.offset), (24, 32))
+        self.assertEqual([f for f, _ in _capi.A2aOptions._fields_],
+                         ["struct_size", "path", "nccl_sms", "wait_timeout_s", "exchange_timeout_s", "experts"])
         for name in ("struct_size", "path", "nccl_sms", "wait_timeout_s"):
             self.assertEqual(getattr(_capi.A2aOptions, name).offset, getattr(_capi.Options, name).offset, name)
-        self.assertEqual(ctypes.sizeof(_capi.Routing), 72)
+        self.assertEqual(ctypes.sizeof(_capi.Routing), 80)
         self.assertEqual([getattr(_capi.Routing, f).offset for f, _ in _capi.Routing._fields_],
-                         [0, 8, 16, 24, 32, 40, 48, 56, 64])
+                         [0, 8, 16, 24, 32, 40, 48, 56, 64, 72])
         self.assertEqual([f for f, _ in _capi.Routing._fields_],
                          ["struct_size", "rows", "dest_rank", "dest_token", "gate", "tokens", "send_counts",
-                          "recv_counts", "on_device"])
+                          "recv_counts", "on_device", "expert_counts"])
+        with open(HEADER) as f:
+            header = f.read()
+        for struct, last in (("fo_gemm_alltoall_options", "int32_t experts;"),
+                             ("fo_alltoall_routing", "const int64_t* expert_counts;")):
+            body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (struct, struct), header, re.S).group(1)
+            self.assertTrue(" ".join(re.sub(r"/\*.*?\*/", "", body, flags=re.S).split()).endswith(last), struct)
 
     def test_alltoall_options(self):
         o = _capi.make_a2a_options(self.lib)
-        self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s),
-                         (32, 0, 8, 30.0, 120.0))
-        o = _capi.make_a2a_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5, exchange_timeout_s=600)
-        self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s), (3, 16, 5.0, 600.0))
+        self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s, o.experts),
+                         (40, 0, 8, 30.0, 120.0, 1))
+        o = _capi.make_a2a_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5, exchange_timeout_s=600,
+                                   experts=4)
+        self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s, o.experts),
+                         (3, 16, 5.0, 600.0, 4))
+        self.assertEqual(_capi.make_a2a_options(self.lib, experts=1).experts, 1)
+        for bad, message in ((0, "experts = 0: needs experts >= 1"), (-2, "experts = -2: needs experts >= 1"),
+                             (2.0, "experts = 2.0 is not an int"), (True, "experts = True is not an int")):
+            with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(message) + r" \(experts per rank\)$"):
+                _capi.make_a2a_options(self.lib, experts=bad)
         self.assertEqual(_capi.make_a2a_options(self.lib, "sequential").path, 1)
         self.assertEqual(_capi.make_a2a_options(self.lib, "nvlink").path, 5)
         for bad in ("row_bands", "owners", "rows"):
@@ -648,18 +695,27 @@ class CApi(unittest.TestCase):
         ctypes.memset(ctypes.byref(later), 0xab, ctypes.sizeof(later))
         p = ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.A2aOptions))
         self.c.fo_gemm_alltoall_options_default(p, ctypes.sizeof(later))
-        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.path, later.added), (40, 8, 0, 0))
+        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.path, later.o.experts, later.added),
+                         (48, 8, 0, 1, 0))
         h = ctypes.c_void_p()
         with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
             self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, p, ctypes.byref(h))
         later.added = 1
-        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 40: the options set fields that this "
-                                    r"library \(flashoverlap [0-9.]+, options of 32 bytes\) does not know"):
+        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 48: the options set fields that this "
+                                    r"library \(flashoverlap [0-9.]+, options of 40 bytes\) does not know"):
             self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, p, ctypes.byref(h))
+
+    def test_alltoall_options_of_the_first_version(self):
+        # (a caller whose struct ends at exchange_timeout_s, 32 bytes: its defaults are written up to there only)
+        first = _capi.A2aOptions()
+        ctypes.memset(ctypes.byref(first), 0xab, ctypes.sizeof(first))
+        self.c.fo_gemm_alltoall_options_default(ctypes.byref(first), 32)
+        self.assertEqual((first.struct_size, first.nccl_sms, first.exchange_timeout_s), (32, 8, 120.0))
+        self.assertEqual(ctypes.string_at(ctypes.addressof(first) + 32, 4), b"\xab" * 4)  # (not written)
 
     def test_make_routing(self):
         r, keep = _capi.make_routing(3, [0, 1, 0], [5, 2, 7], [0.5, 1.0, 0.25], 9, [2, 1], [1, 4], 2)
-        self.assertEqual((r.struct_size, r.rows, r.tokens, r.on_device), (72, 3, 9, 0))
+        self.assertEqual((r.struct_size, r.rows, r.tokens, r.on_device, bool(r.expert_counts)), (80, 3, 9, 0, False))
         self.assertEqual(([r.dest_rank[i] for i in range(3)], [r.dest_token[i] for i in range(3)],
                           [r.gate[i] for i in range(3)]), ([0, 1, 0], [5, 2, 7], [0.5, 1.0, 0.25]))
         self.assertEqual(([r.send_counts[i] for i in range(2)], [r.recv_counts[i] for i in range(2)]), ([2, 1], [1, 4]))
@@ -681,6 +737,9 @@ class CApi(unittest.TestCase):
         self.assertEqual(slot.fill(0, None, None, None, 0, [0, 0], [0, 0], on_device=True).on_device, 1)
         with self.assertRaisesRegex(InvalidArgument, "send_counts and recv_counts need 2 entries, not 1 and 2"):
             slot.fill(1, None, None, None, 1, [1], [0, 1])
+        self.assertFalse(bool(slot.r.expert_counts))  # (one expert per rank: NULL)
+        with self.assertRaisesRegex(InvalidArgument, "expert_counts is for several experts per rank"):
+            slot.fill(3, None, None, None, 7, [2, 1], [1, 4], expert_counts=[2, 1])
         # device arrays: their addresses as pointers, and on_device set
         at = lambda v: ctypes.cast(ctypes.c_void_p(v), ctypes.POINTER(ctypes.c_int32))  # noqa: E731
         r, keep = _capi.make_routing(2, at(0x7000), at(0x8000), ctypes.cast(ctypes.c_void_p(0x9000),
@@ -688,6 +747,23 @@ class CApi(unittest.TestCase):
         self.assertEqual((r.on_device, ctypes.cast(r.dest_rank, ctypes.c_void_p).value,
                           ctypes.cast(r.dest_token, ctypes.c_void_p).value, ctypes.cast(r.gate, ctypes.c_void_p).value),
                          (1, 0x7000, 0x8000, 0x9000))
+        # several experts per rank: expert_counts, world * experts entries, s-major; NULL unless given
+        r, keep = _capi.make_routing(3, [0, 1, 0], [5, 2, 7], None, 9, [2, 1], [1, 4], 2,
+                                     expert_counts=[1, 0, 1, 0, 1, 0], experts=3)
+        self.assertEqual([r.expert_counts[i] for i in range(6)], [1, 0, 1, 0, 1, 0])
+        with self.assertRaisesRegex(InvalidArgument, "^expert_counts has 4 entries, expected 6$"):
+            _capi.make_routing(3, [0, 1, 0], [5, 2, 7], None, 9, [2, 1], [1, 4], 2, expert_counts=[1, 1, 1, 0],
+                               experts=3)
+        slot = _capi.RoutingSlot(2, experts=2)
+        for counts in ([2, 0, 0, 1], [1, 1, 0, 1]):
+            r = slot.fill(3, None, None, None, 7, [2, 1], [1, 4], expert_counts=counts)
+            self.assertIs(r, slot.r)
+            self.assertEqual((r.struct_size, [r.expert_counts[i] for i in range(4)]), (80, counts))
+            self.assertEqual(ctypes.cast(r.expert_counts, ctypes.c_void_p).value, ctypes.addressof(slot.expert))
+        for bad, got in ((None, "none"), ([2, 1], "2")):
+            with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(f"expert_counts needs 4 entries (world 2 x 2 "
+                                                                         f"experts), not {got}") + "$"):
+                slot.fill(3, None, None, None, 7, [2, 1], [1, 4], expert_counts=bad)
         for args, message in (((2, [0], [0, 1], None, 2, [2], [2], 1), "dest_rank has 1 entries, expected 2"),
                               ((1, [0], [0], [1.0, 2.0], 2, [1], [1], 1), "gate has 2 entries, expected 1"),
                               ((1, [0], [0], None, 2, [1], [1, 0], 1), "recv_counts has 2 entries, expected 1"),
@@ -849,10 +925,11 @@ class CustomOps(unittest.TestCase):
                                        "int handle) -> (Tensor, Tensor)",
         "gemm_reduce_scatter_all_gather_rows": "(Tensor y, SymInt m, int handle) -> Tensor",
         "gemm_all_to_all": "(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor gate, "
-                           "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle) -> Tensor",
+                           "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle, "
+                           "SymInt[]? expert_counts=None) -> Tensor",
         "gemm_all_to_all_rows": "(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor? gate, "
-                                "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle) -> "
-                                "(Tensor, Tensor)",
+                                "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle, "
+                                "SymInt[]? expert_counts=None) -> (Tensor, Tensor)",
     }
 
     @classmethod
@@ -879,6 +956,20 @@ class CustomOps(unittest.TestCase):
         self.assertEqual({n: d.schema for n, d in self.defined.items()},
                          {"flashoverlap::" + n: s for n, s in self.SCHEMAS.items()})
         self.assertTrue(all(d.fake is not None for d in self.defined.values()))
+        # (a schema argument with a default may be left out by the caller: the functions default it alike)
+        import inspect
+        for name in ("gemm_all_to_all", "gemm_all_to_all_rows"):
+            for fn in (self.defined["flashoverlap::" + name].real, self.defined["flashoverlap::" + name].fake):
+                params = list(inspect.signature(fn).parameters.values())
+                self.assertEqual((params[-2].name, params[-1].name, params[-1].default), ("handle", "expert_counts",
+                                                                                          None), fn.__name__)
+        try:
+            import torch
+        except ImportError:
+            return
+        if hasattr(torch._C, "parse_schema"):  # (the schemas parse as torch reads them)
+            for name, schema in self.SCHEMAS.items():
+                torch._C.parse_schema(f"flashoverlap::{name}{schema}")
 
     def test_real_implementations_reach_the_op_of_the_handle(self):
         fot, seen = self.fot, []
@@ -904,12 +995,17 @@ class CustomOps(unittest.TestCase):
         self.assertEqual(call("gemm_all_to_all", "x", "w", "dr", "dt", "g", [1], [2], 3, a2a), "GemmAllToAll._run")
         self.assertEqual(call("gemm_all_to_all_rows", "x", "w", "dr", "dt", None, [1], [2], 3, a2a),
                          ("GemmAllToAll._run", "second"))
+        # (several experts per rank: expert_counts after the handle)
+        call("gemm_all_to_all", "x", "w", "dr", "dt", "g", [1], [2], 3, a2a, [1, 0])
+        call("gemm_all_to_all_rows", "x", "w", "dr", "dt", None, [1], [2], 3, a2a, [0, 1])
         self.assertEqual(seen, [
             ("GemmAllReduce._run", "x", "w"), ("GemmAllReduce._run_rmsnorm", "x", "w", "r", "g", 1e-6),
             ("GemmReduceScatter._run", "x", "w"), ("GemmReduceScatter._run_rmsnorm", "x", "w", "r", "g", 1e-5),
             ("GemmReduceScatter._all_gather_rows", "y", 64),
-            ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True),
-            ("GemmAllToAll._run", "x", "w", "dr", "dt", None, [1], [2], 3, False)])
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True, None),
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", None, [1], [2], 3, False, None),
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True, [1, 0]),
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", None, [1], [2], 3, False, [0, 1])])
         # a handle of another kind, or none
         with self.assertRaisesRegex(FlashOverlapError, f"handle {ar} is a GemmAllReduce, not a GemmReduceScatter"):
             call("gemm_reduce_scatter", "x", "w", ar)
@@ -938,6 +1034,66 @@ class CustomOps(unittest.TestCase):
         self.assertEqual(tuple(fake("gemm_reduce_scatter_all_gather_rows", r[:3], 6, rs.handle).shape), (6, 32))
         with self.assertRaisesRegex(FlashOverlapError, "no op with handle 986999"):
             fake("gemm_reduce_scatter", x, w, 986999)
+
+    def a2a_op(self, torch, experts, handle):
+        """A GemmAllToAll's attributes (world 2, n 32, k 16, fp16 on the CPU), published under handle."""
+        fot = self.fot
+        op = object.__new__(fot.GemmAllToAll)
+        op.max_rows, op.max_tokens, op.topk, op.n, op.k, op.experts = 64, 32, 2 * experts, 32, 16, experts
+        op.dtype, op.device, op.world, op.rank, op.handle = torch.float16, torch.device("cpu"), 2, 0, handle
+        fot._ops[handle] = op
+        self.addCleanup(fot._ops.pop, handle, None)
+        return op
+
+    def test_alltoall_fakes_say_the_shapes_with_several_experts(self):
+        # (the outputs' shapes are those of one expert: (tokens, n) combined, (sum(recv_counts), n) and its
+        # tokens not; the weight is (experts, n, k) and expert_counts are checked first, under FakeTensorMode too)
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed: the fakes' shapes are not tested")
+        fake = lambda name, *args: self.defined["flashoverlap::" + name].fake(*args)  # noqa: E731
+        one, three = self.a2a_op(torch, 1, 987201), self.a2a_op(torch, 3, 987203)
+        h = torch.float16
+
+        def args(rows, w, send, recv):
+            return (torch.zeros(rows, 16, dtype=h), w, torch.zeros(rows, dtype=torch.int32),
+                    torch.zeros(rows, dtype=torch.int32), torch.ones(rows), send, recv, 7)
+
+        w1, w3 = torch.zeros(32, 16, dtype=h), torch.zeros(3, 32, 16, dtype=h)
+        self.assertEqual(tuple(fake("gemm_all_to_all", *args(5, w1, [3, 2], [4, 1]), one.handle).shape), (7, 32))
+        self.assertEqual(tuple(fake("gemm_all_to_all", *args(5, w1[None], [3, 2], [4, 1]), one.handle).shape),
+                         (7, 32))
+        counts = [1, 0, 2, 0, 2, 0]  # (rank 0's three experts: 3 rows; rank 1's: 2)
+        self.assertEqual(tuple(fake("gemm_all_to_all", *args(5, w3, [3, 2], [4, 1]), three.handle, counts).shape),
+                         (7, 32))
+        rows, tok = fake("gemm_all_to_all_rows", *args(5, w3, [3, 2], [4, 6]), three.handle, counts)
+        self.assertEqual((tuple(rows.shape), tuple(tok.shape), tok.dtype), ((10, 32), (10,), torch.int32))
+        for name, a, handle, message in (
+                ("gemm_all_to_all", args(5, w1, [3, 2], [4, 1]), three.handle,
+                 "weight has shape (32, 16), expected (3, 32, 16): the 3 experts' weights stacked (experts, n, k)"),
+                ("gemm_all_to_all", args(5, w3, [3, 2], [4, 1]), three.handle, "expert_counts is required with 3 "
+                 "experts per rank"),
+                ("gemm_all_to_all_rows", args(5, w3, [3, 2], [4, 1]), three.handle, "expert_counts is required"),
+                ("gemm_all_to_all", args(5, w3, [3, 2], [4, 1]), one.handle, "weight has shape (3, 32, 16), expected "
+                 "(1, 32, 16)"),
+                ("gemm_all_to_all", args(5, w1, [3, 2], [4, 1]) + (one.handle, [3, 2]), None,
+                 "expert_counts is for several experts per rank; this op has one")):
+            extra = () if handle is None else (handle,)
+            with self.assertRaises(InvalidArgument) as cm:
+                fake(name, *a, *extra)
+            self.assertIn(message, str(cm.exception))
+        with self.assertRaisesRegex(InvalidArgument, r"expert_counts has 5 entries, expected world x experts = 2 x 3 "
+                                                     "= 6 ints"):
+            fake("gemm_all_to_all", *args(5, w3, [3, 2], [4, 1]), three.handle, counts[:5])
+        try:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+        except ImportError:
+            return
+        with FakeTensorMode():
+            rows, tok = fake("gemm_all_to_all_rows", *args(5, torch.empty(3, 32, 16, dtype=h), [3, 2], [4, 6]),
+                             three.handle, counts)
+        self.assertEqual((tuple(rows.shape), tuple(tok.shape)), ((10, 32), (10,)))
 
 
 @unittest.skipUnless(shutil.which("cc") and shutil.which("nm"), "no C compiler or nm: no stand-in NCCL")
@@ -1103,12 +1259,14 @@ class TorchValidation(unittest.TestCase):
             return f"GemmReduceScatter(max_m=64, n=32, k=16, float16, cpu, world {self.world}, {self.layout} layout)"
 
     class A2aSpec(Spec):
-        def __init__(self, torch, world=2):
+        def __init__(self, torch, world=2, experts=1):
             super().__init__(torch)
-            self.world, self.max_rows, self.max_tokens, self.topk = world, 64, 32, 2
+            self.world, self.max_rows, self.max_tokens, self.topk, self.experts = world, 64, 32, 2, experts
 
         def __str__(self):
-            return f"GemmAllToAll(max_rows=64, max_tokens=32, topk=2, n=32, k=16, float16, cpu, world {self.world})"
+            experts = f"experts={self.experts}, " if self.experts > 1 else ""
+            return (f"GemmAllToAll(max_rows=64, max_tokens=32, topk=2, {experts}n=32, k=16, float16, cpu, "
+                    f"world {self.world})")
 
     def rs_check_fails(self, spec, message, x, w, r=None, g=None):
         with self.assertRaises(InvalidArgument) as cm:
@@ -1376,6 +1534,83 @@ class TorchValidation(unittest.TestCase):
         for bad in (7.0, True, "7", None):
             self.a2a_fails(f"tokens = {bad!r} is not an int (this rank's tokens)", tokens=bad)
 
+    def test_alltoall_weight_with_several_experts(self):
+        # (experts > 1: the experts' weights stacked, (experts, n, k); one expert: (n, k) or (1, n, k))
+        t = self.torch
+        h = t.float16
+        three = self.A2aSpec(t, experts=3)
+        counts = [1, 0, 2, 0, 2, 0]  # (rank 0's rows: 1 for expert 0, 2 for expert 2; rank 1's: 2 for expert 1)
+        w3 = t.zeros(3, 32, 16, dtype=h)
+        self.fot.check_a2a_inputs(three, **self.a2a_args(weight=w3), expert_counts=counts)
+        self.fot.check_a2a_inputs(three, **self.a2a_args(rows=0, weight=w3, send_counts=[0, 0]),
+                                  expert_counts=[0] * 6)
+        self.fot.check_a2a_inputs(self.A2aSpec(t), **self.a2a_args(weight=t.zeros(1, 32, 16, dtype=h)))
+        fails = lambda spec, message, counts=None, **kw: self.a2a_fails(  # noqa: E731
+            message, spec, expert_counts=counts, **kw)
+        fails(three, "weight has shape (32, 16), expected (3, 32, 16): the 3 experts' weights stacked (experts, n, k)",
+              counts, weight=t.zeros(32, 16, dtype=h))
+        fails(three, "weight has shape (2, 32, 16), expected (3, 32, 16)", counts, weight=t.zeros(2, 32, 16, dtype=h))
+        fails(three, "weight has shape (3, 16, 16), expected (3, 32, 16)", counts, weight=t.zeros(3, 16, 16, dtype=h))
+        fails(three, "weight has dtype torch.float32, expected torch.float16", counts, weight=t.zeros(3, 32, 16))
+        fails(three, "weight is not contiguous (shape (3, 32, 16), strides (16, 48, 1)): the op reads row-major rows; "
+              "pass weight.contiguous()", counts, weight=t.zeros(32, 3, 16, dtype=h).transpose(0, 1))
+        one = self.A2aSpec(t)
+        fails(one, "weight has shape (2, 32, 16), expected (1, 32, 16)", weight=t.zeros(2, 32, 16, dtype=h))
+        fails(one, "weight has shape (2, 2, 32, 16), expected (32, 16) (or (1, 32, 16))",
+              weight=t.zeros(2, 2, 32, 16, dtype=h))
+        fails(one, "weight has shape (512,), expected (32, 16) (or (1, 32, 16))", weight=t.zeros(512, dtype=h))
+
+    def test_alltoall_expert_counts(self):
+        t = self.torch
+        three = self.A2aSpec(t, experts=3)
+        w3 = t.zeros(3, 32, 16, dtype=t.float16)
+        fails = lambda message, counts, spec=three, **kw: self.a2a_fails(  # noqa: E731
+            message, spec, expert_counts=counts, **kw)
+        fails("expert_counts is required with 3 experts per rank: the rows of x from each rank for each expert, 6 ints "
+              "(world x experts, source-major)", None, weight=w3)
+        fails("expert_counts has 5 entries, expected world x experts = 2 x 3 = 6 ints", [1, 0, 2, 0, 2], weight=w3)
+        fails("expert_counts has 7 entries, expected world x experts = 2 x 3 = 6 ints", [1, 0, 2, 0, 2, 0, 0],
+              weight=w3)
+        fails("expert_counts must be a list of world x experts = 2 x 3 = 6 ints, not int", 5, weight=w3)
+        fails("expert_counts = [1, 0, 2.0, 0, 2, 0]: not a list of ints", [1, 0, 2.0, 0, 2, 0], weight=w3)
+        # The values against each other: at world 1 here; at world 2 the library's, on every rank at once.
+        for bad in ([2, -1, 2, 0, 2, 0], [1, 0, 1, 0, 2, 0], [1, 0, 2, 0, 3, 0]):
+            self.fot.check_expert_counts(three, bad, [3, 2])
+        alone = self.A2aSpec(t, world=1, experts=3)
+        one_rank = lambda message, counts: self.a2a_fails(  # noqa: E731
+            message, alone, expert_counts=counts, weight=w3, dest_rank=t.zeros(5, dtype=t.int64), send_counts=[5],
+            recv_counts=[5])
+        one_rank("expert_counts[1] = -1 (rank 0, expert 1) is negative", [2, -1, 4])
+        one_rank("expert_counts of rank 0 ([1, 0, 1]) sum to 2, but send_counts[0] = 5: rank 0's rows, expert after "
+                 "expert, are the rows that go back to it", [1, 0, 1])
+        fails("expert_counts is for several experts per rank; this op has one (pass None: send_counts say the rows)",
+              [3, 2], spec=self.A2aSpec(t))
+        # (a fake call's SymInts are not compared: no guard on them; plain ints only here)
+        self.fot.check_expert_counts(three, [1, 0, 2, 0, 2, 0], [3, 2])
+        self.fot.check_expert_counts(self.A2aSpec(t), None, [3, 2])
+        # the forms a call takes, as one flat source-major list
+        counts = lambda v, spec=three: self.fot._expert_counts(t, spec, v)  # noqa: E731
+        flat = [1, 0, 2, 0, 2, 0]
+        self.assertIsNone(counts(None))
+        for form in (flat, tuple(flat), [[1, 0, 2], [0, 2, 0]], ([1, 0, 2], (0, 2, 0)), t.tensor(flat),
+                     t.tensor(flat, dtype=t.int32).view(2, 3), t.tensor(flat, dtype=t.int16)):
+            self.assertEqual(counts(form), flat, repr(form))
+        for bad, message in (
+                ([[1, 0, 2], [0, 2]], "expert_counts has 2 lists of [3, 2] entries, expected the world size 2 lists "
+                                      "of 3 (one per expert of this rank)"),
+                ([[1, 0, 2]], "expert_counts has 1 lists of [3] entries, expected the world size 2 lists of 3"),
+                ([[1, 0, 2], 0, 2, 0], "expert_counts = [[1, 0, 2], 0, 2, 0]: not a list of ints"),
+                (t.tensor([1.0] * 6), "expert_counts must be an integer tensor of shape (6,) or (2, 3) (world x "
+                                      "experts), or a list of ints, not a tensor of dtype torch.float32 and shape "
+                                      "(6,), strides (1,)"),
+                (t.zeros(3, 2, dtype=t.int64), "expert_counts must be an integer tensor of shape (6,) or (2, 3)"),
+                (t.zeros(5, dtype=t.int64), "expert_counts must be an integer tensor of shape (6,) or (2, 3)"),
+                ("123456", "expert_counts must be a list of 6 ints (world 2 x 3 experts, source-major), 2 lists of 3, "
+                           "or an integer tensor, not str")):
+            with self.assertRaises(InvalidArgument) as cm:
+                counts(bad)
+            self.assertTrue(str(cm.exception).startswith(f"{three}: {message}"), str(cm.exception))
+
     def test_alltoall_counts(self):
         t = self.torch
         spec = self.A2aSpec(t)
@@ -1412,12 +1647,12 @@ class TorchValidation(unittest.TestCase):
                                                                         "int32 (from")):
                 self.fot._host_int32(spec, "dest_token", t.tensor([1, v], dtype=t.int64))
 
-    def make_a2a_op(self, world=2):
+    def make_a2a_op(self, world=2, experts=1):
         t = self.torch
         op = object.__new__(self.fot.GemmAllToAll)
-        op.max_rows, op.max_tokens, op.topk, op.n, op.k = 64, 32, 2, 32, 16
+        op.max_rows, op.max_tokens, op.topk, op.n, op.k, op.experts = 64, 32, 2, 32, 16, experts
         op.dtype, op.device, op.world, op.rank, op.handle = t.float16, t.device("cpu"), world, 0, 4322
-        op._routing = self.fot._capi.RoutingSlot(world)  # (as __init__ makes it)
+        op._routing = self.fot._capi.RoutingSlot(world, experts)  # (as __init__ makes it)
         return op
 
     def test_alltoall_call_checks_before_any_work(self):
@@ -1457,6 +1692,34 @@ class TorchValidation(unittest.TestCase):
                           ("rows", [3, 2], [4, 0], 7, 4322)])
         self.assertEqual([c[5] is g for c in calls], [True, False, True])
         self.assertIsNone(calls[1][5])
+        # one expert: expert_counts refused (send_counts say the rows)
+        with self.assertRaisesRegex(InvalidArgument, "^" + re.escape(f"{name}: expert_counts is for several experts "
+                                                                     "per rank; this op has one")):
+            op(x, w, dr, dt, g, [3, 2], [4, 0], 7, expert_counts=[3, 2])
+        # several experts: expert_counts required and checked here, then handed on after the handle, a flat
+        # source-major list of ints whatever form it came in
+        del calls[:]
+        op = self.make_a2a_op(experts=3)
+        name = "GemmAllToAll(max_rows=64, max_tokens=32, topk=2, experts=3, n=32, k=16, float16, cpu, world 2)"
+        self.assertEqual(str(op), name)
+        w3 = t.zeros(3, 32, 16, dtype=t.float16)
+        for call, message in (
+                (lambda: op(x, w3, dr, dt, g, [3, 2], [4, 0], 7), "expert_counts is required with 3 experts per rank"),
+                (lambda: op(x, w3, dr, dt, g, [3, 2], [4, 0], 7, expert_counts=[1, 2, 0, 2]),
+                 "expert_counts has 4 entries, expected world x experts = 2 x 3 = 6 ints"),
+                (lambda: op(x, w3, dr, dt, g, [3, 2], [4, 0], 7, expert_counts=t.ones(2, 2, dtype=t.int64)),
+                 "expert_counts must be an integer tensor of shape (6,) or (2, 3)")):
+            with self.assertRaises(InvalidArgument) as cm:
+                call()
+            self.assertTrue(str(cm.exception).startswith(f"{name}: {message}"), str(cm.exception))
+        self.assertEqual(calls, [])
+        op(x, w3, dr, dt, g, [3, 2], [4, 0], 7, expert_counts=[1, 0, 2, 0, 2, 0])
+        op(x, w3, dr, dt, None, [3, 2], [4, 0], 7, combine=False, expert_counts=[[1, 0, 2], [0, 2, 0]])
+        op(x, w3, dr, dt, g, t.tensor([3, 2]), [4, 0], 7, expert_counts=t.tensor([[1, 0, 2], [0, 2, 0]]))
+        self.assertEqual([(c[0],) + tuple(c[6:]) for c in calls],
+                         [(kind, [3, 2], [4, 0], 7, 4322, [1, 0, 2, 0, 2, 0])
+                          for kind in ("combine", "rows", "combine")])
+        self.assertTrue(all(c[2] is w3 for c in calls))
 
     def test_fast_way_takes_the_output_allocated_ahead(self):
         # An eager call in the steady state (an m called before, plain
@@ -1567,7 +1830,7 @@ class TorchValidation(unittest.TestCase):
         fot._torch = t
         self.addCleanup(setattr, fot, "_torch", saved)
         op = self.make_a2a_op()
-        seen = []
+        seen, experts = [], [1]
 
         class Library:  # (the ctypes GemmAllToAll's run, recording what the routing says while it runs)
             def run(self, a, b, routing, out, ld_out, combine, tokens_out, stream):
@@ -1577,13 +1840,19 @@ class TorchValidation(unittest.TestCase):
                                  dest_rank=[r.dest_rank[i] for i in range(r.rows)],
                                  dest_token=[r.dest_token[i] for i in range(r.rows)],
                                  gate=[r.gate[i] for i in range(r.rows)] if r.gate else None,
-                                 send=[r.send_counts[i] for i in range(2)], recv=[r.recv_counts[i] for i in range(2)]))
+                                 send=[r.send_counts[i] for i in range(2)], recv=[r.recv_counts[i] for i in range(2)],
+                                 expert_counts=[r.expert_counts[i] for i in range(2 * experts[0])]
+                                 if r.expert_counts else None))
 
         op._op = Library()
         op._on_device = lambda fn: fn()  # (no CUDA here: the call's device and stream are stand-ins)
         op._refuse_capture = lambda: None
         op._enqueue_call = lambda call: call(0x77)
         x, w = t.zeros(5, 16, dtype=t.float16), t.zeros(32, 16, dtype=t.float16)
+        # (a weight of one expert, 3-D: the same memory, read alike)
+        op._run(x, w[None], t.zeros(5, dtype=t.int64), t.zeros(5, dtype=t.int64), t.ones(5), [5, 0], [5, 0], 7,
+                True)
+        self.assertEqual((seen[-1]["b"], seen[-1]["expert_counts"]), (w.data_ptr(), None))
         dr = t.tensor([1, 0, 1, 0, 1], dtype=t.int64)
         dt = t.tensor([4, 0, 2, 6, 1], dtype=t.int64)
         g = t.tensor([0.5, 1.0, 0.25, 2.0, 1.5], dtype=t.bfloat16)
@@ -1594,7 +1863,7 @@ class TorchValidation(unittest.TestCase):
                          (x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, True, None, 0x77))
         self.assertEqual((s0["struct_size"], s0["rows"], s0["tokens"], s0["dest_rank"], s0["dest_token"], s0["gate"],
                           s0["send"], s0["recv"]),
-                         (72, 5, 7, [1, 0, 1, 0, 1], [4, 0, 2, 6, 1], [0.5, 1.0, 0.25, 2.0, 1.5], [2, 3], [1, 3]))
+                         (80, 5, 7, [1, 0, 1, 0, 1], [4, 0, 2, 6, 1], [0.5, 1.0, 0.25, 2.0, 1.5], [2, 3], [1, 3]))
         # not combining: the received rows (sum(recv_counts)) and their tokens; no gates: NULL
         rows, tok = op._run(x, w, dr, dt, None, [2, 3], [1, 3], 7, False)
         self.assertEqual((tuple(rows.shape), tuple(tok.shape), tok.dtype), ((4, 32), (4,), t.int32))
@@ -1618,6 +1887,26 @@ class TorchValidation(unittest.TestCase):
             op._run(x, w, dr, dt, None, [2, 3], [1, 3], 7, True)
         with self.assertRaisesRegex(InvalidArgument, r"dest_rank has shape \(4,\), expected \(5,\)"):
             op._run(x, w, dr[:4], dt, g, [2, 3], [1, 3], 7, True)
+        self.assertEqual(len(seen), n)
+        # several experts: the 3-D weight and each call's expert_counts, in the routing (80 bytes) the library reads
+        experts[0] = 2
+        op2 = self.make_a2a_op(experts=2)
+        op2._op, op2._on_device, op2._refuse_capture, op2._enqueue_call = (op._op, op._on_device, op._refuse_capture,
+                                                                           op._enqueue_call)
+        w2 = t.zeros(2, 32, 16, dtype=t.float16)
+        for counts in ([0, 2, 3, 0], [1, 1, 0, 3]):
+            out, _ = op2._run(x, w2, dr, dt, g, [2, 3], [1, 3], 7, True, counts)
+            s2 = seen[-1]
+            self.assertEqual((s2["b"], s2["struct_size"], s2["expert_counts"], s2["send"], s2["dest_rank"]),
+                             (w2.data_ptr(), 80, counts, [2, 3], [1, 0, 1, 0, 1]))
+        rows, tok = op2._run(x, w2, dr, dt, None, [2, 3], [1, 3], 7, False, [2, 0, 0, 3])
+        self.assertEqual((tuple(rows.shape), seen[-1]["expert_counts"]), ((4, 32), [2, 0, 0, 3]))
+        n = len(seen)
+        for weight, counts, message in ((w, [0, 2, 3, 0], r"weight has shape \(32, 16\), expected \(2, 32, 16\)"),
+                                        (w2, None, "expert_counts is required with 2 experts per rank"),
+                                        (w2, [2, 0, 0], r"expert_counts has 3 entries")):
+            with self.assertRaisesRegex(InvalidArgument, message):
+                op2._run(x, weight, dr, dt, g, [2, 3], [1, 3], 7, True, counts)
         self.assertEqual(len(seen), n)
 
     def test_op_handles_name_their_kind(self):
@@ -1671,6 +1960,7 @@ class TorchValidation(unittest.TestCase):
                 with self.assertRaisesRegex(InvalidArgument, "^GemmReduceScatter: " + re.escape(message)):
                     self.fot.GemmReduceScatter(**args)
             for kw, message in (({"path": "owners"}, "path = 'owners': one of 'auto', 'sequential', 'slots'"),
+                                ({"experts": 0}, "experts = 0: needs experts >= 1 (experts per rank)"),
                                 ({"dtype": t.float32}, "dtype torch.float32 is not supported"),
                                 ({"max_rows": 0}, "max_rows = 0, max_tokens = 128, n = 32, k = 16: needs"),
                                 ({"max_tokens": 1 << 30}, "max_rows = 128, max_tokens = 1073741824, n = 32, k = 16: "
@@ -1681,6 +1971,41 @@ class TorchValidation(unittest.TestCase):
                 args.update(kw)
                 with self.assertRaisesRegex(InvalidArgument, "^GemmAllToAll: " + re.escape(message)):
                     self.fot.GemmAllToAll(**args)
+
+    def test_alltoall_constructor_experts_and_topk(self):
+        # GemmAllToAll's own checks of experts (before any device or group) and of topk against world x experts
+        # (after the group), with torch's acceptance and the group stood in for (no torch >= 2.4 or GPU needed)
+        t, fot = self.torch, self.fot
+        saved = fot.require_torch
+        fot.require_torch = lambda: t
+        self.addCleanup(setattr, fot, "require_torch", saved)
+
+        class Reached(Exception):
+            pass
+
+        class Probe(fot.GemmAllToAll):
+            def _resolve(self, torch, group, device, who):
+                self.device, self.group, self.rank, self.world = torch.device("cpu"), group, 0, 2
+
+            def _connect(self, torch, comm, who):
+                raise Reached((self.topk, self.experts))
+
+        args = dict(group=None, max_rows=128, max_tokens=128, n=32, k=16, dtype=t.bfloat16)
+        for kw, message in (({"topk": 1, "experts": 0}, "experts = 0: needs experts >= 1 (experts per rank)"),
+                            ({"topk": 1, "experts": -1}, "experts = -1: needs experts >= 1"),
+                            ({"topk": 1, "experts": 2.0}, "experts = 2.0 is not an int (experts per rank)"),
+                            ({"topk": 1, "experts": None}, "experts = None is not an int"),
+                            ({"topk": 3}, "topk = 3: needs 1 <= topk <= the world size 2 (each token picks distinct "
+                                          "experts)"),
+                            ({"topk": 0, "experts": 4}, "topk = 0: needs 1 <= topk <= the world size 2 x 4 experts per "
+                                                        "rank = 8"),
+                            ({"topk": 9, "experts": 4}, "topk = 9: needs 1 <= topk <= the world size 2 x 4 experts")):
+            with self.subTest(**kw), self.assertRaisesRegex(InvalidArgument, "^GemmAllToAll: " + re.escape(message)):
+                Probe(**args, **kw)
+        for kw in ({"topk": 2}, {"topk": 8, "experts": 4}, {"topk": 3, "experts": 2}):
+            with self.assertRaises(Reached) as cm:
+                Probe(**args, **kw)
+            self.assertEqual(cm.exception.args[0], (kw["topk"], kw.get("experts", 1)))
 
     def test_round_max_m(self):
         self.assertEqual([self.fot.round_max_m(m) for m in (0, 1, 128, 129, 4096, 5000)], [128, 128, 128, 256, 4096, 8192])
