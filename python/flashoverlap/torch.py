@@ -1115,10 +1115,17 @@ class GroupedGemm:
     takes them): the host then waits for nothing and our GEMM runs; offsets
     that decrease or pass x's rows leave that expert's rows and every later
     one's out, and op.check() raises InvalidArgument (once). path: "auto" (the
-    faster of ours and cuBLAS's per-expert GEMMs at the call's mean rows per
-    expert, timed at construction), "ours" or "cublas". Eager calls on the
-    current stream (not yet a custom op: not for torch.compile or CUDA graphs).
+    fastest at the call's mean rows per expert, timed at construction, of
+    ours, cuBLAS's per-expert GEMMs and, in bf16 where torch has it,
+    torch._grouped_mm: PyTorch's own, so that the op is never slower than
+    it), "ours" or "cublas". Eager calls on the current stream (not yet a
+    custom op: not for torch.compile or CUDA graphs).
     """
+
+    # (torch's grouped GEMM where it beat the library's choice by more than this, at a calibration sample)
+    TORCH_MARGIN = 0.02
+    # (the calibration's weights: at most this many bytes, all experts where they fit)
+    CALIBRATION_BYTES = 1 << 30
 
     def __init__(self, max_rows, experts, n, k, dtype, *, device=None, path="auto"):
         who = "GroupedGemm"
@@ -1136,6 +1143,59 @@ class GroupedGemm:
         self.max_rows, self.experts, self.n, self.k, self.dtype, self.path = max_rows, experts, n, k, dtype, path
         with torch.cuda.device(self.device):
             self._op = _capi.GroupedGemm(max_rows, experts, n, k, code, path=path)
+        # {mean rows per expert sample: torch's grouped GEMM faster there}, sorted; empty: never torch's
+        self._torch_at, self._last_torch = [], False
+        grouped_mm = getattr(torch, "_grouped_mm", None)
+        if path == "auto" and grouped_mm is not None and dtype is torch.bfloat16:
+            with torch.cuda.device(self.device):
+                self._torch_at = self._calibrate(torch, grouped_mm)
+
+    def _calibrate(self, torch, grouped_mm):
+        """[(mean rows per expert, torch's faster)] at powers of two up to max_rows / experts: ours (the
+        library's pick) and torch._grouped_mm timed in turns on uniform counts, on as many of the experts
+        as CALIBRATION_BYTES of weights hold (all where they fit)."""
+        e_cal = max(1, min(self.experts, self.CALIBRATION_BYTES // max(self.n * self.k * 2, 1)))
+        most = max(self.max_rows // self.experts, 1)
+        samples = sorted({min(1 << i, most) for i in range(4, max(most.bit_length(), 5))} | {most})
+        dev, dt = self.device, self.dtype
+        w = torch.randn(e_cal, self.n, self.k, device=dev).to(dt)
+        x = torch.randn(min(samples[-1] * e_cal, self.max_rows), self.k, device=dev).to(dt)
+        found = []
+        stream = torch.cuda.current_stream(dev)
+        for mean in samples:
+            per = max(1, min(mean, self.max_rows // e_cal))
+            counts = [per] * e_cal
+            rows = per * e_cal
+            xs = x[:rows]
+            out = torch.empty(rows, self.n, dtype=dt, device=dev)
+            offs = torch.arange(1, e_cal + 1, dtype=torch.int32, device=dev) * per
+            ours = lambda: self._op.run(xs.data_ptr(), w.data_ptr(), counts + [0] * (self.experts - e_cal),  # noqa: E731
+                                        out.data_ptr(), out.stride(0), stream.cuda_stream)
+            theirs = lambda: grouped_mm(xs, w.transpose(-2, -1), offs=offs)  # noqa: E731
+            times = [[], []]
+            for f in (ours, theirs):
+                f()
+            for _ in range(3):
+                for i, f in enumerate((ours, theirs)):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    for _ in range(5):
+                        f()
+                    e.record()
+                    e.synchronize()
+                    times[i].append(s.elapsed_time(e))
+            found.append((mean, min(times[1]) < (1 - self.TORCH_MARGIN) * min(times[0])))
+        return found
+
+    def _torch_for(self, rows):
+        """Whether a call of `rows` rows runs torch._grouped_mm (the sample at or below its mean rows)."""
+        if not self._torch_at:
+            return False
+        mean, pick = max(rows // self.experts, 1), self._torch_at[0][1]
+        for at, faster in self._torch_at:
+            if at <= mean:
+                pick = faster
+        return pick
 
     def __repr__(self):
         dt = str(self.dtype).replace("torch.", "")
@@ -1165,10 +1225,24 @@ class GroupedGemm:
         if not (hasattr(weight, "get_device") and weight.dtype is dt and weight.shape == (self.experts, self.n, self.k) and weight.get_device() == i
                 and weight.is_contiguous()):
             _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
+        self._last_torch = rows > 0 and self._torch_for(rows)
+        if self._last_torch:
+            offs = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=self.device)
+            return self._torch_out(torch, x, weight, offs, out, rows)
         out = self._out(torch, out, rows)
         if rows:
             _on_device(self.device, lambda: self._op.run(x.data_ptr(), weight.data_ptr(), counts, out.data_ptr(),
                                                           out.stride(0), _raw_stream(torch, self.device.index)))
+        return out
+
+    def _torch_out(self, torch, x, weight, offs, out, rows):
+        """torch._grouped_mm's product (into out where given)."""
+        if out is not None:
+            _check_tensor(self, "out", out, (rows, self.n), rows_contiguous=True)
+        y = torch._grouped_mm(x, weight.transpose(-2, -1), offs=offs)
+        if out is None:
+            return y
+        out.copy_(y)
         return out
 
     def _out(self, torch, out, rows):
@@ -1190,6 +1264,9 @@ class GroupedGemm:
             raise InvalidArgument(f"{self}: x has {rows} rows, more than max_rows = {self.max_rows}")
         _check_tensor(self, "x", x, (rows, self.k))
         _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
+        self._last_torch = rows > 0 and self._torch_for(rows)
+        if self._last_torch:
+            return self._torch_out(torch, x, weight, offs, out, rows)
         out = self._out(torch, out, rows)
         if rows:
             _on_device(self.device, lambda: self._op.run_offsets(x.data_ptr(), weight.data_ptr(), offs.data_ptr(),
@@ -1203,6 +1280,8 @@ class GroupedGemm:
 
     def last_plan(self):
         """The last call's GEMM and why, as text."""
+        if self._last_torch:
+            return "torch._grouped_mm (faster than ours and cuBLAS's at this mean rows per expert at construction)"
         return self._op.last_plan()
 
 

@@ -70,6 +70,7 @@ missing, short, negative or not adding up, the NVLink path refused).
 """
 
 import datetime
+import itertools
 import os
 import random
 import subprocess
@@ -1709,3 +1710,32 @@ class AllToAllExperts(Case):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Grouped(Case):
+    """GroupedGemm: every path, the counts on the host and the offsets on the GPU, against each expert's
+    F.linear in fp32 (within two roundings of the largest product); Auto's torch._grouped_mm candidate
+    named in last_plan where it runs."""
+
+    def test_every_path_computes_each_experts_rows(self):
+        experts, n, k = 5, 384, 256
+        w = rand(experts, n, k, dtype=torch.bfloat16, seed=71)
+        g = torch.Generator().manual_seed(SEED + 3)
+        for path in ("auto", "ours", "cublas"):
+            op = fo.GroupedGemm(2048, experts, n, k, torch.bfloat16, path=path)
+            for trial in range(4):
+                counts = torch.randint(0, 400, (experts,), generator=g).tolist()
+                counts[trial % experts] = 0  # (an expert without rows)
+                rows = sum(counts)
+                x = rand(rows, k, dtype=torch.bfloat16, seed=100 + trial)
+                starts = [0] + list(itertools.accumulate(counts))
+                ref = torch.cat([F.linear(x[starts[e]:starts[e + 1]].float(), w[e].float()) for e in range(experts)])
+                bound = 2 * U[torch.bfloat16] * (ref.abs().max().item() + 1e-6) + 1e-6
+                offs = torch.tensor(starts[1:], dtype=torch.int32, device=DEVICE)
+                for form, y in (("counts", op(x, w, counts)), ("offs", op(x, w, offs=offs))):
+                    torch.cuda.synchronize()
+                    ok, worst = within(y, ref, bound)
+                    self.ok(ok, f"{path} {form} trial {trial}: {worst} beyond {bound} ({op.last_plan()})")
+                    if path != "auto":
+                        self.ok("torch._grouped_mm" not in op.last_plan(), f"{path} ran {op.last_plan()}")
+            op.check()
