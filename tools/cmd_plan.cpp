@@ -39,8 +39,9 @@ double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 // --op alltoall's own flags (PlanOptions has --routing).
 struct MoeFlags {
-  int topk = 0;        // 0: min(2, world)
+  int topk = 0;        // 0: min(2, world x experts)
   int64_t tokens = 0;  // tokens per rank; 0: --m
+  int experts = 1;     // per rank
 };
 
 struct Planned {
@@ -216,7 +217,7 @@ void add_moe_notes(MoePlanned& p) {
 MoePlanned moe_plan_for(const PlanOptions& o, const MoeFlags& f) {
   check_gemm_shape(o.m, o.n, o.k);  // (as lab-bench: the shape's M is the tokens per rank)
   MoePlanned p;
-  p.routing = moe_routing_for(o.routing, f.topk, f.tokens, o.world, o.m, o.n, o.k, kMoeWho);
+  p.routing = moe_routing_for(o.routing, f.topk, f.tokens, o.world, o.m, o.n, o.k, kMoeWho, f.experts);
   fp::MoePlanRequest req;  // lab-bench's request, less the measured wave time
   req.n = o.n, req.k = o.k;
   req.dtype = fp::parse_dtype(o.dtype);
@@ -260,6 +261,7 @@ MoePlanned moe_plan_for(const PlanOptions& o, const MoeFlags& f) {
   p.req.routing = nullptr;
   GemmAllToAllOptions op;
   if (o.reserve_sms > 0) op.nccl_sms = o.reserve_sms;
+  op.experts = p.routing.experts;
   if (op.nccl_sms <= o.sms / 2) {  // (the op takes [1, sms / 2])
     std::vector<int64_t> recv;
     p.op_plan = plan_gemm_alltoall(public_routings(p.routing, recv), o.n, o.k,
@@ -298,6 +300,7 @@ nlohmann::json moe_plan_json(const MoePlanned& p, const PlanOptions& o) {
   nlohmann::json j{{"op", "alltoall"},
                    {"routing", o.routing},
                    {"topk", fp::moe_topk(r)},
+                   {"experts", r.experts},
                    {"tokens", token_range(r).second},
                    {"world", W},
                    {"n", o.n},
@@ -353,7 +356,9 @@ void print_moe_text(const MoePlanned& p, const PlanOptions& o, std::ostream& out
   const auto [t_lo, t_hi] = token_range(r);
   const std::string tokens = t_lo == t_hi ? std::to_string(t_hi) : strf("%d..%d", t_lo, t_hi);
   out << "plan: alltoall, the MoE combine, over " << W << " rank" << (W == 1 ? "" : "s") << ": " << tokens
-      << " tokens a rank, top-" << fp::moe_topk(r) << " by routing " << o.routing << "; N " << o.n << ", K " << o.k
+      << " tokens a rank, top-" << fp::moe_topk(r) << " by routing " << o.routing
+      << (r.experts > 1 ? ", " + std::to_string(r.experts) + " experts per rank" : std::string()) << "; N " << o.n
+      << ", K " << o.k
       << ", " << fp::to_string(p.req.dtype) << "\n";
   out << "moe plan: " << fp::describe(plan) << "\n";
   out << strf("tiles: %dx%d, %d tile column%s; %d CTAs (%d SMs, %d left to NCCL%s); %d wave%s on the common axis\n",
@@ -399,8 +404,8 @@ void print_moe_text(const MoePlanned& p, const PlanOptions& o, std::ostream& out
 
 int print_plan_with(const PlanOptions& opts, const MoeFlags& moe, std::ostream& out) {
   if (opts.op != "alltoall") {
-    if (opts.routing != PlanOptions{}.routing || moe.topk != 0 || moe.tokens != 0)
-      throw InvalidArgument("--routing, --topk and --tokens are for --op alltoall");
+    if (opts.routing != PlanOptions{}.routing || moe.topk != 0 || moe.tokens != 0 || moe.experts != 1)
+      throw InvalidArgument("--routing, --topk, --tokens and --experts are for --op alltoall");
     const Planned p = plan_for(opts);
     // What the public op runs for these inputs: the same planning code as
     // GemmAllReduce's, on the model's stand-ins for what it measures when built.
@@ -476,8 +481,12 @@ void add_plan_command(CLI::App& app, int& rc) {
   auto opts = std::make_shared<All>();
   CLI::App* cmd = app.add_subcommand("plan", "Print the overlap plan for one shape from the model (no GPU needed)");
   add_plan_options(cmd, opts->plan);
-  cmd->add_option("--topk", opts->moe.topk, "alltoall: ranks each token picks (0: min(2, world))")
+  cmd->add_option("--topk", opts->moe.topk, "alltoall: experts each token picks (0: min(2, world x experts))")
       ->check(integer_at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--experts", opts->moe.experts,
+                  "alltoall: experts per rank (their rows by source rank, then expert; the GEMM the grouped one)")
+      ->check(integer_in(1, 4096))
       ->capture_default_str();
   cmd->add_option("--tokens", opts->moe.tokens, "alltoall: tokens per rank (0: --m)")
       ->check(integer_at_least(0))

@@ -46,18 +46,25 @@ void check_moe_routing_args(const std::string& routing, int topk, int64_t tokens
 }
 
 plan::MoeRouting moe_routing_for(const std::string& routing, int topk, int64_t tokens, int world, int64_t m,
-                                 int64_t n, int64_t k, const std::string& who) {
+                                 int64_t n, int64_t k, const std::string& who, int experts) {
   check_flags(routing, topk, tokens, who);
-  if (is_moe_routing_file(routing)) return read_file(routing, world, who);
+  if (experts < 1 || experts > 4096) throw InvalidArgument("--experts must be in [1, 4096], not " + std::to_string(experts));
+  if (is_moe_routing_file(routing)) {
+    plan::MoeRouting r = read_file(routing, world, who);
+    if (experts > 1 && r.experts != experts)
+      throw InvalidArgument(who + " --routing " + routing + ": a routing of " + std::to_string(r.experts) +
+                            " experts per rank, --experts " + std::to_string(experts));
+    return r;
+  }
   const int64_t T = moe_tokens_or_default(tokens, m);
-  const int K = moe_topk_or_default(topk, world);
+  const int K = moe_topk_or_default(topk, world * experts);
   // Every rank's routing is made here, on the host: bounded (~0.2 GB at the most).
   constexpr int64_t kMaxRows = int64_t(1) << 24;
   if (T > kMaxRows || T * K * world > kMaxRows)
     throw InvalidArgument(who + ": " + std::to_string(T) + " tokens per rank x top-" + std::to_string(K) + " x " +
                           std::to_string(world) + " ranks: more than " + std::to_string(kMaxRows) +
                           " rows in all (every rank's routing is made on the host)");
-  return plan::make_moe_routing(routing, world, T, K, moe_routing_seed(T, n, k));
+  return plan::make_moe_routing(routing, world, T, K, moe_routing_seed(T, n, k), experts);
 }
 
 std::vector<AllToAllRouting> public_routings(const plan::MoeRouting& r, std::vector<int64_t>& recv) {
@@ -71,6 +78,7 @@ std::vector<AllToAllRouting> public_routings(const plan::MoeRouting& r, std::vec
     x.dest_rank = r.dest_rank[d].data(), x.dest_token = r.dest_token[d].data(), x.gate = r.gate[d].data();
     x.tokens = r.tokens[d];
     x.send_counts = r.send_counts.data() + d * W, x.recv_counts = recv.data() + d * W;
+    if (r.experts > 1) x.expert_counts = r.expert_rows[d].data();
   }
   return out;
 }

@@ -33,14 +33,16 @@ uint64_t moe_routing_seed(int64_t tokens, int64_t n, int64_t k);
 void check_moe_routing_args(const std::string& routing, int topk, int64_t tokens, int world,
                             const std::string& who);
 
-// The routing of shape M x N x K on `world` ranks: drawn, or the file's (of
-// `world` ranks). Throws InvalidArgument as check_moe_routing_args.
+// The routing of shape M x N x K on `world` ranks: drawn (with `experts`
+// per rank, topk of world x experts; --topk 0: min(2, world x experts)), or
+// the file's (of `world` ranks; its own experts, which `experts` must be,
+// or 1 for the file's say). Throws InvalidArgument as check_moe_routing_args.
 plan::MoeRouting moe_routing_for(const std::string& routing, int topk, int64_t tokens, int world, int64_t m,
-                                 int64_t n, int64_t k, const std::string& who);
+                                 int64_t n, int64_t k, const std::string& who, int experts = 1);
 
 // Each rank's routing as the public calls take it (plan_gemm_alltoall):
-// views of r's arrays, the recv_counts in `recv` (world x world, kept alive
-// by the caller with r).
+// views of r's arrays (expert_counts too, with several experts), the
+// recv_counts in `recv` (world x world, kept alive by the caller with r).
 std::vector<AllToAllRouting> public_routings(const plan::MoeRouting& r, std::vector<int64_t>& recv);
 
 }  // namespace flashoverlap::cli

@@ -668,11 +668,30 @@ TEST(PlanGemmAllToAll, SeveralExpertsPlanTheGroupedRowsAndRefuseCountsThatDoNotA
   }
 }
 
+// --experts: the routing drawn with E experts per rank (topk of world x E),
+// the op's plan GemmAllToAll's with experts = E; refused for the other ops.
+TEST(PlanCli, AllToAllWithSeveralExpertsPerRank) {
+  const Result r = run("--op alltoall --m 300 --n 1024 --k 256 --world 2 --experts 3 --topk 4 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("experts").get<int>(), 3);
+  EXPECT_EQ(j.at("topk").get<int>(), 4);
+  EXPECT_TRUE(j.at("op_plan").get<std::string>().ends_with("; our GEMM")) << j.at("op_plan");
+  const Result text = run("--op alltoall --m 300 --n 1024 --k 256 --world 2 --experts 3 --topk 4");
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("top-4 by routing uniform, 3 experts per rank"), std::string::npos) << text.out;
+  const Result many = run("--op alltoall --m 300 --n 1024 --k 256 --world 2 --experts 3 --topk 7");
+  EXPECT_EQ(many.rc, 2);
+  const Result other = run("--op allreduce --experts 2");
+  EXPECT_EQ(other.rc, 2);
+  EXPECT_NE(other.err.find("--experts are for --op alltoall"), std::string::npos) << other.err;
+}
+
 TEST(PlanCli, HasItsOwnHelp) {
   const Result r = run("--help");
   EXPECT_EQ(r.rc, 0);
   for (const char* opt : {"--op", "--m", "--world", "--tile", "--reserve-sms", "--curve", "--partition", "--routing",
-                          "--topk", "--tokens", "--json"})
+                          "--topk", "--tokens", "--experts", "--json"})
     EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
 }
 
