@@ -1350,8 +1350,8 @@ static void a2a_part(fo_comm_t comm) {
     l.added = 1;
     EXPECT_INVALID(fo_gemm_alltoall_run(op, (const void*)g.da, (const void*)g.db, &l.r, (void*)g.dout, 0, 1, NULL,
                                         g.stream),
-                   "fo_gemm_alltoall_run", "routing->struct_size = 80: the routing set fields that this library");
-    CHECK(strstr(fo_last_error(), "routing of 72 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
+                   "fo_gemm_alltoall_run", "routing->struct_size = 88: the routing set fields that this library");
+    CHECK(strstr(fo_last_error(), "routing of 80 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
   }
   {
     /* a caller of the first version (no on_device: host arrays) */
@@ -1453,10 +1453,10 @@ static void a2a_part(fo_comm_t comm) {
   /* refusals the C++ API makes at create */
   op = (fo_gemm_alltoall_t)&g;
   EXPECT_INVALID(fo_gemm_alltoall_create(comm, MAX_M, MAX_M, 0, N, K, d, NULL, &op), "fo_gemm_alltoall_create",
-                 "topk must be in [1, world = 1]");
+                 "topk must be in [1, world x experts = 1]");
   CHECK(op == NULL, "out not cleared on failure");
   EXPECT_INVALID(fo_gemm_alltoall_create(comm, MAX_M, MAX_M, 2, N, K, d, NULL, &op), "fo_gemm_alltoall_create",
-                 "topk must be in [1, world = 1]");
+                 "topk must be in [1, world x experts = 1]");
   EXPECT_INVALID(fo_gemm_alltoall_create(comm, MAX_M, 0, 1, N, K, d, NULL, &op), "fo_gemm_alltoall_create",
                  "max_rows and max_tokens must be >= 1");
   EXPECT_INVALID(fo_gemm_alltoall_create(comm, MAX_M, MAX_M, 1, N, 12, d, NULL, &op), "fo_gemm_alltoall_create",

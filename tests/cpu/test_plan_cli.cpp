@@ -268,9 +268,9 @@ TEST(PlanCli, BadInputIsOneLineAndExitCode2) {
       {"--op alltoall --tile 128x256 --partition 1,2,2", "partition 1,2,2 sums to 5 waves but the common wave axis has T = "},
       {"--op alltoall --sms 8", "--reserve-sms -1 means 8 for alltoall"},
       {"--op alltoall --reserve-sms 132", "reserved SMs 132"},
-      {"--topk 2", "--routing, --topk and --tokens are for --op alltoall"},
-      {"--op reducescatter --routing zipf:1", "--routing, --topk and --tokens are for --op alltoall"},
-      {"--tokens 5", "--routing, --topk and --tokens are for --op alltoall"},
+      {"--topk 2", "--routing, --topk, --tokens and --experts are for --op alltoall"},
+      {"--op reducescatter --routing zipf:1", "--routing, --topk, --tokens and --experts are for --op alltoall"},
+      {"--tokens 5", "--routing, --topk, --tokens and --experts are for --op alltoall"},
       {"--curve " + dir.file("missing.json"), "cannot open"},
       {"--curve " + malformed, "missing \"collective\""},
       {"--op alltoall --curve " + [&] {  // a valid curve of another collective
