@@ -51,14 +51,16 @@ BENCHMARK(BM_MakePlanAllReduce)->Arg(8)->Arg(64)->Arg(256)->Unit(benchmark::kMic
 BENCHMARK_MAIN();
 
 // The host's work per call of the public GemmAllToAll (the MoE combine), for
-// a routing of W ranks, T tokens each, top-2 (N 4096): the routing's check,
+// a routing of W ranks, T tokens each, top-2 (N 4096; with E experts per
+// rank, E > 1, top-8, as DeepSeek-V3's and Qwen3's): the routing's check,
 // the MoE plan for each of the two tile shapes, and the runtime op's tables
 // (every rank's schedule and clipped groups, the compact slot tables, the
 // combine's table). The routing changes every call, so all of it is per call.
 void BM_MoeCallHost(benchmark::State& state) {
   const int32_t W = int32_t(state.range(0));
   const int64_t T = state.range(1);
-  const fp::MoeRouting routing = fp::make_moe_routing("uniform", W, T, 2, 7);
+  const int32_t E = int32_t(state.range(3));
+  const fp::MoeRouting routing = fp::make_moe_routing("uniform", W, T, E > 1 ? 8 : 2, 7, E);
   const int32_t rank = 0;
   const bool counted = state.range(2) != 0;  // as the public op now: the routing counted once, the plans and tables from that
   for (auto _ : state) {
@@ -86,6 +88,7 @@ void BM_MoeCallHost(benchmark::State& state) {
   state.counters["rows_rank0"] = double(routing.rows(0));
 }
 BENCHMARK(BM_MoeCallHost)
-    ->ArgNames({"world", "tokens", "counted"})
-    ->ArgsProduct({{2, 8}, {256, 4096, 8192}, {0, 1}})
+    ->ArgNames({"world", "tokens", "counted", "experts"})
+    ->ArgsProduct({{2, 8}, {256, 4096, 8192}, {0, 1}, {1}})
+    ->ArgsProduct({{8}, {256, 4096}, {1}, {8, 32}})
     ->Unit(benchmark::kMicrosecond);

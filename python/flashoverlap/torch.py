@@ -1118,7 +1118,8 @@ class GroupedGemm:
     fastest at the call's mean rows per expert, timed at construction, of
     ours, cuBLAS's per-expert GEMMs and, in bf16 where torch has it,
     torch._grouped_mm: PyTorch's own, so that the op is never slower than
-    it), "ours" or "cublas". Eager calls on the current stream (not yet a
+    it; the offs form runs ours, which checks the offsets), "ours" or
+    "cublas". Eager calls on the current stream (not yet a
     custom op: not for torch.compile or CUDA graphs).
     """
 
@@ -1154,7 +1155,7 @@ class GroupedGemm:
         """[(mean rows per expert, torch's faster)] at powers of two up to max_rows / experts: ours (the
         library's pick) and torch._grouped_mm timed in turns on uniform counts, on as many of the experts
         as CALIBRATION_BYTES of weights hold (all where they fit)."""
-        e_cal = max(1, min(self.experts, self.CALIBRATION_BYTES // max(self.n * self.k * 2, 1)))
+        e_cal = max(1, min(self.experts, self.max_rows, self.CALIBRATION_BYTES // max(self.n * self.k * 2, 1)))
         most = max(self.max_rows // self.experts, 1)
         samples = sorted({min(1 << i, most) for i in range(4, max(most.bit_length(), 5))} | {most})
         dev, dt = self.device, self.dtype
@@ -1173,8 +1174,11 @@ class GroupedGemm:
                                         out.data_ptr(), out.stride(0), stream.cuda_stream)
             theirs = lambda: grouped_mm(xs, w.transpose(-2, -1), offs=offs)  # noqa: E731
             times = [[], []]
-            for f in (ours, theirs):
-                f()
+            try:
+                for f in (ours, theirs):
+                    f()
+            except RuntimeError:  # (torch's not for this shape or GPU: the library's alone)
+                return []
             for _ in range(3):
                 for i, f in enumerate((ours, theirs)):
                     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -1225,7 +1229,8 @@ class GroupedGemm:
         if not (hasattr(weight, "get_device") and weight.dtype is dt and weight.shape == (self.experts, self.n, self.k) and weight.get_device() == i
                 and weight.is_contiguous()):
             _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
-        self._last_torch = rows > 0 and self._torch_for(rows)
+        # (torch's reads what the counts say without checking them: the library's checks first)
+        self._last_torch = rows > 0 and min(counts) >= 0 and self._torch_for(rows)
         if self._last_torch:
             offs = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=self.device)
             return self._torch_out(torch, x, weight, offs, out, rows)
@@ -1264,9 +1269,8 @@ class GroupedGemm:
             raise InvalidArgument(f"{self}: x has {rows} rows, more than max_rows = {self.max_rows}")
         _check_tensor(self, "x", x, (rows, self.k))
         _check_tensor(self, "weight", weight, (self.experts, self.n, self.k))
-        self._last_torch = rows > 0 and self._torch_for(rows)
-        if self._last_torch:
-            return self._torch_out(torch, x, weight, offs, out, rows)
+        # (ours only: it checks the offsets on the GPU and leaves rows past the last one as they are)
+        self._last_torch = False
         out = self._out(torch, out, rows)
         if rows:
             _on_device(self.device, lambda: self._op.run_offsets(x.data_ptr(), weight.data_ptr(), offs.data_ptr(),
@@ -1382,7 +1386,10 @@ def _cached_a2a_op(x, weight, recv_counts, tokens, group, max_rows, max_tokens, 
                               f"{weight.shape[0]} experts' weights")
     options = dict(options, experts=_capi.check_experts(experts, f"{fn}: "))
     group_obj, _, world = _resolve_group(torch, group, "GemmAllToAll")
-    topk = world * experts if topk is None else topk
+    if topk is None and experts > 1:  # (its buffers grow with it: world x experts would be far too many)
+        raise InvalidArgument(f"{fn}: topk is required with a 3-D weight ({experts} experts per rank): the experts "
+                              "each token picks")
+    topk = world if topk is None else topk
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= world * experts:
         raise InvalidArgument(f"{fn}: topk = {topk!r}: needs 1 <= topk <= the world size {world}"
                               + ("" if experts == 1 else f" x {experts} experts per rank = {world * experts}"))
@@ -1421,8 +1428,10 @@ def gemm_all_to_all(x, weight, dest_rank, dest_token, gate_weight, send_counts, 
     for (group, device, dtype, n, k, topk, options) and kept. A 3-D weight
     (experts, n, k) is several experts per rank (their number joins the
     options; expert_counts as GemmAllToAll.__call__ takes them). topk: the
-    world size times the experts per rank unless given (the loosest bound
-    on the rows a rank receives: max_tokens * topk). Its max_rows and
+    world size unless given (the loosest bound on the rows a rank receives,
+    max_tokens * topk, with one expert per rank); with a 3-D weight it is
+    required (world x experts would size the buffers for every token
+    picking every expert). Its max_rows and
     max_tokens are the largest of the call over the ranks (rows of x,
     tokens, received rows / topk), rounded up to a power of two
     (round_max_m), or max_rows / max_tokens where given and larger; a call

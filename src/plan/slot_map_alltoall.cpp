@@ -38,24 +38,65 @@ int64_t moe_schedule_rows(const MoeRouting& routing, int32_t rank, int32_t bm) {
   return tile_rows * bm;
 }
 
+namespace {
+
+// The grouped GEMM's tile rows of rank's segments, counted from its expert
+// counts as make_grouped_tile_rows cuts moe_segments (neighbours of one
+// expert one segment), with nothing built: the count, and the tile row
+// holding row `at` of A (-1: none). The schedule's per call work.
+std::pair<int64_t, int32_t> moe_tile_rows_walk(const MoeRouting& routing, int32_t rank, int32_t bm, int64_t at) {
+  if (routing.expert_rows.size() != size_t(routing.world) ||
+      routing.expert_rows[size_t(rank)].size() != size_t(routing.world) * routing.experts)
+    throw InvalidArgument("MoE tile rows of rank " + std::to_string(rank) + ": expert_rows is not world x (world x " +
+                          std::to_string(routing.experts) + " experts)");
+  const std::vector<int64_t>& c = routing.expert_rows[size_t(rank)];
+  int64_t tile_rows = 0, row = 0, start = 0, rows = 0;
+  int32_t expert = -1, holding = -1;
+  auto close = [&] {
+    if (rows == 0) return;
+    if (holding < 0 && at >= start && at < start + rows) holding = int32_t(tile_rows + (at - start) / bm);
+    tile_rows += (rows + bm - 1) / bm;
+  };
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (c[i] == 0) continue;
+    if (c[i] < 0) throw InvalidArgument("MoE tile rows of rank " + std::to_string(rank) + ": a negative count");
+    const int32_t e = int32_t(i % size_t(routing.experts));
+    if (rows > 0 && e == expert) {
+      rows += c[i];
+    } else {
+      close();
+      start = row, rows = c[i], expert = e;
+    }
+    row += c[i];
+  }
+  close();
+  if (tile_rows * bm > INT32_MAX) throw InvalidArgument("MoE tile rows: 2^31 rows or more");
+  return {tile_rows, holding};
+}
+
+}  // namespace
+
 Schedule make_moe_schedule(const MoeRouting& routing, int32_t rank, int64_t n, TileShape tile, int32_t ctas) {
   if (routing.experts > 1) {
+    if (rank < 0 || rank >= routing.world)
+      throw InvalidArgument("MoE schedule: rank " + std::to_string(rank) + " out of range for world size " +
+                            std::to_string(routing.world));
     // The grouped GEMM's virtual tile rows. Rows are in blocks by source
     // rank, so the next rank's first row, and the tile row holding it, come
     // from the counts alone.
-    const GroupedTileRows g = moe_tile_rows(routing, rank, 1, tile.bm);
-    const int32_t V = g.tile_rows();
-    Schedule s = make_expert_schedule(int64_t{V} * tile.bm, n, tile, ctas, Raster::AlongN,
-                                      default_swizzle(ctas, tile, std::max(V, 1)));
     const int32_t W = routing.world;
-    for (int32_t k = 1; k < W && V > 0; ++k) {
+    int64_t first = -1;
+    for (int32_t k = 1; k < W; ++k) {
       const int32_t d = (rank + k) % W;
       if (routing.send_count(rank, d) == 0) continue;
-      int64_t first = 0;
+      first = 0;
       for (int32_t x = 0; x < d; ++x) first += routing.send_count(rank, x);
-      s.row_shift = int32_t(std::upper_bound(g.a_row0.begin(), g.a_row0.end(), first) - g.a_row0.begin()) - 1;
       break;
     }
+    const auto [V, holding] = moe_tile_rows_walk(routing, rank, tile.bm, first);
+    Schedule s = make_expert_schedule(V * tile.bm, n, tile, ctas, Raster::AlongN,
+                                      default_swizzle(ctas, tile, std::max(int32_t(V), 1)));
+    if (V > 0 && holding >= 0) s.row_shift = holding;
     return s;
   }
   const int64_t m = routing.rows(rank);

@@ -1167,7 +1167,7 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
             p.group_of_tile = k.group_of_tile.as<int32_t>();
             kernels::Owner& o = p.owner;
             o.peer_window = ranks[size_t((r + 1) % world)].window.get();  // (unused beyond 2 ranks, but set)
-            o.rank = r, o.world = world, o.split = s.tiles() / 2;
+            o.rank = r, o.world = world, o.walk = kernels::OwnerWalk::Ranges, o.split = s.tiles() / 2;
             o.own_begin = kernels::owned_begin(r, s.tiles(), world), o.own_end = kernels::owned_end(r, s.tiles(), world);
             o.window = k.window.get(), o.window_rows = window_rows, o.row0 = int32_t((epoch & 1) * half_rows);
             o.flags = k.flags.as<uint32_t>(), o.peer_flags = ranks[size_t((r + 1) % world)].flags.as<uint32_t>();

@@ -1644,14 +1644,16 @@ class AllToAllExperts(Case):
     def test_functional_with_a_3d_weight(self):
         fo.clear_cache()
         c = ExpertsCase(100, 2, 2, 256, 128, torch.float16, 10, (1,))
+        with self.assertRaisesRegex(InvalidArgument, "topk is required with a 3-D weight"):
+            fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, expert_counts=c.counts)
         for _ in range(2):
-            out = fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, expert_counts=c.counts)
+            out = fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, expert_counts=c.counts, topk=2)
             good, worst = within(out, c.combine_ref(), c.combine_bound(2))
             self.ok(good, f"gemm_all_to_all with 2 experts: |diff| up to {worst}")
         self.assertEqual(len(fo._a2a_cache), 1)
         op = next(iter(fo._a2a_cache.values()))
-        self.assertEqual((op.experts, op.topk, op.world), (2, 2, 1))  # (topk: world x experts unless given)
-        rows, tok = fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, False, expert_counts=c.counts)
+        self.assertEqual((op.experts, op.topk, op.world), (2, 2, 1))
+        rows, tok = fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, False, expert_counts=c.counts, topk=2)
         self.ok(torch.equal(tok.cpu(), c.dest_token), "gemm_all_to_all with 2 experts: tokens")
         # one expert's weight, 2-D: another op (the experts are part of its key)
         one = ExpertsCase(100, 1, 1, 256, 128, torch.float16, 11)
@@ -1659,7 +1661,7 @@ class AllToAllExperts(Case):
         self.assertEqual(sorted(op.experts for op in fo._a2a_cache.values()), [1, 2])
         with self.assertRaisesRegex(InvalidArgument, r"^gemm_all_to_all: experts = 3, but weight \(2, 256, 128\) "
                                                      "holds 2 experts' weights"):
-            fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, expert_counts=c.counts, experts=3)
+            fo.gemm_all_to_all(*c.args()[:7], None, c.tokens, expert_counts=c.counts, experts=3, topk=2)
         fo.clear_cache()
 
     def test_opcheck(self):
