@@ -53,25 +53,32 @@ struct Local {
   }
 };
 
-// A call's GEMM operands: A (rows x k) and B (n x k).
+// A call's GEMM operands: A (rows x k) and B (n x k, or experts x n x k).
 struct Operands {
   const DeviceBuffer &a, &b;
   int64_t rows, n, k;
 };
 
-// The reference of a call whose plan is `plan`: the GEMM it names (cuBLAS's,
-// or ours on the full grid) into y, the baseline's all-to-all into rows_ref
-// and its combine into ref (st synchronised: the baseline's tables go with it).
-void reference(const std::string& plan, const plan::MoeRouting& routing, int rank, ncclComm_t nccl,
-               rt::CublasGemm& cublas, const Operands& o, const DeviceBuffer& y, const DeviceBuffer& rows_ref,
-               const DeviceBuffer& ref, cudaStream_t st) {
+// The reference of a call: each of this rank's segments (one expert's rows;
+// with one expert, every row) times its expert's weight by the GEMM the
+// call's plan names (cuBLAS's where by_cublas, through `cublas`, or ours on
+// the full grid) into y, the baseline's all-to-all into rows_ref and its
+// combine into ref (st synchronised: the baseline's tables go with it).
+void reference(bool by_cublas, const plan::MoeRouting& routing, int rank, ncclComm_t nccl, rt::CublasGemm& cublas,
+               const Operands& o, const DeviceBuffer& y, const DeviceBuffer& rows_ref, const DeviceBuffer& ref,
+               cudaStream_t st) {
   rt::MoeCombineBaseline base(routing, rank, o.n, kBf16, nccl);
-  if (o.rows > 0 && plan.find("cuBLAS") != std::string::npos) {
-    cublas.run(kBf16, o.a.get(), o.b.get(), y.get(), int(o.rows), int(o.n), int(o.k), o.n, st);
-  } else if (o.rows > 0) {
-    const plan::Schedule s = plan::make_schedule(o.rows, o.n, {128, 256}, rt::current_device_sms(),
-                                                 plan::Raster::AlongN, 8);
-    kernels::launch_gemm(kernels::plain_gemm(kBf16, o.a.get(), o.b.get(), s, int(o.k), y.get(), o.n), st);
+  for (const plan::RowSegment& seg : plan::moe_segments(routing, rank)) {
+    const char* a = o.a.as<char>() + seg.a_row0 * o.k * 2;
+    const char* b = o.b.as<char>() + int64_t{seg.expert} * o.n * o.k * 2;
+    char* c = y.as<char>() + seg.a_row0 * o.n * 2;
+    if (by_cublas) {
+      cublas.run(kBf16, a, b, c, int(seg.rows), int(o.n), int(o.k), o.n, st);
+    } else {
+      const plan::Schedule s = plan::make_schedule(seg.rows, o.n, {128, 256}, rt::current_device_sms(),
+                                                   plan::Raster::AlongN, 8);
+      kernels::launch_gemm(kernels::plain_gemm(kBf16, a, b, s, int(o.k), c, o.n), st);
+    }
   }
   base.all_to_all(y.get(), rows_ref.get(), st);
   base.combine(rows_ref.get(), ref.get(), st);
@@ -125,7 +132,8 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
         // sequential call took it), the baseline's all-to-all, its combine.
         by_cublas_calls += op.last_plan().find("cuBLAS") != std::string::npos;
         const Operands ops{a, b, rows, n, k};
-        reference(op.last_plan(), routing, rank, nccl, cublas, ops, y, rows_ref, ref, st);
+        reference(op.last_plan().find("cuBLAS") != std::string::npos, routing, rank, nccl, cublas, ops, y, rows_ref,
+                  ref, st);
         FO_CUDA_CHECK(cudaStreamSynchronize(st));
         op.check();
         const std::string where = std::string(name(path)) + " path, call " + std::to_string(call) + ", " + kind +
@@ -207,23 +215,8 @@ TEST(GemmAllToAllApi, SeveralExpertsPerRankMatchEachExpertsGemmAndNccl) {
           // The reference: each segment's rows times its expert's weight (the GEMM the plan names: ours on the
           // full grid, or cuBLAS's per expert), then the baseline's all-to-all and combine; out against it.
           auto expect_reference = [&](const std::string& what) {
-            const bool by_cublas = op.last_plan().find("cuBLAS's GEMM per expert") != std::string::npos;
-            for (const plan::RowSegment& seg : plan::moe_segments(routing, rank)) {
-              const char* pa = a.as<char>() + seg.a_row0 * k * 2;
-              const char* pb = b.as<char>() + int64_t{seg.expert} * n * k * 2;
-              char* py = y.as<char>() + seg.a_row0 * n * 2;
-              if (by_cublas) {
-                cublas_ex.run(kBf16, pa, pb, py, int(seg.rows), int(n), int(k), n, st);
-              } else {
-                const plan::Schedule full = plan::make_schedule(seg.rows, n, {128, 256}, rt::current_device_sms(),
-                                                                plan::Raster::AlongN, 8);
-                kernels::launch_gemm(kernels::plain_gemm(kBf16, pa, pb, full, int(k), py, n), st);
-              }
-            }
-            rt::MoeCombineBaseline base(routing, rank, n, kBf16, nccl);
-            base.all_to_all(y.get(), rows_ref.get(), st);
-            base.combine(rows_ref.get(), ref.get(), st);
-            FO_CUDA_CHECK(cudaStreamSynchronize(st));
+            reference(op.last_plan().find("cuBLAS's GEMM per expert") != std::string::npos, routing, rank, nccl,
+                      cublas_ex, Operands{a, b, rows, n, k}, y, rows_ref, ref, st);
             op.check();
             const std::string where = std::string(name(path)) + " path, " + what + ", " + std::to_string(E) +
                                       " experts, call " + std::to_string(call) + ", " + kind + ", " +
@@ -385,7 +378,8 @@ TEST(GemmAllToAllApi, ARoutingInDeviceMemoryMatchesOurGemmAndNccl) {
         kernels::poison(tok.get(), max_rows * 2, st);
         op.run(a.get(), b.get(), to_device(local.r), out.get(), st, combine, ld, tok.as<int32_t>());
         const std::string plan = op.last_plan();
-        reference(plan, routing, 0, nccl, cublas, Operands{a, b, rows, n, k}, y, rows_ref, ref, st);
+        reference(plan.find("cuBLAS") != std::string::npos, routing, 0, nccl, cublas, Operands{a, b, rows, n, k}, y,
+                  rows_ref, ref, st);
         FO_CUDA_CHECK(cudaStreamSynchronize(st));
         op.check();
         const std::string where = std::string(name(path)) + " path, call " + std::to_string(call) + ", " + kind +
