@@ -16,39 +16,25 @@ Schedule make_expert_schedule(int64_t m, int64_t n, TileShape tile, int32_t ctas
   return s;
 }
 
-GroupedTileRows moe_tile_rows(const MoeRouting& routing, int32_t rank, int64_t n, int32_t bm) {
+namespace {
+
+// Rank's expert counts are world x experts (several experts per rank).
+void check_rank_counts(const MoeRouting& routing, int32_t rank) {
   if (rank < 0 || rank >= routing.world)
     throw InvalidArgument("MoE tile rows: rank " + std::to_string(rank) + " out of range for world size " +
                           std::to_string(routing.world));
-  if (routing.experts > 1 && (routing.expert_rows.size() != size_t(routing.world) ||
-                              routing.expert_rows[size_t(rank)].size() != size_t(routing.world) * routing.experts))
+  if (routing.expert_rows.size() != size_t(routing.world) ||
+      routing.expert_rows[size_t(rank)].size() != size_t(routing.world) * routing.experts)
     throw InvalidArgument("MoE tile rows of rank " + std::to_string(rank) + ": expert_rows is not world x (world x " +
                           std::to_string(routing.experts) + " experts)");
-  return make_grouped_tile_rows(moe_segments(routing, rank), routing.experts, n, bm);
 }
-
-int64_t moe_schedule_rows(const MoeRouting& routing, int32_t rank, int32_t bm) {
-  if (routing.experts == 1) return routing.rows(rank);
-  if (bm < 1) throw InvalidArgument("MoE schedule: tile height " + std::to_string(bm) + " must be >= 1");
-  if (routing.expert_rows.size() != size_t(routing.world))
-    throw InvalidArgument("MoE schedule: expert_rows has " + std::to_string(routing.expert_rows.size()) +
-                          " ranks' counts, expected world " + std::to_string(routing.world));
-  int64_t tile_rows = 0;
-  for (const RowSegment& x : moe_segments(routing, rank)) tile_rows += (x.rows + bm - 1) / bm;
-  return tile_rows * bm;
-}
-
-namespace {
 
 // The grouped GEMM's tile rows of rank's segments, counted from its expert
 // counts as make_grouped_tile_rows cuts moe_segments (neighbours of one
 // expert one segment), with nothing built: the count, and the tile row
 // holding row `at` of A (-1: none). The schedule's per call work.
 std::pair<int64_t, int32_t> moe_tile_rows_walk(const MoeRouting& routing, int32_t rank, int32_t bm, int64_t at) {
-  if (routing.expert_rows.size() != size_t(routing.world) ||
-      routing.expert_rows[size_t(rank)].size() != size_t(routing.world) * routing.experts)
-    throw InvalidArgument("MoE tile rows of rank " + std::to_string(rank) + ": expert_rows is not world x (world x " +
-                          std::to_string(routing.experts) + " experts)");
+  check_rank_counts(routing, rank);
   const std::vector<int64_t>& c = routing.expert_rows[size_t(rank)];
   int64_t tile_rows = 0, row = 0, start = 0, rows = 0;
   int32_t expert = -1, holding = -1;
@@ -76,11 +62,23 @@ std::pair<int64_t, int32_t> moe_tile_rows_walk(const MoeRouting& routing, int32_
 
 }  // namespace
 
+GroupedTileRows moe_tile_rows(const MoeRouting& routing, int32_t rank, int64_t n, int32_t bm) {
+  if (routing.experts > 1) check_rank_counts(routing, rank);
+  return make_grouped_tile_rows(moe_segments(routing, rank), routing.experts, n, bm);
+}
+
+int64_t moe_schedule_rows(const MoeRouting& routing, int32_t rank, int32_t bm) {
+  if (routing.experts == 1) return routing.rows(rank);
+  if (bm < 1) throw InvalidArgument("MoE schedule: tile height " + std::to_string(bm) + " must be >= 1");
+  if (routing.expert_rows.size() != size_t(routing.world))
+    throw InvalidArgument("MoE schedule: expert_rows has " + std::to_string(routing.expert_rows.size()) +
+                          " ranks' counts, expected world " + std::to_string(routing.world));
+  return moe_tile_rows_walk(routing, rank, bm, -1).first * bm;
+}
+
 Schedule make_moe_schedule(const MoeRouting& routing, int32_t rank, int64_t n, TileShape tile, int32_t ctas) {
   if (routing.experts > 1) {
-    if (rank < 0 || rank >= routing.world)
-      throw InvalidArgument("MoE schedule: rank " + std::to_string(rank) + " out of range for world size " +
-                            std::to_string(routing.world));
+    check_rank_counts(routing, rank);  // (before the send counts are read)
     // The grouped GEMM's virtual tile rows. Rows are in blocks by source
     // rank, so the next rank's first row, and the tile row holding it, come
     // from the counts alone.
