@@ -6,6 +6,9 @@
 #                the call with `git archive <rev> | tar x -C ab-old`, untracked) built in OLD_SRC/build
 #                (flashoverlap-lab, or flashoverlap in a tree from before the lab split); OLD_CLI (if unset)
 #                becomes it, for the A/B stages below (this build's side: flashoverlap-lab)
+#   never-slower-ab  bench/never_slower.py (this tree's) on OLD_SRC's Python package and library and this build's in
+#                turns, ABBA (AB_ROUNDS; NEVER_SLOWER_AB_ARGS, default a small AllReduce + ReduceScatter set) ->
+#                never-slower-ab/<old|new>-<round><a|b>/ (each run's CSV) and never-slower-ab.log
 #   main         the README's main job (build/tools/flashoverlap, all local GPUs)
 #   never-slower the public PyTorch ops against F.linear + the torch.distributed call (bench/never_slower.py:
 #                eager, graph, latency, host time; NEVER_SLOWER_ARGS: more arguments) -> never-slower-<gpu>.csv/.json
@@ -184,7 +187,7 @@ for s in "$@"; do
       old_src=${OLD_SRC:-ab-old}
       if [ -f "$old_src/CMakeLists.txt" ] &&
         (cmake -S "$old_src" -B "$old_src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null &&
-          { cmake --build "$old_src/build" --target flashoverlap-lab ||
+          { cmake --build "$old_src/build" --target flashoverlap-lab flashoverlap_lib ||
             cmake --build "$old_src/build" --target flashoverlap; }) >"$OUT/build-old.log" 2>&1; then
         # (its lab commands: flashoverlap-lab, or, in a tree from before that split, flashoverlap)
         old_lab=$old_src/build/tools/flashoverlap-lab
@@ -224,6 +227,28 @@ for s in "$@"; do
           --out-dir "$OUT" ${NEVER_SLOWER_ARGS:-} 2>&1 | tee "$OUT/never-slower.log" || status=1
       else
         echo "never-slower: no torch in python3: skipped"
+      fi
+      ;;
+    never-slower-ab)
+      stage "never-slower, OLD_SRC's library and this build's in turns (ABBA)"
+      old_src=${OLD_SRC:-ab-old}
+      if [ ! -f "$old_src/build/src/api/libflashoverlap.so" ]; then
+        echo "never-slower-ab: no library in $old_src/build (build-old first): skipped"; status=1
+      else
+        ab_args=${NEVER_SLOWER_AB_ARGS:---ops allreduce,reducescatter --pairs 8192,8192;4096,14336;7168,2304 --ms 1,32,512,4096 --dtypes bf16}
+        for r in $(seq "${AB_ROUNDS:-2}"); do
+          for side in old:a new:a new:b old:b; do
+            tree=$PWD; [ "${side%%:*}" = old ] && tree=$PWD/$old_src
+            lib=$tree/$BUILD/src/api/libflashoverlap.so; [ "${side%%:*}" = old ] && lib=$tree/build/src/api/libflashoverlap.so
+            dir="$OUT/never-slower-ab/${side%%:*}-$r${side##*:}"
+            mkdir -p "$dir"
+            echo "##### ${side%%:*} (round $r): $lib" | tee -a "$OUT/never-slower-ab.log"
+            PYTHONPATH=$tree/python FLASHOVERLAP_LIBRARY=$lib PYTHONUNBUFFERED=1 \
+              timeout 600 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/never_slower.py \
+              --out-dir "$dir" $ab_args 2>&1 | grep -E "^(allreduce|reducescatter|alltoall) " >>"$OUT/never-slower-ab.log" ||
+              status=1
+          done
+        done
       fi
       ;;
     grouped)
@@ -358,7 +383,8 @@ for s in "$@"; do
       ;;
     pack)
       stage "pack logs into $OUT/logs.tar.gz"
-      (cd "$OUT" && tar czf logs.tar.gz --remove-files *.log $(ls *-run[0-9]*.csv 2>/dev/null) 2>/dev/null; ls)
+      (cd "$OUT" && tar czf logs.tar.gz --remove-files *.log $(ls -d *-run[0-9]*.csv never-slower-ab 2>/dev/null) 2>/dev/null
+        ls)
       ;;
     cmd:*)
       stage "${s#cmd:}"

@@ -1232,7 +1232,9 @@ class GroupedGemm:
         # (torch's reads what the counts say without checking them: the library's checks first)
         self._last_torch = rows > 0 and min(counts) >= 0 and self._torch_for(rows)
         if self._last_torch:
-            offs = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=self.device)
+            # (from pinned memory, non-blocking: a copy from pageable memory would make the host wait for the GPU)
+            offs = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32).pin_memory().to(
+                self.device, non_blocking=True)
             return self._torch_out(torch, x, weight, offs, out, rows)
         out = self._out(torch, out, rows)
         if rows:

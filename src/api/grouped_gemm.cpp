@@ -17,10 +17,18 @@
 #include "plan/grouped.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/cublas.h"
+#include "runtime/core/staging_ring.h"
 #include "runtime/tune/host_gate.h"
 #include "runtime/tune/timing.h"
 
 namespace flashoverlap {
+
+namespace {
+// The staging ring's pinned memory at most, and its slots: the calls the host may queue ahead of the GPU.
+constexpr size_t kStagingBytes = size_t(16) << 20, kStagingSlots = 256;
+// The calibration's weights at most: all experts where they fit, so that it times the calls' own loads.
+constexpr int64_t kCalibrationWeightBytes = int64_t(1) << 30;
+}  // namespace
 
 struct GroupedGemm::Impl {
   int64_t max_rows = 0, n = 0, k = 0;
@@ -38,14 +46,12 @@ struct GroupedGemm::Impl {
   };
   std::vector<Sample> samples;
   std::vector<int64_t> sample_rows;
-  // A call's tables, [a_row0 | b_row0 | rows] of its tile rows: built in one
-  // of two pinned host buffers (in turns; a buffer is written again once its
-  // copy of two calls before is done), copied in one piece to the device.
+  // A call's tables, [a_row0 | b_row0 | rows] of its tile rows: built in a
+  // pinned slot of the ring (reused once its copy has run), copied in one
+  // piece to the device.
   int32_t max_tile_rows = 0;
   rt::DeviceBuffer tables;
-  rt::PinnedBuffer staging[2];
-  cudaEvent_t staged[2] = {nullptr, nullptr};  // each buffer's last copy queued
-  int turn = 0;
+  rt::StagingRing staging;
   cudaEvent_t done = nullptr;  // the last call's end (a call on another stream waits for it)
   rt::PinnedBuffer bad;  // host-mapped (made once the arguments are checked): run_offsets' first bad expert + 1
   cudaStream_t last_stream = nullptr;
@@ -61,8 +67,7 @@ struct GroupedGemm::Impl {
 
   ~Impl() {
     if (done) cudaEventSynchronize(done);  // (its last call reads the tables)
-    for (cudaEvent_t e : {done, staged[0], staged[1]})
-      if (e) cudaEventDestroy(e);
+    if (done) cudaEventDestroy(done);
   }
   std::string who() const {
     return "GroupedGemm (max_rows " + std::to_string(max_rows) + ", " + std::to_string(experts) + " experts, n " +
@@ -82,24 +87,23 @@ struct GroupedGemm::Impl {
   // The tables of g into the device's, on stream.
   void upload(const plan::GroupedTileRows& g, int32_t* device_tables, cudaStream_t stream) {
     const size_t v = size_t(g.tile_rows());
-    FO_CUDA_CHECK(cudaEventSynchronize(staged[turn]));  // (its copy of two calls before: long done)
-    int32_t* host = staging[turn].as<int32_t>();
+    auto* host = static_cast<int32_t*>(staging.take());
     std::copy(g.a_row0.begin(), g.a_row0.end(), host);
     std::copy(g.b_row0.begin(), g.b_row0.end(), host + v);
     std::copy(g.rows.begin(), g.rows.end(), host + 2 * v);
     FO_CUDA_CHECK(cudaMemcpyAsync(device_tables, host, 3 * v * 4, cudaMemcpyHostToDevice, stream));
-    FO_CUDA_CHECK(cudaEventRecord(staged[turn], stream));
-    turn ^= 1;
+    staging.queued(stream);
   }
+  // Each expert's GEMM by cuBLAS; expert e's weight is b's (e % b_experts)-th (the calibration's fewer weights).
   void cublas_loop(const void* a, const void* b, const int64_t* counts, void* out, int64_t ld, int e_count,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, int b_experts) {
     const auto* pa = static_cast<const char*>(a);
     const auto* pb = static_cast<const char*>(b);
     auto* pc = static_cast<char*>(out);
     int64_t row = 0;
     for (int e = 0; e < e_count; ++e) {
       if (counts[e] > 0)
-        cublas->run(api::to_kernels(dtype), pa + row * k * 2, pb + int64_t(e) * n * k * 2, pc + row * ld * 2,
+        cublas->run(api::to_kernels(dtype), pa + row * k * 2, pb + int64_t(e % b_experts) * n * k * 2, pc + row * ld * 2,
                     int(counts[e]), int(n), int(k), ld, stream);
       row += counts[e];
     }
@@ -140,15 +144,15 @@ struct GroupedGemm::Impl {
 
 
 // The two GEMMs timed in turns at each sample of mean rows per expert, with
-// uniform counts, as a call runs them (ours with its tables' upload), on at
-// most 8 experts so that the calibration's weights stay small. Both scale
-// with the experts alike but for our one launch against cuBLAS's one per
-// expert, so a near tie goes to cuBLAS's only where every expert was timed,
-// and to ours where more experts than that run.
+// uniform counts over every expert, as a call runs them (ours with its
+// tables' upload), so that the waves are the calls' own. The weights are the
+// experts' where they fit kCalibrationWeightBytes, else expert e reads weight
+// e % e_cal; a near tie then goes to ours (one launch against cuBLAS's one per
+// expert, whose weights' reads the fewer weights flatter).
 void GroupedGemm::Impl::measure() {
-  const int e_cal = std::min(experts, 8);
+  const int e_cal = int(std::clamp<int64_t>(kCalibrationWeightBytes / (n * k * 2), 1, experts));
   const std::vector<int64_t> rows = plan::gemm_choice_samples(std::max<int64_t>(max_rows / experts, 1));
-  const int64_t most = rows.back() * e_cal;
+  const int64_t most = rows.back() * experts;
   const kernels::DType dt = api::to_kernels(dtype);
   rt::DeviceBuffer a(size_t(most) * k * 2), b(size_t(e_cal) * n * k * 2), c(size_t(most) * n * 2),
       cal_tables(size_t(3) * max_tile_rows * 4);
@@ -158,13 +162,14 @@ void GroupedGemm::Impl::measure() {
   constexpr double kMargin = 0.04;  // what a near tie is
   const bool all_timed = e_cal == experts;
   for (int64_t r : rows) {
-    const std::vector<int64_t> counts(size_t(e_cal), r);
-    const plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(counts), e_cal, n, 128);
+    const std::vector<int64_t> counts(size_t(experts), r);
+    plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(counts), experts, n, 128);
+    for (int32_t& b0 : g.b_row0) b0 = int32_t((b0 / n) % e_cal * n);
     std::vector<kernels::GemmParams> ps;
     for (size_t t = 0; t < api::op_tiles().size(); ++t)
-      ps.push_back(ours(g, t, a.get(), b.get(), c.get(), n, cal_tables.as<int32_t>(), r * e_cal, e_cal));
+      ps.push_back(ours(g, t, a.get(), b.get(), c.get(), n, cal_tables.as<int32_t>(), r * experts, e_cal));
     std::vector<std::function<void()>> fns = {
-        [&] { cublas_loop(a.get(), b.get(), counts.data(), c.get(), n, e_cal, st.s); }};
+        [&] { cublas_loop(a.get(), b.get(), counts.data(), c.get(), n, experts, st.s, e_cal); }};
     for (const kernels::GemmParams& p : ps)
       fns.push_back([&, &p = p] {
         upload(g, cal_tables.as<int32_t>(), st.s);
@@ -199,10 +204,8 @@ GroupedGemm::GroupedGemm(int64_t max_rows, int experts, int64_t n, int64_t k, DT
   // Each expert's rows in tile rows of their own: at most one ragged tile row per expert.
   d.max_tile_rows = int32_t(std::min<int64_t>((max_rows + 127) / 128 + experts, INT32_MAX / 3));
   d.tables = rt::DeviceBuffer(size_t(3) * d.max_tile_rows * 4);
-  for (int i = 0; i < 2; ++i) {
-    d.staging[i] = rt::PinnedBuffer(size_t(3) * d.max_tile_rows * 4);
-    FO_CUDA_CHECK(cudaEventCreateWithFlags(&d.staged[i], cudaEventDisableTiming));
-  }
+  const size_t slot = size_t(3) * d.max_tile_rows * 4;
+  d.staging = rt::StagingRing(slot, std::clamp<size_t>(kStagingBytes / slot, 2, kStagingSlots));
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
   d.bad = rt::PinnedBuffer(sizeof(int32_t));
   *d.bad.as<int32_t>() = 0;
@@ -239,7 +242,7 @@ void GroupedGemm::run(const void* a, const void* b, const int64_t* counts, void*
   const bool use_cublas = d.opts.path == Path::Cublas || (d.opts.path == Path::Auto && at->cublas);
   d.enqueue(stream, [&] {
     if (use_cublas) {
-      d.cublas_loop(a, b, counts, out, ld, d.experts, stream);
+      d.cublas_loop(a, b, counts, out, ld, d.experts, stream, d.experts);
       d.last = {Impl::Last::Cublas, mean, 0, 0, 0, at};
     } else {
       const std::vector<int64_t> c(counts, counts + d.experts);

@@ -27,6 +27,7 @@
 #include "op_reference.h"
 #include "rank_harness.h"
 #include "runtime/ops/baselines.h"
+#include "runtime/tune/host_gate.h"
 #include "runtime/tune/timing.h"
 
 using namespace flashoverlap;
@@ -587,6 +588,47 @@ TEST(ApiGroupedGemm, EachPathComputesEveryExpertsRows) {
   }
   EXPECT_THROW(GroupedGemm(64, 0, 64, 64, DType::BF16), InvalidArgument);
   EXPECT_THROW(GroupedGemm(64, 2, 64, 60, DType::BF16), InvalidArgument);
+}
+
+// The host queues many calls, each with its own counts, while the GPU is held
+// (an eager loop far ahead of the GPU): no call waits for an earlier one's
+// upload, and each computes with its own tables.
+TEST(ApiGroupedGemm, CallsQueueAheadOfTheGpuEachWithItsOwnCounts) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int experts = 5, calls = 150;
+  const int64_t n = 128, k = 64, max_rows = 400;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  GroupedGemmOptions o;
+  o.path = GroupedGemmOptions::Path::Ours;
+  GroupedGemm op(max_rows, experts, n, k, DType::BF16, o);
+  DeviceBuffer a(size_t(max_rows) * k * 2), b(size_t(experts) * n * k * 2), out(size_t(calls) * max_rows * n * 2),
+      again(size_t(max_rows) * n * 2);
+  kernels::fill_random(kernels::DType::BF16, a.get(), max_rows * k, seed, -1.f, 1.f, nullptr);
+  kernels::fill_random(kernels::DType::BF16, b.get(), int64_t(experts) * n * k, seed + 1, -1.f, 1.f, nullptr);
+  std::vector<std::vector<int64_t>> counts(calls, std::vector<int64_t>(size_t(experts)));
+  for (auto& c : counts)
+    for (auto& x : c) x = int64_t(rng() % (max_rows / experts + 1));
+  rt::ScopedStream st;
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  rt::HostGate gate;
+  gate.hold(st.s);
+  auto out_of = [&](int i) { return static_cast<char*>(out.get()) + size_t(i) * max_rows * n * 2; };
+  for (int i = 0; i < calls; ++i) op.run(a.get(), b.get(), counts[size_t(i)].data(), out_of(i), st.s);
+  EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady) << "the host waited for the GPU while queueing the calls";
+  gate.release();
+  FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
+  gate.check();
+  for (int i = 0; i < calls; ++i) {  // each against the same call run alone
+    int64_t rows = 0;
+    for (int64_t c : counts[size_t(i)]) rows += c;
+    if (rows == 0) continue;
+    op.run(a.get(), b.get(), counts[size_t(i)].data(), again.get(), st.s);
+    FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
+    EXPECT_TRUE(test::bitwise(kernels::compare(kernels::DType::BF16, out_of(i), n, again.get(), n, rows, n, st.s)))
+        << "call " << i;
+  }
 }
 
 }  // namespace
