@@ -1153,8 +1153,8 @@ class GroupedGemm:
 
     def _calibrate(self, torch, grouped_mm):
         """[(mean rows per expert, torch's faster)] at powers of two up to max_rows / experts: ours (the
-        library's pick) and torch._grouped_mm timed in turns on uniform counts, on as many of the experts
-        as CALIBRATION_BYTES of weights hold (all where they fit)."""
+        library's pick) and torch._grouped_mm timed in turns, on as many of the experts
+        as CALIBRATION_BYTES of weights hold (all where they fit), the counts ragged about the mean."""
         e_cal = max(1, min(self.experts, self.max_rows, self.CALIBRATION_BYTES // max(self.n * self.k * 2, 1)))
         most = max(self.max_rows // self.experts, 1)
         samples = sorted({min(1 << i, most) for i in range(4, max(most.bit_length(), 5))} | {most})
@@ -1165,11 +1165,13 @@ class GroupedGemm:
         stream = torch.cuda.current_stream(dev)
         for mean in samples:
             per = max(1, min(mean, self.max_rows // e_cal))
-            counts = [per] * e_cal
+            # (ragged, as drawn counts are: per each would fill whole tile rows; see plan::ragged_counts)
+            h = min(per // 2, 64)
+            counts = [per + (h if e % 2 == 0 else -h) if e + 1 < e_cal or e % 2 else per for e in range(e_cal)]
             rows = per * e_cal
             xs = x[:rows]
             out = torch.empty(rows, self.n, dtype=dt, device=dev)
-            offs = torch.arange(1, e_cal + 1, dtype=torch.int32, device=dev) * per
+            offs = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=dev)
             ours = lambda: self._op.run(xs.data_ptr(), w.data_ptr(), counts + [0] * (self.experts - e_cal),  # noqa: E731
                                         out.data_ptr(), out.stride(0), stream.cuda_stream)
             theirs = lambda: grouped_mm(xs, w.transpose(-2, -1), offs=offs)  # noqa: E731

@@ -143,9 +143,11 @@ struct GroupedGemm::Impl {
 };
 
 
-// The two GEMMs timed in turns at each sample of mean rows per expert, with
-// uniform counts over every expert, as a call runs them (ours with its
-// tables' upload), so that the waves are the calls' own. The weights are the
+// The two GEMMs timed in turns at each sample of mean rows per expert, as a
+// call runs them (ours with its tables' upload), every expert loaded, so that
+// the waves are the calls' own: counts r + h and r - h in turns (h = half a
+// tile row at most), ragged as drawn counts are, where exactly r each would
+// fill whole tile rows and flatter the larger tiles' waves. The weights are the
 // experts' where they fit kCalibrationWeightBytes, else expert e reads weight
 // e % e_cal; a near tie then goes to ours (one launch against cuBLAS's one per
 // expert, whose weights' reads the fewer weights flatter).
@@ -162,7 +164,7 @@ void GroupedGemm::Impl::measure() {
   constexpr double kMargin = 0.04;  // what a near tie is
   const bool all_timed = e_cal == experts;
   for (int64_t r : rows) {
-    const std::vector<int64_t> counts(size_t(experts), r);
+    const std::vector<int64_t> counts = plan::ragged_counts(experts, r);
     plan::GroupedTileRows g = plan::make_grouped_tile_rows(plan::expert_segments(counts), experts, n, 128);
     for (int32_t& b0 : g.b_row0) b0 = int32_t((b0 / n) % e_cal * n);
     std::vector<kernels::GemmParams> ps;

@@ -50,6 +50,13 @@ std::vector<RowSegment> expert_segments(const std::vector<int64_t>& counts) {
   return out;
 }
 
+std::vector<int64_t> ragged_counts(int32_t experts, int64_t mean) {
+  const int64_t h = std::min<int64_t>(mean / 2, 64);
+  std::vector<int64_t> out(size_t(std::max(experts, 0)), mean);
+  for (size_t e = 0; e + 1 < out.size(); e += 2) out[e] += h, out[e + 1] -= h;
+  return out;
+}
+
 Schedule make_grouped_schedule(const GroupedTileRows& g, int64_t n, TileShape tile, int32_t ctas, Raster raster,
                                int32_t swizzle) {
   if (tile.bm != g.bm)

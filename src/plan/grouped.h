@@ -43,6 +43,12 @@ GroupedTileRows make_grouped_tile_rows(const std::vector<RowSegment>& segments, 
 // stack of experts' inputs, as the dispatch sorts a rank's rows).
 std::vector<RowSegment> expert_segments(const std::vector<int64_t>& counts);
 
+// The counts a calibration times for `mean` rows per expert: mean + h and
+// mean - h in turns (h = min(mean / 2, 64), the last of an odd count mean),
+// summing to experts x mean: ragged, as counts drawn from a routing are,
+// where mean each would fill whole 128-row tile rows.
+std::vector<int64_t> ragged_counts(int32_t experts, int64_t mean);
+
 // The schedule of the grouped GEMM: m = tile_rows * bm (no rows anywhere:
 // m = 0, as make_expert_schedule), n columns, on `ctas` CTAs.
 Schedule make_grouped_schedule(const GroupedTileRows& g, int64_t n, TileShape tile, int32_t ctas, Raster raster,

@@ -88,3 +88,25 @@ TEST(PlanGrouped, ExpertSegmentsFollowEachOtherAndBadInputIsRefused) {
   EXPECT_THROW(fo::make_grouped_tile_rows({{0, 10, 0}}, 70000, 70000, 128), InvalidArgument);  // B past 2^31 rows
   EXPECT_THROW(fo::make_grouped_schedule(g, 1000, {64, 64}, 8, fo::Raster::AlongN, 1), InvalidArgument);  // bm 128
 }
+
+// The calibration's counts: experts x mean rows in all, none negative, and
+// ragged like drawn counts (about half a tile row per expert past whole tile
+// rows), where mean each would fill whole tile rows.
+TEST(PlanGrouped, RaggedCountsKeepTheRowsAndCostRaggedTileRows) {
+  for (int32_t experts : {1, 2, 5, 16, 32})
+    for (int64_t mean : {int64_t(1), int64_t(16), int64_t(127), int64_t(128), int64_t(512), int64_t(4096)}) {
+      SCOPED_TRACE(std::to_string(experts) + " experts, mean " + std::to_string(mean));
+      const std::vector<int64_t> c = fo::ragged_counts(experts, mean);
+      ASSERT_EQ(c.size(), size_t(experts));
+      int64_t sum = 0;
+      for (int64_t x : c) {
+        EXPECT_GE(x, 0);
+        sum += x;
+      }
+      EXPECT_EQ(sum, experts * mean);
+      if (mean % 128 == 0 && experts > 1) {
+        const fo::GroupedTileRows g = fo::make_grouped_tile_rows(fo::expert_segments(c), experts, 64, 128);
+        EXPECT_EQ(g.tile_rows(), experts * mean / 128 + experts / 2);  // (mean + 64: one ragged tile row more)
+      }
+    }
+}
