@@ -358,7 +358,7 @@ struct GemmAllToAllOptions {
   //              rows to each rank): ranks out of step fail on every rank,
   //              bounded, and the op is then built anew (the op exchanges
   //              the routing, so every rank plans from the same). Not yet picked by Auto (not yet
-  //              measured on several GPUs); one expert per rank only.
+  //              measured on several GPUs).
   enum class Path { Auto, Sequential, Slots, NVLink };
   Path path = Path::Auto;
   // Experts per rank (E >= 1): b holds their weights stacked, [E, n, k] (each

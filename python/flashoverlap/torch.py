@@ -875,7 +875,7 @@ class GemmAllToAll(_OpBase):
     is then (experts, n, k) and each call says how many of x's rows each
     expert has (__call__'s expert_counts). path: "auto" | "sequential" |
     "slots" | "nvlink" (rows stored straight into the ranks' windows; one
-    host, n % 8 == 0, at most 8 ranks, one expert per rank); nccl_sms
+    host, n % 8 == 0, at most 8 ranks); nccl_sms
     (None: the library's default, 8), wait_timeout_s, exchange_timeout_s
     (None: 120 s, the wait of each call's routing exchange for the other
     ranks): GemmAllToAllOptions (flashoverlap.h).

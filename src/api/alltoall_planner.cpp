@@ -80,8 +80,6 @@ std::string plan_gemm_alltoall(const std::vector<AllToAllRouting>& routings, int
   const int E = options.experts;
   if (E < 1 || E > 4096 || int64_t(E) * n > INT32_MAX)
     throw InvalidArgument(who + ": experts must be in [1, 4096], and experts x n (the weights' rows) below 2^31");
-  if (options.path == GemmAllToAllOptions::Path::NVLink && E > 1)
-    throw InvalidArgument(who + ": Path::NVLink takes one expert per rank");
   // Every rank's routing as the op gathers it (host arrays); count_moe_rows checks the rest.
   plan::MoeRouting all;
   all.world = world, all.experts = E;

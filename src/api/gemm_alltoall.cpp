@@ -377,8 +377,6 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   if (options.path == GemmAllToAllOptions::Path::NVLink) {  // (every rank the same verdict: the options agreed)
     if (n % 8 != 0 || d.world > 8)
       throw InvalidArgument(d.who() + ": Path::NVLink needs n % 8 == 0 and at most 8 ranks");
-    if (d.experts > 1)
-      throw InvalidArgument(d.who() + ": Path::NVLink takes one expert per rank (use Auto, Sequential or Slots)");
     const int32_t mine = d.world == 1 || rt::all_ranks_reachable(comm.get()) ? 1 : 0;
     for (int32_t x : rt::gather_from_all(comm.get(), d.rank, mine, d.who() + ": the ranks' NVLink reach"))
       if (!x)

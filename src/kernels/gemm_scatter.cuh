@@ -62,8 +62,13 @@ __device__ __forceinline__ void scatter_storer(const GemmKernelParams& p, const 
   constexpr int BM = 128;
   if (h == 0 && blockIdx.x == 0 && p.scatter.publish.slots && lane < p.scatter.world)
     publish_call(p.scatter.publish, lane);  // (the call check: flags.h)
-  uint32_t t = 0;
-  for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x, ++t) {
+  uint32_t t = 0;  // the tiles this CTA's consumers staged
+  for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+    if (p.grouped.a_row0 && p.grouped.rows[p.sched.tile_of(idx).tm] == 0) {  // (an empty tile row: never staged)
+      if (lane == 0)
+        for (int d = 0; d < p.scatter.world; ++d) ptx::red_release_sys_add(p.scatter.arrivals[d], 1);
+      continue;
+    }
     T* lo = nullptr;
     T* hi = nullptr;
     scatter_row_ptrs<T>(p.scatter, p.row_of + int64_t(idx) * BM + h * 64, p.sched.n, lane, lo, hi);
@@ -83,6 +88,7 @@ __device__ __forceinline__ void scatter_storer(const GemmKernelParams& p, const 
       }
       if (h == 1 && last) record_phase(p.monitor_phases, 1);
     }
+    ++t;
   }
 }
 

@@ -662,9 +662,12 @@ TEST(PlanGemmAllToAll, SeveralExpertsPlanTheGroupedRowsAndRefuseCountsThatDoNotA
     g.expert_counts = short_counts.data();
     refused(g, o, "rank 0");
     g.expert_counts = counts.data();
-    flashoverlap::GemmAllToAllOptions nv = o;
-    nv.path = flashoverlap::GemmAllToAllOptions::Path::NVLink;
-    refused(g, nv, "Path::NVLink takes one expert per rank");
+    // The NVLink form takes several experts too: every row in one expert plans as one expert's rows.
+    flashoverlap::GemmAllToAllOptions nv = o, nv_one;
+    nv.path = nv_one.path = flashoverlap::GemmAllToAllOptions::Path::NVLink;
+    EXPECT_EQ(flashoverlap::plan_gemm_alltoall({g}, n, k, flashoverlap::DType::BF16, nv),
+              flashoverlap::plan_gemm_alltoall({r}, n, k, flashoverlap::DType::BF16, nv_one))
+        << "E " << E;
   }
 }
 

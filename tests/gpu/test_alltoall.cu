@@ -842,7 +842,7 @@ TEST(AllToAllRanksOnOneGpu, SeveralExpertsMatchEachSegmentsPlainGemmBitwise) {
   EXPECT_EQ(ran.calls, 12 * 3) << "seed " << seed;
   EXPECT_GT(ran.overlapped, 0) << "seed " << seed;
   EXPECT_GT(ran.direct, 0) << "seed " << seed;
-  // A routing of another expert count is refused; the NVLink form takes one expert.
+  // A routing of another expert count is refused (the NVLink form's experts: AllToAllNvlinkOnOneGpu).
   rt::OverlapAllToAllOptions o;
   o.n = 256, o.k = 64, o.experts = 2, o.max_rows = 64, o.max_recv_rows = 64, o.max_tokens = 64;
   RanksOnOneGpu ranks(2, o);
@@ -850,13 +850,6 @@ TEST(AllToAllRanksOnOneGpu, SeveralExpertsMatchEachSegmentsPlainGemmBitwise) {
   rt::A2aCall c;
   c.routing = &one;
   EXPECT_THROW(ranks.op(0).run(nullptr, nullptr, c, nullptr, 256, st), InvalidArgument);
-  o.nvlink = true, o.world = 2, o.transport = [](const rt::A2aGroupCall&) {};
-  try {
-    rt::OverlapAllToAll refused(o);
-    ADD_FAILURE() << "the NVLink form took 2 experts per rank";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("the NVLink form takes one expert per rank"), std::string::npos) << e.what();
-  }
   FO_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
@@ -906,15 +899,14 @@ void run_ranks(NvlinkRanks& ranks, const std::vector<const void*>& a, const std:
     ranks.ops[r]->run(a[r], b[r], call, out[r], ld_out, ranks.streams[r], tokens_out[r]);
 }
 
-}  // namespace
-
-// The NVLink form at W = 2, 3, 4, 8 on one GPU: every kind of routing
-// (rows in the dispatch's order or shuffled), experts without rows, several
-// calls on one set of ops (the window's halves in turn, the counters' running
-// totals), combined or not, strided outputs: bitwise the ranks' plain GEMMs
-// routed and combined on the host.
-TEST(AllToAllNvlinkOnOneGpu, MatchesTheRanksPlainGemmsBitwise) {
-  REQUIRE_HOPPER();
+// The NVLink form at W = 2, 3, 4, 8 on one GPU, `experts_of` experts per
+// rank in each trial: every kind of routing (rows in the dispatch's order
+// or shuffled with one expert; by (source, expert) with several), ranks and
+// experts without rows, several calls on one set of ops (the window's halves
+// in turn, the counters' running totals), combined or not, strided outputs:
+// bitwise the ranks' plain GEMMs of each segment routed and combined on the
+// host.
+void nvlink_forms_match(const std::function<int32_t(std::mt19937_64&)>& experts_of) {
   const uint64_t seed = test::fresh_seed();
   std::mt19937_64 rng(seed);
   cudaStream_t st;
@@ -925,9 +917,11 @@ TEST(AllToAllNvlinkOnOneGpu, MatchesTheRanksPlainGemmsBitwise) {
     const int world = kWorlds[trial % 4];
     const int64_t n = kNs[rng() % 3], k = kKs[rng() % 2];
     const plan::TileShape tile = random_tile(rng);
+    const int32_t experts = experts_of(rng);
     constexpr int kCalls = 5;
-    const RandomCalls calls_of(world, kCalls, rng);
+    const RandomCalls calls_of(world, kCalls, rng, experts);
     rt::OverlapAllToAllOptions o = calls_of.options(n, k, tile, rng);
+    o.experts = experts;
     o.sequential_ctas = int32_t(1 + rng() % 132);  // (the NVLink form's grid; W of them share the GPU)
     NvlinkRanks ranks(world, o);
     RankData data(world, n, k, calls_of);
@@ -936,7 +930,8 @@ TEST(AllToAllNvlinkOnOneGpu, MatchesTheRanksPlainGemmsBitwise) {
       rt::A2aCall c;
       c.routing = &routing, c.nvlink = true, c.combine = (call + trial) % 3 != 0;
       const int64_t ld = call == 0 ? n : rng() % 2 ? n + 24 : n + 3;
-      const std::string where = calls_of.names[size_t(call)] + ", " + describe(o) + ", NVLink form, combine " +
+      const std::string where = calls_of.names[size_t(call)] + ", " + describe(o) + ", NVLink form, " +
+                                std::to_string(experts) + " experts a rank, combine " +
                                 std::to_string(c.combine) + ", ld " + std::to_string(ld) + ", trial " +
                                 std::to_string(trial) + " call " + std::to_string(call) + ", seed " +
                                 std::to_string(seed);
@@ -967,9 +962,22 @@ TEST(AllToAllNvlinkOnOneGpu, MatchesTheRanksPlainGemmsBitwise) {
     }
   }
   EXPECT_EQ(calls, 12 * 5) << "seed " << seed;
-  std::fprintf(stderr, "NVLink form: %d calls (%d combines), %d rank calls of experts without rows\n", calls,
-               combined, idle);
+  std::fprintf(stderr, "NVLink form: %d calls (%d combines), %d rank calls without rows\n", calls, combined, idle);
   FO_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+}  // namespace
+
+TEST(AllToAllNvlinkOnOneGpu, MatchesTheRanksPlainGemmsBitwise) {
+  REQUIRE_HOPPER();
+  nvlink_forms_match([](std::mt19937_64&) { return 1; });
+}
+
+// Several experts per rank: each rank's grouped GEMM, its tiles (and so the
+// arrivals its receivers wait for) a tile row per (source, expert) segment.
+TEST(AllToAllNvlinkOnOneGpu, SeveralExpertsMatchEachSegmentsPlainGemmBitwise) {
+  REQUIRE_HOPPER();
+  nvlink_forms_match([](std::mt19937_64& g) { return 2 + int32_t(g() % 3); });
 }
 
 // A rank whose counts never arrive (rank 1's, to every rank): every

@@ -295,9 +295,10 @@ class CApi(unittest.TestCase):
                 short = [c - 1 if e == on else c for e, c in enumerate(counts)]
                 with self.assertRaisesRegex(InvalidArgument, "rank 0"):
                     flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=short)], n, k, experts=experts)
-                with self.assertRaisesRegex(InvalidArgument, "Path::NVLink takes one expert per rank"):
-                    flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=counts)], n, k, experts=experts,
-                                                    path="nvlink")
+                # (the NVLink form with experts: every row in one expert plans as one expert's rows)
+                self.assertEqual(flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=counts)], n, k,
+                                                                 experts=experts, path="nvlink"),
+                                 flashoverlap.plan_gemm_alltoall([r], n, k, path="nvlink"))
                 with self.assertRaisesRegex(InvalidArgument, f"^expert_counts has {experts - 1} entries, expected "
                                                              f"{experts}$"):
                     flashoverlap.plan_gemm_alltoall([dict(r, expert_counts=counts[1:])], n, k, experts=experts)

@@ -46,8 +46,6 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
     throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
   if (opts_.experts < 1 || int64_t{opts_.experts} * opts_.n > INT32_MAX)
     throw InvalidArgument(who + ": experts must be >= 1, and experts x n (the rows of b) fit int32");
-  if (opts_.experts > 1 && opts_.nvlink)
-    throw InvalidArgument(who + ": the NVLink form takes one expert per rank");
 
   if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
   core_ = opts_.core ? opts_.core : own_core_.get();
@@ -307,14 +305,17 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   plan::fill_combine_table(routing, rank_, table_);  // (its memory kept across calls)
   my_groups_.clear(), calls_.clear(), target_.clear();
   direct_ = false, nvlink_call_ = true, cublas_call_ = false;
+  grouped_host_ = opts_.experts > 1 ? plan::moe_tile_rows(routing, rank_, opts_.n, opts_.tile.bm) : plan::GroupedTileRows{};
   recv_rows_ = tables_host_.out_rows;
-  rows_elems_ = {s.m * opts_.n, recv_rows_ * opts_.n};
+  rows_elems_ = {routing.rows(rank_) * opts_.n, recv_rows_ * opts_.n};
   // Every source's: 2 per tile (1 for a call with none); its rows; its
   // plan's digest for the call check (its signals and its rows to each
   // rank, FNV-1a), so that routings that differ in where rows go differ.
+  // (Several experts: its tiles are its grouped GEMM's, a tile row per
+  // (source, expert) segment's 128 rows or fewer.)
   std::vector<uint32_t> counts, rows, plans;
   for (int src = 0; src < world_; ++src) {
-    const int32_t tiles = schedule_of(routing.rows(src), true).tiles();  // (its count: no walk, no row read)
+    const int32_t tiles = schedule_of(plan::moe_schedule_rows(routing, src, opts_.tile.bm), true).tiles();
     counts.push_back(tiles > 0 ? uint32_t(tiles) * kernels::kSignalsPerTile : 1u);
     rows.push_back(uint32_t(routing.rows(src)));
     PlanDigest h;
@@ -327,6 +328,10 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
   p.scatter.world = world_, p.scatter.rows = peers_.rows(0);
   p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;
+  if (opts_.experts > 1) {  // (the tables' places: filled by upload below, before the GEMM)
+    auto table = [&](Table x) { return reinterpret_cast<const int32_t*>(tables_.as<char>() + offsets_[size_t(x)]); };
+    p.grouped = {table(kARow0), table(kBRow0), table(kRowsOf), routing.rows(rank_), int64_t{opts_.experts} * opts_.n};
+  }
   if (s.m > 0) kernels::check_gemm_params(p);  // (what can be refused, before the windows' state moves)
 
   const PeerWindows::Call next = peers_.next_call(counts, rows, plans);

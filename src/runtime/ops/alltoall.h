@@ -93,8 +93,8 @@ struct OverlapAllToAllOptions {
   int k = 0;
   // Experts per rank: b is [experts, n, k], and every call's routing has as
   // many (plan::MoeRouting::experts): A's rows by (source rank, expert), the
-  // GEMM the grouped one over the segments (plan::moe_segments). More than
-  // one: not with the NVLink form, nor cuBLAS's GEMM.
+  // GEMM the grouped one over the segments (plan::moe_segments), on every
+  // path but cuBLAS's GEMM.
   int32_t experts = 1;
   kernels::DType dtype = kernels::DType::BF16;
   plan::TileShape tile{128, 256};
