@@ -1,7 +1,8 @@
 // gemm.h — host interface of the signalling Hopper GEMM (sm_90a).
 //
 //   C = A * B^T,  A: m x k row-major, B: n x k row-major (nn.Linear weight),
-//   bf16 or fp16 inputs, fp32 accumulation, output in the input type.
+//   bf16 or fp16 inputs, fp32 accumulation, output in the input type; or
+//   e4m3 inputs with their scales, output bf16 or fp16 (Fp8 below).
 //
 // The kernel is persistent: `sched.ctas` CTAs walk the tiles in the order of
 // plan::Schedule (tile index -> CTA, round), so SMs can be left to NCCL.
@@ -160,6 +161,20 @@ struct Owner {
 // rows[tm] = 0 is skipped by every warp (tables built on the device for up
 // to so many tile rows: grouped_tables.h); its tiles are not signalled.
 // The schedule's m is tile rows x bm. Off where a_row0 is null.
+// FP8 inputs (docs/design.md §13): A and B e4m3 (k % 16 == 0), C in the
+// GEMM's dtype; each k-block's product (4 wgmma of k32) summed into fp32
+// registers apart (the tensor cores' own sum keeps ~14 bits), then C =
+// (acc * scale_a) * scale_b, rounded once, as torch._scaled_mm scales. 128 x
+// 128 tiles (two accumulator sets), Plain or slot stores, no owner layout,
+// no grouped GEMM yet.
+enum class Scales : int32_t { None = 0, PerTensor = 1, RowWise = 2 };
+struct Fp8 {
+  bool on = false;
+  Scales scales = Scales::None;
+  const float* scale_a = nullptr;  // PerTensor: [1]; RowWise: [m], one per row of A
+  const float* scale_b = nullptr;  // PerTensor: [1]; RowWise: [n], one per row of B (column of C)
+};
+
 struct Grouped {
   const int32_t* a_row0 = nullptr;  // device [tiles_m]
   const int32_t* b_row0 = nullptr;  // device [tiles_m]
@@ -193,6 +208,7 @@ struct GemmParams {
   Scatter scatter;                     // optional (SlotRows by row_of to the ranks' receive rows)
   Owner owner;                         // optional (Plain C by TMA, group_of_tile; no counters)
   Grouped grouped;                     // optional (Plain C, or SlotRows by row_of)
+  Fp8 fp8;                             // optional: e4m3 inputs and their scales
   uint64_t* monitor_ns = nullptr;      // non-null: [tiles * 2] finish time of each half (globaltimer)
   uint32_t* monitor_sm = nullptr;      // [tiles] SM that computed the tile
   // Non-null: [tiles * 2] = {globaltimer ns, SM cycle count} when the tile's

@@ -20,9 +20,9 @@ namespace {
 constexpr int kStages256 = 3;  // 3 x 48 KB + 64 KB
 constexpr int kStages128 = 5;  // 5 x 32 KB + 32 KB
 
-template <int BN, typename T>
+template <int BN, typename T, typename TIn = T>
 auto kernel_for() {
-  return &gemm_sm90_kernel<BN, BN == 256 ? kStages256 : kStages128, T>;
+  return &gemm_sm90_kernel<BN, BN == 256 ? kStages256 : kStages128, T, false, false, TIn>;
 }
 template <int BN>
 constexpr int smem_for() {
@@ -41,14 +41,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A 2D row-major tensor [rows x cols] of 2-byte elements, `ld` elements per
-// row, read or written in boxes of box_rows x 64 columns with 128-byte swizzle.
+// A 2D row-major tensor [rows x cols] of 2-byte elements (1-byte: e4m3, as
+// UINT8), `ld` elements per row, read or written in boxes of box_rows rows x
+// 128 bytes with 128-byte swizzle.
 CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows,
                      CUtensorMapDataType dt, const char* what) {
   CUtensorMap map;
+  const uint32_t bytes = dt == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
   const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {ld * 2};
-  const cuuint32_t box[2] = {64, box_rows};
+  const cuuint64_t strides[1] = {ld * bytes};
+  const cuuint32_t box[2] = {128 / bytes, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUresult r = encode_fn()(&map, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -56,7 +58,7 @@ CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld
   if (r != CUDA_SUCCESS) {
     std::ostringstream os;
     os << "cuTensorMapEncodeTiled failed (CUresult " << int(r) << ") for " << what << " [" << rows << " x " << cols
-       << ", ld " << ld << ", box " << box_rows << " x 64]";
+       << ", ld " << ld << ", box " << box_rows << " x " << 128 / bytes << "]";
     throw Error(os.str());
   }
   return map;
@@ -77,6 +79,7 @@ void check_gemm_params(const GemmParams& p) {
   auto fail = [&](const std::string& why) { throw InvalidArgument(shape_str(p) + ": " + why); };
   if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
+  const Grouped& g = p.grouped;
   if (!tile_supported(p.sched.bm, p.sched.bn)) fail("unsupported tile shape (supported: 128x256, 128x128)");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
@@ -103,7 +106,6 @@ void check_gemm_params(const GemmParams& p) {
   if (p.counters && !p.group_of_tile) fail("signalling needs group_of_tile");
   const bool tma_c = p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 && p.n % 8 == 0;
   if (p.monitor_ns && !p.monitor_sm) fail("monitor needs both monitor_ns and monitor_sm");
-  const Grouped& g = p.grouped;
   if (g.a_row0 || g.b_row0 || g.rows) {
     if (!g.a_row0 || !g.b_row0 || !g.rows) fail("grouped: needs its three tables (a_row0, b_row0, rows)");
     if (g.a_rows < 1 || g.a_rows > INT32_MAX || g.b_rows < p.n || g.b_rows > INT32_MAX)
@@ -113,6 +115,23 @@ void check_gemm_params(const GemmParams& p) {
     if (p.owner.rank >= 0) fail("grouped: not with the owner layout");
     if (p.monitor_phases) fail("grouped: no phase monitor (a ragged tile row's tiles are stored by the consumers)");
   }
+  const Fp8& f8 = p.fp8;
+  if (f8.on) {
+    if (p.k % 16 != 0) fail("fp8: k must be a multiple of 16 (rows of A and B 16-byte multiples for TMA)");
+    if (p.sched.bn != 128) fail("fp8: 128x128 tiles only (two accumulator sets per consumer)");
+    if (p.owner.rank >= 0 || g.a_row0) fail("fp8: not with the owner layout or the grouped GEMM yet");
+    if (p.monitor_phases) fail("fp8: no phase monitor");
+  }
+  if (f8.scales != Scales::None && f8.scales != Scales::PerTensor && f8.scales != Scales::RowWise)
+    fail("fp8: unknown scale kind");
+  if (!f8.on && (f8.scales != Scales::None || f8.scale_a || f8.scale_b))
+    fail("scales are for FP8 inputs (Fp8::on)");
+  if (f8.on && f8.scales != Scales::None &&
+      (!f8.scale_a || !f8.scale_b || reinterpret_cast<uintptr_t>(f8.scale_a) % 4 != 0 ||
+       reinterpret_cast<uintptr_t>(f8.scale_b) % 4 != 0))
+    fail("fp8: scales need both scale_a and scale_b, 4-byte aligned fp32 in device memory");
+  if (f8.on && f8.scales == Scales::None && (f8.scale_a || f8.scale_b))
+    fail("fp8: scale pointers given with Scales::None");
   const Scatter& sc = p.scatter;
   if (sc.world < 0 || sc.world > 8) fail("scatter: world must be in [0, 8]");
   if (sc.world > 0 && (p.store != Store::SlotRows || !p.row_of || p.half_row || p.n % 8 != 0 || !sc.rows ||
@@ -174,7 +193,7 @@ bool gemm_four_stages(const GemmParams& p) {
   // spare). Not: the tile-end monitor.
   const bool owner_ok = p.owner.rank < 0 || !p.counters;  // (owner: n % 8 == 0 checked already)
   return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&
-         !p.monitor_ns && owner_ok && !p.grouped.a_row0;
+         !p.monitor_ns && owner_ok && !p.grouped.a_row0 && !p.fp8.on;
 }
 
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
@@ -187,14 +206,17 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
   const CUtensorMapDataType dt =
       p.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType dt_in = p.fp8.on ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : dt;  // (e4m3: TMA moves bytes)
   const int bn = p.sched.bn;
   const bool grouped = p.grouped.a_row0 != nullptr;  // (A's and B's rows: the experts', all of them)
-  const CUtensorMap ma = make_map(p.a, grouped ? p.grouped.a_rows : p.m, p.k, p.k, 128, dt, "A");
-  const CUtensorMap mb = make_map(p.b, grouped ? p.grouped.b_rows : p.n, p.k, p.k, bn, dt, "B");
+  const CUtensorMap ma = make_map(p.a, grouped ? p.grouped.a_rows : p.m, p.k, p.k, 128, dt_in, "A");
+  const CUtensorMap mb = make_map(p.b, grouped ? p.grouped.b_rows : p.n, p.k, p.k, bn, dt_in, "B");
 
   GemmKernelParams kp{};
   kp.sched = p.sched;
-  kp.k_blocks = (p.k + 63) / 64;
+  const int32_t per_block = p.fp8.on ? 128 : 64;  // (a k-block: 128 bytes of each row)
+  kp.k_blocks = (p.k + per_block - 1) / per_block;
+  kp.fp8 = p.fp8;
   kp.store = static_cast<int32_t>(p.store);
   kp.counters = p.counters;
   kp.group_of_tile = p.group_of_tile;
@@ -243,6 +265,15 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
+  if (p.fp8.on) {  // (128x128 tiles, checked)
+    if (p.dtype == DType::BF16)
+      kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp,
+                                                                                                  mq, kp);
+    else
+      kernel_for<128, __half, __nv_fp8_e4m3>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+    FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
+    return;
+  }
   if (gemm_four_stages(p) && p.owner.rank >= 0 && p.owner.walk == OwnerWalk::Ranges) {
     if (p.dtype == DType::BF16)
       pieces_kernel<__nv_bfloat16, true>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
@@ -287,6 +318,8 @@ void preload_gemm_kernels() {
   prepare(kernel_for<128, __nv_bfloat16>(), smem_for<128>());
   prepare(kernel_for<256, __half>(), smem_for<256>());
   prepare(kernel_for<128, __half>(), smem_for<128>());
+  prepare(kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(), smem_for<128>());
+  prepare(kernel_for<128, __half, __nv_fp8_e4m3>(), smem_for<128>());
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);
   prepare(pieces_kernel<__nv_bfloat16, true>(), kPiecesSmem);

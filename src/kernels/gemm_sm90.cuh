@@ -24,8 +24,10 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/gemm.h"
 #include "kernels/gemm_owner_warps.cuh"
@@ -52,7 +54,34 @@ static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <=
                   128 * kProducerRegs<128, false> + 256 * kConsumerRegs<128, false> <= kGemmThreads * 168,
               "the warpgroups' registers exceed the launch's");
 
-template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false>
+// C = (scale_a * scale_b) applied to an FP8 tile's fp32 accumulators in
+// place (Fp8 in gemm.h), each element (acc * sa) * sb as torch's row-wise
+// epilogue computes it; rows and columns past C's take scale 0.
+template <int BN>
+__device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f, const plan::Schedule& s,
+                                             const plan::TileCoord& tc, int cw, int warp, int lane) {
+  const int32_t row = tc.tm * 128 + cw * 64 + warp * 16 + lane / 4, col = tc.tn * BN + 2 * (lane % 4);
+  if (f.scales == Scales::PerTensor) {
+    const float sa = f.scale_a[0], sb = f.scale_b[0];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = acc[i] * sa * sb;
+    return;
+  }
+  if (f.scales != Scales::RowWise) return;
+  const float sa[2] = {row < s.m ? f.scale_a[row] : 0.f, row + 8 < s.m ? f.scale_a[row + 8] : 0.f};
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {  // (register 4j + 2h + c: row + 8h, column col + 8j + c)
+      const int32_t x = col + 8 * j + c;
+      const float sb = x < s.n ? f.scale_b[x] : 0.f;
+      acc[4 * j + c] = acc[4 * j + c] * sa[0] * sb;
+      acc[4 * j + 2 + c] = acc[4 * j + 2 + c] * sa[1] * sb;
+    }
+}
+
+// TIn: the inputs' type (T, or __nv_fp8_e4m3 with T the output's).
+template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false, typename TIn = T>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
@@ -60,7 +89,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                      const GemmKernelParams p) {
   using L = GemmSmem<BN, STAGES, kPieces>;
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
-  constexpr int BM = L::kBM, BK = L::kBK;
+  constexpr bool kFp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
+  static_assert(!kFp8 || (BN == 128 && !kPieces && !kWide), "FP8: 128x128 tiles (two accumulator sets)");
+  constexpr int BM = L::kBM, BK = 128 / int(sizeof(TIn));  // (a k-block: 128 bytes of each row, any input type)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
@@ -211,7 +242,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.
-    int prev = -1;
 #if defined(FO_FAULT_SKIP_KBLOCK)
     // test-only fault (FO_TEST_FAULT=skip_kblock): see scripts/gpu_all.sh faults.
     // Tile 1 of the schedule (0 if it is the only one) is computed without
@@ -221,6 +251,28 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // adds a wgmma fence where the paths join: info C7519, no serialisation).
     const int fault_kb = idx == (tiles > 1 ? 1 : 0) ? (p.k_blocks > 1 ? 1 : 0) : -1;
 #endif
+    if constexpr (kFp8) {
+      // Each k-block's 4 wgmma into `part` (the first from zero), retired,
+      // its stage released, then summed into acc in fp32: the promotion.
+      float part[BN / 2];
+      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+        const int s = it % STAGES;
+        ptx::mbar_wait(&full[s], (it / STAGES) & 1);
+        ptx::wgmma_fence();
+        const uint64_t da = ptx::smem_desc_sw128(smem + L::kA + s * L::kABytes + cw * 64 * 128);
+        const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)  // +32 bytes along K each
+          ptx::Wgmma<BN, TIn>::mma(part, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        if (tid == 0) ptx::mbar_arrive(&empty[s]);
+#pragma unroll
+        for (int e = 0; e < BN / 2; ++e) acc[e] = kb > 0 ? acc[e] + part[e] : part[e];
+      }
+      apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
+    } else {
+    int prev = -1;
     for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
       const int s = it % STAGES;
       ptx::mbar_wait(&full[s], (it / STAGES) & 1);
@@ -232,7 +284,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #endif
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)  // +32 bytes along K = +2 in the descriptor
-        ptx::Wgmma<BN, T>::mma(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+        ptx::Wgmma<BN, TIn>::mma(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
       ptx::wgmma_commit();
       if (prev >= 0) {
         ptx::wgmma_wait<1>();
@@ -248,6 +300,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;  // (its only k-block skipped: no MMA wrote them)
     }
 #endif
+    }  // (not kFp8)
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
       if (i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
       if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);

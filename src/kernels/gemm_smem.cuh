@@ -36,6 +36,7 @@ struct GemmKernelParams {
   uint64_t* monitor_phases;  // GemmParams::monitor_phases
   Owner owner;
   Grouped grouped;
+  Fp8 fp8;
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.

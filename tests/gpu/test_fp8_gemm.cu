@@ -1,0 +1,199 @@
+// test_fp8_gemm.cu — the FP8 GEMM (docs/design.md §13). First its building
+// block: one warpgroup's e4m3 wgmma (m64nNk32, 4 per 128-byte k-block) on A
+// and B laid out as the bf16 kernel lays its stages (128-byte rows, 128-byte
+// swizzle, the same descriptors). Then the signalling GEMM with e4m3 inputs,
+// each scale kind, bf16 and fp16 outputs. Inputs are small integers, so
+// that every k-block's sum is exact in the tensor cores' ~14-bit
+// accumulation and every sum over k exact in fp32 (the promotion): the
+// output is then the host's (acc * sa) * sb rounded once, bitwise. A large
+// k of one sign shows the promotion: its sums pass 2^14.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "kernels/gemm_smem.cuh"
+#include "kernels/ptx.cuh"
+#include "kernels/wgmma_ops.cuh"
+#include "plan/tile_grid.h"
+#include "runtime/core/buffer.h"
+#include "gpu_test_util.h"
+
+using namespace flashoverlap;
+
+namespace {
+
+// a [64 x 128] and b [N x 128] e4m3, row-major (K-major, as nn.Linear's);
+// d [64 x N] fp32 = a b^T, by one warpgroup. first_zero: the first wgmma
+// with scale-d off (d's registers hold garbage before it), as each k-block's
+// promotion will.
+template <int N>
+__global__ void __launch_bounds__(128) fp8_tile(const uint8_t* a, const uint8_t* b, float* d) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* sm = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sa = sm;             // 64 rows x 128 B (8 KiB: b stays 1024-byte aligned)
+  uint8_t* sb = sm + 64 * 128;  // N rows x 128 B
+  for (int i = threadIdx.x; i < 64 * 8; i += 128)
+    *reinterpret_cast<uint4*>(sa + kernels::sw128_offset(i / 8, i % 8)) = reinterpret_cast<const uint4*>(a)[i];
+  for (int i = threadIdx.x; i < N * 8; i += 128)
+    *reinterpret_cast<uint4*>(sb + kernels::sw128_offset(i / 8, i % 8)) = reinterpret_cast<const uint4*>(b)[i];
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (the wgmma read through the async proxy)
+  __syncthreads();
+  float acc[N / 2];
+  for (int i = 0; i < N / 2; ++i) acc[i] = 1e30f;  // (scale-d off on the first wgmma must ignore these)
+  kernels::ptx::wgmma_fence();
+  const uint64_t da = kernels::ptx::smem_desc_sw128(sa), db = kernels::ptx::smem_desc_sw128(sb);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)  // +32 bytes along K each, as the bf16 kernel's k16 steps
+    kernels::ptx::Wgmma<N, __nv_fp8_e4m3>::mma(acc, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
+  kernels::ptx::wgmma_commit();
+  kernels::ptx::wgmma_wait<0>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)  // (the fragment: register 4j + 2h + c, row warp*16 + lane/4 + 8h)
+        d[(warp * 16 + lane / 4 + 8 * h) * N + 8 * j + 2 * (lane % 4) + c] = acc[4 * j + 2 * h + c];
+}
+
+template <int N>
+void expect_exact(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> a(64 * 128), b(size_t(N) * 128);
+  std::vector<int> ai(a.size()), bi(b.size());
+  auto fill = [&](std::vector<uint8_t>& q, std::vector<int>& v) {
+    for (size_t i = 0; i < q.size(); ++i) {
+      v[i] = int(rng() % 7) - 3;  // (e4m3 holds every integer of [-3, 3] exactly)
+      q[i] = __nv_fp8_e4m3(float(v[i])).__x;
+    }
+  };
+  fill(a, ai), fill(b, bi);
+  rt::DeviceBuffer da(a.size()), db(b.size()), dd(size_t(64) * N * 4);
+  FO_CUDA_CHECK(cudaMemcpy(da.get(), a.data(), a.size(), cudaMemcpyHostToDevice));
+  FO_CUDA_CHECK(cudaMemcpy(db.get(), b.data(), b.size(), cudaMemcpyHostToDevice));
+  const int smem = 1024 + 64 * 128 + N * 128;
+  FO_CUDA_CHECK(cudaFuncSetAttribute(fp8_tile<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  fp8_tile<N><<<1, 128, smem>>>(da.as<uint8_t>(), db.as<uint8_t>(), dd.as<float>());
+  FO_CUDA_CHECK(cudaGetLastError());
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> d(size_t(64) * N);
+  FO_CUDA_CHECK(cudaMemcpy(d.data(), dd.get(), d.size() * 4, cudaMemcpyDeviceToHost));
+  int wrong = 0;
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < N; ++c) {
+      int want = 0;
+      for (int k = 0; k < 128; ++k) want += ai[size_t(r) * 128 + k] * bi[size_t(c) * 128 + k];
+      if (d[size_t(r) * N + c] != float(want) && wrong++ < 5)
+        ADD_FAILURE() << "N " << N << ": d[" << r << "][" << c << "] = " << d[size_t(r) * N + c] << ", want " << want
+                      << " (seed " << seed << ")";
+    }
+  EXPECT_EQ(wrong, 0) << "N " << N << ", seed " << seed;
+}
+
+}  // namespace
+
+TEST(Fp8Wgmma, OneKBlockOfFourK32MatchesTheExactProduct) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  expect_exact<128>(seed);
+  expect_exact<256>(seed + 1);
+}
+
+namespace {
+
+uint8_t e4m3(int v) { return __nv_fp8_e4m3(float(v)).__x; }
+
+uint16_t round_out(float x, kernels::DType dt) {
+  uint16_t bits;
+  if (dt == kernels::DType::BF16) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    std::memcpy(&bits, &h, 2);
+  } else {
+    const __half h = __float2half_rn(x);
+    std::memcpy(&bits, &h, 2);
+  }
+  return bits;
+}
+
+}  // namespace
+
+// The GEMM with e4m3 inputs: random shapes (m and n ragged against the
+// 128 x 128 tiles, k a multiple of 16 but not always of 128), every scale
+// kind, both outputs, C strided: bitwise the host's scaled product.
+TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const kernels::Scales kinds[] = {kernels::Scales::None, kernels::Scales::PerTensor, kernels::Scales::RowWise};
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t m = 1 + int64_t(rng() % 700), n = 8 * (1 + int64_t(rng() % 80)), k = 16 * (1 + int64_t(rng() % 40));
+    const kernels::Scales kind = kinds[trial % 3];
+    const kernels::DType out = trial % 2 ? kernels::DType::FP16 : kernels::DType::BF16;
+    const int64_t ldc = n + 8 * int64_t(trial % 3);
+    SCOPED_TRACE("m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ", scales " +
+                 std::to_string(int(kind)) + ", out " + std::to_string(int(out)) + ", seed " + std::to_string(seed));
+    std::vector<int> ai(size_t(m * k)), bi(size_t(n * k));
+    std::vector<uint8_t> a(ai.size()), b(bi.size());
+    for (size_t i = 0; i < ai.size(); ++i) ai[i] = int(rng() % 7) - 3, a[i] = e4m3(ai[i]);
+    for (size_t i = 0; i < bi.size(); ++i) bi[i] = int(rng() % 7) - 3, b[i] = e4m3(bi[i]);
+    std::uniform_real_distribution<float> scale(0.01f, 4.f);
+    std::vector<float> sa(kind == kernels::Scales::RowWise ? size_t(m) : 1), sb(kind == kernels::Scales::RowWise ? size_t(n) : 1);
+    for (float& x : sa) x = scale(rng);
+    for (float& x : sb) x = scale(rng);
+    const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
+                           dsb = rt::to_device(sb);
+    rt::DeviceBuffer dc(size_t(m) * ldc * 2);
+    FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
+    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, 132, plan::Raster::AlongN, 2);
+    kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
+    p.fp8.on = true, p.fp8.scales = kind;
+    if (kind != kernels::Scales::None) p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> c(size_t(m) * ldc);
+    FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t col = 0; col < n; ++col) {
+        int acc = 0;
+        for (int64_t kk = 0; kk < k; ++kk) acc += ai[size_t(r * k + kk)] * bi[size_t(col * k + kk)];
+        float x = float(acc);
+        if (kind == kernels::Scales::PerTensor) x = x * sa[0] * sb[0];
+        if (kind == kernels::Scales::RowWise) x = x * sa[size_t(r)] * sb[size_t(col)];
+        const uint16_t want = round_out(x, out), got = c[size_t(r * ldc + col)];
+        if (got != want && wrong++ < 5)
+          ADD_FAILURE() << "C[" << r << "][" << col << "] = 0x" << std::hex << got << ", want 0x" << want << std::dec
+                        << " (" << x << ")";
+      }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
+// k = 4096 of +3 x +3: every sum is 36864, past the ~2^14 the tensor cores
+// keep while they sum; exact only with each k-block's sum added in fp32.
+TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
+  REQUIRE_HOPPER();
+  const int64_t m = 256, n = 256, k = 4096;
+  const std::vector<uint8_t> a(size_t(m * k), e4m3(3)), b(size_t(n * k), e4m3(3));
+  const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b);
+  rt::DeviceBuffer dc(size_t(m) * n * 2);
+  const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, 132, plan::Raster::AlongN, 2);
+  kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
+  p.fp8.on = true;
+  kernels::launch_gemm(p, nullptr);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> c(size_t(m) * n);
+  FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
+  const uint16_t want = round_out(36864.f, kernels::DType::BF16);
+  EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n) << "first: 0x" << std::hex << c[0] << ", want 0x" << want;
+}
