@@ -25,6 +25,7 @@
 #include "kernels/wgmma_ops.cuh"
 #include "plan/tile_grid.h"
 #include "runtime/core/buffer.h"
+#include "runtime/core/cublas.h"
 #include "gpu_test_util.h"
 
 using namespace flashoverlap;
@@ -196,4 +197,54 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
   const uint16_t want = round_out(36864.f, kernels::DType::BF16);
   EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n) << "first: 0x" << std::hex << c[0] << ", want 0x" << want;
+}
+
+// Ours against cuBLASLt's FP8 matmul (the sequential path's GEMM where it
+// is faster): bitwise without scales (both sums exact, one rounding); with
+// scales within one unit of the output's last place (cuBLASLt may multiply
+// the two scales first).
+TEST(Fp8Gemm, MatchesCublasLtsFp8Matmul) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  rt::CublasGemm lt;
+  const kernels::Scales kinds[] = {kernels::Scales::None, kernels::Scales::PerTensor, kernels::Scales::RowWise};
+  for (int trial = 0; trial < 9; ++trial) {
+    const int64_t m = 16 * (1 + int64_t(rng() % 64)), n = 16 * (1 + int64_t(rng() % 64)),
+                  k = 16 * (1 + int64_t(rng() % 64));
+    const kernels::Scales kind = kinds[trial % 3];
+    SCOPED_TRACE("m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ", scales " +
+                 std::to_string(int(kind)) + ", seed " + std::to_string(seed));
+    std::vector<uint8_t> a(size_t(m * k)), b(size_t(n * k));
+    for (auto& x : a) x = e4m3(int(rng() % 7) - 3);
+    for (auto& x : b) x = e4m3(int(rng() % 7) - 3);
+    std::uniform_real_distribution<float> scale(0.01f, 4.f);
+    std::vector<float> sa(kind == kernels::Scales::RowWise ? size_t(m) : 1), sb(kind == kernels::Scales::RowWise ? size_t(n) : 1);
+    for (float& x : sa) x = scale(rng);
+    for (float& x : sb) x = scale(rng);
+    const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
+                           dsb = rt::to_device(sb);
+    rt::DeviceBuffer ours(size_t(m) * n * 2), theirs(size_t(m) * n * 2);
+    kernels::Fp8 f;
+    f.on = true, f.scales = kind;
+    if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
+    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, 132, plan::Raster::AlongN, 2);
+    kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), ours.get(), n);
+    p.fp8 = f;
+    kernels::launch_gemm(p, nullptr);
+    lt.run_fp8(kernels::DType::BF16, f, da.get(), db.get(), theirs.get(), int(m), int(n), int(k), n, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> x(size_t(m) * n), y(size_t(m) * n);
+    FO_CUDA_CHECK(cudaMemcpy(x.data(), ours.get(), ours.bytes(), cudaMemcpyDeviceToHost));
+    FO_CUDA_CHECK(cudaMemcpy(y.data(), theirs.get(), theirs.bytes(), cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      // (bf16 bits of one sign are ordered as their values: one unit apart = bits one apart)
+      const int d = int(x[i]) - int(y[i]);
+      const bool ok = kind == kernels::Scales::None ? d == 0 : (d >= -1 && d <= 1) || ((x[i] | y[i]) & 0x7fff) == 0;
+      if (!ok && wrong++ < 5)
+        ADD_FAILURE() << "element " << i << ": ours 0x" << std::hex << x[i] << ", cuBLASLt's 0x" << y[i];
+    }
+    EXPECT_EQ(wrong, 0);
+  }
 }

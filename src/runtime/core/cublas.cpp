@@ -58,14 +58,15 @@ void CublasGemm::set_sm_target(int sms) {
 }
 
 const CublasGemm::Prepared& CublasGemm::prepared(kernels::DType dtype, const void* a, const void* b, const void* c,
-                                                 int m, int n, int k, int64_t ldc) {
+                                                 int m, int n, int k, int64_t ldc, int scales) {
   const uint32_t al_a = alignment(a), al_b = alignment(b), al_c = alignment(c);
-  const Key key{int(dtype), m, n, k, ldc, al_a | (al_b << 9) | (al_c << 18)};
+  const Key key{int(dtype), m, n, k, ldc, al_a | (al_b << 9) | (al_c << 18), scales};
   if (auto it = prepared_.find(key); it != prepared_.end()) return *it->second;
   if (prepared_.size() >= kMaxPrepared) prepared_.clear();
   // Row-major C = A B^T is column-major C^T (n x m, ld ldc) = B^T (B: k x n
   // column-major, ld k, transposed) * A (k x m column-major, ld k).
   const cudaDataType_t t = dtype == kernels::DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t t_in = scales >= 0 ? CUDA_R_8F_E4M3 : t;
   auto p = std::make_unique<Prepared>();
   {
     FO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -75,8 +76,17 @@ const CublasGemm::Prepared& CublasGemm::prepared(kernels::DType dtype, const voi
     if (sm_target_ > 0)
       FO_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target_, sizeof(int)));
-    FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, k, n, k));
-    FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, k, m, k));
+    if (scales >= 0) {  // FP8: promoted sums; row-wise scales as outer vectors (per tensor: the default mode)
+      const int8_t fast = 0;
+      FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+      if (scales == int(kernels::Scales::RowWise)) {
+        const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+        FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+      }
+    }
+    FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t_in, k, n, k));
+    FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t_in, k, m, k));
     FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, n, m, ldc));
     cublasLtMatmulPreference_t pref = nullptr;
     FO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -121,6 +131,21 @@ void CublasGemm::run(kernels::DType dtype, const void* a, const void* b, void* c
   FO_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, workspace_bytes_));
   FO_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, b, t, k, a, t, k, &beta, c, t,
                                int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CublasGemm::run_fp8(kernels::DType out, const kernels::Fp8& f, const void* a, const void* b, void* c, int m,
+                         int n, int k, int64_t ldc, cudaStream_t stream) {
+  if (!lt_) FO_CUBLAS_CHECK(cublasLtCreate(&lt_));  // (FP8 is cuBLASLt's alone)
+  const int scales = f.scales == kernels::Scales::None ? int(kernels::Scales::None) : int(f.scales);
+  const Prepared& p = prepared(out, a, b, c, m, n, k, ldc, scales);
+  // (cuBLASLt's A is our B: its A scale is our scale_b, one per column of C with row-wise scales)
+  const float* sa = f.scales == kernels::Scales::None ? nullptr : f.scale_b;
+  const float* sb = f.scales == kernels::Scales::None ? nullptr : f.scale_a;
+  FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+  FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+  const float alpha = 1.f, beta = 0.f;
+  FO_CUBLAS_CHECK(cublasLtMatmul(lt_, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo, workspace_,
+                                 workspace_bytes_, stream));
 }
 
 }  // namespace flashoverlap::rt

@@ -31,22 +31,29 @@ class CublasGemm {
   // C (m x n, ldc) = A (m x k) * B (n x k)^T, fp32 accumulation.
   void run(kernels::DType dtype, const void* a, const void* b, void* c, int m, int n, int k, int64_t ldc,
            cudaStream_t stream);
+  // The same with e4m3 A and B and their scales (kernels::Fp8: none, per
+  // tensor or row-wise), C in `out`: cuBLASLt's FP8 matmul (whatever the
+  // Api), fp32 accumulation promoted as torch._scaled_mm(use_fast_accum=
+  // False) asks (FAST_ACCUM off).
+  void run_fp8(kernels::DType out, const kernels::Fp8& f, const void* a, const void* b, void* c, int m, int n, int k,
+               int64_t ldc, cudaStream_t stream);
   // Limits cuBLAS to `sms` SMs (0 = all), for comparisons with a reduced grid.
   void set_sm_target(int sms);
   Api api() const { return api_; }
 
  private:
   struct Prepared;
+  // scales: -1 for 16-bit inputs, else the FP8 call's kernels::Scales.
   const Prepared& prepared(kernels::DType dtype, const void* a, const void* b, const void* c, int m, int n, int k,
-                           int64_t ldc);
+                           int64_t ldc, int scales = -1);
   Api api_;
   int sm_target_ = 0;
   cublasHandle_t handle_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  // (dtype, m, n, k, ldc, the pointers' alignments) -> descriptors and algorithm
-  using Key = std::tuple<int, int, int, int, int64_t, uint32_t>;
+  // (dtype, m, n, k, ldc, the pointers' alignments, scales) -> descriptors and algorithm
+  using Key = std::tuple<int, int, int, int, int64_t, uint32_t, int>;
   std::map<Key, std::unique_ptr<Prepared>> prepared_;
 };
 
