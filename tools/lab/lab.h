@@ -9,5 +9,7 @@ namespace flashoverlap::cli {
 void add_lab_bench_command(CLI::App& app, int& rc);
 // `bench-gemm`: the GEMM kernels alone against cuBLAS (cmd_bench_gemm.cpp).
 void add_bench_gemm_command(CLI::App& app, int& rc);
+// `bench-fp8`: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (cmd_bench_fp8.cpp).
+void add_bench_fp8_command(CLI::App& app, int& rc);
 
 }  // namespace flashoverlap::cli

@@ -14,5 +14,6 @@ int main(int argc, char** argv) {
   int rc = 0;
   cli::add_lab_bench_command(app, rc);
   cli::add_bench_gemm_command(app, rc);
+  cli::add_bench_fp8_command(app, rc);
   return cli::run_command_line(app, argc, argv, rc, nullptr);
 }

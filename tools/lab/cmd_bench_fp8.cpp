@@ -1,0 +1,171 @@
+// flashoverlap-lab bench-fp8 — our GEMM with e4m3 inputs (kernels::Fp8:
+// 128x128 tiles, each k-block's sum promoted to fp32, the scales in the
+// epilogue) against cuBLASLt's FP8 matmul, which torch._scaled_mm runs
+// (FAST_ACCUM off, as use_fast_accum=False), per shape and scale kind, timed
+// in turns on the full grid; bf16 output. Internal: the kernel alone.
+#include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
+
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_parse.h"
+#include "commands.h"
+#include "flashoverlap/error.h"
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "lab/lab.h"
+#include "plan/tile_grid.h"
+#include "runtime/core/buffer.h"
+#include "runtime/core/cublas.h"
+#include "runtime/tune/timing.h"
+
+namespace flashoverlap::cli {
+namespace {
+
+// FP8 deployments' GEMMs (N = out features per rank, K = in): Llama-3-70B at
+// TP 8 (QKV 1280x8192, o_proj 8192x1024, gate+up 7168x8192, down 8192x3584),
+// Llama-3-405B at TP 8 (o_proj 16384x2048, down 16384x6656), Qwen2.5-72B at
+// TP 4 (down 8192x7392, gate+up 14784x8192), DeepSeek-V3's dense MLP (down
+// 7168x18432 at TP 8: 7168x2304; gate+up 4608x7168), each at m 256, 2048
+// and 16384.
+std::string default_shapes() {
+  const int nk[][2] = {{1280, 8192}, {8192, 1024},  {7168, 8192},  {8192, 3584}, {16384, 2048},
+                       {16384, 6656}, {8192, 7392}, {14784, 8192}, {7168, 2304}, {4608, 7168}};
+  std::ostringstream os;
+  for (int m : {256, 2048, 16384})
+    for (const auto& x : nk) os << (os.tellp() > 0 ? "," : "") << m << "x" << x[0] << "x" << x[1];
+  return os.str();
+}
+
+struct Options {
+  std::string shapes = default_shapes();
+  std::string scales = "tensor,row";
+  int warmup = 5, iters = 20, device = 0;
+  std::string csv;
+};
+
+// Random e4m3 bytes of magnitudes 2^-3 .. 2^2 (exponent fields 4..9, any
+// sign and mantissa): no NaN, sums of k of them well inside bf16's range.
+std::vector<uint8_t> random_e4m3(size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(count);
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t r = rng();
+    v[i] = uint8_t(((r & 1) << 7) | ((4 + (r >> 1) % 6) << 3) | ((r >> 8) & 7));
+  }
+  return v;
+}
+
+int run(const Options& o) {
+  const auto shapes = parse_shapes(o.shapes);
+  std::vector<kernels::Scales> kinds;
+  for (const std::string& s : split_list(o.scales)) {
+    if (s == "none") kinds.push_back(kernels::Scales::None);
+    else if (s == "tensor") kinds.push_back(kernels::Scales::PerTensor);
+    else if (s == "row") kinds.push_back(kernels::Scales::RowWise);
+    else throw InvalidArgument("--scales: unknown kind '" + s + "' (none, tensor, row)");
+  }
+  for (const auto& d : shapes)
+    if (d[2] % 16 != 0 || d[1] % 16 != 0 || d[0] > INT32_MAX || d[1] > INT32_MAX || d[2] > INT32_MAX)
+      throw InvalidArgument("--shapes: N and K must be multiples of 16 (FP8 rows for TMA and cuBLASLt)");
+  if (const rt::GpuProbe probe = rt::probe_gpus(); probe.hopper < 1) {
+    std::cerr << "bench-fp8: no Hopper (sm_90) GPU found (" << probe.reason << "); nothing to measure.\n";
+    return 1;
+  }
+  FO_CUDA_CHECK(cudaSetDevice(o.device));
+  const rt::DeviceInfo info = rt::device_info(o.device);
+  kernels::preload_kernels();
+  std::cout << "# " << info.summary() << "\n";
+  cudaStream_t stream;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  rt::CublasGemm lt;
+  std::ofstream csv;
+  if (!o.csv.empty()) {
+    csv.open(o.csv);
+    if (!csv) throw Error("cannot write " + o.csv);
+    csv << "M,N,K,scales,ours_ms,cublaslt_ms,ours_tflops,cublaslt_tflops,ratio,rel_err\n";
+  }
+  std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
+            << "ours_ms" << std::setw(12) << "cublasLt_ms" << std::setw(9) << "ours_TF" << std::setw(9) << "Lt_TF"
+            << std::setw(8) << "ratio" << std::setw(10) << "rel_err" << "\n";
+  bool wrong = false;
+  for (const auto& d : shapes) {
+    const int m = int(d[0]), n = int(d[1]), k = int(d[2]);
+    const rt::DeviceBuffer a = rt::to_device(random_e4m3(size_t(m) * k, 11 + uint64_t(m))),
+                           b = rt::to_device(random_e4m3(size_t(n) * k, 13 + uint64_t(n)));
+    std::mt19937_64 rng(17);
+    std::uniform_real_distribution<float> u(0.5f, 2.f);
+    std::vector<float> sa(static_cast<size_t>(m)), sb(static_cast<size_t>(n));
+    for (float& x : sa) x = u(rng);
+    for (float& x : sb) x = u(rng);
+    const rt::DeviceBuffer dsa = rt::to_device(sa), dsb = rt::to_device(sb);
+    rt::DeviceBuffer ours(size_t(m) * n * 2), theirs(size_t(m) * n * 2);
+    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, info.sms, plan::Raster::AlongN,
+                                                 plan::default_swizzle(info.sms, {128, 128}, (m + 127) / 128));
+    const double flop = 2.0 * m * n * double(k);
+    for (kernels::Scales kind : kinds) {
+      kernels::Fp8 f;
+      f.on = true, f.scales = kind;
+      if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
+      kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), s, k, ours.get(), n);
+      p.fp8 = f;
+      kernels::launch_gemm(p, stream);
+      lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream);
+      // (the bound for inputs within +-7.5 (random_e4m3's), times the scales (<= 2 each) as the output's)
+      const auto r = kernels::compare(kernels::DType::BF16, ours.get(), n, theirs.get(), n, m, n, stream,
+                                      kernels::gemm_tolerance(kernels::DType::BF16, k, 1, 7.5 * 2));
+      if (!r.within())
+        wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k << ": ours differs from cuBLASLt's: "
+                                << r.describe() << "\n";
+      const std::vector<std::function<void()>> fns = {
+          [&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream); },
+          [&] { kernels::launch_gemm(p, stream); }};
+      const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, &rt::thread_gate());
+      const double lt_ms = stats[0].median_ms, ours_ms = stats[1].median_ms;
+      const char* kname = kind == kernels::Scales::None ? "none" : kind == kernels::Scales::PerTensor ? "tensor" : "row";
+      std::ostringstream shape;
+      shape << m << "x" << n << "x" << k;
+      std::cout << std::left << std::setw(20) << shape.str() << std::setw(8) << kname << std::right << std::fixed
+                << std::setprecision(3) << std::setw(10) << ours_ms << std::setw(12) << lt_ms << std::setprecision(1)
+                << std::setw(9) << flop / ours_ms / 1e9 << std::setw(9) << flop / lt_ms / 1e9 << std::setprecision(3)
+                << std::setw(8) << lt_ms / ours_ms << std::setprecision(5) << std::setw(10) << r.rel_error() << "\n"
+                << std::flush;
+      if (csv)
+        csv << m << "," << n << "," << k << "," << kname << "," << ours_ms << "," << lt_ms << "," << flop / ours_ms / 1e9
+            << "," << flop / lt_ms / 1e9 << "," << lt_ms / ours_ms << "," << r.rel_error() << "\n";
+    }
+  }
+  cudaStreamDestroy(stream);
+  if (wrong) {
+    std::cerr << "bench-fp8: some results differ from cuBLASLt's beyond the bound (see the warnings)\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_fp8_command(CLI::App& app, int& rc) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench-fp8", "Benchmark our GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (torch._scaled_mm's; one GPU)");
+  cmd->add_option("--shapes", opts->shapes, "Comma-separated MxNxK list (N and K multiples of 16)")
+      ->capture_default_str();
+  cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
+      ->capture_default_str();
+  cmd->add_option("--warmup", opts->warmup, "Warm-up runs")->capture_default_str()->check(integer_at_least(0));
+  cmd->add_option("--iters", opts->iters, "Timed runs (median reported)")->capture_default_str()->check(integer_at_least(1));
+  cmd->add_option("--device", opts->device, "CUDA device")->capture_default_str();
+  cmd->add_option("--csv", opts->csv, "Write the table as CSV");
+  cmd->callback([opts, &rc] { rc = run(*opts); });
+}
+
+}  // namespace flashoverlap::cli
