@@ -20,6 +20,8 @@
 #   gemm-rs      bench-gemm of the ReduceScatter epilogues (rs, rs-subtile, rs-nvlink) against plain, full grid,
 #                on the ReduceScatter's shape set (SHAPES overrides) -> $OUT/gemm-rs-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
+#   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (torch._scaled_mm's), both
+#                scale kinds, 30 shapes (FP8_ARGS: more arguments) -> $OUT/gemm-fp8-<gpu>.csv
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
@@ -250,6 +252,11 @@ for s in "$@"; do
           done
         done
       fi
+      ;;
+    fp8)
+      stage "the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (lab bench-fp8) -> gemm-fp8-<gpu>.csv"
+      tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
+      $LAB bench-fp8 --csv "$OUT/gemm-fp8-${tag:-gpu}.csv" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1
       ;;
     grouped)
       stage "the grouped GEMM against torch._grouped_mm and a cuBLAS loop (bench/grouped_gemm.py) -> grouped-gemm-<gpu>.csv"
