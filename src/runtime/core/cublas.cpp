@@ -76,10 +76,10 @@ const CublasGemm::Prepared& CublasGemm::prepared(kernels::DType dtype, const voi
     if (sm_target_ > 0)
       FO_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target_, sizeof(int)));
-    if (scales >= 0) {  // FP8: promoted sums; row-wise scales as outer vectors (per tensor: the default mode)
-      const int8_t fast = 0;
+    if (scales >= 0) {  // FP8: promoted sums (or not: + 16); row-wise scales as outer vectors (per tensor: the default)
+      const int8_t fast = scales >= 16 ? 1 : 0;
       FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
-      if (scales == int(kernels::Scales::RowWise)) {
+      if (scales % 16 == int(kernels::Scales::RowWise)) {
         const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
         FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
         FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
@@ -134,9 +134,9 @@ void CublasGemm::run(kernels::DType dtype, const void* a, const void* b, void* c
 }
 
 void CublasGemm::run_fp8(kernels::DType out, const kernels::Fp8& f, const void* a, const void* b, void* c, int m,
-                         int n, int k, int64_t ldc, cudaStream_t stream) {
+                         int n, int k, int64_t ldc, cudaStream_t stream, bool fast_accum) {
   if (!lt_) FO_CUBLAS_CHECK(cublasLtCreate(&lt_));  // (FP8 is cuBLASLt's alone)
-  const int scales = f.scales == kernels::Scales::None ? int(kernels::Scales::None) : int(f.scales);
+  const int scales = int(f.scales) + (fast_accum ? 16 : 0);
   const Prepared& p = prepared(out, a, b, c, m, n, k, ldc, scales);
   // (cuBLASLt's A is our B: its A scale is our scale_b, one per column of C with row-wise scales)
   const float* sa = f.scales == kernels::Scales::None ? nullptr : f.scale_b;

@@ -34,16 +34,16 @@ class CublasGemm {
   // The same with e4m3 A and B and their scales (kernels::Fp8: none, per
   // tensor or row-wise), C in `out`: cuBLASLt's FP8 matmul (whatever the
   // Api), fp32 accumulation promoted as torch._scaled_mm(use_fast_accum=
-  // False) asks (FAST_ACCUM off).
+  // False) asks (FAST_ACCUM off; fast_accum: on, as use_fast_accum=True).
   void run_fp8(kernels::DType out, const kernels::Fp8& f, const void* a, const void* b, void* c, int m, int n, int k,
-               int64_t ldc, cudaStream_t stream);
+               int64_t ldc, cudaStream_t stream, bool fast_accum = false);
   // Limits cuBLAS to `sms` SMs (0 = all), for comparisons with a reduced grid.
   void set_sm_target(int sms);
   Api api() const { return api_; }
 
  private:
   struct Prepared;
-  // scales: -1 for 16-bit inputs, else the FP8 call's kernels::Scales.
+  // scales: -1 for 16-bit inputs, else the FP8 call's kernels::Scales (+ 16 with fast accumulation).
   const Prepared& prepared(kernels::DType dtype, const void* a, const void* b, const void* c, int m, int n, int k,
                            int64_t ldc, int scales = -1);
   Api api_;
