@@ -114,6 +114,14 @@ namespace {
 
 uint8_t e4m3(int v) { return __nv_fp8_e4m3(float(v)).__x; }
 
+// A scale kind's scales for `rows` rows (one, or one per row), in [0.01, 4).
+std::vector<float> random_scales(kernels::Scales kind, int64_t rows, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> scale(0.01f, 4.f);
+  std::vector<float> v(kind == kernels::Scales::RowWise ? size_t(rows) : 1);
+  for (float& x : v) x = scale(rng);
+  return v;
+}
+
 uint16_t round_out(float x, kernels::DType dt) {
   uint16_t bits;
   if (dt == kernels::DType::BF16) {
@@ -147,10 +155,7 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
     std::vector<uint8_t> a(ai.size()), b(bi.size());
     for (size_t i = 0; i < ai.size(); ++i) ai[i] = int(rng() % 7) - 3, a[i] = e4m3(ai[i]);
     for (size_t i = 0; i < bi.size(); ++i) bi[i] = int(rng() % 7) - 3, b[i] = e4m3(bi[i]);
-    std::uniform_real_distribution<float> scale(0.01f, 4.f);
-    std::vector<float> sa(kind == kernels::Scales::RowWise ? size_t(m) : 1), sb(kind == kernels::Scales::RowWise ? size_t(n) : 1);
-    for (float& x : sa) x = scale(rng);
-    for (float& x : sb) x = scale(rng);
+    const std::vector<float> sa = random_scales(kind, m, rng), sb = random_scales(kind, n, rng);
     const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
                            dsb = rt::to_device(sb);
     rt::DeviceBuffer dc(size_t(m) * ldc * 2);
@@ -218,10 +223,7 @@ TEST(Fp8Gemm, MatchesCublasLtsFp8Matmul) {
     std::vector<uint8_t> a(size_t(m * k)), b(size_t(n * k));
     for (auto& x : a) x = e4m3(int(rng() % 7) - 3);
     for (auto& x : b) x = e4m3(int(rng() % 7) - 3);
-    std::uniform_real_distribution<float> scale(0.01f, 4.f);
-    std::vector<float> sa(kind == kernels::Scales::RowWise ? size_t(m) : 1), sb(kind == kernels::Scales::RowWise ? size_t(n) : 1);
-    for (float& x : sa) x = scale(rng);
-    for (float& x : sb) x = scale(rng);
+    const std::vector<float> sa = random_scales(kind, m, rng), sb = random_scales(kind, n, rng);
     const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
                            dsb = rt::to_device(sb);
     rt::DeviceBuffer ours(size_t(m) * n * 2), theirs(size_t(m) * n * 2);

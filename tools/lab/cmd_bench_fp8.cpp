@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -77,14 +78,9 @@ int run(const Options& o) {
   for (const auto& d : shapes)
     if (d[2] % 16 != 0 || d[1] % 16 != 0 || d[0] > INT32_MAX || d[1] > INT32_MAX || d[2] > INT32_MAX)
       throw InvalidArgument("--shapes: N and K must be multiples of 16 (FP8 rows for TMA and cuBLASLt)");
-  if (const rt::GpuProbe probe = rt::probe_gpus(); probe.hopper < 1) {
-    std::cerr << "bench-fp8: no Hopper (sm_90) GPU found (" << probe.reason << "); nothing to measure.\n";
-    return 1;
-  }
-  FO_CUDA_CHECK(cudaSetDevice(o.device));
-  const rt::DeviceInfo info = rt::device_info(o.device);
-  kernels::preload_kernels();
-  std::cout << "# " << info.summary() << "\n";
+  const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
+  if (!gpu) return 1;
+  const rt::DeviceInfo& info = *gpu;
   cudaStream_t stream;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   rt::CublasGemm lt;
@@ -164,10 +160,7 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
       ->capture_default_str();
-  cmd->add_option("--warmup", opts->warmup, "Warm-up runs")->capture_default_str()->check(integer_at_least(0));
-  cmd->add_option("--iters", opts->iters, "Timed runs (median reported)")->capture_default_str()->check(integer_at_least(1));
-  cmd->add_option("--device", opts->device, "CUDA device")->capture_default_str();
-  cmd->add_option("--csv", opts->csv, "Write the table as CSV");
+  add_kernel_timing_options(cmd, opts->warmup, opts->iters, opts->device, opts->csv);
   cmd->callback([opts, &rc] { rc = run(*opts); });
 }
 

@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -76,14 +77,9 @@ int run(const Options& o) {
                             "' (plain, signal, owners, rs, rs-subtile, rs-rows, rs-nvlink)");
   }
 
-  if (const rt::GpuProbe probe = rt::probe_gpus(); probe.hopper < 1) {
-    std::cerr << "bench-gemm: no Hopper (sm_90) GPU found (" << probe.reason << "); nothing to measure.\n";
-    return 1;
-  }
-  FO_CUDA_CHECK(cudaSetDevice(o.device));
-  const rt::DeviceInfo info = rt::device_info(o.device);
-  kernels::preload_kernels();
-  std::cout << "# " << info.summary() << "\n";
+  const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-gemm", o.device);
+  if (!gpu) return 1;
+  const rt::DeviceInfo& info = *gpu;
 
   cudaStream_t stream;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -295,6 +291,25 @@ int run(const Options& o) {
 
 }  // namespace
 
+std::optional<rt::DeviceInfo> open_kernel_bench_gpu(const char* command, int device) {
+  if (const rt::GpuProbe probe = rt::probe_gpus(); probe.hopper < 1) {
+    std::cerr << command << ": no Hopper (sm_90) GPU found (" << probe.reason << "); nothing to measure.\n";
+    return std::nullopt;
+  }
+  FO_CUDA_CHECK(cudaSetDevice(device));
+  const rt::DeviceInfo info = rt::device_info(device);
+  kernels::preload_kernels();
+  std::cout << "# " << info.summary() << "\n";
+  return info;
+}
+
+void add_kernel_timing_options(CLI::App* cmd, int& warmup, int& iters, int& device, std::string& csv) {
+  cmd->add_option("--warmup", warmup, "Warm-up runs")->capture_default_str()->check(integer_at_least(0));
+  cmd->add_option("--iters", iters, "Timed runs (median reported)")->capture_default_str()->check(integer_at_least(1));
+  cmd->add_option("--device", device, "CUDA device")->capture_default_str();
+  cmd->add_option("--csv", csv, "Write the table as CSV");
+}
+
 void add_bench_gemm_command(CLI::App& app, int& rc) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("bench-gemm", "Benchmark our signalling GEMM against cuBLAS (one GPU)");
@@ -315,10 +330,7 @@ void add_bench_gemm_command(CLI::App& app, int& rc) {
                   "The plain 128x256 store with 4 stages (its output staged in two pieces): on, off or both "
                   "(each timed in turns; '/4st' in the tile column)")
       ->capture_default_str();
-  cmd->add_option("--warmup", opts->warmup, "Warm-up runs")->capture_default_str()->check(integer_at_least(0));
-  cmd->add_option("--iters", opts->iters, "Timed runs (median reported)")->capture_default_str()->check(integer_at_least(1));
-  cmd->add_option("--device", opts->device, "CUDA device")->capture_default_str();
-  cmd->add_option("--csv", opts->csv, "Write the table as CSV");
+  add_kernel_timing_options(cmd, opts->warmup, opts->iters, opts->device, opts->csv);
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time the host's launch too: by default the stream is held before each timed run until the host has "
                 "queued it, so that only device time is timed (cuBLAS's host work per call is several times ours)");

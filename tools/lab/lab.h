@@ -2,7 +2,21 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <optional>
+#include <string>
+
+#include "runtime/core/buffer.h"
+
 namespace flashoverlap::cli {
+
+// The kernel benchmarks' GPU: device `device` made current, every kernel
+// loaded and its summary printed as a "#" line; nullopt (said on stderr,
+// for `command`) where there is no Hopper GPU.
+std::optional<rt::DeviceInfo> open_kernel_bench_gpu(const char* command, int device);
+
+// The kernel benchmarks' common options: --warmup, --iters (median
+// reported), --device, --csv (bench-gemm, bench-fp8).
+void add_kernel_timing_options(CLI::App* cmd, int& warmup, int& iters, int& device, std::string& csv);
 
 // `lab-bench`: the internal variants and the measured tuner (cmd_lab_bench.cpp,
 // cmd_lab_bench_rs.cpp, cmd_lab_bench_a2a.cpp): experiments, not the public ops.
