@@ -40,6 +40,22 @@ LocalGpus local_gpus();
 
 enum class DType { BF16, FP16 };
 
+// FP8 inputs (GemmAllReduceOptions::input): A and B in e4m3
+// (torch.float8_e4m3fn), one byte each, with the scales torch._scaled_mm
+// takes; the output and the collective stay in the op's dtype.
+enum class InputType { Same, E4M3 };
+// How FP8 inputs are scaled, in fp32, rounded to the dtype once:
+//   None       C = A B^T
+//   PerTensor  C = (A B^T * a[0]) * b[0]
+//   RowWise    C[i][j] = ((A B^T)[i][j] * a[i]) * b[j]  (a: m, one per row of
+//              A; b: n, one per row of B, i.e. per column of C)
+enum class ScaleKind { None, PerTensor, RowWise };
+// A call's scales, fp32 in device memory, as ScaleKind says (nullptr with None).
+struct InputScales {
+  const float* a = nullptr;
+  const float* b = nullptr;
+};
+
 // The NCCL communicator the ops run on. Copies share it; the ops built on
 // it keep it alive.
 class Communicator {
@@ -138,6 +154,12 @@ struct GemmAllReduceOptions {
   // FLASHOVERLAP_TUNING_CACHE, if set. A pick of a path this op does not run
   // (or for another nccl_sms) is passed over for the model's plan.
   std::string tuning_cache;
+  // The inputs: the dtype's (Same), or E4M3 (FP8; k % 16 == 0; 128 x 128
+  // tiles; not on the NVLink path yet; the tuning cache's picks are for
+  // 16-bit inputs and passed over), scaled as `scales` says: each call then
+  // passes its InputScales.
+  InputType input = InputType::Same;
+  ScaleKind scales = ScaleKind::None;
 };
 
 // The plan GemmAllReduce runs for m, as GemmAllReduce::plan(m) words it, from
@@ -183,14 +205,17 @@ class GemmAllReduce {
   // out (m x n, ld_out elements per row, 0: n) = AllReduce(A * B^T), on
   // `stream`; any 1 <= m <= max_m, a different m on consecutive calls. An m
   // not seen before is planned first (from the model: no measurement; on
-  // the host, well under a millisecond) and its plan kept.
-  void run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out = 0);
+  // the host, well under a millisecond) and its plan kept. FP8 inputs
+  // (options.input): `scales` as options.scales says (each call's, applied
+  // to this rank's product before the sum).
+  void run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out = 0,
+           const InputScales& scales = {});
   // out = RMSNorm(h) * norm_weight, h = AllReduce(A * B^T) + residual,
   // per row of n: h * rsqrt(mean(h^2) + eps) * norm_weight, h rounded to
   // the dtype first; residual_out (optional) = h. out, residual and
   // residual_out are m x n (ld n) and must not overlap.
   void run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight, float eps, void* out,
-                   void* residual_out, int64_t m, cudaStream_t stream);
+                   void* residual_out, int64_t m, cudaStream_t stream, const InputScales& scales = {});
   // The registered-output form. register_output is collective (every rank,
   // in the same order, each its own buffer): `out` (max_m x n, ld_out
   // elements per row, 0: n; 16-byte aligned, ld_out % 8 == 0; from
@@ -200,7 +225,8 @@ class GemmAllReduce {
   // tiles straight into it (no copy of them after the GEMM: the fastest form
   // on 2 NVLink GPUs in the CLI's sweeps); on the others it is run.
   int register_output(void* out, int64_t ld_out = 0);
-  void run_registered(const void* a, const void* b, int slot, int64_t m, cudaStream_t stream);
+  void run_registered(const void* a, const void* b, int slot, int64_t m, cudaStream_t stream,
+                      const InputScales& scales = {});
   // Plans m (if new) and allocates what its calls need, without running:
   // before capturing a call with this m into a CUDA graph. The op keeps
   // what it made for the last 64 m it ran (the least recently used goes,

@@ -100,6 +100,21 @@ typedef enum fo_dtype {
   FO_DTYPE_FORCE_INT32_ = 0x7fffffff
 } fo_dtype;
 
+/* InputType and ScaleKind (flashoverlap.h): FP8 inputs (e4m3, one byte
+ * each) and how they are scaled (none; one fp32 each for A and B; one per
+ * row of A and one per row of B). */
+typedef enum fo_input_type {
+  FO_INPUT_SAME = 0,
+  FO_INPUT_E4M3 = 1,
+  FO_INPUT_FORCE_INT32_ = 0x7fffffff
+} fo_input_type;
+typedef enum fo_scale_kind {
+  FO_SCALES_NONE = 0,
+  FO_SCALES_PER_TENSOR = 1,
+  FO_SCALES_ROW_WISE = 2,
+  FO_SCALES_FORCE_INT32_ = 0x7fffffff
+} fo_scale_kind;
+
 /* GemmAllReduceOptions::Path: how the AllReduce runs beside the GEMM (see
  * flashoverlap.h). GemmReduceScatterOptions::Path and
  * GemmAllToAllOptions::Path take the same values where they have them:
@@ -160,6 +175,10 @@ typedef struct fo_gemm_allreduce_options {
   /* Added after version 1 (a caller's struct_size says whether it has them): */
   const char* tuning_cache; /* a file of measured picks (bench --tuning-cache), copied at create; NULL or "":
                                FLASHOVERLAP_TUNING_CACHE (default NULL) */
+  /* Added in the third version (a smaller struct_size: FO_INPUT_SAME, FO_SCALES_NONE): */
+  int32_t input;  /* an fo_input_type; FO_INPUT_E4M3: FP8 a and b (k % 16 == 0), each call's scales by the
+                     _scaled calls; default FO_INPUT_SAME */
+  int32_t scales; /* an fo_scale_kind; default FO_SCALES_NONE */
 } fo_gemm_allreduce_options;
 
 /* GemmReduceScatterOptions, with fo_gemm_allreduce_options' rules: fill it
@@ -334,12 +353,23 @@ FO_C_API fo_status fo_gemm_allreduce_create(fo_comm_t comm, int64_t max_m, int64
  * a, b and out are device pointers, required. */
 FO_C_API fo_status fo_gemm_allreduce_run(fo_gemm_allreduce_t op, const void* a, const void* b, void* out, int64_t m,
                                          void* stream, int64_t ld_out);
+/* FP8 inputs (options->input FO_INPUT_E4M3): the same with this call's
+ * scales, fp32 in device memory as options->scales says (NULL, NULL with
+ * FO_SCALES_NONE); the _scaled forms of run_rmsnorm and run_registered
+ * likewise. */
+FO_C_API fo_status fo_gemm_allreduce_run_scaled(fo_gemm_allreduce_t op, const void* a, const void* b, void* out,
+                                                int64_t m, void* stream, int64_t ld_out, const float* scale_a,
+                                                const float* scale_b);
 /* out = RMSNorm(h) * norm_weight, h = AllReduce(a * b^T) + residual;
  * residual_out (optional, NULL: not written) = h. out, residual and
  * residual_out are m x n (ld n) and must not overlap. */
 FO_C_API fo_status fo_gemm_allreduce_run_rmsnorm(fo_gemm_allreduce_t op, const void* a, const void* b,
                                                  const void* residual, const void* norm_weight, float eps, void* out,
                                                  void* residual_out, int64_t m, void* stream);
+FO_C_API fo_status fo_gemm_allreduce_run_rmsnorm_scaled(fo_gemm_allreduce_t op, const void* a, const void* b,
+                                                        const void* residual, const void* norm_weight, float eps,
+                                                        void* out, void* residual_out, int64_t m, void* stream,
+                                                        const float* scale_a, const float* scale_b);
 /* The registered-output form (GemmAllReduce::register_output and
  * run_registered, flashoverlap.h). register_output is collective (every
  * rank, in the same order, each its own buffer): out (max_m x n, ld_out
@@ -350,6 +380,9 @@ FO_C_API fo_status fo_gemm_allreduce_run_rmsnorm(fo_gemm_allreduce_t op, const v
 FO_C_API fo_status fo_gemm_allreduce_register_output(fo_gemm_allreduce_t op, void* out, int64_t ld_out, int* slot);
 FO_C_API fo_status fo_gemm_allreduce_run_registered(fo_gemm_allreduce_t op, const void* a, const void* b, int slot,
                                                     int64_t m, void* stream);
+FO_C_API fo_status fo_gemm_allreduce_run_registered_scaled(fo_gemm_allreduce_t op, const void* a, const void* b,
+                                                           int slot, int64_t m, void* stream, const float* scale_a,
+                                                           const float* scale_b);
 /* Plans m (if new) and allocates what its calls need, without running:
  * before capturing a call with this m into a CUDA graph. */
 FO_C_API fo_status fo_gemm_allreduce_prepare(fo_gemm_allreduce_t op, int64_t m);

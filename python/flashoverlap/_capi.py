@@ -48,7 +48,7 @@ NCCL_END = (3, 0)
 
 
 class Options(ctypes.Structure):
-    """fo_gemm_allreduce_options (48 bytes; c_api.cpp asserts the offsets)."""
+    """fo_gemm_allreduce_options (56 bytes; c_api.cpp asserts the offsets)."""
 
     _fields_ = [
         ("struct_size", c_size_t),
@@ -59,11 +59,13 @@ class Options(ctypes.Structure):
         ("reserved_", c_int32),
         ("curves", c_char_p),
         ("tuning_cache", c_char_p),
+        ("input", c_int32),
+        ("scales", c_int32),
     ]
 
 
-assert ctypes.sizeof(Options) == 48 and Options.curves.offset == 32 and Options.tuning_cache.offset == 40, \
-    "fo_gemm_allreduce_options layout"
+assert ctypes.sizeof(Options) == 56 and Options.curves.offset == 32 and Options.tuning_cache.offset == 40 \
+    and Options.input.offset == 48 and Options.scales.offset == 52, "fo_gemm_allreduce_options layout"
 
 
 class RsOptions(ctypes.Structure):
@@ -171,9 +173,12 @@ _PROTOTYPES = {
     "fo_gemm_allreduce_options_default": (_STATUS, [POINTER(Options), c_size_t]),
     "fo_gemm_allreduce_create": (_STATUS, [_h, c_int64, c_int64, c_int64, c_int, POINTER(Options), POINTER(_h)]),
     "fo_gemm_allreduce_run": (_STATUS, [_h, _h, _h, _h, c_int64, _h, c_int64]),
+    "fo_gemm_allreduce_run_scaled": (_STATUS, [_h, _h, _h, _h, c_int64, _h, c_int64, _h, _h]),
     "fo_gemm_allreduce_run_rmsnorm": (_STATUS, [_h, _h, _h, _h, _h, c_float, _h, _h, c_int64, _h]),
+    "fo_gemm_allreduce_run_rmsnorm_scaled": (_STATUS, [_h, _h, _h, _h, _h, c_float, _h, _h, c_int64, _h, _h, _h]),
     "fo_gemm_allreduce_register_output": (_STATUS, [_h, _h, c_int64, POINTER(ctypes.c_int)]),
     "fo_gemm_allreduce_run_registered": (_STATUS, [_h, _h, _h, ctypes.c_int, c_int64, _h]),
+    "fo_gemm_allreduce_run_registered_scaled": (_STATUS, [_h, _h, _h, ctypes.c_int, c_int64, _h, _h, _h]),
     "fo_gemm_allreduce_prepare": (_STATUS, [_h, c_int64]),
     "fo_gemm_allreduce_plan": (_STATUS, [_h, c_int64, c_void_p, c_size_t, POINTER(c_size_t)]),
     "fo_gemm_allreduce_check": (_STATUS, [_h]),
@@ -547,13 +552,23 @@ def plan_gemm_alltoall(routings, n, k, dtype="bf16", *, sms=132, rank=0, **optio
     return _text(lib.c.fo_plan_gemm_alltoall, array, world, n, k, dtype_code(dtype), byref(opts), sms, rank)
 
 
-def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None, curves=None, tuning_cache=None):
+# InputType and ScaleKind (fo_input_type, fo_scale_kind)
+INPUTS = {"same": 0, "e4m3": 1}
+SCALES = {"none": 0, "tensor": 1, "row": 2}
+
+
+def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None, curves=None, tuning_cache=None,
+                 input="same", scales="none"):
     """fo_gemm_allreduce_options: the library's defaults, then what is given."""
     o = Options()
     lib.c.fo_gemm_allreduce_options_default(byref(o), ctypes.sizeof(o))
     if path not in PATHS:
         raise InvalidArgument(f"path = {path!r}: one of {', '.join(map(repr, PATHS))}")
-    o.path = PATHS[path]
+    if input not in INPUTS:
+        raise InvalidArgument(f"input = {input!r}: one of {', '.join(map(repr, INPUTS))}")
+    if scales not in SCALES:
+        raise InvalidArgument(f"scales = {scales!r}: one of {', '.join(map(repr, SCALES))}")
+    o.path, o.input, o.scales = PATHS[path], INPUTS[input], SCALES[scales]
     if nccl_sms is not None:
         o.nccl_sms = int(nccl_sms)
     if wait_timeout_s is not None:
@@ -680,9 +695,9 @@ class GemmAllReduce(_GemmOp):
     _kind = "allreduce"
 
     def __init__(self, comm, max_m, n, k, dtype, *, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None,
-                 curves=None, tuning_cache=None):
+                 curves=None, tuning_cache=None, input="same", scales="none"):
         lib = _lib()
-        opts = make_options(lib, path, nccl_sms, wait_timeout_s, check_m, curves, tuning_cache)
+        opts = make_options(lib, path, nccl_sms, wait_timeout_s, check_m, curves, tuning_cache, input, scales)
         code = dtype_code(dtype)
         out = c_void_p()
         lib.c.fo_gemm_allreduce_create(comm.handle, max_m, n, k, code, byref(opts), byref(out))
@@ -696,9 +711,23 @@ class GemmAllReduce(_GemmOp):
         self._lib.c.fo_gemm_allreduce_register_output(self.handle, out, ld_out, byref(slot))
         return slot.value
 
-    def run_registered(self, a, b, slot, m, stream=None):
-        """The AllReduce of m rows of a into the registered output `slot`."""
-        self._lib.c.fo_gemm_allreduce_run_registered(self.handle, a, b, slot, m, stream or None)
+    def run_registered(self, a, b, slot, m, stream=None, scale_a=None, scale_b=None):
+        """The AllReduce of m rows of a into the registered output `slot`
+        (FP8 inputs: with the scales' device pointers, as the options say)."""
+        if scale_a is None and scale_b is None:
+            self._lib.c.fo_gemm_allreduce_run_registered(self.handle, a, b, slot, m, stream or None)
+        else:
+            self._lib.c.fo_gemm_allreduce_run_registered_scaled(self.handle, a, b, slot, m, stream or None, scale_a,
+                                                                 scale_b)
+
+    def run_scaled(self, a, b, out, m, stream, scale_a, scale_b):
+        """run with FP8 inputs' scales (device pointers; None, None: unscaled)."""
+        self._lib.c.fo_gemm_allreduce_run_scaled(self.handle, a, b, out, m, stream or None, 0, scale_a, scale_b)
+
+    def run_rmsnorm_scaled(self, a, b, residual, norm_weight, eps, out, residual_out, m, stream, scale_a, scale_b):
+        """run_rmsnorm with FP8 inputs' scales."""
+        self._lib.c.fo_gemm_allreduce_run_rmsnorm_scaled(self.handle, a, b, residual, norm_weight, eps, out,
+                                                         residual_out, m, stream or None, scale_a, scale_b)
 
     def shape(self):
         """(max_m, n, k, dtype code)."""

@@ -78,7 +78,7 @@ import threading
 import weakref
 
 from . import FlashOverlapError, InvalidArgument, _capi, load
-from ._checks import (INT32_MAX, RS_TILE_ROWS, _check_dtype, _check_shape, _check_tensor,  # noqa: F401
+from ._checks import (INT32_MAX, RS_TILE_ROWS, _check_dtype, _check_rmsnorm, _check_shape, _check_tensor,  # noqa: F401
                       _counts, _describe, _expert_counts, _flatten, _host_int32, _is_int, _require_gpu,
                       _resolve_device, _resolve_group, _tm, check_a2a_inputs,
                       check_expert_counts, check_gather_inputs, check_inputs, check_rs_inputs, rs_rows, rs_rows_out)
@@ -435,7 +435,11 @@ def _fast_call(general):
     waits for. An output allocated ahead (the op's up to 8 MiB, the
     thread's above) serves only a call of its shape, stream and memory
     pool."""
-    def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
+    def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6, *, scale_a=None, scale_b=None):
+        if scale_a is not None or scale_b is not None:  # (FP8 inputs: the general way)
+            if not hasattr(self, "_call_fp8"):
+                raise InvalidArgument(f"{self}: scale_a and scale_b are for FP8 inputs (GemmAllReduce(input='e4m3'))")
+            return self._call(x, weight, residual, norm_weight, eps, scale_a, scale_b)
         if (residual is not None or norm_weight is not None or type(x) is not _Tensor
                 or (type(weight) is not _Tensor and type(weight) is not _Parameter) or _is_compiling()
                 or ((x.requires_grad or weight.requires_grad) and _grad_enabled())):
@@ -471,7 +475,7 @@ class GemmAllReduce(_Op):
 
     GemmAllReduce(group, max_m, n, k, dtype, *, device=None, comm="bootstrap",
                   path="auto", nccl_sms=None, wait_timeout_s=None, check_m=False, curves=None,
-                  tuning_cache=None)
+                  tuning_cache=None, input="same", scales="none")
 
     group: a torch.distributed ProcessGroup (None: the default group); every
     member builds the op with the same arguments, in the same order as its
@@ -489,22 +493,40 @@ class GemmAllReduce(_Op):
 
     path, nccl_sms, wait_timeout_s, check_m, curves, tuning_cache: GemmAllReduceOptions
     (flashoverlap.h): path "auto" | "sequential" | "row_bands" | "slots" | "nvlink" ("owners": its former name).
+
+    input "e4m3": FP8 inputs (x and weight torch.float8_e4m3fn, k % 16 == 0;
+    the output and the sum in dtype), scaled as `scales` says: "none",
+    "tensor" (scale_a, scale_b one fp32 each) or "row" (scale_a (m,), one per
+    row of x; scale_b (n,), one per row of weight), as torch._scaled_mm takes
+    them: each call passes op(x, weight, scale_a=..., scale_b=...). Eager
+    calls only (not yet a custom op for torch.compile or CUDA graphs).
     """
 
+    _fp8 = None  # (input="e4m3": torch.float8_e4m3fn, the inputs' dtype)
+    input, scales = "same", "none"
+
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", nccl_sms=None,
-                 wait_timeout_s=None, check_m=False, curves=None, tuning_cache=None):
+                 wait_timeout_s=None, check_m=False, curves=None, tuning_cache=None, input="same", scales="none"):
         torch = require_torch()
         self.max_m, self.n, self.k = _check_shape(max_m, n, k)
         code = _check_dtype(torch, dtype)
         if path not in _capi.PATHS:
             raise InvalidArgument(f"GemmAllReduce: path = {path!r}: one of {', '.join(map(repr, _capi.PATHS))}")
-        self.dtype, self.path = dtype, path
+        if input not in _capi.INPUTS or scales not in _capi.SCALES:
+            raise InvalidArgument(f"GemmAllReduce: input = {input!r}, scales = {scales!r}: input one of "
+                                  f"{', '.join(map(repr, _capi.INPUTS))}, scales one of "
+                                  f"{', '.join(map(repr, _capi.SCALES))}")
+        self._fp8 = getattr(torch, "float8_e4m3fn", None) if input == "e4m3" else None
+        if input == "e4m3" and self._fp8 is None:
+            raise InvalidArgument(f"GemmAllReduce: input = 'e4m3' needs torch.float8_e4m3fn (torch {torch.__version__} "
+                                  "has none)")
+        self.dtype, self.path, self.input, self.scales = dtype, path, input, scales
         self._resolve(torch, group, device, "GemmAllReduce")
         communicator = self._connect(torch, comm, "GemmAllReduce")
         with torch.cuda.device(self.device):
             self._op = _capi.GemmAllReduce(communicator, max_m, n, k, code, path=path, nccl_sms=nccl_sms,
                                            wait_timeout_s=wait_timeout_s, check_m=check_m, curves=curves,
-                                           tuning_cache=tuning_cache)
+                                           tuning_cache=tuning_cache, input=input, scales=scales)
         self._registered = {}  # slot -> the registered output (kept: the op writes into it)
         self._publish()
 
@@ -512,14 +534,17 @@ class GemmAllReduce(_Op):
         dt = str(self.dtype).replace("torch.", "")
         return f"GemmAllReduce(max_m={self.max_m}, n={self.n}, k={self.k}, {dt}, {self.device}, world {self.world})"
 
-    def _call(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
+    def _call(self, x, weight, residual=None, norm_weight=None, eps=1e-6, scale_a=None, scale_b=None):
         """AllReduce(x @ weight.T) (m x n) on torch's current stream; with
         residual (m x n) and norm_weight (n): (RMSNorm(h) * norm_weight, h),
         h = AllReduce(x @ weight.T) + residual. x may have leading batch
-        dimensions (..., k), as nn.Linear's input; the outputs then have them."""
+        dimensions (..., k), as nn.Linear's input; the outputs then have them.
+        FP8 inputs (input="e4m3"): scale_a, scale_b as the op's scales say."""
         torch = _torch
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
+        if self._fp8 is not None or scale_a is not None or scale_b is not None:
+            return self._call_fp8(torch, x, weight, residual, norm_weight, eps, scale_a, scale_b)
         lead = None
         if x.dim() > 2:
             lead = tuple(x.shape[:-1])
@@ -540,6 +565,64 @@ class GemmAllReduce(_Op):
         return (y, h) if lead is None else (y.view(*lead, self.n), h.view(*lead, self.n))
 
     __call__ = _fast_call(_call)
+
+    def _call_fp8(self, torch, x, weight, residual, norm_weight, eps, scale_a, scale_b):
+        """The FP8 call (eager): its tensors and scales checked, then the
+        library's _scaled entry points."""
+        if self._fp8 is None:
+            raise InvalidArgument(f"{self}: scale_a and scale_b are for an op built with input='e4m3'")
+        if not _eager(torch, x, weight, *(t for t in (residual, norm_weight, scale_a, scale_b) if t is not None)):
+            raise InvalidArgument(f"{self}: FP8 inputs take eager calls only (not yet a custom op for torch.compile, "
+                                  "tracing or autograd)")
+        self._open()
+        lead = tuple(x.shape[:-1]) if x.dim() > 2 else None
+        if lead is not None:
+            x = x.reshape(-1, x.shape[-1])
+            if residual is not None:
+                residual = _flatten(self, "residual", residual)
+        i = self.device.index
+        for name, t, shape in (("x", x, (None, self.k)), ("weight", weight, (self.n, self.k))):
+            if (t.dtype is not self._fp8 or t.dim() != 2 or (shape[0] is not None and t.shape[0] != shape[0])
+                    or t.shape[1] != shape[1] or t.get_device() != i or not t.is_contiguous()):
+                raise InvalidArgument(f"{self}: {name} must be a contiguous torch.float8_e4m3fn tensor of shape "
+                                      f"({'m' if shape[0] is None else shape[0]}, {shape[1]}) on {self.device}, not "
+                                      f"{_describe(t)}")
+        m = x.shape[0]
+        if m > self.max_m:
+            raise InvalidArgument(f"{self}: x has m = {m} rows, more than the op's max_m = {self.max_m}")
+        sa, sb = self._scale_ptrs(torch, scale_a, scale_b, m)
+        _check_rmsnorm(self, residual, norm_weight, m)
+        out = torch.empty((m, self.n), dtype=self.dtype, device=self.device)
+        if residual is None:
+            if m:
+                self._enqueue(m, lambda s: self._op.run_scaled(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, s,
+                                                               sa, sb))
+            return out if lead is None else out.view(*lead, self.n)
+        h = torch.empty((m, self.n), dtype=self.dtype, device=self.device)
+        if m:
+            self._enqueue(m, lambda s: self._op.run_rmsnorm_scaled(x.data_ptr(), weight.data_ptr(), residual.data_ptr(),
+                                                                   norm_weight.data_ptr(), float(eps), out.data_ptr(),
+                                                                   h.data_ptr(), m, s, sa, sb))
+        return (out, h) if lead is None else (out.view(*lead, self.n), h.view(*lead, self.n))
+
+    def _scale_ptrs(self, torch, scale_a, scale_b, m):
+        """The scales' device pointers (None, None without scales), checked
+        against the op's kind: float32, contiguous, on its device; "tensor":
+        one element each; "row": scale_a m, scale_b n elements."""
+        if self.scales == "none":
+            if scale_a is not None or scale_b is not None:
+                raise InvalidArgument(f"{self}: scale_a and scale_b given to an op built with scales='none'")
+            return None, None
+        want = {"tensor": (1, 1), "row": (m, self.n)}[self.scales]
+        ptrs = []
+        for name, t, count in (("scale_a", scale_a, want[0]), ("scale_b", scale_b, want[1])):
+            if (not torch.is_tensor(t) or t.dtype is not torch.float32 or t.numel() != count
+                    or t.get_device() != self.device.index or not t.is_contiguous()):
+                raise InvalidArgument(f"{self}: {name} must be a contiguous float32 tensor of {count} element"
+                                      f"{'s' if count != 1 else ''} on {self.device} (scales={self.scales!r}), not "
+                                      f"{_describe(t) if torch.is_tensor(t) else type(t).__name__}")
+            ptrs.append(t.data_ptr())
+        return ptrs[0], ptrs[1]
 
     # (the custom ops' real implementations)
     def _run(self, x, weight):

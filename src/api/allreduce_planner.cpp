@@ -40,13 +40,12 @@ plan::Schedule AllReducePlanner::full_grid(int64_t m, plan::TileShape tile) cons
 }
 
 rt::AllReducePlan AllReducePlanner::sequential_plan(int64_t m) const {
-  const std::vector<plan::TileShape>& tiles = op_tiles();
   rt::AllReducePlan p;
   p.sequential = true;
   p.layout = rt::ArLayout::RowBands;
   p.sched = full_grid(m, tiles[0]);
-  const plan::Schedule other = full_grid(m, tiles[1]);
-  if (gemm_ms(other) < gemm_ms(p.sched)) p.sched = other;
+  for (size_t i = 1; i < tiles.size(); ++i)
+    if (const plan::Schedule other = full_grid(m, tiles[i]); gemm_ms(other) < gemm_ms(p.sched)) p.sched = other;
   p.groups = plan::make_groups(p.sched, {p.sched.waves()});
   // (the faster GEMM's time: the model's times are our GEMM's)
   const double ratio = seq.samples.empty() ? 1.0 : seq.ratio(m);
@@ -65,7 +64,7 @@ rt::AllReducePlan AllReducePlanner::plan_for(int64_t m) const {
     if (runs_here) return p;
   }
   rt::AllReduceTuning t;
-  t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = op_tiles();
+  t.sms = sms, t.dtype = to_kernels(dtype), t.world = world, t.reserve = opts.nccl_sms, t.tiles = tiles;
   t.curve_for = [this](int ctas) -> const plan::BandwidthCurve& { return ctas > 0 ? *curve_bounded : *curve_default; };
   t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };  // (the model: nothing measured)
   if (opts.path == Path::NVLink) {  // the model's best owner plan, or the sequential one
@@ -134,10 +133,18 @@ std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DTyp
   api::check_op_options(who, sms, options.nccl_sms, options.wait_timeout_s);
   if (options.path == GemmAllReduceOptions::Path::NVLink && (world < 2 || world > 8 || n % 8 != 0))
     throw InvalidArgument(who + ": the owners path needs 2 to 8 ranks and n % 8 == 0");
+  api::check_input_options(who, options.input, options.scales, k);
+  const bool fp8 = options.input == InputType::E4M3;
+  if (fp8 && options.path == GemmAllReduceOptions::Path::NVLink)
+    throw InvalidArgument(who + ": FP8 inputs are not on the NVLink path yet");
   api::AllReducePlanner p;
   p.n = n, p.k = k, p.world = world, p.sms = sms, p.dtype = dtype, p.opts = options;
+  p.tiles = api::tiles_for(options.input);
   const std::array<double, 2> waves = api::model_wave_ms(k);
   p.wave_ms[0] = waves[0], p.wave_ms[1] = waves[1];
+  // (FP8: 128x128 tiles at half the 16-bit wave, the tensor cores' FP8 rate being twice bf16's: the model's
+  // guess; the op measures its own)
+  if (fp8) p.wave_ms[0] = api::kNoTile, p.wave_ms[1] = waves[1] / 2;
   const std::string dt = dtype == DType::BF16 ? "bf16" : "fp16";
   auto curve = [&](int ctas) {
     if (!options.curves.empty()) {
@@ -151,7 +158,7 @@ std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DTyp
   p.curve_default = curve(0);
   p.curve_bounded = curve(options.nccl_sms);
   const std::string cache = api::tuning_cache_path(options.tuning_cache);
-  if (!cache.empty()) {
+  if (!cache.empty() && !fp8) {  // (the cache's picks are for 16-bit inputs, as the op takes them)
     rt::PickKey shape;
     shape.gpu = gpu, shape.sms = sms, shape.world = world, shape.dtype = api::to_kernels(dtype), shape.tile_rows = 1;
     shape.n = n, shape.k = k;

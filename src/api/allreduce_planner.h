@@ -24,6 +24,7 @@ struct AllReducePlanner {
   DType dtype = DType::BF16;
   GemmAllReduceOptions opts;
   double wave_ms[2] = {0, 0};  // our GEMM's time per wave, 128x256 and 128x128 tiles
+  std::vector<plan::TileShape> tiles = op_tiles();  // the shapes it plans with (FP8 inputs: 128x128: tiles_for)
   // The sequential calls' GEMM per m (ours or cuBLAS's), measured; empty:
   // not measured (the model's plan), our GEMM's time stands for it.
   SequentialGemms seq;

@@ -50,7 +50,12 @@ static_assert(offsetof(fo_gemm_allreduce_options, struct_size) == 0 &&
               offsetof(fo_gemm_allreduce_options, path) == 8 && offsetof(fo_gemm_allreduce_options, nccl_sms) == 12 &&
               offsetof(fo_gemm_allreduce_options, wait_timeout_s) == 16 &&
               offsetof(fo_gemm_allreduce_options, check_m) == 24 && offsetof(fo_gemm_allreduce_options, curves) == 32 &&
-              offsetof(fo_gemm_allreduce_options, tuning_cache) == 40 && sizeof(fo_gemm_allreduce_options) == 48);
+              offsetof(fo_gemm_allreduce_options, tuning_cache) == 40 && offsetof(fo_gemm_allreduce_options, input) == 48 &&
+              offsetof(fo_gemm_allreduce_options, scales) == 52 && sizeof(fo_gemm_allreduce_options) == 56);
+static_assert(int(flashoverlap::InputType::Same) == FO_INPUT_SAME && int(flashoverlap::InputType::E4M3) == FO_INPUT_E4M3 &&
+              int(flashoverlap::ScaleKind::None) == FO_SCALES_NONE &&
+              int(flashoverlap::ScaleKind::PerTensor) == FO_SCALES_PER_TENSOR &&
+              int(flashoverlap::ScaleKind::RowWise) == FO_SCALES_ROW_WISE);
 // (the fields it shares with fo_gemm_allreduce_options at the same offsets)
 static_assert(offsetof(fo_gemm_reducescatter_options, struct_size) == 0 &&
               offsetof(fo_gemm_reducescatter_options, path) == 8 &&
@@ -270,6 +275,15 @@ flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o
   if (o->curves) r.curves = o->curves;
   if (o->struct_size >= offsetof(fo_gemm_allreduce_options, tuning_cache) + sizeof(const char*) && o->tuning_cache)
     r.tuning_cache = o->tuning_cache;
+  if (o->struct_size >= offsetof(fo_gemm_allreduce_options, scales) + sizeof(int32_t)) {
+    if (o->input != FO_INPUT_SAME && o->input != FO_INPUT_E4M3)
+      throw InvalidArgument("options->input = " + std::to_string(o->input) +
+                            " is not an fo_input_type (FO_INPUT_SAME 0, FO_INPUT_E4M3 1)");
+    if (o->scales != FO_SCALES_NONE && o->scales != FO_SCALES_PER_TENSOR && o->scales != FO_SCALES_ROW_WISE)
+      throw InvalidArgument("options->scales = " + std::to_string(o->scales) +
+                            " is not an fo_scale_kind (FO_SCALES_NONE 0, FO_SCALES_PER_TENSOR 1, FO_SCALES_ROW_WISE 2)");
+    r.input = flashoverlap::InputType(o->input), r.scales = flashoverlap::ScaleKind(o->scales);
+  }
   return r;
 }
 
@@ -403,24 +417,26 @@ void write_options(Options* options, const Options& d, size_t struct_size) {
     std::memset(reinterpret_cast<unsigned char*>(options) + sizeof d, 0, struct_size - sizeof d);
   std::memcpy(options, &d, std::min(sizeof d, struct_size));
 }
-template <class Op>
-void op_run(Op* op, const void* a, const void* b, void* out, int64_t m, void* stream, int64_t ld_out) {
+template <class Op, class... Scales>  // (Scales: the AllReduce's InputScales, where given)
+void op_run(Op* op, const void* a, const void* b, void* out, int64_t m, void* stream, int64_t ld_out,
+            const Scales&... scales) {
   Op& o = deref(op, "op");
   require(a, "a");
   require(b, "b");
   require(out, "out");
-  o.op.run(a, b, out, m, static_cast<cudaStream_t>(stream), ld_out);
+  o.op.run(a, b, out, m, static_cast<cudaStream_t>(stream), ld_out, scales...);
 }
-template <class Op>
+template <class Op, class... Scales>
 void op_run_rmsnorm(Op* op, const void* a, const void* b, const void* residual, const void* norm_weight, float eps,
-                    void* out, void* residual_out, int64_t m, void* stream) {
+                    void* out, void* residual_out, int64_t m, void* stream, const Scales&... scales) {
   Op& o = deref(op, "op");
   require(a, "a");
   require(b, "b");
   require(residual, "residual");
   require(norm_weight, "norm_weight");
   require(out, "out");
-  o.op.run_rmsnorm(a, b, residual, norm_weight, eps, out, residual_out, m, static_cast<cudaStream_t>(stream));
+  o.op.run_rmsnorm(a, b, residual, norm_weight, eps, out, residual_out, m, static_cast<cudaStream_t>(stream),
+                   scales...);
 }
 // text(op) into the caller's buffer (the plan functions).
 template <class Op, class Text>
@@ -636,6 +652,7 @@ fo_status fo_gemm_allreduce_options_default(fo_gemm_allreduce_options* options, 
     d.reserved_ = 0;
     d.curves = defaults.curves.empty() ? nullptr : defaults.curves.c_str();
     d.tuning_cache = nullptr;
+    d.input = int32_t(defaults.input), d.scales = int32_t(defaults.scales);
     write_options(options, d, struct_size);
   });
 }
@@ -661,11 +678,28 @@ fo_status fo_gemm_allreduce_run(fo_gemm_allreduce_t op, const void* a, const voi
   });
 }
 
+fo_status fo_gemm_allreduce_run_scaled(fo_gemm_allreduce_t op, const void* a, const void* b, void* out, int64_t m,
+                                       void* stream, int64_t ld_out, const float* scale_a, const float* scale_b) {
+  return guard("fo_gemm_allreduce_run_scaled", [&] {
+    op_run(op, a, b, out, m, stream, ld_out, flashoverlap::InputScales{scale_a, scale_b});
+  });
+}
+
 fo_status fo_gemm_allreduce_run_rmsnorm(fo_gemm_allreduce_t op, const void* a, const void* b, const void* residual,
                                         const void* norm_weight, float eps, void* out, void* residual_out, int64_t m,
                                         void* stream) {
   return guard("fo_gemm_allreduce_run_rmsnorm", [&] {
     op_run_rmsnorm(op, a, b, residual, norm_weight, eps, out, residual_out, m, stream);
+  });
+}
+
+fo_status fo_gemm_allreduce_run_rmsnorm_scaled(fo_gemm_allreduce_t op, const void* a, const void* b,
+                                               const void* residual, const void* norm_weight, float eps, void* out,
+                                               void* residual_out, int64_t m, void* stream, const float* scale_a,
+                                               const float* scale_b) {
+  return guard("fo_gemm_allreduce_run_rmsnorm_scaled", [&] {
+    op_run_rmsnorm(op, a, b, residual, norm_weight, eps, out, residual_out, m, stream,
+                   flashoverlap::InputScales{scale_a, scale_b});
   });
 }
 
@@ -685,6 +719,17 @@ fo_status fo_gemm_allreduce_run_registered(fo_gemm_allreduce_t op, const void* a
     require(a, "a");
     require(b, "b");
     o.op.run_registered(a, b, slot, m, static_cast<cudaStream_t>(stream));
+  });
+}
+
+fo_status fo_gemm_allreduce_run_registered_scaled(fo_gemm_allreduce_t op, const void* a, const void* b, int slot,
+                                                  int64_t m, void* stream, const float* scale_a,
+                                                  const float* scale_b) {
+  return guard("fo_gemm_allreduce_run_registered_scaled", [&] {
+    auto& o = deref(op, "op");
+    require(a, "a");
+    require(b, "b");
+    o.op.run_registered(a, b, slot, m, static_cast<cudaStream_t>(stream), flashoverlap::InputScales{scale_a, scale_b});
   });
 }
 

@@ -99,6 +99,7 @@ struct GemmAllReduce::Impl {
       o.groups = plan::make_groups(o.sched, {o.sched.waves()});
     }
     o.layout = p.layout, o.k = int(k), o.dtype = to_kernels(dtype), o.rank = rank;
+    o.fp8 = api::fp8_of(opts.input, opts.scales);
     o.comm = p.sequential ? comm->comm.get() : bounded.get();
     o.tail_comm = comm->comm.get();  // the last group, after the GEMM: NCCL's default CTAs
     o.wait_timeout_s = opts.wait_timeout_s, o.four_stages = p.four_stages;
@@ -138,6 +139,8 @@ struct GemmAllReduce::Impl {
   void check_same_m(int64_t m, cudaStream_t stream) {
     if (check_m) api::check_same_m(comm->comm.get(), rank, m, stream, who());
   }
+  // A call's scales (checked), handed to its op.
+  void use_scales(rt::OverlapAllReduce& op, const InputScales& s) const { op.set_input_scales(s.a, s.b); }
 };
 
 GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
@@ -151,6 +154,11 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   api::check_shape(d.who(), max_m, n, k);
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
+  api::check_input_options(d.who(), options.input, options.scales, k);
+  const bool fp8 = options.input == InputType::E4M3;
+  if (fp8 && options.path == GemmAllReduceOptions::Path::NVLink)
+    throw InvalidArgument(d.who() + ": FP8 inputs are not on the NVLink path yet (use Auto, Sequential, RowBands or "
+                                    "Slots)");
   d.check_m = api::check_m_enabled(options.check_m);
   const ncclComm_t c = comm.get();
 
@@ -176,6 +184,7 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   };
   d.planner.n = n, d.planner.k = k, d.planner.world = d.world, d.planner.sms = d.sms, d.planner.dtype = dtype;
   d.planner.opts = options;
+  d.planner.tiles = api::tiles_for(options.input);
   d.planner.curve_default = curve(0);
   d.planner.curve_bounded = curve(options.nccl_sms);
 
@@ -186,15 +195,17 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
     shape.sms = d.sms, shape.world = d.world, shape.dtype = to_kernels(dtype), shape.tile_rows = 1, shape.n = n, shape.k = k;
     d.planner.picks = rt::PickCache::parse_entries(api::rank0_tuning_entries(c, d.rank, options.tuning_cache, shape, d.who()),
                                            shape);
+    if (fp8) d.planner.picks.clear();  // (the cache's picks are for 16-bit inputs; rank 0's read anyway: collective)
   }
 
   // Our GEMM's time per wave for each tile shape (max over ranks), and
   // against cuBLAS's for the sequential calls.
   {
-    const std::array<double, 2> w = api::gemm_wave_ms(c, d.rank, max_m, n, k, dtype, d.sms, d.who());
+    const std::array<double, 2> w = api::gemm_wave_ms(c, d.rank, max_m, n, k, dtype, d.sms, d.who(), options.input);
     d.planner.wave_ms[0] = w[0], d.planner.wave_ms[1] = w[1];
     d.cublas = std::make_unique<rt::CublasGemm>();
-    d.planner.seq = api::measure_sequential_gemms(c, d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who());
+    d.planner.seq =
+        api::measure_sequential_gemms(c, d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who(), options.input);
   }
   // Scratch for the largest m: row-major C, or the slot layout's tiles (whole tiles).
   size_t scratch = size_t(max_m) * size_t(n) * 2;
@@ -218,12 +229,15 @@ GemmAllReduce::~GemmAllReduce() = default;
 GemmAllReduce::GemmAllReduce(GemmAllReduce&&) noexcept = default;
 GemmAllReduce& GemmAllReduce::operator=(GemmAllReduce&&) noexcept = default;
 
-void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out) {
+void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out,
+                        const InputScales& scales) {
   Impl& d = *impl_;
   api::check_run_args(d.who(), a, b, out, ld_out, d.n);
+  api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
+  d.use_scales(op, scales);
   if (d.is_owner_op(op))
     op.run_rows(a, b, out, ld_out == 0 ? d.n : ld_out, m, stream);
   else
@@ -232,12 +246,15 @@ void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cuda
 }
 
 void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight, float eps,
-                                void* out, void* residual_out, int64_t m, cudaStream_t stream) {
+                                void* out, void* residual_out, int64_t m, cudaStream_t stream,
+                                const InputScales& scales) {
   Impl& d = *impl_;
   api::check_rmsnorm_args(d.who(), a, b, residual, norm_weight, out, eps);
+  api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
+  d.use_scales(op, scales);
   const rt::RmsNormArgs norm{residual, norm_weight, eps, residual_out};
   if (d.is_owner_op(op))
     op.run_rmsnorm_rows(a, b, norm, out, m, stream);
@@ -256,15 +273,18 @@ int GemmAllReduce::register_output(void* out, int64_t ld_out) {
   return int(d.registered.size()) - 1;
 }
 
-void GemmAllReduce::run_registered(const void* a, const void* b, int slot, int64_t m, cudaStream_t stream) {
+void GemmAllReduce::run_registered(const void* a, const void* b, int slot, int64_t m, cudaStream_t stream,
+                                   const InputScales& scales) {
   Impl& d = *impl_;
   if (!a || !b) throw InvalidArgument(d.who() + "::run_registered: a and b must not be null");
+  api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   if (slot < 0 || size_t(slot) >= d.registered.size())
     throw InvalidArgument(d.who() + "::run_registered: no output " + std::to_string(slot) + " (" +
                           std::to_string(d.registered.size()) + " registered)");
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
+  d.use_scales(op, scales);
   const Impl::Registered& r = d.registered[size_t(slot)];
   if (!d.is_owner_op(op)) {
     op.run(a, b, r.out, r.ld, stream);

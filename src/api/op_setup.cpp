@@ -32,20 +32,29 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
 namespace {
 
 // What the construction-time GEMM timings run on: m = `rows` (A: m x k, C:
-// m x n), random inputs, a stream of their own; schedule(i, rows): tile i
-// of op_tiles() on the full grid, for `rows` (default m) of A.
+// m x n), random inputs (e4m3 with FP8 inputs), a stream of their own;
+// schedule(i, rows): tile i of op_tiles() on the full grid, for `rows`
+// (default m) of A; gemm(i, rows): our GEMM on it, FP8 unscaled where the
+// inputs are (the scales cost the epilogue a multiply: nothing to time).
 struct Calibration {
   int64_t m, n, k;
   kernels::DType dt;
+  bool fp8;
   int sms;
   rt::DeviceBuffer a, b, c;
   rt::ScopedStream stream;  // (after the buffers: synchronised before they are freed)
   cudaStream_t st = stream.s;
-  Calibration(int64_t rows, int64_t n_, int64_t k_, DType dtype, int sms_)
-      : m(rows), n(n_), k(k_), dt(to_kernels(dtype)), sms(sms_),
-        a(size_t(m) * size_t(k) * 2), b(size_t(n) * size_t(k) * 2), c(size_t(m) * size_t(n) * 2) {
-    kernels::fill_random(dt, a.get(), m * k, 1, -1.f, 1.f, st);
-    kernels::fill_random(dt, b.get(), n * k, 2, -1.f, 1.f, st);
+  Calibration(int64_t rows, int64_t n_, int64_t k_, DType dtype, int sms_, InputType input = InputType::Same)
+      : m(rows), n(n_), k(k_), dt(to_kernels(dtype)), fp8(input == InputType::E4M3), sms(sms_),
+        a(size_t(m) * size_t(k) * (fp8 ? 1 : 2)), b(size_t(n) * size_t(k) * (fp8 ? 1 : 2)),
+        c(size_t(m) * size_t(n) * 2) {
+    if (fp8) {
+      kernels::fill_random_e4m3(a.get(), m * k, 1, -2.f, 2.f, st);
+      kernels::fill_random_e4m3(b.get(), n * k, 2, -2.f, 2.f, st);
+    } else {
+      kernels::fill_random(dt, a.get(), m * k, 1, -1.f, 1.f, st);
+      kernels::fill_random(dt, b.get(), n * k, 2, -1.f, 1.f, st);
+    }
   }
   plan::Schedule schedule(size_t i, int64_t rows = 0) const {
     const plan::TileShape tile = op_tiles()[i];
@@ -53,6 +62,13 @@ struct Calibration {
     return plan::make_schedule(r, n, tile, sms, plan::Raster::AlongN,
                                plan::default_swizzle(sms, tile, int32_t((r + tile.bm - 1) / tile.bm)));
   }
+  kernels::GemmParams gemm(size_t i, int64_t rows = 0) const {
+    kernels::GemmParams p = kernels::plain_gemm(dt, a.get(), b.get(), schedule(i, rows), int(k), c.get(), n);
+    p.fp8.on = fp8;
+    return p;
+  }
+  // Whether tile i of op_tiles() takes these inputs (FP8: 128x128 only).
+  bool takes(size_t i) const { return !fp8 || op_tiles()[i].bn == 128; }
 };
 
 // Each entry's largest value over the ranks (collective).
@@ -67,12 +83,17 @@ std::array<double, 2> max_over_ranks(ncclComm_t comm, int rank, const std::array
 }  // namespace
 
 std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
-                                   int sms, const std::string& who) {
-  const Calibration cal(std::min<int64_t>(max_m, 4096), n, k, dtype, sms);
+                                   int sms, const std::string& who, InputType input) {
+  const Calibration cal(std::min<int64_t>(max_m, 4096), n, k, dtype, sms, input);
   std::array<double, 2> mine{};
   for (size_t i = 0; i < op_tiles().size(); ++i) {
-    const plan::Schedule s = cal.schedule(i);
-    mine[i] = rt::measure_gemm_ms(s, int(k), cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), cal.st, 5) / s.waves();
+    if (!cal.takes(i)) {
+      mine[i] = kNoTile;
+      continue;
+    }
+    kernels::GemmParams p = cal.gemm(i);
+    p.four_stages = false;  // (the model's wave: 3 stages, as rt::measure_gemm_ms times it)
+    mine[i] = rt::time_on_stream([&] { kernels::launch_gemm(p, cal.st); }, cal.st, 2, 5).median_ms / p.sched.waves();
   }
   FO_CUDA_CHECK(cudaStreamSynchronize(cal.st));
   return max_over_ranks(comm, rank, mine, who + ": the GEMM's wave times");
@@ -98,27 +119,35 @@ std::string SequentialGemms::describe(int64_t m) const {
 }
 
 SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
-                                         int sms, rt::CublasGemm& cublas, const std::string& who) {
+                                         int sms, rt::CublasGemm& cublas, const std::string& who, InputType input) {
   // Ours must be this much faster: cuBLAS's is F.linear's own kernel, a tie
   // by construction, and a construction-time timing can misjudge a few
   // percent where the GPU runs at its power limit.
   constexpr double kOursMargin = 0.04;
   const std::vector<int64_t> ms = plan::gemm_choice_samples(max_m);
-  const Calibration cal(ms.back(), n, k, dtype, sms);
+  const Calibration cal(ms.back(), n, k, dtype, sms, input);
   const size_t tiles = op_tiles().size();
-  std::vector<double> mine;  // per sample: cuBLAS's, then each tile's
+  std::vector<double> mine;  // per sample: cuBLAS's, then each tile's (a tile the inputs do not take: kNoTile)
+  // (cuBLASLt's FP8 matmul wants n % 16 == 0, as torch._scaled_mm: elsewhere ours alone)
+  const bool cublas_takes = !cal.fp8 || n % 16 == 0;
   for (int64_t m : ms) {
     std::vector<std::function<void()>> fns = {[&, m] {
-      cublas.run(cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), int(m), int(n), int(k), n, cal.st);
+      if (!cublas_takes) return;
+      if (cal.fp8)
+        cublas.run_fp8(cal.dt, kernels::Fp8{true}, cal.a.get(), cal.b.get(), cal.c.get(), int(m), int(n), int(k), n,
+                       cal.st);
+      else
+        cublas.run(cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), int(m), int(n), int(k), n, cal.st);
     }};
     std::vector<kernels::GemmParams> params;
     for (size_t i = 0; i < tiles; ++i)
-      params.push_back(kernels::plain_gemm(cal.dt, cal.a.get(), cal.b.get(), cal.schedule(i, m), int(k), cal.c.get(), n));
+      if (cal.takes(i)) params.push_back(cal.gemm(i, m));
     for (const kernels::GemmParams& p : params) fns.push_back([&p, &cal] { kernels::launch_gemm(p, cal.st); });
     // (fewer runs where a call takes long: the construction stays well under a second)
     const int iters = m <= 1024 ? 15 : 7;
-    for (const rt::TimingStats& t : rt::time_interleaved(fns, cal.st, 2, iters, {}, &rt::thread_gate()))
-      mine.push_back(t.median_ms);
+    const std::vector<rt::TimingStats> times = rt::time_interleaved(fns, cal.st, 2, iters, {}, &rt::thread_gate());
+    mine.push_back(cublas_takes ? times[0].median_ms : kNoTile);
+    for (size_t i = 0, timed = 1; i < tiles; ++i) mine.push_back(cal.takes(i) ? times[timed++].median_ms : kNoTile);
   }
   FO_CUDA_CHECK(cudaStreamSynchronize(cal.st));
   std::vector<double> most(mine.size(), 0.0);  // (every rank times the same samples: equal lengths)
@@ -142,6 +171,42 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
   }
   out.ms = ms;
   return out;
+}
+
+void check_input_options(const std::string& who, InputType input, ScaleKind scales, int64_t k) {
+  if (input != InputType::Same && input != InputType::E4M3) throw InvalidArgument(who + ": unknown input type");
+  if (scales != ScaleKind::None && scales != ScaleKind::PerTensor && scales != ScaleKind::RowWise)
+    throw InvalidArgument(who + ": unknown scale kind");
+  if (input == InputType::Same && scales != ScaleKind::None)
+    throw InvalidArgument(who + ": scales are for FP8 inputs (input E4M3)");
+  if (input == InputType::E4M3 && k % 16 != 0)
+    throw InvalidArgument(who + ": FP8 inputs need k % 16 == 0 (16-byte rows), not k = " + std::to_string(k));
+}
+
+void check_input_scales(const std::string& who, InputType input, ScaleKind kind, const InputScales& s) {
+  const bool wanted = input == InputType::E4M3 && kind != ScaleKind::None;
+  if (!wanted && (s.a || s.b))
+    throw InvalidArgument(who + ": scales given to an op built " +
+                          (input == InputType::E4M3 ? "with ScaleKind::None" : "for 16-bit inputs"));
+  auto aligned4 = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
+  if (wanted && (!s.a || !s.b || !aligned4(s.a) || !aligned4(s.b)))
+    throw InvalidArgument(who + ": FP8 inputs scaled " + (kind == ScaleKind::PerTensor ? "per tensor" : "row-wise") +
+                          " need both scales (a and b), 4-byte aligned fp32 in device memory");
+}
+
+kernels::Fp8 fp8_of(InputType input, ScaleKind scales) {
+  kernels::Fp8 f;
+  f.on = input == InputType::E4M3;
+  f.scales = !f.on                                ? kernels::Scales::None
+             : scales == ScaleKind::PerTensor ? kernels::Scales::PerTensor
+             : scales == ScaleKind::RowWise   ? kernels::Scales::RowWise
+                                              : kernels::Scales::None;
+  return f;
+}
+
+std::vector<plan::TileShape> tiles_for(InputType input) {
+  if (input == InputType::E4M3) return {op_tiles()[1]};  // (two accumulator sets: 128x128, kernels::Fp8)
+  return op_tiles();
 }
 
 void check_shape(const std::string& who, int64_t max_m, int64_t n, int64_t k) {

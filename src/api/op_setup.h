@@ -39,8 +39,11 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
 // Our GEMM's time per wave for each of op_tiles() on the largest m up to
 // 4096 of max_m rows, on the full grid of `sms` CTAs: the max over ranks
 // (collective), so that every rank plans from the same times.
+// FP8 inputs: 128x128 tiles only, the other's time kNoTile.
 std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
-                                   int sms, const std::string& who);
+                                   int sms, const std::string& who, InputType input = InputType::Same);
+// The time of a tile shape the inputs do not take (FP8: 128x256): never the faster.
+constexpr double kNoTile = 1e30;
 
 // Our GEMM against cuBLAS's for the sequential calls, timed in turns at
 // construction at each of plan::gemm_choice_samples(max_m) (the slowest
@@ -65,8 +68,20 @@ struct SequentialGemms {
   // E.g. "cuBLAS's GEMM (0.031 ms against ours 0.052 ms at m = 32)".
   std::string describe(int64_t m) const;
 };
+// (FP8 inputs: cuBLASLt's FP8 matmul against ours on 128x128 tiles.)
 SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
-                                         int sms, rt::CublasGemm& cublas, const std::string& who);
+                                         int sms, rt::CublasGemm& cublas, const std::string& who,
+                                         InputType input = InputType::Same);
+
+// FP8 inputs: the options' kinds (InvalidArgument naming `who`: an
+// unknown kind, scales for 16-bit inputs, k % 16 != 0 with FP8), a call's
+// scales against them (both pointers, 4-byte aligned, with PerTensor or
+// RowWise; none otherwise), the kernel's Fp8 of them (pointers per call),
+// and the tile shapes the inputs take (FP8: 128x128).
+void check_input_options(const std::string& who, InputType input, ScaleKind scales, int64_t k);
+void check_input_scales(const std::string& who, InputType input, ScaleKind kind, const InputScales& s);
+kernels::Fp8 fp8_of(InputType input, ScaleKind scales);
+std::vector<plan::TileShape> tiles_for(InputType input);
 
 // The checks every public op makes (InvalidArgument naming `who`): its
 // shape at construction (1 <= max_m, n below 2^30, k % 8 == 0), the SMs left

@@ -1,6 +1,7 @@
 // check.cu — see check.h.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdio>
@@ -151,6 +152,11 @@ void fill_random(DType dtype, void* p, int64_t count, uint64_t seed, float lo, f
     fill_random_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), count, seed, lo, hi);
   else
     fill_random_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(static_cast<__half*>(p), count, seed, lo, hi);
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_random_e4m3(void* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t stream) {
+  fill_random_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(static_cast<__nv_fp8_e4m3*>(p), count, seed, lo, hi);
   FO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -12,6 +12,8 @@ namespace flashoverlap::kernels {
 
 // Uniform values in [lo, hi), a pure function of (seed, index).
 void fill_random(DType dtype, void* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t stream);
+// The same in e4m3 (one byte each, rounded to nearest from [lo, hi)): FP8 inputs.
+void fill_random_e4m3(void* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t stream);
 // Every element set to NaN (bit pattern 0xFFFF): unwritten outputs show up.
 void poison(void* p, int64_t count, cudaStream_t stream);
 

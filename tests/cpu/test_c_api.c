@@ -105,8 +105,9 @@ static void test_version(void) {
   CHECK(strcmp(fo_status_string((fo_status)42), "unknown fo_status") == 0, "%s", fo_status_string((fo_status)42));
   CHECK(FO_OK == 0 && sizeof(fo_status) == 4 && sizeof(fo_dtype) == 4 && sizeof(fo_path) == 4,
         "enums are 32-bit, FO_OK is 0");
-  CHECK(sizeof(fo_gemm_allreduce_options) == 48, "sizeof(fo_gemm_allreduce_options) = %zu",
-        sizeof(fo_gemm_allreduce_options));
+  CHECK(sizeof(fo_gemm_allreduce_options) == 56 && offsetof(fo_gemm_allreduce_options, input) == 48 &&
+            offsetof(fo_gemm_allreduce_options, scales) == 52 && FO_INPUT_E4M3 == 1 && FO_SCALES_ROW_WISE == 2,
+        "sizeof(fo_gemm_allreduce_options) = %zu", sizeof(fo_gemm_allreduce_options));
   CHECK(sizeof(fo_rs_layout) == 4 && FO_RS_LAYOUT_STANDARD == 0 && FO_RS_LAYOUT_SUBTILE == 1,
         "fo_rs_layout is 32-bit, standard 0, sub-tile 1");
   CHECK(sizeof(fo_gemm_reducescatter_options) == 40, "sizeof(fo_gemm_reducescatter_options) = %zu",

@@ -527,6 +527,51 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
   EXPECT_THROW(flashoverlap::plan_gemm_allreduce(64, 8192, 8192, 1, DType::BF16, owners), flashoverlap::InvalidArgument);
 }
 
+// FP8 inputs (GemmAllReduceOptions::input E4M3): every overlapped plan on
+// 128x128 tiles (the FP8 GEMM's), on every path the inputs take; the misuses
+// refused, saying why.
+TEST(PlanGemmAllReduce, Fp8InputsPlanOn128x128TilesAndMisusesAreRefused) {
+  using flashoverlap::DType;
+  using Opts = flashoverlap::GemmAllReduceOptions;
+  FO_SEEDED_RNG(rng);
+  int overlapped = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    Opts o;
+    o.input = flashoverlap::InputType::E4M3;
+    o.scales = std::array{flashoverlap::ScaleKind::None, flashoverlap::ScaleKind::PerTensor,
+                          flashoverlap::ScaleKind::RowWise}[trial % 3];
+    o.path = std::array{Opts::Path::Auto, Opts::Path::RowBands, Opts::Path::Slots, Opts::Path::Sequential}[trial % 4];
+    const int64_t m = 1 + int64_t(rng() % 16384), n = 1024 * (1 + int64_t(rng() % 16)),
+                  k = 16 * (1 + int64_t(rng() % 1024));
+    const int world = std::array{1, 2, 4, 8}[rng() % 4];
+    const std::string plan = flashoverlap::plan_gemm_allreduce(m, n, k, world, DType::BF16, o);
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " on " +
+                 std::to_string(world) + ": " + plan);
+    if (plan.rfind("sequential", 0) == 0) continue;
+    ++overlapped;
+    EXPECT_NE(plan.find("128x128"), std::string::npos);
+    EXPECT_EQ(plan.find("128x256"), std::string::npos);
+  }
+  EXPECT_GT(overlapped, 5);
+  auto refused = [&](int64_t k, const Opts& o, const std::string& what) {
+    try {
+      flashoverlap::plan_gemm_allreduce(4096, 8192, k, 2, DType::BF16, o);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const flashoverlap::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  Opts fp8;
+  fp8.input = flashoverlap::InputType::E4M3;
+  refused(8200, fp8, "k % 16 == 0");
+  Opts nv = fp8;
+  nv.path = Opts::Path::NVLink;
+  refused(8192, nv, "not on the NVLink path yet");
+  Opts scaled_16bit;
+  scaled_16bit.scales = flashoverlap::ScaleKind::RowWise;
+  refused(8192, scaled_16bit, "scales are for FP8 inputs");
+}
+
 // The All-to-All's line: fresh random picks written as a routing file, which
 // the CLI reads; the expected text from the public planning call on the
 // ranks' routings built here from the same picks, as a dispatch delivers

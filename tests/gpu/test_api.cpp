@@ -20,6 +20,7 @@
 #include "host_reference.h"
 #include "kernels/check.h"
 #include "runtime/core/buffer.h"
+#include "runtime/core/checks.h"
 #include "runtime/core/cublas.h"
 #include "kernels/gemm.h"
 #include "plan/tile_grid.h"
@@ -116,6 +117,80 @@ TEST(GemmAllReduceApi, AnyMOnEveryPathMatchesOurGemmAndNccl) {
       if (path == Path::RowBands || path == Path::Slots || path == Path::NVLink) EXPECT_GT(overlapped, 100) << name(path);
       if (path == Path::Sequential) EXPECT_EQ(overlapped, 0);
     }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+}
+
+// FP8 inputs (InputType::E4M3) on every path they take, each scale kind:
+// small integers in e4m3 and power-of-two scales, so that every rank's
+// product is exact before its one rounding whichever GEMM runs it (ours or
+// cuBLASLt's); the output bitwise our FP8 GEMM's + one ncclAllReduce. Scales
+// that the options do not ask for, or that are missing, are refused.
+TEST(GemmAllReduceApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  const int world = world_here();
+  std::fprintf(stderr, "world %d, seed %llu\n", world, static_cast<unsigned long long>(seed));
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const int64_t max_m = 2500, n = 1536, k = 512;
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    static const uint8_t kE4m3[] = {0xC4, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x44};  // -3 .. 3
+    static const float kPow2[] = {0.25f, 0.5f, 1.f, 2.f, 4.f};
+    DeviceBuffer out(size_t(max_m) * n * 2), ref(size_t(max_m) * n * 2);
+    const ScaleKind kinds[] = {ScaleKind::None, ScaleKind::PerTensor, ScaleKind::RowWise};
+    for (Path path : {Path::Sequential, Path::RowBands, Path::Slots, Path::Auto}) {
+      for (ScaleKind kind : kinds) {
+        GemmAllReduceOptions o;
+        o.path = path, o.input = InputType::E4M3, o.scales = kind;
+        GemmAllReduce op(comm, max_m, n, k, DType::BF16, o);
+        std::mt19937_64 rng(seed + 10 * uint64_t(path) + uint64_t(kind));  // (the same m on every rank)
+        for (int call = 0; call < 12; ++call) {
+          const int64_t m = call == 0 ? max_m : 1 + int64_t(rng() % uint64_t(max_m));
+          std::mt19937_64 mine(seed + 1000 * uint64_t(call) + 17 * uint64_t(rank));
+          std::vector<uint8_t> a(size_t(m * k)), b(size_t(n * k));
+          for (auto& x : a) x = kE4m3[mine() % 7];
+          for (auto& x : b) x = kE4m3[mine() % 7];
+          std::vector<float> sa(kind == ScaleKind::RowWise ? size_t(m) : 1), sb(kind == ScaleKind::RowWise ? size_t(n) : 1);
+          for (float& x : sa) x = kPow2[mine() % 5];
+          for (float& x : sb) x = kPow2[mine() % 5];
+          const DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
+                             dsb = rt::to_device(sb);
+          InputScales scales;
+          if (kind != ScaleKind::None) scales = {dsa.as<float>(), dsb.as<float>()};
+          kernels::poison(out.get(), m * n, st);
+          op.run(da.get(), db.get(), out.get(), m, st, 0, scales);
+          // The reference: our FP8 GEMM, then one AllReduce of it.
+          kernels::Fp8 f;
+          f.on = true;
+          f.scales = kind == ScaleKind::None ? kernels::Scales::None
+                     : kind == ScaleKind::PerTensor ? kernels::Scales::PerTensor : kernels::Scales::RowWise;
+          if (kind != ScaleKind::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
+          const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, rt::current_device_sms(), plan::Raster::AlongN, 8);
+          kernels::GemmParams p = kernels::plain_gemm(kBf16, da.get(), db.get(), s, int32_t(k), ref.get(), n);
+          p.fp8 = f;
+          kernels::launch_gemm(p, st);
+          FO_NCCL_CHECK_CTX(ncclAllReduce(ref.get(), ref.get(), size_t(m * n), ncclBfloat16, ncclSum, nccl, st), "reference");
+          FO_CUDA_CHECK(cudaStreamSynchronize(st));
+          op.check();
+          const std::string where = std::string(name(path)) + ", scales " + std::to_string(int(kind)) + ", m=" +
+                                    std::to_string(m) + " rank " + std::to_string(rank) + " (" + op.plan(m) +
+                                    ") seed " + std::to_string(seed);
+          EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), n, ref.get(), n, m, n, st))) << where;
+          if (kind != ScaleKind::None) {
+            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st), InvalidArgument) << where;  // (none given)
+            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st, 0, {dsa.as<float>(), nullptr}), InvalidArgument);
+          } else {
+            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st, 0, {dsa.as<float>(), dsb.as<float>()}),
+                         InvalidArgument) << where;  // (scales the op was not built for)
+          }
+        }
+      }
+    }
+    GemmAllReduceOptions bad;
+    bad.input = InputType::E4M3;
+    EXPECT_THROW(GemmAllReduce(comm, 64, 256, 264, DType::BF16, bad), InvalidArgument);  // (k % 16)
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }

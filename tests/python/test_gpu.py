@@ -359,6 +359,47 @@ class Correctness(Case):
         fo.clear_cache()
 
 
+class Fp8(Case):
+    """FP8 inputs (input="e4m3"): small integers in e4m3 and power-of-two scales, so that each rank's product is
+    exact before its one rounding; the output torch._scaled_mm's (use_fast_accum=False) + dist.all_reduce,
+    bitwise where NCCL's sum is a + b (world <= 2), within one unit of the last place per rank beyond."""
+
+    def test_against_scaled_mm_and_all_reduce_every_scale_kind(self):
+        if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+            self.skipTest("this torch has no float8_e4m3fn or _scaled_mm")
+        n, k = 768, 1024
+        gen = torch.Generator().manual_seed(SEED + 7 + RANK)
+        small = lambda *shape: (torch.randint(-3, 4, shape, generator=gen).float()).to(DEVICE)  # noqa: E731
+        pow2 = lambda *shape: (2.0 ** torch.randint(-2, 3, shape, generator=gen).float()).to(DEVICE)  # noqa: E731
+        w = small(n, k).to(torch.float8_e4m3fn)
+        for scales in ("none", "tensor", "row"):
+            for path in ("sequential", "auto", "row_bands", "slots"):
+                op = self.make(max_m=512, n=n, k=k, input="e4m3", scales=scales, path=path)
+                for m in (1, 77, 512):
+                    x = small(m, k).to(torch.float8_e4m3fn)
+                    sa = pow2(m if scales == "row" else 1)
+                    sb = pow2(n if scales == "row" else 1)
+                    kw = {} if scales == "none" else dict(scale_a=sa, scale_b=sb)
+                    y = op(x, w, **kw)
+                    one = torch.ones(1, device=DEVICE)
+                    ref = torch._scaled_mm(x, w.t(), scale_a=sa.view(-1, 1) if scales == "row" else
+                                           (sa if scales != "none" else one),
+                                           scale_b=sb.view(1, -1) if scales == "row" else (sb if scales != "none" else one),
+                                           out_dtype=torch.bfloat16, use_fast_accum=False)
+                    dist.all_reduce(ref)
+                    if WORLD <= 2:
+                        good = torch.equal(y, ref)
+                    else:
+                        good, _ = within(y, ref, float(ref.abs().max()) * 2 ** -7 * WORLD + 1e-6)
+                    self.ok(good, f"{op} scales={scales} path={path} m={m}: not torch._scaled_mm + all_reduce")
+                with self.assertRaises(fo.InvalidArgument):  # (a 16-bit x, or scales of the wrong kind)
+                    op(small(4, k).to(torch.bfloat16), w, **kw)
+                if scales != "none":
+                    with self.assertRaises(fo.InvalidArgument):
+                        op(small(4, k).to(torch.float8_e4m3fn), w)
+                op.close()
+
+
 class Compile(Case):
     def test_torch_compile_keeps_the_op_whole(self):
         torch._dynamo.reset()

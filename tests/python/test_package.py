@@ -514,7 +514,28 @@ class CApi(unittest.TestCase):
     def test_options(self):
         o = _capi.make_options(self.lib)
         self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s, o.check_m, o.reserved_, o.curves,
-                          o.tuning_cache), (48, 0, 8, 30.0, 0, 0, None, None))
+                          o.tuning_cache, o.input, o.scales), (56, 0, 8, 30.0, 0, 0, None, None, 0, 0))
+        # FP8 inputs and their scales' kind (fo_input_type, fo_scale_kind); the library checks the values too
+        o = _capi.make_options(self.lib, input="e4m3", scales="row")
+        self.assertEqual((o.input, o.scales), (1, 2))
+        for kw, message in (({"input": "fp8"}, "input = 'fp8': one of 'same', 'e4m3'"),
+                            ({"scales": "block"}, "scales = 'block': one of 'none', 'tensor', 'row'")):
+            with self.assertRaisesRegex(InvalidArgument, message):
+                _capi.make_options(self.lib, **kw)
+        bad = _capi.make_options(self.lib)
+        bad.input = 7
+        with self.assertRaisesRegex(InvalidArgument, "options->input = 7 is not an fo_input_type"):
+            self.c.fo_plan_gemm_allreduce(64, 256, 256, 1, 0, ctypes.byref(bad), 132, b"H", None, 0, None)
+        # a caller of the second version (no input, scales): 16-bit inputs, those bytes not read
+        second = _capi.make_options(self.lib)
+        second.struct_size, second.input = 48, 1
+        self.assertEqual(self.c.fo_plan_gemm_allreduce(4096, 8192, 8192, 2, 0, ctypes.byref(second), 132, b"H", None,
+                                                        0, None), 0)
+        self.assertIn("128x128", flashoverlap.plan_gemm_allreduce(4096, 8192, 8192, 2, input="e4m3", scales="row"))
+        with self.assertRaisesRegex(InvalidArgument, "FP8 inputs need k % 16 == 0"):
+            flashoverlap.plan_gemm_allreduce(4096, 8192, 8200, 2, input="e4m3")
+        with self.assertRaisesRegex(InvalidArgument, "scales are for FP8 inputs"):
+            flashoverlap.plan_gemm_allreduce(4096, 8192, 8192, 2, scales="tensor")
         o = _capi.make_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5, check_m=True, curves="/tmp/c",
                                tuning_cache="/tmp/t.json")
         self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s, o.check_m, o.curves, o.tuning_cache),

@@ -38,6 +38,8 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
   if (!kernels::tile_supported(s.bm, s.bn))
     throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
+  if (opts_.fp8.on && (opts_.layout == ArLayout::Owners || (!opts_.fallback_cublas && s.bn != 128)))
+    throw InvalidArgument("OverlapAllReduce: FP8 inputs take 128x128 tiles, not the owner layout");
   auto& groups = opts_.groups;
   plan::require_tile_groups(groups, s.tiles(), "OverlapAllReduce");
   // Inside a band tiles walk down its tile rows first: only whole bands are whole rows of C.
@@ -131,6 +133,7 @@ void OverlapAllReduce::enqueue_overlapped(const void* a, const void* b, void* c,
   core_->fork(stream);
 
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);  // RowBands: C itself
+  p.fp8 = opts_.fp8;
   if (opts_.layout == ArLayout::Slots)
     p.store = kernels::Store::SlotTiles, p.c = nullptr, p.slots = slots_, p.slot_rows = int64_t(s.tiles()) * s.bm;
   const size_t groups = opts_.groups.size();
@@ -163,11 +166,17 @@ void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, c
 
 void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, void* c, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
+  if (cublas_ && opts_.fp8.on) {
+    cublas_->run_fp8(opts_.dtype, opts_.fp8, a, b, c, s.m, s.n, opts_.k, s.n, stream);
+    return;
+  }
   if (cublas_) {
     cublas_->run(opts_.dtype, a, b, c, s.m, s.n, opts_.k, s.n, stream);
     return;
   }
-  kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n), stream);
+  kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);
+  p.fp8 = opts_.fp8;
+  kernels::launch_gemm(p, stream);
 }
 
 void OverlapAllReduce::begin_call(cudaStream_t stream) {

@@ -138,7 +138,10 @@ struct OverlapAllReduceOptions {
   std::vector<plan::Group> groups;
   ArLayout layout = ArLayout::Slots;
   int k = 0;
-  kernels::DType dtype = kernels::DType::BF16;
+  kernels::DType dtype = kernels::DType::BF16;  // the output's (C and the AllReduce)
+  // FP8 inputs (fp8.on, fp8.scales; the pointers are each call's:
+  // set_input_scales): 128x128 tiles, not with the owner layout.
+  kernels::Fp8 fp8;
   ncclComm_t comm = nullptr;      // for the groups that overlap the GEMM
   ncclComm_t tail_comm = nullptr; // optional: the last group (after the GEMM), e.g. with more CTAs
   // Owners: the window is registered on `comm` (construction and
@@ -250,6 +253,9 @@ class OverlapAllReduce {
   // out (m x n, ld_out) = AllReduce over ranks of A (m x k) * B (n x k)^T.
   // m must equal the planned M (the schedule is fixed at construction).
   void run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream);
+  // FP8 inputs: the scales of the calls from here on (device fp32, as
+  // OverlapAllReduceOptions::fp8.scales says; captured with a graph's call).
+  void set_input_scales(const float* a, const float* b) { opts_.fp8.scale_a = a, opts_.fp8.scale_b = b; }
   // out = RMSNorm(AllReduce(A B^T) + residual) * weight, rows of n (ld = n).
   void run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out, cudaStream_t stream);
   // Whether run_rmsnorm keeps C in the window (owners).
