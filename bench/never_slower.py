@@ -4,7 +4,7 @@ build and call them, against what PyTorch users run instead; one process per
 GPU (world 1 is the main case):
 
     python3 -m torch.distributed.run --standalone --nproc-per-node=W bench/never_slower.py
-        [--ops allreduce,reducescatter,alltoall] [--pairs "N,K;N,K"] [--ms 1,2,8,...] [--dtypes bf16,fp16]
+        [--ops allreduce,reducescatter,alltoall] [--pairs "N,K;N,K"] [--ms 1,2,8,...] [--dtypes bf16,fp16,fp8]
         [--modes eager,graph,latency] [--turns 6] [--quick] [--kernels] [--tuning-cache FILE]
         [--out-dir bench/results] [--row-budget-ms 1000]
     python3 bench/never_slower.py --self-test      # the pure helpers, on the CPU, without torch
@@ -30,6 +30,11 @@ Ops, ours | PyTorch's (x: m x k, w: n x k, random in [-1, 1), different on every
                  k 14336, top-2), Qwen3-30B-A3B (16 of 2048 x 768, top-8) and DeepSeek-V3 (32 of 7168 x 2048,
                  top-8) at EP 8, 128, 1024 and 4096 tokens, uniform and Zipf(1.2) loads (A2A_EXPERTS); m =
                  the rows.
+  fp8 rows   (--dtypes fp8; allreduce only) op = fo.GemmAllReduce(None, max_m, n, k, torch.bfloat16,
+                 input="e4m3", scales="row"); op(x, w, scale_a=sa, scale_b=sb) with x, w torch.float8_e4m3fn
+                 (random in [-1, 1) rounded to e4m3) and sa (m), sb (n) in [0.5, 1)
+                 | y = torch._scaled_mm(x, w.t(), sa (m, 1), sb (1, n), out_dtype=bf16, use_fast_accum=False);
+                 dist.all_reduce(y). Not captured into CUDA graphs yet (graph rows say so).
 max_m (max_rows, max_tokens) is the largest of the run: one op per (op, n, k, dtype), closed after it.
 
 Default (n, k): the GEMMs before tensor parallelism's AllReduce in real models (PAIRS below), bf16, and
@@ -113,7 +118,7 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 OPS = ("allreduce", "reducescatter", "alltoall")
 MODES = ("eager", "graph", "latency")
-DTYPES = ("bf16", "fp16")
+DTYPES = ("bf16", "fp16", "fp8")  # (fp8: e4m3 inputs, row-wise scales, bf16 out; the AllReduce only)
 PAIRS = [  # (n, k) of the GEMM before the collective
     (4096, 4096),    # Llama-3-8B o_proj
     (4096, 14336),   # Llama-3-8B down_proj
@@ -680,7 +685,10 @@ class Run:
 
     def dense(self, opname, n, k, dt):
         fo, device, world, args = self.fo, self.device, self.world, self.args
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        if dt == "fp8" and opname != "allreduce":
+            log(f"{opname} n={n} k={k} fp8: FP8 inputs are the AllReduce's only yet; left out")
+            return
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[dt]  # (fp8: the output's)
         ms = round_ms(opname, args.ms, world)
         rank = dist.get_rank()
         log(f"[{time.perf_counter() - self.t0:5.0f} s] {opname} n={n} k={k} {dt}: m in {ms}")
@@ -688,6 +696,8 @@ class Run:
         def build():
             if opname == "allreduce":
                 extra = {"tuning_cache": args.tuning_cache} if args.tuning_cache else {}
+                if dt == "fp8":
+                    extra.update(input="e4m3", scales="row")
                 return fo.GemmAllReduce(None, max_m=max(ms), n=n, k=k, dtype=dtype, **extra)
             return fo.GemmReduceScatter(None, max(ms), n, k, dtype)
 
@@ -700,6 +710,8 @@ class Run:
             return
         try:
             w = rand((n, k), dtype, device, 7 + n + k)
+            if dt == "fp8":
+                w = w.to(torch.float8_e4m3fn)
             for m in ms:
                 self.dense_m(opname, op, m, n, k, dt, dtype, w, rank)
                 torch.cuda.empty_cache()
@@ -711,8 +723,20 @@ class Run:
     def dense_m(self, opname, op, m, n, k, dt, dtype, w, rank):
         device, world, args, timer = self.device, self.world, self.args, self.timer
         x = rand((m, k), dtype, device, 1000 * rank + m + 3 * k)
+        scales = {}
+        if dt == "fp8":
+            x = x.to(torch.float8_e4m3fn)
+            sa = rand((m,), torch.float32, device, 11 + m) * 0.25 + 0.75
+            sb = rand((n,), torch.float32, device, 13 + n) * 0.25 + 0.75
+            scales = dict(scale_a=sa, scale_b=sb)
+            sa_t, sb_t = sa.view(-1, 1), sb.view(1, -1)
 
-        if opname == "allreduce":
+            def theirs():
+                y = torch._scaled_mm(x, w.t(), scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16,
+                                     use_fast_accum=False)
+                dist.all_reduce(y)
+                return y
+        elif opname == "allreduce":
             def theirs():
                 y = F.linear(x, w)
                 dist.all_reduce(y)
@@ -725,7 +749,7 @@ class Run:
                 return out
 
         def ours():
-            return op(x, w)
+            return op(x, w, **scales)
 
         def error_rows(err, modes):
             if not isinstance(err, Failure):
@@ -758,6 +782,8 @@ class Run:
                 self.add(make_row(opname, m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, (t_host, o_host),
                                   plan + ("; the GPU waited on the host in a turn" if late else "")),
                          f"  (N={reps})")
+            elif mode == "graph" and dt == "fp8":
+                error_rows(Failure("FP8 inputs: not captured into CUDA graphs yet"), [mode])
             elif mode == "graph":
                 reps = clamp(budget / (GRAPH_CALLS * max(t_est, 1e-4)), 1, 20)
                 got, err = agreed(lambda: self.graph_times(op, m, theirs, ours, reps), device)
