@@ -30,11 +30,11 @@ Ops, ours | PyTorch's (x: m x k, w: n x k, random in [-1, 1), different on every
                  k 14336, top-2), Qwen3-30B-A3B (16 of 2048 x 768, top-8) and DeepSeek-V3 (32 of 7168 x 2048,
                  top-8) at EP 8, 128, 1024 and 4096 tokens, uniform and Zipf(1.2) loads (A2A_EXPERTS); m =
                  the rows.
-  fp8 rows   (--dtypes fp8; allreduce only) op = fo.GemmAllReduce(None, max_m, n, k, torch.bfloat16,
-                 input="e4m3", scales="row"); op(x, w, scale_a=sa, scale_b=sb) with x, w torch.float8_e4m3fn
-                 (random in [-1, 1) rounded to e4m3) and sa (m), sb (n) in [0.5, 1)
-                 | y = torch._scaled_mm(x, w.t(), sa (m, 1), sb (1, n), out_dtype=bf16, use_fast_accum=False);
-                 dist.all_reduce(y). Not captured into CUDA graphs yet (graph rows say so).
+  fp8 rows   (--dtypes fp8; allreduce and reducescatter) the op built with input="e4m3", scales="row";
+                 op(x, w, scale_a=sa, scale_b=sb) with x, w torch.float8_e4m3fn (random in [-1, 1) rounded
+                 to e4m3) and sa (m), sb (n) in [0.5, 1) | y = torch._scaled_mm(x, w.t(), sa (m, 1), sb (1, n),
+                 out_dtype=bf16, use_fast_accum=False), then the collective as above. Not captured into CUDA
+                 graphs yet (graph rows say so).
 max_m (max_rows, max_tokens) is the largest of the run: one op per (op, n, k, dtype), closed after it.
 
 Default (n, k): the GEMMs before tensor parallelism's AllReduce in real models (PAIRS below), bf16, and
@@ -118,7 +118,7 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 OPS = ("allreduce", "reducescatter", "alltoall")
 MODES = ("eager", "graph", "latency")
-DTYPES = ("bf16", "fp16", "fp8")  # (fp8: e4m3 inputs, row-wise scales, bf16 out; the AllReduce only)
+DTYPES = ("bf16", "fp16", "fp8")  # (fp8: e4m3 inputs, row-wise scales, bf16 out; not the All-to-All)
 PAIRS = [  # (n, k) of the GEMM before the collective
     (4096, 4096),    # Llama-3-8B o_proj
     (4096, 14336),   # Llama-3-8B down_proj
@@ -685,9 +685,6 @@ class Run:
 
     def dense(self, opname, n, k, dt):
         fo, device, world, args = self.fo, self.device, self.world, self.args
-        if dt == "fp8" and opname != "allreduce":
-            log(f"{opname} n={n} k={k} fp8: FP8 inputs are the AllReduce's only yet; left out")
-            return
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[dt]  # (fp8: the output's)
         ms = round_ms(opname, args.ms, world)
         rank = dist.get_rank()
@@ -699,7 +696,8 @@ class Run:
                 if dt == "fp8":
                     extra.update(input="e4m3", scales="row")
                 return fo.GemmAllReduce(None, max_m=max(ms), n=n, k=k, dtype=dtype, **extra)
-            return fo.GemmReduceScatter(None, max(ms), n, k, dtype)
+            fp8 = dict(input="e4m3", scales="row") if dt == "fp8" else {}
+            return fo.GemmReduceScatter(None, max(ms), n, k, dtype, **fp8)
 
         op, err = agreed(build, device)
         if err is not None:
@@ -734,8 +732,12 @@ class Run:
             def theirs():
                 y = torch._scaled_mm(x, w.t(), scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16,
                                      use_fast_accum=False)
-                dist.all_reduce(y)
-                return y
+                if opname == "allreduce":
+                    dist.all_reduce(y)
+                    return y
+                out = torch.empty(m // world, n, device=device, dtype=dtype)
+                dist.reduce_scatter_tensor(out, y)
+                return out
         elif opname == "allreduce":
             def theirs():
                 y = F.linear(x, w)

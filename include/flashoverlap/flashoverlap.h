@@ -299,6 +299,10 @@ struct GemmReduceScatterOptions {
   // The m so picked refuse CUDA graph capture, as Path::NVLink does: to
   // capture, leave the cache out or choose Slots.
   std::string tuning_cache;
+  // As GemmAllReduceOptions (FP8 inputs: every path, 128 x 128 tiles; the
+  // calls' scales as run's InputScales).
+  InputType input = InputType::Same;
+  ScaleKind scales = ScaleKind::None;
 };
 
 // The plan GemmReduceScatter runs for m on rank `rank`, as
@@ -326,11 +330,12 @@ class GemmReduceScatter {
 
   // out (rows_out(m) x n, ld_out elements per row, 0: n) = this rank's rows
   // of the sum; any m <= max_m that the layout takes (Standard: m % W == 0).
-  void run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out = 0);
+  void run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out = 0,
+           const InputScales& scales = {});
   // out = RMSNorm(h) * norm_weight, h = this rank's rows + residual (all
   // rows_out(m) x n, ld n, in the layout's row order); residual_out = h if set.
   void run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight, float eps, void* out,
-                   void* residual_out, int64_t m, cudaStream_t stream);
+                   void* residual_out, int64_t m, cudaStream_t stream, const InputScales& scales = {});
   // The rows this rank's output holds for m: rows_out(m) of them, and which
   // rows of C they are, in order.
   int64_t rows_out(int64_t m) const;

@@ -196,6 +196,10 @@ typedef struct fo_gemm_reducescatter_options {
   /* Added in the second version (a smaller struct_size: NULL): */
   const char* tuning_cache; /* a file of measured picks (bench --op reducescatter --tuning-cache), copied at create;
                                NULL or "": $FLASHOVERLAP_TUNING_CACHE, if set */
+  /* Added in the third version (a smaller struct_size: FO_INPUT_SAME, FO_SCALES_NONE), as
+   * fo_gemm_allreduce_options' (each call's scales by the _scaled calls): */
+  int32_t input;  /* an fo_input_type; default FO_INPUT_SAME */
+  int32_t scales; /* an fo_scale_kind; default FO_SCALES_NONE */
 } fo_gemm_reducescatter_options;
 
 /* GemmAllToAllOptions, with fo_gemm_allreduce_options' rules: fill it with
@@ -420,6 +424,10 @@ FO_C_API fo_status fo_gemm_reducescatter_create(fo_comm_t comm, int64_t max_m, i
  * passes some buffer, not written. */
 FO_C_API fo_status fo_gemm_reducescatter_run(fo_gemm_reducescatter_t op, const void* a, const void* b, void* out,
                                              int64_t m, void* stream, int64_t ld_out);
+/* FP8 inputs: the same with this call's scales (see fo_gemm_allreduce_run_scaled). */
+FO_C_API fo_status fo_gemm_reducescatter_run_scaled(fo_gemm_reducescatter_t op, const void* a, const void* b,
+                                                    void* out, int64_t m, void* stream, int64_t ld_out,
+                                                    const float* scale_a, const float* scale_b);
 /* out = RMSNorm(h) * norm_weight, h = this rank's rows + residual;
  * residual_out (optional, NULL: not written) = h. out, residual and
  * residual_out are rows_out(m) x n (ld n, in the layout's row order) and
@@ -428,6 +436,10 @@ FO_C_API fo_status fo_gemm_reducescatter_run(fo_gemm_reducescatter_t op, const v
 FO_C_API fo_status fo_gemm_reducescatter_run_rmsnorm(fo_gemm_reducescatter_t op, const void* a, const void* b,
                                                      const void* residual, const void* norm_weight, float eps,
                                                      void* out, void* residual_out, int64_t m, void* stream);
+FO_C_API fo_status fo_gemm_reducescatter_run_rmsnorm_scaled(fo_gemm_reducescatter_t op, const void* a, const void* b,
+                                                            const void* residual, const void* norm_weight, float eps,
+                                                            void* out, void* residual_out, int64_t m, void* stream,
+                                                            const float* scale_a, const float* scale_b);
 /* *rows = the rows this rank's output holds for m (m / world for the
  * standard layout). Needs no GPU work. */
 FO_C_API fo_status fo_gemm_reducescatter_rows_out(fo_gemm_reducescatter_t op, int64_t m, int64_t* rows);

@@ -69,7 +69,7 @@ assert ctypes.sizeof(Options) == 56 and Options.curves.offset == 32 and Options.
 
 
 class RsOptions(ctypes.Structure):
-    """fo_gemm_reducescatter_options (40 bytes; c_api.cpp asserts the offsets)."""
+    """fo_gemm_reducescatter_options (48 bytes; c_api.cpp asserts the offsets)."""
 
     _fields_ = [
         ("struct_size", c_size_t),
@@ -79,11 +79,13 @@ class RsOptions(ctypes.Structure):
         ("check_m", c_int32),
         ("layout", c_int32),
         ("tuning_cache", c_char_p),
+        ("input", c_int32),
+        ("scales", c_int32),
     ]
 
 
-assert ctypes.sizeof(RsOptions) == 40 and RsOptions.layout.offset == 28 and RsOptions.tuning_cache.offset == 32, \
-    "fo_gemm_reducescatter_options layout"
+assert ctypes.sizeof(RsOptions) == 48 and RsOptions.layout.offset == 28 and RsOptions.tuning_cache.offset == 32 \
+    and RsOptions.input.offset == 40 and RsOptions.scales.offset == 44, "fo_gemm_reducescatter_options layout"
 
 
 class A2aOptions(ctypes.Structure):
@@ -187,7 +189,9 @@ _PROTOTYPES = {
     "fo_gemm_reducescatter_options_default": (_STATUS, [POINTER(RsOptions), c_size_t]),
     "fo_gemm_reducescatter_create": (_STATUS, [_h, c_int64, c_int64, c_int64, c_int, POINTER(RsOptions), POINTER(_h)]),
     "fo_gemm_reducescatter_run": (_STATUS, [_h, _h, _h, _h, c_int64, _h, c_int64]),
+    "fo_gemm_reducescatter_run_scaled": (_STATUS, [_h, _h, _h, _h, c_int64, _h, c_int64, _h, _h]),
     "fo_gemm_reducescatter_run_rmsnorm": (_STATUS, [_h, _h, _h, _h, _h, c_float, _h, _h, c_int64, _h]),
+    "fo_gemm_reducescatter_run_rmsnorm_scaled": (_STATUS, [_h, _h, _h, _h, _h, c_float, _h, _h, c_int64, _h, _h, _h]),
     "fo_gemm_reducescatter_rows_out": (_STATUS, [_h, c_int64, POINTER(c_int64)]),
     "fo_gemm_reducescatter_rows": (_STATUS, [_h, c_int64, POINTER(c_int64), c_size_t, POINTER(c_size_t)]),
     "fo_gemm_reducescatter_all_gather_rows": (_STATUS, [_h, _h, _h, c_int64, _h]),
@@ -557,6 +561,15 @@ INPUTS = {"same": 0, "e4m3": 1}
 SCALES = {"none": 0, "tensor": 1, "row": 2}
 
 
+def input_codes(input, scales):
+    """(fo_input_type, fo_scale_kind) of the keywords input and scales."""
+    if input not in INPUTS:
+        raise InvalidArgument(f"input = {input!r}: one of {', '.join(map(repr, INPUTS))}")
+    if scales not in SCALES:
+        raise InvalidArgument(f"scales = {scales!r}: one of {', '.join(map(repr, SCALES))}")
+    return INPUTS[input], SCALES[scales]
+
+
 def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=None, curves=None, tuning_cache=None,
                  input="same", scales="none"):
     """fo_gemm_allreduce_options: the library's defaults, then what is given."""
@@ -564,11 +577,8 @@ def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=N
     lib.c.fo_gemm_allreduce_options_default(byref(o), ctypes.sizeof(o))
     if path not in PATHS:
         raise InvalidArgument(f"path = {path!r}: one of {', '.join(map(repr, PATHS))}")
-    if input not in INPUTS:
-        raise InvalidArgument(f"input = {input!r}: one of {', '.join(map(repr, INPUTS))}")
-    if scales not in SCALES:
-        raise InvalidArgument(f"scales = {scales!r}: one of {', '.join(map(repr, SCALES))}")
-    o.path, o.input, o.scales = PATHS[path], INPUTS[input], SCALES[scales]
+    o.path = PATHS[path]
+    o.input, o.scales = input_codes(input, scales)
     if nccl_sms is not None:
         o.nccl_sms = int(nccl_sms)
     if wait_timeout_s is not None:
@@ -583,7 +593,7 @@ def make_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, check_m=N
 
 
 def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_timeout_s=None, check_m=None,
-                    tuning_cache=None):
+                    tuning_cache=None, input="same", scales="none"):
     """fo_gemm_reducescatter_options: the library's defaults, then what is given."""
     o = RsOptions()
     lib.c.fo_gemm_reducescatter_options_default(byref(o), ctypes.sizeof(o))
@@ -592,6 +602,7 @@ def make_rs_options(lib, path="auto", layout="standard", nccl_sms=None, wait_tim
     if layout not in RS_LAYOUTS:
         raise InvalidArgument(f"layout = {layout!r}: one of {', '.join(map(repr, RS_LAYOUTS))}")
     o.path, o.layout = RS_PATHS[path], RS_LAYOUTS[layout]
+    o.input, o.scales = input_codes(input, scales)
     if nccl_sms is not None:
         o.nccl_sms = int(nccl_sms)
     if wait_timeout_s is not None:
@@ -678,6 +689,15 @@ class _GemmOp(_GemmBase):
         self._c("run_rmsnorm")(self.handle, a, b, residual, norm_weight, eps, out, residual_out or None, m,
                                stream or None)
 
+    def run_scaled(self, a, b, out, m, stream, scale_a, scale_b):
+        """run with FP8 inputs' scales (device pointers; None, None: unscaled)."""
+        self._c("run_scaled")(self.handle, a, b, out, m, stream or None, 0, scale_a, scale_b)
+
+    def run_rmsnorm_scaled(self, a, b, residual, norm_weight, eps, out, residual_out, m, stream, scale_a, scale_b):
+        """run_rmsnorm with FP8 inputs' scales."""
+        self._c("run_rmsnorm_scaled")(self.handle, a, b, residual, norm_weight, eps, out, residual_out or None, m,
+                                      stream or None, scale_a, scale_b)
+
     def prepare(self, m):
         """Plans m and allocates what its calls need: before a CUDA-graph capture."""
         self._c("prepare")(self.handle, m)
@@ -720,14 +740,6 @@ class GemmAllReduce(_GemmOp):
             self._lib.c.fo_gemm_allreduce_run_registered_scaled(self.handle, a, b, slot, m, stream or None, scale_a,
                                                                  scale_b)
 
-    def run_scaled(self, a, b, out, m, stream, scale_a, scale_b):
-        """run with FP8 inputs' scales (device pointers; None, None: unscaled)."""
-        self._lib.c.fo_gemm_allreduce_run_scaled(self.handle, a, b, out, m, stream or None, 0, scale_a, scale_b)
-
-    def run_rmsnorm_scaled(self, a, b, residual, norm_weight, eps, out, residual_out, m, stream, scale_a, scale_b):
-        """run_rmsnorm with FP8 inputs' scales."""
-        self._lib.c.fo_gemm_allreduce_run_rmsnorm_scaled(self.handle, a, b, residual, norm_weight, eps, out,
-                                                         residual_out, m, stream or None, scale_a, scale_b)
 
     def shape(self):
         """(max_m, n, k, dtype code)."""
@@ -749,9 +761,9 @@ class GemmReduceScatter(_GemmOp):
     _kind = "reducescatter"
 
     def __init__(self, comm, max_m, n, k, dtype, *, path="auto", layout="standard", nccl_sms=None,
-                 wait_timeout_s=None, check_m=None, tuning_cache=None):
+                 wait_timeout_s=None, check_m=None, tuning_cache=None, input="same", scales="none"):
         lib = _lib()
-        opts = make_rs_options(lib, path, layout, nccl_sms, wait_timeout_s, check_m, tuning_cache)
+        opts = make_rs_options(lib, path, layout, nccl_sms, wait_timeout_s, check_m, tuning_cache, input, scales)
         code = dtype_code(dtype)
         out = c_void_p()
         lib.c.fo_gemm_reducescatter_create(comm.handle, max_m, n, k, code, byref(opts), byref(out))

@@ -343,8 +343,11 @@ def _bind_fast(torch):
 class _Op(_OpBase):
     """What the ops whose calls take m rows share (GemmAllReduce,
     GemmReduceScatter): each call's enqueueing (the op's device, torch's
-    current stream, the CUDA-graph rule), the eager call's fast way, prepare
-    and plan."""
+    current stream, the CUDA-graph rule), the eager call's fast way, the FP8
+    call, prepare and plan."""
+
+    _fp8 = None  # (input="e4m3": torch.float8_e4m3fn, the inputs' dtype)
+    input, scales = "same", "none"
 
     def _publish(self):
         self._planned = set()  # the m's with a plan: those a CUDA graph may capture
@@ -393,6 +396,75 @@ class _Op(_OpBase):
         if self._c_handle is None:
             _op_of(self.handle, type(self))
 
+    # ---- FP8 inputs (input="e4m3"): eager calls, checked here, through the library's _scaled calls ----
+
+    def _check_fp8_options(self, torch, input, scales, who):
+        """input and scales of an op's keywords; the inputs' torch dtype (None for 16-bit inputs)."""
+        if input not in _capi.INPUTS or scales not in _capi.SCALES:
+            raise InvalidArgument(f"{who}: input = {input!r}, scales = {scales!r}: input one of "
+                                  f"{', '.join(map(repr, _capi.INPUTS))}, scales one of "
+                                  f"{', '.join(map(repr, _capi.SCALES))}")
+        fp8 = getattr(torch, "float8_e4m3fn", None) if input == "e4m3" else None
+        if input == "e4m3" and fp8 is None:
+            raise InvalidArgument(f"{who}: input = 'e4m3' needs torch.float8_e4m3fn (torch {torch.__version__} has "
+                                  "none)")
+        self.input, self.scales, self._fp8 = input, scales, fp8
+
+    def _call_fp8(self, torch, x, weight, residual, norm_weight, eps, scale_a, scale_b):
+        """The FP8 call on a 2-D x: its tensors and scales checked, then the
+        library's _scaled entry points; (out) or (out, h) of _rows_of(m) rows."""
+        if self._fp8 is None:
+            raise InvalidArgument(f"{self}: scale_a and scale_b are for an op built with input='e4m3'")
+        if not _eager(torch, x, weight, *(t for t in (residual, norm_weight, scale_a, scale_b) if t is not None)):
+            raise InvalidArgument(f"{self}: FP8 inputs take eager calls only (not yet a custom op for torch.compile, "
+                                  "tracing or autograd)")
+        self._open()
+        i = self.device.index
+        for name, t, shape in (("x", x, (None, self.k)), ("weight", weight, (self.n, self.k))):
+            if (not torch.is_tensor(t) or t.dtype is not self._fp8 or t.dim() != 2
+                    or (shape[0] is not None and t.shape[0] != shape[0]) or t.shape[1] != shape[1]
+                    or t.get_device() != i or not t.is_contiguous()):
+                raise InvalidArgument(f"{self}: {name} must be a contiguous torch.float8_e4m3fn tensor of shape "
+                                      f"({'m' if shape[0] is None else shape[0]}, {shape[1]}) on {self.device}, not "
+                                      f"{_describe(t) if torch.is_tensor(t) else type(t).__name__}")
+        m = x.shape[0]
+        if m:
+            self._m(m)
+        rows = self._rows_of(m) if m else 0
+        sa, sb = self._scale_ptrs(torch, scale_a, scale_b, m)
+        _check_rmsnorm(self, residual, norm_weight, rows)
+        out = torch.empty((rows, self.n), dtype=self.dtype, device=self.device)
+        if residual is None:
+            if m:
+                self._enqueue(m, lambda s: self._op.run_scaled(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, s,
+                                                               sa, sb))
+            return out
+        h = torch.empty((rows, self.n), dtype=self.dtype, device=self.device)
+        if m:
+            self._enqueue(m, lambda s: self._op.run_rmsnorm_scaled(x.data_ptr(), weight.data_ptr(), residual.data_ptr(),
+                                                                   norm_weight.data_ptr(), float(eps), out.data_ptr(),
+                                                                   h.data_ptr(), m, s, sa, sb))
+        return out, h
+
+    def _scale_ptrs(self, torch, scale_a, scale_b, m):
+        """The scales' device pointers (None, None without scales), checked
+        against the op's kind: float32, contiguous, on its device; "tensor":
+        one element each; "row": scale_a m, scale_b n elements."""
+        if self.scales == "none":
+            if scale_a is not None or scale_b is not None:
+                raise InvalidArgument(f"{self}: scale_a and scale_b given to an op built with scales='none'")
+            return None, None
+        want = {"tensor": (1, 1), "row": (m, self.n)}[self.scales]
+        ptrs = []
+        for name, t, count in (("scale_a", scale_a, want[0]), ("scale_b", scale_b, want[1])):
+            if (not torch.is_tensor(t) or t.dtype is not torch.float32 or t.numel() != count
+                    or t.get_device() != self.device.index or not t.is_contiguous()):
+                raise InvalidArgument(f"{self}: {name} must be a contiguous float32 tensor of {count} element"
+                                      f"{'s' if count != 1 else ''} on {self.device} (scales={self.scales!r}), not "
+                                      f"{_describe(t) if torch.is_tensor(t) else type(t).__name__}")
+            ptrs.append(t.data_ptr())
+        return ptrs[0], ptrs[1]
+
     def _plain(self, x, weight):
         """Whether x (m x k, m <= max_m) and weight (n x k) are contiguous
         tensors of the op's dtype on its device: check_inputs' common case,
@@ -421,6 +493,15 @@ class _Op(_OpBase):
         m = self._m(m)
         with _torch.cuda.device(self.device):
             return self._op.plan(m)
+
+
+def _with_lead(got, lead, n):
+    """A call's output (or (out, h)) viewed with x's leading dimensions where it had them."""
+    if lead is None:
+        return got
+    if isinstance(got, tuple):
+        return tuple(t.view(*lead, n) for t in got)
+    return got.view(*lead, n)
 
 
 def _fast_call(general):
@@ -502,9 +583,6 @@ class GemmAllReduce(_Op):
     calls only (not yet a custom op for torch.compile or CUDA graphs).
     """
 
-    _fp8 = None  # (input="e4m3": torch.float8_e4m3fn, the inputs' dtype)
-    input, scales = "same", "none"
-
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", nccl_sms=None,
                  wait_timeout_s=None, check_m=False, curves=None, tuning_cache=None, input="same", scales="none"):
         torch = require_torch()
@@ -512,15 +590,8 @@ class GemmAllReduce(_Op):
         code = _check_dtype(torch, dtype)
         if path not in _capi.PATHS:
             raise InvalidArgument(f"GemmAllReduce: path = {path!r}: one of {', '.join(map(repr, _capi.PATHS))}")
-        if input not in _capi.INPUTS or scales not in _capi.SCALES:
-            raise InvalidArgument(f"GemmAllReduce: input = {input!r}, scales = {scales!r}: input one of "
-                                  f"{', '.join(map(repr, _capi.INPUTS))}, scales one of "
-                                  f"{', '.join(map(repr, _capi.SCALES))}")
-        self._fp8 = getattr(torch, "float8_e4m3fn", None) if input == "e4m3" else None
-        if input == "e4m3" and self._fp8 is None:
-            raise InvalidArgument(f"GemmAllReduce: input = 'e4m3' needs torch.float8_e4m3fn (torch {torch.__version__} "
-                                  "has none)")
-        self.dtype, self.path, self.input, self.scales = dtype, path, input, scales
+        self._check_fp8_options(torch, input, scales, "GemmAllReduce")
+        self.dtype, self.path = dtype, path
         self._resolve(torch, group, device, "GemmAllReduce")
         communicator = self._connect(torch, comm, "GemmAllReduce")
         with torch.cuda.device(self.device):
@@ -543,14 +614,15 @@ class GemmAllReduce(_Op):
         torch = _torch
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
-        if self._fp8 is not None or scale_a is not None or scale_b is not None:
-            return self._call_fp8(torch, x, weight, residual, norm_weight, eps, scale_a, scale_b)
         lead = None
         if x.dim() > 2:
             lead = tuple(x.shape[:-1])
-            x = _flatten(self, "x", x)
+            x = _flatten(self, "x", x) if self._fp8 is None else x.reshape(-1, x.shape[-1])
             if residual is not None:
                 residual = _flatten(self, "residual", residual)
+        if self._fp8 is not None or scale_a is not None or scale_b is not None:
+            return _with_lead(self._call_fp8(torch, x, weight, residual, norm_weight, eps, scale_a, scale_b), lead,
+                              self.n)
         if residual is None and norm_weight is None:
             y = (self._run(x, weight) if _eager(torch, x, weight)
                  else torch.ops.flashoverlap.gemm_all_reduce(x, weight, self.handle))
@@ -566,63 +638,8 @@ class GemmAllReduce(_Op):
 
     __call__ = _fast_call(_call)
 
-    def _call_fp8(self, torch, x, weight, residual, norm_weight, eps, scale_a, scale_b):
-        """The FP8 call (eager): its tensors and scales checked, then the
-        library's _scaled entry points."""
-        if self._fp8 is None:
-            raise InvalidArgument(f"{self}: scale_a and scale_b are for an op built with input='e4m3'")
-        if not _eager(torch, x, weight, *(t for t in (residual, norm_weight, scale_a, scale_b) if t is not None)):
-            raise InvalidArgument(f"{self}: FP8 inputs take eager calls only (not yet a custom op for torch.compile, "
-                                  "tracing or autograd)")
-        self._open()
-        lead = tuple(x.shape[:-1]) if x.dim() > 2 else None
-        if lead is not None:
-            x = x.reshape(-1, x.shape[-1])
-            if residual is not None:
-                residual = _flatten(self, "residual", residual)
-        i = self.device.index
-        for name, t, shape in (("x", x, (None, self.k)), ("weight", weight, (self.n, self.k))):
-            if (t.dtype is not self._fp8 or t.dim() != 2 or (shape[0] is not None and t.shape[0] != shape[0])
-                    or t.shape[1] != shape[1] or t.get_device() != i or not t.is_contiguous()):
-                raise InvalidArgument(f"{self}: {name} must be a contiguous torch.float8_e4m3fn tensor of shape "
-                                      f"({'m' if shape[0] is None else shape[0]}, {shape[1]}) on {self.device}, not "
-                                      f"{_describe(t)}")
-        m = x.shape[0]
-        if m > self.max_m:
-            raise InvalidArgument(f"{self}: x has m = {m} rows, more than the op's max_m = {self.max_m}")
-        sa, sb = self._scale_ptrs(torch, scale_a, scale_b, m)
-        _check_rmsnorm(self, residual, norm_weight, m)
-        out = torch.empty((m, self.n), dtype=self.dtype, device=self.device)
-        if residual is None:
-            if m:
-                self._enqueue(m, lambda s: self._op.run_scaled(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, s,
-                                                               sa, sb))
-            return out if lead is None else out.view(*lead, self.n)
-        h = torch.empty((m, self.n), dtype=self.dtype, device=self.device)
-        if m:
-            self._enqueue(m, lambda s: self._op.run_rmsnorm_scaled(x.data_ptr(), weight.data_ptr(), residual.data_ptr(),
-                                                                   norm_weight.data_ptr(), float(eps), out.data_ptr(),
-                                                                   h.data_ptr(), m, s, sa, sb))
-        return (out, h) if lead is None else (out.view(*lead, self.n), h.view(*lead, self.n))
-
-    def _scale_ptrs(self, torch, scale_a, scale_b, m):
-        """The scales' device pointers (None, None without scales), checked
-        against the op's kind: float32, contiguous, on its device; "tensor":
-        one element each; "row": scale_a m, scale_b n elements."""
-        if self.scales == "none":
-            if scale_a is not None or scale_b is not None:
-                raise InvalidArgument(f"{self}: scale_a and scale_b given to an op built with scales='none'")
-            return None, None
-        want = {"tensor": (1, 1), "row": (m, self.n)}[self.scales]
-        ptrs = []
-        for name, t, count in (("scale_a", scale_a, want[0]), ("scale_b", scale_b, want[1])):
-            if (not torch.is_tensor(t) or t.dtype is not torch.float32 or t.numel() != count
-                    or t.get_device() != self.device.index or not t.is_contiguous()):
-                raise InvalidArgument(f"{self}: {name} must be a contiguous float32 tensor of {count} element"
-                                      f"{'s' if count != 1 else ''} on {self.device} (scales={self.scales!r}), not "
-                                      f"{_describe(t) if torch.is_tensor(t) else type(t).__name__}")
-            ptrs.append(t.data_ptr())
-        return ptrs[0], ptrs[1]
+    def _rows_of(self, m):
+        return m  # (an FP8 call's output rows: all of them)
 
     # (the custom ops' real implementations)
     def _run(self, x, weight):
@@ -686,13 +703,14 @@ class GemmReduceScatter(_Op):
 
     GemmReduceScatter(group, max_m, n, k, dtype, *, device=None, comm="bootstrap",
                       path="auto", layout="standard", nccl_sms=None, wait_timeout_s=None,
-                      check_m=False, tuning_cache=None)
+                      check_m=False, tuning_cache=None, input="same", scales="none")
 
     group, max_m, n, k, dtype, device, comm: as GemmAllReduce's (collective
     alike). path: "auto" | "sequential" | "slots" | "nvlink" (rows stored
     straight into their owners' windows: the standard layout, one host);
     nccl_sms, wait_timeout_s, check_m, tuning_cache: GemmReduceScatterOptions
-    (flashoverlap.h).
+    (flashoverlap.h). input, scales: FP8 inputs, as GemmAllReduce's
+    (op(x, weight, scale_a=..., scale_b=...); eager calls only).
 
     layout: which rows each rank ends with. "standard" (default): rank r
     holds rows [r m/W, (r+1) m/W) of the sum (W the group's size), what
@@ -707,11 +725,12 @@ class GemmReduceScatter(_Op):
     """
 
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", layout="standard",
-                 nccl_sms=None, wait_timeout_s=None, check_m=False, tuning_cache=None):
+                 nccl_sms=None, wait_timeout_s=None, check_m=False, tuning_cache=None, input="same", scales="none"):
         who = "GemmReduceScatter"
         torch = require_torch()
         self.max_m, self.n, self.k = _check_shape(max_m, n, k, who)
         code = _check_dtype(torch, dtype, who)
+        self._check_fp8_options(torch, input, scales, who)
         if path not in _capi.RS_PATHS:
             raise InvalidArgument(f"{who}: path = {path!r}: one of {', '.join(map(repr, _capi.RS_PATHS))}")
         if layout not in _capi.RS_LAYOUTS:
@@ -731,7 +750,7 @@ class GemmReduceScatter(_Op):
         with torch.cuda.device(self.device):
             self._op = _capi.GemmReduceScatter(communicator, max_m, n, k, code, path=path, layout=layout,
                                                nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s, check_m=check_m,
-                                               tuning_cache=tuning_cache)
+                                               tuning_cache=tuning_cache, input=input, scales=scales)
         self._publish()
 
     def __repr__(self):
@@ -739,7 +758,7 @@ class GemmReduceScatter(_Op):
         return (f"GemmReduceScatter(max_m={self.max_m}, n={self.n}, k={self.k}, {dt}, {self.device}, world "
                 f"{self.world}, {self.layout} layout)")
 
-    def _call(self, x, weight, residual=None, norm_weight=None, eps=1e-6):
+    def _call(self, x, weight, residual=None, norm_weight=None, eps=1e-6, scale_a=None, scale_b=None):
         """This rank's rows of the sum over the group of x @ weight.T, on torch's
         current stream: (rows_out(m), n) for x (m, k). With residual (this
         rank's rows: rows_out(m) x n) and norm_weight (n): (RMSNorm(h) *
@@ -763,9 +782,12 @@ class GemmReduceScatter(_Op):
                                       f"a multiple of the world size {self.world} (each rank gets x.shape[0] / world "
                                       "of it)")
             lead = (x.shape[0] // self.world,) + tuple(x.shape[1:-1])
-            x = _flatten(self, "x", x)
+            x = _flatten(self, "x", x) if self._fp8 is None else x.reshape(-1, x.shape[-1])
             if residual is not None:
                 residual = _flatten(self, "residual", residual)
+        if self._fp8 is not None or scale_a is not None or scale_b is not None:
+            return _with_lead(self._call_fp8(torch, x, weight, residual, norm_weight, eps, scale_a, scale_b), lead,
+                              self.n)
         if residual is None and norm_weight is None:
             y = (self._run(x, weight) if _eager(torch, x, weight)
                  else torch.ops.flashoverlap.gemm_reduce_scatter(x, weight, self.handle))
@@ -817,6 +839,8 @@ class GemmReduceScatter(_Op):
         """How many rows this rank's output holds for m (standard: m / world)."""
         m = self._m(m)
         return self._op.rows_out(m)
+
+    _rows_of = rows_out  # (an FP8 call's output rows)
 
     def rows(self, m):
         """Which rows of the sum this rank's output holds for m, in order (a list

@@ -64,7 +64,8 @@ static_assert(offsetof(fo_gemm_reducescatter_options, struct_size) == 0 &&
               offsetof(fo_gemm_reducescatter_options, check_m) == 24 &&
               offsetof(fo_gemm_reducescatter_options, layout) == 28 &&
               offsetof(fo_gemm_reducescatter_options, tuning_cache) == 32 &&
-              sizeof(fo_gemm_reducescatter_options) == 40);
+              offsetof(fo_gemm_reducescatter_options, input) == 40 &&
+              offsetof(fo_gemm_reducescatter_options, scales) == 44 && sizeof(fo_gemm_reducescatter_options) == 48);
 static_assert(offsetof(fo_gemm_alltoall_options, struct_size) == 0 && offsetof(fo_gemm_alltoall_options, path) == 8 &&
               offsetof(fo_gemm_alltoall_options, nccl_sms) == 12 &&
               offsetof(fo_gemm_alltoall_options, wait_timeout_s) == 16 &&
@@ -261,6 +262,20 @@ void check_default_size(size_t struct_size, size_t v1_size) {
                           " (pass sizeof *options)");
 }
 
+// The FP8 fields (input, scales) of a caller's options O into R, where its
+// struct_size has them (an earlier version: 16-bit inputs).
+template <class O, class R>
+void read_input_fields(const O* o, R& r) {
+  if (o->struct_size < offsetof(O, scales) + sizeof(int32_t)) return;
+  if (o->input != FO_INPUT_SAME && o->input != FO_INPUT_E4M3)
+    throw InvalidArgument("options->input = " + std::to_string(o->input) +
+                          " is not an fo_input_type (FO_INPUT_SAME 0, FO_INPUT_E4M3 1)");
+  if (o->scales != FO_SCALES_NONE && o->scales != FO_SCALES_PER_TENSOR && o->scales != FO_SCALES_ROW_WISE)
+    throw InvalidArgument("options->scales = " + std::to_string(o->scales) +
+                          " is not an fo_scale_kind (FO_SCALES_NONE 0, FO_SCALES_PER_TENSOR 1, FO_SCALES_ROW_WISE 2)");
+  r.input = flashoverlap::InputType(o->input), r.scales = flashoverlap::ScaleKind(o->scales);
+}
+
 // The C++ options a caller's struct says; InvalidArgument for a size this
 // library cannot read, or fields it does not know set to nonzero.
 flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o) {
@@ -275,15 +290,7 @@ flashoverlap::GemmAllReduceOptions to_options(const fo_gemm_allreduce_options* o
   if (o->curves) r.curves = o->curves;
   if (o->struct_size >= offsetof(fo_gemm_allreduce_options, tuning_cache) + sizeof(const char*) && o->tuning_cache)
     r.tuning_cache = o->tuning_cache;
-  if (o->struct_size >= offsetof(fo_gemm_allreduce_options, scales) + sizeof(int32_t)) {
-    if (o->input != FO_INPUT_SAME && o->input != FO_INPUT_E4M3)
-      throw InvalidArgument("options->input = " + std::to_string(o->input) +
-                            " is not an fo_input_type (FO_INPUT_SAME 0, FO_INPUT_E4M3 1)");
-    if (o->scales != FO_SCALES_NONE && o->scales != FO_SCALES_PER_TENSOR && o->scales != FO_SCALES_ROW_WISE)
-      throw InvalidArgument("options->scales = " + std::to_string(o->scales) +
-                            " is not an fo_scale_kind (FO_SCALES_NONE 0, FO_SCALES_PER_TENSOR 1, FO_SCALES_ROW_WISE 2)");
-    r.input = flashoverlap::InputType(o->input), r.scales = flashoverlap::ScaleKind(o->scales);
-  }
+  read_input_fields(o, r);
   return r;
 }
 
@@ -339,6 +346,7 @@ flashoverlap::GemmReduceScatterOptions to_rs_options(const fo_gemm_reducescatter
   if (o->struct_size >= offsetof(fo_gemm_reducescatter_options, tuning_cache) + sizeof(const char*) &&
       o->tuning_cache)
     r.tuning_cache = o->tuning_cache;
+  read_input_fields(o, r);
   return r;
 }
 
@@ -770,6 +778,7 @@ fo_status fo_gemm_reducescatter_options_default(fo_gemm_reducescatter_options* o
     d.wait_timeout_s = defaults.wait_timeout_s;
     d.check_m = defaults.check_m ? 1 : 0;
     d.layout = from_rs_layout(defaults.layout);
+    d.input = int32_t(defaults.input), d.scales = int32_t(defaults.scales);
     write_options(options, d, struct_size);
   });
 }
@@ -795,11 +804,29 @@ fo_status fo_gemm_reducescatter_run(fo_gemm_reducescatter_t op, const void* a, c
   });
 }
 
+fo_status fo_gemm_reducescatter_run_scaled(fo_gemm_reducescatter_t op, const void* a, const void* b, void* out,
+                                           int64_t m, void* stream, int64_t ld_out, const float* scale_a,
+                                           const float* scale_b) {
+  return guard("fo_gemm_reducescatter_run_scaled", [&] {
+    op_run(op, a, b, out, m, stream, ld_out, flashoverlap::InputScales{scale_a, scale_b});
+  });
+}
+
 fo_status fo_gemm_reducescatter_run_rmsnorm(fo_gemm_reducescatter_t op, const void* a, const void* b,
                                             const void* residual, const void* norm_weight, float eps, void* out,
                                             void* residual_out, int64_t m, void* stream) {
   return guard("fo_gemm_reducescatter_run_rmsnorm", [&] {
     op_run_rmsnorm(op, a, b, residual, norm_weight, eps, out, residual_out, m, stream);
+  });
+}
+
+fo_status fo_gemm_reducescatter_run_rmsnorm_scaled(fo_gemm_reducescatter_t op, const void* a, const void* b,
+                                                   const void* residual, const void* norm_weight, float eps, void* out,
+                                                   void* residual_out, int64_t m, void* stream, const float* scale_a,
+                                                   const float* scale_b) {
+  return guard("fo_gemm_reducescatter_run_rmsnorm_scaled", [&] {
+    op_run_rmsnorm(op, a, b, residual, norm_weight, eps, out, residual_out, m, stream,
+                   flashoverlap::InputScales{scale_a, scale_b});
   });
 }
 

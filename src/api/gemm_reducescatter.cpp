@@ -77,6 +77,7 @@ struct GemmReduceScatter::Impl {
     rt::OverlapReduceScatterOptions o;
     o.sched = p.schedule;
     o.groups = p.groups, o.layout = p.rs_layout, o.k = int(k), o.dtype = to_kernels(dtype);
+    o.fp8 = api::fp8_of(opts.input, opts.scales);
     o.comm = p.sequential ? comm->comm.get() : bounded.get();
     if (pit->second.nvlink) o.nvlink = true, o.peers = &windows;
     o.fallback_cublas = pit->second.cublas, o.cublas = cublas.get();
@@ -146,6 +147,7 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
     throw InvalidArgument(d.who() + ": max_m must be at least the world size (every rank gets m / world rows)");
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
+  api::check_input_options(d.who(), options.input, options.scales, k);
   d.check_m = api::check_m_enabled(options.check_m);
   d.planner.n = n, d.planner.k = k, d.planner.world = d.world, d.planner.sms = d.sms, d.planner.dtype = dtype;
   d.planner.opts = options;
@@ -167,6 +169,7 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
     shape.k = k, shape.op = rt::reducescatter_op(d.layout());
     d.planner.picks = rt::PickCache::parse_reducescatter_entries(
         api::rank0_tuning_entries(comm.get(), d.rank, options.tuning_cache, shape, d.who()), shape);
+    if (options.input == InputType::E4M3) d.planner.picks.clear();  // (the cache's picks are for 16-bit inputs)
   }
   const bool nvlink_picked = std::any_of(d.planner.picks.begin(), d.planner.picks.end(), [](const auto& e) {
     return e.second.path == rt::ReduceScatterPick::Path::NVLink;
@@ -186,9 +189,11 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   }
   d.planner.nvlink_ready = d.windows.connected();
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
-  d.planner.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who());
+  // (FP8 inputs: the 128x256 tile's time api::kNoTile, so that every plan takes 128x128 tiles)
+  d.planner.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who(), options.input);
   d.cublas = std::make_unique<rt::CublasGemm>();
-  d.planner.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who());
+  d.planner.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who(),
+                                                options.input);
   // Scratch for the largest m: the send slots (whole tiles, with the
   // standard layout's padding: at most one tile row per destination and
   // group beyond C; bounded here by twice C's tiles) and the received rows.
@@ -202,23 +207,29 @@ GemmReduceScatter::~GemmReduceScatter() = default;
 GemmReduceScatter::GemmReduceScatter(GemmReduceScatter&&) noexcept = default;
 GemmReduceScatter& GemmReduceScatter::operator=(GemmReduceScatter&&) noexcept = default;
 
-void GemmReduceScatter::run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out) {
+void GemmReduceScatter::run(const void* a, const void* b, void* out, int64_t m, cudaStream_t stream, int64_t ld_out,
+                            const InputScales& scales) {
   Impl& d = *impl_;
   api::check_run_args(d.who(), a, b, out, ld_out, d.n);
+  api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   d.check_earlier_calls();
   rt::OverlapReduceScatter& op = d.op_for(m, stream, true);
   if (d.check_m) api::check_same_m(d.comm->comm.get(), d.rank, m, stream, d.who());
+  op.set_input_scales(scales.a, scales.b);
   op.run(a, b, out, ld_out == 0 ? d.n : ld_out, stream);
   d.last = &op;
 }
 
 void GemmReduceScatter::run_rmsnorm(const void* a, const void* b, const void* residual, const void* norm_weight,
-                                    float eps, void* out, void* residual_out, int64_t m, cudaStream_t stream) {
+                                    float eps, void* out, void* residual_out, int64_t m, cudaStream_t stream,
+                                    const InputScales& scales) {
   Impl& d = *impl_;
   api::check_rmsnorm_args(d.who(), a, b, residual, norm_weight, out, eps);
+  api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   d.check_earlier_calls();
   rt::OverlapReduceScatter& op = d.op_for(m, stream, true);
   if (d.check_m) api::check_same_m(d.comm->comm.get(), d.rank, m, stream, d.who());
+  op.set_input_scales(scales.a, scales.b);
   op.run_rmsnorm(a, b, rt::RmsNormArgs{residual, norm_weight, eps, residual_out}, out, stream);
   d.last = &op;
 }

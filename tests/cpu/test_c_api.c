@@ -110,8 +110,9 @@ static void test_version(void) {
         "sizeof(fo_gemm_allreduce_options) = %zu", sizeof(fo_gemm_allreduce_options));
   CHECK(sizeof(fo_rs_layout) == 4 && FO_RS_LAYOUT_STANDARD == 0 && FO_RS_LAYOUT_SUBTILE == 1,
         "fo_rs_layout is 32-bit, standard 0, sub-tile 1");
-  CHECK(sizeof(fo_gemm_reducescatter_options) == 40, "sizeof(fo_gemm_reducescatter_options) = %zu",
-        sizeof(fo_gemm_reducescatter_options));
+  CHECK(sizeof(fo_gemm_reducescatter_options) == 48 && offsetof(fo_gemm_reducescatter_options, input) == 40 &&
+            offsetof(fo_gemm_reducescatter_options, scales) == 44,
+        "sizeof(fo_gemm_reducescatter_options) = %zu", sizeof(fo_gemm_reducescatter_options));
   /* (the fields shared with fo_gemm_allreduce_options at the same offsets) */
   CHECK(offsetof(fo_gemm_reducescatter_options, path) == offsetof(fo_gemm_allreduce_options, path) &&
             offsetof(fo_gemm_reducescatter_options, nccl_sms) == offsetof(fo_gemm_allreduce_options, nccl_sms) &&

@@ -527,10 +527,10 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
   EXPECT_THROW(flashoverlap::plan_gemm_allreduce(64, 8192, 8192, 1, DType::BF16, owners), flashoverlap::InvalidArgument);
 }
 
-// FP8 inputs (GemmAllReduceOptions::input E4M3): every overlapped plan on
+// FP8 inputs (the options' input E4M3): every AllReduce and ReduceScatter plan on
 // 128x128 tiles (the FP8 GEMM's), on every path the inputs take; the misuses
 // refused, saying why.
-TEST(PlanGemmAllReduce, Fp8InputsPlanOn128x128TilesAndMisusesAreRefused) {
+TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOn128x128TilesAndMisusesAreRefused) {
   using flashoverlap::DType;
   using Opts = flashoverlap::GemmAllReduceOptions;
   FO_SEEDED_RNG(rng);
@@ -553,6 +553,24 @@ TEST(PlanGemmAllReduce, Fp8InputsPlanOn128x128TilesAndMisusesAreRefused) {
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
   }
   EXPECT_GT(overlapped, 5);
+  // The ReduceScatter's FP8 plans alike (every path, both layouts).
+  int rs_overlapped = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    using RsOpts = flashoverlap::GemmReduceScatterOptions;
+    RsOpts o;
+    o.input = flashoverlap::InputType::E4M3;
+    o.scales = flashoverlap::ScaleKind::RowWise;
+    o.path = std::array{RsOpts::Path::Auto, RsOpts::Path::Slots, RsOpts::Path::Sequential, RsOpts::Path::NVLink}[trial % 4];
+    const int world = std::array{1, 2, 4, 8}[rng() % 4];
+    const int64_t m = world * (1 + int64_t(rng() % (16384 / world))), n = 1024 * (1 + int64_t(rng() % 8)),
+                  k = 16 * (1 + int64_t(rng() % 1024));
+    const std::string plan = flashoverlap::plan_gemm_reducescatter(m, n, k, world, DType::BF16, o);
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " on " +
+                 std::to_string(world) + ": " + plan);
+    EXPECT_EQ(plan.find("128x256"), std::string::npos);
+    rs_overlapped += plan.find("128x128") != std::string::npos;
+  }
+  EXPECT_GT(rs_overlapped, 5);
   auto refused = [&](int64_t k, const Opts& o, const std::string& what) {
     try {
       flashoverlap::plan_gemm_allreduce(4096, 8192, k, 2, DType::BF16, o);

@@ -7,7 +7,11 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <random>
 #include <string>
+#include <vector>
+
+#include "flashoverlap/flashoverlap.h"
 
 #include "plan/tile_grid.h"
 #include "runtime/core/buffer.h"
@@ -27,6 +31,37 @@ inline void op_reference(const std::string& plan, const void* a, const void* b, 
   }
   const plan::Schedule s = plan::make_schedule(m, n, {128, 256}, rt::current_device_sms(), plan::Raster::AlongN, 8);
   rt::sequential_ours_allreduce(kernels::DType::BF16, a, b, ref, s, int(k), comm, st);
+}
+
+// FP8 inputs whose products are exact before their one rounding, whatever
+// GEMM runs them (ours, cuBLASLt's): e4m3 bytes of the integers -3..3, and
+// power-of-two scales 2^-2..2^2.
+inline std::vector<uint8_t> small_e4m3(size_t count, std::mt19937_64& rng) {
+  static const uint8_t kE4m3[] = {0xC4, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x44};  // -3 .. 3
+  std::vector<uint8_t> v(count);
+  for (auto& x : v) x = kE4m3[rng() % 7];
+  return v;
+}
+inline std::vector<float> pow2_scales(size_t count, std::mt19937_64& rng) {
+  static const float kPow2[] = {0.25f, 0.5f, 1.f, 2.f, 4.f};
+  std::vector<float> v(count);
+  for (float& x : v) x = kPow2[rng() % 5];
+  return v;
+}
+// Our FP8 GEMM of m rows into ref (m x n), the scales as kind says: a
+// public op's FP8 call's per-rank product.
+inline void fp8_gemm(const void* a, const void* b, void* ref, int64_t m, int64_t n, int64_t k, ScaleKind kind,
+                     const InputScales& s, cudaStream_t st) {
+  kernels::Fp8 f;
+  f.on = true;
+  f.scales = kind == ScaleKind::None        ? kernels::Scales::None
+             : kind == ScaleKind::PerTensor ? kernels::Scales::PerTensor
+                                            : kernels::Scales::RowWise;
+  if (kind != ScaleKind::None) f.scale_a = s.a, f.scale_b = s.b;
+  const plan::Schedule sch = plan::make_schedule(m, n, {128, 128}, rt::current_device_sms(), plan::Raster::AlongN, 8);
+  kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, sch, int32_t(k), ref, n);
+  p.fp8 = f;
+  kernels::launch_gemm(p, st);
 }
 
 }  // namespace flashoverlap::test

@@ -136,8 +136,6 @@ TEST(GemmAllReduceApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
     const Communicator comm = Communicator::adopt(nccl);
     cudaStream_t st;
     FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    static const uint8_t kE4m3[] = {0xC4, 0xC0, 0xB8, 0x00, 0x38, 0x40, 0x44};  // -3 .. 3
-    static const float kPow2[] = {0.25f, 0.5f, 1.f, 2.f, 4.f};
     DeviceBuffer out(size_t(max_m) * n * 2), ref(size_t(max_m) * n * 2);
     const ScaleKind kinds[] = {ScaleKind::None, ScaleKind::PerTensor, ScaleKind::RowWise};
     for (Path path : {Path::Sequential, Path::RowBands, Path::Slots, Path::Auto}) {
@@ -149,12 +147,9 @@ TEST(GemmAllReduceApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
         for (int call = 0; call < 12; ++call) {
           const int64_t m = call == 0 ? max_m : 1 + int64_t(rng() % uint64_t(max_m));
           std::mt19937_64 mine(seed + 1000 * uint64_t(call) + 17 * uint64_t(rank));
-          std::vector<uint8_t> a(size_t(m * k)), b(size_t(n * k));
-          for (auto& x : a) x = kE4m3[mine() % 7];
-          for (auto& x : b) x = kE4m3[mine() % 7];
-          std::vector<float> sa(kind == ScaleKind::RowWise ? size_t(m) : 1), sb(kind == ScaleKind::RowWise ? size_t(n) : 1);
-          for (float& x : sa) x = kPow2[mine() % 5];
-          for (float& x : sb) x = kPow2[mine() % 5];
+          const std::vector<uint8_t> a = test::small_e4m3(size_t(m * k), mine), b = test::small_e4m3(size_t(n * k), mine);
+          const std::vector<float> sa = test::pow2_scales(kind == ScaleKind::RowWise ? size_t(m) : 1, mine),
+                                   sb = test::pow2_scales(kind == ScaleKind::RowWise ? size_t(n) : 1, mine);
           const DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
                              dsb = rt::to_device(sb);
           InputScales scales;
@@ -162,15 +157,7 @@ TEST(GemmAllReduceApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
           kernels::poison(out.get(), m * n, st);
           op.run(da.get(), db.get(), out.get(), m, st, 0, scales);
           // The reference: our FP8 GEMM, then one AllReduce of it.
-          kernels::Fp8 f;
-          f.on = true;
-          f.scales = kind == ScaleKind::None ? kernels::Scales::None
-                     : kind == ScaleKind::PerTensor ? kernels::Scales::PerTensor : kernels::Scales::RowWise;
-          if (kind != ScaleKind::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
-          const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, rt::current_device_sms(), plan::Raster::AlongN, 8);
-          kernels::GemmParams p = kernels::plain_gemm(kBf16, da.get(), db.get(), s, int32_t(k), ref.get(), n);
-          p.fp8 = f;
-          kernels::launch_gemm(p, st);
+          test::fp8_gemm(da.get(), db.get(), ref.get(), m, n, k, kind, scales, st);
           FO_NCCL_CHECK_CTX(ncclAllReduce(ref.get(), ref.get(), size_t(m * n), ncclBfloat16, ncclSum, nccl, st), "reference");
           FO_CUDA_CHECK(cudaStreamSynchronize(st));
           op.check();

@@ -23,6 +23,7 @@
 #include "host_cost.h"
 #include "op_reference.h"
 #include "rank_harness.h"
+#include "runtime/core/checks.h"
 #include "runtime/ops/baselines.h"
 #include "runtime/tune/picks.h"
 
@@ -44,6 +45,63 @@ int world_here() { return std::min(rt::hopper_device_count(), 2); }
 
 
 }  // namespace
+
+// FP8 inputs (InputType::E4M3) on every path of the standard layout, each
+// scale kind, as the AllReduce's FP8 test: the output bitwise our FP8 GEMM's
+// + one ncclReduceScatter; scales the options do not ask for refused.
+TEST(GemmReduceScatterApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  const int world = world_here();
+  std::fprintf(stderr, "world %d, seed %llu\n", world, static_cast<unsigned long long>(seed));
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const int64_t max_m = 2048, n = 1536, k = 512;
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    DeviceBuffer out(size_t(max_m) * n * 2), ref(size_t(max_m) * n * 2), mine_rows(size_t(max_m) * n * 2);
+    for (Path path : {Path::Sequential, Path::Slots, Path::Auto}) {
+      for (ScaleKind kind : {ScaleKind::None, ScaleKind::PerTensor, ScaleKind::RowWise}) {
+        GemmReduceScatterOptions o;
+        o.path = path, o.input = InputType::E4M3, o.scales = kind;
+        GemmReduceScatter op(comm, max_m, n, k, DType::BF16, o);
+        std::mt19937_64 rng(seed + 10 * uint64_t(path) + uint64_t(kind));  // (the same m on every rank)
+        for (int call = 0; call < 10; ++call) {
+          int64_t m = call == 0 ? max_m : 1 + int64_t(rng() % uint64_t(max_m));
+          m -= m % world;
+          if (m == 0) m = world;
+          std::mt19937_64 mine(seed + 1000 * uint64_t(call) + 17 * uint64_t(rank));
+          const std::vector<uint8_t> a = test::small_e4m3(size_t(m * k), mine), b = test::small_e4m3(size_t(n * k), mine);
+          const std::vector<float> sa = test::pow2_scales(kind == ScaleKind::RowWise ? size_t(m) : 1, mine),
+                                   sb = test::pow2_scales(kind == ScaleKind::RowWise ? size_t(n) : 1, mine);
+          const DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
+                             dsb = rt::to_device(sb);
+          InputScales scales;
+          if (kind != ScaleKind::None) scales = {dsa.as<float>(), dsb.as<float>()};
+          const int64_t rows = m / world;
+          kernels::poison(out.get(), rows * n, st);
+          op.run(da.get(), db.get(), out.get(), m, st, 0, scales);
+          test::fp8_gemm(da.get(), db.get(), ref.get(), m, n, k, kind, scales, st);
+          FO_NCCL_CHECK_CTX(ncclReduceScatter(ref.get(), mine_rows.get(), size_t(rows * n), ncclBfloat16, ncclSum, nccl,
+                                              st),
+                            "reference");
+          FO_CUDA_CHECK(cudaStreamSynchronize(st));
+          op.check();
+          const std::string where = std::string(name(path)) + ", scales " + std::to_string(int(kind)) + ", m=" +
+                                    std::to_string(m) + " rank " + std::to_string(rank) + " (" + op.plan(m) +
+                                    ") seed " + std::to_string(seed);
+          EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), n, mine_rows.get(), n, rows, n, st))) << where;
+          if (kind == ScaleKind::None)
+            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st, 0, {dsa.as<float>(), dsb.as<float>()}),
+                         InvalidArgument) << where;
+          else
+            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st), InvalidArgument) << where;
+        }
+      }
+    }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+}
 
 TEST(GemmReduceScatterApi, AnyMOnEveryPathAndLayoutMatchesOurGemmAndNccl) {
   REQUIRE_HOPPER();

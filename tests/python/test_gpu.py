@@ -399,6 +399,31 @@ class Fp8(Case):
                         op(small(4, k).to(torch.float8_e4m3fn), w)
                 op.close()
 
+    def test_reduce_scatter_against_scaled_mm_and_reduce_scatter_tensor(self):
+        if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+            self.skipTest("this torch has no float8_e4m3fn or _scaled_mm")
+        n, k = 768, 1024
+        gen = torch.Generator().manual_seed(SEED + 11 + RANK)
+        small = lambda *shape: torch.randint(-3, 4, shape, generator=gen).float().to(DEVICE)  # noqa: E731
+        w = small(n, k).to(torch.float8_e4m3fn)
+        sb = (2.0 ** torch.randint(-2, 3, (n,), generator=gen).float()).to(DEVICE)
+        for path in ("sequential", "auto", "slots"):
+            op = self.make_rs(max_m=512, n=n, k=k, input="e4m3", scales="row", path=path)
+            for m in sorted({WORLD, 96 * WORLD, 512 - 512 % WORLD}):
+                x = small(m, k).to(torch.float8_e4m3fn)
+                sa = (2.0 ** torch.randint(-2, 3, (m,), generator=gen).float()).to(DEVICE)
+                y = op(x, w, scale_a=sa, scale_b=sb)
+                full = torch._scaled_mm(x, w.t(), scale_a=sa.view(-1, 1), scale_b=sb.view(1, -1),
+                                        out_dtype=torch.bfloat16, use_fast_accum=False)
+                ref = torch.empty(m // WORLD, n, dtype=torch.bfloat16, device=DEVICE)
+                dist.reduce_scatter_tensor(ref, full)
+                if WORLD <= 2:
+                    good = torch.equal(y, ref)
+                else:
+                    good, _ = within(y, ref, float(ref.abs().max()) * 2 ** -7 * WORLD + 1e-6)
+                self.ok(good, f"{op} path={path} m={m}: not torch._scaled_mm + reduce_scatter_tensor")
+            op.close()
+
 
 class Compile(Case):
     def test_torch_compile_keeps_the_op_whole(self):

@@ -495,15 +495,25 @@ class CApi(unittest.TestCase):
         ctypes.memset(ctypes.byref(later), 0xab, ctypes.sizeof(later))
         self.c.fo_gemm_reducescatter_options_default(ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.RsOptions)),
                                                      ctypes.sizeof(later))
-        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.layout, later.added), (48, 8, 0, 0))
+        self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.layout, later.added), (56, 8, 0, 0))
         h = ctypes.c_void_p()
         p = ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.RsOptions))
         with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
             self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, p, ctypes.byref(h))
         later.added = 1
-        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 48: the options set fields that this "
-                                    r"library \(flashoverlap [0-9.]+, options of 40 bytes\) does not know"):
+        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 56: the options set fields that this "
+                                    r"library \(flashoverlap [0-9.]+, options of 48 bytes\) does not know"):
             self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, p, ctypes.byref(h))
+        # a caller of the second version (no input, scales): 16-bit inputs, those bytes not read
+        second = _capi.make_rs_options(self.lib)
+        second.struct_size, second.input = 40, 9
+        with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
+            self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, ctypes.byref(second), ctypes.byref(h))
+        third = _capi.make_rs_options(self.lib, input="e4m3", scales="tensor")
+        self.assertEqual((third.input, third.scales), (1, 1))
+        third.scales = 9
+        with self.assertRaisesRegex(InvalidArgument, "options->scales = 9 is not an fo_scale_kind"):
+            self.c.fo_gemm_reducescatter_create(None, 128, 128, 128, 0, ctypes.byref(third), ctypes.byref(h))
         # a caller of the first version (no tuning_cache): accepted, the field not read
         first = _capi.make_rs_options(self.lib)
         first.struct_size = 32
@@ -547,9 +557,9 @@ class CApi(unittest.TestCase):
 
     def test_reducescatter_options(self):
         o = _capi.make_rs_options(self.lib)
-        self.assertEqual(ctypes.sizeof(o), 40)
-        self.assertEqual((o.struct_size, o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m, o.tuning_cache),
-                         (40, 0, 0, 8, 30.0, 0, None))
+        self.assertEqual(ctypes.sizeof(o), 48)
+        self.assertEqual((o.struct_size, o.path, o.layout, o.nccl_sms, o.wait_timeout_s, o.check_m, o.tuning_cache,
+                          o.input, o.scales), (48, 0, 0, 8, 30.0, 0, None, 0, 0))
         # (the fields shared with fo_gemm_allreduce_options at its offsets)
         for name in ("path", "nccl_sms", "wait_timeout_s", "check_m"):
             self.assertEqual(getattr(_capi.RsOptions, name).offset, getattr(_capi.Options, name).offset, name)

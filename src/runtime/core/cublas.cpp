@@ -133,6 +133,12 @@ void CublasGemm::run(kernels::DType dtype, const void* a, const void* b, void* c
                                int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+void run_plain_gemm(CublasGemm* cublas, const kernels::GemmParams& p, cudaStream_t stream) {
+  if (!cublas) return kernels::launch_gemm(p, stream);
+  if (p.fp8.on) return cublas->run_fp8(p.dtype, p.fp8, p.a, p.b, p.c, p.m, p.n, p.k, p.ldc, stream);
+  cublas->run(p.dtype, p.a, p.b, p.c, p.m, p.n, p.k, p.ldc, stream);
+}
+
 void CublasGemm::run_fp8(kernels::DType out, const kernels::Fp8& f, const void* a, const void* b, void* c, int m,
                          int n, int k, int64_t ldc, cudaStream_t stream, bool fast_accum) {
   if (!lt_) FO_CUBLAS_CHECK(cublasLtCreate(&lt_));  // (FP8 is cuBLASLt's alone)

@@ -57,4 +57,9 @@ class CublasGemm {
   std::map<Key, std::unique_ptr<Prepared>> prepared_;
 };
 
+// A sequential call's GEMM, p (Plain C; FP8 inputs where p.fp8.on): by
+// cuBLAS's where `cublas` is given (cuBLASLt's FP8 matmul for FP8 inputs),
+// else ours.
+void run_plain_gemm(CublasGemm* cublas, const kernels::GemmParams& p, cudaStream_t stream);
+
 }  // namespace flashoverlap::rt

@@ -166,17 +166,9 @@ void OverlapAllReduce::enqueue_sequential_allreduce(void* data, int64_t count, c
 
 void OverlapAllReduce::enqueue_sequential_gemm(const void* a, const void* b, void* c, cudaStream_t stream) {
   const plan::Schedule& s = opts_.sched;
-  if (cublas_ && opts_.fp8.on) {
-    cublas_->run_fp8(opts_.dtype, opts_.fp8, a, b, c, s.m, s.n, opts_.k, s.n, stream);
-    return;
-  }
-  if (cublas_) {
-    cublas_->run(opts_.dtype, a, b, c, s.m, s.n, opts_.k, s.n, stream);
-    return;
-  }
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);
   p.fp8 = opts_.fp8;
-  kernels::launch_gemm(p, stream);
+  run_plain_gemm(cublas_, p, stream);
 }
 
 void OverlapAllReduce::begin_call(cudaStream_t stream) {

@@ -25,6 +25,7 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
   plan::require_tile_groups(groups, s.tiles(), who);
   if (opts_.fallback_cublas && !plain_sequential())
     throw InvalidArgument(who + ": fallback_cublas needs the sequential plan of the standard layout");
+  if (opts_.fp8.on && !opts_.fallback_cublas && s.bn != 128) throw InvalidArgument(who + ": FP8 inputs take 128x128 tiles");
   for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
 
   if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
@@ -114,15 +115,15 @@ void OverlapReduceScatter::enqueue_reduced(const void* a, const void* b, void* r
     // One rank's ReduceScatter is the identity: C goes straight where its rows go.
     const bool alone = world_ == 1 && !opts_.transport;
     void* c = alone ? rows : send_;
-    if (cublas_)
-      cublas_->run(opts_.dtype, a, b, c, s.m, s.n, opts_.k, s.n, stream);
-    else
-      kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n), stream);
+    kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, c, s.n);
+    p.fp8 = opts_.fp8;
+    run_plain_gemm(cublas_, p, stream);
     if (!alone) move({-1, send_, rows, size_t(out_rows_) * s.n, stream});
     return;
   }
   const bool seq = sequential();
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+  p.fp8 = opts_.fp8;
   p.store = kernels::Store::SlotRows, p.slots = send_, p.row_of = row_of_.as<int32_t>();
   p.half_row = half_row_.get() ? half_row_.as<int32_t>() : nullptr;
   p.slot_rows = send_rows_;
@@ -153,6 +154,7 @@ const void* OverlapReduceScatter::enqueue_nvlink(const void* a, const void* b, c
     throw InvalidArgument("OverlapReduceScatter (rank " + std::to_string(rank_) +
                           "): the NVLink form needs every rank's window connected");
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+  p.fp8 = opts_.fp8;
   p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
   p.scatter.world = world_, p.scatter.rows = peers_->rows(0);
   p.scatter.rows_per_rank = int32_t(s.m), p.scatter.arrivals = peers_->arrivals(opts_.testing.fault_drop_group >= 0);

@@ -74,7 +74,9 @@ struct OverlapReduceScatterOptions {
   std::vector<plan::Group> groups; // consecutive tile ranges; one group: sequential
   plan::RsLayout layout = plan::RsLayout::Standard;
   int k = 0;
-  kernels::DType dtype = kernels::DType::BF16;
+  kernels::DType dtype = kernels::DType::BF16;  // the output's (C and the ReduceScatter)
+  // FP8 inputs (fp8.on, fp8.scales; the pointers are each call's: set_input_scales): 128x128 tiles.
+  kernels::Fp8 fp8;
   ncclComm_t comm = nullptr;       // the groups beside the GEMM (e.g. bounded to the SMs it leaves)
   ncclComm_t tail_comm = nullptr;  // optional: the last group and the sequential call (NCCL's default CTAs)
   // The ranks, where there is no communicator (a transport of one's own); else read from comm.
@@ -115,6 +117,9 @@ class OverlapReduceScatter {
 
   // out (out_rows() x n, ld_out) = this rank's rows of the sum over ranks of A B^T.
   void run(const void* a, const void* b, void* out, int64_t ld_out, cudaStream_t stream);
+  // FP8 inputs: the scales of the calls from here on (device fp32, as
+  // OverlapReduceScatterOptions::fp8.scales says; captured with a graph's call).
+  void set_input_scales(const float* a, const float* b) { opts_.fp8.scale_a = a, opts_.fp8.scale_b = b; }
   // out = RMSNorm(h) * weight, h = those rows + residual (out_rows() x n,
   // in the layout's row order; ld n); residual_out = h if set.
   void run_rmsnorm(const void* a, const void* b, const RmsNormArgs& norm, void* out, cudaStream_t stream);
