@@ -48,6 +48,23 @@ inline std::vector<float> pow2_scales(size_t count, std::mt19937_64& rng) {
   for (float& x : v) x = kPow2[rng() % 5];
   return v;
 }
+// One FP8 call's inputs in device memory: a (m x k) and b (n x k) of
+// small_e4m3, the scales of pow2_scales as kind says (one each, or m and n).
+struct Fp8Inputs {
+  rt::DeviceBuffer a, b, sa, sb;
+  InputScales scales;  // (none with ScaleKind::None)
+  Fp8Inputs(int64_t m, int64_t n, int64_t k, ScaleKind kind, std::mt19937_64& rng)
+      : a(rt::to_device(small_e4m3(size_t(m * k), rng))), b(rt::to_device(small_e4m3(size_t(n * k), rng))),
+        sa(rt::to_device(pow2_scales(kind == ScaleKind::RowWise ? size_t(m) : 1, rng))),
+        sb(rt::to_device(pow2_scales(kind == ScaleKind::RowWise ? size_t(n) : 1, rng))) {
+    if (kind != ScaleKind::None) scales = {sa.as<float>(), sb.as<float>()};
+  }
+  // Scales of the wrong count for the kind: refused with None, missing with the others.
+  InputScales wrong(ScaleKind kind) const {
+    return kind == ScaleKind::None ? InputScales{sa.as<float>(), sb.as<float>()} : InputScales{};
+  }
+};
+
 // Our FP8 GEMM of m rows into ref (m x n), the scales as kind says: a
 // public op's FP8 call's per-rank product.
 inline void fp8_gemm(const void* a, const void* b, void* ref, int64_t m, int64_t n, int64_t k, ScaleKind kind,

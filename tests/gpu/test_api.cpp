@@ -147,17 +147,11 @@ TEST(GemmAllReduceApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
         for (int call = 0; call < 12; ++call) {
           const int64_t m = call == 0 ? max_m : 1 + int64_t(rng() % uint64_t(max_m));
           std::mt19937_64 mine(seed + 1000 * uint64_t(call) + 17 * uint64_t(rank));
-          const std::vector<uint8_t> a = test::small_e4m3(size_t(m * k), mine), b = test::small_e4m3(size_t(n * k), mine);
-          const std::vector<float> sa = test::pow2_scales(kind == ScaleKind::RowWise ? size_t(m) : 1, mine),
-                                   sb = test::pow2_scales(kind == ScaleKind::RowWise ? size_t(n) : 1, mine);
-          const DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
-                             dsb = rt::to_device(sb);
-          InputScales scales;
-          if (kind != ScaleKind::None) scales = {dsa.as<float>(), dsb.as<float>()};
+          const test::Fp8Inputs in(m, n, k, kind, mine);
           kernels::poison(out.get(), m * n, st);
-          op.run(da.get(), db.get(), out.get(), m, st, 0, scales);
+          op.run(in.a.get(), in.b.get(), out.get(), m, st, 0, in.scales);
           // The reference: our FP8 GEMM, then one AllReduce of it.
-          test::fp8_gemm(da.get(), db.get(), ref.get(), m, n, k, kind, scales, st);
+          test::fp8_gemm(in.a.get(), in.b.get(), ref.get(), m, n, k, kind, in.scales, st);
           FO_NCCL_CHECK_CTX(ncclAllReduce(ref.get(), ref.get(), size_t(m * n), ncclBfloat16, ncclSum, nccl, st), "reference");
           FO_CUDA_CHECK(cudaStreamSynchronize(st));
           op.check();
@@ -165,13 +159,9 @@ TEST(GemmAllReduceApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
                                     std::to_string(m) + " rank " + std::to_string(rank) + " (" + op.plan(m) +
                                     ") seed " + std::to_string(seed);
           EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), n, ref.get(), n, m, n, st))) << where;
-          if (kind != ScaleKind::None) {
-            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st), InvalidArgument) << where;  // (none given)
-            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st, 0, {dsa.as<float>(), nullptr}), InvalidArgument);
-          } else {
-            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st, 0, {dsa.as<float>(), dsb.as<float>()}),
-                         InvalidArgument) << where;  // (scales the op was not built for)
-          }
+          EXPECT_THROW(op.run(in.a.get(), in.b.get(), out.get(), m, st, 0, in.wrong(kind)), InvalidArgument) << where;
+          if (kind != ScaleKind::None)  // (one of the two missing)
+            EXPECT_THROW(op.run(in.a.get(), in.b.get(), out.get(), m, st, 0, {in.scales.a, nullptr}), InvalidArgument);
         }
       }
     }

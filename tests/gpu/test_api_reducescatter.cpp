@@ -71,17 +71,11 @@ TEST(GemmReduceScatterApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
           m -= m % world;
           if (m == 0) m = world;
           std::mt19937_64 mine(seed + 1000 * uint64_t(call) + 17 * uint64_t(rank));
-          const std::vector<uint8_t> a = test::small_e4m3(size_t(m * k), mine), b = test::small_e4m3(size_t(n * k), mine);
-          const std::vector<float> sa = test::pow2_scales(kind == ScaleKind::RowWise ? size_t(m) : 1, mine),
-                                   sb = test::pow2_scales(kind == ScaleKind::RowWise ? size_t(n) : 1, mine);
-          const DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
-                             dsb = rt::to_device(sb);
-          InputScales scales;
-          if (kind != ScaleKind::None) scales = {dsa.as<float>(), dsb.as<float>()};
+          const test::Fp8Inputs in(m, n, k, kind, mine);
           const int64_t rows = m / world;
           kernels::poison(out.get(), rows * n, st);
-          op.run(da.get(), db.get(), out.get(), m, st, 0, scales);
-          test::fp8_gemm(da.get(), db.get(), ref.get(), m, n, k, kind, scales, st);
+          op.run(in.a.get(), in.b.get(), out.get(), m, st, 0, in.scales);
+          test::fp8_gemm(in.a.get(), in.b.get(), ref.get(), m, n, k, kind, in.scales, st);
           FO_NCCL_CHECK_CTX(ncclReduceScatter(ref.get(), mine_rows.get(), size_t(rows * n), ncclBfloat16, ncclSum, nccl,
                                               st),
                             "reference");
@@ -91,11 +85,7 @@ TEST(GemmReduceScatterApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
                                     std::to_string(m) + " rank " + std::to_string(rank) + " (" + op.plan(m) +
                                     ") seed " + std::to_string(seed);
           EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), n, mine_rows.get(), n, rows, n, st))) << where;
-          if (kind == ScaleKind::None)
-            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st, 0, {dsa.as<float>(), dsb.as<float>()}),
-                         InvalidArgument) << where;
-          else
-            EXPECT_THROW(op.run(da.get(), db.get(), out.get(), m, st), InvalidArgument) << where;
+          EXPECT_THROW(op.run(in.a.get(), in.b.get(), out.get(), m, st, 0, in.wrong(kind)), InvalidArgument) << where;
         }
       }
     }
