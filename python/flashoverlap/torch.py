@@ -517,9 +517,7 @@ def _fast_call(general):
     thread's above) serves only a call of its shape, stream and memory
     pool."""
     def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6, *, scale_a=None, scale_b=None):
-        if scale_a is not None or scale_b is not None:  # (FP8 inputs: the general way)
-            if not hasattr(self, "_call_fp8"):
-                raise InvalidArgument(f"{self}: scale_a and scale_b are for FP8 inputs (GemmAllReduce(input='e4m3'))")
+        if scale_a is not None or scale_b is not None:  # (FP8 inputs: the general way, _Op._call_fp8)
             return self._call(x, weight, residual, norm_weight, eps, scale_a, scale_b)
         if (residual is not None or norm_weight is not None or type(x) is not _Tensor
                 or (type(weight) is not _Tensor and type(weight) is not _Parameter) or _is_compiling()

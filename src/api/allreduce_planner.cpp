@@ -105,6 +105,13 @@ rt::AllReducePlan AllReducePlanner::plan_for(int64_t m) const {
   return seq_plan;
 }
 
+void check_allreduce_inputs(const std::string& who, const GemmAllReduceOptions& options, int64_t k) {
+  check_input_options(who, options.input, options.scales, k);
+  if (options.input == InputType::E4M3 && options.path == GemmAllReduceOptions::Path::NVLink)
+    throw InvalidArgument(who + ": FP8 inputs are not on the NVLink path yet (use Auto, Sequential, RowBands or "
+                                "Slots)");
+}
+
 std::string AllReducePlanner::describe(int64_t m, const rt::AllReducePlan& p) const {
   std::ostringstream os;
   if (p.sequential)
@@ -133,10 +140,8 @@ std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DTyp
   api::check_op_options(who, sms, options.nccl_sms, options.wait_timeout_s);
   if (options.path == GemmAllReduceOptions::Path::NVLink && (world < 2 || world > 8 || n % 8 != 0))
     throw InvalidArgument(who + ": the owners path needs 2 to 8 ranks and n % 8 == 0");
-  api::check_input_options(who, options.input, options.scales, k);
+  api::check_allreduce_inputs(who, options, k);
   const bool fp8 = options.input == InputType::E4M3;
-  if (fp8 && options.path == GemmAllReduceOptions::Path::NVLink)
-    throw InvalidArgument(who + ": FP8 inputs are not on the NVLink path yet");
   api::AllReducePlanner p;
   p.n = n, p.k = k, p.world = world, p.sms = sms, p.dtype = dtype, p.opts = options;
   p.tiles = api::tiles_for(options.input);

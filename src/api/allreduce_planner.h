@@ -40,6 +40,10 @@ struct AllReducePlanner {
   std::string describe(int64_t m, const rt::AllReducePlan& p) const;
 };
 
+// The options' inputs as the op and plan_gemm_allreduce take them
+// (check_input_options, and FP8 not on the NVLink path yet).
+void check_allreduce_inputs(const std::string& who, const GemmAllReduceOptions& options, int64_t k);
+
 // The AllReduce curve of the built-in H200 model on `world` ranks and
 // `ctas` CTAs (0: NCCL's default), at the model's sizes.
 plan::BandwidthCurve model_allreduce_curve(int world, int ctas);

@@ -434,6 +434,13 @@ void op_run(Op* op, const void* a, const void* b, void* out, int64_t m, void* st
   require(out, "out");
   o.op.run(a, b, out, m, static_cast<cudaStream_t>(stream), ld_out, scales...);
 }
+void op_run_registered(fo_gemm_allreduce_t op, const void* a, const void* b, int slot, int64_t m, void* stream,
+                       const flashoverlap::InputScales& scales = {}) {
+  auto& o = deref(op, "op");
+  require(a, "a");
+  require(b, "b");
+  o.op.run_registered(a, b, slot, m, static_cast<cudaStream_t>(stream), scales);
+}
 template <class Op, class... Scales>
 void op_run_rmsnorm(Op* op, const void* a, const void* b, const void* residual, const void* norm_weight, float eps,
                     void* out, void* residual_out, int64_t m, void* stream, const Scales&... scales) {
@@ -722,22 +729,14 @@ fo_status fo_gemm_allreduce_register_output(fo_gemm_allreduce_t op, void* out, i
 
 fo_status fo_gemm_allreduce_run_registered(fo_gemm_allreduce_t op, const void* a, const void* b, int slot, int64_t m,
                                            void* stream) {
-  return guard("fo_gemm_allreduce_run_registered", [&] {
-    auto& o = deref(op, "op");
-    require(a, "a");
-    require(b, "b");
-    o.op.run_registered(a, b, slot, m, static_cast<cudaStream_t>(stream));
-  });
+  return guard("fo_gemm_allreduce_run_registered", [&] { op_run_registered(op, a, b, slot, m, stream); });
 }
 
 fo_status fo_gemm_allreduce_run_registered_scaled(fo_gemm_allreduce_t op, const void* a, const void* b, int slot,
                                                   int64_t m, void* stream, const float* scale_a,
                                                   const float* scale_b) {
   return guard("fo_gemm_allreduce_run_registered_scaled", [&] {
-    auto& o = deref(op, "op");
-    require(a, "a");
-    require(b, "b");
-    o.op.run_registered(a, b, slot, m, static_cast<cudaStream_t>(stream), flashoverlap::InputScales{scale_a, scale_b});
+    op_run_registered(op, a, b, slot, m, stream, flashoverlap::InputScales{scale_a, scale_b});
   });
 }
 

@@ -139,8 +139,6 @@ struct GemmAllReduce::Impl {
   void check_same_m(int64_t m, cudaStream_t stream) {
     if (check_m) api::check_same_m(comm->comm.get(), rank, m, stream, who());
   }
-  // A call's scales (checked), handed to its op.
-  void use_scales(rt::OverlapAllReduce& op, const InputScales& s) const { op.set_input_scales(s.a, s.b); }
 };
 
 GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n, int64_t k, DType dtype,
@@ -154,11 +152,8 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   api::check_shape(d.who(), max_m, n, k);
   d.sms = rt::current_device_sms();
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
-  api::check_input_options(d.who(), options.input, options.scales, k);
+  api::check_allreduce_inputs(d.who(), options, k);
   const bool fp8 = options.input == InputType::E4M3;
-  if (fp8 && options.path == GemmAllReduceOptions::Path::NVLink)
-    throw InvalidArgument(d.who() + ": FP8 inputs are not on the NVLink path yet (use Auto, Sequential, RowBands or "
-                                    "Slots)");
   d.check_m = api::check_m_enabled(options.check_m);
   const ncclComm_t c = comm.get();
 
@@ -237,7 +232,7 @@ void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cuda
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
-  d.use_scales(op, scales);
+  op.set_input_scales(scales.a, scales.b);
   if (d.is_owner_op(op))
     op.run_rows(a, b, out, ld_out == 0 ? d.n : ld_out, m, stream);
   else
@@ -254,7 +249,7 @@ void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residu
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
-  d.use_scales(op, scales);
+  op.set_input_scales(scales.a, scales.b);
   const rt::RmsNormArgs norm{residual, norm_weight, eps, residual_out};
   if (d.is_owner_op(op))
     op.run_rmsnorm_rows(a, b, norm, out, m, stream);
@@ -284,7 +279,7 @@ void GemmAllReduce::run_registered(const void* a, const void* b, int slot, int64
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
   d.check_same_m(m, stream);
-  d.use_scales(op, scales);
+  op.set_input_scales(scales.a, scales.b);
   const Impl::Registered& r = d.registered[size_t(slot)];
   if (!d.is_owner_op(op)) {
     op.run(a, b, r.out, r.ld, stream);

@@ -58,9 +58,9 @@ void CublasGemm::set_sm_target(int sms) {
 }
 
 const CublasGemm::Prepared& CublasGemm::prepared(kernels::DType dtype, const void* a, const void* b, const void* c,
-                                                 int m, int n, int k, int64_t ldc, int scales) {
+                                                 int m, int n, int k, int64_t ldc, int scales, bool fast) {
   const uint32_t al_a = alignment(a), al_b = alignment(b), al_c = alignment(c);
-  const Key key{int(dtype), m, n, k, ldc, al_a | (al_b << 9) | (al_c << 18), scales};
+  const Key key{int(dtype), m, n, k, ldc, al_a | (al_b << 9) | (al_c << 18), scales, fast};
   if (auto it = prepared_.find(key); it != prepared_.end()) return *it->second;
   if (prepared_.size() >= kMaxPrepared) prepared_.clear();
   // Row-major C = A B^T is column-major C^T (n x m, ld ldc) = B^T (B: k x n
@@ -76,10 +76,11 @@ const CublasGemm::Prepared& CublasGemm::prepared(kernels::DType dtype, const voi
     if (sm_target_ > 0)
       FO_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target_, sizeof(int)));
-    if (scales >= 0) {  // FP8: promoted sums (or not: + 16); row-wise scales as outer vectors (per tensor: the default)
-      const int8_t fast = scales >= 16 ? 1 : 0;
-      FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
-      if (scales % 16 == int(kernels::Scales::RowWise)) {
+    if (scales >= 0) {  // FP8: promoted sums (unless fast); row-wise scales as outer vectors (per tensor: the default)
+      const int8_t fast_accum = fast ? 1 : 0;
+      FO_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)));
+      if (scales == int(kernels::Scales::RowWise)) {
         const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
         FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
         FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
@@ -142,8 +143,7 @@ void run_plain_gemm(CublasGemm* cublas, const kernels::GemmParams& p, cudaStream
 void CublasGemm::run_fp8(kernels::DType out, const kernels::Fp8& f, const void* a, const void* b, void* c, int m,
                          int n, int k, int64_t ldc, cudaStream_t stream, bool fast_accum) {
   if (!lt_) FO_CUBLAS_CHECK(cublasLtCreate(&lt_));  // (FP8 is cuBLASLt's alone)
-  const int scales = int(f.scales) + (fast_accum ? 16 : 0);
-  const Prepared& p = prepared(out, a, b, c, m, n, k, ldc, scales);
+  const Prepared& p = prepared(out, a, b, c, m, n, k, ldc, int(f.scales), fast_accum);
   // (cuBLASLt's A is our B: its A scale is our scale_b, one per column of C with row-wise scales)
   const float* sa = f.scales == kernels::Scales::None ? nullptr : f.scale_b;
   const float* sb = f.scales == kernels::Scales::None ? nullptr : f.scale_a;

@@ -43,17 +43,17 @@ class CublasGemm {
 
  private:
   struct Prepared;
-  // scales: -1 for 16-bit inputs, else the FP8 call's kernels::Scales (+ 16 with fast accumulation).
+  // scales: -1 for 16-bit inputs, else the FP8 call's kernels::Scales; fast: FP8 with FAST_ACCUM on.
   const Prepared& prepared(kernels::DType dtype, const void* a, const void* b, const void* c, int m, int n, int k,
-                           int64_t ldc, int scales = -1);
+                           int64_t ldc, int scales = -1, bool fast = false);
   Api api_;
   int sm_target_ = 0;
   cublasHandle_t handle_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  // (dtype, m, n, k, ldc, the pointers' alignments, scales) -> descriptors and algorithm
-  using Key = std::tuple<int, int, int, int, int64_t, uint32_t, int>;
+  // (dtype, m, n, k, ldc, the pointers' alignments, scales, fast) -> descriptors and algorithm
+  using Key = std::tuple<int, int, int, int, int64_t, uint32_t, int, bool>;
   std::map<Key, std::unique_ptr<Prepared>> prepared_;
 };
 

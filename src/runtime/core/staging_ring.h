@@ -34,8 +34,7 @@ class StagingRing {
   void release();
   PinnedBuffer host_;
   size_t slot_bytes_ = 0;
-  std::vector<cudaEvent_t> events_;  // each slot's last copy (recorded by queued)
-  std::vector<bool> used_;
+  std::vector<cudaEvent_t> events_;  // each slot's last copy (recorded by queued; never recorded: done)
   size_t next_ = 0;
 };
 

@@ -148,12 +148,17 @@ void OverlapAllToAll::upload(cudaStream_t stream) {
     if (used[t]) last = offsets_[size_t(t)] + used[t];
   if (last) FO_CUDA_CHECK(cudaMemcpyAsync(tables_.get(), host, last, cudaMemcpyHostToDevice, stream));
   FO_CUDA_CHECK(cudaEventRecord(uploaded_, stream));
-  auto at = [&](Table x) { return reinterpret_cast<const int32_t*>(tables_.as<char>() + offsets_[size_t(x)]); };
   const bool grouped = opts_.experts > 1;  // (the tile rows put above: grouped_host_'s)
-  kernels::expand_row_of(at(kTmOf), at(kSbase), at(kDest), at(kRrank), t.tiles(), t.bm, t.world, t.m,
-                         row_of_.as<int32_t>(), stream, grouped ? at(kARow0) : nullptr, grouped ? at(kRowsOf) : nullptr);
+  kernels::expand_row_of(table(kTmOf), table(kSbase), table(kDest), table(kRrank), t.tiles(), t.bm, t.world, t.m,
+                         row_of_.as<int32_t>(), stream, grouped ? table(kARow0) : nullptr,
+                         grouped ? table(kRowsOf) : nullptr);
   if (!whole_rows())  // (the rows n wide, one each, need no slot table: the NVLink tables have none)
-    kernels::expand_slot_of_out(at(kRtab), at(kRkey), t.out_rows, t.tiles_n, slot_of_out_.as<int32_t>(), stream);
+    kernels::expand_slot_of_out(table(kRtab), table(kRkey), t.out_rows, t.tiles_n, slot_of_out_.as<int32_t>(), stream);
+}
+
+void OverlapAllToAll::set_grouped(kernels::GemmParams& p, int64_t rows) const {
+  if (opts_.experts > 1)
+    p.grouped = {table(kARow0), table(kBRow0), table(kRowsOf), rows, int64_t{opts_.experts} * opts_.n};
 }
 
 void OverlapAllToAll::move(const A2aGroupCall& c) {
@@ -247,8 +252,6 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   send_ = core_->scratch(kSendScratch, send_bytes_);  // (another op of the core may have grown them)
   recv_ = core_->scratch(kRecvScratch, recv_bytes_);
   upload(stream);
-  const char* t = tables_.as<char>();
-  auto table = [&](Table x) { return reinterpret_cast<const int32_t*>(t + offsets_[size_t(x)]); };
 
   const plan::Schedule& s = scheds[size_t(rank_)];
   if (!seq) {
@@ -256,24 +259,20 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
     core_->fork(stream);  // the waits start no earlier than the GEMM
   }
   cublas_call_ = direct_ && call.cublas && opts_.experts == 1;
-  // Several experts: every GEMM is the grouped one over this rank's segments (C's rows those of A).
-  auto grouped = [&](kernels::GemmParams& p) {
-    if (opts_.experts > 1)
-      p.grouped = {table(kARow0), table(kBRow0), table(kRowsOf), rows, int64_t{opts_.experts} * opts_.n};
-  };
+  // (several experts: every GEMM is the grouped one over this rank's segments, C's rows those of A)
   if (rows > 0 && cublas_call_) {
     if (!opts_.cublas && !own_cublas_) own_cublas_ = std::make_unique<CublasGemm>();
     (opts_.cublas ? opts_.cublas : own_cublas_.get())->run(opts_.dtype, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
   } else if (rows > 0 && direct_) {
     kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n);
-    grouped(p);
+    set_grouped(p, rows);
     kernels::launch_gemm(p, stream);
   } else if (rows > 0) {
     kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
     p.store = kernels::Store::SlotRows, p.slots = send_, p.row_of = row_of_.as<int32_t>();
     p.slot_rows = tables_host_.send_rows;
     if (!seq) p.counters = counters_.as<uint32_t>(), p.group_of_tile = table(kGroupOfTile);
-    grouped(p);
+    set_grouped(p, rows);
     kernels::check_gemm_params(p);
     kernels::launch_gemm(p, stream);  // in host order before the waits (lazy-loading hazard)
   }
@@ -328,10 +327,7 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
   p.scatter.world = world_, p.scatter.rows = peers_.rows(0);
   p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;
-  if (opts_.experts > 1) {  // (the tables' places: filled by upload below, before the GEMM)
-    auto table = [&](Table x) { return reinterpret_cast<const int32_t*>(tables_.as<char>() + offsets_[size_t(x)]); };
-    p.grouped = {table(kARow0), table(kBRow0), table(kRowsOf), routing.rows(rank_), int64_t{opts_.experts} * opts_.n};
-  }
+  set_grouped(p, routing.rows(rank_));  // (the tables' places: filled by upload below, before the GEMM)
   if (s.m > 0) kernels::check_gemm_params(p);  // (what can be refused, before the windows' state moves)
 
   const PeerWindows::Call next = peers_.next_call(counts, rows, plans);
@@ -359,15 +355,13 @@ void OverlapAllToAll::post(const A2aCall& call, const void* recv, void* out, int
   // The received slot rows: bn wide, per (row, column block) through
   // slot_of_out; in the direct and NVLink calls the rows themselves (n
   // wide, one each).
-  const char* t = tables_.as<char>();
-  auto table = [&](Table x) { return reinterpret_cast<const int32_t*>(t + offsets_[size_t(x)]); };
   const int32_t tiles_n = int32_t((opts_.n + opts_.tile.bn - 1) / opts_.tile.bn);
   const int32_t row_width = whole_rows() ? int32_t(opts_.n) : opts_.tile.bn, blocks = whole_rows() ? 1 : tiles_n;
   const int32_t* slot_of = whole_rows() ? iota_.as<int32_t>() : slot_of_out_.as<int32_t>();
   const int32_t tokens = call.routing->tokens[size_t(rank_)];
   if (call.combine)
     kernels::combine_slot_rows(opts_.dtype, recv, row_width, slot_of, blocks, table(kTokenBegin), table(kTokenRows),
-                               reinterpret_cast<const float*>(t + offsets_[kGate]), tokens, int32_t(opts_.n), out,
+                               reinterpret_cast<const float*>(table(kGate)), tokens, int32_t(opts_.n), out,
                                ld_out, stream);
   else if (recv_rows_ > 0)
     kernels::gather_slot_rows(opts_.dtype, recv, row_width, slot_of, blocks, int32_t(recv_rows_), int32_t(opts_.n),

@@ -196,6 +196,12 @@ class OverlapAllToAll {
             int32_t* tokens_out);
   // Rows n wide, one each (the direct and the NVLink calls), not slot rows.
   bool whole_rows() const { return direct_ || nvlink_call_; }
+  // The device copy of the call's compact table `which` (alltoall.cpp's Table).
+  const int32_t* table(size_t which) const {
+    return reinterpret_cast<const int32_t*>(tables_.as<char>() + offsets_[which]);
+  }
+  // Several experts: p becomes the grouped GEMM over this rank's segments, `rows` of A (its tile rows' tables).
+  void set_grouped(kernels::GemmParams& p, int64_t rows) const;
 
   OverlapAllToAllOptions opts_;
   int world_ = 1, rank_ = 0;
