@@ -20,8 +20,9 @@
 #   gemm-rs      bench-gemm of the ReduceScatter epilogues (rs, rs-subtile, rs-nvlink) against plain, full grid,
 #                on the ReduceScatter's shape set (SHAPES overrides) -> $OUT/gemm-rs-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
-#   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (torch._scaled_mm's), both
-#                scale kinds, 30 shapes (FP8_ARGS: more arguments) -> $OUT/gemm-fp8-<gpu>.csv
+#   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul, both scale kinds, 30
+#                shapes (FP8_ARGS: more arguments) -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm on
+#                the same shapes (bench/scaled_mm.py) -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
@@ -256,7 +257,9 @@ for s in "$@"; do
     fp8)
       stage "the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (lab bench-fp8) -> gemm-fp8-<gpu>.csv"
       tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
-      $LAB bench-fp8 --csv "$OUT/gemm-fp8-${tag:-gpu}.csv" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1
+      $LAB bench-fp8 --csv "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1
+      PYTHONUNBUFFERED=1 timeout 600 python3 bench/scaled_mm.py --ours "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" \
+        --out "$OUT/gemm-fp8-${tag:-gpu}.csv" 2>&1 | tee -a "$OUT/fp8.log" || status=1
       ;;
     grouped)
       stage "the grouped GEMM against torch._grouped_mm and a cuBLAS loop (bench/grouped_gemm.py) -> grouped-gemm-<gpu>.csv"

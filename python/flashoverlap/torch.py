@@ -326,13 +326,13 @@ _big = _ThreadAhead()
 # autograd records, the current device, whether the current stream is being
 # captured, the current stream (a cudaStream_t) of a device, the current
 # memory pool's id (None: the default pool).
-_Tensor = _Parameter = _is_compiling = _grad_enabled = _get_device = _capturing = _current_stream = _pool_id = None
+_Tensor = _Parameter = _F32 = _is_compiling = _grad_enabled = _get_device = _capturing = _current_stream = _pool_id = None
 
 
 def _bind_fast(torch):
-    global _Tensor, _Parameter, _is_compiling, _grad_enabled, _get_device, _capturing, _current_stream, _pool_id
+    global _Tensor, _Parameter, _F32, _is_compiling, _grad_enabled, _get_device, _capturing, _current_stream, _pool_id
     if _Tensor is None:
-        _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter
+        _Tensor, _Parameter, _F32 = torch.Tensor, torch.nn.Parameter, torch.float32
         _is_compiling, _grad_enabled = torch.compiler.is_compiling, torch.is_grad_enabled
         _get_device, _capturing = torch._C._cuda_getDevice, torch._C._cuda_isCurrentStreamCapturing
         _current_stream = (getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -356,6 +356,7 @@ class _Op(_OpBase):
         self._weight_shape = (self.n, self.k)
         # (bound once: the eager call's C entry point and the handle)
         self._c_run, self._c_handle = self._op._c("run"), self._op.handle
+        self._c_run_scaled = self._op._c("run_scaled") if self._fp8 is not None else None
         self._ahead = None  # (key, pool, tensor): the next call's output up to 8 MiB, allocated ahead (_fast_call)
         self._ahead_rows = _AHEAD_BYTES // (self.n * (_torch.finfo(self.dtype).bits // 8))
         _bind_fast(_torch)
@@ -438,6 +439,8 @@ class _Op(_OpBase):
             if m:
                 self._enqueue(m, lambda s: self._op.run_scaled(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, s,
                                                                sa, sb))
+                if rows:
+                    self._steady[m] = rows
             return out
         h = torch.empty((rows, self.n), dtype=self.dtype, device=self.device)
         if m:
@@ -517,8 +520,35 @@ def _fast_call(general):
     thread's above) serves only a call of its shape, stream and memory
     pool."""
     def __call__(self, x, weight, residual=None, norm_weight=None, eps=1e-6, *, scale_a=None, scale_b=None):
-        if scale_a is not None or scale_b is not None:  # (FP8 inputs: the general way, _Op._call_fp8)
-            return self._call(x, weight, residual, norm_weight, eps, scale_a, scale_b)
+        fp8 = self._fp8
+        if fp8 is not None or scale_a is not None or scale_b is not None:  # (FP8 inputs)
+            if (fp8 is None or residual is not None or norm_weight is not None or type(x) is not _Tensor
+                    or (type(weight) is not _Tensor and type(weight) is not _Parameter) or _is_compiling()
+                    or x.dtype is not fp8 or weight.dtype is not fp8 or x.dim() != 2):
+                return self._call(x, weight, residual, norm_weight, eps, scale_a, scale_b)
+            m, k = x.shape
+            rows, i, kind = self._steady.get(m), self._index, self.scales
+            if (rows is None or k != self.k or weight.shape != self._weight_shape or x.get_device() != i
+                    or weight.get_device() != i or not x.is_contiguous() or not weight.is_contiguous()
+                    or _get_device() != i or _capturing()):
+                return self._call(x, weight, residual, norm_weight, eps, scale_a, scale_b)
+            if kind == "none":
+                if scale_a is not None or scale_b is not None:
+                    return self._call(x, weight, residual, norm_weight, eps, scale_a, scale_b)
+                sa = sb = None
+            else:
+                if (type(scale_a) is not _Tensor or type(scale_b) is not _Tensor or scale_a.dtype is not _F32
+                        or scale_b.dtype is not _F32
+                        or scale_a.numel() != (1 if kind == "tensor" else m)
+                        or scale_b.numel() != (1 if kind == "tensor" else self.n)
+                        or scale_a.get_device() != i or scale_b.get_device() != i
+                        or not scale_a.is_contiguous() or not scale_b.is_contiguous()):
+                    return self._call(x, weight, residual, norm_weight, eps, scale_a, scale_b)
+                sa, sb = scale_a.data_ptr(), scale_b.data_ptr()
+            out = x.new_empty((rows, self.n), dtype=self.dtype)
+            self._c_run_scaled(self._c_handle, x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, _current_stream(i),
+                               0, sa, sb)
+            return out
         if (residual is not None or norm_weight is not None or type(x) is not _Tensor
                 or (type(weight) is not _Tensor and type(weight) is not _Parameter) or _is_compiling()
                 or ((x.requires_grad or weight.requires_grad) and _grad_enabled())):

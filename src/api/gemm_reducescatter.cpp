@@ -193,7 +193,7 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   d.planner.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who(), options.input);
   d.cublas = std::make_unique<rt::CublasGemm>();
   d.planner.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who(),
-                                                options.input);
+                                                options.input, options.scales);
   // Scratch for the largest m: the send slots (whole tiles, with the
   // standard layout's padding: at most one tile row per destination and
   // group beyond C; bounded here by twice C's tiles) and the received rows.

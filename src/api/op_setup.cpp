@@ -112,6 +112,10 @@ std::string SequentialGemms::describe(int64_t m) const {
   const Sample& x = at(m);
   std::ostringstream os;
   os.precision(3);
+  if (!x.cublas && x.cublas_ms >= kNoTile) {
+    os << std::fixed << "our GEMM (" << x.ours_ms << " ms at m = " << x.m << "; cuBLAS has none for these inputs)";
+    return os.str();
+  }
   os << std::fixed << (x.cublas ? "cuBLAS's GEMM (" : "our GEMM (") << (x.cublas ? x.cublas_ms : x.ours_ms)
      << " ms against " << (x.cublas ? "ours " : "cuBLAS's ") << (x.cublas ? x.ours_ms : x.cublas_ms) << " ms at m = "
      << x.m << ")";
@@ -119,7 +123,8 @@ std::string SequentialGemms::describe(int64_t m) const {
 }
 
 SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
-                                         int sms, rt::CublasGemm& cublas, const std::string& who, InputType input) {
+                                         int sms, rt::CublasGemm& cublas, const std::string& who, InputType input,
+                                         ScaleKind scales) {
   // Ours must be this much faster: cuBLAS's is F.linear's own kernel, a tie
   // by construction, and a construction-time timing can misjudge a few
   // percent where the GPU runs at its power limit.
@@ -128,8 +133,9 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
   const Calibration cal(ms.back(), n, k, dtype, sms, input);
   const size_t tiles = op_tiles().size();
   std::vector<double> mine;  // per sample: cuBLAS's, then each tile's (a tile the inputs do not take: kNoTile)
-  // (cuBLASLt's FP8 matmul wants n % 16 == 0, as torch._scaled_mm: elsewhere ours alone)
-  const bool cublas_takes = !cal.fp8 || n % 16 == 0;
+  // (cuBLASLt's FP8 matmul wants n % 16 == 0, as torch._scaled_mm, and has
+  // no row-wise scales on some GPUs: there ours alone)
+  const bool cublas_takes = !cal.fp8 || (n % 16 == 0 && cublas.takes_fp8(fp8_of(input, scales).scales));
   for (int64_t m : ms) {
     std::vector<std::function<void()>> fns = {[&, m] {
       if (!cublas_takes) return;

@@ -71,7 +71,7 @@ struct SequentialGemms {
 // (FP8 inputs: cuBLASLt's FP8 matmul against ours on 128x128 tiles.)
 SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
                                          int sms, rt::CublasGemm& cublas, const std::string& who,
-                                         InputType input = InputType::Same);
+                                         InputType input = InputType::Same, ScaleKind scales = ScaleKind::None);
 
 // FP8 inputs: the options' kinds (InvalidArgument naming `who`: an
 // unknown kind, scales for 16-bit inputs, k % 16 != 0 with FP8), a call's

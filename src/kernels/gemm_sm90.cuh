@@ -252,12 +252,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int fault_kb = idx == (tiles > 1 ? 1 : 0) ? (p.k_blocks > 1 ? 1 : 0) : -1;
 #endif
     if constexpr (kFp8) {
-      // Each k-block's 4 wgmma into `part` (the first from zero), retired,
-      // its stage released, then summed into acc in fp32: the promotion.
-      float part[BN / 2];
-      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
-        const int s = it % STAGES;
-        ptx::mbar_wait(&full[s], (it / STAGES) & 1);
+      // Each k-block's 4 wgmma into a part sum of its own (the first from
+      // zero), then added into acc in fp32: the promotion. Two parts: the
+      // next k-block's MMAs are issued before this one's are waited for, so
+      // the tensor cores do not drain at every promotion.
+      float part0[BN / 2], part1[BN / 2];
+      auto issue = [&](int at, float(&part)[BN / 2]) {
+        const int s = at % STAGES;
+        ptx::mbar_wait(&full[s], (at / STAGES) & 1);
         ptx::wgmma_fence();
         const uint64_t da = ptx::smem_desc_sw128(smem + L::kA + s * L::kABytes + cw * 64 * 128);
         const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
@@ -265,11 +267,40 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         for (int kk = 0; kk < 4; ++kk)  // +32 bytes along K each
           ptx::Wgmma<BN, TIn>::mma(part, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
         ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        if (tid == 0) ptx::mbar_arrive(&empty[s]);
+      };
+      // k-block kb's MMAs (into part) done: its stage released, part added.
+      // (acc from zero, not a copy of the first part: a copy lets the
+      // compiler give acc the part's registers, which the next MMAs write.)
+      auto promote = [&](int at, const float(&part)[BN / 2]) {
+        if (tid == 0) ptx::mbar_arrive(&empty[at % STAGES]);
 #pragma unroll
-        for (int e = 0; e < BN / 2; ++e) acc[e] = kb > 0 ? acc[e] + part[e] : part[e];
+        for (int e = 0; e < BN / 2; ++e) acc[e] += part[e];
+      };
+#pragma unroll
+      for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
+      const int kbs = p.k_blocks;
+      // part0 holds k-block kb's MMAs in flight at the top of each turn.
+      issue(it, part0);
+      int kb = 0;
+      for (; kb + 2 < kbs; kb += 2) {
+        issue(it + kb + 1, part1);
+        ptx::wgmma_wait<1>();
+        promote(it + kb, part0);
+        issue(it + kb + 2, part0);
+        ptx::wgmma_wait<1>();
+        promote(it + kb + 1, part1);
       }
+      if (kb + 1 < kbs) {
+        issue(it + kb + 1, part1);
+        ptx::wgmma_wait<1>();
+        promote(it + kb, part0);
+        ptx::wgmma_wait<0>();
+        promote(it + kb + 1, part1);
+      } else {
+        ptx::wgmma_wait<0>();
+        promote(it + kb, part0);
+      }
+      it += kbs;
       apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
     } else {
     int prev = -1;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -214,10 +215,16 @@ TEST(Fp8Gemm, MatchesCublasLtsFp8Matmul) {
   std::mt19937_64 rng(seed);
   rt::CublasGemm lt;
   const kernels::Scales kinds[] = {kernels::Scales::None, kernels::Scales::PerTensor, kernels::Scales::RowWise};
+  // (Hopper's cuBLASLt always has the first two; row-wise scales where it has them)
+  ASSERT_TRUE(lt.takes_fp8(kernels::Scales::None) && lt.takes_fp8(kernels::Scales::PerTensor));
+  if (!lt.takes_fp8(kernels::Scales::RowWise))
+    std::cout << "[ NOTE     ] this cuBLASLt has no FP8 matmul with row-wise scales: those trials are not run "
+                 "(EveryScaleKindMatchesTheHostBitwise covers them)\n";
   for (int trial = 0; trial < 9; ++trial) {
     const int64_t m = 16 * (1 + int64_t(rng() % 64)), n = 16 * (1 + int64_t(rng() % 64)),
                   k = 16 * (1 + int64_t(rng() % 64));
     const kernels::Scales kind = kinds[trial % 3];
+    if (!lt.takes_fp8(kind)) continue;
     SCOPED_TRACE("m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ", scales " +
                  std::to_string(int(kind)) + ", seed " + std::to_string(seed));
     std::vector<uint8_t> a(size_t(m * k)), b(size_t(n * k));

@@ -85,6 +85,13 @@ const CublasGemm::Prepared& CublasGemm::prepared(kernels::DType dtype, const voi
         FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
         FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
       }
+      if (scales != int(kernels::Scales::None)) {
+        // Scale vectors the heuristic may require to be set (never read
+        // here: each call sets its own): the workspace's address.
+        const void* any = workspace_;
+        FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any, sizeof(any)));
+        FO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &any, sizeof(any)));
+      }
     }
     FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t_in, k, n, k));
     FO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t_in, k, m, k));
@@ -138,6 +145,22 @@ void run_plain_gemm(CublasGemm* cublas, const kernels::GemmParams& p, cudaStream
   if (!cublas) return kernels::launch_gemm(p, stream);
   if (p.fp8.on) return cublas->run_fp8(p.dtype, p.fp8, p.a, p.b, p.c, p.m, p.n, p.k, p.ldc, stream);
   cublas->run(p.dtype, p.a, p.b, p.c, p.m, p.n, p.k, p.ldc, stream);
+}
+
+bool CublasGemm::takes_fp8(kernels::Scales scales) {
+  int8_t& known = takes_fp8_[int(scales) % 3];
+  if (known < 0) {
+    if (!lt_) FO_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    // (a small matmul's heuristic, pointers 256-byte aligned: nothing is read)
+    const void* at = reinterpret_cast<const void*>(uintptr_t(256));
+    try {
+      prepared(kernels::DType::BF16, at, at, at, 256, 256, 256, 256, int(scales), false);
+      known = 1;
+    } catch (const Error&) {
+      known = 0;
+    }
+  }
+  return known == 1;
 }
 
 void CublasGemm::run_fp8(kernels::DType out, const kernels::Fp8& f, const void* a, const void* b, void* c, int m,

@@ -37,6 +37,9 @@ class CublasGemm {
   // False) asks (FAST_ACCUM off; fast_accum: on, as use_fast_accum=True).
   void run_fp8(kernels::DType out, const kernels::Fp8& f, const void* a, const void* b, void* c, int m, int n, int k,
                int64_t ldc, cudaStream_t stream, bool fast_accum = false);
+  // Whether cuBLASLt has an FP8 matmul with these scales on this GPU (found
+  // once per kind; row-wise scales are not on every GPU and version).
+  bool takes_fp8(kernels::Scales scales);
   // Limits cuBLAS to `sms` SMs (0 = all), for comparisons with a reduced grid.
   void set_sm_target(int sms);
   Api api() const { return api_; }
@@ -55,6 +58,7 @@ class CublasGemm {
   // (dtype, m, n, k, ldc, the pointers' alignments, scales, fast) -> descriptors and algorithm
   using Key = std::tuple<int, int, int, int, int64_t, uint32_t, int, bool>;
   std::map<Key, std::unique_ptr<Prepared>> prepared_;
+  int8_t takes_fp8_[3] = {-1, -1, -1};  // per kernels::Scales: unknown, no, yes
 };
 
 // A sequential call's GEMM, p (Plain C; FP8 inputs where p.fp8.on): by

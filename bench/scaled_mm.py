@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""torch._scaled_mm on the shapes of a `flashoverlap-lab bench-fp8` CSV, and
+the table of ours against it:
+
+    python3 bench/scaled_mm.py --ours gemm-fp8-lab.csv [--out gemm-fp8-h100.csv] [--runs 20] [--warmup 5]
+
+Per row of the lab's CSV (M, N, K, scales, ours_ms: our GEMM with e4m3
+inputs, the kernel alone, timed by the lab on the same GPU just before),
+torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=torch.bfloat16) with
+use_fast_accum=False and True, timed in turns (per turn --runs calls between
+CUDA events; the median over 5 turns). Scales as torch takes them: per tensor
+one fp32 each; row-wise scale_a [M, 1] and scale_b [1, N]. Inputs random
+e4m3 in +-[1/8, 4] (as the lab's), scales in [0.5, 2].
+
+The CSV starts with a "#" line (GPU, torch, date, and the kernels
+torch._scaled_mm ran per scale kind, named from a profiler trace of the first
+shape), then M,N,K,scales,ours_ms,scaled_mm_ms,scaled_mm_fast_ms,ours_tflops,
+ratio (scaled_mm_ms / ours_ms: above 1, ours is faster).
+"""
+import argparse
+import csv
+import datetime
+import statistics
+import sys
+
+import torch
+
+COLUMNS = ["M", "N", "K", "scales", "ours_ms", "scaled_mm_ms", "scaled_mm_fast_ms", "ours_tflops", "ratio"]
+
+
+def time_turns(fns, runs, warmup, turns=5):
+    """ms per call of each fn: warmup calls each, then `turns` turns of `runs` calls per fn between CUDA events;
+    the median over the turns."""
+    for f in fns:
+        for _ in range(warmup):
+            f()
+    torch.cuda.synchronize()
+    per = [[] for _ in fns]
+    for _ in range(turns):
+        for i, f in enumerate(fns):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(runs):
+                f()
+            e.record()
+            e.synchronize()
+            per[i].append(s.elapsed_time(e) / runs)
+    return [statistics.median(p) for p in per]
+
+
+def random_e4m3(rows, cols, dev, gen):
+    """Random e4m3 of magnitudes 2^-3 .. 2^2, any sign (no NaN)."""
+    mag = torch.exp2(torch.randint(-3, 3, (rows, cols), generator=gen, device="cpu").float())
+    mag *= 1 + torch.randint(0, 8, (rows, cols), generator=gen).float() / 8
+    sign = torch.randint(0, 2, (rows, cols), generator=gen).float() * 2 - 1
+    return (mag * sign).to(dev).to(torch.float8_e4m3fn)
+
+
+def kernels_of(fn):
+    """The CUDA kernels one call of fn runs, from a profiler trace."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return " + ".join(n[:120] for n in names) or "?"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ours", required=True, help="the lab's bench-fp8 CSV")
+    ap.add_argument("--out", help="CSV file (default: stdout)")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("scaled_mm.py: no CUDA GPU: nothing to measure")
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        sys.exit(f"scaled_mm.py: torch {torch.__version__} has no torch._scaled_mm")
+    with open(a.ours) as f:
+        ours = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    if not ours:
+        sys.exit(f"scaled_mm.py: no rows in {a.ours}")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator().manual_seed(1)
+    rows, named = [], {}
+    for r in ours:
+        m, n, k, kind = int(r["M"]), int(r["N"]), int(r["K"]), r["scales"]
+        x, w = random_e4m3(m, k, dev, gen), random_e4m3(n, k, dev, gen)
+        if kind == "row":
+            sa = (torch.rand(m, 1, generator=gen) * 1.5 + 0.5).to(dev)
+            sb = (torch.rand(1, n, generator=gen) * 1.5 + 0.5).to(dev)
+        else:  # (tensor; "none" as unit scales)
+            sa = (torch.rand((), generator=gen) * 1.5 + 0.5).to(dev) if kind == "tensor" else torch.ones((), device=dev)
+            sb = (torch.rand((), generator=gen) * 1.5 + 0.5).to(dev) if kind == "tensor" else torch.ones((), device=dev)
+        wt = w.t()
+
+        def call(fast, x=x, wt=wt, sa=sa, sb=sb):
+            return torch._scaled_mm(x, wt, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+        if kind not in named:
+            named[kind] = kernels_of(lambda: call(False))
+        slow_ms, fast_ms = time_turns([lambda: call(False), lambda: call(True)], a.runs, a.warmup)
+        ours_ms = float(r["ours_ms"])
+        rows.append([m, n, k, kind, f"{ours_ms:.4f}", f"{slow_ms:.4f}", f"{fast_ms:.4f}",
+                     f"{2.0 * m * n * k / ours_ms / 1e9:.1f}", f"{slow_ms / ours_ms:.3f}"])
+        print(f"{m}x{n}x{k} {kind}: ours {ours_ms:.4f} ms, _scaled_mm {slow_ms:.4f} ms (fast {fast_ms:.4f}), "
+              f"ratio {slow_ms / ours_ms:.3f}", file=sys.stderr, flush=True)
+    out = open(a.out, "w", newline="") if a.out else sys.stdout
+    kernels = "; ".join(f"{k}: {v}" for k, v in named.items())
+    out.write(f"# gpu={torch.cuda.get_device_name(dev)}; torch={torch.__version__}; "
+              f"date={datetime.datetime.now().isoformat(timespec='seconds')}; ours from {a.ours} "
+              f"(flashoverlap-lab bench-fp8: our kernel alone); torch._scaled_mm ran {kernels}\n")
+    wr = csv.writer(out)
+    wr.writerow(COLUMNS)
+    wr.writerows(rows)
+    ratios = [float(r[-1]) for r in rows]
+    at256 = [float(r[-1]) for r in rows if r[0] >= 256]
+    print(f"ratio median {statistics.median(ratios):.3f} over {len(ratios)} rows; min at M >= 256 "
+          f"{min(at256) if at256 else float('nan'):.3f}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
