@@ -30,11 +30,13 @@ Ops, ours | PyTorch's (x: m x k, w: n x k, random in [-1, 1), different on every
                  k 14336, top-2), Qwen3-30B-A3B (16 of 2048 x 768, top-8) and DeepSeek-V3 (32 of 7168 x 2048,
                  top-8) at EP 8, 128, 1024 and 4096 tokens, uniform and Zipf(1.2) loads (A2A_EXPERTS); m =
                  the rows.
-  fp8 rows   (--dtypes fp8; allreduce and reducescatter) the op built with input="e4m3", scales="row";
-                 op(x, w, scale_a=sa, scale_b=sb) with x, w torch.float8_e4m3fn (random in [-1, 1) rounded
-                 to e4m3) and sa (m), sb (n) in [0.5, 1) | y = torch._scaled_mm(x, w.t(), sa (m, 1), sb (1, n),
-                 out_dtype=bf16, use_fast_accum=False), then the collective as above. Not captured into CUDA
-                 graphs yet (graph rows say so).
+  fp8 rows   (--dtypes fp8) the op built with input="e4m3", scales="row"; op(x, w, scale_a=sa, scale_b=sb)
+                 with x, w torch.float8_e4m3fn (random in [-1, 1) rounded to e4m3) and sa (m), sb (n) in
+                 [0.5, 1) | y = torch._scaled_mm(x, w.t(), sa (m, 1), sb (1, n), out_dtype=bf16,
+                 use_fast_accum=False), then the collective as above (alltoall: one expert per rank, its
+                 rows' pipeline with torch._scaled_mm for F.linear; pairs with n or k not a multiple of 16
+                 left out: torch._scaled_mm refuses them). Not captured into CUDA graphs yet (graph rows say
+                 so).
 max_m (max_rows, max_tokens) is the largest of the run: one op per (op, n, k, dtype), closed after it.
 
 Default (n, k): the GEMMs before tensor parallelism's AllReduce in real models (PAIRS below), bf16, and
@@ -319,6 +321,23 @@ def summary_table(summary):
             lines.append(f"{op:14s} {s['no_ratio']} rows without a ratio (errors)")
     lines.append("(below: rows under the bar, eager and graph 0.98, latency 0.95; worst: the lowest torch/ours)")
     return lines
+
+
+def fp8_a2a_sequential(x, w, sa, sb, send, recv, token_idx, gate_rows, tokens):
+    """PyTorch's MoE combine with FP8 inputs: torch._scaled_mm (row-wise
+    scales, use_fast_accum=False) for F.linear, then all_to_all_single and
+    the gate-weighted index_add_, as torch_alltoall.py's torch-sequential."""
+    n = w.shape[0]
+
+    def run():
+        y = torch._scaled_mm(x, w.t(), scale_a=sa.view(-1, 1), scale_b=sb.view(1, -1), out_dtype=torch.bfloat16,
+                             use_fast_accum=False)
+        rows = torch.empty(sum(recv), n, device=x.device, dtype=y.dtype)
+        dist.all_to_all_single(rows, y, output_split_sizes=recv, input_split_sizes=send)
+        out = torch.zeros(tokens, n, device=x.device, dtype=rows.dtype)
+        out.index_add_(0, token_idx, rows * gate_rows[:, None])
+        return out
+    return run
 
 
 class CsvOut:
@@ -829,7 +848,11 @@ class Run:
 
     def alltoall(self, n, k, dt, a2a):
         fo, device, world, args = self.fo, self.device, self.world, self.args
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[dt]  # (fp8: the output's)
+        fp8 = dt == "fp8"
+        if fp8 and (n % 16 or k % 16):  # (no baseline: torch._scaled_mm refuses them)
+            log(f"alltoall n={n} k={k} fp8: skipped (torch._scaled_mm takes n and k multiples of 16 only)")
+            return
         rank = dist.get_rank()
         topk = 2 if world > 2 else 1
         cases = []
@@ -840,7 +863,9 @@ class Run:
                 cases.append((tokens, routing, dest, gate, counts, send, recv, token_idx, gate_rows))
         max_rows = max(int(c[4].sum(0).max()) for c in cases)
         log(f"[{time.perf_counter() - self.t0:5.0f} s] alltoall n={n} k={k} {dt}: topk {topk}, max_rows {max_rows}")
-        op, err = agreed(lambda: fo.GemmAllToAll(None, max(max_rows, 1), max(A2A_TOKENS), topk, n, k, dtype), device)
+        extra = dict(input="e4m3", scales="row") if fp8 else {}
+        op, err = agreed(lambda: fo.GemmAllToAll(None, max(max_rows, 1), max(A2A_TOKENS), topk, n, k, dtype, **extra),
+                         device)
         if err is not None:
             self.our_errors.append(f"alltoall n={n} k={k} {dt}: {error_text(err)}")
             for tokens, routing, *_ in cases:
@@ -849,15 +874,26 @@ class Run:
             return
         try:
             w = rand((n, k), dtype, device, 11 + n + k)
+            if fp8:
+                w = w.to(torch.float8_e4m3fn)
+                sb = rand((n,), torch.float32, device, 13 + n) * 0.25 + 0.75
             for tokens, routing, dest, gate, counts, send, recv, token_idx, gate_rows in cases:
                 m_rows = counts.sum(0)
                 x = rand((int(m_rows[rank]), k), dtype, device, 1000 * rank + tokens + k)
-                theirs = a2a.make_variants(x, w, send, recv, token_idx.to(device), gate_rows.to(device, dtype),
-                                           tokens)["torch-sequential"]
+                scales = {}
+                if fp8:  # (row-wise scales; PyTorch's pipeline with torch._scaled_mm for F.linear)
+                    x = x.to(torch.float8_e4m3fn)
+                    sa = rand((x.shape[0],), torch.float32, device, 11 + tokens) * 0.25 + 0.75
+                    scales = dict(scale_a=sa, scale_b=sb)
+                    theirs = fp8_a2a_sequential(x, w, sa, sb, send, recv, token_idx.to(device),
+                                                gate_rows.to(device, dtype), tokens)
+                else:
+                    theirs = a2a.make_variants(x, w, send, recv, token_idx.to(device), gate_rows.to(device, dtype),
+                                               tokens)["torch-sequential"]
                 d_rank, d_token, d_gate = (t.to(device) for t in a2a.expert_rows(dest, gate, rank))
 
                 def ours():
-                    return op(x, w, d_rank, d_token, d_gate, send, recv, tokens)
+                    return op(x, w, d_rank, d_token, d_gate, send, recv, tokens, **scales)
 
                 row = dict(routing=routing, topk=topk, tokens=tokens)
                 got, err = agreed(lambda: (theirs(), ours()), device)
@@ -1121,7 +1157,7 @@ def main():
                         run.write_json(False)
                 if world > 1:
                     log("alltoall with several experts per rank: at world 1 only in this table")
-                elif not args.a2a_pairs:
+                elif not args.a2a_pairs and "bf16" in args.a2a_dtypes:
                     for n, k, experts, topk in A2A_EXPERTS[:1] if args.quick else A2A_EXPERTS:
                         run.alltoall_experts(n, k, experts, topk, "bf16")
                         run.write_json(False)

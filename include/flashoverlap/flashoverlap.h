@@ -403,6 +403,11 @@ struct GemmAllToAllOptions {
   // fails (a rank that failed alone, or never called): the op is then out
   // of step with the others, and is built anew.
   double exchange_timeout_s = 120.0;
+  // As GemmAllReduceOptions (FP8 inputs: one expert per rank, every path,
+  // 128 x 128 tiles; row-wise scale_a has one entry per row of A, the
+  // call's routing.rows; the calls' scales as run's InputScales).
+  InputType input = InputType::Same;
+  ScaleKind scales = ScaleKind::None;
 };
 
 // One call's routing on this rank, in host memory: what the MoE dispatch
@@ -480,7 +485,7 @@ class GemmAllToAll {
   // other than 0, a token out of range, a gate not finite) is found on the
   // GPU instead: that row is left out, and check() or the next call throws.
   void run(const void* a, const void* b, const AllToAllRouting& routing, void* out, cudaStream_t stream,
-           bool combine = true, int64_t ld_out = 0, int32_t* tokens_out = nullptr);
+           bool combine = true, int64_t ld_out = 0, int32_t* tokens_out = nullptr, const InputScales& scales = {});
   // The last call's plan, e.g. "slots: waves 2,2,1 of 5 (128x256, 124
   // CTAs), predicted 0.410 ms against 0.520 ms sequential; NCCL on 8 SMs".
   std::string last_plan() const;

@@ -217,6 +217,11 @@ typedef struct fo_gemm_alltoall_options {
    * rank, as GemmAllToAllOptions::experts (b is then [experts, n, k]; each
    * call's routing gives expert_counts). */
   int32_t experts;
+  /* Added in the third version (a smaller struct_size: FO_INPUT_SAME, FO_SCALES_NONE), as
+   * fo_gemm_allreduce_options' (one expert per rank; each call's scales by
+   * fo_gemm_alltoall_run_scaled, row-wise scale_a one per row of a): */
+  int32_t input;  /* an fo_input_type; default FO_INPUT_SAME */
+  int32_t scales; /* an fo_scale_kind; default FO_SCALES_NONE */
 } fo_gemm_alltoall_options;
 
 /* GroupedGemmOptions, with fo_gemm_allreduce_options' rules: fill it with
@@ -513,6 +518,14 @@ FO_C_API fo_status fo_gemm_alltoall_create(fo_comm_t comm, int64_t max_rows, int
 FO_C_API fo_status fo_gemm_alltoall_run(fo_gemm_alltoall_t op, const void* a, const void* b,
                                         const fo_alltoall_routing* routing, void* out, int64_t ld_out, int combine,
                                         int32_t* tokens_out, void* stream);
+/* fo_gemm_alltoall_run with FP8 inputs' scales (an op created with input
+ * FO_INPUT_E4M3 and scales FO_SCALES_PER_TENSOR or FO_SCALES_ROW_WISE:
+ * device fp32, one each or scale_a one per row of a and scale_b n; NULL
+ * and NULL otherwise), checked with the routing on every rank. */
+FO_C_API fo_status fo_gemm_alltoall_run_scaled(fo_gemm_alltoall_t op, const void* a, const void* b,
+                                               const fo_alltoall_routing* routing, void* out, int64_t ld_out,
+                                               int combine, int32_t* tokens_out, void* stream, const float* scale_a,
+                                               const float* scale_b);
 /* The last call's plan (e.g. "slots: waves 2,2,1 of 5 (...), predicted ...";
  * "no call yet" before one), as text into buf (size bytes), as snprintf
  * does (see fo_gemm_allreduce_plan). */

@@ -89,9 +89,10 @@ assert ctypes.sizeof(RsOptions) == 48 and RsOptions.layout.offset == 28 and RsOp
 
 
 class A2aOptions(ctypes.Structure):
-    """fo_gemm_alltoall_options (40 bytes; c_api.cpp asserts the offsets).
+    """fo_gemm_alltoall_options (48 bytes; c_api.cpp asserts the offsets).
     experts is appended after the first version's fields (a struct_size of 32
-    reads as one expert per rank)."""
+    reads as one expert per rank), input and scales after the second's (40:
+    16-bit inputs)."""
 
     _fields_ = [
         ("struct_size", c_size_t),
@@ -100,11 +101,14 @@ class A2aOptions(ctypes.Structure):
         ("wait_timeout_s", c_double),
         ("exchange_timeout_s", c_double),
         ("experts", c_int32),
+        ("input", c_int32),
+        ("scales", c_int32),
     ]
 
 
-assert ctypes.sizeof(A2aOptions) == 40 and A2aOptions.exchange_timeout_s.offset == 24 \
-    and A2aOptions.experts.offset == 32, "fo_gemm_alltoall_options layout"
+assert ctypes.sizeof(A2aOptions) == 48 and A2aOptions.exchange_timeout_s.offset == 24 \
+    and A2aOptions.experts.offset == 32 and A2aOptions.input.offset == 36 and A2aOptions.scales.offset == 40, \
+    "fo_gemm_alltoall_options layout"
 
 
 class GroupedOptions(ctypes.Structure):
@@ -205,6 +209,8 @@ _PROTOTYPES = {
     "fo_gemm_alltoall_create": (_STATUS, [_h, c_int64, c_int64, c_int, c_int64, c_int64, c_int, POINTER(A2aOptions),
                                           POINTER(_h)]),
     "fo_gemm_alltoall_run": (_STATUS, [_h, _h, _h, POINTER(Routing), _h, c_int64, c_int, POINTER(c_int32), _h]),
+    "fo_gemm_alltoall_run_scaled": (_STATUS, [_h, _h, _h, POINTER(Routing), _h, c_int64, c_int, POINTER(c_int32), _h,
+                                              _h, _h]),
     "fo_gemm_alltoall_last_plan": (_STATUS, [_h, c_void_p, c_size_t, POINTER(c_size_t)]),
     "fo_gemm_alltoall_check": (_STATUS, [_h]),
     "fo_gemm_alltoall_shape": (_STATUS, [_h, POINTER(c_int64), POINTER(c_int64), POINTER(c_int), POINTER(c_int64),
@@ -623,7 +629,8 @@ def check_experts(experts, who=""):
     return experts
 
 
-def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None, experts=None):
+def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None, experts=None,
+                     input="same", scales="none"):
     """fo_gemm_alltoall_options: the library's defaults, then what is given.
     experts None or 1 keeps the default (one expert per rank), which leaves
     the field unset for a library that does not know it."""
@@ -632,6 +639,7 @@ def make_a2a_options(lib, path="auto", nccl_sms=None, wait_timeout_s=None, excha
     if path not in A2A_PATHS:
         raise InvalidArgument(f"path = {path!r}: one of {', '.join(map(repr, A2A_PATHS))} (GemmAllToAll's)")
     o.path = A2A_PATHS[path]
+    o.input, o.scales = input_codes(input, scales)
     if experts is not None and check_experts(experts) != 1:
         o.experts = experts
     if nccl_sms is not None:
@@ -910,9 +918,9 @@ class GemmAllToAll(_GemmBase):
     _kind = "alltoall"
 
     def __init__(self, comm, max_rows, max_tokens, topk, n, k, dtype, *, path="auto", nccl_sms=None,
-                 wait_timeout_s=None, exchange_timeout_s=None, experts=None):
+                 wait_timeout_s=None, exchange_timeout_s=None, experts=None, input="same", scales="none"):
         lib = _lib()
-        opts = make_a2a_options(lib, path, nccl_sms, wait_timeout_s, exchange_timeout_s, experts)
+        opts = make_a2a_options(lib, path, nccl_sms, wait_timeout_s, exchange_timeout_s, experts, input, scales)
         code = dtype_code(dtype)
         out = c_void_p()
         lib.c.fo_gemm_alltoall_create(comm.handle, max_rows, max_tokens, topk, n, k, code, byref(opts), byref(out))
@@ -931,6 +939,13 @@ class GemmAllToAll(_GemmBase):
         tok = ctypes.cast(c_void_p(tokens_out), POINTER(c_int32)) if tokens_out else None
         self._c("run")(self.handle, a or None, b or None, ref, out or None, ld_out, 1 if combine else 0, tok,
                        stream or None)
+
+    def run_scaled(self, a, b, routing, out, scale_a, scale_b, ld_out=0, combine=True, tokens_out=None, stream=None):
+        """run with FP8 inputs' scales (device pointers; None, None: unscaled)."""
+        ref = routing if not isinstance(routing, Routing) else byref(routing)
+        tok = ctypes.cast(c_void_p(tokens_out), POINTER(c_int32)) if tokens_out else None
+        self._c("run_scaled")(self.handle, a or None, b or None, ref, out or None, ld_out, 1 if combine else 0, tok,
+                              stream or None, scale_a, scale_b)
 
     def last_plan(self):
         """The last call's plan, as text ("no call yet" before one)."""

@@ -21,14 +21,16 @@ def _describe(t):
     return f"shape {tuple(t.shape)}, strides {tuple(t.stride())}"
 
 
-def _check_tensor(op, name, t, shape, rows_contiguous=False):
-    """t: a tensor of op's dtype and device, row-major contiguous (or, with
-    rows_contiguous, 2-D with each row contiguous and rows a stride of at
-    least their length apart), of `shape` (None: that dimension is free)."""
+def _check_tensor(op, name, t, shape, rows_contiguous=False, dtype=None):
+    """t: a tensor of op's dtype (or `dtype`) and device, row-major
+    contiguous (or, with rows_contiguous, 2-D with each row contiguous and
+    rows a stride of at least their length apart), of `shape` (None: that
+    dimension is free)."""
     if not hasattr(t, "data_ptr") or not hasattr(t, "dtype"):
         raise InvalidArgument(f"{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
-    if t.dtype != op.dtype:
-        raise InvalidArgument(f"{op}: {name} has dtype {t.dtype}, expected {op.dtype}")
+    want = op.dtype if dtype is None else dtype
+    if t.dtype != want:
+        raise InvalidArgument(f"{op}: {name} has dtype {t.dtype}, expected {want}")
     if t.device != op.device:
         raise InvalidArgument(f"{op}: {name} is on {t.device}, expected {op.device}")
     if t.dim() != len(shape):
@@ -323,9 +325,14 @@ def _a2a_weight_shape(op, weight):
     return (op.experts, op.n, op.k)
 
 
+def _input_dtype(op):
+    """The dtype of x and weight: the op's, or its FP8 inputs' (input="e4m3")."""
+    return getattr(op, "_fp8", None) or op.dtype
+
+
 def _check_a2a_weight(op, weight):
     shape = _a2a_weight_shape(op, weight)
-    if hasattr(weight, "data_ptr") and hasattr(weight, "dtype") and weight.dtype == op.dtype \
+    if hasattr(weight, "data_ptr") and hasattr(weight, "dtype") and weight.dtype == _input_dtype(op) \
             and weight.device == op.device and weight.dim() != len(shape):
         # (named by the shape wanted: a 2-D weight with several experts is the common slip)
         if op.experts == 1:
@@ -333,7 +340,7 @@ def _check_a2a_weight(op, weight):
         else:
             want = f"{shape}: the {op.experts} experts' weights stacked (experts, n, k)"
         raise InvalidArgument(f"{op}: weight has shape {tuple(weight.shape)}, expected {want}")
-    _check_tensor(op, "weight", weight, shape)
+    _check_tensor(op, "weight", weight, shape, dtype=_input_dtype(op))
 
 
 def _check_index(op, name, t, rows):
@@ -359,7 +366,7 @@ def check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, re
     (ranks and tokens in range, counts that add up between ranks and with
     dest_rank, sizes within the op's) the library checks, on every rank
     together."""
-    _check_tensor(op, "x", x, (None, op.k))
+    _check_tensor(op, "x", x, (None, op.k), dtype=_input_dtype(op))
     _check_a2a_weight(op, weight)
     rows = x.shape[0]
     _check_index(op, "dest_rank", dest_rank, rows)

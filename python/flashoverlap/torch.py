@@ -264,6 +264,40 @@ class _OpBase:
     on, the handle the custom ops are given, calls on the op's device, the
     error check and close."""
 
+    _fp8 = None  # (input="e4m3": torch.float8_e4m3fn, the inputs' dtype)
+    input, scales = "same", "none"
+
+    def _check_fp8_options(self, torch, input, scales, who):
+        """input and scales of an op's keywords; the inputs' torch dtype (None for 16-bit inputs)."""
+        if input not in _capi.INPUTS or scales not in _capi.SCALES:
+            raise InvalidArgument(f"{who}: input = {input!r}, scales = {scales!r}: input one of "
+                                  f"{', '.join(map(repr, _capi.INPUTS))}, scales one of "
+                                  f"{', '.join(map(repr, _capi.SCALES))}")
+        fp8 = getattr(torch, "float8_e4m3fn", None) if input == "e4m3" else None
+        if input == "e4m3" and fp8 is None:
+            raise InvalidArgument(f"{who}: input = 'e4m3' needs torch.float8_e4m3fn (torch {torch.__version__} has "
+                                  "none)")
+        self.input, self.scales, self._fp8 = input, scales, fp8
+
+    def _scale_ptrs(self, torch, scale_a, scale_b, m):
+        """The scales' device pointers (None, None without scales), checked
+        against the op's kind: float32, contiguous, on its device; "tensor":
+        one element each; "row": scale_a m, scale_b n elements."""
+        if self.scales == "none":
+            if scale_a is not None or scale_b is not None:
+                raise InvalidArgument(f"{self}: scale_a and scale_b given to an op built with scales='none'")
+            return None, None
+        want = {"tensor": (1, 1), "row": (m, self.n)}[self.scales]
+        ptrs = []
+        for name, t, count in (("scale_a", scale_a, want[0]), ("scale_b", scale_b, want[1])):
+            if (not torch.is_tensor(t) or t.dtype is not torch.float32 or t.numel() != count
+                    or t.get_device() != self.device.index or not t.is_contiguous()):
+                raise InvalidArgument(f"{self}: {name} must be a contiguous float32 tensor of {count} element"
+                                      f"{'s' if count != 1 else ''} on {self.device} (scales={self.scales!r}), not "
+                                      f"{_describe(t) if torch.is_tensor(t) else type(t).__name__}")
+            ptrs.append(t.data_ptr())
+        return ptrs[0], ptrs[1]
+
     def _resolve(self, torch, group, device, who):
         """The op's device and group (and its rank and size in it); registers
         the custom ops."""
@@ -346,9 +380,6 @@ class _Op(_OpBase):
     current stream, the CUDA-graph rule), the eager call's fast way, the FP8
     call, prepare and plan."""
 
-    _fp8 = None  # (input="e4m3": torch.float8_e4m3fn, the inputs' dtype)
-    input, scales = "same", "none"
-
     def _publish(self):
         self._planned = set()  # the m's with a plan: those a CUDA graph may capture
         self._steady = {}  # m -> its output's rows (> 0): the m's planned and checked, which the fast way takes
@@ -399,18 +430,6 @@ class _Op(_OpBase):
 
     # ---- FP8 inputs (input="e4m3"): eager calls, checked here, through the library's _scaled calls ----
 
-    def _check_fp8_options(self, torch, input, scales, who):
-        """input and scales of an op's keywords; the inputs' torch dtype (None for 16-bit inputs)."""
-        if input not in _capi.INPUTS or scales not in _capi.SCALES:
-            raise InvalidArgument(f"{who}: input = {input!r}, scales = {scales!r}: input one of "
-                                  f"{', '.join(map(repr, _capi.INPUTS))}, scales one of "
-                                  f"{', '.join(map(repr, _capi.SCALES))}")
-        fp8 = getattr(torch, "float8_e4m3fn", None) if input == "e4m3" else None
-        if input == "e4m3" and fp8 is None:
-            raise InvalidArgument(f"{who}: input = 'e4m3' needs torch.float8_e4m3fn (torch {torch.__version__} has "
-                                  "none)")
-        self.input, self.scales, self._fp8 = input, scales, fp8
-
     def _call_fp8(self, torch, x, weight, residual, norm_weight, eps, scale_a, scale_b):
         """The FP8 call on a 2-D x: its tensors and scales checked, then the
         library's _scaled entry points; (out) or (out, h) of _rows_of(m) rows."""
@@ -448,25 +467,6 @@ class _Op(_OpBase):
                                                                    norm_weight.data_ptr(), float(eps), out.data_ptr(),
                                                                    h.data_ptr(), m, s, sa, sb))
         return out, h
-
-    def _scale_ptrs(self, torch, scale_a, scale_b, m):
-        """The scales' device pointers (None, None without scales), checked
-        against the op's kind: float32, contiguous, on its device; "tensor":
-        one element each; "row": scale_a m, scale_b n elements."""
-        if self.scales == "none":
-            if scale_a is not None or scale_b is not None:
-                raise InvalidArgument(f"{self}: scale_a and scale_b given to an op built with scales='none'")
-            return None, None
-        want = {"tensor": (1, 1), "row": (m, self.n)}[self.scales]
-        ptrs = []
-        for name, t, count in (("scale_a", scale_a, want[0]), ("scale_b", scale_b, want[1])):
-            if (not torch.is_tensor(t) or t.dtype is not torch.float32 or t.numel() != count
-                    or t.get_device() != self.device.index or not t.is_contiguous()):
-                raise InvalidArgument(f"{self}: {name} must be a contiguous float32 tensor of {count} element"
-                                      f"{'s' if count != 1 else ''} on {self.device} (scales={self.scales!r}), not "
-                                      f"{_describe(t) if torch.is_tensor(t) else type(t).__name__}")
-            ptrs.append(t.data_ptr())
-        return ptrs[0], ptrs[1]
 
     def _plain(self, x, weight):
         """Whether x (m x k, m <= max_m) and weight (n x k) are contiguous
@@ -999,7 +999,8 @@ class GemmAllToAll(_OpBase):
     gates.
 
     GemmAllToAll(group, max_rows, max_tokens, topk, n, k, dtype, *, experts=1, device=None,
-                 comm="bootstrap", path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None)
+                 comm="bootstrap", path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None,
+                 input="same", scales="none")
 
     group, n, k, dtype, device, comm: as GemmAllReduce's (collective alike:
     every rank builds it with the same arguments). max_rows: the most rows of
@@ -1015,6 +1016,11 @@ class GemmAllToAll(_OpBase):
     (None: 120 s, the wait of each call's routing exchange for the other
     ranks): GemmAllToAllOptions (flashoverlap.h).
 
+    input "e4m3": FP8 inputs, as GemmAllReduce's (one expert per rank): x
+    and weight torch.float8_e4m3fn, the rows moved and combined in dtype;
+    each call passes scale_a (scales "tensor": one element; "row": one per
+    row of x) and scale_b (one, or n). Eager calls only.
+
     Every call is collective, and synchronises the host: the ranks' routings
     are exchanged (the host waits for that exchange) and the call planned on
     the host; at world 1 with the routing on the GPU nothing is exchanged or
@@ -1024,7 +1030,8 @@ class GemmAllToAll(_OpBase):
     """
 
     def __init__(self, group, max_rows, max_tokens, topk, n, k, dtype, *, experts=1, device=None, comm="bootstrap",
-                 path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None):
+                 path="auto", nccl_sms=None, wait_timeout_s=None, exchange_timeout_s=None, input="same",
+                 scales="none"):
         who = "GemmAllToAll"
         torch = require_torch()
         for name, v in (("max_rows", max_rows), ("max_tokens", max_tokens), ("topk", topk), ("n", n), ("k", k)):
@@ -1036,6 +1043,10 @@ class GemmAllToAll(_OpBase):
                                   "(16-byte rows)")
         experts = _capi.check_experts(experts, f"{who}: ")
         code = _check_dtype(torch, dtype, who)
+        self._check_fp8_options(torch, input, scales, who)
+        if input == "e4m3" and experts > 1:
+            raise InvalidArgument(f"{who}: input = 'e4m3' takes one expert per rank (the grouped GEMM's inputs are "
+                                  "16-bit)")
         if path not in _capi.A2A_PATHS:
             raise InvalidArgument(f"{who}: path = {path!r}: one of {', '.join(map(repr, _capi.A2A_PATHS))}")
         self.max_rows, self.max_tokens, self.topk, self.n, self.k = max_rows, max_tokens, topk, n, k
@@ -1050,7 +1061,8 @@ class GemmAllToAll(_OpBase):
         with torch.cuda.device(self.device):
             self._op = _capi.GemmAllToAll(communicator, max_rows, max_tokens, topk, n, k, code, path=path,
                                           nccl_sms=nccl_sms, wait_timeout_s=wait_timeout_s,
-                                          exchange_timeout_s=exchange_timeout_s, experts=experts)
+                                          exchange_timeout_s=exchange_timeout_s, experts=experts, input=input,
+                                          scales=scales)
         self._routing = _capi.RoutingSlot(self.world, experts)  # (each call's routing struct, filled in place)
         # (bound once for the eager calls: the C entry point, the handle, the routing's pointer)
         self._index, self._weight_shape = self.device.index, (n, k) if experts == 1 else (experts, n, k)
@@ -1065,7 +1077,7 @@ class GemmAllToAll(_OpBase):
                 f"n={self.n}, k={self.k}, {dt}, {self.device}, world {self.world})")
 
     def __call__(self, x, weight, dest_rank, dest_token, gate_weight, send_counts, recv_counts, tokens, combine=True,
-                 *, expert_counts=None):
+                 *, expert_counts=None, scale_a=None, scale_b=None):
         """One call of the MoE combine, on torch's current stream.
 
         x (rows, k): the rows this rank's experts received (rows may be 0);
@@ -1112,7 +1124,9 @@ class GemmAllToAll(_OpBase):
 
         A routing that does not add up (counts that disagree with dest_rank or
         between ranks, a rank or token out of range, sizes beyond the op's)
-        raises InvalidArgument on every rank."""
+        raises InvalidArgument on every rank.
+
+        FP8 inputs (input="e4m3"): scale_a, scale_b as the op's scales say."""
         torch = _torch
         if not torch.is_tensor(x):
             raise InvalidArgument(f"{self}: x must be a torch.Tensor, not {type(x).__name__}")
@@ -1126,6 +1140,18 @@ class GemmAllToAll(_OpBase):
                                   "unweighted)")
         by_expert = _expert_counts(torch, self, expert_counts)
         check_expert_counts(self, by_expert, send)  # (here too: the eager way below checks nothing else of them)
+        if self._fp8 is not None or scale_a is not None or scale_b is not None:
+            if self._fp8 is None:
+                raise InvalidArgument(f"{self}: scale_a and scale_b are for an op built with input='e4m3'")
+            if not _eager(torch, *(t for t in (x, weight, dest_rank, dest_token, gate_weight, scale_a, scale_b)
+                                   if t is not None)):
+                raise InvalidArgument(f"{self}: FP8 inputs take eager calls only (not yet a custom op for "
+                                      "torch.compile, tracing or autograd)")
+            if self._c_handle is None:
+                _op_of(self.handle, GemmAllToAll)  # (closed: the custom op's message)
+            out, tokens_out = self._run(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens, combine,
+                                        by_expert, (scale_a, scale_b))
+            return out if combine else (out, tokens_out)
         if _eager(torch, *(t for t in (x, weight, dest_rank, dest_token, gate_weight) if t is not None)):
             if self._c_handle is None:
                 _op_of(self.handle, GemmAllToAll)  # (closed: the custom op's message)
@@ -1189,10 +1215,15 @@ class GemmAllToAll(_OpBase):
 
     # (the custom ops' real implementation)
     def _run(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine,
-             expert_counts=None):
+             expert_counts=None, scales=None):
         torch = _tm()
         check_a2a_inputs(self, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine,
                          expert_counts)
+        sa = sb = None
+        if self._fp8 is not None:  # (the scales checked against the op's kind and x's rows; none read without rows)
+            sa, sb = self._scale_ptrs(torch, *(scales or (None, None)), x.shape[0])
+            if x.shape[0] == 0:
+                sa = sb = None
         self._on_device(self._refuse_capture)  # (before the copies to the host, which a capture forbids too)
         rows = x.shape[0]
         send, recv = [int(c) for c in send_counts], [int(c) for c in recv_counts]
@@ -1213,9 +1244,15 @@ class GemmAllToAll(_OpBase):
         out = torch.empty((out_rows, self.n), dtype=self.dtype, device=self.device)
         tokens_out = None if combine else torch.empty((out_rows,), dtype=torch.int32, device=self.device)
 
-        self._enqueue_call(lambda stream: self._op.run(
-            x.data_ptr() if rows else 0, weight.data_ptr(), routing, out.data_ptr() if out_rows else 0, 0, combine,
-            tokens_out.data_ptr() if tokens_out is not None and out_rows else None, stream))
+        tok = tokens_out.data_ptr() if tokens_out is not None and out_rows else None
+        if self._fp8 is not None:
+            self._enqueue_call(lambda stream: self._op.run_scaled(
+                x.data_ptr() if rows else 0, weight.data_ptr(), routing, out.data_ptr() if out_rows else 0, sa, sb, 0,
+                combine, tok, stream))
+        else:
+            self._enqueue_call(lambda stream: self._op.run(
+                x.data_ptr() if rows else 0, weight.data_ptr(), routing, out.data_ptr() if out_rows else 0, 0,
+                combine, tok, stream))
         # (no longer needed: a host routing was read by the call; a device one is read in the current stream,
         # whose order torch's allocator keeps before reusing the memory)
         del ranks, toks, gates

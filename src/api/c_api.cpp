@@ -70,7 +70,8 @@ static_assert(offsetof(fo_gemm_alltoall_options, struct_size) == 0 && offsetof(f
               offsetof(fo_gemm_alltoall_options, nccl_sms) == 12 &&
               offsetof(fo_gemm_alltoall_options, wait_timeout_s) == 16 &&
               offsetof(fo_gemm_alltoall_options, exchange_timeout_s) == 24 &&
-              offsetof(fo_gemm_alltoall_options, experts) == 32 && sizeof(fo_gemm_alltoall_options) == 40);
+              offsetof(fo_gemm_alltoall_options, experts) == 32 && offsetof(fo_gemm_alltoall_options, input) == 36 &&
+              offsetof(fo_gemm_alltoall_options, scales) == 40 && sizeof(fo_gemm_alltoall_options) == 48);
 static_assert(offsetof(fo_alltoall_routing, struct_size) == 0 && offsetof(fo_alltoall_routing, rows) == 8 &&
               offsetof(fo_alltoall_routing, dest_rank) == 16 && offsetof(fo_alltoall_routing, dest_token) == 24 &&
               offsetof(fo_alltoall_routing, gate) == 32 && offsetof(fo_alltoall_routing, tokens) == 40 &&
@@ -360,6 +361,7 @@ flashoverlap::GemmAllToAllOptions to_a2a_options(const fo_gemm_alltoall_options*
   r.wait_timeout_s = o->wait_timeout_s;
   r.exchange_timeout_s = o->exchange_timeout_s;
   if (o->struct_size >= offsetof(fo_gemm_alltoall_options, experts) + sizeof(int32_t)) r.experts = o->experts;
+  read_input_fields(o, r);
   return r;
 }
 
@@ -899,6 +901,7 @@ fo_status fo_gemm_alltoall_options_default(fo_gemm_alltoall_options* options, si
     d.wait_timeout_s = defaults.wait_timeout_s;
     d.exchange_timeout_s = defaults.exchange_timeout_s;
     d.experts = defaults.experts;
+    d.input = int32_t(defaults.input), d.scales = int32_t(defaults.scales);
     write_options(options, d, struct_size);
   });
 }
@@ -924,6 +927,17 @@ fo_status fo_gemm_alltoall_run(fo_gemm_alltoall_t op, const void* a, const void*
     const flashoverlap::AllToAllRouting r = to_routing(routing);
     // (null pointers and the routing's fields: checked by every rank together, in the exchange)
     o.op.run(a, b, r, out, static_cast<cudaStream_t>(stream), combine != 0, ld_out, tokens_out);
+  });
+}
+
+fo_status fo_gemm_alltoall_run_scaled(fo_gemm_alltoall_t op, const void* a, const void* b,
+                                      const fo_alltoall_routing* routing, void* out, int64_t ld_out, int combine,
+                                      int32_t* tokens_out, void* stream, const float* scale_a, const float* scale_b) {
+  return guard("fo_gemm_alltoall_run_scaled", [&] {
+    fo_gemm_alltoall& o = deref(op, "op");
+    const flashoverlap::AllToAllRouting r = to_routing(routing);
+    o.op.run(a, b, r, out, static_cast<cudaStream_t>(stream), combine != 0, ld_out, tokens_out,
+             flashoverlap::InputScales{scale_a, scale_b});
   });
 }
 

@@ -43,6 +43,7 @@ struct CallArgs {
   void* out = nullptr;
   int64_t ld_out = 0;
   bool combine = true;
+  InputScales scales;  // FP8 inputs' (GemmAllToAllOptions::scales)
 };
 
 }  // namespace
@@ -145,6 +146,13 @@ struct GemmAllToAll::Impl {
     if (experts == 1 && r.expert_counts) return "expert_counts is for several experts per rank (this op has one)";
     if (r.rows > 0 && (!r.dest_rank || !r.dest_token || (c.combine && !r.gate)))
       return "dest_rank, dest_token and (to combine) gate must not be null with rows";
+    try {  // (the scales' rule is the other ops'; here its refusal goes into the exchanged record)
+      if (r.rows > 0 || c.scales.a || c.scales.b)  // (a rank without rows reads none)
+        api::check_input_scales("", opts.input, opts.scales, c.scales);
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      return what.rfind(": ", 0) == 0 ? what.substr(2) : what;
+    }
     return "";
   }
   std::string received_problem_of(const AllToAllRouting& r, const CallArgs& c, int64_t received) const {
@@ -285,6 +293,8 @@ struct GemmAllToAll::Impl {
       return;
     }
     const api::SequentialGemms::Sample& at = planner.seq.at(std::max<int64_t>(r.rows, 1));
+    call.fp8 = api::fp8_of(opts.input, opts.scales);
+    call.fp8.scale_a = c.scales.a, call.fp8.scale_b = c.scales.b;
     if (at.cublas) {
       call.cublas = cublas.get();
     } else {
@@ -300,7 +310,7 @@ struct GemmAllToAll::Impl {
   }
   // A call with its routing in host memory: exchanged, planned, run.
   void run_planned(const void* a, const void* b, const AllToAllRouting& routing, void* out, cudaStream_t stream,
-                   bool combine, int64_t ld_out, int32_t* tokens_out);
+                   bool combine, int64_t ld_out, int32_t* tokens_out, const InputScales& scales);
   // A routing in device memory copied to the host (the host waits for
   // `stream`): the host-planned call's form.
   AllToAllRouting to_host(const AllToAllRouting& r, cudaStream_t stream) {
@@ -326,6 +336,7 @@ struct GemmAllToAll::Impl {
       rt::OverlapAllToAllOptions o;
       o.n = n, o.k = int(k), o.dtype = api::to_kernels(dtype), o.tile = api::op_tiles()[tile];
       o.experts = int32_t(experts);
+      o.fp8 = api::fp8_of(opts.input, opts.scales);
       o.ctas = sms - opts.nccl_sms, o.sequential_ctas = sms;
       o.max_rows = max_rows, o.max_recv_rows = max_tokens * topk, o.max_tokens = int32_t(max_tokens);
       o.comm = bounded.get(), o.tail_comm = comm->comm.get();
@@ -363,17 +374,21 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
   if (!(options.exchange_timeout_s > 0 && options.exchange_timeout_s <= 7 * 24 * 3600.0))
     throw InvalidArgument(d.who() + ": exchange_timeout_s must be > 0 and at most a week");
+  api::check_input_options(d.who(), options.input, options.scales, k);
+  if (options.input == InputType::E4M3 && options.experts > 1)
+    throw InvalidArgument(d.who() + ": FP8 inputs take one expert per rank (the grouped GEMM's inputs are 16-bit)");
   // Every rank plans every call alike from the exchanged routing: also from the same SMs and options.
   struct Agreed {
-    int32_t sms, nccl_sms, path, experts;
+    int32_t sms, nccl_sms, path, experts, input;
     bool operator==(const Agreed&) const = default;
   };
-  const Agreed here{d.sms, options.nccl_sms, int32_t(options.path), options.experts};
+  const Agreed here{d.sms, options.nccl_sms, int32_t(options.path), options.experts, int32_t(options.input)};
   for (const Agreed& x : rt::gather_from_all(comm.get(), d.rank, here, d.who() + ": the ranks' options"))
     if (!(x == here))
       throw InvalidArgument(d.who() + ": the ranks differ in SMs (" + std::to_string(x.sms) + " against " +
-                            std::to_string(here.sms) + "), nccl_sms, path or experts (" + std::to_string(x.experts) +
-                            " against " + std::to_string(here.experts) + "): every rank needs the same to plan alike");
+                            std::to_string(here.sms) + "), nccl_sms, path, input or experts (" +
+                            std::to_string(x.experts) + " against " + std::to_string(here.experts) +
+                            "): every rank needs the same to plan alike");
   if (options.path == GemmAllToAllOptions::Path::NVLink) {  // (every rank the same verdict: the options agreed)
     if (n % 8 != 0 || d.world > 8)
       throw InvalidArgument(d.who() + ": Path::NVLink needs n % 8 == 0 and at most 8 ranks");
@@ -390,12 +405,14 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   }
   api::AllToAllPlanner& p = d.planner;
   p.n = n, p.k = k, p.world = d.world, p.sms = d.sms, p.dtype = dtype, p.opts = options;
-  p.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who());
+  // (FP8 inputs: the 128x256 tile's time api::kNoTile: every plan takes 128x128 tiles)
+  p.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who(), options.input);
   using Path = GemmAllToAllOptions::Path;  // (the paths with sequential calls; the same on every rank: agreed above)
   if ((options.path == Path::Auto || options.path == Path::Sequential || options.path == Path::Slots) &&
       d.experts == 1) {  // (several experts: the grouped GEMM, ours)
     d.cublas = std::make_unique<rt::CublasGemm>();
-    p.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, *d.cublas, d.who());
+    p.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, *d.cublas, d.who(),
+                                          options.input, options.scales);
   }
   if (d.experts > 1 && d.on_gpu_alone())  // (timed now: a first call must not take the calibration's time)
     d.grouped = std::make_unique<GroupedGemm>(max_rows, d.experts, n, k, dtype);
@@ -411,27 +428,29 @@ GemmAllToAll::GemmAllToAll(GemmAllToAll&&) noexcept = default;
 GemmAllToAll& GemmAllToAll::operator=(GemmAllToAll&&) noexcept = default;
 
 void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& routing, void* out, cudaStream_t stream,
-                       bool combine, int64_t ld_out, int32_t* tokens_out) {
+                       bool combine, int64_t ld_out, int32_t* tokens_out, const InputScales& scales) {
   Impl& d = *impl_;
   if (capturing(stream))
     throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call exchanges its routing "
                                     "and plans on the host)");
   if (d.one_rank && d.one_rank->failed()) d.one_rank->check();  // (a GPU-checked call's bad row: reported first)
   if (routing.on_device && d.on_gpu_alone()) {
-    d.run_on_gpu(routing, CallArgs{a, b, out, ld_out, combine}, stream, tokens_out);
+    d.run_on_gpu(routing, CallArgs{a, b, out, ld_out, combine, scales}, stream, tokens_out);
     return;
   }
   const AllToAllRouting host = routing.on_device ? d.to_host(routing, stream) : routing;
-  d.run_planned(a, b, host, out, stream, combine, ld_out, tokens_out);
+  d.run_planned(a, b, host, out, stream, combine, ld_out, tokens_out, scales);
 }
 
 void GemmAllToAll::Impl::run_planned(const void* a, const void* b, const AllToAllRouting& routing, void* out,
-                                     cudaStream_t stream, bool combine, int64_t ld_out, int32_t* tokens_out) {
+                                     cudaStream_t stream, bool combine, int64_t ld_out, int32_t* tokens_out,
+                                     const InputScales& scales) {
   Impl& d = *this;
-  d.gather_routing(routing, CallArgs{a, b, out, ld_out, combine});  // (throws on every rank alike)
+  d.gather_routing(routing, CallArgs{a, b, out, ld_out, combine, scales});  // (throws on every rank alike)
   d.counts = plan::count_moe_rows(d.routing, api::kBm);  // (the routing's check, alike on every rank; the plans' counts)
   const api::AllToAllPlanner::Planned p = d.planner.plan_for(d.routing, d.counts, d.rank);
   rt::OverlapAllToAll& op = d.op_of(p.tile);
+  op.set_input_scales(scales.a, scales.b);
   const bool nvlink = d.opts.path == GemmAllToAllOptions::Path::NVLink;
   rt::A2aCall call{&d.routing, p.plan.sequential ? plan::Partition{1} : p.plan.common, combine, nvlink, p.cublas,
                    &d.counts};

@@ -122,7 +122,8 @@ static void test_version(void) {
             offsetof(fo_gemm_reducescatter_options, layout) == 28 &&
             offsetof(fo_gemm_reducescatter_options, tuning_cache) == 32,
         "fo_gemm_reducescatter_options' offsets");
-  CHECK(sizeof(fo_gemm_alltoall_options) == 40 && offsetof(fo_gemm_alltoall_options, experts) == 32,
+  CHECK(sizeof(fo_gemm_alltoall_options) == 48 && offsetof(fo_gemm_alltoall_options, experts) == 32 &&
+            offsetof(fo_gemm_alltoall_options, input) == 36 && offsetof(fo_gemm_alltoall_options, scales) == 40,
         "sizeof(fo_gemm_alltoall_options) = %zu", sizeof(fo_gemm_alltoall_options));
   CHECK(offsetof(fo_gemm_alltoall_options, path) == offsetof(fo_gemm_allreduce_options, path) &&
             offsetof(fo_gemm_alltoall_options, nccl_sms) == offsetof(fo_gemm_allreduce_options, nccl_sms) &&
@@ -368,12 +369,39 @@ static void test_a2a_options(void) {
   CHECK(o.wait_timeout_s == 30.0, "wait_timeout_s = %g", o.wait_timeout_s);
   CHECK(o.exchange_timeout_s == 120.0, "exchange_timeout_s = %g", o.exchange_timeout_s);
   CHECK(o.experts == 1, "experts = %d", (int)o.experts);
+  CHECK(o.input == FO_INPUT_SAME && o.scales == FO_SCALES_NONE, "input %d, scales %d", (int)o.input, (int)o.scales);
+  {
+    /* A caller of the second version (experts, no input and scales): its 40 bytes written, nothing past them;
+     * accepted (16-bit inputs). */
+    unsigned char v2[48];
+    memset(v2, 0xab, sizeof v2);
+    EXPECT_OK(fo_gemm_alltoall_options_default((fo_gemm_alltoall_options*)v2, 40));
+    CHECK(v2[40] == 0xab && v2[47] == 0xab && ((fo_gemm_alltoall_options*)v2)->experts == 1,
+          "the second version's default wrote past its 40 bytes");
+    EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, (fo_gemm_alltoall_options*)v2, &op),
+                   "fo_gemm_alltoall_create", "comm is NULL");
+  }
+  {  /* FP8 inputs: the kinds are read (and refused by value), then the communicator */
+    fo_gemm_alltoall_options f;
+    EXPECT_OK(fo_gemm_alltoall_options_default(&f, sizeof f));
+    f.input = FO_INPUT_E4M3, f.scales = FO_SCALES_ROW_WISE;
+    EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &f, &op), "fo_gemm_alltoall_create",
+                   "comm is NULL");
+    f.input = 7;
+    EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &f, &op), "fo_gemm_alltoall_create",
+                   "options->input = 7 is not an fo_input_type");
+    f.input = FO_INPUT_E4M3, f.scales = 3;
+    EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &f, &op), "fo_gemm_alltoall_create",
+                   "options->scales = 3 is not an fo_scale_kind");
+    EXPECT_INVALID(fo_gemm_alltoall_run_scaled(NULL, NULL, NULL, NULL, NULL, 0, 1, NULL, NULL, NULL, NULL),
+                   "fo_gemm_alltoall_run_scaled", "op is NULL");
+  }
   {
     /* A caller of the first version (no experts field): its 32 bytes written, nothing past them; accepted. */
-    unsigned char v1[40];
+    unsigned char v1[48];
     memset(v1, 0xab, sizeof v1);
     EXPECT_OK(fo_gemm_alltoall_options_default((fo_gemm_alltoall_options*)v1, 32));
-    CHECK(v1[32] == 0xab && v1[39] == 0xab && ((fo_gemm_alltoall_options*)v1)->nccl_sms == 8,
+    CHECK(v1[32] == 0xab && v1[47] == 0xab && ((fo_gemm_alltoall_options*)v1)->nccl_sms == 8,
           "the first version's default wrote past its 32 bytes");
     EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, (fo_gemm_alltoall_options*)v1, &op),
                    "fo_gemm_alltoall_create", "comm is NULL");
@@ -404,8 +432,8 @@ static void test_a2a_options(void) {
     l.added = 1;
     EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &l.o, &op),
                    "fo_gemm_alltoall_create",
-                   "options->struct_size = 48: the options set fields that this library (flashoverlap");
-    CHECK(strstr(fo_last_error(), "options of 40 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
+                   "options->struct_size = 56: the options set fields that this library (flashoverlap");
+    CHECK(strstr(fo_last_error(), "options of 48 bytes) does not know") != NULL, "message \"%s\"", fo_last_error());
   }
   o.struct_size = 16;
   EXPECT_INVALID(fo_gemm_alltoall_create(NULL, 64, 64, 1, 64, 64, FO_DTYPE_BF16, &o, &op), "fo_gemm_alltoall_create",

@@ -405,6 +405,15 @@ TEST(MoePlan, SeveralExpertsPlanTheGroupedGemmsWaves) {
     const fo::Prediction want = fo::predict(cost, *r.partition);
     EXPECT_NEAR(forced.predicted.total_ms, want.total_ms, 1e-12 * want.total_ms);
   }
+  // (random requests overlap in most runs, not all: one that must, every run)
+  const fo::MoeRouting routing = fo::make_moe_routing("uniform", 4, 4096, 4, rng(), 2);
+  fo::MoePlanRequest r;
+  r.routing = &routing;
+  r.n = 4096, r.k = 4096, r.tile = fo::TileShape{128, 256}, r.sms = 132, r.reserve_sms = 8, r.min_gain = 0.01;
+  const fo::MoePlan p = fo::make_moe_plan(r);
+  check_plan(p, r);
+  overlapped += !p.sequential;
+  EXPECT_FALSE(p.sequential) << fo::describe(p);
   EXPECT_GT(overlapped, 0);
 }
 

@@ -16,6 +16,7 @@
 
 #include "flashoverlap/flashoverlap.h"
 #include "kernels/check.h"
+#include "op_reference.h"
 #include "plan/grouped.h"
 #include "plan/routing.h"
 #include "plan/tile_grid.h"
@@ -161,6 +162,77 @@ TEST(GemmAllToAllApi, ANewRoutingEveryCallOnEveryPathMatchesOurGemmAndNccl) {
       EXPECT_EQ(nvlinked, path == Path::NVLink ? 16 : 0) << name(path) << " path";
       if (path == Path::Sequential) std::fprintf(stderr, "sequential path: %d of 16 calls by cuBLAS\n", by_cublas_calls);
     }
+    FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+}
+
+// FP8 inputs (e4m3 small integers, power-of-two scales: every sum exact in
+// fp32, so any GEMM's product rounds alike) with each scale kind, on every
+// path, a new routing every call: against our FP8 GEMM + the baseline's
+// all-to-all and combine, bitwise; scales that do not fit the kind refused
+// on every rank.
+TEST(GemmAllToAllApi, Fp8InputsOnEveryPathMatchOurFp8GemmAndNccl) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  const int world = world_here();
+  std::fprintf(stderr, "world %d, seed %llu\n", world, static_cast<unsigned long long>(seed));
+  test::on_each_rank(world, [&](int rank, ncclComm_t nccl) {
+    const int64_t max_tokens = 700, n = 2048, k = 256;
+    const int topk = world;
+    const int64_t max_rows = max_tokens * topk * world, recv_max = max_tokens * topk;
+    const Communicator comm = Communicator::adopt(nccl);
+    cudaStream_t st;
+    FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    DeviceBuffer y(size_t(max_rows) * n * 2), out(size_t(recv_max) * n * 2), ref(size_t(recv_max) * n * 2),
+        rows_ref(size_t(recv_max) * n * 2);
+    for (ScaleKind kind : {ScaleKind::None, ScaleKind::PerTensor, ScaleKind::RowWise}) {
+      std::mt19937_64 data(seed + 7 * uint64_t(kind) + 101 * uint64_t(rank));
+      const test::Fp8Inputs in(max_rows, n, k, kind, data);
+      for (Path path : {Path::Sequential, Path::Slots, Path::Auto, Path::NVLink}) {
+        GemmAllToAllOptions o;
+        o.path = path, o.input = InputType::E4M3, o.scales = kind;
+        GemmAllToAll op(comm, max_rows, max_tokens, topk, n, k, DType::BF16, o);
+        std::mt19937_64 rng(seed + 10 * uint64_t(path) + uint64_t(kind));  // (the same routings on every rank)
+        for (int call = 0; call < 4; ++call) {
+          const int64_t t = call % 2 == 0 ? max_tokens : int64_t(rng() % uint64_t(max_tokens + 1));
+          const plan::MoeRouting routing = plan::make_moe_routing(call == 3 ? "zipf:1.2" : "uniform", world, t, topk,
+                                                                  rng());
+          const Local local(routing, rank);
+          const int64_t rows = local.r.rows;
+          kernels::poison(out.get(), recv_max * n, st);
+          op.run(in.a.get(), in.b.get(), local.r, out.get(), st, true, 0, nullptr, in.scales);
+          rt::MoeCombineBaseline base(routing, rank, n, kBf16, nccl);
+          if (rows > 0) test::fp8_gemm(in.a.get(), in.b.get(), y.get(), rows, n, k, kind, in.scales, st);
+          base.all_to_all(y.get(), rows_ref.get(), st);
+          base.combine(rows_ref.get(), ref.get(), st);
+          FO_CUDA_CHECK(cudaStreamSynchronize(st));
+          op.check();
+          const std::string where = std::string(name(path)) + " path, scales " + std::to_string(int(kind)) +
+                                    ", call " + std::to_string(call) + ", " + std::to_string(t) + " tokens, rank " +
+                                    std::to_string(rank) + " (" + std::to_string(rows) + " rows), plan " +
+                                    op.last_plan() + ", seed " + std::to_string(seed);
+          if (t > 0)
+            EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, out.get(), n, ref.get(), n, t, n, st))) << where;
+          EXPECT_EQ(op.last_plan().find("128x256"), std::string::npos) << where << " (FP8: 128x128 tiles)";
+        }
+        // The scales must fit the kind: refused on every rank, and the op goes on.
+        const plan::MoeRouting routing = plan::make_moe_routing("uniform", world, max_tokens, topk, seed);
+        const Local local(routing, rank);
+        try {
+          op.run(in.a.get(), in.b.get(), local.r, out.get(), st, true, 0, nullptr, in.wrong(kind));
+          ADD_FAILURE() << name(path) << " path: scales that do not fit kind " << int(kind) << " were taken";
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("scale"), std::string::npos) << e.what();
+        }
+        op.run(in.a.get(), in.b.get(), local.r, out.get(), st, true, 0, nullptr, in.scales);
+        FO_CUDA_CHECK(cudaStreamSynchronize(st));
+        op.check();
+      }
+    }
+    // FP8 inputs take one expert per rank.
+    GemmAllToAllOptions o;
+    o.input = InputType::E4M3, o.experts = 2;
+    EXPECT_THROW(GemmAllToAll(comm, max_rows, max_tokens, topk, n, k, DType::BF16, o), InvalidArgument);
     FO_CUDA_CHECK(cudaStreamDestroy(st));
   });
 }

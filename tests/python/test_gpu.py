@@ -1330,6 +1330,55 @@ class AllToAll(Case):
                 print(f"[test_gpu] {op}: last_plan = {op.last_plan()}", flush=True)
             op.close()
 
+    def test_fp8_inputs_against_scaled_mm_every_scale_kind(self):
+        """input="e4m3": small integers in e4m3 and power-of-two scales (every product exact before its one
+        rounding): the received rows bitwise torch._scaled_mm's (use_fast_accum=False) of their senders' rows,
+        the combine that of those rows."""
+        if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+            self.skipTest("this torch has no float8_e4m3fn or _scaled_mm")
+        topk, n, k = a2a_topk(), 512, 256
+        c = MoeCase([200] * WORLD, topk, n, k, torch.bfloat16, 9)  # (its routing; the inputs are FP8 here)
+        gen = torch.Generator().manual_seed(SEED + 23)  # (the same on every rank: each computes every sender's rows)
+        small = lambda *shape: torch.randint(-3, 4, shape, generator=gen).float().to(DEVICE)  # noqa: E731
+        pow2 = lambda *shape: (2.0 ** torch.randint(-2, 3, shape, generator=gen).float()).to(DEVICE)  # noqa: E731
+        x_of = [small(len(c.rows[e]), k).to(torch.float8_e4m3fn) for e in range(WORLD)]
+        w_of = [small(n, k).to(torch.float8_e4m3fn) for e in range(WORLD)]
+        one = torch.ones(1, device=DEVICE)
+        for scales in ("none", "tensor", "row"):
+            sa_of = [pow2(len(c.rows[e]) if scales == "row" else 1) for e in range(WORLD)]
+            sb_of = [pow2(n if scales == "row" else 1) for e in range(WORLD)]
+            y_of = []
+            for e in range(WORLD):
+                if not len(c.rows[e]):
+                    y_of.append(None)
+                    continue
+                sa = sa_of[e].view(-1, 1) if scales == "row" else sa_of[e] if scales != "none" else one
+                sb = sb_of[e].view(1, -1) if scales == "row" else sb_of[e] if scales != "none" else one
+                y_of.append(torch._scaled_mm(x_of[e], w_of[e].t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                             use_fast_accum=False))
+            rows_ref = [y_of[e][i] for e, i, _, _ in c.received]
+            rows_ref = torch.stack(rows_ref) if rows_ref else torch.zeros(0, n, dtype=torch.bfloat16, device=DEVICE)
+            kw = {} if scales == "none" else dict(scale_a=sa_of[RANK], scale_b=sb_of[RANK])
+            args = (x_of[RANK], w_of[RANK], c.dest_rank, c.dest_token, c.gate, c.send_counts, c.recv_counts, c.tokens)
+            for path in ("sequential", "auto", "slots"):
+                op = self.make_a2a(n=n, k=k, input="e4m3", scales=scales, path=path)
+                rows, _ = op(*args, combine=False, **kw)
+                self.ok(torch.equal(rows, rows_ref), f"{op} scales={scales} path={path}: the received rows are not "
+                                                     f"torch._scaled_mm's ({op.last_plan()})")
+                out = op(*args, **kw)
+                mine = c.combine_of(rows)
+                if WORLD == 1:
+                    good = torch.equal(out, mine)
+                else:
+                    good, _ = within(out, mine, 2 * U[torch.bfloat16] * mine.float().abs().max().item() + 1e-6)
+                self.ok(good, f"{op} scales={scales} path={path}: the combine is not that of the received rows")
+                with self.assertRaises(fo.InvalidArgument):  # (16-bit x on an FP8 op)
+                    op(x_of[RANK].to(torch.bfloat16), *args[1:], **kw)
+                if scales != "none":
+                    with self.assertRaises(fo.InvalidArgument):  # (no scales)
+                        op(*args)
+                op.close()
+
     def test_world_1_against_linear(self):
         if WORLD != 1:
             self.skipTest("at world 1 the received rows are F.linear(x, w)'s")

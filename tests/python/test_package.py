@@ -631,9 +631,12 @@ class CApi(unittest.TestCase):
         names = list(_capi._PROTOTYPES)  # (in the header's order, after GemmReduceScatter's)
         self.assertEqual(names[names.index("fo_gemm_reducescatter_destroy") + 1:names.index("fo_gemm_alltoall_destroy") + 1],
                          ["fo_gemm_alltoall_options_default", "fo_gemm_alltoall_create", "fo_gemm_alltoall_run",
-                          "fo_gemm_alltoall_last_plan", "fo_gemm_alltoall_check", "fo_gemm_alltoall_shape",
-                          "fo_gemm_alltoall_destroy"])
-        for name in ("fo_gemm_alltoall_run", "fo_gemm_alltoall_create"):
+                          "fo_gemm_alltoall_run_scaled", "fo_gemm_alltoall_last_plan", "fo_gemm_alltoall_check",
+                          "fo_gemm_alltoall_shape", "fo_gemm_alltoall_destroy"])
+        # (run's arguments, then scale_a and scale_b)
+        self.assertEqual(_capi._PROTOTYPES["fo_gemm_alltoall_run_scaled"],
+                         (_capi._STATUS, [v, v, v, P(_capi.Routing), v, i64, ctypes.c_int, P(i32), v, v, v]))
+        for name in ("fo_gemm_alltoall_run", "fo_gemm_alltoall_run_scaled", "fo_gemm_alltoall_create"):
             f = getattr(self.c, name)
             self.assertEqual((f.argtypes, f.restype), (_capi._PROTOTYPES[name][1], ctypes.c_int))
         if os.path.isfile(HEADER):
@@ -642,17 +645,22 @@ class CApi(unittest.TestCase):
             self.assertIn("FO_C_API fo_status fo_gemm_alltoall_run(fo_gemm_alltoall_t op, const void* a, const void* "
                           "b, const fo_alltoall_routing* routing, void* out, int64_t ld_out, int combine, int32_t* "
                           "tokens_out, void* stream);", text)
+            self.assertIn("FO_C_API fo_status fo_gemm_alltoall_run_scaled(fo_gemm_alltoall_t op, const void* a, "
+                          "const void* b, const fo_alltoall_routing* routing, void* out, int64_t ld_out, int combine, "
+                          "int32_t* tokens_out, void* stream, const float* scale_a, const float* scale_b);", text)
             self.assertIn("FO_C_API fo_status fo_gemm_alltoall_create(fo_comm_t comm, int64_t max_rows, int64_t "
                           "max_tokens, int topk, int64_t n, int64_t k, fo_dtype dtype, const "
                           "fo_gemm_alltoall_options* options, fo_gemm_alltoall_t* out);", text)
 
     def test_alltoall_structs(self):
-        # (the fields fo_gemm_alltoall_options shares with fo_gemm_allreduce_options at its offsets; experts and
-        # expert_counts appended, as the C header has them)
-        self.assertEqual(ctypes.sizeof(_capi.A2aOptions), 40)
-        self.assertEqual((_capi.A2aOptions.exchange_timeout_s.offset, _capi.A2aOptions.experts.offset), (24, 32))
+        # (the fields fo_gemm_alltoall_options shares with fo_gemm_allreduce_options at its offsets; experts,
+        # input and scales, and expert_counts appended, as the C header has them)
+        self.assertEqual(ctypes.sizeof(_capi.A2aOptions), 48)
+        self.assertEqual((_capi.A2aOptions.exchange_timeout_s.offset, _capi.A2aOptions.experts.offset,
+                          _capi.A2aOptions.input.offset, _capi.A2aOptions.scales.offset), (24, 32, 36, 40))
         self.assertEqual([f for f, _ in _capi.A2aOptions._fields_],
-                         ["struct_size", "path", "nccl_sms", "wait_timeout_s", "exchange_timeout_s", "experts"])
+                         ["struct_size", "path", "nccl_sms", "wait_timeout_s", "exchange_timeout_s", "experts", "input",
+                          "scales"])
         for name in ("struct_size", "path", "nccl_sms", "wait_timeout_s"):
             self.assertEqual(getattr(_capi.A2aOptions, name).offset, getattr(_capi.Options, name).offset, name)
         self.assertEqual(ctypes.sizeof(_capi.Routing), 80)
@@ -663,15 +671,19 @@ class CApi(unittest.TestCase):
                           "recv_counts", "on_device", "expert_counts"])
         with open(HEADER) as f:
             header = f.read()
-        for struct, last in (("fo_gemm_alltoall_options", "int32_t experts;"),
+        for struct, last in (("fo_gemm_alltoall_options", "int32_t scales;"),
                              ("fo_alltoall_routing", "const int64_t* expert_counts;")):
             body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (struct, struct), header, re.S).group(1)
             self.assertTrue(" ".join(re.sub(r"/\*.*?\*/", "", body, flags=re.S).split()).endswith(last), struct)
 
     def test_alltoall_options(self):
         o = _capi.make_a2a_options(self.lib)
-        self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s, o.experts),
-                         (40, 0, 8, 30.0, 120.0, 1))
+        self.assertEqual((o.struct_size, o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s, o.experts,
+                          o.input, o.scales), (48, 0, 8, 30.0, 120.0, 1, 0, 0))
+        o = _capi.make_a2a_options(self.lib, input="e4m3", scales="row")
+        self.assertEqual((o.input, o.scales), (1, 2))
+        with self.assertRaisesRegex(InvalidArgument, "input = 'e5m2'"):
+            _capi.make_a2a_options(self.lib, input="e5m2")
         o = _capi.make_a2a_options(self.lib, "slots", nccl_sms=16, wait_timeout_s=5, exchange_timeout_s=600,
                                    experts=4)
         self.assertEqual((o.path, o.nccl_sms, o.wait_timeout_s, o.exchange_timeout_s, o.experts),
@@ -728,13 +740,13 @@ class CApi(unittest.TestCase):
         p = ctypes.cast(ctypes.byref(later), ctypes.POINTER(_capi.A2aOptions))
         self.c.fo_gemm_alltoall_options_default(p, ctypes.sizeof(later))
         self.assertEqual((later.o.struct_size, later.o.nccl_sms, later.o.path, later.o.experts, later.added),
-                         (48, 8, 0, 1, 0))
+                         (56, 8, 0, 1, 0))
         h = ctypes.c_void_p()
         with self.assertRaisesRegex(InvalidArgument, "comm is NULL"):
             self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, p, ctypes.byref(h))
         later.added = 1
-        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 48: the options set fields that this "
-                                    r"library \(flashoverlap [0-9.]+, options of 40 bytes\) does not know"):
+        with self.assertRaisesRegex(InvalidArgument, r"options->struct_size = 56: the options set fields that this "
+                                    r"library \(flashoverlap [0-9.]+, options of 48 bytes\) does not know"):
             self.c.fo_gemm_alltoall_create(None, 128, 128, 1, 128, 128, 0, p, ctypes.byref(h))
 
     def test_alltoall_options_of_the_first_version(self):

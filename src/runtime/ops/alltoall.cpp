@@ -46,6 +46,8 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
     throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
   if (opts_.experts < 1 || int64_t{opts_.experts} * opts_.n > INT32_MAX)
     throw InvalidArgument(who + ": experts must be >= 1, and experts x n (the rows of b) fit int32");
+  if (opts_.fp8.on && (opts_.experts != 1 || opts_.tile.bn != 128))
+    throw InvalidArgument(who + ": FP8 inputs take one expert and 128x128 tiles");
 
   if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
   core_ = opts_.core ? opts_.core : own_core_.get();
@@ -262,13 +264,19 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   // (several experts: every GEMM is the grouped one over this rank's segments, C's rows those of A)
   if (rows > 0 && cublas_call_) {
     if (!opts_.cublas && !own_cublas_) own_cublas_ = std::make_unique<CublasGemm>();
-    (opts_.cublas ? opts_.cublas : own_cublas_.get())->run(opts_.dtype, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
+    CublasGemm& cublas = opts_.cublas ? *opts_.cublas : *own_cublas_;
+    if (opts_.fp8.on)
+      cublas.run_fp8(opts_.dtype, opts_.fp8, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
+    else
+      cublas.run(opts_.dtype, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
   } else if (rows > 0 && direct_) {
     kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n);
+    p.fp8 = opts_.fp8;
     set_grouped(p, rows);
     kernels::launch_gemm(p, stream);
   } else if (rows > 0) {
     kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+    p.fp8 = opts_.fp8;
     p.store = kernels::Store::SlotRows, p.slots = send_, p.row_of = row_of_.as<int32_t>();
     p.slot_rows = tables_host_.send_rows;
     if (!seq) p.counters = counters_.as<uint32_t>(), p.group_of_tile = table(kGroupOfTile);
@@ -324,6 +332,7 @@ void OverlapAllToAll::run_nvlink(const void* a, const void* b, const A2aCall& ca
   }
   uint32_t* const* arrivals = peers_.arrivals(opts_.testing.fault_drop_arrivals);
   kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, nullptr, 0);
+  p.fp8 = opts_.fp8;
   p.store = kernels::Store::SlotRows, p.row_of = row_of_.as<int32_t>();
   p.scatter.world = world_, p.scatter.rows = peers_.rows(0);
   p.scatter.rows_per_rank = int32_t(std::max<int64_t>(opts_.max_recv_rows, 1)), p.scatter.arrivals = arrivals;

@@ -96,7 +96,10 @@ struct OverlapAllToAllOptions {
   // GEMM the grouped one over the segments (plan::moe_segments), on every
   // path but cuBLAS's GEMM.
   int32_t experts = 1;
-  kernels::DType dtype = kernels::DType::BF16;
+  kernels::DType dtype = kernels::DType::BF16;  // the output's (C, the rows moved, the combine)
+  // FP8 inputs (fp8.on, fp8.scales; the pointers are each call's:
+  // set_input_scales): one expert, 128x128 tiles.
+  kernels::Fp8 fp8;
   plan::TileShape tile{128, 256};
   int32_t ctas = 132;       // the GEMM's grid when it overlaps (SMs - those left to NCCL)
   int32_t sequential_ctas = 0;  // the sequential fallback's grid (0: ctas)
@@ -143,6 +146,9 @@ class OverlapAllToAll {
   OverlapAllToAll(const OverlapAllToAll&) = delete;
   OverlapAllToAll& operator=(const OverlapAllToAll&) = delete;
 
+  // FP8 inputs: the scales of the calls from here on (device fp32, as
+  // OverlapAllToAllOptions::fp8.scales says).
+  void set_input_scales(const float* a, const float* b) { opts_.fp8.scale_a = a, opts_.fp8.scale_b = b; }
   // combine: out (tokens x n, ld_out) = the combine of this rank's tokens;
   // else out (received rows x n, ld_out) = the rows sent to this rank, in
   // (source rank, source row) order. a: m_r x k (this rank's rows), b:

@@ -56,10 +56,15 @@ void OneRankAllToAll::run(const void* a, const void* b, const OneRankCall& c, vo
   if (rows > 0) {
     if (c.gemm)
       c.gemm(y, stream);
+    else if (c.cublas && c.fp8.on)
+      c.cublas->run_fp8(opts_.dtype, c.fp8, a, b, y, rows, n, int(opts_.k), n, stream);
     else if (c.cublas)
       c.cublas->run(opts_.dtype, a, b, y, rows, n, int(opts_.k), n, stream);
-    else
-      kernels::launch_gemm(kernels::plain_gemm(opts_.dtype, a, b, c.sched, int32_t(opts_.k), y, n), stream);
+    else {
+      kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, c.sched, int32_t(opts_.k), y, n);
+      p.fp8 = c.fp8;
+      kernels::launch_gemm(p, stream);
+    }
   }
   auto* error = error_.as<kernels::RoutingError>();
   kernels::combine_keys(c.dest_rank, c.dest_token, c.gate, rows, /*rank=*/0, tokens, keys_.as<uint32_t>(),

@@ -49,6 +49,7 @@ struct OneRankCall {
   bool combine = true;
   CublasGemm* cublas = nullptr;  // set: cuBLAS's GEMM; else ours on `sched`
   plan::Schedule sched;
+  kernels::Fp8 fp8;  // FP8 inputs (with the call's scales): cuBLASLt's FP8 matmul or ours on 128x128 tiles
   // Set: the GEMM instead, Y (rows x n, ld n) in `stream` (several experts: the caller's grouped GEMM).
   std::function<void(void* y, cudaStream_t stream)> gemm;
 };
