@@ -23,6 +23,8 @@
 #   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul, both scale kinds, 30
 #                shapes (FP8_ARGS: more arguments) -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm on
 #                the same shapes (bench/scaled_mm.py) -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
+#   profile-fp8  Nsight Compute (ncu, if installed) on our FP8 GEMM and cuBLASLt's on one shape (PROFILE_SHAPE,
+#                default 16384x8192x7392; both scale kinds): speed of light, warp stalls, memory -> profile-fp8.txt
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
@@ -260,6 +262,20 @@ for s in "$@"; do
       $LAB bench-fp8 --csv "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1
       PYTHONUNBUFFERED=1 timeout 600 python3 bench/scaled_mm.py --ours "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" \
         --out "$OUT/gemm-fp8-${tag:-gpu}.csv" 2>&1 | tee -a "$OUT/fp8.log" || status=1
+      ;;
+    profile-fp8)
+      stage "Nsight Compute on our FP8 GEMM and cuBLASLt's -> profile-fp8.txt"
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+      if [[ -z $ncu_bin ]]; then
+        echo "profile-fp8: no ncu on this machine: skipped"
+      else
+        timeout 500 "$ncu_bin" --kernel-name regex:'gemm_sm90|nvjet|sm90_xmma|cutlass' --launch-skip 4 --launch-count 6 \
+          --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+          $LAB bench-fp8 --shapes "${PROFILE_SHAPE:-16384x8192x7392}" --warmup 1 --iters 2 \
+          >"$OUT/profile-fp8.txt" 2>&1 || status=1
+        grep -E '^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput' \
+          "$OUT/profile-fp8.txt" | head -60
+      fi
       ;;
     grouped)
       stage "the grouped GEMM against torch._grouped_mm and a cuBLAS loop (bench/grouped_gemm.py) -> grouped-gemm-<gpu>.csv"

@@ -28,6 +28,34 @@ __global__ void fill_random_kernel(T* p, int64_t count, uint64_t seed, float lo,
   }
 }
 
+__global__ void e4m3_to_float_kernel(const __nv_fp8_e4m3* src, float* dst, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = float(src[i]);
+}
+
+__global__ void apply_fp8_scales_kernel(float* c, int64_t rows, int64_t cols, Fp8 f) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / cols, col = i - row * cols;
+    if (f.scales == Scales::PerTensor) c[i] = c[i] * f.scale_a[0] * f.scale_b[0];
+    else if (f.scales == Scales::RowWise) c[i] = c[i] * f.scale_a[row] * f.scale_b[col];
+  }
+}
+
+template <typename T>
+__global__ void error_to_fp32_kernel(const T* x, int64_t ldx, const float* ref, int64_t rows, int64_t cols,
+                                     double* sums) {
+  double e = 0, r = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / cols, col = i - row * cols;
+    const double d = double(float(x[row * ldx + col])) - double(ref[i]);
+    e += d * d, r += double(ref[i]) * double(ref[i]);
+  }
+  atomicAdd(&sums[0], e);
+  atomicAdd(&sums[1], r);
+}
+
 __global__ void poison_kernel(uint16_t* p, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
     p[i] = 0xFFFF;
@@ -158,6 +186,35 @@ void fill_random(DType dtype, void* p, int64_t count, uint64_t seed, float lo, f
 void fill_random_e4m3(void* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t stream) {
   fill_random_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(static_cast<__nv_fp8_e4m3*>(p), count, seed, lo, hi);
   FO_CUDA_CHECK(cudaGetLastError());
+}
+
+void e4m3_to_float(const void* src, float* dst, int64_t count, cudaStream_t stream) {
+  e4m3_to_float_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(static_cast<const __nv_fp8_e4m3*>(src), dst, count);
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
+void apply_fp8_scales(float* c, int64_t rows, int64_t cols, const Fp8& f, cudaStream_t stream) {
+  if (f.scales == Scales::None) return;
+  apply_fp8_scales_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(c, rows, cols, f);
+  FO_CUDA_CHECK(cudaGetLastError());
+}
+
+double relative_error_to_fp32(DType dtype, const void* x, int64_t ldx, const float* ref, int64_t rows, int64_t cols,
+                              cudaStream_t stream) {
+  double* d = nullptr;
+  FO_CUDA_CHECK(cudaMallocAsync(&d, 2 * sizeof(double), stream));
+  FO_CUDA_CHECK(cudaMemsetAsync(d, 0, 2 * sizeof(double), stream));
+  const int blocks = blocks_for(rows * cols, 256);
+  if (dtype == DType::BF16)
+    error_to_fp32_kernel<<<blocks, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), ldx, ref, rows, cols, d);
+  else
+    error_to_fp32_kernel<<<blocks, 256, 0, stream>>>(static_cast<const __half*>(x), ldx, ref, rows, cols, d);
+  FO_CUDA_CHECK(cudaGetLastError());
+  double h[2] = {0, 0};
+  FO_CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, stream));
+  FO_CUDA_CHECK(cudaFreeAsync(d, stream));
+  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return h[1] > 0 ? std::sqrt(h[0] / h[1]) : (h[0] > 0 ? INFINITY : 0.0);
 }
 
 void poison(void* p, int64_t count, cudaStream_t stream) {

@@ -16,6 +16,14 @@ void fill_random(DType dtype, void* p, int64_t count, uint64_t seed, float lo, f
 void fill_random_e4m3(void* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t stream);
 // Every element set to NaN (bit pattern 0xFFFF): unwritten outputs show up.
 void poison(void* p, int64_t count, cudaStream_t stream);
+// FP8 error measurements: e4m3 bytes decoded to fp32 (exactly); an fp32
+// product C (rows x cols) scaled in place as an FP8 GEMM's epilogue scales
+// it ((c * sa[row]) * sb[col], per Fp8::scales); and the normwise relative
+// error ||x - ref|| / ||ref|| of a 16-bit result against such an fp32 one.
+void e4m3_to_float(const void* src, float* dst, int64_t count, cudaStream_t stream);
+void apply_fp8_scales(float* c, int64_t rows, int64_t cols, const Fp8& f, cudaStream_t stream);
+double relative_error_to_fp32(DType dtype, const void* x, int64_t ldx, const float* ref, int64_t rows, int64_t cols,
+                              cudaStream_t stream);
 
 // An element x passes against ref when |x - ref| <= atol + rtol * |ref|
 // (both finite). The default, {0, 0}, asks for equal values.

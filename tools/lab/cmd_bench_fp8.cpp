@@ -5,8 +5,13 @@
 // per shape and scale kind, timed in turns on the full grid; bf16 output.
 // Internal: the kernel alone. ratio: cuBLASLt's (FAST_ACCUM off) / ours;
 // empty, and ours unchecked (the GPU tests check it against the host), where
-// this cuBLASLt has no FP8 matmul with the scale kind. bench/scaled_mm.py
-// times torch._scaled_mm on the same shapes.
+// this cuBLASLt has no FP8 matmul with the scale kind. err_*: the
+// accumulation's error, ||C - C32|| / ||C32|| of ours, cuBLASLt's and
+// cuBLASLt's with FAST_ACCUM against C32 = the product of the exact e4m3
+// values in fp32 (cuBLAS's SGEMM without TF32), scaled as the kind says: the
+// bf16 output's rounding alone gives about 1.1e-3. bench/scaled_mm.py times
+// torch._scaled_mm on the same shapes.
+#include <cublas_v2.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
@@ -29,6 +34,7 @@
 #include "lab/lab.h"
 #include "plan/tile_grid.h"
 #include "runtime/core/buffer.h"
+#include "runtime/core/checks.h"
 #include "runtime/core/cublas.h"
 #include "runtime/tune/timing.h"
 
@@ -93,12 +99,16 @@ int run(const Options& o) {
   if (!o.csv.empty()) {
     csv.open(o.csv);
     if (!csv) throw Error("cannot write " + o.csv);
-    csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err\n";
+    csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
             << "ours_ms" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms" << std::setw(9) << "ours_TF"
-            << std::setw(9) << "Lt_TF" << std::setw(8) << "ratio" << std::setw(10) << "rel_err" << "\n";
+            << std::setw(9) << "Lt_TF" << std::setw(8) << "ratio" << std::setw(10) << "rel_err"
+            << "   err ours / Lt / Lt fast (vs the fp32 product)\n";
   bool wrong = false;
+  cublasHandle_t sgemm = nullptr;  // (the fp32 reference's)
+  FO_CUBLAS_CHECK(cublasCreate(&sgemm));
+  FO_CUBLAS_CHECK(cublasSetStream(sgemm, stream));
   for (const auto& d : shapes) {
     const int m = int(d[0]), n = int(d[1]), k = int(d[2]);
     const rt::DeviceBuffer a = rt::to_device(random_e4m3(size_t(m) * k, 11 + uint64_t(m))),
@@ -109,7 +119,19 @@ int run(const Options& o) {
     for (float& x : sa) x = u(rng);
     for (float& x : sb) x = u(rng);
     const rt::DeviceBuffer dsa = rt::to_device(sa), dsb = rt::to_device(sb);
-    rt::DeviceBuffer ours(size_t(m) * n * 2), theirs(size_t(m) * n * 2);
+    rt::DeviceBuffer ours(size_t(m) * n * 2), theirs(size_t(m) * n * 2), fast(size_t(m) * n * 2);
+    // C32: the exact inputs' product in fp32 (row-major C = A B^T as column-major C^T = B^T-op * A)
+    rt::DeviceBuffer c32(size_t(m) * n * 4), scaled(size_t(m) * n * 4);
+    {
+      rt::DeviceBuffer a32(size_t(m) * k * 4), b32(size_t(n) * k * 4);
+      kernels::e4m3_to_float(a.get(), a32.as<float>(), int64_t(m) * k, stream);
+      kernels::e4m3_to_float(b.get(), b32.as<float>(), int64_t(n) * k, stream);
+      const float one = 1.f, zero = 0.f;
+      FO_CUBLAS_CHECK(cublasGemmEx(sgemm, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, b32.get(), CUDA_R_32F, k, a32.get(),
+                                   CUDA_R_32F, k, &zero, c32.get(), CUDA_R_32F, n, CUBLAS_COMPUTE_32F_PEDANTIC,
+                                   CUBLAS_GEMM_DEFAULT));
+      FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
     const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, info.sms, plan::Raster::AlongN,
                                                  plan::default_swizzle(info.sms, {128, 128}, (m + 127) / 128));
     const double flop = 2.0 * m * n * double(k);
@@ -129,6 +151,17 @@ int run(const Options& o) {
         if (!r->within())
           wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k << ": ours differs from cuBLASLt's: "
                                   << r->describe() << "\n";
+      }
+      FO_CUDA_CHECK(cudaMemcpyAsync(scaled.get(), c32.get(), c32.bytes(), cudaMemcpyDeviceToDevice, stream));
+      kernels::apply_fp8_scales(scaled.as<float>(), m, n, f, stream);
+      auto error_of = [&](const rt::DeviceBuffer& x) {
+        return kernels::relative_error_to_fp32(kernels::DType::BF16, x.get(), n, scaled.as<float>(), m, n, stream);
+      };
+      const double err_ours = error_of(ours);
+      double err_lt = 0, err_fast = 0;
+      if (has_lt) {
+        lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), fast.get(), m, n, k, n, stream, true);
+        err_lt = error_of(theirs), err_fast = error_of(fast);
       }
       std::vector<std::function<void()>> fns = {[&] { kernels::launch_gemm(p, stream); }};
       if (has_lt) {
@@ -153,7 +186,9 @@ int run(const Options& o) {
                 << opt(lt_ms / ours_ms, 8) << std::setw(10);
       if (r) std::cout << std::setprecision(5) << r->rel_error();
       else std::cout << "-";
-      std::cout << "\n" << std::flush;
+      std::cout << std::scientific << std::setprecision(2) << "   err " << err_ours;
+      if (has_lt) std::cout << " / " << err_lt << " / " << err_fast;
+      std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
         csv << m << "," << n << "," << k << "," << kname << "," << ours_ms << ",";
         if (has_lt) csv << lt_ms << "," << fast_ms;
@@ -162,10 +197,14 @@ int run(const Options& o) {
         if (has_lt) csv << lt_ms / ours_ms;
         csv << ",";
         if (r) csv << r->rel_error();
+        csv << "," << err_ours << ",";
+        if (has_lt) csv << err_lt << "," << err_fast;
+        else csv << ",";
         csv << "\n";
       }
     }
   }
+  cublasDestroy(sgemm);
   cudaStreamDestroy(stream);
   if (wrong) {
     std::cerr << "bench-fp8: some results differ from cuBLASLt's beyond the bound (see the warnings)\n";
