@@ -35,8 +35,8 @@ Ops, ours | PyTorch's (x: m x k, w: n x k, random in [-1, 1), different on every
                  [0.5, 1) | y = torch._scaled_mm(x, w.t(), sa (m, 1), sb (1, n), out_dtype=bf16,
                  use_fast_accum=False), then the collective as above (alltoall: one expert per rank, its
                  rows' pipeline with torch._scaled_mm for F.linear; pairs with n or k not a multiple of 16
-                 left out: torch._scaled_mm refuses them). Not captured into CUDA graphs yet (graph rows say
-                 so).
+                 left out: torch._scaled_mm refuses them); graph rows capture both sides' FP8 calls as the
+                 16-bit rows do.
 max_m (max_rows, max_tokens) is the largest of the run: one op per (op, n, k, dtype), closed after it.
 
 Default (n, k): the GEMMs before tensor parallelism's AllReduce in real models (PAIRS below), bf16, and
@@ -806,8 +806,6 @@ class Run:
                 self.add(make_row(opname, m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, (t_host, o_host),
                                   plan + ("; the GPU waited on the host in a turn" if late else "")),
                          f"  (N={reps})")
-            elif mode == "graph" and dt == "fp8":
-                error_rows(Failure("FP8 inputs: not captured into CUDA graphs yet"), [mode])
             elif mode == "graph":
                 reps = clamp(budget / (GRAPH_CALLS * max(t_est, 1e-4)), 1, 20)
                 got, err = agreed(lambda: self.graph_times(op, m, theirs, ours, reps), device)

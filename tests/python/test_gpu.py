@@ -399,6 +399,33 @@ class Fp8(Case):
                         op(small(4, k).to(torch.float8_e4m3fn), w)
                 op.close()
 
+    def test_captured_into_a_cuda_graph_after_prepare(self):
+        """An FP8 call captured after op.prepare(m) replays as the eager call computes (its scales' pointers
+        captured with it, as x's and w's are)."""
+        if not hasattr(torch, "float8_e4m3fn"):
+            self.skipTest("this torch has no float8_e4m3fn")
+        n, k, m = 768, 1024, 96
+        gen = torch.Generator().manual_seed(SEED + 13 + RANK)
+        small = lambda *shape: torch.randint(-3, 4, shape, generator=gen).float().to(DEVICE)  # noqa: E731
+        w = small(n, k).to(torch.float8_e4m3fn)
+        x = small(m, k).to(torch.float8_e4m3fn)
+        sa, sb = small(m).abs() + 1, small(n).abs() + 1
+        for make in (self.make, self.make_rs):
+            op = make(max_m=512, n=n, k=k, input="e4m3", scales="row")
+            want = op(x, w, scale_a=sa, scale_b=sb)
+            op.prepare(m)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                got = op(x, w, scale_a=sa, scale_b=sb)
+            for _ in range(2):
+                got.zero_()
+                g.replay()
+                torch.cuda.synchronize()
+                self.ok(torch.equal(got, want), f"{op}: the replayed FP8 call differs from the eager one")
+            del g
+            op.close()
+
     def test_reduce_scatter_against_scaled_mm_and_reduce_scatter_tensor(self):
         if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
             self.skipTest("this torch has no float8_e4m3fn or _scaled_mm")
