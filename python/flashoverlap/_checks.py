@@ -353,6 +353,17 @@ def _check_index(op, name, t, rows):
         raise InvalidArgument(f"{op}: {name} has shape {tuple(t.shape)}, expected ({rows},): one entry per row of x")
 
 
+def check_fp8_inputs(op, x, weight):
+    """InvalidArgument unless op takes FP8 inputs (input="e4m3") and x (m x
+    k) and weight (n x k) are contiguous torch.float8_e4m3fn tensors on its
+    device (the FP8 custom ops' fakes: the scales' checks need the data's
+    counts and come with the call)."""
+    if getattr(op, "_fp8", None) is None:
+        raise InvalidArgument(f"{op}: scale_a and scale_b are for an op built with input='e4m3'")
+    _check_tensor(op, "x", x, (None, op.k), dtype=op._fp8)
+    _check_tensor(op, "weight", weight, (op.n, op.k), dtype=op._fp8)
+
+
 def check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, combine,
                      expert_counts=None):
     """InvalidArgument unless a GemmAllToAll call's arguments have the types and

@@ -7,7 +7,8 @@ data, after the checks that need none), so that tracing runs nothing.
 Registered once, by register()."""
 
 from . import torch as ops
-from ._checks import check_a2a_inputs, check_gather_inputs, check_inputs, check_rs_inputs, rs_rows_out
+from ._checks import (check_a2a_inputs, check_fp8_inputs, check_gather_inputs, check_inputs, check_rs_inputs,
+                      rs_rows_out)
 
 
 def _lenient(handle, cls):
@@ -65,6 +66,38 @@ def _reduce_scatter_rmsnorm_fake(x, weight, residual, norm_weight, eps, handle):
     return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
 
 
+# ---- FP8 inputs (input="e4m3"): the scales after the op's arguments; the
+# outputs as the 16-bit forms' (the op's dtype) ----
+
+def _scaled(cls):
+    def real(x, weight, scale_a, scale_b, handle):
+        return ops._op_of(handle, cls)._run_fp8(x, weight, None, None, 1e-6, scale_a, scale_b)
+    return real
+
+
+def _scaled_fake(cls):
+    def fake(x, weight, scale_a, scale_b, handle):
+        op = ops._op_of(handle, cls)
+        check_fp8_inputs(op, x, weight)
+        m = x.shape[0]
+        rows = m if cls is ops.GemmAllReduce else rs_rows_out(m, op.world, op.rank, op.layout)
+        return x.new_empty((rows, op.n), dtype=op.dtype)
+    return fake
+
+
+def _scaled_rmsnorm(cls):
+    def real(x, weight, residual, norm_weight, eps, scale_a, scale_b, handle):
+        return ops._op_of(handle, cls)._run_fp8(x, weight, residual, norm_weight, eps, scale_a, scale_b)
+    return real
+
+
+def _scaled_rmsnorm_fake(cls):
+    def fake(x, weight, residual, norm_weight, eps, scale_a, scale_b, handle):
+        check_fp8_inputs(ops._op_of(handle, cls), x, weight)
+        return residual.new_empty(residual.shape), residual.new_empty(residual.shape)
+    return fake
+
+
 # The AllGather that closes the chain: m is an argument (a SymInt: the
 # standard layout's default, rows * world, is symbolic under dynamic shapes).
 def _all_gather_rows(y, m, handle):
@@ -112,6 +145,9 @@ def _all_to_all_rows_fake(x, weight, dest_rank, dest_token, gate, send_counts, r
 
 
 _RMSNORM_ARGS = "(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, int handle)"
+_SCALED_ARGS = "(Tensor x, Tensor weight, Tensor? scale_a, Tensor? scale_b, int handle)"
+_SCALED_RMSNORM_ARGS = ("(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, Tensor? scale_a, "
+                        "Tensor? scale_b, int handle)")
 _A2A_ARGS = ("(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor{gate} gate, SymInt[] send_counts, "
              "SymInt[] recv_counts, SymInt tokens, int handle, SymInt[]? expert_counts=None)")
 
@@ -128,6 +164,14 @@ _OPS = (
     ("gemm_all_to_all", _A2A_ARGS.format(gate="") + " -> Tensor", _all_to_all, _all_to_all_fake),
     ("gemm_all_to_all_rows", _A2A_ARGS.format(gate="?") + " -> (Tensor, Tensor)", _all_to_all_rows,
      _all_to_all_rows_fake),
+    ("gemm_all_reduce_scaled", _SCALED_ARGS + " -> Tensor", _scaled(ops.GemmAllReduce),
+     _scaled_fake(ops.GemmAllReduce)),
+    ("gemm_all_reduce_rmsnorm_scaled", _SCALED_RMSNORM_ARGS + " -> (Tensor, Tensor)",
+     _scaled_rmsnorm(ops.GemmAllReduce), _scaled_rmsnorm_fake(ops.GemmAllReduce)),
+    ("gemm_reduce_scatter_scaled", _SCALED_ARGS + " -> Tensor", _scaled(ops.GemmReduceScatter),
+     _scaled_fake(ops.GemmReduceScatter)),
+    ("gemm_reduce_scatter_rmsnorm_scaled", _SCALED_RMSNORM_ARGS + " -> (Tensor, Tensor)",
+     _scaled_rmsnorm(ops.GemmReduceScatter), _scaled_rmsnorm_fake(ops.GemmReduceScatter)),
 )
 
 

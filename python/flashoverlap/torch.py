@@ -279,6 +279,10 @@ class _OpBase:
                                   "none)")
         self.input, self.scales, self._fp8 = input, scales, fp8
 
+    def _run_fp8(self, x, weight, residual, norm_weight, eps, scale_a, scale_b):
+        """The FP8 custom ops' real implementation: the checked call, run here."""
+        return self._call_fp8(_tm(), x, weight, residual, norm_weight, eps, scale_a, scale_b, direct=True)
+
     def _scale_ptrs(self, torch, scale_a, scale_b, m):
         """The scales' device pointers (None, None without scales), checked
         against the op's kind: float32, contiguous, on its device; "tensor":
@@ -428,16 +432,26 @@ class _Op(_OpBase):
         if self._c_handle is None:
             _op_of(self.handle, type(self))
 
-    # ---- FP8 inputs (input="e4m3"): eager calls, checked here, through the library's _scaled calls ----
+    # ---- FP8 inputs (input="e4m3"): checked here, through the library's _scaled calls ----
 
-    def _call_fp8(self, torch, x, weight, residual, norm_weight, eps, scale_a, scale_b):
+    def _call_fp8(self, torch, x, weight, residual, norm_weight, eps, scale_a, scale_b, direct=False):
         """The FP8 call on a 2-D x: its tensors and scales checked, then the
-        library's _scaled entry points; (out) or (out, h) of _rows_of(m) rows."""
+        library's _scaled entry points; (out) or (out, h) of _rows_of(m) rows.
+        Traced or compiled (and not direct: the custom op's own call), the
+        custom op flashoverlap::<op>_scaled (or _rmsnorm_scaled) instead."""
         if self._fp8 is None:
             raise InvalidArgument(f"{self}: scale_a and scale_b are for an op built with input='e4m3'")
-        if not _eager(torch, x, weight, *(t for t in (residual, norm_weight, scale_a, scale_b) if t is not None)):
-            raise InvalidArgument(f"{self}: FP8 inputs take eager calls only (not yet a custom op for torch.compile, "
-                                  "tracing or autograd)")
+        if not direct and not _eager(torch, x, weight,
+                                     *(t for t in (residual, norm_weight, scale_a, scale_b) if t is not None)):
+            name = self._custom_op
+            if residual is None and norm_weight is None:
+                return getattr(torch.ops.flashoverlap, name + "_scaled")(x, weight, scale_a, scale_b, self.handle)
+            if residual is None or norm_weight is None:
+                raise InvalidArgument(f"{self}: residual and norm_weight come together (the fused residual + RMSNorm "
+                                      "form)")
+            return getattr(torch.ops.flashoverlap, name + "_rmsnorm_scaled")(x, weight, residual, norm_weight,
+                                                                               float(eps), scale_a, scale_b,
+                                                                               self.handle)
         self._open()
         i = self.device.index
         for name, t, shape in (("x", x, (None, self.k)), ("weight", weight, (self.n, self.k))):
@@ -607,9 +621,13 @@ class GemmAllReduce(_Op):
     the output and the sum in dtype), scaled as `scales` says: "none",
     "tensor" (scale_a, scale_b one fp32 each) or "row" (scale_a (m,), one per
     row of x; scale_b (n,), one per row of weight), as torch._scaled_mm takes
-    them: each call passes op(x, weight, scale_a=..., scale_b=...). Eager
-    calls only (not yet a custom op for torch.compile or CUDA graphs).
+    them: each call passes op(x, weight, scale_a=..., scale_b=...). Traced
+    and compiled code sees the custom ops flashoverlap::gemm_all_reduce_scaled
+    and gemm_all_reduce_rmsnorm_scaled; CUDA graphs capture a call of a
+    prepared m as the 16-bit calls.
     """
+
+    _custom_op = "gemm_all_reduce"  # (its FP8 custom ops: flashoverlap::<this>_scaled, <this>_rmsnorm_scaled)
 
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", nccl_sms=None,
                  wait_timeout_s=None, check_m=False, curves=None, tuning_cache=None, input="same", scales="none"):
@@ -738,7 +756,8 @@ class GemmReduceScatter(_Op):
     straight into their owners' windows: the standard layout, one host);
     nccl_sms, wait_timeout_s, check_m, tuning_cache: GemmReduceScatterOptions
     (flashoverlap.h). input, scales: FP8 inputs, as GemmAllReduce's
-    (op(x, weight, scale_a=..., scale_b=...); eager calls only).
+    (op(x, weight, scale_a=..., scale_b=...); the custom ops
+    flashoverlap::gemm_reduce_scatter_scaled and _rmsnorm_scaled).
 
     layout: which rows each rank ends with. "standard" (default): rank r
     holds rows [r m/W, (r+1) m/W) of the sum (W the group's size), what
@@ -751,6 +770,8 @@ class GemmReduceScatter(_Op):
     is that AllGather, every rank's rows back in x's row order (either
     layout).
     """
+
+    _custom_op = "gemm_reduce_scatter"  # (its FP8 custom ops: flashoverlap::<this>_scaled, <this>_rmsnorm_scaled)
 
     def __init__(self, group, max_m, n, k, dtype, *, device=None, comm="bootstrap", path="auto", layout="standard",
                  nccl_sms=None, wait_timeout_s=None, check_m=False, tuning_cache=None, input="same", scales="none"):

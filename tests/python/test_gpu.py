@@ -426,6 +426,32 @@ class Fp8(Case):
             del g
             op.close()
 
+    def test_torch_compile_calls_the_fp8_custom_ops(self):
+        """Under torch.compile an FP8 call is the custom op flashoverlap::<op>_scaled (and _rmsnorm_scaled):
+        the compiled function computes what the eager call does."""
+        if not hasattr(torch, "float8_e4m3fn"):
+            self.skipTest("this torch has no float8_e4m3fn")
+        n, k, m = 768, 1024, 64
+        gen = torch.Generator().manual_seed(SEED + 17 + RANK)
+        small = lambda *shape: torch.randint(-3, 4, shape, generator=gen).float().to(DEVICE)  # noqa: E731
+        w = small(n, k).to(torch.float8_e4m3fn)
+        x = small(m, k).to(torch.float8_e4m3fn)
+        sa, sb = small(m).abs() + 1, small(n).abs() + 1
+        for make in (self.make, self.make_rs):
+            op = make(max_m=512, n=n, k=k, input="e4m3", scales="row")
+            want = op(x, w, scale_a=sa, scale_b=sb)
+            f = torch.compile(lambda x, w, sa, sb: op(x, w, scale_a=sa, scale_b=sb) * 2, fullgraph=True)
+            self.ok(torch.equal(f(x, w, sa, sb), want * 2), f"{op}: the compiled FP8 call differs from the eager one")
+            rows = want.shape[0]
+            r = small(rows, n).to(torch.bfloat16)
+            g = small(n).to(torch.bfloat16)
+            y, h = op(x, w, residual=r, norm_weight=g, scale_a=sa, scale_b=sb)
+            fn = torch.compile(lambda x, w, r, g, sa, sb: op(x, w, residual=r, norm_weight=g, scale_a=sa, scale_b=sb),
+                               fullgraph=True)
+            y2, h2 = fn(x, w, r, g, sa, sb)
+            self.ok(torch.equal(y, y2) and torch.equal(h, h2), f"{op}: the compiled FP8 RMSNorm form differs")
+            op.close()
+
     def test_reduce_scatter_against_scaled_mm_and_reduce_scatter_tensor(self):
         if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
             self.skipTest("this torch has no float8_e4m3fn or _scaled_mm")

@@ -974,6 +974,14 @@ class CustomOps(unittest.TestCase):
         "gemm_all_to_all_rows": "(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor? gate, "
                                 "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle, "
                                 "SymInt[]? expert_counts=None) -> (Tensor, Tensor)",
+        "gemm_all_reduce_scaled": "(Tensor x, Tensor weight, Tensor? scale_a, Tensor? scale_b, int handle) -> Tensor",
+        "gemm_all_reduce_rmsnorm_scaled": "(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, "
+                                          "Tensor? scale_a, Tensor? scale_b, int handle) -> (Tensor, Tensor)",
+        "gemm_reduce_scatter_scaled": "(Tensor x, Tensor weight, Tensor? scale_a, Tensor? scale_b, int handle) -> "
+                                      "Tensor",
+        "gemm_reduce_scatter_rmsnorm_scaled": "(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, "
+                                              "float eps, Tensor? scale_a, Tensor? scale_b, int handle) -> "
+                                              "(Tensor, Tensor)",
     }
 
     @classmethod
@@ -1019,8 +1027,8 @@ class CustomOps(unittest.TestCase):
         fot, seen = self.fot, []
         record = lambda name: lambda *args: seen.append((name,) + args) or (name, "second")  # noqa: E731
         made = []
-        for cls, methods in ((fot.GemmAllReduce, ("_run", "_run_rmsnorm")),
-                             (fot.GemmReduceScatter, ("_run", "_run_rmsnorm", "_all_gather_rows")),
+        for cls, methods in ((fot.GemmAllReduce, ("_run", "_run_rmsnorm", "_run_fp8")),
+                             (fot.GemmReduceScatter, ("_run", "_run_rmsnorm", "_all_gather_rows", "_run_fp8")),
                              (fot.GemmAllToAll, ("_run",))):
             op = object.__new__(cls)
             for m in methods:
@@ -1042,6 +1050,13 @@ class CustomOps(unittest.TestCase):
         # (several experts per rank: expert_counts after the handle)
         call("gemm_all_to_all", "x", "w", "dr", "dt", "g", [1], [2], 3, a2a, [1, 0])
         call("gemm_all_to_all_rows", "x", "w", "dr", "dt", None, [1], [2], 3, a2a, [0, 1])
+        # (FP8: the op's checked call, run directly: not dispatched to the custom op again)
+        call("gemm_all_reduce_scaled", "x", "w", "sa", "sb", ar)
+        call("gemm_reduce_scatter_rmsnorm_scaled", "x", "w", "r", "g", 1e-5, "sa", "sb", rs)
+        self.assertEqual(seen[-2:], [
+            ("GemmAllReduce._run_fp8", "x", "w", None, None, 1e-6, "sa", "sb"),
+            ("GemmReduceScatter._run_fp8", "x", "w", "r", "g", 1e-5, "sa", "sb")])
+        del seen[-2:]
         self.assertEqual(seen, [
             ("GemmAllReduce._run", "x", "w"), ("GemmAllReduce._run_rmsnorm", "x", "w", "r", "g", 1e-6),
             ("GemmReduceScatter._run", "x", "w"), ("GemmReduceScatter._run_rmsnorm", "x", "w", "r", "g", 1e-5),
