@@ -33,10 +33,11 @@ import argparse
 import csv
 import datetime
 import os
-import statistics
 import sys
 
 import torch
+
+from torch_timing import time_in_turns
 
 CONFIGS = {
     "mixtral-8x7b-ep2": (4, 4096, 14336, (512, 4096, 16384)),
@@ -56,26 +57,6 @@ def draw_counts(load, experts, rows, gen):
         weight = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64) ** 1.2
     picks = torch.multinomial(weight, rows, replacement=True, generator=gen)
     return torch.bincount(picks, minlength=experts).tolist()
-
-
-def time_turns(fns, runs, warmup, turns=5):
-    """ms per call of each fn: warmup calls each, then `turns` turns of `runs` calls per fn between CUDA events;
-    the median over the turns."""
-    for f in fns:
-        for _ in range(warmup):
-            f()
-    torch.cuda.synchronize()
-    per = [[] for _ in fns]
-    for _ in range(turns):
-        for i, f in enumerate(fns):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(runs):
-                f()
-            e.record()
-            e.synchronize()
-            per[i].append(s.elapsed_time(e) / runs)
-    return [statistics.median(p) for p in per]
 
 
 def main():
@@ -142,7 +123,7 @@ def main():
                     if err > 2e-2 * scale:
                         sys.exit(f"grouped_gemm.py: {name} rows {rows} {load}: {label} differs from the cuBLAS loop "
                                  f"by {err} (max |y| {scale})")
-                ms = time_turns(fns, a.runs, a.warmup)
+                ms = time_in_turns(fns, a.runs, 5, warmup=a.warmup)
                 ours_ms, kernel_ms, loop_ms, offs_ms = ms[0], ms[1], ms[2], ms[3]
                 torch_ms = ms[4] if grouped_mm is not None else float("nan")
                 base = torch_ms if grouped_mm is not None else loop_ms

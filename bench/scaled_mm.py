@@ -25,27 +25,9 @@ import sys
 
 import torch
 
+from torch_timing import time_in_turns
+
 COLUMNS = ["M", "N", "K", "scales", "ours_ms", "scaled_mm_ms", "scaled_mm_fast_ms", "ours_tflops", "ratio"]
-
-
-def time_turns(fns, runs, warmup, turns=5):
-    """ms per call of each fn: warmup calls each, then `turns` turns of `runs` calls per fn between CUDA events;
-    the median over the turns."""
-    for f in fns:
-        for _ in range(warmup):
-            f()
-    torch.cuda.synchronize()
-    per = [[] for _ in fns]
-    for _ in range(turns):
-        for i, f in enumerate(fns):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(runs):
-                f()
-            e.record()
-            e.synchronize()
-            per[i].append(s.elapsed_time(e) / runs)
-    return [statistics.median(p) for p in per]
 
 
 def random_e4m3(rows, cols, dev, gen):
@@ -102,7 +84,7 @@ def main():
 
         if kind not in named:
             named[kind] = kernels_of(lambda: call(False))
-        slow_ms, fast_ms = time_turns([lambda: call(False), lambda: call(True)], a.runs, a.warmup)
+        slow_ms, fast_ms = time_in_turns([lambda: call(False), lambda: call(True)], a.runs, 5, warmup=a.warmup)
         ours_ms = float(r["ours_ms"])
         rows.append([m, n, k, kind, f"{ours_ms:.4f}", f"{slow_ms:.4f}", f"{fast_ms:.4f}",
                      f"{2.0 * m * n * k / ours_ms / 1e9:.1f}", f"{slow_ms / ours_ms:.3f}"])

@@ -26,10 +26,11 @@ def slowest(value, device):
     return float(t.item())
 
 
-def time_in_turns(fns, iters, turns, device, warmup=3):
+def time_in_turns(fns, iters, turns, device=None, warmup=3):
     """ms per call of each of fns: `warmup` calls each, then `turns` turns, in
     each a run of `iters` calls per fn between CUDA events (the ranks started
-    together); the median over the turns, the slowest rank's."""
+    together); the median over the turns, the slowest rank's. device None:
+    one process without a process group (no barrier; its own medians)."""
     for f in fns:
         for _ in range(warmup):
             f()
@@ -37,7 +38,8 @@ def time_in_turns(fns, iters, turns, device, warmup=3):
     per = [[] for _ in fns]
     for _ in range(turns):
         for i, f in enumerate(fns):
-            dist.barrier()
+            if device is not None:
+                dist.barrier()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             for _ in range(iters):
@@ -45,7 +47,7 @@ def time_in_turns(fns, iters, turns, device, warmup=3):
             e.record()
             e.synchronize()
             per[i].append(s.elapsed_time(e) / iters)
-    return [slowest(statistics.median(p), device) for p in per]
+    return [statistics.median(p) if device is None else slowest(statistics.median(p), device) for p in per]
 
 
 def machine_line(device, world, **more):

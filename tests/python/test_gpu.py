@@ -399,17 +399,21 @@ class Fp8(Case):
                         op(small(4, k).to(torch.float8_e4m3fn), w)
                 op.close()
 
-    def test_captured_into_a_cuda_graph_after_prepare(self):
-        """An FP8 call captured after op.prepare(m) replays as the eager call computes (its scales' pointers
-        captured with it, as x's and w's are)."""
+    def row_scaled_inputs(self, seed, m, n, k):
+        """x (m, k) and w (n, k) of small integers in e4m3, row-wise scales in 1..4, and the generator's small()."""
         if not hasattr(torch, "float8_e4m3fn"):
             self.skipTest("this torch has no float8_e4m3fn")
-        n, k, m = 768, 1024, 96
-        gen = torch.Generator().manual_seed(SEED + 13 + RANK)
+        gen = torch.Generator().manual_seed(SEED + seed + RANK)
         small = lambda *shape: torch.randint(-3, 4, shape, generator=gen).float().to(DEVICE)  # noqa: E731
         w = small(n, k).to(torch.float8_e4m3fn)
         x = small(m, k).to(torch.float8_e4m3fn)
-        sa, sb = small(m).abs() + 1, small(n).abs() + 1
+        return x, w, small(m).abs() + 1, small(n).abs() + 1, small
+
+    def test_captured_into_a_cuda_graph_after_prepare(self):
+        """An FP8 call captured after op.prepare(m) replays as the eager call computes (its scales' pointers
+        captured with it, as x's and w's are)."""
+        n, k, m = 768, 1024, 96
+        x, w, sa, sb, _ = self.row_scaled_inputs(13, m, n, k)
         for make in (self.make, self.make_rs):
             op = make(max_m=512, n=n, k=k, input="e4m3", scales="row")
             want = op(x, w, scale_a=sa, scale_b=sb)
@@ -429,14 +433,8 @@ class Fp8(Case):
     def test_torch_compile_calls_the_fp8_custom_ops(self):
         """Under torch.compile an FP8 call is the custom op flashoverlap::<op>_scaled (and _rmsnorm_scaled):
         the compiled function computes what the eager call does."""
-        if not hasattr(torch, "float8_e4m3fn"):
-            self.skipTest("this torch has no float8_e4m3fn")
         n, k, m = 768, 1024, 64
-        gen = torch.Generator().manual_seed(SEED + 17 + RANK)
-        small = lambda *shape: torch.randint(-3, 4, shape, generator=gen).float().to(DEVICE)  # noqa: E731
-        w = small(n, k).to(torch.float8_e4m3fn)
-        x = small(m, k).to(torch.float8_e4m3fn)
-        sa, sb = small(m).abs() + 1, small(n).abs() + 1
+        x, w, sa, sb, small = self.row_scaled_inputs(17, m, n, k)
         for make in (self.make, self.make_rs):
             op = make(max_m=512, n=n, k=k, input="e4m3", scales="row")
             want = op(x, w, scale_a=sa, scale_b=sb)
