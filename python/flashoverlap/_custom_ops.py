@@ -113,16 +113,23 @@ def _all_gather_rows_fake(y, m, handle):
 # ---- GemmAllToAll: the counts are int lists (SymInt[]), so the outputs' rows
 # are known without the data: (tokens, n) combined; (sum(recv_counts), n) and
 # the rows' tokens not. expert_counts (several experts per rank; None with
-# one) comes after the handle, with a default, so that the calls of one
-# expert per rank leave it out; it changes no output's shape ----
+# one) and FP8 inputs' scale_a and scale_b come after the handle, with
+# defaults, so that the calls without them leave them out; they change no
+# output's shape ----
 
-def _all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle, expert_counts=None):
+def _scales(scale_a, scale_b):
+    return None if scale_a is None and scale_b is None else (scale_a, scale_b)
+
+
+def _all_to_all(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle, expert_counts=None,
+                scale_a=None, scale_b=None):
     return ops._op_of(handle, ops.GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts,
-                                                     recv_counts, tokens, True, expert_counts)[0]
+                                                     recv_counts, tokens, True, expert_counts,
+                                                     _scales(scale_a, scale_b))[0]
 
 
 def _all_to_all_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle,
-                     expert_counts=None):
+                     expert_counts=None, scale_a=None, scale_b=None):
     op = ops._op_of(handle, ops.GemmAllToAll)
     check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, True,
                      expert_counts)
@@ -130,13 +137,14 @@ def _all_to_all_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_c
 
 
 def _all_to_all_rows(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle,
-                     expert_counts=None):
+                     expert_counts=None, scale_a=None, scale_b=None):
     return ops._op_of(handle, ops.GemmAllToAll)._run(x, weight, dest_rank, dest_token, gate, send_counts,
-                                                     recv_counts, tokens, False, expert_counts)
+                                                     recv_counts, tokens, False, expert_counts,
+                                                     _scales(scale_a, scale_b))
 
 
 def _all_to_all_rows_fake(x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, handle,
-                          expert_counts=None):
+                          expert_counts=None, scale_a=None, scale_b=None):
     op = ops._op_of(handle, ops.GemmAllToAll)
     check_a2a_inputs(op, x, weight, dest_rank, dest_token, gate, send_counts, recv_counts, tokens, False,
                      expert_counts)
@@ -149,7 +157,8 @@ _SCALED_ARGS = "(Tensor x, Tensor weight, Tensor? scale_a, Tensor? scale_b, int 
 _SCALED_RMSNORM_ARGS = ("(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, Tensor? scale_a, "
                         "Tensor? scale_b, int handle)")
 _A2A_ARGS = ("(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor{gate} gate, SymInt[] send_counts, "
-             "SymInt[] recv_counts, SymInt tokens, int handle, SymInt[]? expert_counts=None)")
+             "SymInt[] recv_counts, SymInt tokens, int handle, SymInt[]? expert_counts=None, Tensor? scale_a=None, "
+             "Tensor? scale_b=None)")
 
 # name (in the flashoverlap namespace), schema, real implementation, fake implementation
 _OPS = (

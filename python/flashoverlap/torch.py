@@ -1040,7 +1040,8 @@ class GemmAllToAll(_OpBase):
     input "e4m3": FP8 inputs, as GemmAllReduce's (one expert per rank): x
     and weight torch.float8_e4m3fn, the rows moved and combined in dtype;
     each call passes scale_a (scales "tensor": one element; "row": one per
-    row of x) and scale_b (one, or n). Eager calls only.
+    row of x) and scale_b (one, or n); traced and compiled code sees the
+    custom ops with the scales after expert_counts.
 
     Every call is collective, and synchronises the host: the ranks' routings
     are exchanged (the host waits for that exchange) and the call planned on
@@ -1165,9 +1166,10 @@ class GemmAllToAll(_OpBase):
             if self._fp8 is None:
                 raise InvalidArgument(f"{self}: scale_a and scale_b are for an op built with input='e4m3'")
             if not _eager(torch, *(t for t in (x, weight, dest_rank, dest_token, gate_weight, scale_a, scale_b)
-                                   if t is not None)):
-                raise InvalidArgument(f"{self}: FP8 inputs take eager calls only (not yet a custom op for "
-                                      "torch.compile, tracing or autograd)")
+                                   if t is not None)):  # (the custom op, its scales after expert_counts)
+                fn = torch.ops.flashoverlap.gemm_all_to_all if combine else torch.ops.flashoverlap.gemm_all_to_all_rows
+                return fn(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens, self.handle, by_expert,
+                          scale_a, scale_b)
             if self._c_handle is None:
                 _op_of(self.handle, GemmAllToAll)  # (closed: the custom op's message)
             out, tokens_out = self._run(x, weight, dest_rank, dest_token, gate_weight, send, recv, tokens, combine,

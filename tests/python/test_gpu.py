@@ -1423,6 +1423,10 @@ class AllToAll(Case):
                 else:
                     good, _ = within(out, mine, 2 * U[torch.bfloat16] * mine.float().abs().max().item() + 1e-6)
                 self.ok(good, f"{op} scales={scales} path={path}: the combine is not that of the received rows")
+                if scales == "row" and path == "auto":  # (compiled: the custom op, the scales after expert_counts)
+                    f = torch.compile(lambda x, w, sa, sb: op(x, w, *args[2:], scale_a=sa, scale_b=sb))
+                    self.ok(torch.equal(f(x_of[RANK], w_of[RANK], sa_of[RANK], sb_of[RANK]), out),
+                            f"{op}: the compiled FP8 call differs from the eager one")
                 with self.assertRaises(fo.InvalidArgument):  # (16-bit x on an FP8 op)
                     op(x_of[RANK].to(torch.bfloat16), *args[1:], **kw)
                 if scales != "none":

@@ -970,10 +970,11 @@ class CustomOps(unittest.TestCase):
         "gemm_reduce_scatter_all_gather_rows": "(Tensor y, SymInt m, int handle) -> Tensor",
         "gemm_all_to_all": "(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor gate, "
                            "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle, "
-                           "SymInt[]? expert_counts=None) -> Tensor",
+                           "SymInt[]? expert_counts=None, Tensor? scale_a=None, Tensor? scale_b=None) -> Tensor",
         "gemm_all_to_all_rows": "(Tensor x, Tensor weight, Tensor dest_rank, Tensor dest_token, Tensor? gate, "
                                 "SymInt[] send_counts, SymInt[] recv_counts, SymInt tokens, int handle, "
-                                "SymInt[]? expert_counts=None) -> (Tensor, Tensor)",
+                                "SymInt[]? expert_counts=None, Tensor? scale_a=None, Tensor? scale_b=None) -> "
+                                "(Tensor, Tensor)",
         "gemm_all_reduce_scaled": "(Tensor x, Tensor weight, Tensor? scale_a, Tensor? scale_b, int handle) -> Tensor",
         "gemm_all_reduce_rmsnorm_scaled": "(Tensor x, Tensor weight, Tensor residual, Tensor norm_weight, float eps, "
                                           "Tensor? scale_a, Tensor? scale_b, int handle) -> (Tensor, Tensor)",
@@ -1013,8 +1014,9 @@ class CustomOps(unittest.TestCase):
         for name in ("gemm_all_to_all", "gemm_all_to_all_rows"):
             for fn in (self.defined["flashoverlap::" + name].real, self.defined["flashoverlap::" + name].fake):
                 params = list(inspect.signature(fn).parameters.values())
-                self.assertEqual((params[-2].name, params[-1].name, params[-1].default), ("handle", "expert_counts",
-                                                                                          None), fn.__name__)
+                self.assertEqual([(p.name, p.default) for p in params[-4:]],
+                                 [("handle", inspect.Parameter.empty), ("expert_counts", None), ("scale_a", None),
+                                  ("scale_b", None)], fn.__name__)
         try:
             import torch
         except ImportError:
@@ -1050,6 +1052,10 @@ class CustomOps(unittest.TestCase):
         # (several experts per rank: expert_counts after the handle)
         call("gemm_all_to_all", "x", "w", "dr", "dt", "g", [1], [2], 3, a2a, [1, 0])
         call("gemm_all_to_all_rows", "x", "w", "dr", "dt", None, [1], [2], 3, a2a, [0, 1])
+        # (FP8 inputs' scales after expert_counts, to _run as a pair)
+        call("gemm_all_to_all", "x", "w", "dr", "dt", "g", [1], [2], 3, a2a, None, "sa", "sb")
+        self.assertEqual(seen.pop(), ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True, None,
+                                      ("sa", "sb")))
         # (FP8: the op's checked call, run directly: not dispatched to the custom op again)
         call("gemm_all_reduce_scaled", "x", "w", "sa", "sb", ar)
         call("gemm_reduce_scatter_rmsnorm_scaled", "x", "w", "r", "g", 1e-5, "sa", "sb", rs)
@@ -1061,10 +1067,10 @@ class CustomOps(unittest.TestCase):
             ("GemmAllReduce._run", "x", "w"), ("GemmAllReduce._run_rmsnorm", "x", "w", "r", "g", 1e-6),
             ("GemmReduceScatter._run", "x", "w"), ("GemmReduceScatter._run_rmsnorm", "x", "w", "r", "g", 1e-5),
             ("GemmReduceScatter._all_gather_rows", "y", 64),
-            ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True, None),
-            ("GemmAllToAll._run", "x", "w", "dr", "dt", None, [1], [2], 3, False, None),
-            ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True, [1, 0]),
-            ("GemmAllToAll._run", "x", "w", "dr", "dt", None, [1], [2], 3, False, [0, 1])])
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True, None, None),
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", None, [1], [2], 3, False, None, None),
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", "g", [1], [2], 3, True, [1, 0], None),
+            ("GemmAllToAll._run", "x", "w", "dr", "dt", None, [1], [2], 3, False, [0, 1], None)])
         # a handle of another kind, or none
         with self.assertRaisesRegex(FlashOverlapError, f"handle {ar} is a GemmAllReduce, not a GemmReduceScatter"):
             call("gemm_reduce_scatter", "x", "w", ar)
