@@ -379,14 +379,15 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
     throw InvalidArgument(d.who() + ": FP8 inputs take one expert per rank (the grouped GEMM's inputs are 16-bit)");
   // Every rank plans every call alike from the exchanged routing: also from the same SMs and options.
   struct Agreed {
-    int32_t sms, nccl_sms, path, experts, input;
+    int32_t sms, nccl_sms, path, experts, input, scales;
     bool operator==(const Agreed&) const = default;
   };
-  const Agreed here{d.sms, options.nccl_sms, int32_t(options.path), options.experts, int32_t(options.input)};
+  const Agreed here{d.sms, options.nccl_sms, int32_t(options.path), options.experts, int32_t(options.input),
+                    int32_t(options.scales)};
   for (const Agreed& x : rt::gather_from_all(comm.get(), d.rank, here, d.who() + ": the ranks' options"))
     if (!(x == here))
       throw InvalidArgument(d.who() + ": the ranks differ in SMs (" + std::to_string(x.sms) + " against " +
-                            std::to_string(here.sms) + "), nccl_sms, path, input or experts (" +
+                            std::to_string(here.sms) + "), nccl_sms, path, input, scales or experts (" +
                             std::to_string(x.experts) + " against " + std::to_string(here.experts) +
                             "): every rank needs the same to plan alike");
   if (options.path == GemmAllToAllOptions::Path::NVLink) {  // (every rank the same verdict: the options agreed)
