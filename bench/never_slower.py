@@ -15,6 +15,9 @@ Ops, ours | PyTorch's (x: m x k, w: n x k, random in [-1, 1), different on every
   reducescatter  rs = fo.GemmReduceScatter(None, max_m, n, k, dtype); rs(x, w)
                  | y = F.linear(x, w); out = torch.empty(m // W, n); dist.reduce_scatter_tensor(out, y)
                  m must be a multiple of the world size W: at W > 1 every m is rounded up to one.
+                 At W > 1 also rows of op "rs-async-tp": ours against PyTorch's Async-TP,
+                 torch.ops.symm_mem.fused_matmul_reduce_scatter(x, w.t(), "sum", 0, group) (symmetric memory
+                 enabled for the world group; --no-async-tp leaves them out; bf16 and fp16 only).
   alltoall       fo.GemmAllToAll(None, max_rows, max_tokens, topk, n, k, dtype), the MoE combine, called
                  with the routing on the device, as a dispatch leaves it
                  | bench/torch_alltoall.py's torch-sequential (F.linear, all_to_all_single, index_add_
@@ -233,6 +236,8 @@ def parse_args(argv):
                     help="turns per measurement (even, >= 6: each variant goes first after the sleep in half)")
     ap.add_argument("--quick", action="store_true", help="3 pairs at m 1, 32, 2048: a smoke run")
     ap.add_argument("--kernels", action="store_true", help="list the CUDA kernels of F.linear and of ours first")
+    ap.add_argument("--no-async-tp", action="store_true",
+                    help="at world > 1, leave out the ReduceScatter's rows against PyTorch's Async-TP")
     ap.add_argument("--tuning-cache", default="", help="a tuning cache FILE for the ops")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--row-budget-ms", type=float, default=250.0,
@@ -775,11 +780,11 @@ class Run:
         def ours():
             return op(x, w, **scales)
 
-        def error_rows(err, modes):
+        def error_rows(err, modes, label=opname):
             if not isinstance(err, Failure):
-                self.our_errors.append(f"{opname} m={m} n={n} k={k} {dt}: {error_text(err)}")
+                self.our_errors.append(f"{label} m={m} n={n} k={k} {dt}: {error_text(err)}")
             for mode in modes:
-                self.add(make_row(opname, m, n, k, dt, mode, plan=f"error: {error_text(err)}"))
+                self.add(make_row(label, m, n, k, dt, mode, plan=f"error: {error_text(err)}"))
 
         # Correctness first; the ops plan m at their first call (plan() after it).
         got, err = agreed(lambda: (theirs(), ours(), op.plan(m)), device)
@@ -791,42 +796,73 @@ class Run:
             self.failed_check(f"{opname} m={m} n={n} k={k} {dt}: {bad} elements beyond the bound")
             plan += f"; CHECK FAILED: {bad} elements beyond the bound"
         del y
+        self.against(opname, theirs, ours, op, m, n, k, dt, plan, ref, error_rows)
+        symm = self.async_tp_group() if opname == "reducescatter" and dt != "fp8" else None
+        if symm:  # (PyTorch's Async-TP: its fused GEMM + ReduceScatter, rows of their own)
+            wt = w.t()
+            atp = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(x, wt, "sum", 0, symm)  # noqa: E731
+            got, err = agreed(atp, device)
+            if err is not None:
+                return error_rows(Failure(f"Async-TP failed: {error_text(err)}"), args.modes, "rs-async-tp")
+            note = "; Async-TP beyond the bound" if int(slowest(beyond_bound(got, ref, k, world), device)) else ""
+            del got
+            self.against("rs-async-tp", atp, ours, op, m, n, k, dt, plan + note, ref, error_rows)
+
+    def against(self, label, theirs, ours, op, m, n, k, dt, plan, ref, error_rows):
+        """One (op, m, n, k, dtype)'s rows, a row per mode: theirs against ours, in turns."""
+        device, world, args, timer = self.device, self.world, self.args, self.timer
         t_est, err = agreed(lambda: timer.estimate_ms([theirs, ours]), device)
         if err is not None:
-            return error_rows(err, args.modes)
+            return error_rows(err, args.modes, label)
         budget = args.row_budget_ms / (2 * args.turns)  # ms per variant per turn
         for mode in args.modes:
             if mode == "eager":
                 reps = clamp(budget / max(t_est, 1e-4), 10, 200)
                 got, err = agreed(lambda: timer.behind_sleep([theirs, ours], reps, args.turns, "eager"), device)
                 if err is not None:
-                    error_rows(err, [mode])
+                    error_rows(err, [mode], label)
                     continue
                 ((t_ms, t_host), (o_ms, o_host)), late = got
-                self.add(make_row(opname, m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, (t_host, o_host),
+                self.add(make_row(label, m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, (t_host, o_host),
                                   plan + ("; the GPU waited on the host in a turn" if late else "")),
                          f"  (N={reps})")
             elif mode == "graph":
                 reps = clamp(budget / (GRAPH_CALLS * max(t_est, 1e-4)), 1, 20)
                 got, err = agreed(lambda: self.graph_times(op, m, theirs, ours, reps), device)
                 if err is not None:
-                    error_rows(err, [mode])
+                    error_rows(err, [mode], label)
                     continue
                 (t_ms, o_ms), late, out = got
                 note = "; the GPU waited on the host in a turn" if late else ""
                 bad = int(slowest(beyond_bound(out, ref, k, world), device))
                 if bad:
-                    self.failed_check(f"{opname} m={m} n={n} k={k} {dt} graph replay: {bad} elements beyond the bound")
+                    self.failed_check(f"{label} m={m} n={n} k={k} {dt} graph replay: {bad} elements beyond the bound")
                     note += f"; CHECK FAILED (graph replay): {bad} elements beyond the bound"
                 del out
-                self.add(make_row(opname, m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, plan=plan + note),
+                self.add(make_row(label, m, n, k, dt, mode, t_ms * 1e3, o_ms * 1e3, plan=plan + note),
                          f"  (R={reps})")
             else:
                 got, err = agreed(lambda: timer.latency_us([theirs, ours], args.turns), device)
                 if err is not None:
-                    error_rows(err, [mode])
+                    error_rows(err, [mode], label)
                     continue
-                self.add(make_row(opname, m, n, k, dt, mode, got[0], got[1], plan=plan))
+                self.add(make_row(label, m, n, k, dt, mode, got[0], got[1], plan=plan))
+
+    def async_tp_group(self):
+        """The group name Async-TP runs on (symmetric memory enabled for the
+        world group once), or None: at world 1, with --no-async-tp, or where
+        this torch has none (said once)."""
+        if not hasattr(self, "_symm"):
+            self._symm = None
+            if self.world > 1 and not self.args.no_async_tp:
+                try:
+                    import torch.distributed._symmetric_memory as symm_mem
+                    symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
+                    self._symm = dist.group.WORLD.group_name
+                except Exception as e:  # (PyTorch's side: its rows left out, said so)
+                    log(f"Async-TP unavailable in torch {torch.__version__} ({type(e).__name__}: {e}): its rows "
+                        "left out")
+        return self._symm
 
     def graph_times(self, op, m, theirs, ours, reps):
         """(ms per call of PyTorch's and ours' graphs), late, ours' last output."""
