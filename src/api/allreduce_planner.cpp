@@ -145,11 +145,8 @@ std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DTyp
   api::AllReducePlanner p;
   p.n = n, p.k = k, p.world = world, p.sms = sms, p.dtype = dtype, p.opts = options;
   p.tiles = api::tiles_for(options.input);
-  const std::array<double, 2> waves = api::model_wave_ms(k);
+  const std::array<double, 2> waves = api::model_wave_ms(k, options.input);  // (the op measures its own)
   p.wave_ms[0] = waves[0], p.wave_ms[1] = waves[1];
-  // (FP8: 128x128 tiles at half the 16-bit wave, the tensor cores' FP8 rate being twice bf16's: the model's
-  // guess; the op measures its own)
-  if (fp8) p.wave_ms[0] = api::kNoTile, p.wave_ms[1] = waves[1] / 2;
   const std::string dt = dtype == DType::BF16 ? "bf16" : "fp16";
   auto curve = [&](int ctas) {
     if (!options.curves.empty()) {

@@ -30,7 +30,7 @@ AllToAllPlanner::Planned AllToAllPlanner::plan_for(const plan::MoeRouting& routi
   // (NVLink: the sequential plan's tile and grid, the whole GPU's; its rows go as the tiles finish.)
   const double gain = opts.path == Path::Auto ? 0.01 : opts.path == Path::Slots ? -1e9 : 1e9;
   for (size_t t = 0; t < op_tiles().size(); ++t) {
-    if (opts.input == InputType::E4M3 && op_tiles()[t].bn != 128) continue;  // (FP8: 128x128 tiles, kernels::Fp8)
+    if (!input_takes_tile(opts.input, op_tiles()[t])) continue;
     plan::MoePlan p = plan_with(routing, counts, t, nullptr, gain);
     if (opts.path == Path::Slots && p.common.size() < 2) {  // two groups at least, where the overlap grid has 2 waves
       int32_t waves = 0;
@@ -47,6 +47,12 @@ AllToAllPlanner::Planned AllToAllPlanner::plan_for(const plan::MoeRouting& routi
                  n % 8 == 0 &&
                  plan::in_dispatch_order(routing) && seq.cublas(std::max<int64_t>(routing.rows(rank), 1));
   return std::move(*best);
+}
+
+void check_alltoall_inputs(const std::string& who, const GemmAllToAllOptions& options, int64_t k) {
+  check_input_options(who, options.input, options.scales, k);
+  if (options.input == InputType::E4M3 && options.experts > 1)
+    throw InvalidArgument(who + ": FP8 inputs take one expert per rank (the grouped GEMM's inputs are 16-bit)");
 }
 
 std::string AllToAllPlanner::describe(const Planned& p, int rank) const {
@@ -81,9 +87,7 @@ std::string plan_gemm_alltoall(const std::vector<AllToAllRouting>& routings, int
   const int E = options.experts;
   if (E < 1 || E > 4096 || int64_t(E) * n > INT32_MAX)
     throw InvalidArgument(who + ": experts must be in [1, 4096], and experts x n (the weights' rows) below 2^31");
-  api::check_input_options(who, options.input, options.scales, k);
-  if (options.input == InputType::E4M3 && E > 1)
-    throw InvalidArgument(who + ": FP8 inputs take one expert per rank (the grouped GEMM's inputs are 16-bit)");
+  api::check_alltoall_inputs(who, options, k);
   // Every rank's routing as the op gathers it (host arrays); count_moe_rows checks the rest.
   plan::MoeRouting all;
   all.world = world, all.experts = E;
@@ -116,8 +120,7 @@ std::string plan_gemm_alltoall(const std::vector<AllToAllRouting>& routings, int
   const plan::MoeRowCounts counts = plan::count_moe_rows(all, api::kBm);  // (throws naming the rank and row)
   api::AllToAllPlanner p;
   p.n = n, p.k = k, p.world = world, p.sms = sms, p.dtype = dtype, p.opts = options;
-  p.wave_ms = api::model_wave_ms(k);
-  if (options.input == InputType::E4M3) p.wave_ms[1] /= 2;  // (the FP8 tensor cores' rate: the AllReduce's model too)
+  p.wave_ms = api::model_wave_ms(k, options.input);
   return p.describe(p.plan_for(all, counts, rank), rank);
 }
 

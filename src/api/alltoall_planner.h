@@ -45,4 +45,8 @@ struct AllToAllPlanner {
                           const plan::Partition* partition, double min_gain) const;
 };
 
+// The options' inputs as the op and plan_gemm_alltoall take them
+// (check_input_options, and FP8 with one expert per rank only).
+void check_alltoall_inputs(const std::string& who, const GemmAllToAllOptions& options, int64_t k);
+
 }  // namespace flashoverlap::api

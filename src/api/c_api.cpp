@@ -443,6 +443,14 @@ void op_run_registered(fo_gemm_allreduce_t op, const void* a, const void* b, int
   require(b, "b");
   o.op.run_registered(a, b, slot, m, static_cast<cudaStream_t>(stream), scales);
 }
+void a2a_run(fo_gemm_alltoall_t op, const void* a, const void* b, const fo_alltoall_routing* routing, void* out,
+             int64_t ld_out, int combine, int32_t* tokens_out, void* stream,
+             const flashoverlap::InputScales& scales = {}) {
+  fo_gemm_alltoall& o = deref(op, "op");
+  const flashoverlap::AllToAllRouting r = to_routing(routing);
+  // (null pointers and the routing's fields: checked by every rank together, in the exchange)
+  o.op.run(a, b, r, out, static_cast<cudaStream_t>(stream), combine != 0, ld_out, tokens_out, scales);
+}
 template <class Op, class... Scales>
 void op_run_rmsnorm(Op* op, const void* a, const void* b, const void* residual, const void* norm_weight, float eps,
                     void* out, void* residual_out, int64_t m, void* stream, const Scales&... scales) {
@@ -922,22 +930,15 @@ fo_status fo_gemm_alltoall_create(fo_comm_t comm, int64_t max_rows, int64_t max_
 
 fo_status fo_gemm_alltoall_run(fo_gemm_alltoall_t op, const void* a, const void* b, const fo_alltoall_routing* routing,
                                void* out, int64_t ld_out, int combine, int32_t* tokens_out, void* stream) {
-  return guard("fo_gemm_alltoall_run", [&] {
-    fo_gemm_alltoall& o = deref(op, "op");
-    const flashoverlap::AllToAllRouting r = to_routing(routing);
-    // (null pointers and the routing's fields: checked by every rank together, in the exchange)
-    o.op.run(a, b, r, out, static_cast<cudaStream_t>(stream), combine != 0, ld_out, tokens_out);
-  });
+  return guard("fo_gemm_alltoall_run",
+               [&] { a2a_run(op, a, b, routing, out, ld_out, combine, tokens_out, stream); });
 }
 
 fo_status fo_gemm_alltoall_run_scaled(fo_gemm_alltoall_t op, const void* a, const void* b,
                                       const fo_alltoall_routing* routing, void* out, int64_t ld_out, int combine,
                                       int32_t* tokens_out, void* stream, const float* scale_a, const float* scale_b) {
   return guard("fo_gemm_alltoall_run_scaled", [&] {
-    fo_gemm_alltoall& o = deref(op, "op");
-    const flashoverlap::AllToAllRouting r = to_routing(routing);
-    o.op.run(a, b, r, out, static_cast<cudaStream_t>(stream), combine != 0, ld_out, tokens_out,
-             flashoverlap::InputScales{scale_a, scale_b});
+    a2a_run(op, a, b, routing, out, ld_out, combine, tokens_out, stream, flashoverlap::InputScales{scale_a, scale_b});
   });
 }
 

@@ -199,9 +199,8 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
     const std::array<double, 2> w = api::gemm_wave_ms(c, d.rank, max_m, n, k, dtype, d.sms, d.who(), options.input);
     d.planner.wave_ms[0] = w[0], d.planner.wave_ms[1] = w[1];
     d.cublas = std::make_unique<rt::CublasGemm>();
-    d.planner.seq =
-        api::measure_sequential_gemms(c, d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who(), options.input,
-                                                     options.scales);
+    d.planner.seq = api::measure_sequential_gemms(c, d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who(),
+                                                  options.input, options.scales);
   }
   // Scratch for the largest m: row-major C, or the slot layout's tiles (whole tiles).
   size_t scratch = size_t(max_m) * size_t(n) * 2;

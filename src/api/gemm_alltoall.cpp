@@ -374,9 +374,7 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   api::check_op_options(d.who(), d.sms, options.nccl_sms, options.wait_timeout_s);
   if (!(options.exchange_timeout_s > 0 && options.exchange_timeout_s <= 7 * 24 * 3600.0))
     throw InvalidArgument(d.who() + ": exchange_timeout_s must be > 0 and at most a week");
-  api::check_input_options(d.who(), options.input, options.scales, k);
-  if (options.input == InputType::E4M3 && options.experts > 1)
-    throw InvalidArgument(d.who() + ": FP8 inputs take one expert per rank (the grouped GEMM's inputs are 16-bit)");
+  api::check_alltoall_inputs(d.who(), options, k);
   // Every rank plans every call alike from the exchanged routing: also from the same SMs and options.
   struct Agreed {
     int32_t sms, nccl_sms, path, experts, input, scales;

@@ -68,7 +68,7 @@ struct Calibration {
     return p;
   }
   // Whether tile i of op_tiles() takes these inputs (FP8: 128x128 only).
-  bool takes(size_t i) const { return !fp8 || op_tiles()[i].bn == 128; }
+  bool takes(size_t i) const { return input_takes_tile(fp8 ? InputType::E4M3 : InputType::Same, op_tiles()[i]); }
 };
 
 // Each entry's largest value over the ranks (collective).
@@ -210,9 +210,15 @@ kernels::Fp8 fp8_of(InputType input, ScaleKind scales) {
   return f;
 }
 
+bool input_takes_tile(InputType input, plan::TileShape tile) {
+  return input != InputType::E4M3 || tile.bn == 128;  // (FP8: two accumulator sets, 128x128: kernels::Fp8)
+}
+
 std::vector<plan::TileShape> tiles_for(InputType input) {
-  if (input == InputType::E4M3) return {op_tiles()[1]};  // (two accumulator sets: 128x128, kernels::Fp8)
-  return op_tiles();
+  std::vector<plan::TileShape> out;
+  for (plan::TileShape t : op_tiles())
+    if (input_takes_tile(input, t)) out.push_back(t);
+  return out;
 }
 
 void check_shape(const std::string& who, int64_t max_m, int64_t n, int64_t k) {
@@ -252,9 +258,16 @@ std::string tuning_cache_path(const std::string& option) {
   return !option.empty() ? option : env_cache ? env_cache : "";
 }
 
-std::array<double, 2> model_wave_ms(int64_t k) {
+std::array<double, 2> model_wave_ms(int64_t k, InputType input) {
   const plan::GemmModel model;
-  return {model.wave_ms(op_tiles()[0], k), model.wave_ms(op_tiles()[1], k)};
+  std::array<double, 2> out{};
+  for (size_t i = 0; i < out.size(); ++i) {
+    const plan::TileShape t = op_tiles()[i];
+    out[i] = !input_takes_tile(input, t) ? kNoTile
+             : input == InputType::E4M3  ? model.wave_ms(t, k) / 2
+                                         : model.wave_ms(t, k);
+  }
+  return out;
 }
 
 std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& option, const rt::PickKey& shape,

@@ -81,6 +81,7 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
 void check_input_options(const std::string& who, InputType input, ScaleKind scales, int64_t k);
 void check_input_scales(const std::string& who, InputType input, ScaleKind kind, const InputScales& s);
 kernels::Fp8 fp8_of(InputType input, ScaleKind scales);
+bool input_takes_tile(InputType input, plan::TileShape tile);
 std::vector<plan::TileShape> tiles_for(InputType input);
 
 // The checks every public op makes (InvalidArgument naming `who`): its
@@ -100,8 +101,10 @@ std::string current_gpu_name();
 // $FLASHOVERLAP_TUNING_CACHE's, else none ("").
 std::string tuning_cache_path(const std::string& option);
 // The built-in model's time per wave of our GEMM for each of op_tiles():
-// what the GPU-free planning calls take for the measured ones.
-std::array<double, 2> model_wave_ms(int64_t k);
+// what the GPU-free planning calls take for the measured ones. (FP8
+// inputs: the 128x128 wave at half the 16-bit one, the FP8 tensor cores'
+// rate being twice bf16's; a tile they do not take kNoTile.)
+std::array<double, 2> model_wave_ms(int64_t k, InputType input = InputType::Same);
 
 // Rank 0's tuning-cache entries of `shape` (any tile rows), on every rank
 // (PickCache::entries_for's text): the file is `option`, else

@@ -155,8 +155,7 @@ std::string plan_gemm_reducescatter(int64_t m, int64_t n, int64_t k, int world, 
   p.nvlink_ready = standard && n % 8 == 0 && world <= 8;  // (one host's NVLink: every rank within reach)
   api::check_input_options(who, options.input, options.scales, k);
   const bool fp8 = options.input == InputType::E4M3;
-  p.wave_ms = api::model_wave_ms(k);
-  if (fp8) p.wave_ms = {api::kNoTile, p.wave_ms[1] / 2};  // (as plan_gemm_allreduce's: the model's guess)
+  p.wave_ms = api::model_wave_ms(k, options.input);
   const std::string cache = api::tuning_cache_path(options.tuning_cache);
   if (!cache.empty() && !fp8 && options.path == GemmReduceScatterOptions::Path::Auto) {
     rt::PickKey shape;
