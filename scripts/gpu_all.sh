@@ -259,7 +259,7 @@ for s in "$@"; do
     fp8)
       stage "the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (lab bench-fp8) -> gemm-fp8-<gpu>.csv"
       tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
-      $LAB bench-fp8 --csv "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1
+      timeout 400 $LAB bench-fp8 --csv "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1
       PYTHONUNBUFFERED=1 timeout 600 python3 bench/scaled_mm.py --ours "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" \
         --out "$OUT/gemm-fp8-${tag:-gpu}.csv" 2>&1 | tee -a "$OUT/fp8.log" || status=1
       ;;
@@ -271,7 +271,7 @@ for s in "$@"; do
       else
         timeout 500 "$ncu_bin" --kernel-name regex:'gemm_sm90|nvjet|sm90_xmma|cutlass' --launch-skip 4 --launch-count 6 \
           --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
-          $LAB bench-fp8 --shapes "${PROFILE_SHAPE:-16384x8192x7392}" --warmup 1 --iters 2 \
+          $LAB bench-fp8 --shapes "${PROFILE_SHAPE:-16384x8192x7392}" --warmup 1 --iters 2 --no-gate \
           >"$OUT/profile-fp8.txt" 2>&1 || status=1
         grep -E '^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput' \
           "$OUT/profile-fp8.txt" | head -60

@@ -257,3 +257,50 @@ TEST(Fp8Gemm, MatchesCublasLtsFp8Matmul) {
     EXPECT_EQ(wrong, 0);
   }
 }
+
+// Clusters of two CTAs that share a tile row's A or a tile column's B
+// (GemmParams::fp8_pairs) against each CTA loading its own: bitwise the
+// same C on random e4m3 bytes, over schedules that make the pairs share A
+// (swizzle 1: a round's tiles along one tile row), B (an even band) or
+// neither (an odd band: pairs straddle a band's end), with more tiles than
+// CTAs (several rounds), an odd number of tiles (the last tile's partner
+// has none) and an odd grid (no clusters at all).
+TEST(Fp8Gemm, PairedCtasMatchUnpairedBitwise) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int ctas_of[] = {2, 6, 16, 132, 7};
+  for (int trial = 0; trial < 10; ++trial) {
+    const int64_t m = 1 + int64_t(rng() % 2000), n = 16 * (1 + int64_t(rng() % 120)), k = 16 * (1 + int64_t(rng() % 64));
+    const int ctas = ctas_of[trial % 5], swizzle = 1 + int(rng() % 4);
+    const plan::Raster raster = trial % 2 ? plan::Raster::AlongM : plan::Raster::AlongN;
+    const kernels::Scales kind = trial % 3 ? kernels::Scales::RowWise : kernels::Scales::PerTensor;
+    SCOPED_TRACE("m " + std::to_string(m) + ", n " + std::to_string(n) + ", k " + std::to_string(k) + ", ctas " +
+                 std::to_string(ctas) + ", swizzle " + std::to_string(swizzle) + ", raster " +
+                 std::to_string(int(raster)) + ", seed " + std::to_string(seed));
+    std::vector<uint8_t> a(size_t(m * k)), b(size_t(n * k));
+    for (auto& x : a) x = uint8_t(((rng() & 1) << 7) | ((4 + rng() % 6) << 3) | (rng() & 7));  // (no NaN)
+    for (auto& x : b) x = uint8_t(((rng() & 1) << 7) | ((4 + rng() % 6) << 3) | (rng() & 7));
+    const std::vector<float> sa = random_scales(kind, m, rng), sb = random_scales(kind, n, rng);
+    const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b), dsa = rt::to_device(sa),
+                           dsb = rt::to_device(sb);
+    rt::DeviceBuffer paired(size_t(m) * n * 2), alone(size_t(m) * n * 2);
+    FO_CUDA_CHECK(cudaMemset(paired.get(), 0xff, paired.bytes()));
+    FO_CUDA_CHECK(cudaMemset(alone.get(), 0x7f, alone.bytes()));
+    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, ctas, raster, swizzle);
+    kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), paired.get(), n);
+    p.fp8.on = true, p.fp8.scales = kind, p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
+    kernels::launch_gemm(p, nullptr);
+    p.fp8_pairs = false, p.c = alone.get();
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> x(size_t(m) * n), y(size_t(m) * n);
+    FO_CUDA_CHECK(cudaMemcpy(x.data(), paired.get(), paired.bytes(), cudaMemcpyDeviceToHost));
+    FO_CUDA_CHECK(cudaMemcpy(y.data(), alone.get(), alone.bytes(), cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i] != y[i] && wrong++ < 5)
+        ADD_FAILURE() << "element " << i << ": paired 0x" << std::hex << x[i] << ", unpaired 0x" << y[i];
+    EXPECT_EQ(wrong, 0);
+  }
+}
