@@ -298,14 +298,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // k-block kb's MMAs (into part) done: its stage released, part added.
       // (acc from zero, not a copy of the first part: a copy lets the
       // compiler give acc the part's registers, which the next MMAs write.)
-      const int share = pairs ? pair_shares(p.sched, i, tiles) : 0;
+      // Pairs: a stage is released in both CTAs, whatever this round
+      // shares, so that a producer's empty barrier says the stage is free
+      // in both before its next loads (which may be shared); locally twice
+      // where the partner has no tile this round (it has left the loop, and
+      // may have exited).
+      const bool partner = pairs && (i ^ 1) < tiles;
       auto promote = [&](int at, const float(&part)[BN / 2]) {
-        if (tid == 0) {  // (pairs: two arrives, ours and the partner's, whose loads wrote this stage or did not)
+        if (tid == 0) {
           ptx::mbar_arrive(&empty[at % STAGES]);
-          if (pairs) {
-            if (share) ptx::mbar_arrive_cluster(&empty[at % STAGES], peer);
-            else ptx::mbar_arrive(&empty[at % STAGES]);
-          }
+          if (partner) ptx::mbar_arrive_cluster(&empty[at % STAGES], peer);
+          else if (pairs) ptx::mbar_arrive(&empty[at % STAGES]);
         }
 #pragma unroll
         for (int e = 0; e < BN / 2; ++e) acc[e] += part[e];

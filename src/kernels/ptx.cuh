@@ -129,10 +129,13 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // Arrive on the mbarrier at `bar`'s offset in CTA `cta` of this cluster.
+// (Release at CTA scope, as the local arrive: a cluster-scope release puts a
+// fence before it, which stalls the arriving warp, and with it its
+// warpgroup's next wgmma, at every k-block.)
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
+      "mbarrier.arrive.release.cta.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_addr(bar)),
       "r"(cta)
       : "memory");
 }

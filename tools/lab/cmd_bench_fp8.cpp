@@ -188,8 +188,8 @@ int run(const Options& o) {
         fns.push_back(
             [&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream, true); });
       }
-      const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
       if (both) fns.push_back([&] { kernels::launch_gemm(unpaired, stream); });
+      const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
       const double ours_ms = stats[0].median_ms;
       const double lt_ms = has_lt ? stats[1].median_ms : 0, fast_ms = has_lt ? stats[2].median_ms : 0;
       auto opt = [&](double v, int width) {
