@@ -231,12 +231,6 @@ struct GemmParams {
   // each consumer staging its output half in two pieces in half the shared
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
   bool four_stages = true;
-  // FP8: the grid runs as clusters of two CTAs (an even grid the device
-  // holds whole); where the pair's tiles of a round share a tile row (or
-  // column), each CTA loads half of that A (or B) block into both, halving
-  // that operand's reads from L2. Bitwise the same C. false: each CTA loads
-  // its own blocks (A/B).
-  bool fp8_pairs = true;
 };
 
 // TMA and the 16-byte copies need 16-byte aligned buffers.

@@ -3,9 +3,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <map>
 #include <mutex>
-#include <utility>
 #include <sstream>
 #include <string>
 
@@ -46,32 +44,6 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // A 2D row-major tensor [rows x cols] of 2-byte elements (1-byte: e4m3, as
 // UINT8), `ld` elements per row, read or written in boxes of box_rows rows x
 // 128 bytes with 128-byte swizzle.
-// How many clusters of two CTAs of the FP8 kernel the current device holds
-// at once (measured once per device and kernel): a pair launch needs the
-// whole grid resident, as the unpaired launch has it.
-template <typename K>
-int fp8_pair_clusters(K kernel) {
-  static std::mutex mu;
-  static std::map<std::pair<int, const void*>, int> known;
-  int dev = 0;
-  FO_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(dev, reinterpret_cast<const void*>(kernel));
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2), cfg.blockDim = dim3(kGemmThreads), cfg.dynamicSmemBytes = smem_for<128>();
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-  cfg.attrs = &cluster, cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();  // (none: unpaired launches)
-    n = 0;
-  }
-  return known[key] = n;
-}
-
 CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows,
                      CUtensorMapDataType dt, const char* what) {
   CUtensorMap map;
@@ -294,20 +266,12 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.fp8.on) {  // (128x128 tiles, checked)
-    auto kernel = p.dtype == DType::BF16 ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>()
-                                         : kernel_for<128, __half, __nv_fp8_e4m3>();
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem_for<128>(), cfg.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 2, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    if (p.fp8_pairs && p.sched.ctas % 2 == 0 && 2 * fp8_pair_clusters(kernel) >= p.sched.ctas) {
-      kp.pairs = true;  // (the kernel's tm_p, tm_q: A's and B's 64-row boxes, the halves of a shared block)
-      mp = make_map(p.a, p.m, p.k, p.k, 64, dt_in, "A (half blocks)");
-      mq = make_map(p.b, p.n, p.k, p.k, 64, dt_in, "B (half blocks)");
-      cfg.attrs = &cluster, cfg.numAttrs = 1;
-    }
-    FO_CUDA_CHECK_CTX(cudaLaunchKernelEx(&cfg, kernel, ma, mb, mc, mw, mp, mq, kp), shape_str(p));
+    if (p.dtype == DType::BF16)
+      kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp,
+                                                                                                  mq, kp);
+    else
+      kernel_for<128, __half, __nv_fp8_e4m3>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+    FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
   if (gemm_four_stages(p) && p.owner.rank >= 0 && p.owner.walk == OwnerWalk::Ranges) {

@@ -80,17 +80,6 @@ __device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f,
     }
 }
 
-// FP8 pairs (GemmParams::fp8_pairs): CTAs 2c and 2c+1 form a cluster and,
-// the grid being even, compute tiles i and i^1 in every round. Which operand
-// block their tiles share this round: 0 none (each loads its own; also when
-// the partner has no tile), 1 A (one tile row), 2 B (one tile column).
-__device__ __forceinline__ int pair_shares(const plan::Schedule& s, int i, int tiles) {
-  const int j = i ^ 1;
-  if (j >= tiles) return 0;
-  const plan::TileCoord a = s.tile_of(i), b = s.tile_of(j);
-  return a.tm == b.tm ? 1 : a.tn == b.tn ? 2 : 0;
-}
-
 // TIn: the inputs' type (T, or __nv_fp8_e4m3 with T the output's).
 template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false, typename TIn = T>
 __global__ void __launch_bounds__(kGemmThreads, 1)
@@ -117,8 +106,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
-      // one arrive per consumer warpgroup (pairs: of both CTAs, whose loads may write this stage)
-      ptx::mbar_init(&empty[s], p.pairs ? 4 : 2);
+      ptx::mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
     }
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_init(&c_full[h], 1);
@@ -133,10 +121,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     ptx::fence_barrier_init();
   }
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.owner.claims_reset) *p.owner.claims_reset = 0;
-  const bool pairs = kFp8 && p.pairs;
-  const uint32_t peer = (blockIdx.x & 1) ^ 1;  // (pairs: the partner's rank in the cluster)
-  if (pairs) ptx::cluster_sync();  // (the partner's barriers initialised before our loads signal them)
-  else __syncthreads();
+  __syncthreads();
 
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
@@ -158,8 +143,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         // (grouped: the tile row's rows of A and its expert's rows of B)
         const int32_t a_row = p.grouped.a_row0 ? p.grouped.a_row0[tc.tm] : tc.tm * BM;
         const int32_t b_row = (p.grouped.a_row0 ? p.grouped.b_row0[tc.tm] : 0) + tc.tn * BN;
-        const int share = pairs ? pair_shares(p.sched, i, tiles) : 0;
-        const uint32_t half = blockIdx.x & 1;  // (pairs: the shared block's 64-row half this CTA loads for both)
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
@@ -169,20 +152,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
           }
           ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
-          uint8_t* sa = smem + L::kA + s * L::kABytes;
-          uint8_t* sb = smem + L::kB + s * L::kBBytes;
-          if constexpr (kFp8) {  // (tm_p, tm_q: A's and B's 64-row boxes; 64 rows of 128 bytes = 8 KB)
-            if (share == 1) ptx::tma_load_2d_multicast(sa + half * 8192, &tm_p, &full[s], kb * BK, a_row + half * 64, 3);
-            if (share == 2) ptx::tma_load_2d_multicast(sb + half * 8192, &tm_q, &full[s], kb * BK, b_row + half * 64, 3);
-          }
-          if (share != 1) ptx::tma_load_2d(sa, &tm_a, &full[s], kb * BK, a_row);
-          if (share != 2) ptx::tma_load_2d(sb, &tm_b, &full[s], kb * BK, b_row);
+          ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row);
+          ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, b_row);
         }
       }
-      // Pairs: the partner's consumers release our stages too; stay until
-      // they have (its arrives must not reach an exited CTA).
-      if (pairs)
-        for (int j = 0; j < STAGES; ++j, ++it) ptx::mbar_wait(&empty[it % STAGES], ((it / STAGES) & 1) ^ 1);
     } else if constexpr (kPieces) {
       const PushRing ring{c_empty + 6, c_empty + 6 + kPushRing, reinterpret_cast<int32_t*>(smem + L::kPushFailed)};
       if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
@@ -298,18 +271,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // k-block kb's MMAs (into part) done: its stage released, part added.
       // (acc from zero, not a copy of the first part: a copy lets the
       // compiler give acc the part's registers, which the next MMAs write.)
-      // Pairs: a stage is released in both CTAs, whatever this round
-      // shares, so that a producer's empty barrier says the stage is free
-      // in both before its next loads (which may be shared); locally twice
-      // where the partner has no tile this round (it has left the loop, and
-      // may have exited).
-      const bool partner = pairs && (i ^ 1) < tiles;
       auto promote = [&](int at, const float(&part)[BN / 2]) {
-        if (tid == 0) {
-          ptx::mbar_arrive(&empty[at % STAGES]);
-          if (partner) ptx::mbar_arrive_cluster(&empty[at % STAGES], peer);
-          else if (pairs) ptx::mbar_arrive(&empty[at % STAGES]);
-        }
+        if (tid == 0) ptx::mbar_arrive(&empty[at % STAGES]);
 #pragma unroll
         for (int e = 0; e < BN / 2; ++e) acc[e] += part[e];
       };

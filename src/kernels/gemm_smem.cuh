@@ -37,7 +37,6 @@ struct GemmKernelParams {
   Owner owner;
   Grouped grouped;
   Fp8 fp8;
-  bool pairs;              // FP8: clusters of two CTAs sharing an operand tile (GemmParams::fp8_pairs)
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.

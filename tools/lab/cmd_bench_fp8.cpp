@@ -59,8 +59,7 @@ std::string default_shapes() {
 struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
-  std::string pairs = "on";
-  bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches  // GemmParams::fp8_pairs: on, off, both (both timed in turns: ours_unpaired_ms)
+  bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
 };
@@ -89,9 +88,6 @@ int run(const Options& o) {
   for (const auto& d : shapes)
     if (d[2] % 16 != 0 || d[1] % 16 != 0 || d[0] > INT32_MAX || d[1] > INT32_MAX || d[2] > INT32_MAX)
       throw InvalidArgument("--shapes: N and K must be multiples of 16 (FP8 rows for TMA and cuBLASLt)");
-  if (o.pairs != "on" && o.pairs != "off" && o.pairs != "both")
-    throw InvalidArgument("--pairs: on, off or both (got '" + o.pairs + "')");
-  const bool both = o.pairs == "both";
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
   if (!gpu) return 1;
   const rt::DeviceInfo& info = *gpu;
@@ -104,7 +100,7 @@ int run(const Options& o) {
   if (!o.csv.empty()) {
     csv.open(o.csv);
     if (!csv) throw Error("cannot write " + o.csv);
-    csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,ours_unpaired_ms\n";
+    csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
             << "ours_ms" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms" << std::setw(9) << "ours_TF"
@@ -146,9 +142,6 @@ int run(const Options& o) {
       if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
       kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), s, k, ours.get(), n);
       p.fp8 = f;
-      p.fp8_pairs = o.pairs != "off";
-      kernels::GemmParams unpaired = p;
-      unpaired.fp8_pairs = false;
       const bool has_lt = lt.takes_fp8(kind);
       kernels::launch_gemm(p, stream);
       std::optional<kernels::CompareResult> r;
@@ -171,24 +164,12 @@ int run(const Options& o) {
         lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), fast.get(), m, n, k, n, stream, true);
         err_lt = error_of(theirs), err_fast = error_of(fast);
       }
-      if (both) {  // (the unpaired launch: the same C, bitwise)
-        rt::DeviceBuffer other(ours.bytes());
-        kernels::GemmParams q = unpaired;
-        q.c = other.get();
-        kernels::launch_gemm(q, stream);
-        const kernels::CompareResult same = kernels::compare(kernels::DType::BF16, ours.get(), n, other.get(), n, m, n,
-                                                             stream, kernels::Tolerance{});
-        if (same.mismatches != 0)
-          wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k
-                                  << ": paired and unpaired launches differ: " << same.describe() << "\n";
-      }
       std::vector<std::function<void()>> fns = {[&] { kernels::launch_gemm(p, stream); }};
       if (has_lt) {
         fns.push_back([&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream); });
         fns.push_back(
             [&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream, true); });
       }
-      if (both) fns.push_back([&] { kernels::launch_gemm(unpaired, stream); });
       const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
       const double ours_ms = stats[0].median_ms;
       const double lt_ms = has_lt ? stats[1].median_ms : 0, fast_ms = has_lt ? stats[2].median_ms : 0;
@@ -208,7 +189,6 @@ int run(const Options& o) {
       else std::cout << "-";
       std::cout << std::scientific << std::setprecision(2) << "   err " << err_ours;
       if (has_lt) std::cout << " / " << err_lt << " / " << err_fast;
-      if (both) std::cout << std::fixed << std::setprecision(3) << "   unpaired " << stats.back().median_ms << " ms";
       std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
         csv << m << "," << n << "," << k << "," << kname << "," << ours_ms << ",";
@@ -221,8 +201,6 @@ int run(const Options& o) {
         csv << "," << err_ours << ",";
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
-        csv << ",";
-        if (both) csv << stats.back().median_ms;
         csv << "\n";
       }
     }
@@ -245,10 +223,6 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--shapes", opts->shapes, "Comma-separated MxNxK list (N and K multiples of 16)")
       ->capture_default_str();
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
-      ->capture_default_str();
-  cmd->add_option("--pairs", opts->pairs,
-                  "Clusters of two CTAs sharing an operand block (on), each CTA its own blocks (off), or both timed "
-                  "in turns (both: the column ours_unpaired_ms)")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "
