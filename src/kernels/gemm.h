@@ -165,8 +165,10 @@ struct Owner {
 // GEMM's dtype; each k-block's product (4 wgmma of k32) summed into fp32
 // registers apart (the tensor cores' own sum keeps ~14 bits), then C =
 // (acc * scale_a) * scale_b, rounded once, as torch._scaled_mm scales. 128 x
-// 128 tiles (two accumulator sets), Plain or slot stores, no owner layout,
-// no grouped GEMM yet.
+// 128 tiles (two part sums, the next k-block's MMAs issued before this
+// one's promotion), or 128 x 192 (one part sum; Plain or slot stores only:
+// no scatter; the lab's, until measured); no owner layout, no grouped GEMM
+// yet.
 enum class Scales : int32_t { None = 0, PerTensor = 1, RowWise = 2 };
 struct Fp8 {
   bool on = false;

@@ -19,14 +19,17 @@ namespace {
 // in the 227 KB of shared memory a CTA may use.
 constexpr int kStages256 = 3;  // 3 x 48 KB + 64 KB
 constexpr int kStages128 = 5;  // 5 x 32 KB + 32 KB
+constexpr int kStages192 = 4;  // 4 x 40 KB + 48 KB (FP8)
+template <int BN>
+constexpr int kStagesOf = BN == 256 ? kStages256 : BN == 192 ? kStages192 : kStages128;
 
 template <int BN, typename T, typename TIn = T>
 auto kernel_for() {
-  return &gemm_sm90_kernel<BN, BN == 256 ? kStages256 : kStages128, T, false, false, TIn>;
+  return &gemm_sm90_kernel<BN, kStagesOf<BN>, T, false, false, TIn>;
 }
 template <int BN>
 constexpr int smem_for() {
-  return GemmSmem<BN, BN == 256 ? kStages256 : kStages128>::kDynamicBytes;
+  return GemmSmem<BN, kStagesOf<BN>>::kDynamicBytes;
 }
 // The plain store with 4 stages (GemmParams::four_stages): 4 x 48 KB + 2 x 16 KB.
 template <typename T, bool kWide = false>
@@ -80,7 +83,8 @@ void check_gemm_params(const GemmParams& p) {
   if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   const Grouped& g = p.grouped;
-  if (!tile_supported(p.sched.bm, p.sched.bn)) fail("unsupported tile shape (supported: 128x256, 128x128)");
+  if (!tile_supported(p.sched.bm, p.sched.bn) && !(p.fp8.on && p.sched.bm == 128 && p.sched.bn == 192))
+    fail("unsupported tile shape (supported: 128x256, 128x128; FP8: 128x128, 128x192)");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
   if (p.sched.swizzle < 1) fail("swizzle must be >= 1");
@@ -118,7 +122,9 @@ void check_gemm_params(const GemmParams& p) {
   const Fp8& f8 = p.fp8;
   if (f8.on) {
     if (p.k % 16 != 0) fail("fp8: k must be a multiple of 16 (rows of A and B 16-byte multiples for TMA)");
-    if (p.sched.bn != 128) fail("fp8: 128x128 tiles only (two accumulator sets per consumer)");
+    if (p.sched.bn != 128 && p.sched.bn != 192)
+      fail("fp8: 128x128 or 128x192 tiles (a sum and its parts in the consumers' registers)");
+    if (p.sched.bn == 192 && p.scatter.world > 0) fail("fp8: the scatter epilogue takes 128x128 tiles");
     if (p.owner.rank >= 0 || g.a_row0) fail("fp8: not with the owner layout or the grouped GEMM yet");
     if (p.monitor_phases) fail("fp8: no phase monitor");
   }
@@ -265,8 +271,14 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
-  if (p.fp8.on) {  // (128x128 tiles, checked)
-    if (p.dtype == DType::BF16)
+  if (p.fp8.on) {  // (128x128 or 128x192 tiles, checked)
+    const bool bf = p.dtype == DType::BF16;
+    if (bn == 192 && bf)
+      kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>()<<<grid, block, smem_for<192>(), stream>>>(ma, mb, mc, mw, mp,
+                                                                                                  mq, kp);
+    else if (bn == 192)
+      kernel_for<192, __half, __nv_fp8_e4m3>()<<<grid, block, smem_for<192>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+    else if (bf)
       kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp,
                                                                                                   mq, kp);
     else
@@ -320,6 +332,8 @@ void preload_gemm_kernels() {
   prepare(kernel_for<128, __half>(), smem_for<128>());
   prepare(kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(), smem_for<128>());
   prepare(kernel_for<128, __half, __nv_fp8_e4m3>(), smem_for<128>());
+  prepare(kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(), smem_for<192>());
+  prepare(kernel_for<192, __half, __nv_fp8_e4m3>(), smem_for<192>());
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);
   prepare(pieces_kernel<__nv_bfloat16, true>(), kPiecesSmem);

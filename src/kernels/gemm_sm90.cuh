@@ -44,14 +44,16 @@ namespace flashoverlap::kernels {
 
 // Registers per thread of the producer and of each consumer warpgroup: 4
 // stages (the output in pieces) 88 / 208; 3 stages at 128x256 56 / 224; 5
-// stages at 128x128 64 / 216 (its accumulators are half as many).
+// stages at 128x128 64 / 216 (its accumulators are half as many); FP8 at
+// 128x192 40 / 232 (a sum and one part of 96 each; plain stores only).
 template <int BN, bool kPieces>
-constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : 64;
+constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : BN == 192 ? 40 : 64;
 template <int BN, bool kPieces>
-constexpr int kConsumerRegs = kPieces ? 208 : BN == 256 ? 224 : 216;
+constexpr int kConsumerRegs = kPieces ? 208 : BN == 256 ? 224 : BN == 192 ? 232 : 216;
 static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <= kGemmThreads * 168 &&
                   128 * kProducerRegs<256, false> + 256 * kConsumerRegs<256, false> <= kGemmThreads * 168 &&
-                  128 * kProducerRegs<128, false> + 256 * kConsumerRegs<128, false> <= kGemmThreads * 168,
+                  128 * kProducerRegs<128, false> + 256 * kConsumerRegs<128, false> <= kGemmThreads * 168 &&
+                  128 * kProducerRegs<192, false> + 256 * kConsumerRegs<192, false> <= kGemmThreads * 168,
               "the warpgroups' registers exceed the launch's");
 
 // C = (scale_a * scale_b) applied to an FP8 tile's fp32 accumulators in
@@ -90,7 +92,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   using L = GemmSmem<BN, STAGES, kPieces>;
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
   constexpr bool kFp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
-  static_assert(!kFp8 || (BN == 128 && !kPieces && !kWide), "FP8: 128x128 tiles (two accumulator sets)");
+  static_assert(!kFp8 || ((BN == 128 || BN == 192) && !kPieces && !kWide), "FP8: 128x128 or 128x192 tiles");
+  static_assert(kFp8 || BN != 192, "128x192 tiles are FP8's");
+  // 128x192 (FP8): Plain and slot stores only (no owner layout, no scatter: the host refuses them).
+  constexpr bool kExtras = BN != 192;
   constexpr int BM = L::kBM, BK = 128 / int(sizeof(TIn));  // (a k-block: 128 bytes of each row, any input type)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -170,14 +175,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
       const int w = tid / 32 - 2;
-      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w);
+      if constexpr (kExtras)
+        copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w);
     } else if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
       // ---------------- storer of the owner layout ----------------
-      owner_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles, tid - 32);
+      if constexpr (kExtras)
+        owner_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles, tid - 32);
     } else if (tid >= 32 && tid < 96 && p.scatter.world > 0) {
       // ---------------- storers of the Scatter: warp 1 + h stores half h ----------------
-      scatter_storer<T, BN>(p, smem + L::kC + (tid / 32 - 1) * L::kHalfCBytes, c_full, c_empty, tiles, tid / 32 - 1,
-                            tid % 32);
+      if constexpr (kExtras)
+        scatter_storer<T, BN>(p, smem + L::kC + (tid / 32 - 1) * L::kHalfCBytes, c_full, c_empty, tiles,
+                              tid / 32 - 1, tid % 32);
     } else if (tid == 32 && p.tma_store) {
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the
@@ -251,7 +259,31 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // adds a wgmma fence where the paths join: info C7519, no serialisation).
     const int fault_kb = idx == (tiles > 1 ? 1 : 0) ? (p.k_blocks > 1 ? 1 : 0) : -1;
 #endif
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && BN == 192) {
+      // Each k-block's 4 wgmma into the part sum (the first from zero), its
+      // wait, then the part added into acc in fp32: one part (96 registers
+      // beside acc's 96); the other warpgroup's MMAs keep the tensor cores
+      // busy through this one's wait and promotion.
+      float part[BN / 2];
+#pragma unroll
+      for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
+      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+        const int s = it % STAGES;
+        ptx::mbar_wait(&full[s], (it / STAGES) & 1);
+        ptx::wgmma_fence();
+        const uint64_t da = ptx::smem_desc_sw128(smem + L::kA + s * L::kABytes + cw * 64 * 128);
+        const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)  // +32 bytes along K each
+          ptx::Wgmma<BN, TIn>::mma(part, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+        if (tid == 0) ptx::mbar_arrive(&empty[s]);
+#pragma unroll
+        for (int e = 0; e < BN / 2; ++e) acc[e] += part[e];
+      }
+      apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
+    } else if constexpr (kFp8) {
       // Each k-block's 4 wgmma into a part sum of its own (the first from
       // zero), then added into acc in fp32: the promotion. Two parts: the
       // next k-block's MMAs are issued before this one's are waited for, so
@@ -360,7 +392,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
     // (2) Accumulators -> shared memory (stage_accumulators); a tile this
     // rank owns (owner layout) once the peer's partial is loaded there.
-    if (owner_owns(p.owner, idx)) {
+    if (kExtras && owner_owns(p.owner, idx)) {
       ptx::mbar_wait(&p_ready[cw], owned_tiles & 1);
       ++owned_tiles;
       stage_accumulators<T, BN, true>(acc, my_c_addr, warp, lane);
@@ -429,9 +461,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // The owner layout's copy, through registers (no shared memory).
     if (p.owner.rank >= 0) copy_peer_tiles<T, L::kSumWarpBytes, BN, true, kWide>(p, nullptr, nullptr);
   } else {
-    if (p.owner.rank >= 0) {
+    if (kExtras && p.owner.rank >= 0) {
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-      copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes, c_empty + 6 + (cw * 4 + warp) * 2);
+      if constexpr (kExtras)
+        copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes,
+                                                 c_empty + 6 + (cw * 4 + warp) * 2);
     }
   }
 }

@@ -1,5 +1,5 @@
 // test_rt_fp8_params.cpp — what the GEMM's check takes and refuses of FP8
-// inputs (kernels::Fp8; host logic, no GPU): 128x128 tiles, k % 16, both
+// inputs (kernels::Fp8; host logic, no GPU): 128x128 or 128x192 tiles, k % 16, both
 // scales or none, no owner layout or grouped GEMM, scales only with FP8.
 #include <gtest/gtest.h>
 
@@ -37,18 +37,25 @@ void expect_refused(const fo::kernels::GemmParams& p, const std::string& what) {
 
 TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
   for (Scales kind : {Scales::None, Scales::PerTensor, Scales::RowWise}) {
-    fo::kernels::GemmParams p = fp8_params(300, 200, 4096);
-    p.fp8.scales = kind;
-    if (kind != Scales::None) p.fp8.scale_a = reinterpret_cast<const float*>(g_buffer + 16),
-                              p.fp8.scale_b = reinterpret_cast<const float*>(g_buffer + 32);
-    EXPECT_NO_THROW(fo::kernels::check_gemm_params(p)) << int(kind);
-    EXPECT_FALSE(fo::kernels::gemm_four_stages(p));
+    for (int bn : {128, 192}) {
+      fo::kernels::GemmParams p = fp8_params(300, 200, 4096, bn);
+      p.fp8.scales = kind;
+      if (kind != Scales::None) p.fp8.scale_a = reinterpret_cast<const float*>(g_buffer + 16),
+                                p.fp8.scale_b = reinterpret_cast<const float*>(g_buffer + 32);
+      EXPECT_NO_THROW(fo::kernels::check_gemm_params(p)) << int(kind) << " 128x" << bn;
+      EXPECT_FALSE(fo::kernels::gemm_four_stages(p));
+    }
   }
 }
 
 TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   expect_refused(fp8_params(300, 200, 24), "k must be a multiple of 16");
-  expect_refused(fp8_params(300, 256, 128, 256), "128x128 tiles only");
+  expect_refused(fp8_params(300, 256, 128, 256), "128x128 or 128x192 tiles");
+  fo::kernels::GemmParams wide = fp8_params(300, 256, 128, 192);
+  wide.fp8.on = false;  // (128x192 is FP8's tile only)
+  expect_refused(wide, "unsupported tile shape");
+  wide.fp8.on = true, wide.scatter.world = 2;
+  expect_refused(wide, "the scatter epilogue takes 128x128 tiles");
   fo::kernels::GemmParams p = fp8_params(300, 200, 128);
   p.fp8.scales = Scales::RowWise, p.fp8.scale_a = reinterpret_cast<const float*>(g_buffer);
   expect_refused(p, "both scale_a and scale_b");

@@ -138,8 +138,9 @@ uint16_t round_out(float x, kernels::DType dt) {
 }  // namespace
 
 // The GEMM with e4m3 inputs: random shapes (m and n ragged against the
-// 128 x 128 tiles, k a multiple of 16 but not always of 128), every scale
-// kind, both outputs, C strided: bitwise the host's scaled product.
+// tiles, k a multiple of 16 but not always of 128), every scale kind, both
+// outputs, C strided, both tiles (128 x 128, 128 x 192): bitwise the host's
+// scaled product.
 TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
   REQUIRE_HOPPER();
   const uint64_t seed = test::fresh_seed();
@@ -161,15 +162,7 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
                            dsb = rt::to_device(sb);
     rt::DeviceBuffer dc(size_t(m) * ldc * 2);
     FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
-    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, 132, plan::Raster::AlongN, 2);
-    kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
-    p.fp8.on = true, p.fp8.scales = kind;
-    if (kind != kernels::Scales::None) p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
-    kernels::launch_gemm(p, nullptr);
-    FO_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> c(size_t(m) * ldc);
-    FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
-    int wrong = 0;
+    std::vector<uint16_t> want(size_t(m) * n);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t col = 0; col < n; ++col) {
         int acc = 0;
@@ -177,12 +170,28 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         float x = float(acc);
         if (kind == kernels::Scales::PerTensor) x = x * sa[0] * sb[0];
         if (kind == kernels::Scales::RowWise) x = x * sa[size_t(r)] * sb[size_t(col)];
-        const uint16_t want = round_out(x, out), got = c[size_t(r * ldc + col)];
-        if (got != want && wrong++ < 5)
-          ADD_FAILURE() << "C[" << r << "][" << col << "] = 0x" << std::hex << got << ", want 0x" << want << std::dec
-                        << " (" << x << ")";
+        want[size_t(r * n + col)] = round_out(x, out);
       }
-    EXPECT_EQ(wrong, 0);
+    for (int bn : {128, 192}) {
+      SCOPED_TRACE("tile 128x" + std::to_string(bn));
+      FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
+      const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, 132, plan::Raster::AlongN, 2);
+      kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
+      p.fp8.on = true, p.fp8.scales = kind;
+      if (kind != kernels::Scales::None) p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
+      kernels::launch_gemm(p, nullptr);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint16_t> c(size_t(m) * ldc);
+      FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
+      int wrong = 0;
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t col = 0; col < n; ++col) {
+          const uint16_t w = want[size_t(r * n + col)], got = c[size_t(r * ldc + col)];
+          if (got != w && wrong++ < 5)
+            ADD_FAILURE() << "C[" << r << "][" << col << "] = 0x" << std::hex << got << ", want 0x" << w << std::dec;
+        }
+      EXPECT_EQ(wrong, 0);
+    }
   }
 }
 
@@ -194,15 +203,19 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   const std::vector<uint8_t> a(size_t(m * k), e4m3(3)), b(size_t(n * k), e4m3(3));
   const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b);
   rt::DeviceBuffer dc(size_t(m) * n * 2);
-  const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, 132, plan::Raster::AlongN, 2);
-  kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
-  p.fp8.on = true;
-  kernels::launch_gemm(p, nullptr);
-  FO_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<uint16_t> c(size_t(m) * n);
-  FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
   const uint16_t want = round_out(36864.f, kernels::DType::BF16);
-  EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n) << "first: 0x" << std::hex << c[0] << ", want 0x" << want;
+  for (int bn : {128, 192}) {
+    FO_CUDA_CHECK(cudaMemset(dc.get(), 0, dc.bytes()));
+    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, 132, plan::Raster::AlongN, 2);
+    kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
+    p.fp8.on = true;
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> c(size_t(m) * n);
+    FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n)
+        << "tile 128x" << bn << ", first: 0x" << std::hex << c[0] << ", want 0x" << want;
+  }
 }
 
 // Ours against cuBLASLt's FP8 matmul (the sequential path's GEMM where it

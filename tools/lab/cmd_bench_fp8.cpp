@@ -59,6 +59,7 @@ std::string default_shapes() {
 struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
+  std::string tile = "128x128";  // 128x128, 128x192, or both (128x192 timed in turns beside: ours_192_ms)
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
@@ -88,6 +89,10 @@ int run(const Options& o) {
   for (const auto& d : shapes)
     if (d[2] % 16 != 0 || d[1] % 16 != 0 || d[0] > INT32_MAX || d[1] > INT32_MAX || d[2] > INT32_MAX)
       throw InvalidArgument("--shapes: N and K must be multiples of 16 (FP8 rows for TMA and cuBLASLt)");
+  if (o.tile != "128x128" && o.tile != "128x192" && o.tile != "both")
+    throw InvalidArgument("--tile: 128x128, 128x192 or both (got '" + o.tile + "')");
+  const bool both = o.tile == "both";
+  const int bn = o.tile == "128x192" ? 192 : 128;
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
   if (!gpu) return 1;
   const rt::DeviceInfo& info = *gpu;
@@ -100,7 +105,7 @@ int run(const Options& o) {
   if (!o.csv.empty()) {
     csv.open(o.csv);
     if (!csv) throw Error("cannot write " + o.csv);
-    csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast\n";
+    csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,ours_192_ms\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
             << "ours_ms" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms" << std::setw(9) << "ours_TF"
@@ -133,8 +138,11 @@ int run(const Options& o) {
                                    CUBLAS_GEMM_DEFAULT));
       FO_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
-    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, info.sms, plan::Raster::AlongN,
-                                                 plan::default_swizzle(info.sms, {128, 128}, (m + 127) / 128));
+    auto schedule = [&](int tile_n) {
+      return plan::make_schedule(m, n, {128, tile_n}, info.sms, plan::Raster::AlongN,
+                                 plan::default_swizzle(info.sms, {128, tile_n}, (m + 127) / 128));
+    };
+    const plan::Schedule s = schedule(bn);
     const double flop = 2.0 * m * n * double(k);
     for (kernels::Scales kind : kinds) {
       kernels::Fp8 f;
@@ -142,6 +150,9 @@ int run(const Options& o) {
       if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
       kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), s, k, ours.get(), n);
       p.fp8 = f;
+      kernels::GemmParams wide = kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), schedule(192), k,
+                                                     fast.get(), n);  // (both: 128x192 beside)
+      wide.fp8 = f;
       const bool has_lt = lt.takes_fp8(kind);
       kernels::launch_gemm(p, stream);
       std::optional<kernels::CompareResult> r;
@@ -164,12 +175,21 @@ int run(const Options& o) {
         lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), fast.get(), m, n, k, n, stream, true);
         err_lt = error_of(theirs), err_fast = error_of(fast);
       }
+      if (both) {  // (128x192: the same C, bitwise: each k-block's sum promoted alike, in the same order)
+        kernels::launch_gemm(wide, stream);
+        const kernels::CompareResult same =
+            kernels::compare(kernels::DType::BF16, ours.get(), n, fast.get(), n, m, n, stream, kernels::Tolerance{});
+        if (same.mismatches != 0)
+          wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k
+                                  << ": 128x192 tiles differ from 128x128: " << same.describe() << "\n";
+      }
       std::vector<std::function<void()>> fns = {[&] { kernels::launch_gemm(p, stream); }};
       if (has_lt) {
         fns.push_back([&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream); });
         fns.push_back(
             [&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream, true); });
       }
+      if (both) fns.push_back([&] { kernels::launch_gemm(wide, stream); });
       const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
       const double ours_ms = stats[0].median_ms;
       const double lt_ms = has_lt ? stats[1].median_ms : 0, fast_ms = has_lt ? stats[2].median_ms : 0;
@@ -189,6 +209,7 @@ int run(const Options& o) {
       else std::cout << "-";
       std::cout << std::scientific << std::setprecision(2) << "   err " << err_ours;
       if (has_lt) std::cout << " / " << err_lt << " / " << err_fast;
+      if (both) std::cout << std::fixed << std::setprecision(3) << "   128x192 " << stats.back().median_ms << " ms";
       std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
         csv << m << "," << n << "," << k << "," << kname << "," << ours_ms << ",";
@@ -201,6 +222,8 @@ int run(const Options& o) {
         csv << "," << err_ours << ",";
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
+        csv << ",";
+        if (both) csv << stats.back().median_ms;
         csv << "\n";
       }
     }
@@ -223,6 +246,10 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--shapes", opts->shapes, "Comma-separated MxNxK list (N and K multiples of 16)")
       ->capture_default_str();
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
+      ->capture_default_str();
+  cmd->add_option("--tile", opts->tile,
+                  "Our tile: 128x128, 128x192, or both (128x128's in the ours_ms columns, 128x192 timed in turns "
+                  "beside it: ours_192_ms)")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "
