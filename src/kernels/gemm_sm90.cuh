@@ -259,36 +259,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // adds a wgmma fence where the paths join: info C7519, no serialisation).
     const int fault_kb = idx == (tiles > 1 ? 1 : 0) ? (p.k_blocks > 1 ? 1 : 0) : -1;
 #endif
-    if constexpr (kFp8 && BN == 192) {
-      // Each k-block's 4 wgmma into the part sum (the first from zero), its
-      // wait, then the part added into acc in fp32: one part (96 registers
-      // beside acc's 96); the other warpgroup's MMAs keep the tensor cores
-      // busy through this one's wait and promotion.
-      float part[BN / 2];
-#pragma unroll
-      for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
-      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
-        const int s = it % STAGES;
-        ptx::mbar_wait(&full[s], (it / STAGES) & 1);
-        ptx::wgmma_fence();
-        const uint64_t da = ptx::smem_desc_sw128(smem + L::kA + s * L::kABytes + cw * 64 * 128);
-        const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)  // +32 bytes along K each
-          ptx::Wgmma<BN, TIn>::mma(part, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        if (tid == 0) ptx::mbar_arrive(&empty[s]);
-#pragma unroll
-        for (int e = 0; e < BN / 2; ++e) acc[e] += part[e];
-      }
-      apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
-    } else if constexpr (kFp8) {
+    if constexpr (kFp8) {
       // Each k-block's 4 wgmma into a part sum of its own (the first from
-      // zero), then added into acc in fp32: the promotion. Two parts: the
-      // next k-block's MMAs are issued before this one's are waited for, so
-      // the tensor cores do not drain at every promotion.
-      float part0[BN / 2], part1[BN / 2];
+      // zero), then added into acc in fp32: the promotion.
       auto issue = [&](int at, float(&part)[BN / 2]) {
         const int s = at % STAGES;
         ptx::mbar_wait(&full[s], (at / STAGES) & 1);
@@ -311,26 +284,42 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
       const int kbs = p.k_blocks;
-      // part0 holds k-block kb's MMAs in flight at the top of each turn.
-      issue(it, part0);
-      int kb = 0;
-      for (; kb + 2 < kbs; kb += 2) {
-        issue(it + kb + 1, part1);
-        ptx::wgmma_wait<1>();
-        promote(it + kb, part0);
-        issue(it + kb + 2, part0);
-        ptx::wgmma_wait<1>();
-        promote(it + kb + 1, part1);
-      }
-      if (kb + 1 < kbs) {
-        issue(it + kb + 1, part1);
-        ptx::wgmma_wait<1>();
-        promote(it + kb, part0);
-        ptx::wgmma_wait<0>();
-        promote(it + kb + 1, part1);
+      if constexpr (BN == 192) {
+        // One part (96 registers beside acc's 96): each k-block waited for,
+        // then promoted; the other warpgroup's MMAs keep the tensor cores
+        // busy meanwhile.
+        float part[BN / 2];
+        for (int kb = 0; kb < kbs; ++kb) {
+          issue(it + kb, part);
+          ptx::wgmma_wait<0>();
+          promote(it + kb, part);
+        }
       } else {
-        ptx::wgmma_wait<0>();
-        promote(it + kb, part0);
+        // Two parts: the next k-block's MMAs are issued before this one's
+        // are waited for, so the tensor cores do not drain at every
+        // promotion. part0 holds k-block kb's MMAs in flight at the top of
+        // each turn.
+        float part0[BN / 2], part1[BN / 2];
+        issue(it, part0);
+        int kb = 0;
+        for (; kb + 2 < kbs; kb += 2) {
+          issue(it + kb + 1, part1);
+          ptx::wgmma_wait<1>();
+          promote(it + kb, part0);
+          issue(it + kb + 2, part0);
+          ptx::wgmma_wait<1>();
+          promote(it + kb + 1, part1);
+        }
+        if (kb + 1 < kbs) {
+          issue(it + kb + 1, part1);
+          ptx::wgmma_wait<1>();
+          promote(it + kb, part0);
+          ptx::wgmma_wait<0>();
+          promote(it + kb + 1, part1);
+        } else {
+          ptx::wgmma_wait<0>();
+          promote(it + kb, part0);
+        }
       }
       it += kbs;
       apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
