@@ -91,8 +91,10 @@ host_ours_us, plan (ours' op.plan(m); alltoall: last_plan()), routing, topk, tok
 Beside it never-slower-<gpu>.json: the machine (GPU, world, torch, CUDA, NCCL, the library's version),
 date, host, command line, and the summary printed at the end: per op and mode the worst ratio and its
 row and the rows below the bar (eager and graph 0.98, latency 0.95); per op the worst host_ours_us -
-host_torch_us. --kernels first lists the CUDA kernels one F.linear call and one call of each dense op
-runs, for a few (n, k, m), into never-slower-kernels-<gpu>.txt (--modes none: only that).
+host_torch_us. --kernels first lists the CUDA kernels (with their device time) one F.linear call
+(fp8 in --dtypes: also torch._scaled_mm's) and one call of each dense op runs, for a few (n, k, m),
+eager and (graph in --modes) as one replay of a captured call, into never-slower-kernels-<gpu>.txt
+(--modes none: only the eager calls').
 
 Budget: the AllReduce and ReduceScatter rows of the default run (480) took 177 s on one H200 at world 1
 (6 turns, --row-budget-ms 250: the defaults), the All-to-All's 18 rows 12 s; --quick about a minute.
@@ -235,7 +237,9 @@ def parse_args(argv):
     ap.add_argument("--turns", type=int, default=6,
                     help="turns per measurement (even, >= 6: each variant goes first after the sleep in half)")
     ap.add_argument("--quick", action="store_true", help="3 pairs at m 1, 32, 2048: a smoke run")
-    ap.add_argument("--kernels", action="store_true", help="list the CUDA kernels of F.linear and of ours first")
+    ap.add_argument("--kernels", action="store_true",
+                    help="list the CUDA kernels (and their device time) of PyTorch's and of ours first, eager and "
+                         "as a graph replay")
     ap.add_argument("--no-async-tp", action="store_true",
                     help="at world > 1, leave out the ReduceScatter's rows against PyTorch's Async-TP")
     ap.add_argument("--tuning-cache", default="", help="a tuning cache FILE for the ops")
@@ -1049,65 +1053,105 @@ class Run:
     # ---- --kernels ----
 
     def kernels(self, path):
-        """The CUDA kernels of one F.linear call and one call of each dense op, per KERNEL_SHAPES."""
+        """The CUDA kernels of one call of PyTorch's GEMM (F.linear; fp8 in --dtypes: torch._scaled_mm too) and
+        of each dense op, per KERNEL_SHAPES, each with its device time; graph in --modes: also those of one
+        replay of a graph of one call (what a captured call runs)."""
         from torch import profiler
         fo, device, world = self.fo, self.device, self.world
         lines = [f"# {self.meta['gpu']}, world {world}, torch {torch.__version__}, flashoverlap "
-                 f"{self.meta['flashoverlap']}: CUDA kernels (and copies) of one call, in launch order"]
+                 f"{self.meta['flashoverlap']}: CUDA kernels (and copies) of one call, in launch order, "
+                 f"with their device time"]
         rank = dist.get_rank()
-        for n, k, m0 in KERNEL_SHAPES:
-            w = rand((n, k), torch.bfloat16, device, 5)
-            variants = [("F.linear", m0, None)]
-            for opname in ("allreduce", "reducescatter"):
-                if opname in self.args.ops:
-                    variants.append((opname, round_ms(opname, [m0], world)[0], opname))
-            for name, m, opname in variants:
-                x = rand((m, k), torch.bfloat16, device, 1000 * rank + m)
+        dts = ["bf16"] + (["fp8"] if "fp8" in self.args.dtypes.split(",") else [])
+        forms = ["eager"] + (["graph"] if "graph" in self.args.modes else [])
+        for dt in dts:
+            for n, k, m0 in KERNEL_SHAPES:
+                fp8 = dt == "fp8"
+                w = rand((n, k), torch.bfloat16, device, 5)
+                if fp8:
+                    w = w.to(torch.float8_e4m3fn)
+                variants = [("torch._scaled_mm" if fp8 else "F.linear", m0, None)]
+                for opname in ("allreduce", "reducescatter"):
+                    if opname in self.args.ops:
+                        variants.append((opname, round_ms(opname, [m0], world)[0], opname))
+                for name, m, opname in variants:
+                    x = rand((m, k), torch.bfloat16, device, 1000 * rank + m)
+                    sa = rand((m,), torch.float32, device, 11 + m) * 0.25 + 0.75
+                    sb = rand((n,), torch.float32, device, 13 + n) * 0.25 + 0.75
+                    if fp8:
+                        x = x.to(torch.float8_e4m3fn)
 
-                def build():
-                    if opname is None:
-                        return None, (lambda: F.linear(x, w)), ""
-                    cls = fo.GemmAllReduce if opname == "allreduce" else fo.GemmReduceScatter
-                    op = cls(None, m, n, k, torch.bfloat16)
-                    return op, (lambda: op(x, w)), op.plan(m)
+                    def build():
+                        if opname is None and fp8:
+                            return None, (lambda: torch._scaled_mm(
+                                x, w.t(), scale_a=sa.view(-1, 1), scale_b=sb.view(1, -1), out_dtype=torch.bfloat16,
+                                use_fast_accum=False)), ""
+                        if opname is None:
+                            return None, (lambda: F.linear(x, w)), ""
+                        cls = fo.GemmAllReduce if opname == "allreduce" else fo.GemmReduceScatter
+                        extra = dict(input="e4m3", scales="row") if fp8 else {}
+                        op = cls(None, m, n, k, torch.bfloat16, **extra)
+                        call_args = dict(scale_a=sa, scale_b=sb) if fp8 else {}
+                        return op, (lambda: op(x, w, **call_args)), op.plan(m)
 
-                def profile():
-                    op, f, plan = build()
-                    try:
-                        for _ in range(2):
-                            f()
-                        torch.cuda.synchronize()
-                        with profiler.profile(activities=[profiler.ProfilerActivity.CUDA]) as prof:
-                            f()
-                            torch.cuda.synchronize()
-                        return kernel_names(prof), plan
-                    finally:
-                        if op is not None:
-                            torch.cuda.synchronize()
-                            op.close()
+                    def profile():
+                        op, f, plan = build()
+                        try:
+                            got = {}
+                            for form in forms:
+                                if form == "graph":
+                                    if op is not None:
+                                        op.prepare(m)  # (the ops refuse to plan under capture)
+                                    g, _ = capture(f, 1)
+                                    run = g.replay
+                                else:
+                                    run = f
+                                for _ in range(2):
+                                    run()
+                                torch.cuda.synchronize()
+                                with profiler.profile(activities=[profiler.ProfilerActivity.CUDA]) as prof:
+                                    run()
+                                    torch.cuda.synchronize()
+                                got[form] = kernel_names(prof, times=True)
+                            return got, plan
+                        finally:
+                            if op is not None:
+                                torch.cuda.synchronize()
+                                op.close()
 
-                got, err = agreed(profile, device)
-                head, first = f"n={n} k={k} m={m} bf16 {name}", len(lines)
-                if err is not None:
-                    lines.append(f"{head}: error: {error_text(err)}")
-                else:
-                    names, plan = got
-                    lines.append(f"{head}" + (f"  (plan: {plan})" if plan else ""))
-                    lines += [f"    {kn}" for kn in names] or ["    (no CUDA kernel recorded)"]
-                log("\n".join(lines[first:]))
+                    got, err = agreed(profile, device)
+                    head, first = f"n={n} k={k} m={m} {dt} {name}", len(lines)
+                    if err is not None:
+                        lines.append(f"{head}: error: {error_text(err)}")
+                    else:
+                        by_form, plan = got
+                        for form, names in by_form.items():
+                            lines.append(f"{head} {form}" + (f"  (plan: {plan})" if plan else ""))
+                            lines += [f"    {kn}" for kn in names] or ["    (no CUDA kernel recorded)"]
+                    log("\n".join(lines[first:]))
         if RANK == 0:
             with open(path, "w") as fh:
                 fh.write("\n".join(lines) + "\n")
             log(f"kernels: {path}")
 
 
-def kernel_names(prof):
-    """The names of the CUDA kernels (and memcpy/memset) a profile recorded, in order."""
+def kernel_names(prof, times=False):
+    """The names of the CUDA kernels (and memcpy/memset) a profile recorded, in order; times: each as
+    "<device us> us  <name>"."""
     cuda = torch.autograd.DeviceType.CUDA
-    names = [e.name for e in prof.events() if getattr(e, "device_type", None) == cuda]
-    if not names:  # (a torch that keeps them only as its CPU ops' children)
-        names = [kn.name for e in prof.events() for kn in getattr(e, "kernels", [])]
-    return names
+    events = [e for e in prof.events() if getattr(e, "device_type", None) == cuda]
+    if not events:  # (a torch that keeps them only as its CPU ops' children)
+        events = [kn for e in prof.events() for kn in getattr(e, "kernels", [])]
+    if not times:
+        return [e.name for e in events]
+
+    def us(e):
+        for attr in ("device_time_total", "cuda_time_total", "device_time", "duration"):
+            v = getattr(e, attr, None)
+            if isinstance(v, (int, float)):
+                return float(v)
+        return float("nan")
+    return [f"{us(e):9.1f} us  {e.name}" for e in events]
 
 
 def main():
