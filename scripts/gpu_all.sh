@@ -21,7 +21,8 @@
 #                on the ReduceScatter's shape set (SHAPES overrides) -> $OUT/gemm-rs-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul, both scale kinds, 30
-#                shapes (FP8_ARGS: more arguments) -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm on
+#                shapes (FP8_ARGS: more arguments, e.g. --tile both: 128x192 beside 128x128 in turns)
+#                -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm on
 #                the same shapes (bench/scaled_mm.py) -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
 #   profile-fp8  Nsight Compute (ncu, if installed) on our FP8 GEMM and cuBLASLt's on one shape (PROFILE_SHAPE,
 #                default 16384x8192x7392; both scale kinds): speed of light, warp stalls, memory -> profile-fp8.txt
