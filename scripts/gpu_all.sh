@@ -25,7 +25,8 @@
 #                -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm on
 #                the same shapes (bench/scaled_mm.py) -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
 #   profile-fp8  Nsight Compute (ncu, if installed) on our FP8 GEMM and cuBLASLt's on one shape (PROFILE_SHAPE,
-#                default 16384x8192x7392; both scale kinds): speed of light, warp stalls, memory -> profile-fp8.txt
+#                default 16384x8192x7392; both scale kinds; PROFILE_ARGS: more bench-fp8 arguments, e.g.
+#                --tile 128x192): speed of light, warp stalls, memory -> profile-fp8.txt
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
@@ -272,7 +273,7 @@ for s in "$@"; do
       else
         timeout 500 "$ncu_bin" --kernel-name regex:'gemm_sm90|nvjet|sm90_xmma|cutlass' --launch-skip 4 --launch-count 6 \
           --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
-          $LAB bench-fp8 --shapes "${PROFILE_SHAPE:-16384x8192x7392}" --warmup 1 --iters 2 --no-gate \
+          $LAB bench-fp8 --shapes "${PROFILE_SHAPE:-16384x8192x7392}" --warmup 1 --iters 2 --no-gate ${PROFILE_ARGS:-} \
           >"$OUT/profile-fp8.txt" 2>&1 || status=1
         grep -E '^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput' \
           "$OUT/profile-fp8.txt" | head -60
