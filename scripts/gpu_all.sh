@@ -50,6 +50,9 @@
 #                set) then this build -> owners-one.log
 #                (cli-ab, owners-one, owners-w: AB_SHAPES overrides their shapes, AB_ROUNDS cli-ab's and
 #                owners-w's 2 rounds; AB_FORCED_ONLY=1: cli-ab without the tuner's pick)
+#   rank-fault   2+ GPUs: each public op (RANK_FAULT_OPS, default allreduce reducescatter alltoall) in a loop on
+#                every GPU, the last rank killed (SIGKILL) mid-loop: the others must fail with a message within
+#                RANK_FAULT_BOUND s (default 150), not hang (bench/rank_fault.py) -> rank-fault-<op>.json, rank-fault.log
 #   owners-w     3-8 GPUs: the world tests (owners on every GPU among them), then the tuner's pick vs owners
 #                forced (128x256, registered outputs), in turns -> owners-w.log
 #   cli-gpu      the CLI on the GPUs: lab-bench --shapes with one shape left no plan by its options (skipped with a
@@ -379,6 +382,18 @@ for s in "$@"; do
         tail -3 "$OUT/sanitize-$tool.log"
       done
       ;;
+    rank-fault)
+      stage "a rank killed mid-loop: the others fail with a message, not hang (bench/rank_fault.py)"
+      if [[ $gpus -lt 2 ]]; then
+        echo "rank-fault: needs 2+ GPUs (this machine has $gpus): skipped" | tee -a "$OUT/rank-fault.log"
+      else
+        for op in ${RANK_FAULT_OPS:-allreduce reducescatter alltoall}; do
+          PYTHONPATH=$PWD/python FLASHOVERLAP_LIBRARY=$PWD/$BUILD/src/api/libflashoverlap.so PYTHONUNBUFFERED=1 \
+            timeout 900 python3 bench/rank_fault.py --world "$gpus" --op "$op" --bound "${RANK_FAULT_BOUND:-150}" \
+            --out "$OUT/rank-fault-$op.json" 2>&1 | tee -a "$OUT/rank-fault.log" || status=1
+        done
+      fi
+      ;;
     owners-w)
       stage "owners on every local GPU (3-8): the world test's owner cases, then the tuner's pick vs owners forced"
       (cd $BUILD && ctest --output-on-failure -R "OverlapAllReduceWorld" --timeout 600) >"$OUT/owners-w-tests.log" 2>&1 || status=1
@@ -411,7 +426,7 @@ for s in "$@"; do
       ;;
     pack)
       stage "pack logs into $OUT/logs.tar.gz"
-      (cd "$OUT" && tar czf logs.tar.gz --remove-files *.log $(ls -d *-run[0-9]*.csv never-slower-ab 2>/dev/null) 2>/dev/null
+      (cd "$OUT" && tar czf logs.tar.gz --remove-files *.log $(ls -d *-run[0-9]*.csv never-slower-ab rank-fault-*.json 2>/dev/null) 2>/dev/null
         ls)
       ;;
     cmd:*)
