@@ -80,7 +80,7 @@ import weakref
 from . import FlashOverlapError, InvalidArgument, _capi, load
 from ._checks import (INT32_MAX, RS_TILE_ROWS, _check_dtype, _check_rmsnorm, _check_shape, _check_tensor,  # noqa: F401
                       _counts, _describe, _expert_counts, _flatten, _host_int32, _is_int, _require_gpu,
-                      _resolve_device, _resolve_group, _tm, check_a2a_inputs,
+                      _resolve_device, _resolve_group, _tm, check_a2a_inputs, check_fp8_inputs,
                       check_expert_counts, check_gather_inputs, check_inputs, check_rs_inputs, rs_rows, rs_rows_out)
 
 __all__ = ["GemmAllReduce", "GemmReduceScatter", "GemmAllToAll", "GroupedGemm", "gemm_all_reduce",
@@ -453,14 +453,7 @@ class _Op(_OpBase):
                                                                                float(eps), scale_a, scale_b,
                                                                                self.handle)
         self._open()
-        i = self.device.index
-        for name, t, shape in (("x", x, (None, self.k)), ("weight", weight, (self.n, self.k))):
-            if (not torch.is_tensor(t) or t.dtype is not self._fp8 or t.dim() != 2
-                    or (shape[0] is not None and t.shape[0] != shape[0]) or t.shape[1] != shape[1]
-                    or t.get_device() != i or not t.is_contiguous()):
-                raise InvalidArgument(f"{self}: {name} must be a contiguous torch.float8_e4m3fn tensor of shape "
-                                      f"({'m' if shape[0] is None else shape[0]}, {shape[1]}) on {self.device}, not "
-                                      f"{_describe(t) if torch.is_tensor(t) else type(t).__name__}")
+        check_fp8_inputs(self, x, weight)
         m = x.shape[0]
         if m:
             self._m(m)

@@ -273,16 +273,11 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.fp8.on) {  // (128x128 or 128x192 tiles, checked)
     const bool bf = p.dtype == DType::BF16;
-    if (bn == 192 && bf)
-      kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>()<<<grid, block, smem_for<192>(), stream>>>(ma, mb, mc, mw, mp,
-                                                                                                  mq, kp);
-    else if (bn == 192)
-      kernel_for<192, __half, __nv_fp8_e4m3>()<<<grid, block, smem_for<192>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
-    else if (bf)
-      kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp,
-                                                                                                  mq, kp);
-    else
-      kernel_for<128, __half, __nv_fp8_e4m3>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+    const auto kernel = bn == 192 ? (bf ? kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>()
+                                        : kernel_for<192, __half, __nv_fp8_e4m3>())
+                                  : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>()
+                                        : kernel_for<128, __half, __nv_fp8_e4m3>());
+    kernel<<<grid, block, bn == 192 ? smem_for<192>() : smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }

@@ -264,11 +264,9 @@ void OverlapAllToAll::run(const void* a, const void* b, const A2aCall& call, voi
   // (several experts: every GEMM is the grouped one over this rank's segments, C's rows those of A)
   if (rows > 0 && cublas_call_) {
     if (!opts_.cublas && !own_cublas_) own_cublas_ = std::make_unique<CublasGemm>();
-    CublasGemm& cublas = opts_.cublas ? *opts_.cublas : *own_cublas_;
-    if (opts_.fp8.on)
-      cublas.run_fp8(opts_.dtype, opts_.fp8, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
-    else
-      cublas.run(opts_.dtype, a, b, send_, int(rows), int(opts_.n), opts_.k, opts_.n, stream);
+    kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n);
+    p.m = int32_t(rows), p.n = int32_t(opts_.n), p.fp8 = opts_.fp8;
+    run_plain_gemm(opts_.cublas ? opts_.cublas : own_cublas_.get(), p, stream);
   } else if (rows > 0 && direct_) {
     kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, s, opts_.k, send_, opts_.n);
     p.fp8 = opts_.fp8;

@@ -54,16 +54,12 @@ void OneRankAllToAll::run(const void* a, const void* b, const OneRankCall& c, vo
   core.begin_call(stream);
   void* y = core.scratch(0, size_t(std::max<int64_t>(c.rows, 1)) * size_t(n) * 2);
   if (rows > 0) {
-    if (c.gemm)
+    if (c.gemm) {
       c.gemm(y, stream);
-    else if (c.cublas && c.fp8.on)
-      c.cublas->run_fp8(opts_.dtype, c.fp8, a, b, y, rows, n, int(opts_.k), n, stream);
-    else if (c.cublas)
-      c.cublas->run(opts_.dtype, a, b, y, rows, n, int(opts_.k), n, stream);
-    else {
+    } else {  // (cuBLAS's call has no schedule: the shape given here, as ours has it)
       kernels::GemmParams p = kernels::plain_gemm(opts_.dtype, a, b, c.sched, int32_t(opts_.k), y, n);
-      p.fp8 = c.fp8;
-      kernels::launch_gemm(p, stream);
+      p.m = rows, p.n = n, p.fp8 = c.fp8;
+      run_plain_gemm(c.cublas, p, stream);
     }
   }
   auto* error = error_.as<kernels::RoutingError>();
