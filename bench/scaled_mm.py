@@ -5,7 +5,8 @@ the table of ours against it:
     python3 bench/scaled_mm.py --ours gemm-fp8-lab.csv [--out gemm-fp8-h100.csv] [--runs 20] [--warmup 5]
 
 Per row of the lab's CSV (M, N, K, scales, ours_ms: our GEMM with e4m3
-inputs, the kernel alone, timed by the lab on the same GPU just before),
+inputs, the kernel alone on the faster of its tiles (ours_tile), timed by
+the lab on the same GPU just before),
 torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=torch.bfloat16) with
 use_fast_accum=False and True, timed in turns (per turn --runs calls between
 CUDA events; the median over 5 turns). Scales as torch takes them: per tensor
@@ -15,7 +16,7 @@ e4m3 in +-[1/8, 4] (as the lab's), scales in [0.5, 2].
 The CSV starts with a "#" line (GPU, torch, date, and the kernels
 torch._scaled_mm ran per scale kind, named from a profiler trace of the first
 shape), then M,N,K,scales,ours_ms,scaled_mm_ms,scaled_mm_fast_ms,ours_tflops,
-ratio (scaled_mm_ms / ours_ms: above 1, ours is faster).
+ratio (scaled_mm_ms / ours_ms: above 1, ours is faster),ours_tile.
 """
 import argparse
 import csv
@@ -27,7 +28,7 @@ import torch
 
 from torch_timing import time_in_turns
 
-COLUMNS = ["M", "N", "K", "scales", "ours_ms", "scaled_mm_ms", "scaled_mm_fast_ms", "ours_tflops", "ratio"]
+COLUMNS = ["M", "N", "K", "scales", "ours_ms", "scaled_mm_ms", "scaled_mm_fast_ms", "ours_tflops", "ratio", "ours_tile"]
 
 
 def random_e4m3(rows, cols, dev, gen):
@@ -87,7 +88,8 @@ def main():
         slow_ms, fast_ms = time_in_turns([lambda: call(False), lambda: call(True)], a.runs, 5, warmup=a.warmup)
         ours_ms = float(r["ours_ms"])
         rows.append([m, n, k, kind, f"{ours_ms:.4f}", f"{slow_ms:.4f}", f"{fast_ms:.4f}",
-                     f"{2.0 * m * n * k / ours_ms / 1e9:.1f}", f"{slow_ms / ours_ms:.3f}"])
+                     f"{2.0 * m * n * k / ours_ms / 1e9:.1f}", f"{slow_ms / ours_ms:.3f}",
+                     f"128x{r['ours_tile']}" if r.get("ours_tile") else ""])
         print(f"{m}x{n}x{k} {kind}: ours {ours_ms:.4f} ms, _scaled_mm {slow_ms:.4f} ms (fast {fast_ms:.4f}), "
               f"ratio {slow_ms / ours_ms:.3f}", file=sys.stderr, flush=True)
     out = open(a.out, "w", newline="") if a.out else sys.stdout
@@ -98,8 +100,8 @@ def main():
     wr = csv.writer(out)
     wr.writerow(COLUMNS)
     wr.writerows(rows)
-    ratios = [float(r[-1]) for r in rows]
-    at256 = [float(r[-1]) for r in rows if r[0] >= 256]
+    ratios = [float(r[8]) for r in rows]
+    at256 = [float(r[8]) for r in rows if r[0] >= 256]
     print(f"ratio median {statistics.median(ratios):.3f} over {len(ratios)} rows; min at M >= 256 "
           f"{min(at256) if at256 else float('nan'):.3f}", file=sys.stderr)
 

@@ -69,7 +69,7 @@ rt::AllReducePlan AllReducePlanner::plan_for(int64_t m) const {
   t.gemm_ms = [this](const plan::Schedule& s) { return gemm_ms(s); };  // (the model: nothing measured)
   if (opts.path == Path::NVLink) {  // the model's best owner plan, or the sequential one
     t.layouts = {rt::ArLayout::Owners}, t.push_reachable = true;
-    if (world > 2) t.tiles = {op_tiles()[0]};  // (owners on 3-8 ranks: 128x256 tiles on 4 stages)
+    if (world > 2) t.tiles = {op_tiles()[0]};  // (owners on 3-8 ranks: 128x256 tiles on 4 stages; 16-bit inputs)
     try {
       return rt::tune_allreduce(t, m, n, k, nullptr, nullptr, nullptr, 1e30);
     } catch (const rt::NoPlan&) {
@@ -144,7 +144,7 @@ std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DTyp
   const bool fp8 = options.input == InputType::E4M3;
   api::AllReducePlanner p;
   p.n = n, p.k = k, p.world = world, p.sms = sms, p.dtype = dtype, p.opts = options;
-  p.tiles = api::tiles_for(options.input);
+  p.tiles = api::op_tiles(options.input);
   const std::array<double, 2> waves = api::model_wave_ms(k, options.input);  // (the op measures its own)
   p.wave_ms[0] = waves[0], p.wave_ms[1] = waves[1];
   const std::string dt = dtype == DType::BF16 ? "bf16" : "fp16";

@@ -23,15 +23,15 @@ struct AllReducePlanner {
   int world = 1, sms = 132;
   DType dtype = DType::BF16;
   GemmAllReduceOptions opts;
-  double wave_ms[2] = {0, 0};  // our GEMM's time per wave, 128x256 and 128x128 tiles
-  std::vector<plan::TileShape> tiles = op_tiles();  // the shapes it plans with (FP8 inputs: 128x128: tiles_for)
+  double wave_ms[2] = {0, 0};  // our GEMM's time per wave, op_tiles(input) order (the wide tile, then 128x128)
+  std::vector<plan::TileShape> tiles = op_tiles();  // the shapes it plans with: op_tiles(opts.input)
   // The sequential calls' GEMM per m (ours or cuBLAS's), measured; empty:
   // not measured (the model's plan), our GEMM's time stands for it.
   SequentialGemms seq;
   std::unique_ptr<plan::BandwidthCurve> curve_default, curve_bounded;  // NCCL's default CTAs, nccl_sms CTAs
   std::map<int64_t, rt::AllReducePlan> picks;                          // the tuning cache's, by tile rows
 
-  double gemm_ms(const plan::Schedule& s) const { return wave_ms[s.bn == 256 ? 0 : 1] * s.waves(); }
+  double gemm_ms(const plan::Schedule& s) const { return wave_ms[s.bn == 128 ? 1 : 0] * s.waves(); }
   plan::Schedule full_grid(int64_t m, plan::TileShape tile) const;
   rt::AllReducePlan sequential_plan(int64_t m) const;
   // The model's plan for m's bucket (the paper's online phase: nothing measured).

@@ -15,7 +15,7 @@ plan::MoePlan AllToAllPlanner::plan_with(const plan::MoeRouting& routing, const 
   req.routing = &routing;
   req.n = n, req.k = k;
   req.dtype = dtype == DType::BF16 ? plan::DType::BF16 : plan::DType::FP16;
-  req.tile = op_tiles()[tile];
+  req.tile = op_tiles(opts.input)[tile];
   req.sms = sms, req.reserve_sms = opts.nccl_sms, req.wave_ms = wave_ms[tile];
   if (partition) req.partition = *partition;
   req.min_gain = min_gain;
@@ -29,13 +29,14 @@ AllToAllPlanner::Planned AllToAllPlanner::plan_for(const plan::MoeRouting& routi
   std::optional<Planned> best;
   // (NVLink: the sequential plan's tile and grid, the whole GPU's; its rows go as the tiles finish.)
   const double gain = opts.path == Path::Auto ? 0.01 : opts.path == Path::Slots ? -1e9 : 1e9;
-  for (size_t t = 0; t < op_tiles().size(); ++t) {
-    if (!input_takes_tile(opts.input, op_tiles()[t])) continue;
+  const std::vector<plan::TileShape>& tiles = op_tiles(opts.input);
+  for (size_t t = 0; t < tiles.size(); ++t) {
+    if (opts.path == Path::NVLink && !scatter_takes_tile(opts.input, tiles[t])) continue;
     plan::MoePlan p = plan_with(routing, counts, t, nullptr, gain);
     if (opts.path == Path::Slots && p.common.size() < 2) {  // two groups at least, where the overlap grid has 2 waves
       int32_t waves = 0;
       for (int r = 0; r < world; ++r)
-        waves = std::max(waves, plan::make_moe_schedule(routing, r, n, op_tiles()[t], sms - opts.nccl_sms).waves());
+        waves = std::max(waves, plan::make_moe_schedule(routing, r, n, tiles[t], sms - opts.nccl_sms).waves());
       const plan::Partition two{waves - 1, 1};
       if (waves >= 2) p = plan_with(routing, counts, t, &two, gain);
     }

@@ -22,12 +22,12 @@ struct AllToAllPlanner {
   int world = 1, sms = 132;
   DType dtype = DType::BF16;
   GemmAllToAllOptions opts;
-  std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles() order
+  std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles(opts.input) order
   // The sequential calls' GEMM per m (ours or cuBLAS's), measured; empty:
   // not measured (the model's plan, or the NVLink path), our GEMM.
   SequentialGemms seq;
 
-  // A planned call: the plan, its tile (op_tiles() index), and whether this
+  // A planned call: the plan, its tile (op_tiles(opts.input) index), and whether this
   // rank's sequential call runs cuBLAS's GEMM (rows in the dispatch's order
   // on every rank, n % 8 == 0, and cuBLAS's measured faster for its rows).
   struct Planned {

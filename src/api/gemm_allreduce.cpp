@@ -40,7 +40,6 @@ namespace {
 using api::bucket_of;
 using api::kBm;
 using api::to_kernels;
-const std::vector<plan::TileShape>& kTiles = api::op_tiles();
 
 }  // namespace
 
@@ -95,7 +94,7 @@ struct GemmAllReduce::Impl {
     o.groups = p.groups;  // (tile ranges: the same for every m of the bucket)
     if (p.sequential) {  // the faster GEMM at m (ours on its faster tile)
       o.fallback_cublas = planner.seq.cublas(m), o.cublas = cublas.get();
-      if (!o.fallback_cublas) o.sched = planner.full_grid(m, kTiles[planner.seq.at(m).ours_tile]);
+      if (!o.fallback_cublas) o.sched = planner.full_grid(m, planner.tiles[planner.seq.at(m).ours_tile]);
       o.groups = plan::make_groups(o.sched, {o.sched.waves()});
     }
     o.layout = p.layout, o.k = int(k), o.dtype = to_kernels(dtype), o.rank = rank;
@@ -179,7 +178,7 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   };
   d.planner.n = n, d.planner.k = k, d.planner.world = d.world, d.planner.sms = d.sms, d.planner.dtype = dtype;
   d.planner.opts = options;
-  d.planner.tiles = api::tiles_for(options.input);
+  d.planner.tiles = api::op_tiles(options.input);
   d.planner.curve_default = curve(0);
   d.planner.curve_bounded = curve(options.nccl_sms);
 
@@ -204,7 +203,7 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   }
   // Scratch for the largest m: row-major C, or the slot layout's tiles (whole tiles).
   size_t scratch = size_t(max_m) * size_t(n) * 2;
-  for (plan::TileShape t : kTiles)
+  for (plan::TileShape t : d.planner.tiles)
     scratch = std::max(scratch, size_t(bucket_of(max_m)) * t.bm * size_t((n + t.bn - 1) / t.bn) * t.bn * 2);
   d.core.reserve(0, scratch);
 

@@ -62,7 +62,7 @@ struct GemmAllToAll::Impl {
   std::unique_ptr<rt::CublasGemm> cublas;
   rt::OverlapCore core;  // (before the ops)
   std::unique_ptr<rt::HostExchange> exchange;
-  std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles() entry, made on first use
+  std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles(opts.input) entry, made on first use
   rt::OverlapAllToAll* last = nullptr;
   // World 1 with the routing in device memory: the whole call on the GPU.
   std::unique_ptr<rt::OneRankAllToAll> one_rank;
@@ -298,7 +298,7 @@ struct GemmAllToAll::Impl {
     if (at.cublas) {
       call.cublas = cublas.get();
     } else {
-      const plan::TileShape t = api::op_tiles()[at.ours_tile];
+      const plan::TileShape t = api::op_tiles(opts.input)[at.ours_tile];
       const int32_t tiles_m = int32_t(std::max<int64_t>((r.rows + t.bm - 1) / t.bm, 1));
       call.sched = plan::make_expert_schedule(r.rows, n, t, sms, plan::Raster::AlongN,
                                               plan::default_swizzle(sms, t, tiles_m));
@@ -334,7 +334,7 @@ struct GemmAllToAll::Impl {
   rt::OverlapAllToAll& op_of(size_t tile) {
     if (!ops[tile]) {
       rt::OverlapAllToAllOptions o;
-      o.n = n, o.k = int(k), o.dtype = api::to_kernels(dtype), o.tile = api::op_tiles()[tile];
+      o.n = n, o.k = int(k), o.dtype = api::to_kernels(dtype), o.tile = api::op_tiles(opts.input)[tile];
       o.experts = int32_t(experts);
       o.fp8 = api::fp8_of(opts.input, opts.scales);
       o.ctas = sms - opts.nccl_sms, o.sequential_ctas = sms;
@@ -404,7 +404,6 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   }
   api::AllToAllPlanner& p = d.planner;
   p.n = n, p.k = k, p.world = d.world, p.sms = d.sms, p.dtype = dtype, p.opts = options;
-  // (FP8 inputs: the 128x256 tile's time api::kNoTile: every plan takes 128x128 tiles)
   p.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who(), options.input);
   using Path = GemmAllToAllOptions::Path;  // (the paths with sequential calls; the same on every rank: agreed above)
   if ((options.path == Path::Auto || options.path == Path::Sequential || options.path == Path::Slots) &&
@@ -417,7 +416,7 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
     d.grouped = std::make_unique<GroupedGemm>(max_rows, d.experts, n, k, dtype);
   // Scratch for the largest call (each op asks the core for what it needs).
   size_t cols = 0;  // slot row elements per row of C, the widest of the tile shapes (ragged n pads to bn)
-  for (plan::TileShape t : api::op_tiles()) cols = std::max(cols, size_t((n + t.bn - 1) / t.bn) * size_t(t.bn));
+  for (plan::TileShape t : api::op_tiles(options.input)) cols = std::max(cols, size_t((n + t.bn - 1) / t.bn) * size_t(t.bn));
   d.core.reserve(0, size_t(max_rows) * cols * 2);
   d.core.reserve(1, size_t(max_tokens * topk) * cols * 2);
 }

@@ -189,7 +189,6 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   }
   d.planner.nvlink_ready = d.windows.connected();
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
-  // (FP8 inputs: the 128x256 tile's time api::kNoTile, so that every plan takes 128x128 tiles)
   d.planner.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who(), options.input);
   d.cublas = std::make_unique<rt::CublasGemm>();
   d.planner.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who(),
@@ -198,7 +197,7 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   // standard layout's padding: at most one tile row per destination and
   // group beyond C; bounded here by twice C's tiles) and the received rows.
   size_t send = 0;
-  for (plan::TileShape t : api::op_tiles())
+  for (plan::TileShape t : api::op_tiles(options.input))
     send = std::max(send, 2 * size_t(api::bucket_of(max_m) + d.world) * t.bm * size_t((n + t.bn - 1) / t.bn) * t.bn * 2);
   d.core.reserve(0, send);
 }

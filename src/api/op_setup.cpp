@@ -39,13 +39,14 @@ namespace {
 struct Calibration {
   int64_t m, n, k;
   kernels::DType dt;
+  InputType input;
   bool fp8;
   int sms;
   rt::DeviceBuffer a, b, c;
   rt::ScopedStream stream;  // (after the buffers: synchronised before they are freed)
   cudaStream_t st = stream.s;
-  Calibration(int64_t rows, int64_t n_, int64_t k_, DType dtype, int sms_, InputType input = InputType::Same)
-      : m(rows), n(n_), k(k_), dt(to_kernels(dtype)), fp8(input == InputType::E4M3), sms(sms_),
+  Calibration(int64_t rows, int64_t n_, int64_t k_, DType dtype, int sms_, InputType input_ = InputType::Same)
+      : m(rows), n(n_), k(k_), dt(to_kernels(dtype)), input(input_), fp8(input_ == InputType::E4M3), sms(sms_),
         a(size_t(m) * size_t(k) * (fp8 ? 1 : 2)), b(size_t(n) * size_t(k) * (fp8 ? 1 : 2)),
         c(size_t(m) * size_t(n) * 2) {
     if (fp8) {
@@ -57,7 +58,7 @@ struct Calibration {
     }
   }
   plan::Schedule schedule(size_t i, int64_t rows = 0) const {
-    const plan::TileShape tile = op_tiles()[i];
+    const plan::TileShape tile = op_tiles(input)[i];
     const int64_t r = rows ? rows : m;
     return plan::make_schedule(r, n, tile, sms, plan::Raster::AlongN,
                                plan::default_swizzle(sms, tile, int32_t((r + tile.bm - 1) / tile.bm)));
@@ -67,8 +68,6 @@ struct Calibration {
     p.fp8.on = fp8;
     return p;
   }
-  // Whether tile i of op_tiles() takes these inputs (FP8: 128x128 only).
-  bool takes(size_t i) const { return input_takes_tile(fp8 ? InputType::E4M3 : InputType::Same, op_tiles()[i]); }
 };
 
 // Each entry's largest value over the ranks (collective).
@@ -86,11 +85,7 @@ std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int
                                    int sms, const std::string& who, InputType input) {
   const Calibration cal(std::min<int64_t>(max_m, 4096), n, k, dtype, sms, input);
   std::array<double, 2> mine{};
-  for (size_t i = 0; i < op_tiles().size(); ++i) {
-    if (!cal.takes(i)) {
-      mine[i] = kNoTile;
-      continue;
-    }
+  for (size_t i = 0; i < op_tiles(input).size(); ++i) {
     kernels::GemmParams p = cal.gemm(i);
     p.four_stages = false;  // (the model's wave: 3 stages, as rt::measure_gemm_ms times it)
     mine[i] = rt::time_on_stream([&] { kernels::launch_gemm(p, cal.st); }, cal.st, 2, 5).median_ms / p.sched.waves();
@@ -112,7 +107,7 @@ std::string SequentialGemms::describe(int64_t m) const {
   const Sample& x = at(m);
   std::ostringstream os;
   os.precision(3);
-  if (!x.cublas && x.cublas_ms >= kNoTile) {
+  if (!x.cublas && x.cublas_ms >= kNoGemm) {
     os << std::fixed << "our GEMM (" << x.ours_ms << " ms at m = " << x.m << "; cuBLAS has none for these inputs)";
     return os.str();
   }
@@ -131,8 +126,8 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
   constexpr double kOursMargin = 0.04;
   const std::vector<int64_t> ms = plan::gemm_choice_samples(max_m);
   const Calibration cal(ms.back(), n, k, dtype, sms, input);
-  const size_t tiles = op_tiles().size();
-  std::vector<double> mine;  // per sample: cuBLAS's, then each tile's (a tile the inputs do not take: kNoTile)
+  const size_t tiles = op_tiles(input).size();
+  std::vector<double> mine;  // per sample: cuBLAS's (kNoGemm where cuBLAS has no such GEMM), then each tile's
   // (cuBLASLt's FP8 matmul wants n % 16 == 0, as torch._scaled_mm, and has
   // no row-wise scales on some GPUs: there ours alone)
   const bool cublas_takes = !cal.fp8 || (n % 16 == 0 && cublas.takes_fp8(fp8_of(input, scales).scales));
@@ -146,14 +141,13 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
         cublas.run(cal.dt, cal.a.get(), cal.b.get(), cal.c.get(), int(m), int(n), int(k), n, cal.st);
     }};
     std::vector<kernels::GemmParams> params;
-    for (size_t i = 0; i < tiles; ++i)
-      if (cal.takes(i)) params.push_back(cal.gemm(i, m));
+    for (size_t i = 0; i < tiles; ++i) params.push_back(cal.gemm(i, m));
     for (const kernels::GemmParams& p : params) fns.push_back([&p, &cal] { kernels::launch_gemm(p, cal.st); });
     // (fewer runs where a call takes long: the construction stays well under a second)
     const int iters = m <= 1024 ? 15 : 7;
     const std::vector<rt::TimingStats> times = rt::time_interleaved(fns, cal.st, 2, iters, {}, &rt::thread_gate());
-    mine.push_back(cublas_takes ? times[0].median_ms : kNoTile);
-    for (size_t i = 0, timed = 1; i < tiles; ++i) mine.push_back(cal.takes(i) ? times[timed++].median_ms : kNoTile);
+    mine.push_back(cublas_takes ? times[0].median_ms : kNoGemm);
+    for (size_t i = 0; i < tiles; ++i) mine.push_back(times[1 + i].median_ms);
   }
   FO_CUDA_CHECK(cudaStreamSynchronize(cal.st));
   std::vector<double> most(mine.size(), 0.0);  // (every rank times the same samples: equal lengths)
@@ -210,15 +204,8 @@ kernels::Fp8 fp8_of(InputType input, ScaleKind scales) {
   return f;
 }
 
-bool input_takes_tile(InputType input, plan::TileShape tile) {
-  return input != InputType::E4M3 || tile.bn == 128;  // (FP8: two accumulator sets, 128x128: kernels::Fp8)
-}
-
-std::vector<plan::TileShape> tiles_for(InputType input) {
-  std::vector<plan::TileShape> out;
-  for (plan::TileShape t : op_tiles())
-    if (input_takes_tile(input, t)) out.push_back(t);
-  return out;
+bool scatter_takes_tile(InputType input, plan::TileShape tile) {
+  return input != InputType::E4M3 || tile.bn == 128;  // (kernels::Fp8: 128x192 with plain and slot stores only)
 }
 
 void check_shape(const std::string& who, int64_t max_m, int64_t n, int64_t k) {
@@ -262,10 +249,8 @@ std::array<double, 2> model_wave_ms(int64_t k, InputType input) {
   const plan::GemmModel model;
   std::array<double, 2> out{};
   for (size_t i = 0; i < out.size(); ++i) {
-    const plan::TileShape t = op_tiles()[i];
-    out[i] = !input_takes_tile(input, t) ? kNoTile
-             : input == InputType::E4M3  ? model.wave_ms(t, k) / 2
-                                         : model.wave_ms(t, k);
+    const plan::TileShape t = op_tiles(input)[i];
+    out[i] = input == InputType::E4M3 ? model.wave_ms(t, k) / 2 : model.wave_ms(t, k);
   }
   return out;
 }

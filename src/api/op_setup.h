@@ -27,23 +27,25 @@ inline kernels::DType to_kernels(DType d) { return d == DType::BF16 ? kernels::D
 constexpr int32_t kBm = 128;  // every tile shape's height: m's bucket is its tile rows
 inline int32_t bucket_of(int64_t m) { return int32_t((m + kBm - 1) / kBm); }
 
-// The tile shapes the public ops plan with, 128x256 first.
-inline const std::vector<plan::TileShape>& op_tiles() {
-  static const std::vector<plan::TileShape> tiles = {{128, 256}, {128, 128}};
-  return tiles;
+// The tile shapes the public ops plan with, the wide one first: 128x256 and
+// 128x128 for 16-bit inputs; 128x192 and 128x128 for FP8 (a part sum beside
+// the sum leaves no room for 128x256's accumulators), whose NVLink forms
+// (the scatter epilogue) take 128x128 only (scatter_takes_tile).
+inline const std::vector<plan::TileShape>& op_tiles(InputType input = InputType::Same) {
+  static const std::vector<plan::TileShape> same = {{128, 256}, {128, 128}}, e4m3 = {{128, 192}, {128, 128}};
+  return input == InputType::E4M3 ? e4m3 : same;
 }
 
 // Rank 0's text on every rank (two small bounded NCCL exchanges).
 std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const std::string& what);
 
-// Our GEMM's time per wave for each of op_tiles() on the largest m up to
-// 4096 of max_m rows, on the full grid of `sms` CTAs: the max over ranks
+// Our GEMM's time per wave for each of op_tiles(input) on the largest m up
+// to 4096 of max_m rows, on the full grid of `sms` CTAs: the max over ranks
 // (collective), so that every rank plans from the same times.
-// FP8 inputs: 128x128 tiles only, the other's time kNoTile.
 std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
                                    int sms, const std::string& who, InputType input = InputType::Same);
-// The time of a tile shape the inputs do not take (FP8: 128x256): never the faster.
-constexpr double kNoTile = 1e30;
+// The time of a GEMM the inputs do not have (cuBLASLt without FP8 row-wise scales): never the faster.
+constexpr double kNoGemm = 1e30;
 
 // Our GEMM against cuBLAS's for the sequential calls, timed in turns at
 // construction at each of plan::gemm_choice_samples(max_m) (the slowest
@@ -54,7 +56,7 @@ struct SequentialGemms {
   struct Sample {
     int64_t m = 0;
     double ours_ms = 0, cublas_ms = 0;
-    size_t ours_tile = 0;  // the faster of op_tiles() at m
+    size_t ours_tile = 0;  // the faster of op_tiles(input) at m
     bool cublas = true;
   };
   std::vector<Sample> samples;
@@ -68,7 +70,7 @@ struct SequentialGemms {
   // E.g. "cuBLAS's GEMM (0.031 ms against ours 0.052 ms at m = 32)".
   std::string describe(int64_t m) const;
 };
-// (FP8 inputs: cuBLASLt's FP8 matmul against ours on 128x128 tiles.)
+// (FP8 inputs: cuBLASLt's FP8 matmul against ours on its tiles.)
 SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
                                          int sms, rt::CublasGemm& cublas, const std::string& who,
                                          InputType input = InputType::Same, ScaleKind scales = ScaleKind::None);
@@ -77,12 +79,11 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
 // unknown kind, scales for 16-bit inputs, k % 16 != 0 with FP8), a call's
 // scales against them (both pointers, 4-byte aligned, with PerTensor or
 // RowWise; none otherwise), the kernel's Fp8 of them (pointers per call),
-// and the tile shapes the inputs take (FP8: 128x128).
+// and whether the NVLink forms' scatter epilogue takes a tile (FP8: 128x128 only).
 void check_input_options(const std::string& who, InputType input, ScaleKind scales, int64_t k);
 void check_input_scales(const std::string& who, InputType input, ScaleKind kind, const InputScales& s);
 kernels::Fp8 fp8_of(InputType input, ScaleKind scales);
-bool input_takes_tile(InputType input, plan::TileShape tile);
-std::vector<plan::TileShape> tiles_for(InputType input);
+bool scatter_takes_tile(InputType input, plan::TileShape tile);
 
 // The checks every public op makes (InvalidArgument naming `who`): its
 // shape at construction (1 <= max_m, n below 2^30, k % 8 == 0), the SMs left
@@ -100,10 +101,10 @@ std::string current_gpu_name();
 // The tuning cache a process reads: the option's file, else
 // $FLASHOVERLAP_TUNING_CACHE's, else none ("").
 std::string tuning_cache_path(const std::string& option);
-// The built-in model's time per wave of our GEMM for each of op_tiles():
-// what the GPU-free planning calls take for the measured ones. (FP8
-// inputs: the 128x128 wave at half the 16-bit one, the FP8 tensor cores'
-// rate being twice bf16's; a tile they do not take kNoTile.)
+// The built-in model's time per wave of our GEMM for each of
+// op_tiles(input): what the GPU-free planning calls take for the measured
+// ones. (FP8 inputs: a wave at half the 16-bit one, the FP8 tensor cores'
+// rate being twice bf16's.)
 std::array<double, 2> model_wave_ms(int64_t k, InputType input = InputType::Same);
 
 // Rank 0's tuning-cache entries of `shape` (any tile rows), on every rank

@@ -28,7 +28,7 @@ plan::Plan ReduceScatterPlanner::plan_with(int64_t m, size_t tile, std::optional
   req.op = plan::Collective::ReduceScatter;
   req.m = m, req.n = n, req.k = k, req.world = world;
   req.dtype = dtype == DType::BF16 ? plan::DType::BF16 : plan::DType::FP16;
-  req.tile = op_tiles()[tile];
+  req.tile = op_tiles(opts.input)[tile];
   req.sms = sms, req.reserve_sms = opts.nccl_sms, req.rs_layout = layout();
   const int64_t tiles = (m + req.tile->bm - 1) / req.tile->bm * ((n + req.tile->bn - 1) / req.tile->bn);
   const int64_t waves = (tiles + (sms - opts.nccl_sms) - 1) / (sms - opts.nccl_sms);
@@ -45,9 +45,9 @@ std::optional<ReduceScatterPlanner::Planned> ReduceScatterPlanner::picked_for(in
   const rt::ReduceScatterPick& pk = it->second;
   if ((pk.path == Path::Slots && pk.nccl_sms != opts.nccl_sms) || (pk.path == Path::NVLink && !nvlink_ready))
     return std::nullopt;
-  const auto& tiles = op_tiles();
+  const auto& tiles = op_tiles(opts.input);
   const auto at = std::find_if(tiles.begin(), tiles.end(), [&](plan::TileShape t) { return t.bm == pk.bm && t.bn == pk.bn; });
-  if (at == tiles.end()) return std::nullopt;
+  if (at == tiles.end() || (pk.path == Path::NVLink && !scatter_takes_tile(opts.input, *at))) return std::nullopt;
   const size_t tile = size_t(at - tiles.begin());
   Planned p;
   p.picked = true;
@@ -74,7 +74,7 @@ ReduceScatterPlanner::Planned ReduceScatterPlanner::model_plan_for(int64_t m) co
   using Path = GemmReduceScatterOptions::Path;
   std::optional<plan::Plan> best;
   const double gain = opts.path == Path::Auto ? 0.01 : -1e9;  // a forced path overlaps where it can
-  for (size_t t = 0; t < op_tiles().size(); ++t) {
+  for (size_t t = 0; t < op_tiles(opts.input).size(); ++t) {
     plan::Plan p = plan_with(m, t, std::nullopt, gain);
     if (opts.path == Path::Slots && !p.sequential && p.groups.size() < 2 && p.schedule.waves() >= 2)
       p = plan_with(m, t, plan::Partition{p.schedule.waves() - 1, 1}, gain);  // (two groups at least)
@@ -89,9 +89,12 @@ ReduceScatterPlanner::Planned ReduceScatterPlanner::model_plan_for(int64_t m) co
     best.reset();
   if (opts.path == Path::Sequential || opts.path == Path::NVLink || !best || best->sequential) {
     // the sequential plan of the faster tile
-    // (NVLink: its tile and the whole grid)
+    // (NVLink: its tile and the whole grid; a tile its scatter epilogue takes)
+    const bool nvlink = opts.path == Path::NVLink;
     plan::Plan a = plan_with(m, 0, std::nullopt, 1e9), b = plan_with(m, 1, std::nullopt, 1e9);
-    return {a.predicted.total_ms <= b.predicted.total_ms ? a : b, opts.path == Path::NVLink};
+    const bool wide = (!nvlink || scatter_takes_tile(opts.input, op_tiles(opts.input)[0])) &&
+                      a.predicted.total_ms <= b.predicted.total_ms;
+    return {wide ? a : b, nvlink};
   }
   return {*best};
 }

@@ -22,7 +22,7 @@ struct ReduceScatterPlanner {
   int world = 1, sms = 132;
   DType dtype = DType::BF16;
   GemmReduceScatterOptions opts;
-  std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles() order
+  std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles(opts.input) order
   // The sequential calls' GEMM per m (ours or cuBLAS's), measured; empty:
   // not measured (the model's plan), our GEMM's time stands for it.
   SequentialGemms seq;

@@ -162,13 +162,12 @@ struct Owner {
 // to so many tile rows: grouped_tables.h); its tiles are not signalled.
 // The schedule's m is tile rows x bm. Off where a_row0 is null.
 // FP8 inputs (docs/design.md §13): A and B e4m3 (k % 16 == 0), C in the
-// GEMM's dtype; each k-block's product (4 wgmma of k32) summed into fp32
-// registers apart (the tensor cores' own sum keeps ~14 bits), then C =
-// (acc * scale_a) * scale_b, rounded once, as torch._scaled_mm scales. 128 x
-// 128 tiles (two part sums, the next k-block's MMAs issued before this
-// one's promotion), or 128 x 192 (one part sum; Plain or slot stores only:
-// no scatter; the lab's, until measured); no owner layout, no grouped GEMM
-// yet.
+// GEMM's dtype; the MMAs' part sums (the tensor cores' own sum keeps ~14
+// bits) added into fp32 registers apart, then C = (acc * scale_a) *
+// scale_b, rounded once, as torch._scaled_mm scales. 128 x 128 tiles (a
+// part per k-block, two parts: the next k-block's MMAs issued before this
+// one's promotion), or 128 x 192 (one part of two k-blocks; Plain or slot
+// stores only: no scatter); no owner layout, no grouped GEMM yet.
 enum class Scales : int32_t { None = 0, PerTensor = 1, RowWise = 2 };
 struct Fp8 {
   bool on = false;
@@ -254,7 +253,7 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
 }
 
 // Tile shapes the kernel is compiled for.
-bool tile_supported(int bm, int bn);
+bool tile_supported(int bm, int bn, bool fp8 = false);  // (FP8: 128x128 and 128x192)
 
 // Throws flashoverlap::InvalidArgument naming the shape and the problem
 // (unsupported tile, k not a multiple of 8, misaligned pointer, ...).

@@ -76,15 +76,16 @@ std::string shape_str(const GemmParams& p) {
 
 }  // namespace
 
-bool tile_supported(int bm, int bn) { return bm == 128 && (bn == 256 || bn == 128); }
+bool tile_supported(int bm, int bn, bool fp8) { return bm == 128 && (bn == 128 || bn == (fp8 ? 192 : 256)); }
 
 void check_gemm_params(const GemmParams& p) {
   auto fail = [&](const std::string& why) { throw InvalidArgument(shape_str(p) + ": " + why); };
   if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   const Grouped& g = p.grouped;
-  if (!tile_supported(p.sched.bm, p.sched.bn) && !(p.fp8.on && p.sched.bm == 128 && p.sched.bn == 192))
-    fail("unsupported tile shape (supported: 128x256, 128x128; FP8: 128x128, 128x192)");
+  if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on))
+    fail(p.fp8.on ? "fp8: 128x128 or 128x192 tiles (a sum and its parts in the consumers' registers)"
+                  : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x128, 128x192)");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
   if (p.sched.swizzle < 1) fail("swizzle must be >= 1");
@@ -122,8 +123,6 @@ void check_gemm_params(const GemmParams& p) {
   const Fp8& f8 = p.fp8;
   if (f8.on) {
     if (p.k % 16 != 0) fail("fp8: k must be a multiple of 16 (rows of A and B 16-byte multiples for TMA)");
-    if (p.sched.bn != 128 && p.sched.bn != 192)
-      fail("fp8: 128x128 or 128x192 tiles (a sum and its parts in the consumers' registers)");
     if (p.sched.bn == 192 && p.scatter.world > 0) fail("fp8: the scatter epilogue takes 128x128 tiles");
     if (p.owner.rank >= 0 || g.a_row0) fail("fp8: not with the owner layout or the grouped GEMM yet");
     if (p.monitor_phases) fail("fp8: no phase monitor");

@@ -260,9 +260,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int fault_kb = idx == (tiles > 1 ? 1 : 0) ? (p.k_blocks > 1 ? 1 : 0) : -1;
 #endif
     if constexpr (kFp8) {
-      // Each k-block's 4 wgmma into a part sum of its own (the first from
-      // zero), then added into acc in fp32: the promotion.
-      auto issue = [&](int at, float(&part)[BN / 2]) {
+      // A part sum of the MMAs (the tensor cores keep ~14 bits while they
+      // sum), added into acc in fp32: the promotion. 128x128: one part per
+      // k-block; 128x192: one per two k-blocks (below).
+      auto issue = [&](int at, float(&part)[BN / 2], bool add = false) {
         const int s = at % STAGES;
         ptx::mbar_wait(&full[s], (at / STAGES) & 1);
         ptx::wgmma_fence();
@@ -270,8 +271,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         const uint64_t db = ptx::smem_desc_sw128(smem + L::kB + s * L::kBBytes);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)  // +32 bytes along K each
-          ptx::Wgmma<BN, TIn>::mma(part, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
+          ptx::Wgmma<BN, TIn>::mma(part, da + 2 * kk, db + 2 * kk, kk > 0 || add ? 1 : 0);
         ptx::wgmma_commit();
+      };
+      auto release = [&](int at) {
+        if (tid == 0) ptx::mbar_arrive(&empty[at % STAGES]);
       };
       // k-block kb's MMAs (into part) done: its stage released, part added.
       // (acc from zero, not a copy of the first part: a copy lets the
@@ -285,14 +289,24 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
       const int kbs = p.k_blocks;
       if constexpr (BN == 192) {
-        // One part (96 registers beside acc's 96): each k-block waited for,
-        // then promoted; the other warpgroup's MMAs keep the tensor cores
-        // busy meanwhile.
+        // One part (96 registers beside acc's 96: no room for a second), so
+        // the tensor cores drain while it is promoted; summing two k-blocks
+        // per part halves those drains.
         float part[BN / 2];
-        for (int kb = 0; kb < kbs; ++kb) {
+        for (int kb = 0; kb < kbs; kb += 2) {
           issue(it + kb, part);
-          ptx::wgmma_wait<0>();
-          promote(it + kb, part);
+          if (kb + 1 < kbs) {
+            issue(it + kb + 1, part, true);
+            ptx::wgmma_wait<1>();
+            release(it + kb);
+            ptx::wgmma_wait<0>();
+            release(it + kb + 1);
+          } else {
+            ptx::wgmma_wait<0>();
+            release(it + kb);
+          }
+#pragma unroll
+          for (int e = 0; e < BN / 2; ++e) acc[e] += part[e];
         }
       } else {
         // Two parts: the next k-block's MMAs are issued before this one's

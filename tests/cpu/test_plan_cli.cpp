@@ -528,13 +528,14 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
 }
 
 // FP8 inputs (the options' input E4M3): every AllReduce and ReduceScatter plan on
-// 128x128 tiles (the FP8 GEMM's), on every path the inputs take; the misuses
-// refused, saying why.
-TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOn128x128TilesAndMisusesAreRefused) {
+// the FP8 GEMM's tiles (128x192, 128x128; never 128x256), the ReduceScatter's
+// NVLink form on 128x128 (its scatter epilogue's), on every path the inputs
+// take; the misuses refused, saying why.
+TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
   using flashoverlap::DType;
   using Opts = flashoverlap::GemmAllReduceOptions;
   FO_SEEDED_RNG(rng);
-  int overlapped = 0;
+  int overlapped = 0, wide = 0;
   for (int trial = 0; trial < 40; ++trial) {
     Opts o;
     o.input = flashoverlap::InputType::E4M3;
@@ -549,10 +550,12 @@ TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOn128x128TilesAndMisusesAreRefuse
                  std::to_string(world) + ": " + plan);
     if (plan.rfind("sequential", 0) == 0) continue;
     ++overlapped;
-    EXPECT_NE(plan.find("128x128"), std::string::npos);
+    wide += plan.find("128x192") != std::string::npos;
+    EXPECT_TRUE(plan.find("128x128") != std::string::npos || plan.find("128x192") != std::string::npos);
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
   }
   EXPECT_GT(overlapped, 5);
+  EXPECT_GT(wide, 0);
   // The ReduceScatter's FP8 plans alike (every path, both layouts).
   int rs_overlapped = 0;
   for (int trial = 0; trial < 40; ++trial) {
@@ -568,7 +571,8 @@ TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOn128x128TilesAndMisusesAreRefuse
     SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " on " +
                  std::to_string(world) + ": " + plan);
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
-    rs_overlapped += plan.find("128x128") != std::string::npos;
+    if (o.path == RsOpts::Path::NVLink) EXPECT_EQ(plan.find("128x192"), std::string::npos);
+    rs_overlapped += plan.find("128x128") != std::string::npos || plan.find("128x192") != std::string::npos;
   }
   EXPECT_GT(rs_overlapped, 5);
   auto refused = [&](int64_t k, const Opts& o, const std::string& what) {

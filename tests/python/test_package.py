@@ -541,7 +541,9 @@ class CApi(unittest.TestCase):
         second.struct_size, second.input = 48, 1
         self.assertEqual(self.c.fo_plan_gemm_allreduce(4096, 8192, 8192, 2, 0, ctypes.byref(second), 132, b"H", None,
                                                         0, None), 0)
-        self.assertIn("128x128", flashoverlap.plan_gemm_allreduce(4096, 8192, 8192, 2, input="e4m3", scales="row"))
+        fp8_plan = flashoverlap.plan_gemm_allreduce(4096, 8192, 8192, 2, input="e4m3", scales="row")
+        self.assertRegex(fp8_plan, "128x(128|192)")  # (the FP8 GEMM's tiles, never 16-bit's 128x256)
+        self.assertNotIn("128x256", fp8_plan)
         with self.assertRaisesRegex(InvalidArgument, "FP8 inputs need k % 16 == 0"):
             flashoverlap.plan_gemm_allreduce(4096, 8192, 8200, 2, input="e4m3")
         with self.assertRaisesRegex(InvalidArgument, "scales are for FP8 inputs"):

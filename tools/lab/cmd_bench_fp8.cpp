@@ -1,6 +1,6 @@
 // flashoverlap-lab bench-fp8 — our GEMM with e4m3 inputs (kernels::Fp8:
-// 128x128 tiles, each k-block's sum promoted to fp32, the scales in the
-// epilogue) against cuBLASLt's FP8 matmul, which torch._scaled_mm runs
+// 128x128 and 128x192 tiles, the faster of the two per shape as the ops
+// pick, part sums promoted to fp32, the scales in the epilogue) against cuBLASLt's FP8 matmul, which torch._scaled_mm runs
 // (FAST_ACCUM off, as use_fast_accum=False; and on, as use_fast_accum=True),
 // per shape and scale kind, timed in turns on the full grid; bf16 output.
 // Internal: the kernel alone. ratio: cuBLASLt's (FAST_ACCUM off) / ours;
@@ -60,7 +60,7 @@ std::string default_shapes() {
 struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
-  std::string tile = "128x128";  // 128x128, 128x192, or both (128x192 timed in turns beside: ours_192_ms)
+  std::string tile = "both";  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
@@ -92,8 +92,9 @@ int run(const Options& o) {
       throw InvalidArgument("--shapes: N and K must be multiples of 16 (FP8 rows for TMA and cuBLASLt)");
   if (o.tile != "128x128" && o.tile != "128x192" && o.tile != "both")
     throw InvalidArgument("--tile: 128x128, 128x192 or both (got '" + o.tile + "')");
-  const bool both = o.tile == "both";
-  const int bn = o.tile == "128x192" ? 192 : 128;
+  const std::vector<int> tile_ns = o.tile == "both" ? std::vector<int>{128, 192}
+                                   : o.tile == "128x192" ? std::vector<int>{192}
+                                                         : std::vector<int>{128};
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
   if (!gpu) return 1;
   const rt::DeviceInfo& info = *gpu;
@@ -106,10 +107,11 @@ int run(const Options& o) {
   if (!o.csv.empty()) {
     csv.open(o.csv);
     if (!csv) throw Error("cannot write " + o.csv);
-    csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,ours_192_ms\n";
+    csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,"
+           "ours_tile,ours_128_ms,ours_192_ms\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
-            << "ours_ms" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms" << std::setw(9) << "ours_TF"
+            << "ours_ms" << std::setw(6) << "tile" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms" << std::setw(9) << "ours_TF"
             << std::setw(9) << "Lt_TF" << std::setw(8) << "ratio" << std::setw(10) << "rel_err"
             << "   err ours / Lt / Lt fast (vs the fp32 product)\n";
   bool wrong = false;
@@ -126,7 +128,8 @@ int run(const Options& o) {
     for (float& x : sa) x = u(rng);
     for (float& x : sb) x = u(rng);
     const rt::DeviceBuffer dsa = rt::to_device(sa), dsb = rt::to_device(sb);
-    rt::DeviceBuffer ours(size_t(m) * n * 2), theirs(size_t(m) * n * 2), fast(size_t(m) * n * 2);
+    rt::DeviceBuffer theirs(size_t(m) * n * 2), fast(size_t(m) * n * 2);
+    const rt::DeviceBuffer outs[2] = {rt::DeviceBuffer(size_t(m) * n * 2), rt::DeviceBuffer(size_t(m) * n * 2)};
     // C32: the exact inputs' product in fp32 (row-major C = A B^T as column-major C^T = B^T-op * A)
     rt::DeviceBuffer c32(size_t(m) * n * 4), scaled(size_t(m) * n * 4);
     {
@@ -143,57 +146,62 @@ int run(const Options& o) {
       return plan::make_schedule(m, n, {128, tile_n}, info.sms, plan::Raster::AlongN,
                                  plan::default_swizzle(info.sms, {128, tile_n}, (m + 127) / 128));
     };
-    const plan::Schedule s = schedule(bn);
     const double flop = 2.0 * m * n * double(k);
     for (kernels::Scales kind : kinds) {
       kernels::Fp8 f;
       f.on = true, f.scales = kind;
       if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
-      kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), s, k, ours.get(), n);
-      p.fp8 = f;
-      kernels::GemmParams wide = kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), schedule(192), k,
-                                                     fast.get(), n);  // (both: 128x192 beside)
-      wide.fp8 = f;
-      const bool has_lt = lt.takes_fp8(kind);
-      kernels::launch_gemm(p, stream);
-      std::optional<kernels::CompareResult> r;
-      if (has_lt) {  // (the bound for inputs within +-7.5 (random_e4m3's), times the scales (<= 2 each))
-        lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream);
-        r = kernels::compare(kernels::DType::BF16, ours.get(), n, theirs.get(), n, m, n, stream,
-                             kernels::gemm_tolerance(kernels::DType::BF16, k, 1, 7.5 * 2));
-        if (!r->within())
-          wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k << ": ours differs from cuBLASLt's: "
-                                  << r->describe() << "\n";
+      // Our tiles (--tile: one, or both timed in turns: ours is then the faster, as the ops pick)
+      struct Tile {
+        int bn;
+        kernels::GemmParams p;
+        double err = 0, ms = 0;
+      };
+      std::vector<Tile> tiles;
+      for (int bn : tile_ns) {
+        tiles.push_back({bn, kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), schedule(bn), k,
+                                                 outs[tiles.size()].get(), n)});
+        tiles.back().p.fp8 = f;
       }
+      const bool has_lt = lt.takes_fp8(kind);
+      if (has_lt) lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream);
       FO_CUDA_CHECK(cudaMemcpyAsync(scaled.get(), c32.get(), c32.bytes(), cudaMemcpyDeviceToDevice, stream));
       kernels::apply_fp8_scales(scaled.as<float>(), m, n, f, stream);
-      auto error_of = [&](const rt::DeviceBuffer& x) {
-        return kernels::relative_error_to_fp32(kernels::DType::BF16, x.get(), n, scaled.as<float>(), m, n, stream);
+      auto error_of = [&](const void* x) {
+        return kernels::relative_error_to_fp32(kernels::DType::BF16, x, n, scaled.as<float>(), m, n, stream);
       };
-      const double err_ours = error_of(ours);
+      std::vector<std::optional<kernels::CompareResult>> vs_lt;
+      for (Tile& t : tiles) {
+        kernels::launch_gemm(t.p, stream);
+        t.err = error_of(t.p.c);
+        vs_lt.emplace_back();
+        if (!has_lt) continue;
+        // (the bound for inputs within +-7.5 (random_e4m3's), times the scales (<= 2 each))
+        vs_lt.back() = kernels::compare(kernels::DType::BF16, t.p.c, n, theirs.get(), n, m, n, stream,
+                                        kernels::gemm_tolerance(kernels::DType::BF16, k, 1, 7.5 * 2));
+        if (!vs_lt.back()->within())
+          wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k << " 128x" << t.bn
+                                  << ": ours differs from cuBLASLt's: " << vs_lt.back()->describe() << "\n";
+      }
       double err_lt = 0, err_fast = 0;
       if (has_lt) {
         lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), fast.get(), m, n, k, n, stream, true);
-        err_lt = error_of(theirs), err_fast = error_of(fast);
+        err_lt = error_of(theirs.get()), err_fast = error_of(fast.get());
       }
-      if (both) {  // (128x192: the same C, bitwise: each k-block's sum promoted alike, in the same order)
-        kernels::launch_gemm(wide, stream);
-        const kernels::CompareResult same =
-            kernels::compare(kernels::DType::BF16, ours.get(), n, fast.get(), n, m, n, stream, kernels::Tolerance{});
-        if (same.mismatches != 0)
-          wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k
-                                  << ": 128x192 tiles differ from 128x128: " << same.describe() << "\n";
-      }
-      std::vector<std::function<void()>> fns = {[&] { kernels::launch_gemm(p, stream); }};
+      std::vector<std::function<void()>> fns;
+      for (const Tile& t : tiles) fns.push_back([&t, &stream] { kernels::launch_gemm(t.p, stream); });
       if (has_lt) {
         fns.push_back([&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream); });
         fns.push_back(
             [&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream, true); });
       }
-      if (both) fns.push_back([&] { kernels::launch_gemm(wide, stream); });
       const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
-      const double ours_ms = stats[0].median_ms;
-      const double lt_ms = has_lt ? stats[1].median_ms : 0, fast_ms = has_lt ? stats[2].median_ms : 0;
+      for (size_t i = 0; i < tiles.size(); ++i) tiles[i].ms = stats[i].median_ms;
+      const size_t best = tiles.size() > 1 && tiles[1].ms < tiles[0].ms ? 1 : 0;
+      const Tile& ours = tiles[best];
+      const std::optional<kernels::CompareResult>& r = vs_lt[best];
+      const double lt_ms = has_lt ? stats[tiles.size()].median_ms : 0;
+      const double fast_ms = has_lt ? stats[tiles.size() + 1].median_ms : 0;
       auto opt = [&](double v, int width) {
         std::ostringstream os;
         if (has_lt) os << std::fixed << std::setprecision(3) << v;
@@ -203,29 +211,34 @@ int run(const Options& o) {
       std::ostringstream shape;
       shape << m << "x" << n << "x" << k;
       std::cout << std::left << std::setw(20) << shape.str() << std::setw(8) << kname << std::right << std::fixed
-                << std::setprecision(3) << std::setw(10) << ours_ms << opt(lt_ms, 12) << opt(fast_ms, 10)
-                << std::setprecision(1) << std::setw(9) << flop / ours_ms / 1e9 << opt(flop / lt_ms / 1e9, 9)
-                << opt(lt_ms / ours_ms, 8) << std::setw(10);
+                << std::setprecision(3) << std::setw(10) << ours.ms << std::setw(6) << ours.bn << opt(lt_ms, 12)
+                << opt(fast_ms, 10) << std::setprecision(1) << std::setw(9) << flop / ours.ms / 1e9
+                << opt(flop / lt_ms / 1e9, 9) << opt(lt_ms / ours.ms, 8) << std::setw(10);
       if (r) std::cout << std::setprecision(5) << r->rel_error();
       else std::cout << "-";
-      std::cout << std::scientific << std::setprecision(2) << "   err " << err_ours;
+      std::cout << std::scientific << std::setprecision(2) << "   err " << ours.err;
       if (has_lt) std::cout << " / " << err_lt << " / " << err_fast;
-      if (both) std::cout << std::fixed << std::setprecision(3) << "   128x192 " << stats.back().median_ms << " ms";
+      if (tiles.size() > 1)
+        std::cout << std::fixed << std::setprecision(3) << "   128x128 " << tiles[0].ms << " ms, 128x192 "
+                  << tiles[1].ms << " ms";
       std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
-        csv << m << "," << n << "," << k << "," << kname << "," << ours_ms << ",";
+        auto ms_of = [&](int bn) {
+          for (const Tile& t : tiles)
+            if (t.bn == bn) return (std::ostringstream() << t.ms).str();
+          return std::string();
+        };
+        csv << m << "," << n << "," << k << "," << kname << "," << ours.ms << ",";
         if (has_lt) csv << lt_ms << "," << fast_ms;
         else csv << ",";
-        csv << "," << flop / ours_ms / 1e9 << ",";
-        if (has_lt) csv << lt_ms / ours_ms;
+        csv << "," << flop / ours.ms / 1e9 << ",";
+        if (has_lt) csv << lt_ms / ours.ms;
         csv << ",";
         if (r) csv << r->rel_error();
-        csv << "," << err_ours << ",";
+        csv << "," << ours.err << ",";
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
-        csv << ",";
-        if (both) csv << stats.back().median_ms;
-        csv << "\n";
+        csv << "," << ours.bn << "," << ms_of(128) << "," << ms_of(192) << "\n";
       }
     }
   }
@@ -249,8 +262,7 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
       ->capture_default_str();
   cmd->add_option("--tile", opts->tile,
-                  "Our tile: 128x128, 128x192, or both (128x128's in the ours_ms columns, 128x192 timed in turns "
-                  "beside it: ours_192_ms)")
+                  "Our tile: 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "

@@ -36,10 +36,11 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
                           std::to_string(opts_.wait_timeout_s) + " and " + std::to_string(opts_.exchange_timeout_s));
   if (opts_.push_tma < 0 || opts_.push_tma > 2)
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
-  if (!kernels::tile_supported(s.bm, s.bn))
-    throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
-  if (opts_.fp8.on && (opts_.layout == ArLayout::Owners || (!opts_.fallback_cublas && s.bn != 128)))
-    throw InvalidArgument("OverlapAllReduce: FP8 inputs take 128x128 tiles, not the owner layout");
+  if (!kernels::tile_supported(s.bm, s.bn, opts_.fp8.on))
+    throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn) +
+                          (opts_.fp8.on ? " (FP8: 128x128, 128x192)" : ""));
+  if (opts_.fp8.on && opts_.layout == ArLayout::Owners)
+    throw InvalidArgument("OverlapAllReduce: FP8 inputs do not take the owner layout");
   auto& groups = opts_.groups;
   plan::require_tile_groups(groups, s.tiles(), "OverlapAllReduce");
   // Inside a band tiles walk down its tile rows first: only whole bands are whole rows of C.

@@ -33,8 +33,9 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
   rank_and_world(opts_.comm, bool(opts_.transport), rank_, world_, who);
   if (opts_.n < 1 || opts_.k < 8 || opts_.k % 8 != 0)
     throw InvalidArgument(who + ": n must be >= 1 and k a positive multiple of 8");
-  if (!kernels::tile_supported(opts_.tile.bm, opts_.tile.bn))
-    throw InvalidArgument(who + ": unsupported tile " + plan::to_string(opts_.tile));
+  if (!kernels::tile_supported(opts_.tile.bm, opts_.tile.bn, opts_.fp8.on))
+    throw InvalidArgument(who + ": unsupported tile " + plan::to_string(opts_.tile) +
+                          (opts_.fp8.on ? " (FP8: 128x128, 128x192)" : ""));
   if (opts_.sequential_ctas == 0) opts_.sequential_ctas = opts_.ctas;
   if (opts_.ctas < 1 || opts_.sequential_ctas < 1) throw InvalidArgument(who + ": the grids need >= 1 CTA");
   if (opts_.max_rows < 0 || opts_.max_recv_rows < 0 || opts_.max_tokens < 0 ||
@@ -46,8 +47,8 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
     throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
   if (opts_.experts < 1 || int64_t{opts_.experts} * opts_.n > INT32_MAX)
     throw InvalidArgument(who + ": experts must be >= 1, and experts x n (the rows of b) fit int32");
-  if (opts_.fp8.on && (opts_.experts != 1 || opts_.tile.bn != 128))
-    throw InvalidArgument(who + ": FP8 inputs take one expert and 128x128 tiles");
+  if (opts_.fp8.on && (opts_.experts != 1 || (opts_.nvlink && opts_.tile.bn != 128)))
+    throw InvalidArgument(who + ": FP8 inputs take one expert, and 128x128 tiles on the NVLink form");
 
   if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
   core_ = opts_.core ? opts_.core : own_core_.get();

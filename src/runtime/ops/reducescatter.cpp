@@ -18,14 +18,16 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
   rank_and_world(opts_.comm, bool(opts_.transport), rank_, world_, who);
   if (!(opts_.wait_timeout_s > 0 && opts_.wait_timeout_s <= 7 * 24 * 3600.0))
     throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
-  if (!kernels::tile_supported(s.bm, s.bn))
-    throw InvalidArgument(who + ": unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
+  if (!kernels::tile_supported(s.bm, s.bn, opts_.fp8.on))
+    throw InvalidArgument(who + ": unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn) +
+                          (opts_.fp8.on ? " (FP8: 128x128, 128x192)" : ""));
   plan::require_rs_layout(s, world_, opts_.layout);  // (m % W, or bm % W for sub-tile: its message)
   const auto& groups = opts_.groups;
   plan::require_tile_groups(groups, s.tiles(), who);
   if (opts_.fallback_cublas && !plain_sequential())
     throw InvalidArgument(who + ": fallback_cublas needs the sequential plan of the standard layout");
-  if (opts_.fp8.on && !opts_.fallback_cublas && s.bn != 128) throw InvalidArgument(who + ": FP8 inputs take 128x128 tiles");
+  if (opts_.fp8.on && opts_.nvlink && s.bn != 128)
+    throw InvalidArgument(who + ": FP8 inputs take 128x128 tiles on the NVLink form (its scatter epilogue)");
   for (const auto& g : groups) target_.push_back(uint32_t(g.tiles()) * kernels::kSignalsPerTile);
 
   if (!opts_.core) own_core_ = std::make_unique<OverlapCore>();
