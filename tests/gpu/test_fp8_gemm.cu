@@ -196,7 +196,8 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
 }
 
 // k = 4096 of +3 x +3: every sum is 36864, past the ~2^14 the tensor cores
-// keep while they sum; exact only with each k-block's sum added in fp32.
+// keep while they sum; exact only with the parts (one k-block's, 1152, or
+// two's, 2304) added in fp32.
 TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   REQUIRE_HOPPER();
   const int64_t m = 256, n = 256, k = 4096;
