@@ -27,6 +27,7 @@
 #include "plan/curve_files.h"
 #include "plan/latency_model.h"
 #include "plan/tile_grid.h"
+#include "runtime/core/call_watch.h"
 #include "runtime/core/exchange.h"
 #include "runtime/core/overlap_core.h"
 #include "runtime/ops/allreduce.h"
@@ -46,6 +47,7 @@ using api::to_kernels;
 struct GemmAllReduce::Impl {
   std::shared_ptr<Communicator::Impl> comm;  // (keeps the caller's communicator object alive)
   rt::Communicator bounded;                  // NCCL on nccl_sms CTAs, clusters of 1: beside the GEMM
+  std::unique_ptr<rt::CallWatch> watch;      // (after the communicators it may revoke: gone before them)
   int64_t max_m = 0, n = 0, k = 0;
   DType dtype = DType::BF16;
   GemmAllReduceOptions opts;
@@ -125,6 +127,7 @@ struct GemmAllReduce::Impl {
   // An earlier call's wait that timed out (the host-mapped record, read
   // without synchronising): thrown by this call, before it enqueues anything.
   void check_earlier_calls() const {
+    watch->check();
     if (last && core.wait_error()->failed) last->check();
   }
   // An op about to go (ops' least recently used): if it ran the last call,
@@ -158,6 +161,8 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
 
   // NCCL beside the GEMM on the SMs it leaves: its CTAs bounded, clusters of 1 (docs/design.md §5.5).
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});
+  d.watch = api::make_call_watch(d.who(), options.wait_timeout_s,
+                                 {d.bounded.get(), comm.impl_->comm.owned() ? c : nullptr});
 
   // This GPU's name (the curves' and the picks' key).
   const std::string gpu = api::current_gpu_name();
@@ -230,6 +235,7 @@ void GemmAllReduce::run(const void* a, const void* b, void* out, int64_t m, cuda
   api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
+  const rt::CallWatch::Scope watched(*d.watch, stream);
   d.check_same_m(m, stream);
   op.set_input_scales(scales.a, scales.b);
   if (d.is_owner_op(op))
@@ -247,6 +253,7 @@ void GemmAllReduce::run_rmsnorm(const void* a, const void* b, const void* residu
   api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
+  const rt::CallWatch::Scope watched(*d.watch, stream);
   d.check_same_m(m, stream);
   op.set_input_scales(scales.a, scales.b);
   const rt::RmsNormArgs norm{residual, norm_weight, eps, residual_out};
@@ -277,6 +284,7 @@ void GemmAllReduce::run_registered(const void* a, const void* b, int slot, int64
                           std::to_string(d.registered.size()) + " registered)");
   d.check_earlier_calls();
   rt::OverlapAllReduce& op = d.op_for(m, stream, true);
+  const rt::CallWatch::Scope watched(*d.watch, stream);
   d.check_same_m(m, stream);
   op.set_input_scales(scales.a, scales.b);
   const Impl::Registered& r = d.registered[size_t(slot)];
@@ -305,6 +313,7 @@ std::string GemmAllReduce::plan(int64_t m) {
 }
 
 void GemmAllReduce::check() const {
+  impl_->watch->check();
   if (impl_->last) impl_->last->check();
 }
 

@@ -18,6 +18,7 @@
 #include "api/alltoall_planner.h"
 #include "api/op_setup.h"
 #include "runtime/core/checks.h"
+#include "runtime/core/call_watch.h"
 #include "runtime/core/exchange.h"
 #include "runtime/ops/alltoall.h"
 #include "runtime/ops/one_rank_alltoall.h"
@@ -51,6 +52,7 @@ struct CallArgs {
 struct GemmAllToAll::Impl {
   std::shared_ptr<Communicator::Impl> comm;
   rt::Communicator bounded, exchange_comm;
+  std::unique_ptr<rt::CallWatch> watch;  // (after the communicators it may revoke: gone before them)
   int64_t max_rows = 0, max_tokens = 0, n = 0, k = 0;
   int topk = 1, experts = 1;
   DType dtype = DType::BF16;
@@ -402,6 +404,8 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
     d.exchange_comm = comm.impl_->comm.split({0, 2, 1, -1});  // the routing's own: ordered after nothing of the op's
     d.exchange = std::make_unique<rt::HostExchange>(d.exchange_comm.get(), d.record_bytes());
   }
+  d.watch = api::make_call_watch(d.who(), options.wait_timeout_s,
+                                 {d.bounded.get(), d.exchange_comm.get(), comm.impl_->comm.owned() ? comm.get() : nullptr});
   api::AllToAllPlanner& p = d.planner;
   p.n = n, p.k = k, p.world = d.world, p.sms = d.sms, p.dtype = dtype, p.opts = options;
   p.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_rows, n, k, dtype, d.sms, d.who(), options.input);
@@ -431,7 +435,9 @@ void GemmAllToAll::run(const void* a, const void* b, const AllToAllRouting& rout
   if (capturing(stream))
     throw InvalidArgument(d.who() + ": run cannot be captured into a CUDA graph (each call exchanges its routing "
                                     "and plans on the host)");
+  d.watch->check();
   if (d.one_rank && d.one_rank->failed()) d.one_rank->check();  // (a GPU-checked call's bad row: reported first)
+  const rt::CallWatch::Scope watched(*d.watch, stream);
   if (routing.on_device && d.on_gpu_alone()) {
     d.run_on_gpu(routing, CallArgs{a, b, out, ld_out, combine, scales}, stream, tokens_out);
     return;
@@ -460,6 +466,7 @@ void GemmAllToAll::Impl::run_planned(const void* a, const void* b, const AllToAl
 std::string GemmAllToAll::last_plan() const { return impl_->last_plan; }
 
 void GemmAllToAll::check() const {
+  impl_->watch->check();
   if (impl_->one_rank) impl_->one_rank->check();
   if (impl_->last) impl_->last->check();
 }

@@ -19,6 +19,7 @@
 #include "kernels/reorder.h"
 #include "plan/planner.h"
 #include "runtime/core/checks.h"
+#include "runtime/core/call_watch.h"
 #include "runtime/core/exchange.h"
 #include "runtime/ops/reducescatter.h"
 #include "runtime/transport/peer_windows.h"
@@ -35,6 +36,7 @@ using api::to_kernels;
 struct GemmReduceScatter::Impl {
   std::shared_ptr<Communicator::Impl> comm;
   rt::Communicator bounded;  // NCCL on nccl_sms CTAs beside the GEMM
+  std::unique_ptr<rt::CallWatch> watch;  // (after the communicators it may revoke: gone before them)
   int64_t max_m = 0, n = 0, k = 0;
   DType dtype = DType::BF16;
   GemmReduceScatterOptions opts;
@@ -90,6 +92,7 @@ struct GemmReduceScatter::Impl {
     });
   }
   void check_earlier_calls() const {
+    watch->check();
     if (last && core.wait_error()->failed) last->check();
   }
   // An op about to go (ops' least recently used): if it ran the last call,
@@ -189,6 +192,8 @@ GemmReduceScatter::GemmReduceScatter(const Communicator& comm, int64_t max_m, in
   }
   d.planner.nvlink_ready = d.windows.connected();
   d.bounded = comm.impl_->comm.split({0, options.nccl_sms, 1, -1});  // (docs/design.md §5.5)
+  d.watch = api::make_call_watch(d.who(), options.wait_timeout_s,
+                                 {d.bounded.get(), comm.impl_->comm.owned() ? comm.get() : nullptr});
   d.planner.wave_ms = api::gemm_wave_ms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, d.who(), options.input);
   d.cublas = std::make_unique<rt::CublasGemm>();
   d.planner.seq = api::measure_sequential_gemms(comm.get(), d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who(),
@@ -213,6 +218,7 @@ void GemmReduceScatter::run(const void* a, const void* b, void* out, int64_t m, 
   api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   d.check_earlier_calls();
   rt::OverlapReduceScatter& op = d.op_for(m, stream, true);
+  const rt::CallWatch::Scope watched(*d.watch, stream);
   if (d.check_m) api::check_same_m(d.comm->comm.get(), d.rank, m, stream, d.who());
   op.set_input_scales(scales.a, scales.b);
   op.run(a, b, out, ld_out == 0 ? d.n : ld_out, stream);
@@ -227,6 +233,7 @@ void GemmReduceScatter::run_rmsnorm(const void* a, const void* b, const void* re
   api::check_input_scales(d.who(), d.opts.input, d.opts.scales, scales);
   d.check_earlier_calls();
   rt::OverlapReduceScatter& op = d.op_for(m, stream, true);
+  const rt::CallWatch::Scope watched(*d.watch, stream);
   if (d.check_m) api::check_same_m(d.comm->comm.get(), d.rank, m, stream, d.who());
   op.set_input_scales(scales.a, scales.b);
   op.run_rmsnorm(a, b, rt::RmsNormArgs{residual, norm_weight, eps, residual_out}, out, stream);
@@ -255,6 +262,7 @@ void GemmReduceScatter::all_gather_rows(const void* local, void* full, int64_t m
   const ncclDataType_t type = d.dtype == DType::BF16 ? ncclBfloat16 : ncclFloat16;
   const ncclComm_t c = d.comm->comm.get();
   const std::string ctx = d.who() + "::all_gather_rows (m " + std::to_string(m) + ")";
+  const rt::CallWatch::Scope watched(*d.watch, stream);
   if (d.layout() == plan::RsLayout::Standard) {
     FO_NCCL_CHECK_CTX(ncclAllGather(local, full, size_t(m / d.world) * d.n, type, c, stream), ctx);
     return;
@@ -284,6 +292,7 @@ std::string GemmReduceScatter::plan(int64_t m) {
 }
 
 void GemmReduceScatter::check() const {
+  impl_->watch->check();
   if (impl_->last) impl_->last->check();
 }
 

@@ -10,6 +10,7 @@
 
 #include "kernels/check.h"
 #include "runtime/core/buffer.h"
+#include "runtime/core/call_watch.h"
 #include "runtime/core/exchange.h"
 #include "runtime/core/cublas.h"
 #include "plan/gemm_choice.h"
@@ -260,6 +261,18 @@ std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& o
   const std::string path = tuning_cache_path(option);
   const std::string mine = path.empty() || rank != 0 ? "" : rt::PickCache(path).entries_for(shape);
   return from_rank0(comm, rank, mine, who + ": the tuning cache");
+}
+
+std::unique_ptr<rt::CallWatch> make_call_watch(const std::string& who, double timeout_s,
+                                               const std::vector<ncclComm_t>& revocable) {
+  auto w = std::make_unique<rt::CallWatch>(who, timeout_s);
+  std::vector<ncclComm_t> comms;
+  for (ncclComm_t c : revocable)
+    if (c && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
+  w->on_failure([comms] {
+    for (ncclComm_t c : comms) (void)ncclCommRevoke(c, NCCL_REVOKE_DEFAULT);  // (their kernels return)
+  });
+  return w;
 }
 
 bool check_m_enabled(bool option) {

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 namespace flashoverlap::rt {
 struct PickKey;
 class CublasGemm;
+class CallWatch;
 }
 
 namespace flashoverlap::api {
@@ -112,6 +114,13 @@ std::array<double, 2> model_wave_ms(int64_t k, InputType input = InputType::Same
 // $FLASHOVERLAP_TUNING_CACHE, else none (""). Collective.
 std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& option, const rt::PickKey& shape,
                                  const std::string& who);
+
+// An op's watch over its calls (runtime/core/call_watch.h): a call whose
+// work runs past timeout_s on the GPU fails the op, and revokes these
+// communicators (the op's own and the library's: never one adopted from the
+// caller, e.g. PyTorch's).
+std::unique_ptr<rt::CallWatch> make_call_watch(const std::string& who, double timeout_s,
+                                               const std::vector<ncclComm_t>& revocable);
 
 // FLASHOVERLAP_CHECK_M=1 in the environment, or the option.
 bool check_m_enabled(bool option);

@@ -46,6 +46,8 @@ class Communicator {
   int rank() const { return rank_; }
   int world() const { return world_; }
   explicit operator bool() const { return comm_ != nullptr; }
+  // Made here (create, init, split), not adopted: the library may revoke it.
+  bool owned() const { return comm_ && comm_.get_deleter().owned; }
 
  private:
   struct Deleter {
