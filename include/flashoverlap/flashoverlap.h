@@ -136,7 +136,7 @@ struct GemmAllReduceOptions {
   int nccl_sms = 8;
   // A wait for a group longer than this fails the call (reported by the
   // next call or by check()), instead of hanging; so does a call whose work
-  // runs longer than this on the GPU (a peer gone inside an NCCL
+  // runs longer than twice this on the GPU (a peer gone inside an NCCL
   // collective): the op's own communicators are revoked.
   double wait_timeout_s = 30.0;
   // Every call first checks that all ranks passed the same m (one small
@@ -238,10 +238,10 @@ class GemmAllReduce {
   // tiles, 124 CTAs, NCCL on 8 SMs), predicted 0.41 ms".
   std::string plan(int64_t m);
   // Throws the Error of an earlier call whose wait timed out (synchronise
-  // its stream first), or whose work ran past wait_timeout_s on the GPU (a
-  // peer that died inside an NCCL collective: the op's own communicators
-  // are then revoked and a message goes to stderr at once); nothing
-  // otherwise. Every later call throws it too, before enqueuing anything:
+  // its stream first), or whose work ran past twice wait_timeout_s on the
+  // GPU (a peer that died inside an NCCL collective: the op's own
+  // communicators are then revoked and a message goes to stderr at once);
+  // nothing otherwise. Every later call throws it too, before enqueuing anything:
   // the ranks are out of step, so build the communicator and the op anew.
   void check() const;
 
@@ -494,7 +494,7 @@ class GemmAllToAll {
   // The last call's plan, e.g. "slots: waves 2,2,1 of 5 (128x256, 124
   // CTAs), predicted 0.410 ms against 0.520 ms sequential; NCCL on 8 SMs".
   std::string last_plan() const;
-  // Error if an earlier call's wait timed out or its work ran past
+  // Error if an earlier call's wait timed out or its work ran past twice
   // wait_timeout_s (as GemmAllReduce::check), or InvalidArgument (once)
   // for a bad row an on_device routing's call found (synchronise its
   // stream first).

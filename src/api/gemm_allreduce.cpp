@@ -127,8 +127,8 @@ struct GemmAllReduce::Impl {
   // An earlier call's wait that timed out (the host-mapped record, read
   // without synchronising): thrown by this call, before it enqueues anything.
   void check_earlier_calls() const {
+    if (last && core.wait_error()->failed) last->check();  // (a timed-out wait's message first: it names the group)
     watch->check();
-    if (last && core.wait_error()->failed) last->check();
   }
   // An op about to go (ops' least recently used): if it ran the last call,
   // that call is waited for and its errors thrown now (then the op stays).
@@ -313,8 +313,8 @@ std::string GemmAllReduce::plan(int64_t m) {
 }
 
 void GemmAllReduce::check() const {
-  impl_->watch->check();
   if (impl_->last) impl_->last->check();
+  impl_->watch->check();
 }
 
 int64_t GemmAllReduce::max_m() const { return impl_->max_m; }

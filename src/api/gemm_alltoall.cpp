@@ -466,9 +466,9 @@ void GemmAllToAll::Impl::run_planned(const void* a, const void* b, const AllToAl
 std::string GemmAllToAll::last_plan() const { return impl_->last_plan; }
 
 void GemmAllToAll::check() const {
-  impl_->watch->check();
   if (impl_->one_rank) impl_->one_rank->check();
   if (impl_->last) impl_->last->check();
+  impl_->watch->check();
 }
 
 int64_t GemmAllToAll::max_rows() const { return impl_->max_rows; }

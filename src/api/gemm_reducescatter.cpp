@@ -92,8 +92,8 @@ struct GemmReduceScatter::Impl {
     });
   }
   void check_earlier_calls() const {
+    if (last && core.wait_error()->failed) last->check();  // (a timed-out wait's message first: it names the group)
     watch->check();
-    if (last && core.wait_error()->failed) last->check();
   }
   // An op about to go (ops' least recently used): if it ran the last call,
   // that call is waited for and its errors thrown now (then the op stays).
@@ -292,8 +292,8 @@ std::string GemmReduceScatter::plan(int64_t m) {
 }
 
 void GemmReduceScatter::check() const {
-  impl_->watch->check();
   if (impl_->last) impl_->last->check();
+  impl_->watch->check();
 }
 
 int64_t GemmReduceScatter::max_m() const { return impl_->max_m; }

@@ -263,9 +263,9 @@ std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& o
   return from_rank0(comm, rank, mine, who + ": the tuning cache");
 }
 
-std::unique_ptr<rt::CallWatch> make_call_watch(const std::string& who, double timeout_s,
+std::unique_ptr<rt::CallWatch> make_call_watch(const std::string& who, double wait_timeout_s,
                                                const std::vector<ncclComm_t>& revocable) {
-  auto w = std::make_unique<rt::CallWatch>(who, timeout_s);
+  auto w = std::make_unique<rt::CallWatch>(who, 2 * wait_timeout_s);
   std::vector<ncclComm_t> comms;
   for (ncclComm_t c : revocable)
     if (c && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);

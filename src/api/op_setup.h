@@ -116,10 +116,11 @@ std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& o
                                  const std::string& who);
 
 // An op's watch over its calls (runtime/core/call_watch.h): a call whose
-// work runs past timeout_s on the GPU fails the op, and revokes these
+// work runs past twice wait_timeout_s on the GPU fails the op (a call whose
+// own bounded waits time out completes within one), and revokes these
 // communicators (the op's own and the library's: never one adopted from the
 // caller, e.g. PyTorch's).
-std::unique_ptr<rt::CallWatch> make_call_watch(const std::string& who, double timeout_s,
+std::unique_ptr<rt::CallWatch> make_call_watch(const std::string& who, double wait_timeout_s,
                                                const std::vector<ncclComm_t>& revocable);
 
 // FLASHOVERLAP_CHECK_M=1 in the environment, or the option.
