@@ -41,16 +41,15 @@ struct Calibration {
   int64_t m, n, k;
   kernels::DType dt;
   InputType input;
-  bool fp8;
   int sms;
   rt::DeviceBuffer a, b, c;
   rt::ScopedStream stream;  // (after the buffers: synchronised before they are freed)
   cudaStream_t st = stream.s;
   Calibration(int64_t rows, int64_t n_, int64_t k_, DType dtype, int sms_, InputType input_ = InputType::Same)
-      : m(rows), n(n_), k(k_), dt(to_kernels(dtype)), input(input_), fp8(input_ == InputType::E4M3), sms(sms_),
-        a(size_t(m) * size_t(k) * (fp8 ? 1 : 2)), b(size_t(n) * size_t(k) * (fp8 ? 1 : 2)),
+      : m(rows), n(n_), k(k_), dt(to_kernels(dtype)), input(input_), sms(sms_),
+        a(size_t(m) * size_t(k) * (fp8() ? 1 : 2)), b(size_t(n) * size_t(k) * (fp8() ? 1 : 2)),
         c(size_t(m) * size_t(n) * 2) {
-    if (fp8) {
+    if (fp8()) {
       kernels::fill_random_e4m3(a.get(), m * k, 1, -2.f, 2.f, st);
       kernels::fill_random_e4m3(b.get(), n * k, 2, -2.f, 2.f, st);
     } else {
@@ -58,6 +57,7 @@ struct Calibration {
       kernels::fill_random(dt, b.get(), n * k, 2, -1.f, 1.f, st);
     }
   }
+  bool fp8() const { return input == InputType::E4M3; }
   plan::Schedule schedule(size_t i, int64_t rows = 0) const {
     const plan::TileShape tile = op_tiles(input)[i];
     const int64_t r = rows ? rows : m;
@@ -66,7 +66,7 @@ struct Calibration {
   }
   kernels::GemmParams gemm(size_t i, int64_t rows = 0) const {
     kernels::GemmParams p = kernels::plain_gemm(dt, a.get(), b.get(), schedule(i, rows), int(k), c.get(), n);
-    p.fp8.on = fp8;
+    p.fp8.on = fp8();
     return p;
   }
 };
@@ -131,11 +131,11 @@ SequentialGemms measure_sequential_gemms(ncclComm_t comm, int rank, int64_t max_
   std::vector<double> mine;  // per sample: cuBLAS's (kNoGemm where cuBLAS has no such GEMM), then each tile's
   // (cuBLASLt's FP8 matmul wants n % 16 == 0, as torch._scaled_mm, and has
   // no row-wise scales on some GPUs: there ours alone)
-  const bool cublas_takes = !cal.fp8 || (n % 16 == 0 && cublas.takes_fp8(fp8_of(input, scales).scales));
+  const bool cublas_takes = !cal.fp8() || (n % 16 == 0 && cublas.takes_fp8(fp8_of(input, scales).scales));
   for (int64_t m : ms) {
     std::vector<std::function<void()>> fns = {[&, m] {
       if (!cublas_takes) return;
-      if (cal.fp8)
+      if (cal.fp8())
         cublas.run_fp8(cal.dt, kernels::Fp8{true}, cal.a.get(), cal.b.get(), cal.c.get(), int(m), int(n), int(k), n,
                        cal.st);
       else

@@ -277,13 +277,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       auto release = [&](int at) {
         if (tid == 0) ptx::mbar_arrive(&empty[at % STAGES]);
       };
-      // k-block kb's MMAs (into part) done: its stage released, part added.
       // (acc from zero, not a copy of the first part: a copy lets the
       // compiler give acc the part's registers, which the next MMAs write.)
-      auto promote = [&](int at, const float(&part)[BN / 2]) {
-        if (tid == 0) ptx::mbar_arrive(&empty[at % STAGES]);
+      auto add = [&](const float(&part)[BN / 2]) {
 #pragma unroll
         for (int e = 0; e < BN / 2; ++e) acc[e] += part[e];
+      };
+      // k-block kb's MMAs (into part) done: its stage released, part added.
+      auto promote = [&](int at, const float(&part)[BN / 2]) {
+        release(at);
+        add(part);
       };
 #pragma unroll
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
@@ -305,8 +308,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             ptx::wgmma_wait<0>();
             release(it + kb);
           }
-#pragma unroll
-          for (int e = 0; e < BN / 2; ++e) acc[e] += part[e];
+          add(part);
         }
       } else {
         // Two parts: the next k-block's MMAs are issued before this one's

@@ -1,6 +1,7 @@
 // flashoverlap-lab bench-fp8 — our GEMM with e4m3 inputs (kernels::Fp8:
 // 128x128 and 128x192 tiles, the faster of the two per shape as the ops
-// pick, part sums promoted to fp32, the scales in the epilogue) against cuBLASLt's FP8 matmul, which torch._scaled_mm runs
+// pick, part sums promoted to fp32, the scales in the epilogue) against
+// cuBLASLt's FP8 matmul, which torch._scaled_mm runs
 // (FAST_ACCUM off, as use_fast_accum=False; and on, as use_fast_accum=True),
 // per shape and scale kind, timed in turns on the full grid; bf16 output.
 // Internal: the kernel alone. ratio: cuBLASLt's (FAST_ACCUM off) / ours;
@@ -111,7 +112,8 @@ int run(const Options& o) {
            "ours_tile,ours_128_ms,ours_192_ms\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
-            << "ours_ms" << std::setw(6) << "tile" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms" << std::setw(9) << "ours_TF"
+            << "ours_ms" << std::setw(6) << "tile" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms"
+            << std::setw(9) << "ours_TF"
             << std::setw(9) << "Lt_TF" << std::setw(8) << "ratio" << std::setw(10) << "rel_err"
             << "   err ours / Lt / Lt fast (vs the fp32 product)\n";
   bool wrong = false;
@@ -156,6 +158,7 @@ int run(const Options& o) {
         int bn;
         kernels::GemmParams p;
         double err = 0, ms = 0;
+        std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
       };
       std::vector<Tile> tiles;
       for (int bn : tile_ns) {
@@ -170,18 +173,16 @@ int run(const Options& o) {
       auto error_of = [&](const void* x) {
         return kernels::relative_error_to_fp32(kernels::DType::BF16, x, n, scaled.as<float>(), m, n, stream);
       };
-      std::vector<std::optional<kernels::CompareResult>> vs_lt;
       for (Tile& t : tiles) {
         kernels::launch_gemm(t.p, stream);
         t.err = error_of(t.p.c);
-        vs_lt.emplace_back();
         if (!has_lt) continue;
         // (the bound for inputs within +-7.5 (random_e4m3's), times the scales (<= 2 each))
-        vs_lt.back() = kernels::compare(kernels::DType::BF16, t.p.c, n, theirs.get(), n, m, n, stream,
-                                        kernels::gemm_tolerance(kernels::DType::BF16, k, 1, 7.5 * 2));
-        if (!vs_lt.back()->within())
+        t.vs_lt = kernels::compare(kernels::DType::BF16, t.p.c, n, theirs.get(), n, m, n, stream,
+                                   kernels::gemm_tolerance(kernels::DType::BF16, k, 1, 7.5 * 2));
+        if (!t.vs_lt->within())
           wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k << " 128x" << t.bn
-                                  << ": ours differs from cuBLASLt's: " << vs_lt.back()->describe() << "\n";
+                                  << ": ours differs from cuBLASLt's: " << t.vs_lt->describe() << "\n";
       }
       double err_lt = 0, err_fast = 0;
       if (has_lt) {
@@ -199,7 +200,7 @@ int run(const Options& o) {
       for (size_t i = 0; i < tiles.size(); ++i) tiles[i].ms = stats[i].median_ms;
       const size_t best = tiles.size() > 1 && tiles[1].ms < tiles[0].ms ? 1 : 0;
       const Tile& ours = tiles[best];
-      const std::optional<kernels::CompareResult>& r = vs_lt[best];
+      const std::optional<kernels::CompareResult>& r = ours.vs_lt;
       const double lt_ms = has_lt ? stats[tiles.size()].median_ms : 0;
       const double fast_ms = has_lt ? stats[tiles.size() + 1].median_ms : 0;
       auto opt = [&](double v, int width) {
