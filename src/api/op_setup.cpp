@@ -11,6 +11,7 @@
 #include "kernels/check.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/call_watch.h"
+#include "runtime/core/communicator.h"
 #include "runtime/core/exchange.h"
 #include "runtime/core/cublas.h"
 #include "plan/gemm_choice.h"
@@ -270,7 +271,13 @@ std::unique_ptr<rt::CallWatch> make_call_watch(const std::string& who, double wa
   for (ncclComm_t c : revocable)
     if (c && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
   w->on_failure([comms] {
-    for (ncclComm_t c : comms) (void)ncclCommRevoke(c, NCCL_REVOKE_DEFAULT);  // (their kernels return)
+    std::string failed;  // (every one tried; the first failure said)
+    for (ncclComm_t c : comms) try {
+        rt::revoke_communicator(c);  // (their kernels return)
+      } catch (const Error& e) {
+        if (failed.empty()) failed = e.what();
+      }
+    if (!failed.empty()) throw Error(failed);
   });
   return w;
 }

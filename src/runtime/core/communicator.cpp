@@ -73,4 +73,15 @@ Communicator Communicator::split(const CommOptions& opts) const {
   return c;
 }
 
+void revoke_communicator(ncclComm_t comm) {
+#if defined(NCCL_REVOKE_DEFAULT)
+  const ncclResult_t r = ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
+  if (r != ncclSuccess) throw Error(std::string("ncclCommRevoke: ") + ncclGetErrorString(r));
+#else
+  (void)comm;
+  throw Error("the NCCL built against (" + std::to_string(NCCL_VERSION_CODE) +
+              ") has no ncclCommRevoke: the op's NCCL kernels may keep waiting");
+#endif
+}
+
 }  // namespace flashoverlap::rt

@@ -59,4 +59,10 @@ class Communicator {
   void init_rank_info();
 };
 
+// Stops `comm`'s collectives in flight (their kernels return) and refuses
+// new ones; the handle stays valid for destruction. Throws if it fails, or
+// where the NCCL built against has no ncclCommRevoke (before 2.28.9), with
+// that said.
+void revoke_communicator(ncclComm_t comm);
+
 }  // namespace flashoverlap::rt
