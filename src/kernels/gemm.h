@@ -26,6 +26,7 @@
 #include "kernels/flags.h"
 #include "kernels/owner_ranges.h"
 #include "plan/schedule.h"
+#include "plan/stream_k.h"
 
 namespace flashoverlap::kernels {
 
@@ -232,7 +233,28 @@ struct GemmParams {
   // each consumer staging its output half in two pieces in half the shared
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
   bool four_stages = true;
+  // Stream-K (plan/stream_k.h; docs/design.md §13.3): the tiles from
+  // stream_k.whole on cut along K so that every CTA computes as many
+  // k-blocks (stream_k.on(): tiles, ctas and k-blocks those of this launch).
+  // Plain or SlotTiles stores, without the owner layout, the scatter, the
+  // grouped GEMM or monitors; a signal per tile as before (its finisher
+  // sends it). stream_k_work: device memory of stream_k_workspace_bytes for
+  // at least this grid and tile, zero before the first launch (each launch
+  // leaves its flags so); one launch at a time per workspace. Off (the
+  // default): every tile whole.
+  plan::StreamK stream_k;
+  void* stream_k_work = nullptr;
 };
+
+// A stream-K workspace: the flags first, in a region of fixed size (so
+// that launches of any tile and grid can share one workspace: none writes
+// a partial where another keeps a flag), then the partials.
+constexpr int32_t kStreamKMaxCtas = 1024;
+constexpr size_t kStreamKFlagBytes = size_t(kStreamKMaxCtas) * 2 * 4;
+// The bytes of a stream-K workspace for up to `ctas` CTAs of tiles of up to bn columns.
+constexpr size_t stream_k_workspace_bytes(int32_t ctas, int32_t bn) {
+  return kStreamKFlagBytes + size_t(ctas) * 2 * (size_t(bn) / 2) * 128 * 4;
+}
 
 // TMA and the 16-byte copies need 16-byte aligned buffers.
 inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }

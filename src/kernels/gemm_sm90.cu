@@ -23,9 +23,14 @@ constexpr int kStages192 = 4;  // 4 x 40 KB + 48 KB (FP8)
 template <int BN>
 constexpr int kStagesOf = BN == 256 ? kStages256 : BN == 192 ? kStages192 : kStages128;
 
-template <int BN, typename T, typename TIn = T>
+template <int BN, typename T, typename TIn = T, bool kSplit = false>
 auto kernel_for() {
-  return &gemm_sm90_kernel<BN, kStagesOf<BN>, T, false, false, TIn>;
+  return &gemm_sm90_kernel<BN, kStagesOf<BN>, T, false, false, TIn, kSplit>;
+}
+// The kernel of a tile, output and input type, with or without stream-K.
+template <int BN, typename T, typename TIn = T>
+auto kernel_for(bool split) {
+  return split ? kernel_for<BN, T, TIn, true>() : kernel_for<BN, T, TIn, false>();
 }
 template <int BN>
 constexpr int smem_for() {
@@ -120,6 +125,18 @@ void check_gemm_params(const GemmParams& p) {
     if (p.owner.rank >= 0) fail("grouped: not with the owner layout");
     if (p.monitor_phases) fail("grouped: no phase monitor (a ragged tile row's tiles are stored by the consumers)");
   }
+  const plan::StreamK& sk = p.stream_k;
+  if (sk.on()) {
+    const int32_t per_block = p.fp8.on ? 128 : 64;
+    if (sk.tiles != p.sched.tiles() || sk.ctas != p.sched.ctas || sk.k_blocks != (p.k + per_block - 1) / per_block ||
+        sk.whole < 0)
+      fail("stream-K: its tiles, CTAs and k-blocks must be this launch's");
+    if (!p.stream_k_work || !aligned16(p.stream_k_work)) fail("stream-K: needs its workspace (16-byte aligned)");
+    if (sk.ctas > kStreamKMaxCtas) fail("stream-K: at most " + std::to_string(kStreamKMaxCtas) + " CTAs");
+    if (!(p.store == Store::Plain || p.store == Store::SlotTiles) || p.owner.rank >= 0 || p.scatter.world > 0 ||
+        g.a_row0 || p.monitor_ns || p.monitor_mma || p.monitor_phases)
+      fail("stream-K: Plain or SlotTiles stores only, without the owner layout, scatter, grouped GEMM or monitors");
+  }
   const Fp8& f8 = p.fp8;
   if (f8.on) {
     if (p.k % 16 != 0) fail("fp8: k must be a multiple of 16 (rows of A and B 16-byte multiples for TMA)");
@@ -198,7 +215,7 @@ bool gemm_four_stages(const GemmParams& p) {
   // spare). Not: the tile-end monitor.
   const bool owner_ok = p.owner.rank < 0 || !p.counters;  // (owner: n % 8 == 0 checked already)
   return p.four_stages && p.sched.bn == 256 && p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0 &&
-         !p.monitor_ns && owner_ok && !p.grouped.a_row0 && !p.fp8.on;
+         !p.monitor_ns && owner_ok && !p.grouped.a_row0 && !p.fp8.on && !p.stream_k.on();
 }
 
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
@@ -222,6 +239,13 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const int32_t per_block = p.fp8.on ? 128 : 64;  // (a k-block: 128 bytes of each row)
   kp.k_blocks = (p.k + per_block - 1) / per_block;
   kp.fp8 = p.fp8;
+  if (p.stream_k.on()) {
+    kp.sk = p.stream_k;
+    kp.sk_work.flags = static_cast<uint32_t*>(p.stream_k_work);
+    kp.sk_work.partials = reinterpret_cast<float*>(static_cast<char*>(p.stream_k_work) + kStreamKFlagBytes);
+  } else {
+    kp.sk = plan::StreamK{p.sched.tiles(), p.sched.tiles(), kp.k_blocks, p.sched.ctas};  // (every tile whole)
+  }
   kp.store = static_cast<int32_t>(p.store);
   kp.counters = p.counters;
   kp.group_of_tile = p.group_of_tile;
@@ -272,10 +296,11 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.fp8.on) {  // (128x128 or 128x192 tiles, checked)
     const bool bf = p.dtype == DType::BF16;
-    const auto kernel = bn == 192 ? (bf ? kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>()
-                                        : kernel_for<192, __half, __nv_fp8_e4m3>())
-                                  : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>()
-                                        : kernel_for<128, __half, __nv_fp8_e4m3>());
+    const bool split = p.stream_k.on();
+    const auto kernel = bn == 192 ? (bf ? kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split)
+                                        : kernel_for<192, __half, __nv_fp8_e4m3>(split))
+                                  : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split)
+                                        : kernel_for<128, __half, __nv_fp8_e4m3>(split));
     kernel<<<grid, block, bn == 192 ? smem_for<192>() : smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
@@ -296,16 +321,17 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
+  const bool split = p.stream_k.on();
   if (p.dtype == DType::BF16) {
     if (bn == 256)
-      kernel_for<256, __nv_bfloat16>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+      kernel_for<256, __nv_bfloat16>(split)<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
     else
-      kernel_for<128, __nv_bfloat16>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+      kernel_for<128, __nv_bfloat16>(split)<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
   } else {
     if (bn == 256)
-      kernel_for<256, __half>()<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+      kernel_for<256, __half>(split)<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
     else
-      kernel_for<128, __half>()<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+      kernel_for<128, __half>(split)<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
   }
   FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }
@@ -320,14 +346,16 @@ void prepare(K kernel, int smem) {
 }  // namespace
 
 void preload_gemm_kernels() {
-  prepare(kernel_for<256, __nv_bfloat16>(), smem_for<256>());
-  prepare(kernel_for<128, __nv_bfloat16>(), smem_for<128>());
-  prepare(kernel_for<256, __half>(), smem_for<256>());
-  prepare(kernel_for<128, __half>(), smem_for<128>());
-  prepare(kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(), smem_for<128>());
-  prepare(kernel_for<128, __half, __nv_fp8_e4m3>(), smem_for<128>());
-  prepare(kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(), smem_for<192>());
-  prepare(kernel_for<192, __half, __nv_fp8_e4m3>(), smem_for<192>());
+  for (bool split : {false, true}) {
+    prepare(kernel_for<256, __nv_bfloat16>(split), smem_for<256>());
+    prepare(kernel_for<128, __nv_bfloat16>(split), smem_for<128>());
+    prepare(kernel_for<256, __half>(split), smem_for<256>());
+    prepare(kernel_for<128, __half>(split), smem_for<128>());
+    prepare(kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<128>());
+    prepare(kernel_for<128, __half, __nv_fp8_e4m3>(split), smem_for<128>());
+    prepare(kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<192>());
+    prepare(kernel_for<192, __half, __nv_fp8_e4m3>(split), smem_for<192>());
+  }
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);
   prepare(pieces_kernel<__nv_bfloat16, true>(), kPiecesSmem);

@@ -82,8 +82,25 @@ __device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f,
     }
 }
 
-// TIn: the inputs' type (T, or __nv_fp8_e4m3 with T the output's).
-template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false, typename TIn = T>
+// Runs body(piece) on each of this CTA's units of work in order: its whole
+// tiles (blockIdx.x, + gridDim.x, ...), or with kSplit its stream-K pieces
+// (plan/stream_k.h). Without kSplit the plain loop over tiles, so that those
+// kernels compile as they did before stream-K.
+template <bool kSplit, class Body>
+__device__ __forceinline__ void for_each_piece(const GemmKernelParams& p, int tiles, Body&& body) {
+  if constexpr (kSplit) {
+    plan::PieceWalk walk(p.sk, blockIdx.x);
+    for (plan::Piece w; walk.next(w);) body(w);
+  } else {
+    for (int i = blockIdx.x; i < tiles; i += gridDim.x) body(plan::Piece{i, 0, p.k_blocks, true, true});
+  }
+}
+
+// TIn: the inputs' type (T, or __nv_fp8_e4m3 with T the output's). kSplit:
+// stream-K (Plain and slot stores only; its own instantiation, so that the
+// kernels without it are unchanged).
+template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false, typename TIn = T,
+          bool kSplit = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
@@ -94,6 +111,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   constexpr bool kFp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
   static_assert(!kFp8 || ((BN == 128 || BN == 192) && !kPieces && !kWide), "FP8: 128x128 or 128x192 tiles");
   static_assert(kFp8 || BN != 192, "128x192 tiles are FP8's");
+  static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
   // 128x192 (FP8): Plain and slot stores only (no owner layout, no scatter: the host refuses them).
   constexpr bool kExtras = BN != 192;
   constexpr int BM = L::kBM, BK = 128 / int(sizeof(TIn));  // (a k-block: 128 bytes of each row, any input type)
@@ -142,17 +160,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
-      for (int i = blockIdx.x; i < tiles; i += gridDim.x) {
+      for_each_piece<kSplit>(p, tiles, [&](const plan::Piece& w) {
+        const int i = w.idx;
         const plan::TileCoord tc = p.sched.tile_of(owner_tile_at<kWide>(p.owner, i, tiles));
-        if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) continue;  // (an empty tile row: skipped by all)
+        if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) return;  // (an empty tile row: skipped by all)
         // (grouped: the tile row's rows of A and its expert's rows of B)
         const int32_t a_row = p.grouped.a_row0 ? p.grouped.a_row0[tc.tm] : tc.tm * BM;
         const int32_t b_row = (p.grouped.a_row0 ? p.grouped.b_row0[tc.tm] : 0) + tc.tn * BN;
-        for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+        for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
           const int s = it % STAGES;
           const uint32_t phase = (it / STAGES) & 1;
           ptx::mbar_wait(&empty[s], phase ^ 1);
-          if (kb == 0 && p.monitor_mma) {  // (here, not in the consumers: no registers taken from the MMAs)
+          if (kb == w.kb0 && p.monitor_mma) {  // (here, not in the consumers: no registers taken from the MMAs)
             p.monitor_mma[int64_t(i) * 2] = ptx::globaltimer_ns();  // by slot: CTA c's are c, c + ctas, ...
             p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
           }
@@ -160,7 +179,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row);
           ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, b_row);
         }
-      }
+      });
     } else if constexpr (kPieces) {
       const PushRing ring{c_empty + 6, c_empty + 6 + kPushRing, reinterpret_cast<int32_t*>(smem + L::kPushFailed)};
       if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
@@ -194,9 +213,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const bool plain = p.store == static_cast<int32_t>(Store::Plain);
       const bool grouped = p.grouped.a_row0 != nullptr;
       uint32_t t = 0;  // tiles stored here (grouped: a ragged tile row's tiles are the consumers' to store)
-      for (int idx = blockIdx.x; idx < tiles; idx += gridDim.x) {
+      for_each_piece<kSplit>(p, tiles, [&](const plan::Piece& w) {
+        if (kSplit && !w.finishes) return;  // (a piece that leaves a partial: nothing to store)
+        const int idx = w.idx;
         const plan::TileCoord tc = p.sched.tile_of(idx);
-        if (grouped && p.grouped.rows[tc.tm] < BM) continue;
+        if (grouped && p.grouped.rows[tc.tm] < BM) return;
         // Plain: rows of C (grouped: its tile row's rows of A); SlotTiles: rows idx*BM.. of the slot buffer.
         const int32_t row = plain ? (grouped ? p.grouped.a_row0[tc.tm] : tc.tm * BM) : idx * BM;
         const int32_t col = plain ? tc.tn * BN : 0;
@@ -225,7 +246,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           }
         }
         ++t;
-      }
+      });
       ptx::tma_store_wait_all();
       record_phase(p.monitor_phases, 1);
     }
@@ -243,10 +264,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
   uint32_t tt = 0;  // tiles handed to the storer (c_empty[cw]'s phases): all but the grouped GEMM's ragged ones
-  for (int i = blockIdx.x; i < tiles; i += gridDim.x, ++t) {
+  for_each_piece<kSplit>(p, tiles, [&](const plan::Piece& w) {
+    ++t;
+    const int i = w.idx;
     const int idx = owner_tile_at<kWide>(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
-    if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) continue;  // (an empty tile row: skipped by all)
+    if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) return;  // (an empty tile row: skipped by all)
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.
@@ -290,7 +313,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       };
 #pragma unroll
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
-      const int kbs = p.k_blocks;
+      const int kbs = w.kb1 - w.kb0;
       if constexpr (BN == 192) {
         // One part (96 registers beside acc's 96: no room for a second), so
         // the tensor cores drain while it is promoted; summing two k-blocks
@@ -338,10 +361,19 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
       it += kbs;
+      if constexpr (kSplit) {
+        if (!w.finishes) {  // (a stream-K piece after the tile's first: its sums to the finisher)
+          put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid);
+          return;
+        }
+      }
+      if (kSplit && !w.whole)  // (the tile's other pieces in k order: CTA - 1's first)
+        for (int j = 1, n = p.sk.contributors(idx, blockIdx.x); j <= n; ++j)
+          if (p.sk.has_share(blockIdx.x - j)) add_partial<BN>(acc, p.sk_work, blockIdx.x - j, cw, tid);
       apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
     } else {
     int prev = -1;
-    for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+    for (int kb = 0; kb < w.kb1 - w.kb0; ++kb, ++it) {
       const int s = it % STAGES;
       ptx::mbar_wait(&full[s], (it / STAGES) & 1);
       ptx::wgmma_fence();
@@ -368,6 +400,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;  // (its only k-block skipped: no MMA wrote them)
     }
 #endif
+    if constexpr (kSplit) {
+      if (!w.finishes) {  // (a stream-K piece after the tile's first: its sums to the finisher)
+        put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid);
+        return;
+      }
+    }
+    if (kSplit && !w.whole)  // (the tile's other pieces in k order: CTA - 1's first)
+      for (int j = 1, n = p.sk.contributors(idx, blockIdx.x); j <= n; ++j)
+        if (p.sk.has_share(blockIdx.x - j)) add_partial<BN>(acc, p.sk_work, blockIdx.x - j, cw, tid);
     }  // (not kFp8)
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
       if (i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
@@ -411,7 +452,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::named_barrier_sync(1 + cw, 128);
       if (tid == 0) ptx::mbar_arrive(&c_full[cw]);
       ++tt;
-      continue;
+      return;
     }
 
     // (3') Rows epilogue: 16-byte units, consecutive threads along a row.
@@ -457,7 +498,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
     }
     }  // (not kPieces)
-  }
+  });
 
   // The consumer warps join the owner layout's copy once the storer has
   // read this warpgroup's last half tile: my_c becomes 4 staging buffers,

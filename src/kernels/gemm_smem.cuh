@@ -12,8 +12,10 @@
 #include <cstdint>
 
 #include "kernels/gemm.h"
+#include "kernels/gemm_stream_k.cuh"
 #include "kernels/ptx.cuh"
 #include "plan/schedule.h"
+#include "plan/stream_k.h"
 
 namespace flashoverlap::kernels {
 
@@ -37,6 +39,8 @@ struct GemmKernelParams {
   Owner owner;
   Grouped grouped;
   Fp8 fp8;
+  plan::StreamK sk;        // the pieces (sk.whole == sched.tiles(): every tile whole)
+  StreamKWork sk_work;
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.

@@ -172,11 +172,23 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         if (kind == kernels::Scales::RowWise) x = x * sa[size_t(r)] * sb[size_t(col)];
         want[size_t(r * n + col)] = round_out(x, out);
       }
-    for (int bn : {128, 192}) {
-      SCOPED_TRACE("tile 128x" + std::to_string(bn));
+    // Each tile whole, then stream-K (plan/stream_k.h) forced on few CTAs: the
+    // pieces' fp32 sums are exact too, so bitwise the same.
+    const int stream_ctas = 2 + int(rng() % 12);
+    rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(stream_ctas, 192));
+    FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
+    // (128x128 split again after 128x192: launches of both tiles share one workspace)
+    for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{128, true}, std::pair{192, true},
+                             std::pair{128, true}}) {
+      const int ctas = split ? stream_ctas : 132;
+      SCOPED_TRACE("tile 128x" + std::to_string(bn) + (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : ""));
       FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
-      const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, 132, plan::Raster::AlongN, 2);
+      const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, ctas, plan::Raster::AlongN, 2);
       kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
+      if (split) {
+        p.stream_k = plan::StreamK{s.tiles(), int32_t(rng() % uint64_t(s.tiles())), int32_t((k + 127) / 128), ctas};
+        p.stream_k_work = work.get();
+      }
       p.fp8.on = true, p.fp8.scales = kind;
       if (kind != kernels::Scales::None) p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
       kernels::launch_gemm(p, nullptr);
@@ -205,17 +217,24 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b);
   rt::DeviceBuffer dc(size_t(m) * n * 2);
   const uint16_t want = round_out(36864.f, kernels::DType::BF16);
-  for (int bn : {128, 192}) {
+  rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(132, 192));
+  FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
+  for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{128, true}, std::pair{192, true}}) {
     FO_CUDA_CHECK(cudaMemset(dc.get(), 0, dc.bytes()));
     const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, 132, plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
+    if (split) {  // (4 or 6 tiles over 132 CTAs: every tile in ~20-40 pieces)
+      p.stream_k = plan::stream_k_split(s.tiles(), 132, int32_t(k / 128));
+      EXPECT_TRUE(p.stream_k.on());
+      p.stream_k_work = work.get();
+    }
     p.fp8.on = true;
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> c(size_t(m) * n);
     FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n)
-        << "tile 128x" << bn << ", first: 0x" << std::hex << c[0] << ", want 0x" << want;
+        << "tile 128x" << bn << (split ? ", stream-K" : "") << ", first: 0x" << std::hex << c[0] << ", want 0x" << want;
   }
 }
 

@@ -107,6 +107,34 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
               << "4 stages differ from 3";
       }
     }
+    // Stream-K (plan/stream_k.h), forced: none, half or all of the tiles
+    // split over few or many CTAs; within the bound of cuBLAS, and a second
+    // launch on the same workspace bitwise the first (each leaves its flags zero).
+    for (int bn : {256, 128})
+      for (int ctas : {132, 7}) {
+        const plan::Schedule s = make_sched(m, n, 128, bn, ctas);
+        DeviceBuffer work(kernels::stream_k_workspace_bytes(ctas, bn));
+        FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
+        for (int whole : {0, s.tiles() / 2}) {
+          SCOPED_TRACE("stream-K: m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                       " tile 128x" + std::to_string(bn) + " ctas=" + std::to_string(ctas) + " whole " +
+                       std::to_string(whole) + " seed=" + std::to_string(seed));
+          kernels::GemmParams p = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, k, c.get(), n);
+          p.stream_k = plan::StreamK{s.tiles(), whole, (k + 63) / 64, ctas};
+          p.stream_k_work = work.get();
+          EXPECT_FALSE(kernels::gemm_four_stages(p));
+          kernels::poison(c.get(), int64_t(m) * n, nullptr);
+          kernels::launch_gemm(p, nullptr);
+          FO_CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_TRUE(test::within(kernels::compare(dt, c.get(), n, pr.ref.get(), n, m, n, nullptr, tolerance(dt, k))));
+          FO_CUDA_CHECK(cudaMemcpy(c3.get(), c.get(), size_t(m) * n * 2, cudaMemcpyDeviceToDevice));
+          kernels::poison(c.get(), int64_t(m) * n, nullptr);
+          kernels::launch_gemm(p, nullptr);
+          FO_CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_TRUE(test::bitwise(kernels::compare(dt, c.get(), n, c3.get(), n, m, n, nullptr)))
+              << "a second launch differs";
+        }
+      }
   }
 }
 

@@ -34,6 +34,7 @@
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "lab/lab.h"
+#include "plan/stream_k.h"
 #include "plan/tile_grid.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/checks.h"
@@ -62,6 +63,7 @@ struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
   std::string tile = "both";  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)
+  std::string stream_k = "auto";  // off, auto (plan::stream_k_split), or both (timed in turns)
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
@@ -96,6 +98,10 @@ int run(const Options& o) {
   const std::vector<int> tile_ns = o.tile == "both" ? std::vector<int>{128, 192}
                                    : o.tile == "128x192" ? std::vector<int>{192}
                                                          : std::vector<int>{128};
+  if (o.stream_k != "off" && o.stream_k != "auto" && o.stream_k != "both")
+    throw InvalidArgument("--stream-k: off, auto or both (got '" + o.stream_k + "')");
+  const std::vector<bool> sks = o.stream_k == "both" ? std::vector<bool>{false, true}
+                                : std::vector<bool>{o.stream_k == "auto"};
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
   if (!gpu) return 1;
   const rt::DeviceInfo& info = *gpu;
@@ -109,7 +115,8 @@ int run(const Options& o) {
     csv.open(o.csv);
     if (!csv) throw Error("cannot write " + o.csv);
     csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,"
-           "ours_tile,ours_128_ms,ours_192_ms\n";
+           "ours_tile,ours_128_ms,ours_192_ms,ours_stream_k"
+        << (sks.size() > 1 ? ",variants" : "") << "\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
             << "ours_ms" << std::setw(6) << "tile" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms"
@@ -132,6 +139,8 @@ int run(const Options& o) {
     const rt::DeviceBuffer dsa = rt::to_device(sa), dsb = rt::to_device(sb);
     rt::DeviceBuffer theirs(size_t(m) * n * 2), fast(size_t(m) * n * 2);
     const rt::DeviceBuffer outs[2] = {rt::DeviceBuffer(size_t(m) * n * 2), rt::DeviceBuffer(size_t(m) * n * 2)};
+    rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(info.sms, 192));  // (zero: each launch leaves it so)
+    FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
     // C32: the exact inputs' product in fp32 (row-major C = A B^T as column-major C^T = B^T-op * A)
     rt::DeviceBuffer c32(size_t(m) * n * 4), scaled(size_t(m) * n * 4);
     {
@@ -156,16 +165,23 @@ int run(const Options& o) {
       // Our tiles (--tile: one, or both timed in turns: ours is then the faster, as the ops pick)
       struct Tile {
         int bn;
+        bool sk;
         kernels::GemmParams p;
         double err = 0, ms = 0;
         std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
       };
       std::vector<Tile> tiles;
-      for (int bn : tile_ns) {
-        tiles.push_back({bn, kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), schedule(bn), k,
-                                                 outs[tiles.size()].get(), n)});
-        tiles.back().p.fp8 = f;
-      }
+      for (int bn : tile_ns)
+        for (bool sk : sks) {
+          const plan::Schedule sched = schedule(bn);
+          const plan::StreamK split = plan::stream_k_split(sched.tiles(), sched.ctas, (k + 127) / 128);
+          if (sk && !split.on() && sks.size() > 1) continue;  // (the same launch as off)
+          tiles.push_back({bn, sk && split.on(),
+                           kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), sched, k,
+                                               outs[bn == 128 ? 0 : 1].get(), n)});
+          tiles.back().p.fp8 = f;
+          if (tiles.back().sk) tiles.back().p.stream_k = split, tiles.back().p.stream_k_work = work.get();
+        }
       const bool has_lt = lt.takes_fp8(kind);
       if (has_lt) lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream);
       FO_CUDA_CHECK(cudaMemcpyAsync(scaled.get(), c32.get(), c32.bytes(), cudaMemcpyDeviceToDevice, stream));
@@ -198,7 +214,9 @@ int run(const Options& o) {
       }
       const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
       for (size_t i = 0; i < tiles.size(); ++i) tiles[i].ms = stats[i].median_ms;
-      const size_t best = tiles.size() > 1 && tiles[1].ms < tiles[0].ms ? 1 : 0;
+      size_t best = 0;
+      for (size_t i = 1; i < tiles.size(); ++i)
+        if (tiles[i].ms < tiles[best].ms) best = i;
       const Tile& ours = tiles[best];
       const std::optional<kernels::CompareResult>& r = ours.vs_lt;
       const double lt_ms = has_lt ? stats[tiles.size()].median_ms : 0;
@@ -219,15 +237,19 @@ int run(const Options& o) {
       else std::cout << "-";
       std::cout << std::scientific << std::setprecision(2) << "   err " << ours.err;
       if (has_lt) std::cout << " / " << err_lt << " / " << err_fast;
-      if (tiles.size() > 1)
-        std::cout << std::fixed << std::setprecision(3) << "   128x128 " << tiles[0].ms << " ms, 128x192 "
-                  << tiles[1].ms << " ms";
+      std::string variants;  // (each tile and stream-K: bn[/sk]=ms)
+      for (const Tile& t : tiles)
+        variants += (variants.empty() ? "" : ";") + std::to_string(t.bn) + (t.sk ? "/sk" : "") + "=" +
+                    (std::ostringstream() << std::setprecision(4) << t.ms).str();
+      if (tiles.size() > 1) std::cout << "   " << variants;
+      else if (ours.sk) std::cout << "   stream-K";
       std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
-        auto ms_of = [&](int bn) {
+        auto ms_of = [&](int bn) {  // (the tile's fastest variant)
+          double ms = 0;
           for (const Tile& t : tiles)
-            if (t.bn == bn) return (std::ostringstream() << t.ms).str();
-          return std::string();
+            if (t.bn == bn && (ms == 0 || t.ms < ms)) ms = t.ms;
+          return ms > 0 ? (std::ostringstream() << ms).str() : std::string();
         };
         csv << m << "," << n << "," << k << "," << kname << "," << ours.ms << ",";
         if (has_lt) csv << lt_ms << "," << fast_ms;
@@ -239,7 +261,10 @@ int run(const Options& o) {
         csv << "," << ours.err << ",";
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
-        csv << "," << ours.bn << "," << ms_of(128) << "," << ms_of(192) << "\n";
+        csv << "," << ours.bn << "," << ms_of(128) << "," << ms_of(192);
+        csv << "," << ours.sk;
+        if (sks.size() > 1) csv << "," << variants;
+        csv << "\n";
       }
     }
   }
@@ -264,6 +289,9 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--tile", opts->tile,
                   "Our tile: 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)")
+      ->capture_default_str();
+  cmd->add_option("--stream-k", opts->stream_k,
+                  "Stream-K where plan::stream_k_split puts it (auto), never (off), or both timed in turns")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "

@@ -1,0 +1,55 @@
+// gemm_stream_k.cuh — the stream-K pieces' partial sums (plan/stream_k.h):
+// a piece that does not finish its tile leaves its fp32 sums in its CTA's
+// workspace slot and signals; the tile's finisher waits for each such piece
+// in k order and adds it to its own sums before the epilogue. One slot and
+// one flag per CTA and consumer warpgroup (a CTA leaves at most one partial
+// per launch: its share's first piece); the finisher zeroes the flag after
+// its wait, so every launch finds them zero.
+#pragma once
+#include <cstdint>
+
+#include "kernels/ptx.cuh"
+
+namespace flashoverlap::kernels {
+
+// Device workspace of the stream-K pieces, zeroed once (stream_k_workspace_bytes).
+struct StreamKWork {
+  float* partials = nullptr;  // [ctas][2 warpgroups][values per thread][128 threads]
+  uint32_t* flags = nullptr;  // [ctas][2]
+};
+
+// This warpgroup's sums (BN/2 per thread) into CTA `cta`'s slot, then its
+// flag with release (every thread's stores before it, through the barrier).
+template <int BN>
+__device__ __forceinline__ void put_partial(const float (&acc)[BN / 2], const StreamKWork& w, int cta, int cw,
+                                            int tid) {
+  float* slot = w.partials + (int64_t(cta) * 2 + cw) * (BN / 2) * 128;
+#pragma unroll
+  for (int e = 0; e < BN / 2; ++e) __stcg(slot + e * 128 + tid, acc[e]);  // (coalesced: thread-fastest; L2)
+  __threadfence();
+  ptx::named_barrier_sync(1 + cw, 128);
+  if (tid == 0) ptx::red_release_gpu_add(w.flags + cta * 2 + cw, 1);
+}
+
+// Adds CTA `cta`'s partial (once its flag is up) to this warpgroup's sums.
+// The wait is not bounded by a timeout: the piece waited for is at the start
+// of a CTA of lower index, dispatched no later than this one, which waits
+// for nothing before it (plan/stream_k.h).
+template <int BN>
+__device__ __forceinline__ void add_partial(float (&acc)[BN / 2], const StreamKWork& w, int cta, int cw, int tid) {
+  if (tid == 0) {
+    uint32_t* flag = w.flags + cta * 2 + cw;
+    uint32_t backoff = 32;
+    while (ptx::ld_acquire_gpu(flag) == 0) {
+      __nanosleep(backoff);
+      if (backoff < 256) backoff *= 2;
+    }
+    *flag = 0;  // (this launch's only partial of that slot: the next launch finds it zero)
+  }
+  ptx::named_barrier_sync(1 + cw, 128);
+  const float* slot = w.partials + (int64_t(cta) * 2 + cw) * (BN / 2) * 128;
+#pragma unroll
+  for (int e = 0; e < BN / 2; ++e) acc[e] += __ldcg(slot + e * 128 + tid);  // (L2: not this SM's L1)
+}
+
+}  // namespace flashoverlap::kernels
