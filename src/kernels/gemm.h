@@ -233,7 +233,7 @@ struct GemmParams {
   // each consumer staging its output half in two pieces in half the shared
   // memory (the 4th stage's room). Bitwise the same C. false: 3 stages (A/B).
   bool four_stages = true;
-  // Stream-K (plan/stream_k.h; docs/design.md §13.3): the tiles from
+  // Stream-K (plan/stream_k.h; docs/design.md §13, stream-K): the tiles from
   // stream_k.whole on cut along K so that every CTA computes as many
   // k-blocks (stream_k.on(): tiles, ctas and k-blocks those of this launch).
   // Plain or SlotTiles stores, without the owner layout, the scatter, the

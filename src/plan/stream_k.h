@@ -1,5 +1,5 @@
 // stream_k.h — the last tiles' k-blocks spread evenly over the CTAs (the
-// persistent GEMM's "stream-K"; docs/design.md §13.3). Where a grid has
+// persistent GEMM's "stream-K"; docs/design.md §13, stream-K). Where a grid has
 // far fewer tiles than CTAs, the tiles from `whole` on are cut along K into
 // pieces so that every CTA computes the same number of k-blocks. One pure walk, used by the host
 // (tests, sizes) and by the kernel's producer, consumers and storer.

@@ -6,7 +6,9 @@
 #include <map>
 #include <random>
 
+#include "flashoverlap/error.h"
 #include "runtime/core/call_watch.h"
+#include "runtime/core/communicator.h"
 #include "test_seed.h"
 
 namespace fo = flashoverlap;
@@ -202,5 +204,24 @@ TEST(CallWatch, RandomTimelinesFailExactlyTheOwnersWithAnOverrun) {
       }
     }
     for (int i = 0; i < calls; ++i) EXPECT_LE(f.released[uintptr_t(i + 1)], 1) << "trial " << trial;
+  }
+}
+
+// The ops' failure action revokes through the NCCL loaded, looked up at run
+// time (no GPU needed to look): found where that NCCL is 2.28.9 or later
+// (2.28.3 has none); where it is not found, a revocation throws and names
+// the version.
+TEST(CallWatch, RevokeIsLookedUpInTheNcclLoaded) {
+  int version = 0;
+  ASSERT_EQ(ncclGetVersion(&version), ncclSuccess);
+  if (version >= 22809) EXPECT_TRUE(flashoverlap::rt::can_revoke_communicators()) << "NCCL " << version;
+  if (version < 22804) EXPECT_FALSE(flashoverlap::rt::can_revoke_communicators()) << "NCCL " << version;
+  if (!flashoverlap::rt::can_revoke_communicators()) {
+    try {
+      flashoverlap::rt::revoke_communicator(nullptr);
+      ADD_FAILURE() << "no throw";
+    } catch (const flashoverlap::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(version)), std::string::npos) << e.what();
+    }
   }
 }

@@ -1,6 +1,8 @@
 // communicator.cpp — see communicator.h.
 #include "runtime/core/communicator.h"
 
+#include <dlfcn.h>
+
 #include <cstring>
 #include <string>
 
@@ -73,15 +75,36 @@ Communicator Communicator::split(const CommOptions& opts) const {
   return c;
 }
 
+namespace {
+
+// ncclCommRevoke of the NCCL this library runs against, looked up at run
+// time (NCCL 2.28.9 on): the NCCL built against may be older than the one
+// loaded (PyTorch's wheel brings its own), or newer. Null where it has none.
+using RevokeFn = ncclResult_t (*)(ncclComm_t, int);
+RevokeFn loaded_revoke() {
+  static const RevokeFn fn = [] {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) == 0 || !info.dli_fname) return RevokeFn{};
+    void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);  // (loaded already: no second copy)
+    return lib ? reinterpret_cast<RevokeFn>(dlsym(lib, "ncclCommRevoke")) : RevokeFn{};
+  }();
+  return fn;
+}
+
+}  // namespace
+
+bool can_revoke_communicators() { return loaded_revoke() != nullptr; }
+
 void revoke_communicator(ncclComm_t comm) {
-#if defined(NCCL_REVOKE_DEFAULT)
-  const ncclResult_t r = ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
+  const RevokeFn revoke = loaded_revoke();
+  if (!revoke) {
+    int version = 0;
+    (void)ncclGetVersion(&version);
+    throw Error("the NCCL loaded (" + std::to_string(version) +
+                ") has no ncclCommRevoke (2.28.9 on): the op's NCCL kernels may keep waiting");
+  }
+  const ncclResult_t r = revoke(comm, 0);  // (NCCL_REVOKE_DEFAULT)
   if (r != ncclSuccess) throw Error(std::string("ncclCommRevoke: ") + ncclGetErrorString(r));
-#else
-  (void)comm;
-  throw Error("the NCCL built against (" + std::to_string(NCCL_VERSION_CODE) +
-              ") has no ncclCommRevoke: the op's NCCL kernels may keep waiting");
-#endif
 }
 
 }  // namespace flashoverlap::rt

@@ -61,8 +61,10 @@ class Communicator {
 
 // Stops `comm`'s collectives in flight (their kernels return) and refuses
 // new ones; the handle stays valid for destruction. Throws if it fails, or
-// where the NCCL built against has no ncclCommRevoke (before 2.28.9), with
-// that said.
+// where the NCCL loaded has no ncclCommRevoke (before 2.28.9), with that
+// said. Looked up in the NCCL loaded, not the one built against.
 void revoke_communicator(ncclComm_t comm);
+// Whether the NCCL loaded has ncclCommRevoke.
+bool can_revoke_communicators();
 
 }  // namespace flashoverlap::rt
