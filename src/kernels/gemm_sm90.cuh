@@ -361,16 +361,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
       it += kbs;
-      if constexpr (kSplit) {
-        if (!w.finishes) {  // (a stream-K piece after the tile's first: its sums to the finisher)
-          put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid);
-          return;
-        }
-      }
-      if (kSplit && !w.whole)  // (the tile's other pieces in k order: CTA - 1's first)
-        for (int j = 1, n = p.sk.contributors(idx, blockIdx.x); j <= n; ++j)
-          if (p.sk.has_share(blockIdx.x - j)) add_partial<BN>(acc, p.sk_work, blockIdx.x - j, cw, tid);
-      apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
     } else {
     int prev = -1;
     for (int kb = 0; kb < w.kb1 - w.kb0; ++kb, ++it) {
@@ -400,16 +390,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;  // (its only k-block skipped: no MMA wrote them)
     }
 #endif
+    }  // (not kFp8)
     if constexpr (kSplit) {
       if (!w.finishes) {  // (a stream-K piece after the tile's first: its sums to the finisher)
         put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid);
         return;
       }
+      if (!w.whole)  // (the tile's other pieces in k order: CTA - 1's first)
+        for (int j = 1, n = p.sk.contributors(idx, blockIdx.x); j <= n; ++j)
+          if (p.sk.has_share(blockIdx.x - j)) add_partial<BN>(acc, p.sk_work, blockIdx.x - j, cw, tid);
     }
-    if (kSplit && !w.whole)  // (the tile's other pieces in k order: CTA - 1's first)
-      for (int j = 1, n = p.sk.contributors(idx, blockIdx.x); j <= n; ++j)
-        if (p.sk.has_share(blockIdx.x - j)) add_partial<BN>(acc, p.sk_work, blockIdx.x - j, cw, tid);
-    }  // (not kFp8)
+    if constexpr (kFp8) apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);  // (after the pieces' sum)
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
       if (i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
       if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);
