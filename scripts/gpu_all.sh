@@ -9,7 +9,13 @@
 #   never-slower-ab  bench/never_slower.py (this tree's) on OLD_SRC's Python package and library and this build's in
 #                turns, ABBA (AB_ROUNDS; NEVER_SLOWER_AB_ARGS, default a small AllReduce + ReduceScatter set) ->
 #                never-slower-ab/<old|new>-<round><a|b>/ (each run's CSV) and never-slower-ab.log
+#   fp8-ab       bench-fp8 of OLD_CLI (build-old first) and of this build (--stream-k off) in turns, ABBA
+#                (AB_ROUNDS; FP8_AB_ARGS: shapes etc.) -> fp8-ab/<old|new>-<round><a|b>.csv; each row's ours
+#                against its own run's cuBLASLt
 #   main         the README's main job (build/tools/flashoverlap, all local GPUs)
+#   never-slower-watch  bench/never_slower.py with the ops' call watch off (FLASHOVERLAP_CALL_WATCH=0) and on, in
+#                turns (ABBA, AB_ROUNDS rounds; NEVER_SLOWER_AB_ARGS as never-slower-ab's, modes eager and latency by
+#                default) -> never-slower-watch/<off|on>-<round><a|b>/ and never-slower-watch.log
 #   never-slower the public PyTorch ops against F.linear + the torch.distributed call (bench/never_slower.py:
 #                eager, graph, latency, host time; NEVER_SLOWER_ARGS: more arguments) -> never-slower-<gpu>.csv/.json
 #   grouped      the public grouped GEMM against torch._grouped_mm and a cuBLAS loop on the experts of four
@@ -260,6 +266,52 @@ for s in "$@"; do
           done
         done
       fi
+      ;;
+    fp8-ab)
+      stage "bench-fp8, OLD_CLI and this build in turns (ABBA)"
+      if [ -z "${OLD_CLI:-}" ] || [ ! -x "${OLD_CLI%% *}" ]; then
+        echo "fp8-ab: OLD_CLI names no executable (build-old first): skipped"; status=1
+      else
+        mkdir -p "$OUT/fp8-ab"
+        for r in $(seq "${AB_ROUNDS:-2}"); do
+          for side in old:a new:a new:b old:b; do
+            if [ "${side%%:*}" = old ]; then c=${OLD_CLI%% *}; extra=""; else c=$LAB; extra="--stream-k off"; fi
+            timeout 400 "$c" bench-fp8 ${FP8_AB_ARGS:-} $extra --csv "$OUT/fp8-ab/${side%%:*}-$r${side##*:}.csv" \
+              >>"$OUT/fp8-ab.log" 2>&1 || status=1
+          done
+        done
+        python3 - "$OUT/fp8-ab" <<'PY' || status=1
+import csv, glob, statistics, sys
+ratio = {"old": {}, "new": {}}  # (row) -> [ours / cuBLASLt of the same run]
+for path in sorted(glob.glob(sys.argv[1] + "/*.csv")):
+    side = path.rsplit("/", 1)[1].split("-")[0]
+    for r in csv.DictReader(open(path)):
+        if r["cublaslt_ms"]:
+            ratio[side].setdefault((r["M"], r["N"], r["K"], r["scales"]), []).append(float(r["ours_ms"]) / float(r["cublaslt_ms"]))
+rows = sorted(set(ratio["old"]) & set(ratio["new"]))
+q = [statistics.median(ratio["new"][k]) / statistics.median(ratio["old"][k]) for k in rows]
+for k, x in zip(rows, q):
+    print("x".join(k[:3]), k[3], "new/old (each against its own cuBLASLt) %.3f" % x)
+if q:
+    print("fp8-ab: %d rows, new/old median %.3f, %.3f-%.3f" % (len(q), statistics.median(q), min(q), max(q)))
+PY
+      fi
+      ;;
+    never-slower-watch)
+      stage "never-slower with the call watch off and on in turns (ABBA)"
+      ab_args=${NEVER_SLOWER_AB_ARGS:---ops allreduce,reducescatter --pairs 8192,8192;4096,14336 --ms 1,32,512,4096 --dtypes bf16 --modes eager,latency}
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        for side in off:a on:a on:b off:b; do
+          dir="$OUT/never-slower-watch/${side%%:*}-$r${side##*:}"
+          mkdir -p "$dir"
+          echo "##### watch ${side%%:*} (round $r)" | tee -a "$OUT/never-slower-watch.log"
+          FLASHOVERLAP_CALL_WATCH=$([ "${side%%:*}" = off ] && echo 0 || echo 1) \
+            PYTHONPATH=$PWD/python FLASHOVERLAP_LIBRARY=$PWD/$BUILD/src/api/libflashoverlap.so PYTHONUNBUFFERED=1 \
+            timeout 600 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/never_slower.py \
+            --out-dir "$dir" $ab_args 2>&1 | grep -E "^(allreduce|reducescatter|alltoall) " >>"$OUT/never-slower-watch.log" ||
+            status=1
+        done
+      done
       ;;
     fp8)
       stage "the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (lab bench-fp8) -> gemm-fp8-<gpu>.csv"

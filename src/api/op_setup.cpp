@@ -266,7 +266,9 @@ std::string rank0_tuning_entries(ncclComm_t comm, int rank, const std::string& o
 
 std::unique_ptr<rt::CallWatch> make_call_watch(const std::string& who, double wait_timeout_s,
                                                const std::vector<ncclComm_t>& revocable) {
-  auto w = std::make_unique<rt::CallWatch>(who, 2 * wait_timeout_s);
+  // FLASHOVERLAP_CALL_WATCH=0: no call watched (to measure what the watch costs a call).
+  const char* env = std::getenv("FLASHOVERLAP_CALL_WATCH");
+  auto w = std::make_unique<rt::CallWatch>(who, 2 * wait_timeout_s, !(env && std::strcmp(env, "0") == 0));
   std::vector<ncclComm_t> comms;
   for (ncclComm_t c : revocable)
     if (c && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);

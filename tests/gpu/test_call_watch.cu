@@ -3,7 +3,8 @@
 // a collective whose peer died) fails its op within the timeout and a poll,
 // with a message, and runs the op's failure action (the ops revoke their
 // own communicators: here a communicator of one rank); calls that complete
-// do not fail; under CUDA graph capture nothing is recorded.
+// do not fail; under CUDA graph capture nothing is recorded; a watch turned
+// off watches nothing.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -99,6 +100,20 @@ TEST(CallWatchGpu, ACallPastItsTimeoutFailsWithAMessageAndRevokesTheOpsCommunica
     FO_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
     EXPECT_EQ(nodes, 1u);
     FO_CUDA_CHECK(cudaGraphDestroy(g));
+  }
+  // Off (FLASHOVERLAP_CALL_WATCH=0 makes the ops' so): a call that does not complete is not failed.
+  {
+    fo::rt::CallWatch w("off", 0.2, false);
+    *flag = 0;
+    {
+      const fo::rt::CallWatch::Scope call(w, s);
+      spin_until_set<<<1, 1, 0, s>>>(dflag);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    EXPECT_FALSE(w.failed());
+    EXPECT_NO_THROW(w.check());
+    *flag = 1;
+    FO_CUDA_CHECK(cudaStreamSynchronize(s));
   }
   FO_CUDA_CHECK(cudaStreamDestroy(s));
   FO_CUDA_CHECK(cudaFreeHost(flag));

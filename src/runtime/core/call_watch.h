@@ -76,8 +76,9 @@ void fail_owner(WatchOwner& owner, const std::string& message);
 class CallWatch {
  public:
   // who: the op, as its messages name it; timeout_s: a call's bound, counted
-  // from the moment its work starts on the GPU.
-  CallWatch(std::string who, double timeout_s);
+  // from the moment its work starts on the GPU. enabled false: begin and
+  // end do nothing (no call is watched).
+  CallWatch(std::string who, double timeout_s, bool enabled = true);
   ~CallWatch();
   CallWatch(const CallWatch&) = delete;
   CallWatch& operator=(const CallWatch&) = delete;
@@ -109,6 +110,7 @@ class CallWatch {
   std::shared_ptr<WatchOwner> owner_;
   cudaEvent_t open_ = nullptr;  // begin's event, until end
   int device_ = 0;
+  bool enabled_ = true;
 };
 
 // The message of a call that overran (fail_owner's).
