@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <atomic>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -225,6 +226,19 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     int dev = 0;
     FO_CUDA_CHECK(cudaGetDevice(&dev));
     std::call_once(once[dev % 64], preload_gemm_kernels);
+  }
+  if (p.stream_k.on()) {  // (a finisher waits for CTAs of lower index: all must be resident at once)
+    static std::atomic<int> sms_of[64] = {};
+    int dev = 0;
+    FO_CUDA_CHECK(cudaGetDevice(&dev));
+    int sms = sms_of[dev % 64].load(std::memory_order_relaxed);
+    if (sms == 0) {
+      FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      sms_of[dev % 64].store(sms, std::memory_order_relaxed);
+    }
+    if (p.sched.ctas > sms)
+      throw InvalidArgument(shape_str(p) + ": stream-K: at most one CTA per SM (" + std::to_string(sms) + "), got " +
+                            std::to_string(p.sched.ctas));
   }
   const CUtensorMapDataType dt =
       p.dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;

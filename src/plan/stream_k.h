@@ -43,13 +43,6 @@ struct StreamK {
   // The split iterations [begin, end) of CTA c (CTAs in reverse order).
   FO_HD int64_t begin(int32_t c) const { return iterations() * (ctas - 1 - c) / ctas; }
   FO_HD int64_t end(int32_t c) const { return iterations() * (ctas - c) / ctas; }
-  // The CTA whose share holds split iteration `it`.
-  FO_HD int32_t cta_at(int64_t it) const {
-    int32_t r = int32_t(it * ctas / iterations());  // (a first guess, then exact)
-    while (r > 0 && iterations() * r / ctas > it) --r;
-    while (r + 1 < ctas && iterations() * (r + 1) / ctas <= it) ++r;
-    return ctas - 1 - r;
-  }
   FO_HD bool has_share(int32_t c) const { return end(c) > begin(c); }
   // The finisher of split tile `idx`: the CTAs holding its other pieces are
   // among cta - 1, cta - 2, ..., cta - n (n returned: those whose shares

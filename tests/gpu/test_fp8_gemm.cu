@@ -203,6 +203,11 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
             ADD_FAILURE() << "C[" << r << "][" << col << "] = 0x" << std::hex << got << ", want 0x" << w << std::dec;
         }
       EXPECT_EQ(wrong, 0);
+      if (split) {
+        std::vector<uint32_t> flags(size_t(ctas) * 2, 1);  // (each launch leaves them zero)
+        FO_CUDA_CHECK(cudaMemcpy(flags.data(), work.get(), flags.size() * 4, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "a flag left up";
+      }
     }
   }
 }

@@ -133,6 +133,16 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
           FO_CUDA_CHECK(cudaDeviceSynchronize());
           EXPECT_TRUE(test::bitwise(kernels::compare(dt, c.get(), n, c3.get(), n, m, n, nullptr)))
               << "a second launch differs";
+          std::vector<uint32_t> flags(size_t(ctas) * 2, 1);  // (each launch leaves them zero)
+          FO_CUDA_CHECK(cudaMemcpy(flags.data(), work.get(), flags.size() * 4, cudaMemcpyDeviceToHost));
+          EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "a flag left up";
+        }
+        if (ctas == 132) {  // (more CTAs than SMs: a finisher could wait for a CTA not yet dispatched)
+          kernels::GemmParams q = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), make_sched(m, n, 128, bn, 1000), k,
+                                                      c.get(), n);
+          q.stream_k = plan::StreamK{q.sched.tiles(), 0, (k + 63) / 64, 1000};
+          q.stream_k_work = work.get();
+          EXPECT_THROW(kernels::launch_gemm(q, nullptr), InvalidArgument);
         }
       }
   }
