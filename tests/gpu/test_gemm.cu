@@ -512,6 +512,29 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
     const std::vector<uint32_t> counters = SignalCheck::to_host<uint32_t>(sc.counters);
     for (int g = 0; g < groups; ++g)
       EXPECT_EQ(counters[g], (first_epoch + 3) * target[g]) << "epoch counters never reset (first epoch " << first_epoch << ")";
+    // Stream-K, the last 150 tiles split (their finishers signal): each group
+    // complete when released, against the same split without signals (its
+    // sums' order: bitwise), and within the bound of the whole tiles'.
+    {
+      SCOPED_TRACE("stream-K: m=" + std::to_string(m) + " n=" + std::to_string(n) + " bn=" + std::to_string(bn) +
+                   " seed=" + std::to_string(seed));
+      DeviceBuffer work(kernels::stream_k_workspace_bytes(ctas, bn)), expected_sk(slot_elems * 2);
+      FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
+      kernels::GemmParams r = p;
+      r.slots = expected_sk.get();
+      r.stream_k = plan::StreamK{tiles, std::max(0, tiles - 150), (k + 63) / 64, ctas};
+      r.stream_k_work = work.get();
+      kernels::launch_gemm(r, nullptr);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      SignalCheck sk(group_of_tile, begin, target, 0);
+      r.slots = slots.get();
+      const std::vector<unsigned long long> mism = sk.run(r, slots.get(), slot_elems, expected_sk.get(), 1);
+      for (int g = 0; g < groups; ++g) EXPECT_EQ(mism[g], 0u) << "group " << g << " was released incomplete";
+      const int64_t rows = int64_t(tiles) * 128;
+      EXPECT_TRUE(test::bitwise(kernels::compare(DType::BF16, slots.get(), bn, expected_sk.get(), bn, rows, bn, nullptr)));
+      EXPECT_TRUE(test::within(
+          kernels::compare(DType::BF16, slots.get(), bn, expected.get(), bn, rows, bn, nullptr, tolerance(DType::BF16, k))));
+    }
   }
 }
 
