@@ -1,0 +1,80 @@
+// test_rt_stream_k_params.cpp — what the GEMM's check takes and refuses of
+// stream-K (GemmParams::stream_k; host logic, no GPU): the split must be this
+// launch's (tiles, CTAs, k-blocks), with a workspace, on Plain or slot-tile
+// stores without the owner layout, scatter, grouped GEMM or monitors; and the
+// four-stage store is never taken with it.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "flashoverlap/error.h"
+#include "kernels/gemm.h"
+#include "plan/stream_k.h"
+#include "plan/tile_grid.h"
+
+namespace fo = flashoverlap;
+
+namespace {
+
+alignas(16) char g_buffer[1 << 12];  // (host memory: check_gemm_params reads no pointer, only their alignment)
+
+fo::kernels::GemmParams split_params(bool fp8, int bn) {
+  const int64_t m = 256, n = 1280, k = 8192;
+  const fo::plan::Schedule s = fo::plan::make_schedule(m, n, {128, bn}, 132, fo::plan::Raster::AlongN, 1);
+  fo::kernels::GemmParams p =
+      fo::kernels::plain_gemm(fo::kernels::DType::BF16, g_buffer, g_buffer, s, int32_t(k), g_buffer, n);
+  p.fp8.on = fp8;
+  p.stream_k = fo::plan::stream_k_split(s.tiles(), s.ctas, int32_t(k / (fp8 ? 128 : 64)));
+  p.stream_k_work = g_buffer;
+  return p;
+}
+
+void expect_refused(const fo::kernels::GemmParams& p, const std::string& what) {
+  try {
+    fo::kernels::check_gemm_params(p);
+    ADD_FAILURE() << "accepted: " << what;
+  } catch (const fo::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(StreamKParams, TakenOnPlainAndSlotTileStoresOfEveryTile) {
+  for (auto [fp8, bn] : {std::pair{false, 256}, std::pair{false, 128}, std::pair{true, 128}, std::pair{true, 192}}) {
+    fo::kernels::GemmParams p = split_params(fp8, bn);
+    ASSERT_TRUE(p.stream_k.on()) << "the rule splits 256 x 1280 x 8192 (few tiles)";
+    EXPECT_NO_THROW(fo::kernels::check_gemm_params(p));
+    EXPECT_FALSE(fo::kernels::gemm_four_stages(p));
+    p.store = fo::kernels::Store::SlotTiles, p.slots = g_buffer, p.slot_rows = int64_t(p.sched.tiles()) * 128;
+    EXPECT_NO_THROW(fo::kernels::check_gemm_params(p));
+  }
+}
+
+TEST(StreamKParams, EachMisuseIsRefusedSayingWhy) {
+  const fo::kernels::GemmParams p = split_params(true, 128);
+  fo::kernels::GemmParams q = p;
+  q.stream_k.k_blocks += 1;  // (another launch's split)
+  expect_refused(q, "stream-K: its tiles, CTAs and k-blocks must be this launch's");
+  q = p, q.stream_k.ctas = 66;
+  expect_refused(q, "stream-K: its tiles, CTAs and k-blocks must be this launch's");
+  q = p, q.stream_k.tiles += 1;
+  expect_refused(q, "stream-K: its tiles, CTAs and k-blocks must be this launch's");
+  q = p, q.stream_k_work = nullptr;
+  expect_refused(q, "stream-K: needs its workspace");
+  q = p, q.stream_k_work = g_buffer + 4;
+  expect_refused(q, "stream-K: needs its workspace");
+  q = p, q.store = fo::kernels::Store::SlotRows, q.slots = g_buffer, q.row_of = reinterpret_cast<int32_t*>(g_buffer);
+  expect_refused(q, "stream-K: Plain or SlotTiles stores only");
+  uint64_t mon[4] = {};
+  uint32_t sm[2] = {};
+  q = p, q.monitor_ns = mon, q.monitor_sm = sm;
+  expect_refused(q, "stream-K: Plain or SlotTiles stores only");
+  q = p, q.monitor_mma = mon;
+  expect_refused(q, "stream-K: Plain or SlotTiles stores only");
+  // More CTAs than a workspace's flags hold.
+  fo::plan::Schedule wide = p.sched;
+  wide.ctas = fo::kernels::kStreamKMaxCtas + 1;
+  q = p, q.sched = wide, q.stream_k = fo::plan::StreamK{wide.tiles(), 0, p.stream_k.k_blocks, wide.ctas};
+  expect_refused(q, "stream-K: at most");
+}
