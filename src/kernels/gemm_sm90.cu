@@ -73,6 +73,12 @@ CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld
   return map;
 }
 
+// k-blocks along K: 128 bytes of each row of A and B (64 16-bit or 128 e4m3 elements).
+int32_t k_blocks_of(const GemmParams& p) {
+  const int32_t per_block = p.fp8.on ? 128 : 64;
+  return (p.k + per_block - 1) / per_block;
+}
+
 std::string shape_str(const GemmParams& p) {
   std::ostringstream os;
   os << "GEMM m=" << p.m << " n=" << p.n << " k=" << p.k << " tile " << p.sched.bm << "x" << p.sched.bn << " ctas "
@@ -128,9 +134,7 @@ void check_gemm_params(const GemmParams& p) {
   }
   const plan::StreamK& sk = p.stream_k;
   if (sk.on()) {
-    const int32_t per_block = p.fp8.on ? 128 : 64;
-    if (sk.tiles != p.sched.tiles() || sk.ctas != p.sched.ctas || sk.k_blocks != (p.k + per_block - 1) / per_block ||
-        sk.whole < 0)
+    if (sk.tiles != p.sched.tiles() || sk.ctas != p.sched.ctas || sk.k_blocks != k_blocks_of(p) || sk.whole < 0)
       fail("stream-K: its tiles, CTAs and k-blocks must be this launch's");
     if (!p.stream_k_work || !aligned16(p.stream_k_work)) fail("stream-K: needs its workspace (16-byte aligned)");
     if (sk.ctas > kStreamKMaxCtas) fail("stream-K: at most " + std::to_string(kStreamKMaxCtas) + " CTAs");
@@ -221,16 +225,12 @@ bool gemm_four_stages(const GemmParams& p) {
 
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   check_gemm_params(p);
-  {  // shared-memory limits are per device: set them once on each
-    static std::once_flag once[64];
-    int dev = 0;
-    FO_CUDA_CHECK(cudaGetDevice(&dev));
-    std::call_once(once[dev % 64], preload_gemm_kernels);
-  }
+  int dev = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&dev));
+  static std::once_flag once[64];  // (shared-memory limits are per device: set them once on each)
+  std::call_once(once[dev % 64], preload_gemm_kernels);
   if (p.stream_k.on()) {  // (a finisher waits for CTAs of lower index: all must be resident at once)
     static std::atomic<int> sms_of[64] = {};
-    int dev = 0;
-    FO_CUDA_CHECK(cudaGetDevice(&dev));
     int sms = sms_of[dev % 64].load(std::memory_order_relaxed);
     if (sms == 0) {
       FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -250,15 +250,12 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
 
   GemmKernelParams kp{};
   kp.sched = p.sched;
-  const int32_t per_block = p.fp8.on ? 128 : 64;  // (a k-block: 128 bytes of each row)
-  kp.k_blocks = (p.k + per_block - 1) / per_block;
+  kp.k_blocks = k_blocks_of(p);
   kp.fp8 = p.fp8;
-  if (p.stream_k.on()) {
+  if (p.stream_k.on()) {  // (read by the stream-K kernels only)
     kp.sk = p.stream_k;
     kp.sk_work.flags = static_cast<uint32_t*>(p.stream_k_work);
     kp.sk_work.partials = reinterpret_cast<float*>(static_cast<char*>(p.stream_k_work) + kStreamKFlagBytes);
-  } else {
-    kp.sk = plan::StreamK{p.sched.tiles(), p.sched.tiles(), kp.k_blocks, p.sched.ctas};  // (every tile whole)
   }
   kp.store = static_cast<int32_t>(p.store);
   kp.counters = p.counters;

@@ -39,7 +39,7 @@ struct GemmKernelParams {
   Owner owner;
   Grouped grouped;
   Fp8 fp8;
-  plan::StreamK sk;        // the pieces (sk.whole == sched.tiles(): every tile whole)
+  plan::StreamK sk;        // the pieces (the stream-K kernels only)
   StreamKWork sk_work;
 };
 

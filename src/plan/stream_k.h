@@ -59,11 +59,10 @@ struct StreamK {
 // Walks CTA `cta`'s pieces in order: its whole tiles, then its share's pieces.
 struct PieceWalk {
   StreamK sk;
-  int32_t cta = 0;
   int32_t next_whole = 0;  // the next whole tile's index
   int64_t pos = 0, end = 0;
 
-  FO_HD PieceWalk(const StreamK& s, int32_t c) : sk(s), cta(c), next_whole(c) {
+  FO_HD PieceWalk(const StreamK& s, int32_t c) : sk(s), next_whole(c) {
     pos = s.on() ? s.begin(c) : 0;
     end = s.on() ? s.end(c) : 0;
   }

@@ -171,10 +171,10 @@ int run(const Options& o) {
         std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
       };
       std::vector<Tile> tiles;
-      for (int bn : tile_ns)
+      for (int bn : tile_ns) {
+        const plan::Schedule sched = schedule(bn);
+        const plan::StreamK split = plan::stream_k_split(sched.tiles(), sched.ctas, (k + 127) / 128);
         for (bool sk : sks) {
-          const plan::Schedule sched = schedule(bn);
-          const plan::StreamK split = plan::stream_k_split(sched.tiles(), sched.ctas, (k + 127) / 128);
           if (sk && !split.on() && sks.size() > 1) continue;  // (the same launch as off)
           tiles.push_back({bn, sk && split.on(),
                            kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), sched, k,
@@ -182,6 +182,7 @@ int run(const Options& o) {
           tiles.back().p.fp8 = f;
           if (tiles.back().sk) tiles.back().p.stream_k = split, tiles.back().p.stream_k_work = work.get();
         }
+      }
       const bool has_lt = lt.takes_fp8(kind);
       if (has_lt) lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream);
       FO_CUDA_CHECK(cudaMemcpyAsync(scaled.get(), c32.get(), c32.bytes(), cudaMemcpyDeviceToDevice, stream));
