@@ -5,33 +5,18 @@
 
 #include <string>
 
-#include "flashoverlap/error.h"
-#include "kernels/gemm.h"
-#include "plan/tile_grid.h"
+#include "gemm_params_check.h"
 
 namespace fo = flashoverlap;
 using fo::kernels::Scales;
 
 namespace {
 
-alignas(16) char g_buffer[1 << 12];  // (host memory: check_gemm_params reads no pointer, only their alignment)
-
 fo::kernels::GemmParams fp8_params(int64_t m, int64_t n, int64_t k, int bn = 128) {
-  const fo::plan::Schedule s = fo::plan::make_schedule(m, n, {128, bn}, 132, fo::plan::Raster::AlongN, 1);
-  fo::kernels::GemmParams p =
-      fo::kernels::plain_gemm(fo::kernels::DType::BF16, g_buffer, g_buffer, s, int32_t(k), g_buffer, n);
-  p.fp8.on = true;
-  return p;
+  return fo_test::host_gemm(m, n, k, bn, true);
 }
 
-void expect_refused(const fo::kernels::GemmParams& p, const std::string& what) {
-  try {
-    fo::kernels::check_gemm_params(p);
-    ADD_FAILURE() << "accepted: " << what;
-  } catch (const fo::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
-}
+using fo_test::expect_refused;
 
 }  // namespace
 
@@ -40,8 +25,8 @@ TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
     for (int bn : {128, 192}) {
       fo::kernels::GemmParams p = fp8_params(300, 200, 4096, bn);
       p.fp8.scales = kind;
-      if (kind != Scales::None) p.fp8.scale_a = reinterpret_cast<const float*>(g_buffer + 16),
-                                p.fp8.scale_b = reinterpret_cast<const float*>(g_buffer + 32);
+      if (kind != Scales::None) p.fp8.scale_a = reinterpret_cast<const float*>(fo_test::host_buffer() + 16),
+                                p.fp8.scale_b = reinterpret_cast<const float*>(fo_test::host_buffer() + 32);
       EXPECT_NO_THROW(fo::kernels::check_gemm_params(p)) << int(kind) << " 128x" << bn;
       EXPECT_FALSE(fo::kernels::gemm_four_stages(p));
     }
@@ -57,11 +42,11 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   wide.fp8.on = true, wide.scatter.world = 2;
   expect_refused(wide, "the scatter epilogue takes 128x128 tiles");
   fo::kernels::GemmParams p = fp8_params(300, 200, 128);
-  p.fp8.scales = Scales::RowWise, p.fp8.scale_a = reinterpret_cast<const float*>(g_buffer);
+  p.fp8.scales = Scales::RowWise, p.fp8.scale_a = reinterpret_cast<const float*>(fo_test::host_buffer());
   expect_refused(p, "both scale_a and scale_b");
-  p.fp8.scale_b = reinterpret_cast<const float*>(g_buffer + 2);
+  p.fp8.scale_b = reinterpret_cast<const float*>(fo_test::host_buffer() + 2);
   expect_refused(p, "4-byte aligned");
-  p.fp8.scales = Scales::None, p.fp8.scale_b = reinterpret_cast<const float*>(g_buffer);
+  p.fp8.scales = Scales::None, p.fp8.scale_b = reinterpret_cast<const float*>(fo_test::host_buffer());
   expect_refused(p, "scale pointers given with Scales::None");
   p.fp8.scales = static_cast<Scales>(7);
   expect_refused(p, "unknown scale kind");
@@ -69,7 +54,7 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   q.fp8.on = false, q.fp8.scales = Scales::PerTensor;
   expect_refused(q, "scales are for FP8 inputs");
   fo::kernels::GemmParams g = fp8_params(300, 200, 128);
-  g.grouped = {reinterpret_cast<const int32_t*>(g_buffer), reinterpret_cast<const int32_t*>(g_buffer),
-               reinterpret_cast<const int32_t*>(g_buffer), 300, 200};
+  g.grouped = {reinterpret_cast<const int32_t*>(fo_test::host_buffer()), reinterpret_cast<const int32_t*>(fo_test::host_buffer()),
+               reinterpret_cast<const int32_t*>(fo_test::host_buffer()), 300, 200};
   expect_refused(g, "not with the owner layout or the grouped GEMM");
 }

@@ -7,35 +7,21 @@
 
 #include <string>
 
-#include "flashoverlap/error.h"
-#include "kernels/gemm.h"
+#include "gemm_params_check.h"
 #include "plan/stream_k.h"
-#include "plan/tile_grid.h"
 
 namespace fo = flashoverlap;
 
 namespace {
 
-alignas(16) char g_buffer[1 << 12];  // (host memory: check_gemm_params reads no pointer, only their alignment)
+using fo_test::expect_refused;
 
 fo::kernels::GemmParams split_params(bool fp8, int bn) {
-  const int64_t m = 256, n = 1280, k = 8192;
-  const fo::plan::Schedule s = fo::plan::make_schedule(m, n, {128, bn}, 132, fo::plan::Raster::AlongN, 1);
-  fo::kernels::GemmParams p =
-      fo::kernels::plain_gemm(fo::kernels::DType::BF16, g_buffer, g_buffer, s, int32_t(k), g_buffer, n);
-  p.fp8.on = fp8;
-  p.stream_k = fo::plan::stream_k_split(s.tiles(), s.ctas, int32_t(k / (fp8 ? 128 : 64)));
-  p.stream_k_work = g_buffer;
+  const int64_t k = 8192;
+  fo::kernels::GemmParams p = fo_test::host_gemm(256, 1280, k, bn, fp8);
+  p.stream_k = fo::plan::stream_k_split(p.sched.tiles(), p.sched.ctas, int32_t(k / (fp8 ? 128 : 64)));
+  p.stream_k_work = fo_test::host_buffer();
   return p;
-}
-
-void expect_refused(const fo::kernels::GemmParams& p, const std::string& what) {
-  try {
-    fo::kernels::check_gemm_params(p);
-    ADD_FAILURE() << "accepted: " << what;
-  } catch (const fo::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace
@@ -46,7 +32,7 @@ TEST(StreamKParams, TakenOnPlainAndSlotTileStoresOfEveryTile) {
     ASSERT_TRUE(p.stream_k.on()) << "the rule splits 256 x 1280 x 8192 (few tiles)";
     EXPECT_NO_THROW(fo::kernels::check_gemm_params(p));
     EXPECT_FALSE(fo::kernels::gemm_four_stages(p));
-    p.store = fo::kernels::Store::SlotTiles, p.slots = g_buffer, p.slot_rows = int64_t(p.sched.tiles()) * 128;
+    p.store = fo::kernels::Store::SlotTiles, p.slots = fo_test::host_buffer(), p.slot_rows = int64_t(p.sched.tiles()) * 128;
     EXPECT_NO_THROW(fo::kernels::check_gemm_params(p));
   }
 }
@@ -62,9 +48,9 @@ TEST(StreamKParams, EachMisuseIsRefusedSayingWhy) {
   expect_refused(q, "stream-K: its tiles, CTAs and k-blocks must be this launch's");
   q = p, q.stream_k_work = nullptr;
   expect_refused(q, "stream-K: needs its workspace");
-  q = p, q.stream_k_work = g_buffer + 4;
+  q = p, q.stream_k_work = fo_test::host_buffer() + 4;
   expect_refused(q, "stream-K: needs its workspace");
-  q = p, q.store = fo::kernels::Store::SlotRows, q.slots = g_buffer, q.row_of = reinterpret_cast<int32_t*>(g_buffer);
+  q = p, q.store = fo::kernels::Store::SlotRows, q.slots = fo_test::host_buffer(), q.row_of = reinterpret_cast<int32_t*>(fo_test::host_buffer());
   expect_refused(q, "stream-K: Plain or SlotTiles stores only");
   uint64_t mon[4] = {};
   uint32_t sm[2] = {};
