@@ -116,6 +116,16 @@ ab_runs() {
     done
   done
 }
+# bench/never_slower.py on every local GPU with the Python package under
+# PKG and the library LIB, its CSV into DIR, SECS at most:
+# never_slower PKG LIB DIR SECS [more arguments]
+never_slower() {
+  local pkg=$1 lib=$2 dir=$3 secs=$4
+  shift 4
+  PYTHONPATH=$pkg FLASHOVERLAP_LIBRARY=$lib PYTHONUNBUFFERED=1 \
+    timeout "$secs" python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/never_slower.py \
+    --out-dir "$dir" "$@"
+}
 # The library as a PyTorch user calls it (its binding, the tuning cache's
 # picks where TUNING_CACHE is set) against F.linear + the NCCL call in
 # torch, the op's sweep figures beside (bench/torch_linear.py), on every
@@ -238,9 +248,9 @@ for s in "$@"; do
     never-slower)
       stage "the public ops against PyTorch (bench/never_slower.py, every local GPU) -> never-slower-<gpu>[x<W>].csv"
       if python3 -c "import torch" 2>/dev/null; then
-        PYTHONPATH=$PWD/python FLASHOVERLAP_LIBRARY=$PWD/$BUILD/src/api/libflashoverlap.so PYTHONUNBUFFERED=1 \
-          timeout 1200 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/never_slower.py \
-          --out-dir "$OUT" ${NEVER_SLOWER_ARGS:-} 2>&1 | tee "$OUT/never-slower.log" || status=1
+        # shellcheck disable=SC2086  # NEVER_SLOWER_ARGS: several arguments
+        never_slower "$PWD/python" "$PWD/$BUILD/src/api/libflashoverlap.so" "$OUT" 1200 ${NEVER_SLOWER_ARGS:-} 2>&1 |
+          tee "$OUT/never-slower.log" || status=1
       else
         echo "never-slower: no torch in python3: skipped"
       fi
@@ -259,10 +269,9 @@ for s in "$@"; do
             dir="$OUT/never-slower-ab/${side%%:*}-$r${side##*:}"
             mkdir -p "$dir"
             echo "##### ${side%%:*} (round $r): $lib" | tee -a "$OUT/never-slower-ab.log"
-            PYTHONPATH=$tree/python FLASHOVERLAP_LIBRARY=$lib PYTHONUNBUFFERED=1 \
-              timeout 600 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/never_slower.py \
-              --out-dir "$dir" $ab_args 2>&1 | grep -E "^(allreduce|reducescatter|alltoall) " >>"$OUT/never-slower-ab.log" ||
-              status=1
+            # shellcheck disable=SC2086  # $ab_args: several arguments
+            never_slower "$tree/python" "$lib" "$dir" 600 $ab_args 2>&1 |
+              grep -E "^(allreduce|reducescatter|alltoall) " >>"$OUT/never-slower-ab.log" || status=1
           done
         done
       fi
@@ -305,11 +314,10 @@ PY
           dir="$OUT/never-slower-watch/${side%%:*}-$r${side##*:}"
           mkdir -p "$dir"
           echo "##### watch ${side%%:*} (round $r)" | tee -a "$OUT/never-slower-watch.log"
+          # shellcheck disable=SC2086  # $ab_args: several arguments
           FLASHOVERLAP_CALL_WATCH=$([ "${side%%:*}" = off ] && echo 0 || echo 1) \
-            PYTHONPATH=$PWD/python FLASHOVERLAP_LIBRARY=$PWD/$BUILD/src/api/libflashoverlap.so PYTHONUNBUFFERED=1 \
-            timeout 600 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" bench/never_slower.py \
-            --out-dir "$dir" $ab_args 2>&1 | grep -E "^(allreduce|reducescatter|alltoall) " >>"$OUT/never-slower-watch.log" ||
-            status=1
+            never_slower "$PWD/python" "$PWD/$BUILD/src/api/libflashoverlap.so" "$dir" 600 $ab_args 2>&1 |
+            grep -E "^(allreduce|reducescatter|alltoall) " >>"$OUT/never-slower-watch.log" || status=1
         done
       done
       ;;
