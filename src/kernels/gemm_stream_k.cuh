@@ -36,8 +36,8 @@ __device__ __forceinline__ void put_partial(const float (&acc)[BN / 2], const St
 // for nothing before it (plan/stream_k.h), and the grid is at most one CTA
 // per SM (launch_gemm refuses more), so that CTA is resident or done. The
 // wait has no timeout of its own: a bound there (a timer or a count, and a
-// trap) made the 128x192 kernel spill; an op's call is bounded by its call
-// watch (design §5.7).
+// trap) needs registers the 128x192 kernel has not got; an op's call is
+// bounded by its call watch (design §5.7).
 template <int BN>
 __device__ __forceinline__ void add_partial(float (&acc)[BN / 2], const StreamKWork& w, int cta, int cw, int tid) {
   if (tid == 0) {

@@ -85,10 +85,10 @@ struct PieceWalk {
 
 // The stream-K split for a grid (`whole` of it; == tiles: off). On only
 // where the whole tiles fill at most half the CTAs (every tile then split):
-// there the idle CTAs dominate. Measured on H100 (docs/results.md §4e.2):
-// splitting a wave that was mostly full, or a last wave, lost more than
-// it gained (its CTAs no longer walk K in step, so they share fewer A and B
-// blocks in L2, and the partials go out and back). And only where the
+// there the idle CTAs dominate. A wave that is mostly full loses more than
+// it gains when split (its CTAs no longer walk K in step, so they share
+// fewer A and B blocks in L2, and the partials go out and back; results
+// §4e.2). And only where the
 // shares are long enough for the partials' cost (each written once and read
 // back once, ~4 k-blocks' loads) to leave a 5% gain.
 inline StreamK stream_k_split(int32_t tiles, int32_t ctas, int32_t k_blocks) {
