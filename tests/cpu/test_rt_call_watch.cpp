@@ -99,6 +99,52 @@ TEST(CallWatch, CompletedAndLostCallsLeaveWithoutAFailure) {
   EXPECT_EQ(failures, 0);
 }
 
+// Calls on one lane complete in order: behind the first call not done,
+// the lane's calls are not probed (they have not started); other lanes and
+// calls of no lane are; once the first is done, the next is probed in the
+// same poll.
+TEST(CallWatch, CallsBehindANotDoneCallOfTheirLaneAreNotProbed) {
+  int failures = 0;
+  const auto o = owner("op", 1.0, &failures);
+  int s1 = 0, s2 = 0;
+  fo::rt::WatchQueue q;
+  Fake f;
+  const auto on = [&](uintptr_t id, const void* lane) {
+    auto c = call(o, id);
+    c.lane = lane;
+    q.push(std::move(c));
+    f.state[id] = CallState::Queued;
+  };
+  on(1, &s1), on(2, &s2), on(3, &s1), on(4, nullptr), on(5, &s1), on(6, &s2);
+  f.state[1] = CallState::Running;
+  q.poll(at(0), f.probe(), f.release());
+  EXPECT_EQ(f.probed[1], 1);
+  EXPECT_EQ(f.probed[2], 1);
+  EXPECT_EQ(f.probed[3], 0);
+  EXPECT_EQ(f.probed[4], 1);
+  EXPECT_EQ(f.probed[5], 0);
+  EXPECT_EQ(f.probed[6], 0);
+  f.state[1] = CallState::Done, f.state[3] = CallState::Done, f.state[5] = CallState::Running;
+  q.poll(at(0.5), f.probe(), f.release());
+  EXPECT_EQ(f.released[1], 1);
+  EXPECT_EQ(f.released[3], 1);
+  EXPECT_EQ(f.probed[5], 1);
+  EXPECT_EQ(q.size(), 4u);  // (2, 4, 5, 6)
+  // The same lane number on another device is another lane.
+  auto c = call(o, 7);
+  c.lane = &s1, c.device = 1;
+  q.push(std::move(c));
+  f.state[7] = CallState::Queued;
+  q.poll(at(0.6), f.probe(), f.release());
+  EXPECT_EQ(f.probed[7], 1);
+  // 5's time counts from the poll that saw it running.
+  q.poll(at(1.4), f.probe(), f.release());
+  EXPECT_FALSE(o->failed);
+  q.poll(at(1.6), f.probe(), f.release());
+  EXPECT_TRUE(o->failed);
+  EXPECT_EQ(failures, 1);
+}
+
 // One owner's failure: its other calls leave unprobed (their events
 // released), another owner's calls go on; a failure acts once; an owner
 // that is gone is marked failed without its action.

@@ -1,6 +1,7 @@
 // call_watch.cpp — see call_watch.h.
 #include "runtime/core/call_watch.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <sstream>
@@ -14,9 +15,15 @@ namespace flashoverlap::rt {
 void WatchQueue::poll(WatchClock::time_point now, const std::function<CallState(const WatchedCall&)>& probe,
                       const std::function<void(WatchedCall&)>& release) {
   std::deque<WatchedCall> kept;
+  std::vector<std::pair<int, const void*>> blocked;  // lanes with a call not done (a handful)
   for (WatchedCall& c : calls_) {
     if (c.owner->failed.load(std::memory_order_acquire)) {
       release(c);
+      continue;
+    }
+    const std::pair<int, const void*> lane{c.device, c.lane};
+    if (c.lane && std::find(blocked.begin(), blocked.end(), lane) != blocked.end()) {
+      kept.push_back(std::move(c));
       continue;
     }
     const CallState s = probe(c);
@@ -24,6 +31,7 @@ void WatchQueue::poll(WatchClock::time_point now, const std::function<CallState(
       release(c);
       continue;
     }
+    if (c.lane) blocked.push_back(lane);
     if (s == CallState::Running && !c.running) c.running = true, c.since = now;
     const double ran_s = c.running ? std::chrono::duration<double>(now - c.since).count() : 0.0;
     if (ran_s > c.owner->timeout_s) {
@@ -75,7 +83,7 @@ class Poller {
   void push(WatchedCall c) {
     {
       std::lock_guard<std::mutex> lock(m_);
-      queue_.push(std::move(c));
+      incoming_.push_back(std::move(c));
     }
     cv_.notify_one();
   }
@@ -112,21 +120,27 @@ class Poller {
     c.start = c.end = nullptr;
   }
 
+  // The lock covers only the hand-over of new calls: a caller's push never
+  // waits for the event queries.
   void loop() {
-    std::unique_lock<std::mutex> lock(m_);
+    std::vector<WatchedCall> taken;
     for (;;) {
-      cv_.wait(lock, [this] { return queue_.size() > 0; });
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [this] { return !incoming_.empty() || queue_.size() > 0; });
+        taken.swap(incoming_);
+      }
+      for (WatchedCall& c : taken) queue_.push(std::move(c));
+      taken.clear();
       queue_.poll(WatchClock::now(), probe, release);
-      if (queue_.size() == 0) continue;
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      lock.lock();
+      if (queue_.size() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
 
   std::mutex m_;
   std::condition_variable cv_;
-  WatchQueue queue_;
+  std::vector<WatchedCall> incoming_;  // (under m_)
+  WatchQueue queue_;                   // (the poller thread's alone)
 };
 
 }  // namespace
@@ -178,6 +192,7 @@ void CallWatch::end(cudaStream_t stream) {
   if (!open_) return;
   WatchedCall c;
   c.owner = owner_, c.device = device_, c.start = open_;
+  if (stream != cudaStreamPerThread) c.lane = stream;
   open_ = nullptr;
   c.end = take_event();
   if (cudaEventRecord(c.end, stream) != cudaSuccess) {  // (end runs in destructors: no throw)

@@ -42,6 +42,10 @@ struct WatchOwner {
 struct WatchedCall {
   std::shared_ptr<WatchOwner> owner;
   int device = 0;
+  // The stream its work went to, where calls on it complete in the order
+  // they were enqueued (nullptr: not known to; the per-thread default
+  // stream's handle names a different stream on each thread).
+  const void* lane = nullptr;
   cudaEvent_t start = nullptr, end = nullptr;
   bool running = false;
   WatchClock::time_point since{};
@@ -60,7 +64,9 @@ class WatchQueue {
   // Each call's state (probe): Done and Lost calls leave (release gets
   // them); a Running call past its owner's timeout fails the owner (once:
   // fail_owner) and leaves, and so do the owner's other calls. Calls of an
-  // owner already failed or gone leave unprobed.
+  // owner already failed or gone leave unprobed. A call behind a call of
+  // its lane that is not done has not started: it stays Queued, unprobed
+  // (an eager loop queues hundreds of calls between two polls).
   void poll(WatchClock::time_point now, const std::function<CallState(const WatchedCall&)>& probe,
             const std::function<void(WatchedCall&)>& release);
 
