@@ -286,6 +286,11 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream);
 
 // Whether launch_gemm runs `p` with 4 stages (GemmParams::four_stages).
 bool gemm_four_stages(const GemmParams& p);
+// Whether launch_gemm loads `p`'s blocks with L2 policies: FP8 whose B is
+// larger than this GPU's L2 (l2_bytes; -1: ask the current device). B's
+// blocks are then evicted first, A's last: B streams through once per tile
+// row while A's few rows are read by every tile column.
+bool gemm_l2_hints(const GemmParams& p, int64_t l2_bytes = -1);
 
 // Loads every kernel of this library into the current context now. CUDA's
 // lazy loading would otherwise load a module at its first launch, which

@@ -79,6 +79,17 @@ int32_t k_blocks_of(const GemmParams& p) {
   return (p.k + per_block - 1) / per_block;
 }
 
+// A device attribute, asked once per device.
+std::atomic<int> g_sms[64], g_l2_bytes[64];
+int device_attribute(int dev, cudaDeviceAttr attr, std::atomic<int> (&cache)[64]) {
+  int v = cache[dev % 64].load(std::memory_order_relaxed);
+  if (v == 0) {
+    FO_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    cache[dev % 64].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 std::string shape_str(const GemmParams& p) {
   std::ostringstream os;
   os << "GEMM m=" << p.m << " n=" << p.n << " k=" << p.k << " tile " << p.sched.bm << "x" << p.sched.bn << " ctas "
@@ -223,6 +234,17 @@ bool gemm_four_stages(const GemmParams& p) {
          !p.monitor_ns && owner_ok && !p.grouped.a_row0 && !p.fp8.on && !p.stream_k.on();
 }
 
+bool gemm_l2_hints(const GemmParams& p, int64_t l2_bytes) {
+  if (!p.fp8.on) return false;  // (measured on the FP8 kernels only)
+  if (l2_bytes < 0) {
+    int dev = 0;
+    FO_CUDA_CHECK(cudaGetDevice(&dev));
+    l2_bytes = device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes);
+  }
+  const int64_t b_rows = p.grouped.a_row0 ? p.grouped.b_rows : p.n;
+  return b_rows * p.k > l2_bytes;  // (e4m3: a byte each)
+}
+
 void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   check_gemm_params(p);
   int dev = 0;
@@ -230,12 +252,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   static std::once_flag once[64];  // (shared-memory limits are per device: set them once on each)
   std::call_once(once[dev % 64], preload_gemm_kernels);
   if (p.stream_k.on()) {  // (a finisher waits for CTAs of lower index: all must be resident at once)
-    static std::atomic<int> sms_of[64] = {};
-    int sms = sms_of[dev % 64].load(std::memory_order_relaxed);
-    if (sms == 0) {
-      FO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      sms_of[dev % 64].store(sms, std::memory_order_relaxed);
-    }
+    const int sms = device_attribute(dev, cudaDevAttrMultiProcessorCount, g_sms);
     if (p.sched.ctas > sms)
       throw InvalidArgument(shape_str(p) + ": stream-K: at most one CTA per SM (" + std::to_string(sms) + "), got " +
                             std::to_string(p.sched.ctas));
@@ -267,6 +284,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.monitor_phases = p.monitor_phases;
   kp.owner = p.owner;
   kp.grouped = p.grouped;
+  kp.l2_hints = p.fp8.on && gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;

@@ -176,8 +176,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
           }
           ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
-          ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row);
-          ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, b_row);
+          if (kFp8 && p.l2_hints) {  // (gemm_l2_hints: FP8 only; policies made here: no registers held across the loop)
+            ptx::tma_load_2d_hint(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row,
+                                  ptx::policy_evict_last());
+            ptx::tma_load_2d_hint(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, b_row,
+                                  ptx::policy_evict_first());
+          } else {
+            ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row);
+            ptx::tma_load_2d(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, b_row);
+          }
         }
       });
     } else if constexpr (kPieces) {

@@ -41,6 +41,7 @@ struct GemmKernelParams {
   Fp8 fp8;
   plan::StreamK sk;        // the pieces (the stream-K kernels only)
   StreamKWork sk_work;
+  bool l2_hints;  // gemm_l2_hints: A's loads evict last, B's first
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.

@@ -1,11 +1,14 @@
 // test_rt_fp8_params.cpp — what the GEMM's check takes and refuses of FP8
 // inputs (kernels::Fp8; host logic, no GPU): 128x128 or 128x192 tiles, k % 16, both
-// scales or none, no owner layout or grouped GEMM, scales only with FP8.
+// scales or none, no owner layout or grouped GEMM, scales only with FP8; where
+// its loads take L2 policies.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 
 #include "gemm_params_check.h"
+#include "test_seed.h"
 
 namespace fo = flashoverlap;
 using fo::kernels::Scales;
@@ -57,4 +60,21 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   g.grouped = {reinterpret_cast<const int32_t*>(fo_test::host_buffer()), reinterpret_cast<const int32_t*>(fo_test::host_buffer()),
                reinterpret_cast<const int32_t*>(fo_test::host_buffer()), 300, 200};
   expect_refused(g, "not with the owner layout or the grouped GEMM");
+}
+
+// L2 policies on the loads exactly where an FP8 B (n x k bytes; a grouped
+// GEMM's: all experts' rows) is larger than the L2; never for 16-bit inputs.
+TEST(Fp8Params, L2PoliciesWhereBIsLargerThanTheL2) {
+  FO_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 16 * (1 + int64_t(rng() % 1024)), k = 16 * (1 + int64_t(rng() % 1024));
+    const int64_t l2 = int64_t(rng() % uint64_t(2 * n * k));
+    fo::kernels::GemmParams p = fp8_params(256, n, k);
+    EXPECT_EQ(fo::kernels::gemm_l2_hints(p, l2), n * k > l2) << n << " x " << k << ", L2 " << l2;
+    p.fp8.on = false;
+    EXPECT_FALSE(fo::kernels::gemm_l2_hints(p, l2));
+    fo::kernels::GemmParams g = fp8_params(256, n, k);
+    g.grouped.a_row0 = reinterpret_cast<const int32_t*>(fo_test::host_buffer()), g.grouped.b_rows = 8 * n;
+    EXPECT_EQ(fo::kernels::gemm_l2_hints(g, l2), 8 * n * k > l2);
+  }
 }

@@ -297,3 +297,50 @@ TEST(Fp8Gemm, MatchesCublasLtsFp8Matmul) {
     EXPECT_EQ(wrong, 0);
   }
 }
+
+// B larger than the L2: the loads carry L2 policies (gemm_l2_hints), which
+// must not change a bit. Both tiles against cuBLASLt's FP8 matmul without
+// scales (bitwise: both sums exact, one rounding); a B inside the L2 takes
+// no policies.
+TEST(Fp8Gemm, BLargerThanTheL2MatchesCublasLtBitwise) {
+  REQUIRE_HOPPER();
+  int dev = 0, l2 = 0;
+  FO_CUDA_CHECK(cudaGetDevice(&dev));
+  FO_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int64_t k = 8192, n = (int64_t(l2) / k / 128 + 1 + int64_t(rng() % 8)) * 128,
+                m = 16 * (1 + int64_t(rng() % 24));  // (B: n x k bytes, over the L2)
+  SCOPED_TRACE("m " + std::to_string(m) + ", n " + std::to_string(n) + ", L2 " + std::to_string(l2) + " B, seed " +
+               std::to_string(seed));
+  std::vector<uint8_t> a(size_t(m * k)), b(size_t(n * k));
+  for (auto& x : a) x = e4m3(int(rng() % 7) - 3);
+  for (auto& x : b) x = e4m3(int(rng() % 7) - 3);
+  const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b);
+  rt::DeviceBuffer ours(size_t(m) * n * 2), theirs(size_t(m) * n * 2);
+  rt::CublasGemm lt;
+  kernels::Fp8 f;
+  f.on = true;
+  lt.run_fp8(kernels::DType::BF16, f, da.get(), db.get(), theirs.get(), int(m), int(n), int(k), n, nullptr);
+  std::vector<uint16_t> y(size_t(m) * n);
+  FO_CUDA_CHECK(cudaMemcpy(y.data(), theirs.get(), theirs.bytes(), cudaMemcpyDeviceToHost));
+  for (int bn : {128, 192}) {
+    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, 132, plan::Raster::AlongN, 2);
+    kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), ours.get(), n);
+    p.fp8 = f;
+    ASSERT_TRUE(kernels::gemm_l2_hints(p));
+    kernels::GemmParams inside = p;
+    inside.n = int32_t(l2 / k / 2);
+    EXPECT_FALSE(kernels::gemm_l2_hints(inside));
+    FO_CUDA_CHECK(cudaMemset(ours.get(), 0xff, ours.bytes()));
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> x(size_t(m) * n);
+    FO_CUDA_CHECK(cudaMemcpy(x.data(), ours.get(), ours.bytes(), cudaMemcpyDeviceToHost));
+    size_t wrong = 0, first = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i] != y[i] && wrong++ == 0) first = i;
+    EXPECT_EQ(wrong, 0u) << "tile 128x" << bn << ", first at " << first << ": ours 0x" << std::hex << x[first]
+                         << ", cuBLASLt's 0x" << y[first];
+  }
+}
