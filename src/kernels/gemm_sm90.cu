@@ -284,7 +284,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.monitor_phases = p.monitor_phases;
   kp.owner = p.owner;
   kp.grouped = p.grouped;
-  kp.l2_hints = p.fp8.on && gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
+  kp.l2_hints = gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
   CUtensorMap mc{};
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
