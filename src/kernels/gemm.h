@@ -224,7 +224,9 @@ struct GemmParams {
   // and the owner pusher warps'), 2: its share of the owner layout's copy
   // done, 3: its start, 4: its first tile's MMAs done, 5: its last tile's
   // MMAs done (consumer warpgroup 0's, before the epilogue's waits)}. Where
-  // the GEMM's end goes (rt::summarize_phases).
+  // the GEMM's end goes (rt::summarize_phases). Stream-K launches (no owner
+  // layout): 2 is when the CTA's partial was put, 4 when a finisher's own
+  // k-blocks were done, before it added the other pieces' partials.
   uint64_t* monitor_phases = nullptr;
   // 128x256 tiles, Plain C stored by TMA, alone, signalling (counters) or
   // with the owner layout (no tile-end monitor; the MMA and phase monitors

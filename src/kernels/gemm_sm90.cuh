@@ -401,15 +401,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if constexpr (kSplit) {
       if (!w.finishes) {  // (a stream-K piece after the tile's first: its sums to the finisher)
         put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid);
+        if (p.monitor_phases && tid == 0 && cw == 0) record_phase(p.monitor_phases, 2);  // (trace) partial out
         return;
       }
-      if (!w.whole)  // (the tile's other pieces in k order: CTA - 1's first)
+      if (!w.whole) {  // (the tile's other pieces in k order: CTA - 1's first)
+        if (p.monitor_phases && tid == 0 && cw == 0) record_phase(p.monitor_phases, 4);  // (trace) own MMAs done
         for (int j = 1, n = p.sk.contributors(idx, blockIdx.x); j <= n; ++j)
           if (p.sk.has_share(blockIdx.x - j)) add_partial<BN>(acc, p.sk_work, blockIdx.x - j, cw, tid);
+      }
     }
     if constexpr (kFp8) apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);  // (after the pieces' sum)
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
-      if (i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
+      if (!kSplit && i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
       if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);
     }
 

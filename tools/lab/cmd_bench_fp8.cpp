@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -65,9 +66,55 @@ struct Options {
   std::string tile = "both";  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)
   std::string stream_k = "auto";  // off, auto (plan::stream_k_split), or both (timed in turns)
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
+  bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
 };
+
+// One launch of p with the phase trace (GemmParams::monitor_phases), timed
+// by events: when its CTAs started, finished their last MMAs and their
+// stores, in µs from the first CTA's start, against the launch's time. What
+// the kernel's time holds beyond its CTAs' (launch, tail) is the difference.
+void print_phases(kernels::GemmParams p, const std::string& label, cudaStream_t stream) {
+  const int ctas = p.sched.ctas;
+  rt::DeviceBuffer buf(size_t(ctas) * kernels::kPhaseSlots * sizeof(uint64_t));
+  FO_CUDA_CHECK(cudaMemsetAsync(buf.get(), 0, size_t(ctas) * kernels::kPhaseSlots * sizeof(uint64_t), stream));
+  p.monitor_phases = buf.as<uint64_t>();
+  kernels::launch_gemm(p, stream);  // (warm)
+  FO_CUDA_CHECK(cudaMemsetAsync(buf.get(), 0, size_t(ctas) * kernels::kPhaseSlots * sizeof(uint64_t), stream));
+  cudaEvent_t e0, e1;
+  FO_CUDA_CHECK(cudaEventCreate(&e0));
+  FO_CUDA_CHECK(cudaEventCreate(&e1));
+  FO_CUDA_CHECK(cudaEventRecord(e0, stream));
+  kernels::launch_gemm(p, stream);
+  FO_CUDA_CHECK(cudaEventRecord(e1, stream));
+  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  float ms = 0;
+  FO_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  (void)cudaEventDestroy(e0), (void)cudaEventDestroy(e1);
+  std::vector<uint64_t> v(size_t(ctas) * kernels::kPhaseSlots);
+  FO_CUDA_CHECK(cudaMemcpy(v.data(), buf.get(), v.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  uint64_t t0 = ~uint64_t(0);
+  for (int c = 0; c < ctas; ++c)
+    if (v[size_t(c) * kernels::kPhaseSlots + 3]) t0 = std::min(t0, v[size_t(c) * kernels::kPhaseSlots + 3]);
+  auto slot = [&](int ph) {  // min / median / max over the CTAs that recorded it, µs from t0
+    std::vector<double> x;
+    for (int c = 0; c < ctas; ++c)
+      if (uint64_t t = v[size_t(c) * kernels::kPhaseSlots + ph]) x.push_back((double(t) - double(t0)) / 1e3);
+    std::sort(x.begin(), x.end());
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1);
+    if (x.empty()) os << "-";
+    else os << x.front() << "/" << x[x.size() / 2] << "/" << x.back() << " (" << x.size() << ")";
+    return os.str();
+  };
+  const bool sk = p.stream_k.on();
+  std::cout << "  phases " << label << ": launch " << std::fixed << std::setprecision(1) << ms * 1e3
+            << " us; from the first CTA's start, min/median/max (CTAs): start " << slot(3)
+            << (sk ? ", partial put " : "") << (sk ? slot(2) : "") << (sk ? ", own k-blocks done " : ", first MMAs ")
+            << slot(4) << ", last MMAs " << slot(5) << ", last staged " << slot(0) << ", stored " << slot(1)
+            << std::defaultfloat << "\n";
+}
 
 // Random e4m3 bytes of magnitudes 2^-3 .. 2^2 (exponent fields 4..9, any
 // sign and mantissa): no NaN, sums of k of them well inside bf16's range.
@@ -215,6 +262,8 @@ int run(const Options& o) {
       }
       const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
       for (size_t i = 0; i < tiles.size(); ++i) tiles[i].ms = stats[i].median_ms;
+      if (o.phases)
+        for (const Tile& t : tiles) print_phases(t.p, std::to_string(t.bn) + (t.sk ? "/sk" : ""), stream);
       size_t best = 0;
       for (size_t i = 1; i < tiles.size(); ++i)
         if (tiles[i].ms < tiles[best].ms) best = i;
@@ -297,6 +346,9 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "
                 "launches: the hold would time out)");
+  cmd->add_flag("--phases", opts->phases,
+                "Also one traced launch per variant: when its CTAs started, did their last MMAs and stores, against "
+                "the launch's time");
   add_kernel_timing_options(cmd, opts->warmup, opts->iters, opts->device, opts->csv);
   cmd->callback([opts, &rc] { rc = run(*opts); });
 }
