@@ -6,8 +6,8 @@ the table of ours against it:
 
 Per row of the lab's CSV (M, N, K, scales, ours_ms: our GEMM with e4m3
 inputs, the kernel alone on the faster of its tiles (ours_tile), timed by
-the lab on the same GPU just before, its stream held until the host had
-queued the run), torch._scaled_mm(a, b.t(), scale_a, scale_b,
+the lab on the same GPU just before: runs of 20 launches back to back, its
+stream held until the host had queued the run), torch._scaled_mm(a, b.t(), scale_a, scale_b,
 out_dtype=torch.bfloat16) with use_fast_accum=False and True, timed the same
 way: in turns, per turn --runs calls between CUDA events queued behind a GPU
 sleep (torch_timing.device_ms_in_turns), the median over 5 turns: the

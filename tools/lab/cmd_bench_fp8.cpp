@@ -3,7 +3,9 @@
 // pick, part sums promoted to fp32, the scales in the epilogue) against
 // cuBLASLt's FP8 matmul, which torch._scaled_mm runs
 // (FAST_ACCUM off, as use_fast_accum=False; and on, as use_fast_accum=True),
-// per shape and scale kind, timed in turns on the full grid; bf16 output.
+// per shape and scale kind, timed in turns on the full grid (each run
+// --calls launches back to back, its stream held until the host has queued
+// them; the time per launch reported); bf16 output.
 // Internal: the kernel alone. ratio: cuBLASLt's (FAST_ACCUM off) / ours;
 // empty, and ours unchecked (the GPU tests check it against the host), where
 // this cuBLASLt has no FP8 matmul with the scale kind. err_*: the
@@ -67,6 +69,10 @@ struct Options {
   std::string stream_k = "auto";  // off, auto (plan::stream_k_split), or both (timed in turns)
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
+  // Launches per timed run, back to back (the time per launch reported):
+  // as bench/scaled_mm.py times torch._scaled_mm, so that both sides'
+  // launch gaps count alike. 1: each launch alone between its events.
+  int calls = 20;
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
 };
@@ -254,13 +260,19 @@ int run(const Options& o) {
         err_lt = error_of(theirs.get()), err_fast = error_of(fast.get());
       }
       std::vector<std::function<void()>> fns;
-      for (const Tile& t : tiles) fns.push_back([&t, &stream] { kernels::launch_gemm(t.p, stream); });
-      if (has_lt) {
-        fns.push_back([&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream); });
-        fns.push_back(
-            [&] { lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream, true); });
-      }
-      const auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
+      const int calls = o.calls;
+      for (const Tile& t : tiles)
+        fns.push_back([&t, &stream, calls] {
+          for (int c = 0; c < calls; ++c) kernels::launch_gemm(t.p, stream);
+        });
+      if (has_lt)
+        for (bool fast_accum : {false, true})
+          fns.push_back([&, fast_accum, calls] {
+            for (int c = 0; c < calls; ++c)
+              lt.run_fp8(kernels::DType::BF16, f, a.get(), b.get(), theirs.get(), m, n, k, n, stream, fast_accum);
+          });
+      auto stats = rt::time_interleaved(fns, stream, o.warmup, o.iters, {}, o.gate ? &rt::thread_gate() : nullptr);
+      for (rt::TimingStats& st : stats) st.median_ms /= calls;  // (per launch)
       for (size_t i = 0; i < tiles.size(); ++i) tiles[i].ms = stats[i].median_ms;
       if (o.phases)
         for (const Tile& t : tiles) print_phases(t.p, std::to_string(t.bn) + (t.sk ? "/sk" : ""), stream);
@@ -349,6 +361,10 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_flag("--phases", opts->phases,
                 "Also one traced launch per variant: when its CTAs started, did their last MMAs and stores, against "
                 "the launch's time");
+  cmd->add_option("--calls", opts->calls,
+                  "Launches per timed run, back to back (the time per launch is reported; 1: each alone)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   add_kernel_timing_options(cmd, opts->warmup, opts->iters, opts->device, opts->csv);
   cmd->callback([opts, &rc] { rc = run(*opts); });
 }
