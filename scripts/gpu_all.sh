@@ -33,6 +33,9 @@
 #   profile-fp8  Nsight Compute (ncu, if installed) on our FP8 GEMM and cuBLASLt's on one shape (PROFILE_SHAPE,
 #                default 16384x8192x7392; both scale kinds; PROFILE_ARGS: more bench-fp8 arguments, e.g.
 #                --tile 128x192): speed of light, warp stalls, memory -> profile-fp8.txt
+#   fp8-phases   bench-fp8 --phases on PHASES_SHAPES (default six shapes, M = 256 to 16384, per tensor, both
+#                tiles, stream-K on and off): when each launch's CTAs started, put their partials, did their
+#                MMAs and stores, against the launch's time -> fp8-phases.log
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
@@ -341,6 +344,12 @@ PY
         grep -E '^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput' \
           "$OUT/profile-fp8.txt" | head -60
       fi
+      ;;
+    fp8-phases)
+      stage "bench-fp8 --phases: the CTAs' start and end against the launch's time -> fp8-phases.log"
+      timeout 300 $LAB bench-fp8 --phases --scales tensor --tile both --stream-k both --warmup 3 --iters 10 \
+        --shapes "${PHASES_SHAPES:-256x1280x8192,256x4608x7168,256x8192x7392,256x8192x1024,2048x8192x7392,16384x8192x7392}" \
+        2>&1 | tee "$OUT/fp8-phases.log" || status=1
       ;;
     grouped)
       stage "the grouped GEMM against torch._grouped_mm and a cuBLAS loop (bench/grouped_gemm.py) -> grouped-gemm-<gpu>.csv"
