@@ -32,6 +32,9 @@ TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
                                 p.fp8.scale_b = reinterpret_cast<const float*>(fo_test::host_buffer() + 32);
       EXPECT_NO_THROW(fo::kernels::check_gemm_params(p)) << int(kind) << " 128x" << bn;
       EXPECT_FALSE(fo::kernels::gemm_four_stages(p));
+      uint64_t phases[8] = {};
+      p.monitor_phases = phases;  // (the phase trace: bench-fp8 --phases)
+      EXPECT_NO_THROW(fo::kernels::check_gemm_params(p)) << int(kind) << " 128x" << bn << " with the phase monitor";
     }
   }
 }

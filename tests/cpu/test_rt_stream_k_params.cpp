@@ -1,8 +1,9 @@
 // test_rt_stream_k_params.cpp — what the GEMM's check takes and refuses of
 // stream-K (GemmParams::stream_k; host logic, no GPU): the split must be this
 // launch's (tiles, CTAs, k-blocks), with a workspace, on Plain or slot-tile
-// stores without the owner layout, scatter, grouped GEMM or monitors; and the
-// four-stage store is never taken with it.
+// stores without the owner layout, scatter, grouped GEMM or tile monitors
+// (the phase monitor, per CTA, is taken); and the four-stage store is never
+// taken with it.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -34,6 +35,9 @@ TEST(StreamKParams, TakenOnPlainAndSlotTileStoresOfEveryTile) {
     EXPECT_FALSE(fo::kernels::gemm_four_stages(p));
     p.store = fo::kernels::Store::SlotTiles, p.slots = fo_test::host_buffer(), p.slot_rows = int64_t(p.sched.tiles()) * 128;
     EXPECT_NO_THROW(fo::kernels::check_gemm_params(p));
+    uint64_t phases[8] = {};
+    p.monitor_phases = phases;  // (per CTA: when its pieces' partials went out, its start, its stores)
+    EXPECT_NO_THROW(fo::kernels::check_gemm_params(p)) << "fp8 " << fp8 << ", 128x" << bn;
   }
 }
 

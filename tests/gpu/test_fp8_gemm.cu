@@ -6,7 +6,8 @@
 // that every k-block's sum is exact in the tensor cores' ~14-bit
 // accumulation and every sum over k exact in fp32 (the promotion): the
 // output is then the host's (acc * sa) * sb rounded once, bitwise. A large
-// k of one sign shows the promotion: its sums pass 2^14.
+// k of one sign shows the promotion: its sums pass 2^14 (those launches run
+// traced: the phase monitor's records are checked against the split's walk).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -236,12 +237,38 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
       p.stream_k_work = work.get();
     }
     p.fp8.on = true;
+    // Traced (the phase monitor: bench-fp8 --phases), which must not change C.
+    rt::DeviceBuffer phases(size_t(s.ctas) * kernels::kPhaseSlots * sizeof(uint64_t));
+    FO_CUDA_CHECK(cudaMemset(phases.get(), 0, phases.bytes()));
+    p.monitor_phases = phases.as<uint64_t>();
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> c(size_t(m) * n);
     FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n)
         << "tile 128x" << bn << (split ? ", stream-K" : "") << ", first: 0x" << std::hex << c[0] << ", want 0x" << want;
+    // Every CTA recorded its start; with stream-K exactly the CTAs whose
+    // walk leaves a partial recorded putting it (phase 2), and exactly those
+    // that finish a split tile when their own k-blocks were done (phase 4),
+    // both after their start.
+    std::vector<uint64_t> ph(size_t(s.ctas) * kernels::kPhaseSlots);
+    FO_CUDA_CHECK(cudaMemcpy(ph.data(), phases.get(), phases.bytes(), cudaMemcpyDeviceToHost));
+    int wrong = 0, puts = 0;
+    for (int cta = 0; cta < s.ctas; ++cta) {
+      const uint64_t* t = ph.data() + size_t(cta) * kernels::kPhaseSlots;
+      bool leaves = false, finishes_split = false;
+      plan::PieceWalk walk(p.stream_k, cta);
+      for (plan::Piece w; split && walk.next(w);) leaves |= !w.finishes, finishes_split |= w.finishes && !w.whole;
+      puts += leaves;
+      const bool ok = t[3] != 0 && (!split || ((t[2] != 0) == leaves && (t[4] != 0) == finishes_split &&
+                                                (!t[2] || t[2] >= t[3]) && (!t[4] || t[4] >= t[3])));
+      if (!ok && wrong++ < 3)
+        ADD_FAILURE() << "tile 128x" << bn << (split ? ", stream-K" : "") << ": CTA " << cta << " phases start " << t[3]
+                      << ", partial " << t[2] << " (want " << leaves << "), own k-blocks " << t[4] << " (want "
+                      << finishes_split << ")";
+    }
+    EXPECT_EQ(wrong, 0);
+    if (split) EXPECT_GT(puts, 0) << "the split leaves partials";
   }
 }
 
