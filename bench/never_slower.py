@@ -118,7 +118,7 @@ try:  # (not needed by --self-test)
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch_timing import join_nccl_group, machine_line, slowest
+    from torch_timing import join_nccl_group, machine_line, slowest, timed_sleep_cycles_per_ms
 except ImportError:
     torch = None
 
@@ -532,13 +532,7 @@ class Timer:
         self.mhz = clock_mhz(device)
         measured = 0.0
         for _ in range(2):  # (the first may load the kernel)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            cycles = int(20 * self.mhz * 1000)
-            s.record()
-            torch.cuda._sleep(cycles)
-            e.record()
-            e.synchronize()
-            measured = cycles / max(s.elapsed_time(e), 1e-3) / 1000
+            measured = timed_sleep_cycles_per_ms(int(20 * self.mhz * 1000)) / 1000
         self.measured_mhz = slowest(measured, device)
         sane = self.measured_mhz if 100 <= self.measured_mhz <= 5000 else 0.0
         self.cycles_per_ms = max(self.mhz, sane) * 1000

@@ -52,6 +52,16 @@ def time_in_turns(fns, iters, turns, device=None, warmup=3):
     return [statistics.median(p) if device is None else slowest(statistics.median(p), device) for p in per]
 
 
+def timed_sleep_cycles_per_ms(cycles):
+    """GPU clock cycles per ms of one torch.cuda._sleep(cycles), timed by CUDA events."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.cuda._sleep(cycles)
+    e.record()
+    e.synchronize()
+    return cycles / max(s.elapsed_time(e), 1e-3)
+
+
 _cycles_per_ms = None
 
 
@@ -60,16 +70,8 @@ def _sleep_cycles_per_ms():
     of two timed sleeps: a sleep longer than asked is harmless)."""
     global _cycles_per_ms
     if _cycles_per_ms is None:
-        best = 0.0
-        for _ in range(2):  # (the first may load the kernel)
-            cycles = 20_000_000
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            torch.cuda._sleep(cycles)
-            e.record()
-            e.synchronize()
-            best = max(best, cycles / max(s.elapsed_time(e), 1e-3))
-        _cycles_per_ms = best
+        # (two: the first may load the kernel)
+        _cycles_per_ms = max(timed_sleep_cycles_per_ms(20_000_000) for _ in range(2))
     return _cycles_per_ms
 
 
