@@ -81,13 +81,12 @@ struct Options {
 // by events: when its CTAs started, finished their last MMAs and their
 // stores, in µs from the first CTA's start, against the launch's time. What
 // the kernel's time holds beyond its CTAs' (launch, tail) is the difference.
+// (p has just been timed: its kernel is loaded and warm.)
 void print_phases(kernels::GemmParams p, const std::string& label, cudaStream_t stream) {
   const int ctas = p.sched.ctas;
   rt::DeviceBuffer buf(size_t(ctas) * kernels::kPhaseSlots * sizeof(uint64_t));
-  FO_CUDA_CHECK(cudaMemsetAsync(buf.get(), 0, size_t(ctas) * kernels::kPhaseSlots * sizeof(uint64_t), stream));
+  FO_CUDA_CHECK(cudaMemsetAsync(buf.get(), 0, buf.bytes(), stream));
   p.monitor_phases = buf.as<uint64_t>();
-  kernels::launch_gemm(p, stream);  // (warm)
-  FO_CUDA_CHECK(cudaMemsetAsync(buf.get(), 0, size_t(ctas) * kernels::kPhaseSlots * sizeof(uint64_t), stream));
   cudaEvent_t e0, e1;
   FO_CUDA_CHECK(cudaEventCreate(&e0));
   FO_CUDA_CHECK(cudaEventCreate(&e1));
