@@ -406,8 +406,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       }
       if (!w.whole) {  // (the tile's other pieces in k order: CTA - 1's first)
         if (p.monitor_phases && tid == 0 && cw == 0) record_phase(p.monitor_phases, 4);  // (trace) own MMAs done
-        for (int j = 1, n = p.sk.contributors(idx, blockIdx.x); j <= n; ++j)
-          if (p.sk.has_share(blockIdx.x - j)) add_partial<BN>(acc, p.sk_work, blockIdx.x - j, cw, tid);
+        add_partials<BN>(acc, p.sk_work, p.sk, blockIdx.x, p.sk.contributors(idx, blockIdx.x), cw, tid);
       }
     }
     if constexpr (kFp8) apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);  // (after the pieces' sum)
