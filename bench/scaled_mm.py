@@ -2,7 +2,8 @@
 """torch._scaled_mm on the shapes of a `flashoverlap-lab bench-fp8` CSV, and
 the table of ours against it:
 
-    python3 bench/scaled_mm.py --ours gemm-fp8-lab.csv [--out gemm-fp8-h100.csv] [--runs 20] [--warmup 5]
+    python3 bench/scaled_mm.py --ours gemm-fp8-lab.csv [--kernels build/tools/libflashoverlap_kernel_bench.so]
+        [--out gemm-fp8-h100.csv] [--runs 20] [--warmup 5]
 
 Per row of the lab's CSV (M, N, K, scales, ours_ms: our GEMM with e4m3
 inputs, the kernel alone on the faster of its tiles (ours_tile), timed by
@@ -13,7 +14,15 @@ way: in turns, per turn --runs calls between CUDA events queued behind a GPU
 sleep (torch_timing.device_ms_in_turns), the median over 5 turns: the
 kernels' time, not Python's dispatch (which at M = 256 takes longer than the
 kernel). Beside them, use_fast_accum=False called eagerly (host included) for
-reference. Scales as torch takes them: per tensor one fp32 each; row-wise
+reference. With --kernels (libflashoverlap_kernel_bench.so: the lab's
+launch behind a C interface), ours is timed here instead, in the same turns
+as torch's calls (both tiles, stream-K where the lab's rule puts it; ours
+the faster tile), each of its outputs first checked against
+torch._scaled_mm's: one process, one timing, the same duty cycle, so the
+GPU's clocks and power state are the same for both (the lab runs its
+variants back to back without pause, which at M >= 2048 lowers the clocks
+by 5-15% against a sleep-separated run); the lab's time stays beside it
+(ours_lab_ms). Scales as torch takes them: per tensor one fp32 each; row-wise
 scale_a [M, 1] and scale_b [1, N]. Inputs random e4m3 in +-[1/8, 4] (as the
 lab's), scales in [0.5, 2].
 
@@ -21,9 +30,11 @@ The CSV starts with a "#" line (GPU, torch, date), then
 M,N,K,scales,ours_ms,scaled_mm_ms,scaled_mm_fast_ms,ours_tflops,ratio
 (scaled_mm_ms / ours_ms: above 1, ours is faster),ours_tile,scaled_mm_eager_ms,
 scaled_mm_kernel (the kernel torch._scaled_mm ran on that row, from a
-profiler trace of one call).
+profiler trace of one call),ours_lab_ms (with --kernels: the lab's time of
+ours; ours_ms is then this process's).
 """
 import argparse
+import ctypes
 import csv
 import datetime
 import statistics
@@ -34,7 +45,46 @@ import torch
 from torch_timing import device_ms_in_turns, time_in_turns
 
 COLUMNS = ["M", "N", "K", "scales", "ours_ms", "scaled_mm_ms", "scaled_mm_fast_ms", "ours_tflops", "ratio", "ours_tile",
-           "scaled_mm_eager_ms", "scaled_mm_kernel"]
+           "scaled_mm_eager_ms", "scaled_mm_kernel", "ours_lab_ms"]
+
+SCALE_KINDS = {"none": 0, "tensor": 1, "row": 2}
+
+
+class OurFp8Gemm:
+    """Our FP8 GEMM alone (libflashoverlap_kernel_bench.so) into c, on the
+    current stream: C = scale(x w^T), 128 x tile_n tiles, stream-K where the
+    lab's rule puts it."""
+
+    lib = None
+
+    @classmethod
+    def load(cls, path):
+        cls.lib = ctypes.CDLL(path)
+        vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        cls.lib.fobk_fp8_gemm_create.argtypes = [i64, i64, i64, c_int, vp, vp, vp, vp, vp, c_int, c_int,
+                                                 ctypes.POINTER(vp), ctypes.c_char_p, c_int]
+        cls.lib.fobk_fp8_gemm_launch.argtypes = [vp, vp, ctypes.c_char_p, c_int]
+        cls.lib.fobk_fp8_gemm_split.argtypes = [vp]
+        cls.lib.fobk_fp8_gemm_destroy.argtypes = [vp]
+
+    def __init__(self, x, w, c, kind, sa, sb, tile_n):
+        self.keep = (x, w, c, sa, sb)  # (the device memory the handle points at)
+        self.err = ctypes.create_string_buffer(512)
+        self.h = ctypes.c_void_p()
+        m, k = x.shape
+        n = w.shape[0]
+        if self.lib.fobk_fp8_gemm_create(m, n, k, SCALE_KINDS[kind], x.data_ptr(), w.data_ptr(), c.data_ptr(),
+                                         sa.data_ptr(), sb.data_ptr(), tile_n, 1, ctypes.byref(self.h), self.err,
+                                         512):
+            raise RuntimeError(f"our FP8 GEMM {m}x{n}x{k} 128x{tile_n}: {self.err.value.decode()}")
+        self.split = bool(self.lib.fobk_fp8_gemm_split(self.h))
+
+    def __call__(self):
+        if self.lib.fobk_fp8_gemm_launch(self.h, torch.cuda.current_stream().cuda_stream, self.err, 512):
+            raise RuntimeError(f"our FP8 GEMM: {self.err.value.decode()}")
+
+    def close(self):
+        self.lib.fobk_fp8_gemm_destroy(self.h)
 
 
 def random_e4m3(rows, cols, dev, gen):
@@ -60,6 +110,7 @@ def kernels_of(fn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ours", required=True, help="the lab's bench-fp8 CSV")
+    ap.add_argument("--kernels", help="libflashoverlap_kernel_bench.so: time ours here, in turns with torch")
     ap.add_argument("--out", help="CSV file (default: stdout)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -74,7 +125,10 @@ def main():
         sys.exit(f"scaled_mm.py: no rows in {a.ours}")
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator().manual_seed(1)
+    if a.kernels:
+        OurFp8Gemm.load(a.kernels)
     rows = []
+    wrong = 0
     for r in ours:
         m, n, k, kind = int(r["M"]), int(r["N"]), int(r["K"]), r["scales"]
         x, w = random_e4m3(m, k, dev, gen), random_e4m3(n, k, dev, gen)
@@ -90,18 +144,46 @@ def main():
             return torch._scaled_mm(x, wt, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
 
         kernel = kernels_of(lambda: call(False))
-        slow_ms, fast_ms = device_ms_in_turns([lambda: call(False), lambda: call(True)], a.runs, 5, warmup=a.warmup)
+        lab_ms = float(r["ours_ms"])
+        tile = f"128x{r['ours_tile']}" if r.get("ours_tile") else ""
+        if a.kernels:
+            ref = call(False).float()
+            gemms = []
+            for tile_n in (128, 192):
+                c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n)
+                g()
+                err = ((c.float() - ref).norm() / ref.norm()).item()
+                if not err < 5e-3:  # (bf16's rounding: ~1e-3 between two fp32-summing kernels)
+                    wrong += 1
+                    print(f"WRONG: {m}x{n}x{k} {kind} 128x{tile_n}: ours differs from torch._scaled_mm's by "
+                          f"{err:.2e} (relative L2)", file=sys.stderr, flush=True)
+                gemms.append(g)
+            times = device_ms_in_turns(gemms + [lambda: call(False), lambda: call(True)], a.runs, 5,
+                                       warmup=a.warmup)
+            best = 0 if times[0] <= times[1] else 1
+            ours_ms, (slow_ms, fast_ms) = times[best], times[2:]
+            tile = f"128x{(128, 192)[best]}" + ("/sk" if gemms[best].split else "")
+            for g in gemms:
+                g.close()
+        else:
+            slow_ms, fast_ms = device_ms_in_turns([lambda: call(False), lambda: call(True)], a.runs, 5,
+                                                  warmup=a.warmup)
+            ours_ms = lab_ms
         eager_ms = time_in_turns([lambda: call(False)], a.runs, 5, warmup=a.warmup)[0]
-        ours_ms = float(r["ours_ms"])
         rows.append([m, n, k, kind, f"{ours_ms:.4f}", f"{slow_ms:.4f}", f"{fast_ms:.4f}",
-                     f"{2.0 * m * n * k / ours_ms / 1e9:.1f}", f"{slow_ms / ours_ms:.3f}",
-                     f"128x{r['ours_tile']}" if r.get("ours_tile") else "", f"{eager_ms:.4f}", kernel])
-        print(f"{m}x{n}x{k} {kind}: ours {ours_ms:.4f} ms, _scaled_mm {slow_ms:.4f} ms (fast {fast_ms:.4f}), "
-              f"ratio {slow_ms / ours_ms:.3f}; eager {eager_ms:.4f} ms; {kernel}", file=sys.stderr, flush=True)
+                     f"{2.0 * m * n * k / ours_ms / 1e9:.1f}", f"{slow_ms / ours_ms:.3f}", tile, f"{eager_ms:.4f}",
+                     kernel, f"{lab_ms:.4f}"])
+        print(f"{m}x{n}x{k} {kind}: ours {ours_ms:.4f} ms ({tile}; lab {lab_ms:.4f}), _scaled_mm {slow_ms:.4f} ms "
+              f"(fast {fast_ms:.4f}), ratio {slow_ms / ours_ms:.3f}; eager {eager_ms:.4f} ms; {kernel}",
+              file=sys.stderr, flush=True)
     out = open(a.out, "w", newline="") if a.out else sys.stdout
     out.write(f"# gpu={torch.cuda.get_device_name(dev)}; torch={torch.__version__}; "
-              f"date={datetime.datetime.now().isoformat(timespec='seconds')}; ours from {a.ours} "
-              f"(flashoverlap-lab bench-fp8: our kernel alone); torch._scaled_mm timed behind a GPU sleep (device time)\n")
+              f"date={datetime.datetime.now().isoformat(timespec='seconds')}; "
+              + (f"ours (our kernel alone, libflashoverlap_kernel_bench.so) and torch._scaled_mm timed in this "
+                 f"process in turns, behind a GPU sleep (device time); ours_lab_ms from {a.ours}\n" if a.kernels else
+                 f"ours from {a.ours} (flashoverlap-lab bench-fp8: our kernel alone); torch._scaled_mm timed behind "
+                 f"a GPU sleep (device time)\n"))
     wr = csv.writer(out)
     wr.writerow(COLUMNS)
     wr.writerows(rows)
@@ -110,6 +192,8 @@ def main():
     below = sum(1 for x in at256 if x < 0.90)
     print(f"ratio median {statistics.median(ratios):.3f} over {len(ratios)} rows; min at M >= 256 "
           f"{min(at256) if at256 else float('nan'):.3f}; {below} rows at M >= 256 below 0.90", file=sys.stderr)
+    if wrong:
+        sys.exit(f"scaled_mm.py: {wrong} of our launches differ from torch._scaled_mm's output (above)")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@
 #   never-slower-ab  bench/never_slower.py (this tree's) on OLD_SRC's Python package and library and this build's in
 #                turns, ABBA (AB_ROUNDS; NEVER_SLOWER_AB_ARGS, default a small AllReduce + ReduceScatter set) ->
 #                never-slower-ab/<old|new>-<round><a|b>/ (each run's CSV) and never-slower-ab.log
-#   fp8-ab       bench-fp8 of OLD_CLI (build-old first) and of this build (--stream-k off) in turns, ABBA
-#                (AB_ROUNDS; FP8_AB_ARGS: shapes etc.) -> fp8-ab/<old|new>-<round><a|b>.csv; each row's ours
+#   fp8-ab       bench-fp8 of OLD_CLI (build-old first) and of this build in turns, ABBA (AB_ROUNDS; FP8_AB_ARGS:
+#                shapes etc.; FP8_AB_NEW_ARGS: this build's alone, default --stream-k off, for a tree from before
+#                stream-K) -> fp8-ab/<old|new>-<round><a|b>.csv; each row's ours
 #                against its own run's cuBLASLt
 #   main         the README's main job (build/tools/flashoverlap, all local GPUs)
 #   never-slower-watch  bench/never_slower.py with the ops' call watch off (FLASHOVERLAP_CALL_WATCH=0) and on, in
@@ -28,14 +29,15 @@
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul, both scale kinds, 30
 #                shapes (FP8_ARGS: more arguments, e.g. --tile both: 128x192 beside 128x128 in turns)
-#                -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm on
-#                the same shapes (bench/scaled_mm.py) -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
+#                -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm and ours again, in turns in one process,
+#                on the same shapes (bench/scaled_mm.py --kernels) -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
 #   profile-fp8  Nsight Compute (ncu, if installed) on our FP8 GEMM and cuBLASLt's on one shape (PROFILE_SHAPE,
 #                default 16384x8192x7392; both scale kinds; PROFILE_ARGS: more bench-fp8 arguments, e.g.
 #                --tile 128x192): speed of light, warp stalls, memory -> profile-fp8.txt
-#   fp8-phases   bench-fp8 --phases on PHASES_SHAPES (default six shapes, M = 256 to 16384, per tensor, both
-#                tiles, stream-K on and off): when each launch's CTAs started, put their partials, did their
-#                MMAs and stores, against the launch's time -> fp8-phases.log
+#   fp8-phases   bench-fp8 --phases on PHASES_SHAPES (default six shapes, M = 256 to 16384, per tensor, PHASES_TILE
+#                (default both tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
+#                per grid of PHASES_GRIDS (CTAs; default 0: one per SM): when each launch's CTAs started, put
+#                their partials, did their MMAs and stores, against the launch's time -> fp8-phases.log
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
@@ -287,7 +289,7 @@ for s in "$@"; do
         mkdir -p "$OUT/fp8-ab"
         for r in $(seq "${AB_ROUNDS:-2}"); do
           for side in old:a new:a new:b old:b; do
-            if [ "${side%%:*}" = old ]; then c=${OLD_CLI%% *}; extra=""; else c=$LAB; extra="--stream-k off"; fi
+            if [ "${side%%:*}" = old ]; then c=${OLD_CLI%% *}; extra=""; else c=$LAB; extra=${FP8_AB_NEW_ARGS---stream-k off}; fi
             timeout 400 "$c" bench-fp8 ${FP8_AB_ARGS:-} $extra --csv "$OUT/fp8-ab/${side%%:*}-$r${side##*:}.csv" \
               >>"$OUT/fp8-ab.log" 2>&1 || status=1
           done
@@ -328,7 +330,9 @@ PY
       stage "the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul (lab bench-fp8) -> gemm-fp8-<gpu>.csv"
       tag=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200' | tr A-Z a-z)
       timeout 400 $LAB bench-fp8 --csv "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1
+      # (ours timed again there, in turns with torch in one process: the table's ours_ms)
       PYTHONUNBUFFERED=1 timeout 600 python3 bench/scaled_mm.py --ours "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" \
+        --kernels "$PWD/$BUILD/tools/libflashoverlap_kernel_bench.so" \
         --out "$OUT/gemm-fp8-${tag:-gpu}.csv" 2>&1 | tee -a "$OUT/fp8.log" || status=1
       ;;
     profile-fp8)
@@ -347,9 +351,13 @@ PY
       ;;
     fp8-phases)
       stage "bench-fp8 --phases: the CTAs' start and end against the launch's time -> fp8-phases.log"
-      timeout 300 $LAB bench-fp8 --phases --scales tensor --tile both --stream-k both --warmup 3 --iters 10 \
-        --shapes "${PHASES_SHAPES:-256x1280x8192,256x4608x7168,256x8192x7392,256x8192x1024,2048x8192x7392,16384x8192x7392}" \
-        2>&1 | tee "$OUT/fp8-phases.log" || status=1
+      for grid in ${PHASES_GRIDS:-0}; do  # (0: one CTA per SM)
+        echo "# --grid $grid" >>"$OUT/fp8-phases.log"
+        timeout 300 $LAB bench-fp8 --phases --scales tensor --tile ${PHASES_TILE:-both} --stream-k ${PHASES_SK:-both} --warmup 3 \
+          --iters 10 --grid "$grid" \
+          --shapes "${PHASES_SHAPES:-256x1280x8192,256x4608x7168,256x8192x7392,256x8192x1024,2048x8192x7392,16384x8192x7392}" \
+          2>&1 | tee -a "$OUT/fp8-phases.log" || status=1
+      done
       ;;
     grouped)
       stage "the grouped GEMM against torch._grouped_mm and a cuBLAS loop (bench/grouped_gemm.py) -> grouped-gemm-<gpu>.csv"

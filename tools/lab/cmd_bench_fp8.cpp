@@ -36,9 +36,8 @@
 #include "flashoverlap/error.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "lab/fp8_launch.h"
 #include "lab/lab.h"
-#include "plan/stream_k.h"
-#include "plan/tile_grid.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/checks.h"
 #include "runtime/core/cublas.h"
@@ -66,13 +65,14 @@ struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
   std::string tile = "both";  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)
-  std::string stream_k = "auto";  // off, auto (plan::stream_k_split), or both (timed in turns)
+  std::string stream_k = "auto";  // off, auto (plan::stream_k_split), both (timed in turns), or force
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
   // Launches per timed run, back to back (the time per launch reported):
   // as bench/scaled_mm.py times torch._scaled_mm, so that both sides'
   // launch gaps count alike. 1: each launch alone between its events.
   int calls = 20;
+  int grid = 0;  // CTAs of our launches (0: one per SM)
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
 };
@@ -150,10 +150,11 @@ int run(const Options& o) {
   const std::vector<int> tile_ns = o.tile == "both" ? std::vector<int>{128, 192}
                                    : o.tile == "128x192" ? std::vector<int>{192}
                                                          : std::vector<int>{128};
-  if (o.stream_k != "off" && o.stream_k != "auto" && o.stream_k != "both")
-    throw InvalidArgument("--stream-k: off, auto or both (got '" + o.stream_k + "')");
-  const std::vector<bool> sks = o.stream_k == "both" ? std::vector<bool>{false, true}
-                                : std::vector<bool>{o.stream_k == "auto"};
+  if (o.stream_k != "off" && o.stream_k != "auto" && o.stream_k != "both" && o.stream_k != "force")
+    throw InvalidArgument("--stream-k: off, auto, both or force (got '" + o.stream_k + "')");
+  const bool force = o.stream_k == "force";
+  const std::vector<bool> sks = o.stream_k == "both" || force ? std::vector<bool>{false, true}
+                                                              : std::vector<bool>{o.stream_k == "auto"};
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
   if (!gpu) return 1;
   const rt::DeviceInfo& info = *gpu;
@@ -191,7 +192,8 @@ int run(const Options& o) {
     const rt::DeviceBuffer dsa = rt::to_device(sa), dsb = rt::to_device(sb);
     rt::DeviceBuffer theirs(size_t(m) * n * 2), fast(size_t(m) * n * 2);
     const rt::DeviceBuffer outs[2] = {rt::DeviceBuffer(size_t(m) * n * 2), rt::DeviceBuffer(size_t(m) * n * 2)};
-    rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(info.sms, 192));  // (zero: each launch leaves it so)
+    const int ctas = o.grid > 0 ? o.grid : info.sms;
+    rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(ctas, 192));  // (zero: each launch leaves it so)
     FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
     // C32: the exact inputs' product in fp32 (row-major C = A B^T as column-major C^T = B^T-op * A)
     rt::DeviceBuffer c32(size_t(m) * n * 4), scaled(size_t(m) * n * 4);
@@ -205,10 +207,6 @@ int run(const Options& o) {
                                    CUBLAS_GEMM_DEFAULT));
       FO_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
-    auto schedule = [&](int tile_n) {
-      return plan::make_schedule(m, n, {128, tile_n}, info.sms, plan::Raster::AlongN,
-                                 plan::default_swizzle(info.sms, {128, tile_n}, (m + 127) / 128));
-    };
     const double flop = 2.0 * m * n * double(k);
     for (kernels::Scales kind : kinds) {
       kernels::Fp8 f;
@@ -224,15 +222,12 @@ int run(const Options& o) {
       };
       std::vector<Tile> tiles;
       for (int bn : tile_ns) {
-        const plan::Schedule sched = schedule(bn);
-        const plan::StreamK split = plan::stream_k_split(sched.tiles(), sched.ctas, (k + 127) / 128);
+        const bool splits = fp8_split(fp8_schedule(m, n, bn, ctas), k, force).on();
         for (bool sk : sks) {
-          if (sk && !split.on() && sks.size() > 1) continue;  // (the same launch as off)
-          tiles.push_back({bn, sk && split.on(),
-                           kernels::plain_gemm(kernels::DType::BF16, a.get(), b.get(), sched, k,
-                                               outs[bn == 128 ? 0 : 1].get(), n)});
-          tiles.back().p.fp8 = f;
-          if (tiles.back().sk) tiles.back().p.stream_k = split, tiles.back().p.stream_k_work = work.get();
+          if (sk && !splits && sks.size() > 1) continue;  // (the same launch as off)
+          tiles.push_back({bn, sk && splits,
+                           fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
+                                    sk ? work.get() : nullptr, force)});
         }
       }
       const bool has_lt = lt.takes_fp8(kind);
@@ -352,7 +347,8 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
                   "Our tile: 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
-                  "Stream-K where plan::stream_k_split puts it (auto), never (off), or both timed in turns")
+                  "Stream-K where plan::stream_k_split puts it (auto), never (off), both timed in turns, or force "
+                  "(every grid of fewer tiles than CTAs split, timed beside off: an experiment on the rule)")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "
@@ -364,6 +360,9 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
                   "Launches per timed run, back to back (the time per launch is reported; 1: each alone)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--grid", opts->grid,
+                  "CTAs of our launches (default: one per SM; stream-K splits over these: at most one per SM)")
+      ->check(CLI::Range(0, 1024));
   add_kernel_timing_options(cmd, opts->warmup, opts->iters, opts->device, opts->csv);
   cmd->callback([opts, &rc] { rc = run(*opts); });
 }

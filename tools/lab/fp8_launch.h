@@ -1,0 +1,42 @@
+// fp8_launch.h — the FP8 GEMM launch that bench-fp8 times and that
+// bench/scaled_mm.py times beside torch._scaled_mm in one process
+// (kernel_bench_c.cpp): C (bf16, row-major m x n) = A B^T, e4m3 inputs,
+// 128 x tile_n tiles over every SM, the scales of `f`; stream-K where
+// plan::stream_k_split puts it, if the caller gives a workspace.
+#pragma once
+#include <cstdint>
+
+#include "kernels/gemm.h"
+#include "plan/stream_k.h"
+#include "plan/tile_grid.h"
+
+namespace flashoverlap::cli {
+
+inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t sms) {
+  return plan::make_schedule(m, n, {128, tile_n}, sms, plan::Raster::AlongN,
+                             plan::default_swizzle(sms, {128, tile_n}, int32_t((m + 127) / 128)));
+}
+
+// The split plan::stream_k_split gives this grid (k-blocks of 128); with
+// `force`, every tile split wherever there are fewer tiles than CTAs (an
+// experiment on the rule).
+inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, bool force = false) {
+  const int32_t kbs = int32_t((k + 127) / 128);
+  if (force && s.tiles() < s.ctas && kbs >= 2) return plan::StreamK{s.tiles(), 0, kbs, s.ctas};
+  return plan::stream_k_split(s.tiles(), s.ctas, kbs);
+}
+
+// sk_work: a zeroed workspace of kernels::stream_k_workspace_bytes(sms, 192),
+// or null (every tile whole).
+inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t tile_n, int32_t sms, const void* a,
+                                    const void* b, void* c, const kernels::Fp8& f, void* sk_work,
+                                    bool force_split = false) {
+  const plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
+  kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, s, int32_t(k), c, n);
+  p.fp8 = f;
+  const plan::StreamK split = fp8_split(s, k, force_split);
+  if (sk_work && split.on()) p.stream_k = split, p.stream_k_work = sk_work;
+  return p;
+}
+
+}  // namespace flashoverlap::cli
