@@ -46,8 +46,11 @@ __device__ __forceinline__ void put_partial(const float (&acc)[BN / 2], const St
 template <int BN>
 __device__ __forceinline__ void add_partials(float (&acc)[BN / 2], const StreamKWork& w, const plan::StreamK& sk,
                                              int finisher, int n, int cw, int tid) {
+  // (every CTA holds a share unless there are fewer split k-blocks than CTAs:
+  // has_share's 64-bit divisions only then)
+  const bool all_share = sk.iterations() >= sk.ctas;
   for (int j = tid + 1; j <= n; j += 128) {  // (thread t: contributors t + 1, t + 129, ...)
-    if (!sk.has_share(finisher - j)) continue;
+    if (!all_share && !sk.has_share(finisher - j)) continue;
     uint32_t* flag = w.flags + (finisher - j) * 2 + cw;
     uint32_t backoff = 32;
     while (ptx::ld_acquire_gpu(flag) == 0) {
@@ -58,7 +61,7 @@ __device__ __forceinline__ void add_partials(float (&acc)[BN / 2], const StreamK
   }
   ptx::named_barrier_sync(1 + cw, 128);
   for (int j = 1; j <= n; ++j) {
-    if (!sk.has_share(finisher - j)) continue;
+    if (!all_share && !sk.has_share(finisher - j)) continue;
     const float* slot = w.partials + (int64_t(finisher - j) * 2 + cw) * (BN / 2) * 128;
 #pragma unroll
     for (int e = 0; e < BN / 2; ++e) acc[e] += __ldcg(slot + e * 128 + tid);  // (L2: not this SM's L1)
