@@ -30,7 +30,8 @@
 #   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul, both scale kinds, 30
 #                shapes (FP8_ARGS: more arguments, e.g. --tile both: 128x192 beside 128x128 in turns)
 #                -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm and ours again, in turns in one process,
-#                on the same shapes (bench/scaled_mm.py --kernels) -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
+#                on the same shapes (bench/scaled_mm.py --kernels; SCALED_MM_ARGS: more arguments, e.g. --in-step)
+#                -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
 #   profile-fp8  Nsight Compute (ncu, if installed) on our FP8 GEMM and cuBLASLt's on one shape (PROFILE_SHAPE,
 #                default 16384x8192x7392; both scale kinds; PROFILE_ARGS: more bench-fp8 arguments, e.g.
 #                --tile 128x192): speed of light, warp stalls, memory -> profile-fp8.txt
@@ -332,7 +333,7 @@ PY
       timeout 400 $LAB bench-fp8 --csv "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8.log" || status=1
       # (ours timed again there, in turns with torch in one process: the table's ours_ms)
       PYTHONUNBUFFERED=1 timeout 600 python3 bench/scaled_mm.py --ours "$OUT/gemm-fp8-lab-${tag:-gpu}.csv" \
-        --kernels "$PWD/$BUILD/tools/libflashoverlap_kernel_bench.so" \
+        --kernels "$PWD/$BUILD/tools/libflashoverlap_kernel_bench.so" ${SCALED_MM_ARGS:-} \
         --out "$OUT/gemm-fp8-${tag:-gpu}.csv" 2>&1 | tee -a "$OUT/fp8.log" || status=1
       ;;
     profile-fp8)

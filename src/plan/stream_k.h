@@ -99,4 +99,14 @@ inline StreamK stream_k_split(int32_t tiles, int32_t ctas, int32_t k_blocks) {
   return s;
 }
 
+// The grid on which a split walks K in step: tiles * S CTAs (S = ctas /
+// tiles shares a tile), where the j-th share of every tile starts at the
+// same k-block (k_blocks * j / S), so that the CTAs holding the j-th shares
+// read the same k-blocks of A (and B) at about the same time, as whole
+// tiles do; `ctas` where not even one CTA a tile fits.
+inline int32_t stream_k_in_step_ctas(int32_t tiles, int32_t ctas) {
+  if (tiles <= 0 || tiles > ctas) return ctas;
+  return tiles * (ctas / tiles);
+}
+
 }  // namespace flashoverlap::plan

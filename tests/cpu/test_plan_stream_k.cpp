@@ -2,8 +2,9 @@
 // of every tile computed exactly once; one finisher per tile, holding its
 // k-block 0 and the contributors the kernel waits for, in k order; a CTA
 // leaves at most one partial (its share's first piece) and waits only at
-// its last piece, for CTAs of lower index (no wait cycle); and the split
-// rule: on where a wave is mostly idle, off where waves are full.
+// its last piece, for CTAs of lower index (no wait cycle); the split
+// rule: on where a wave is mostly idle, off where waves are full; and the
+// in-step grid, whose shares start at the same k-block in every tile.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,5 +121,36 @@ TEST(PlanStreamK, SplitOnlyWhereTheTilesFillAtMostHalfTheCtas) {
     EXPECT_LE(2 * tiles, ctas);
     // Each CTA's share and the partials' cost stay 5% under a whole tile's k-blocks.
     EXPECT_LE(double(s.iterations()) / ctas + 4, 0.95 * kbs) << tiles << " tiles, " << ctas << " ctas, " << kbs;
+  }
+}
+
+TEST(PlanStreamK, TheInStepGridStartsEachTilesJthShareAtTheSameKBlock) {
+  EXPECT_EQ(fp::stream_k_in_step_ctas(20, 132), 120);
+  EXPECT_EQ(fp::stream_k_in_step_ctas(60, 132), 120);
+  EXPECT_EQ(fp::stream_k_in_step_ctas(132, 132), 132);
+  EXPECT_EQ(fp::stream_k_in_step_ctas(133, 132), 132);  // (no split fits: the grid as given)
+  FO_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int ctas = std::uniform_int_distribution<int>(1, 140)(rng);
+    const int tiles = std::uniform_int_distribution<int>(1, ctas)(rng);
+    const int kbs = std::uniform_int_distribution<int>(1, 80)(rng);
+    const int grid = fp::stream_k_in_step_ctas(tiles, ctas);
+    SCOPED_TRACE(::testing::Message() << "tiles " << tiles << ", ctas " << ctas << ", k-blocks " << kbs);
+    ASSERT_LE(grid, ctas);
+    ASSERT_EQ(grid % tiles, 0);
+    ASSERT_GT(grid + tiles, ctas);  // (as many shares a tile as fit)
+    const fp::StreamK sk{tiles, 0, kbs, grid};
+    check_walks(sk);
+    if (HasFatalFailure()) return;
+    // Each CTA's first piece: (tile, its k-block); CTAs in reverse order
+    // take the shares, so share n is CTA grid - 1 - n.
+    const int shares = grid / tiles;
+    for (int n = 0; n < grid; ++n) {
+      fp::PieceWalk walk(sk, grid - 1 - n);
+      fp::Piece w;
+      if (!walk.next(w)) continue;  // (an empty share: more CTAs than k-blocks)
+      EXPECT_EQ(w.idx, n / shares) << "share " << n;
+      EXPECT_EQ(w.kb0, int64_t(kbs) * (n % shares) / shares) << "share " << n;
+    }
   }
 }

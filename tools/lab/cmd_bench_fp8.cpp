@@ -65,7 +65,7 @@ struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
   std::string tile = "both";  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)
-  std::string stream_k = "auto";  // off, auto (plan::stream_k_split), both (timed in turns), or force
+  std::string stream_k = "auto";  // off, auto (plan::stream_k_split), both (timed in turns), force or instep
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
   // Launches per timed run, back to back (the time per launch reported):
@@ -150,11 +150,12 @@ int run(const Options& o) {
   const std::vector<int> tile_ns = o.tile == "both" ? std::vector<int>{128, 192}
                                    : o.tile == "128x192" ? std::vector<int>{192}
                                                          : std::vector<int>{128};
-  if (o.stream_k != "off" && o.stream_k != "auto" && o.stream_k != "both" && o.stream_k != "force")
-    throw InvalidArgument("--stream-k: off, auto, both or force (got '" + o.stream_k + "')");
-  const bool force = o.stream_k == "force";
-  const std::vector<bool> sks = o.stream_k == "both" || force ? std::vector<bool>{false, true}
-                                                              : std::vector<bool>{o.stream_k == "auto"};
+  if (o.stream_k != "off" && o.stream_k != "auto" && o.stream_k != "both" && o.stream_k != "force" &&
+      o.stream_k != "instep")
+    throw InvalidArgument("--stream-k: off, auto, both, force or instep (got '" + o.stream_k + "')");
+  const bool force = o.stream_k == "force", in_step = o.stream_k == "instep";
+  const std::vector<bool> sks = o.stream_k == "both" || force || in_step ? std::vector<bool>{false, true}
+                                                                         : std::vector<bool>{o.stream_k == "auto"};
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
   if (!gpu) return 1;
   const rt::DeviceInfo& info = *gpu;
@@ -227,7 +228,7 @@ int run(const Options& o) {
           if (sk && !splits && sks.size() > 1) continue;  // (the same launch as off)
           tiles.push_back({bn, sk && splits,
                            fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
-                                    sk ? work.get() : nullptr, force)});
+                                    sk ? work.get() : nullptr, force, in_step)});
         }
       }
       const bool has_lt = lt.takes_fp8(kind);
@@ -347,8 +348,9 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
                   "Our tile: 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
-                  "Stream-K where plan::stream_k_split puts it (auto), never (off), both timed in turns, or force "
-                  "(every grid of fewer tiles than CTAs split, timed beside off: an experiment on the rule)")
+                  "Stream-K where plan::stream_k_split puts it (auto), never (off), both timed in turns; "
+                  "experiments, each timed beside off: force (every grid of fewer tiles than CTAs split) or instep "
+                  "(auto's splits on plan::stream_k_in_step_ctas' grid)")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "

@@ -27,11 +27,14 @@ inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, bool force = 
 }
 
 // sk_work: a zeroed workspace of kernels::stream_k_workspace_bytes(sms, 192),
-// or null (every tile whole).
+// or null (every tile whole). in_step: a split runs on the in-step grid
+// (plan::stream_k_in_step_ctas) instead of all `sms` CTAs.
 inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t tile_n, int32_t sms, const void* a,
                                     const void* b, void* c, const kernels::Fp8& f, void* sk_work,
-                                    bool force_split = false) {
-  const plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
+                                    bool force_split = false, bool in_step = false) {
+  plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
+  if (sk_work && in_step && fp8_split(s, k, force_split).on())
+    s = fp8_schedule(m, n, tile_n, plan::stream_k_in_step_ctas(s.tiles(), sms));
   kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, s, int32_t(k), c, n);
   p.fp8 = f;
   const plan::StreamK split = fp8_split(s, k, force_split);
