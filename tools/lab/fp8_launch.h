@@ -1,7 +1,7 @@
 // fp8_launch.h — the FP8 GEMM launch that bench-fp8 times and that
 // bench/scaled_mm.py times beside torch._scaled_mm in one process
 // (kernel_bench_c.cpp): C (bf16, row-major m x n) = A B^T, e4m3 inputs,
-// 128 x tile_n tiles over every SM, the scales of `f`; stream-K where
+// 128 x tile_n tiles, one CTA per SM, the scales of `f`; stream-K where
 // plan::stream_k_split puts it, if the caller gives a workspace.
 #pragma once
 #include <cstdint>
@@ -33,11 +33,13 @@ inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t til
                                     const void* b, void* c, const kernels::Fp8& f, void* sk_work,
                                     bool force_split = false, bool in_step = false) {
   plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
-  if (sk_work && in_step && fp8_split(s, k, force_split).on())
+  plan::StreamK split = fp8_split(s, k, force_split);
+  if (sk_work && in_step && split.on()) {  // (the same split, over fewer CTAs)
     s = fp8_schedule(m, n, tile_n, plan::stream_k_in_step_ctas(s.tiles(), sms));
+    split.ctas = s.ctas;
+  }
   kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, s, int32_t(k), c, n);
   p.fp8 = f;
-  const plan::StreamK split = fp8_split(s, k, force_split);
   if (sk_work && split.on()) p.stream_k = split, p.stream_k_work = sk_work;
   return p;
 }
