@@ -246,6 +246,10 @@ struct GemmParams {
   // default): every tile whole.
   plan::StreamK stream_k;
   void* stream_k_work = nullptr;
+  // Launched as a programmatic dependent launch: the launch and the CTAs'
+  // set-up overlap the end of the kernel before it on the stream, whose
+  // memory the CTAs wait for before touching any. Off: a plain launch.
+  bool pdl = false;
 };
 
 // A stream-K workspace: the flags first, in a region of fixed size (so

@@ -33,6 +33,22 @@ template <int BN, typename T, typename TIn = T>
 auto kernel_for(bool split) {
   return split ? kernel_for<BN, T, TIn, true>() : kernel_for<BN, T, TIn, false>();
 }
+// kernel<<<grid, block, smem, stream>>>(args...), or with pdl the same as a
+// programmatic dependent launch (GemmParams::pdl).
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, dim3 grid, dim3 block, int smem, cudaStream_t stream, bool pdl, const Args&... args) {
+  if (!pdl) {
+    kernel<<<grid, block, smem, stream>>>(args...);
+    return;
+  }
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = size_t(smem), cfg.stream = stream;
+  cfg.attrs = &attr, cfg.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, args...);  // (its error: the caller's cudaGetLastError)
+}
 template <int BN>
 constexpr int smem_for() {
   return GemmSmem<BN, kStagesOf<BN>>::kDynamicBytes;
@@ -330,38 +346,32 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
                                         : kernel_for<192, __half, __nv_fp8_e4m3>(split))
                                   : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split)
                                         : kernel_for<128, __half, __nv_fp8_e4m3>(split));
-    kernel<<<grid, block, bn == 192 ? smem_for<192>() : smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
+    launch(kernel, grid, block, bn == 192 ? smem_for<192>() : smem_for<128>(), stream, p.pdl, ma, mb, mc, mw, mp, mq,
+           kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
   if (gemm_four_stages(p) && p.owner.rank >= 0 && p.owner.walk == OwnerWalk::Ranges) {
     if (p.dtype == DType::BF16)
-      pieces_kernel<__nv_bfloat16, true>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
+      launch(pieces_kernel<__nv_bfloat16, true>(), grid, block, kPiecesSmem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
     else
-      pieces_kernel<__half, true>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
+      launch(pieces_kernel<__half, true>(), grid, block, kPiecesSmem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
   if (gemm_four_stages(p)) {
     if (p.dtype == DType::BF16)
-      pieces_kernel<__nv_bfloat16>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
+      launch(pieces_kernel<__nv_bfloat16>(), grid, block, kPiecesSmem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
     else
-      pieces_kernel<__half>()<<<grid, block, kPiecesSmem, stream>>>(ma, mb, mc, mw, mp, mq, kp);
+      launch(pieces_kernel<__half>(), grid, block, kPiecesSmem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
   const bool split = p.stream_k.on();
-  if (p.dtype == DType::BF16) {
-    if (bn == 256)
-      kernel_for<256, __nv_bfloat16>(split)<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
-    else
-      kernel_for<128, __nv_bfloat16>(split)<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
-  } else {
-    if (bn == 256)
-      kernel_for<256, __half>(split)<<<grid, block, smem_for<256>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
-    else
-      kernel_for<128, __half>(split)<<<grid, block, smem_for<128>(), stream>>>(ma, mb, mc, mw, mp, mq, kp);
-  }
+  const auto kernel = p.dtype == DType::BF16
+                          ? (bn == 256 ? kernel_for<256, __nv_bfloat16>(split) : kernel_for<128, __nv_bfloat16>(split))
+                          : (bn == 256 ? kernel_for<256, __half>(split) : kernel_for<128, __half>(split));
+  launch(kernel, grid, block, bn == 256 ? smem_for<256>() : smem_for<128>(), stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
   FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }
 

@@ -143,6 +143,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     for (int h = 0; h < 2; ++h) ptx::mbar_init(&p_ready[h], 1);
     ptx::fence_barrier_init();
   }
+  // A launch with GemmParams::pdl may start while the kernel before it on
+  // the stream still runs: no global memory is touched above this. The next
+  // such launch may then be scheduled; its CTAs take SMs only as this grid's
+  // leave (one CTA fills an SM's shared memory) and wait here in turn.
+  ptx::griddep_wait();
+  if (threadIdx.x == 0) ptx::griddep_launch_dependents();
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.owner.claims_reset) *p.owner.claims_reset = 0;
   __syncthreads();
 

@@ -180,6 +180,63 @@ TEST(Gemm, OddLeadingDimensionAndTinyN) {
   }
 }
 
+// Programmatic dependent launches (GemmParams::pdl), back to back on one
+// stream with no sync: a GEMM that reads as A the C of the GEMM just before
+// it gives, bitwise, the C of the same two launched plainly (each waits for
+// the memory of the kernel before; without the wait the second, scheduled
+// as the first's CTAs leave, would read C tiles not yet written); stream-K
+// launches on one workspace give each the plain launch's C and leave the
+// flags zero.
+TEST(Gemm, ProgrammaticDependentLaunchesWaitForTheKernelBefore) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  const DType dt = DType::BF16;
+  const int m = 4096, n = 4096, k = 4096, n2 = 1024;
+  Problem pr(dt, m, n, k, seed, false);
+  DeviceBuffer b2(size_t(n2) * n * 2), c1(size_t(m) * n * 2), c2(size_t(m) * n2 * 2), r1(c1.bytes()), r2(c2.bytes());
+  kernels::fill_random(dt, b2.get(), int64_t(n2) * n, seed + 7, -1.f, 1.f, nullptr);
+  auto chain = [&](void* out1, void* out2, bool pdl, cudaStream_t stream) {
+    kernels::GemmParams p1 =
+        kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), make_sched(m, n, 128, 256, 132), k, out1, n);
+    kernels::GemmParams p2 = kernels::plain_gemm(dt, out1, b2.get(), make_sched(m, n2, 128, 128, 132), n, out2, n2);
+    p1.pdl = p2.pdl = pdl;
+    kernels::launch_gemm(p1, stream);
+    kernels::launch_gemm(p2, stream);
+  };
+  chain(r1.get(), r2.get(), false, nullptr);
+  FO_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t stream;
+  FO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int round = 0; round < 3; ++round) {
+    kernels::poison(c1.get(), int64_t(m) * n, stream);
+    kernels::poison(c2.get(), int64_t(m) * n2, stream);
+    chain(c1.get(), c2.get(), true, stream);
+    FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(test::bitwise(kernels::compare(dt, c1.get(), n, r1.get(), n, m, n, nullptr))) << "round " << round;
+    EXPECT_TRUE(test::bitwise(kernels::compare(dt, c2.get(), n2, r2.get(), n2, m, n2, nullptr)))
+        << "round " << round << ": the second GEMM read its A before the first had written it";
+  }
+  // Stream-K, 20 tiles split over 132 CTAs, launched 4 times back to back.
+  const int ms = 256, ns = 1280;
+  const plan::Schedule s = make_sched(ms, ns, 128, 128, 132);
+  DeviceBuffer work(kernels::stream_k_workspace_bytes(132, 128)), cs(size_t(ms) * ns * 2), rs(cs.bytes());
+  FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
+  kernels::GemmParams q = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, k, rs.get(), ns);
+  q.stream_k = plan::StreamK{s.tiles(), 0, k / 64, 132};
+  q.stream_k_work = work.get();
+  kernels::launch_gemm(q, stream);
+  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  q.c = cs.get(), q.pdl = true;
+  for (int i = 0; i < 4; ++i) kernels::launch_gemm(q, stream);
+  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(test::bitwise(kernels::compare(dt, cs.get(), ns, rs.get(), ns, ms, ns, nullptr)));
+  std::vector<uint32_t> flags(132 * 2, 1);
+  FO_CUDA_CHECK(cudaMemcpy(flags.data(), work.get(), flags.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "a flag left up";
+  FO_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 // The tile monitor records every tile without changing C, and its summary
 // reads an SM clock no Hopper exceeds, with cycles per tile no fewer than the
 // tensor cores' peak allows (dense bf16: 4096 flops per SM per cycle on
