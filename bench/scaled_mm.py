@@ -53,7 +53,8 @@ SCALE_KINDS = {"none": 0, "tensor": 1, "row": 2}
 class OurFp8Gemm:
     """Our FP8 GEMM alone (libflashoverlap_kernel_bench.so) into c, on the
     current stream: C = scale(x w^T), 128 x tile_n tiles, stream-K where the
-    lab's rule puts it (stream_k 1; 2: on the in-step grid; 0: never)."""
+    lab's rule puts it (stream_k 1; 2: on the in-step grid; 0: never); pdl:
+    as programmatic dependent launches."""
 
     lib = None
 
@@ -61,21 +62,21 @@ class OurFp8Gemm:
     def load(cls, path):
         cls.lib = ctypes.CDLL(path)
         vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        cls.lib.fobk_fp8_gemm_create.argtypes = [i64, i64, i64, c_int, vp, vp, vp, vp, vp, c_int, c_int,
+        cls.lib.fobk_fp8_gemm_create.argtypes = [i64, i64, i64, c_int, vp, vp, vp, vp, vp, c_int, c_int, c_int,
                                                  ctypes.POINTER(vp), ctypes.c_char_p, c_int]
         cls.lib.fobk_fp8_gemm_launch.argtypes = [vp, vp, ctypes.c_char_p, c_int]
         cls.lib.fobk_fp8_gemm_split.argtypes = [vp]
         cls.lib.fobk_fp8_gemm_destroy.argtypes = [vp]
 
-    def __init__(self, x, w, c, kind, sa, sb, tile_n, stream_k=1):
+    def __init__(self, x, w, c, kind, sa, sb, tile_n, stream_k=1, pdl=False):
         self.keep = (x, w, c, sa, sb)  # (the device memory the handle points at)
         self.err = ctypes.create_string_buffer(512)
         self.h = ctypes.c_void_p()
         m, k = x.shape
         n = w.shape[0]
         if self.lib.fobk_fp8_gemm_create(m, n, k, SCALE_KINDS[kind], x.data_ptr(), w.data_ptr(), c.data_ptr(),
-                                         sa.data_ptr(), sb.data_ptr(), tile_n, stream_k, ctypes.byref(self.h), self.err,
-                                         512):
+                                         sa.data_ptr(), sb.data_ptr(), tile_n, stream_k, int(pdl),
+                                         ctypes.byref(self.h), self.err, 512):
             raise RuntimeError(f"our FP8 GEMM {m}x{n}x{k} 128x{tile_n}: {self.err.value.decode()}")
         self.split = bool(self.lib.fobk_fp8_gemm_split(self.h))
 
@@ -113,6 +114,8 @@ def main():
     ap.add_argument("--kernels", help="libflashoverlap_kernel_bench.so: time ours here, in turns with torch")
     ap.add_argument("--in-step", action="store_true",
                     help="with --kernels: ours' stream-K splits on plan::stream_k_in_step_ctas' grid")
+    ap.add_argument("--pdl", action="store_true",
+                    help="with --kernels: ours launched as programmatic dependent launches")
     ap.add_argument("--out", help="CSV file (default: stdout)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -153,7 +156,8 @@ def main():
             gemms = []
             for tile_n in (128, 192):
                 c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, 2 if a.in_step else 1)
+                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, 2 if a.in_step else 1,
+                               a.pdl)
                 g()
                 err = ((c.float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3:  # (bf16's rounding: ~1e-3 between two fp32-summing kernels)

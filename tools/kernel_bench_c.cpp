@@ -38,11 +38,12 @@ extern "C" {
 // e4m3, row-major. scales: 0 none, 1 per tensor (scale_a, scale_b: one fp32
 // each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 128 or 192. stream_k:
 // 0 never split; 1 split where plan::stream_k_split puts it; 2 the same on
-// plan::stream_k_in_step_ctas' grid. On the current device; *out: the
-// handle. Returns 0, or 1 with the reason in err.
+// plan::stream_k_in_step_ctas' grid. pdl: nonzero to launch as a
+// programmatic dependent launch (GemmParams::pdl). On the current device;
+// *out: the handle. Returns 0, or 1 with the reason in err.
 int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void* a, const void* b, void* c,
-                         const float* scale_a, const float* scale_b, int tile_n, int stream_k, void** out, char* err,
-                         int err_len) {
+                         const float* scale_a, const float* scale_b, int tile_n, int stream_k, int pdl, void** out,
+                         char* err, int err_len) {
   try {
     if (scales < 0 || scales > 2) return fail(err, err_len, "scales: 0 (none), 1 (per tensor) or 2 (row-wise)");
     if (stream_k < 0 || stream_k > 2) return fail(err, err_len, "stream_k: 0 (off), 1 (the rule) or 2 (in step)");
@@ -60,6 +61,7 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
         return fail(err, err_len, "cannot allocate stream-K's workspace");
     }
     g->p = fo::cli::fp8_gemm(m, n, k, tile_n, sms, a, b, c, f, g->work, false, stream_k == 2);
+    g->p.pdl = pdl != 0;
     fo::kernels::check_gemm_params(g->p);
     *out = g.release();
     return 0;

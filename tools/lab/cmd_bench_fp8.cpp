@@ -73,6 +73,7 @@ struct Options {
   // launch gaps count alike. 1: each launch alone between its events.
   int calls = 20;
   int grid = 0;  // CTAs of our launches (0: one per SM)
+  std::string pdl = "off";  // our launches as programmatic dependent launches: off, on, or both (timed in turns)
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
 };
@@ -154,6 +155,9 @@ int run(const Options& o) {
       o.stream_k != "instep")
     throw InvalidArgument("--stream-k: off, auto, both, force or instep (got '" + o.stream_k + "')");
   const bool force = o.stream_k == "force", in_step = o.stream_k == "instep";
+  if (o.pdl != "off" && o.pdl != "on" && o.pdl != "both")
+    throw InvalidArgument("--pdl: off, on or both (got '" + o.pdl + "')");
+  const std::vector<bool> pdls = o.pdl == "both" ? std::vector<bool>{false, true} : std::vector<bool>{o.pdl == "on"};
   const std::vector<bool> sks = o.stream_k == "both" || force || in_step ? std::vector<bool>{false, true}
                                                                          : std::vector<bool>{o.stream_k == "auto"};
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
@@ -170,7 +174,7 @@ int run(const Options& o) {
     if (!csv) throw Error("cannot write " + o.csv);
     csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,"
            "ours_tile,ours_128_ms,ours_192_ms,ours_stream_k"
-        << (sks.size() > 1 ? ",variants" : "") << "\n";
+        << (sks.size() > 1 || o.pdl == "both" ? ",variants" : "") << "\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
             << "ours_ms" << std::setw(6) << "tile" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms"
@@ -218,6 +222,7 @@ int run(const Options& o) {
         int bn;
         bool sk;
         kernels::GemmParams p;
+        std::string label() const { return std::to_string(bn) + (sk ? "/sk" : "") + (p.pdl ? "/pdl" : ""); }
         double err = 0, ms = 0;
         std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
       };
@@ -226,9 +231,12 @@ int run(const Options& o) {
         const bool splits = fp8_split(fp8_schedule(m, n, bn, ctas), k, force).on();
         for (bool sk : sks) {
           if (sk && !splits && sks.size() > 1) continue;  // (the same launch as off)
-          tiles.push_back({bn, sk && splits,
-                           fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
-                                    sk ? work.get() : nullptr, force, in_step)});
+          for (bool pdl : pdls) {
+            tiles.push_back({bn, sk && splits,
+                             fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
+                                      sk ? work.get() : nullptr, force, in_step)});
+            tiles.back().p.pdl = pdl;
+          }
         }
       }
       const bool has_lt = lt.takes_fp8(kind);
@@ -270,7 +278,7 @@ int run(const Options& o) {
       for (rt::TimingStats& st : stats) st.median_ms /= calls;  // (per launch)
       for (size_t i = 0; i < tiles.size(); ++i) tiles[i].ms = stats[i].median_ms;
       if (o.phases)
-        for (const Tile& t : tiles) print_phases(t.p, std::to_string(t.bn) + (t.sk ? "/sk" : ""), stream);
+        for (const Tile& t : tiles) print_phases(t.p, t.label(), stream);
       size_t best = 0;
       for (size_t i = 1; i < tiles.size(); ++i)
         if (tiles[i].ms < tiles[best].ms) best = i;
@@ -294,9 +302,9 @@ int run(const Options& o) {
       else std::cout << "-";
       std::cout << std::scientific << std::setprecision(2) << "   err " << ours.err;
       if (has_lt) std::cout << " / " << err_lt << " / " << err_fast;
-      std::string variants;  // (each tile and stream-K: bn[/sk]=ms)
+      std::string variants;  // (each tile, stream-K and PDL: bn[/sk][/pdl]=ms)
       for (const Tile& t : tiles)
-        variants += (variants.empty() ? "" : ";") + std::to_string(t.bn) + (t.sk ? "/sk" : "") + "=" +
+        variants += (variants.empty() ? "" : ";") + t.label() + "=" +
                     (std::ostringstream() << std::setprecision(4) << t.ms).str();
       if (tiles.size() > 1) std::cout << "   " << variants;
       else if (ours.sk) std::cout << "   stream-K";
@@ -320,7 +328,7 @@ int run(const Options& o) {
         else csv << ",";
         csv << "," << ours.bn << "," << ms_of(128) << "," << ms_of(192);
         csv << "," << ours.sk;
-        if (sks.size() > 1) csv << "," << variants;
+        if (sks.size() > 1 || o.pdl == "both") csv << "," << variants;
         csv << "\n";
       }
     }
@@ -362,6 +370,10 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
                   "Launches per timed run, back to back (the time per launch is reported; 1: each alone)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--pdl", opts->pdl,
+                  "Our launches as programmatic dependent launches (the launch and set-up overlap the kernel "
+                  "before): off, on, or both timed in turns")
+      ->capture_default_str();
   cmd->add_option("--grid", opts->grid,
                   "CTAs of our launches (default: one per SM; stream-K splits over these: at most one per SM)")
       ->check(CLI::Range(0, 1024));
