@@ -88,16 +88,7 @@ void print_phases(kernels::GemmParams p, const std::string& label, cudaStream_t 
   rt::DeviceBuffer buf(size_t(ctas) * kernels::kPhaseSlots * sizeof(uint64_t));
   FO_CUDA_CHECK(cudaMemsetAsync(buf.get(), 0, buf.bytes(), stream));
   p.monitor_phases = buf.as<uint64_t>();
-  cudaEvent_t e0, e1;
-  FO_CUDA_CHECK(cudaEventCreate(&e0));
-  FO_CUDA_CHECK(cudaEventCreate(&e1));
-  FO_CUDA_CHECK(cudaEventRecord(e0, stream));
-  kernels::launch_gemm(p, stream);
-  FO_CUDA_CHECK(cudaEventRecord(e1, stream));
-  FO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  float ms = 0;
-  FO_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  (void)cudaEventDestroy(e0), (void)cudaEventDestroy(e1);
+  const double ms = rt::time_on_stream([&] { kernels::launch_gemm(p, stream); }, stream, 0, 1, false).median_ms;
   std::vector<uint64_t> v(size_t(ctas) * kernels::kPhaseSlots);
   FO_CUDA_CHECK(cudaMemcpy(v.data(), buf.get(), v.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   uint64_t t0 = ~uint64_t(0);
