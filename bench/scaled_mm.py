@@ -20,8 +20,8 @@ as torch's calls (both tiles, stream-K where the lab's rule puts it; ours
 the faster tile), each of its outputs first checked against
 torch._scaled_mm's: one process, one timing, the same duty cycle, so the
 GPU's clocks and power state are the same for both (the lab runs its
-variants back to back without pause, which at M >= 2048 lowers the clocks
-by 5-15% against a sleep-separated run); the lab's time stays beside it
+variants back to back without pause, and a GPU kept busy runs slower than
+one given pauses: docs/results.md §4e.2); the lab's time stays beside it
 (ours_lab_ms). Scales as torch takes them: per tensor one fp32 each; row-wise
 scale_a [M, 1] and scale_b [1, N]. Inputs random e4m3 in +-[1/8, 4] (as the
 lab's), scales in [0.5, 2].
