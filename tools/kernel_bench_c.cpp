@@ -38,7 +38,8 @@ extern "C" {
 // e4m3, row-major. scales: 0 none, 1 per tensor (scale_a, scale_b: one fp32
 // each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 128 or 192. stream_k:
 // 0 never split; 1 split where plan::stream_k_split puts it; 2 the same on
-// plan::stream_k_in_step_ctas' grid. pdl: nonzero to launch as a
+// plan::stream_k_in_step_ctas' grid; 3 that with the sliced fixup
+// (plan::stream_k_sliced) where it applies. pdl: nonzero to launch as a
 // programmatic dependent launch (GemmParams::pdl). On the current device;
 // *out: the handle. Returns 0, or 1 with the reason in err.
 int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void* a, const void* b, void* c,
@@ -46,7 +47,11 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
                          char* err, int err_len) {
   try {
     if (scales < 0 || scales > 2) return fail(err, err_len, "scales: 0 (none), 1 (per tensor) or 2 (row-wise)");
-    if (stream_k < 0 || stream_k > 2) return fail(err, err_len, "stream_k: 0 (off), 1 (the rule) or 2 (in step)");
+    if (stream_k < 0 || stream_k > 3)
+      return fail(err, err_len, "stream_k: 0 (off), 1 (the rule), 2 (in step) or 3 (in step, sliced)");
+    using fo::cli::Split;
+    const Split mode = stream_k == 0 ? Split::Off : stream_k == 1 ? Split::Rule : stream_k == 2 ? Split::InStep
+                                                                                              : Split::Sliced;
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
@@ -55,12 +60,12 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
     f.on = true, f.scales = fo::kernels::Scales(scales);
     if (scales != 0) f.scale_a = scale_a, f.scale_b = scale_b;
     auto g = std::make_unique<Fp8Gemm>();
-    if (stream_k && fo::cli::fp8_split(fo::cli::fp8_schedule(m, n, tile_n, sms), k).on()) {
+    if (fo::cli::fp8_split(fo::cli::fp8_schedule(m, n, tile_n, sms), k, mode).on()) {
       const size_t bytes = fo::kernels::stream_k_workspace_bytes(sms, 192);
       if (cudaMalloc(&g->work, bytes) != cudaSuccess || cudaMemset(g->work, 0, bytes) != cudaSuccess)
         return fail(err, err_len, "cannot allocate stream-K's workspace");
     }
-    g->p = fo::cli::fp8_gemm(m, n, k, tile_n, sms, a, b, c, f, g->work, false, stream_k == 2);
+    g->p = fo::cli::fp8_gemm(m, n, k, tile_n, sms, a, b, c, f, g->work, mode);
     g->p.pdl = pdl != 0;
     fo::kernels::check_gemm_params(g->p);
     *out = g.release();

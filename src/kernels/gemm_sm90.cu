@@ -17,16 +17,20 @@ namespace flashoverlap::kernels {
 namespace {
 
 // Stages per tile configuration: as many as fit next to the epilogue buffer
-// in the 227 KB of shared memory a CTA may use.
-constexpr int kStages256 = 3;  // 3 x 48 KB + 64 KB
-constexpr int kStages128 = 5;  // 5 x 32 KB + 32 KB
-constexpr int kStages192 = 4;  // 4 x 40 KB + 48 KB (FP8)
-template <int BN>
-constexpr int kStagesOf = BN == 256 ? kStages256 : BN == 192 ? kStages192 : kStages128;
+// (and, 16-bit, the owner layout's staging) in the 227 KB a CTA may use.
+constexpr int kStages256 = 3;      // 3 x 48 KB + 64 KB
+constexpr int kStages128 = 5;      // 5 x 32 KB + 32 KB
+constexpr int kStages128Fp8 = 6;   // 6 x 32 KB + 32 KB (no owner staging)
+constexpr int kStages192 = 4;      // 4 x 40 KB + 48 KB (FP8)
+template <int BN, typename TIn>
+constexpr int kStagesOf = BN == 256                                ? kStages256
+                          : BN == 192                              ? kStages192
+                          : std::is_same_v<TIn, __nv_fp8_e4m3> ? kStages128Fp8
+                                                                   : kStages128;
 
 template <int BN, typename T, typename TIn = T, bool kSplit = false>
 auto kernel_for() {
-  return &gemm_sm90_kernel<BN, kStagesOf<BN>, T, false, false, TIn, kSplit>;
+  return &gemm_sm90_kernel<BN, kStagesOf<BN, TIn>, T, false, false, TIn, kSplit>;
 }
 // The kernel of a tile, output and input type, with or without stream-K.
 template <int BN, typename T, typename TIn = T>
@@ -49,9 +53,10 @@ void launch(Kernel kernel, dim3 grid, dim3 block, int smem, cudaStream_t stream,
   cfg.attrs = &attr, cfg.numAttrs = 1;
   (void)cudaLaunchKernelEx(&cfg, kernel, args...);  // (its error: the caller's cudaGetLastError)
 }
-template <int BN>
+template <int BN, typename TIn = __half>
 constexpr int smem_for() {
-  return GemmSmem<BN, kStagesOf<BN>>::kDynamicBytes;
+  constexpr bool fp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
+  return GemmSmem<BN, kStagesOf<BN, TIn>, false, !fp8>::kDynamicBytes;
 }
 // The plain store with 4 stages (GemmParams::four_stages): 4 x 48 KB + 2 x 16 KB.
 template <typename T, bool kWide = false>
@@ -165,6 +170,10 @@ void check_gemm_params(const GemmParams& p) {
       fail("stream-K: its tiles, CTAs and k-blocks must be this launch's");
     if (!p.stream_k_work || !aligned16(p.stream_k_work)) fail("stream-K: needs its workspace (16-byte aligned)");
     if (sk.ctas > kStreamKMaxCtas) fail("stream-K: at most " + std::to_string(kStreamKMaxCtas) + " CTAs");
+    if (sk.sliced && (sk.whole != 0 || sk.ctas % sk.tiles != 0 || sk.slices() < 2 ||
+                      sk.slices() > p.sched.bn / 8 || sk.k_blocks < sk.slices()))
+      fail("stream-K sliced: every tile split into ctas / tiles shares (2 to tile_n / 8 of them, a k-block each "
+           "at least)");
     if (!(p.store == Store::Plain || p.store == Store::SlotTiles) || p.owner.rank >= 0 || p.scatter.world > 0 ||
         g.a_row0 || p.monitor_ns || p.monitor_mma)  // (the tile monitors are per tile; the phase monitor per CTA)
       fail("stream-K: Plain or SlotTiles stores only, without the owner layout, scatter, grouped GEMM or tile "
@@ -309,6 +318,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     mc = make_map(p.c, grouped ? p.grouped.a_rows : p.m, p.n, p.ldc, 64, dt, "C");
   } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.half_row)) {
     kp.tma_store = true;
+    kp.out = p.slots;  // (the sliced stream-K fixup's stores)
     kp.ld_out = bn;
     kp.half_row = p.store == Store::SlotRows ? p.half_row : nullptr;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
@@ -346,7 +356,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
                                         : kernel_for<192, __half, __nv_fp8_e4m3>(split))
                                   : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split)
                                         : kernel_for<128, __half, __nv_fp8_e4m3>(split));
-    launch(kernel, grid, block, bn == 192 ? smem_for<192>() : smem_for<128>(), stream, p.pdl, ma, mb, mc, mw, mp, mq,
+    launch(kernel, grid, block, bn == 192 ? smem_for<192, __nv_fp8_e4m3>() : smem_for<128, __nv_fp8_e4m3>(), stream, p.pdl, ma, mb, mc, mw, mp, mq,
            kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
@@ -390,10 +400,10 @@ void preload_gemm_kernels() {
     prepare(kernel_for<128, __nv_bfloat16>(split), smem_for<128>());
     prepare(kernel_for<256, __half>(split), smem_for<256>());
     prepare(kernel_for<128, __half>(split), smem_for<128>());
-    prepare(kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<128>());
-    prepare(kernel_for<128, __half, __nv_fp8_e4m3>(split), smem_for<128>());
-    prepare(kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<192>());
-    prepare(kernel_for<192, __half, __nv_fp8_e4m3>(split), smem_for<192>());
+    prepare(kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<128, __nv_fp8_e4m3>());
+    prepare(kernel_for<128, __half, __nv_fp8_e4m3>(split), smem_for<128, __nv_fp8_e4m3>());
+    prepare(kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<192, __nv_fp8_e4m3>());
+    prepare(kernel_for<192, __half, __nv_fp8_e4m3>(split), smem_for<192, __nv_fp8_e4m3>());
   }
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);

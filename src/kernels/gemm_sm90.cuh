@@ -82,6 +82,42 @@ __device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f,
     }
 }
 
+// The sliced fixup's stores (plan::StreamK::sliced): column groups
+// [j0, j1) of this warpgroup's 64 rows straight from the registers, to C
+// (Plain, inside m x n) or to the tile's slot (SlotTiles: all its rows, as
+// the TMA store writes them).
+template <typename T, int BN>
+__device__ __forceinline__ void store_slice(const float (&acc)[BN / 2], const GemmKernelParams& p,
+                                            const plan::TileCoord& tc, int idx, int j0, int j1, int cw, int warp,
+                                            int lane) {
+  const int32_t r0 = cw * 64 + warp * 16 + lane / 4, c0 = 2 * (lane % 4);  // (in the tile)
+  const bool plain = p.store == static_cast<int32_t>(Store::Plain);
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    if (j < j0 || j >= j1) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // (registers 4j + 2h, 4j + 2h + 1: row r0 + 8h, columns 8j + c0, + 1)
+      const int32_t tr = r0 + 8 * h, tcol = 8 * j + c0;
+      const uint32_t v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      if (!plain) {
+        *reinterpret_cast<uint32_t*>(out + (int64_t(idx) * 128 + tr) * BN + tcol) = v;
+        continue;
+      }
+      const int32_t row = tc.tm * 128 + tr, col = tc.tn * BN + tcol;
+      if (row >= p.sched.m || col >= p.sched.n) continue;
+      T* dst = out + int64_t(row) * p.ld_out + col;
+      if (col + 1 < p.sched.n && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      } else {
+        const T* x = reinterpret_cast<const T*>(&v);
+        dst[0] = x[0];
+        if (col + 1 < p.sched.n) dst[1] = x[1];
+      }
+    }
+  }
+}
+
 // Runs body(piece) on each of this CTA's units of work in order: its whole
 // tiles (blockIdx.x, + gridDim.x, ...), or with kSplit its stream-K pieces
 // (plan/stream_k.h). Without kSplit the plain loop over tiles, so that those
@@ -106,14 +142,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
                      const __grid_constant__ CUtensorMap tm_p, const __grid_constant__ CUtensorMap tm_q,
                      const GemmKernelParams p) {
-  using L = GemmSmem<BN, STAGES, kPieces>;
-  static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
   constexpr bool kFp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
+  using L = GemmSmem<BN, STAGES, kPieces, !kFp8>;  // (FP8: no owner layout, no staging for its copy)
+  static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
   static_assert(!kFp8 || ((BN == 128 || BN == 192) && !kPieces && !kWide), "FP8: 128x128 or 128x192 tiles");
   static_assert(kFp8 || BN != 192, "128x192 tiles are FP8's");
   static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
   // 128x192 (FP8): Plain and slot stores only (no owner layout, no scatter: the host refuses them).
   constexpr bool kExtras = BN != 192;
+  constexpr bool kOwner = kExtras && !kFp8;  // (the host refuses the owner layout with FP8)
   constexpr int BM = L::kBM, BK = 128 / int(sizeof(TIn));  // (a k-block: 128 bytes of each row, any input type)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -207,11 +244,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     } else if (tid >= 64 && p.owner.rank >= 0 && p.owner.producers) {
       // ---------------- warps 2-3: the owner layout's copy during the GEMM ----------------
       const int w = tid / 32 - 2;
-      if constexpr (kExtras)
+      if constexpr (kOwner)
         copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, smem + L::kSum + w * L::kSumStageBytes, c_empty + 2 + 2 * w);
     } else if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
       // ---------------- storer of the owner layout ----------------
-      if constexpr (kExtras)
+      if constexpr (kOwner)
         owner_storer<T, BN, L::kHalfCBytes>(p, &tm_c, &tm_w, smem + L::kC, c_full, c_empty, p_ready, tiles, tid - 32);
     } else if (tid >= 32 && tid < 96 && p.scatter.world > 0) {
       // ---------------- storers of the Scatter: warp 1 + h stores half h ----------------
@@ -227,7 +264,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const bool grouped = p.grouped.a_row0 != nullptr;
       uint32_t t = 0;  // tiles stored here (grouped: a ragged tile row's tiles are the consumers' to store)
       for_each_piece<kSplit>(p, tiles, [&](const plan::Piece& w) {
-        if (kSplit && !w.finishes) return;  // (a piece that leaves a partial: nothing to store)
+        if (kSplit && (p.sk.sliced || !w.finishes)) return;  // (a partial, or sliced: the consumers store)
         const int idx = w.idx;
         const plan::TileCoord tc = p.sched.tile_of(idx);
         if (grouped && p.grouped.rows[tc.tm] < BM) return;
@@ -405,8 +442,23 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #endif
     }  // (not kFp8)
     if constexpr (kSplit) {
+      if (p.sk.sliced) {  // (one piece of tile i: all of its sums out, one slice of the tile's back, stored)
+        const int rank = p.sk.slice_rank(blockIdx.x), S = p.sk.slices();
+        const int j0 = BN / 8 * rank / S, j1 = BN / 8 * (rank + 1) / S;
+        const bool trace = p.monitor_phases && tid == 0 && cw == 0;
+        if (trace) record_phase(p.monitor_phases, 4);  // (trace) own MMAs done
+        put_partial<BN, true>(acc, p.sk_work, blockIdx.x, cw, tid, p.sk_work.flags + i * 2 + cw);
+        if (trace) record_phase(p.monitor_phases, 2);  // (trace) partial out
+        sum_slice<BN>(acc, p.sk_work, p.sk, i, j0, j1, cw, tid);
+        if constexpr (kFp8) apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
+        if (trace) record_phase(p.monitor_phases, 5);  // (trace) the slice's sums done
+        store_slice<T, BN>(acc, p, tc, i, j0, j1, cw, warp, lane);
+        slice_done(p.sk_work, p.sk, i, p.counters ? p.counters + p.group_of_tile[i] : nullptr, cw, tid);
+        if (trace) record_phase(p.monitor_phases, 0), record_phase(p.monitor_phases, 1);  // (trace) stored
+        return;
+      }
       if (!w.finishes) {  // (a stream-K piece after the tile's first: its sums to the finisher)
-        put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid);
+        put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid, p.sk_work.flags + blockIdx.x * 2 + cw);
         if (p.monitor_phases && tid == 0 && cw == 0) record_phase(p.monitor_phases, 2);  // (trace) partial out
         return;
       }
@@ -444,7 +496,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
     // (2) Accumulators -> shared memory (stage_accumulators); a tile this
     // rank owns (owner layout) once the peer's partial is loaded there.
-    if (kExtras && owner_owns(p.owner, idx)) {
+    if (kOwner && owner_owns(p.owner, idx)) {
       ptx::mbar_wait(&p_ready[cw], owned_tiles & 1);
       ++owned_tiles;
       stage_accumulators<T, BN, true>(acc, my_c_addr, warp, lane);
@@ -513,9 +565,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // The owner layout's copy, through registers (no shared memory).
     if (p.owner.rank >= 0) copy_peer_tiles<T, L::kSumWarpBytes, BN, true, kWide>(p, nullptr, nullptr);
   } else {
-    if (kExtras && p.owner.rank >= 0) {
+    if (kOwner && p.owner.rank >= 0) {
       ptx::mbar_wait(&c_empty[cw], (t & 1) ^ 1);
-      if constexpr (kExtras)
+      if constexpr (kOwner)
         copy_peer_tiles<T, L::kSumWarpBytes, BN>(p, my_c + warp * L::kSumWarpBytes,
                                                  c_empty + 6 + (cw * 4 + warp) * 2);
     }

@@ -53,8 +53,10 @@ __device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
 // kPieces: the plain store with 4 stages (gemm.h: GemmParams::four_stages):
 // each consumer stages its output half in two pieces of 128 columns, one
 // after the other, in 16 KB instead of 32 KB; no staging buffers for the
-// owner layout's copy (it goes through registers).
-template <int BN, int STAGES, bool kPieces = false>
+// owner layout's copy (it goes through registers). kOwner false: no staging
+// for the owner layout's copy at all (the FP8 kernels, which never take it),
+// so that a sixth stage fits beside 128x128's C.
+template <int BN, int STAGES, bool kPieces = false, bool kOwner = true>
 struct GemmSmem {
   static constexpr int kBM = 128, kBK = 64;
   static constexpr int kABytes = kBM * kBK * 2;        // one stage of A
@@ -68,12 +70,13 @@ struct GemmSmem {
   // (+2: the owner layout's peer partial loaded into each C half)
   static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2;
   // Staging of the owner layout's copy (3 stages): 8 KB per producer copy warp.
-  static constexpr int kSumStageBytes = kPieces ? 0 : 8192;
+  static constexpr int kSumStageBytes = kPieces || !kOwner ? 0 : 8192;
   // What each copying warp stages (producer or consumer; the same for all, as
   // claimed chunks must be the same size): a consumer warp uses a quarter of
   // its half of C.
-  static constexpr int kSumWarpBytes =
-      kPieces ? kHalfCBytes / 4 : (kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4 : kSumStageBytes);
+  static constexpr int kSumWarpBytes = kPieces || !kOwner  ? kHalfCBytes / 4
+                                       : kHalfCBytes / 4 < kSumStageBytes ? kHalfCBytes / 4
+                                                                          : kSumStageBytes;
   static constexpr int kSum = (kBars + kBarCount * 8 + 127) / 128 * 128;
   static constexpr int kPushFailed = kSum + 2 * kSumStageBytes;  // kPieces owners: PushRing::failed
   static constexpr int kBytes = kPushFailed + (kPieces ? 16 : 0);

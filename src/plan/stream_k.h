@@ -37,8 +37,18 @@ struct StreamK {
   int32_t whole = 0;     // tiles [0, whole) are not split (== tiles: stream-K off)
   int32_t k_blocks = 1;
   int32_t ctas = 1;
+  // The in-step grid's fixup (stream_k_sliced): each of a tile's S CTAs
+  // sums and stores one slice of its columns from all S partials, instead
+  // of one CTA reading the S - 1 others'.
+  bool sliced = false;
 
   FO_HD bool on() const { return whole < tiles; }
+  // Sliced: the CTAs sharing a tile (ctas / tiles), and CTA c's tile and
+  // rank among them in k order (its piece is the rank-th share of the tile).
+  FO_HD int32_t slices() const { return ctas / tiles; }
+  FO_HD int32_t slice_tile(int32_t c) const { return (ctas - 1 - c) / slices(); }
+  FO_HD int32_t slice_rank(int32_t c) const { return (ctas - 1 - c) % slices(); }
+  FO_HD int32_t slice_cta(int32_t tile, int32_t rank) const { return ctas - 1 - (tile * slices() + rank); }
   FO_HD int64_t iterations() const { return int64_t(tiles - whole) * k_blocks; }
   // The split iterations [begin, end) of CTA c (CTAs in reverse order).
   FO_HD int64_t begin(int32_t c) const { return iterations() * (ctas - 1 - c) / ctas; }
@@ -107,6 +117,22 @@ inline StreamK stream_k_split(int32_t tiles, int32_t ctas, int32_t k_blocks) {
 inline int32_t stream_k_in_step_ctas(int32_t tiles, int32_t ctas) {
   if (tiles <= 0 || tiles > ctas) return ctas;
   return tiles * (ctas / tiles);
+}
+
+// Every tile split into S = ctas / tiles shares on the in-step grid (ctas a
+// multiple of tiles), the fixup sliced: CTA c holds exactly one share of
+// one tile, and sums and stores column groups [J r / S, J (r + 1) / S) of
+// it (J = tile_n / 8 groups of 8 columns, r its rank) from the S partials
+// in k order, the same sums as one finisher's. Off (whole == tiles) unless
+// 2 <= S <= J and every share has a k-block (k_blocks >= S).
+inline StreamK stream_k_sliced(int32_t tiles, int32_t ctas, int32_t k_blocks, int32_t tile_n) {
+  StreamK s{tiles, tiles, k_blocks, ctas};
+  if (tiles <= 0 || ctas % tiles != 0) return s;
+  const int32_t S = ctas / tiles;
+  if (S < 2 || S > tile_n / 8 || k_blocks < S) return s;
+  s.whole = 0;
+  s.sliced = true;
+  return s;
 }
 
 }  // namespace flashoverlap::plan

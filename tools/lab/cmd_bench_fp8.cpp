@@ -29,6 +29,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_parse.h"
@@ -65,7 +66,9 @@ struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
   std::string tile = "both";  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)
-  std::string stream_k = "auto";  // off, auto (plan::stream_k_split), both (timed in turns), force or instep
+  // Comma-separated, timed in turns: off, auto (plan::stream_k_split), force, instep, sliced (fp8_launch.h's
+  // Split); both: off,auto.
+  std::string stream_k = "auto";
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
   // Launches per timed run, back to back (the time per launch reported):
@@ -142,15 +145,18 @@ int run(const Options& o) {
   const std::vector<int> tile_ns = o.tile == "both" ? std::vector<int>{128, 192}
                                    : o.tile == "128x192" ? std::vector<int>{192}
                                                          : std::vector<int>{128};
-  if (o.stream_k != "off" && o.stream_k != "auto" && o.stream_k != "both" && o.stream_k != "force" &&
-      o.stream_k != "instep")
-    throw InvalidArgument("--stream-k: off, auto, both, force or instep (got '" + o.stream_k + "')");
-  const bool force = o.stream_k == "force", in_step = o.stream_k == "instep";
+  std::vector<Split> modes;
+  for (const std::string& x : split_list(o.stream_k == "both" ? "off,auto" : o.stream_k)) {
+    if (x == "off") modes.push_back(Split::Off);
+    else if (x == "auto") modes.push_back(Split::Rule);
+    else if (x == "force") modes.push_back(Split::Force);
+    else if (x == "instep") modes.push_back(Split::InStep);
+    else if (x == "sliced") modes.push_back(Split::Sliced);
+    else throw InvalidArgument("--stream-k: off, auto, force, instep, sliced or a list of them, or both (got '" + x + "')");
+  }
   if (o.pdl != "off" && o.pdl != "on" && o.pdl != "both")
     throw InvalidArgument("--pdl: off, on or both (got '" + o.pdl + "')");
   const std::vector<bool> pdls = o.pdl == "both" ? std::vector<bool>{false, true} : std::vector<bool>{o.pdl == "on"};
-  const std::vector<bool> sks = o.stream_k == "both" || force || in_step ? std::vector<bool>{false, true}
-                                                                         : std::vector<bool>{o.stream_k == "auto"};
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
   if (!gpu) return 1;
   const rt::DeviceInfo& info = *gpu;
@@ -165,7 +171,7 @@ int run(const Options& o) {
     if (!csv) throw Error("cannot write " + o.csv);
     csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,"
            "ours_tile,ours_128_ms,ours_192_ms,ours_stream_k"
-        << (sks.size() > 1 || o.pdl == "both" ? ",variants" : "") << "\n";
+        << (modes.size() > 1 || o.pdl == "both" ? ",variants" : "") << "\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
             << "ours_ms" << std::setw(6) << "tile" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms"
@@ -211,22 +217,30 @@ int run(const Options& o) {
       // Our tiles (--tile: one, or both timed in turns: ours is then the faster, as the ops pick)
       struct Tile {
         int bn;
-        bool sk;
+        std::string sk;  // (the split: empty, or sk (the rule), force, instep, sliced)
         kernels::GemmParams p;
-        std::string label() const { return std::to_string(bn) + (sk ? "/sk" : "") + (p.pdl ? "/pdl" : ""); }
+        std::string label() const { return std::to_string(bn) + (sk.empty() ? "" : "/" + sk) + (p.pdl ? "/pdl" : ""); }
         double err = 0, ms = 0;
         std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
       };
       std::vector<Tile> tiles;
       for (int bn : tile_ns) {
-        const bool splits = fp8_split(fp8_schedule(m, n, bn, ctas), k, force).on();
-        for (bool sk : sks) {
-          if (sk && !splits && sks.size() > 1) continue;  // (the same launch as off)
+        bool unsplit = false;  // (one unsplit launch: every mode that does not split is the same as off)
+        for (Split mode : modes) {
+          const bool splits = fp8_split(fp8_schedule(m, n, bn, ctas), k, mode).on();
+          if (!splits && std::exchange(unsplit, true)) continue;
           for (bool pdl : pdls) {
-            tiles.push_back({bn, sk && splits,
-                             fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
-                                      sk ? work.get() : nullptr, force, in_step)});
-            tiles.back().p.pdl = pdl;
+            Tile t{};
+            t.bn = bn;
+            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
+                           splits ? work.get() : nullptr, mode);
+            if (splits)
+              t.sk = t.p.stream_k.sliced ? "sliced"
+                     : mode == Split::Force ? "force"
+                     : mode == Split::Rule  ? "sk"
+                                            : "instep";
+            t.p.pdl = pdl;
+            tiles.push_back(t);
           }
         }
       }
@@ -298,7 +312,7 @@ int run(const Options& o) {
         variants += (variants.empty() ? "" : ";") + t.label() + "=" +
                     (std::ostringstream() << std::setprecision(4) << t.ms).str();
       if (tiles.size() > 1) std::cout << "   " << variants;
-      else if (ours.sk) std::cout << "   stream-K";
+      else if (!ours.sk.empty()) std::cout << "   stream-K";
       std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
         auto ms_of = [&](int bn) {  // (the tile's fastest variant)
@@ -318,8 +332,8 @@ int run(const Options& o) {
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
         csv << "," << ours.bn << "," << ms_of(128) << "," << ms_of(192);
-        csv << "," << ours.sk;
-        if (sks.size() > 1 || o.pdl == "both") csv << "," << variants;
+        csv << "," << !ours.sk.empty();
+        if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;
         csv << "\n";
       }
     }
@@ -347,9 +361,10 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
                   "Our tile: 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
-                  "Stream-K where plan::stream_k_split puts it (auto), never (off), both timed in turns; "
-                  "experiments, each timed beside off: force (every grid of fewer tiles than CTAs split) or instep "
-                  "(auto's splits on plan::stream_k_in_step_ctas' grid)")
+                  "Stream-K where plan::stream_k_split puts it (auto), never (off), or both timed in turns; or a "
+                  "comma-separated list of those and the experiments, timed in turns: force (every grid of fewer "
+                  "tiles than CTAs split), instep (auto's splits on plan::stream_k_in_step_ctas' grid), sliced "
+                  "(instep with the sliced fixup, plan::stream_k_sliced)")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "

@@ -2,7 +2,8 @@
 // bench/scaled_mm.py times beside torch._scaled_mm in one process
 // (kernel_bench_c.cpp): C (bf16, row-major m x n) = A B^T, e4m3 inputs,
 // 128 x tile_n tiles, one CTA per SM, the scales of `f`; stream-K where
-// plan::stream_k_split puts it, if the caller gives a workspace.
+// plan::stream_k_split puts it (or as an experiment asks), if the caller
+// gives a workspace.
 #pragma once
 #include <cstdint>
 
@@ -17,26 +18,33 @@ inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t
                              plan::default_swizzle(sms, {128, tile_n}, int32_t((m + 127) / 128)));
 }
 
-// The split plan::stream_k_split gives this grid (k-blocks of 128); with
-// `force`, every tile split wherever there are fewer tiles than CTAs (an
-// experiment on the rule).
-inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, bool force = false) {
+// How a launch is split along K (stream-K): never; where plan::stream_k_split
+// puts it (the rule); or experiments on the rule: every grid of fewer tiles
+// than CTAs (Force), the rule's splits on the in-step grid
+// (plan::stream_k_in_step_ctas: InStep), and those with the sliced fixup
+// where it applies (plan::stream_k_sliced: Sliced).
+enum class Split { Off, Rule, Force, InStep, Sliced };
+
+// The split of this grid (k-blocks of 128) in `mode`, before any in-step grid.
+inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, Split mode = Split::Rule) {
   const int32_t kbs = int32_t((k + 127) / 128);
-  if (force && s.tiles() < s.ctas && kbs >= 2) return plan::StreamK{s.tiles(), 0, kbs, s.ctas};
+  if (mode == Split::Off) return plan::StreamK{s.tiles(), s.tiles(), kbs, s.ctas};
+  if (mode == Split::Force && s.tiles() < s.ctas && kbs >= 2) return plan::StreamK{s.tiles(), 0, kbs, s.ctas};
   return plan::stream_k_split(s.tiles(), s.ctas, kbs);
 }
 
 // sk_work: a zeroed workspace of kernels::stream_k_workspace_bytes(sms, 192),
-// or null (every tile whole). in_step: a split runs on the in-step grid
-// (plan::stream_k_in_step_ctas) instead of all `sms` CTAs.
+// or null (every tile whole).
 inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t tile_n, int32_t sms, const void* a,
                                     const void* b, void* c, const kernels::Fp8& f, void* sk_work,
-                                    bool force_split = false, bool in_step = false) {
+                                    Split mode = Split::Rule) {
   plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
-  plan::StreamK split = fp8_split(s, k, force_split);
-  if (sk_work && in_step && split.on()) {  // (the same split, over fewer CTAs)
+  plan::StreamK split = fp8_split(s, k, mode);
+  if (sk_work && (mode == Split::InStep || mode == Split::Sliced) && split.on()) {  // (the same split, fewer CTAs)
     s = fp8_schedule(m, n, tile_n, plan::stream_k_in_step_ctas(s.tiles(), sms));
     split.ctas = s.ctas;
+    const plan::StreamK sliced = plan::stream_k_sliced(s.tiles(), s.ctas, split.k_blocks, tile_n);
+    if (mode == Split::Sliced && sliced.on()) split = sliced;
   }
   kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, s, int32_t(k), c, n);
   p.fp8 = f;
