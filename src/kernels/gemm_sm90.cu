@@ -276,7 +276,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   FO_CUDA_CHECK(cudaGetDevice(&dev));
   static std::once_flag once[64];  // (shared-memory limits are per device: set them once on each)
   std::call_once(once[dev % 64], preload_gemm_kernels);
-  if (p.stream_k.on()) {  // (a finisher waits for CTAs of lower index: all must be resident at once)
+  if (p.stream_k.on()) {  // (a finisher waits for CTAs of lower index, sliced for all its tile's: all resident at once)
     const int sms = device_attribute(dev, cudaDevAttrMultiProcessorCount, g_sms);
     if (p.sched.ctas > sms)
       throw InvalidArgument(shape_str(p) + ": stream-K: at most one CTA per SM (" + std::to_string(sms) + "), got " +

@@ -16,7 +16,10 @@
 // stores the tile: the tile's finisher); the pieces between are whole tiles.
 // A finisher waits only at the end of its share, for pieces at the start of
 // other shares, held by CTAs of lower index (dispatched no later than it):
-// nothing waits in a cycle.
+// nothing waits in a cycle. Sliced (stream_k_sliced), every CTA waits for
+// all S CTAs of its tile, higher indices too: the whole grid must be
+// resident at once (one CTA per SM, no SM held by a kernel that waits on
+// this one), as in the lab's launches; the ops do not split.
 #pragma once
 #include <cstdint>
 
