@@ -54,8 +54,7 @@ class OurFp8Gemm:
     """Our FP8 GEMM alone (libflashoverlap_kernel_bench.so) into c, on the
     current stream: C = scale(x w^T), 128 x tile_n tiles, stream-K where the
     lab's rule puts it (stream_k 1; 2: on the in-step grid; 3: that with the
-    sliced fixup; 0: never); pdl:
-    as programmatic dependent launches."""
+    sliced fixup; 0: never); pdl: as programmatic dependent launches."""
 
     lib = None
 

@@ -170,8 +170,7 @@ void check_gemm_params(const GemmParams& p) {
       fail("stream-K: its tiles, CTAs and k-blocks must be this launch's");
     if (!p.stream_k_work || !aligned16(p.stream_k_work)) fail("stream-K: needs its workspace (16-byte aligned)");
     if (sk.ctas > kStreamKMaxCtas) fail("stream-K: at most " + std::to_string(kStreamKMaxCtas) + " CTAs");
-    if (sk.sliced && (sk.whole != 0 || sk.ctas % sk.tiles != 0 || sk.slices() < 2 ||
-                      sk.slices() > p.sched.bn / 8 || sk.k_blocks < sk.slices()))
+    if (sk.sliced && !(plan::stream_k_sliced(sk.tiles, sk.ctas, sk.k_blocks, p.sched.bn).sliced && sk.whole == 0))
       fail("stream-K sliced: every tile split into ctas / tiles shares (2 to tile_n / 8 of them, a k-block each "
            "at least)");
     if (!(p.store == Store::Plain || p.store == Store::SlotTiles) || p.owner.rank >= 0 || p.scatter.world > 0 ||
@@ -356,8 +355,8 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
                                         : kernel_for<192, __half, __nv_fp8_e4m3>(split))
                                   : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split)
                                         : kernel_for<128, __half, __nv_fp8_e4m3>(split));
-    launch(kernel, grid, block, bn == 192 ? smem_for<192, __nv_fp8_e4m3>() : smem_for<128, __nv_fp8_e4m3>(), stream, p.pdl, ma, mb, mc, mw, mp, mq,
-           kp);
+    const int smem = bn == 192 ? smem_for<192, __nv_fp8_e4m3>() : smem_for<128, __nv_fp8_e4m3>();
+    launch(kernel, grid, block, smem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }

@@ -43,8 +43,10 @@ inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t til
   if (sk_work && (mode == Split::InStep || mode == Split::Sliced) && split.on()) {  // (the same split, fewer CTAs)
     s = fp8_schedule(m, n, tile_n, plan::stream_k_in_step_ctas(s.tiles(), sms));
     split.ctas = s.ctas;
-    const plan::StreamK sliced = plan::stream_k_sliced(s.tiles(), s.ctas, split.k_blocks, tile_n);
-    if (mode == Split::Sliced && sliced.on()) split = sliced;
+    if (mode == Split::Sliced) {  // (where it applies; else the in-step split as it is)
+      const plan::StreamK sliced = plan::stream_k_sliced(s.tiles(), s.ctas, split.k_blocks, tile_n);
+      if (sliced.on()) split = sliced;
+    }
   }
   kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, s, int32_t(k), c, n);
   p.fp8 = f;
