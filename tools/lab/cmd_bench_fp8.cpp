@@ -234,6 +234,10 @@ int run(const Options& o) {
             t.bn = bn;
             t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
                            splits ? work.get() : nullptr, mode);
+            // (sliced where it does not apply is the in-step split: timed once if both are asked)
+            if (mode == Split::Sliced && !t.p.stream_k.sliced &&
+                std::find(modes.begin(), modes.end(), Split::InStep) != modes.end())
+              continue;
             if (splits)
               t.sk = t.p.stream_k.sliced ? "sliced"
                      : mode == Split::Force ? "force"
