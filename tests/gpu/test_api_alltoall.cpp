@@ -23,6 +23,7 @@
 #include "rank_harness.h"
 #include "runtime/core/cublas.h"
 #include "runtime/ops/baselines_alltoall.h"
+#include "runtime/tune/host_gate.h"
 
 using namespace flashoverlap;
 using rt::DeviceBuffer;
@@ -506,5 +507,63 @@ TEST(GemmAllToAllApi, ARoutingInDeviceMemoryMatchesOurGemmAndNccl) {
       EXPECT_NO_THROW(op.check());
     }
     FO_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+}
+
+// The host queues calls, each with its own routing, while the GPU is held
+// (an eager loop ahead of the GPU): no call waits for an earlier one's table
+// upload, and each computes with its own tables: bitwise the same call run
+// alone. One rank; each path whose tables the host uploads.
+TEST(GemmAllToAllApi, CallsQueueAheadOfTheGpuEachWithItsOwnRouting) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = test::fresh_seed();
+  std::fprintf(stderr, "seed %llu\n", static_cast<unsigned long long>(seed));
+  test::on_each_rank(1, [&](int, ncclComm_t nccl) {
+    const int64_t max_tokens = 700, n = 512, k = 256, max_rows = max_tokens;
+    const int calls = 12;
+    const Communicator comm = Communicator::adopt(nccl);
+    rt::ScopedStream st;
+    const size_t out_bytes = size_t(max_tokens) * n * 2;
+    DeviceBuffer a(size_t(max_rows) * k * 2), b(size_t(n) * k * 2), want(out_bytes * calls), got(out_bytes * calls);
+    kernels::fill_random(kBf16, a.get(), max_rows * k, seed, -1.f, 1.f, st.s);
+    kernels::fill_random(kBf16, b.get(), n * k, seed + 1, -1.f, 1.f, st.s);
+    static const char* kinds[] = {"uniform", "zipf:1.2", "one:0"};
+    std::mt19937_64 rng(seed);
+    std::vector<plan::MoeRouting> routings;
+    for (int i = 0; i < calls; ++i) {
+      const int64_t t = i == 0 ? max_tokens : 1 + int64_t(rng() % uint64_t(max_tokens));
+      routings.push_back(plan::make_moe_routing(kinds[rng() % 3], 1, t, 1, rng()));
+    }
+    auto at = [&](const DeviceBuffer& buf, int i) { return buf.as<char>() + size_t(i) * out_bytes; };
+    for (Path path : {Path::Auto, Path::Slots}) {
+      GemmAllToAllOptions o;
+      o.path = path;
+      GemmAllToAll op(comm, max_rows, max_tokens, 1, n, k, DType::BF16, o);
+      // Each call alone first (it also makes whatever the op makes at a routing's first call).
+      for (int i = 0; i < calls; ++i) {
+        op.run(a.get(), b.get(), Local(routings[size_t(i)], 0).r, at(want, i), st.s);
+        FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      }
+      kernels::poison(got.get(), int64_t(got.bytes() / 2), st.s);
+      FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      rt::HostGate gate;
+      gate.hold(st.s);
+      std::vector<Local> locals;
+      locals.reserve(size_t(calls));
+      for (int i = 0; i < calls; ++i) {
+        locals.emplace_back(routings[size_t(i)], 0);
+        op.run(a.get(), b.get(), locals.back().r, at(got, i), st.s);
+      }
+      EXPECT_EQ(cudaStreamQuery(st.s), cudaErrorNotReady)
+          << name(path) << " path: the host waited for the GPU while queueing the calls";
+      gate.release();
+      FO_CUDA_CHECK(cudaStreamSynchronize(st.s));
+      EXPECT_NO_THROW(gate.check()) << name(path) << " path: a call waited for the held GPU";
+      op.check();
+      for (int i = 0; i < calls; ++i)
+        EXPECT_TRUE(test::bitwise(kernels::compare(kBf16, at(got, i), n, at(want, i), n, routings[size_t(i)].tokens[0],
+                                                   n, st.s)))
+            << name(path) << " path, call " << i << ", " << routings[size_t(i)].tokens[0] << " tokens, seed " << seed;
+    }
   });
 }

@@ -16,6 +16,8 @@ namespace flashoverlap::rt {
 namespace {
 
 constexpr size_t kAlign = 256;
+// The staging ring's pinned memory at most, and its slots: the calls the host may queue ahead of the GPU.
+constexpr size_t kStagingBytes = size_t(16) << 20, kStagingSlots = 64;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // The call's compact tables, in the order they are packed (alltoall.h).
@@ -79,11 +81,10 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
                                  grouped, grouped, grouped};
   offsets_.assign(kTables + 1, 0);
   for (int t = 0; t < kTables; ++t) offsets_[size_t(t) + 1] = offsets_[size_t(t)] + aligned(sizes[t]);
-  staging_ = PinnedBuffer(offsets_.back());
+  staging_ = StagingRing(offsets_.back(), std::clamp<size_t>(kStagingBytes / offsets_.back(), 2, kStagingSlots));
   tables_ = DeviceBuffer(offsets_.back());
   row_of_ = DeviceBuffer(tiles * size_t(opts_.tile.bm) * 4);
   slot_of_out_ = DeviceBuffer(recv * size_t(tiles_n) * 4);
-  FO_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
   counters_ = DeviceBuffer((max_groups_ + 1) * 4);  // (+ the fault-injection sink)
   std::vector<int32_t> iota(recv);  // the direct sequential call's slot of each received row
   for (size_t i = 0; i < recv; ++i) iota[i] = int32_t(i);
@@ -100,7 +101,6 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
 
 OverlapAllToAll::~OverlapAllToAll() {
   core_->wait_last_call();
-  if (uploaded_) cudaEventDestroy(uploaded_);
 }
 
 plan::Schedule OverlapAllToAll::schedule_of(const plan::MoeRouting& routing, int rank, bool sequential) const {
@@ -115,10 +115,8 @@ plan::Schedule OverlapAllToAll::schedule_of(int64_t rows, bool sequential) const
 }
 
 void OverlapAllToAll::upload(cudaStream_t stream) {
-  // The last call's copy must be done before its staging is rewritten (the
-  // host runs at most one call ahead of the GPU here).
-  FO_CUDA_CHECK(cudaEventSynchronize(uploaded_));
-  char* host = staging_.as<char>();
+  // (a slot's copy of kStagingSlots calls before must be done: mostly long since)
+  char* host = static_cast<char*>(staging_.take());
   size_t used[kTables] = {};
   auto put = [&](Table t, const void* src, size_t bytes) {
     if (offsets_[size_t(t)] + bytes > offsets_[size_t(t) + 1])
@@ -150,7 +148,7 @@ void OverlapAllToAll::upload(cudaStream_t stream) {
   for (int t = 0; t < kTables; ++t)
     if (used[t]) last = offsets_[size_t(t)] + used[t];
   if (last) FO_CUDA_CHECK(cudaMemcpyAsync(tables_.get(), host, last, cudaMemcpyHostToDevice, stream));
-  FO_CUDA_CHECK(cudaEventRecord(uploaded_, stream));
+  staging_.queued(stream);
   const bool grouped = opts_.experts > 1;  // (the tile rows put above: grouped_host_'s)
   kernels::expand_row_of(table(kTmOf), table(kSbase), table(kDest), table(kRrank), t.tiles(), t.bm, t.world, t.m,
                          row_of_.as<int32_t>(), stream, grouped ? table(kARow0) : nullptr,

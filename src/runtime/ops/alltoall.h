@@ -68,6 +68,7 @@
 #include "runtime/core/buffer.h"
 #include "runtime/core/cublas.h"
 #include "runtime/core/overlap_core.h"
+#include "runtime/core/staging_ring.h"
 #include "runtime/transport/peer_windows.h"
 
 namespace flashoverlap::rt {
@@ -223,12 +224,13 @@ class OverlapAllToAll {
   std::vector<plan::GroupCall> calls_;
   std::vector<uint32_t> target_;
   int64_t recv_rows_ = 0;
-  // The call's compact tables, packed into one pinned staging buffer and
-  // one device buffer (one copy per call), and what they expand to.
+  // The call's compact tables, packed into one pinned slot of a ring (so
+  // that the host may queue calls ahead of the GPU; a slot is reused once
+  // its copy has run) and copied to one device buffer (one copy per call),
+  // and what they expand to.
   std::vector<size_t> offsets_;
-  PinnedBuffer staging_;
+  StagingRing staging_;
   DeviceBuffer tables_, row_of_, slot_of_out_;
-  cudaEvent_t uploaded_ = nullptr;  // the staging may be rewritten once the last copy is done
   DeviceBuffer counters_;
   size_t send_bytes_ = 0, recv_bytes_ = 0;
   void* send_ = nullptr;
