@@ -16,8 +16,9 @@ namespace flashoverlap::rt {
 namespace {
 
 constexpr size_t kAlign = 256;
-// The staging ring's pinned memory at most, and its slots: the calls the host may queue ahead of the GPU.
-constexpr size_t kStagingBytes = size_t(16) << 20, kStagingSlots = 64;
+// The staging ring's pinned memory at most (an op is made per tile shape, a model may hold one per layer), and its
+// slots: the calls the host may queue ahead of the GPU (at least 2).
+constexpr size_t kStagingBytes = size_t(4) << 20, kStagingSlots = 64;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // The call's compact tables, in the order they are packed (alltoall.h).
