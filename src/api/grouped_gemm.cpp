@@ -207,7 +207,7 @@ GroupedGemm::GroupedGemm(int64_t max_rows, int experts, int64_t n, int64_t k, DT
   d.max_tile_rows = int32_t(std::min<int64_t>((max_rows + 127) / 128 + experts, INT32_MAX / 3));
   d.tables = rt::DeviceBuffer(size_t(3) * d.max_tile_rows * 4);
   const size_t slot = size_t(3) * d.max_tile_rows * 4;
-  d.staging = rt::StagingRing(slot, std::clamp<size_t>(kStagingBytes / slot, 2, kStagingSlots));
+  d.staging = rt::StagingRing(slot, rt::StagingRing::slots_within(kStagingBytes, slot, kStagingSlots));
   FO_CUDA_CHECK(cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming));
   d.bad = rt::PinnedBuffer(sizeof(int32_t));
   *d.bad.as<int32_t>() = 0;

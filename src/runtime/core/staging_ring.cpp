@@ -1,6 +1,7 @@
 // staging_ring.cpp — see staging_ring.h.
 #include "runtime/core/staging_ring.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/cuda_check.h"
@@ -14,6 +15,10 @@ StagingRing::StagingRing(size_t slot_bytes, size_t slots)
 }
 
 StagingRing::~StagingRing() { release(); }
+
+size_t StagingRing::slots_within(size_t bytes, size_t slot_bytes, size_t most) {
+  return std::clamp<size_t>(bytes / std::max<size_t>(slot_bytes, 1), 2, std::max<size_t>(most, 2));
+}
 
 void StagingRing::release() {
   for (cudaEvent_t e : events_) {

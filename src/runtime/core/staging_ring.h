@@ -25,6 +25,10 @@ class StagingRing {
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
+  // The slots of slot_bytes that `bytes` of pinned memory holds, within
+  // [2, most]: at least one to fill while the last one's copy waits.
+  static size_t slots_within(size_t bytes, size_t slot_bytes, size_t most);
+
   // The next slot to fill and copy from on `stream`; queued(stream) once its copy is enqueued.
   void* take();
   void queued(cudaStream_t stream);

@@ -16,8 +16,8 @@ namespace flashoverlap::rt {
 namespace {
 
 constexpr size_t kAlign = 256;
-// The staging ring's pinned memory at most (an op is made per tile shape, a model may hold one per layer), and its
-// slots: the calls the host may queue ahead of the GPU (at least 2).
+// The staging ring's pinned memory (an op is made per tile shape, a model may hold one per layer) and its slots at
+// most: the calls the host may queue ahead of the GPU.
 constexpr size_t kStagingBytes = size_t(4) << 20, kStagingSlots = 64;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -82,7 +82,7 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
                                  grouped, grouped, grouped};
   offsets_.assign(kTables + 1, 0);
   for (int t = 0; t < kTables; ++t) offsets_[size_t(t) + 1] = offsets_[size_t(t)] + aligned(sizes[t]);
-  staging_ = StagingRing(offsets_.back(), std::clamp<size_t>(kStagingBytes / offsets_.back(), 2, kStagingSlots));
+  staging_ = StagingRing(offsets_.back(), StagingRing::slots_within(kStagingBytes, offsets_.back(), kStagingSlots));
   tables_ = DeviceBuffer(offsets_.back());
   row_of_ = DeviceBuffer(tiles * size_t(opts_.tile.bm) * 4);
   slot_of_out_ = DeviceBuffer(recv * size_t(tiles_n) * 4);
