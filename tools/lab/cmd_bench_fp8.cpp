@@ -29,7 +29,6 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "cli_parse.h"
@@ -225,26 +224,22 @@ int run(const Options& o) {
       };
       std::vector<Tile> tiles;
       for (int bn : tile_ns) {
-        bool unsplit = false;  // (one unsplit launch: every mode that does not split is the same as off)
         for (Split mode : modes) {
           const bool splits = fp8_split(fp8_schedule(m, n, bn, ctas), k, mode).on();
-          if (!splits && std::exchange(unsplit, true)) continue;
           for (bool pdl : pdls) {
             Tile t{};
             t.bn = bn;
             t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
                            splits ? work.get() : nullptr, mode);
-            // (sliced where it does not apply is the in-step split: timed once if both are asked)
-            if (mode == Split::Sliced && !t.p.stream_k.sliced &&
-                std::find(modes.begin(), modes.end(), Split::InStep) != modes.end())
-              continue;
             if (splits)
               t.sk = t.p.stream_k.sliced ? "sliced"
                      : mode == Split::Force ? "force"
                      : mode == Split::Rule  ? "sk"
                                             : "instep";
             t.p.pdl = pdl;
-            tiles.push_back(t);
+            // (each launch timed once: every mode that does not split is off, sliced where it does not apply instep)
+            if (std::none_of(tiles.begin(), tiles.end(), [&](const Tile& u) { return u.label() == t.label(); }))
+              tiles.push_back(t);
           }
         }
       }
