@@ -22,6 +22,16 @@ struct StreamKWork {
   uint32_t* flags = nullptr;  // [ctas][2]
 };
 
+// Spins until `flag` (acquire at GPU scope) is at least `target`. No bound
+// of its own: add_partials says why.
+__device__ __forceinline__ void spin_until_at_least(const uint32_t* flag, uint32_t target) {
+  uint32_t backoff = 32;
+  while (ptx::ld_acquire_gpu(flag) < target) {
+    __nanosleep(backoff);
+    if (backoff < 256) backoff *= 2;
+  }
+}
+
 // This warpgroup's sums (BN/2 per thread) into CTA `cta`'s slot, then 1
 // added to `flag` with release (every thread's stores before it, through
 // the barrier): its own flag, or sliced its tile's count. kGroups (sliced):
@@ -56,14 +66,7 @@ template <int BN>
 __device__ __forceinline__ void sum_slice(float (&acc)[BN / 2], const StreamKWork& w, const plan::StreamK& sk,
                                           int tile, int j0, int j1, int cw, int tid) {
   const int S = sk.slices();
-  if (tid == 0) {
-    const uint32_t* put = w.flags + tile * 2 + cw;
-    uint32_t backoff = 32;
-    while (ptx::ld_acquire_gpu(put) < uint32_t(S)) {
-      __nanosleep(backoff);
-      if (backoff < 256) backoff *= 2;
-    }
-  }
+  if (tid == 0) spin_until_at_least(w.flags + tile * 2 + cw, uint32_t(S));
   ptx::named_barrier_sync(1 + cw, 128);
   auto part = [&](int q, int j) {
     const float* slot = w.partials + (int64_t(sk.slice_cta(tile, q)) * 2 + cw) * (BN / 2) * 128;
@@ -119,11 +122,7 @@ __device__ __forceinline__ void add_partials(float (&acc)[BN / 2], const StreamK
   for (int j = tid + 1; j <= n; j += 128) {  // (thread t: contributors t + 1, t + 129, ...)
     if (!all_share && !sk.has_share(finisher - j)) continue;
     uint32_t* flag = w.flags + (finisher - j) * 2 + cw;
-    uint32_t backoff = 32;
-    while (ptx::ld_acquire_gpu(flag) == 0) {
-      __nanosleep(backoff);
-      if (backoff < 256) backoff *= 2;
-    }
+    spin_until_at_least(flag, 1);
     *flag = 0;  // (this launch's only partial of that slot: the next launch finds it zero)
   }
   ptx::named_barrier_sync(1 + cw, 128);
