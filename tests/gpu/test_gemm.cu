@@ -463,16 +463,39 @@ __global__ void checker_kernel(CheckerArgs a) {
   atomicAdd(a.mismatches + g, bad);
 }
 
-std::vector<int> random_partition(int waves, std::mt19937_64& rng) {
+// `units` in random parts of 1 to 3, at most 16 of them (the checker's
+// groups: the last two merged until they fit).
+std::vector<int> random_partition(int units, std::mt19937_64& rng) {
   std::vector<int> parts;
-  int left = waves;
+  int left = units;
   while (left > 0) {
     const int s = 1 + int(rng() % uint64_t(std::min(left, 3)));
     parts.push_back(s);
     left -= s;
   }
+  while (parts.size() > 16) {
+    parts[parts.size() - 2] += parts.back();
+    parts.pop_back();
+  }
   return parts;
 }
+
+// Groups of slot tiles (Schedule order), part g of `parts` counting units of
+// `unit` tiles (a wave: ctas; or 1): each tile's group, each group's end in
+// the slot buffer (elements, 128 x bn a tile, after a 0) and its signals a call.
+struct SlotGroups {
+  std::vector<int32_t> group_of_tile;
+  std::vector<int64_t> begin{0};
+  std::vector<uint32_t> target;
+  SlotGroups(const std::vector<int>& parts, int unit, int tiles, int bn) : group_of_tile(size_t(tiles)) {
+    for (int g = 0, u0 = 0; g < int(parts.size()); u0 += parts[g], ++g) {
+      const int t_begin = u0 * unit, t_end = std::min((u0 + parts[g]) * unit, tiles);
+      for (int t = t_begin; t < t_end; ++t) group_of_tile[size_t(t)] = g;
+      begin.push_back(int64_t(t_end) * 128 * bn);
+      target.push_back(uint32_t(t_end - t_begin) * kernels::kSignalsPerTile);
+    }
+  }
+};
 
 // Epoch counters are never reset, so they wrap: tests start some runs of
 // calls at this epoch (calls at 2^32 - 1, 0, 1, ...), with every counter
@@ -564,22 +587,12 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
 
-    std::vector<int> parts = random_partition(waves, rng);
-    while (parts.size() > 16) {  // merge the last two groups
-      parts[parts.size() - 2] += parts.back();
-      parts.pop_back();
-    }
+    const std::vector<int> parts = random_partition(waves, rng);
     const int groups = int(parts.size());
-    std::vector<int32_t> group_of_tile(tiles);
-    std::vector<int64_t> begin{0};
-    std::vector<uint32_t> target;
-    for (int g = 0, w0 = 0; g < groups; w0 += parts[g], ++g) {
-      const int t_end = std::min((w0 + parts[g]) * ctas, tiles);
-      const int t_begin = w0 * ctas;
-      for (int t = t_begin; t < t_end; ++t) group_of_tile[t] = g;
-      begin.push_back(int64_t(t_end) * 128 * bn);
-      target.push_back(uint32_t(t_end - t_begin) * kernels::kSignalsPerTile);
-    }
+    const SlotGroups sg(parts, ctas, tiles, bn);
+    const std::vector<int32_t>& group_of_tile = sg.group_of_tile;
+    const std::vector<int64_t>& begin = sg.begin;
+    const std::vector<uint32_t>& target = sg.target;
     SignalCheck sc(group_of_tile, begin, target, first_epoch);
     DeviceBuffer mon_ns(size_t(tiles) * 2 * 8), mon_sm(size_t(tiles) * 4);
     for (uint32_t epoch = first_epoch + 1; epoch != first_epoch + 4; ++epoch) {
@@ -658,20 +671,10 @@ TEST(GemmSignal, SlicedStreamKGroupsAreCompleteWhenReleased) {
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
     // Random groups of consecutive tiles (Schedule order), at most 16.
-    std::vector<int> parts = random_partition(tiles, rng);
-    while (parts.size() > 16) {
-      parts[parts.size() - 2] += parts.back();
-      parts.pop_back();
-    }
-    std::vector<int32_t> group_of_tile(tiles);
-    std::vector<int64_t> begin{0};
-    std::vector<uint32_t> target;
-    for (int g = 0, t0 = 0; g < int(parts.size()); t0 += parts[g], ++g) {
-      for (int t = t0; t < t0 + parts[g]; ++t) group_of_tile[t] = g;
-      begin.push_back(int64_t(t0 + parts[g]) * 128 * bn);
-      target.push_back(uint32_t(parts[g]) * kernels::kSignalsPerTile);
-    }
-    SignalCheck sc(group_of_tile, begin, target, 0);
+    const std::vector<int> parts = random_partition(tiles, rng);
+    const SlotGroups sg(parts, 1, tiles, bn);
+    const std::vector<uint32_t>& target = sg.target;
+    SignalCheck sc(sg.group_of_tile, sg.begin, target, 0);
     p.stream_k = plan::stream_k_sliced(tiles, s.ctas, kbs, bn);
     ASSERT_TRUE(p.stream_k.sliced);
     p.slots = slots.get();
@@ -711,11 +714,7 @@ TEST(GemmSignal, FourStageRowBandsAreCompleteWhenReleased) {
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
 
-    std::vector<int> parts = random_partition(plan::band_count(s), rng);
-    while (parts.size() > 16) {
-      parts[parts.size() - 2] += parts.back();
-      parts.pop_back();
-    }
+    const std::vector<int> parts = random_partition(plan::band_count(s), rng);
     const std::vector<plan::Group> groups = plan::band_groups(s, parts);
     const int ngroups = int(groups.size());
     std::vector<int32_t> group_of_tile(s.tiles());
