@@ -225,13 +225,11 @@ int run(const Options& o) {
       std::vector<Tile> tiles;
       for (int bn : tile_ns) {
         for (Split mode : modes) {
-          const bool splits = fp8_split(fp8_schedule(m, n, bn, ctas), k, mode).on();
           for (bool pdl : pdls) {
             Tile t{};
             t.bn = bn;
-            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f,
-                           splits ? work.get() : nullptr, mode);
-            if (splits)
+            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
+            if (t.p.stream_k.on())
               t.sk = t.p.stream_k.sliced ? "sliced"
                      : mode == Split::Force ? "force"
                      : mode == Split::Rule  ? "sk"
