@@ -34,7 +34,8 @@
 #                -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
 #   profile-fp8  Nsight Compute (ncu, if installed) on our FP8 GEMM and cuBLASLt's on one shape (PROFILE_SHAPE,
 #                default 16384x8192x7392; both scale kinds; PROFILE_ARGS: more bench-fp8 arguments, e.g.
-#                --tile 128x192): speed of light, warp stalls, memory -> profile-fp8.txt
+#                --tile 128x192): speed of light, warp stalls, memory,
+#                issue rates and instruction mix -> profile-fp8.txt
 #   fp8-phases   bench-fp8 --phases on PHASES_SHAPES (default six shapes, M = 256 to 16384, per tensor, PHASES_TILE
 #                (default both tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
 #                per grid of PHASES_GRIDS (CTAs; default 0: one per SM): when each launch's CTAs started, put
@@ -344,6 +345,7 @@ PY
       else
         timeout 500 "$ncu_bin" --kernel-name regex:'gemm_sm90|nvjet|sm90_xmma|cutlass' --launch-skip 4 --launch-count 6 \
           --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+          --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
           $LAB bench-fp8 --shapes "${PROFILE_SHAPE:-16384x8192x7392}" --warmup 1 --iters 2 --no-gate ${PROFILE_ARGS:-} \
           >"$OUT/profile-fp8.txt" 2>&1 || status=1
         grep -E '^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput' \
