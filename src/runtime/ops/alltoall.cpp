@@ -116,7 +116,7 @@ plan::Schedule OverlapAllToAll::schedule_of(int64_t rows, bool sequential) const
 }
 
 void OverlapAllToAll::upload(cudaStream_t stream) {
-  // (a slot's copy of kStagingSlots calls before must be done: mostly long since)
+  // (the slot's copy of staging_.slots() calls before must be done: take() waits for it, mostly long since)
   char* host = static_cast<char*>(staging_.take());
   size_t used[kTables] = {};
   auto put = [&](Table t, const void* src, size_t bytes) {
