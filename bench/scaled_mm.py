@@ -53,8 +53,8 @@ SCALE_KINDS = {"none": 0, "tensor": 1, "row": 2}
 class OurFp8Gemm:
     """Our FP8 GEMM alone (libflashoverlap_kernel_bench.so) into c, on the
     current stream: C = scale(x w^T), 128 x tile_n tiles, stream-K where the
-    lab's rule puts it (stream_k 1; 2: on the in-step grid; 3: that with the
-    sliced fixup; 0: never); pdl: as programmatic dependent launches."""
+    lab's rule puts it (stream_k 1: plan::stream_k_split's splits on the
+    in-step grid; 0: never); pdl: as programmatic dependent launches."""
 
     lib = None
 
@@ -112,10 +112,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ours", required=True, help="the lab's bench-fp8 CSV")
     ap.add_argument("--kernels", help="libflashoverlap_kernel_bench.so: time ours here, in turns with torch")
-    ap.add_argument("--in-step", action="store_true",
-                    help="with --kernels: ours' stream-K splits on plan::stream_k_in_step_ctas' grid")
-    ap.add_argument("--sliced", action="store_true",
-                    help="with --kernels: --in-step with the sliced fixup (plan::stream_k_sliced)")
     ap.add_argument("--pdl", action="store_true",
                     help="with --kernels: ours launched as programmatic dependent launches")
     ap.add_argument("--out", help="CSV file (default: stdout)")
@@ -158,9 +154,7 @@ def main():
             gemms = []
             for tile_n in (128, 192):
                 c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n,
-                               3 if a.sliced else 2 if a.in_step else 1,
-                               a.pdl)
+                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, 1, a.pdl)
                 g()
                 err = ((c.float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3:  # (bf16's rounding: ~1e-3 between two fp32-summing kernels)

@@ -30,7 +30,7 @@
 #   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul, both scale kinds, 30
 #                shapes (FP8_ARGS: more arguments, e.g. --tile both: 128x192 beside 128x128 in turns)
 #                -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm and ours again, in turns in one process,
-#                on the same shapes (bench/scaled_mm.py --kernels; SCALED_MM_ARGS: more arguments, e.g. --in-step)
+#                on the same shapes (bench/scaled_mm.py --kernels; SCALED_MM_ARGS: more arguments, e.g. --pdl)
 #                -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
 #   profile-fp8  Nsight Compute (ncu, if installed) on our FP8 GEMM and cuBLASLt's on one shape (PROFILE_SHAPE,
 #                default 16384x8192x7392; both scale kinds; PROFILE_ARGS: more bench-fp8 arguments, e.g.

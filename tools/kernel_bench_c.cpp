@@ -37,9 +37,8 @@ extern "C" {
 // C (bf16, m x n, row-major) = scale(A B^T) with A (m x k) and B (n x k)
 // e4m3, row-major. scales: 0 none, 1 per tensor (scale_a, scale_b: one fp32
 // each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 128 or 192. stream_k:
-// 0 never split; 1 split where plan::stream_k_split puts it; 2 the same on
-// plan::stream_k_in_step_ctas' grid; 3 that with the sliced fixup
-// (plan::stream_k_sliced) where it applies. pdl: nonzero to launch as a
+// 0 never split; 1 the lab's rule (split where plan::stream_k_split puts
+// it, on plan::stream_k_in_step_ctas' grid). pdl: nonzero to launch as a
 // programmatic dependent launch (GemmParams::pdl). On the current device;
 // *out: the handle. Returns 0, or 1 with the reason in err.
 int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void* a, const void* b, void* c,
@@ -47,11 +46,10 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
                          char* err, int err_len) {
   try {
     if (scales < 0 || scales > 2) return fail(err, err_len, "scales: 0 (none), 1 (per tensor) or 2 (row-wise)");
-    if (stream_k < 0 || stream_k > 3)
-      return fail(err, err_len, "stream_k: 0 (off), 1 (the rule), 2 (in step) or 3 (in step, sliced)");
+    if (stream_k != 0 && stream_k != 1)
+      return fail(err, err_len, "stream_k: 0 (off) or 1 (the rule, on the in-step grid)");
     using fo::cli::Split;
-    const Split mode = stream_k == 0 ? Split::Off : stream_k == 1 ? Split::Rule : stream_k == 2 ? Split::InStep
-                                                                                              : Split::Sliced;
+    const Split mode = stream_k == 0 ? Split::Off : Split::Rule;
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)

@@ -170,9 +170,6 @@ void check_gemm_params(const GemmParams& p) {
       fail("stream-K: its tiles, CTAs and k-blocks must be this launch's");
     if (!p.stream_k_work || !aligned16(p.stream_k_work)) fail("stream-K: needs its workspace (16-byte aligned)");
     if (sk.ctas > kStreamKMaxCtas) fail("stream-K: at most " + std::to_string(kStreamKMaxCtas) + " CTAs");
-    if (sk.sliced && !(plan::stream_k_sliced(sk.tiles, sk.ctas, sk.k_blocks, p.sched.bn).sliced && sk.whole == 0))
-      fail("stream-K sliced: every tile split into ctas / tiles shares (2 to tile_n / 8 of them, a k-block each "
-           "at least)");
     if (!(p.store == Store::Plain || p.store == Store::SlotTiles) || p.owner.rank >= 0 || p.scatter.world > 0 ||
         g.a_row0 || p.monitor_ns || p.monitor_mma)  // (the tile monitors are per tile; the phase monitor per CTA)
       fail("stream-K: Plain or SlotTiles stores only, without the owner layout, scatter, grouped GEMM or tile "
@@ -275,7 +272,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   FO_CUDA_CHECK(cudaGetDevice(&dev));
   static std::once_flag once[64];  // (shared-memory limits are per device: set them once on each)
   std::call_once(once[dev % 64], preload_gemm_kernels);
-  if (p.stream_k.on()) {  // (a finisher waits for CTAs of lower index, sliced for all its tile's: all resident at once)
+  if (p.stream_k.on()) {  // (a finisher waits for CTAs of lower index: all must be resident at once)
     const int sms = device_attribute(dev, cudaDevAttrMultiProcessorCount, g_sms);
     if (p.sched.ctas > sms)
       throw InvalidArgument(shape_str(p) + ": stream-K: at most one CTA per SM (" + std::to_string(sms) + "), got " +
@@ -317,7 +314,6 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     mc = make_map(p.c, grouped ? p.grouped.a_rows : p.m, p.n, p.ldc, 64, dt, "C");
   } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.half_row)) {
     kp.tma_store = true;
-    kp.out = p.slots;  // (the sliced stream-K fixup's stores)
     kp.ld_out = bn;
     kp.half_row = p.store == Store::SlotRows ? p.half_row : nullptr;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");

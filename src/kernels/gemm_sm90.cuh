@@ -82,42 +82,6 @@ __device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f,
     }
 }
 
-// The sliced fixup's stores (plan::StreamK::sliced): column groups
-// [j0, j1) of this warpgroup's 64 rows straight from the registers, to C
-// (Plain, inside m x n) or to the tile's slot (SlotTiles: all its rows, as
-// the TMA store writes them).
-template <typename T, int BN>
-__device__ __forceinline__ void store_slice(const float (&acc)[BN / 2], const GemmKernelParams& p,
-                                            const plan::TileCoord& tc, int idx, int j0, int j1, int cw, int warp,
-                                            int lane) {
-  const int32_t r0 = cw * 64 + warp * 16 + lane / 4, c0 = 2 * (lane % 4);  // (in the tile)
-  const bool plain = p.store == static_cast<int32_t>(Store::Plain);
-  T* out = static_cast<T*>(p.out);
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    if (j < j0 || j >= j1) continue;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // (registers 4j + 2h, 4j + 2h + 1: row r0 + 8h, columns 8j + c0, + 1)
-      const int32_t tr = r0 + 8 * h, tcol = 8 * j + c0;
-      const uint32_t v = pack2<T>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      if (!plain) {
-        *reinterpret_cast<uint32_t*>(out + (int64_t(idx) * 128 + tr) * BN + tcol) = v;
-        continue;
-      }
-      const int32_t row = tc.tm * 128 + tr, col = tc.tn * BN + tcol;
-      if (row >= p.sched.m || col >= p.sched.n) continue;
-      T* dst = out + int64_t(row) * p.ld_out + col;
-      if (col + 1 < p.sched.n && (reinterpret_cast<uintptr_t>(dst) & 3) == 0) {
-        *reinterpret_cast<uint32_t*>(dst) = v;
-      } else {
-        const T* x = reinterpret_cast<const T*>(&v);
-        dst[0] = x[0];
-        if (col + 1 < p.sched.n) dst[1] = x[1];
-      }
-    }
-  }
-}
-
 // Runs body(piece) on each of this CTA's units of work in order: its whole
 // tiles (blockIdx.x, + gridDim.x, ...), or with kSplit its stream-K pieces
 // (plan/stream_k.h). Without kSplit the plain loop over tiles, so that those
@@ -264,7 +228,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const bool grouped = p.grouped.a_row0 != nullptr;
       uint32_t t = 0;  // tiles stored here (grouped: a ragged tile row's tiles are the consumers' to store)
       for_each_piece<kSplit>(p, tiles, [&](const plan::Piece& w) {
-        if (kSplit && (p.sk.sliced || !w.finishes)) return;  // (a partial, or sliced: the consumers store)
+        if (kSplit && !w.finishes) return;  // (a piece that leaves a partial: nothing to store)
         const int idx = w.idx;
         const plan::TileCoord tc = p.sched.tile_of(idx);
         if (grouped && p.grouped.rows[tc.tm] < BM) return;
@@ -442,23 +406,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #endif
     }  // (not kFp8)
     if constexpr (kSplit) {
-      if (p.sk.sliced) {  // (one piece of tile i: all of its sums out, one slice of the tile's back, stored)
-        const int rank = p.sk.slice_rank(blockIdx.x), S = p.sk.slices();
-        const int j0 = BN / 8 * rank / S, j1 = BN / 8 * (rank + 1) / S;
-        const bool trace = p.monitor_phases && tid == 0 && cw == 0;
-        if (trace) record_phase(p.monitor_phases, 4);  // (trace) own MMAs done
-        put_partial<BN, true>(acc, p.sk_work, blockIdx.x, cw, tid, p.sk_work.flags + i * 2 + cw);
-        if (trace) record_phase(p.monitor_phases, 2);  // (trace) partial out
-        sum_slice<BN>(acc, p.sk_work, p.sk, i, j0, j1, cw, tid);
-        if constexpr (kFp8) apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);
-        if (trace) record_phase(p.monitor_phases, 5);  // (trace) the slice's sums done
-        store_slice<T, BN>(acc, p, tc, i, j0, j1, cw, warp, lane);
-        slice_done(p.sk_work, p.sk, i, p.counters ? p.counters + p.group_of_tile[i] : nullptr, cw, tid);
-        if (trace) record_phase(p.monitor_phases, 0), record_phase(p.monitor_phases, 1);  // (trace) stored
-        return;
-      }
       if (!w.finishes) {  // (a stream-K piece after the tile's first: its sums to the finisher)
-        put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid, p.sk_work.flags + blockIdx.x * 2 + cw);
+        put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid);
         if (p.monitor_phases && tid == 0 && cw == 0) record_phase(p.monitor_phases, 2);  // (trace) partial out
         return;
       }

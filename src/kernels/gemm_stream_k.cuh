@@ -14,9 +14,6 @@
 namespace flashoverlap::kernels {
 
 // Device workspace of the stream-K pieces, zeroed once (stream_k_workspace_bytes).
-// Sliced (plan::StreamK::sliced), the flags are counts per tile instead:
-// [tiles][2] partials put of each warpgroup's half, then from flags + ctas
-// [tiles] warpgroups done (tiles <= ctas / 2).
 struct StreamKWork {
   float* partials = nullptr;  // [ctas][2 warpgroups][values per thread][128 threads]
   uint32_t* flags = nullptr;  // [ctas][2]
@@ -32,74 +29,17 @@ __device__ __forceinline__ void spin_until_at_least(const uint32_t* flag, uint32
   }
 }
 
-// This warpgroup's sums (BN/2 per thread) into CTA `cta`'s slot, then 1
-// added to `flag` with release (every thread's stores before it, through
-// the barrier): its own flag, or sliced its tile's count. kGroups (sliced):
-// the slot as [column group j][thread] of 4 values (registers 4j .. 4j + 3),
-// so that a slice's values are 16-byte loads.
-template <int BN, bool kGroups = false>
-__device__ __forceinline__ void put_partial(const float (&acc)[BN / 2], const StreamKWork& w, int cta, int cw,
-                                            int tid, uint32_t* flag) {
-  float* slot = w.partials + (int64_t(cta) * 2 + cw) * (BN / 2) * 128;
-  if constexpr (kGroups) {
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-      __stcg(reinterpret_cast<float4*>(slot) + j * 128 + tid,
-             make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-  } else {
-#pragma unroll
-    for (int e = 0; e < BN / 2; ++e) __stcg(slot + e * 128 + tid, acc[e]);  // (coalesced: thread-fastest; L2)
-  }
-  __threadfence();
-  ptx::named_barrier_sync(1 + cw, 128);
-  if (tid == 0) ptx::red_release_gpu_add(flag, 1);
-}
-
-// Sliced: once all S partials of this warpgroup's half of `tile` are put
-// (put_partial<BN, true>), the sums of column groups [j0, j1) (registers
-// 4 j0 .. 4 j1) from them in k order, the first CTA's partial first, as
-// add_partials sums them; acc's other registers are left as they are (its
-// own values are in its slot). Group by group (j0, j1 are the CTA's: each
-// group's branch is uniform, and no group's loads wait in registers beside
-// another's).
+// This warpgroup's sums (BN/2 per thread) into CTA `cta`'s slot, then its
+// flag with release (every thread's stores before it, through the barrier).
 template <int BN>
-__device__ __forceinline__ void sum_slice(float (&acc)[BN / 2], const StreamKWork& w, const plan::StreamK& sk,
-                                          int tile, int j0, int j1, int cw, int tid) {
-  const int S = sk.slices();
-  if (tid == 0) spin_until_at_least(w.flags + tile * 2 + cw, uint32_t(S));
-  ptx::named_barrier_sync(1 + cw, 128);
-  auto part = [&](int q, int j) {
-    const float* slot = w.partials + (int64_t(sk.slice_cta(tile, q)) * 2 + cw) * (BN / 2) * 128;
-    return __ldcg(reinterpret_cast<const float4*>(slot) + j * 128 + tid);
-  };
+__device__ __forceinline__ void put_partial(const float (&acc)[BN / 2], const StreamKWork& w, int cta, int cw,
+                                            int tid) {
+  float* slot = w.partials + (int64_t(cta) * 2 + cw) * (BN / 2) * 128;
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    if (j < j0 || j >= j1) continue;
-    float4 sum = part(0, j);
-#pragma unroll 4
-    for (int q = 1; q < S; ++q) {
-      const float4 v = part(q, j);
-      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-    }
-    acc[4 * j] = sum.x, acc[4 * j + 1] = sum.y, acc[4 * j + 2] = sum.z, acc[4 * j + 3] = sum.w;
-  }
-}
-
-// Sliced: this warpgroup's slice is stored. The tile's last of its 2 S
-// warpgroups zeroes the tile's counts for the next launch and, given a
-// group counter, adds the 2 a tile adds there (every slice's stores
-// before it: each warpgroup's fence, its arrive, the last one's acquire).
-__device__ __forceinline__ void slice_done(const StreamKWork& w, const plan::StreamK& sk, int tile,
-                                           uint32_t* counter, int cw, int tid) {
+  for (int e = 0; e < BN / 2; ++e) __stcg(slot + e * 128 + tid, acc[e]);  // (coalesced: thread-fastest; L2)
   __threadfence();
   ptx::named_barrier_sync(1 + cw, 128);
-  if (tid != 0) return;
-  uint32_t* done = w.flags + sk.ctas + tile;
-  if (ptx::atom_add_acq_rel_gpu(done, 1) != uint32_t(2 * sk.slices() - 1)) return;
-  w.flags[tile * 2] = 0;
-  w.flags[tile * 2 + 1] = 0;
-  *done = 0;
-  if (counter) ptx::red_release_gpu_add(counter, 2);
+  if (tid == 0) ptx::red_release_gpu_add(w.flags + cta * 2 + cw, 1);
 }
 
 // Adds the partials of the `n` CTAs before `finisher` (plan::StreamK::

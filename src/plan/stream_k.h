@@ -16,10 +16,7 @@
 // stores the tile: the tile's finisher); the pieces between are whole tiles.
 // A finisher waits only at the end of its share, for pieces at the start of
 // other shares, held by CTAs of lower index (dispatched no later than it):
-// nothing waits in a cycle. Sliced (stream_k_sliced), every CTA waits for
-// all S CTAs of its tile, higher indices too: the whole grid must be
-// resident at once (one CTA per SM, no SM held by a kernel that waits on
-// this one), as in the lab's launches; the ops do not split.
+// nothing waits in a cycle.
 #pragma once
 #include <cstdint>
 
@@ -40,18 +37,8 @@ struct StreamK {
   int32_t whole = 0;     // tiles [0, whole) are not split (== tiles: stream-K off)
   int32_t k_blocks = 1;
   int32_t ctas = 1;
-  // The in-step grid's fixup (stream_k_sliced): each of a tile's S CTAs
-  // sums and stores one slice of its columns from all S partials, instead
-  // of one CTA reading the S - 1 others'.
-  bool sliced = false;
 
   FO_HD bool on() const { return whole < tiles; }
-  // Sliced: the CTAs sharing a tile (ctas / tiles), and CTA c's tile and
-  // rank among them in k order (its piece is the rank-th share of the tile).
-  FO_HD int32_t slices() const { return ctas / tiles; }
-  FO_HD int32_t slice_tile(int32_t c) const { return (ctas - 1 - c) / slices(); }
-  FO_HD int32_t slice_rank(int32_t c) const { return (ctas - 1 - c) % slices(); }
-  FO_HD int32_t slice_cta(int32_t tile, int32_t rank) const { return ctas - 1 - (tile * slices() + rank); }
   FO_HD int64_t iterations() const { return int64_t(tiles - whole) * k_blocks; }
   // The split iterations [begin, end) of CTA c (CTAs in reverse order).
   FO_HD int64_t begin(int32_t c) const { return iterations() * (ctas - 1 - c) / ctas; }
@@ -120,22 +107,6 @@ inline StreamK stream_k_split(int32_t tiles, int32_t ctas, int32_t k_blocks) {
 inline int32_t stream_k_in_step_ctas(int32_t tiles, int32_t ctas) {
   if (tiles <= 0 || tiles > ctas) return ctas;
   return tiles * (ctas / tiles);
-}
-
-// Every tile split into S = ctas / tiles shares on the in-step grid (ctas a
-// multiple of tiles), the fixup sliced: CTA c holds exactly one share of
-// one tile, and sums and stores column groups [J r / S, J (r + 1) / S) of
-// it (J = tile_n / 8 groups of 8 columns, r its rank) from the S partials
-// in k order, the same sums as one finisher's. Off (whole == tiles) unless
-// 2 <= S <= J and every share has a k-block (k_blocks >= S).
-inline StreamK stream_k_sliced(int32_t tiles, int32_t ctas, int32_t k_blocks, int32_t tile_n) {
-  StreamK s{tiles, tiles, k_blocks, ctas};
-  if (tiles <= 0 || ctas % tiles != 0) return s;
-  const int32_t S = ctas / tiles;
-  if (S < 2 || S > tile_n / 8 || k_blocks < S) return s;
-  s.whole = 0;
-  s.sliced = true;
-  return s;
 }
 
 }  // namespace flashoverlap::plan

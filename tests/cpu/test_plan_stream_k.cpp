@@ -3,9 +3,8 @@
 // k-block 0 and the contributors the kernel waits for, in k order; a CTA
 // leaves at most one partial (its share's first piece) and waits only at
 // its last piece, for CTAs of lower index (no wait cycle); the split
-// rule: on where a wave is mostly idle, off where waves are full; the
-// in-step grid, whose shares start at the same k-block in every tile; and
-// the sliced split on it, one share of one tile per CTA.
+// rule: on where a wave is mostly idle, off where waves are full; and the
+// in-step grid, whose shares start at the same k-block in every tile.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -152,43 +151,6 @@ TEST(PlanStreamK, TheInStepGridStartsEachTilesJthShareAtTheSameKBlock) {
       if (!walk.next(w)) continue;  // (an empty share: more CTAs than k-blocks)
       EXPECT_EQ(w.idx, n / shares) << "share " << n;
       EXPECT_EQ(w.kb0, int64_t(kbs) * (n % shares) / shares) << "share " << n;
-    }
-  }
-}
-
-TEST(PlanStreamK, TheSlicedSplitGivesEachCtaOneShareOfOneTileAndItsRank) {
-  EXPECT_TRUE(fp::stream_k_sliced(20, 120, 64, 128).sliced);
-  EXPECT_FALSE(fp::stream_k_sliced(20, 132, 64, 128).on()) << "not a multiple of the tiles";
-  EXPECT_FALSE(fp::stream_k_sliced(66, 66, 64, 128).on()) << "one share a tile";
-  EXPECT_FALSE(fp::stream_k_sliced(4, 132, 64, 128).on()) << "33 shares, 16 column groups";
-  EXPECT_TRUE(fp::stream_k_sliced(4, 128, 64, 256).on()) << "32 shares, 32 column groups";
-  EXPECT_FALSE(fp::stream_k_sliced(20, 120, 5, 128).on()) << "6 shares of 5 k-blocks";
-  FO_SEEDED_RNG(rng);
-  for (int trial = 0; trial < 500; ++trial) {
-    const int tile_n = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? 256 : 128;
-    const int tiles = std::uniform_int_distribution<int>(1, 66)(rng);
-    const int most = std::min(tile_n / 8, 132 / tiles);
-    if (most < 2) continue;
-    const int shares = std::uniform_int_distribution<int>(2, most)(rng);
-    const int kbs = std::uniform_int_distribution<int>(shares, 80)(rng);
-    SCOPED_TRACE(::testing::Message() << "tiles " << tiles << ", shares " << shares << ", k-blocks " << kbs);
-    const fp::StreamK sk = fp::stream_k_sliced(tiles, tiles * shares, kbs, tile_n);
-    ASSERT_TRUE(sk.on() && sk.sliced && sk.whole == 0);
-    ASSERT_EQ(sk.slices(), shares);
-    check_walks(sk);
-    if (HasFatalFailure()) return;
-    // Each CTA: one piece, of tile slice_tile(c), the slice_rank(c)-th share
-    // in k order (k-blocks [kbs r / S, kbs (r + 1) / S)); slice_cta inverts.
-    for (int c = 0; c < sk.ctas; ++c) {
-      fp::PieceWalk walk(sk, c);
-      fp::Piece w, extra;
-      ASSERT_TRUE(walk.next(w)) << "CTA " << c << " holds no share";
-      EXPECT_FALSE(walk.next(extra)) << "CTA " << c << " holds two pieces";
-      const int t = sk.slice_tile(c), r = sk.slice_rank(c);
-      EXPECT_EQ(w.idx, t) << "CTA " << c;
-      EXPECT_EQ(w.kb0, kbs * r / shares) << "CTA " << c;
-      EXPECT_EQ(w.kb1, kbs * (r + 1) / shares) << "CTA " << c;
-      EXPECT_EQ(sk.slice_cta(t, r), c);
     }
   }
 }

@@ -67,18 +67,4 @@ TEST(StreamKParams, EachMisuseIsRefusedSayingWhy) {
   wide.ctas = fo::kernels::kStreamKMaxCtas + 1;
   q = p, q.sched = wide, q.stream_k = fo::plan::StreamK{wide.tiles(), 0, p.stream_k.k_blocks, wide.ctas};
   expect_refused(q, "stream-K: at most");
-  // The sliced fixup: only on its own split (every tile in S shares on
-  // tiles x S CTAs, 2 <= S <= tile_n / 8, a k-block a share at least).
-  fo::plan::Schedule in_step = p.sched;
-  in_step.ctas = fo::plan::stream_k_in_step_ctas(p.sched.tiles(), 132);
-  q = p, q.sched = in_step, q.stream_k = fo::plan::stream_k_sliced(in_step.tiles(), in_step.ctas, p.stream_k.k_blocks, 128);
-  ASSERT_TRUE(q.stream_k.sliced);
-  EXPECT_NO_THROW(fo::kernels::check_gemm_params(q));
-  fo::kernels::GemmParams r = q;
-  r.stream_k.whole = 1;
-  expect_refused(r, "stream-K sliced");
-  r = q, r.sched = p.sched, r.stream_k.ctas = p.sched.ctas;  // (132 CTAs: not a multiple of 20 tiles)
-  expect_refused(r, "stream-K sliced");
-  r = q, r.k = 5 * 128, r.stream_k.k_blocks = 5;  // (6 shares of 5 k-blocks)
-  expect_refused(r, "stream-K sliced");
 }

@@ -175,35 +175,21 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         if (kind == kernels::Scales::RowWise) x = x * sa[size_t(r)] * sb[size_t(col)];
         want[size_t(r * n + col)] = round_out(x, out);
       }
-    // Each tile whole, then stream-K (plan/stream_k.h) forced on few CTAs,
-    // then sliced (plan::stream_k_sliced: every tile in S shares on tiles x S
-    // CTAs) where the shape allows: the pieces' fp32 sums are exact too, so
-    // bitwise the same.
+    // Each tile whole, then stream-K (plan/stream_k.h) forced on few CTAs: the
+    // pieces' fp32 sums are exact too, so bitwise the same.
     const int stream_ctas = 2 + int(rng() % 12);
-    const int32_t kbs = int32_t((k + 127) / 128);
-    rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(132, 192));
+    rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(stream_ctas, 192));
     FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
-    enum Split { Whole, Forced, Sliced };
     // (128x128 split again after 128x192: launches of both tiles share one workspace)
-    for (auto [bn, split] : {std::pair{128, Whole}, std::pair{192, Whole}, std::pair{128, Forced},
-                             std::pair{192, Forced}, std::pair{128, Forced}, std::pair{128, Sliced},
-                             std::pair{192, Sliced}, std::pair{128, Sliced}}) {
-      const int tiles = plan::make_schedule(m, n, {128, bn}, 132, plan::Raster::AlongN, 2).tiles();
-      const int most = std::min({bn / 8, int(kbs), 132 / tiles});  // (shares a tile: sliced)
-      if (split == Sliced && most < 2) continue;
-      const int ctas = split == Whole    ? 132
-                       : split == Forced ? stream_ctas
-                                         : tiles * (2 + int(rng() % uint64_t(most - 1)));
-      SCOPED_TRACE("tile 128x" + std::to_string(bn) +
-                   (split == Whole ? "" : (split == Sliced ? ", sliced" : ", stream-K") + std::string(" on ") +
-                                              std::to_string(ctas) + " CTAs"));
+    for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{128, true}, std::pair{192, true},
+                             std::pair{128, true}}) {
+      const int ctas = split ? stream_ctas : 132;
+      SCOPED_TRACE("tile 128x" + std::to_string(bn) + (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : ""));
       FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
       const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, ctas, plan::Raster::AlongN, 2);
       kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
-      if (split != Whole) {
-        p.stream_k = split == Sliced ? plan::stream_k_sliced(tiles, ctas, kbs, bn)
-                                     : plan::StreamK{s.tiles(), int32_t(rng() % uint64_t(s.tiles())), kbs, ctas};
-        ASSERT_EQ(p.stream_k.sliced, split == Sliced);
+      if (split) {
+        p.stream_k = plan::StreamK{s.tiles(), int32_t(rng() % uint64_t(s.tiles())), int32_t((k + 127) / 128), ctas};
         p.stream_k_work = work.get();
       }
       p.fp8.on = true, p.fp8.scales = kind;
@@ -220,8 +206,8 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
             ADD_FAILURE() << "C[" << r << "][" << col << "] = 0x" << std::hex << got << ", want 0x" << w << std::dec;
         }
       EXPECT_EQ(wrong, 0);
-      if (split != Whole) {
-        std::vector<uint32_t> flags(size_t(ctas) * 2, 1);  // (each launch leaves them zero; sliced, its counts)
+      if (split) {
+        std::vector<uint32_t> flags(size_t(ctas) * 2, 1);  // (each launch leaves them zero)
         FO_CUDA_CHECK(cudaMemcpy(flags.data(), work.get(), flags.size() * 4, cudaMemcpyDeviceToHost));
         EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "a flag left up";
       }

@@ -145,44 +145,6 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
           EXPECT_THROW(kernels::launch_gemm(q, nullptr), InvalidArgument);
         }
       }
-    // The sliced fixup (plan::stream_k_sliced) on the in-step grid, every
-    // tile in as many shares as fit: bitwise the same split with one
-    // finisher a tile (the same sums in the same order), twice on one
-    // workspace (each launch leaves its counts zero).
-    for (int bn : {256, 128}) {
-      const int tiles = make_sched(m, n, 128, bn, 132).tiles(), kbs = (k + 63) / 64;
-      const int shares = std::min({bn / 8, kbs, 132 / tiles});
-      if (shares < 2) continue;
-      SCOPED_TRACE("sliced: m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                   " tile 128x" + std::to_string(bn) + ", " + std::to_string(shares) + " shares a tile, seed=" +
-                   std::to_string(seed));
-      const plan::Schedule s = make_sched(m, n, 128, bn, tiles * shares);
-      DeviceBuffer work(kernels::stream_k_workspace_bytes(s.ctas, bn));
-      FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
-      kernels::GemmParams p = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, k, c.get(), n);
-      p.stream_k = plan::StreamK{tiles, 0, kbs, s.ctas};
-      p.stream_k_work = work.get();
-      kernels::poison(c.get(), int64_t(m) * n, nullptr);
-      kernels::launch_gemm(p, nullptr);
-      FO_CUDA_CHECK(cudaDeviceSynchronize());
-      FO_CUDA_CHECK(cudaMemcpy(c3.get(), c.get(), size_t(m) * n * 2, cudaMemcpyDeviceToDevice));
-      p.stream_k = plan::stream_k_sliced(tiles, s.ctas, kbs, bn);
-      ASSERT_TRUE(p.stream_k.sliced);
-      for (int round = 0; round < 2; ++round) {
-        kernels::poison(c.get(), int64_t(m) * n, nullptr);
-        // (the partials NaN: a sum read before its writer's count would show, not the last launch's equal values)
-        FO_CUDA_CHECK(cudaMemset(static_cast<char*>(work.get()) + kernels::kStreamKFlagBytes, 0xff,
-                                 work.bytes() - kernels::kStreamKFlagBytes));
-        kernels::launch_gemm(p, nullptr);
-        FO_CUDA_CHECK(cudaDeviceSynchronize());
-        EXPECT_TRUE(test::bitwise(kernels::compare(dt, c.get(), n, c3.get(), n, m, n, nullptr)))
-            << "round " << round << " differs from one finisher's sums";
-        EXPECT_TRUE(test::within(kernels::compare(dt, c.get(), n, pr.ref.get(), n, m, n, nullptr, tolerance(dt, k))));
-      }
-      std::vector<uint32_t> flags(size_t(s.ctas) * 2, 1);
-      FO_CUDA_CHECK(cudaMemcpy(flags.data(), work.get(), flags.size() * 4, cudaMemcpyDeviceToHost));
-      EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "a count left up";
-    }
   }
 }
 
@@ -481,7 +443,7 @@ std::vector<int> random_partition(int units, std::mt19937_64& rng) {
 }
 
 // Groups of slot tiles (Schedule order), part g of `parts` counting units of
-// `unit` tiles (a wave: ctas; or 1): each tile's group, each group's end in
+// `unit` tiles (a wave: ctas): each tile's group, each group's end in
 // the slot buffer (elements, 128 x bn a tile, after a 0) and its signals a call.
 struct SlotGroups {
   std::vector<int32_t> group_of_tile;
@@ -643,52 +605,6 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
       EXPECT_TRUE(test::within(
           kernels::compare(DType::BF16, slots.get(), bn, expected.get(), bn, rows, bn, nullptr, tolerance(DType::BF16, k))));
     }
-  }
-}
-
-// The sliced stream-K fixup (plan::stream_k_sliced) signalling groups of
-// slot tiles: each tile's last slice adds the tile's signals, so each group
-// is complete when released, over three calls; the slots bitwise the same
-// split with one finisher a tile.
-TEST(GemmSignal, SlicedStreamKGroupsAreCompleteWhenReleased) {
-  REQUIRE_HOPPER();
-  const uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  for (auto [m, n, k, bn] : std::vector<std::tuple<int, int, int, int>>{{256, 1280, 4096, 128}, {200, 1000, 2048, 256}}) {
-    const int tiles = make_sched(m, n, 128, bn, 116).tiles(), kbs = (k + 63) / 64;
-    const int shares = std::min({bn / 8, kbs, 116 / tiles});  // (16 SMs left for the checker blocks)
-    ASSERT_GE(shares, 2);
-    const plan::Schedule s = make_sched(m, n, 128, bn, tiles * shares);
-    Problem pr(DType::BF16, m, n, k, seed);
-    const int64_t slot_elems = int64_t(tiles) * 128 * bn;
-    DeviceBuffer slots(slot_elems * 2), expected(slot_elems * 2), work(kernels::stream_k_workspace_bytes(s.ctas, bn));
-    FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
-    kernels::GemmParams p;
-    p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k, p.sched = s;
-    p.store = kernels::Store::SlotTiles, p.slots = expected.get(), p.slot_rows = int64_t(tiles) * 128;
-    p.stream_k = plan::StreamK{tiles, 0, kbs, s.ctas};
-    p.stream_k_work = work.get();
-    kernels::launch_gemm(p, nullptr);
-    FO_CUDA_CHECK(cudaDeviceSynchronize());
-    // Random groups of consecutive tiles (Schedule order), at most 16.
-    const std::vector<int> parts = random_partition(tiles, rng);
-    const SlotGroups sg(parts, 1, tiles, bn);
-    const std::vector<uint32_t>& target = sg.target;
-    SignalCheck sc(sg.group_of_tile, sg.begin, target, 0);
-    p.stream_k = plan::stream_k_sliced(tiles, s.ctas, kbs, bn);
-    ASSERT_TRUE(p.stream_k.sliced);
-    p.slots = slots.get();
-    for (uint32_t epoch = 1; epoch <= 3; ++epoch) {
-      SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " bn=" + std::to_string(bn) + " shares " +
-                   std::to_string(shares) + " epoch=" + std::to_string(epoch) + " groups=" +
-                   std::to_string(parts.size()) + " seed=" + std::to_string(seed));
-      const std::vector<unsigned long long> mism = sc.run(p, slots.get(), slot_elems, expected.get(), epoch);
-      for (size_t g = 0; g < parts.size(); ++g) EXPECT_EQ(mism[g], 0u) << "group " << g << " was released incomplete";
-      EXPECT_TRUE(test::bitwise(
-          kernels::compare(DType::BF16, slots.get(), bn, expected.get(), bn, int64_t(tiles) * 128, bn, nullptr)));
-    }
-    const std::vector<uint32_t> counters = SignalCheck::to_host<uint32_t>(sc.counters);
-    for (size_t g = 0; g < parts.size(); ++g) EXPECT_EQ(counters[g], 3 * target[g]) << "group " << g;
   }
 }
 

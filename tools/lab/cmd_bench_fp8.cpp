@@ -3,9 +3,10 @@
 // pick, part sums promoted to fp32, the scales in the epilogue) against
 // cuBLASLt's FP8 matmul, which torch._scaled_mm runs
 // (FAST_ACCUM off, as use_fast_accum=False; and on, as use_fast_accum=True),
-// per shape and scale kind, timed in turns on the full grid (each run
-// --calls launches back to back, its stream held until the host has queued
-// them; the time per launch reported); bf16 output.
+// per shape and scale kind, timed in turns on the full grid (a stream-K
+// split on its in-step grid: fp8_launch.h; each run --calls launches back
+// to back, its stream held until the host has queued them; the time per
+// launch reported); bf16 output.
 // Internal: the kernel alone. ratio: cuBLASLt's (FAST_ACCUM off) / ours;
 // empty, and ours unchecked (the GPU tests check it against the host), where
 // this cuBLASLt has no FP8 matmul with the scale kind. err_*: the
@@ -65,8 +66,7 @@ struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
   std::string tile = "both";  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)
-  // Comma-separated, timed in turns: off, auto (plan::stream_k_split), force, instep, sliced (fp8_launch.h's
-  // Split); both: off,auto.
+  // Comma-separated, timed in turns: off, auto (the rule), force (fp8_launch.h's Split); both: off,auto.
   std::string stream_k = "auto";
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
@@ -149,9 +149,7 @@ int run(const Options& o) {
     if (x == "off") modes.push_back(Split::Off);
     else if (x == "auto") modes.push_back(Split::Rule);
     else if (x == "force") modes.push_back(Split::Force);
-    else if (x == "instep") modes.push_back(Split::InStep);
-    else if (x == "sliced") modes.push_back(Split::Sliced);
-    else throw InvalidArgument("--stream-k: off, auto, force, instep, sliced or a list of them, or both (got '" + x + "')");
+    else throw InvalidArgument("--stream-k: off, auto, force or a list of them, or both (got '" + x + "')");
   }
   if (o.pdl != "off" && o.pdl != "on" && o.pdl != "both")
     throw InvalidArgument("--pdl: off, on or both (got '" + o.pdl + "')");
@@ -216,7 +214,7 @@ int run(const Options& o) {
       // Our tiles (--tile: one, or both timed in turns: ours is then the faster, as the ops pick)
       struct Tile {
         int bn;
-        std::string sk;  // (the split: empty, or sk (the rule), force, instep, sliced)
+        std::string sk;  // (the split: empty, or sk (the rule), force)
         kernels::GemmParams p;
         std::string label() const { return std::to_string(bn) + (sk.empty() ? "" : "/" + sk) + (p.pdl ? "/pdl" : ""); }
         double err = 0, ms = 0;
@@ -229,13 +227,9 @@ int run(const Options& o) {
             Tile t{};
             t.bn = bn;
             t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
-            if (t.p.stream_k.on())
-              t.sk = t.p.stream_k.sliced ? "sliced"
-                     : mode == Split::Force ? "force"
-                     : mode == Split::Rule  ? "sk"
-                                            : "instep";
+            if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : "sk";
             t.p.pdl = pdl;
-            // (each launch timed once: every mode that does not split is off, sliced where it does not apply instep)
+            // (each launch timed once: every mode that does not split is off)
             if (std::none_of(tiles.begin(), tiles.end(), [&](const Tile& u) { return u.label() == t.label(); }))
               tiles.push_back(t);
           }
@@ -358,10 +352,9 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
                   "Our tile: 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
-                  "Stream-K where plan::stream_k_split puts it (auto), never (off), or both timed in turns; or a "
-                  "comma-separated list of those and the experiments, timed in turns: force (every grid of fewer "
-                  "tiles than CTAs split), instep (auto's splits on plan::stream_k_in_step_ctas' grid), sliced "
-                  "(instep with the sliced fixup, plan::stream_k_sliced)")
+                  "Stream-K where plan::stream_k_split puts it, on plan::stream_k_in_step_ctas' grid (auto), never "
+                  "(off), or both timed in turns; or a comma-separated list of those and force (every grid of fewer "
+                  "tiles than CTAs split, on all of its CTAs), timed in turns")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "
@@ -378,7 +371,8 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
                   "before): off, on, or both timed in turns")
       ->capture_default_str();
   cmd->add_option("--grid", opts->grid,
-                  "CTAs of our launches (default: one per SM; stream-K splits over these: at most one per SM)")
+                  "CTAs of our launches (default: one per SM, at most one per SM with stream-K; auto splits over "
+                  "their in-step grid, force over all of them)")
       ->check(CLI::Range(0, 1024));
   add_kernel_timing_options(cmd, opts->warmup, opts->iters, opts->device, opts->csv);
   cmd->callback([opts, &rc] { rc = run(*opts); });

@@ -2,8 +2,8 @@
 // bench/scaled_mm.py times beside torch._scaled_mm in one process
 // (kernel_bench_c.cpp): C (bf16, row-major m x n) = A B^T, e4m3 inputs,
 // 128 x tile_n tiles, one CTA per SM, the scales of `f`; stream-K where
-// plan::stream_k_split puts it (or as an experiment asks), if the caller
-// gives a workspace.
+// plan::stream_k_split puts it (on the in-step grid: fewer CTAs), or as
+// Force asks, if the caller gives a workspace.
 #pragma once
 #include <cstdint>
 
@@ -18,14 +18,15 @@ inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t
                              plan::default_swizzle(sms, {128, tile_n}, int32_t((m + 127) / 128)));
 }
 
-// How a launch is split along K (stream-K): never; where plan::stream_k_split
-// puts it (the rule); or experiments on the rule: every grid of fewer tiles
-// than CTAs (Force), the rule's splits on the in-step grid
-// (plan::stream_k_in_step_ctas: InStep), and those with the sliced fixup
-// where it applies (plan::stream_k_sliced: Sliced).
-enum class Split { Off, Rule, Force, InStep, Sliced };
+// How a launch is split along K (stream-K): never; the rule, which takes
+// plan::stream_k_split's splits and runs them on plan::stream_k_in_step_ctas'
+// grid (the same split over fewer CTAs, whose shares read A and B in step);
+// or, as an experiment on it, every grid of fewer tiles than CTAs split, on
+// all the CTAs (Force).
+enum class Split { Off, Rule, Force };
 
-// The split of this grid (k-blocks of 128) in `mode`, before any in-step grid.
+// The split of this grid (k-blocks of 128) in `mode`, before the rule's
+// in-step grid (fp8_gemm).
 inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, Split mode = Split::Rule) {
   const int32_t kbs = int32_t((k + 127) / 128);
   if (mode == Split::Off) return plan::StreamK{s.tiles(), s.tiles(), kbs, s.ctas};
@@ -40,13 +41,9 @@ inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t til
                                     Split mode = Split::Rule) {
   plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
   plan::StreamK split = fp8_split(s, k, mode);
-  if (sk_work && (mode == Split::InStep || mode == Split::Sliced) && split.on()) {  // (the same split, fewer CTAs)
+  if (sk_work && mode == Split::Rule && split.on()) {  // (the same split, fewer CTAs)
     s = fp8_schedule(m, n, tile_n, plan::stream_k_in_step_ctas(s.tiles(), sms));
     split.ctas = s.ctas;
-    if (mode == Split::Sliced) {  // (where it applies; else the in-step split as it is)
-      const plan::StreamK sliced = plan::stream_k_sliced(s.tiles(), s.ctas, split.k_blocks, tile_n);
-      if (sliced.on()) split = sliced;
-    }
   }
   kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, s, int32_t(k), c, n);
   p.fp8 = f;
