@@ -333,6 +333,7 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
     int calls = 0, overlapped = 0, sequential = 0, combined = 0, mixed = 0, no_rows = 0, nvlinked = 0,
         by_cublas_calls = 0;
     rt::CublasGemm cublas;
+    const int sms = test::device_sms();  // the full grid: one CTA per SM
     for (int trial = 0; trial < 12; ++trial) {
       const int64_t n = kNs[rng() % 3], k = kKs[rng() % 2];
       const plan::TileShape tile = random_tile(rng);
@@ -357,8 +358,8 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
           std::swap(routings[0], routings[size_t(call)]), std::swap(names[0], names[size_t(call)]);
       rt::OverlapAllToAllOptions base;
       base.n = n, base.k = int(k), base.tile = tile, base.comm = nccl;
-      base.ctas = trial % 6 == 5 ? 132 : ctas_for(most_rows, n, tile, 5, rng);
-      base.sequential_ctas = trial % 3 == 0 ? 132 : trial % 3 == 1 ? 0 : int32_t(1 + rng() % 64);
+      base.ctas = trial % 6 == 5 ? sms : ctas_for(most_rows, n, tile, 5, rng);
+      base.sequential_ctas = trial % 3 == 0 ? sms : trial % 3 == 1 ? 0 : int32_t(1 + rng() % 64);
       base.nvlink = trial % 2 == 1;  // (its window mapped over the communicator of one rank)
       const int64_t slack = trial % 2 ? 0 : int64_t(rng() % uint64_t(slack_max + 1));  // (the sizes exactly, or more)
       base.max_rows = most_rows + slack, base.max_recv_rows = most_rows + slack;
@@ -409,7 +410,7 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
         if (m > 0 && by_cublas) {
           cublas.run(kBf16, a.get(), b.get(), y.get(), int(m), int(n), int(k), n, st);
         } else if (m > 0) {
-          const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+          const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, sms, plan::Raster::AlongN, 1);
           kernels::launch_gemm(kernels::plain_gemm(kBf16, a.get(), b.get(), full, int(k), y.get(), n), st);
         }
         kernels::poison(out.get(), cap * ld, st);
@@ -700,13 +701,14 @@ struct RankData {
   // Rank r's inputs from seed sd + r * 100003; tokens_out on ranks with (r + call) % 3 != 0.
   void prepare(const plan::MoeRouting& routing, int64_t ld, uint64_t sd, int call, cudaStream_t st) {
     pa.clear(), pb.clear(), pout.clear(), ptok.clear(), ys.clear();
+    const int sms = test::device_sms();  // the references' grid: one CTA per SM
     for (int r = 0; r < world; ++r) {
       const int64_t m = routing.rows(r);
       const uint64_t rs = sd + uint64_t(r) * 100003;
       if (m > 0) kernels::fill_random(kBf16, a[size_t(r)].get(), m * k, rs, -1.f, 1.f, st);
       kernels::fill_random(kBf16, b[size_t(r)].get(), experts * n * k, rs + 5, -1.f, 1.f, st);
       for (const plan::RowSegment& seg : plan::moe_segments(routing, r)) {  // (one expert: every row at once)
-        const plan::Schedule full = plan::make_schedule(seg.rows, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+        const plan::Schedule full = plan::make_schedule(seg.rows, n, {128, 256}, sms, plan::Raster::AlongN, 1);
         kernels::launch_gemm(kernels::plain_gemm(kBf16, a[size_t(r)].as<char>() + seg.a_row0 * k * 2,
                                                  b[size_t(r)].as<char>() + int64_t{seg.expert} * n * k * 2, full,
                                                  int(k), y[size_t(r)].as<char>() + seg.a_row0 * n * 2, n),
@@ -756,7 +758,7 @@ struct SideBySide {
       constexpr int kCalls = 3;
       const RandomCalls calls_of(world, kCalls, rng, experts);
       rt::OverlapAllToAllOptions o = calls_of.options(n, k, tile, rng);
-      o.experts = experts, o.sequential_ctas = rng() % 2 ? 0 : 132;
+      o.experts = experts, o.sequential_ctas = rng() % 2 ? 0 : test::device_sms();
       RanksOnOneGpu ranks(world, o);
       RankData data(world, n, k, calls_of);
       for (int call = 0; call < kCalls; ++call) {
@@ -922,7 +924,8 @@ void nvlink_forms_match(const std::function<int32_t(std::mt19937_64&)>& experts_
     const RandomCalls calls_of(world, kCalls, rng, experts);
     rt::OverlapAllToAllOptions o = calls_of.options(n, k, tile, rng);
     o.experts = experts;
-    o.sequential_ctas = int32_t(1 + rng() % 132);  // (the NVLink form's grid; W of them share the GPU)
+    // (the NVLink form's grid, up to one CTA per SM; W of them share the GPU)
+    o.sequential_ctas = int32_t(1 + rng() % uint64_t(test::device_sms()));
     NvlinkRanks ranks(world, o);
     RankData data(world, n, k, calls_of);
     for (int call = 0; call < kCalls; ++call) {
@@ -1165,7 +1168,8 @@ TEST(AllToAllOneGpu, BadInputThrowsInvalidArgument) {
   EXPECT_NO_THROW(op.check()) << where;
   // After the refusals, a call goes through: overlapped, two groups, bitwise our GEMM.
   kernels::poison(out.get(), (max_rows + 1) * n, st);
-  const plan::Schedule full = plan::make_schedule(max_rows, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+  const plan::Schedule full =
+      plan::make_schedule(max_rows, n, {128, 256}, test::device_sms(), plan::Raster::AlongN, 1);
   kernels::launch_gemm(kernels::plain_gemm(kBf16, a.get(), b.get(), full, int(k), ref.get(), n), st);
   ASSERT_NO_THROW(run(&ok, {1, 1}, false, out.get(), n, a.get())) << where;
   FO_CUDA_CHECK(cudaStreamSynchronize(st));

@@ -147,6 +147,7 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
   const uint64_t seed = test::fresh_seed();
   std::mt19937_64 rng(seed);
   const kernels::Scales kinds[] = {kernels::Scales::None, kernels::Scales::PerTensor, kernels::Scales::RowWise};
+  const int sms = test::device_sms();  // the whole tiles' grid: one CTA per SM
   for (int trial = 0; trial < 12; ++trial) {
     const int64_t m = 1 + int64_t(rng() % 700), n = 8 * (1 + int64_t(rng() % 80)), k = 16 * (1 + int64_t(rng() % 40));
     const kernels::Scales kind = kinds[trial % 3];
@@ -183,7 +184,7 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
     // (128x128 split again after 128x192: launches of both tiles share one workspace)
     for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{128, true}, std::pair{192, true},
                              std::pair{128, true}}) {
-      const int ctas = split ? stream_ctas : 132;
+      const int ctas = split ? stream_ctas : sms;
       SCOPED_TRACE("tile 128x" + std::to_string(bn) + (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : ""));
       FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
       const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, ctas, plan::Raster::AlongN, 2);
@@ -225,14 +226,15 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b);
   rt::DeviceBuffer dc(size_t(m) * n * 2);
   const uint16_t want = round_out(36864.f, kernels::DType::BF16);
-  rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(132, 192));
+  const int sms = test::device_sms();  // the full grid: one CTA per SM
+  rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(sms, 192));
   FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
   for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{128, true}, std::pair{192, true}}) {
     FO_CUDA_CHECK(cudaMemset(dc.get(), 0, dc.bytes()));
-    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, 132, plan::Raster::AlongN, 2);
+    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, sms, plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
-    if (split) {  // (4 or 6 tiles over 132 CTAs: every tile in ~20-40 pieces)
-      p.stream_k = plan::stream_k_split(s.tiles(), 132, int32_t(k / 128));
+    if (split) {  // (4 or 6 tiles over one CTA per SM: every tile in ~20-40 pieces)
+      p.stream_k = plan::stream_k_split(s.tiles(), sms, int32_t(k / 128));
       EXPECT_TRUE(p.stream_k.on());
       p.stream_k_work = work.get();
     }
@@ -304,7 +306,7 @@ TEST(Fp8Gemm, MatchesCublasLtsFp8Matmul) {
     kernels::Fp8 f;
     f.on = true, f.scales = kind;
     if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
-    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, 132, plan::Raster::AlongN, 2);
+    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, test::device_sms(), plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), ours.get(), n);
     p.fp8 = f;
     kernels::launch_gemm(p, nullptr);
@@ -352,7 +354,7 @@ TEST(Fp8Gemm, BLargerThanTheL2MatchesCublasLtBitwise) {
   std::vector<uint16_t> y(size_t(m) * n);
   FO_CUDA_CHECK(cudaMemcpy(y.data(), theirs.get(), theirs.bytes(), cudaMemcpyDeviceToHost));
   for (int bn : {128, 192}) {
-    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, 132, plan::Raster::AlongN, 2);
+    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, test::device_sms(), plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), ours.get(), n);
     p.fp8 = f;
     ASSERT_TRUE(kernels::gemm_l2_hints(p));

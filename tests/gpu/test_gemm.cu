@@ -78,6 +78,7 @@ class GemmVsCublas : public ::testing::TestWithParam<GemmCase> {};
 TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
   REQUIRE_HOPPER();
   const auto [m, n, k] = GetParam();
+  const int sms = test::device_sms();  // the full grid: one CTA per SM
   for (DType dt : {DType::BF16, DType::FP16}) {
     const uint64_t seed = fresh_seed();
     Problem pr(dt, m, n, k, seed);
@@ -86,7 +87,7 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
     // goes out in two pieces: the same k16 steps in the same order, so
     // bitwise the same C; 128x128 with 5.
     for (auto [bn, four] : {std::pair{256, false}, std::pair{256, true}, std::pair{128, true}}) {
-      for (int ctas : {132, 77, 3}) {
+      for (int ctas : {sms, 77, 3}) {
         SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                      " dtype=" + (dt == DType::BF16 ? "bf16" : "fp16") + " tile 128x" + std::to_string(bn) +
                      (four ? "" : " 3 stages") + " ctas=" + std::to_string(ctas) + " seed=" + std::to_string(seed));
@@ -100,7 +101,7 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
         kernels::launch_gemm(p, nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
         EXPECT_TRUE(test::within(kernels::compare(dt, c.get(), n, pr.ref.get(), n, m, n, nullptr, tolerance(dt, k))));
-        if (bn == 256 && !four && ctas == 132)
+        if (bn == 256 && !four && ctas == sms)
           FO_CUDA_CHECK(cudaMemcpy(c3.get(), c.get(), size_t(m) * n * 2, cudaMemcpyDeviceToDevice));
         if (bn == 256 && four)
           EXPECT_TRUE(test::bitwise(kernels::compare(dt, c.get(), n, c3.get(), n, m, n, nullptr)))
@@ -111,7 +112,7 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
     // split over few or many CTAs; within the bound of cuBLAS, and a second
     // launch on the same workspace bitwise the first (each leaves its flags zero).
     for (int bn : {256, 128})
-      for (int ctas : {132, 7}) {
+      for (int ctas : {sms, 7}) {
         const plan::Schedule s = make_sched(m, n, 128, bn, ctas);
         DeviceBuffer work(kernels::stream_k_workspace_bytes(ctas, bn));
         FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
@@ -137,7 +138,7 @@ TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
           FO_CUDA_CHECK(cudaMemcpy(flags.data(), work.get(), flags.size() * 4, cudaMemcpyDeviceToHost));
           EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "a flag left up";
         }
-        if (ctas == 132) {  // (more CTAs than SMs: a finisher could wait for a CTA not yet dispatched)
+        if (ctas == sms) {  // (more CTAs than SMs: a finisher could wait for a CTA not yet dispatched)
           kernels::GemmParams q = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), make_sched(m, n, 128, bn, 1000), k,
                                                       c.get(), n);
           q.stream_k = plan::StreamK{q.sched.tiles(), 0, (k + 63) / 64, 1000};
@@ -170,7 +171,7 @@ TEST(Gemm, OddLeadingDimensionAndTinyN) {
     kernels::poison(c.get(), int64_t(m) * ldc, nullptr);
     kernels::GemmParams p;
     p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k;
-    p.sched = make_sched(m, n, 128, 128, 132);
+    p.sched = make_sched(m, n, 128, 128, test::device_sms());
     p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = ldc;
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
@@ -192,14 +193,14 @@ TEST(Gemm, ProgrammaticDependentLaunchesWaitForTheKernelBefore) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   const DType dt = DType::BF16;
-  const int m = 4096, n = 4096, k = 4096, n2 = 1024;
+  const int m = 4096, n = 4096, k = 4096, n2 = 1024, sms = test::device_sms();
   Problem pr(dt, m, n, k, seed, false);
   DeviceBuffer b2(size_t(n2) * n * 2), c1(size_t(m) * n * 2), c2(size_t(m) * n2 * 2), r1(c1.bytes()), r2(c2.bytes());
   kernels::fill_random(dt, b2.get(), int64_t(n2) * n, seed + 7, -1.f, 1.f, nullptr);
   auto chain = [&](void* out1, void* out2, bool pdl, cudaStream_t stream) {
     kernels::GemmParams p1 =
-        kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), make_sched(m, n, 128, 256, 132), k, out1, n);
-    kernels::GemmParams p2 = kernels::plain_gemm(dt, out1, b2.get(), make_sched(m, n2, 128, 128, 132), n, out2, n2);
+        kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), make_sched(m, n, 128, 256, sms), k, out1, n);
+    kernels::GemmParams p2 = kernels::plain_gemm(dt, out1, b2.get(), make_sched(m, n2, 128, 128, sms), n, out2, n2);
     p1.pdl = p2.pdl = pdl;
     kernels::launch_gemm(p1, stream);
     kernels::launch_gemm(p2, stream);
@@ -217,13 +218,13 @@ TEST(Gemm, ProgrammaticDependentLaunchesWaitForTheKernelBefore) {
     EXPECT_TRUE(test::bitwise(kernels::compare(dt, c2.get(), n2, r2.get(), n2, m, n2, nullptr)))
         << "round " << round << ": the second GEMM read its A before the first had written it";
   }
-  // Stream-K, 20 tiles split over 132 CTAs, launched 4 times back to back.
+  // Stream-K, 20 tiles split over one CTA per SM, launched 4 times back to back.
   const int ms = 256, ns = 1280;
-  const plan::Schedule s = make_sched(ms, ns, 128, 128, 132);
-  DeviceBuffer work(kernels::stream_k_workspace_bytes(132, 128)), cs(size_t(ms) * ns * 2), rs(cs.bytes());
+  const plan::Schedule s = make_sched(ms, ns, 128, 128, sms);
+  DeviceBuffer work(kernels::stream_k_workspace_bytes(sms, 128)), cs(size_t(ms) * ns * 2), rs(cs.bytes());
   FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
   kernels::GemmParams q = kernels::plain_gemm(dt, pr.a.get(), pr.b.get(), s, k, rs.get(), ns);
-  q.stream_k = plan::StreamK{s.tiles(), 0, k / 64, 132};
+  q.stream_k = plan::StreamK{s.tiles(), 0, k / 64, sms};
   q.stream_k_work = work.get();
   kernels::launch_gemm(q, stream);
   FO_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -231,7 +232,7 @@ TEST(Gemm, ProgrammaticDependentLaunchesWaitForTheKernelBefore) {
   for (int i = 0; i < 4; ++i) kernels::launch_gemm(q, stream);
   FO_CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_TRUE(test::bitwise(kernels::compare(dt, cs.get(), ns, rs.get(), ns, ms, ns, nullptr)));
-  std::vector<uint32_t> flags(132 * 2, 1);
+  std::vector<uint32_t> flags(size_t(sms) * 2, 1);
   FO_CUDA_CHECK(cudaMemcpy(flags.data(), work.get(), flags.size() * 4, cudaMemcpyDeviceToHost));
   EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "a flag left up";
   FO_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -249,14 +250,15 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   const int k = 1024 + 64 * int(rng() % 16);
-  // ~2 tiles per CTA (both tile shapes), and 144 tiles on 132 CTAs: 120 of them compute one tile.
+  // ~2 tiles per CTA (both tile shapes), and 144 tiles on one CTA per SM: 2 x CTAs - 144 of them compute
+  // one tile, the others two.
   const int m0 = 2048 + 128 * int(rng() % 16), n0 = 4096 + 256 * int(rng() % 8);
   for (auto [m, n, bn] : {std::tuple{m0, n0, 256}, std::tuple{m0, n0, 128}, std::tuple{1536, 3072, 256}}) {
     SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " bn=" +
                  std::to_string(bn) + " seed=" + std::to_string(seed));
     Problem pr(DType::BF16, m, n, k, seed, false);
     DeviceBuffer c0(size_t(m) * n * 2), c1(size_t(m) * n * 2);
-    const plan::Schedule s = make_sched(m, n, 128, bn, 132);
+    const plan::Schedule s = make_sched(m, n, 128, bn, test::device_sms());
     kernels::GemmParams p = kernels::plain_gemm(DType::BF16, pr.a.get(), pr.b.get(), s, k, c0.get(), n);
     kernels::launch_gemm(p, nullptr);
     DeviceBuffer mon(size_t(s.tiles()) * 16), ph(size_t(s.ctas) * kernels::kPhaseSlots * 8);
@@ -332,7 +334,7 @@ TEST(GemmMonitor, RuntimeMonitorSummarizesOneLaunch) {
   std::mt19937_64 rng(seed);
   // At least 256 tiles: more than CTAs, so every CTA has consecutive tiles to time.
   const int m = 2048 + 128 * int(rng() % 16), n = 4096 + 256 * int(rng() % 8), k = 512 + 64 * int(rng() % 8);
-  const int ctas = 100 + int(rng() % 33);
+  const int ctas = std::min(100 + int(rng() % 33), test::device_sms());  // (100 to one per SM)
   SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " ctas=" +
                std::to_string(ctas) + " seed=" + std::to_string(seed));
   Problem pr(DType::BF16, m, n, k, seed, false);
@@ -372,7 +374,7 @@ TEST(Gemm, RejectsBadInput) {
   DeviceBuffer buf(1 << 20);
   kernels::GemmParams p;
   p.a = buf.get(), p.b = buf.get(), p.c = buf.get(), p.m = 64, p.n = 64, p.k = 60, p.ldc = 64;
-  p.sched = make_sched(64, 64, 128, 128, 132);
+  p.sched = make_sched(64, 64, 128, 128, test::device_sms());
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // k % 8
   p.k = 64;
   p.a = static_cast<char*>(buf.get()) + 2;
@@ -535,7 +537,7 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
     const uint32_t first_epoch = shape++ == 0 ? 0u : kNearWrap;
     // Leave 16 SMs for the checker blocks (at most 16 groups): the GEMM never
     // waits for them, and they never keep a GEMM CTA from being resident.
-    const int ctas = 132 - 16;
+    const int ctas = test::device_sms() - 16;
     plan::Schedule s = make_sched(m, n, 128, bn, ctas);
     const int tiles = s.tiles(), waves = s.waves();
     Problem pr(DType::BF16, m, n, k, seed);
@@ -620,7 +622,7 @@ TEST(GemmSignal, FourStageRowBandsAreCompleteWhenReleased) {
   for (auto [m, n, k, swizzle] : std::vector<std::tuple<int, int, int, int>>{
            {4096, 8192, 4096, 4}, {3001, 4096, 2048, 2}, {1024, 8192, 8192, 1}}) {
     const uint32_t first_epoch = shape++ == 1 ? 0u : kNearWrap;
-    const int ctas = 132 - 16;  // 16 SMs for the checker blocks (at most 16 groups)
+    const int ctas = test::device_sms() - 16;  // 16 SMs for the checker blocks (at most 16 groups)
     const plan::Schedule s = make_sched(m, n, 128, 256, ctas, plan::Raster::AlongN, swizzle);
     Problem pr(DType::BF16, m, n, k, seed, false);
     const int64_t elems = int64_t(m) * n;
@@ -671,12 +673,13 @@ TEST(GroupedGemm, EachExpertsRowsMatchItsOwnGemmBitwise) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
+  const int sms = test::device_sms();
   for (int trial = 0; trial < 10; ++trial) {
     const DType dt = trial % 3 == 2 ? DType::FP16 : DType::BF16;
     const int experts = std::vector<int>{1, 3, 8, 16}[rng() % 4];
     const int n = 8 * int(1 + rng() % 400) + (trial % 4 == 3 ? 4 : 0);  // (a ragged n now and then)
     const int k = 64 * int(1 + rng() % 24) + (trial % 5 == 4 ? 8 : 0);
-    const int bn = rng() % 2 ? 256 : 128, ctas = trial % 4 == 0 ? int(1 + rng() % 40) : 132;
+    const int bn = rng() % 2 ? 256 : 128, ctas = trial % 4 == 0 ? int(1 + rng() % 40) : sms;
     std::vector<int64_t> counts(static_cast<size_t>(experts));
     for (auto& c : counts) c = rng() % 4 == 0 ? 0 : rng() % 5 == 0 ? 1 : int64_t(rng() % 700);
     const int64_t total = std::max<int64_t>(std::accumulate(counts.begin(), counts.end(), int64_t(0)), 1);
@@ -695,7 +698,7 @@ TEST(GroupedGemm, EachExpertsRowsMatchItsOwnGemmBitwise) {
     const std::vector<plan::RowSegment> segs = plan::expert_segments(counts);
     for (const plan::RowSegment& sg : segs) {
       if (sg.rows == 0) continue;
-      const plan::Schedule se = plan::make_schedule(sg.rows, n, {128, bn}, 132, plan::Raster::AlongN, 2);
+      const plan::Schedule se = plan::make_schedule(sg.rows, n, {128, bn}, sms, plan::Raster::AlongN, 2);
       kernels::launch_gemm(kernels::plain_gemm(dt, static_cast<const char*>(a.get()) + sg.a_row0 * k * 2,
                                                static_cast<const char*>(b.get()) + int64_t(sg.expert) * n * k * 2, se,
                                                k, static_cast<char*>(ref.get()) + sg.a_row0 * ldc * 2, ldc),
@@ -853,11 +856,12 @@ TEST(Reorder, SlotsBackToRowsAndNormed) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
+  const int sms = test::device_sms();
   int call = 0;
   for (auto [m, n, k, bn] : std::vector<std::tuple<int, int, int, int>>{
            {1000, 1000, 256, 128}, {3001, 4104, 512, 256}, {129, 72, 64, 128}, {2048, 2048, 128, 256}}) {
     const DType dt = rng() % 2 ? DType::BF16 : DType::FP16;
-    const plan::Schedule s = make_sched(m, n, 128, bn, 1 + int(rng() % 132),
+    const plan::Schedule s = make_sched(m, n, 128, bn, 1 + int(rng() % uint64_t(sms)),
                                         rng() % 2 ? plan::Raster::AlongM : plan::Raster::AlongN, 1 + int(rng() % 8));
     const int64_t ld = n + 8 * int64_t(rng() % 3);  // (a strided output sometimes)
     const float eps = test::eps_for_call(call++, double(k) / 9 + 1.0 / 3);
@@ -934,7 +938,8 @@ TEST(Reorder, GatheredBlocksSumInRankOrderAndNorm) {
 
 }  // namespace
 
-// The owner layout's tests (4 stages, 128x256 tiles): a shape and its grid.
+// The owner layout's tests (4 stages, 128x256 tiles): a shape and its grid
+// (test::kFullGrid: one CTA per SM; test::grid_ctas gives it on the device).
 struct OwnerShape {
   int m, n, k, ctas;
 };
@@ -964,11 +969,11 @@ TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   for (DType dt : {DType::BF16, DType::FP16})
-    for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, 132}, OwnerShape{3001, 2048, 256, 132},
-                                OwnerShape{256, 520, 64, 3}, OwnerShape{640, 2048, 1024, 5},
-                                OwnerShape{4096, 4096, 512, 132}}) {
+    for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, test::kFullGrid},
+                                OwnerShape{3001, 2048, 256, test::kFullGrid}, OwnerShape{256, 520, 64, 3},
+                                OwnerShape{640, 2048, 1024, 5}, OwnerShape{4096, 4096, 512, test::kFullGrid}}) {
       Problem pr(dt, sh.m, sh.n, sh.k, seed + sh.m, false);
-      const plan::Schedule s = owner_sched(sh);
+      const plan::Schedule s = owner_sched({sh.m, sh.n, sh.k, test::grid_ctas(sh.ctas)});
       const size_t c_elems = size_t(sh.m) * sh.n;
       DeviceBuffer partial(c_elems * 2), c(c_elems * 2);
       kernels::GemmParams p;
@@ -978,7 +983,7 @@ TEST(GemmOwners, OneGpuStandInPeerGetsEveryTileOnce) {
       p.c = c.get();
       const int rank = int(rng() % 2), half = int(rng() % 2), push_tma = int(rng() % 3);
       SCOPED_TRACE("m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
-                   " ctas=" + std::to_string(sh.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " rank " +
+                   " ctas=" + std::to_string(s.ctas) + (dt == DType::BF16 ? " bf16" : " fp16") + " rank " +
                    std::to_string(rank) + " half " + std::to_string(half) + " push_tma " + std::to_string(push_tma) +
                    " seed " + std::to_string(seed));
       for (const bool pushers : {false, true}) {  // (a fresh stand-in each: it counts every tile)
@@ -1222,10 +1227,11 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
   const uint64_t seed = fresh_seed();
   for (DType dt : {DType::BF16, DType::FP16})
     for (const int world : {3, 4, 8})
-      for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, 132}, OwnerShape{3001, 2048, 256, 132},
-                                  OwnerShape{640, 2048, 1024, 5}, OwnerShape{2048, 4104, 512, 132},
-                                  OwnerShape{128, 512, 64, 1}}) {
-        const plan::Schedule s = owner_sched({sh.m, sh.n, sh.k, std::min(sh.ctas, rt::current_device_sms() / world)});
+      for (const OwnerShape sh : {OwnerShape{1000, 1024, 512, test::kFullGrid},
+                                  OwnerShape{3001, 2048, 256, test::kFullGrid}, OwnerShape{640, 2048, 1024, 5},
+                                  OwnerShape{2048, 4104, 512, test::kFullGrid}, OwnerShape{128, 512, 64, 1}}) {
+        const plan::Schedule s =
+            owner_sched({sh.m, sh.n, sh.k, std::min(test::grid_ctas(sh.ctas), test::device_sms() / world)});
         const uint32_t first_epoch = world == 4 ? 0u : kNearWrap;  // (across the wrap but at W = 4)
         SCOPED_TRACE("world " + std::to_string(world) + " m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) +
                      " k=" + std::to_string(sh.k) + " ctas=" + std::to_string(s.ctas) +

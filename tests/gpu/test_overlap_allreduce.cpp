@@ -46,6 +46,7 @@ constexpr int kWorld = 2;
 #define REQUIRE_TWO_GPUS() FO_REQUIRE_HOPPER_GPUS(kWorld)
 
 using test::fresh_seed;
+using test::kFullGrid;
 using test::random_groups;
 using test::sched_for;
 
@@ -54,7 +55,7 @@ using test::sched_for;
 void on_each_rank(const std::function<void(int, ncclComm_t)>& body) { test::on_each_rank(kWorld, body); }
 
 struct Case {
-  int m, n, k, bn, ctas;
+  int m, n, k, bn, ctas;  // ctas: kFullGrid, one CTA per SM; another count, at most the SMs (test::grid_ctas)
   DType dt;
   rt::ArLayout layout = rt::ArLayout::Slots;
   bool copy_in_gemm = true;  // owners: the producer warps copy the peer's finals during the GEMM
@@ -68,10 +69,11 @@ struct Case {
 };
 
 // What the case is (FO_TEST_CASES matches against it), before the random
-// swizzle, groups and seed.
+// swizzle, groups and seed; its grid as it runs on this device.
 std::string case_name(const Case& c) {
   return "m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " tile 128x" +
-         std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") + " ctas=" + std::to_string(c.ctas) +
+         std::to_string(c.bn) + (c.four_stages ? "" : " 3 stages") +
+         " ctas=" + std::to_string(test::grid_ctas(c.ctas)) +
          (c.push_tma == rt::OverlapAllReduceOptions{}.push_tma ? ""
           : " push_tma=" + std::to_string(c.push_tma)) +
          (c.owners_wide ? " wide" : "") + (c.fallback ? " fallback" : "");
@@ -90,7 +92,8 @@ void check_case(const Case& c, uint64_t seed, int world = kWorld) {
   const int tiles_m = (c.m + 127) / 128;
   const int swizzle = 1 + int(rng() % 8);
   const plan::Schedule s =
-      sched_for(c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
+      sched_for(c.m, c.n, c.bn, test::grid_ctas(c.ctas),
+                rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
   const std::vector<plan::Group> groups =
       c.fallback ? plan::make_groups(s, {s.waves()}) : random_groups(s, c.layout, rng);
   const uint32_t first_epoch = rng() % 2 ? 0u : 0xFFFFFFFEu - uint32_t(rng() % 4);  // (calls 1-9 across the wrap)
@@ -127,7 +130,7 @@ void check_case(const Case& c, uint64_t seed, int world = kWorld) {
     }
     rt::CublasGemm cublas;
     plan::Schedule full = s;
-    full.ctas = 132;
+    full.ctas = test::device_sms();
     rt::Timeline traced;  // (trace: call 1's timeline; calls 0 and 2 run untraced)
     for (int call = 0; call < 3; ++call) {  // fresh inputs each call
       if (c.trace) op.set_tracing(call == 1);
@@ -185,7 +188,7 @@ void check_case(const Case& c, uint64_t seed, int world = kWorld) {
     if (c.trace && c.layout == rt::ArLayout::Owners) {  // the traced call's phases: every CTA with a tile staged, stored, copied
       EXPECT_EQ(op.four_stages(), c.four_stages && c.bn == 256) << where;
       const rt::Timeline tl = op.timeline();
-      EXPECT_EQ(tl.phases.ctas, std::min(c.ctas, s.tiles())) << where;
+      EXPECT_EQ(tl.phases.ctas, std::min(s.ctas, s.tiles())) << where;
       EXPECT_GT(tl.phases.staged_median_us, 0.0) << where;
       EXPECT_GE(tl.phases.stored_max_us, tl.phases.staged_max_us) << where;
       EXPECT_GT(tl.phases.copied_max_us, 0.0) << where;
@@ -228,23 +231,25 @@ TEST(OverlapAllReduce, RowBandsMatchSequentialBitwise) {
 // finals in the GEMM and after it.
 std::vector<Case> owner_cases() {
   constexpr auto O = rt::ArLayout::Owners;
-  return {{4096, 8192, 4096, 256, 132, DType::BF16, O, true, false},
-          {3001, 7168, 2048, 128, 132, DType::FP16, O, false, false},
+  return {{4096, 8192, 4096, 256, kFullGrid, DType::BF16, O, true, false},
+          {3001, 7168, 2048, 128, kFullGrid, DType::FP16, O, false, false},
           {777, 4104, 512, 128, 100, DType::BF16, O, true, false},
           {1000, 1000, 1000, 128, 7, DType::BF16, O, true, false},
           {2048, 4096, 8192, 256, 124, DType::FP16, O, true, false},
-          {2048, 4096, 1024, 256, 132, DType::BF16, O, true, true},  // misaligned output
-          {1024, 2048, 256, 128, 132, DType::BF16, O, true, false},   // 128 tiles on 132 CTAs
-          {1024, 2048, 256, 128, 132, DType::BF16, O, false, false},
+          {2048, 4096, 1024, 256, kFullGrid, DType::BF16, O, true, true},  // misaligned output
+          // 128 tiles on one CTA per SM (fewer tiles than CTAs on an H100 SXM or H200)
+          {1024, 2048, 256, 128, kFullGrid, DType::BF16, O, true, false},
+          {1024, 2048, 256, 128, kFullGrid, DType::BF16, O, false, false},
           // 128x256 with 3 stages (the output pushed from shared memory) beside the 4-stage cases above
-          {4096, 8192, 4096, 256, 132, DType::BF16, O, true, false, false},
-          {3001, 4104, 1024, 256, 132, DType::FP16, O, false, false, false},
-          {3001, 4104, 1024, 256, 132, DType::FP16, O, false, false},  // ragged, 4 stages
-          // tiles = 2 x CTAs: each CTA's two tiles are computed by the peer in the other order
-          {1408, 6144, 512, 256, 132, DType::BF16, O, true, false},
+          {4096, 8192, 4096, 256, kFullGrid, DType::BF16, O, true, false, false},
+          {3001, 4104, 1024, 256, kFullGrid, DType::FP16, O, false, false, false},
+          {3001, 4104, 1024, 256, kFullGrid, DType::FP16, O, false, false},  // ragged, 4 stages
+          // tiles = 2 x CTAs (264 tiles on an H100 SXM's or H200's one CTA per SM): each CTA's two
+          // tiles are computed by the peer in the other order
+          {1408, 6144, 512, 256, kFullGrid, DType::BF16, O, true, false},
           // traced (the phase monitor), on 4 and on 3 stages
-          {2048, 4096, 1024, 256, 132, DType::BF16, O, true, false, true, true},
-          {2048, 4096, 1024, 256, 132, DType::BF16, O, true, false, false, true}};
+          {2048, 4096, 1024, 256, kFullGrid, DType::BF16, O, true, false, true, true},
+          {2048, 4096, 1024, 256, kFullGrid, DType::BF16, O, true, false, false, true}};
 }
 
 // Row bands on 2 ranks with owners: each tile summed in its owner's epilogue
@@ -279,7 +284,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
                           Shape{3001, 4104, 1024, 256, DType::FP16, 1, true}}) {
     const uint64_t seed = fresh_seed();
     std::mt19937_64 rng(seed);
-    const plan::Schedule s = sched_for(sh.m, sh.n, sh.bn, 132, 1 + int(rng() % 4));
+    const plan::Schedule s = sched_for(sh.m, sh.n, sh.bn, test::device_sms(), 1 + int(rng() % 4));
     const std::vector<plan::Group> groups = random_groups(s, rt::ArLayout::Owners, rng);
     const std::string where = std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k) +
                               " tile 128x" + std::to_string(sh.bn) + " push_tma=" + std::to_string(sh.push_tma) +
@@ -303,7 +308,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
       EXPECT_EQ(slot1, 1);
       EXPECT_THROW(op.run_registered(a.get(), b.get(), 2, st), InvalidArgument);
       plan::Schedule full = s;
-      full.ctas = 132;
+      full.ctas = test::device_sms();
       for (int call = 0; call < 4; ++call) {  // slots 0, 0, 1, 0: a buffer reused in consecutive calls too
         const int slot = call == 2 ? slot1 : slot0;
         void* out = slot == slot1 ? out1.get() : out0.get();
@@ -394,13 +399,13 @@ TEST(OverlapAllReduce, OwnersWidePathMatchesSequentialBitwise) {
 // the output, then one ncclAllReduce; into a strided output too.
 TEST(OverlapAllReduce, SequentialFallbackMatches) {
   REQUIRE_TWO_GPUS();
-  std::vector<Case> cases = {{128, 256, 64, 256, 4, DType::BF16}, {1000, 2048, 1024, 256, 132, DType::FP16}};
+  std::vector<Case> cases = {{128, 256, 64, 256, 4, DType::BF16}, {1000, 2048, 1024, 256, kFullGrid, DType::FP16}};
   for (Case& c : cases) c.fallback = true;
   check_cases(cases);
   const uint64_t seed = fresh_seed();
   on_each_rank([&](int rank, ncclComm_t comm) {
     const int m = 1000, n = 2048, k = 1024;
-    const plan::Schedule s = sched_for(m, n, 256, 132, 4);
+    const plan::Schedule s = sched_for(m, n, 256, test::device_sms(), 4);
     rt::OverlapAllReduceOptions o;
     o.sched = s, o.groups = plan::make_groups(s, {s.waves()}), o.k = k, o.comm = comm, o.rank = rank;
     rt::OverlapAllReduce op(o);
@@ -428,7 +433,7 @@ TEST(OverlapAllReduceOneGpu, NcclLayoutsMatchTheirReferences) {
       {4096, 8192, 2048, 256, 116, DType::BF16, L::Slots},       {3001, 7168, 1024, 128, 120, DType::FP16, L::Slots},
       {777, 4104, 512, 128, 100, DType::BF16, L::Slots},         {4096, 8192, 2048, 256, 114, DType::BF16, L::RowBands},
       {3001, 7168, 1024, 128, 120, DType::FP16, L::RowBands},    {777, 4104, 512, 128, 100, DType::FP16, L::RowBands},
-      {128, 256, 64, 256, 4, DType::BF16},                       {1000, 2048, 1024, 256, 132, DType::FP16}};
+      {128, 256, 64, 256, 4, DType::BF16},                       {1000, 2048, 1024, 256, kFullGrid, DType::FP16}};
   cases[cases.size() - 1].fallback = cases[cases.size() - 2].fallback = true;
   check_cases(cases, 1);
 }
@@ -472,7 +477,7 @@ TEST(OverlapAllReduceOneGpu, CallsOnTwoStreamsTwoOpsAndDestroyInFlight) {
   const uint64_t seed = fresh_seed();
   test::on_each_rank(1, [&](int rank, ncclComm_t comm) {
     const int m = 2048, n = 4096, k = 1024, calls = 6;
-    const plan::Schedule s = sched_for(m, n, 256, 116, 4);
+    const plan::Schedule s = sched_for(m, n, 256, test::grid_ctas(116), 4);
     auto options = [&](rt::ArLayout layout) {
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank, o.wait_timeout_s = 5;
@@ -573,7 +578,7 @@ std::pair<std::vector<std::string>, double> stuck_group_messages(
 TEST(OverlapAllReduce, StuckGroupFailsWithMessageInsteadOfHanging) {
   REQUIRE_TWO_GPUS();
   const auto [messages, secs] = stuck_group_messages([](int, ncclComm_t) {
-    const plan::Schedule s = sched_for(2048, 4096, 256, 116, 4);
+    const plan::Schedule s = sched_for(2048, 4096, 256, test::grid_ctas(116), 4);
     rt::OverlapAllReduceOptions o;
     o.sched = s, o.groups = plan::make_groups(s, {1, 1, s.waves() - 2});
     return o;
@@ -647,7 +652,7 @@ TEST(OverlapAllReduce, OwnersBackToBackCallsWithASlowRank) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 2048, n = 4096, k = 1024, calls = 8;
       std::mt19937_64 rng(seed);  // the same schedule on both ranks
-      const plan::Schedule s = sched_for(m, n, bn, 132, 1 << int(rng() % 3));
+      const plan::Schedule s = sched_for(m, n, bn, test::device_sms(), 1 << int(rng() % 3));
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.layout = rt::ArLayout::Owners, o.k = k, o.comm = comm, o.rank = rank;
       o.groups = plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
@@ -691,10 +696,11 @@ TEST(OverlapAllReduce, OwnersBackToBackCallsWithASlowRank) {
 TEST(OverlapAllReduce, CallThatThrowsKeepsTheEpoch) {
   REQUIRE_TWO_GPUS();
   const uint64_t seed = fresh_seed();
-  for (const auto [layout, ctas] : {std::pair{rt::ArLayout::Owners, 132}, std::pair{rt::ArLayout::RowBands, 120}}) {
+  for (const auto [layout, ctas] :
+       {std::pair{rt::ArLayout::Owners, kFullGrid}, std::pair{rt::ArLayout::RowBands, 120}}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 1024, n = 2048, k = 512;
-      const plan::Schedule s = sched_for(m, n, 256, ctas, 2);
+      const plan::Schedule s = sched_for(m, n, 256, test::grid_ctas(ctas), 2);
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.layout = layout, o.k = k, o.comm = comm, o.rank = rank;
       o.groups = plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
@@ -730,7 +736,8 @@ TEST(OverlapAllReduce, RmsNormRejectsOverlappingBuffers) {
   for (rt::ArLayout layout : {rt::ArLayout::RowBands, rt::ArLayout::Owners}) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 1024, n = 2048, k = 256;
-      const plan::Schedule s = sched_for(m, n, 256, layout == rt::ArLayout::Owners ? 132 : 120, 2);
+      const int ctas = test::grid_ctas(layout == rt::ArLayout::Owners ? kFullGrid : 120);
+      const plan::Schedule s = sched_for(m, n, 256, ctas, 2);
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.groups = plan::band_groups(s, {2, 2}), o.k = k, o.comm = comm, o.rank = rank;
       o.layout = layout;
@@ -835,7 +842,7 @@ TEST(OverlapAllReduce, OwnersStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
   for (const bool copy : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
-      const plan::Schedule s = sched_for(2048, 4096, 256, 132, 4);
+      const plan::Schedule s = sched_for(2048, 4096, 256, test::device_sms(), 4);
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.groups = plan::band_groups(s, {1, 1, 2});
       o.layout = rt::ArLayout::Owners;

@@ -43,7 +43,7 @@ int world_over_two() { return std::min(rt::hopper_device_count(), 8); }
 #define REQUIRE_WORLD_OVER_TWO() FO_REQUIRE_HOPPER_GPUS(3)
 
 struct WorldCase {
-  int m, n, k, bn, ctas;
+  int m, n, k, bn, ctas;  // ctas: test::kFullGrid, one CTA per SM; another count, at most the SMs (test::grid_ctas)
   DType dt;
   rt::ArLayout layout;
   bool copy_in_gemm = true;  // owners: the producer warps copy the other ranks' finals during the GEMM
@@ -52,7 +52,7 @@ struct WorldCase {
 
 std::string describe(const WorldCase& c, int world) {
   return std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k) + " tile 128x" +
-         std::to_string(c.bn) + " ctas=" + std::to_string(c.ctas) + " " + rt::layout_name(c.layout) +
+         std::to_string(c.bn) + " ctas=" + std::to_string(test::grid_ctas(c.ctas)) + " " + rt::layout_name(c.layout) +
          (c.copy_in_gemm ? "" : " copy after") + (c.registered ? " registered output" : "") + " world " +
          std::to_string(world);
 }
@@ -63,8 +63,9 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int tiles_m = (c.m + 127) / 128;
   const int swizzle = 1 + int(rng() % 8);
-  const plan::Schedule s = test::sched_for(
-      c.m, c.n, c.bn, c.ctas, rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
+  const plan::Schedule s =
+      test::sched_for(c.m, c.n, c.bn, test::grid_ctas(c.ctas),
+                      rt::is_banded(c.layout) ? std::min(swizzle, std::max(1, tiles_m / 2)) : swizzle);
   const std::vector<plan::Group> groups = test::random_groups(s, c.layout, rng);
   const std::string where = describe(c, world) + " swizzle " + std::to_string(s.swizzle) + " groups " +
                             std::to_string(groups.size()) + " seed=" + std::to_string(seed);
@@ -86,7 +87,7 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
     const int slot = c.registered ? op.register_output(out.get(), c.n) : -1;  // (collective)
     if (c.registered && owners) EXPECT_TRUE(op.finals_into_outputs()) << where;
     plan::Schedule full = s;
-    full.ctas = 132;
+    full.ctas = test::device_sms();
     for (int call = 0; call < 3; ++call) {
       const uint64_t sd = seed + 1000 * call + 17 * rank;
       kernels::fill_random(c.dt, a.get(), int64_t(c.m) * c.k, sd, -1.f, 1.f, st);
@@ -163,10 +164,11 @@ TEST(OverlapAllReduceWorld, EachLayoutMatchesItsReferenceOnEveryGpu) {
 TEST(OverlapAllReduceWorld, OwnersOnEveryGpuSumInTheirOrder) {
   REQUIRE_WORLD_OVER_TWO();
   const rt::ArLayout l = rt::ArLayout::Owners;
+  constexpr int kFull = test::kFullGrid;  // (one CTA per SM)
   const std::vector<WorldCase> cases = {
-      {2048, 4096, 1024, 256, 132, DType::BF16, l},       {2048, 4096, 1024, 256, 132, DType::BF16, l, true, true},
-      {3001, 4104, 1024, 256, 132, DType::FP16, l, false}, {3001, 4104, 1024, 256, 116, DType::FP16, l, true, true},
-      {1000, 2048, 512, 256, 132, DType::BF16, l},        {1024, 8192, 2048, 256, 132, DType::BF16, l, true, true}};
+      {2048, 4096, 1024, 256, kFull, DType::BF16, l},       {2048, 4096, 1024, 256, kFull, DType::BF16, l, true, true},
+      {3001, 4104, 1024, 256, kFull, DType::FP16, l, false}, {3001, 4104, 1024, 256, 116, DType::FP16, l, true, true},
+      {1000, 2048, 512, 256, kFull, DType::BF16, l},        {1024, 8192, 2048, 256, kFull, DType::BF16, l, true, true}};
   for (const WorldCase& c : cases) check_world_case(c, test::fresh_seed());
 }
 

@@ -99,12 +99,13 @@ TEST(ReduceScatterOneGpu, EveryLayoutAndPlanMatchesOurGemm) {
         ref(size_t(max_m) * n * 2), residual(size_t(max_m) * n * 2), weight(size_t(n) * 2), y(size_t(max_m) * n * 2),
         h(size_t(max_m) * n * 2);
     int overlapped = 0, by_tma = 0;
+    const int sms = test::device_sms();  // the full grid: one CTA per SM
     for (int trial = 0; trial < 24; ++trial) {
       const plan::RsLayout layout = trial % 2 ? plan::RsLayout::SubTile : plan::RsLayout::Standard;
       int64_t m = 1 + int64_t(rng() % uint64_t(max_m));
       if (trial % 3 == 0) m = std::max<int64_t>(128, m - m % 128);  // (whole tiles: stored by TMA)
       rt::OverlapReduceScatterOptions o;
-      o.sched = random_schedule(m, n, trial % 4 == 1 ? 132 : -1, layout, rng);
+      o.sched = random_schedule(m, n, trial % 4 == 1 ? sms : -1, layout, rng);
       o.groups = trial % 6 == 5 ? plan::make_groups(o.sched, {o.sched.waves()}) : random_groups(o.sched, rng);
       o.layout = layout, o.k = int(k), o.comm = nccl;
       o.testing.rows_store = trial % 6 == 3;
@@ -120,7 +121,7 @@ TEST(ReduceScatterOneGpu, EveryLayoutAndPlanMatchesOurGemm) {
         kernels::fill_random(kBf16, b.get(), n * k, sd + 1, -1.f, 1.f, st);
         kernels::poison(out.get(), m * ld, st);
         op.run(a.get(), b.get(), out.get(), ld, st);
-        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, sms, plan::Raster::AlongN, 1);
         kernels::launch_gemm(kernels::plain_gemm(kBf16, a.get(), b.get(), full, int(k), ref.get(), n), st);
         FO_CUDA_CHECK(cudaStreamSynchronize(st));
         op.check();
@@ -199,6 +200,7 @@ TEST(ReduceScatterOneGpu, RanksSideBySideMatchTheirSum) {
   cudaStream_t st;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int64_t n = 640, k = 128;
+  const int sms = test::device_sms();  // the references' grid: one CTA per SM
   for (int trial = 0; trial < 12; ++trial) {
     const int world = 2 + trial % 3;  // 2, 3, 4
     const plan::RsLayout layout = world != 3 && trial % 2 ? plan::RsLayout::SubTile : plan::RsLayout::Standard;
@@ -227,7 +229,7 @@ TEST(ReduceScatterOneGpu, RanksSideBySideMatchTheirSum) {
         kernels::fill_random(kBf16, a[r].get(), m * k, sd, -1.f, 1.f, st);
         kernels::fill_random(kBf16, b[r].get(), n * k, sd + 5, -1.f, 1.f, st);
         kernels::poison(out[r].get(), ranks.ops[size_t(r)]->out_rows() * n, st);
-        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, sms, plan::Raster::AlongN, 1);
         kernels::launch_gemm(kernels::plain_gemm(kBf16, a[r].get(), b[r].get(), full, int(k), c[r].get(), n), st);
         cs.push_back(c[r].get());
       }
@@ -265,6 +267,7 @@ TEST(ReduceScatterNvlinkOnOneGpu, RanksSideBySideMatchTheirSum) {
   cudaStream_t st;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   static const int kWorlds[] = {2, 3, 4, 8};
+  const int sms = test::device_sms();  // one CTA per SM: the bound of the random grids, the references' grid
   int calls = 0;
   for (int trial = 0; trial < 12; ++trial) {
     const int world = kWorlds[trial % 4];
@@ -272,7 +275,7 @@ TEST(ReduceScatterNvlinkOnOneGpu, RanksSideBySideMatchTheirSum) {
     int64_t m = world * (1 + int64_t(rng() % (1200 / world)));
     if (trial % 3 == 1) m = 128 * world * (1 + int64_t(rng() % 3));
     rt::OverlapReduceScatterOptions o;
-    o.sched = random_schedule(m, n, int(1 + rng() % 132), plan::RsLayout::Standard, rng);
+    o.sched = random_schedule(m, n, int(1 + rng() % uint64_t(sms)), plan::RsLayout::Standard, rng);
     o.groups = plan::make_groups(o.sched, {o.sched.waves()});
     o.k = int(k), o.wait_timeout_s = 20;
     NvlinkRanks ranks(world, o);
@@ -295,7 +298,7 @@ TEST(ReduceScatterNvlinkOnOneGpu, RanksSideBySideMatchTheirSum) {
         kernels::fill_random(kBf16, a[r].get(), m * k, sd, -1.f, 1.f, st);
         kernels::fill_random(kBf16, b[r].get(), n * k, sd + 5, -1.f, 1.f, st);
         kernels::poison(out[r].get(), q * ld, st);
-        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, 132, plan::Raster::AlongN, 1);
+        const plan::Schedule full = plan::make_schedule(m, n, {128, 256}, sms, plan::Raster::AlongN, 1);
         kernels::launch_gemm(kernels::plain_gemm(kBf16, a[r].get(), b[r].get(), full, int(k), c[r].get(), n), st);
         cs.push_back(c[r].get());
       }
