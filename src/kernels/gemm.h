@@ -168,7 +168,9 @@ struct Owner {
 // scale_b, rounded once, as torch._scaled_mm scales. 128 x 128 tiles (a
 // part per k-block, two parts: the next k-block's MMAs issued before this
 // one's promotion), or 128 x 192 (one part of two k-blocks; Plain or slot
-// stores only: no scatter); no owner layout, no grouped GEMM yet.
+// stores only: no scatter), or 128 x 160 (as 128 x 192; Plain C only: a
+// tile's last 32 columns go out by a map of their own); no owner layout,
+// no grouped GEMM yet.
 enum class Scales : int32_t { None = 0, PerTensor = 1, RowWise = 2 };
 struct Fp8 {
   bool on = false;
@@ -280,8 +282,9 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
   return p;
 }
 
-// Tile shapes the kernel is compiled for.
-bool tile_supported(int bm, int bn, bool fp8 = false);  // (FP8: 128x128 and 128x192)
+// The tiles the ops' GEMMs take (FP8: 128x128 and 128x192; check_gemm_params
+// also takes FP8's 128x160 with a plain C, the lab's experiment).
+bool tile_supported(int bm, int bn, bool fp8 = false);
 
 // Throws flashoverlap::InvalidArgument naming the shape and the problem
 // (unsupported tile, k not a multiple of 8, misaligned pointer, ...).

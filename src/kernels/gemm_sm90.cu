@@ -22,9 +22,11 @@ constexpr int kStages256 = 3;      // 3 x 48 KB + 64 KB
 constexpr int kStages128 = 5;      // 5 x 32 KB + 32 KB
 constexpr int kStages128Fp8 = 6;   // 6 x 32 KB + 32 KB (no owner staging)
 constexpr int kStages192 = 4;      // 4 x 40 KB + 48 KB (FP8)
+constexpr int kStages160 = 5;      // 5 x 36 KB + 40 KB (FP8)
 template <int BN, typename TIn>
 constexpr int kStagesOf = BN == 256                                ? kStages256
                           : BN == 192                              ? kStages192
+                          : BN == 160                              ? kStages160
                           : std::is_same_v<TIn, __nv_fp8_e4m3> ? kStages128Fp8
                                                                    : kStages128;
 
@@ -73,22 +75,24 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 // A 2D row-major tensor [rows x cols] of 2-byte elements (1-byte: e4m3, as
 // UINT8), `ld` elements per row, read or written in boxes of box_rows rows x
-// 128 bytes with 128-byte swizzle.
+// 128 bytes with 128-byte swizzle (box_bytes 64: 64 bytes, 64-byte swizzle,
+// the last 32 columns of a 128x160 tile).
 CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows,
-                     CUtensorMapDataType dt, const char* what) {
+                     CUtensorMapDataType dt, const char* what, uint32_t box_bytes = 128) {
   CUtensorMap map;
   const uint32_t bytes = dt == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {ld * bytes};
-  const cuuint32_t box[2] = {128 / bytes, box_rows};
+  const cuuint32_t box[2] = {box_bytes / bytes, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUresult r = encode_fn()(&map, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           box_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::ostringstream os;
     os << "cuTensorMapEncodeTiled failed (CUresult " << int(r) << ") for " << what << " [" << rows << " x " << cols
-       << ", ld " << ld << ", box " << box_rows << " x " << 128 / bytes << "]";
+       << ", ld " << ld << ", box " << box_rows << " x " << box_bytes / bytes << "]";
     throw Error(os.str());
   }
   return map;
@@ -127,9 +131,10 @@ void check_gemm_params(const GemmParams& p) {
   if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   const Grouped& g = p.grouped;
-  if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on))
-    fail(p.fp8.on ? "fp8: 128x128 or 128x192 tiles (a sum and its parts in the consumers' registers)"
-                  : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x128, 128x192)");
+  const bool fp8_160 = p.fp8.on && p.sched.bm == 128 && p.sched.bn == 160;  // (plain C only: below)
+  if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on) && !fp8_160)
+    fail(p.fp8.on ? "fp8: 128x128, 128x160 or 128x192 tiles (a sum and its parts in the consumers' registers)"
+                  : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x128, 128x160, 128x192)");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
   if (p.sched.swizzle < 1) fail("swizzle must be >= 1");
@@ -179,6 +184,7 @@ void check_gemm_params(const GemmParams& p) {
   if (f8.on) {
     if (p.k % 16 != 0) fail("fp8: k must be a multiple of 16 (rows of A and B 16-byte multiples for TMA)");
     if (p.sched.bn == 192 && p.scatter.world > 0) fail("fp8: the scatter epilogue takes 128x128 tiles");
+    if (p.sched.bn == 160 && p.store != Store::Plain) fail("fp8: 128x160 tiles store a plain C only");
     if (p.owner.rank >= 0 || g.a_row0) fail("fp8: not with the owner layout or the grouped GEMM yet");
   }
   if (f8.scales != Scales::None && f8.scales != Scales::PerTensor && f8.scales != Scales::RowWise)
@@ -332,6 +338,8 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   // staging buffer (the same box and swizzle as C's stores), and its copy of
   // the peer's tiles writes C directly.
   CUtensorMap mw = mc, mp = mc, mq = mc;
+  if (bn == 160 && kp.tma_store)  // (its last 32 columns: their own map, in the owner window's place)
+    mw = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C's last 32 columns of a tile", 64);
   if (p.owner.rank >= 0) {
     mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");
     kp.out = p.c;
@@ -344,14 +352,18 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
-  if (p.fp8.on) {  // (128x128 or 128x192 tiles, checked)
+  if (p.fp8.on) {  // (128x128, 128x160 or 128x192 tiles, checked)
     const bool bf = p.dtype == DType::BF16;
     const bool split = p.stream_k.on();
-    const auto kernel = bn == 192 ? (bf ? kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split)
-                                        : kernel_for<192, __half, __nv_fp8_e4m3>(split))
-                                  : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split)
-                                        : kernel_for<128, __half, __nv_fp8_e4m3>(split));
-    const int smem = bn == 192 ? smem_for<192, __nv_fp8_e4m3>() : smem_for<128, __nv_fp8_e4m3>();
+    const auto kernel = bn == 192   ? (bf ? kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split)
+                                          : kernel_for<192, __half, __nv_fp8_e4m3>(split))
+                        : bn == 160 ? (bf ? kernel_for<160, __nv_bfloat16, __nv_fp8_e4m3>(split)
+                                          : kernel_for<160, __half, __nv_fp8_e4m3>(split))
+                                    : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split)
+                                          : kernel_for<128, __half, __nv_fp8_e4m3>(split));
+    const int smem = bn == 192   ? smem_for<192, __nv_fp8_e4m3>()
+                     : bn == 160 ? smem_for<160, __nv_fp8_e4m3>()
+                                 : smem_for<128, __nv_fp8_e4m3>();
     launch(kernel, grid, block, smem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
@@ -399,6 +411,8 @@ void preload_gemm_kernels() {
     prepare(kernel_for<128, __half, __nv_fp8_e4m3>(split), smem_for<128, __nv_fp8_e4m3>());
     prepare(kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<192, __nv_fp8_e4m3>());
     prepare(kernel_for<192, __half, __nv_fp8_e4m3>(split), smem_for<192, __nv_fp8_e4m3>());
+    prepare(kernel_for<160, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<160, __nv_fp8_e4m3>());
+    prepare(kernel_for<160, __half, __nv_fp8_e4m3>(split), smem_for<160, __nv_fp8_e4m3>());
   }
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);

@@ -45,11 +45,11 @@ namespace flashoverlap::kernels {
 // Registers per thread of the producer and of each consumer warpgroup: 4
 // stages (the output in pieces) 88 / 208; 3 stages at 128x256 56 / 224; 5
 // stages at 128x128 64 / 216 (its accumulators are half as many); FP8 at
-// 128x192 40 / 232 (a sum and one part of 96 each; plain stores only).
+// 128x192 and 128x160 40 / 232 (a sum and one part each; plain stores only).
 template <int BN, bool kPieces>
-constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : BN == 192 ? 40 : 64;
+constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : BN == 192 || BN == 160 ? 40 : 64;
 template <int BN, bool kPieces>
-constexpr int kConsumerRegs = kPieces ? 208 : BN == 256 ? 224 : BN == 192 ? 232 : 216;
+constexpr int kConsumerRegs = kPieces ? 208 : BN == 256 ? 224 : BN == 192 || BN == 160 ? 232 : 216;
 static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <= kGemmThreads * 168 &&
                   128 * kProducerRegs<256, false> + 256 * kConsumerRegs<256, false> <= kGemmThreads * 168 &&
                   128 * kProducerRegs<128, false> + 256 * kConsumerRegs<128, false> <= kGemmThreads * 168 &&
@@ -109,11 +109,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   constexpr bool kFp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
   using L = GemmSmem<BN, STAGES, kPieces, !kFp8>;  // (FP8: no owner layout, no staging for its copy)
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
-  static_assert(!kFp8 || ((BN == 128 || BN == 192) && !kPieces && !kWide), "FP8: 128x128 or 128x192 tiles");
-  static_assert(kFp8 || BN != 192, "128x192 tiles are FP8's");
+  static_assert(!kFp8 || ((BN == 128 || BN == 160 || BN == 192) && !kPieces && !kWide),
+                "FP8: 128x128, 128x160 or 128x192 tiles");
+  static_assert(kFp8 || (BN != 192 && BN != 160), "128x160 and 128x192 tiles are FP8's");
   static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
-  // 128x192 (FP8): Plain and slot stores only (no owner layout, no scatter: the host refuses them).
-  constexpr bool kExtras = BN != 192;
+  // 128x192 (FP8): Plain and slot stores only; 128x160: Plain only (no owner
+  // layout, no scatter: the host refuses them).
+  constexpr bool kExtras = BN == 128 || BN == 256;
   constexpr bool kOwner = kExtras && !kFp8;  // (the host refuses the owner layout with FP8)
   constexpr int BM = L::kBM, BK = 128 / int(sizeof(TIn));  // (a k-block: 128 bytes of each row, any input type)
   extern __shared__ uint8_t smem_raw[];
@@ -243,6 +245,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
 #pragma unroll
           for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
+          if constexpr (BN % 64 == 32)  // (128x160: the last 32 columns, by C's 32-column map, passed as tm_w)
+            ptx::tma_store_2d(&tm_w, half + (BN / 64) * 8192, col + (BN / 64) * 64, hrow);
           ptx::tma_store_commit();
         }
         ptx::tma_store_wait_read();
@@ -271,7 +275,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   ptx::setmaxnreg_inc<kConsumerRegs<BN, kPieces>>();
   const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
   const int warp = tid / 32, lane = tid % 32;
-  uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // [BN/64 chunks][64 rows][128 B]
+  uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // (laid out as staged_unit_offset<BN>)
   const uint32_t my_c_addr = ptx::smem_addr(my_c);
 
   float acc[BN / 2];
@@ -299,7 +303,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if constexpr (kFp8) {
       // A part sum of the MMAs (the tensor cores keep ~14 bits while they
       // sum), added into acc in fp32: the promotion. 128x128: one part per
-      // k-block; 128x192: one per two k-blocks (below).
+      // k-block; 128x160 and 128x192: one per two k-blocks (below).
       auto issue = [&](int at, float(&part)[BN / 2], bool add = false) {
         const int s = at % STAGES;
         ptx::mbar_wait(&full[s], (at / STAGES) & 1);
@@ -328,8 +332,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
       const int kbs = w.kb1 - w.kb0;
-      if constexpr (BN == 192) {
-        // One part (96 registers beside acc's 96: no room for a second), so
+      if constexpr (BN != 128) {
+        // One part (BN / 2 registers beside acc's: no room for a second), so
         // the tensor cores drain while it is promoted; summing two k-blocks
         // per part halves those drains.
         float part[BN / 2];
@@ -470,7 +474,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int32_t nrows = grouped ? p.grouped.rows[tc.tm] : p.sched.m - tc.tm * BM;
     for (int i = tid; i < 64 * kUnits; i += 128) {
       const int r = i / kUnits, c8 = i % kUnits;
-      const uint4 v = *reinterpret_cast<const uint4*>(my_c + (c8 / 8) * 8192 + sw128_offset(r, c8 % 8));
+      const uint4 v = *reinterpret_cast<const uint4*>(my_c + staged_unit_offset<BN>(r, c8));
       const int tr = cw * 64 + r;  // row inside the tile
       if (p.row_of) {
         const int32_t dst = p.row_of[static_cast<int64_t>(idx) * BM + tr];

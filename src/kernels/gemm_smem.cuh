@@ -101,4 +101,17 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // chunk stored with the TMA 128-byte swizzle.
 __device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
 
+// A consumer's staged half of W columns (64 rows): chunks of 64 columns
+// with the 128-byte swizzle, then, where W % 64 == 32 (128x160 tiles), a
+// chunk of 32 columns, 64-byte rows with the TMA 64-byte swizzle (address
+// bits 4-5 XOR bits 7-8), which its own 32-column box stores. The byte
+// offset of 16-byte unit c8 (8 columns) of row r.
+template <int W>
+__device__ __forceinline__ uint32_t staged_unit_offset(int r, int c8) {
+  static_assert(W % 32 == 0, "staged widths: multiples of 32 columns");
+  constexpr int kFull = W / 64;
+  if (c8 / 8 < kFull) return (c8 / 8) * 8192 + sw128_offset(r, c8 % 8);
+  return kFull * 8192 + r * 64 + (((c8 % 8) ^ ((r >> 1) & 3)) << 4);
+}
+
 }  // namespace flashoverlap::kernels

@@ -37,17 +37,16 @@ __device__ __forceinline__ uint32_t add_pack2(float lo, float hi, uint32_t peer)
 // columns 8 rows further down. kAddPeer (owner layout): the peer's partial
 // is there already, in the same layout (TMA, same swizzle); the sum replaces it.
 // stage_columns does it for columns [8 kJ0, 8 (kJ0 + kJn)) (register groups
-// j = kJ0.., chunk (j - kJ0) / 8 of 64 columns), stage_accumulators for all,
+// j = kJ0.., laid out as staged_unit_offset<8 kJn>), stage_accumulators for all,
 // stage_piece for a piece of 128 (kPieces).
 template <typename T, int kJ0, int kJn, bool kAddPeer, int N>
 __device__ __forceinline__ void stage_columns(const float (&acc)[N], uint32_t my_c_addr, int warp, int lane) {
 #pragma unroll
   for (int j = kJ0; j < kJ0 + kJn; ++j) {
-    const int chunk = (j - kJ0) / 8, u = j % 8;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + lane / 4 + 8 * h;
-      const uint32_t addr = my_c_addr + chunk * 8192 + sw128_offset(r, u) + (lane % 4) * 4;
+      const uint32_t addr = my_c_addr + staged_unit_offset<8 * kJn>(r, j - kJ0) + (lane % 4) * 4;
       uint32_t v;
       if constexpr (kAddPeer) {
         uint32_t peer;

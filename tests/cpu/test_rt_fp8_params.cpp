@@ -1,5 +1,5 @@
 // test_rt_fp8_params.cpp — what the GEMM's check takes and refuses of FP8
-// inputs (kernels::Fp8; host logic, no GPU): 128x128 or 128x192 tiles, k % 16, both
+// inputs (kernels::Fp8; host logic, no GPU): 128x128, 128x160 or 128x192 tiles, k % 16, both
 // scales or none, no owner layout or grouped GEMM, scales only with FP8; where
 // its loads take L2 policies.
 #include <gtest/gtest.h>
@@ -25,7 +25,7 @@ using fo_test::expect_refused;
 
 TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
   for (Scales kind : {Scales::None, Scales::PerTensor, Scales::RowWise}) {
-    for (int bn : {128, 192}) {
+    for (int bn : {128, 160, 192}) {
       fo::kernels::GemmParams p = fp8_params(300, 200, 4096, bn);
       p.fp8.scales = kind;
       if (kind != Scales::None) p.fp8.scale_a = reinterpret_cast<const float*>(fo_test::host_buffer() + 16),
@@ -41,10 +41,16 @@ TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
 
 TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   expect_refused(fp8_params(300, 200, 24), "k must be a multiple of 16");
-  expect_refused(fp8_params(300, 256, 128, 256), "128x128 or 128x192 tiles");
+  expect_refused(fp8_params(300, 256, 128, 256), "128x128, 128x160 or 128x192 tiles");
   fo::kernels::GemmParams wide = fp8_params(300, 256, 128, 192);
-  wide.fp8.on = false;  // (128x192 is FP8's tile only)
+  wide.fp8.on = false;  // (128x192 and 128x160 are FP8's tiles only)
   expect_refused(wide, "unsupported tile shape");
+  fo::kernels::GemmParams narrow = fp8_params(300, 320, 128, 160);
+  narrow.fp8.on = false;
+  expect_refused(narrow, "unsupported tile shape");
+  narrow.fp8.on = true;  // (128x160: a plain C only, its last 32 columns stored by a map of their own)
+  narrow.store = fo::kernels::Store::SlotTiles, narrow.slots = fo_test::host_buffer(), narrow.slot_rows = 1 << 20;
+  expect_refused(narrow, "128x160 tiles store a plain C only");
   wide.fp8.on = true, wide.scatter.world = 2;
   expect_refused(wide, "the scatter epilogue takes 128x128 tiles");
   fo::kernels::GemmParams p = fp8_params(300, 200, 128);

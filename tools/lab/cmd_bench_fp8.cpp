@@ -65,7 +65,9 @@ std::string default_shapes() {
 struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
-  std::string tile = "both";  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)
+  // 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick); or a list, with the
+  // experiment 128x160 (plain C only; the ops do not take it)
+  std::string tile = "both";
   // Comma-separated, timed in turns: off, auto (the rule), force (fp8_launch.h's Split); both: off,auto.
   std::string stream_k = "auto";
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
@@ -139,11 +141,13 @@ int run(const Options& o) {
   for (const auto& d : shapes)
     if (d[2] % 16 != 0 || d[1] % 16 != 0 || d[0] > INT32_MAX || d[1] > INT32_MAX || d[2] > INT32_MAX)
       throw InvalidArgument("--shapes: N and K must be multiples of 16 (FP8 rows for TMA and cuBLASLt)");
-  if (o.tile != "128x128" && o.tile != "128x192" && o.tile != "both")
-    throw InvalidArgument("--tile: 128x128, 128x192 or both (got '" + o.tile + "')");
-  const std::vector<int> tile_ns = o.tile == "both" ? std::vector<int>{128, 192}
-                                   : o.tile == "128x192" ? std::vector<int>{192}
-                                                         : std::vector<int>{128};
+  std::vector<int> tile_ns;
+  for (const std::string& x : split_list(o.tile == "both" ? "128x128,128x192" : o.tile)) {
+    if (x == "128x128") tile_ns.push_back(128);
+    else if (x == "128x160") tile_ns.push_back(160);
+    else if (x == "128x192") tile_ns.push_back(192);
+    else throw InvalidArgument("--tile: 128x128, 128x160, 128x192, a list of them, or both (got '" + x + "')");
+  }
   std::vector<Split> modes;
   for (const std::string& x : split_list(o.stream_k == "both" ? "off,auto" : o.stream_k)) {
     if (x == "off") modes.push_back(Split::Off);
@@ -168,7 +172,7 @@ int run(const Options& o) {
     if (!csv) throw Error("cannot write " + o.csv);
     csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,"
            "ours_tile,ours_128_ms,ours_192_ms,ours_stream_k"
-        << (modes.size() > 1 || o.pdl == "both" ? ",variants" : "") << "\n";
+        << (modes.size() > 1 || o.pdl == "both" || tile_ns.size() > 2 ? ",variants" : "") << "\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
             << "ours_ms" << std::setw(6) << "tile" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms"
@@ -324,7 +328,7 @@ int run(const Options& o) {
         else csv << ",";
         csv << "," << ours.bn << "," << ms_of(128) << "," << ms_of(192);
         csv << "," << !ours.sk.empty();
-        if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;
+        if (modes.size() > 1 || o.pdl == "both" || tile_ns.size() > 2) csv << "," << variants;
         csv << "\n";
       }
     }
@@ -349,7 +353,8 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
       ->capture_default_str();
   cmd->add_option("--tile", opts->tile,
-                  "Our tile: 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick)")
+                  "Our tile: 128x128, 128x192, or both (timed in turns; ours: the faster, as the ops pick); or a "
+                  "comma-separated list of those and 128x160 (an experiment: the ops do not take it)")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
                   "Stream-K where plan::stream_k_split puts it, on plan::stream_k_in_step_ctas' grid (auto), never "
