@@ -114,6 +114,9 @@ def main():
     ap.add_argument("--kernels", help="libflashoverlap_kernel_bench.so: time ours here, in turns with torch")
     ap.add_argument("--pdl", action="store_true",
                     help="with --kernels: ours launched as programmatic dependent launches")
+    ap.add_argument("--tiles", default="128,192",
+                    help="with --kernels: our tile widths timed in turns, ours the fastest (128 and 192: the ops' "
+                         "tiles; 160: the lab's experiment, which no op takes)")
     ap.add_argument("--out", help="CSV file (default: stdout)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -128,6 +131,9 @@ def main():
         sys.exit(f"scaled_mm.py: no rows in {a.ours}")
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator().manual_seed(1)
+    tile_ns = [int(t) for t in a.tiles.split(",") if t.strip()]
+    if not tile_ns or any(t not in (128, 160, 192) for t in tile_ns):
+        sys.exit(f"scaled_mm.py: --tiles takes 128, 160 and 192 (got '{a.tiles}')")
     if a.kernels:
         OurFp8Gemm.load(a.kernels)
     rows = []
@@ -152,7 +158,7 @@ def main():
         if a.kernels:
             ref = call(False).float()
             gemms = []
-            for tile_n in (128, 192):
+            for tile_n in tile_ns:
                 c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
                 g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, 1, a.pdl)
                 g()
@@ -164,21 +170,24 @@ def main():
                 gemms.append(g)
             times = device_ms_in_turns(gemms + [lambda: call(False), lambda: call(True)], a.runs, 5,
                                        warmup=a.warmup)
-            best = 0 if times[0] <= times[1] else 1
-            ours_ms, (slow_ms, fast_ms) = times[best], times[2:]
-            tile = f"128x{(128, 192)[best]}" + ("/sk" if gemms[best].split else "")
+            best = min(range(len(gemms)), key=lambda i: times[i])
+            ours_ms, (slow_ms, fast_ms) = times[best], times[len(gemms):]
+            tile = f"128x{tile_ns[best]}" + ("/sk" if gemms[best].split else "")
+            per_tile = "; ".join(f"128x{t} {ms:.4f}" for t, ms in zip(tile_ns, times))
             for g in gemms:
                 g.close()
         else:
             slow_ms, fast_ms = device_ms_in_turns([lambda: call(False), lambda: call(True)], a.runs, 5,
                                                   warmup=a.warmup)
             ours_ms = lab_ms
+            per_tile = ""
         eager_ms = time_in_turns([lambda: call(False)], a.runs, 5, warmup=a.warmup)[0]
         rows.append([m, n, k, kind, f"{ours_ms:.4f}", f"{slow_ms:.4f}", f"{fast_ms:.4f}",
                      f"{2.0 * m * n * k / ours_ms / 1e9:.1f}", f"{slow_ms / ours_ms:.3f}", tile, f"{eager_ms:.4f}",
                      kernel, f"{lab_ms:.4f}"])
         print(f"{m}x{n}x{k} {kind}: ours {ours_ms:.4f} ms ({tile}; lab {lab_ms:.4f}), _scaled_mm {slow_ms:.4f} ms "
-              f"(fast {fast_ms:.4f}), ratio {slow_ms / ours_ms:.3f}; eager {eager_ms:.4f} ms; {kernel}",
+              f"(fast {fast_ms:.4f}), ratio {slow_ms / ours_ms:.3f}; eager {eager_ms:.4f} ms; {kernel}"
+              + (f"; ours per tile: {per_tile}" if per_tile and a.tiles != "128,192" else ""),
               file=sys.stderr, flush=True)
     out = open(a.out, "w", newline="") if a.out else sys.stdout
     out.write(f"# gpu={torch.cuda.get_device_name(dev)}; torch={torch.__version__}; "
