@@ -45,19 +45,16 @@ inline uint64_t fresh_seed() {
   return env_decimal("FO_TEST_SEED", std::random_device{}() * 0x100000001ull + std::random_device{}());
 }
 
-// The current device's SMs: the full grid of a persistent GEMM (one CTA per
-// SM, the most the launcher takes). 132 on an H100 SXM or H200, 114 on an
-// H100 PCIe: a test that means "the full grid" asks for it, never assumes a
-// count. (It asks CUDA: call it after REQUIRE_HOPPER.)
-inline int device_sms() { return rt::current_device_sms(); }
-
-// In a static table of cases: the grid of one CTA per SM (grid_ctas gives
-// its size on the device where the case runs).
+// A test that means the full grid of a persistent GEMM (one CTA per SM, the
+// most the launcher takes) asks rt::current_device_sms() after
+// REQUIRE_HOPPER, never assumes a count (132 on an H100 SXM or H200, 114 on
+// an H100 PCIe). In a static table of cases: kFullGrid (grid_ctas gives its
+// size on the device where the case runs).
 inline constexpr int kFullGrid = 0;
 // A case's grid on this device: kFullGrid, the device's SMs; any other count
 // at most that (a grid of 120 is 114 CTAs on an H100 PCIe).
 inline int grid_ctas(int ctas) {
-  const int sms = device_sms();
+  const int sms = rt::current_device_sms();
   return ctas == kFullGrid ? sms : std::min(ctas, sms);
 }
 

@@ -333,7 +333,7 @@ TEST(AllToAllOneGpu, EveryRoutingAndPlanMatchesOurGemm) {
     int calls = 0, overlapped = 0, sequential = 0, combined = 0, mixed = 0, no_rows = 0, nvlinked = 0,
         by_cublas_calls = 0;
     rt::CublasGemm cublas;
-    const int sms = test::device_sms();  // the full grid: one CTA per SM
+    const int sms = rt::current_device_sms();  // the full grid: one CTA per SM
     for (int trial = 0; trial < 12; ++trial) {
       const int64_t n = kNs[rng() % 3], k = kKs[rng() % 2];
       const plan::TileShape tile = random_tile(rng);
@@ -701,7 +701,7 @@ struct RankData {
   // Rank r's inputs from seed sd + r * 100003; tokens_out on ranks with (r + call) % 3 != 0.
   void prepare(const plan::MoeRouting& routing, int64_t ld, uint64_t sd, int call, cudaStream_t st) {
     pa.clear(), pb.clear(), pout.clear(), ptok.clear(), ys.clear();
-    const int sms = test::device_sms();  // the references' grid: one CTA per SM
+    const int sms = rt::current_device_sms();  // the references' grid: one CTA per SM
     for (int r = 0; r < world; ++r) {
       const int64_t m = routing.rows(r);
       const uint64_t rs = sd + uint64_t(r) * 100003;
@@ -758,7 +758,7 @@ struct SideBySide {
       constexpr int kCalls = 3;
       const RandomCalls calls_of(world, kCalls, rng, experts);
       rt::OverlapAllToAllOptions o = calls_of.options(n, k, tile, rng);
-      o.experts = experts, o.sequential_ctas = rng() % 2 ? 0 : test::device_sms();
+      o.experts = experts, o.sequential_ctas = rng() % 2 ? 0 : rt::current_device_sms();
       RanksOnOneGpu ranks(world, o);
       RankData data(world, n, k, calls_of);
       for (int call = 0; call < kCalls; ++call) {
@@ -925,7 +925,7 @@ void nvlink_forms_match(const std::function<int32_t(std::mt19937_64&)>& experts_
     rt::OverlapAllToAllOptions o = calls_of.options(n, k, tile, rng);
     o.experts = experts;
     // (the NVLink form's grid, up to one CTA per SM; W of them share the GPU)
-    o.sequential_ctas = int32_t(1 + rng() % uint64_t(test::device_sms()));
+    o.sequential_ctas = int32_t(1 + rng() % uint64_t(rt::current_device_sms()));
     NvlinkRanks ranks(world, o);
     RankData data(world, n, k, calls_of);
     for (int call = 0; call < kCalls; ++call) {
@@ -1169,7 +1169,7 @@ TEST(AllToAllOneGpu, BadInputThrowsInvalidArgument) {
   // After the refusals, a call goes through: overlapped, two groups, bitwise our GEMM.
   kernels::poison(out.get(), (max_rows + 1) * n, st);
   const plan::Schedule full =
-      plan::make_schedule(max_rows, n, {128, 256}, test::device_sms(), plan::Raster::AlongN, 1);
+      plan::make_schedule(max_rows, n, {128, 256}, rt::current_device_sms(), plan::Raster::AlongN, 1);
   kernels::launch_gemm(kernels::plain_gemm(kBf16, a.get(), b.get(), full, int(k), ref.get(), n), st);
   ASSERT_NO_THROW(run(&ok, {1, 1}, false, out.get(), n, a.get())) << where;
   FO_CUDA_CHECK(cudaStreamSynchronize(st));

@@ -575,7 +575,7 @@ TEST(ApiGroupedGemm, EachPathComputesEveryExpertsRows) {
           const char* ae = static_cast<const char*>(a.get()) + row * k * 2;
           const char* be = static_cast<const char*>(b.get()) + int64_t(e) * n * k * 2;
           const plan::Schedule s =
-              plan::make_schedule(counts[size_t(e)], n, {128, 256}, test::device_sms(), plan::Raster::AlongN, 2);
+              plan::make_schedule(counts[size_t(e)], n, {128, 256}, rt::current_device_sms(), plan::Raster::AlongN, 2);
           kernels::launch_gemm(kernels::plain_gemm(kernels::DType::BF16, ae, be, s, int32_t(k),
                                                    static_cast<char*>(ours.get()) + row * n * 2, n), nullptr);
           gemm_ex.run(kernels::DType::BF16, ae, be, static_cast<char*>(theirs.get()) + row * n * 2,

@@ -147,7 +147,7 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
   const uint64_t seed = test::fresh_seed();
   std::mt19937_64 rng(seed);
   const kernels::Scales kinds[] = {kernels::Scales::None, kernels::Scales::PerTensor, kernels::Scales::RowWise};
-  const int sms = test::device_sms();  // the whole tiles' grid: one CTA per SM
+  const int sms = rt::current_device_sms();  // the whole tiles' grid: one CTA per SM
   for (int trial = 0; trial < 12; ++trial) {
     const int64_t m = 1 + int64_t(rng() % 700), n = 8 * (1 + int64_t(rng() % 80)), k = 16 * (1 + int64_t(rng() % 40));
     const kernels::Scales kind = kinds[trial % 3];
@@ -230,7 +230,7 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   const rt::DeviceBuffer da = rt::to_device(a), db = rt::to_device(b);
   rt::DeviceBuffer dc(size_t(m) * n * 2);
   const uint16_t want = round_out(36864.f, kernels::DType::BF16);
-  const int sms = test::device_sms();  // the full grid: one CTA per SM
+  const int sms = rt::current_device_sms();  // the full grid: one CTA per SM
   rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(sms, 192));
   FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
   for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{128, true}, std::pair{192, true}}) {
@@ -310,7 +310,7 @@ TEST(Fp8Gemm, MatchesCublasLtsFp8Matmul) {
     kernels::Fp8 f;
     f.on = true, f.scales = kind;
     if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
-    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, test::device_sms(), plan::Raster::AlongN, 2);
+    const plan::Schedule s = plan::make_schedule(m, n, {128, 128}, rt::current_device_sms(), plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), ours.get(), n);
     p.fp8 = f;
     kernels::launch_gemm(p, nullptr);
@@ -358,7 +358,7 @@ TEST(Fp8Gemm, BLargerThanTheL2MatchesCublasLtBitwise) {
   std::vector<uint16_t> y(size_t(m) * n);
   FO_CUDA_CHECK(cudaMemcpy(y.data(), theirs.get(), theirs.bytes(), cudaMemcpyDeviceToHost));
   for (int bn : {128, 192}) {
-    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, test::device_sms(), plan::Raster::AlongN, 2);
+    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, rt::current_device_sms(), plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), ours.get(), n);
     p.fp8 = f;
     ASSERT_TRUE(kernels::gemm_l2_hints(p));

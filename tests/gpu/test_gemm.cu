@@ -78,7 +78,7 @@ class GemmVsCublas : public ::testing::TestWithParam<GemmCase> {};
 TEST_P(GemmVsCublas, PlainMatchesCublasAllTilesAndGrids) {
   REQUIRE_HOPPER();
   const auto [m, n, k] = GetParam();
-  const int sms = test::device_sms();  // the full grid: one CTA per SM
+  const int sms = rt::current_device_sms();  // the full grid: one CTA per SM
   for (DType dt : {DType::BF16, DType::FP16}) {
     const uint64_t seed = fresh_seed();
     Problem pr(dt, m, n, k, seed);
@@ -171,7 +171,7 @@ TEST(Gemm, OddLeadingDimensionAndTinyN) {
     kernels::poison(c.get(), int64_t(m) * ldc, nullptr);
     kernels::GemmParams p;
     p.a = pr.a.get(), p.b = pr.b.get(), p.m = m, p.n = n, p.k = k;
-    p.sched = make_sched(m, n, 128, 128, test::device_sms());
+    p.sched = make_sched(m, n, 128, 128, rt::current_device_sms());
     p.store = kernels::Store::Plain, p.c = c.get(), p.ldc = ldc;
     kernels::launch_gemm(p, nullptr);
     FO_CUDA_CHECK(cudaDeviceSynchronize());
@@ -193,7 +193,7 @@ TEST(Gemm, ProgrammaticDependentLaunchesWaitForTheKernelBefore) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   const DType dt = DType::BF16;
-  const int m = 4096, n = 4096, k = 4096, n2 = 1024, sms = test::device_sms();
+  const int m = 4096, n = 4096, k = 4096, n2 = 1024, sms = rt::current_device_sms();
   Problem pr(dt, m, n, k, seed, false);
   DeviceBuffer b2(size_t(n2) * n * 2), c1(size_t(m) * n * 2), c2(size_t(m) * n2 * 2), r1(c1.bytes()), r2(c2.bytes());
   kernels::fill_random(dt, b2.get(), int64_t(n2) * n, seed + 7, -1.f, 1.f, nullptr);
@@ -258,7 +258,7 @@ TEST(GemmMonitor, RecordsEveryTileWithoutChangingC) {
                  std::to_string(bn) + " seed=" + std::to_string(seed));
     Problem pr(DType::BF16, m, n, k, seed, false);
     DeviceBuffer c0(size_t(m) * n * 2), c1(size_t(m) * n * 2);
-    const plan::Schedule s = make_sched(m, n, 128, bn, test::device_sms());
+    const plan::Schedule s = make_sched(m, n, 128, bn, rt::current_device_sms());
     kernels::GemmParams p = kernels::plain_gemm(DType::BF16, pr.a.get(), pr.b.get(), s, k, c0.get(), n);
     kernels::launch_gemm(p, nullptr);
     DeviceBuffer mon(size_t(s.tiles()) * 16), ph(size_t(s.ctas) * kernels::kPhaseSlots * 8);
@@ -334,7 +334,7 @@ TEST(GemmMonitor, RuntimeMonitorSummarizesOneLaunch) {
   std::mt19937_64 rng(seed);
   // At least 256 tiles: more than CTAs, so every CTA has consecutive tiles to time.
   const int m = 2048 + 128 * int(rng() % 16), n = 4096 + 256 * int(rng() % 8), k = 512 + 64 * int(rng() % 8);
-  const int ctas = std::min(100 + int(rng() % 33), test::device_sms());  // (100 to one per SM)
+  const int ctas = std::min(100 + int(rng() % 33), rt::current_device_sms());  // (100 to one per SM)
   SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) + " ctas=" +
                std::to_string(ctas) + " seed=" + std::to_string(seed));
   Problem pr(DType::BF16, m, n, k, seed, false);
@@ -374,7 +374,7 @@ TEST(Gemm, RejectsBadInput) {
   DeviceBuffer buf(1 << 20);
   kernels::GemmParams p;
   p.a = buf.get(), p.b = buf.get(), p.c = buf.get(), p.m = 64, p.n = 64, p.k = 60, p.ldc = 64;
-  p.sched = make_sched(64, 64, 128, 128, test::device_sms());
+  p.sched = make_sched(64, 64, 128, 128, rt::current_device_sms());
   EXPECT_THROW(kernels::launch_gemm(p, nullptr), InvalidArgument);  // k % 8
   p.k = 64;
   p.a = static_cast<char*>(buf.get()) + 2;
@@ -537,7 +537,7 @@ TEST(GemmSignal, GroupsAreCompleteWhenReleased) {
     const uint32_t first_epoch = shape++ == 0 ? 0u : kNearWrap;
     // Leave 16 SMs for the checker blocks (at most 16 groups): the GEMM never
     // waits for them, and they never keep a GEMM CTA from being resident.
-    const int ctas = test::device_sms() - 16;
+    const int ctas = rt::current_device_sms() - 16;
     plan::Schedule s = make_sched(m, n, 128, bn, ctas);
     const int tiles = s.tiles(), waves = s.waves();
     Problem pr(DType::BF16, m, n, k, seed);
@@ -622,7 +622,7 @@ TEST(GemmSignal, FourStageRowBandsAreCompleteWhenReleased) {
   for (auto [m, n, k, swizzle] : std::vector<std::tuple<int, int, int, int>>{
            {4096, 8192, 4096, 4}, {3001, 4096, 2048, 2}, {1024, 8192, 8192, 1}}) {
     const uint32_t first_epoch = shape++ == 1 ? 0u : kNearWrap;
-    const int ctas = test::device_sms() - 16;  // 16 SMs for the checker blocks (at most 16 groups)
+    const int ctas = rt::current_device_sms() - 16;  // 16 SMs for the checker blocks (at most 16 groups)
     const plan::Schedule s = make_sched(m, n, 128, 256, ctas, plan::Raster::AlongN, swizzle);
     Problem pr(DType::BF16, m, n, k, seed, false);
     const int64_t elems = int64_t(m) * n;
@@ -673,7 +673,7 @@ TEST(GroupedGemm, EachExpertsRowsMatchItsOwnGemmBitwise) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  const int sms = test::device_sms();
+  const int sms = rt::current_device_sms();
   for (int trial = 0; trial < 10; ++trial) {
     const DType dt = trial % 3 == 2 ? DType::FP16 : DType::BF16;
     const int experts = std::vector<int>{1, 3, 8, 16}[rng() % 4];
@@ -856,7 +856,7 @@ TEST(Reorder, SlotsBackToRowsAndNormed) {
   REQUIRE_HOPPER();
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  const int sms = test::device_sms();
+  const int sms = rt::current_device_sms();
   int call = 0;
   for (auto [m, n, k, bn] : std::vector<std::tuple<int, int, int, int>>{
            {1000, 1000, 256, 128}, {3001, 4104, 512, 256}, {129, 72, 64, 128}, {2048, 2048, 128, 256}}) {
@@ -1231,7 +1231,7 @@ TEST(GemmOwners, WRanksOnOneGpuSumTheirPartialsInSlotOrder) {
                                   OwnerShape{3001, 2048, 256, test::kFullGrid}, OwnerShape{640, 2048, 1024, 5},
                                   OwnerShape{2048, 4104, 512, test::kFullGrid}, OwnerShape{128, 512, 64, 1}}) {
         const plan::Schedule s =
-            owner_sched({sh.m, sh.n, sh.k, std::min(test::grid_ctas(sh.ctas), test::device_sms() / world)});
+            owner_sched({sh.m, sh.n, sh.k, std::min(test::grid_ctas(sh.ctas), rt::current_device_sms() / world)});
         const uint32_t first_epoch = world == 4 ? 0u : kNearWrap;  // (across the wrap but at W = 4)
         SCOPED_TRACE("world " + std::to_string(world) + " m=" + std::to_string(sh.m) + " n=" + std::to_string(sh.n) +
                      " k=" + std::to_string(sh.k) + " ctas=" + std::to_string(s.ctas) +

@@ -130,7 +130,7 @@ void check_case(const Case& c, uint64_t seed, int world = kWorld) {
     }
     rt::CublasGemm cublas;
     plan::Schedule full = s;
-    full.ctas = test::device_sms();
+    full.ctas = rt::current_device_sms();
     rt::Timeline traced;  // (trace: call 1's timeline; calls 0 and 2 run untraced)
     for (int call = 0; call < 3; ++call) {  // fresh inputs each call
       if (c.trace) op.set_tracing(call == 1);
@@ -284,7 +284,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
                           Shape{3001, 4104, 1024, 256, DType::FP16, 1, true}}) {
     const uint64_t seed = fresh_seed();
     std::mt19937_64 rng(seed);
-    const plan::Schedule s = sched_for(sh.m, sh.n, sh.bn, test::device_sms(), 1 + int(rng() % 4));
+    const plan::Schedule s = sched_for(sh.m, sh.n, sh.bn, rt::current_device_sms(), 1 + int(rng() % 4));
     const std::vector<plan::Group> groups = random_groups(s, rt::ArLayout::Owners, rng);
     const std::string where = std::to_string(sh.m) + "x" + std::to_string(sh.n) + "x" + std::to_string(sh.k) +
                               " tile 128x" + std::to_string(sh.bn) + " push_tma=" + std::to_string(sh.push_tma) +
@@ -308,7 +308,7 @@ TEST(OverlapAllReduce, RegisteredOutputsTakeThePeersFinalsDirectly) {
       EXPECT_EQ(slot1, 1);
       EXPECT_THROW(op.run_registered(a.get(), b.get(), 2, st), InvalidArgument);
       plan::Schedule full = s;
-      full.ctas = test::device_sms();
+      full.ctas = rt::current_device_sms();
       for (int call = 0; call < 4; ++call) {  // slots 0, 0, 1, 0: a buffer reused in consecutive calls too
         const int slot = call == 2 ? slot1 : slot0;
         void* out = slot == slot1 ? out1.get() : out0.get();
@@ -405,7 +405,7 @@ TEST(OverlapAllReduce, SequentialFallbackMatches) {
   const uint64_t seed = fresh_seed();
   on_each_rank([&](int rank, ncclComm_t comm) {
     const int m = 1000, n = 2048, k = 1024;
-    const plan::Schedule s = sched_for(m, n, 256, test::device_sms(), 4);
+    const plan::Schedule s = sched_for(m, n, 256, rt::current_device_sms(), 4);
     rt::OverlapAllReduceOptions o;
     o.sched = s, o.groups = plan::make_groups(s, {s.waves()}), o.k = k, o.comm = comm, o.rank = rank;
     rt::OverlapAllReduce op(o);
@@ -652,7 +652,7 @@ TEST(OverlapAllReduce, OwnersBackToBackCallsWithASlowRank) {
     on_each_rank([&](int rank, ncclComm_t comm) {
       const int m = 2048, n = 4096, k = 1024, calls = 8;
       std::mt19937_64 rng(seed);  // the same schedule on both ranks
-      const plan::Schedule s = sched_for(m, n, bn, test::device_sms(), 1 << int(rng() % 3));
+      const plan::Schedule s = sched_for(m, n, bn, rt::current_device_sms(), 1 << int(rng() % 3));
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.layout = rt::ArLayout::Owners, o.k = k, o.comm = comm, o.rank = rank;
       o.groups = plan::band_groups(s, std::vector<int>(size_t(plan::band_count(s)), 1));
@@ -842,7 +842,7 @@ TEST(OverlapAllReduce, OwnersStuckGroupFailsWithMessage) {
   REQUIRE_TWO_GPUS();
   for (const bool copy : {true, false}) {
     const auto [messages, secs] = stuck_group_messages([&](int, ncclComm_t) {
-      const plan::Schedule s = sched_for(2048, 4096, 256, test::device_sms(), 4);
+      const plan::Schedule s = sched_for(2048, 4096, 256, rt::current_device_sms(), 4);
       rt::OverlapAllReduceOptions o;
       o.sched = s, o.groups = plan::band_groups(s, {1, 1, 2});
       o.layout = rt::ArLayout::Owners;

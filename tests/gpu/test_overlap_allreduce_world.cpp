@@ -87,7 +87,7 @@ void check_world_case(const WorldCase& c, uint64_t seed) {
     const int slot = c.registered ? op.register_output(out.get(), c.n) : -1;  // (collective)
     if (c.registered && owners) EXPECT_TRUE(op.finals_into_outputs()) << where;
     plan::Schedule full = s;
-    full.ctas = test::device_sms();
+    full.ctas = rt::current_device_sms();
     for (int call = 0; call < 3; ++call) {
       const uint64_t sd = seed + 1000 * call + 17 * rank;
       kernels::fill_random(c.dt, a.get(), int64_t(c.m) * c.k, sd, -1.f, 1.f, st);

@@ -99,7 +99,7 @@ TEST(ReduceScatterOneGpu, EveryLayoutAndPlanMatchesOurGemm) {
         ref(size_t(max_m) * n * 2), residual(size_t(max_m) * n * 2), weight(size_t(n) * 2), y(size_t(max_m) * n * 2),
         h(size_t(max_m) * n * 2);
     int overlapped = 0, by_tma = 0;
-    const int sms = test::device_sms();  // the full grid: one CTA per SM
+    const int sms = rt::current_device_sms();  // the full grid: one CTA per SM
     for (int trial = 0; trial < 24; ++trial) {
       const plan::RsLayout layout = trial % 2 ? plan::RsLayout::SubTile : plan::RsLayout::Standard;
       int64_t m = 1 + int64_t(rng() % uint64_t(max_m));
@@ -200,7 +200,7 @@ TEST(ReduceScatterOneGpu, RanksSideBySideMatchTheirSum) {
   cudaStream_t st;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int64_t n = 640, k = 128;
-  const int sms = test::device_sms();  // the references' grid: one CTA per SM
+  const int sms = rt::current_device_sms();  // the references' grid: one CTA per SM
   for (int trial = 0; trial < 12; ++trial) {
     const int world = 2 + trial % 3;  // 2, 3, 4
     const plan::RsLayout layout = world != 3 && trial % 2 ? plan::RsLayout::SubTile : plan::RsLayout::Standard;
@@ -267,7 +267,7 @@ TEST(ReduceScatterNvlinkOnOneGpu, RanksSideBySideMatchTheirSum) {
   cudaStream_t st;
   FO_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   static const int kWorlds[] = {2, 3, 4, 8};
-  const int sms = test::device_sms();  // one CTA per SM: the bound of the random grids, the references' grid
+  const int sms = rt::current_device_sms();  // one CTA per SM: the bound of the random grids, the references' grid
   int calls = 0;
   for (int trial = 0; trial < 12; ++trial) {
     const int world = kWorlds[trial % 4];
