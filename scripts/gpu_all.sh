@@ -28,7 +28,7 @@
 #                on the ReduceScatter's shape set (SHAPES overrides) -> $OUT/gemm-rs-h200.csv
 #   gemm-quick   bench-gemm on a few shapes, full grid only
 #   fp8          bench-fp8: the GEMM with e4m3 inputs against cuBLASLt's FP8 matmul, both scale kinds, 30
-#                shapes (FP8_ARGS: more arguments, e.g. --tile both: 128x192 beside 128x128 in turns)
+#                shapes (FP8_ARGS: more arguments, e.g. --tile 128x128,128x192: those two tiles only)
 #                -> $OUT/gemm-fp8-lab-<gpu>.csv; then torch._scaled_mm and ours again, in turns in one process,
 #                on the same shapes (bench/scaled_mm.py --kernels; SCALED_MM_ARGS: more arguments, e.g. --pdl)
 #                -> $OUT/gemm-fp8-<gpu>.csv (ours against it)
@@ -37,7 +37,7 @@
 #                --tile 128x192): speed of light, warp stalls, memory,
 #                issue rates and instruction mix -> profile-fp8.txt
 #   fp8-phases   bench-fp8 --phases on PHASES_SHAPES (default six shapes, M = 256 to 16384, per tensor, PHASES_TILE
-#                (default both tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
+#                (default all three tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
 #                per grid of PHASES_GRIDS (CTAs; default 0: one per SM): when each launch's CTAs started, put
 #                their partials, did their MMAs and stores, against the launch's time -> fp8-phases.log
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
@@ -356,7 +356,7 @@ PY
       stage "bench-fp8 --phases: the CTAs' start and end against the launch's time -> fp8-phases.log"
       for grid in ${PHASES_GRIDS:-0}; do  # (0: one CTA per SM)
         echo "# --grid $grid" >>"$OUT/fp8-phases.log"
-        timeout 300 $LAB bench-fp8 --phases --scales tensor --tile ${PHASES_TILE:-both} --stream-k ${PHASES_SK:-both} --warmup 3 \
+        timeout 300 $LAB bench-fp8 --phases --scales tensor --tile ${PHASES_TILE:-all} --stream-k ${PHASES_SK:-both} --warmup 3 \
           --iters 10 --grid "$grid" \
           --shapes "${PHASES_SHAPES:-256x1280x8192,256x4608x7168,256x8192x7392,256x8192x1024,2048x8192x7392,16384x8192x7392}" \
           2>&1 | tee -a "$OUT/fp8-phases.log" || status=1

@@ -53,6 +53,12 @@ rt::AllReducePlan AllReducePlanner::sequential_plan(int64_t m) const {
   return p;
 }
 
+double AllReducePlanner::gemm_ms(const plan::Schedule& s) const {
+  for (size_t i = 0; i < tiles.size() && i < wave_ms.size(); ++i)
+    if (tiles[i].bm == s.bm && tiles[i].bn == s.bn) return wave_ms[i] * s.waves();
+  throw InvalidArgument("AllReducePlanner: no wave time for tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn));
+}
+
 rt::AllReducePlan AllReducePlanner::plan_for(int64_t m) const {
   using Path = GemmAllReduceOptions::Path;
   const rt::AllReducePlan seq_plan = sequential_plan(m);
@@ -145,8 +151,7 @@ std::string plan_gemm_allreduce(int64_t m, int64_t n, int64_t k, int world, DTyp
   api::AllReducePlanner p;
   p.n = n, p.k = k, p.world = world, p.sms = sms, p.dtype = dtype, p.opts = options;
   p.tiles = api::op_tiles(options.input);
-  const std::array<double, 2> waves = api::model_wave_ms(k, options.input);  // (the op measures its own)
-  p.wave_ms[0] = waves[0], p.wave_ms[1] = waves[1];
+  p.wave_ms = api::model_wave_ms(k, options.input);  // (the op measures its own)
   const std::string dt = dtype == DType::BF16 ? "bf16" : "fp16";
   auto curve = [&](int ctas) {
     if (!options.curves.empty()) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "api/op_setup.h"
 #include "flashoverlap/flashoverlap.h"
@@ -23,15 +24,16 @@ struct AllReducePlanner {
   int world = 1, sms = 132;
   DType dtype = DType::BF16;
   GemmAllReduceOptions opts;
-  double wave_ms[2] = {0, 0};  // our GEMM's time per wave, op_tiles(input) order (the wide tile, then 128x128)
   std::vector<plan::TileShape> tiles = op_tiles();  // the shapes it plans with: op_tiles(opts.input)
+  std::vector<double> wave_ms;  // our GEMM's time per wave, one per entry of tiles
   // The sequential calls' GEMM per m (ours or cuBLAS's), measured; empty:
   // not measured (the model's plan), our GEMM's time stands for it.
   SequentialGemms seq;
   std::unique_ptr<plan::BandwidthCurve> curve_default, curve_bounded;  // NCCL's default CTAs, nccl_sms CTAs
   std::map<int64_t, rt::AllReducePlan> picks;                          // the tuning cache's, by tile rows
 
-  double gemm_ms(const plan::Schedule& s) const { return wave_ms[s.bn == 128 ? 1 : 0] * s.waves(); }
+  // (a schedule of one of tiles)
+  double gemm_ms(const plan::Schedule& s) const;
   plan::Schedule full_grid(int64_t m, plan::TileShape tile) const;
   rt::AllReducePlan sequential_plan(int64_t m) const;
   // The model's plan for m's bucket (the paper's online phase: nothing measured).

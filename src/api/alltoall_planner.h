@@ -5,7 +5,7 @@
 // flashoverlap::plan_gemm_alltoall (and so `flashoverlap plan --op alltoall`)
 // with the same object on the model's inputs.
 #pragma once
-#include <array>
+#include <vector>
 #include <cstdint>
 #include <string>
 
@@ -22,7 +22,7 @@ struct AllToAllPlanner {
   int world = 1, sms = 132;
   DType dtype = DType::BF16;
   GemmAllToAllOptions opts;
-  std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles(opts.input) order
+  std::vector<double> wave_ms;  // our GEMM's time per wave, one per entry of op_tiles(opts.input)
   // The sequential calls' GEMM per m (ours or cuBLAS's), measured; empty:
   // not measured (the model's plan, or the NVLink path), our GEMM.
   SequentialGemms seq;

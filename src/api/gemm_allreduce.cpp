@@ -200,8 +200,7 @@ GemmAllReduce::GemmAllReduce(const Communicator& comm, int64_t max_m, int64_t n,
   // Our GEMM's time per wave for each tile shape (max over ranks), and
   // against cuBLAS's for the sequential calls.
   {
-    const std::array<double, 2> w = api::gemm_wave_ms(c, d.rank, max_m, n, k, dtype, d.sms, d.who(), options.input);
-    d.planner.wave_ms[0] = w[0], d.planner.wave_ms[1] = w[1];
+    d.planner.wave_ms = api::gemm_wave_ms(c, d.rank, max_m, n, k, dtype, d.sms, d.who(), options.input);
     d.cublas = std::make_unique<rt::CublasGemm>();
     d.planner.seq = api::measure_sequential_gemms(c, d.rank, max_m, n, k, dtype, d.sms, *d.cublas, d.who(),
                                                   options.input, options.scales);

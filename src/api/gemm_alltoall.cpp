@@ -64,7 +64,7 @@ struct GemmAllToAll::Impl {
   std::unique_ptr<rt::CublasGemm> cublas;
   rt::OverlapCore core;  // (before the ops)
   std::unique_ptr<rt::HostExchange> exchange;
-  std::array<std::unique_ptr<rt::OverlapAllToAll>, 2> ops;  // per op_tiles(opts.input) entry, made on first use
+  std::vector<std::unique_ptr<rt::OverlapAllToAll>> ops;  // per op_tiles(opts.input) entry, made on first use
   rt::OverlapAllToAll* last = nullptr;
   // World 1 with the routing in device memory: the whole call on the GPU.
   std::unique_ptr<rt::OneRankAllToAll> one_rank;
@@ -334,6 +334,7 @@ struct GemmAllToAll::Impl {
     return h;
   }
   rt::OverlapAllToAll& op_of(size_t tile) {
+    if (ops.size() <= tile) ops.resize(api::op_tiles(opts.input).size());
     if (!ops[tile]) {
       rt::OverlapAllToAllOptions o;
       o.n = n, o.k = int(k), o.dtype = api::to_kernels(dtype), o.tile = api::op_tiles(opts.input)[tile];

@@ -72,21 +72,23 @@ struct Calibration {
   }
 };
 
-// Each entry's largest value over the ranks (collective).
-std::array<double, 2> max_over_ranks(ncclComm_t comm, int rank, const std::array<double, 2>& mine,
-                                     const std::string& what) {
-  std::array<double, 2> most{};
-  for (const std::array<double, 2>& r : rt::gather_from_all(comm, rank, mine, what))
-    for (size_t i = 0; i < 2; ++i) most[i] = std::max(most[i], r[i]);
+// Each entry's largest value over the ranks (collective; every rank's
+// vector of the same length).
+std::vector<double> max_over_ranks(ncclComm_t comm, int rank, const std::vector<double>& mine,
+                                   const std::string& what) {
+  const std::vector<uint8_t> raw = rt::gather_bytes(comm, rank, mine.data(), mine.size() * sizeof(double), what);
+  std::vector<double> all(raw.size() / sizeof(double)), most(mine.size(), 0.0);
+  std::memcpy(all.data(), raw.data(), all.size() * sizeof(double));
+  for (size_t i = 0; i < all.size(); ++i) most[i % most.size()] = std::max(most[i % most.size()], all[i]);
   return most;
 }
 
 }  // namespace
 
-std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
-                                   int sms, const std::string& who, InputType input) {
+std::vector<double> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                                 int sms, const std::string& who, InputType input) {
   const Calibration cal(std::min<int64_t>(max_m, 4096), n, k, dtype, sms, input);
-  std::array<double, 2> mine{};
+  std::vector<double> mine(op_tiles(input).size());
   for (size_t i = 0; i < op_tiles(input).size(); ++i) {
     kernels::GemmParams p = cal.gemm(i);
     p.four_stages = false;  // (the model's wave: 3 stages, as rt::measure_gemm_ms times it)
@@ -207,7 +209,7 @@ kernels::Fp8 fp8_of(InputType input, ScaleKind scales) {
 }
 
 bool scatter_takes_tile(InputType input, plan::TileShape tile) {
-  return input != InputType::E4M3 || tile.bn == 128;  // (kernels::Fp8: 128x192 with plain and slot stores only)
+  return input != InputType::E4M3 || tile.bn == 128;  // (kernels::Fp8: the wider tiles with plain and slot stores only)
 }
 
 void check_shape(const std::string& who, int64_t max_m, int64_t n, int64_t k) {
@@ -247,9 +249,9 @@ std::string tuning_cache_path(const std::string& option) {
   return !option.empty() ? option : env_cache ? env_cache : "";
 }
 
-std::array<double, 2> model_wave_ms(int64_t k, InputType input) {
+std::vector<double> model_wave_ms(int64_t k, InputType input) {
   const plan::GemmModel model;
-  std::array<double, 2> out{};
+  std::vector<double> out(op_tiles(input).size());
   for (size_t i = 0; i < out.size(); ++i) {
     const plan::TileShape t = op_tiles(input)[i];
     out[i] = input == InputType::E4M3 ? model.wave_ms(t, k) / 2 : model.wave_ms(t, k);

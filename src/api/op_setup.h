@@ -6,7 +6,6 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,12 +28,14 @@ inline kernels::DType to_kernels(DType d) { return d == DType::BF16 ? kernels::D
 constexpr int32_t kBm = 128;  // every tile shape's height: m's bucket is its tile rows
 inline int32_t bucket_of(int64_t m) { return int32_t((m + kBm - 1) / kBm); }
 
-// The tile shapes the public ops plan with, the wide one first: 128x256 and
-// 128x128 for 16-bit inputs; 128x192 and 128x128 for FP8 (a part sum beside
-// the sum leaves no room for 128x256's accumulators), whose NVLink forms
-// (the scatter epilogue) take 128x128 only (scatter_takes_tile).
+// The tile shapes the public ops plan with, the widest first: 128x256 and
+// 128x128 for 16-bit inputs; 128x192, 128x160 and 128x128 for FP8 (a part
+// sum beside the sum leaves no room for 128x256's accumulators; 128x160
+// fills a wave where 128x192 leaves SMs idle, as at n = 1280), whose NVLink
+// forms (the scatter epilogue) take 128x128 only (scatter_takes_tile).
 inline const std::vector<plan::TileShape>& op_tiles(InputType input = InputType::Same) {
-  static const std::vector<plan::TileShape> same = {{128, 256}, {128, 128}}, e4m3 = {{128, 192}, {128, 128}};
+  static const std::vector<plan::TileShape> same = {{128, 256}, {128, 128}},
+                                            e4m3 = {{128, 192}, {128, 160}, {128, 128}};
   return input == InputType::E4M3 ? e4m3 : same;
 }
 
@@ -44,8 +45,8 @@ std::string from_rank0(ncclComm_t comm, int rank, const std::string& mine, const
 // Our GEMM's time per wave for each of op_tiles(input) on the largest m up
 // to 4096 of max_m rows, on the full grid of `sms` CTAs: the max over ranks
 // (collective), so that every rank plans from the same times.
-std::array<double, 2> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
-                                   int sms, const std::string& who, InputType input = InputType::Same);
+std::vector<double> gemm_wave_ms(ncclComm_t comm, int rank, int64_t max_m, int64_t n, int64_t k, DType dtype,
+                                 int sms, const std::string& who, InputType input = InputType::Same);
 // The time of a GEMM the inputs do not have (cuBLASLt without FP8 row-wise scales): never the faster.
 constexpr double kNoGemm = 1e30;
 
@@ -107,7 +108,7 @@ std::string tuning_cache_path(const std::string& option);
 // op_tiles(input): what the GPU-free planning calls take for the measured
 // ones. (FP8 inputs: a wave at half the 16-bit one, the FP8 tensor cores'
 // rate being twice bf16's.)
-std::array<double, 2> model_wave_ms(int64_t k, InputType input = InputType::Same);
+std::vector<double> model_wave_ms(int64_t k, InputType input = InputType::Same);
 
 // Rank 0's tuning-cache entries of `shape` (any tile rows), on every rank
 // (PickCache::entries_for's text): the file is `option`, else

@@ -88,13 +88,16 @@ ReduceScatterPlanner::Planned ReduceScatterPlanner::model_plan_for(int64_t m) co
       best->predicted.total_ms * 1.01 > best->baseline_gemm_ms * ratio + best->baseline_comm_ms)
     best.reset();
   if (opts.path == Path::Sequential || opts.path == Path::NVLink || !best || best->sequential) {
-    // the sequential plan of the faster tile
+    // the sequential plan of the fastest tile (a tie to the wider)
     // (NVLink: its tile and the whole grid; a tile its scatter epilogue takes)
     const bool nvlink = opts.path == Path::NVLink;
-    plan::Plan a = plan_with(m, 0, std::nullopt, 1e9), b = plan_with(m, 1, std::nullopt, 1e9);
-    const bool wide = (!nvlink || scatter_takes_tile(opts.input, op_tiles(opts.input)[0])) &&
-                      a.predicted.total_ms <= b.predicted.total_ms;
-    return {wide ? a : b, nvlink};
+    std::optional<plan::Plan> seq_best;
+    for (size_t t = 0; t < op_tiles(opts.input).size(); ++t) {
+      if (nvlink && !scatter_takes_tile(opts.input, op_tiles(opts.input)[t])) continue;
+      plan::Plan p = plan_with(m, t, std::nullopt, 1e9);
+      if (!seq_best || p.predicted.total_ms < seq_best->predicted.total_ms) seq_best = std::move(p);
+    }
+    return {std::move(*seq_best), nvlink};
   }
   return {*best};
 }

@@ -4,7 +4,7 @@
 // plan and its text. The op plans with it; flashoverlap::plan_gemm_reducescatter
 // (and so `flashoverlap plan`) with the same object on the model's inputs.
 #pragma once
-#include <array>
+#include <vector>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -22,7 +22,7 @@ struct ReduceScatterPlanner {
   int world = 1, sms = 132;
   DType dtype = DType::BF16;
   GemmReduceScatterOptions opts;
-  std::array<double, 2> wave_ms{};  // our GEMM's time per wave, op_tiles(opts.input) order
+  std::vector<double> wave_ms;  // our GEMM's time per wave, one per entry of op_tiles(opts.input)
   // The sequential calls' GEMM per m (ours or cuBLAS's), measured; empty:
   // not measured (the model's plan), our GEMM's time stands for it.
   SequentialGemms seq;

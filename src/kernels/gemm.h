@@ -167,10 +167,9 @@ struct Owner {
 // bits) added into fp32 registers apart, then C = (acc * scale_a) *
 // scale_b, rounded once, as torch._scaled_mm scales. 128 x 128 tiles (a
 // part per k-block, two parts: the next k-block's MMAs issued before this
-// one's promotion), or 128 x 192 (one part of two k-blocks; Plain or slot
-// stores only: no scatter), or 128 x 160 (as 128 x 192; Plain C only: a
-// tile's last 32 columns go out by a map of their own); no owner layout,
-// no grouped GEMM yet.
+// one's promotion), or 128 x 192 and 128 x 160 (one part of two k-blocks;
+// Plain or slot stores only: no scatter); no owner layout, no grouped GEMM
+// yet.
 enum class Scales : int32_t { None = 0, PerTensor = 1, RowWise = 2 };
 struct Fp8 {
   bool on = false;
@@ -282,8 +281,8 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
   return p;
 }
 
-// The tiles the ops' GEMMs take (FP8: 128x128 and 128x192; check_gemm_params
-// also takes FP8's 128x160 with a plain C, the lab's experiment).
+// The tiles the GEMM is compiled for: 128x256 and 128x128 (16-bit inputs);
+// 128x192, 128x160 and 128x128 (FP8).
 bool tile_supported(int bm, int bn, bool fp8 = false);
 
 // Throws flashoverlap::InvalidArgument naming the shape and the problem

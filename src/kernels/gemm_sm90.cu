@@ -124,15 +124,16 @@ std::string shape_str(const GemmParams& p) {
 
 }  // namespace
 
-bool tile_supported(int bm, int bn, bool fp8) { return bm == 128 && (bn == 128 || bn == (fp8 ? 192 : 256)); }
+bool tile_supported(int bm, int bn, bool fp8) {
+  return bm == 128 && (bn == 128 || (fp8 ? bn == 160 || bn == 192 : bn == 256));
+}
 
 void check_gemm_params(const GemmParams& p) {
   auto fail = [&](const std::string& why) { throw InvalidArgument(shape_str(p) + ": " + why); };
   if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   const Grouped& g = p.grouped;
-  const bool fp8_160 = p.fp8.on && p.sched.bm == 128 && p.sched.bn == 160;  // (plain C only: below)
-  if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on) && !fp8_160)
+  if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on))
     fail(p.fp8.on ? "fp8: 128x128, 128x160 or 128x192 tiles (a sum and its parts in the consumers' registers)"
                   : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x128, 128x160, 128x192)");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
@@ -183,8 +184,7 @@ void check_gemm_params(const GemmParams& p) {
   const Fp8& f8 = p.fp8;
   if (f8.on) {
     if (p.k % 16 != 0) fail("fp8: k must be a multiple of 16 (rows of A and B 16-byte multiples for TMA)");
-    if (p.sched.bn == 192 && p.scatter.world > 0) fail("fp8: the scatter epilogue takes 128x128 tiles");
-    if (p.sched.bn == 160 && p.store != Store::Plain) fail("fp8: 128x160 tiles store a plain C only");
+    if (p.sched.bn != 128 && p.scatter.world > 0) fail("fp8: the scatter epilogue takes 128x128 tiles");
     if (p.owner.rank >= 0 || g.a_row0) fail("fp8: not with the owner layout or the grouped GEMM yet");
   }
   if (f8.scales != Scales::None && f8.scales != Scales::PerTensor && f8.scales != Scales::RowWise)
@@ -312,17 +312,19 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.owner = p.owner;
   kp.grouped = p.grouped;
   kp.l2_hints = gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
-  CUtensorMap mc{};
+  CUtensorMap mc{}, tail{};  // (tail: 128x160's last 32 columns of a tile, 32-column boxes)
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
     kp.ld_out = p.ldc;
     kp.out = p.c;  // (grouped: the ragged tile rows' rows, which the consumers store)
     mc = make_map(p.c, grouped ? p.grouped.a_rows : p.m, p.n, p.ldc, 64, dt, "C");
+    if (bn == 160) tail = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C (a tile's last 32 columns)", 64);
   } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.half_row)) {
     kp.tma_store = true;
     kp.ld_out = bn;
     kp.half_row = p.store == Store::SlotRows ? p.half_row : nullptr;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
+    if (bn == 160) tail = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer (a tile's last 32 columns)", 64);
   } else if (p.scatter.world > 0) {  // (the storer warp stores the rows: no TMA map for C)
     kp.tma_store = true;
     kp.ld_out = p.n;
@@ -337,9 +339,8 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   // from (Owner::window: this GPU's) into the
   // staging buffer (the same box and swizzle as C's stores), and its copy of
   // the peer's tiles writes C directly.
-  CUtensorMap mw = mc, mp = mc, mq = mc;
-  if (bn == 160 && kp.tma_store)  // (its last 32 columns: their own map, in the owner window's place)
-    mw = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C's last 32 columns of a tile", 64);
+  // (128x160: the tail map goes in the owner window's place, which FP8 never takes.)
+  CUtensorMap mw = bn == 160 ? tail : mc, mp = mc, mq = mc;
   if (p.owner.rank >= 0) {
     mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");
     kp.out = p.c;

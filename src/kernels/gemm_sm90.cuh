@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                 "FP8: 128x128, 128x160 or 128x192 tiles");
   static_assert(kFp8 || (BN != 192 && BN != 160), "128x160 and 128x192 tiles are FP8's");
   static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
-  // 128x192 (FP8): Plain and slot stores only; 128x160: Plain only (no owner
-  // layout, no scatter: the host refuses them).
+  // 128x192 and 128x160 (FP8): Plain and slot stores only (no owner layout,
+  // no scatter: the host refuses them).
   constexpr bool kExtras = BN == 128 || BN == 256;
   constexpr bool kOwner = kExtras && !kFp8;  // (the host refuses the owner layout with FP8)
   constexpr int BM = L::kBM, BK = 128 / int(sizeof(TIn));  // (a k-block: 128 bytes of each row, any input type)
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
 #pragma unroll
           for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
-          if constexpr (BN % 64 == 32)  // (128x160: the last 32 columns, by C's 32-column map, passed as tm_w)
+          if constexpr (BN % 64 == 32)  // (128x160: the last 32 columns, by a map of 32-column boxes, passed as tm_w)
             ptx::tma_store_2d(&tm_w, half + (BN / 64) * 8192, col + (BN / 64) * 64, hrow);
           ptx::tma_store_commit();
         }

@@ -527,8 +527,27 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
   EXPECT_THROW(flashoverlap::plan_gemm_allreduce(64, 8192, 8192, 1, DType::BF16, owners), flashoverlap::InvalidArgument);
 }
 
+// The FP8 sequential GEMM's tile, from the model's wave times: 128x160
+// where its tiles fill one wave that 128x192's leave part idle (m 2048,
+// n 1280: 128 tiles against 112 on 132 SMs), 128x192 where both run many
+// waves (16384 x 8192), 128x128 at one tile row of a narrow n.
+TEST(PlanGemmFp8, SequentialTileIsTheFastestOfTheThree) {
+  using Opts = flashoverlap::GemmReduceScatterOptions;
+  Opts o;
+  o.input = flashoverlap::InputType::E4M3;
+  o.path = Opts::Path::Sequential;
+  auto tile_of = [&](int64_t m, int64_t n, int64_t k) {
+    const std::string plan = flashoverlap::plan_gemm_reducescatter(m, n, k, 1, flashoverlap::DType::BF16, o);
+    const size_t at = plan.find(" tiles, ");
+    return at == std::string::npos ? plan : plan.substr(plan.rfind('(', at) + 1, at - plan.rfind('(', at) - 1);
+  };
+  EXPECT_EQ(tile_of(2048, 1280, 8192), "128x160");
+  EXPECT_EQ(tile_of(16384, 8192, 7392), "128x192");
+  EXPECT_EQ(tile_of(128, 1024, 4096), "128x128");
+}
+
 // FP8 inputs (the options' input E4M3): every AllReduce and ReduceScatter plan on
-// the FP8 GEMM's tiles (128x192, 128x128; never 128x256), the ReduceScatter's
+// the FP8 GEMM's tiles (128x192, 128x160, 128x128; never 128x256), the ReduceScatter's
 // NVLink form on 128x128 (its scatter epilogue's), on every path the inputs
 // take; the misuses refused, saying why.
 TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
@@ -551,7 +570,8 @@ TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
     if (plan.rfind("sequential", 0) == 0) continue;
     ++overlapped;
     wide += plan.find("128x192") != std::string::npos;
-    EXPECT_TRUE(plan.find("128x128") != std::string::npos || plan.find("128x192") != std::string::npos);
+    EXPECT_TRUE(plan.find("128x128") != std::string::npos || plan.find("128x160") != std::string::npos ||
+                plan.find("128x192") != std::string::npos);
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
   }
   EXPECT_GT(overlapped, 5);
@@ -571,8 +591,10 @@ TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
     SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " on " +
                  std::to_string(world) + ": " + plan);
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
-    if (o.path == RsOpts::Path::NVLink) EXPECT_EQ(plan.find("128x192"), std::string::npos);
-    rs_overlapped += plan.find("128x128") != std::string::npos || plan.find("128x192") != std::string::npos;
+    if (o.path == RsOpts::Path::NVLink)
+      EXPECT_TRUE(plan.find("128x192") == std::string::npos && plan.find("128x160") == std::string::npos);
+    rs_overlapped += plan.find("128x128") != std::string::npos || plan.find("128x160") != std::string::npos ||
+                     plan.find("128x192") != std::string::npos;
   }
   EXPECT_GT(rs_overlapped, 5);
   auto refused = [&](int64_t k, const Opts& o, const std::string& what) {

@@ -48,9 +48,11 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   fo::kernels::GemmParams narrow = fp8_params(300, 320, 128, 160);
   narrow.fp8.on = false;
   expect_refused(narrow, "unsupported tile shape");
-  narrow.fp8.on = true;  // (128x160: a plain C only, its last 32 columns stored by a map of their own)
+  narrow.fp8.on = true;  // (128x160 stores a plain C or slot tiles, as 128x192)
   narrow.store = fo::kernels::Store::SlotTiles, narrow.slots = fo_test::host_buffer(), narrow.slot_rows = 1 << 20;
-  expect_refused(narrow, "128x160 tiles store a plain C only");
+  EXPECT_NO_THROW(fo::kernels::check_gemm_params(narrow));
+  narrow.store = fo::kernels::Store::Plain, narrow.scatter.world = 2;
+  expect_refused(narrow, "the scatter epilogue takes 128x128 tiles");
   wide.fp8.on = true, wide.scatter.world = 2;
   expect_refused(wide, "the scatter epilogue takes 128x128 tiles");
   fo::kernels::GemmParams p = fp8_params(300, 200, 128);

@@ -141,7 +141,8 @@ uint16_t round_out(float x, kernels::DType dt) {
 // The GEMM with e4m3 inputs: random shapes (m and n ragged against the
 // tiles, k a multiple of 16 but not always of 128), every scale kind, both
 // outputs, C strided (some rows unaligned: the consumers store them), every tile (128 x 128, 128 x 160,
-// 128 x 192): bitwise the host's scaled product, and nothing written past n.
+// 128 x 192): bitwise the host's scaled product, and nothing written past n;
+// the same into the ops' slot layouts.
 TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
   REQUIRE_HOPPER();
   const uint64_t seed = test::fresh_seed();
@@ -216,6 +217,51 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         FO_CUDA_CHECK(cudaMemcpy(flags.data(), work.get(), flags.size() * 4, cudaMemcpyDeviceToHost));
         EXPECT_EQ(std::count(flags.begin(), flags.end(), 0u), int64_t(flags.size())) << "a flag left up";
       }
+      // The ops' stores: whole tiles into slots (SlotTiles, split too), and
+      // rows into slot rows, by halves (SlotRows with half_row: TMA) or row
+      // by row (row_of: the consumers), both in reversed order.
+      const int32_t tiles = s.tiles();
+      const int64_t slot_rows = int64_t(tiles) * 128;
+      std::vector<int32_t> half_row(size_t(tiles) * 2), row_of(static_cast<size_t>(slot_rows));
+      for (int32_t t = 0; t < tiles; ++t) {
+        for (int h = 0; h < 2; ++h) half_row[size_t(t * 2 + h)] = ((tiles - 1 - t) * 2 + 1 - h) * 64;
+        const int64_t rows = m - int64_t(s.tile_of(t).tm) * 128;
+        for (int r = 0; r < 128; ++r)
+          row_of[size_t(t * 128 + r)] = r < rows ? int32_t(slot_rows - 1 - (t * 128 + r)) : -1;
+      }
+      const rt::DeviceBuffer dhalf = rt::to_device(half_row), drow = rt::to_device(row_of);
+      rt::DeviceBuffer slots(size_t(slot_rows) * size_t(bn) * 2);
+      for (int form = 0; form < (split ? 1 : 3); ++form) {
+        SCOPED_TRACE(std::string("into slots: ") + (form == 0 ? "SlotTiles" : form == 1 ? "SlotRows by halves"
+                                                                                        : "SlotRows by rows"));
+        kernels::GemmParams q = p;
+        q.store = form == 0 ? kernels::Store::SlotTiles : kernels::Store::SlotRows;
+        q.c = nullptr, q.ldc = 0, q.slots = slots.get(), q.slot_rows = slot_rows;
+        if (form == 1) q.half_row = dhalf.as<int32_t>();
+        if (form == 2) q.row_of = drow.as<int32_t>();
+        FO_CUDA_CHECK(cudaMemset(slots.get(), 0xff, slots.bytes()));
+        kernels::launch_gemm(q, nullptr);
+        FO_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> y(size_t(slot_rows) * size_t(bn));
+        FO_CUDA_CHECK(cudaMemcpy(y.data(), slots.get(), slots.bytes(), cudaMemcpyDeviceToHost));
+        int off = 0;
+        for (int32_t t = 0; t < tiles; ++t) {
+          const plan::TileCoord tc = s.tile_of(t);
+          for (int r = 0; r < 128 && tc.tm * 128 + r < m; ++r) {
+            const int64_t srow = form == 0 ? t * 128 + r
+                                 : form == 1 ? half_row[size_t(t * 2 + r / 64)] + r % 64
+                                             : row_of[size_t(t * 128 + r)];
+            for (int col = 0; col < bn && tc.tn * bn + col < n; ++col) {
+              const uint16_t w = want[size_t((tc.tm * 128 + r) * n + tc.tn * bn + col)];
+              const uint16_t got = y[size_t(srow * bn + col)];
+              if (got != w && off++ < 5)
+                ADD_FAILURE() << "tile " << t << " row " << r << " col " << col << ": 0x" << std::hex << got
+                              << ", want 0x" << w << std::dec;
+            }
+          }
+        }
+        EXPECT_EQ(off, 0);
+      }
     }
   }
 }
@@ -233,7 +279,8 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   const int sms = rt::current_device_sms();  // the full grid: one CTA per SM
   rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(sms, 192));
   FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
-  for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{128, true}, std::pair{192, true}}) {
+  for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{160, false}, std::pair{128, true},
+                           std::pair{192, true}, std::pair{160, true}}) {
     FO_CUDA_CHECK(cudaMemset(dc.get(), 0, dc.bytes()));
     const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, sms, plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
@@ -357,7 +404,7 @@ TEST(Fp8Gemm, BLargerThanTheL2MatchesCublasLtBitwise) {
   lt.run_fp8(kernels::DType::BF16, f, da.get(), db.get(), theirs.get(), int(m), int(n), int(k), n, nullptr);
   std::vector<uint16_t> y(size_t(m) * n);
   FO_CUDA_CHECK(cudaMemcpy(y.data(), theirs.get(), theirs.bytes(), cudaMemcpyDeviceToHost));
-  for (int bn : {128, 192}) {
+  for (int bn : {128, 160, 192}) {
     const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, rt::current_device_sms(), plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), ours.get(), n);
     p.fp8 = f;
