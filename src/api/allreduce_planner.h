@@ -32,7 +32,7 @@ struct AllReducePlanner {
   std::unique_ptr<plan::BandwidthCurve> curve_default, curve_bounded;  // NCCL's default CTAs, nccl_sms CTAs
   std::map<int64_t, rt::AllReducePlan> picks;                          // the tuning cache's, by tile rows
 
-  // (a schedule of one of tiles)
+  // Our GEMM's time for s, a schedule on one of `tiles` (throws for another tile).
   double gemm_ms(const plan::Schedule& s) const;
   plan::Schedule full_grid(int64_t m, plan::TileShape tile) const;
   rt::AllReducePlan sequential_plan(int64_t m) const;

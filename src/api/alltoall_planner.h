@@ -5,9 +5,9 @@
 // flashoverlap::plan_gemm_alltoall (and so `flashoverlap plan --op alltoall`)
 // with the same object on the model's inputs.
 #pragma once
-#include <vector>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "api/op_setup.h"
 #include "flashoverlap/flashoverlap.h"

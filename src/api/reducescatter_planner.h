@@ -4,11 +4,11 @@
 // plan and its text. The op plans with it; flashoverlap::plan_gemm_reducescatter
 // (and so `flashoverlap plan`) with the same object on the model's inputs.
 #pragma once
-#include <vector>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "api/op_setup.h"
 #include "flashoverlap/flashoverlap.h"
