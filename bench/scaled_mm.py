@@ -54,7 +54,8 @@ class OurFp8Gemm:
     """Our FP8 GEMM alone (libflashoverlap_kernel_bench.so) into c, on the
     current stream: C = scale(x w^T), 128 x tile_n tiles, stream-K where the
     lab's rule puts it (stream_k 1: plan::stream_k_split's splits on the
-    in-step grid; 0: never); pdl: as programmatic dependent launches."""
+    in-step grid; 0: never; 2: the pair split, GemmParams::pair_k, where two
+    CTAs a tile fit the SMs); pdl: as programmatic dependent launches."""
 
     lib = None
 
@@ -78,7 +79,7 @@ class OurFp8Gemm:
                                          sa.data_ptr(), sb.data_ptr(), tile_n, stream_k, int(pdl),
                                          ctypes.byref(self.h), self.err, 512):
             raise RuntimeError(f"our FP8 GEMM {m}x{n}x{k} 128x{tile_n}: {self.err.value.decode()}")
-        self.split = bool(self.lib.fobk_fp8_gemm_split(self.h))
+        self.split = int(self.lib.fobk_fp8_gemm_split(self.h))  # (0 whole tiles, 1 stream-K, 2 the pair split)
 
     def __call__(self):
         if self.lib.fobk_fp8_gemm_launch(self.h, torch.cuda.current_stream().cuda_stream, self.err, 512):
@@ -116,6 +117,9 @@ def main():
                     help="with --kernels: ours launched as programmatic dependent launches")
     ap.add_argument("--tiles", default="128,160,192",
                     help="with --kernels: our tile widths timed in turns, ours the fastest (default the ops' tiles)")
+    ap.add_argument("--pair", action="store_true",
+                    help="with --kernels: each tile also with the pair split (GemmParams::pair_k) where it fits, "
+                         "timed in the same turns")
     ap.add_argument("--out", help="CSV file (default: stdout)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -156,23 +160,27 @@ def main():
         tile = f"128x{r['ours_tile']}" if r.get("ours_tile") else ""
         if a.kernels:
             ref = call(False).float()
-            gemms = []
-            for tile_n in tile_ns:
+            gemms, labels = [], []
+            for tile_n, stream_k in [(t, s) for t in tile_ns for s in ((1, 2) if a.pair else (1,))]:
                 c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, 1, a.pdl)
+                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, stream_k, a.pdl)
+                if stream_k == 2 and g.split != 2:  # (two CTAs a tile do not fit: that variant is the whole one)
+                    g.close()
+                    continue
+                labels.append(f"128x{tile_n}" + {0: "", 1: "/sk", 2: "/pair"}[g.split])
                 g()
                 err = ((c.float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3:  # (bf16's rounding: ~1e-3 between two fp32-summing kernels)
                     wrong += 1
-                    print(f"WRONG: {m}x{n}x{k} {kind} 128x{tile_n}: ours differs from torch._scaled_mm's by "
+                    print(f"WRONG: {m}x{n}x{k} {kind} {labels[-1]}: ours differs from torch._scaled_mm's by "
                           f"{err:.2e} (relative L2)", file=sys.stderr, flush=True)
                 gemms.append(g)
             times = device_ms_in_turns(gemms + [lambda: call(False), lambda: call(True)], a.runs, 5,
                                        warmup=a.warmup)
             best = min(range(len(gemms)), key=lambda i: times[i])
             ours_ms, (slow_ms, fast_ms) = times[best], times[len(gemms):]
-            tile = f"128x{tile_ns[best]}" + ("/sk" if gemms[best].split else "")
-            per_tile = "; ".join(f"128x{t} {ms:.4f}" for t, ms in zip(tile_ns, times))
+            tile = labels[best]
+            per_tile = "; ".join(f"{t} {ms:.4f}" for t, ms in zip(labels, times))
             for g in gemms:
                 g.close()
         else:

@@ -251,6 +251,13 @@ struct GemmParams {
   // set-up overlap the end of the kernel before it on the stream, whose
   // memory the CTAs wait for before touching any. Off: a plain launch.
   bool pdl = false;
+  // FP8, an experiment for grids of few tiles: each tile's k-blocks split
+  // between the two CTAs of a cluster (sched.ctas = 2 x tiles, at most one
+  // tile a cluster; k_blocks >= 2), each CTA storing one 64-row half of the
+  // tile, the sum of its own partial and the peer's, sent by distributed
+  // shared memory. Plain or SlotTiles stores; no stream-K, signals,
+  // monitors of tiles or PDL.
+  bool pair_k = false;
 };
 
 // A stream-K workspace: the flags first, in a region of fixed size (so

@@ -30,9 +30,16 @@ constexpr int kStagesOf = BN == 256                                ? kStages256
                           : std::is_same_v<TIn, __nv_fp8_e4m3> ? kStages128Fp8
                                                                    : kStages128;
 
-template <int BN, typename T, typename TIn = T, bool kSplit = false>
+template <int BN, typename T, typename TIn = T, bool kSplit = false, bool kPairK = false>
 auto kernel_for() {
-  return &gemm_sm90_kernel<BN, kStagesOf<BN, TIn>, T, false, false, TIn, kSplit>;
+  return &gemm_sm90_kernel<BN, kStagesOf<BN, TIn>, T, false, false, TIn, kSplit, kPairK>;
+}
+// The FP8 kernel of a tile and output type: whole tiles, stream-K or the pair split.
+template <int BN, typename T>
+auto fp8_kernel_for(bool split, bool pair) {
+  return pair    ? kernel_for<BN, T, __nv_fp8_e4m3, false, true>()
+         : split ? kernel_for<BN, T, __nv_fp8_e4m3, true>()
+                 : kernel_for<BN, T, __nv_fp8_e4m3, false>();
 }
 // The kernel of a tile, output and input type, with or without stream-K.
 template <int BN, typename T, typename TIn = T>
@@ -41,18 +48,27 @@ auto kernel_for(bool split) {
 }
 // kernel<<<grid, block, smem, stream>>>(args...), or with pdl the same as a
 // programmatic dependent launch (GemmParams::pdl).
+// cluster > 1: in clusters of that many CTAs along x.
 template <typename Kernel, typename... Args>
-void launch(Kernel kernel, dim3 grid, dim3 block, int smem, cudaStream_t stream, bool pdl, const Args&... args) {
-  if (!pdl) {
+void launch(Kernel kernel, dim3 grid, dim3 block, int smem, cudaStream_t stream, bool pdl, int cluster,
+            const Args&... args) {
+  if (!pdl && cluster <= 1) {
     kernel<<<grid, block, smem, stream>>>(args...);
     return;
   }
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2]{};
+  unsigned count = 0;
+  if (pdl) {
+    attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attrs[count].id = cudaLaunchAttributeClusterDimension;
+    attrs[count++].val.clusterDim = {unsigned(cluster), 1, 1};
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = size_t(smem), cfg.stream = stream;
-  cfg.attrs = &attr, cfg.numAttrs = 1;
+  cfg.attrs = attrs, cfg.numAttrs = count;
   (void)cudaLaunchKernelEx(&cfg, kernel, args...);  // (its error: the caller's cudaGetLastError)
 }
 template <int BN, typename TIn = __half>
@@ -191,6 +207,16 @@ void check_gemm_params(const GemmParams& p) {
     fail("fp8: unknown scale kind");
   if (!f8.on && (f8.scales != Scales::None || f8.scale_a || f8.scale_b))
     fail("scales are for FP8 inputs (Fp8::on)");
+  if (p.pair_k) {
+    if (!f8.on) fail("pair_k: FP8 inputs only");
+    if (p.stream_k.on() || p.pdl) fail("pair_k: not with stream-K or PDL");
+    if (int64_t(p.sched.ctas) != 2 * int64_t(p.sched.tiles()))
+      fail("pair_k: two CTAs a tile (ctas = 2 x tiles = " + std::to_string(2 * int64_t(p.sched.tiles())) + ")");
+    if (k_blocks_of(p) < 2) fail("pair_k: k of two k-blocks (128 each) at least");
+    if (!(p.store == Store::Plain || p.store == Store::SlotTiles) || p.counters || p.monitor_ns || p.monitor_mma ||
+        p.scatter.world > 0)
+      fail("pair_k: Plain or SlotTiles stores, without signals, tile monitors or the scatter");
+  }
   if (f8.on && f8.scales != Scales::None &&
       (!f8.scale_a || !f8.scale_b || reinterpret_cast<uintptr_t>(f8.scale_a) % 4 != 0 ||
        reinterpret_cast<uintptr_t>(f8.scale_b) % 4 != 0))
@@ -355,33 +381,33 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
   if (p.fp8.on) {  // (128x128, 128x160 or 128x192 tiles, checked)
     const bool bf = p.dtype == DType::BF16;
-    const bool split = p.stream_k.on();
-    const auto kernel = bn == 192   ? (bf ? kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split)
-                                          : kernel_for<192, __half, __nv_fp8_e4m3>(split))
-                        : bn == 160 ? (bf ? kernel_for<160, __nv_bfloat16, __nv_fp8_e4m3>(split)
-                                          : kernel_for<160, __half, __nv_fp8_e4m3>(split))
-                                    : (bf ? kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split)
-                                          : kernel_for<128, __half, __nv_fp8_e4m3>(split));
+    const bool split = p.stream_k.on(), pair = p.pair_k;
+    const auto kernel = bn == 192   ? (bf ? fp8_kernel_for<192, __nv_bfloat16>(split, pair)
+                                          : fp8_kernel_for<192, __half>(split, pair))
+                        : bn == 160 ? (bf ? fp8_kernel_for<160, __nv_bfloat16>(split, pair)
+                                          : fp8_kernel_for<160, __half>(split, pair))
+                                    : (bf ? fp8_kernel_for<128, __nv_bfloat16>(split, pair)
+                                          : fp8_kernel_for<128, __half>(split, pair));
     const int smem = bn == 192   ? smem_for<192, __nv_fp8_e4m3>()
                      : bn == 160 ? smem_for<160, __nv_fp8_e4m3>()
                                  : smem_for<128, __nv_fp8_e4m3>();
-    launch(kernel, grid, block, smem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
+    launch(kernel, grid, block, smem, stream, p.pdl, pair ? 2 : 1, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
   if (gemm_four_stages(p) && p.owner.rank >= 0 && p.owner.walk == OwnerWalk::Ranges) {
     if (p.dtype == DType::BF16)
-      launch(pieces_kernel<__nv_bfloat16, true>(), grid, block, kPiecesSmem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
+      launch(pieces_kernel<__nv_bfloat16, true>(), grid, block, kPiecesSmem, stream, p.pdl, 1, ma, mb, mc, mw, mp, mq, kp);
     else
-      launch(pieces_kernel<__half, true>(), grid, block, kPiecesSmem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
+      launch(pieces_kernel<__half, true>(), grid, block, kPiecesSmem, stream, p.pdl, 1, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
   if (gemm_four_stages(p)) {
     if (p.dtype == DType::BF16)
-      launch(pieces_kernel<__nv_bfloat16>(), grid, block, kPiecesSmem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
+      launch(pieces_kernel<__nv_bfloat16>(), grid, block, kPiecesSmem, stream, p.pdl, 1, ma, mb, mc, mw, mp, mq, kp);
     else
-      launch(pieces_kernel<__half>(), grid, block, kPiecesSmem, stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
+      launch(pieces_kernel<__half>(), grid, block, kPiecesSmem, stream, p.pdl, 1, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }
@@ -389,7 +415,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const auto kernel = p.dtype == DType::BF16
                           ? (bn == 256 ? kernel_for<256, __nv_bfloat16>(split) : kernel_for<128, __nv_bfloat16>(split))
                           : (bn == 256 ? kernel_for<256, __half>(split) : kernel_for<128, __half>(split));
-  launch(kernel, grid, block, bn == 256 ? smem_for<256>() : smem_for<128>(), stream, p.pdl, ma, mb, mc, mw, mp, mq, kp);
+  launch(kernel, grid, block, bn == 256 ? smem_for<256>() : smem_for<128>(), stream, p.pdl, 1, ma, mb, mc, mw, mp, mq, kp);
   FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
 }
 
@@ -408,12 +434,15 @@ void preload_gemm_kernels() {
     prepare(kernel_for<128, __nv_bfloat16>(split), smem_for<128>());
     prepare(kernel_for<256, __half>(split), smem_for<256>());
     prepare(kernel_for<128, __half>(split), smem_for<128>());
-    prepare(kernel_for<128, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<128, __nv_fp8_e4m3>());
-    prepare(kernel_for<128, __half, __nv_fp8_e4m3>(split), smem_for<128, __nv_fp8_e4m3>());
-    prepare(kernel_for<192, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<192, __nv_fp8_e4m3>());
-    prepare(kernel_for<192, __half, __nv_fp8_e4m3>(split), smem_for<192, __nv_fp8_e4m3>());
-    prepare(kernel_for<160, __nv_bfloat16, __nv_fp8_e4m3>(split), smem_for<160, __nv_fp8_e4m3>());
-    prepare(kernel_for<160, __half, __nv_fp8_e4m3>(split), smem_for<160, __nv_fp8_e4m3>());
+  }
+  for (int form = 0; form < 3; ++form) {  // (FP8: whole tiles, stream-K, the pair split)
+    const bool split = form == 1, pair = form == 2;
+    prepare(fp8_kernel_for<128, __nv_bfloat16>(split, pair), smem_for<128, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<128, __half>(split, pair), smem_for<128, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<192, __nv_bfloat16>(split, pair), smem_for<192, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<192, __half>(split, pair), smem_for<192, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<160, __nv_bfloat16>(split, pair), smem_for<160, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<160, __half>(split, pair), smem_for<160, __nv_fp8_e4m3>());
   }
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);

@@ -112,11 +112,15 @@ __device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f,
 
 // Runs body(piece) on each of this CTA's units of work in order: its whole
 // tiles (blockIdx.x, + gridDim.x, ...), or with kSplit its stream-K pieces
-// (plan/stream_k.h). Without kSplit the plain loop over tiles, so that those
+// (plan/stream_k.h), or with kPairK its cluster's one tile, this CTA's half
+// of the k-blocks. Without either the plain loop over tiles, so that those
 // kernels compile as they did before stream-K.
-template <bool kSplit, class Body>
+template <bool kSplit, bool kPairK = false, class Body>
 __device__ __forceinline__ void for_each_piece(const GemmKernelParams& p, int tiles, Body&& body) {
-  if constexpr (kSplit) {
+  if constexpr (kPairK) {  // (GemmParams::pair_k: the cluster's tile, this CTA's half of its k-blocks)
+    const int32_t half = p.k_blocks / 2, r = int32_t(blockIdx.x % 2);
+    body(plan::Piece{int32_t(blockIdx.x / 2), r ? half : 0, r ? p.k_blocks : half, true, false});
+  } else if constexpr (kSplit) {
     plan::PieceWalk walk(p.sk, blockIdx.x);
     for (plan::Piece w; walk.next(w);) body(w);
   } else {
@@ -126,9 +130,10 @@ __device__ __forceinline__ void for_each_piece(const GemmKernelParams& p, int ti
 
 // TIn: the inputs' type (T, or __nv_fp8_e4m3 with T the output's). kSplit:
 // stream-K (Plain and slot stores only; its own instantiation, so that the
-// kernels without it are unchanged).
+// kernels without it are unchanged). kPairK: GemmParams::pair_k (FP8; its
+// own instantiation too, launched in clusters of two).
 template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false, typename TIn = T,
-          bool kSplit = false>
+          bool kSplit = false, bool kPairK = false>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
@@ -141,6 +146,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                 "FP8: 128x128, 128x160 or 128x192 tiles");
   static_assert(kFp8 || (BN != 192 && BN != 160), "128x160 and 128x192 tiles are FP8's");
   static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
+  static_assert(!kPairK || (kFp8 && !kSplit), "the pair split: FP8, not with stream-K");
   // 128x192 and 128x160 (FP8): Plain and slot stores only (no owner layout,
   // no scatter: the host refuses them).
   constexpr bool kExtras = BN == 128 || BN == 256;
@@ -171,7 +177,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // The consumer warps' (joining the copy); kPieces: the push ring's (full, then empty: one arrive per pusher).
     for (int i = 0; i < 16; ++i) ptx::mbar_init(&c_empty[6 + i], kPieces && i >= kPushRing && i < 2 * kPushRing ? 2 : 1);
     if constexpr (kPieces) *reinterpret_cast<int32_t*>(smem + L::kPushFailed) = 0;
-    for (int h = 0; h < 2; ++h) ptx::mbar_init(&p_ready[h], 1);
+    // (kPairK: p_ready[0] counts the peer CTA's 128 threads sending this CTA's rows)
+    for (int h = 0; h < 2; ++h) ptx::mbar_init(&p_ready[h], kPairK ? 128 : 1);
     ptx::fence_barrier_init();
   }
   // A launch with GemmParams::pdl may start while the kernel before it on
@@ -182,6 +189,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x == 0) ptx::griddep_launch_dependents();
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.owner.claims_reset) *p.owner.claims_reset = 0;
   __syncthreads();
+  if constexpr (kPairK) ptx::cluster_sync();  // (the peer's barriers initialised before any arrival on them)
 
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
@@ -197,7 +205,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       ptx::tma_prefetch_desc(&tm_a);
       ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
-      for_each_piece<kSplit>(p, tiles, [&](const plan::Piece& w) {
+      for_each_piece<kSplit, kPairK>(p, tiles, [&](const plan::Piece& w) {
         const int i = w.idx;
         const plan::TileCoord tc = p.sched.tile_of(owner_tile_at<kWide>(p.owner, i, tiles));
         if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) return;  // (an empty tile row: skipped by all)
@@ -257,7 +265,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       const bool plain = p.store == static_cast<int32_t>(Store::Plain);
       const bool grouped = p.grouped.a_row0 != nullptr;
       uint32_t t = 0;  // tiles stored here (grouped: a ragged tile row's tiles are the consumers' to store)
-      for_each_piece<kSplit>(p, tiles, [&](const plan::Piece& w) {
+      for_each_piece<kSplit, kPairK>(p, tiles, [&](const plan::Piece& w) {
         if (kSplit && !w.finishes) return;  // (a piece that leaves a partial: nothing to store)
         const int idx = w.idx;
         const plan::TileCoord tc = p.sched.tile_of(idx);
@@ -267,6 +275,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         const int32_t col = plain ? tc.tn * BN : 0;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+          if (kPairK && h != int(blockIdx.x % 2)) continue;  // (the peer CTA stores that half)
           ptx::mbar_wait(&c_full[h], t & 1);
           if (h == 1 && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);
           const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
@@ -310,7 +319,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
   uint32_t tt = 0;  // tiles handed to the storer (c_empty[cw]'s phases): all but the grouped GEMM's ragged ones
-  for_each_piece<kSplit>(p, tiles, [&](const plan::Piece& w) {
+  for_each_piece<kSplit, kPairK>(p, tiles, [&](const plan::Piece& w) {
     ++t;
     const int i = w.idx;
     const int idx = owner_tile_at<kWide>(p.owner, i, tiles);
@@ -439,6 +448,32 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
 #endif
     }  // (not kFp8)
+    if constexpr (kPairK) {
+      // The tile's rows are split between the pair: this CTA (rank r) stores
+      // warpgroup r's half, summed with the peer's partial of it, which
+      // arrives in this CTA's C staging area (64 x BN fp32: the area's size;
+      // unused until the epilogue: one tile a CTA). Warpgroup 1 - r sends
+      // its partial there in the peer. Each thread's values go to the same
+      // thread's place (the same fragment layout): 16 bytes, unit j at
+      // (j x 128 + tid) x 16.
+      const uint32_t r = blockIdx.x % 2, area = ptx::smem_addr(smem + L::kC);
+      if (cw != int(r)) {
+        const uint32_t dst = ptx::map_to_rank(area, r ^ 1);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+          ptx::st_cluster_v4(dst + uint32_t(j * 128 + tid) * 16, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2],
+                             acc[4 * j + 3]);
+        ptx::mbar_arrive_remote(ptx::map_to_rank(ptx::smem_addr(&p_ready[0]), r ^ 1));
+        return;
+      }
+      ptx::mbar_wait_cluster(&p_ready[0], 0);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const float4 v = *reinterpret_cast<const float4*>(smem + L::kC + (j * 128 + tid) * 16);
+        acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
+      }
+      ptx::named_barrier_sync(1 + cw, 128);  // (every read of the area before the staging below writes it)
+    }
     if constexpr (kSplit) {
       if (!w.finishes) {  // (a stream-K piece after the tile's first: its sums to the finisher)
         put_partial<BN>(acc, p.sk_work, blockIdx.x, cw, tid);

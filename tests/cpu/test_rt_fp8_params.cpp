@@ -4,6 +4,7 @@
 // its loads take L2 policies.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <random>
 #include <string>
 
@@ -71,6 +72,46 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   g.grouped = {reinterpret_cast<const int32_t*>(fo_test::host_buffer()), reinterpret_cast<const int32_t*>(fo_test::host_buffer()),
                reinterpret_cast<const int32_t*>(fo_test::host_buffer()), 300, 200};
   expect_refused(g, "not with the owner layout or the grouped GEMM");
+}
+
+// The pair split (GemmParams::pair_k): taken on every FP8 tile with two CTAs
+// a tile and two k-blocks or more, into C or slot tiles; refused, saying
+// why, on another grid, one k-block, 16-bit inputs, with stream-K, PDL,
+// signals or another store.
+TEST(Fp8Params, PairSplitTakesTwoCtasATileAndRefusesTheRest) {
+  namespace fp = flashoverlap::plan;
+  FO_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int bn = std::array{128, 160, 192}[trial % 3];
+    const int64_t m = 1 + int64_t(rng() % 1024), n = 16 * (1 + int64_t(rng() % 64)),
+                  k = 256 + 16 * int64_t(rng() % 512);
+    fo::kernels::GemmParams p = fp8_params(m, n, k, bn);
+    const int32_t tiles = p.sched.tiles();
+    p.sched = fp::make_schedule(m, n, {128, bn}, 2 * tiles, fp::Raster::AlongN, 1);
+    p.pair_k = true;
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " on 128x" + std::to_string(bn));
+    EXPECT_NO_THROW(fo::kernels::check_gemm_params(p));
+    fo::kernels::GemmParams slots = p;
+    slots.store = fo::kernels::Store::SlotTiles, slots.slots = fo_test::host_buffer(), slots.slot_rows = 1 << 20;
+    EXPECT_NO_THROW(fo::kernels::check_gemm_params(slots));
+    fo::kernels::GemmParams grid = p;
+    grid.sched = fp::make_schedule(m, n, {128, bn}, 2 * tiles + 1, fp::Raster::AlongN, 1);
+    expect_refused(grid, "two CTAs a tile");
+    fo::kernels::GemmParams pdl = p;
+    pdl.pdl = true;
+    expect_refused(pdl, "not with stream-K or PDL");
+    fo::kernels::GemmParams rows = p;
+    rows.store = fo::kernels::Store::SlotRows, rows.slots = fo_test::host_buffer(), rows.slot_rows = 1 << 20;
+    rows.row_of = reinterpret_cast<const int32_t*>(fo_test::host_buffer());
+    expect_refused(rows, "Plain or SlotTiles stores");
+  }
+  fo::kernels::GemmParams one = fp8_params(300, 200, 128);
+  one.sched = fp::make_schedule(300, 200, {128, 128}, 2 * one.sched.tiles(), fp::Raster::AlongN, 1);
+  one.pair_k = true;
+  expect_refused(one, "two k-blocks");
+  fo::kernels::GemmParams bf16 = one;
+  bf16.fp8.on = false, bf16.k = 4096;
+  expect_refused(bf16, "pair_k: FP8 inputs only");
 }
 
 // L2 policies on the loads exactly where an FP8 B (n x k bytes; a grouped

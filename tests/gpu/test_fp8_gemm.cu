@@ -19,6 +19,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/gemm.h"
@@ -177,16 +178,24 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         if (kind == kernels::Scales::RowWise) x = x * sa[size_t(r)] * sb[size_t(col)];
         want[size_t(r * n + col)] = round_out(x, out);
       }
-    // Each tile whole, then stream-K (plan/stream_k.h) forced on few CTAs: the
+    // Each tile whole, then stream-K (plan/stream_k.h) forced on few CTAs,
+    // then split in pairs (GemmParams::pair_k, where k has two k-blocks): the
     // pieces' fp32 sums are exact too, so bitwise the same.
     const int stream_ctas = 2 + int(rng() % 12);
     rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(stream_ctas, 192));
     FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
+    enum Form { kWhole, kStreamK, kPair };
     // (128x128 split again after the others: launches of every tile share one workspace)
-    for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{160, false}, std::pair{128, true},
-                             std::pair{192, true}, std::pair{160, true}, std::pair{128, true}}) {
-      const int ctas = split ? stream_ctas : sms;
-      SCOPED_TRACE("tile 128x" + std::to_string(bn) + (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : ""));
+    for (auto [bn, form] : {std::pair{128, kWhole}, std::pair{192, kWhole}, std::pair{160, kWhole},
+                            std::pair{128, kStreamK}, std::pair{192, kStreamK}, std::pair{160, kStreamK},
+                            std::pair{128, kStreamK}, std::pair{128, kPair}, std::pair{160, kPair},
+                            std::pair{192, kPair}}) {
+      const bool split = form == kStreamK;
+      const int32_t tiles_of_bn = int32_t((m + 127) / 128 * ((n + bn - 1) / bn));
+      if (form == kPair && (k <= 128 || 2 * tiles_of_bn > sms)) continue;
+      const int ctas = split ? stream_ctas : form == kPair ? 2 * tiles_of_bn : sms;
+      SCOPED_TRACE("tile 128x" + std::to_string(bn) + (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : "") +
+                   (form == kPair ? ", split in pairs" : ""));
       FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
       const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, ctas, plan::Raster::AlongN, 2);
       kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
@@ -194,6 +203,7 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         p.stream_k = plan::StreamK{s.tiles(), int32_t(rng() % uint64_t(s.tiles())), int32_t((k + 127) / 128), ctas};
         p.stream_k_work = work.get();
       }
+      p.pair_k = form == kPair;
       p.fp8.on = true, p.fp8.scales = kind;
       if (kind != kernels::Scales::None) p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
       kernels::launch_gemm(p, nullptr);
@@ -231,14 +241,14 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
       }
       const rt::DeviceBuffer dhalf = rt::to_device(half_row), drow = rt::to_device(row_of);
       rt::DeviceBuffer slots(size_t(slot_rows) * size_t(bn) * 2);
-      for (int form = 0; form < (split ? 1 : 3); ++form) {
-        SCOPED_TRACE(std::string("into slots: ") + (form == 0 ? "SlotTiles" : form == 1 ? "SlotRows by halves"
-                                                                                        : "SlotRows by rows"));
+      for (int store = 0; store < (form == kWhole ? 3 : 1); ++store) {
+        SCOPED_TRACE(std::string("into slots: ") + (store == 0 ? "SlotTiles" : store == 1 ? "SlotRows by halves"
+                                                                                          : "SlotRows by rows"));
         kernels::GemmParams q = p;
-        q.store = form == 0 ? kernels::Store::SlotTiles : kernels::Store::SlotRows;
+        q.store = store == 0 ? kernels::Store::SlotTiles : kernels::Store::SlotRows;
         q.c = nullptr, q.ldc = 0, q.slots = slots.get(), q.slot_rows = slot_rows;
-        if (form == 1) q.half_row = dhalf.as<int32_t>();
-        if (form == 2) q.row_of = drow.as<int32_t>();
+        if (store == 1) q.half_row = dhalf.as<int32_t>();
+        if (store == 2) q.row_of = drow.as<int32_t>();
         FO_CUDA_CHECK(cudaMemset(slots.get(), 0xff, slots.bytes()));
         kernels::launch_gemm(q, nullptr);
         FO_CUDA_CHECK(cudaDeviceSynchronize());
@@ -248,9 +258,9 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         for (int32_t t = 0; t < tiles; ++t) {
           const plan::TileCoord tc = s.tile_of(t);
           for (int r = 0; r < 128 && tc.tm * 128 + r < m; ++r) {
-            const int64_t srow = form == 0 ? t * 128 + r
-                                 : form == 1 ? half_row[size_t(t * 2 + r / 64)] + r % 64
-                                             : row_of[size_t(t * 128 + r)];
+            const int64_t srow = store == 0 ? t * 128 + r
+                                 : store == 1 ? half_row[size_t(t * 2 + r / 64)] + r % 64
+                                              : row_of[size_t(t * 128 + r)];
             for (int col = 0; col < bn && tc.tn * bn + col < n; ++col) {
               const uint16_t w = want[size_t((tc.tm * 128 + r) * n + tc.tn * bn + col)];
               const uint16_t got = y[size_t(srow * bn + col)];
@@ -279,11 +289,16 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   const int sms = rt::current_device_sms();  // the full grid: one CTA per SM
   rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(sms, 192));
   FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
-  for (auto [bn, split] : {std::pair{128, false}, std::pair{192, false}, std::pair{160, false}, std::pair{128, true},
-                           std::pair{192, true}, std::pair{160, true}}) {
+  // (each tile whole, stream-K, split in pairs: GemmParams::pair_k, two CTAs a tile)
+  for (auto [bn, split, pair] : {std::tuple{128, false, false}, std::tuple{192, false, false},
+                                 std::tuple{160, false, false}, std::tuple{128, true, false},
+                                 std::tuple{192, true, false}, std::tuple{160, true, false},
+                                 std::tuple{128, false, true}, std::tuple{192, false, true}}) {
     FO_CUDA_CHECK(cudaMemset(dc.get(), 0, dc.bytes()));
-    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, sms, plan::Raster::AlongN, 2);
+    const int32_t tiles = int32_t(m / 128 * ((n + bn - 1) / bn));
+    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, pair ? 2 * tiles : sms, plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
+    p.pair_k = pair;
     if (split) {  // (4 or 6 tiles over one CTA per SM: every tile in ~20-40 pieces)
       p.stream_k = plan::stream_k_split(s.tiles(), sms, int32_t(k / 128));
       EXPECT_TRUE(p.stream_k.on());
@@ -299,7 +314,8 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
     std::vector<uint16_t> c(size_t(m) * n);
     FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n)
-        << "tile 128x" << bn << (split ? ", stream-K" : "") << ", first: 0x" << std::hex << c[0] << ", want 0x" << want;
+        << "tile 128x" << bn << (split ? ", stream-K" : "") << (pair ? ", split in pairs" : "") << ", first: 0x"
+        << std::hex << c[0] << ", want 0x" << want;
     // Every CTA recorded its start; with stream-K exactly the CTAs whose
     // walk leaves a partial recorded putting it (phase 2), and exactly those
     // that finish a split tile when their own k-blocks were done (phase 4),

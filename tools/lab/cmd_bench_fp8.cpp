@@ -152,7 +152,8 @@ int run(const Options& o) {
     if (x == "off") modes.push_back(Split::Off);
     else if (x == "auto") modes.push_back(Split::Rule);
     else if (x == "force") modes.push_back(Split::Force);
-    else throw InvalidArgument("--stream-k: off, auto, force or a list of them, or both (got '" + x + "')");
+    else if (x == "pair") modes.push_back(Split::Pair);
+    else throw InvalidArgument("--stream-k: off, auto, force, pair or a list of them, or both (got '" + x + "')");
   }
   if (o.pdl != "off" && o.pdl != "on" && o.pdl != "both")
     throw InvalidArgument("--pdl: off, on or both (got '" + o.pdl + "')");
@@ -231,6 +232,7 @@ int run(const Options& o) {
             t.bn = bn;
             t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
             if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : "sk";
+            if (t.p.pair_k) t.sk = "pair";
             t.p.pdl = pdl;
             // (each launch timed once: every mode that does not split is off)
             if (std::none_of(tiles.begin(), tiles.end(), [&](const Tile& u) { return u.label() == t.label(); }))
@@ -306,7 +308,7 @@ int run(const Options& o) {
         variants += (variants.empty() ? "" : ";") + t.label() + "=" +
                     (std::ostringstream() << std::setprecision(4) << t.ms).str();
       if (tiles.size() > 1) std::cout << "   " << variants;
-      else if (!ours.sk.empty()) std::cout << "   stream-K";
+      else if (!ours.sk.empty()) std::cout << (ours.sk == "pair" ? "   pair split" : "   stream-K");
       std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
         auto ms_of = [&](int bn) {  // (the tile's fastest variant)
@@ -357,8 +359,9 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
                   "Stream-K where plan::stream_k_split puts it, on plan::stream_k_in_step_ctas' grid (auto), never "
-                  "(off), or both timed in turns; or a comma-separated list of those and force (every grid of fewer "
-                  "tiles than CTAs split, on all of its CTAs), timed in turns")
+                  "(off), or both timed in turns; or a comma-separated list of those, force (every grid of fewer "
+                  "tiles than CTAs split, on all of its CTAs) and pair (each tile's k-blocks split between the two "
+                  "CTAs of a cluster, where two CTAs a tile fit the SMs), timed in turns")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "
