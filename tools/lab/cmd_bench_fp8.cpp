@@ -67,7 +67,7 @@ struct Options {
   std::string scales = "tensor,row";
   // A list of 128x128, 128x160, 128x192 (timed in turns; ours: the fastest, as the ops pick), or all.
   std::string tile = "all";
-  // Comma-separated, timed in turns: off, auto (the rule), force (fp8_launch.h's Split); both: off,auto.
+  // Comma-separated, timed in turns: off, auto (the rule), force, pair (fp8_launch.h's Split); both: off,auto.
   std::string stream_k = "auto";
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
