@@ -1,6 +1,6 @@
 // flashoverlap-lab bench-fp8 — our GEMM with e4m3 inputs (kernels::Fp8:
-// 128x128, 128x160 and 128x192 tiles, the fastest per shape as the ops
-// pick, part sums promoted to fp32, the scales in the epilogue) against
+// 128x128, 128x160 and 128x192 tiles, the fastest per shape (the ops
+// choose among them by their timed waves), part sums promoted to fp32, the scales in the epilogue) against
 // cuBLASLt's FP8 matmul, which torch._scaled_mm runs
 // (FAST_ACCUM off, as use_fast_accum=False; and on, as use_fast_accum=True),
 // per shape and scale kind, timed in turns on the full grid (a stream-K
@@ -65,7 +65,7 @@ std::string default_shapes() {
 struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
-  // A list of 128x128, 128x160, 128x192 (timed in turns; ours: the fastest, as the ops pick), or all.
+  // A list of 128x128, 128x160, 128x192 (timed in turns; ours: the fastest), or all.
   std::string tile = "all";
   // Comma-separated, timed in turns: off, auto (the rule), force, pair (fp8_launch.h's Split); both: off,auto.
   std::string stream_k = "auto";
@@ -215,7 +215,7 @@ int run(const Options& o) {
       kernels::Fp8 f;
       f.on = true, f.scales = kind;
       if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
-      // Our tiles (--tile: one, or both timed in turns: ours is then the faster, as the ops pick)
+      // Our tiles (--tile: one, or several timed in turns: ours is then the fastest)
       struct Tile {
         int bn;
         std::string sk;  // (the split: empty, or sk (the rule), force)
@@ -354,8 +354,8 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
       ->capture_default_str();
   cmd->add_option("--tile", opts->tile,
-                  "Our tiles, comma-separated: 128x128, 128x160, 128x192 (timed in turns; ours: the fastest, as "
-                  "the ops pick), or all")
+                  "Our tiles, comma-separated: 128x128, 128x160, 128x192 (timed in turns; ours: the fastest), "
+                  "or all")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
                   "Stream-K where plan::stream_k_split puts it, on plan::stream_k_in_step_ctas' grid (auto), never "
