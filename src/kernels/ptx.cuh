@@ -114,6 +114,20 @@ __device__ __forceinline__ void mbar_arrive_remote(uint32_t remote) {
 }
 // mbar_wait, acquiring at cluster scope what the arrivals of other CTAs released.
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+#ifdef FO_DEBUG_HANG
+  const uint64_t start = globaltimer_ns();
+  while (true) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (globaltimer_ns() - start > 10'000'000'000ull) mbar_hang_report(bar, parity);
+  }
+#else
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -123,6 +137,7 @@ __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity
       "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+#endif
 }
 
 // ---- TMA ------------------------------------------------------------------
