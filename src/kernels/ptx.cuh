@@ -55,32 +55,34 @@ static __device__ __noinline__ void mbar_hang_report(uint64_t* bar, uint32_t par
 }
 #endif
 
-// Waits until the phase with the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+// The wait of mbar_wait and mbar_wait_cluster: try_wait.parity, with the
+// semantics SEM ("": acquire at CTA scope, the default), until the phase
+// completes (debug builds: a report after 10 s instead of a hang).
 #ifdef FO_DEBUG_HANG
-  const uint64_t start = globaltimer_ns();
-  while (true) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-    if (done) return;
-    if (globaltimer_ns() - start > 10'000'000'000ull) mbar_hang_report(bar, parity);
-  }
+#define FO_MBAR_WAIT(SEM, bar, parity)                                                                          \
+  do {                                                                                                         \
+    const uint64_t start = globaltimer_ns();                                                                   \
+    while (true) {                                                                                             \
+      uint32_t done;                                                                                           \
+      asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity" SEM                                            \
+                   ".shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"                                 \
+                   : "=r"(done)                                                                                \
+                   : "r"(smem_addr(bar)), "r"(parity)                                                          \
+                   : "memory");                                                                                \
+      if (done) break;                                                                                         \
+      if (globaltimer_ns() - start > 10'000'000'000ull) mbar_hang_report(bar, parity);                         \
+    }                                                                                                          \
+  } while (0)
 #else
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
+#define FO_MBAR_WAIT(SEM, bar, parity)                                                                          \
+  asm volatile("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity" SEM                                      \
+               ".shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),                      \
+               "r"(parity)                                                                                     \
+               : "memory")
 #endif
-}
+
+// Waits until the phase with the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { FO_MBAR_WAIT("", bar, parity); }
 
 // The line holding a global address, fetched into this SM's L1 (no register waits for it).
 __device__ __forceinline__ void prefetch_l1(const void* p) {
@@ -114,31 +116,9 @@ __device__ __forceinline__ void mbar_arrive_remote(uint32_t remote) {
 }
 // mbar_wait, acquiring at cluster scope what the arrivals of other CTAs released.
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-#ifdef FO_DEBUG_HANG
-  const uint64_t start = globaltimer_ns();
-  while (true) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-    if (done) return;
-    if (globaltimer_ns() - start > 10'000'000'000ull) mbar_hang_report(bar, parity);
-  }
-#else
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-#endif
+  FO_MBAR_WAIT(".acquire.cluster", bar, parity);
 }
+#undef FO_MBAR_WAIT
 
 // ---- TMA ------------------------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
