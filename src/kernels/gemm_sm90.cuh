@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (tid == 0) {
           ptx::mbar_arrive(&empty[at % STAGES]);
           if (mcast)  // (the peer's TMA writes half of this stage: its producer waits for this CTA too)
-            ptx::mbar_arrive_remote_cta(ptx::map_to_rank(ptx::smem_addr(&empty[at % STAGES]), (blockIdx.x % 2) ^ 1));
+            ptx::mbar_arrive_remote(ptx::map_to_rank(ptx::smem_addr(&empty[at % STAGES]), (blockIdx.x % 2) ^ 1));
         }
       };
       // (acc from zero, not a copy of the first part: a copy lets the

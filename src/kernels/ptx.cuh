@@ -114,12 +114,6 @@ __device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, f
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t remote) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
-// The same releasing at CTA scope only: for a stage of shared memory this
-// CTA's MMAs have read (and waited for), which a cluster-scope release would
-// hold until the MMAs still in flight are done too.
-__device__ __forceinline__ void mbar_arrive_remote_cta(uint32_t remote) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
 // mbar_wait, acquiring at cluster scope what the arrivals of other CTAs released.
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
   FO_MBAR_WAIT(".acquire.cluster", bar, parity);
