@@ -55,9 +55,7 @@ class OurFp8Gemm:
     current stream: C = scale(x w^T), 128 x tile_n tiles, stream-K where the
     lab's rule puts it (stream_k 1: plan::stream_k_split's splits on the
     in-step grid; 0: never; 2: the pair split, GemmParams::pair_k, where two
-    CTAs a tile fit the SMs; 3: whole tiles in clusters of two sharing B's
-    loads, GemmParams::multicast_b, where the schedule pairs its tiles); pdl:
-    as programmatic dependent launches."""
+    CTAs a tile fit the SMs); pdl: as programmatic dependent launches."""
 
     lib = None
 
@@ -81,7 +79,7 @@ class OurFp8Gemm:
                                          sa.data_ptr(), sb.data_ptr(), tile_n, stream_k, int(pdl),
                                          ctypes.byref(self.h), self.err, 512):
             raise RuntimeError(f"our FP8 GEMM {m}x{n}x{k} 128x{tile_n}: {self.err.value.decode()}")
-        self.split = int(self.lib.fobk_fp8_gemm_split(self.h))  # (0 whole, 1 stream-K, 2 pair split, 3 multicast)
+        self.split = int(self.lib.fobk_fp8_gemm_split(self.h))  # (0 whole tiles, 1 stream-K, 2 the pair split)
 
     def __call__(self):
         if self.lib.fobk_fp8_gemm_launch(self.h, torch.cuda.current_stream().cuda_stream, self.err, 512):
@@ -122,9 +120,6 @@ def main():
     ap.add_argument("--pair", action="store_true",
                     help="with --kernels: each tile also with the pair split (GemmParams::pair_k) where it fits, "
                          "timed in the same turns")
-    ap.add_argument("--multicast", action="store_true",
-                    help="with --kernels: each tile also whole in clusters of two sharing B's loads "
-                         "(GemmParams::multicast_b) where the schedule pairs its tiles, timed in the same turns")
     ap.add_argument("--out", help="CSV file (default: stdout)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -166,14 +161,13 @@ def main():
         if a.kernels:
             ref = call(False).float()
             gemms, labels = [], []
-            splits = (1,) + ((2,) if a.pair else ()) + ((3,) if a.multicast else ())
-            for tile_n, stream_k in [(t, s) for t in tile_ns for s in splits]:
+            for tile_n, stream_k in [(t, s) for t in tile_ns for s in ((1, 2) if a.pair else (1,))]:
                 c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
                 g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, stream_k, a.pdl)
-                if stream_k >= 2 and g.split != stream_k:  # (it does not fit: that variant is the whole one)
+                if stream_k == 2 and g.split != 2:  # (two CTAs a tile do not fit: that variant is the whole one)
                     g.close()
                     continue
-                labels.append(f"128x{tile_n}" + {0: "", 1: "/sk", 2: "/pair", 3: "/mc"}[g.split])
+                labels.append(f"128x{tile_n}" + {0: "", 1: "/sk", 2: "/pair"}[g.split])
                 g()
                 err = ((c.float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3:  # (bf16's rounding: ~1e-3 between two fp32-summing kernels)

@@ -39,9 +39,7 @@ extern "C" {
 // each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 128, 160 or 192. stream_k:
 // 0 never split; 1 the lab's rule (split where plan::stream_k_split puts
 // it, on plan::stream_k_in_step_ctas' grid); 2 the pair split where two
-// CTAs a tile fit the SMs (GemmParams::pair_k); 3 whole tiles in clusters of
-// two sharing B's loads where the schedule pairs its tiles
-// (GemmParams::multicast_b). pdl: nonzero to launch as a
+// CTAs a tile fit the SMs (GemmParams::pair_k). pdl: nonzero to launch as a
 // programmatic dependent launch (GemmParams::pdl). On the current device;
 // *out: the handle. Returns 0, or 1 with the reason in err.
 int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void* a, const void* b, void* c,
@@ -49,14 +47,10 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
                          char* err, int err_len) {
   try {
     if (scales < 0 || scales > 2) return fail(err, err_len, "scales: 0 (none), 1 (per tensor) or 2 (row-wise)");
-    if (stream_k < 0 || stream_k > 3)
-      return fail(err, err_len,
-                  "stream_k: 0 (off), 1 (the rule, on the in-step grid), 2 (the pair split) or 3 (B multicast)");
+    if (stream_k < 0 || stream_k > 2)
+      return fail(err, err_len, "stream_k: 0 (off), 1 (the rule, on the in-step grid) or 2 (the pair split)");
     using fo::cli::Split;
-    const Split mode = stream_k == 0   ? Split::Off
-                       : stream_k == 1 ? Split::Rule
-                       : stream_k == 2 ? Split::Pair
-                                       : Split::Multicast;
+    const Split mode = stream_k == 0 ? Split::Off : stream_k == 1 ? Split::Rule : Split::Pair;
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
@@ -80,10 +74,10 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
   }
 }
 
-// How the handle's launch is split: 0 whole tiles, 1 stream-K, 2 the pair split, 3 B multicast.
+// How the handle's launch is split: 0 whole tiles, 1 stream-K, 2 the pair split.
 int fobk_fp8_gemm_split(void* h) {
   const fo::kernels::GemmParams& p = static_cast<Fp8Gemm*>(h)->p;
-  return p.multicast_b ? 3 : p.pair_k ? 2 : p.stream_k.on() ? 1 : 0;
+  return p.pair_k ? 2 : p.stream_k.on() ? 1 : 0;
 }
 
 // Enqueues one launch on `stream` (a cudaStream_t; null: the legacy stream).

@@ -258,20 +258,7 @@ struct GemmParams {
   // shared memory. Plain or SlotTiles stores; no stream-K, signals,
   // monitors of tiles or PDL.
   bool pair_k = false;
-  // FP8, whole tiles: the grid in clusters of two CTAs, CTA 2q and 2q + 1
-  // computing tiles of one tile column at every turn (multicast_b_fits), each
-  // loading half of the B block of every k-block into both (TMA multicast):
-  // B is read from L2 once for the two tiles. No stream-K, pair split or PDL.
-  bool multicast_b = false;
 };
-
-// Whether the schedule pairs its tiles for GemmParams::multicast_b: tiles 2u
-// and 2u + 1 share a tile column (raster along n, every band of tile rows of
-// even width) and CTAs 2q and 2q + 1 take them (an even number of CTAs).
-inline bool multicast_b_fits(const plan::Schedule& s) {
-  return s.raster == plan::Raster::AlongN && s.tiles_m() % 2 == 0 &&
-         (s.swizzle % 2 == 0 || s.swizzle >= s.tiles_m()) && s.ctas % 2 == 0;
-}
 
 // A stream-K workspace: the flags first, in a region of fixed size (so
 // that launches of any tile and grid can share one workspace: none writes

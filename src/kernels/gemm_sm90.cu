@@ -217,13 +217,6 @@ void check_gemm_params(const GemmParams& p) {
         p.scatter.world > 0)
       fail("pair_k: Plain or SlotTiles stores, without signals, tile monitors or the scatter");
   }
-  if (p.multicast_b) {
-    if (!f8.on) fail("multicast_b: FP8 inputs only");
-    if (p.stream_k.on() || p.pair_k || p.pdl) fail("multicast_b: not with stream-K, the pair split or PDL");
-    if (!multicast_b_fits(p.sched))
-      fail("multicast_b: the schedule must pair tiles of one tile column (raster along n, an even number of tile "
-           "rows, an even swizzle or one band, an even number of CTAs)");
-  }
   if (f8.on && f8.scales != Scales::None &&
       (!f8.scale_a || !f8.scale_b || reinterpret_cast<uintptr_t>(f8.scale_a) % 4 != 0 ||
        reinterpret_cast<uintptr_t>(f8.scale_b) % 4 != 0))
@@ -323,9 +316,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const int bn = p.sched.bn;
   const bool grouped = p.grouped.a_row0 != nullptr;  // (A's and B's rows: the experts', all of them)
   const CUtensorMap ma = make_map(p.a, grouped ? p.grouped.a_rows : p.m, p.k, p.k, 128, dt_in, "A");
-  // (multicast_b: each CTA of a cluster loads half of a B block)
-  const CUtensorMap mb =
-      make_map(p.b, grouped ? p.grouped.b_rows : p.n, p.k, p.k, p.multicast_b ? bn / 2 : bn, dt_in, "B");
+  const CUtensorMap mb = make_map(p.b, grouped ? p.grouped.b_rows : p.n, p.k, p.k, bn, dt_in, "B");
 
   GemmKernelParams kp{};
   kp.sched = p.sched;
@@ -347,7 +338,6 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.owner = p.owner;
   kp.grouped = p.grouped;
   kp.l2_hints = gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
-  kp.multicast_b = p.multicast_b;
   CUtensorMap mc{}, tail{};  // (tail: 128x160's last 32 columns of a tile, 32-column boxes)
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
@@ -401,7 +391,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
     const int smem = bn == 192   ? smem_for<192, __nv_fp8_e4m3>()
                      : bn == 160 ? smem_for<160, __nv_fp8_e4m3>()
                                  : smem_for<128, __nv_fp8_e4m3>();
-    launch(kernel, grid, block, smem, stream, p.pdl, pair || p.multicast_b ? 2 : 1, ma, mb, mc, mw, mp, mq, kp);
+    launch(kernel, grid, block, smem, stream, p.pdl, pair ? 2 : 1, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
   }

@@ -152,9 +152,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   constexpr bool kExtras = BN == 128 || BN == 256;
   constexpr bool kOwner = kExtras && !kFp8;  // (the host refuses the owner layout with FP8)
   constexpr int BM = L::kBM, BK = 128 / int(sizeof(TIn));  // (a k-block: 128 bytes of each row, any input type)
-  // GemmParams::multicast_b: the cluster's two CTAs compute tiles of one tile
-  // column at every turn, and each loads half of its B block into both.
-  const bool mcast = kFp8 && !kSplit && !kPairK && p.multicast_b;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
@@ -169,7 +166,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
-      ptx::mbar_init(&empty[s], mcast ? 4 : 2);  // one arrive per consumer warpgroup (mcast: of both CTAs)
+      ptx::mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
     }
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_init(&c_full[h], 1);
@@ -192,7 +189,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x == 0) ptx::griddep_launch_dependents();
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.owner.claims_reset) *p.owner.claims_reset = 0;
   __syncthreads();
-  if (kPairK || mcast) ptx::cluster_sync();  // (the peer's barriers initialised before any arrival on them)
+  if constexpr (kPairK) ptx::cluster_sync();  // (the peer's barriers initialised before any arrival on them)
 
   const int tiles = p.sched.tiles();
   if (threadIdx.x == 0) record_phase(p.monitor_phases, 3);
@@ -223,17 +220,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             p.monitor_mma[int64_t(i) * 2] = ptx::globaltimer_ns();  // by slot: CTA c's are c, c + ctas, ...
             p.monitor_mma[int64_t(i) * 2 + 1] = ptx::clock_cycles();
           }
-          ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);  // (mcast: half of B from the peer)
-          if (mcast) {  // (this CTA's half of B's rows, into the same place in both CTAs)
-            const int32_t r = int32_t(blockIdx.x % 2);
-            ptx::tma_load_2d_multicast(smem + L::kB + s * L::kBBytes + r * (BN / 2) * 128, &tm_b, &full[s], kb * BK,
-                                       b_row + r * (BN / 2), 0x3, p.l2_hints ? ptx::policy_evict_first() : 0);
-            if (p.l2_hints)
-              ptx::tma_load_2d_hint(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row,
-                                    ptx::policy_evict_last());
-            else
-              ptx::tma_load_2d(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row);
-          } else if (kFp8 && p.l2_hints) {  // (gemm_l2_hints: FP8 only; policies made here: no registers held across the loop)
+          ptx::mbar_arrive_expect_tx(&full[s], L::kABytes + L::kBBytes);
+          if (kFp8 && p.l2_hints) {  // (gemm_l2_hints: FP8 only; policies made here: no registers held across the loop)
             ptx::tma_load_2d_hint(smem + L::kA + s * L::kABytes, &tm_a, &full[s], kb * BK, a_row,
                                   ptx::policy_evict_last());
             ptx::tma_load_2d_hint(smem + L::kB + s * L::kBBytes, &tm_b, &full[s], kb * BK, b_row,
@@ -244,10 +232,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           }
         }
       });
-      // mcast: the peer's consumers release this CTA's stages too; every such
-      // arrival in before the CTA may exit.
-      if (mcast)
-        for (int j = it; j < it + STAGES; ++j) ptx::mbar_wait(&empty[j % STAGES], ((j / STAGES) & 1) ^ 1);
     } else if constexpr (kPieces) {
       const PushRing ring{c_empty + 6, c_empty + 6 + kPushRing, reinterpret_cast<int32_t*>(smem + L::kPushFailed)};
       if (tid >= 32 && tid < 64 && p.owner.rank >= 0) {
@@ -371,11 +355,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         ptx::wgmma_commit();
       };
       auto release = [&](int at) {
-        if (tid == 0) {
-          ptx::mbar_arrive(&empty[at % STAGES]);
-          if (mcast)  // (the peer's TMA writes half of this stage: its producer waits for this CTA too)
-            ptx::mbar_arrive_remote(ptx::map_to_rank(ptx::smem_addr(&empty[at % STAGES]), (blockIdx.x % 2) ^ 1));
-        }
+        if (tid == 0) ptx::mbar_arrive(&empty[at % STAGES]);
       };
       // (acc from zero, not a copy of the first part: a copy lets the
       // compiler give acc the part's registers, which the next MMAs write.)

@@ -42,7 +42,6 @@ struct GemmKernelParams {
   plan::StreamK sk;        // the pieces (the stream-K kernels only)
   StreamKWork sk_work;
   bool l2_hints;  // gemm_l2_hints: A's loads evict last, B's first
-  bool multicast_b;  // GemmParams::multicast_b (the FP8 whole-tile kernels only)
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.

@@ -142,25 +142,6 @@ __device__ __forceinline__ void tma_load_2d_hint(void* dst, const CUtensorMap* m
       "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "l"(policy)
       : "memory");
 }
-// The same box written into this CTA and the peers in cta_mask (bit r: the
-// cluster's CTA r), at the same shared-memory offsets, each peer's `bar`
-// (the same offset) counting the bytes it receives. policy: L2 hints as
-// tma_load_2d_hint's, or 0 for none.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
-                                                      int32_t c1, uint16_t cta_mask, uint64_t policy) {
-  if (policy)
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(smem_addr(dst)),
-        "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(cta_mask), "l"(policy)
-        : "memory");
-  else
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
-        "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
-        : "memory");
-}
 // Policies for every line a load brings (fraction 1.0).
 __device__ __forceinline__ uint64_t policy_evict_first() {
   uint64_t p;

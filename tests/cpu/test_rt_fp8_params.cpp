@@ -1,7 +1,7 @@
 // test_rt_fp8_params.cpp — what the GEMM's check takes and refuses of FP8
 // inputs (kernels::Fp8; host logic, no GPU): 128x128, 128x160 or 128x192 tiles, k % 16, both
 // scales or none, no owner layout or grouped GEMM, scales only with FP8; where
-// its loads take L2 policies; the pair split and B's multicast.
+// its loads take L2 policies.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -112,59 +112,6 @@ TEST(Fp8Params, PairSplitTakesTwoCtasATileAndRefusesTheRest) {
   fo::kernels::GemmParams bf16 = one;
   bf16.fp8.on = false, bf16.k = 4096;
   expect_refused(bf16, "pair_k: FP8 inputs only");
-}
-
-// GemmParams::multicast_b: where multicast_b_fits says a schedule pairs its
-// tiles, tiles 2u and 2u + 1 share a tile column and fall to CTAs 2q and
-// 2q + 1 at the same turn (the kernel's premise: the two CTAs of a cluster
-// load one B block between them, and do as many turns); the check takes
-// such launches and refuses, saying why, the rest.
-TEST(Fp8Params, MulticastPairsTilesOfOneColumnAndRefusesTheRest) {
-  namespace fp = flashoverlap::plan;
-  FO_SEEDED_RNG(rng);
-  int fits = 0;
-  for (int trial = 0; trial < 400; ++trial) {
-    const int bn = std::array{128, 160, 192}[trial % 3];
-    const int64_t m = 1 + int64_t(rng() % 2048), n = 16 * (1 + int64_t(rng() % 256)), k = 16 * (1 + int64_t(rng() % 512));
-    const int32_t ctas = rng() % 4 ? 2 * (1 + int32_t(rng() % 70)) : 1 + int32_t(rng() % 140),
-                  swizzle = 1 + int32_t(rng() % 8);
-    const fp::Raster raster = rng() % 4 ? fp::Raster::AlongN : fp::Raster::AlongM;
-    fo::kernels::GemmParams p = fp8_params(m, n, k, bn);
-    p.sched = fp::make_schedule(m, n, {128, bn}, ctas, raster, swizzle);
-    p.sched.row_shift = rng() % 3 ? 0 : int32_t(rng() % uint64_t(p.sched.tiles_m()));
-    p.multicast_b = true;
-    const fp::Schedule& s = p.sched;
-    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + " on 128x" + std::to_string(bn) + ", " +
-                 std::to_string(ctas) + " CTAs, swizzle " + std::to_string(swizzle) + ", along " +
-                 std::string(fp::to_string(raster)));
-    if (!fo::kernels::multicast_b_fits(s)) {
-      expect_refused(p, "multicast_b: the schedule must pair tiles of one tile column");
-      continue;
-    }
-    ++fits;
-    EXPECT_EQ(s.tiles() % 2, 0);
-    EXPECT_EQ(s.ctas % 2, 0);
-    for (int32_t idx = 0; idx < s.tiles(); idx += 2) {
-      ASSERT_EQ(s.tile_of(idx).tn, s.tile_of(idx + 1).tn) << "tiles " << idx << " and " << idx + 1;
-      ASSERT_EQ(s.cta_of(idx) + 1, s.cta_of(idx + 1));
-      ASSERT_EQ(s.round_of(idx), s.round_of(idx + 1));
-    }
-    EXPECT_NO_THROW(fo::kernels::check_gemm_params(p));
-    fo::kernels::GemmParams pdl = p;
-    pdl.pdl = true;
-    expect_refused(pdl, "multicast_b: not with stream-K, the pair split or PDL");
-    if (bn == 128) {  // (the 16-bit kernels' tile)
-      fo::kernels::GemmParams bf16 = p;
-      bf16.fp8.on = false;
-      expect_refused(bf16, "multicast_b: FP8 inputs only");
-    }
-  }
-  EXPECT_GT(fits, 20);  // (the draw reaches both sides)
-  fo::kernels::GemmParams along_m = fp8_params(256, 1024, 1024);
-  along_m.sched = fp::make_schedule(256, 1024, {128, 128}, 132, fp::Raster::AlongM, 2);
-  along_m.multicast_b = true;
-  EXPECT_FALSE(fo::kernels::multicast_b_fits(along_m.sched));
-  expect_refused(along_m, "raster along n");
 }
 
 // L2 policies on the loads exactly where an FP8 B (n x k bytes; a grouped

@@ -180,34 +180,22 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
       }
     // Each tile whole, then stream-K (plan/stream_k.h) forced on few CTAs,
     // then split in pairs (GemmParams::pair_k, where k has two k-blocks): the
-    // pieces' fp32 sums are exact too, so bitwise the same. Then whole tiles
-    // in clusters sharing B's loads (GemmParams::multicast_b, where the tile
-    // rows are even) on every SM, and on a few CTAs, each then taking several
-    // tiles in turn.
+    // pieces' fp32 sums are exact too, so bitwise the same.
     const int stream_ctas = 2 + int(rng() % 12);
     rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(stream_ctas, 192));
     FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
-    enum Form { kWhole, kStreamK, kPair, kMulticast, kMulticastFew };
-    const int even_sms = sms & ~1, few = 2 * (1 + int(rng() % 4));
+    enum Form { kWhole, kStreamK, kPair };
     // (128x128 split again after the others: launches of every tile share one workspace)
     for (auto [bn, form] : {std::pair{128, kWhole}, std::pair{192, kWhole}, std::pair{160, kWhole},
                             std::pair{128, kStreamK}, std::pair{192, kStreamK}, std::pair{160, kStreamK},
                             std::pair{128, kStreamK}, std::pair{128, kPair}, std::pair{160, kPair},
-                            std::pair{192, kPair}, std::pair{128, kMulticast}, std::pair{160, kMulticast},
-                            std::pair{192, kMulticast}, std::pair{128, kMulticastFew},
-                            std::pair{160, kMulticastFew}, std::pair{192, kMulticastFew}}) {
+                            std::pair{192, kPair}}) {
       const bool split = form == kStreamK;
       const int32_t tiles_of_bn = int32_t((m + 127) / 128 * ((n + bn - 1) / bn));
-      const bool mcast = form == kMulticast || form == kMulticastFew;
       if (form == kPair && (k <= 128 || 2 * tiles_of_bn > sms)) continue;
-      if (mcast && (m + 127) / 128 % 2 != 0) continue;  // (an odd number of tile rows: no pairs of one column)
-      const int ctas = split             ? stream_ctas
-                       : form == kPair   ? 2 * tiles_of_bn
-                       : mcast           ? (form == kMulticast ? even_sms : few)
-                                         : sms;
+      const int ctas = split ? stream_ctas : form == kPair ? 2 * tiles_of_bn : sms;
       SCOPED_TRACE("tile 128x" + std::to_string(bn) + (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : "") +
-                   (form == kPair ? ", split in pairs" : "") +
-                   (mcast ? ", B multicast on " + std::to_string(ctas) + " CTAs" : ""));
+                   (form == kPair ? ", split in pairs" : ""));
       FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
       const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, ctas, plan::Raster::AlongN, 2);
       kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
@@ -216,7 +204,6 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         p.stream_k_work = work.get();
       }
       p.pair_k = form == kPair;
-      p.multicast_b = mcast;
       p.fp8.on = true, p.fp8.scales = kind;
       if (kind != kernels::Scales::None) p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
       kernels::launch_gemm(p, nullptr);
@@ -254,7 +241,7 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
       }
       const rt::DeviceBuffer dhalf = rt::to_device(half_row), drow = rt::to_device(row_of);
       rt::DeviceBuffer slots(size_t(slot_rows) * size_t(bn) * 2);
-      for (int store = 0; store < (form == kWhole || mcast ? 3 : 1); ++store) {
+      for (int store = 0; store < (form == kWhole ? 3 : 1); ++store) {
         SCOPED_TRACE(std::string("into slots: ") + (store == 0 ? "SlotTiles" : store == 1 ? "SlotRows by halves"
                                                                                           : "SlotRows by rows"));
         kernels::GemmParams q = p;
@@ -302,20 +289,16 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   const int sms = rt::current_device_sms();  // the full grid: one CTA per SM
   rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(sms, 192));
   FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
-  // (each tile whole, stream-K, split in pairs: GemmParams::pair_k, two CTAs
-  // a tile; whole in clusters sharing B's loads: GemmParams::multicast_b)
-  for (auto [bn, split, pair, mcast] :
-       {std::tuple{128, false, false, false}, std::tuple{192, false, false, false},
-        std::tuple{160, false, false, false}, std::tuple{128, true, false, false}, std::tuple{192, true, false, false},
-        std::tuple{160, true, false, false}, std::tuple{128, false, true, false}, std::tuple{192, false, true, false},
-        std::tuple{128, false, false, true}, std::tuple{192, false, false, true}}) {
+  // (each tile whole, stream-K, split in pairs: GemmParams::pair_k, two CTAs a tile)
+  for (auto [bn, split, pair] : {std::tuple{128, false, false}, std::tuple{192, false, false},
+                                 std::tuple{160, false, false}, std::tuple{128, true, false},
+                                 std::tuple{192, true, false}, std::tuple{160, true, false},
+                                 std::tuple{128, false, true}, std::tuple{192, false, true}}) {
     FO_CUDA_CHECK(cudaMemset(dc.get(), 0, dc.bytes()));
     const int32_t tiles = int32_t(m / 128 * ((n + bn - 1) / bn));
-    const int ctas = pair ? 2 * tiles : mcast ? sms & ~1 : sms;
-    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, ctas, plan::Raster::AlongN, 2);
+    const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, pair ? 2 * tiles : sms, plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
     p.pair_k = pair;
-    p.multicast_b = mcast;
     if (split) {  // (4 or 6 tiles over one CTA per SM: every tile in ~20-40 pieces)
       p.stream_k = plan::stream_k_split(s.tiles(), sms, int32_t(k / 128));
       EXPECT_TRUE(p.stream_k.on());
@@ -331,8 +314,7 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
     std::vector<uint16_t> c(size_t(m) * n);
     FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n)
-        << "tile 128x" << bn << (split ? ", stream-K" : "") << (pair ? ", split in pairs" : "")
-        << (mcast ? ", B multicast" : "") << ", first: 0x"
+        << "tile 128x" << bn << (split ? ", stream-K" : "") << (pair ? ", split in pairs" : "") << ", first: 0x"
         << std::hex << c[0] << ", want 0x" << want;
     // Every CTA recorded its start; with stream-K exactly the CTAs whose
     // walk leaves a partial recorded putting it (phase 2), and exactly those

@@ -67,7 +67,7 @@ struct Options {
   std::string scales = "tensor,row";
   // A list of 128x128, 128x160, 128x192 (timed in turns; ours: the fastest), or all.
   std::string tile = "all";
-  // Comma-separated, timed in turns: off, auto (the rule), force, pair, mcast (fp8_launch.h's Split); both: off,auto.
+  // Comma-separated, timed in turns: off, auto (the rule), force, pair (fp8_launch.h's Split); both: off,auto.
   std::string stream_k = "auto";
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
@@ -153,8 +153,7 @@ int run(const Options& o) {
     else if (x == "auto") modes.push_back(Split::Rule);
     else if (x == "force") modes.push_back(Split::Force);
     else if (x == "pair") modes.push_back(Split::Pair);
-    else if (x == "mcast") modes.push_back(Split::Multicast);
-    else throw InvalidArgument("--stream-k: off, auto, force, pair, mcast or a list of them, or both (got '" + x + "')");
+    else throw InvalidArgument("--stream-k: off, auto, force, pair or a list of them, or both (got '" + x + "')");
   }
   if (o.pdl != "off" && o.pdl != "on" && o.pdl != "both")
     throw InvalidArgument("--pdl: off, on or both (got '" + o.pdl + "')");
@@ -234,7 +233,6 @@ int run(const Options& o) {
             t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
             if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : "sk";
             if (t.p.pair_k) t.sk = "pair";
-            if (t.p.multicast_b) t.sk = "mc";
             t.p.pdl = pdl;
             // (each launch timed once: every mode that does not split is off)
             if (std::none_of(tiles.begin(), tiles.end(), [&](const Tile& u) { return u.label() == t.label(); }))
@@ -310,8 +308,7 @@ int run(const Options& o) {
         variants += (variants.empty() ? "" : ";") + t.label() + "=" +
                     (std::ostringstream() << std::setprecision(4) << t.ms).str();
       if (tiles.size() > 1) std::cout << "   " << variants;
-      else if (!ours.sk.empty())
-        std::cout << (ours.sk == "pair" ? "   pair split" : ours.sk == "mc" ? "   B multicast" : "   stream-K");
+      else if (!ours.sk.empty()) std::cout << (ours.sk == "pair" ? "   pair split" : "   stream-K");
       std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
         auto ms_of = [&](int bn) {  // (the tile's fastest variant)
@@ -331,7 +328,7 @@ int run(const Options& o) {
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
         csv << "," << ours.bn << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
-        csv << "," << (ours.sk == "sk" || ours.sk == "force");  // (stream-K; pair and mc: in variants)
+        csv << "," << !ours.sk.empty();
         if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;
         csv << "\n";
       }
@@ -363,10 +360,8 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--stream-k", opts->stream_k,
                   "Stream-K where plan::stream_k_split puts it, on plan::stream_k_in_step_ctas' grid (auto), never "
                   "(off), or both timed in turns; or a comma-separated list of those, force (every grid of fewer "
-                  "tiles than CTAs split, on all of its CTAs), pair (each tile's k-blocks split between the two "
-                  "CTAs of a cluster, where two CTAs a tile fit the SMs) and mcast (whole tiles, the two CTAs of a "
-                  "cluster sharing B's loads by TMA multicast, where the schedule pairs tiles of one column), timed "
-                  "in turns")
+                  "tiles than CTAs split, on all of its CTAs) and pair (each tile's k-blocks split between the two "
+                  "CTAs of a cluster, where two CTAs a tile fit the SMs), timed in turns")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "

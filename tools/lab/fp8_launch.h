@@ -3,8 +3,7 @@
 // (kernel_bench_c.cpp): C (bf16, row-major m x n) = A B^T, e4m3 inputs,
 // 128 x tile_n tiles, one CTA per SM, the scales of `f`; stream-K where
 // plan::stream_k_split puts it (on the in-step grid: fewer CTAs), or as
-// Force asks, if the caller gives a workspace; or split in pairs (Pair); or
-// whole tiles in clusters of two sharing B's loads (Multicast).
+// Force asks, if the caller gives a workspace; or split in pairs (Pair).
 #pragma once
 #include <cstdint>
 
@@ -25,16 +24,14 @@ inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t
 // or, as an experiment on it, every grid of fewer tiles than CTAs split, on
 // all the CTAs (Force); or, another experiment, each tile's k-blocks split
 // between the two CTAs of a cluster (GemmParams::pair_k) where two CTAs a
-// tile fit the SMs (Pair; otherwise whole tiles). Multicast: whole tiles,
-// the two CTAs of a cluster sharing B's loads (GemmParams::multicast_b)
-// where the schedule pairs its tiles so (otherwise whole tiles alone).
-enum class Split { Off, Rule, Force, Pair, Multicast };
+// tile fit the SMs (Pair; otherwise whole tiles).
+enum class Split { Off, Rule, Force, Pair };
 
 // The split of this grid (k-blocks of 128) in `mode`, before the rule's
 // in-step grid (fp8_gemm).
 inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, Split mode = Split::Rule) {
   const int32_t kbs = int32_t((k + 127) / 128);
-  if (mode == Split::Off || mode == Split::Pair || mode == Split::Multicast) return plan::StreamK{s.tiles(), s.tiles(), kbs, s.ctas};
+  if (mode == Split::Off || mode == Split::Pair) return plan::StreamK{s.tiles(), s.tiles(), kbs, s.ctas};
   if (mode == Split::Force && s.tiles() < s.ctas && kbs >= 2) return plan::StreamK{s.tiles(), 0, kbs, s.ctas};
   return plan::stream_k_split(s.tiles(), s.ctas, kbs);
 }
@@ -55,7 +52,6 @@ inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t til
   kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, s, int32_t(k), c, n);
   p.fp8 = f;
   p.pair_k = pair;
-  p.multicast_b = mode == Split::Multicast && kernels::multicast_b_fits(s);
   if (sk_work && split.on()) p.stream_k = split, p.stream_k_work = sk_work;
   return p;
 }
