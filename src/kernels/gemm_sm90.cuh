@@ -56,34 +56,6 @@ static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <=
                   128 * kProducerRegs<192, false> + 256 * kConsumerRegs<192, false> <= kGemmThreads * 168,
               "the warpgroups' registers exceed the launch's");
 
-// The lines of the scales apply_scales will read for this warpgroup's half
-// tile, fetched into L1 by lanes of its first warp while the tile's MMAs
-// run: loaded only after the last MMA, they would each wait for the L2
-// with the tensor cores idle (row-wise: a tile's BN of scale_b and 64 of
-// scale_a). The first and last element of each range and every 32nd
-// between, so that every 128-byte line is touched whatever the alignment.
-template <int BN>
-__device__ __forceinline__ void prefetch_scales(const Fp8& f, const plan::Schedule& s, const plan::TileCoord& tc,
-                                                int cw, int warp, int lane) {
-  if (warp != 0 || f.scales == Scales::None) return;
-  if (f.scales == Scales::PerTensor) {
-    if (lane == 0) ptx::prefetch_l1(f.scale_a);
-    if (lane == 1) ptx::prefetch_l1(f.scale_b);
-    return;
-  }
-  constexpr int kB = BN / 32 + 1;  // (lanes for scale_b; then 3 for scale_a's 64 rows)
-  const int32_t row0 = tc.tm * 128 + cw * 64, col0 = tc.tn * BN;
-  if (lane < kB) {
-    const int32_t last = (col0 + BN < s.n ? col0 + BN : s.n) - 1;
-    const int32_t x = col0 + 32 * lane;
-    ptx::prefetch_l1(f.scale_b + (x < last ? x : last));
-  } else if (lane < kB + 3 && row0 < s.m) {
-    const int32_t last = (row0 + 64 < s.m ? row0 + 64 : s.m) - 1;
-    const int32_t r = row0 + 32 * (lane - kB);
-    ptx::prefetch_l1(f.scale_a + (r < last ? r : last));
-  }
-}
-
 // C = (scale_a * scale_b) applied to an FP8 tile's fp32 accumulators in
 // place (Fp8 in gemm.h), each element (acc * sa) * sb as torch's row-wise
 // epilogue computes it; rows and columns past C's take scale 0.
@@ -325,8 +297,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int idx = owner_tile_at<kWide>(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
     if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) return;  // (an empty tile row: skipped by all)
-    if constexpr (kFp8)
-      if (w.finishes) prefetch_scales<BN>(p.fp8, p.sched, tc, cw, warp, lane);  // (the piece that scales the tile)
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.

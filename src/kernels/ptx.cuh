@@ -84,11 +84,6 @@ static __device__ __noinline__ void mbar_hang_report(uint64_t* bar, uint32_t par
 // Waits until the phase with the given parity has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { FO_MBAR_WAIT("", bar, parity); }
 
-// The line holding a global address, fetched into this SM's L1 (no register waits for it).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // ---- clusters (distributed shared memory) ---------------------------------
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
