@@ -64,7 +64,7 @@ struct GemmAllToAll::Impl {
   std::unique_ptr<rt::CublasGemm> cublas;
   rt::OverlapCore core;  // (before the ops)
   std::unique_ptr<rt::HostExchange> exchange;
-  std::vector<std::unique_ptr<rt::OverlapAllToAll>> ops;  // per op_tiles(opts.input) entry, made on first use
+  std::vector<std::unique_ptr<rt::OverlapAllToAll>> ops;  // one slot per op_tiles(opts.input) entry, made on first use
   rt::OverlapAllToAll* last = nullptr;
   // World 1 with the routing in device memory: the whole call on the GPU.
   std::unique_ptr<rt::OneRankAllToAll> one_rank;
@@ -334,8 +334,7 @@ struct GemmAllToAll::Impl {
     return h;
   }
   rt::OverlapAllToAll& op_of(size_t tile) {
-    if (ops.size() <= tile) ops.resize(api::op_tiles(opts.input).size());
-    if (!ops[tile]) {
+    if (!ops.at(tile)) {  // (the planner picks among op_tiles)
       rt::OverlapAllToAllOptions o;
       o.n = n, o.k = int(k), o.dtype = api::to_kernels(dtype), o.tile = api::op_tiles(opts.input)[tile];
       o.experts = int32_t(experts);
@@ -361,6 +360,7 @@ GemmAllToAll::GemmAllToAll(const Communicator& comm, int64_t max_rows, int64_t m
   d.max_rows = max_rows, d.max_tokens = max_tokens, d.topk = topk, d.n = n, d.k = k, d.dtype = dtype;
   d.opts = options;
   d.experts = options.experts;
+  d.ops.resize(api::op_tiles(options.input).size());
   d.rank = comm.rank(), d.world = comm.world();
   api::check_shape(d.who(), std::max<int64_t>(max_rows, 1), n, k);
   if (max_rows < 1 || max_tokens < 1 || max_tokens >= (int64_t(1) << 30))
