@@ -36,7 +36,7 @@ extern "C" {
 
 // C (bf16, m x n, row-major) = scale(A B^T) with A (m x k) and B (n x k)
 // e4m3, row-major. scales: 0 none, 1 per tensor (scale_a, scale_b: one fp32
-// each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 128, 160 or 192. stream_k:
+// each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 112, 128, 160 or 192. stream_k:
 // 0 never split; 1 the lab's rule (split where plan::stream_k_split puts
 // it, on plan::stream_k_in_step_ctas' grid); 2 the pair split where two
 // CTAs a tile fit the SMs (GemmParams::pair_k). pdl: nonzero to launch as a

@@ -23,10 +23,12 @@ constexpr int kStages128 = 5;      // 5 x 32 KB + 32 KB
 constexpr int kStages128Fp8 = 6;   // 6 x 32 KB + 32 KB (no owner staging)
 constexpr int kStages192 = 4;      // 4 x 40 KB + 48 KB (FP8)
 constexpr int kStages160 = 5;      // 5 x 36 KB + 40 KB (FP8)
+constexpr int kStages112 = 6;      // 6 x 30 KB + 28 KB (FP8)
 template <int BN, typename TIn>
 constexpr int kStagesOf = BN == 256                                ? kStages256
                           : BN == 192                              ? kStages192
                           : BN == 160                              ? kStages160
+                          : BN == 112                              ? kStages112
                           : std::is_same_v<TIn, __nv_fp8_e4m3> ? kStages128Fp8
                                                                    : kStages128;
 
@@ -92,7 +94,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // A 2D row-major tensor [rows x cols] of 2-byte elements (1-byte: e4m3, as
 // UINT8), `ld` elements per row, read or written in boxes of box_rows rows x
 // 128 bytes with 128-byte swizzle (box_bytes 64: 64 bytes, 64-byte swizzle,
-// the last 32 columns of a 128x160 tile).
+// 32 columns past a 128x160 or 128x112 tile's 64-column chunks; 32: 32
+// bytes, 32-byte swizzle, a 128x112 tile's last 16 columns).
 CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows,
                      CUtensorMapDataType dt, const char* what, uint32_t box_bytes = 128) {
   CUtensorMap map;
@@ -103,7 +106,9 @@ CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld
   const cuuint32_t elem_strides[2] = {1, 1};
   CUresult r = encode_fn()(&map, dt, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
                            CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           box_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+                           box_bytes == 64   ? CU_TENSOR_MAP_SWIZZLE_64B
+                           : box_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                             : CU_TENSOR_MAP_SWIZZLE_128B,
                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::ostringstream os;
@@ -141,7 +146,7 @@ std::string shape_str(const GemmParams& p) {
 }  // namespace
 
 bool tile_supported(int bm, int bn, bool fp8) {
-  return bm == 128 && (bn == 128 || (fp8 ? bn == 160 || bn == 192 : bn == 256));
+  return bm == 128 && (bn == 128 || (fp8 ? bn == 112 || bn == 160 || bn == 192 : bn == 256));
 }
 
 void check_gemm_params(const GemmParams& p) {
@@ -150,8 +155,8 @@ void check_gemm_params(const GemmParams& p) {
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   const Grouped& g = p.grouped;
   if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on))
-    fail(p.fp8.on ? "fp8: 128x128, 128x160 or 128x192 tiles (a sum and its parts in the consumers' registers)"
-                  : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x128, 128x160, 128x192)");
+    fail(p.fp8.on ? "fp8: 128x112, 128x128, 128x160 or 128x192 tiles (a sum and its parts in the consumers' registers)"
+                  : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x112, 128x128, 128x160, 128x192)");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
   if (p.sched.swizzle < 1) fail("swizzle must be >= 1");
@@ -338,19 +343,24 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.owner = p.owner;
   kp.grouped = p.grouped;
   kp.l2_hints = gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
-  CUtensorMap mc{}, tail{};  // (tail: 128x160's last 32 columns of a tile, 32-column boxes)
+  // (tail: the 32 columns past 128x160's and 128x112's 64-column chunks, 32-column boxes; tail16: 128x112's last 16)
+  CUtensorMap mc{}, tail{}, tail16{};
+  const bool tail32 = bn == 160 || bn == 112;
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
     kp.ld_out = p.ldc;
     kp.out = p.c;  // (grouped: the ragged tile rows' rows, which the consumers store)
     mc = make_map(p.c, grouped ? p.grouped.a_rows : p.m, p.n, p.ldc, 64, dt, "C");
-    if (bn == 160) tail = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C (a tile's last 32 columns)", 64);
+    if (tail32) tail = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C (32 columns of a tile)", 64);
+    if (bn == 112) tail16 = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C (a tile's last 16 columns)", 32);
   } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.half_row)) {
     kp.tma_store = true;
     kp.ld_out = bn;
     kp.half_row = p.store == Store::SlotRows ? p.half_row : nullptr;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
-    if (bn == 160) tail = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer (a tile's last 32 columns)", 64);
+    if (tail32) tail = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer (32 columns of a tile)", 64);
+    if (bn == 112)
+      tail16 = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer (a tile's last 16 columns)", 32);
   } else if (p.scatter.world > 0) {  // (the storer warp stores the rows: no TMA map for C)
     kp.tma_store = true;
     kp.ld_out = p.n;
@@ -365,8 +375,8 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   // from (Owner::window: this GPU's) into the
   // staging buffer (the same box and swizzle as C's stores), and its copy of
   // the peer's tiles writes C directly.
-  // (128x160: the tail map goes in the owner window's place, which FP8 never takes.)
-  CUtensorMap mw = bn == 160 ? tail : mc, mp = mc, mq = mc;
+  // (The tail maps go in the owner window's and push's places, which FP8 never takes.)
+  CUtensorMap mw = tail32 ? tail : mc, mp = bn == 112 ? tail16 : mc, mq = mc;
   if (p.owner.rank >= 0) {
     mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");
     kp.out = p.c;
@@ -379,17 +389,20 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
-  if (p.fp8.on) {  // (128x128, 128x160 or 128x192 tiles, checked)
+  if (p.fp8.on) {  // (128x112, 128x128, 128x160 or 128x192 tiles, checked)
     const bool bf = p.dtype == DType::BF16;
     const bool split = p.stream_k.on(), pair = p.pair_k;
     const auto kernel = bn == 192   ? (bf ? fp8_kernel_for<192, __nv_bfloat16>(split, pair)
                                           : fp8_kernel_for<192, __half>(split, pair))
                         : bn == 160 ? (bf ? fp8_kernel_for<160, __nv_bfloat16>(split, pair)
                                           : fp8_kernel_for<160, __half>(split, pair))
+                        : bn == 112 ? (bf ? fp8_kernel_for<112, __nv_bfloat16>(split, pair)
+                                          : fp8_kernel_for<112, __half>(split, pair))
                                     : (bf ? fp8_kernel_for<128, __nv_bfloat16>(split, pair)
                                           : fp8_kernel_for<128, __half>(split, pair));
     const int smem = bn == 192   ? smem_for<192, __nv_fp8_e4m3>()
                      : bn == 160 ? smem_for<160, __nv_fp8_e4m3>()
+                     : bn == 112 ? smem_for<112, __nv_fp8_e4m3>()
                                  : smem_for<128, __nv_fp8_e4m3>();
     launch(kernel, grid, block, smem, stream, p.pdl, pair ? 2 : 1, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
@@ -443,6 +456,8 @@ void preload_gemm_kernels() {
     prepare(fp8_kernel_for<192, __half>(split, pair), smem_for<192, __nv_fp8_e4m3>());
     prepare(fp8_kernel_for<160, __nv_bfloat16>(split, pair), smem_for<160, __nv_fp8_e4m3>());
     prepare(fp8_kernel_for<160, __half>(split, pair), smem_for<160, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<112, __nv_bfloat16>(split, pair), smem_for<112, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<112, __half>(split, pair), smem_for<112, __nv_fp8_e4m3>());
   }
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);

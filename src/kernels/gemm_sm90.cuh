@@ -44,8 +44,9 @@ namespace flashoverlap::kernels {
 
 // Registers per thread of the producer and of each consumer warpgroup: 4
 // stages (the output in pieces) 88 / 208; 3 stages at 128x256 56 / 224; 5
-// stages at 128x128 64 / 216 (its accumulators are half as many); FP8 at
-// 128x192 and 128x160 40 / 232 (a sum and one part each; plain stores only).
+// stages at 128x128 64 / 216 (its accumulators are half as many; FP8 128x112
+// alike); FP8 at 128x192 and 128x160 40 / 232 (a sum and one part each;
+// plain stores only).
 template <int BN, bool kPieces>
 constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : BN == 192 || BN == 160 ? 40 : 64;
 template <int BN, bool kPieces>
@@ -114,9 +115,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   constexpr bool kFp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
   using L = GemmSmem<BN, STAGES, kPieces, !kFp8>;  // (FP8: no owner layout, no staging for its copy)
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
-  static_assert(!kFp8 || ((BN == 128 || BN == 160 || BN == 192) && !kPieces && !kWide),
-                "FP8: 128x128, 128x160 or 128x192 tiles");
-  static_assert(kFp8 || (BN != 192 && BN != 160), "128x160 and 128x192 tiles are FP8's");
+  static_assert(!kFp8 || ((BN == 112 || BN == 128 || BN == 160 || BN == 192) && !kPieces && !kWide),
+                "FP8: 128x112, 128x128, 128x160 or 128x192 tiles");
+  static_assert(kFp8 || (BN != 192 && BN != 160 && BN != 112), "128x112, 128x160 and 128x192 tiles are FP8's");
   static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
   static_assert(!kPairK || (kFp8 && !kSplit), "the pair split: FP8, not with stream-K");
   // 128x192 and 128x160 (FP8): Plain and slot stores only (no owner layout,
@@ -254,8 +255,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
 #pragma unroll
           for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
-          if constexpr (BN % 64 == 32)  // (128x160: the last 32 columns, by a map of 32-column boxes, passed as tm_w)
+          if constexpr (BN % 64 >= 32)  // (128x160, 128x112: 32 columns by a map of 32-column boxes, passed as tm_w)
             ptx::tma_store_2d(&tm_w, half + (BN / 64) * 8192, col + (BN / 64) * 64, hrow);
+          if constexpr (BN % 32 == 16)  // (128x112: the last 16 columns, by a map of 16-column boxes, passed as tm_p)
+            ptx::tma_store_2d(&tm_p, half + (BN / 64) * 8192 + (BN % 64 >= 32 ? 4096 : 0), col + BN - 16, hrow);
           ptx::tma_store_commit();
         }
         ptx::tma_store_wait_read();
@@ -311,8 +314,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #endif
     if constexpr (kFp8) {
       // A part sum of the MMAs (the tensor cores keep ~14 bits while they
-      // sum), added into acc in fp32: the promotion. 128x128: one part per
-      // k-block; 128x160 and 128x192: one per two k-blocks (below).
+      // sum), added into acc in fp32: the promotion. 128x128 and 128x112:
+      // one part per k-block; 128x160 and 128x192: one per two (below).
       auto issue = [&](int at, float(&part)[BN / 2], bool add = false) {
         const int s = at % STAGES;
         ptx::mbar_wait(&full[s], (at / STAGES) & 1);
@@ -341,7 +344,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
       const int kbs = w.kb1 - w.kb0;
-      if constexpr (BN != 128) {
+      if constexpr (BN > 128) {
         // One part (BN / 2 registers beside acc's: no room for a second), so
         // the tensor cores drain while it is promoted; summing two k-blocks
         // per part halves those drains.

@@ -102,16 +102,21 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 __device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
 
 // A consumer's staged half of W columns (64 rows): chunks of 64 columns
-// with the 128-byte swizzle, then, where W % 64 == 32 (128x160 tiles), a
-// chunk of 32 columns, 64-byte rows with the TMA 64-byte swizzle (address
-// bits 4-5 XOR bits 7-8), which its own 32-column box stores. The byte
-// offset of 16-byte unit c8 (8 columns) of row r.
+// with the 128-byte swizzle; then, where W % 64 >= 32 (128x160 and 128x112
+// tiles), a chunk of 32 columns, 64-byte rows with the TMA 64-byte swizzle
+// (address bits 4-5 XOR bits 7-8); then, where W % 32 == 16 (128x112), one
+// of 16 columns, 32-byte rows with the 32-byte swizzle (bit 4 XOR bit 7):
+// each narrow chunk stored by its own box. The byte offset of 16-byte unit
+// c8 (8 columns) of row r.
 template <int W>
 __device__ __forceinline__ uint32_t staged_unit_offset(int r, int c8) {
-  static_assert(W % 32 == 0, "staged widths: multiples of 32 columns");
+  static_assert(W % 16 == 0, "staged widths: multiples of 16 columns");
   constexpr int kFull = W / 64;
+  constexpr bool k32 = W % 64 >= 32;
   if (c8 / 8 < kFull) return (c8 / 8) * 8192 + sw128_offset(r, c8 % 8);
-  return kFull * 8192 + r * 64 + (((c8 % 8) ^ ((r >> 1) & 3)) << 4);
+  const int u = c8 - kFull * 8;  // (the unit's place past the full chunks)
+  if (k32 && u < 4) return kFull * 8192 + r * 64 + ((u ^ ((r >> 1) & 3)) << 4);
+  return kFull * 8192 + (k32 ? 4096 : 0) + r * 32 + (((u - (k32 ? 4 : 0)) ^ ((r >> 2) & 1)) << 4);
 }
 
 }  // namespace flashoverlap::kernels

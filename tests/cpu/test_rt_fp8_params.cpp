@@ -1,5 +1,5 @@
 // test_rt_fp8_params.cpp — what the GEMM's check takes and refuses of FP8
-// inputs (kernels::Fp8; host logic, no GPU): 128x128, 128x160 or 128x192 tiles, k % 16, both
+// inputs (kernels::Fp8; host logic, no GPU): 128x112, 128x128, 128x160 or 128x192 tiles, k % 16, both
 // scales or none, no owner layout or grouped GEMM, scales only with FP8; where
 // its loads take L2 policies.
 #include <gtest/gtest.h>
@@ -26,7 +26,7 @@ using fo_test::expect_refused;
 
 TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
   for (Scales kind : {Scales::None, Scales::PerTensor, Scales::RowWise}) {
-    for (int bn : {128, 160, 192}) {
+    for (int bn : {112, 128, 160, 192}) {
       fo::kernels::GemmParams p = fp8_params(300, 200, 4096, bn);
       p.fp8.scales = kind;
       if (kind != Scales::None) p.fp8.scale_a = reinterpret_cast<const float*>(fo_test::host_buffer() + 16),
@@ -42,7 +42,8 @@ TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
 
 TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   expect_refused(fp8_params(300, 200, 24), "k must be a multiple of 16");
-  expect_refused(fp8_params(300, 256, 128, 256), "128x128, 128x160 or 128x192 tiles");
+  expect_refused(fp8_params(300, 256, 128, 256), "128x112, 128x128, 128x160 or 128x192 tiles");
+  expect_refused(fp8_params(300, 256, 128, 96), "128x112, 128x128, 128x160 or 128x192 tiles");
   fo::kernels::GemmParams wide = fp8_params(300, 256, 128, 192);
   wide.fp8.on = false;  // (128x192 and 128x160 are FP8's tiles only)
   expect_refused(wide, "unsupported tile shape");
@@ -52,6 +53,13 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   narrow.fp8.on = true;  // (128x160 stores a plain C or slot tiles, as 128x192)
   narrow.store = fo::kernels::Store::SlotTiles, narrow.slots = fo_test::host_buffer(), narrow.slot_rows = 1 << 20;
   EXPECT_NO_THROW(fo::kernels::check_gemm_params(narrow));
+  fo::kernels::GemmParams n112 = fp8_params(300, 320, 128, 112);  // (128x112 likewise; FP8's only)
+  n112.store = fo::kernels::Store::SlotTiles, n112.slots = fo_test::host_buffer(), n112.slot_rows = 1 << 20;
+  EXPECT_NO_THROW(fo::kernels::check_gemm_params(n112));
+  n112.store = fo::kernels::Store::Plain, n112.scatter.world = 2;
+  expect_refused(n112, "the scatter epilogue takes 128x128 tiles");
+  n112.scatter.world = 0, n112.fp8.on = false;
+  expect_refused(n112, "unsupported tile shape");
   narrow.store = fo::kernels::Store::Plain, narrow.scatter.world = 2;
   expect_refused(narrow, "the scatter epilogue takes 128x128 tiles");
   wide.fp8.on = true, wide.scatter.world = 2;
@@ -82,7 +90,7 @@ TEST(Fp8Params, PairSplitTakesTwoCtasATileAndRefusesTheRest) {
   namespace fp = flashoverlap::plan;
   FO_SEEDED_RNG(rng);
   for (int trial = 0; trial < 30; ++trial) {
-    const int bn = std::array{128, 160, 192}[trial % 3];
+    const int bn = std::array{112, 128, 160, 192}[trial % 4];
     const int64_t m = 1 + int64_t(rng() % 1024), n = 16 * (1 + int64_t(rng() % 64)),
                   k = 256 + 16 * int64_t(rng() % 512);
     fo::kernels::GemmParams p = fp8_params(m, n, k, bn);
