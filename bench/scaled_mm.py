@@ -117,7 +117,7 @@ def main():
                     help="with --kernels: ours launched as programmatic dependent launches")
     ap.add_argument("--tiles", default="128,160,192",
                     help="with --kernels: our tile widths timed in turns, ours the fastest (default the ops' tiles; "
-                         "112: a kernel tile the ops do not plan with)")
+                         "112, and 48 and 144 (64-row tiles): kernel tiles the ops do not plan with)")
     ap.add_argument("--pair", action="store_true",
                     help="with --kernels: each tile also with the pair split (GemmParams::pair_k) where it fits, "
                          "timed in the same turns")
@@ -136,8 +136,9 @@ def main():
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator().manual_seed(1)
     tile_ns = [int(t) for t in a.tiles.split(",") if t.strip()]
-    if not tile_ns or any(t not in (112, 128, 160, 192) for t in tile_ns):
-        sys.exit(f"scaled_mm.py: --tiles takes 112, 128, 160 and 192 (got '{a.tiles}')")
+    if not tile_ns or any(t not in (48, 112, 128, 144, 160, 192) for t in tile_ns):
+        sys.exit(f"scaled_mm.py: --tiles takes 112, 128, 160 and 192, and 48 and 144 (the 64-row tiles 64x48 and "
+                 f"64x144) (got '{a.tiles}')")
     if a.kernels:
         OurFp8Gemm.load(a.kernels)
     rows = []
@@ -158,7 +159,8 @@ def main():
 
         kernel = kernels_of(lambda: call(False))
         lab_ms = float(r["ours_ms"])
-        tile = f"128x{r['ours_tile']}" if r.get("ours_tile") else ""
+        tile = r.get("ours_tile") or ""
+        tile = tile if "x" in tile or not tile else f"128x{tile}"  # (the lab writes 64-row tiles as 64xN)
         if a.kernels:
             ref = call(False).float()
             gemms, labels = [], []
@@ -168,7 +170,7 @@ def main():
                 if stream_k == 2 and g.split != 2:  # (two CTAs a tile do not fit: that variant is the whole one)
                     g.close()
                     continue
-                labels.append(f"128x{tile_n}" + {0: "", 1: "/sk", 2: "/pair"}[g.split])
+                labels.append(f"{64 if tile_n in (48, 144) else 128}x{tile_n}" + {0: "", 1: "/sk", 2: "/pair"}[g.split])
                 g()
                 err = ((c.float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3:  # (bf16's rounding: ~1e-3 between two fp32-summing kernels)

@@ -36,7 +36,8 @@ extern "C" {
 
 // C (bf16, m x n, row-major) = scale(A B^T) with A (m x k) and B (n x k)
 // e4m3, row-major. scales: 0 none, 1 per tensor (scale_a, scale_b: one fp32
-// each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 112, 128, 160 or 192. stream_k:
+// each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 112, 128, 160 or 192 (128-row
+// tiles), or 48 or 144 (the 64-row tiles 64x48 and 64x144, whole only). stream_k:
 // 0 never split; 1 the lab's rule (split where plan::stream_k_split puts
 // it, on plan::stream_k_in_step_ctas' grid); 2 the pair split where two
 // CTAs a tile fit the SMs (GemmParams::pair_k). pdl: nonzero to launch as a
@@ -64,7 +65,7 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
       if (cudaMalloc(&g->work, bytes) != cudaSuccess || cudaMemset(g->work, 0, bytes) != cudaSuccess)
         return fail(err, err_len, "cannot allocate stream-K's workspace");
     }
-    g->p = fo::cli::fp8_gemm(m, n, k, tile_n, sms, a, b, c, f, g->work, mode);
+    g->p = fo::cli::fp8_gemm(m, n, k, tile_n, sms, a, b, c, f, g->work, mode, fo::cli::fp8_tile_m(tile_n));
     g->p.pdl = pdl != 0;
     fo::kernels::check_gemm_params(g->p);
     *out = g.release();

@@ -24,17 +24,25 @@ constexpr int kStages128Fp8 = 6;   // 6 x 32 KB + 32 KB (no owner staging)
 constexpr int kStages192 = 4;      // 4 x 40 KB + 48 KB (FP8)
 constexpr int kStages160 = 5;      // 5 x 36 KB + 40 KB (FP8)
 constexpr int kStages112 = 6;      // 6 x 30 KB + 28 KB (FP8)
-template <int BN, typename TIn>
-constexpr int kStagesOf = BN == 256                                ? kStages256
+constexpr int kStages64x48 = 15;   // 15 x 14 KB + 6 KB (FP8, 64-row tiles: 8 KB of A a stage)
+constexpr int kStages64x144 = 7;   // 7 x 26 KB + 18 KB (FP8)
+template <int BN, typename TIn, int BM = 128>
+constexpr int kStagesOf = BM == 64                                 ? (BN == 48 ? kStages64x48 : kStages64x144)
+                          : BN == 256                              ? kStages256
                           : BN == 192                              ? kStages192
                           : BN == 160                              ? kStages160
                           : BN == 112                              ? kStages112
                           : std::is_same_v<TIn, __nv_fp8_e4m3> ? kStages128Fp8
                                                                    : kStages128;
 
-template <int BN, typename T, typename TIn = T, bool kSplit = false, bool kPairK = false>
+template <int BN, typename T, typename TIn = T, bool kSplit = false, bool kPairK = false, int BM = 128>
 auto kernel_for() {
-  return &gemm_sm90_kernel<BN, kStagesOf<BN, TIn>, T, false, false, TIn, kSplit, kPairK>;
+  return &gemm_sm90_kernel<BN, kStagesOf<BN, TIn, BM>, T, false, false, TIn, kSplit, kPairK, BM>;
+}
+// The FP8 kernel of a 64-row tile (whole tiles only).
+template <int BN, typename T>
+auto fp8_kernel_64() {
+  return kernel_for<BN, T, __nv_fp8_e4m3, false, false, 64>();
 }
 // The FP8 kernel of a tile and output type: whole tiles, stream-K or the pair split.
 template <int BN, typename T>
@@ -73,10 +81,10 @@ void launch(Kernel kernel, dim3 grid, dim3 block, int smem, cudaStream_t stream,
   cfg.attrs = attrs, cfg.numAttrs = count;
   (void)cudaLaunchKernelEx(&cfg, kernel, args...);  // (its error: the caller's cudaGetLastError)
 }
-template <int BN, typename TIn = __half>
+template <int BN, typename TIn = __half, int BM = 128>
 constexpr int smem_for() {
   constexpr bool fp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
-  return GemmSmem<BN, kStagesOf<BN, TIn>, false, !fp8>::kDynamicBytes;
+  return GemmSmem<BN, kStagesOf<BN, TIn, BM>, false, !fp8, BM>::kDynamicBytes;
 }
 // The plain store with 4 stages (GemmParams::four_stages): 4 x 48 KB + 2 x 16 KB.
 template <typename T, bool kWide = false>
@@ -146,6 +154,7 @@ std::string shape_str(const GemmParams& p) {
 }  // namespace
 
 bool tile_supported(int bm, int bn, bool fp8) {
+  if (bm == 64) return fp8 && (bn == 48 || bn == 144);
   return bm == 128 && (bn == 128 || (fp8 ? bn == 112 || bn == 160 || bn == 192 : bn == 256));
 }
 
@@ -155,8 +164,10 @@ void check_gemm_params(const GemmParams& p) {
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   const Grouped& g = p.grouped;
   if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on))
-    fail(p.fp8.on ? "fp8: 128x112, 128x128, 128x160 or 128x192 tiles (a sum and its parts in the consumers' registers)"
-                  : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x112, 128x128, 128x160, 128x192)");
+    fail(p.fp8.on ? "fp8: 128x112, 128x128, 128x160, 128x192, 64x48 or 64x144 tiles (a sum and its parts in the "
+                    "consumers' registers)"
+                  : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x112, 128x128, 128x160, 128x192, "
+                    "64x48, 64x144)");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
   if (p.sched.swizzle < 1) fail("swizzle must be >= 1");
@@ -207,6 +218,9 @@ void check_gemm_params(const GemmParams& p) {
     if (p.k % 16 != 0) fail("fp8: k must be a multiple of 16 (rows of A and B 16-byte multiples for TMA)");
     if (p.sched.bn != 128 && p.scatter.world > 0) fail("fp8: the scatter epilogue takes 128x128 tiles");
     if (p.owner.rank >= 0 || g.a_row0) fail("fp8: not with the owner layout or the grouped GEMM yet");
+    if (p.sched.bm == 64 && (p.store != Store::Plain || p.stream_k.on() || p.pair_k || p.counters ||
+                             p.monitor_ns || p.monitor_mma || p.scatter.world > 0))
+      fail("fp8: 64-row tiles store a plain C, whole, without signals or tile monitors");
   }
   if (f8.scales != Scales::None && f8.scales != Scales::PerTensor && f8.scales != Scales::RowWise)
     fail("fp8: unknown scale kind");
@@ -320,7 +334,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   const CUtensorMapDataType dt_in = p.fp8.on ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : dt;  // (e4m3: TMA moves bytes)
   const int bn = p.sched.bn;
   const bool grouped = p.grouped.a_row0 != nullptr;  // (A's and B's rows: the experts', all of them)
-  const CUtensorMap ma = make_map(p.a, grouped ? p.grouped.a_rows : p.m, p.k, p.k, 128, dt_in, "A");
+  const CUtensorMap ma = make_map(p.a, grouped ? p.grouped.a_rows : p.m, p.k, p.k, uint32_t(p.sched.bm), dt_in, "A");
   const CUtensorMap mb = make_map(p.b, grouped ? p.grouped.b_rows : p.n, p.k, p.k, bn, dt_in, "B");
 
   GemmKernelParams kp{};
@@ -345,21 +359,21 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.l2_hints = gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
   // (tail: the 32 columns past 128x160's and 128x112's 64-column chunks, 32-column boxes; tail16: 128x112's last 16)
   CUtensorMap mc{}, tail{}, tail16{};
-  const bool tail32 = bn == 160 || bn == 112;
+  const bool tail32 = bn % 64 >= 32, tail16_on = bn % 32 == 16;  // (160, 112, 48; 112, 48, 144)
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
     kp.tma_store = true;
     kp.ld_out = p.ldc;
     kp.out = p.c;  // (grouped: the ragged tile rows' rows, which the consumers store)
     mc = make_map(p.c, grouped ? p.grouped.a_rows : p.m, p.n, p.ldc, 64, dt, "C");
     if (tail32) tail = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C (32 columns of a tile)", 64);
-    if (bn == 112) tail16 = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C (a tile's last 16 columns)", 32);
+    if (tail16_on) tail16 = make_map(p.c, p.m, p.n, p.ldc, 64, dt, "C (a tile's last 16 columns)", 32);
   } else if (p.store == Store::SlotTiles || (p.store == Store::SlotRows && p.half_row)) {
     kp.tma_store = true;
     kp.ld_out = bn;
     kp.half_row = p.store == Store::SlotRows ? p.half_row : nullptr;
     mc = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer");
     if (tail32) tail = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer (32 columns of a tile)", 64);
-    if (bn == 112)
+    if (tail16_on)
       tail16 = make_map(p.slots, p.slot_rows, bn, bn, 64, dt, "slot buffer (a tile's last 16 columns)", 32);
   } else if (p.scatter.world > 0) {  // (the storer warp stores the rows: no TMA map for C)
     kp.tma_store = true;
@@ -376,7 +390,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   // staging buffer (the same box and swizzle as C's stores), and its copy of
   // the peer's tiles writes C directly.
   // (The tail maps go in the owner window's and push's places, which FP8 never takes.)
-  CUtensorMap mw = tail32 ? tail : mc, mp = bn == 112 ? tail16 : mc, mq = mc;
+  CUtensorMap mw = tail32 ? tail : mc, mp = tail16_on ? tail16 : mc, mq = mc;
   if (p.owner.rank >= 0) {
     mw = make_map(p.owner.window, p.owner.window_rows, p.n, p.n, 64, dt, "owner window");
     kp.out = p.c;
@@ -389,6 +403,15 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
+  if (p.fp8.on && p.sched.bm == 64) {  // (64x48 or 64x144, whole, checked)
+    const bool bf = p.dtype == DType::BF16;
+    const auto kernel = bn == 48 ? (bf ? fp8_kernel_64<48, __nv_bfloat16>() : fp8_kernel_64<48, __half>())
+                                 : (bf ? fp8_kernel_64<144, __nv_bfloat16>() : fp8_kernel_64<144, __half>());
+    const int smem = bn == 48 ? smem_for<48, __nv_fp8_e4m3, 64>() : smem_for<144, __nv_fp8_e4m3, 64>();
+    launch(kernel, grid, block, smem, stream, p.pdl, 1, ma, mb, mc, mw, mp, mq, kp);
+    FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
+    return;
+  }
   if (p.fp8.on) {  // (128x112, 128x128, 128x160 or 128x192 tiles, checked)
     const bool bf = p.dtype == DType::BF16;
     const bool split = p.stream_k.on(), pair = p.pair_k;
@@ -459,6 +482,10 @@ void preload_gemm_kernels() {
     prepare(fp8_kernel_for<112, __nv_bfloat16>(split, pair), smem_for<112, __nv_fp8_e4m3>());
     prepare(fp8_kernel_for<112, __half>(split, pair), smem_for<112, __nv_fp8_e4m3>());
   }
+  prepare(fp8_kernel_64<48, __nv_bfloat16>(), smem_for<48, __nv_fp8_e4m3, 64>());
+  prepare(fp8_kernel_64<48, __half>(), smem_for<48, __nv_fp8_e4m3, 64>());
+  prepare(fp8_kernel_64<144, __nv_bfloat16>(), smem_for<144, __nv_fp8_e4m3, 64>());
+  prepare(fp8_kernel_64<144, __half>(), smem_for<144, __nv_fp8_e4m3, 64>());
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);
   prepare(pieces_kernel<__nv_bfloat16, true>(), kPiecesSmem);

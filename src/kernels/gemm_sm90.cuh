@@ -60,10 +60,10 @@ static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <=
 // C = (scale_a * scale_b) applied to an FP8 tile's fp32 accumulators in
 // place (Fp8 in gemm.h), each element (acc * sa) * sb as torch's row-wise
 // epilogue computes it; rows and columns past C's take scale 0.
-template <int BN>
+template <int BN, int BM = 128>
 __device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f, const plan::Schedule& s,
                                              const plan::TileCoord& tc, int cw, int warp, int lane) {
-  const int32_t row = tc.tm * 128 + cw * 64 + warp * 16 + lane / 4, col = tc.tn * BN + 2 * (lane % 4);
+  const int32_t row = tc.tm * BM + cw * 64 + warp * 16 + lane / 4, col = tc.tn * BN + 2 * (lane % 4);
   if (f.scales == Scales::PerTensor) {
     const float sa = f.scale_a[0], sb = f.scale_b[0];
 #pragma unroll
@@ -104,20 +104,25 @@ __device__ __forceinline__ void for_each_piece(const GemmKernelParams& p, int ti
 // TIn: the inputs' type (T, or __nv_fp8_e4m3 with T the output's). kSplit:
 // stream-K (Plain and slot stores only; its own instantiation, so that the
 // kernels without it are unchanged). kPairK: GemmParams::pair_k (FP8; its
-// own instantiation too, launched in clusters of two).
+// own instantiation too, launched in clusters of two). BM: the tile's rows,
+// 128, or 64 (FP8, whole tiles into a plain C: one consumer warpgroup, the
+// other idle), for grids of few 128-row tiles.
 template <int BN, int STAGES, typename T, bool kPieces = false, bool kWide = false, typename TIn = T,
-          bool kSplit = false, bool kPairK = false>
+          bool kSplit = false, bool kPairK = false, int BM_ = 128>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                      const __grid_constant__ CUtensorMap tm_c, const __grid_constant__ CUtensorMap tm_w,
                      const __grid_constant__ CUtensorMap tm_p, const __grid_constant__ CUtensorMap tm_q,
                      const GemmKernelParams p) {
   constexpr bool kFp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
-  using L = GemmSmem<BN, STAGES, kPieces, !kFp8>;  // (FP8: no owner layout, no staging for its copy)
+  using L = GemmSmem<BN, STAGES, kPieces, !kFp8, BM_>;  // (FP8: no owner layout, no staging for its copy)
+  constexpr int kHalves = BM_ / 64;  // (consumer warpgroups at work: one per 64 rows)
+  static_assert(BM_ == 128 || (kFp8 && !kSplit && !kPairK && (BN == 48 || BN == 144)),
+                "64-row tiles: FP8 64x48 and 64x144, whole");
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
-  static_assert(!kFp8 || ((BN == 112 || BN == 128 || BN == 160 || BN == 192) && !kPieces && !kWide),
-                "FP8: 128x112, 128x128, 128x160 or 128x192 tiles");
-  static_assert(kFp8 || (BN != 192 && BN != 160 && BN != 112), "128x112, 128x160 and 128x192 tiles are FP8's");
+  static_assert(!kFp8 || ((BN == 112 || BN == 128 || BN == 160 || BN == 192 || BM_ == 64) && !kPieces && !kWide),
+                "FP8: 128x112, 128x128, 128x160, 128x192, 64x48 or 64x144 tiles");
+  static_assert(kFp8 || (BN == 128 || BN == 256), "16-bit inputs: 128x128 and 128x256 tiles");
   static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
   static_assert(!kPairK || (kFp8 && !kSplit), "the pair split: FP8, not with stream-K");
   // 128x192 and 128x160 (FP8): Plain and slot stores only (no owner layout,
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
-      ptx::mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
+      ptx::mbar_init(&empty[s], kHalves);  // one arrive per consumer warpgroup
     }
     for (int h = 0; h < 2; ++h) {
       ptx::mbar_init(&c_full[h], 1);
@@ -247,23 +252,23 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         const int32_t row = plain ? (grouped ? p.grouped.a_row0[tc.tm] : tc.tm * BM) : idx * BM;
         const int32_t col = plain ? tc.tn * BN : 0;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < kHalves; ++h) {
           if (kPairK && h != int(blockIdx.x % 2)) continue;  // (the peer CTA stores that half)
           ptx::mbar_wait(&c_full[h], t & 1);
-          if (h == 1 && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);
+          if (h == kHalves - 1 && idx + int32_t(gridDim.x) >= tiles) record_phase(p.monitor_phases, 0);
           const uint8_t* half = smem + L::kC + h * L::kHalfCBytes;
           const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
 #pragma unroll
           for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
           if constexpr (BN % 64 >= 32)  // (128x160, 128x112: 32 columns by a map of 32-column boxes, passed as tm_w)
             ptx::tma_store_2d(&tm_w, half + (BN / 64) * 8192, col + (BN / 64) * 64, hrow);
-          if constexpr (BN % 32 == 16)  // (128x112: the last 16 columns, by a map of 16-column boxes, passed as tm_p)
+          if constexpr (BN % 32 == 16)  // (128x112, 64x48, 64x144: the last 16 columns, by a map of 16-column boxes, passed as tm_p)
             ptx::tma_store_2d(&tm_p, half + (BN / 64) * 8192 + (BN % 64 >= 32 ? 4096 : 0), col + BN - 16, hrow);
           ptx::tma_store_commit();
         }
         ptx::tma_store_wait_read();
-        ptx::mbar_arrive(&c_empty[0]);
-        ptx::mbar_arrive(&c_empty[1]);
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) ptx::mbar_arrive(&c_empty[h]);
         if (p.counters || p.monitor_ns) {
           ptx::tma_store_wait_all();        // the tile is complete in global memory,
           ptx::fence_proxy_async_global();  // ordered before the generic-proxy release
@@ -286,6 +291,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   // ---------------- consumers ----------------
   ptx::setmaxnreg_inc<kConsumerRegs<BN, kPieces>>();
   const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
+  if (cw >= kHalves) return;  // (64-row tiles: one consumer warpgroup)
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // (laid out as staged_unit_offset<BN>)
   const uint32_t my_c_addr = ptx::smem_addr(my_c);
@@ -458,7 +464,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         add_partials<BN>(acc, p.sk_work, p.sk, blockIdx.x, p.sk.contributors(idx, blockIdx.x), cw, tid);
       }
     }
-    if constexpr (kFp8) apply_scales<BN>(acc, p.fp8, p.sched, tc, cw, warp, lane);  // (after the pieces' sum)
+    if constexpr (kFp8) apply_scales<BN, BM>(acc, p.fp8, p.sched, tc, cw, warp, lane);  // (after the pieces' sum)
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
       if (!kSplit && i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
       if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);

@@ -56,16 +56,18 @@ __device__ __forceinline__ void record_phase(uint64_t* phases, int ph) {
 // owner layout's copy (it goes through registers). kOwner false: no staging
 // for the owner layout's copy at all (the FP8 kernels, which never take it),
 // so that a sixth stage fits beside 128x128's C.
-template <int BN, int STAGES, bool kPieces = false, bool kOwner = true>
+// BM: the tile's rows, 128 (two consumer warpgroups, a 64-row half each)
+// or 64 (FP8: one).
+template <int BN, int STAGES, bool kPieces = false, bool kOwner = true, int BM = 128>
 struct GemmSmem {
-  static constexpr int kBM = 128, kBK = 64;
+  static constexpr int kBM = BM, kBK = 64;
   static constexpr int kABytes = kBM * kBK * 2;        // one stage of A
   static constexpr int kBBytes = BN * kBK * 2;         // one stage of B
   static constexpr int kHalfCBytes = 64 * (kPieces ? 128 : BN) * 2;  // one consumer's output half (a piece)
   static constexpr int kA = 0;
   static constexpr int kB = kA + STAGES * kABytes;
   static constexpr int kC = kB + STAGES * kBBytes;
-  static constexpr int kBars = kC + 2 * kHalfCBytes;
+  static constexpr int kBars = kC + (BM / 64) * kHalfCBytes;
   // ring, C halves, 2 buffers of each producer copy warp, 2 of each consumer warp
   // (+2: the owner layout's peer partial loaded into each C half)
   static constexpr int kBarCount = 2 * STAGES + 4 + 4 + 16 + 2;

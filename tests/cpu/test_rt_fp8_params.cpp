@@ -1,5 +1,6 @@
 // test_rt_fp8_params.cpp — what the GEMM's check takes and refuses of FP8
-// inputs (kernels::Fp8; host logic, no GPU): 128x112, 128x128, 128x160 or 128x192 tiles, k % 16, both
+// inputs (kernels::Fp8; host logic, no GPU): 128x112, 128x128, 128x160 or 128x192 tiles (and 64x48,
+// 64x144 into a plain C), k % 16, both
 // scales or none, no owner layout or grouped GEMM, scales only with FP8; where
 // its loads take L2 policies.
 #include <gtest/gtest.h>
@@ -42,8 +43,8 @@ TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
 
 TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   expect_refused(fp8_params(300, 200, 24), "k must be a multiple of 16");
-  expect_refused(fp8_params(300, 256, 128, 256), "128x112, 128x128, 128x160 or 128x192 tiles");
-  expect_refused(fp8_params(300, 256, 128, 96), "128x112, 128x128, 128x160 or 128x192 tiles");
+  expect_refused(fp8_params(300, 256, 128, 256), "128x112, 128x128, 128x160, 128x192, 64x48 or 64x144 tiles");
+  expect_refused(fp8_params(300, 256, 128, 96), "128x112, 128x128, 128x160, 128x192, 64x48 or 64x144 tiles");
   fo::kernels::GemmParams wide = fp8_params(300, 256, 128, 192);
   wide.fp8.on = false;  // (128x192 and 128x160 are FP8's tiles only)
   expect_refused(wide, "unsupported tile shape");
@@ -60,6 +61,29 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   expect_refused(n112, "the scatter epilogue takes 128x128 tiles");
   n112.scatter.world = 0, n112.fp8.on = false;
   expect_refused(n112, "unsupported tile shape");
+  // The 64-row tiles (64x48, 64x144): a plain C, whole, no signals or tile monitors; FP8's only.
+  for (int bn : {48, 144}) {
+    fo::kernels::GemmParams t = fp8_params(300, 320, 128, bn);
+    t.sched = flashoverlap::plan::make_schedule(300, 320, {64, bn}, 132, flashoverlap::plan::Raster::AlongN, 1);
+    EXPECT_NO_THROW(fo::kernels::check_gemm_params(t)) << "64x" << bn;
+    fo::kernels::GemmParams slots = t;
+    slots.store = fo::kernels::Store::SlotTiles, slots.slots = fo_test::host_buffer(), slots.slot_rows = 1 << 20;
+    expect_refused(slots, "64-row tiles store a plain C, whole");
+    fo::kernels::GemmParams signals = t;
+    signals.counters = reinterpret_cast<uint32_t*>(fo_test::host_buffer());
+    signals.group_of_tile = reinterpret_cast<const int32_t*>(fo_test::host_buffer());
+    expect_refused(signals, "64-row tiles store a plain C, whole");
+    fo::kernels::GemmParams pair = t;
+    pair.pair_k = true;
+    expect_refused(pair, "64-row tiles store a plain C, whole");
+    t.fp8.on = false;
+    expect_refused(t, "unsupported tile shape");
+  }
+  expect_refused([] {
+    fo::kernels::GemmParams t = fp8_params(300, 320, 128, 128);
+    t.sched = flashoverlap::plan::make_schedule(300, 320, {64, 128}, 132, flashoverlap::plan::Raster::AlongN, 1);
+    return t;
+  }(), "64x48 or 64x144 tiles");
   narrow.store = fo::kernels::Store::Plain, narrow.scatter.world = 2;
   expect_refused(narrow, "the scatter epilogue takes 128x128 tiles");
   wide.fp8.on = true, wide.scatter.world = 2;

@@ -142,7 +142,7 @@ uint16_t round_out(float x, kernels::DType dt) {
 // The GEMM with e4m3 inputs: random shapes (m and n ragged against the
 // tiles, k a multiple of 16 but not always of 128), every scale kind, both
 // outputs, C strided (some rows unaligned: the consumers store them), every tile (128 x 112, 128 x 128,
-// 128 x 160, 128 x 192): bitwise the host's scaled product, and nothing written past n;
+// 128 x 160, 128 x 192; 64 x 48 and 64 x 144 into C): bitwise the host's scaled product, and nothing written past n;
 // the same into the ops' slot layouts.
 TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
   REQUIRE_HOPPER();
@@ -274,6 +274,34 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         EXPECT_EQ(off, 0);
       }
     }
+    // The 64-row tiles (one consumer warpgroup; a plain C only), on every SM
+    // and on a few CTAs (several tiles each, the ring's phases across them).
+    for (auto [bn, ctas] : {std::pair{48, sms}, std::pair{144, sms}, std::pair{48, 3}, std::pair{144, 5}}) {
+      SCOPED_TRACE("tile 64x" + std::to_string(bn) + " on " + std::to_string(ctas) + " CTAs");
+      FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
+      const plan::Schedule s = plan::make_schedule(m, n, {64, bn}, ctas, plan::Raster::AlongN, 2);
+      kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
+      p.fp8.on = true, p.fp8.scales = kind;
+      if (kind != kernels::Scales::None) p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
+      kernels::launch_gemm(p, nullptr);
+      FO_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint16_t> c(size_t(m) * ldc);
+      FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
+      int wrong = 0;
+      int64_t past_n = 0;
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t col = 0; col < ldc; ++col) {
+          const uint16_t got = c[size_t(r * ldc + col)];
+          if (col >= n) {
+            past_n += got != 0xffff;
+          } else if (got != want[size_t(r * n + col)] && wrong++ < 5) {
+            ADD_FAILURE() << "C[" << r << "][" << col << "] = 0x" << std::hex << got << ", want 0x"
+                          << want[size_t(r * n + col)] << std::dec;
+          }
+        }
+      EXPECT_EQ(wrong, 0);
+      EXPECT_EQ(past_n, 0) << "values written past column n";
+    }
   }
 }
 
@@ -340,6 +368,18 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
     }
     EXPECT_EQ(wrong, 0);
     if (split) EXPECT_GT(puts, 0) << "the split leaves partials";
+  }
+  for (int bn : {48, 144}) {  // (the 64-row tiles, whole)
+    FO_CUDA_CHECK(cudaMemset(dc.get(), 0, dc.bytes()));
+    const plan::Schedule s = plan::make_schedule(m, n, {64, bn}, sms, plan::Raster::AlongN, 2);
+    kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), dc.get(), n);
+    p.fp8.on = true;
+    kernels::launch_gemm(p, nullptr);
+    FO_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> c(size_t(m) * n);
+    FO_CUDA_CHECK(cudaMemcpy(c.data(), dc.get(), dc.bytes(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::count(c.begin(), c.end(), want), m * n)
+        << "tile 64x" << bn << ", first: 0x" << std::hex << c[0] << ", want 0x" << want;
   }
 }
 

@@ -1,7 +1,7 @@
 // flashoverlap-lab bench-fp8 — our GEMM with e4m3 inputs (kernels::Fp8:
 // 128x128, 128x160 and 128x192 tiles, the fastest per shape (the ops
-// choose among them by their timed waves; 128x112 on request, which the
-// ops do not plan with), part sums promoted to fp32, the scales in the epilogue) against
+// choose among them by their timed waves; 128x112, 64x48 and 64x144 on
+// request, which the ops do not plan with), part sums promoted to fp32, the scales in the epilogue) against
 // cuBLASLt's FP8 matmul, which torch._scaled_mm runs
 // (FAST_ACCUM off, as use_fast_accum=False; and on, as use_fast_accum=True),
 // per shape and scale kind, timed in turns on the full grid (a stream-K
@@ -66,7 +66,8 @@ std::string default_shapes() {
 struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
-  // A list of 128x112, 128x128, 128x160, 128x192 (timed in turns; ours: the fastest), or all (the ops' three).
+  // A list of 128x112, 128x128, 128x160, 128x192, 64x48, 64x144 (timed in turns; ours: the fastest), or all (the
+  // ops' three).
   std::string tile = "all";
   // Comma-separated, timed in turns: off, auto (the rule), force, pair (fp8_launch.h's Split); both: off,auto.
   std::string stream_k = "auto";
@@ -147,8 +148,11 @@ int run(const Options& o) {
     else if (x == "128x128") tile_ns.push_back(128);
     else if (x == "128x160") tile_ns.push_back(160);
     else if (x == "128x192") tile_ns.push_back(192);
+    else if (x == "64x48") tile_ns.push_back(48);  // (fp8_tile_m: the widths 48 and 144 are 64-row tiles)
+    else if (x == "64x144") tile_ns.push_back(144);
     else
-      throw InvalidArgument("--tile: 128x112, 128x128, 128x160, 128x192, a list of them, or all (got '" + x + "')");
+      throw InvalidArgument("--tile: 128x112, 128x128, 128x160, 128x192, 64x48, 64x144, a list of them, or all (got '" +
+                            x + "')");
   }
   std::vector<Split> modes;
   for (const std::string& x : split_list(o.stream_k == "both" ? "off,auto" : o.stream_k)) {
@@ -223,7 +227,10 @@ int run(const Options& o) {
         int bn;
         std::string sk;  // (the split: empty, or sk (the rule), force)
         kernels::GemmParams p;
-        std::string label() const { return std::to_string(bn) + (sk.empty() ? "" : "/" + sk) + (p.pdl ? "/pdl" : ""); }
+        std::string label() const {
+          return (fp8_tile_m(bn) == 64 ? "64x" : "") + std::to_string(bn) + (sk.empty() ? "" : "/" + sk) +
+                 (p.pdl ? "/pdl" : "");
+        }
         double err = 0, ms = 0;
         std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
       };
@@ -233,7 +240,8 @@ int run(const Options& o) {
           for (bool pdl : pdls) {
             Tile t{};
             t.bn = bn;
-            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
+            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode,
+                           fp8_tile_m(bn));
             if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : "sk";
             if (t.p.pair_k) t.sk = "pair";
             t.p.pdl = pdl;
@@ -330,7 +338,7 @@ int run(const Options& o) {
         csv << "," << ours.err << ",";
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
-        csv << "," << ours.bn << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
+        csv << "," << (fp8_tile_m(ours.bn) == 64 ? "64x" : "") << ours.bn << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
         csv << "," << !ours.sk.empty() << "," << ms_of(112);
         if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;
         csv << "\n";
@@ -357,8 +365,8 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
       ->capture_default_str();
   cmd->add_option("--tile", opts->tile,
-                  "Our tiles, comma-separated: 128x112, 128x128, 128x160, 128x192 (timed in turns; ours: the "
-                  "fastest), or all (the three the ops plan with: 128x128, 128x160, 128x192)")
+                  "Our tiles, comma-separated: 128x112, 128x128, 128x160, 128x192, 64x48, 64x144 (timed in "
+                  "turns; ours: the fastest), or all (the three the ops plan with: 128x128, 128x160, 128x192)")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
                   "Stream-K where plan::stream_k_split puts it, on plan::stream_k_in_step_ctas' grid (auto), never "

@@ -13,9 +13,12 @@
 
 namespace flashoverlap::cli {
 
-inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t sms) {
-  return plan::make_schedule(m, n, {128, tile_n}, sms, plan::Raster::AlongN,
-                             plan::default_swizzle(sms, {128, tile_n}, int32_t((m + 127) / 128)));
+// The tile of a width: 48 and 144 are the 64-row tiles (64x48, 64x144), the others 128-row ones.
+inline int32_t fp8_tile_m(int32_t tile_n) { return tile_n == 48 || tile_n == 144 ? 64 : 128; }
+
+inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t sms, int32_t tile_m = 128) {
+  return plan::make_schedule(m, n, {tile_m, tile_n}, sms, plan::Raster::AlongN,
+                             plan::default_swizzle(sms, {tile_m, tile_n}, int32_t((m + tile_m - 1) / tile_m)));
 }
 
 // How a launch is split along K (stream-K): never; the rule, which takes
@@ -37,11 +40,12 @@ inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, Split mode = 
 }
 
 // sk_work: a zeroed workspace of kernels::stream_k_workspace_bytes(sms, 192),
-// or null (every tile whole).
+// or null (every tile whole). tile_m 64 (64x48, 64x144): whole tiles only.
 inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t tile_n, int32_t sms, const void* a,
                                     const void* b, void* c, const kernels::Fp8& f, void* sk_work,
-                                    Split mode = Split::Rule) {
-  plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
+                                    Split mode = Split::Rule, int32_t tile_m = 128) {
+  if (tile_m != 128) mode = Split::Off;
+  plan::Schedule s = fp8_schedule(m, n, tile_n, sms, tile_m);
   const bool pair = mode == Split::Pair && 2 * int64_t(s.tiles()) <= sms && (k + 127) / 128 >= 2;
   if (pair) s = fp8_schedule(m, n, tile_n, 2 * s.tiles());  // (two CTAs a tile)
   plan::StreamK split = fp8_split(s, k, mode);
