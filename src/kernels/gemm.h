@@ -291,6 +291,10 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
 // The tiles the GEMM is compiled for: 128x256 and 128x128 (16-bit inputs);
 // 128x192, 128x160 and 128x128 (FP8).
 bool tile_supported(int bm, int bn, bool fp8 = false);
+// The tiles the overlapped ops (slots, signals, the owner layout) take:
+// 128x256 and 128x128; FP8 128x192, 128x160 and 128x128 (the lab's 128x112
+// and 64-row tiles are the kernel's only).
+bool op_tile_supported(int bm, int bn, bool fp8 = false);
 
 // Throws flashoverlap::InvalidArgument naming the shape and the problem
 // (unsupported tile, k not a multiple of 8, misaligned pointer, ...).

@@ -158,6 +158,10 @@ bool tile_supported(int bm, int bn, bool fp8) {
   return bm == 128 && (bn == 128 || (fp8 ? bn == 112 || bn == 160 || bn == 192 : bn == 256));
 }
 
+bool op_tile_supported(int bm, int bn, bool fp8) {
+  return bm == 128 && (bn == 128 || (fp8 ? bn == 160 || bn == 192 : bn == 256));
+}
+
 void check_gemm_params(const GemmParams& p) {
   auto fail = [&](const std::string& why) { throw InvalidArgument(shape_str(p) + ": " + why); };
   if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");

@@ -76,6 +76,16 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
     fo::kernels::GemmParams pair = t;
     pair.pair_k = true;
     expect_refused(pair, "64-row tiles store a plain C, whole");
+    fo::kernels::GemmParams split = fp8_params(300, 320, 1024, bn);  // (8 k-blocks over few tiles: split)
+    split.sched = t.sched;
+    split.stream_k = flashoverlap::plan::stream_k_split(t.sched.tiles(), 132, 8);
+    split.stream_k_work = fo_test::host_buffer();
+    EXPECT_TRUE(split.stream_k.on());
+    expect_refused(split, "64-row tiles store a plain C, whole");
+    fo::kernels::GemmParams tile_monitor = t;
+    uint64_t ns[2] = {};
+    tile_monitor.monitor_mma = ns;
+    expect_refused(tile_monitor, "64-row tiles store a plain C, whole");
     t.fp8.on = false;
     expect_refused(t, "unsupported tile shape");
   }

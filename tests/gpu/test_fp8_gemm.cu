@@ -200,9 +200,10 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
       if (form == kPair && (k <= 128 || 2 * tiles_of_bn > sms)) continue;
       const int bm = form == kRows64 || form == kRows64Few ? 64 : 128;
       const int ctas = split ? stream_ctas : form == kPair ? 2 * tiles_of_bn : form == kRows64Few ? 3 : sms;
-      SCOPED_TRACE("tile 128x" + std::to_string(bn) + (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : "") +
+      SCOPED_TRACE("tile " + std::to_string(bm) + "x" + std::to_string(bn) +
+                   (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : "") +
                    (form == kPair ? ", split in pairs" : "") +
-                   (bm == 64 ? ", 64-row tiles on " + std::to_string(ctas) + " CTAs" : ""));
+                   (bm == 64 ? " on " + std::to_string(ctas) + " CTAs" : ""));
       FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
       const plan::Schedule s = plan::make_schedule(m, n, {bm, bn}, ctas, plan::Raster::AlongN, 2);
       kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);

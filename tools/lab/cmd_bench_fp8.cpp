@@ -266,7 +266,7 @@ int run(const Options& o) {
         t.vs_lt = kernels::compare(kernels::DType::BF16, t.p.c, n, theirs.get(), n, m, n, stream,
                                    kernels::gemm_tolerance(kernels::DType::BF16, k, 1, 7.5 * 2));
         if (!t.vs_lt->within())
-          wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k << " 128x" << t.bn
+          wrong = true, std::cerr << "WARNING: " << m << "x" << n << "x" << k << " " << t.label()
                                   << ": ours differs from cuBLASLt's: " << t.vs_lt->describe() << "\n";
       }
       double err_lt = 0, err_fast = 0;

@@ -36,7 +36,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
                           std::to_string(opts_.wait_timeout_s) + " and " + std::to_string(opts_.exchange_timeout_s));
   if (opts_.push_tma < 0 || opts_.push_tma > 2)
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
-  if (!kernels::tile_supported(s.bm, s.bn, opts_.fp8.on))
+  if (!kernels::op_tile_supported(s.bm, s.bn, opts_.fp8.on))
     throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn) +
                           (opts_.fp8.on ? " (FP8: 128x128, 128x160, 128x192)" : ""));
   if (opts_.fp8.on && opts_.layout == ArLayout::Owners)

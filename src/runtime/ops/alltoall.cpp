@@ -36,7 +36,7 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
   rank_and_world(opts_.comm, bool(opts_.transport), rank_, world_, who);
   if (opts_.n < 1 || opts_.k < 8 || opts_.k % 8 != 0)
     throw InvalidArgument(who + ": n must be >= 1 and k a positive multiple of 8");
-  if (!kernels::tile_supported(opts_.tile.bm, opts_.tile.bn, opts_.fp8.on))
+  if (!kernels::op_tile_supported(opts_.tile.bm, opts_.tile.bn, opts_.fp8.on))
     throw InvalidArgument(who + ": unsupported tile " + plan::to_string(opts_.tile) +
                           (opts_.fp8.on ? " (FP8: 128x128, 128x160, 128x192)" : ""));
   if (opts_.sequential_ctas == 0) opts_.sequential_ctas = opts_.ctas;

@@ -18,7 +18,7 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
   rank_and_world(opts_.comm, bool(opts_.transport), rank_, world_, who);
   if (!(opts_.wait_timeout_s > 0 && opts_.wait_timeout_s <= 7 * 24 * 3600.0))
     throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
-  if (!kernels::tile_supported(s.bm, s.bn, opts_.fp8.on))
+  if (!kernels::op_tile_supported(s.bm, s.bn, opts_.fp8.on))
     throw InvalidArgument(who + ": unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn) +
                           (opts_.fp8.on ? " (FP8: 128x128, 128x160, 128x192)" : ""));
   plan::require_rs_layout(s, world_, opts_.layout);  // (m % W, or bm % W for sub-tile: its message)
