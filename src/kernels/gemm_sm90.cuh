@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   static_assert(kFp8 || (BN == 128 || BN == 256), "16-bit inputs: 128x128 and 128x256 tiles");
   static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
   static_assert(!kPairK || (kFp8 && !kSplit), "the pair split: FP8, not with stream-K");
-  // 128x192 and 128x160 (FP8): Plain and slot stores only (no owner layout,
-  // no scatter: the host refuses them).
+  // 128x192, 128x160 and 128x112 (FP8): Plain and slot stores only (no
+  // owner layout, no scatter: the host refuses them); 64-row tiles Plain only.
   constexpr bool kExtras = BN == 128 || BN == 256;
   constexpr bool kOwner = kExtras && !kFp8;  // (the host refuses the owner layout with FP8)
   constexpr int BM = L::kBM, BK = 128 / int(sizeof(TIn));  // (a k-block: 128 bytes of each row, any input type)
@@ -260,9 +260,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           const int32_t hrow = p.half_row ? p.half_row[idx * 2 + h] : row + h * 64;
 #pragma unroll
           for (int c = 0; c < BN / 64; ++c) ptx::tma_store_2d(&tm_c, half + c * 8192, col + c * 64, hrow);
-          if constexpr (BN % 64 >= 32)  // (128x160, 128x112: 32 columns by a map of 32-column boxes, passed as tm_w)
-            ptx::tma_store_2d(&tm_w, half + (BN / 64) * 8192, col + (BN / 64) * 64, hrow);
-          if constexpr (BN % 32 == 16)  // (128x112, 64x48, 64x144: the last 16 columns, by a map of 16-column boxes, passed as tm_p)
+          // Past the 64-column chunks: 32 columns by a map of 32-column boxes,
+          // passed as tm_w (128x160, 128x112, 64x48), then 16 by a map of
+          // 16-column boxes, passed as tm_p (128x112, 64x48, 64x144).
+          if constexpr (BN % 64 >= 32) ptx::tma_store_2d(&tm_w, half + (BN / 64) * 8192, col + (BN / 64) * 64, hrow);
+          if constexpr (BN % 32 == 16)
             ptx::tma_store_2d(&tm_p, half + (BN / 64) * 8192 + (BN % 64 >= 32 ? 4096 : 0), col + BN - 16, hrow);
           ptx::tma_store_commit();
         }

@@ -338,7 +338,8 @@ int run(const Options& o) {
         csv << "," << ours.err << ",";
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
-        csv << "," << (fp8_tile_m(ours.bn) == 64 ? "64x" : "") << ours.bn << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
+        csv << "," << (fp8_tile_m(ours.bn) == 64 ? "64x" : "") << ours.bn;
+        csv << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
         csv << "," << !ours.sk.empty() << "," << ms_of(112);
         if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;
         csv << "\n";
