@@ -51,6 +51,10 @@ template <int BN, bool kPieces>
 constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : BN == 192 || BN == 160 ? 40 : 64;
 template <int BN, bool kPieces>
 constexpr int kConsumerRegs = kPieces ? 208 : BN == 256 ? 224 : BN == 192 || BN == 160 ? 232 : 216;
+// 64-row tiles (one consumer warpgroup, the other down to 24).
+constexpr int kConsumerRegsOne = 240;
+static_assert(128 * kProducerRegs<144, false> + 128 * 24 + 128 * kConsumerRegsOne <= kGemmThreads * 168,
+              "the warpgroups' registers exceed the launch's");
 static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <= kGemmThreads * 168 &&
                   128 * kProducerRegs<256, false> + 256 * kConsumerRegs<256, false> <= kGemmThreads * 168 &&
                   128 * kProducerRegs<128, false> + 256 * kConsumerRegs<128, false> <= kGemmThreads * 168 &&
@@ -291,9 +295,19 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   }
 
   // ---------------- consumers ----------------
-  ptx::setmaxnreg_inc<kConsumerRegs<BN, kPieces>>();
+  if constexpr (kHalves == 1) {
+    // 64-row tiles: warpgroup 2 idles and gives up its registers, so that
+    // warpgroup 1 holds two parts beside its sum at any width (no drain at
+    // each promotion, which no other warpgroup would cover).
+    if (wg == 2) {
+      ptx::setmaxnreg_dec<24>();
+      return;
+    }
+    ptx::setmaxnreg_inc<kConsumerRegsOne>();
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegs<BN, kPieces>>();
+  }
   const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
-  if (cw >= kHalves) return;  // (64-row tiles: one consumer warpgroup)
   const int warp = tid / 32, lane = tid % 32;
   uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // (laid out as staged_unit_offset<BN>)
   const uint32_t my_c_addr = ptx::smem_addr(my_c);
@@ -322,8 +336,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #endif
     if constexpr (kFp8) {
       // A part sum of the MMAs (the tensor cores keep ~14 bits while they
-      // sum), added into acc in fp32: the promotion. 128x128 and 128x112:
-      // one part per k-block; 128x160 and 128x192: one per two (below).
+      // sum), added into acc in fp32: the promotion. 128x128, 128x112 and
+      // the 64-row tiles: one part per k-block, two in turn; 128x160 and
+      // 128x192: one part per two k-blocks (below).
       auto issue = [&](int at, float(&part)[BN / 2], bool add = false) {
         const int s = at % STAGES;
         ptx::mbar_wait(&full[s], (at / STAGES) & 1);
@@ -352,7 +367,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
       const int kbs = w.kb1 - w.kb0;
-      if constexpr (BN > 128) {
+      if constexpr (BN > 128 && kHalves == 2) {
         // One part (BN / 2 registers beside acc's: no room for a second), so
         // the tensor cores drain while it is promoted; summing two k-blocks
         // per part halves those drains.
