@@ -168,8 +168,9 @@ struct Owner {
 // scale_b, rounded once, as torch._scaled_mm scales. 128 x 128 tiles (a
 // part per k-block, two parts: the next k-block's MMAs issued before this
 // one's promotion), or 128 x 192 and 128 x 160 (one part of two k-blocks;
-// Plain or slot stores only: no scatter); no owner layout, no grouped GEMM
-// yet.
+// Plain or slot stores only: no scatter); the lab's 128 x 112 (as 128 x 128,
+// Plain or slot stores) and 64 x 48 and 64 x 144 (one consumer warpgroup,
+// two parts; Plain C, whole tiles); no owner layout, no grouped GEMM yet.
 enum class Scales : int32_t { None = 0, PerTensor = 1, RowWise = 2 };
 struct Fp8 {
   bool on = false;
@@ -288,8 +289,8 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
   return p;
 }
 
-// The tiles the GEMM is compiled for: 128x256 and 128x128 (16-bit inputs);
-// 128x192, 128x160 and 128x128 (FP8).
+// The tiles the GEMM is compiled for: op_tile_supported's, and the lab's
+// FP8 128x112, 64x48 and 64x144.
 bool tile_supported(int bm, int bn, bool fp8 = false);
 // The tiles the overlapped ops (slots, signals, the owner layout) take:
 // 128x256 and 128x128; FP8 128x192, 128x160 and 128x128 (the lab's 128x112

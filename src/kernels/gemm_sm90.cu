@@ -102,8 +102,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // A 2D row-major tensor [rows x cols] of 2-byte elements (1-byte: e4m3, as
 // UINT8), `ld` elements per row, read or written in boxes of box_rows rows x
 // 128 bytes with 128-byte swizzle (box_bytes 64: 64 bytes, 64-byte swizzle,
-// 32 columns past a 128x160 or 128x112 tile's 64-column chunks; 32: 32
-// bytes, 32-byte swizzle, a 128x112 tile's last 16 columns).
+// 32 columns past a tile's 64-column chunks (128x160, 128x112, 64x48); 32:
+// 32 bytes, 32-byte swizzle, a tile's last 16 columns (128x112, 64x48, 64x144)).
 CUtensorMap make_map(const void* base, uint64_t rows, uint64_t cols, uint64_t ld, uint32_t box_rows,
                      CUtensorMapDataType dt, const char* what, uint32_t box_bytes = 128) {
   CUtensorMap map;
@@ -153,14 +153,16 @@ std::string shape_str(const GemmParams& p) {
 
 }  // namespace
 
-bool tile_supported(int bm, int bn, bool fp8) {
-  if (bm == 64) return fp8 && (bn == 48 || bn == 144);
-  return bm == 128 && (bn == 128 || (fp8 ? bn == 112 || bn == 160 || bn == 192 : bn == 256));
-}
-
 bool op_tile_supported(int bm, int bn, bool fp8) {
   return bm == 128 && (bn == 128 || (fp8 ? bn == 160 || bn == 192 : bn == 256));
 }
+
+namespace {
+// The FP8 tiles only the lab launches: 128x112 and the 64-row ones.
+bool lab_fp8_tile(int bm, int bn) { return (bm == 128 && bn == 112) || (bm == 64 && (bn == 48 || bn == 144)); }
+}  // namespace
+
+bool tile_supported(int bm, int bn, bool fp8) { return op_tile_supported(bm, bn, fp8) || (fp8 && lab_fp8_tile(bm, bn)); }
 
 void check_gemm_params(const GemmParams& p) {
   auto fail = [&](const std::string& why) { throw InvalidArgument(shape_str(p) + ": " + why); };
@@ -300,6 +302,9 @@ void check_gemm_params(const GemmParams& p) {
 }
 
 void preload_gemm_kernels();
+namespace {
+void preload_lab_gemm_kernels();
+}  // namespace
 
 bool gemm_four_stages(const GemmParams& p) {
   // The plain store, signalling or not (piece_storer); or the owner layout
@@ -325,8 +330,10 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   check_gemm_params(p);
   int dev = 0;
   FO_CUDA_CHECK(cudaGetDevice(&dev));
-  static std::once_flag once[64];  // (shared-memory limits are per device: set them once on each)
+  static std::once_flag once[64], lab_once[64];  // (shared-memory limits are per device: set them once on each)
   std::call_once(once[dev % 64], preload_gemm_kernels);
+  if (p.pair_k || (p.fp8.on && lab_fp8_tile(p.sched.bm, p.sched.bn)))  // (the lab's kernels: not in every process)
+    std::call_once(lab_once[dev % 64], preload_lab_gemm_kernels);
   if (p.stream_k.on()) {  // (a finisher waits for CTAs of lower index: all must be resident at once)
     const int sms = device_attribute(dev, cudaDevAttrMultiProcessorCount, g_sms);
     if (p.sched.ctas > sms)
@@ -361,7 +368,7 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.owner = p.owner;
   kp.grouped = p.grouped;
   kp.l2_hints = gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
-  // (tail: the 32 columns past 128x160's and 128x112's 64-column chunks, 32-column boxes; tail16: 128x112's last 16)
+  // (tail: 32 columns past a tile's 64-column chunks, 32-column boxes; tail16: its last 16 columns)
   CUtensorMap mc{}, tail{}, tail16{};
   const bool tail32 = bn % 64 >= 32, tail16_on = bn % 32 == 16;  // (160, 112, 48; 112, 48, 144)
   if (p.store == Store::Plain && aligned16(p.c) && p.ldc % 8 == 0) {
@@ -407,19 +414,12 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   }
 
   const dim3 grid(p.sched.ctas), block(kGemmThreads);
-  if (p.fp8.on && p.sched.bm == 64) {  // (64x48 or 64x144, whole, checked)
-    const bool bf = p.dtype == DType::BF16;
-    const auto kernel = bn == 48 ? (bf ? fp8_kernel_64<48, __nv_bfloat16>() : fp8_kernel_64<48, __half>())
-                                 : (bf ? fp8_kernel_64<144, __nv_bfloat16>() : fp8_kernel_64<144, __half>());
-    const int smem = bn == 48 ? smem_for<48, __nv_fp8_e4m3, 64>() : smem_for<144, __nv_fp8_e4m3, 64>();
-    launch(kernel, grid, block, smem, stream, p.pdl, 1, ma, mb, mc, mw, mp, mq, kp);
-    FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
-    return;
-  }
-  if (p.fp8.on) {  // (128x112, 128x128, 128x160 or 128x192 tiles, checked)
-    const bool bf = p.dtype == DType::BF16;
+  if (p.fp8.on) {  // (128x112, 128x128, 128x160, 128x192, 64x48 or 64x144 tiles, checked)
+    const bool bf = p.dtype == DType::BF16, rows64 = p.sched.bm == 64;
     const bool split = p.stream_k.on(), pair = p.pair_k;
-    const auto kernel = bn == 192   ? (bf ? fp8_kernel_for<192, __nv_bfloat16>(split, pair)
+    const auto kernel = rows64 && bn == 48 ? (bf ? fp8_kernel_64<48, __nv_bfloat16>() : fp8_kernel_64<48, __half>())
+                        : rows64  ? (bf ? fp8_kernel_64<144, __nv_bfloat16>() : fp8_kernel_64<144, __half>())
+                        : bn == 192 ? (bf ? fp8_kernel_for<192, __nv_bfloat16>(split, pair)
                                           : fp8_kernel_for<192, __half>(split, pair))
                         : bn == 160 ? (bf ? fp8_kernel_for<160, __nv_bfloat16>(split, pair)
                                           : fp8_kernel_for<160, __half>(split, pair))
@@ -427,7 +427,9 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
                                           : fp8_kernel_for<112, __half>(split, pair))
                                     : (bf ? fp8_kernel_for<128, __nv_bfloat16>(split, pair)
                                           : fp8_kernel_for<128, __half>(split, pair));
-    const int smem = bn == 192   ? smem_for<192, __nv_fp8_e4m3>()
+    const int smem = rows64 && bn == 48 ? smem_for<48, __nv_fp8_e4m3, 64>()
+                     : rows64           ? smem_for<144, __nv_fp8_e4m3, 64>()
+                     : bn == 192        ? smem_for<192, __nv_fp8_e4m3>()
                      : bn == 160 ? smem_for<160, __nv_fp8_e4m3>()
                      : bn == 112 ? smem_for<112, __nv_fp8_e4m3>()
                                  : smem_for<128, __nv_fp8_e4m3>();
@@ -475,26 +477,40 @@ void preload_gemm_kernels() {
     prepare(kernel_for<256, __half>(split), smem_for<256>());
     prepare(kernel_for<128, __half>(split), smem_for<128>());
   }
-  for (int form = 0; form < 3; ++form) {  // (FP8: whole tiles, stream-K, the pair split)
-    const bool split = form == 1, pair = form == 2;
-    prepare(fp8_kernel_for<128, __nv_bfloat16>(split, pair), smem_for<128, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<128, __half>(split, pair), smem_for<128, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<192, __nv_bfloat16>(split, pair), smem_for<192, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<192, __half>(split, pair), smem_for<192, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<160, __nv_bfloat16>(split, pair), smem_for<160, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<160, __half>(split, pair), smem_for<160, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<112, __nv_bfloat16>(split, pair), smem_for<112, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<112, __half>(split, pair), smem_for<112, __nv_fp8_e4m3>());
+  for (bool split : {false, true}) {  // (FP8: whole tiles and stream-K, on the ops' tiles)
+    prepare(fp8_kernel_for<128, __nv_bfloat16>(split, false), smem_for<128, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<128, __half>(split, false), smem_for<128, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<192, __nv_bfloat16>(split, false), smem_for<192, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<192, __half>(split, false), smem_for<192, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<160, __nv_bfloat16>(split, false), smem_for<160, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<160, __half>(split, false), smem_for<160, __nv_fp8_e4m3>());
   }
-  prepare(fp8_kernel_64<48, __nv_bfloat16>(), smem_for<48, __nv_fp8_e4m3, 64>());
-  prepare(fp8_kernel_64<48, __half>(), smem_for<48, __nv_fp8_e4m3, 64>());
-  prepare(fp8_kernel_64<144, __nv_bfloat16>(), smem_for<144, __nv_fp8_e4m3, 64>());
-  prepare(fp8_kernel_64<144, __half>(), smem_for<144, __nv_fp8_e4m3, 64>());
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);
   prepare(pieces_kernel<__nv_bfloat16, true>(), kPiecesSmem);
   prepare(pieces_kernel<__half, true>(), kPiecesSmem);
   encode_fn();
 }
+
+namespace {
+// The lab's kernels (the pair split, 128x112, the 64-row tiles), which no
+// op launches: prepared at their first launch.
+void preload_lab_gemm_kernels() {
+  prepare(fp8_kernel_for<128, __nv_bfloat16>(false, true), smem_for<128, __nv_fp8_e4m3>());
+  prepare(fp8_kernel_for<128, __half>(false, true), smem_for<128, __nv_fp8_e4m3>());
+  prepare(fp8_kernel_for<192, __nv_bfloat16>(false, true), smem_for<192, __nv_fp8_e4m3>());
+  prepare(fp8_kernel_for<192, __half>(false, true), smem_for<192, __nv_fp8_e4m3>());
+  prepare(fp8_kernel_for<160, __nv_bfloat16>(false, true), smem_for<160, __nv_fp8_e4m3>());
+  prepare(fp8_kernel_for<160, __half>(false, true), smem_for<160, __nv_fp8_e4m3>());
+  for (int form = 0; form < 3; ++form) {  // (128x112: whole tiles, stream-K, the pair split)
+    prepare(fp8_kernel_for<112, __nv_bfloat16>(form == 1, form == 2), smem_for<112, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<112, __half>(form == 1, form == 2), smem_for<112, __nv_fp8_e4m3>());
+  }
+  prepare(fp8_kernel_64<48, __nv_bfloat16>(), smem_for<48, __nv_fp8_e4m3, 64>());
+  prepare(fp8_kernel_64<48, __half>(), smem_for<48, __nv_fp8_e4m3, 64>());
+  prepare(fp8_kernel_64<144, __nv_bfloat16>(), smem_for<144, __nv_fp8_e4m3, 64>());
+  prepare(fp8_kernel_64<144, __half>(), smem_for<144, __nv_fp8_e4m3, 64>());
+}
+}  // namespace
 
 }  // namespace flashoverlap::kernels

@@ -104,9 +104,9 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 __device__ __forceinline__ uint32_t sw128_offset(int r, int u) { return r * 128 + ((u ^ (r & 7)) << 4); }
 
 // A consumer's staged half of W columns (64 rows): chunks of 64 columns
-// with the 128-byte swizzle; then, where W % 64 >= 32 (128x160 and 128x112
-// tiles), a chunk of 32 columns, 64-byte rows with the TMA 64-byte swizzle
-// (address bits 4-5 XOR bits 7-8); then, where W % 32 == 16 (128x112), one
+// with the 128-byte swizzle; then, where W % 64 >= 32 (160, 112, 48), a
+// chunk of 32 columns, 64-byte rows with the TMA 64-byte swizzle (address
+// bits 4-5 XOR bits 7-8); then, where W % 32 == 16 (112, 48, 144), one
 // of 16 columns, 32-byte rows with the 32-byte swizzle (bit 4 XOR bit 7):
 // each narrow chunk stored by its own box. The byte offset of 16-byte unit
 // c8 (8 columns) of row r.

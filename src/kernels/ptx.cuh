@@ -85,11 +85,6 @@ static __device__ __noinline__ void mbar_hang_report(uint64_t* bar, uint32_t par
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) { FO_MBAR_WAIT("", bar, parity); }
 
 // ---- clusters (distributed shared memory) ---------------------------------
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
 // Every thread of every CTA of the cluster arrives, then waits for the rest.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
