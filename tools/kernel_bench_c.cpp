@@ -65,7 +65,7 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
       if (cudaMalloc(&g->work, bytes) != cudaSuccess || cudaMemset(g->work, 0, bytes) != cudaSuccess)
         return fail(err, err_len, "cannot allocate stream-K's workspace");
     }
-    g->p = fo::cli::fp8_gemm(m, n, k, tile_n, sms, a, b, c, f, g->work, mode, fo::cli::fp8_tile_m(tile_n));
+    g->p = fo::cli::fp8_gemm(m, n, k, tile_n, sms, a, b, c, f, g->work, mode);
     g->p.pdl = pdl != 0;
     fo::kernels::check_gemm_params(g->p);
     *out = g.release();

@@ -240,8 +240,7 @@ int run(const Options& o) {
           for (bool pdl : pdls) {
             Tile t{};
             t.bn = bn;
-            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode,
-                           fp8_tile_m(bn));
+            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
             if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : "sk";
             if (t.p.pair_k) t.sk = "pair";
             t.p.pdl = pdl;

@@ -16,7 +16,9 @@ namespace flashoverlap::cli {
 // The tile of a width: 48 and 144 are the 64-row tiles (64x48, 64x144), the others 128-row ones.
 inline int32_t fp8_tile_m(int32_t tile_n) { return tile_n == 48 || tile_n == 144 ? 64 : 128; }
 
-inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t sms, int32_t tile_m = 128) {
+// The schedule of a tile width (its rows: fp8_tile_m).
+inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t sms) {
+  const int32_t tile_m = fp8_tile_m(tile_n);
   return plan::make_schedule(m, n, {tile_m, tile_n}, sms, plan::Raster::AlongN,
                              plan::default_swizzle(sms, {tile_m, tile_n}, int32_t((m + tile_m - 1) / tile_m)));
 }
@@ -27,26 +29,26 @@ inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t
 // or, as an experiment on it, every grid of fewer tiles than CTAs split, on
 // all the CTAs (Force); or, another experiment, each tile's k-blocks split
 // between the two CTAs of a cluster (GemmParams::pair_k) where two CTAs a
-// tile fit the SMs (Pair; otherwise whole tiles).
+// tile fit the SMs (Pair; otherwise whole tiles). The 64-row tiles are
+// whole in every mode.
 enum class Split { Off, Rule, Force, Pair };
 
 // The split of this grid (k-blocks of 128) in `mode`, before the rule's
 // in-step grid (fp8_gemm).
 inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, Split mode = Split::Rule) {
   const int32_t kbs = int32_t((k + 127) / 128);
-  if (mode == Split::Off || mode == Split::Pair) return plan::StreamK{s.tiles(), s.tiles(), kbs, s.ctas};
+  if (mode == Split::Off || mode == Split::Pair || s.bm != 128) return plan::StreamK{s.tiles(), s.tiles(), kbs, s.ctas};
   if (mode == Split::Force && s.tiles() < s.ctas && kbs >= 2) return plan::StreamK{s.tiles(), 0, kbs, s.ctas};
   return plan::stream_k_split(s.tiles(), s.ctas, kbs);
 }
 
 // sk_work: a zeroed workspace of kernels::stream_k_workspace_bytes(sms, 192),
-// or null (every tile whole). tile_m 64 (64x48, 64x144): whole tiles only.
+// or null (every tile whole).
 inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t tile_n, int32_t sms, const void* a,
                                     const void* b, void* c, const kernels::Fp8& f, void* sk_work,
-                                    Split mode = Split::Rule, int32_t tile_m = 128) {
-  if (tile_m != 128) mode = Split::Off;
-  plan::Schedule s = fp8_schedule(m, n, tile_n, sms, tile_m);
-  const bool pair = mode == Split::Pair && 2 * int64_t(s.tiles()) <= sms && (k + 127) / 128 >= 2;
+                                    Split mode = Split::Rule) {
+  plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
+  const bool pair = mode == Split::Pair && s.bm == 128 && 2 * int64_t(s.tiles()) <= sms && (k + 127) / 128 >= 2;
   if (pair) s = fp8_schedule(m, n, tile_n, 2 * s.tiles());  // (two CTAs a tile)
   plan::StreamK split = fp8_split(s, k, mode);
   if (sk_work && mode == Split::Rule && split.on()) {  // (the same split, fewer CTAs)
