@@ -468,6 +468,17 @@ void prepare(K kernel, int smem) {
   cudaFuncAttributes attr{};
   FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // forces the module to load
 }
+// An FP8 tile's kernel in both output types (BM 64: whole tiles only).
+template <int BN, int BM = 128>
+void prepare_fp8(bool split, bool pair) {
+  if constexpr (BM == 64) {
+    prepare(fp8_kernel_64<BN, __nv_bfloat16>(), smem_for<BN, __nv_fp8_e4m3, 64>());
+    prepare(fp8_kernel_64<BN, __half>(), smem_for<BN, __nv_fp8_e4m3, 64>());
+  } else {
+    prepare(fp8_kernel_for<BN, __nv_bfloat16>(split, pair), smem_for<BN, __nv_fp8_e4m3>());
+    prepare(fp8_kernel_for<BN, __half>(split, pair), smem_for<BN, __nv_fp8_e4m3>());
+  }
+}
 }  // namespace
 
 void preload_gemm_kernels() {
@@ -478,12 +489,9 @@ void preload_gemm_kernels() {
     prepare(kernel_for<128, __half>(split), smem_for<128>());
   }
   for (bool split : {false, true}) {  // (FP8: whole tiles and stream-K, on the ops' tiles)
-    prepare(fp8_kernel_for<128, __nv_bfloat16>(split, false), smem_for<128, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<128, __half>(split, false), smem_for<128, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<192, __nv_bfloat16>(split, false), smem_for<192, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<192, __half>(split, false), smem_for<192, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<160, __nv_bfloat16>(split, false), smem_for<160, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<160, __half>(split, false), smem_for<160, __nv_fp8_e4m3>());
+    prepare_fp8<128>(split, false);
+    prepare_fp8<192>(split, false);
+    prepare_fp8<160>(split, false);
   }
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);
@@ -496,20 +504,12 @@ namespace {
 // The lab's kernels (the pair split, 128x112, the 64-row tiles), which no
 // op launches: prepared at their first launch.
 void preload_lab_gemm_kernels() {
-  prepare(fp8_kernel_for<128, __nv_bfloat16>(false, true), smem_for<128, __nv_fp8_e4m3>());
-  prepare(fp8_kernel_for<128, __half>(false, true), smem_for<128, __nv_fp8_e4m3>());
-  prepare(fp8_kernel_for<192, __nv_bfloat16>(false, true), smem_for<192, __nv_fp8_e4m3>());
-  prepare(fp8_kernel_for<192, __half>(false, true), smem_for<192, __nv_fp8_e4m3>());
-  prepare(fp8_kernel_for<160, __nv_bfloat16>(false, true), smem_for<160, __nv_fp8_e4m3>());
-  prepare(fp8_kernel_for<160, __half>(false, true), smem_for<160, __nv_fp8_e4m3>());
-  for (int form = 0; form < 3; ++form) {  // (128x112: whole tiles, stream-K, the pair split)
-    prepare(fp8_kernel_for<112, __nv_bfloat16>(form == 1, form == 2), smem_for<112, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<112, __half>(form == 1, form == 2), smem_for<112, __nv_fp8_e4m3>());
-  }
-  prepare(fp8_kernel_64<48, __nv_bfloat16>(), smem_for<48, __nv_fp8_e4m3, 64>());
-  prepare(fp8_kernel_64<48, __half>(), smem_for<48, __nv_fp8_e4m3, 64>());
-  prepare(fp8_kernel_64<144, __nv_bfloat16>(), smem_for<144, __nv_fp8_e4m3, 64>());
-  prepare(fp8_kernel_64<144, __half>(), smem_for<144, __nv_fp8_e4m3, 64>());
+  prepare_fp8<128>(false, true);
+  prepare_fp8<192>(false, true);
+  prepare_fp8<160>(false, true);
+  for (int form = 0; form < 3; ++form) prepare_fp8<112>(form == 1, form == 2);  // (whole, stream-K, pairs)
+  prepare_fp8<48, 64>(false, false);
+  prepare_fp8<144, 64>(false, false);
 }
 }  // namespace
 
