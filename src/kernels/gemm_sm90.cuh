@@ -336,9 +336,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #endif
     if constexpr (kFp8) {
       // A part sum of the MMAs (the tensor cores keep ~14 bits while they
-      // sum), added into acc in fp32: the promotion. 128x128, 128x112 and
-      // the 64-row tiles: one part per k-block, two in turn; 128x160 and
-      // 128x192: one part per two k-blocks (below).
+      // sum), added into acc in fp32: the promotion. 128x128 and 128x112:
+      // two parts in turn, each of one k-block; the 64-row tiles: two parts
+      // of two k-blocks; 128x160 and 128x192: one part of two (below).
       auto issue = [&](int at, float(&part)[BN / 2], bool add = false) {
         const int s = at % STAGES;
         ptx::mbar_wait(&full[s], (at / STAGES) & 1);
@@ -387,30 +387,53 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
           add(part);
         }
       } else {
-        // Two parts: the next k-block's MMAs are issued before this one's
-        // are waited for, so the tensor cores do not drain at every
-        // promotion. part0 holds k-block kb's MMAs in flight at the top of
-        // each turn.
+        // Two parts: the next part's MMAs are issued before this one's are
+        // waited for, so the tensor cores do not drain at every promotion.
+        // A part sums kPer k-blocks, each its own commit group: one, but two
+        // at the 64-row tiles, where one warpgroup's k-block of MMAs is too
+        // short to cover the next issue and a promotion. part0 holds k-blocks kb.. in flight at the
+        // top of each turn; with kPer = 2 and kbs odd, the first part holds
+        // k-block 0 alone (kb = -1) beside an empty group.
+        constexpr int kPer = kHalves == 1 ? 2 : 1;
         float part0[BN / 2], part1[BN / 2];
-        issue(it, part0);
+        auto issue_part = [&](int at, float(&part)[BN / 2]) {
+          issue(at, part);
+          if constexpr (kPer == 2) issue(at + 1, part, true);
+        };
+        auto promote_part = [&](int at, const float(&part)[BN / 2]) {
+          if constexpr (kPer == 2) {
+            if (at >= it) release(at);
+            release(at + 1);
+            add(part);
+          } else {
+            promote(at, part);
+          }
+        };
         int kb = 0;
-        for (; kb + 2 < kbs; kb += 2) {
-          issue(it + kb + 1, part1);
-          ptx::wgmma_wait<1>();
-          promote(it + kb, part0);
-          issue(it + kb + 2, part0);
-          ptx::wgmma_wait<1>();
-          promote(it + kb + 1, part1);
+        if (kPer == 2 && kbs % 2 == 1) {
+          issue(it, part0);
+          ptx::wgmma_commit();
+          kb = -1;
+        } else {
+          issue_part(it, part0);
         }
-        if (kb + 1 < kbs) {
-          issue(it + kb + 1, part1);
-          ptx::wgmma_wait<1>();
-          promote(it + kb, part0);
+        for (; kb + 3 * kPer <= kbs; kb += 2 * kPer) {
+          issue_part(it + kb + kPer, part1);
+          ptx::wgmma_wait<kPer>();
+          promote_part(it + kb, part0);
+          issue_part(it + kb + 2 * kPer, part0);
+          ptx::wgmma_wait<kPer>();
+          promote_part(it + kb + kPer, part1);
+        }
+        if (kb + kPer < kbs) {
+          issue_part(it + kb + kPer, part1);
+          ptx::wgmma_wait<kPer>();
+          promote_part(it + kb, part0);
           ptx::wgmma_wait<0>();
-          promote(it + kb + 1, part1);
+          promote_part(it + kb + kPer, part1);
         } else {
           ptx::wgmma_wait<0>();
-          promote(it + kb, part0);
+          promote_part(it + kb, part0);
         }
       }
       it += kbs;
