@@ -29,13 +29,14 @@ constexpr int32_t kBm = 128;  // every tile shape's height: m's bucket is its ti
 inline int32_t bucket_of(int64_t m) { return int32_t((m + kBm - 1) / kBm); }
 
 // The tile shapes the public ops plan with, the widest first: 128x256 and
-// 128x128 for 16-bit inputs; 128x192, 128x160 and 128x128 for FP8 (a part
-// sum beside the sum leaves no room for 128x256's accumulators; 128x160
-// fills a wave where 128x192 leaves SMs idle, as at n = 1280), whose NVLink
-// forms (the scatter epilogue) take 128x128 only (scatter_takes_tile).
+// 128x128 for 16-bit inputs; 128x192, 128x160, 128x128 and 128x112 for FP8
+// (a part sum beside the sum leaves no room for 128x256's accumulators;
+// the narrower ones fill a wave where the wider leave SMs idle, as 128x160
+// at n = 1280 and 128x112 at m = 256, n = 7168), whose NVLink forms (the
+// scatter epilogue) take 128x128 only (scatter_takes_tile).
 inline const std::vector<plan::TileShape>& op_tiles(InputType input = InputType::Same) {
   static const std::vector<plan::TileShape> same = {{128, 256}, {128, 128}},
-                                            e4m3 = {{128, 192}, {128, 160}, {128, 128}};
+                                            e4m3 = {{128, 192}, {128, 160}, {128, 128}, {128, 112}};
   return input == InputType::E4M3 ? e4m3 : same;
 }
 

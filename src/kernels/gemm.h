@@ -290,11 +290,11 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
 }
 
 // The tiles the GEMM is compiled for: op_tile_supported's, and the lab's
-// FP8 128x112, 64x48 and 64x144.
+// FP8 64x48 and 64x144.
 bool tile_supported(int bm, int bn, bool fp8 = false);
 // The tiles the overlapped ops (slots, signals, the owner layout) take:
-// 128x256 and 128x128; FP8 128x192, 128x160 and 128x128 (the lab's 128x112
-// and 64-row tiles are the kernel's only).
+// 128x256 and 128x128; FP8 128x192, 128x160, 128x128 and 128x112 (the
+// lab's 64-row tiles are the kernel's only).
 bool op_tile_supported(int bm, int bn, bool fp8 = false);
 
 // Throws flashoverlap::InvalidArgument naming the shape and the problem

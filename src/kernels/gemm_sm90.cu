@@ -154,12 +154,12 @@ std::string shape_str(const GemmParams& p) {
 }  // namespace
 
 bool op_tile_supported(int bm, int bn, bool fp8) {
-  return bm == 128 && (bn == 128 || (fp8 ? bn == 160 || bn == 192 : bn == 256));
+  return bm == 128 && (bn == 128 || (fp8 ? bn == 112 || bn == 160 || bn == 192 : bn == 256));
 }
 
 namespace {
-// The FP8 tiles only the lab launches: 128x112 and the 64-row ones.
-bool lab_fp8_tile(int bm, int bn) { return (bm == 128 && bn == 112) || (bm == 64 && (bn == 48 || bn == 144)); }
+// The FP8 tiles only the lab launches: the 64-row ones.
+bool lab_fp8_tile(int bm, int bn) { return bm == 64 && (bn == 48 || bn == 144); }
 }  // namespace
 
 bool tile_supported(int bm, int bn, bool fp8) { return op_tile_supported(bm, bn, fp8) || (fp8 && lab_fp8_tile(bm, bn)); }
@@ -492,6 +492,7 @@ void preload_gemm_kernels() {
     prepare_fp8<128>(split, false);
     prepare_fp8<192>(split, false);
     prepare_fp8<160>(split, false);
+    prepare_fp8<112>(split, false);
   }
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
   prepare(pieces_kernel<__half>(), kPiecesSmem);
@@ -501,13 +502,13 @@ void preload_gemm_kernels() {
 }
 
 namespace {
-// The lab's kernels (the pair split, 128x112, the 64-row tiles), which no
-// op launches: prepared at their first launch.
+// The lab's kernels (the pair split, the 64-row tiles), which no op
+// launches: prepared at their first launch.
 void preload_lab_gemm_kernels() {
   prepare_fp8<128>(false, true);
   prepare_fp8<192>(false, true);
   prepare_fp8<160>(false, true);
-  for (int form = 0; form < 3; ++form) prepare_fp8<112>(form == 1, form == 2);  // (whole, stream-K, pairs)
+  prepare_fp8<112>(false, true);
   prepare_fp8<48, 64>(false, false);
   prepare_fp8<144, 64>(false, false);
 }

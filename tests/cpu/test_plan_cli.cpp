@@ -530,8 +530,10 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
 // The FP8 sequential GEMM's tile, from the model's wave times: 128x160
 // where its tiles fill one wave that 128x192's leave part idle (m 2048,
 // n 1280: 128 tiles against 112 on 132 SMs), 128x192 where both run many
-// waves (16384 x 8192), 128x128 at one tile row of a narrow n.
-TEST(PlanGemmFp8, SequentialTileIsTheFastestOfTheThree) {
+// waves (16384 x 8192), 128x112 where all take one wave (m 256, n 7168: 128
+// tiles against 128x128's 112; one tile row of a narrow n), 128x128 where
+// 128x112's tiles take a second wave (m 256, n 8192: 148 against 128).
+TEST(PlanGemmFp8, SequentialTileIsTheFastestOfTheFour) {
   using Opts = flashoverlap::GemmReduceScatterOptions;
   Opts o;
   o.input = flashoverlap::InputType::E4M3;
@@ -543,11 +545,13 @@ TEST(PlanGemmFp8, SequentialTileIsTheFastestOfTheThree) {
   };
   EXPECT_EQ(tile_of(2048, 1280, 8192), "128x160");
   EXPECT_EQ(tile_of(16384, 8192, 7392), "128x192");
-  EXPECT_EQ(tile_of(128, 1024, 4096), "128x128");
+  EXPECT_EQ(tile_of(256, 7168, 2304), "128x112");
+  EXPECT_EQ(tile_of(128, 1024, 4096), "128x112");
+  EXPECT_EQ(tile_of(256, 8192, 3584), "128x128");
 }
 
 // FP8 inputs (the options' input E4M3): every AllReduce and ReduceScatter plan on
-// the FP8 GEMM's tiles (128x192, 128x160, 128x128; never 128x256), the ReduceScatter's
+// the FP8 GEMM's tiles (128x192, 128x160, 128x128, 128x112; never 128x256), the ReduceScatter's
 // NVLink form on 128x128 (its scatter epilogue's), on every path the inputs
 // take; the misuses refused, saying why.
 TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
@@ -571,7 +575,7 @@ TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
     ++overlapped;
     wide += plan.find("128x192") != std::string::npos;
     EXPECT_TRUE(plan.find("128x128") != std::string::npos || plan.find("128x160") != std::string::npos ||
-                plan.find("128x192") != std::string::npos);
+                plan.find("128x192") != std::string::npos || plan.find("128x112") != std::string::npos);
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
   }
   EXPECT_GT(overlapped, 5);
@@ -592,9 +596,10 @@ TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
                  std::to_string(world) + ": " + plan);
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
     if (o.path == RsOpts::Path::NVLink)
-      EXPECT_TRUE(plan.find("128x192") == std::string::npos && plan.find("128x160") == std::string::npos);
+      EXPECT_TRUE(plan.find("128x192") == std::string::npos && plan.find("128x160") == std::string::npos &&
+                  plan.find("128x112") == std::string::npos);
     rs_overlapped += plan.find("128x128") != std::string::npos || plan.find("128x160") != std::string::npos ||
-                     plan.find("128x192") != std::string::npos;
+                     plan.find("128x192") != std::string::npos || plan.find("128x112") != std::string::npos;
   }
   EXPECT_GT(rs_overlapped, 5);
   auto refused = [&](int64_t k, const Opts& o, const std::string& what) {
