@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if constexpr (kFp8) {
       // A part sum of the MMAs (the tensor cores keep ~14 bits while they
       // sum), added into acc in fp32: the promotion. 128x128 and 128x112:
-      // two parts in turn, each of one k-block; the 64-row tiles: two parts
+      // two parts in turn, each of one k-block, as 64x144; 64x48: two parts
       // of two k-blocks; 128x160 and 128x192: one part of two (below).
       auto issue = [&](int at, float(&part)[BN / 2], bool add = false) {
         const int s = at % STAGES;
@@ -390,11 +390,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         // Two parts: the next part's MMAs are issued before this one's are
         // waited for, so the tensor cores do not drain at every promotion.
         // A part sums kPer k-blocks, each its own commit group: one, but two
-        // at the 64-row tiles, where one warpgroup's k-block of MMAs is too
-        // short to cover the next issue and a promotion. part0 holds k-blocks kb.. in flight at the
+        // at 64 x 48, where one warpgroup's k-block of MMAs is too short to
+        // cover the next issue and a promotion. part0 holds k-blocks kb.. in flight at the
         // top of each turn; with kPer = 2 and kbs odd, the first part holds
         // k-block 0 alone (kb = -1) beside an empty group.
-        constexpr int kPer = kHalves == 1 ? 2 : 1;
+        constexpr int kPer = kHalves == 1 && BN == 48 ? 2 : 1;
         float part0[BN / 2], part1[BN / 2];
         auto issue_part = [&](int at, float(&part)[BN / 2]) {
           issue(at, part);
