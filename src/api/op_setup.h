@@ -35,9 +35,7 @@ inline int32_t bucket_of(int64_t m) { return int32_t((m + kBm - 1) / kBm); }
 // at n = 1280 and 128x112 at m = 256, n = 7168), whose NVLink forms (the
 // scatter epilogue) take 128x128 only (scatter_takes_tile).
 inline const std::vector<plan::TileShape>& op_tiles(InputType input = InputType::Same) {
-  static const std::vector<plan::TileShape> same = {{128, 256}, {128, 128}},
-                                            e4m3 = {{128, 192}, {128, 160}, {128, 128}, {128, 112}};
-  return input == InputType::E4M3 ? e4m3 : same;
+  return kernels::op_tiles(input == InputType::E4M3);
 }
 
 // Rank 0's text on every rank (two small bounded NCCL exchanges).

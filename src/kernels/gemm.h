@@ -22,11 +22,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/flags.h"
 #include "kernels/owner_ranges.h"
 #include "plan/schedule.h"
 #include "plan/stream_k.h"
+#include "plan/tile_grid.h"
 
 namespace flashoverlap::kernels {
 
@@ -292,10 +295,13 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
 // The tiles the GEMM is compiled for: op_tile_supported's, and the lab's
 // FP8 64x48 and 64x144.
 bool tile_supported(int bm, int bn, bool fp8 = false);
-// The tiles the overlapped ops (slots, signals, the owner layout) take:
-// 128x256 and 128x128; FP8 128x192, 128x160, 128x128 and 128x112 (the
-// lab's 64-row tiles are the kernel's only).
+// The tiles the overlapped ops (slots, signals, the owner layout) take,
+// the widest first: 128x256 and 128x128; FP8 128x192, 128x160, 128x128 and
+// 128x112 (the lab's 64-row tiles are the kernel's only).
+const std::vector<plan::TileShape>& op_tiles(bool fp8);
 bool op_tile_supported(int bm, int bn, bool fp8 = false);
+// op_tiles(fp8) as "128x192, 128x160, ...", for messages.
+std::string op_tile_names(bool fp8);
 
 // Throws flashoverlap::InvalidArgument naming the shape and the problem
 // (unsupported tile, k not a multiple of 8, misaligned pointer, ...).

@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <sstream>
@@ -153,8 +154,22 @@ std::string shape_str(const GemmParams& p) {
 
 }  // namespace
 
+const std::vector<plan::TileShape>& op_tiles(bool fp8) {
+  static const std::vector<plan::TileShape> same = {{128, 256}, {128, 128}},
+                                            e4m3 = {{128, 192}, {128, 160}, {128, 128}, {128, 112}};
+  return fp8 ? e4m3 : same;
+}
+
 bool op_tile_supported(int bm, int bn, bool fp8) {
-  return bm == 128 && (bn == 128 || (fp8 ? bn == 112 || bn == 160 || bn == 192 : bn == 256));
+  const std::vector<plan::TileShape>& tiles = op_tiles(fp8);
+  return std::find(tiles.begin(), tiles.end(), plan::TileShape{bm, bn}) != tiles.end();
+}
+
+std::string op_tile_names(bool fp8) {
+  std::string out;
+  for (const plan::TileShape& t : op_tiles(fp8))  // (plan::to_string's form; fo_kernels links no fo_plan)
+    out += (out.empty() ? "" : ", ") + std::to_string(t.bm) + "x" + std::to_string(t.bn);
+  return out;
 }
 
 namespace {

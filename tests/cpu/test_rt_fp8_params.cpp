@@ -172,3 +172,25 @@ TEST(Fp8Params, L2PoliciesWhereBIsLargerThanTheL2) {
     EXPECT_EQ(fo::kernels::gemm_l2_hints(g, l2), 8 * n * k > l2);
   }
 }
+
+// The ops' tiles: one list (kernels::op_tiles), each taken by the kernel's
+// checks; the lab's 64-row tiles not among them; the names for messages.
+TEST(Fp8Params, OpTilesAreOneListTheKernelTakes) {
+  for (bool fp8 : {false, true}) {
+    const auto& tiles = fo::kernels::op_tiles(fp8);
+    ASSERT_FALSE(tiles.empty());
+    for (const auto& t : tiles) {
+      EXPECT_TRUE(fo::kernels::op_tile_supported(t.bm, t.bn, fp8)) << t.bm << "x" << t.bn;
+      EXPECT_TRUE(fo::kernels::tile_supported(t.bm, t.bn, fp8)) << t.bm << "x" << t.bn;
+      EXPECT_NE(fo::kernels::op_tile_names(fp8).find(flashoverlap::plan::to_string(t)), std::string::npos);
+    }
+    for (size_t i = 1; i < tiles.size(); ++i) EXPECT_GT(tiles[i - 1].bn, tiles[i].bn) << "the widest first";
+  }
+  EXPECT_FALSE(fo::kernels::op_tile_supported(128, 256, true));  // (no room for a part sum beside the sum)
+  EXPECT_FALSE(fo::kernels::op_tile_supported(128, 112, false));
+  for (int bn : {48, 144}) {
+    EXPECT_FALSE(fo::kernels::op_tile_supported(64, bn, true));
+    EXPECT_TRUE(fo::kernels::tile_supported(64, bn, true));
+  }
+  EXPECT_EQ(fo::kernels::op_tile_names(true), "128x192, 128x160, 128x128, 128x112");
+}

@@ -38,7 +38,7 @@ OverlapAllReduce::OverlapAllReduce(const OverlapAllReduceOptions& opts) : opts_(
     throw InvalidArgument("OverlapAllReduce: push_tma must be 0, 1 or 2, not " + std::to_string(opts_.push_tma));
   if (!kernels::op_tile_supported(s.bm, s.bn, opts_.fp8.on))
     throw InvalidArgument("OverlapAllReduce: unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn) +
-                          (opts_.fp8.on ? " (FP8: 128x112, 128x128, 128x160, 128x192)" : ""));
+                          " (" + (opts_.fp8.on ? "FP8: " : "") + kernels::op_tile_names(opts_.fp8.on) + ")");
   if (opts_.fp8.on && opts_.layout == ArLayout::Owners)
     throw InvalidArgument("OverlapAllReduce: FP8 inputs do not take the owner layout");
   auto& groups = opts_.groups;

@@ -38,7 +38,7 @@ OverlapAllToAll::OverlapAllToAll(const OverlapAllToAllOptions& opts) : opts_(opt
     throw InvalidArgument(who + ": n must be >= 1 and k a positive multiple of 8");
   if (!kernels::op_tile_supported(opts_.tile.bm, opts_.tile.bn, opts_.fp8.on))
     throw InvalidArgument(who + ": unsupported tile " + plan::to_string(opts_.tile) +
-                          (opts_.fp8.on ? " (FP8: 128x112, 128x128, 128x160, 128x192)" : ""));
+                          " (" + (opts_.fp8.on ? "FP8: " : "") + kernels::op_tile_names(opts_.fp8.on) + ")");
   if (opts_.sequential_ctas == 0) opts_.sequential_ctas = opts_.ctas;
   if (opts_.ctas < 1 || opts_.sequential_ctas < 1) throw InvalidArgument(who + ": the grids need >= 1 CTA");
   if (opts_.max_rows < 0 || opts_.max_recv_rows < 0 || opts_.max_tokens < 0 ||

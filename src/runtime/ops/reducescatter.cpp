@@ -20,7 +20,7 @@ OverlapReduceScatter::OverlapReduceScatter(const OverlapReduceScatterOptions& op
     throw InvalidArgument(who + ": wait_timeout_s must be > 0 and at most a week");
   if (!kernels::op_tile_supported(s.bm, s.bn, opts_.fp8.on))
     throw InvalidArgument(who + ": unsupported tile " + std::to_string(s.bm) + "x" + std::to_string(s.bn) +
-                          (opts_.fp8.on ? " (FP8: 128x112, 128x128, 128x160, 128x192)" : ""));
+                          " (" + (opts_.fp8.on ? "FP8: " : "") + kernels::op_tile_names(opts_.fp8.on) + ")");
   plan::require_rs_layout(s, world_, opts_.layout);  // (m % W, or bm % W for sub-tile: its message)
   const auto& groups = opts_.groups;
   plan::require_tile_groups(groups, s.tiles(), who);
