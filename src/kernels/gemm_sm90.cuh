@@ -391,9 +391,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         // waited for, so the tensor cores do not drain at every promotion.
         // A part sums kPer k-blocks, each its own commit group: one, but two
         // at 64 x 48, where one warpgroup's k-block of MMAs is too short to
-        // cover the next issue and a promotion. part0 holds k-blocks kb.. in flight at the
-        // top of each turn; with kPer = 2 and kbs odd, the first part holds
-        // k-block 0 alone (kb = -1) beside an empty group.
+        // cover the next issue and a promotion. part0 holds k-blocks kb..
+        // in flight at the top of each turn; with kPer = 2 and kbs odd, the
+        // first part holds k-block 0 alone (kb = -1) beside an empty group.
         constexpr int kPer = kHalves == 1 && BN == 48 ? 2 : 1;
         float part0[BN / 2], part1[BN / 2];
         auto issue_part = [&](int at, float(&part)[BN / 2]) {
