@@ -37,9 +37,13 @@
 #                --tile 128x192): speed of light, warp stalls, memory,
 #                issue rates and instruction mix -> profile-fp8.txt
 #   fp8-phases   bench-fp8 --phases on PHASES_SHAPES (default six shapes, M = 256 to 16384, per tensor, PHASES_TILE
-#                (default all three tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
+#                (default the ops' four tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
 #                per grid of PHASES_GRIDS (CTAs; default 0: one per SM): when each launch's CTAs started, put
 #                their partials, did their MMAs and stores, against the launch's time -> fp8-phases.log
+#   fp8-k-sweep  bench-fp8 over k at fixed m, n (SWEEP_MN, default 256x8192 and 2048x8192; k 128 to 7168), one tile
+#                (SWEEP_TILE, default 128x128), whole tiles, both scale kinds; then per (m, n, scales) a least-squares
+#                line time = fixed + per k-block x k-blocks for ours and for cuBLASLt: what a launch costs beside
+#                its k-blocks, against what each k-block costs -> fp8-k-sweep.csv, fp8-k-sweep.log
 #   gemm-ab      bench-gemm of OLD_CLI and this build in turns, ABBA (AB_ROUNDS times; default 2), the modes
 #                GEMM_AB_MODES (default plain,rs,rs-nvlink), full grid, AB_SHAPES (default the gemm-rs shapes)
 #                -> gemm-ab.log, each run headed "##### <cli>"
@@ -351,6 +355,35 @@ PY
         grep -E '^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput' \
           "$OUT/profile-fp8.txt" | head -60
       fi
+      ;;
+    fp8-k-sweep)
+      stage "bench-fp8 over k: each launch's fixed cost and its cost per k-block, ours and cuBLASLt's -> fp8-k-sweep.log"
+      shapes=""
+      for mn in ${SWEEP_MN:-256x8192 2048x8192}; do
+        for k in 128 256 512 1024 2048 3584 7168; do shapes="$shapes${shapes:+,}${mn}x$k"; done
+      done
+      timeout 300 $LAB bench-fp8 --shapes "$shapes" --tile "${SWEEP_TILE:-128x128}" --stream-k off --scales tensor,row \
+        --csv "$OUT/fp8-k-sweep.csv" >"$OUT/fp8-k-sweep.log" 2>&1 || status=1
+      python3 - "$OUT/fp8-k-sweep.csv" <<'PY' 2>&1 | tee -a "$OUT/fp8-k-sweep.log" || status=1
+import csv, sys
+from collections import defaultdict
+runs = defaultdict(list)  # (m, n, scales) -> [(k-blocks, ours_us, cublaslt_us)]
+for r in csv.DictReader(open(sys.argv[1])):
+    if r["cublaslt_ms"]:
+        runs[(r["M"], r["N"], r["scales"])].append(
+            ((int(r["K"]) + 127) // 128, float(r["ours_ms"]) * 1e3, float(r["cublaslt_ms"]) * 1e3))
+def line(xs, ys):  # least squares: y = a + b x
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+print("m x n scales: fixed us + us per k-block (ours | cuBLASLt)")
+for (m, n, sc), pts in sorted(runs.items()):
+    if len(pts) < 3:
+        continue
+    kb = [p[0] for p in pts]
+    (a0, b0), (a1, b1) = line(kb, [p[1] for p in pts]), line(kb, [p[2] for p in pts])
+    print(f"{m}x{n} {sc}: ours {a0:.2f} + {b0:.3f} x kb | cuBLASLt {a1:.2f} + {b1:.3f} x kb")
+PY
       ;;
     fp8-phases)
       stage "bench-fp8 --phases: the CTAs' start and end against the launch's time -> fp8-phases.log"
