@@ -178,7 +178,7 @@ int run(const Options& o) {
     csv.open(o.csv);
     if (!csv) throw Error("cannot write " + o.csv);
     csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,"
-           "ours_tile,ours_128_ms,ours_160_ms,ours_192_ms,ours_stream_k,ours_112_ms"
+           "ours_tile,ours_128_ms,ours_160_ms,ours_192_ms,ours_stream_k,ours_112_ms,ours_64x48_ms,ours_64x144_ms"
         << (modes.size() > 1 || o.pdl == "both" ? ",variants" : "") << "\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
@@ -339,7 +339,7 @@ int run(const Options& o) {
         else csv << ",";
         csv << "," << (fp8_tile_m(ours.bn) == 64 ? "64x" : "") << ours.bn;
         csv << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
-        csv << "," << !ours.sk.empty() << "," << ms_of(112);
+        csv << "," << !ours.sk.empty() << "," << ms_of(112) << "," << ms_of(48) << "," << ms_of(144);
         if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;
         csv << "\n";
       }
