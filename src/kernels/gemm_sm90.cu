@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "flashoverlap/error.h"
 #include "kernels/cuda_check.h"
@@ -40,17 +41,16 @@ template <int BN, typename T, typename TIn = T, bool kSplit = false, bool kPairK
 auto kernel_for() {
   return &gemm_sm90_kernel<BN, kStagesOf<BN, TIn, BM>, T, false, false, TIn, kSplit, kPairK, BM>;
 }
-// The FP8 kernel of a 64-row tile (whole tiles only).
-template <int BN, typename T>
-auto fp8_kernel_64() {
-  return kernel_for<BN, T, __nv_fp8_e4m3, false, false, 64>();
-}
-// The FP8 kernel of a tile and output type: whole tiles, stream-K or the pair split.
-template <int BN, typename T>
+// The FP8 kernel of a tile and output type: whole tiles, stream-K or the
+// pair split (BM 64: whole tiles only; the host refuses the others).
+template <int BN, typename T, int BM = 128>
 auto fp8_kernel_for(bool split, bool pair) {
-  return pair    ? kernel_for<BN, T, __nv_fp8_e4m3, false, true>()
-         : split ? kernel_for<BN, T, __nv_fp8_e4m3, true>()
-                 : kernel_for<BN, T, __nv_fp8_e4m3, false>();
+  if constexpr (BM == 64)
+    return kernel_for<BN, T, __nv_fp8_e4m3, false, false, 64>();
+  else
+    return pair    ? kernel_for<BN, T, __nv_fp8_e4m3, false, true>()
+           : split ? kernel_for<BN, T, __nv_fp8_e4m3, true>()
+                   : kernel_for<BN, T, __nv_fp8_e4m3, false>();
 }
 // The kernel of a tile, output and input type, with or without stream-K.
 template <int BN, typename T, typename TIn = T>
@@ -86,6 +86,13 @@ template <int BN, typename TIn = __half, int BM = 128>
 constexpr int smem_for() {
   constexpr bool fp8 = std::is_same_v<TIn, __nv_fp8_e4m3>;
   return GemmSmem<BN, kStagesOf<BN, TIn, BM>, false, !fp8, BM>::kDynamicBytes;
+}
+// An FP8 tile's kernel in the output type (bf: bf16, else fp16) and its
+// dynamic shared memory.
+template <int BN, int BM = 128>
+std::pair<decltype(fp8_kernel_for<128, __half>(false, false)), int> fp8_launch_of(bool bf, bool split, bool pair) {
+  return {bf ? fp8_kernel_for<BN, __nv_bfloat16, BM>(split, pair) : fp8_kernel_for<BN, __half, BM>(split, pair),
+          smem_for<BN, __nv_fp8_e4m3, BM>()};
 }
 // The plain store with 4 stages (GemmParams::four_stages): 4 x 48 KB + 2 x 16 KB.
 template <typename T, bool kWide = false>
@@ -432,22 +439,12 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   if (p.fp8.on) {  // (128x112, 128x128, 128x160, 128x192, 64x48 or 64x144 tiles, checked)
     const bool bf = p.dtype == DType::BF16, rows64 = p.sched.bm == 64;
     const bool split = p.stream_k.on(), pair = p.pair_k;
-    const auto kernel = rows64 && bn == 48 ? (bf ? fp8_kernel_64<48, __nv_bfloat16>() : fp8_kernel_64<48, __half>())
-                        : rows64  ? (bf ? fp8_kernel_64<144, __nv_bfloat16>() : fp8_kernel_64<144, __half>())
-                        : bn == 192 ? (bf ? fp8_kernel_for<192, __nv_bfloat16>(split, pair)
-                                          : fp8_kernel_for<192, __half>(split, pair))
-                        : bn == 160 ? (bf ? fp8_kernel_for<160, __nv_bfloat16>(split, pair)
-                                          : fp8_kernel_for<160, __half>(split, pair))
-                        : bn == 112 ? (bf ? fp8_kernel_for<112, __nv_bfloat16>(split, pair)
-                                          : fp8_kernel_for<112, __half>(split, pair))
-                                    : (bf ? fp8_kernel_for<128, __nv_bfloat16>(split, pair)
-                                          : fp8_kernel_for<128, __half>(split, pair));
-    const int smem = rows64 && bn == 48 ? smem_for<48, __nv_fp8_e4m3, 64>()
-                     : rows64           ? smem_for<144, __nv_fp8_e4m3, 64>()
-                     : bn == 192        ? smem_for<192, __nv_fp8_e4m3>()
-                     : bn == 160 ? smem_for<160, __nv_fp8_e4m3>()
-                     : bn == 112 ? smem_for<112, __nv_fp8_e4m3>()
-                                 : smem_for<128, __nv_fp8_e4m3>();
+    const auto [kernel, smem] = rows64 && bn == 48 ? fp8_launch_of<48, 64>(bf, split, pair)
+                                : rows64            ? fp8_launch_of<144, 64>(bf, split, pair)
+                                : bn == 192         ? fp8_launch_of<192>(bf, split, pair)
+                                : bn == 160         ? fp8_launch_of<160>(bf, split, pair)
+                                : bn == 112         ? fp8_launch_of<112>(bf, split, pair)
+                                                    : fp8_launch_of<128>(bf, split, pair);
     launch(kernel, grid, block, smem, stream, p.pdl, pair ? 2 : 1, ma, mb, mc, mw, mp, mq, kp);
     FO_CUDA_CHECK_CTX(cudaGetLastError(), shape_str(p));
     return;
@@ -483,15 +480,12 @@ void prepare(K kernel, int smem) {
   cudaFuncAttributes attr{};
   FO_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // forces the module to load
 }
-// An FP8 tile's kernel in both output types (BM 64: whole tiles only).
+// An FP8 tile's kernel in both output types.
 template <int BN, int BM = 128>
 void prepare_fp8(bool split, bool pair) {
-  if constexpr (BM == 64) {
-    prepare(fp8_kernel_64<BN, __nv_bfloat16>(), smem_for<BN, __nv_fp8_e4m3, 64>());
-    prepare(fp8_kernel_64<BN, __half>(), smem_for<BN, __nv_fp8_e4m3, 64>());
-  } else {
-    prepare(fp8_kernel_for<BN, __nv_bfloat16>(split, pair), smem_for<BN, __nv_fp8_e4m3>());
-    prepare(fp8_kernel_for<BN, __half>(split, pair), smem_for<BN, __nv_fp8_e4m3>());
+  for (bool bf : {true, false}) {
+    const auto [kernel, smem] = fp8_launch_of<BN, BM>(bf, split, pair);
+    prepare(kernel, smem);
   }
 }
 }  // namespace
