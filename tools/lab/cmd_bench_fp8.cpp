@@ -228,8 +228,7 @@ int run(const Options& o) {
         std::string sk;  // (the split: empty, or sk (the rule), force)
         kernels::GemmParams p;
         std::string label() const {
-          return (fp8_tile_m(bn) == 64 ? "64x" : "") + std::to_string(bn) + (sk.empty() ? "" : "/" + sk) +
-                 (p.pdl ? "/pdl" : "");
+          return fp8_tile_label(bn) + (sk.empty() ? "" : "/" + sk) + (p.pdl ? "/pdl" : "");
         }
         double err = 0, ms = 0;
         std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
@@ -337,7 +336,7 @@ int run(const Options& o) {
         csv << "," << ours.err << ",";
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
-        csv << "," << (fp8_tile_m(ours.bn) == 64 ? "64x" : "") << ours.bn;
+        csv << "," << fp8_tile_label(ours.bn);
         csv << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
         csv << "," << !ours.sk.empty() << "," << ms_of(112) << "," << ms_of(48) << "," << ms_of(144);
         if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;

@@ -6,6 +6,7 @@
 // Force asks, if the caller gives a workspace; or split in pairs (Pair).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "kernels/gemm.h"
 #include "plan/stream_k.h"
@@ -15,6 +16,10 @@ namespace flashoverlap::cli {
 
 // The tile of a width: 48 and 144 are the 64-row tiles (64x48, 64x144), the others 128-row ones.
 inline int32_t fp8_tile_m(int32_t tile_n) { return tile_n == 48 || tile_n == 144 ? 64 : 128; }
+// A width as the lab prints it: "112" for 128x112, "64x48" for a 64-row tile.
+inline std::string fp8_tile_label(int32_t tile_n) {
+  return (fp8_tile_m(tile_n) == 64 ? "64x" : "") + std::to_string(tile_n);
+}
 
 // The schedule of a tile width (its rows: fp8_tile_m).
 inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t sms) {
