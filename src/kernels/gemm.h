@@ -231,7 +231,8 @@ struct GemmParams {
   // MMAs done (consumer warpgroup 0's, before the epilogue's waits)}. Where
   // the GEMM's end goes (rt::summarize_phases). Stream-K launches (no owner
   // layout): 2 is when the CTA's partial was put, 4 when a finisher's own
-  // k-blocks were done, before it added the other pieces' partials.
+  // k-blocks were done, before it added the other pieces' partials. FP8
+  // whole tiles: 2 is when the CTA's first k-block was in shared memory.
   uint64_t* monitor_phases = nullptr;
   // 128x256 tiles, Plain C stored by TMA, alone, signalling (counters) or
   // with the owner layout (no tile-end monitor; the MMA and phase monitors

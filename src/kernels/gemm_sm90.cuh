@@ -367,6 +367,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
       for (int e = 0; e < BN / 2; ++e) acc[e] = 0.f;
       const int kbs = w.kb1 - w.kb0;
+      // (trace) the CTA's first k-block in shared memory: the pipeline's fill.
+      // Slot 2 is stream-K's "partial put"; whole tiles leave it free.
+      if (!kSplit && p.monitor_phases && tid == 0 && cw == 0 && i == int(blockIdx.x)) {
+        ptx::mbar_wait(&full[it % STAGES], (it / STAGES) & 1);
+        record_phase(p.monitor_phases, 2);
+      }
       if constexpr (BN > 128 && kHalves == 2) {
         // One part (BN / 2 registers beside acc's: no room for a second), so
         // the tensor cores drain while it is promoted; summing two k-blocks

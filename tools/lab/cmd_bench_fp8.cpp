@@ -84,8 +84,8 @@ struct Options {
 };
 
 // One launch of p with the phase trace (GemmParams::monitor_phases), timed
-// by events: when its CTAs started, finished their last MMAs and their
-// stores, in µs from the first CTA's start, against the launch's time. What
+// by events: when its CTAs started, had their first k-block in shared
+// memory (whole tiles), finished their last MMAs and their stores, in µs from the first CTA's start, against the launch's time. What
 // the kernel's time holds beyond its CTAs' (launch, tail) is the difference.
 // (p has just been timed: its kernel is loaded and warm.)
 void print_phases(kernels::GemmParams p, const std::string& label, cudaStream_t stream) {
@@ -113,7 +113,7 @@ void print_phases(kernels::GemmParams p, const std::string& label, cudaStream_t 
   const bool sk = p.stream_k.on();
   std::cout << "  phases " << label << ": launch " << std::fixed << std::setprecision(1) << ms * 1e3
             << " us; from the first CTA's start, min/median/max (CTAs): start " << slot(3)
-            << (sk ? ", partial put " : "") << (sk ? slot(2) : "") << (sk ? ", own k-blocks done " : ", first MMAs ")
+            << (sk ? ", partial put " : ", first data in ") << slot(2) << (sk ? ", own k-blocks done " : ", first MMAs ")
             << slot(4) << ", last MMAs " << slot(5) << ", last staged " << slot(0) << ", stored " << slot(1)
             << std::defaultfloat << "\n";
 }

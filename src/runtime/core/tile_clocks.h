@@ -45,7 +45,7 @@ struct GemmPhases {
 // Values per CTA in GemmParams::monitor_phases (= kernels::kPhaseSlots).
 inline constexpr int kPhaseSlots = 6;
 
-// phases: [ctas * kPhaseSlots] = {staged, stored, copied, start, first
+// phases: [ctas * kPhaseSlots] = {staged, stored, copied (FP8 whole tiles: first data in), start, first
 // tile's MMAs done, last tile's MMAs done} ns per CTA (0: not recorded). CTAs without a start are skipped, and those without a staged
 // last tile (no tiles) count for the copies only; the times start at the
 // earliest start of a CTA with tiles.
