@@ -61,6 +61,10 @@ static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <=
                   128 * kProducerRegs<192, false> + 256 * kConsumerRegs<192, false> <= kGemmThreads * 168,
               "the warpgroups' registers exceed the launch's");
 
+// Named barrier of GemmParams::skew_kblocks (0: __syncthreads, 1-2: the
+// consumer warpgroups', 3: the owner layout's pushers).
+constexpr int kSkewBarrier = 4;
+
 // An FP8 tile's scales, loaded when the tile starts so that their latency
 // (first touch: a read from L2 or DRAM) passes under the main loop instead
 // of after its last MMAs: per tensor a and b; row-wise the thread's two
@@ -340,6 +344,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const uint32_t my_c_addr = ptx::smem_addr(my_c);
 
   float acc[BN / 2];
+  // GemmParams::skew_kblocks (FP8 128-row whole tiles, CTAs of two tiles or
+  // more): the first tile's k-block (0-based) after which warpgroup 1 lets
+  // warpgroup 2 start; -1: off.
+  const int skew_at = kFp8 && kHalves == 2 && !kSplit && !kPairK && p.skew > 0 &&
+                              int(blockIdx.x + gridDim.x) < tiles
+                          ? (p.skew < p.k_blocks ? p.skew : p.k_blocks) - 1
+                          : -1;
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
   uint32_t tt = 0;  // tiles handed to the storer (c_empty[cw]'s phases): all but the grouped GEMM's ragged ones
@@ -351,6 +362,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) return;  // (an empty tile row: skipped by all)
     [[maybe_unused]] TileScales scales;
     if constexpr (kFp8) scales = load_scales<BN, BM>(p.fp8, p.sched, tc, cw, warp, lane);
+    if (cw == 1 && skew_at >= 0 && i == int(blockIdx.x))  // (skew: once warpgroup 1 has retired skew_at + 1 k-blocks)
+      ptx::named_barrier_sync(kSkewBarrier, 256);
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.
@@ -381,6 +394,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       };
       auto release = [&](int at) {
         if (tid == 0) ptx::mbar_arrive(&empty[at % STAGES]);
+        if (cw == 0 && at == skew_at) ptx::named_barrier_arrive(kSkewBarrier, 256);  // (skew: the other may start)
       };
       // (acc from zero, not a copy of the first part: a copy lets the
       // compiler give acc the part's registers, which the next MMAs write.)

@@ -215,6 +215,11 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrive on named barrier `id` without waiting (its other threads sync).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- flags ----------------------------------------------------------------
 // Release at GPU scope: every write this thread has observed (including
 // writes ordered before it by a barrier) is visible before the add.
