@@ -263,12 +263,6 @@ struct GemmParams {
   // shared memory. Plain or SlotTiles stores; no stream-K, signals,
   // monitors of tiles or PDL.
   bool pair_k = false;
-  // FP8, an experiment for CTAs of several tiles (128-row tiles, whole):
-  // the second consumer warpgroup starts its CTA's first tile once the
-  // first has retired this many k-blocks alone, so that from then on one
-  // warpgroup's epilogue runs while the other's MMAs keep the tensor cores
-  // busy (both take the tensor cores in turn, so the lag stays). 0: off.
-  int32_t skew_kblocks = 0;
 };
 
 // A stream-K workspace: the flags first, in a region of fixed size (so

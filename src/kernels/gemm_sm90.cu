@@ -254,9 +254,6 @@ void check_gemm_params(const GemmParams& p) {
     fail("fp8: unknown scale kind");
   if (!f8.on && (f8.scales != Scales::None || f8.scale_a || f8.scale_b))
     fail("scales are for FP8 inputs (Fp8::on)");
-  if (p.skew_kblocks < 0) fail("skew_kblocks: 0 (off) or more");
-  if (p.skew_kblocks > 0 && (!f8.on || p.sched.bm != 128 || p.stream_k.on() || p.pair_k))
-    fail("skew_kblocks: FP8 128-row tiles, whole (no stream-K or pair split)");
   if (p.pair_k) {
     if (!f8.on) fail("pair_k: FP8 inputs only");
     if (p.stream_k.on() || p.pdl) fail("pair_k: not with stream-K or PDL");
@@ -393,7 +390,6 @@ void launch_gemm(const GemmParams& p, cudaStream_t stream) {
   kp.owner = p.owner;
   kp.grouped = p.grouped;
   kp.l2_hints = gemm_l2_hints(p, device_attribute(dev, cudaDevAttrL2CacheSize, g_l2_bytes));
-  kp.skew = p.skew_kblocks;
   // (tail: 32 columns past a tile's 64-column chunks, 32-column boxes; tail16: its last 16 columns)
   CUtensorMap mc{}, tail{}, tail16{};
   const bool tail32 = bn % 64 >= 32, tail16_on = bn % 32 == 16;  // (160, 112, 48; 112, 48, 144)

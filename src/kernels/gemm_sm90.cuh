@@ -61,55 +61,29 @@ static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <=
                   128 * kProducerRegs<192, false> + 256 * kConsumerRegs<192, false> <= kGemmThreads * 168,
               "the warpgroups' registers exceed the launch's");
 
-// Named barrier of GemmParams::skew_kblocks (0: __syncthreads, 1-2: the
-// consumer warpgroups', 3: the owner layout's pushers).
-constexpr int kSkewBarrier = 4;
-
-// An FP8 tile's scales, loaded when the tile starts so that their latency
-// (first touch: a read from L2 or DRAM) passes under the main loop instead
-// of after its last MMAs: per tensor a and b; row-wise the thread's two
-// rows' a (its columns' b, BN / 4 values, fetched into L1 by the warp's
-// first lanes, read in the epilogue).
-struct TileScales {
-  float a0 = 1.f, a1 = 1.f, b = 1.f;
-};
-template <int BN, int BM = 128>
-__device__ __forceinline__ TileScales load_scales(const Fp8& f, const plan::Schedule& s, const plan::TileCoord& tc,
-                                                  int cw, int warp, int lane) {
-  TileScales r;
-  if (f.scales == Scales::PerTensor) {
-    r.a0 = f.scale_a[0], r.b = f.scale_b[0];
-  } else if (f.scales == Scales::RowWise) {
-    const int32_t row = tc.tm * BM + cw * 64 + warp * 16 + lane / 4;
-    r.a0 = row < s.m ? f.scale_a[row] : 0.f;
-    r.a1 = row + 8 < s.m ? f.scale_a[row + 8] : 0.f;
-    const int32_t col = tc.tn * BN + 32 * lane;  // (128-byte lines of the tile's column scales)
-    if (lane < (BN + 31) / 32 && col < s.n) ptx::prefetch_l1(f.scale_b + col);
-  }
-  return r;
-}
-
 // C = (scale_a * scale_b) applied to an FP8 tile's fp32 accumulators in
 // place (Fp8 in gemm.h), each element (acc * sa) * sb as torch's row-wise
 // epilogue computes it; rows and columns past C's take scale 0.
 template <int BN, int BM = 128>
-__device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f, const TileScales& ts,
-                                             const plan::Schedule& s, const plan::TileCoord& tc, int lane) {
+__device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f, const plan::Schedule& s,
+                                             const plan::TileCoord& tc, int cw, int warp, int lane) {
+  const int32_t row = tc.tm * BM + cw * 64 + warp * 16 + lane / 4, col = tc.tn * BN + 2 * (lane % 4);
   if (f.scales == Scales::PerTensor) {
+    const float sa = f.scale_a[0], sb = f.scale_b[0];
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = acc[i] * ts.a0 * ts.b;
+    for (int i = 0; i < BN / 2; ++i) acc[i] = acc[i] * sa * sb;
     return;
   }
   if (f.scales != Scales::RowWise) return;
-  const int32_t col = tc.tn * BN + 2 * (lane % 4);
+  const float sa[2] = {row < s.m ? f.scale_a[row] : 0.f, row + 8 < s.m ? f.scale_a[row + 8] : 0.f};
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {  // (register 4j + 2h + c: row + 8h, column col + 8j + c)
       const int32_t x = col + 8 * j + c;
       const float sb = x < s.n ? f.scale_b[x] : 0.f;
-      acc[4 * j + c] = acc[4 * j + c] * ts.a0 * sb;
-      acc[4 * j + 2 + c] = acc[4 * j + 2 + c] * ts.a1 * sb;
+      acc[4 * j + c] = acc[4 * j + c] * sa[0] * sb;
+      acc[4 * j + 2 + c] = acc[4 * j + 2 + c] * sa[1] * sb;
     }
 }
 
@@ -171,14 +145,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
-  // The maps' descriptors fetched while the barriers are set up, so that the
-  // first loads and stores do not wait for them (kernel parameters: no
-  // global memory a PDL predecessor writes).
-  if (threadIdx.x == 32) {
-    ptx::tma_prefetch_desc(&tm_a);
-    ptx::tma_prefetch_desc(&tm_b);
-    ptx::tma_prefetch_desc(&tm_c);
-  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
@@ -218,6 +184,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegs<BN, kPieces>>();
     if (tid == 0) {
       // ---------------- producer: TMA loads into the ring ----------------
+      ptx::tma_prefetch_desc(&tm_a);
+      ptx::tma_prefetch_desc(&tm_b);
       int it = 0;
       for_each_piece<kSplit, kPairK>(p, tiles, [&](const plan::Piece& w) {
         const int i = w.idx;
@@ -275,6 +243,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // ---------------- storer: TMA stores, completion, signal ----------------
       // Waiting for store completion here, not in a consumer, keeps the
       // tensor cores busy while the tile's data drains to global memory.
+      ptx::tma_prefetch_desc(&tm_c);
       const bool plain = p.store == static_cast<int32_t>(Store::Plain);
       const bool grouped = p.grouped.a_row0 != nullptr;
       uint32_t t = 0;  // tiles stored here (grouped: a ragged tile row's tiles are the consumers' to store)
@@ -344,13 +313,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const uint32_t my_c_addr = ptx::smem_addr(my_c);
 
   float acc[BN / 2];
-  // GemmParams::skew_kblocks (FP8 128-row whole tiles, CTAs of two tiles or
-  // more): the first tile's k-block (0-based) after which warpgroup 1 lets
-  // warpgroup 2 start; -1: off.
-  const int skew_at = kFp8 && kHalves == 2 && !kSplit && !kPairK && p.skew > 0 &&
-                              int(blockIdx.x + gridDim.x) < tiles
-                          ? (p.skew < p.k_blocks ? p.skew : p.k_blocks) - 1
-                          : -1;
   int it = 0;
   uint32_t t = 0, owned_tiles = 0;
   uint32_t tt = 0;  // tiles handed to the storer (c_empty[cw]'s phases): all but the grouped GEMM's ragged ones
@@ -360,10 +322,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int idx = owner_tile_at<kWide>(p.owner, i, tiles);
     const plan::TileCoord tc = p.sched.tile_of(idx);
     if (p.grouped.a_row0 && p.grouped.rows[tc.tm] == 0) return;  // (an empty tile row: skipped by all)
-    [[maybe_unused]] TileScales scales;
-    if constexpr (kFp8) scales = load_scales<BN, BM>(p.fp8, p.sched, tc, cw, warp, lane);
-    if (cw == 1 && skew_at >= 0 && i == int(blockIdx.x))  // (skew: once warpgroup 1 has retired skew_at + 1 k-blocks)
-      ptx::named_barrier_sync(kSkewBarrier, 256);
 
     // Main loop: one wgmma batch (4 x k16) per stage; keep one batch in
     // flight and release a stage once the batch that read it has retired.
@@ -394,7 +352,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       };
       auto release = [&](int at) {
         if (tid == 0) ptx::mbar_arrive(&empty[at % STAGES]);
-        if (cw == 0 && at == skew_at) ptx::named_barrier_arrive(kSkewBarrier, 256);  // (skew: the other may start)
       };
       // (acc from zero, not a copy of the first part: a copy lets the
       // compiler give acc the part's registers, which the next MMAs write.)
@@ -553,7 +510,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         add_partials<BN>(acc, p.sk_work, p.sk, blockIdx.x, p.sk.contributors(idx, blockIdx.x), cw, tid);
       }
     }
-    if constexpr (kFp8) apply_scales<BN, BM>(acc, p.fp8, scales, p.sched, tc, lane);  // (after the pieces' sum)
+    if constexpr (kFp8) apply_scales<BN, BM>(acc, p.fp8, p.sched, tc, cw, warp, lane);  // (after the pieces' sum)
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
       if (!kSplit && i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
       if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);

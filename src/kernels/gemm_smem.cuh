@@ -42,7 +42,6 @@ struct GemmKernelParams {
   plan::StreamK sk;        // the pieces (the stream-K kernels only)
   StreamKWork sk_work;
   bool l2_hints;  // gemm_l2_hints: A's loads evict last, B's first
-  int32_t skew;   // GemmParams::skew_kblocks where this CTA has two tiles or more (else 0)
 };
 
 // Trace (GemmParams::monitor_phases): phase `ph` of this CTA ends now.

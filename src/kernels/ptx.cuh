@@ -110,11 +110,6 @@ __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity
 }
 #undef FO_MBAR_WAIT
 
-// The 128-byte line at p into L1 (a hint: no fault, no result).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // ---- TMA ------------------------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
@@ -213,11 +208,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // ---- named barriers -------------------------------------------------------
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// Arrive on named barrier `id` without waiting (its other threads sync).
-__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- flags ----------------------------------------------------------------

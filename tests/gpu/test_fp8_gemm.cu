@@ -185,29 +185,25 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
     rt::DeviceBuffer work(kernels::stream_k_workspace_bytes(stream_ctas, 192));
     FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
     // (kRows64: the 64-row tiles, one consumer warpgroup, a plain C only; on
-    // every SM, then on a few CTAs, several tiles each; kSkew: whole 128-row
-    // tiles on a few CTAs with GemmParams::skew_kblocks)
-    enum Form { kWhole, kStreamK, kPair, kRows64, kRows64Few, kSkew };
+    // every SM, then on a few CTAs, several tiles each)
+    enum Form { kWhole, kStreamK, kPair, kRows64, kRows64Few };
     // (128x128 split again after the others: launches of every tile share one workspace)
     for (auto [bn, form] : {std::pair{128, kWhole}, std::pair{192, kWhole}, std::pair{160, kWhole},
                             std::pair{112, kWhole}, std::pair{128, kStreamK}, std::pair{192, kStreamK},
                             std::pair{160, kStreamK}, std::pair{112, kStreamK}, std::pair{128, kStreamK},
                             std::pair{128, kPair}, std::pair{160, kPair}, std::pair{112, kPair},
                             std::pair{48, kRows64}, std::pair{144, kRows64}, std::pair{48, kRows64Few},
-                            std::pair{144, kRows64Few}, std::pair{128, kSkew}, std::pair{192, kSkew},
+                            std::pair{144, kRows64Few},
                             std::pair{192, kPair}}) {
       const bool split = form == kStreamK;
       const int32_t tiles_of_bn = int32_t((m + 127) / 128 * ((n + bn - 1) / bn));
       if (form == kPair && (k <= 128 || 2 * tiles_of_bn > sms)) continue;
       const int bm = form == kRows64 || form == kRows64Few ? 64 : 128;
-      const int ctas = split                                ? stream_ctas
-                       : form == kPair                      ? 2 * tiles_of_bn
-                       : form == kRows64Few || form == kSkew ? 3
-                                                             : sms;
+      const int ctas = split ? stream_ctas : form == kPair ? 2 * tiles_of_bn : form == kRows64Few ? 3 : sms;
       SCOPED_TRACE("tile " + std::to_string(bm) + "x" + std::to_string(bn) +
                    (split ? ", stream-K on " + std::to_string(ctas) + " CTAs" : "") +
                    (form == kPair ? ", split in pairs" : "") +
-                   (bm == 64 || form == kSkew ? " on " + std::to_string(ctas) + " CTAs" : ""));
+                   (bm == 64 ? " on " + std::to_string(ctas) + " CTAs" : ""));
       FO_CUDA_CHECK(cudaMemset(dc.get(), 0xff, dc.bytes()));
       const plan::Schedule s = plan::make_schedule(m, n, {bm, bn}, ctas, plan::Raster::AlongN, 2);
       kernels::GemmParams p = kernels::plain_gemm(out, da.get(), db.get(), s, int32_t(k), dc.get(), ldc);
@@ -216,7 +212,6 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
         p.stream_k_work = work.get();
       }
       p.pair_k = form == kPair;
-      if (form == kSkew) p.skew_kblocks = 1 + int32_t(rng() % 3);
       p.fp8.on = true, p.fp8.scales = kind;
       if (kind != kernels::Scales::None) p.fp8.scale_a = dsa.as<float>(), p.fp8.scale_b = dsb.as<float>();
       kernels::launch_gemm(p, nullptr);

@@ -22,7 +22,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cctype>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -80,7 +79,6 @@ struct Options {
   int calls = 20;
   int grid = 0;  // CTAs of our launches (0: one per SM)
   std::string pdl = "off";  // our launches as programmatic dependent launches: off, on, or both (timed in turns)
-  std::string skew = "0";   // GemmParams::skew_kblocks, a list timed in turns (whole 128-row tiles; 0: off)
   int warmup = 5, iters = 20, device = 0;
   std::string csv;
 };
@@ -167,13 +165,6 @@ int run(const Options& o) {
   if (o.pdl != "off" && o.pdl != "on" && o.pdl != "both")
     throw InvalidArgument("--pdl: off, on or both (got '" + o.pdl + "')");
   const std::vector<bool> pdls = o.pdl == "both" ? std::vector<bool>{false, true} : std::vector<bool>{o.pdl == "on"};
-  std::vector<int> skews;
-  for (const std::string& x : split_list(o.skew)) {
-    const bool digits = !x.empty() && x.size() < 4 && std::all_of(x.begin(), x.end(), ::isdigit);
-    if (!digits) throw InvalidArgument("--skew: k-block counts 0-999, a list of them (got '" + x + "')");
-    skews.push_back(std::stoi(x));
-  }
-  const bool variants_column = modes.size() > 1 || o.pdl == "both" || skews.size() > 1;
   const std::optional<rt::DeviceInfo> gpu = open_kernel_bench_gpu("bench-fp8", o.device);
   if (!gpu) return 1;
   const rt::DeviceInfo& info = *gpu;
@@ -188,7 +179,7 @@ int run(const Options& o) {
     if (!csv) throw Error("cannot write " + o.csv);
     csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,"
            "ours_tile,ours_128_ms,ours_160_ms,ours_192_ms,ours_stream_k,ours_112_ms,ours_64x48_ms,ours_64x144_ms"
-        << (variants_column ? ",variants" : "") << "\n";
+        << (modes.size() > 1 || o.pdl == "both" ? ",variants" : "") << "\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
             << "ours_ms" << std::setw(6) << "tile" << std::setw(12) << "cublasLt_ms" << std::setw(10) << "fast_ms"
@@ -237,8 +228,7 @@ int run(const Options& o) {
         std::string sk;  // (the split: empty, or sk (the rule), force)
         kernels::GemmParams p;
         std::string label() const {
-          return fp8_tile_label(bn) + (sk.empty() ? "" : "/" + sk) + (p.pdl ? "/pdl" : "") +
-                 (p.skew_kblocks ? "/skew" + std::to_string(p.skew_kblocks) : "");
+          return fp8_tile_label(bn) + (sk.empty() ? "" : "/" + sk) + (p.pdl ? "/pdl" : "");
         }
         double err = 0, ms = 0;
         std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
@@ -247,19 +237,15 @@ int run(const Options& o) {
       for (int bn : tile_ns) {
         for (Split mode : modes) {
           for (bool pdl : pdls) {
-            for (int skew : skews) {
-              Tile t{};
-              t.bn = bn;
-              t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
-              if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : "sk";
-              if (t.p.pair_k) t.sk = "pair";
-              t.p.pdl = pdl;
-              // (the skew takes whole 128-row tiles: elsewhere the variant is the unskewed one)
-              if (t.p.sched.bm == 128 && !t.p.stream_k.on() && !t.p.pair_k) t.p.skew_kblocks = skew;
-              // (each launch timed once: every mode that does not split is off)
-              if (std::none_of(tiles.begin(), tiles.end(), [&](const Tile& u) { return u.label() == t.label(); }))
-                tiles.push_back(t);
-            }
+            Tile t{};
+            t.bn = bn;
+            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
+            if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : "sk";
+            if (t.p.pair_k) t.sk = "pair";
+            t.p.pdl = pdl;
+            // (each launch timed once: every mode that does not split is off)
+            if (std::none_of(tiles.begin(), tiles.end(), [&](const Tile& u) { return u.label() == t.label(); }))
+              tiles.push_back(t);
           }
         }
       }
@@ -353,7 +339,7 @@ int run(const Options& o) {
         csv << "," << fp8_tile_label(ours.bn);
         csv << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
         csv << "," << !ours.sk.empty() << "," << ms_of(112) << "," << ms_of(48) << "," << ms_of(144);
-        if (variants_column) csv << "," << variants;
+        if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;
         csv << "\n";
       }
     }
@@ -400,10 +386,6 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--pdl", opts->pdl,
                   "Our launches as programmatic dependent launches (the launch and set-up overlap the kernel "
                   "before): off, on, or both timed in turns")
-      ->capture_default_str();
-  cmd->add_option("--skew", opts->skew,
-                  "An experiment: warpgroup 2 starts a CTA's first tile once warpgroup 1 has retired this many "
-                  "k-blocks (whole 128-row tiles, CTAs of two tiles or more; 0: off); a list is timed in turns")
       ->capture_default_str();
   cmd->add_option("--grid", opts->grid,
                   "CTAs of our launches (default: one per SM, at most one per SM with stream-K; auto splits over "
