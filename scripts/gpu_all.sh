@@ -40,6 +40,11 @@
 #                (default the ops' four tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
 #                per grid of PHASES_GRIDS (CTAs; default 0: one per SM): when each launch's CTAs started, put
 #                their partials, did their MMAs and stores, against the launch's time -> fp8-phases.log
+#   fp8-launch   where a launch's fixed cost goes, ours (128x128, whole tiles) and cuBLASLt's, on LAUNCH_SHAPES
+#                (default 256x8192x128,256x8192x1024,256x7168x2304; per tensor): bench-fp8 with each launch alone
+#                between its events (--calls 1), back to back (--calls 20), and ours as PDL launches in turns
+#                (--pdl both); then, where ncu is installed, each kernel's own duration and SM cycles
+#                (gpu__time_duration, sm__cycles_active) on the first shape -> fp8-launch.log
 #   fp8-k-sweep  bench-fp8 over k at fixed m, n (SWEEP_MN, default 256x8192 and 2048x8192; k 128 to 7168), one tile
 #                (SWEEP_TILE, default 128x128), whole tiles, both scale kinds; then per (m, n, scales) a least-squares
 #                line time = fixed + per k-block x k-blocks for ours and for cuBLASLt: what a launch costs beside
@@ -355,6 +360,26 @@ PY
         grep -E '^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput' \
           "$OUT/profile-fp8.txt" | head -60
       fi
+      ;;
+    fp8-launch)
+      stage "bench-fp8: a launch alone, back to back and with PDL; ncu: each kernel's own duration -> fp8-launch.log"
+      lshapes=${LAUNCH_SHAPES:-256x8192x128,256x8192x1024,256x7168x2304}
+      for args in "--calls 1" "--calls 20" "--calls 20 --pdl both"; do
+        echo "# bench-fp8 $args" >>"$OUT/fp8-launch.log"
+        timeout 120 $LAB bench-fp8 --shapes "$lshapes" --tile 128x128 --stream-k off --scales tensor $args \
+          >>"$OUT/fp8-launch.log" 2>&1 || status=1
+      done
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+      if [[ -n $ncu_bin ]]; then
+        echo "# ncu (caches flushed, clocks held by ncu) on ${lshapes%%,*}" >>"$OUT/fp8-launch.log"
+        timeout 200 "$ncu_bin" --kernel-name regex:'gemm_sm90|nvjet' --launch-skip 2 --launch-count 6 \
+          --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.max,launch__grid_size \
+          $LAB bench-fp8 --shapes "${lshapes%%,*}" --tile 128x128 --stream-k off --scales tensor --calls 1 \
+          --warmup 1 --iters 2 --no-gate >>"$OUT/fp8-launch.log" 2>&1 || status=1
+      else
+        echo "fp8-launch: no ncu on this machine: the durations skipped" | tee -a "$OUT/fp8-launch.log"
+      fi
+      grep -E '^[0-9]+x|^# |gpu__time_duration|sm__cycles_active|  [a-z_]*gemm_sm90|  nvjet' "$OUT/fp8-launch.log" | cut -c1-200
       ;;
     fp8-k-sweep)
       stage "bench-fp8 over k: each launch's fixed cost and its cost per k-block, ours and cuBLASLt's -> fp8-k-sweep.log"
