@@ -99,6 +99,20 @@ inline StreamK stream_k_split(int32_t tiles, int32_t ctas, int32_t k_blocks) {
   return s;
 }
 
+// The last waves split (an experiment, the lab's Split::Tail), for grids
+// of more tiles than CTAs whose last wave is partial (688 tiles on 132
+// CTAs: five waves and 28 tiles, the sixth round mostly idle): the waves
+// but the last whole one go whole, and the last whole wave's tiles with the
+// partial wave's are split evenly over all the CTAs, so that every CTA ends
+// at about the same time, each split tile in one or two pieces. Off
+// (whole == tiles) where the waves come out even or one wave holds them.
+inline StreamK stream_k_tail_split(int32_t tiles, int32_t ctas, int32_t k_blocks) {
+  StreamK s{tiles, tiles, k_blocks, ctas};
+  if (ctas <= 1 || k_blocks < 2 || tiles <= ctas || tiles % ctas == 0) return s;
+  s.whole = (tiles / ctas - 1) * ctas;
+  return s;
+}
+
 // The grid on which a split walks K in step: tiles * S CTAs (S = ctas /
 // tiles shares a tile), where the j-th share of every tile starts at the
 // same k-block (k_blocks * j / S), so that the CTAs holding the j-th shares

@@ -92,6 +92,39 @@ TEST(PlanStreamK, EveryKBlockOnceOneFinisherPerTileAndWaitsOnlyOnLowerCtas) {
     if (HasFatalFailure()) return;
     check_walks(fp::stream_k_split(tiles, ctas, kbs));
     if (HasFatalFailure()) return;
+    check_walks(fp::stream_k_tail_split(tiles, ctas, kbs));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(PlanStreamK, TheTailSplitSpreadsTheLastWaveAndTheFullOneBeforeIt) {
+  // 688 tiles on 132 CTAs (2048 x 8192 on 128 x 192): 4 waves whole, 160 tiles split.
+  EXPECT_EQ(fp::stream_k_tail_split(688, 132, 8).whole, 528);
+  EXPECT_EQ(fp::stream_k_tail_split(133, 132, 8).whole, 0);
+  EXPECT_FALSE(fp::stream_k_tail_split(264, 132, 8).on());  // (whole waves)
+  EXPECT_FALSE(fp::stream_k_tail_split(100, 132, 8).on());  // (one wave: stream_k_split's)
+  EXPECT_FALSE(fp::stream_k_tail_split(688, 132, 1).on());  // (nothing to cut)
+  FO_SEEDED_RNG(rng);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int ctas = std::uniform_int_distribution<int>(1, 140)(rng);
+    const int tiles = std::uniform_int_distribution<int>(1, 8 * ctas)(rng);
+    const int kbs = std::uniform_int_distribution<int>(1, 128)(rng);
+    const fp::StreamK s = fp::stream_k_tail_split(tiles, ctas, kbs);
+    SCOPED_TRACE(::testing::Message() << "tiles " << tiles << ", ctas " << ctas << ", k-blocks " << kbs);
+    ASSERT_EQ(s.tiles, tiles);
+    if (!s.on()) {
+      EXPECT_TRUE(tiles <= ctas || tiles % ctas == 0 || kbs < 2 || ctas == 1);
+      continue;
+    }
+    EXPECT_EQ(s.whole % ctas, 0);  // (every CTA the same whole tiles)
+    EXPECT_GT(tiles - s.whole, ctas);
+    EXPECT_LT(tiles - s.whole, 2 * ctas);
+    // Every CTA ends within a k-block of the others: the same whole tiles, shares of even length.
+    for (int c = 0; c < ctas; ++c) {
+      const int64_t share = s.end(c) - s.begin(c);
+      EXPECT_LE(share * ctas, s.iterations() + ctas);
+      EXPECT_GE(share * ctas, s.iterations() - ctas);
+    }
   }
 }
 

@@ -69,7 +69,7 @@ struct Options {
   // A list of 128x112, 128x128, 128x160, 128x192, 64x48, 64x144 (timed in turns; ours: the fastest), or all (the
   // ops' four).
   std::string tile = "all";
-  // Comma-separated, timed in turns: off, auto (the rule), force, pair (fp8_launch.h's Split); both: off,auto.
+  // Comma-separated, timed in turns: off, auto (the rule), force, pair, tail (fp8_launch.h's Split); both: off,auto.
   std::string stream_k = "auto";
   bool gate = true;  // the host gate (rt::HostGate); off under a profiler, which serialises launches
   bool phases = false;  // one traced launch per variant: when its CTAs started and ended (print_phases)
@@ -160,7 +160,8 @@ int run(const Options& o) {
     else if (x == "auto") modes.push_back(Split::Rule);
     else if (x == "force") modes.push_back(Split::Force);
     else if (x == "pair") modes.push_back(Split::Pair);
-    else throw InvalidArgument("--stream-k: off, auto, force, pair or a list of them, or both (got '" + x + "')");
+    else if (x == "tail") modes.push_back(Split::Tail);
+    else throw InvalidArgument("--stream-k: off, auto, force, pair, tail or a list of them, or both (got '" + x + "')");
   }
   if (o.pdl != "off" && o.pdl != "on" && o.pdl != "both")
     throw InvalidArgument("--pdl: off, on or both (got '" + o.pdl + "')");
@@ -240,7 +241,7 @@ int run(const Options& o) {
             Tile t{};
             t.bn = bn;
             t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
-            if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : "sk";
+            if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : mode == Split::Tail ? "tail" : "sk";
             if (t.p.pair_k) t.sk = "pair";
             t.p.pdl = pdl;
             // (each launch timed once: every mode that does not split is off)
@@ -370,8 +371,10 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--stream-k", opts->stream_k,
                   "Stream-K where plan::stream_k_split puts it, on plan::stream_k_in_step_ctas' grid (auto), never "
                   "(off), or both timed in turns; or a comma-separated list of those, force (every grid of fewer "
-                  "tiles than CTAs split, on all of its CTAs) and pair (each tile's k-blocks split between the two "
-                  "CTAs of a cluster, where two CTAs a tile fit the SMs), timed in turns")
+                  "tiles than CTAs split, on all of its CTAs), pair (each tile's k-blocks split between the two "
+                  "CTAs of a cluster, where two CTAs a tile fit the SMs) and tail (where the tiles fill more than a "
+                  "wave and the last is partial: it and the whole wave before it split over all the CTAs), timed in "
+                  "turns")
       ->capture_default_str();
   cmd->add_flag("!--no-gate", opts->gate,
                 "Time without holding the stream until the host has queued a run (for profilers, which serialise "

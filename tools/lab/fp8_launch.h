@@ -34,9 +34,11 @@ inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t
 // or, as an experiment on it, every grid of fewer tiles than CTAs split, on
 // all the CTAs (Force); or, another experiment, each tile's k-blocks split
 // between the two CTAs of a cluster (GemmParams::pair_k) where two CTAs a
-// tile fit the SMs (Pair; otherwise whole tiles). The 64-row tiles are
-// whole in every mode.
-enum class Split { Off, Rule, Force, Pair };
+// tile fit the SMs (Pair; otherwise whole tiles); or, a third, the last
+// whole wave and the partial one split over all the CTAs where the tiles
+// fill more than one wave (Tail: plan::stream_k_tail_split). The 64-row
+// tiles are whole in every mode.
+enum class Split { Off, Rule, Force, Pair, Tail };
 
 // The split of this grid (k-blocks of 128) in `mode`, before the rule's
 // in-step grid (fp8_gemm).
@@ -44,6 +46,7 @@ inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, Split mode = 
   const int32_t kbs = int32_t((k + 127) / 128);
   if (mode == Split::Off || mode == Split::Pair || s.bm != 128) return plan::StreamK{s.tiles(), s.tiles(), kbs, s.ctas};
   if (mode == Split::Force && s.tiles() < s.ctas && kbs >= 2) return plan::StreamK{s.tiles(), 0, kbs, s.ctas};
+  if (mode == Split::Tail) return plan::stream_k_tail_split(s.tiles(), s.ctas, kbs);
   return plan::stream_k_split(s.tiles(), s.ctas, kbs);
 }
 
