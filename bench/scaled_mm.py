@@ -55,7 +55,9 @@ class OurFp8Gemm:
     current stream: C = scale(x w^T), 128 x tile_n tiles, stream-K where the
     lab's rule puts it (stream_k 1: plan::stream_k_split's splits on the
     in-step grid; 0: never; 2: the pair split, GemmParams::pair_k, where two
-    CTAs a tile fit the SMs); pdl: as programmatic dependent launches."""
+    CTAs a tile fit the SMs; 3: the tail split, plan::stream_k_tail_split,
+    where the tiles fill more than a wave and the last is partial); pdl: as
+    programmatic dependent launches."""
 
     lib = None
 
@@ -121,6 +123,9 @@ def main():
     ap.add_argument("--pair", action="store_true",
                     help="with --kernels: each tile also with the pair split (GemmParams::pair_k) where it fits, "
                          "timed in the same turns")
+    ap.add_argument("--tail", action="store_true",
+                    help="with --kernels: each tile also with the tail split (plan::stream_k_tail_split) where the "
+                         "tiles fill more than a wave and the last is partial, timed in the same turns")
     ap.add_argument("--out", help="CSV file (default: stdout)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -164,13 +169,15 @@ def main():
         if a.kernels:
             ref = call(False).float()
             gemms, labels = [], []
-            for tile_n, stream_k in [(t, s) for t in tile_ns for s in ((1, 2) if a.pair else (1,))]:
+            splits = (1,) + ((2,) if a.pair else ()) + ((3,) if a.tail else ())
+            for tile_n, stream_k in [(t, s) for t in tile_ns for s in splits]:
                 c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
                 g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, stream_k, a.pdl)
-                if stream_k == 2 and g.split != 2:  # (two CTAs a tile do not fit: that variant is the whole one)
-                    g.close()
+                if (stream_k == 2 and g.split != 2) or (stream_k == 3 and g.split != 1):
+                    g.close()  # (two CTAs a tile do not fit, or no partial last wave: that variant is the whole one)
                     continue
-                labels.append(f"{64 if tile_n in (48, 144) else 128}x{tile_n}" + {0: "", 1: "/sk", 2: "/pair"}[g.split])
+                suffix = {0: "", 1: "/tail" if stream_k == 3 else "/sk", 2: "/pair"}[g.split]
+                labels.append(f"{64 if tile_n in (48, 144) else 128}x{tile_n}" + suffix)
                 g()
                 err = ((c.float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3:  # (bf16's rounding: ~1e-3 between two fp32-summing kernels)

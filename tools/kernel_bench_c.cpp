@@ -40,7 +40,9 @@ extern "C" {
 // tiles), or 48 or 144 (the 64-row tiles 64x48 and 64x144, whole only). stream_k:
 // 0 never split; 1 the lab's rule (split where plan::stream_k_split puts
 // it, on plan::stream_k_in_step_ctas' grid); 2 the pair split where two
-// CTAs a tile fit the SMs (GemmParams::pair_k). pdl: nonzero to launch as a
+// CTAs a tile fit the SMs (GemmParams::pair_k); 3 the tail split
+// (plan::stream_k_tail_split, where the tiles fill more than a wave and the
+// last is partial). pdl: nonzero to launch as a
 // programmatic dependent launch (GemmParams::pdl). On the current device;
 // *out: the handle. Returns 0, or 1 with the reason in err.
 int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void* a, const void* b, void* c,
@@ -48,10 +50,14 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
                          char* err, int err_len) {
   try {
     if (scales < 0 || scales > 2) return fail(err, err_len, "scales: 0 (none), 1 (per tensor) or 2 (row-wise)");
-    if (stream_k < 0 || stream_k > 2)
-      return fail(err, err_len, "stream_k: 0 (off), 1 (the rule, on the in-step grid) or 2 (the pair split)");
+    if (stream_k < 0 || stream_k > 3)
+      return fail(err, err_len,
+                  "stream_k: 0 (off), 1 (the rule, on the in-step grid), 2 (the pair split) or 3 (the tail split)");
     using fo::cli::Split;
-    const Split mode = stream_k == 0 ? Split::Off : stream_k == 1 ? Split::Rule : Split::Pair;
+    const Split mode = stream_k == 0   ? Split::Off
+                       : stream_k == 1 ? Split::Rule
+                       : stream_k == 2 ? Split::Pair
+                                       : Split::Tail;
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)

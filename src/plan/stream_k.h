@@ -94,7 +94,8 @@ struct PieceWalk {
 inline StreamK stream_k_split(int32_t tiles, int32_t ctas, int32_t k_blocks) {
   StreamK s{tiles, tiles, k_blocks, ctas};
   if (tiles <= 0 || ctas <= 1 || k_blocks < 2 || 2 * tiles > ctas) return s;
-  if (double(tiles) / ctas + 4.0 / k_blocks > 0.95) return s;
+  // (tiles / ctas + 4 / k_blocks > 0.95, in integers: exact at the boundary)
+  if (100 * int64_t(tiles) * k_blocks + 400 * int64_t(ctas) > 95 * int64_t(ctas) * k_blocks) return s;
   s.whole = 0;
   return s;
 }
