@@ -85,8 +85,9 @@ struct Options {
 
 // One launch of p with the phase trace (GemmParams::monitor_phases), timed
 // by events: when its CTAs started, had their first k-block in shared
-// memory (whole tiles), finished their last MMAs and their stores, in µs from the first CTA's start, against the launch's time. What
-// the kernel's time holds beyond its CTAs' (launch, tail) is the difference.
+// memory (whole tiles), finished their last MMAs and their stores, in µs
+// from the first CTA's start, against the launch's time. What the kernel's
+// time holds beyond its CTAs' (launch, tail) is the difference.
 // (p has just been timed: its kernel is loaded and warm.)
 void print_phases(kernels::GemmParams p, const std::string& label, cudaStream_t stream) {
   const int ctas = p.sched.ctas;
