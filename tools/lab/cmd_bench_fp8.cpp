@@ -114,8 +114,8 @@ void print_phases(kernels::GemmParams p, const std::string& label, cudaStream_t 
   const bool sk = p.stream_k.on();
   std::cout << "  phases " << label << ": launch " << std::fixed << std::setprecision(1) << ms * 1e3
             << " us; from the first CTA's start, min/median/max (CTAs): start " << slot(3)
-            << (sk ? ", partial put " : ", first data in ") << slot(2) << (sk ? ", own k-blocks done " : ", first MMAs ")
-            << slot(4) << ", last MMAs " << slot(5) << ", last staged " << slot(0) << ", stored " << slot(1)
+            << (sk ? ", partial put " : ", first data in ") << slot(2)
+            << (sk ? ", own k-blocks done " : ", first MMAs ") << slot(4) << ", last MMAs " << slot(5) << ", last staged " << slot(0) << ", stored " << slot(1)
             << std::defaultfloat << "\n";
 }
 
