@@ -181,7 +181,16 @@ std::string op_tile_names(bool fp8) {
 
 namespace {
 // The FP8 tiles only the lab launches: the 64-row ones.
-bool lab_fp8_tile(int bm, int bn) { return bm == 64 && (bn == 48 || bn == 144); }
+const std::vector<plan::TileShape> kLabFp8Tiles = {{64, 48}, {64, 144}};
+bool lab_fp8_tile(int bm, int bn) {
+  return std::find(kLabFp8Tiles.begin(), kLabFp8Tiles.end(), plan::TileShape{bm, bn}) != kLabFp8Tiles.end();
+}
+// Every FP8 tile the kernel takes, for messages: the ops', then the lab's.
+std::string fp8_tile_names() {
+  std::string out = op_tile_names(true);
+  for (const plan::TileShape& t : kLabFp8Tiles) out += ", " + std::to_string(t.bm) + "x" + std::to_string(t.bn);
+  return out;
+}
 }  // namespace
 
 bool tile_supported(int bm, int bn, bool fp8) { return op_tile_supported(bm, bn, fp8) || (fp8 && lab_fp8_tile(bm, bn)); }
@@ -192,10 +201,8 @@ void check_gemm_params(const GemmParams& p) {
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   const Grouped& g = p.grouped;
   if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on))
-    fail(p.fp8.on ? "fp8: 128x112, 128x128, 128x160, 128x192, 64x48 or 64x144 tiles (a sum and its parts in the "
-                    "consumers' registers)"
-                  : "unsupported tile shape (supported: 128x256, 128x128; FP8: 128x112, 128x128, 128x160, 128x192, "
-                    "64x48, 64x144)");
+    fail(p.fp8.on ? "fp8: tiles " + fp8_tile_names() + " (a sum and its parts in the consumers' registers)"
+                  : "unsupported tile shape (supported: " + op_tile_names(false) + "; FP8: " + fp8_tile_names() + ")");
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
   if (p.sched.swizzle < 1) fail("swizzle must be >= 1");
