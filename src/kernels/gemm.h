@@ -293,15 +293,17 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
   return p;
 }
 
-// The tiles the GEMM is compiled for: op_tile_supported's, and the lab's
-// FP8 64x48 and 64x144.
+// The tiles the GEMM is compiled for: op_tiles(fp8), then (FP8) the lab's
+// 64x48 and 64x144; tile_supported: one of them.
+const std::vector<plan::TileShape>& kernel_tiles(bool fp8);
 bool tile_supported(int bm, int bn, bool fp8 = false);
 // The tiles the overlapped ops (slots, signals, the owner layout) take,
 // the widest first: 128x256 and 128x128; FP8 128x192, 128x160, 128x128 and
 // 128x112 (the lab's 64-row tiles are the kernel's only).
 const std::vector<plan::TileShape>& op_tiles(bool fp8);
 bool op_tile_supported(int bm, int bn, bool fp8 = false);
-// op_tiles(fp8) as "128x192, 128x160, ...", for messages.
+// Tiles as "128x192, 128x160, ...", for messages; op_tile_names: op_tiles(fp8)'s.
+std::string tile_names(const std::vector<plan::TileShape>& tiles);
 std::string op_tile_names(bool fp8);
 
 // Throws flashoverlap::InvalidArgument naming the shape and the problem

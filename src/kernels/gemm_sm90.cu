@@ -172,37 +172,44 @@ bool op_tile_supported(int bm, int bn, bool fp8) {
   return std::find(tiles.begin(), tiles.end(), plan::TileShape{bm, bn}) != tiles.end();
 }
 
-std::string op_tile_names(bool fp8) {
+std::string tile_names(const std::vector<plan::TileShape>& tiles) {
   std::string out;
-  for (const plan::TileShape& t : op_tiles(fp8))  // (plan::to_string's form; fo_kernels links no fo_plan)
+  for (const plan::TileShape& t : tiles)  // (plan::to_string's form; fo_kernels links no fo_plan)
     out += (out.empty() ? "" : ", ") + std::to_string(t.bm) + "x" + std::to_string(t.bn);
   return out;
 }
 
-namespace {
-// The FP8 tiles only the lab launches: the 64-row ones.
-const std::vector<plan::TileShape> kLabFp8Tiles = {{64, 48}, {64, 144}};
-bool lab_fp8_tile(int bm, int bn) {
-  return std::find(kLabFp8Tiles.begin(), kLabFp8Tiles.end(), plan::TileShape{bm, bn}) != kLabFp8Tiles.end();
-}
-// Every FP8 tile the kernel takes, for messages: the ops', then the lab's.
-std::string fp8_tile_names() {
-  std::string out = op_tile_names(true);
-  for (const plan::TileShape& t : kLabFp8Tiles) out += ", " + std::to_string(t.bm) + "x" + std::to_string(t.bn);
-  return out;
-}
-}  // namespace
+std::string op_tile_names(bool fp8) { return tile_names(op_tiles(fp8)); }
 
-bool tile_supported(int bm, int bn, bool fp8) { return op_tile_supported(bm, bn, fp8) || (fp8 && lab_fp8_tile(bm, bn)); }
+const std::vector<plan::TileShape>& kernel_tiles(bool fp8) {
+  static const std::vector<plan::TileShape> e4m3 = [] {
+    std::vector<plan::TileShape> v = op_tiles(true);
+    v.insert(v.end(), {{64, 48}, {64, 144}});  // (the lab's only: no slots or signals)
+    return v;
+  }();
+  return fp8 ? e4m3 : op_tiles(false);
+}
+
+bool tile_supported(int bm, int bn, bool fp8) {
+  const std::vector<plan::TileShape>& tiles = kernel_tiles(fp8);
+  return std::find(tiles.begin(), tiles.end(), plan::TileShape{bm, bn}) != tiles.end();
+}
+
+namespace {
+// The FP8 tiles only the lab launches (the 64-row ones).
+bool lab_fp8_tile(int bm, int bn) { return tile_supported(bm, bn, true) && !op_tile_supported(bm, bn, true); }
+}  // namespace
 
 void check_gemm_params(const GemmParams& p) {
   auto fail = [&](const std::string& why) { throw InvalidArgument(shape_str(p) + ": " + why); };
   if (p.m < 1 || p.n < 1 || p.k < 1) fail("m, n and k must be >= 1");
   if (p.k % 8 != 0) fail("k must be a multiple of 8 (rows of A and B must be 16-byte multiples for TMA)");
   const Grouped& g = p.grouped;
-  if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on))
-    fail(p.fp8.on ? "fp8: tiles " + fp8_tile_names() + " (a sum and its parts in the consumers' registers)"
-                  : "unsupported tile shape (supported: " + op_tile_names(false) + "; FP8: " + fp8_tile_names() + ")");
+  if (!tile_supported(p.sched.bm, p.sched.bn, p.fp8.on)) {
+    const std::string fp8 = tile_names(kernel_tiles(true));
+    fail(p.fp8.on ? "fp8: tiles " + fp8 + " (a sum and its parts in the consumers' registers)"
+                  : "unsupported tile shape (supported: " + op_tile_names(false) + "; FP8: " + fp8 + ")");
+  }
   if (p.sched.m != p.m || p.sched.n != p.n) fail("schedule shape does not match the GEMM shape");
   if (p.sched.ctas < 1) fail("ctas must be >= 1");
   if (p.sched.swizzle < 1) fail("swizzle must be >= 1");

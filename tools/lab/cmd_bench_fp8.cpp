@@ -115,8 +115,8 @@ void print_phases(kernels::GemmParams p, const std::string& label, cudaStream_t 
   std::cout << "  phases " << label << ": launch " << std::fixed << std::setprecision(1) << ms * 1e3
             << " us; from the first CTA's start, min/median/max (CTAs): start " << slot(3)
             << (sk ? ", partial put " : ", first data in ") << slot(2)
-            << (sk ? ", own k-blocks done " : ", first MMAs ") << slot(4) << ", last MMAs " << slot(5) << ", last staged " << slot(0) << ", stored " << slot(1)
-            << std::defaultfloat << "\n";
+            << (sk ? ", own k-blocks done " : ", first MMAs ") << slot(4) << ", last MMAs " << slot(5)
+            << ", last staged " << slot(0) << ", stored " << slot(1) << std::defaultfloat << "\n";
 }
 
 // Random e4m3 bytes of magnitudes 2^-3 .. 2^2 (exponent fields 4..9, any
@@ -143,18 +143,21 @@ int run(const Options& o) {
   for (const auto& d : shapes)
     if (d[2] % 16 != 0 || d[1] % 16 != 0 || d[0] > INT32_MAX || d[1] > INT32_MAX || d[2] > INT32_MAX)
       throw InvalidArgument("--shapes: N and K must be multiples of 16 (FP8 rows for TMA and cuBLASLt)");
+  // (the kernel's FP8 tiles by name; all: the ops', narrowest first; each width names one tile: fp8_tile_m)
   std::vector<int> tile_ns;
-  for (const std::string& x : split_list(o.tile == "all" ? "128x112,128x128,128x160,128x192" : o.tile)) {
-    if (x == "128x112") tile_ns.push_back(112);
-    else if (x == "128x128") tile_ns.push_back(128);
-    else if (x == "128x160") tile_ns.push_back(160);
-    else if (x == "128x192") tile_ns.push_back(192);
-    else if (x == "64x48") tile_ns.push_back(48);  // (fp8_tile_m: the widths 48 and 144 are 64-row tiles)
-    else if (x == "64x144") tile_ns.push_back(144);
-    else
-      throw InvalidArgument("--tile: 128x112, 128x128, 128x160, 128x192, 64x48, 64x144, a list of them, or all (got '" +
-                            x + "')");
-  }
+  const std::vector<plan::TileShape>& fp8_tiles = kernels::kernel_tiles(true);
+  const std::vector<plan::TileShape>& op_tiles = kernels::op_tiles(true);
+  if (o.tile == "all")
+    for (auto t = op_tiles.rbegin(); t != op_tiles.rend(); ++t) tile_ns.push_back(t->bn);
+  else
+    for (const std::string& x : split_list(o.tile)) {
+      const auto t = std::find_if(fp8_tiles.begin(), fp8_tiles.end(),
+                                  [&](const plan::TileShape& s) { return kernels::tile_names({s}) == x; });
+      if (t == fp8_tiles.end())
+        throw InvalidArgument("--tile: " + kernels::tile_names(fp8_tiles) + ", a list of them, or all (got '" + x +
+                              "')");
+      tile_ns.push_back(t->bn);
+    }
   std::vector<Split> modes;
   for (const std::string& x : split_list(o.stream_k == "both" ? "off,auto" : o.stream_k)) {
     if (x == "off") modes.push_back(Split::Off);
