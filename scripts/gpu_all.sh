@@ -113,6 +113,8 @@ LAB=$BUILD/tools/flashoverlap-lab  # (lab-bench, bench-gemm: the experiments on 
 status=0
 
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+# Nsight Compute, if installed (empty: none).
+ncu_path() { command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true; }
 
 # ABAB: lab-bench on the shapes near the bar (AB_SHAPES overrides them) with the
 # arguments COMMON and each variant's (a string each, "" for none; "@PATH":
@@ -348,7 +350,7 @@ PY
       ;;
     profile-fp8)
       stage "Nsight Compute on our FP8 GEMM and cuBLASLt's -> profile-fp8.txt"
-      ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+      ncu_bin=$(ncu_path)
       if [[ -z $ncu_bin ]]; then
         echo "profile-fp8: no ncu on this machine: skipped"
       else
@@ -369,7 +371,7 @@ PY
         timeout 120 $LAB bench-fp8 --shapes "$lshapes" --tile 128x128 --stream-k off --scales tensor $args \
           >>"$OUT/fp8-launch.log" 2>&1 || status=1
       done
-      ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+      ncu_bin=$(ncu_path)
       if [[ -n $ncu_bin ]]; then
         echo "# ncu (caches flushed, clocks held by ncu) on ${lshapes%%,*}" >>"$OUT/fp8-launch.log"
         timeout 200 "$ncu_bin" --kernel-name regex:'gemm_sm90|nvjet' --launch-skip 2 --launch-count 6 \
@@ -379,7 +381,7 @@ PY
       else
         echo "fp8-launch: no ncu on this machine: the durations skipped" | tee -a "$OUT/fp8-launch.log"
       fi
-      grep -E '^[0-9]+x|^# |gpu__time_duration|sm__cycles_active|  [a-z_]*gemm_sm90|  nvjet' "$OUT/fp8-launch.log" | cut -c1-200
+      grep -E '^[0-9]+x|^# |gpu__time_duration|sm__cycles_active|^  .*gemm_sm90_kernel|^  nvjet' "$OUT/fp8-launch.log" | cut -c1-200
       ;;
     fp8-k-sweep)
       stage "bench-fp8 over k: each launch's fixed cost and its cost per k-block, ours and cuBLASLt's -> fp8-k-sweep.log"

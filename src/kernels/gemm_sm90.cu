@@ -167,10 +167,13 @@ const std::vector<plan::TileShape>& op_tiles(bool fp8) {
   return fp8 ? e4m3 : same;
 }
 
-bool op_tile_supported(int bm, int bn, bool fp8) {
-  const std::vector<plan::TileShape>& tiles = op_tiles(fp8);
+namespace {
+bool has_tile(const std::vector<plan::TileShape>& tiles, int bm, int bn) {
   return std::find(tiles.begin(), tiles.end(), plan::TileShape{bm, bn}) != tiles.end();
 }
+}  // namespace
+
+bool op_tile_supported(int bm, int bn, bool fp8) { return has_tile(op_tiles(fp8), bm, bn); }
 
 std::string tile_names(const std::vector<plan::TileShape>& tiles) {
   std::string out;
@@ -190,10 +193,7 @@ const std::vector<plan::TileShape>& kernel_tiles(bool fp8) {
   return fp8 ? e4m3 : op_tiles(false);
 }
 
-bool tile_supported(int bm, int bn, bool fp8) {
-  const std::vector<plan::TileShape>& tiles = kernel_tiles(fp8);
-  return std::find(tiles.begin(), tiles.end(), plan::TileShape{bm, bn}) != tiles.end();
-}
+bool tile_supported(int bm, int bn, bool fp8) { return has_tile(kernel_tiles(fp8), bm, bn); }
 
 namespace {
 // The FP8 tiles only the lab launches (the 64-row ones).

@@ -39,6 +39,7 @@
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "lab/fp8_launch.h"
+#include "plan/tile_grid.h"
 #include "lab/lab.h"
 #include "runtime/core/buffer.h"
 #include "runtime/core/checks.h"
@@ -152,7 +153,7 @@ int run(const Options& o) {
   else
     for (const std::string& x : split_list(o.tile)) {
       const auto t = std::find_if(fp8_tiles.begin(), fp8_tiles.end(),
-                                  [&](const plan::TileShape& s) { return kernels::tile_names({s}) == x; });
+                                  [&](const plan::TileShape& s) { return plan::to_string(s) == x; });
       if (t == fp8_tiles.end())
         throw InvalidArgument("--tile: " + kernels::tile_names(fp8_tiles) + ", a list of them, or all (got '" + x +
                               "')");
