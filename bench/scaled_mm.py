@@ -52,7 +52,7 @@ SCALE_KINDS = {"none": 0, "tensor": 1, "row": 2}
 
 class OurFp8Gemm:
     """Our FP8 GEMM alone (libflashoverlap_kernel_bench.so) into c, on the
-    current stream: C = scale(x w^T), 128 x tile_n tiles, stream-K where the
+    current stream: C = scale(x w^T), tile_m x tile_n tiles, stream-K where the
     lab's rule puts it (stream_k 1: plan::stream_k_split's splits on the
     in-step grid; 0: never; 2: the pair split, GemmParams::pair_k, where two
     CTAs a tile fit the SMs; 3: the tail split, plan::stream_k_tail_split,
@@ -65,22 +65,22 @@ class OurFp8Gemm:
     def load(cls, path):
         cls.lib = ctypes.CDLL(path)
         vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        cls.lib.fobk_fp8_gemm_create.argtypes = [i64, i64, i64, c_int, vp, vp, vp, vp, vp, c_int, c_int, c_int,
+        cls.lib.fobk_fp8_gemm_create.argtypes = [i64, i64, i64, c_int, vp, vp, vp, vp, vp, c_int, c_int, c_int, c_int,
                                                  ctypes.POINTER(vp), ctypes.c_char_p, c_int]
         cls.lib.fobk_fp8_gemm_launch.argtypes = [vp, vp, ctypes.c_char_p, c_int]
         cls.lib.fobk_fp8_gemm_split.argtypes = [vp]
         cls.lib.fobk_fp8_gemm_destroy.argtypes = [vp]
 
-    def __init__(self, x, w, c, kind, sa, sb, tile_n, stream_k=1, pdl=False):
+    def __init__(self, x, w, c, kind, sa, sb, tile, stream_k=1, pdl=False):
         self.keep = (x, w, c, sa, sb)  # (the device memory the handle points at)
         self.err = ctypes.create_string_buffer(512)
         self.h = ctypes.c_void_p()
         m, k = x.shape
         n = w.shape[0]
         if self.lib.fobk_fp8_gemm_create(m, n, k, SCALE_KINDS[kind], x.data_ptr(), w.data_ptr(), c.data_ptr(),
-                                         sa.data_ptr(), sb.data_ptr(), tile_n, stream_k, int(pdl),
+                                         sa.data_ptr(), sb.data_ptr(), tile[0], tile[1], stream_k, int(pdl),
                                          ctypes.byref(self.h), self.err, 512):
-            raise RuntimeError(f"our FP8 GEMM {m}x{n}x{k} 128x{tile_n}: {self.err.value.decode()}")
+            raise RuntimeError(f"our FP8 GEMM {m}x{n}x{k} {tile[0]}x{tile[1]}: {self.err.value.decode()}")
         self.split = int(self.lib.fobk_fp8_gemm_split(self.h))  # (0 whole tiles, 1 stream-K, 2 the pair split)
 
     def __call__(self):
@@ -118,8 +118,9 @@ def main():
     ap.add_argument("--pdl", action="store_true",
                     help="with --kernels: ours launched as programmatic dependent launches")
     ap.add_argument("--tiles", default="112,128,160,192",
-                    help="with --kernels: our tile widths timed in turns, ours the fastest (default the ops' tiles; "
-                         "48 and 144 (64-row tiles): kernel tiles the ops do not plan with)")
+                    help="with --kernels: our tiles timed in turns, ours the fastest: 128-row tiles by their width "
+                         "(default the ops' tiles; 144: a kernel tile the ops do not plan with), the 64-row ones as "
+                         "64x48 and 64x144")
     ap.add_argument("--pair", action="store_true",
                     help="with --kernels: each tile also with the pair split (GemmParams::pair_k) where it fits, "
                          "timed in the same turns")
@@ -140,10 +141,13 @@ def main():
         sys.exit(f"scaled_mm.py: no rows in {a.ours}")
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator().manual_seed(1)
-    tile_ns = [int(t) for t in a.tiles.split(",") if t.strip()]
-    if not tile_ns or any(t not in (48, 112, 128, 144, 160, 192) for t in tile_ns):
-        sys.exit(f"scaled_mm.py: --tiles takes 112, 128, 160 and 192, and 48 and 144 (the 64-row tiles 64x48 and "
-                 f"64x144) (got '{a.tiles}')")
+    known = {"112": (128, 112), "128": (128, 128), "144": (128, 144), "160": (128, 160), "192": (128, 192),
+             "64x48": (64, 48), "64x144": (64, 144)}
+    names = [t.strip().removeprefix("128x") for t in a.tiles.split(",") if t.strip()]
+    if not names or any(t not in known for t in names):
+        sys.exit(f"scaled_mm.py: --tiles takes 112, 128, 144, 160 and 192 (128-row tiles), and 64x48 and 64x144 "
+                 f"(got '{a.tiles}')")
+    tile_list = [known[t] for t in names]
     if a.kernels:
         OurFp8Gemm.load(a.kernels)
     rows = []
@@ -170,14 +174,14 @@ def main():
             ref = call(False).float()
             gemms, labels = [], []
             splits = (1,) + ((2,) if a.pair else ()) + ((3,) if a.tail else ())
-            for tile_n, stream_k in [(t, s) for t in tile_ns for s in splits]:
+            for tile_mn, stream_k in [(t, s) for t in tile_list for s in splits]:
                 c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_n, stream_k, a.pdl)
+                g = OurFp8Gemm(x, w, c, kind, sa.contiguous(), sb.contiguous(), tile_mn, stream_k, a.pdl)
                 if (stream_k == 2 and g.split != 2) or (stream_k == 3 and g.split != 1):
                     g.close()  # (two CTAs a tile do not fit, or no partial last wave: that variant is the whole one)
                     continue
                 suffix = {0: "", 1: "/tail" if stream_k == 3 else "/sk", 2: "/pair"}[g.split]
-                labels.append(f"{64 if tile_n in (48, 144) else 128}x{tile_n}" + suffix)
+                labels.append(f"{tile_mn[0]}x{tile_mn[1]}" + suffix)
                 g()
                 err = ((c.float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-3:  # (bf16's rounding: ~1e-3 between two fp32-summing kernels)

@@ -36,8 +36,8 @@ extern "C" {
 
 // C (bf16, m x n, row-major) = scale(A B^T) with A (m x k) and B (n x k)
 // e4m3, row-major. scales: 0 none, 1 per tensor (scale_a, scale_b: one fp32
-// each), 2 row-wise (scale_a: m, scale_b: n). tile_n: 112, 128, 160 or 192 (128-row
-// tiles), or 48 or 144 (the 64-row tiles 64x48 and 64x144, whole only). stream_k:
+// each), 2 row-wise (scale_a: m, scale_b: n). tile_m x tile_n: one of
+// kernels::kernel_tiles(true) (the 64-row tiles whole only). stream_k:
 // 0 never split; 1 the lab's rule (split where plan::stream_k_split puts
 // it, on plan::stream_k_in_step_ctas' grid); 2 the pair split where two
 // CTAs a tile fit the SMs (GemmParams::pair_k); 3 the tail split
@@ -46,9 +46,11 @@ extern "C" {
 // programmatic dependent launch (GemmParams::pdl). On the current device;
 // *out: the handle. Returns 0, or 1 with the reason in err.
 int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void* a, const void* b, void* c,
-                         const float* scale_a, const float* scale_b, int tile_n, int stream_k, int pdl, void** out,
-                         char* err, int err_len) {
+                         const float* scale_a, const float* scale_b, int tile_m, int tile_n, int stream_k, int pdl,
+                         void** out, char* err, int err_len) {
   try {
+    if (!fo::kernels::tile_supported(tile_m, tile_n, true))
+      return fail(err, err_len, ("tile: " + fo::kernels::tile_names(fo::kernels::kernel_tiles(true))).c_str());
     if (scales < 0 || scales > 2) return fail(err, err_len, "scales: 0 (none), 1 (per tensor) or 2 (row-wise)");
     if (stream_k < 0 || stream_k > 3)
       return fail(err, err_len,
@@ -66,12 +68,13 @@ int fobk_fp8_gemm_create(int64_t m, int64_t n, int64_t k, int scales, const void
     f.on = true, f.scales = fo::kernels::Scales(scales);
     if (scales != 0) f.scale_a = scale_a, f.scale_b = scale_b;
     auto g = std::make_unique<Fp8Gemm>();
-    if (fo::cli::fp8_split(fo::cli::fp8_schedule(m, n, tile_n, sms), k, mode).on()) {
+    const fo::plan::TileShape tile{tile_m, tile_n};
+    if (fo::cli::fp8_split(fo::cli::fp8_schedule(m, n, tile, sms), k, mode).on()) {
       const size_t bytes = fo::kernels::stream_k_workspace_bytes(sms, 192);
       if (cudaMalloc(&g->work, bytes) != cudaSuccess || cudaMemset(g->work, 0, bytes) != cudaSuccess)
         return fail(err, err_len, "cannot allocate stream-K's workspace");
     }
-    g->p = fo::cli::fp8_gemm(m, n, k, tile_n, sms, a, b, c, f, g->work, mode);
+    g->p = fo::cli::fp8_gemm(m, n, k, tile, sms, a, b, c, f, g->work, mode);
     g->p.pdl = pdl != 0;
     fo::kernels::check_gemm_params(g->p);
     *out = g.release();

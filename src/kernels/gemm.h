@@ -294,7 +294,7 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
 }
 
 // The tiles the GEMM is compiled for: op_tiles(fp8), then (FP8) the lab's
-// 64x48 and 64x144; tile_supported: one of them.
+// 128x144, 64x48 and 64x144; tile_supported: one of them.
 const std::vector<plan::TileShape>& kernel_tiles(bool fp8);
 bool tile_supported(int bm, int bn, bool fp8 = false);
 // The tiles the overlapped ops (slots, signals, the owner layout) take,

@@ -45,15 +45,15 @@ namespace flashoverlap::kernels {
 // Registers per thread of the producer and of each consumer warpgroup: 4
 // stages (the output in pieces) 88 / 208; 3 stages at 128x256 56 / 224; 5
 // stages at 128x128 64 / 216 (its accumulators are half as many; FP8 128x112
-// alike); FP8 at 128x192 and 128x160 40 / 232 (a sum and one part each;
-// plain stores only).
-template <int BN, bool kPieces>
-constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : BN == 192 || BN == 160 ? 40 : 64;
-template <int BN, bool kPieces>
-constexpr int kConsumerRegs = kPieces ? 208 : BN == 256 ? 224 : BN == 192 || BN == 160 ? 232 : 216;
+// alike); FP8 at 128x192, 128x160 and 128x144 40 / 232 (a sum and one part
+// each; plain stores only).
+template <int BN, bool kPieces, int BM = 128>
+constexpr int kProducerRegs = kPieces ? 88 : BN == 256 ? 56 : BM == 128 && BN > 128 ? 40 : 64;
+template <int BN, bool kPieces, int BM = 128>
+constexpr int kConsumerRegs = kPieces ? 208 : BN == 256 ? 224 : BM == 128 && BN > 128 ? 232 : 216;
 // 64-row tiles (one consumer warpgroup, the other down to 24).
 constexpr int kConsumerRegsOne = 240;
-static_assert(128 * kProducerRegs<144, false> + 128 * 24 + 128 * kConsumerRegsOne <= kGemmThreads * 168,
+static_assert(128 * kProducerRegs<144, false, 64> + 128 * 24 + 128 * kConsumerRegsOne <= kGemmThreads * 168,
               "the warpgroups' registers exceed the launch's");
 static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <= kGemmThreads * 168 &&
                   128 * kProducerRegs<256, false> + 256 * kConsumerRegs<256, false> <= kGemmThreads * 168 &&
@@ -124,12 +124,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   static_assert(BM_ == 128 || (kFp8 && !kSplit && !kPairK && (BN == 48 || BN == 144)),
                 "64-row tiles: FP8 64x48 and 64x144, whole");
   static_assert(!kPieces || BN == 256, "the four-stage plain store is for 128x256 tiles");
-  static_assert(!kFp8 || ((BN == 112 || BN == 128 || BN == 160 || BN == 192 || BM_ == 64) && !kPieces && !kWide),
-                "FP8: 128x112, 128x128, 128x160, 128x192, 64x48 or 64x144 tiles");
+  static_assert(!kFp8 || ((BN == 112 || BN == 128 || BN == 144 || BN == 160 || BN == 192 || BM_ == 64) && !kPieces &&
+                          !kWide),
+                "FP8: 128x112, 128x128, 128x144, 128x160, 128x192, 64x48 or 64x144 tiles");
   static_assert(kFp8 || (BN == 128 || BN == 256), "16-bit inputs: 128x128 and 128x256 tiles");
   static_assert(!kSplit || !kPieces, "stream-K: not with the four-stage store");
   static_assert(!kPairK || (kFp8 && !kSplit), "the pair split: FP8, not with stream-K");
-  // 128x192, 128x160 and 128x112 (FP8): Plain and slot stores only (no
+  // 128x192, 128x160, 128x144 and 128x112 (FP8): Plain and slot stores only (no
   // owner layout, no scatter: the host refuses them); 64-row tiles Plain only.
   constexpr bool kExtras = BN == 128 || BN == 256;
   constexpr bool kOwner = kExtras && !kFp8;  // (the host refuses the owner layout with FP8)
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // what its warps' owner-layout work (the storer's loads and pushes, the
     // copy, 4 loads in flight) needs without spilling, the rest to the
     // consumers' accumulators (kProducerRegs, kConsumerRegs).
-    ptx::setmaxnreg_dec<kProducerRegs<BN, kPieces>>();
+    ptx::setmaxnreg_dec<kProducerRegs<BN, kPieces, BM_>>();
     if (tid == 0) {
       // ---------------- producer: TMA loads into the ring ----------------
       ptx::tma_prefetch_desc(&tm_a);
@@ -305,7 +306,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     }
     ptx::setmaxnreg_inc<kConsumerRegsOne>();
   } else {
-    ptx::setmaxnreg_inc<kConsumerRegs<BN, kPieces>>();
+    ptx::setmaxnreg_inc<kConsumerRegs<BN, kPieces, BM_>>();
   }
   const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
   const int warp = tid / 32, lane = tid % 32;
@@ -338,7 +339,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       // A part sum of the MMAs (the tensor cores keep ~14 bits while they
       // sum), added into acc in fp32: the promotion. 128x128 and 128x112:
       // two parts in turn, each of one k-block, as 64x144; 64x48: two parts
-      // of two k-blocks; 128x160 and 128x192: one part of two (below).
+      // of two k-blocks; 128x144, 128x160 and 128x192: one part of two (below).
       auto issue = [&](int at, float(&part)[BN / 2], bool add = false) {
         const int s = at % STAGES;
         ptx::mbar_wait(&full[s], (at / STAGES) & 1);

@@ -189,7 +189,8 @@ TEST(Fp8Gemm, EveryScaleKindMatchesTheHostBitwise) {
     enum Form { kWhole, kStreamK, kPair, kRows64, kRows64Few };
     // (128x128 split again after the others: launches of every tile share one workspace)
     for (auto [bn, form] : {std::pair{128, kWhole}, std::pair{192, kWhole}, std::pair{160, kWhole},
-                            std::pair{112, kWhole}, std::pair{128, kStreamK}, std::pair{192, kStreamK},
+                            std::pair{112, kWhole}, std::pair{144, kWhole}, std::pair{144, kStreamK},
+                            std::pair{144, kPair}, std::pair{128, kStreamK}, std::pair{192, kStreamK},
                             std::pair{160, kStreamK}, std::pair{112, kStreamK}, std::pair{128, kStreamK},
                             std::pair{128, kPair}, std::pair{160, kPair}, std::pair{112, kPair},
                             std::pair{48, kRows64}, std::pair{144, kRows64}, std::pair{48, kRows64Few},
@@ -299,7 +300,7 @@ TEST(Fp8Gemm, LongKOfOneSignIsExactThroughThePromotion) {
   FO_CUDA_CHECK(cudaMemset(work.get(), 0, work.bytes()));
   // (each tile whole, stream-K, split in pairs: GemmParams::pair_k, two CTAs a tile)
   for (auto [bn, split, pair] : {std::tuple{128, false, false}, std::tuple{192, false, false},
-                                 std::tuple{160, false, false}, std::tuple{112, false, false},
+                                 std::tuple{160, false, false}, std::tuple{112, false, false}, std::tuple{144, false, false},
                                  std::tuple{128, true, false}, std::tuple{192, true, false},
                                  std::tuple{160, true, false}, std::tuple{112, true, false},
                                  std::tuple{128, false, true}, std::tuple{192, false, true}}) {
@@ -441,7 +442,7 @@ TEST(Fp8Gemm, BLargerThanTheL2MatchesCublasLtBitwise) {
   lt.run_fp8(kernels::DType::BF16, f, da.get(), db.get(), theirs.get(), int(m), int(n), int(k), n, nullptr);
   std::vector<uint16_t> y(size_t(m) * n);
   FO_CUDA_CHECK(cudaMemcpy(y.data(), theirs.get(), theirs.bytes(), cudaMemcpyDeviceToHost));
-  for (int bn : {112, 128, 160, 192}) {
+  for (int bn : {112, 128, 144, 160, 192}) {
     const plan::Schedule s = plan::make_schedule(m, n, {128, bn}, rt::current_device_sms(), plan::Raster::AlongN, 2);
     kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, da.get(), db.get(), s, int32_t(k), ours.get(), n);
     p.fp8 = f;

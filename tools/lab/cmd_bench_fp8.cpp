@@ -1,7 +1,7 @@
 // flashoverlap-lab bench-fp8 — our GEMM with e4m3 inputs (kernels::Fp8:
 // 128x112, 128x128, 128x160 and 128x192 tiles, the fastest per shape (the
-// ops choose among them by their timed waves; 64x48 and 64x144 on request,
-// which the ops do not plan with), part sums promoted to fp32, the scales in the epilogue) against
+// ops choose among them by their timed waves; 128x144, 64x48 and 64x144 on
+// request, which the ops do not plan with), part sums promoted to fp32, the scales in the epilogue) against
 // cuBLASLt's FP8 matmul, which torch._scaled_mm runs
 // (FAST_ACCUM off, as use_fast_accum=False; and on, as use_fast_accum=True),
 // per shape and scale kind, timed in turns on the full grid (a stream-K
@@ -67,8 +67,7 @@ std::string default_shapes() {
 struct Options {
   std::string shapes = default_shapes();
   std::string scales = "tensor,row";
-  // A list of 128x112, 128x128, 128x160, 128x192, 64x48, 64x144 (timed in turns; ours: the fastest), or all (the
-  // ops' four).
+  // A list of kernels::kernel_tiles(true)'s names (timed in turns; ours: the fastest), or all (the ops' four).
   std::string tile = "all";
   // Comma-separated, timed in turns: off, auto (the rule), force, pair, tail (fp8_launch.h's Split); both: off,auto.
   std::string stream_k = "auto";
@@ -144,12 +143,12 @@ int run(const Options& o) {
   for (const auto& d : shapes)
     if (d[2] % 16 != 0 || d[1] % 16 != 0 || d[0] > INT32_MAX || d[1] > INT32_MAX || d[2] > INT32_MAX)
       throw InvalidArgument("--shapes: N and K must be multiples of 16 (FP8 rows for TMA and cuBLASLt)");
-  // (the kernel's FP8 tiles by name; all: the ops', narrowest first; each width names one tile: fp8_tile_m)
-  std::vector<int> tile_ns;
+  // (the kernel's FP8 tiles by name; all: the ops', narrowest first)
+  std::vector<plan::TileShape> tile_list;
   const std::vector<plan::TileShape>& fp8_tiles = kernels::kernel_tiles(true);
   const std::vector<plan::TileShape>& op_tiles = kernels::op_tiles(true);
   if (o.tile == "all")
-    for (auto t = op_tiles.rbegin(); t != op_tiles.rend(); ++t) tile_ns.push_back(t->bn);
+    for (auto t = op_tiles.rbegin(); t != op_tiles.rend(); ++t) tile_list.push_back(*t);
   else
     for (const std::string& x : split_list(o.tile)) {
       const auto t = std::find_if(fp8_tiles.begin(), fp8_tiles.end(),
@@ -157,7 +156,7 @@ int run(const Options& o) {
       if (t == fp8_tiles.end())
         throw InvalidArgument("--tile: " + kernels::tile_names(fp8_tiles) + ", a list of them, or all (got '" + x +
                               "')");
-      tile_ns.push_back(t->bn);
+      tile_list.push_back(*t);
     }
   std::vector<Split> modes;
   for (const std::string& x : split_list(o.stream_k == "both" ? "off,auto" : o.stream_k)) {
@@ -184,7 +183,8 @@ int run(const Options& o) {
     csv.open(o.csv);
     if (!csv) throw Error("cannot write " + o.csv);
     csv << "M,N,K,scales,ours_ms,cublaslt_ms,cublaslt_fast_ms,ours_tflops,ratio,rel_err,err_ours,err_lt,err_lt_fast,"
-           "ours_tile,ours_128_ms,ours_160_ms,ours_192_ms,ours_stream_k,ours_112_ms,ours_64x48_ms,ours_64x144_ms"
+           "ours_tile,ours_128_ms,ours_160_ms,ours_192_ms,ours_stream_k,ours_112_ms,ours_64x48_ms,ours_64x144_ms,"
+           "ours_144_ms"
         << (modes.size() > 1 || o.pdl == "both" ? ",variants" : "") << "\n";
   }
   std::cout << std::left << std::setw(20) << "shape" << std::setw(8) << "scales" << std::right << std::setw(10)
@@ -230,22 +230,23 @@ int run(const Options& o) {
       if (kind != kernels::Scales::None) f.scale_a = dsa.as<float>(), f.scale_b = dsb.as<float>();
       // Our tiles (--tile: one, or several timed in turns: ours is then the fastest)
       struct Tile {
-        int bn;
+        plan::TileShape tile;
         std::string sk;  // (the split: empty, or sk (the rule), force)
         kernels::GemmParams p;
         std::string label() const {
-          return fp8_tile_label(bn) + (sk.empty() ? "" : "/" + sk) + (p.pdl ? "/pdl" : "");
+          return fp8_tile_label(tile) + (sk.empty() ? "" : "/" + sk) + (p.pdl ? "/pdl" : "");
         }
         double err = 0, ms = 0;
         std::optional<kernels::CompareResult> vs_lt;  // (where this cuBLASLt has the scale kind)
       };
       std::vector<Tile> tiles;
-      for (int bn : tile_ns) {
+      for (const plan::TileShape& tile : tile_list) {
         for (Split mode : modes) {
           for (bool pdl : pdls) {
             Tile t{};
-            t.bn = bn;
-            t.p = fp8_gemm(m, n, k, bn, ctas, a.get(), b.get(), outs[bn == 128 ? 0 : 1].get(), f, work.get(), mode);
+            t.tile = tile;
+            t.p = fp8_gemm(m, n, k, tile, ctas, a.get(), b.get(), outs[tile.bn == 128 ? 0 : 1].get(), f, work.get(),
+                           mode);
             if (t.p.stream_k.on()) t.sk = mode == Split::Force ? "force" : mode == Split::Tail ? "tail" : "sk";
             if (t.p.pair_k) t.sk = "pair";
             t.p.pdl = pdl;
@@ -311,7 +312,7 @@ int run(const Options& o) {
       std::ostringstream shape;
       shape << m << "x" << n << "x" << k;
       std::cout << std::left << std::setw(20) << shape.str() << std::setw(8) << kname << std::right << std::fixed
-                << std::setprecision(3) << std::setw(10) << ours.ms << std::setw(6) << ours.bn << opt(lt_ms, 12)
+                << std::setprecision(3) << std::setw(10) << ours.ms << std::setw(6) << fp8_tile_label(ours.tile) << opt(lt_ms, 12)
                 << opt(fast_ms, 10) << std::setprecision(1) << std::setw(9) << flop / ours.ms / 1e9
                 << opt(flop / lt_ms / 1e9, 9) << opt(lt_ms / ours.ms, 8) << std::setw(10);
       if (r) std::cout << std::setprecision(5) << r->rel_error();
@@ -326,10 +327,10 @@ int run(const Options& o) {
       else if (!ours.sk.empty()) std::cout << (ours.sk == "pair" ? "   pair split" : "   stream-K");
       std::cout << std::defaultfloat << "\n" << std::flush;
       if (csv) {
-        auto ms_of = [&](int bn) {  // (the tile's fastest variant)
+        auto ms_of = [&](int bm, int bn) {  // (the tile's fastest variant)
           double ms = 0;
           for (const Tile& t : tiles)
-            if (t.bn == bn && (ms == 0 || t.ms < ms)) ms = t.ms;
+            if (t.tile == plan::TileShape{bm, bn} && (ms == 0 || t.ms < ms)) ms = t.ms;
           return ms > 0 ? (std::ostringstream() << ms).str() : std::string();
         };
         csv << m << "," << n << "," << k << "," << kname << "," << ours.ms << ",";
@@ -342,9 +343,10 @@ int run(const Options& o) {
         csv << "," << ours.err << ",";
         if (has_lt) csv << err_lt << "," << err_fast;
         else csv << ",";
-        csv << "," << fp8_tile_label(ours.bn);
-        csv << "," << ms_of(128) << "," << ms_of(160) << "," << ms_of(192);
-        csv << "," << !ours.sk.empty() << "," << ms_of(112) << "," << ms_of(48) << "," << ms_of(144);
+        csv << "," << fp8_tile_label(ours.tile);
+        csv << "," << ms_of(128, 128) << "," << ms_of(128, 160) << "," << ms_of(128, 192);
+        csv << "," << !ours.sk.empty() << "," << ms_of(128, 112) << "," << ms_of(64, 48) << "," << ms_of(64, 144) << ","
+            << ms_of(128, 144);
         if (modes.size() > 1 || o.pdl == "both") csv << "," << variants;
         csv << "\n";
       }
@@ -370,7 +372,7 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
       ->capture_default_str();
   cmd->add_option("--tile", opts->tile,
-                  "Our tiles, comma-separated: 128x112, 128x128, 128x160, 128x192, 64x48, 64x144 (timed in "
+                  "Our tiles, comma-separated: 128x112, 128x128, 128x144, 128x160, 128x192, 64x48, 64x144 (timed in "
                   "turns; ours: the fastest), or all (the four the ops plan with: 128x112, 128x128, 128x160, 128x192)")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,

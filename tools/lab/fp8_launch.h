@@ -1,7 +1,7 @@
 // fp8_launch.h — the FP8 GEMM launch that bench-fp8 times and that
 // bench/scaled_mm.py times beside torch._scaled_mm in one process
 // (kernel_bench_c.cpp): C (bf16, row-major m x n) = A B^T, e4m3 inputs,
-// 128 x tile_n tiles, one CTA per SM, the scales of `f`; stream-K where
+// on one of the kernel's FP8 tiles, one CTA per SM, the scales of `f`; stream-K where
 // plan::stream_k_split puts it (on the in-step grid: fewer CTAs), or as
 // Force asks, if the caller gives a workspace; or split in pairs (Pair).
 #pragma once
@@ -14,18 +14,16 @@
 
 namespace flashoverlap::cli {
 
-// The tile of a width: 48 and 144 are the 64-row tiles (64x48, 64x144), the others 128-row ones.
-inline int32_t fp8_tile_m(int32_t tile_n) { return tile_n == 48 || tile_n == 144 ? 64 : 128; }
-// A width as the lab prints it: "112" for 128x112, "64x48" for a 64-row tile.
-inline std::string fp8_tile_label(int32_t tile_n) {
-  return (fp8_tile_m(tile_n) == 64 ? "64x" : "") + std::to_string(tile_n);
+// A tile as the lab prints it: "112" for 128x112 (the 128-row tiles by
+// their width), "64x48" for a 64-row tile.
+inline std::string fp8_tile_label(plan::TileShape t) {
+  return (t.bm == 64 ? "64x" : "") + std::to_string(t.bn);
 }
 
-// The schedule of a tile width (its rows: fp8_tile_m).
-inline plan::Schedule fp8_schedule(int64_t m, int64_t n, int32_t tile_n, int32_t sms) {
-  const int32_t tile_m = fp8_tile_m(tile_n);
-  return plan::make_schedule(m, n, {tile_m, tile_n}, sms, plan::Raster::AlongN,
-                             plan::default_swizzle(sms, {tile_m, tile_n}, int32_t((m + tile_m - 1) / tile_m)));
+// The schedule of a tile.
+inline plan::Schedule fp8_schedule(int64_t m, int64_t n, plan::TileShape tile, int32_t sms) {
+  return plan::make_schedule(m, n, tile, sms, plan::Raster::AlongN,
+                             plan::default_swizzle(sms, tile, int32_t((m + tile.bm - 1) / tile.bm)));
 }
 
 // How a launch is split along K (stream-K): never; the rule, which takes
@@ -52,15 +50,15 @@ inline plan::StreamK fp8_split(const plan::Schedule& s, int64_t k, Split mode = 
 
 // sk_work: a zeroed workspace of kernels::stream_k_workspace_bytes(sms, 192),
 // or null (every tile whole).
-inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, int32_t tile_n, int32_t sms, const void* a,
+inline kernels::GemmParams fp8_gemm(int64_t m, int64_t n, int64_t k, plan::TileShape tile, int32_t sms, const void* a,
                                     const void* b, void* c, const kernels::Fp8& f, void* sk_work,
                                     Split mode = Split::Rule) {
-  plan::Schedule s = fp8_schedule(m, n, tile_n, sms);
+  plan::Schedule s = fp8_schedule(m, n, tile, sms);
   const bool pair = mode == Split::Pair && s.bm == 128 && 2 * int64_t(s.tiles()) <= sms && (k + 127) / 128 >= 2;
-  if (pair) s = fp8_schedule(m, n, tile_n, 2 * s.tiles());  // (two CTAs a tile)
+  if (pair) s = fp8_schedule(m, n, tile, 2 * s.tiles());  // (two CTAs a tile)
   plan::StreamK split = fp8_split(s, k, mode);
   if (sk_work && mode == Split::Rule && split.on()) {  // (the same split, fewer CTAs)
-    s = fp8_schedule(m, n, tile_n, plan::stream_k_in_step_ctas(s.tiles(), sms));
+    s = fp8_schedule(m, n, tile, plan::stream_k_in_step_ctas(s.tiles(), sms));
     split.ctas = s.ctas;
   }
   kernels::GemmParams p = kernels::plain_gemm(kernels::DType::BF16, a, b, s, int32_t(k), c, n);
