@@ -312,7 +312,8 @@ int run(const Options& o) {
       std::ostringstream shape;
       shape << m << "x" << n << "x" << k;
       std::cout << std::left << std::setw(20) << shape.str() << std::setw(8) << kname << std::right << std::fixed
-                << std::setprecision(3) << std::setw(10) << ours.ms << std::setw(6) << fp8_tile_label(ours.tile) << opt(lt_ms, 12)
+                << std::setprecision(3) << std::setw(10) << ours.ms << std::setw(6) << fp8_tile_label(ours.tile)
+                << opt(lt_ms, 12)
                 << opt(fast_ms, 10) << std::setprecision(1) << std::setw(9) << flop / ours.ms / 1e9
                 << opt(flop / lt_ms / 1e9, 9) << opt(lt_ms / ours.ms, 8) << std::setw(10);
       if (r) std::cout << std::setprecision(5) << r->rel_error();
