@@ -1,6 +1,6 @@
 // test_rt_fp8_params.cpp — what the GEMM's check takes and refuses of FP8
-// inputs (kernels::Fp8; host logic, no GPU): 128x112, 128x128, 128x160 or 128x192 tiles (and 64x48,
-// 64x144 into a plain C), k % 16, both
+// inputs (kernels::Fp8; host logic, no GPU): 128x112, 128x128, 128x144, 128x160 or 128x192 tiles (and
+// 64x48, 64x144 into a plain C), k % 16, both
 // scales or none, no owner layout or grouped GEMM, scales only with FP8; where
 // its loads take L2 policies.
 #include <gtest/gtest.h>
@@ -27,7 +27,7 @@ using fo_test::expect_refused;
 
 TEST(Fp8Params, TakenAtEveryScaleKindOnTheirTiles) {
   for (Scales kind : {Scales::None, Scales::PerTensor, Scales::RowWise}) {
-    for (int bn : {112, 128, 160, 192}) {
+    for (int bn : {112, 128, 144, 160, 192}) {
       fo::kernels::GemmParams p = fp8_params(300, 200, 4096, bn);
       p.fp8.scales = kind;
       if (kind != Scales::None) p.fp8.scale_a = reinterpret_cast<const float*>(fo_test::host_buffer() + 16),
@@ -59,6 +59,13 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   fo::kernels::GemmParams n112 = fp8_params(300, 320, 128, 112);  // (128x112 likewise; FP8's only)
   n112.store = fo::kernels::Store::SlotTiles, n112.slots = fo_test::host_buffer(), n112.slot_rows = 1 << 20;
   EXPECT_NO_THROW(fo::kernels::check_gemm_params(n112));
+  fo::kernels::GemmParams n144 = n112;  // (128x144, the lab's, likewise: slots and signals as the ops' tiles take)
+  n144.sched = flashoverlap::plan::make_schedule(300, 320, {128, 144}, 132, flashoverlap::plan::Raster::AlongN, 1);
+  n144.counters = reinterpret_cast<uint32_t*>(fo_test::host_buffer());
+  n144.group_of_tile = reinterpret_cast<const int32_t*>(fo_test::host_buffer() + 64);
+  EXPECT_NO_THROW(fo::kernels::check_gemm_params(n144));
+  n144.fp8.on = false;
+  expect_refused(n144, "unsupported tile shape");
   n112.store = fo::kernels::Store::Plain, n112.scatter.world = 2;
   expect_refused(n112, "the scatter epilogue takes 128x128 tiles");
   n112.scatter.world = 0, n112.fp8.on = false;
