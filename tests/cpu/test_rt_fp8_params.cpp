@@ -59,7 +59,7 @@ TEST(Fp8Params, EachMisuseIsRefusedSayingWhy) {
   fo::kernels::GemmParams n112 = fp8_params(300, 320, 128, 112);  // (128x112 likewise; FP8's only)
   n112.store = fo::kernels::Store::SlotTiles, n112.slots = fo_test::host_buffer(), n112.slot_rows = 1 << 20;
   EXPECT_NO_THROW(fo::kernels::check_gemm_params(n112));
-  fo::kernels::GemmParams n144 = n112;  // (128x144, the lab's, likewise: slots and signals as the ops' tiles take)
+  fo::kernels::GemmParams n144 = n112;  // (128x144 likewise, with signals as well)
   n144.sched = flashoverlap::plan::make_schedule(300, 320, {128, 144}, 132, flashoverlap::plan::Raster::AlongN, 1);
   n144.counters = reinterpret_cast<uint32_t*>(fo_test::host_buffer());
   n144.group_of_tile = reinterpret_cast<const int32_t*>(fo_test::host_buffer() + 64);
