@@ -189,7 +189,7 @@ std::string op_tile_names(bool fp8) { return tile_names(op_tiles(fp8)); }
 const std::vector<plan::TileShape>& kernel_tiles(bool fp8) {
   static const std::vector<plan::TileShape> e4m3 = [] {
     std::vector<plan::TileShape> v = op_tiles(true);
-    v.push_back({128, 144});                    // (the lab's only, as an op tile is not yet timed)
+    v.push_back({128, 144});                    // (the lab's only: the ops do not plan with it)
     v.insert(v.end(), {{64, 48}, {64, 144}});  // (the lab's only: no slots or signals)
     return v;
   }();
