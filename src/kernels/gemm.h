@@ -280,8 +280,8 @@ inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr
 
 // The runtime's default for Owner::pushers: on where a tile's mainloop is
 // short (k <= 4096). The pusher warps free the storer for the next tile,
-// which pays where the push outlasts a mainloop, and cost 1-2% where k is
-// larger (2xH200, docs/results.md §2.3).
+// which pays where the push outlasts a mainloop, and costs a little where
+// k is larger (docs/results.md §2.3).
 constexpr bool owner_pushers_by_k(int64_t k) { return k <= 4096; }
 
 // Plain row-major C (ldc elements per row) = A B^T on the grid of `sched`.

@@ -187,11 +187,10 @@ __device__ __forceinline__ void owner_piece_storer(const GemmKernelParams& p, co
 // each, with 16-byte loads and stores; then one count in the peer's flags.
 // So the storer warp is free for the next tile's pieces while the tile
 // crosses NVLink: when it pushed each tile itself, the next tile's second
-// piece waited for that push (on one GPU, with the peer's buffers local,
-// bench-gemm --modes owners: 8.6% over the plain GEMM on 4096^3, 4% without
-// the copy, 26% with half the loads in flight). After a timed-out wait of
-// the storer (ring.failed, sticky) every owned final pushed from then on is
-// withheld, also one handed over before the timeout: the call fails anyway.
+// piece waited for that push (docs/results.md §2.3, pusher warps). After a
+// timed-out wait of the storer (ring.failed, sticky) every owned final pushed
+// from then on is withheld, also one handed over before the timeout: the
+// call fails anyway.
 template <typename T, int BN, bool kWide>
 __device__ __forceinline__ void owner_pusher(const GemmKernelParams& p, const PushRing& ring, int32_t tiles, int w,
                                              int lane) {

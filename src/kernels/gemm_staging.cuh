@@ -18,7 +18,7 @@ namespace flashoverlap::kernels {
 // (add.rn.{bf16,f16}x2), the same bits as adding in fp32 and rounding that
 // (fp32's 24 bits >= 2 x 11 + 2: rounding twice is innocuous for a sum), at a
 // quarter of the instructions: the consumers' epilogue of a tile they own,
-// where the tensor cores wait, ran ~1% of the owner kernel's time in these.
+// where the tensor cores wait, so its instructions count.
 template <typename T>
 __device__ __forceinline__ uint32_t add_pack2(float lo, float hi, uint32_t peer) {
   const uint32_t own = pack2<T>(lo, hi);

@@ -94,7 +94,7 @@ struct CommModel {
 struct GemmModel {
   double peak_tflops = 770.0;  // large-shape cuBLAS bf16 on H200 (docs/design.md §6.1)
   int32_t peak_sms = 132;
-  double slowdown = 1.10;      // GEMM under concurrent NCCL (measured 8-19%)
+  double slowdown = 1.10;      // GEMM under concurrent NCCL (docs/design.md §6.2)
 
   // 1.0 for 128x256, 0.92 for 128x128; throws InvalidArgument for tiles
   // without an estimate (pass measured wave times instead).

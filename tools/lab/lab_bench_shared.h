@@ -157,8 +157,8 @@ struct Variants {
 // The variants timed in turns (run i of each, then run i+1), so that clock
 // or temperature drifts hit all alike; the ideal's components, the GEMM and
 // the collective alone, in the same turns, last: timed on their own before
-// the variants, the GEMM ran up to 10% faster than inside the sequential
-// baseline (clocks: the GPU is power-capped), which skewed the gain. Medians,
+// the variants, the GEMM ran faster than inside the sequential baseline
+// (clocks: the GPU is power-capped), which skewed the gain. Medians,
 // max over ranks (collective). Sets res.gemm_ms, comm_ms, ideal_ms, seq_ms and
 // host_us, and adds the baselines' rows (the decomposition's best chunk
 // count); returns the times of sequential, sequential-ourgemm, each

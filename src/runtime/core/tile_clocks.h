@@ -1,7 +1,7 @@
 // tile_clocks.h — what the GEMM's tile monitor (kernels::GemmParams::
 // monitor_mma) says about the SM clock and the work per tile. Host only.
 //
-// Why: beside NVLink transfers the GEMM runs ~10% longer. Time per tile
+// Why: beside NVLink transfers the GEMM runs longer. Time per tile
 // alone cannot tell a lower clock (power) from more cycles per tile
 // (interference: memory, L2, issue slots); the SM's cycle counter can.
 #pragma once

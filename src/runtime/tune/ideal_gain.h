@@ -7,7 +7,7 @@ namespace flashoverlap::rt {
 // The least ideal gain, as a share of the sequential time, for which the
 // share captured is reported. Below it (one rank, whose AllReduce moves
 // nothing; a collective far shorter than the GEMM) the ratio divides timing
-// noise by timing noise: the main job on one GPU once printed -741%.
+// noise by timing noise and can read as any value, however absurd.
 inline constexpr double kLeastIdealGain = 0.01;
 
 // (sequential - ms) / (sequential - ideal), ideal = max(GEMM, collective):

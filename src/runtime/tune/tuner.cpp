@@ -92,8 +92,8 @@ double measure_gemm_ms(const plan::Schedule& sched, int k, kernels::DType dt, co
   kernels::GemmParams p = kernels::plain_gemm(dt, a, b, sched, k, c, sched.n);
   // The model's GEMM per wave: 3 stages, as the slot layout runs it (its
   // slowdown factors were fitted to 3 stages; row bands and owners may run
-  // 4 stages, ~1-2% faster than this: stage_finalists); the measured choice
-  // decides.
+  // 4 stages, a little faster than this: stage_finalists); the measured
+  // choice decides.
   p.four_stages = false;
   return time_on_stream([&] { kernels::launch_gemm(p, stream); }, stream, 2, iters).median_ms;
 }

@@ -99,8 +99,8 @@ struct AllReduceTuning {
   std::vector<int> band_swizzles = {2, 4, 8};
   int world = 2;  // ranks (owners: the bytes each pushes)
   std::string group_sizes;  // given: evaluate these (waves for Slots, bands for RowBands) instead of searching
-  // The GEMM beside concurrent NCCL calls runs slower than alone (a trace
-  // of the row-band layout on 2 GPUs: 3-4%).
+  // The GEMM beside concurrent NCCL calls runs slower than alone (they
+  // share SMs, L2 and memory; docs/design.md §6.2).
   double slowdown = 1.05;
   // NCCL calls beside the GEMM take longer than the curve measured alone
   // (small groups the most).
@@ -134,7 +134,7 @@ struct AllReduceTuning {
   int select_iters = 12;
   // Finalists within runoff_within of the fastest (at most 3) are timed
   // again in turns, runoff_iters runs each, and the fastest of that run is
-  // taken: 12 runs can tell plans 3% apart in the wrong order.
+  // taken: 12 runs can order plans a few percent apart wrongly.
   double runoff_within = 0.04;
   int runoff_iters = 36;
   std::string* selection = nullptr;
