@@ -63,15 +63,16 @@ static_assert(128 * kProducerRegs<256, true> + 256 * kConsumerRegs<256, true> <=
 
 // C = (scale_a * scale_b) applied to an FP8 tile's fp32 accumulators in
 // place (Fp8 in gemm.h), each element (acc * sa) * sb as torch's row-wise
-// epilogue computes it; rows and columns past C's take scale 0.
+// epilogue computes it; rows and columns past C's take scale 0. Per tensor
+// the two scales are the caller's (read once, before the main loop).
 template <int BN, int BM = 128>
 __device__ __forceinline__ void apply_scales(float (&acc)[BN / 2], const Fp8& f, const plan::Schedule& s,
-                                             const plan::TileCoord& tc, int cw, int warp, int lane) {
+                                             const plan::TileCoord& tc, int cw, int warp, int lane,
+                                             float tensor_sa, float tensor_sb) {
   const int32_t row = tc.tm * BM + cw * 64 + warp * 16 + lane / 4, col = tc.tn * BN + 2 * (lane % 4);
   if (f.scales == Scales::PerTensor) {
-    const float sa = f.scale_a[0], sb = f.scale_b[0];
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = acc[i] * sa * sb;
+    for (int i = 0; i < BN / 2; ++i) acc[i] = acc[i] * tensor_sa * tensor_sb;
     return;
   }
   if (f.scales != Scales::RowWise) return;
@@ -146,24 +147,22 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      ptx::mbar_init(&full[s], 1);   // the producer's arrive + the TMA bytes
-      ptx::mbar_init(&empty[s], kHalves);  // one arrive per consumer warpgroup
-    }
-    for (int h = 0; h < 2; ++h) {
-      ptx::mbar_init(&c_full[h], 1);
-      ptx::mbar_init(&c_empty[h], 1);
-      ptx::mbar_init(&c_empty[2 + h], 1);  // the copy warps' staging buffers
-      ptx::mbar_init(&c_empty[4 + h], 1);
-    }
-    // The consumer warps' (joining the copy); kPieces: the push ring's (full, then empty: one arrive per pusher).
-    for (int i = 0; i < 16; ++i) ptx::mbar_init(&c_empty[6 + i], kPieces && i >= kPushRing && i < 2 * kPushRing ? 2 : 1);
-    if constexpr (kPieces) *reinterpret_cast<int32_t*>(smem + L::kPushFailed) = 0;
+  // The barriers, one per thread (in parallel: where a CTA computes one
+  // tile, a set-up by one thread in turn is a share of the launch).
+  constexpr int kBarriers = 2 * STAGES + 26;  // full, empty, c_full, c_empty, p_ready
+  static_assert(kBarriers == L::kBarCount, "the barriers set up are the ones laid out");
+  if (threadIdx.x < kBarriers) {
+    const int b = threadIdx.x, push = b - (2 * STAGES + 8);  // (c_empty[6 + push]: the consumer warps' and the push ring's)
+    uint32_t count = 1;  // (full: the producer's arrive + the TMA bytes; c_full, c_empty[0..5]: one arrive)
+    if (b >= STAGES && b < 2 * STAGES) count = kHalves;  // empty: one arrive per consumer warpgroup
+    if (push >= 0 && push < 16) count = kPieces && push >= kPushRing && push < 2 * kPushRing ? 2 : 1;
     // (kPairK: p_ready[0] counts the peer CTA's 128 threads sending this CTA's rows)
-    for (int h = 0; h < 2; ++h) ptx::mbar_init(&p_ready[h], kPairK ? 128 : 1);
+    if (b >= 2 * STAGES + 24) count = kPairK ? 128 : 1;
+    ptx::mbar_init(full + b, count);
     ptx::fence_barrier_init();
   }
+  if constexpr (kPieces)
+    if (threadIdx.x == 0) *reinterpret_cast<int32_t*>(smem + L::kPushFailed) = 0;
   // A launch with GemmParams::pdl may start while the kernel before it on
   // the stream still runs: no global memory is touched above this. The next
   // such launch may then be scheduled; its CTAs take SMs only as this grid's
@@ -289,8 +288,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
         ++t;
       });
-      ptx::tma_store_wait_all();
-      record_phase(p.monitor_phases, 1);
+      // The CTA may leave once its stores have read shared memory; the
+      // launch's end makes their writes visible. The trace waits for them.
+      if (p.monitor_phases) {
+        ptx::tma_store_wait_all();
+        record_phase(p.monitor_phases, 1);
+      } else {
+        ptx::tma_store_wait_read();
+      }
     }
     return;
   }
@@ -310,6 +315,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   }
   const int cw = wg - 1;  // this warpgroup computes tile rows [cw*64, cw*64+64)
   const int warp = tid / 32, lane = tid % 32;
+  // Per tensor: the scales read while the first k-block loads, not after
+  // the last MMAs (a launch of one tile a CTA would wait for them there).
+  float tensor_sa = 0.f, tensor_sb = 0.f;
+  if constexpr (kFp8)
+    if (p.fp8.scales == Scales::PerTensor) tensor_sa = p.fp8.scale_a[0], tensor_sb = p.fp8.scale_b[0];
   uint8_t* my_c = smem + L::kC + cw * L::kHalfCBytes;  // (laid out as staged_unit_offset<BN>)
   const uint32_t my_c_addr = ptx::smem_addr(my_c);
 
@@ -511,7 +521,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         add_partials<BN>(acc, p.sk_work, p.sk, blockIdx.x, p.sk.contributors(idx, blockIdx.x), cw, tid);
       }
     }
-    if constexpr (kFp8) apply_scales<BN, BM>(acc, p.fp8, p.sched, tc, cw, warp, lane);  // (after the pieces' sum)
+    if constexpr (kFp8) apply_scales<BN, BM>(acc, p.fp8, p.sched, tc, cw, warp, lane, tensor_sa, tensor_sb);  // (after the pieces' sum)
     if (p.monitor_phases && tid == 0 && cw == 0) {  // (trace) the MMAs of the CTA's first and last tile done
       if (!kSplit && i == int(blockIdx.x)) record_phase(p.monitor_phases, 4);
       if (i + int(gridDim.x) >= tiles) record_phase(p.monitor_phases, 5);
