@@ -37,7 +37,7 @@
 #                --tile 128x192): speed of light, warp stalls, memory,
 #                issue rates and instruction mix -> profile-fp8.txt
 #   fp8-phases   bench-fp8 --phases on PHASES_SHAPES (default six shapes, M = 256 to 16384, per tensor, PHASES_TILE
-#                (default the ops' four tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
+#                (default the ops' tiles), stream-K on and off (PHASES_SK: bench-fp8's --stream-k, default both)), once
 #                per grid of PHASES_GRIDS (CTAs; default 0: one per SM): when each launch's CTAs started, put
 #                their partials, did their MMAs and stores, against the launch's time -> fp8-phases.log
 #   fp8-launch   where a launch's fixed cost goes, ours (128x128, whole tiles) and cuBLASLt's, on LAUNCH_SHAPES

@@ -157,7 +157,7 @@ struct GemmAllReduceOptions {
   // (or for another nccl_sms) is passed over for the model's plan.
   std::string tuning_cache;
   // The inputs: the dtype's (Same), or E4M3 (FP8; k % 16 == 0; 128 x 192,
-  // 128 x 160, 128 x 128 and 128 x 112 tiles; not on the NVLink path yet; the tuning cache's picks are for
+  // 128 x 160, 128 x 144, 128 x 128 and 128 x 112 tiles; not on the NVLink path yet; the tuning cache's picks are for
   // 16-bit inputs and passed over), scaled as `scales` says: each call then
   // passes its InputScales.
   InputType input = InputType::Same;
@@ -304,7 +304,7 @@ struct GemmReduceScatterOptions {
   // capture, leave the cache out or choose Slots.
   std::string tuning_cache;
   // As GemmAllReduceOptions (FP8 inputs: every path; 128 x 192, 128 x 160,
-  // 128 x 128 and 128 x 112 tiles, the NVLink form 128 x 128; the calls' scales as
+  // 128 x 144, 128 x 128 and 128 x 112 tiles, the NVLink form 128 x 128; the calls' scales as
   // run's InputScales).
   InputType input = InputType::Same;
   ScaleKind scales = ScaleKind::None;
@@ -409,7 +409,7 @@ struct GemmAllToAllOptions {
   // of step with the others, and is built anew.
   double exchange_timeout_s = 120.0;
   // As GemmAllReduceOptions (FP8 inputs: one expert per rank, every path,
-  // 128 x 192, 128 x 160, 128 x 128 and 128 x 112 tiles, the NVLink form 128 x 128; row-wise scale_a has one entry per row of A, the
+  // 128 x 192, 128 x 160, 128 x 144, 128 x 128 and 128 x 112 tiles, the NVLink form 128 x 128; row-wise scale_a has one entry per row of A, the
   // call's routing.rows; the calls' scales as run's InputScales).
   InputType input = InputType::Same;
   ScaleKind scales = ScaleKind::None;

@@ -29,10 +29,11 @@ constexpr int32_t kBm = 128;  // every tile shape's height: m's bucket is its ti
 inline int32_t bucket_of(int64_t m) { return int32_t((m + kBm - 1) / kBm); }
 
 // The tile shapes the public ops plan with, the widest first: 128x256 and
-// 128x128 for 16-bit inputs; 128x192, 128x160, 128x128 and 128x112 for FP8
-// (a part sum beside the sum leaves no room for 128x256's accumulators;
-// the narrower ones fill a wave where the wider leave SMs idle, as 128x160
-// at n = 1280 and 128x112 at m = 256, n = 7168), whose NVLink forms (the
+// 128x128 for 16-bit inputs; 128x192, 128x160, 128x144, 128x128 and 128x112
+// for FP8 (a part sum beside the sum leaves no room for 128x256's
+// accumulators; the narrower ones fill a wave where the wider leave SMs
+// idle, as 128x160 at n = 1280, 128x144 at m = 2048, n = 8192 and 128x112
+// at m = 256, n = 7168), whose NVLink forms (the
 // scatter epilogue) take 128x128 only (scatter_takes_tile).
 inline const std::vector<plan::TileShape>& op_tiles(InputType input = InputType::Same) {
   return kernels::op_tiles(input == InputType::E4M3);

@@ -170,8 +170,8 @@ struct Owner {
 // bits) added into fp32 registers apart, then C = (acc * scale_a) *
 // scale_b, rounded once, as torch._scaled_mm scales. 128 x 128 tiles (a
 // part per k-block, two parts: the next k-block's MMAs issued before this
-// one's promotion), or 128 x 192 and 128 x 160 (one part of two k-blocks;
-// Plain or slot stores only: no scatter); the lab's 128 x 112 (as 128 x 128,
+// one's promotion), or 128 x 192, 128 x 160 and 128 x 144 (one part of two
+// k-blocks; Plain or slot stores only: no scatter); 128 x 112 (as 128 x 128,
 // Plain or slot stores) and 64 x 48 and 64 x 144 (one consumer warpgroup,
 // two parts; Plain C, whole tiles); no owner layout, no grouped GEMM yet.
 enum class Scales : int32_t { None = 0, PerTensor = 1, RowWise = 2 };
@@ -294,12 +294,12 @@ inline GemmParams plain_gemm(DType dtype, const void* a, const void* b, const pl
 }
 
 // The tiles the GEMM is compiled for: op_tiles(fp8), then (FP8) the lab's
-// 128x144, 64x48 and 64x144; tile_supported: one of them.
+// 64x48 and 64x144; tile_supported: one of them.
 const std::vector<plan::TileShape>& kernel_tiles(bool fp8);
 bool tile_supported(int bm, int bn, bool fp8 = false);
 // The tiles the overlapped ops (slots, signals, the owner layout) take,
-// the widest first: 128x256 and 128x128; FP8 128x192, 128x160, 128x128 and
-// 128x112 (the lab's 64-row tiles are the kernel's only).
+// the widest first: 128x256 and 128x128; FP8 128x192, 128x160, 128x144,
+// 128x128 and 128x112 (the lab's 64-row tiles are the kernel's only).
 const std::vector<plan::TileShape>& op_tiles(bool fp8);
 bool op_tile_supported(int bm, int bn, bool fp8 = false);
 // Tiles as "128x192, 128x160, ...", for messages; op_tile_names: op_tiles(fp8)'s.

@@ -165,7 +165,7 @@ std::string shape_str(const GemmParams& p) {
 
 const std::vector<plan::TileShape>& op_tiles(bool fp8) {
   static const std::vector<plan::TileShape> same = {{128, 256}, {128, 128}},
-                                            e4m3 = {{128, 192}, {128, 160}, {128, 128}, {128, 112}};
+                                            e4m3 = {{128, 192}, {128, 160}, {128, 144}, {128, 128}, {128, 112}};
   return fp8 ? e4m3 : same;
 }
 
@@ -189,7 +189,6 @@ std::string op_tile_names(bool fp8) { return tile_names(op_tiles(fp8)); }
 const std::vector<plan::TileShape>& kernel_tiles(bool fp8) {
   static const std::vector<plan::TileShape> e4m3 = [] {
     std::vector<plan::TileShape> v = op_tiles(true);
-    v.push_back({128, 144});                    // (the lab's only: the ops do not plan with it)
     v.insert(v.end(), {{64, 48}, {64, 144}});  // (the lab's only: no slots or signals)
     return v;
   }();
@@ -199,7 +198,7 @@ const std::vector<plan::TileShape>& kernel_tiles(bool fp8) {
 bool tile_supported(int bm, int bn, bool fp8) { return has_tile(kernel_tiles(fp8), bm, bn); }
 
 namespace {
-// The FP8 tiles only the lab launches (128x144 and the 64-row ones).
+// The FP8 tiles only the lab launches (the 64-row ones).
 bool lab_fp8_tile(int bm, int bn) { return tile_supported(bm, bn, true) && !op_tile_supported(bm, bn, true); }
 }  // namespace
 
@@ -519,6 +518,7 @@ void preload_gemm_kernels() {
     prepare_fp8<128>(split, false);
     prepare_fp8<192>(split, false);
     prepare_fp8<160>(split, false);
+    prepare_fp8<144>(split, false);
     prepare_fp8<112>(split, false);
   }
   prepare(pieces_kernel<__nv_bfloat16>(), kPiecesSmem);
@@ -536,8 +536,6 @@ void preload_lab_gemm_kernels() {
   prepare_fp8<192>(false, true);
   prepare_fp8<160>(false, true);
   prepare_fp8<112>(false, true);
-  prepare_fp8<144>(false, false);
-  prepare_fp8<144>(true, false);
   prepare_fp8<144>(false, true);
   prepare_fp8<48, 64>(false, false);
   prepare_fp8<144, 64>(false, false);

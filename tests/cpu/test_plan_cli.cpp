@@ -533,7 +533,7 @@ TEST(PlanCli, PrintsThePlanTheOpRuns) {
 // waves (16384 x 8192), 128x112 where all take one wave (m 256, n 7168: 128
 // tiles against 128x128's 112; one tile row of a narrow n), 128x128 where
 // 128x112's tiles take a second wave (m 256, n 8192: 148 against 128).
-TEST(PlanGemmFp8, SequentialTileIsTheFastestOfTheFour) {
+TEST(PlanGemmFp8, SequentialTileIsTheFastestOfTheFive) {
   using Opts = flashoverlap::GemmReduceScatterOptions;
   Opts o;
   o.input = flashoverlap::InputType::E4M3;
@@ -551,7 +551,7 @@ TEST(PlanGemmFp8, SequentialTileIsTheFastestOfTheFour) {
 }
 
 // FP8 inputs (the options' input E4M3): every AllReduce and ReduceScatter plan on
-// the FP8 GEMM's tiles (128x192, 128x160, 128x128, 128x112; never 128x256), the ReduceScatter's
+// the FP8 GEMM's tiles (128x192, 128x160, 128x144, 128x128, 128x112; never 128x256), the ReduceScatter's
 // NVLink form on 128x128 (its scatter epilogue's), on every path the inputs
 // take; the misuses refused, saying why.
 TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
@@ -575,7 +575,8 @@ TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
     ++overlapped;
     wide += plan.find("128x192") != std::string::npos;
     EXPECT_TRUE(plan.find("128x128") != std::string::npos || plan.find("128x160") != std::string::npos ||
-                plan.find("128x192") != std::string::npos || plan.find("128x112") != std::string::npos);
+                plan.find("128x192") != std::string::npos || plan.find("128x112") != std::string::npos ||
+                plan.find("128x144") != std::string::npos);
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
   }
   EXPECT_GT(overlapped, 5);
@@ -597,9 +598,10 @@ TEST(PlanGemmFp8, AllReduceAndReduceScatterPlanOnFp8TilesAndMisusesAreRefused) {
     EXPECT_EQ(plan.find("128x256"), std::string::npos);
     if (o.path == RsOpts::Path::NVLink)
       EXPECT_TRUE(plan.find("128x192") == std::string::npos && plan.find("128x160") == std::string::npos &&
-                  plan.find("128x112") == std::string::npos);
+                  plan.find("128x112") == std::string::npos && plan.find("128x144") == std::string::npos);
     rs_overlapped += plan.find("128x128") != std::string::npos || plan.find("128x160") != std::string::npos ||
-                     plan.find("128x192") != std::string::npos || plan.find("128x112") != std::string::npos;
+                     plan.find("128x192") != std::string::npos || plan.find("128x112") != std::string::npos ||
+                     plan.find("128x144") != std::string::npos;
   }
   EXPECT_GT(rs_overlapped, 5);
   auto refused = [&](int64_t k, const Opts& o, const std::string& what) {
