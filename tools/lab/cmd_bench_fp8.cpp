@@ -373,8 +373,9 @@ void add_bench_fp8_command(CLI::App& app, int& rc) {
   cmd->add_option("--scales", opts->scales, "Scale kinds: none, tensor (one fp32 each), row (m and n fp32)")
       ->capture_default_str();
   cmd->add_option("--tile", opts->tile,
-                  "Our tiles, comma-separated: 128x112, 128x128, 128x144, 128x160, 128x192, 64x48, 64x144 (timed in "
-                  "turns; ours: the fastest), or all (the five the ops plan with: 128x112, 128x128, 128x144, 128x160, 128x192)")
+                  "Our tiles, comma-separated: " + kernels::tile_names(kernels::kernel_tiles(true)) +
+                      " (timed in turns; ours: the fastest), or all (the ops' tiles: " +
+                      kernels::op_tile_names(true) + ")")
       ->capture_default_str();
   cmd->add_option("--stream-k", opts->stream_k,
                   "Stream-K where plan::stream_k_split puts it, on plan::stream_k_in_step_ctas' grid (auto), never "
